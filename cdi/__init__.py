@@ -1,0 +1,60 @@
+"""Container Data Items: shared-memory objects with exactly one owning container at a time.
+
+The public API::
+
+    import cdi
+    client = cdi.connect("unix:///run/cdi/minion.sock", container_id="scheduler")
+    obj = client.create("image-1", 1_000_000)
+    obj.access()[:4] = b"data"
+    obj.transfer("worker-1")
+
+Errors are the tree in ``cdi.errors``; the paper's return codes are in ``cdi.codes``.
+"""
+
+from cdi.client import CDIObject, Client, connect
+from cdi.errors import (
+    AccessTimeout,
+    BufferInUse,
+    CDIError,
+    ConfigError,
+    ConnectionFailed,
+    ContainerError,
+    ContainerExists,
+    ControllerUnavailable,
+    InvalidArgument,
+    KeyExists,
+    MinionUnavailable,
+    NotOwner,
+    NotRegistered,
+    ObjectError,
+    ObjectNotFound,
+    OutOfMemory,
+    ProtocolError,
+    UnknownContainer,
+)
+from cdi.protocol import Isolation
+
+__all__ = [
+    "AccessTimeout",
+    "BufferInUse",
+    "CDIError",
+    "CDIObject",
+    "Client",
+    "ConfigError",
+    "ConnectionFailed",
+    "ContainerError",
+    "ContainerExists",
+    "ControllerUnavailable",
+    "InvalidArgument",
+    "Isolation",
+    "KeyExists",
+    "MinionUnavailable",
+    "NotOwner",
+    "NotRegistered",
+    "ObjectError",
+    "ObjectNotFound",
+    "OutOfMemory",
+    "ProtocolError",
+    "UnknownContainer",
+    "connect",
+]

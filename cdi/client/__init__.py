@@ -1,0 +1,5 @@
+"""The application-side CDI API."""
+
+from cdi.client.client import CDIObject, Client, connect
+
+__all__ = ["CDIObject", "Client", "connect"]

@@ -1,0 +1,191 @@
+"""A blocking request/reply channel to the local minion."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cdi import protocol
+from cdi.errors import (
+    AccessTimeout,
+    CDIError,
+    MinionUnavailable,
+    error_from_code,
+)
+
+__all__ = ["MinionConnection"]
+
+
+class MinionConnection:
+    """One socket, one request in flight at a time (a lock serialises callers).
+
+    Replies are matched by request id; a stray reply (a grant that raced a cancelled ``access``)
+    has its file descriptor closed so nothing leaks.
+    """
+
+    def __init__(self, path: str, timeout: float, spin_us: int = 0) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.spin_ns = max(0, spin_us) * 1000
+        self._receiver = protocol.Receiver()
+        self._lock = threading.Lock()
+        self._next_id = 1
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise MinionUnavailable(
+                f"no CDI minion is listening on {path}; start one with "
+                f"`cdiflow cdi minion --socket {path}`"
+            ) from exc
+        except OSError as exc:
+            sock.close()
+            raise MinionUnavailable(f"cannot connect to the CDI minion at {path}: {exc}") from exc
+        self._sock: socket.socket | None = sock
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def call(
+        self, op: protocol.Op, after_send: Callable[[], None] | None = None, **args: Any
+    ) -> tuple[dict[str, Any], int | None]:
+        """Send one request and wait for its reply; raise the error the minion reports.
+
+        ``after_send`` runs between sending and waiting, for work that overlaps the minion's."""
+        with self._lock:
+            request_id = self._send(op, args)
+            if after_send is not None:
+                after_send()
+            reply, fd = self._receive(request_id, deadline=None)
+            return _checked(reply), fd
+
+    def call_blocking(
+        self, op: protocol.Op, timeout: float | None, **args: Any
+    ) -> tuple[dict[str, Any], int | None]:
+        """Like ``call`` for a request the minion may defer (``access``); honours ``timeout``."""
+        with self._lock:
+            request_id = self._send(op, args)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                reply, fd = self._receive(request_id, deadline=deadline, spin=True)
+            except AccessTimeout:
+                # Withdraw the request; a grant that crossed our cancel still counts.
+                cancel_id = self._send(protocol.Op.CANCEL, {"ref": request_id})
+                granted: tuple[dict[str, Any], int | None] | None = None
+                while True:
+                    body, fd = self._next_reply(deadline=None)
+                    if body.get("id") == request_id:
+                        granted = (body, fd)
+                    elif body.get("id") == cancel_id:
+                        break
+                    elif fd is not None:
+                        os.close(fd)
+                if granted is None:
+                    raise
+                reply, fd = granted
+            return _checked(reply), fd
+
+    # ---------------------------------------------------------------- internals
+    def _send(self, op: protocol.Op, args: dict[str, Any]) -> int:
+        sock = self._require()
+        request_id = self._next_id
+        self._next_id += 1
+        args["op"] = str(op)
+        args["id"] = request_id
+        try:
+            sock.settimeout(self.timeout)
+            sock.send(protocol.pack(args))
+        except OSError as exc:
+            raise MinionUnavailable(f"lost the CDI minion at {self.path}: {exc}") from exc
+        return request_id
+
+    def _receive(
+        self, request_id: int, deadline: float | None, spin: bool = False
+    ) -> tuple[dict[str, Any], int | None]:
+        while True:
+            body, fd = self._next_reply(deadline, spin)
+            if body.get("id") == request_id:
+                return body, fd
+            if fd is not None:
+                os.close(fd)
+
+    def _next_reply(
+        self, deadline: float | None, spin: bool = False
+    ) -> tuple[dict[str, Any], int | None]:
+        sock = self._require()
+        if spin and self.spin_ns and (polled := self._poll(sock, deadline)) is not None:
+            return polled
+        if deadline is None:
+            sock.settimeout(None)
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AccessTimeout("ownership did not arrive before the timeout")
+            sock.settimeout(remaining)
+        try:
+            body, fd = self._receiver.receive(sock)
+        except TimeoutError as exc:
+            raise AccessTimeout("ownership did not arrive before the timeout") from exc
+        except OSError as exc:
+            raise MinionUnavailable(f"lost the CDI minion at {self.path}: {exc}") from exc
+        return self._decoded(body, fd)
+
+    def _poll(
+        self, sock: socket.socket, deadline: float | None
+    ) -> tuple[dict[str, Any], int | None] | None:
+        """Poll without sleeping for up to ``spin_ns``; ``None`` if nothing came."""
+        sock.settimeout(0.0)
+        stop = time.perf_counter_ns() + self.spin_ns
+        if deadline is not None:
+            stop = min(stop, time.perf_counter_ns() + int((deadline - time.monotonic()) * 1e9))
+        while True:
+            try:
+                body, fd = self._receiver.receive(sock)
+            except BlockingIOError:
+                if time.perf_counter_ns() >= stop:
+                    return None
+                os.sched_yield()  # let a runnable peer on this core (the minion) go first
+                continue
+            except OSError as exc:
+                raise MinionUnavailable(f"lost the CDI minion at {self.path}: {exc}") from exc
+            return self._decoded(body, fd)
+
+    def _decoded(
+        self, body: dict[str, Any] | None, fd: int | None
+    ) -> tuple[dict[str, Any], int | None]:
+        if body is None:
+            self.close_quietly()
+            raise MinionUnavailable(f"the CDI minion at {self.path} closed the connection")
+        return body, fd
+
+    def close_quietly(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+    def _require(self) -> socket.socket:
+        if self._sock is None:
+            raise MinionUnavailable(f"the connection to the CDI minion at {self.path} is closed")
+        return self._sock
+
+
+def _checked(reply: dict[str, Any]) -> dict[str, Any]:
+    if reply.get("ok"):
+        return reply
+    code = reply.get("code", CDIError.code)
+    raise error_from_code(str(code), str(reply.get("msg", "the minion refused the request")))

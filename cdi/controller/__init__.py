@@ -1,0 +1,5 @@
+"""The CDI controller: a per-cluster, soft-state directory of minions, containers and objects.
+
+Modules: ``state`` (the in-memory registry), ``server`` (its gRPC service), ``client`` (typed
+client), ``reporter`` (what a minion uses to keep the directory current) and ``cli``.
+"""

@@ -1,0 +1,189 @@
+"""Every error the CDI runtime raises, as one tree.
+
+Nothing from ``socket``, ``grpc`` or ``mmap`` escapes the ``cdi`` package untranslated: callers
+catch ``CDIError`` (or a branch of it) and get a message a person can act on.
+
+    CDIError
+    ├── ConfigError                 bad URL, option or environment value
+    ├── InvalidArgument             bad key, size or container id        (also ValueError)
+    ├── ConnectionFailed            cannot reach a CDI process           (also ConnectionError)
+    │   ├── MinionUnavailable       no minion at the socket, or it went away
+    │   └── ControllerUnavailable   the CDI controller does not answer
+    ├── ProtocolError               a malformed or unexpected message
+    ├── NotRegistered               an operation before ``register``
+    ├── ContainerError
+    │   ├── UnknownContainer        a transfer to a container nobody registered
+    │   └── ContainerExists         a live container already uses that id
+    ├── ObjectError
+    │   ├── KeyExists               ``create``/``copy`` onto a key that exists      (paper: 0)
+    │   ├── ObjectNotFound          no object with that key (or it was destroyed)  (paper: 0)
+    │   ├── NotOwner                the caller does not own the object  (also PermissionError)
+    │   └── BufferInUse             views of the data are still alive at transfer/destroy
+    ├── OutOfMemory                 the minion cannot hold another object of that size (paper: -1)
+    └── AccessTimeout               ``access(timeout=)`` expired        (also TimeoutError)
+
+Each class carries a stable ``code`` string, which is what travels on the wire between minion and
+client; ``error_from_code`` turns it back into the class.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccessTimeout",
+    "BufferInUse",
+    "CDIError",
+    "ConfigError",
+    "ConnectionFailed",
+    "ContainerError",
+    "ContainerExists",
+    "ControllerUnavailable",
+    "InvalidArgument",
+    "KeyExists",
+    "MinionUnavailable",
+    "NotOwner",
+    "NotRegistered",
+    "ObjectError",
+    "ObjectNotFound",
+    "OutOfMemory",
+    "ProtocolError",
+    "UnknownContainer",
+    "error_from_code",
+]
+
+
+class CDIError(Exception):
+    """Base of every error raised by the CDI runtime."""
+
+    code = "cdi_error"
+
+
+class ConfigError(CDIError):
+    """A URL, option or environment value is not usable."""
+
+    code = "config"
+
+
+class InvalidArgument(CDIError, ValueError):
+    """A key, size or container id is malformed or out of range."""
+
+    code = "invalid_argument"
+
+
+class ConnectionFailed(CDIError, ConnectionError):
+    """A CDI process cannot be reached."""
+
+    code = "connection_failed"
+
+
+class MinionUnavailable(ConnectionFailed):
+    """No minion listens at the configured socket, or it closed the connection."""
+
+    code = "minion_unavailable"
+
+
+class ControllerUnavailable(ConnectionFailed):
+    """The CDI controller does not answer."""
+
+    code = "controller_unavailable"
+
+
+class ProtocolError(CDIError):
+    """A message that does not follow the minion protocol."""
+
+    code = "protocol"
+
+
+class NotRegistered(CDIError):
+    """An object operation was attempted before ``register(container_id)``."""
+
+    code = "not_registered"
+
+
+class ContainerError(CDIError):
+    """A problem with a container id."""
+
+    code = "container"
+
+
+class UnknownContainer(ContainerError):
+    """No live container is registered under that id."""
+
+    code = "unknown_container"
+
+
+class ContainerExists(ContainerError):
+    """A live container is already registered under that id."""
+
+    code = "container_exists"
+
+
+class ObjectError(CDIError):
+    """A problem with one CDI object."""
+
+    code = "object"
+
+
+class KeyExists(ObjectError):
+    """An object with that key already exists (the paper's return code 0 for create/copy)."""
+
+    code = "key_exists"
+
+
+class ObjectNotFound(ObjectError):
+    """No object has that key, or it was destroyed (the paper's return code 0 for use)."""
+
+    code = "not_found"
+
+
+class NotOwner(ObjectError, PermissionError):
+    """Only the owner may read, write, copy, transfer, resize or destroy an object."""
+
+    code = "not_owner"
+
+
+class BufferInUse(ObjectError):
+    """Views of the object's memory are still referenced, so it cannot be unmapped yet."""
+
+    code = "buffer_in_use"
+
+
+class OutOfMemory(CDIError):
+    """The minion cannot hold another object of that size (the paper's return code -1)."""
+
+    code = "out_of_memory"
+
+
+class AccessTimeout(CDIError, TimeoutError):
+    """``access(timeout=...)`` expired before ownership arrived."""
+
+    code = "access_timeout"
+
+
+_BY_CODE: dict[str, type[CDIError]] = {
+    cls.code: cls
+    for cls in (
+        CDIError,
+        ConfigError,
+        InvalidArgument,
+        ConnectionFailed,
+        MinionUnavailable,
+        ControllerUnavailable,
+        ProtocolError,
+        NotRegistered,
+        ContainerError,
+        UnknownContainer,
+        ContainerExists,
+        ObjectError,
+        KeyExists,
+        ObjectNotFound,
+        NotOwner,
+        BufferInUse,
+        OutOfMemory,
+        AccessTimeout,
+    )
+}
+
+
+def error_from_code(code: str, message: str) -> CDIError:
+    """Rebuild the exception a minion reported as ``code``; unknown codes become ``CDIError``."""
+    return _BY_CODE.get(code, CDIError)(message)

@@ -1,0 +1,88 @@
+"""Minion configuration."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+import psutil
+
+from cdi.errors import ConfigError
+from cdi.protocol import Isolation
+from cdi.url import default_socket_path
+
+__all__ = ["MinionConfig", "parse_bytes"]
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """Parse ``"10MB"``, ``"512KiB"`` or ``"4096"`` into bytes (decimal units, as in the paper)."""
+    raw = text.strip().upper().replace(" ", "")
+    digits = raw.rstrip("KMGIB")
+    unit = raw[len(digits) :]
+    if unit not in _UNITS or not digits:
+        raise ConfigError(f"cannot read {text!r} as a size; write e.g. 4096, 10KB, 1MB or 2GiB")
+    try:
+        value = float(digits)
+    except ValueError as exc:
+        raise ConfigError(f"cannot read {text!r} as a size; write e.g. 10KB or 1MB") from exc
+    if value < 0:
+        raise ConfigError(f"size {text!r} must not be negative")
+    return int(value * _UNITS[unit])
+
+
+def _default_memory_limit() -> int:
+    return int(psutil.virtual_memory().total // 2)
+
+
+@dataclass
+class MinionConfig:
+    """How one minion runs."""
+
+    socket_path: str = field(default_factory=default_socket_path)
+    """Unix socket local containers connect to; its directory is what a pod mounts."""
+    host: str = field(default_factory=socket.gethostname)
+    """Name of this host in the CDI controller's directory."""
+    memory_limit: int = field(default_factory=_default_memory_limit)
+    """Upper bound on all segment bytes this minion holds (objects and warm pool)."""
+    max_object: int = 1 << 30
+    """Largest single object, in bytes."""
+    idle_limit: int | None = None
+    """Bytes of released segments kept warm for reuse; default a quarter of ``memory_limit``."""
+    isolation: Isolation = Isolation.COOPERATIVE
+    """Default isolation for objects that do not ask for one."""
+    prewarm: dict[int, int] = field(default_factory=dict)
+    """Object size -> number of segments to allocate at start-up."""
+    controller_url: str | None = None
+    """``grpc://host:port`` of the CDI controller; ``None`` runs the minion on its own."""
+    busy_poll_us: int = 1000
+    """After a container starts waiting in ``access()``, poll (burning CPU) this long before
+    sleeping, so the hand-off does not pay a process wake-up; 0 disables."""
+    socket_mode: int = 0o666
+    """Permissions of the socket file: any local uid may connect; ownership is enforced inside."""
+
+    def __post_init__(self) -> None:
+        if self.memory_limit <= 0:
+            raise ConfigError("memory_limit must be positive")
+        if self.max_object <= 0 or self.max_object > self.memory_limit:
+            raise ConfigError(
+                f"max_object ({self.max_object}) must be positive and at most memory_limit "
+                f"({self.memory_limit})"
+            )
+        if self.idle_limit is None:
+            self.idle_limit = self.memory_limit // 4
+        if not os.path.isabs(self.socket_path):
+            self.socket_path = os.path.abspath(self.socket_path)
+        if len(self.socket_path.encode()) > 107:
+            raise ConfigError(f"socket path {self.socket_path!r} is longer than Unix sockets allow")

@@ -1,0 +1,65 @@
+"""What a minion knows about its containers and objects."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdi.minion.segments import Segment
+from cdi.protocol import Isolation
+
+__all__ = ["Connection", "StoredObject"]
+
+
+@dataclass(eq=False)
+class Connection:
+    """One client socket; at most one container registers through it."""
+
+    sock: socket.socket
+    pid: int
+    uid: int
+    gid: int
+    container: str | None = None
+    waiting: dict[int, str] = field(default_factory=dict)
+    """Deferred ``access`` requests: request id -> key."""
+
+
+@dataclass(eq=False)
+class StoredObject:
+    """One CDI object: its memory, who owns it, and who gets it back if the owner dies."""
+
+    key: str
+    size: int
+    segment: Segment
+    owner: str
+    creator: str
+    recovery: str
+    isolation: Isolation
+    generation: int = 1
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+    def grant_fields(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "capacity": self.segment.capacity,
+            "generation": self.generation,
+            "isolation": str(self.isolation),
+        }
+
+    def describe(self, host: str) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "size": self.size,
+            "capacity": self.segment.capacity,
+            "owner": self.owner,
+            "creator": self.creator,
+            "recovery": self.recovery,
+            "isolation": str(self.isolation),
+            "generation": self.generation,
+            "host": host,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }

@@ -1,0 +1,180 @@
+"""Shared-memory segments and the pool that keeps them warm.
+
+A segment is a ``memfd`` (anonymous shared memory with no name in any filesystem: a process can map
+it only if it was handed the file descriptor) whose pages are allocated up front with
+``posix_fallocate``. First touch of fresh pages costs ~0.8 ms/MB on our machines against
+~0.035 ms/MB for pages already in use, so released segments go back to a pool, grouped in size
+classes, and a ``create`` of a size seen before never pays the allocation again. A transfer never
+allocates.
+
+Cooperative segments are sealed against shrinking and growing: owners hold the fd and could
+otherwise ``ftruncate`` it, and the minion's own mapping would then fault (SIGBUS) when it zeroes
+the segment for reuse. Strict segments stay unsealed because revoking one *is* truncating it; they
+are never reused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import logging
+import mmap
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from cdi.errors import OutOfMemory
+
+__all__ = ["PAGE", "Segment", "SegmentPool", "size_class"]
+
+log = logging.getLogger(__name__)
+
+PAGE = mmap.PAGESIZE
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def size_class(size: int) -> int:
+    """Round ``size`` up to its class: whole pages, then 4 steps per power of two (<= 25% waste)."""
+    pages = max(1, -(-size // PAGE))
+    if pages <= 4:
+        return pages * PAGE
+    top = 1 << (pages - 1).bit_length()  # next power of two >= pages
+    step = top // 8  # classes between top/2 and top: 5/8, 6/8, 7/8, 8/8 of top
+    return (-(-pages // step) * step) * PAGE
+
+
+@dataclass(eq=False)
+class Segment:
+    """One memfd plus the minion's own mapping of it."""
+
+    fd: int
+    capacity: int
+    sealed: bool
+    _mm: mmap.mmap = field(repr=False)
+    _addr: int = field(repr=False)
+
+    @classmethod
+    def allocate(cls, capacity: int, *, sealed: bool) -> Segment:
+        flags = os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if sealed else 0)
+        fd = os.memfd_create("cdi-segment", flags)
+        try:
+            os.ftruncate(fd, capacity)
+            os.posix_fallocate(fd, 0, capacity)  # allocate the pages now, not on first touch
+            if sealed:
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            mm = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            os.close(fd)
+            raise OutOfMemory(f"cannot allocate a {capacity}-byte segment: {exc}") from exc
+        probe = ctypes.c_char.from_buffer(mm)
+        addr = ctypes.addressof(probe)
+        del probe  # drop the buffer export at once so the mapping can be closed later
+        return cls(fd=fd, capacity=capacity, sealed=sealed, _mm=mm, _addr=addr)
+
+    def intact(self, length: int) -> bool:
+        """True if the file still spans ``length`` bytes (an unsealed owner may have shrunk it)."""
+        return self.sealed or os.fstat(self.fd).st_size >= length
+
+    def zero(self, end: int, start: int = 0) -> None:
+        end = min(end, self.capacity)
+        if end > start:
+            ctypes.memset(self._addr + start, 0, end - start)
+
+    def copy_from(self, other: Segment, length: int) -> None:
+        ctypes.memmove(self._addr, other._addr, min(length, self.capacity, other.capacity))
+
+    def read(self, length: int) -> bytes:
+        return self._mm[:length]
+
+    def close(self, *, truncate: bool = False) -> None:
+        """Unmap and close; ``truncate`` first frees the pages so stale mappings fault."""
+        self._mm.close()
+        if truncate and not self.sealed:
+            os.ftruncate(self.fd, 0)
+        os.close(self.fd)
+
+
+class SegmentPool:
+    """Hands out segments by size class and keeps released ones warm for reuse.
+
+    ``memory_limit`` caps all segment bytes (in use and idle); ``idle_limit`` caps what idle
+    segments may keep. Released segments are zeroed so no object ever sees another's data.
+    """
+
+    def __init__(self, memory_limit: int, idle_limit: int) -> None:
+        self.memory_limit = memory_limit
+        self.idle_limit = idle_limit
+        self._idle: dict[tuple[int, bool], list[Segment]] = defaultdict(list)
+        self.idle_bytes = 0
+        self.used_bytes = 0
+        self.used_segments = 0
+        self.allocations = 0
+        self.reuses = 0
+
+    def acquire(self, size: int, *, sealed: bool = True) -> Segment:
+        capacity = size_class(size)
+        bucket = self._idle.get((capacity, sealed))
+        if bucket:
+            segment = bucket.pop()
+            self.idle_bytes -= capacity
+            self.reuses += 1
+        else:
+            self._make_room(capacity)
+            segment = Segment.allocate(capacity, sealed=sealed)
+            self.allocations += 1
+        self.used_bytes += capacity
+        self.used_segments += 1
+        return segment
+
+    def release(self, segment: Segment, used: int) -> None:
+        """Return a segment whose object is gone; ``used`` bytes of it may hold data."""
+        self._forget(segment)
+        if not segment.sealed or not segment.intact(segment.capacity):
+            segment.close(truncate=True)
+            return
+        if self.idle_bytes + segment.capacity > self.idle_limit:
+            segment.close()
+            return
+        segment.zero(used)
+        self._idle[(segment.capacity, segment.sealed)].append(segment)
+        self.idle_bytes += segment.capacity
+
+    def discard(self, segment: Segment) -> None:
+        """Revoke a segment for good: truncate so every stale mapping faults, then close."""
+        self._forget(segment)
+        segment.close(truncate=True)
+
+    def prewarm(self, size: int, count: int, *, sealed: bool = True) -> None:
+        """Allocate ``count`` idle segments for objects of ``size`` bytes."""
+        warm = [self.acquire(size, sealed=sealed) for _ in range(count)]
+        for segment in warm:
+            self._forget(segment)
+            self._idle[(segment.capacity, sealed)].append(segment)
+            self.idle_bytes += segment.capacity
+
+    def close(self) -> None:
+        for bucket in self._idle.values():
+            for segment in bucket:
+                segment.close()
+        self._idle.clear()
+        self.idle_bytes = 0
+
+    def _forget(self, segment: Segment) -> None:
+        self.used_bytes -= segment.capacity
+        self.used_segments -= 1
+
+    def _make_room(self, capacity: int) -> None:
+        if self.used_bytes + self.idle_bytes + capacity <= self.memory_limit:
+            return
+        # Give back idle segments, largest first, before refusing.
+        for key in sorted(self._idle, reverse=True):
+            bucket = self._idle[key]
+            while bucket and self.used_bytes + self.idle_bytes + capacity > self.memory_limit:
+                bucket.pop().close()
+                self.idle_bytes -= key[0]
+        if self.used_bytes + capacity > self.memory_limit:
+            raise OutOfMemory(
+                f"a {capacity}-byte segment would exceed the minion's memory limit of "
+                f"{self.memory_limit} bytes ({self.used_bytes} in use)"
+            )
+        log.debug("freed idle segments to make room for %d bytes", capacity)

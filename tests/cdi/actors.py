@@ -1,0 +1,124 @@
+"""Processes the CDI tests run as other containers: ``python -m tests.cdi.actors ROLE ...``.
+
+Each role prints one JSON line per step on stdout and waits for a line on stdin where the test
+needs it to stay alive. Roles that run under another uid import everything first and then drop
+root, because the interpreter's own files are not readable by other uids on this machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import sys
+from typing import Any
+
+import cdi
+from cdi.protocol import Op
+
+PR_SET_DUMPABLE = 4
+
+
+def emit(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def drop_to(uid: int) -> None:
+    """Become ``uid`` for good (no way back to root), and stay an ordinary ptrace target."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    # A uid change makes the kernel hide /proc/<pid> behind root; undo that so the test shows
+    # that a *different ordinary uid* is refused, not merely that root owns the files.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+
+
+def owner(socket_path: str, cid: str, key: str, secret: str, uid: int) -> None:
+    drop_to(uid)
+    client = cdi.connect(socket_path, cid)
+    obj = client.create(key, 4096)
+    obj.write(secret.encode())
+    view = obj.access()  # keep the object mapped while the intruder tries
+    emit(ready=True, pid=os.getpid(), uid=os.getuid(), mapped=len(view))
+    sys.stdin.readline()
+    view.release()
+    obj.destroy()
+    client.close()
+
+
+def _try_open(directory: str) -> list[str]:
+    """What happens when we list ``directory`` and open each entry."""
+    try:
+        names = sorted(os.listdir(directory))
+    except PermissionError:
+        return ["permission_denied"]
+    outcomes = []
+    for path in (os.path.join(directory, name) for name in names):
+        try:
+            with open(path, "rb") as handle:
+                outcomes.append(f"read:{handle.read(64)!r}")
+        except PermissionError:
+            outcomes.append("permission_denied")
+        except OSError as exc:
+            outcomes.append(f"error:{exc.errno}")
+    return outcomes
+
+
+def intruder(socket_path: str, cid: str, key: str, owner_pid: str, minion_pid: str,
+             uid: int) -> None:
+    drop_to(uid)
+    result: dict[str, Any] = {"uid": os.getuid()}
+    client = cdi.connect(socket_path, cid)
+    handle = client.use(key)
+    try:
+        handle.read()
+        result["minion_read"] = "allowed"
+    except cdi.NotOwner:
+        result["minion_read"] = "not_owner"
+    # Reach for the memory behind the minion's back: the owner's and the minion's fds and maps.
+    result["owner_fds"] = _try_open(f"/proc/{owner_pid}/fd")
+    result["owner_maps"] = _try_open(f"/proc/{owner_pid}/map_files")
+    result["minion_fds"] = _try_open(f"/proc/{minion_pid}/fd")
+    try:
+        with open(f"/proc/{owner_pid}/mem", "rb") as mem:
+            mem.read(1)
+        result["owner_mem"] = "opened"
+    except OSError as exc:
+        result["owner_mem"] = "permission_denied" if exc.errno in (1, 13) else str(exc.errno)
+    emit(**result)
+    client.close()
+
+
+def stale_reader(socket_path: str, cid: str, key: str, back_to: str) -> None:
+    """A former owner that cheats: it maps the object itself and keeps the mapping."""
+    client = cdi.connect(socket_path, cid)
+    client.use(key)
+    reply, fd = client._conn.call_blocking(Op.ACCESS, 30, key=key)
+    assert fd is not None
+    kept = mmap.mmap(fd, reply["capacity"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    os.close(fd)
+    client._conn.call(Op.TRANSFER, key=key, to=back_to)
+    emit(ready=True)
+    sys.stdin.readline()
+    emit(stale=kept[:16].hex())  # faults (SIGBUS) if the segment was truncated
+    kept.close()
+    client.close()
+
+
+def holder(socket_path: str, cid: str, key: str) -> None:
+    """Waits for an object, writes to it, then stays alive until the test kills it."""
+    client = cdi.connect(socket_path, cid)
+    obj = client.use(key)
+    obj.access(timeout=30).release()
+    obj.write(b"touched")
+    emit(ready=True, pid=os.getpid())
+    sys.stdin.readline()
+
+
+ROLES = {"owner": owner, "intruder": intruder, "stale_reader": stale_reader, "holder": holder}
+
+if __name__ == "__main__":
+    role, *args = sys.argv[1:]
+    typed: list[Any] = [int(a) if a.isdigit() and len(a) < 7 else a for a in args]
+    ROLES[role](*typed)

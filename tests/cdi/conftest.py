@@ -1,0 +1,114 @@
+"""Fixtures that run a real minion process for the CDI tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import cdi
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class MinionProcess:
+    socket_path: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    clients: list[cdi.Client] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def client(self, container_id: str | None = None, **kwargs: object) -> cdi.Client:
+        client = cdi.connect(self.socket_path, container_id, **kwargs)  # type: ignore[arg-type]
+        self.clients.append(client)
+        return client
+
+    def stat(self) -> dict[str, object]:
+        with cdi.Client(self.socket_path) as probe:
+            return probe.stat()
+
+
+def start_minion(directory: Path, *extra: str) -> MinionProcess:
+    """Start ``python -m cdi.minion`` with its socket in ``directory``; wait until it answers."""
+    socket_path = str(directory / "minion.sock")
+    log_path = directory / "minion.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "cdi.minion", "--socket", socket_path, *extra],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"minion exited early: {log_path.read_text()}")
+        try:
+            cdi.Client(socket_path).close()
+            return MinionProcess(socket_path, process, log_path)
+        except cdi.MinionUnavailable:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"minion did not start within 20 s: {log_path.read_text()}")
+
+
+def stop_minion(minion: MinionProcess) -> None:
+    for client in minion.clients:
+        client.close()
+    if minion.process.poll() is None:
+        minion.process.send_signal(signal.SIGTERM)
+        try:
+            minion.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            minion.process.kill()
+            minion.process.wait()
+
+
+@pytest.fixture(scope="module")
+def shared_dir() -> Iterator[Path]:
+    """A temp folder other uids can traverse (pytest's own tmp folders are 0700)."""
+    with tempfile.TemporaryDirectory(prefix="cdi-test-") as name:
+        os.chmod(name, 0o755)
+        yield Path(name)
+
+
+@pytest.fixture(scope="module")
+def minion(shared_dir: Path) -> Iterator[MinionProcess]:
+    """One real minion per test module; at the end nothing may be left in it."""
+    running = start_minion(shared_dir)
+    try:
+        yield running
+        for client in running.clients:
+            client.close()
+        running.clients.clear()
+        # Objects of closed clients are reclaimed: no object and no segment may be left.
+        deadline = time.monotonic() + 5
+        stat = running.stat()
+        while (stat["objects"] or stat["used_segments"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            stat = running.stat()
+        assert stat["objects"] == 0, f"objects leaked: {stat}"
+        assert stat["used_segments"] == 0, f"segments leaked: {stat}"
+    finally:
+        stop_minion(running)
+    assert not os.path.exists(running.socket_path), "the minion left its socket behind"
+
+
+@pytest.fixture
+def unique() -> Callable[[str], str]:
+    """Unique keys/ids per test, so tests sharing a minion never collide."""
+    counter = iter(range(1_000_000))
+    stamp = f"{os.getpid()}-{time.monotonic_ns()}"
+    return lambda prefix: f"{prefix}-{stamp}-{next(counter)}"

@@ -1,0 +1,107 @@
+"""Bad input gets a clear error, and the minion loses nothing."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
+import pytest
+
+import cdi
+from tests.cdi.conftest import MinionProcess
+
+Unique = Callable[[str], str]
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "must not be empty"),
+        ("x" * 257, "limit is 256"),
+        ("has space", "characters outside"),
+        ("nul\0byte", "characters outside"),
+        (42, "must be a string"),
+    ],
+)
+def test_bad_keys(minion: MinionProcess, unique: Unique, key: object, message: str) -> None:
+    client = minion.client(unique("c"))
+    with pytest.raises(cdi.InvalidArgument, match=message):
+        client.create(key, 10)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("size", "error", "message"),
+    [
+        (-1, cdi.InvalidArgument, "must not be negative"),
+        (1 << 40, cdi.InvalidArgument, "exceeds this minion's object limit"),
+        (True, cdi.InvalidArgument, "must be an integer"),
+        ("10", cdi.InvalidArgument, "must be an integer"),
+        (2.5, cdi.InvalidArgument, "must be an integer"),
+    ],
+)
+def test_bad_sizes(
+    minion: MinionProcess, unique: Unique, size: object, error: type[Exception], message: str
+) -> None:
+    client = minion.client(unique("c"))
+    with pytest.raises(error, match=message):
+        client.create(unique("k"), size)  # type: ignore[arg-type]
+
+
+def test_unknown_container_and_unregistered_calls(minion: MinionProcess, unique: Unique) -> None:
+    client = minion.client(unique("c"))
+    obj = client.create(unique("k"), 10)
+    obj.write(b"unchanged!")
+    with pytest.raises(cdi.UnknownContainer, match="no live container"):
+        obj.transfer("nobody-registered-this")
+    with pytest.raises(cdi.InvalidArgument):
+        obj.transfer("bad id with spaces")
+    assert obj.read() == b"unchanged!"  # the failed transfers lost nothing
+    anonymous = minion.client()
+    with pytest.raises(cdi.NotRegistered):
+        anonymous.create(unique("k"), 10)
+    with pytest.raises(cdi.NotRegistered):
+        anonymous.use(obj.key)
+    with pytest.raises(cdi.ObjectNotFound):
+        client.use(unique("missing"))
+    with pytest.raises(cdi.InvalidArgument):
+        obj.access(timeout=-1)
+    obj.destroy()
+
+
+def test_duplicate_registration(minion: MinionProcess, unique: Unique) -> None:
+    cid = unique("dup")
+    minion.client(cid)
+    with pytest.raises(cdi.ContainerExists, match="in use by a live process"):
+        minion.client(cid)
+    first = minion.client(unique("once"))
+    with pytest.raises(cdi.ProtocolError, match="already registered"):
+        first.register(unique("twice"))
+
+
+def test_no_minion_running(tmp_path: Path) -> None:
+    with pytest.raises(cdi.MinionUnavailable, match="cdiflow cdi minion --socket"):
+        cdi.connect(str(tmp_path / "nothing.sock"), "x")
+    with pytest.raises(cdi.ConfigError, match="unix://"):
+        cdi.connect("http://example/", "x")
+
+
+def test_garbage_on_the_wire_is_refused(minion: MinionProcess, unique: Unique) -> None:
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    raw.connect(minion.socket_path)
+    try:
+        for junk in (b"\xc1\xc1 not msgpack", msgpack.packb([1, 2, 3]),
+                     msgpack.packb({"op": "explode", "id": 1}),
+                     msgpack.packb({"op": "create", "id": "x"})):
+            raw.send(junk)
+            reply = msgpack.unpackb(raw.recv(4096))
+            assert reply["ok"] is False and reply["code"] in ("protocol", "not_registered")
+    finally:
+        raw.close()
+    # The minion is unharmed.
+    client = minion.client(unique("after"))
+    obj = client.create(unique("k"), 3)
+    obj.write(b"ok!")
+    assert obj.read() == b"ok!"
+    obj.destroy()

@@ -1,0 +1,90 @@
+"""Objects outlive neither their usefulness nor their owners: recovery and reclamation."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+import cdi
+from tests.cdi.conftest import MinionProcess
+from tests.cdi.test_isolation import actor, read_json
+
+Unique = Callable[[str], str]
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_object_of_a_killed_owner_returns_to_its_recovery_container(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    creator = minion.client(unique("creator"))
+    obj = creator.create(unique("k"), 1000)
+    obj.write(b"intact input")
+    worker_id = unique("worker")
+    holder = actor("holder", minion.socket_path, worker_id, obj.key)
+    try:
+        wait_for(lambda: worker_id in minion.stat()["containers"], "the worker to register")
+        obj.transfer(worker_id)
+        ready = read_json(holder)
+        assert ready["ready"]
+        os.kill(int(str(ready["pid"])), signal.SIGKILL)  # dies while owning the object
+    finally:
+        holder.communicate(timeout=30)
+    data = obj.access(timeout=10)  # ownership comes back to the creator
+    assert bytes(data[:7]) == b"touched"  # what the worker wrote before dying is kept
+    data.release()
+    obj.destroy()
+
+
+def test_recovery_can_name_another_container(minion: MinionProcess, unique: Unique) -> None:
+    creator, rescuer = minion.client(unique("creator")), minion.client(unique("rescuer"))
+    obj = creator.create(unique("k"), 10, recovery=rescuer.container_id)
+    doomed = minion.client(unique("doomed"))
+    obj.transfer(doomed.container_id or "")
+    doomed.close()  # the owner goes away
+    assert rescuer.use(obj.key).read() == bytes(10)
+    rescuer.use(obj.key).destroy()
+
+
+def test_objects_nobody_can_hold_are_reclaimed(minion: MinionProcess, unique: Unique) -> None:
+    before = minion.stat()
+    lonely = minion.client(unique("lonely"))
+    for i in range(3):
+        lonely.create(unique(f"k{i}"), 100_000)
+    assert minion.stat()["objects"] == int(str(before["objects"])) + 3
+    lonely.close()  # creator and owner gone: nobody can recover these objects
+    wait_for(lambda: minion.stat()["objects"] == before["objects"], "reclamation")
+    assert minion.stat()["used_segments"] == before["used_segments"]
+
+
+def test_released_memory_is_zeroed_and_reused(minion: MinionProcess, unique: Unique) -> None:
+    a = minion.client(unique("a"))
+    first = a.create(unique("k"), 300_000)
+    first.write(b"old data of someone else")
+    first.destroy()
+    reuses = int(str(minion.stat()["reuses"]))
+    second = a.create(unique("k"), 300_000)  # same size class: a warm segment, no allocation
+    assert int(str(minion.stat()["reuses"])) == reuses + 1
+    assert second.read()[:24] == bytes(24)
+    second.destroy()
+
+
+def test_a_dead_waiter_leaves_nothing_behind(minion: MinionProcess, unique: Unique) -> None:
+    a = minion.client(unique("a"))
+    obj = a.create(unique("k"), 10)
+    waiter = minion.client(unique("w"))
+    with pytest.raises(cdi.AccessTimeout):
+        waiter.use(obj.key).access(timeout=0.05)
+    waiter.close()
+    assert minion.stat()["waiters"] == 0
+    obj.destroy()
