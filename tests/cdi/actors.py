@@ -12,6 +12,7 @@ import json
 import mmap
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import cdi
@@ -116,7 +117,7 @@ def holder(socket_path: str, cid: str, key: str) -> None:
     sys.stdin.readline()
 
 
-ROLES = {"owner": owner, "intruder": intruder, "stale_reader": stale_reader, "holder": holder}
+ROLES: dict[str, Callable[..., None]] = {"owner": owner, "intruder": intruder, "stale_reader": stale_reader, "holder": holder}
 
 if __name__ == "__main__":
     role, *args = sys.argv[1:]

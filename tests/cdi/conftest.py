@@ -3,77 +3,53 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import cdi
+from cdi.minion.process import MinionChild
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
 class MinionProcess:
-    socket_path: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
+    child: MinionChild
     clients: list[cdi.Client] = field(default_factory=list)
 
     @property
+    def socket_path(self) -> str:
+        return self.child.socket_path
+
+    @property
     def pid(self) -> int:
-        return self.process.pid
+        return self.child.pid
 
     def client(self, container_id: str | None = None, **kwargs: object) -> cdi.Client:
         client = cdi.connect(self.socket_path, container_id, **kwargs)  # type: ignore[arg-type]
         self.clients.append(client)
         return client
 
-    def stat(self) -> dict[str, object]:
+    def stat(self) -> dict[str, Any]:
         with cdi.Client(self.socket_path) as probe:
             return probe.stat()
 
 
 def start_minion(directory: Path, *extra: str) -> MinionProcess:
-    """Start ``python -m cdi.minion`` with its socket in ``directory``; wait until it answers."""
-    socket_path = str(directory / "minion.sock")
-    log_path = directory / "minion.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "cdi.minion", "--socket", socket_path, *extra],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"minion exited early: {log_path.read_text()}")
-        try:
-            cdi.Client(socket_path).close()
-            return MinionProcess(socket_path, process, log_path)
-        except cdi.MinionUnavailable:
-            time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"minion did not start within 20 s: {log_path.read_text()}")
+    """Start a real minion with its socket in ``directory``; wait until it answers."""
+    return MinionProcess(MinionChild(str(directory / "minion.sock"), *extra).start())
 
 
 def stop_minion(minion: MinionProcess) -> None:
     for client in minion.clients:
         client.close()
-    if minion.process.poll() is None:
-        minion.process.send_signal(signal.SIGTERM)
-        try:
-            minion.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            minion.process.kill()
-            minion.process.wait()
+    minion.child.stop()
 
 
 @pytest.fixture(scope="module")
