@@ -1,0 +1,359 @@
+"""The task API: how a task function is written, registered, loaded and run.
+
+A task is a plain function::
+
+    from PIL import Image, ImageFilter
+    from workflows.api import TaskContext, TaskResult, task
+
+    @task(name="sharpen", timeout_s=30, retries=2)
+    def sharpen(img: Image.Image, ctx: TaskContext) -> TaskResult | None:
+        radius = float(ctx.params.get("radius", 2))
+        ctx.logger.info("sharpening %dx%d", *img.size)
+        return TaskResult(image=img.filter(ImageFilter.UnsharpMask(radius=radius)))
+
+The contract, identical in shared-buffer mode and object-store mode:
+
+* ``img`` is a private copy in mode ``L``, ``RGB`` or ``RGBA``. Changing it in place does
+  nothing unless it is returned.
+* Return ``None`` (image unchanged, no output), a new ``PIL.Image.Image``, or a
+  ``TaskResult(image=..., output={...})``. ``output`` must be a JSON-serialisable dict with
+  string keys; it is recorded as the task's result (e.g. a classification).
+* Raise any exception to fail; the runner retries up to ``retries`` times after
+  ``retry_backoff_s``, so a task must be safe to run again on the same input.
+* ``ctx.params`` holds the step's parameters from the workflow definition (read-only).
+
+``run_task`` runs a task on an image stored in a buffer (see ``workflows.imagebuf``) and writes
+the result back into the same buffer; ``run_task_on_image`` is the compute half alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType, ModuleType
+from typing import Any, Final, TypeAlias, TypeVar, overload
+
+from PIL import Image
+
+from workflows.definitions import task_definition_problems
+from workflows.errors import (
+    DuplicateTask,
+    InvalidDefinition,
+    InvalidImage,
+    InvalidTaskResult,
+    ResultTooLarge,
+    TaskFailed,
+    TaskLoadError,
+    TaskNotFound,
+    WorkflowsError,
+)
+from workflows.imagebuf import ImageHeader, normalize_mode, read_image, required_size, write_image
+from workflows.names import MODULE_PATH_RE
+
+__all__ = [
+    "TaskContext",
+    "TaskFunction",
+    "TaskOutcome",
+    "TaskResult",
+    "TaskSpec",
+    "load_task",
+    "registered_tasks",
+    "run_task",
+    "run_task_on_image",
+    "task",
+]
+
+_SPEC_ATTR: Final = "__cdiflow_task__"
+_BUILTIN_MODULE: Final = "workflows.image_tasks"
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a task knows about the run it is part of."""
+
+    task_name: str
+    workflow_id: str = ""
+    attempt: int = 1  # 1 on the first try, 2 on the first retry, …
+    params: Mapping[str, Any] = field(default_factory=dict)
+    base_logger: logging.Logger | None = None  # default: logger "workflows.task.<task_name>"
+
+    def __post_init__(self) -> None:
+        # A read-only copy: a task cannot leak changes into the next attempt.
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+
+    @cached_property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """Logger whose records carry ``workflow_id``, ``task`` and ``attempt`` as extras."""
+        base = self.base_logger or logging.getLogger(f"workflows.task.{self.task_name}")
+        extra = {"workflow_id": self.workflow_id, "task": self.task_name, "attempt": self.attempt}
+        return logging.LoggerAdapter(base, extra)
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a task returns: a new image (or ``None`` to keep the input) and/or an output."""
+
+    image: Image.Image | None = None
+    output: dict[str, Any] = field(default_factory=dict)
+
+
+TaskFunction: TypeAlias = Callable[[Image.Image, TaskContext], TaskResult | Image.Image | None]
+F = TypeVar("F", bound=TaskFunction)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task function with its run settings, as registered by ``@task``."""
+
+    name: str
+    fn: TaskFunction
+    module: str  # "package.module:function", loadable by load_task when not a local function
+    timeout_s: float = 30.0
+    retries: int = 0
+    retry_backoff_s: float = 0.5
+
+    def to_definition(self) -> dict[str, Any]:
+        """This spec as a task definition dict (the JSON shape the REST API accepts)."""
+        return {
+            "name": self.name,
+            "module": self.module,
+            "timeout_s": self.timeout_s,
+            "retries": self.retries,
+            "retry_backoff_s": self.retry_backoff_s,
+        }
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """The result of ``run_task``: what was written back, the output and where time went."""
+
+    output: dict[str, Any]
+    image_written: bool  # False when the task returned no image: the buffer is untouched
+    header: ImageHeader  # shape of the image now in the buffer
+    bytes_used: int  # header + pixels now in the buffer
+    read_s: float
+    compute_s: float
+    write_s: float
+
+
+_REGISTRY: dict[str, TaskSpec] = {}
+
+
+@overload
+def task(fn: F, /) -> F: ...
+@overload
+def task(
+    *,
+    name: str | None = None,
+    timeout_s: float = 30.0,
+    retries: int = 0,
+    retry_backoff_s: float = 0.5,
+) -> Callable[[F], F]: ...
+def task(
+    fn: F | None = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout_s: float = 30.0,
+    retries: int = 0,
+    retry_backoff_s: float = 0.5,
+) -> F | Callable[[F], F]:
+    """Register a task function (``@task`` or ``@task(name=..., ...)``); it stays callable.
+
+    ``name`` defaults to the function name. Registering a *different* function under a taken
+    name raises ``DuplicateTask``; re-registering the same ``module:qualname`` (a reload)
+    replaces it. Bad settings raise ``InvalidDefinition``.
+    """
+
+    def register(func: F) -> F:
+        definition = {
+            "name": name or func.__name__,
+            "module": f"{func.__module__}:{func.__qualname__}",
+            "timeout_s": timeout_s,
+            "retries": retries,
+            "retry_backoff_s": retry_backoff_s,
+        }
+        # The module is not checked: a function defined inside another has "<locals>" in it.
+        problems = task_definition_problems(definition, check_module=False)
+        if problems:
+            raise InvalidDefinition(problems, f"task {definition['name']!r}")
+        spec = TaskSpec(
+            name=str(definition["name"]),
+            fn=func,
+            module=str(definition["module"]),
+            timeout_s=float(timeout_s),
+            retries=retries,
+            retry_backoff_s=float(retry_backoff_s),
+        )
+        existing = _REGISTRY.get(spec.name)
+        if existing is not None and existing.module != spec.module:
+            raise DuplicateTask(
+                f"task name {spec.name!r} is already registered by {existing.module}; "
+                f"{spec.module} needs a different name"
+            )
+        _REGISTRY[spec.name] = spec
+        setattr(func, _SPEC_ATTR, spec)
+        return func
+
+    return register(fn) if fn is not None else register
+
+
+def registered_tasks() -> dict[str, TaskSpec]:
+    """Every registered task by name, the bundled ones included (a copy)."""
+    _ensure_builtins()
+    return dict(_REGISTRY)
+
+
+def _ensure_builtins() -> None:
+    # Imported lazily: image_tasks imports this module to use @task.
+    importlib.import_module(_BUILTIN_MODULE)
+
+
+def load_task(path: str) -> TaskSpec:
+    """Find a task by registered name (``"deblur"``) or module path (``"pkg.mod:function"``).
+
+    Loading by module path imports that module, which runs its code: take paths only from
+    trusted workflow definitions. A function without ``@task`` is accepted with default
+    settings. Raises ``TaskNotFound`` (no such name, module or attribute) or ``TaskLoadError``
+    (the module raised while importing, or the attribute is not callable).
+    """
+    if ":" not in path:
+        _ensure_builtins()
+        spec = _REGISTRY.get(path)
+        if spec is None:
+            known = ", ".join(sorted(_REGISTRY)) or "none"
+            raise TaskNotFound(
+                f"no task registered as {path!r} (registered: {known}); load a user task by "
+                "module path, 'package.module:function'"
+            )
+        return spec
+    if MODULE_PATH_RE.fullmatch(path) is None:
+        raise TaskNotFound(
+            f"{path!r} is not a task module path; expected 'package.module:function'"
+        )
+    module_name, attr = path.split(":", 1)
+    module = _import(module_name, path)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            here = sorted(
+                s.name for s in _REGISTRY.values() if s.module.startswith(module_name + ":")
+            )
+            hint = f"; tasks registered there: {', '.join(here)}" if here else ""
+            raise TaskNotFound(f"module {module_name!r} has no attribute {attr!r}{hint}")
+        obj = getattr(obj, part)
+    spec = getattr(obj, _SPEC_ATTR, None)
+    if isinstance(spec, TaskSpec):
+        return spec
+    if not callable(obj):
+        raise TaskLoadError(f"{path!r} is a {type(obj).__name__}, not a task function")
+    return TaskSpec(name=attr.rsplit(".", 1)[-1], fn=obj, module=path)
+
+
+def _import(module_name: str, path: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except WorkflowsError:
+        raise  # e.g. DuplicateTask from an @task in that module: already a clear message
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise TaskNotFound(
+                f"no module named {missing!r} for task {path!r}; is it installed or on PYTHONPATH?"
+            ) from exc
+        raise TaskLoadError(f"importing {module_name!r} for task {path!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise TaskLoadError(
+            f"importing {module_name!r} for task {path!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def run_task_on_image(
+    fn: TaskFunction | TaskSpec, img: Image.Image, ctx: TaskContext
+) -> tuple[Image.Image | None, dict[str, Any]]:
+    """Run a task on an image: ``(new image or None if unchanged, output)``; writes nothing.
+
+    The returned image is already in a storable mode, so ``required_size`` of it is the exact
+    buffer size the write-back needs. A raising task becomes ``TaskFailed`` (the original is
+    ``__cause__``); an unusable return value becomes ``InvalidTaskResult``.
+    """
+    func = fn.fn if isinstance(fn, TaskSpec) else fn
+    try:
+        result = func(img, ctx)
+    except Exception as exc:
+        raise TaskFailed(
+            f"task {ctx.task_name!r} (workflow {ctx.workflow_id or '-'}, attempt {ctx.attempt}) "
+            f"raised {type(exc).__name__}: {exc}",
+            task=ctx.task_name,
+            attempt=ctx.attempt,
+        ) from exc
+    if result is None:
+        return None, {}
+    if isinstance(result, Image.Image):
+        return _check_image(result, ctx), {}
+    if isinstance(result, TaskResult):
+        new = None if result.image is None else _check_image(result.image, ctx)
+        return new, _check_output(result.output, ctx)
+    raise InvalidTaskResult(
+        f"task {ctx.task_name!r} returned {type(result).__name__}; return None, a PIL image "
+        "or a TaskResult"
+    )
+
+
+def _check_image(img: Any, ctx: TaskContext) -> Image.Image:
+    if not isinstance(img, Image.Image):
+        raise InvalidTaskResult(
+            f"task {ctx.task_name!r} returned TaskResult.image of type {type(img).__name__}; "
+            "expected a PIL image or None"
+        )
+    try:
+        checked = normalize_mode(img)
+        required_size(checked.width, checked.height, checked.mode)
+    except InvalidImage as exc:
+        raise InvalidTaskResult(
+            f"task {ctx.task_name!r} returned an unusable image: {exc}"
+        ) from exc
+    return checked
+
+
+def _check_output(output: Any, ctx: TaskContext) -> dict[str, Any]:
+    if not isinstance(output, dict) or not all(isinstance(k, str) for k in output):
+        raise InvalidTaskResult(
+            f"task {ctx.task_name!r} returned an output that is not a dict with string keys"
+        )
+    try:
+        json.dumps(output, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTaskResult(
+            f"task {ctx.task_name!r} returned an output that is not JSON-serialisable: {exc}"
+        ) from exc
+    return dict(output)
+
+
+def run_task(fn: TaskFunction | TaskSpec, buf: memoryview, ctx: TaskContext) -> TaskOutcome:
+    """Run a task on the image stored in ``buf`` and write its result back into ``buf``.
+
+    If the result does not fit, ``ResultTooLarge`` is raised with ``needed`` (the buffer size
+    to allocate) and the computed ``image``/``output``, and the buffer still holds the input:
+    grow the buffer, then ``write_image(new_buf, exc.image)`` - no need to recompute.
+    """
+    t0 = time.perf_counter()
+    img = read_image(buf)
+    t1 = time.perf_counter()
+    new_img, output = run_task_on_image(fn, img, ctx)
+    t2 = time.perf_counter()
+    if new_img is None:
+        header = ImageHeader(img.width, img.height, img.mode)
+        return TaskOutcome(output, False, header, header.total_size, t1 - t0, t2 - t1, 0.0)
+    try:
+        used = write_image(buf, new_img)
+    except ResultTooLarge as exc:
+        raise ResultTooLarge(exc.needed, exc.available, image=new_img, output=output) from None
+    t3 = time.perf_counter()
+    header = ImageHeader(new_img.width, new_img.height, new_img.mode)
+    return TaskOutcome(output, True, header, used, t1 - t0, t2 - t1, t3 - t2)

@@ -1,0 +1,292 @@
+"""A decoded image laid out in a flat buffer, plus decode/encode of image files.
+
+The orchestrator moves a buffer (a writable ``memoryview`` over shared memory) between workers
+without copying it, so the buffer must carry its own shape. Layout, little-endian::
+
+    offset  size  field
+         0     8  magic      b"CDIIMG1\\0"
+         8     4  width      uint32, >= 1
+        12     4  height     uint32, >= 1
+        16     4  mode       ASCII, NUL-padded: b"L\\0\\0\\0", b"RGB\\0" or b"RGBA"
+        20     8  nbytes     uint64, must equal width * height * channels
+        28     4  reserved   zero
+        32     …  pixels     row-major, interleaved channels, 8 bits each
+
+The header is 32 bytes so the pixels start 32-byte aligned when the buffer is. The buffer may
+be larger than the image (it is sized once and reused); bytes after the pixels are ignored.
+
+Only the modes ``L``, ``RGB`` and ``RGBA`` are stored; ``normalize_mode`` maps everything else
+Pillow can decode (palette, CMYK, 16-bit, …) onto one of them.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import warnings
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from workflows.errors import InvalidImage, ResultTooLarge
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "HEADER_SIZE",
+    "MAGIC",
+    "MODES",
+    "ImageHeader",
+    "decode_bytes",
+    "encode_image",
+    "image_view",
+    "normalize_mode",
+    "read_header",
+    "read_image",
+    "required_size",
+    "write_image",
+]
+
+MAGIC: Final = b"CDIIMG1\0"
+_HEADER = struct.Struct("<8sII4sQ4x")
+HEADER_SIZE: Final = _HEADER.size  # 32
+MODES: Final[dict[str, int]] = {"L": 1, "RGB": 3, "RGBA": 4}  # mode -> bytes per pixel
+_MAX_DIM: Final = 2**32 - 1
+
+# 50 megapixels: above any camera the pipeline expects, far below what exhausts a worker.
+DEFAULT_MAX_PIXELS: Final = 50_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ImageHeader:
+    """The shape of an image stored in a buffer."""
+
+    width: int
+    height: int
+    mode: str
+
+    @property
+    def channels(self) -> int:
+        return MODES[self.mode]
+
+    @property
+    def pixel_bytes(self) -> int:
+        return self.width * self.height * self.channels
+
+    @property
+    def total_size(self) -> int:
+        """Buffer bytes needed for header plus pixels."""
+        return HEADER_SIZE + self.pixel_bytes
+
+
+def required_size(width: int, height: int, mode: str) -> int:
+    """Bytes a buffer needs to hold a ``width`` x ``height`` image in ``mode``."""
+    _check_shape(width, height, mode)
+    return ImageHeader(width, height, mode).total_size
+
+
+def _check_shape(width: int, height: int, mode: str) -> None:
+    if mode not in MODES:
+        raise InvalidImage(f"image mode {mode!r} cannot be stored; use one of {sorted(MODES)}")
+    if not (1 <= width <= _MAX_DIM and 1 <= height <= _MAX_DIM):
+        raise InvalidImage(f"image size {width}x{height} is not storable (each side 1..2**32-1)")
+
+
+def _bytes_view(buf: memoryview) -> memoryview:
+    """``buf`` as a flat byte view; multi-dimensional or typed views are a caller bug."""
+    if not isinstance(buf, memoryview):
+        buf = memoryview(buf)
+    if not buf.c_contiguous:
+        raise TypeError("image buffer must be C-contiguous")
+    if buf.format != "B" or buf.ndim != 1:
+        buf = buf.cast("B")
+    return buf
+
+
+def read_header(buf: memoryview) -> ImageHeader:
+    """Parse and strictly validate the header at the start of ``buf``."""
+    buf = _bytes_view(buf)
+    if len(buf) < HEADER_SIZE:
+        raise InvalidImage(
+            f"buffer of {len(buf)} bytes is shorter than the {HEADER_SIZE}-byte image header; "
+            "was the image written with workflows.imagebuf.write_image?"
+        )
+    magic, width, height, raw_mode, nbytes = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise InvalidImage(
+            f"buffer does not start with the image magic {MAGIC!r} (found {bytes(magic)!r}); "
+            "it holds no image written by workflows.imagebuf.write_image, or it was overwritten"
+        )
+    mode = raw_mode.rstrip(b"\0").decode("ascii", "replace")
+    _check_shape(width, height, mode)
+    header = ImageHeader(width, height, mode)
+    if nbytes != header.pixel_bytes:
+        raise InvalidImage(
+            f"header says {nbytes} pixel bytes but {width}x{height} {mode} needs "
+            f"{header.pixel_bytes}; the header is corrupt"
+        )
+    if header.total_size > len(buf):
+        raise InvalidImage(
+            f"header describes a {width}x{height} {mode} image needing {header.total_size} "
+            f"bytes but the buffer has only {len(buf)}; the buffer was truncated or resized"
+        )
+    return header
+
+
+def write_image(buf: memoryview, img: Image.Image) -> int:
+    """Store ``img`` at the start of ``buf``; return the bytes used (header + pixels).
+
+    Other modes are converted first (see ``normalize_mode``). If the image does not fit,
+    ``ResultTooLarge`` is raised *before* anything is written, so the old image stays intact.
+    """
+    buf = _bytes_view(buf)
+    if buf.readonly:
+        raise TypeError("write_image needs a writable buffer; got a read-only memoryview")
+    img = normalize_mode(img)
+    width, height = img.size
+    _check_shape(width, height, img.mode)
+    header = ImageHeader(width, height, img.mode)
+    if header.total_size > len(buf):
+        raise ResultTooLarge(header.total_size, len(buf), image=img)
+    end = header.total_size
+    # tobytes() completes before the slice is assigned, so a failure leaves the buffer as it was.
+    buf[HEADER_SIZE:end] = img.tobytes()
+    _HEADER.pack_into(buf, 0, MAGIC, width, height, img.mode.encode("ascii"), header.pixel_bytes)
+    return end
+
+
+def read_image(buf: memoryview) -> Image.Image:
+    """Copy the image out of ``buf`` into a new Pillow image (the buffer can then move on)."""
+    buf = _bytes_view(buf)
+    header = read_header(buf)
+    # The context manager releases the slice at once, so no view pins the shared memory.
+    with buf[HEADER_SIZE : header.total_size] as pixels:
+        return Image.frombytes(header.mode, (header.width, header.height), pixels)
+
+
+def image_view(buf: memoryview) -> tuple[ImageHeader, npt.NDArray[np.uint8]]:
+    """Return the header and a numpy array *viewing* the pixels in place (no copy).
+
+    Shape is ``(height, width)`` for ``L`` and ``(height, width, channels)`` otherwise. The
+    array is writable when ``buf`` is. It keeps the buffer exported: drop it before the
+    buffer is transferred, resized or released.
+    """
+    buf = _bytes_view(buf)
+    header = read_header(buf)
+    flat = np.frombuffer(buf, dtype=np.uint8, count=header.pixel_bytes, offset=HEADER_SIZE)
+    if header.mode == "L":
+        return header, flat.reshape(header.height, header.width)
+    return header, flat.reshape(header.height, header.width, header.channels)
+
+
+def normalize_mode(img: Image.Image) -> Image.Image:
+    """Map any Pillow mode onto ``L``, ``RGB`` or ``RGBA`` (returns ``img`` itself if already).
+
+    Alpha survives (``LA``/``PA``/transparent palettes become ``RGBA``); 16/32-bit and float
+    greyscale is scaled, not clipped, to 8 bits; CMYK/YCbCr/LAB/HSV become ``RGB``.
+    """
+    mode = img.mode
+    if mode in MODES:
+        return img
+    if mode == "1":
+        return img.convert("L")
+    if mode == "P":
+        return img.convert("RGBA" if "transparency" in img.info else "RGB")
+    if mode in ("LA", "La", "PA", "RGBa"):
+        return img.convert("RGBA")
+    if mode.startswith("I") or mode == "F":
+        return _scale_to_l(img)
+    try:
+        return img.convert("RGB")
+    except (ValueError, OSError) as exc:
+        raise InvalidImage(f"cannot convert image mode {mode!r} to RGB: {exc}") from exc
+
+
+def _scale_to_l(img: Image.Image) -> Image.Image:
+    """High-bit-depth greyscale to 8 bits by its nominal range (Pillow's convert clips)."""
+    arr = np.asarray(img).astype(np.float64)
+    if img.mode == "F":
+        top = 1.0 if arr.size == 0 or float(arr.max()) <= 1.0 else 255.0
+    else:
+        top = 255.0 if arr.size == 0 or float(arr.max()) <= 255 else 65535.0
+    scaled = np.clip(np.rint(arr * (255.0 / top)), 0, 255).astype(np.uint8)
+    return Image.fromarray(scaled, mode="L")
+
+
+def decode_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Decode an encoded image file (JPEG, PNG, …) into an ``L``/``RGB``/``RGBA`` image.
+
+    The pixel count is checked against ``max_pixels`` from the file header, *before* any pixel
+    is decoded, so a decompression bomb costs nothing. EXIF orientation is applied (the result
+    is what a viewer shows); of an animation, only the first frame is kept. Pillow's own bomb
+    ceiling (``2 * Image.MAX_IMAGE_PIXELS``) still applies above ``max_pixels``.
+    """
+    if max_pixels < 1:
+        raise ValueError(f"max_pixels must be >= 1, got {max_pixels}")
+    if not data:
+        raise InvalidImage("empty input: expected the bytes of an image file (JPEG, PNG, …)")
+    try:
+        img = _open(data, max_pixels)
+        width, height = img.size
+        if width * height > max_pixels:
+            raise InvalidImage(_bomb_message(width, height, max_pixels))
+        img.load()
+        ImageOps.exif_transpose(img, in_place=True)
+        return normalize_mode(img)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise InvalidImage(f"refusing a possible decompression bomb: {exc}") from exc
+    except UnidentifiedImageError as exc:
+        raise InvalidImage(
+            f"not a recognised image file ({len(data)} bytes starting {bytes(data[:8])!r})"
+        ) from exc
+    except InvalidImage:
+        raise
+    # Truncated or corrupt files surface from Pillow's decoders as any of these.
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:
+        raise InvalidImage(f"image file is corrupt or truncated: {exc}") from exc
+
+
+def _open(data: bytes, max_pixels: int) -> Image.Image:
+    if max_pixels <= (Image.MAX_IMAGE_PIXELS or 0):
+        # Pillow warns only above its own limit, which is then above ours: the warning (or the
+        # error it becomes under -W error) is translated by the caller.
+        return Image.open(io.BytesIO(data))
+    # Our limit is the one that counts. catch_warnings is process-global, so it is only
+    # entered in this rare configuration.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(io.BytesIO(data))
+
+
+def _bomb_message(width: int, height: int, max_pixels: int) -> str:
+    return (
+        f"image is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}; "
+        "refusing it as a possible decompression bomb (raise max_pixels if it is genuine)"
+    )
+
+
+def encode_image(img: Image.Image, fmt: str = "PNG", quality: int = 85) -> bytes:
+    """Encode ``img`` as ``PNG`` (lossless, ``quality`` ignored) or ``JPEG`` (``quality`` 1-95).
+
+    JPEG has no alpha, so ``RGBA`` is flattened onto white first.
+    """
+    fmt = fmt.upper()
+    if fmt == "JPG":
+        fmt = "JPEG"
+    if fmt not in ("PNG", "JPEG"):
+        raise ValueError(f"unsupported encode format {fmt!r}; use 'PNG' or 'JPEG'")
+    img = normalize_mode(img)
+    out = io.BytesIO()
+    if fmt == "PNG":
+        img.save(out, format="PNG")
+        return out.getvalue()
+    if not 1 <= quality <= 95:
+        raise ValueError(f"JPEG quality must be 1..95, got {quality}")
+    if img.mode == "RGBA":
+        flat = Image.new("RGB", img.size, (255, 255, 255))
+        flat.paste(img, mask=img.getchannel("A"))
+        img = flat
+    img.save(out, format="JPEG", quality=quality)
+    return out.getvalue()
