@@ -1,0 +1,120 @@
+"""Every error the orchestrator raises on purpose, as one tree.
+
+Callers catch ``OrchestratorError`` (or a branch of it) and get a message a person can act on:
+what failed, why, and what to change (an environment variable, a log file to read).
+
+    OrchestratorError
+    ├── ConfigError       a setting or environment value is not usable      (also ValueError)
+    ├── ServiceError      Postgres, Redis or S3 failed to start or is unreachable
+    ├── NotFound          no task, workflow definition or workflow by that name or id
+    │                     (also LookupError)
+    ├── Conflict          the request clashes with the current state: a name already taken,
+    │                     a workflow already finished, a task still used by a workflow
+    ├── InvalidRequest    well-formed but unacceptable content; carries ``problems``
+    │   │                 (also ValueError)
+    │   └── InvalidDefinition   a task or workflow definition with problems
+    └── RequestTooLarge   a request body over the API's size limit
+
+Each class carries a stable ``code`` string for API responses and logs. Add new branches here,
+and to the tree above, rather than raising bare built-in exceptions from library code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "ConfigError",
+    "Conflict",
+    "InvalidDefinition",
+    "InvalidRequest",
+    "NotFound",
+    "OrchestratorError",
+    "RequestTooLarge",
+    "ServiceError",
+]
+
+
+class OrchestratorError(Exception):
+    """Base of every error raised on purpose by the orchestrator."""
+
+    code = "orchestrator_error"
+
+
+class ConfigError(OrchestratorError, ValueError):
+    """A setting or environment value is not usable."""
+
+    code = "config"
+
+
+class ServiceError(OrchestratorError):
+    """A backing service (Postgres, Redis, S3) failed to start or cannot be reached.
+
+    ``service`` names it (``"postgres"``, ``"redis"``, ``"s3"``); ``log_file`` is set when an
+    embedded service wrote a log worth reading.
+    """
+
+    code = "service"
+
+    def __init__(self, message: str, *, service: str, log_file: Path | None = None) -> None:
+        super().__init__(message)
+        self.service = service
+        self.log_file = log_file
+
+
+class NotFound(OrchestratorError, LookupError):
+    """No ``kind`` (task, workflow definition, workflow) called ``key`` exists.
+
+    ``known`` lists the valid names when there are few enough to help the caller pick one.
+    """
+
+    code = "not_found"
+
+    def __init__(self, kind: str, key: object, *, known: Sequence[str] = ()) -> None:
+        self.kind = kind
+        self.key = str(key)
+        self.known = list(known)
+        message = f"{kind} {self.key!r} not found"
+        if self.known:
+            message += f"; known: {', '.join(self.known)}"
+        super().__init__(message)
+
+
+class Conflict(OrchestratorError):
+    """The request clashes with the current state (name taken, workflow finished, ...)."""
+
+    code = "conflict"
+
+
+class InvalidRequest(OrchestratorError, ValueError):
+    """A request whose content is not acceptable; ``problems`` lists every issue found."""
+
+    code = "invalid_request"
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems)
+
+
+class InvalidDefinition(InvalidRequest):
+    """A task or workflow definition with problems (unknown task, duplicate ref, cycle...)."""
+
+    code = "invalid_definition"
+
+    def __init__(self, problems: Sequence[str], what: str = "definition") -> None:
+        listed = "; ".join(problems)
+        super().__init__(f"invalid {what} ({len(problems)} problem(s)): {listed}", problems)
+
+
+class RequestTooLarge(OrchestratorError):
+    """A request body is larger than ``limit`` bytes."""
+
+    code = "request_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"request body is larger than the {limit}-byte limit ({limit / 2**20:g} MiB); "
+            "send a smaller body (pass large data by S3 URI, not inline)"
+        )
+        self.limit = limit

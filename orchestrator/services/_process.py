@@ -1,0 +1,267 @@
+"""A service run as a child process: port, log file, readiness wait and stop by PID."""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import logging
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar, Self
+
+from orchestrator.errors import ServiceError
+from orchestrator.services._unprivileged import RunAs
+
+__all__ = ["HOST", "ManagedService", "free_port", "port_is_free"]
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"  # embedded services are for this machine only
+_PORT_ATTEMPTS = 3  # a free port can be taken between probing it and the child binding it
+_PORT_IN_USE = re.compile(r"address already in use|is in use by another program", re.IGNORECASE)
+_TAIL_LINES = 15
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could bind ``HOST:port`` now (SO_REUSEADDR, as servers set it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on ``HOST`` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class _PortTaken(Exception):
+    """The child lost the race for its port; start again on another one."""
+
+
+class ManagedService(abc.ABC):
+    """One embedded service: ``start()`` waits until it answers, ``stop()`` ends it by PID.
+
+    Subclasses give the command line and a readiness probe. Output goes to
+    ``<data_dir>/logs/<name>.log``; the child runs in its own session so a Ctrl-C meant for
+    the parent does not reach it, and a forced stop can kill its whole process group.
+    """
+
+    name: ClassVar[str]
+    stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        *,
+        port: int | None = None,
+        start_timeout: float = 30.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        self.data_dir = Path(data_dir).expanduser().absolute()
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._fixed_port = port
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0
+        self._run_as: RunAs | None = None  # set by subclasses that must not run as root
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "logs" / f"{self.name}.log"
+
+    @property
+    def port(self) -> int:
+        if self._port is None or not self.running:
+            raise ServiceError(f"{self.name} is not running; call start() first", service=self.name)
+        return self._port
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """Where clients connect (only while running)."""
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self.running and self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> Self:
+        """Start the child and block until it answers; idempotent."""
+        if self.running:
+            return self
+        began = time.monotonic()
+        try:
+            self._start()
+        except OSError as exc:  # unwritable data folder, missing binary, ...
+            self.stop()
+            raise self._error(f"{self.name} could not start: {exc}", tail=False) from exc
+        except BaseException:  # includes Ctrl-C while waiting: never leave the child behind
+            self.stop()
+            raise
+        log.info(
+            "%s ready at %s in %.2fs (pid %s, log %s)",
+            self.name, self.url, time.monotonic() - began, self.pid, self.log_file,
+        )  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        """Signal the child by PID, then SIGKILL its process group after ``stop_timeout``."""
+        proc, self._proc = self._proc, None
+        atexit.unregister(self.stop)
+        if proc is None:
+            return
+        if proc.poll() is not None:
+            log.warning("%s (pid %d) had exited with status %s; see %s",
+                        self.name, proc.pid, proc.returncode, self.log_file)  # fmt: skip
+            return
+        proc.send_signal(self.stop_signal)
+        try:
+            proc.wait(self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            log.warning(
+                "%s (pid %d) ignored %s for %.0fs; killing it",
+                self.name, proc.pid, self.stop_signal.name, self.stop_timeout,
+            )  # fmt: skip
+            os.killpg(proc.pid, signal.SIGKILL)  # the group id is the child's PID (own session)
+            proc.wait()
+        log.info("%s stopped (pid %d)", self.name, proc.pid)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- for subclasses -------------------------------------------------------------------
+
+    def _prepare(self) -> None:  # noqa: B027 - optional hook
+        """One-off set-up before the first launch (directories, initdb)."""
+
+    @abc.abstractmethod
+    def _command(self, port: int) -> list[str]:
+        """The child's command line, listening on ``HOST:port``."""
+
+    @abc.abstractmethod
+    def _probe(self) -> bool:
+        """True once the child serves requests; raise ``ServiceError`` only if it never will."""
+
+    def _after_ready(self) -> None:  # noqa: B027 - optional hook
+        """Post-start set-up (create the database or bucket); raise ``ServiceError``."""
+
+    def _cwd(self) -> Path:
+        return self.data_dir
+
+    def _env(self) -> Mapping[str, str]:
+        return os.environ
+
+    def _error(self, message: str, *, tail: bool = True) -> ServiceError:
+        text = f"{message}; see {self.log_file}"
+        lines = self._log_tail() if tail else ""
+        if lines:
+            text += f"\n--- last lines of {self.log_file.name} ---\n{lines}"
+        return ServiceError(text, service=self.name, log_file=self.log_file)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        if self._fixed_port and not port_is_free(self._fixed_port):
+            # Checked first: the readiness probe would take whatever listens there for our child.
+            raise self._error(
+                f"port {self._fixed_port} on {HOST} is already in use; stop what listens there "
+                "or choose another port",
+                tail=False,
+            )
+        self._prepare()
+        attempts = 1 if self._fixed_port else _PORT_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            self._launch(self._fixed_port or free_port())
+            try:
+                self._wait_ready()
+                break
+            except _PortTaken:
+                if attempt == attempts:
+                    raise self._error(f"{self.name} found no free port") from None
+                log.info("%s: port %s was taken meanwhile, retrying", self.name, self._port)
+        self._after_ready()
+
+    def _launch(self, port: int) -> None:
+        self._port = port
+        cmd = self._command(port)
+        who = self._run_as
+        with self.log_file.open("ab") as out:
+            self._log_offset = out.tell()
+            stamp = datetime.now(UTC).isoformat(timespec="seconds")
+            out.write(f"--- {stamp} cdiflow starts: {shlex.join(cmd)}\n".encode())
+            out.flush()
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self._cwd(),
+                env=self._env(),
+                start_new_session=True,
+                user=who.uid if who else None,
+                group=who.gid if who else None,
+                extra_groups=[] if who else None,  # [] drops root's supplementary groups too
+            )
+        atexit.register(self.stop)  # a parent that forgets stop() must not leak the child
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.start_timeout
+        delay = 0.02
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                self._proc = None
+                if self._fixed_port is None and _PORT_IN_USE.search(self._log_tail()):
+                    raise _PortTaken
+                raise self._error(f"{self.name} exited with status {code} while starting")
+            if self._probe():
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise self._error(
+                    f"{self.name} did not become ready within {self.start_timeout:.0f}s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    def _log_tail(self) -> str:
+        try:
+            with self.log_file.open("rb") as f:
+                f.seek(self._log_offset)
+                data = f.read()
+        except OSError:
+            return ""
+        lines = data.decode(errors="replace").splitlines()
+        return "\n".join(lines[-_TAIL_LINES:])
