@@ -66,8 +66,9 @@ def _try_open(directory: str) -> list[str]:
     return outcomes
 
 
-def intruder(socket_path: str, cid: str, key: str, owner_pid: str, minion_pid: str,
-             uid: int) -> None:
+def intruder(
+    socket_path: str, cid: str, key: str, owner_pid: str, minion_pid: str, uid: int
+) -> None:
     drop_to(uid)
     result: dict[str, Any] = {"uid": os.getuid()}
     client = cdi.connect(socket_path, cid)
@@ -117,7 +118,12 @@ def holder(socket_path: str, cid: str, key: str) -> None:
     sys.stdin.readline()
 
 
-ROLES: dict[str, Callable[..., None]] = {"owner": owner, "intruder": intruder, "stale_reader": stale_reader, "holder": holder}
+ROLES: dict[str, Callable[..., None]] = {
+    "owner": owner,
+    "intruder": intruder,
+    "stale_reader": stale_reader,
+    "holder": holder,
+}
 
 if __name__ == "__main__":
     role, *args = sys.argv[1:]

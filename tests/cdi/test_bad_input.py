@@ -91,9 +91,12 @@ def test_garbage_on_the_wire_is_refused(minion: MinionProcess, unique: Unique) -
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     raw.connect(minion.socket_path)
     try:
-        for junk in (b"\xc1\xc1 not msgpack", msgpack.packb([1, 2, 3]),
-                     msgpack.packb({"op": "explode", "id": 1}),
-                     msgpack.packb({"op": "create", "id": "x"})):
+        for junk in (
+            b"\xc1\xc1 not msgpack",
+            msgpack.packb([1, 2, 3]),
+            msgpack.packb({"op": "explode", "id": 1}),
+            msgpack.packb({"op": "create", "id": "x"}),
+        ):
             raw.send(junk)
             reply = msgpack.unpackb(raw.recv(4096))
             assert reply["ok"] is False and reply["code"] in ("protocol", "not_registered")

@@ -49,13 +49,19 @@ def test_a_non_owner_under_another_uid_cannot_reach_the_memory(
     minion: MinionProcess, unique: Unique
 ) -> None:
     key = unique("secret")
-    owner = actor("owner", minion.socket_path, unique("owner"), key, "TOPSECRET",
-                  str(OWNER_UID))
+    owner = actor("owner", minion.socket_path, unique("owner"), key, "TOPSECRET", str(OWNER_UID))
     try:
         ready = read_json(owner)
         assert ready["uid"] == OWNER_UID
-        intruder = actor("intruder", minion.socket_path, unique("intruder"), key,
-                         str(ready["pid"]), str(minion.pid), str(INTRUDER_UID))
+        intruder = actor(
+            "intruder",
+            minion.socket_path,
+            unique("intruder"),
+            key,
+            str(ready["pid"]),
+            str(minion.pid),
+            str(INTRUDER_UID),
+        )
         seen = read_json(intruder)
         assert finish(intruder) == 0
     finally:
@@ -71,9 +77,7 @@ def test_a_non_owner_under_another_uid_cannot_reach_the_memory(
 
 
 @pytest.mark.parametrize("mode", ["strict", "cooperative"])
-def test_a_former_owner_that_kept_its_mapping(
-    shared_dir: Path, unique: Unique, mode: str
-) -> None:
+def test_a_former_owner_that_kept_its_mapping(shared_dir: Path, unique: Unique, mode: str) -> None:
     """Strict mode truncates the old segment: a cheating former owner faults instead of reading
     what the new owner writes. Cooperative mode documents that it cannot stop such a cheat."""
     directory = shared_dir / mode
@@ -82,8 +86,9 @@ def test_a_former_owner_that_kept_its_mapping(
     try:
         me = running.client(unique("me"))
         obj = me.create(unique("k"), 4096)
-        cheat = actor("stale_reader", running.socket_path, unique("cheat"), obj.key,
-                      me.container_id or "")
+        cheat = actor(
+            "stale_reader", running.socket_path, unique("cheat"), obj.key, me.container_id or ""
+        )
         obj.transfer(str(_registered_other(running, me)))
         assert read_json(cheat)["ready"]
         obj.write(b"NEW OWNER DATA")  # ownership came back to us; write something private

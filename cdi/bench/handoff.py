@@ -1,0 +1,216 @@
+"""Hand-off latency of a payload from one process to another: TCP, gRPC and CDI-SHM.
+
+The clock starts when the sender has the bytes in its buffer (or object) and stops when the
+receiver can read them: for TCP, when the last byte is in the receiver's buffer; for gRPC, when
+the server handler has the request; for CDI, when the new owner holds a usable view after
+``transfer`` + ``access``. Both ends stamp ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, one clock
+for all processes on the host). With ``read_all`` the receiver also reads every byte before it
+stamps, so nobody mistakes a zero-copy hand-off for a free read.
+
+Each backend runs its receiver in a spawned process; the sender is this process. Between
+iterations the sender waits ``gap_s`` so every hand-off starts from the same idle state.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BACKENDS", "HandoffConfig", "measure"]
+
+_STAMP = struct.Struct("!q")
+_GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.max_receive_message_length", 256 << 20),
+]
+
+
+@dataclass(frozen=True)
+class HandoffConfig:
+    size: int
+    repeat: int = 200
+    warmup: int = 20
+    gap_s: float = 0.001
+    read_all: bool = False
+    minion_socket: str = ""
+    spin_us: int = 2000
+
+
+def touch_all(buffer: memoryview | bytes | bytearray) -> int:
+    """Read every byte (a sum over 8-byte words; the tail byte by byte)."""
+    view = memoryview(buffer).cast("B")
+    words = len(view) // 8
+    total = int(np.frombuffer(view[: words * 8], dtype=np.uint64).sum()) if words else 0
+    return total + sum(view[words * 8 :])
+
+
+def _payload(size: int) -> bytes:
+    return os.urandom(min(size, 1 << 16)) * (size // (1 << 16) + 1)
+
+
+# ---------------------------------------------------------------------------------- TCP
+def _tcp_receiver(config: HandoffConfig, control: Connection) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    control.send(server.getsockname()[1])
+    conn, _ = server.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buffer = bytearray(config.size)
+    view = memoryview(buffer)
+    for _ in range(config.warmup + config.repeat):
+        got = 0
+        while got < config.size:
+            n = conn.recv_into(view[got:])
+            if not n:
+                return
+            got += n
+        if config.read_all:
+            touch_all(view)
+        conn.sendall(_STAMP.pack(time.perf_counter_ns()))
+    conn.close()
+    server.close()
+
+
+def _tcp_sender(config: HandoffConfig, control: Connection) -> list[int]:
+    port = control.recv()
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    payload = _payload(config.size)[: config.size]
+    samples = []
+    for i in range(config.warmup + config.repeat):
+        time.sleep(config.gap_s)
+        start = time.perf_counter_ns()
+        conn.sendall(payload)
+        (stamp,) = _STAMP.unpack(_recv_exact(conn, _STAMP.size))
+        if i >= config.warmup:
+            samples.append(stamp - start)
+    conn.close()
+    return samples
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the receiver closed the connection")
+        data += chunk
+    return data
+
+
+# ---------------------------------------------------------------------------------- gRPC
+def _grpc_receiver(config: HandoffConfig, control: Connection) -> None:
+    from concurrent import futures
+
+    import grpc
+
+    def handoff(request: bytes, context: Any) -> bytes:
+        if config.read_all:
+            touch_all(request)
+        return _STAMP.pack(time.perf_counter_ns())
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Handoff",
+        {"Send": grpc.unary_unary_rpc_method_handler(handoff)},  # bytes in, bytes out
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1), options=_GRPC_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    control.send(port)
+    control.recv()  # the sender says when it is done
+    server.stop(grace=None)
+
+
+def _grpc_sender(config: HandoffConfig, control: Connection) -> list[int]:
+    import grpc
+
+    port = control.recv()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=_GRPC_OPTIONS)
+    send = channel.unary_unary("/bench.Handoff/Send")
+    payload = _payload(config.size)[: config.size]
+    samples = []
+    for i in range(config.warmup + config.repeat):
+        time.sleep(config.gap_s)
+        start = time.perf_counter_ns()
+        (stamp,) = _STAMP.unpack(send(payload, timeout=30))
+        if i >= config.warmup:
+            samples.append(stamp - start)
+    channel.close()
+    control.send("done")
+    return samples
+
+
+# ---------------------------------------------------------------------------------- CDI-SHM
+def _cdi_receiver(config: HandoffConfig, control: Connection) -> None:
+    import cdi
+
+    client = cdi.connect(config.minion_socket, "bench-receiver", spin_us=config.spin_us)
+    control.send("registered")
+    obj = client.use(control.recv())
+    stamps = []
+    for _ in range(config.warmup + config.repeat):
+        view = obj.access(timeout=30)
+        if config.read_all:
+            touch_all(view)
+        stamps.append(time.perf_counter_ns())
+        view.release()
+        obj.transfer("bench-sender")
+    control.send(stamps)
+    client.close()
+
+
+def _cdi_sender(config: HandoffConfig, control: Connection) -> list[int]:
+    import cdi
+
+    client = cdi.connect(config.minion_socket, "bench-sender", spin_us=config.spin_us)
+    key = f"bench-{os.getpid()}-{config.size}"
+    obj = client.create(key, config.size)
+    obj.write(_payload(config.size)[: config.size])
+    assert control.recv() == "registered"
+    control.send(key)
+    starts = []
+    for _ in range(config.warmup + config.repeat):
+        time.sleep(config.gap_s)
+        starts.append(time.perf_counter_ns())
+        obj.transfer("bench-receiver")
+        obj.access(timeout=30).release()  # wait for it to come back before the next round
+    stamps = control.recv()
+    obj.destroy()
+    client.close()
+    return [end - start for start, end in zip(starts, stamps, strict=True)][config.warmup :]
+
+
+Sender = Callable[[HandoffConfig, Connection], list[int]]
+Receiver = Callable[[HandoffConfig, Connection], None]
+BACKENDS: dict[str, tuple[Sender, Receiver]] = {
+    "tcp": (_tcp_sender, _tcp_receiver),
+    "grpc": (_grpc_sender, _grpc_receiver),
+    "cdi-shm": (_cdi_sender, _cdi_receiver),
+}
+
+
+def measure(backend: str, config: HandoffConfig) -> list[int]:
+    """Hand-off samples in nanoseconds for one backend and size."""
+    sender, receiver = BACKENDS[backend]
+    context = multiprocessing.get_context("spawn")
+    mine, theirs = context.Pipe()
+    process = context.Process(target=receiver, args=(config, theirs), daemon=True)
+    process.start()
+    try:
+        return sender(config, mine)
+    finally:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        mine.close()
+        theirs.close()

@@ -1,0 +1,46 @@
+"""The ``cdiflow`` command."""
+
+from __future__ import annotations
+
+import click
+
+from cdi.bench.cli import bench_cdi_command
+from cdi.controller.cli import controller_command
+from cdi.minion.cli import minion_command
+
+__all__ = ["main"]
+
+
+@click.group()
+@click.version_option(package_name="cdiflow")
+def main() -> None:
+    """cdiflow: a workflow orchestrator whose intermediate data moves as Container Data Items."""
+
+
+@main.group("cdi")
+def cdi_group() -> None:
+    """The CDI runtime: controller and per-host minion."""
+
+
+cdi_group.add_command(controller_command)
+cdi_group.add_command(minion_command)
+
+
+@main.group("bench")
+def bench_group() -> None:
+    """Benchmarks that print a readable table (or JSON with --json)."""
+
+
+bench_group.add_command(bench_cdi_command)
+
+
+@main.command("demo")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option(
+    "--data-dir", default=".data/demo", show_default=True, help="Where logs and results go."
+)
+def demo_command(as_json: bool, data_dir: str) -> None:
+    """Run the demo on the embedded default and print where to look."""
+    from cdiflow.demo_cdi import run_cdi_demo
+
+    run_cdi_demo(data_dir=data_dir, as_json=as_json)
