@@ -13,7 +13,11 @@ what failed, why, and what to change (an environment variable, a log file to rea
     ├── InvalidRequest    well-formed but unacceptable content; carries ``problems``
     │   │                 (also ValueError)
     │   └── InvalidDefinition   a task or workflow definition with problems
-    └── RequestTooLarge   a request body over the API's size limit
+    ├── RequestTooLarge   a request body over the API's size limit
+    └── DataError         a workflow's data cannot be had or stored
+        ├── InputMissing      the input object does not exist in S3
+        ├── InputTooLarge     the input is over MAX_INPUT_BYTES
+        └── StorageError      S3 refused or failed a read or write
 
 Each class carries a stable ``code`` string for API responses and logs. Add new branches here,
 and to the tree above, rather than raising bare built-in exceptions from library code.
@@ -27,12 +31,16 @@ from pathlib import Path
 __all__ = [
     "ConfigError",
     "Conflict",
+    "DataError",
+    "InputMissing",
+    "InputTooLarge",
     "InvalidDefinition",
     "InvalidRequest",
     "NotFound",
     "OrchestratorError",
     "RequestTooLarge",
     "ServiceError",
+    "StorageError",
 ]
 
 
@@ -118,3 +126,27 @@ class RequestTooLarge(OrchestratorError):
             "send a smaller body (pass large data by S3 URI, not inline)"
         )
         self.limit = limit
+
+
+class DataError(OrchestratorError):
+    """A workflow's data cannot be read or stored."""
+
+    code = "data_error"
+
+
+class InputMissing(DataError):
+    """The input object does not exist."""
+
+    code = "input_missing"
+
+
+class InputTooLarge(DataError):
+    """The input is larger than the configured limit."""
+
+    code = "input_too_large"
+
+
+class StorageError(DataError):
+    """S3 refused or failed a read or write."""
+
+    code = "storage_error"

@@ -82,6 +82,18 @@ class Settings(BaseSettings):
         description="S3 region (AWS_REGION, else AWS_DEFAULT_REGION).",
     )
 
+    max_input_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="Largest workflow input (encoded image) the scheduler downloads; a larger "
+        "one fails its workflow with that reason.",
+    )
+    max_pixels: int = Field(
+        default=50_000_000,
+        gt=0,
+        description="Largest decoded image, in pixels (a guard against decompression bombs).",
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _absolute_dir(cls, value: Path) -> Path:

@@ -1,0 +1,78 @@
+"""Every Redis key the orchestrator uses, in one place.
+
+Redis holds only what can be rebuilt from Postgres (wake-ups, queues, heartbeats), so losing it
+costs latency, never correctness. Build keys with the helpers below rather than formatting
+strings at the call site, so a rename happens here once.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "EPOCH",
+    "HEARTBEAT_INTERVAL_S",
+    "WAKE",
+    "WORKERS",
+    "WORKER_DEAD_AFTER_S",
+    "WORKER_FIELDS",
+    "WORKER_PREFIX",
+    "scheduler_reports_key",
+    "worker_inflight_key",
+    "worker_key",
+    "worker_queue_key",
+]
+
+# List of workflow ids. The controller LPUSHes a workflow id after committing a change the
+# scheduler must act on (created, cancelled, retried); the scheduler BRPOPs it. A wake-up is a
+# hint only: the scheduler must also poll Postgres, since a push can be lost with Redis.
+WAKE: Final = "cdiflow:wake"
+
+# Set of worker ids that have ever heartbeated; ``GET /api/workers`` lists these.
+WORKERS: Final = "cdiflow:workers"
+
+# Prefix of a worker's heartbeat hash, ``cdiflow:worker:<id>``; see ``worker_key``.
+WORKER_PREFIX: Final = "cdiflow:worker:"
+
+# Fields of the heartbeat hash, all written as strings by the worker:
+#   cpu, mem         percent in use on the worker's host (floats, 0-100)
+#   queue_depth      instructions waiting in the worker's queue (int)
+#   running          tasks running now (int)
+#   host             host name the worker runs on
+#   last_heartbeat   unix seconds (float) of the latest heartbeat
+#   started_at       unix seconds (float) the worker process started
+WORKER_FIELDS: Final = (
+    "cpu", "mem", "queue_depth", "running", "host", "last_heartbeat", "started_at",
+)  # fmt: skip
+
+# Workers refresh their hash this often; one silent for WORKER_DEAD_AFTER_S is presumed dead.
+HEARTBEAT_INTERVAL_S: Final = 2.0
+WORKER_DEAD_AFTER_S: Final = 3 * HEARTBEAT_INTERVAL_S
+
+
+def worker_key(worker_id: str) -> str:
+    """The heartbeat hash of one worker: ``cdiflow:worker:<id>``."""
+    return f"{WORKER_PREFIX}{worker_id}"
+
+
+def worker_queue_key(worker_id: str) -> str:
+    """A worker's own instruction list, ``cdiflow:queue:<id>``: the scheduler LPUSHes, the
+    worker moves one item at a time into its in-flight list (BLMOVE) and runs it."""
+    return f"cdiflow:queue:{worker_id}"
+
+
+def worker_inflight_key(worker_id: str) -> str:
+    """Instructions a worker has popped but not acknowledged, ``cdiflow:inflight:<id>``;
+    the scheduler requeues them elsewhere if the worker dies."""
+    return f"cdiflow:inflight:{worker_id}"
+
+
+# A random token set once; if it disappears, Redis lost its data and the schedulers re-send
+# what they had in flight (queues are rebuilt from Postgres and scheduler memory).
+EPOCH: Final = "cdiflow:epoch"
+
+
+def scheduler_reports_key(scheduler_id: str) -> str:
+    """Reports of finished task runs for one scheduler, ``cdiflow:reports:<id>``: workers LPUSH
+    ``messages.Report`` JSON, the scheduler BRPOPs (it also pushes ``tick`` to wake itself)."""
+    return f"cdiflow:reports:{scheduler_id}"

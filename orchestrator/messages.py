@@ -1,0 +1,91 @@
+"""What the scheduler and the workers say to each other through Redis.
+
+The scheduler LPUSHes an ``Instruction`` (JSON) onto the worker's own queue
+(``keys.worker_queue_key``); the worker moves it into its in-flight list, runs it, LPUSHes a
+``Report`` onto ``Instruction.reply_to`` and only then removes the instruction from its in-flight
+list (a reliable pop: an instruction popped by a worker that dies is still there to requeue).
+
+Data planes:
+
+* ``cdi``: the image is a CDI object (``workflows.imagebuf`` layout) under ``key``, owned by the
+  worker when it pops the instruction. The worker reads it in place and never writes into it: a
+  task that produces a new image writes it into a *fresh* object ``output_key`` (created with the
+  scheduler as recovery container) and destroys the input. A worker that dies mid-task therefore
+  leaves the input intact, and it returns to the scheduler for the retry. When the task is done the
+  worker keeps the current object if ``keep`` (affinity: the next task comes to it too) or
+  transfers it to ``return_to`` (the scheduler).
+* ``object-store``: like Conductor/Orkes users do, the worker GETs ``input_uri`` from S3, decodes,
+  runs the task, encodes (PNG, lossless, so every plane computes the same pixels) and PUTs
+  ``output_uri``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = ["DataPlane", "Instruction", "Report", "ReportStatus"]
+
+DataPlane = Literal["cdi", "object-store"]
+ReportStatus = Literal["COMPLETED", "FAILED", "TIMED_OUT"]
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One task run for one worker."""
+
+    task_run_id: int
+    workflow_id: str
+    ref: str
+    task: str  # registered task name or "package.module:function"
+    attempt: int
+    timeout_s: float
+    reply_to: str  # Redis list the report goes to
+    data_plane: DataPlane
+    params: dict[str, Any] = field(default_factory=dict)
+    # cdi plane
+    key: str = ""
+    output_key: str = ""
+    keep: bool = False
+    return_to: str = ""  # CDI container id that gets the object back when not keeping it
+    # object-store plane
+    input_uri: str = ""
+    output_uri: str = ""
+    queued_at: float = 0.0  # unix seconds when the scheduler pushed it
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Instruction:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class Report:
+    """What became of one instruction."""
+
+    task_run_id: int
+    workflow_id: str
+    worker_id: str
+    status: ReportStatus
+    started_at: float  # unix seconds
+    finished_at: float
+    output: dict[str, Any] = field(default_factory=dict)  # the task's JSON output
+    error: str = ""  # a reason a person can act on
+    retryable: bool = True  # False for failures a retry cannot fix (e.g. not an image)
+    key: str = ""  # cdi plane: the object that now holds the image (input or output_key)
+    kept: bool = False  # cdi plane: the worker still owns ``key``
+    bytes_in: int = 0
+    bytes_out: int = 0
+    read_ms: float = 0.0
+    compute_ms: float = 0.0
+    write_ms: float = 0.0
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Report:
+        return cls(**json.loads(text))

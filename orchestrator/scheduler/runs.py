@@ -1,0 +1,64 @@
+"""What the scheduler keeps in memory about each workflow it is running.
+
+All of it can be rebuilt from Postgres: a scheduler that restarts starts its RUNNING workflows
+again from their S3 input.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.messages import Instruction
+
+__all__ = ["RunState", "StepSpec"]
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    ref: str
+    task: str  # task definition name
+    module: str  # what the worker loads
+    timeout_s: float
+    retries: int
+    retry_backoff_s: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class RunState:
+    workflow_id: uuid.UUID
+    policy: str
+    data_plane: str
+    steps: list[StepSpec]
+    input_uri: str
+    step: int = 0
+    attempt: int = 1
+    key: str = ""  # cdi: the object holding the current image
+    generation: int = 0  # cdi: suffix of the next output object
+    owner: str = ""  # cdi: who owns ``key`` (the scheduler or a worker that kept it)
+    nbytes: int = 0
+    current_uri: str = ""  # object-store: where the current image is
+    last_worker: str | None = None
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    in_flight: Instruction | None = None
+    in_flight_worker: str = ""
+    deadline: float = 0.0  # monotonic: when a silent in-flight task is presumed lost
+    retry_at: float = 0.0  # monotonic: when a failed attempt is dispatched again
+    waiting_for_worker: bool = False
+    cancelled: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def current(self) -> StepSpec:
+        return self.steps[self.step]
+
+    @property
+    def last_step(self) -> bool:
+        return self.step == len(self.steps) - 1
+
+    def next_object_key(self) -> str:
+        self.generation += 1
+        return f"wf-{self.workflow_id}-{self.generation}"

@@ -1,0 +1,623 @@
+"""The scheduler: turns wake-ups and worker reports into placements (paper section V-D).
+
+One thread runs the state machine (claims, placements, reports, retries, health checks) and is
+the only one writing this scheduler's task runs to Postgres. A small pool does the slow parts
+that need no shared state: downloading and decoding an input into a CDI object, and encoding and
+uploading a result; each hands its outcome back to the loop through ``_inbox``.
+
+Ownership of a workflow's CDI object: the scheduler creates it (so it is the object's recovery
+container) and transfers it to the worker of each task. Under ``affinity`` the worker keeps it
+until the last task; otherwise it hands it back with its report. A worker that dies hands it back
+too, by the minion's recovery rule, so a retry always starts from an intact object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import queue
+import random
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import redis
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+import cdi
+from orchestrator import keys
+from orchestrator.db.models import (
+    TaskDefinition,
+    TaskRun,
+    TaskRunStatus,
+    Workflow,
+    WorkflowDefinition,
+    WorkflowStatus,
+)
+from orchestrator.db.repository import workflows as repo
+from orchestrator.errors import Conflict, DataError, OrchestratorError
+from orchestrator.messages import Instruction, Report
+from orchestrator.objectstore import ObjectStore
+from orchestrator.scheduler.placement import choose_worker, read_workers
+from orchestrator.scheduler.runs import RunState, StepSpec
+from orchestrator.settings import Settings
+from workflows import imagebuf
+from workflows.errors import WorkflowsError
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.25
+CLAIM_BATCH = 32
+LOST_GRACE_S = 5.0  # beyond a task's timeout before its silent worker is presumed gone
+RECLAIM_AFTER_S = 60.0  # a claim older than this without progress is taken over
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_id: str,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        redis_client: redis.Redis,
+        cdi_client: cdi.Client,
+        store: ObjectStore,
+        pool_size: int = 4,
+    ) -> None:
+        self.id = scheduler_id
+        self.settings = settings
+        self.sessions = sessions
+        self.redis = redis_client
+        self.cdi = cdi_client
+        self.store = store
+        self.reply_key = keys.scheduler_reports_key(scheduler_id)
+        self.runs: dict[uuid.UUID, RunState] = {}
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._pool = ThreadPoolExecutor(pool_size, thread_name_prefix="scheduler-io")
+        self._in_flight: dict[str, int] = defaultdict(int)
+        self._task_s: dict[str, float] = defaultdict(lambda: 0.05)  # EWMA run time per task
+        self._redis_epoch: str | None = None
+        self._stopping = False
+        self._rng = random.Random()
+
+    # ------------------------------------------------------------------ loop
+    def run_forever(self) -> None:
+        log.info("scheduler %s started", self.id)
+        self._resume_own_runs()
+        next_tick = 0.0
+        while not self._stopping:
+            item = self.redis.brpop([self.reply_key, keys.WAKE], timeout=TICK_S)
+            if item is not None:
+                key, value = str(item[0]), str(item[1])
+                if key == self.reply_key:
+                    self._on_report_text(value)
+                else:
+                    self._on_wake(value)
+            self._drain_inbox()
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + TICK_S
+                self._tick()
+        self._pool.shutdown(wait=True)
+        self._drain_inbox()
+        log.info("scheduler %s stopped", self.id)
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def _post(self, action: Callable[[], None]) -> None:
+        """From a pool thread: run ``action`` on the loop, and wake the loop for it."""
+        self._inbox.put(action)
+        self.redis.lpush(self.reply_key, "tick")
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                action = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._guarded(action)
+
+    def _guarded(self, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except Exception:  # one bad workflow must not stop the others
+            log.exception("scheduler step failed")
+
+    def _tick(self) -> None:
+        self._guarded(self._check_redis_epoch)
+        self._guarded(self._claim)
+        self._guarded(self._check_in_flight)
+        now = time.monotonic()
+        for run in list(self.runs.values()):
+            if run.waiting_for_worker or (run.retry_at and run.retry_at <= now):
+                run.retry_at = 0.0
+                self._guarded(functools.partial(self._dispatch, run))
+
+    # ------------------------------------------------------------------ claiming
+    def _on_wake(self, value: str) -> None:
+        try:
+            workflow_id = uuid.UUID(value)
+        except ValueError:
+            self._claim()
+            return
+        run = self.runs.get(workflow_id)
+        if run is not None:
+            self._check_cancelled(run)
+        else:
+            self._claim()
+
+    def _claim(self) -> None:
+        with self.sessions() as session, session.begin():
+            claimed = repo.claim_pending_workflows(
+                session,
+                self.id,
+                CLAIM_BATCH,
+                reclaim_after=timedelta(seconds=RECLAIM_AFTER_S),
+            )
+            starts = []
+            for workflow in claimed:
+                try:
+                    run = self._plan(session, workflow)
+                except OrchestratorError as exc:
+                    repo.set_workflow_status(
+                        session, workflow.id, WorkflowStatus.FAILED, error=str(exc)
+                    )
+                    continue
+                repo.set_workflow_status(session, workflow.id, WorkflowStatus.RUNNING)
+                starts.append(run)
+        for run in starts:
+            self.runs[run.workflow_id] = run
+            self._start(run)
+
+    def _plan(self, session: Session, workflow: Workflow) -> RunState:
+        definition = session.get(WorkflowDefinition, workflow.definition)
+        if definition is None:
+            raise OrchestratorError(f"workflow definition {workflow.definition!r} is gone")
+        tasks = {t.name: t for t in session.scalars(select(TaskDefinition))}
+        steps = []
+        for step in _ordered(definition.tasks):
+            spec = tasks.get(step["task"])
+            if spec is None:
+                raise OrchestratorError(f"task {step['task']!r} of step {step['ref']!r} is gone")
+            steps.append(
+                StepSpec(
+                    step["ref"],
+                    spec.name,
+                    spec.module,
+                    spec.timeout_s,
+                    spec.retries,
+                    spec.retry_backoff_s,
+                    step.get("params") or {},
+                )
+            )
+        image = str((workflow.input or {}).get("image", ""))
+        return RunState(
+            workflow.id,
+            str(workflow.policy),
+            str(workflow.data_plane),
+            steps,
+            image,
+            current_uri=image,
+        )
+
+    def _resume_own_runs(self) -> None:
+        """After a restart our CDI objects are gone: start our RUNNING workflows over."""
+        with self.sessions() as session, session.begin():
+            mine = session.scalars(
+                select(Workflow).where(
+                    Workflow.status == WorkflowStatus.RUNNING, Workflow.claimed_by == self.id
+                )
+            ).all()
+            for workflow in mine:
+                session.execute(
+                    update(TaskRun)
+                    .where(
+                        TaskRun.workflow_id == workflow.id,
+                        TaskRun.status.in_([TaskRunStatus.QUEUED, TaskRunStatus.RUNNING]),
+                    )
+                    .values(status=TaskRunStatus.FAILED, error="the scheduler restarted")
+                )
+                run = self._plan(session, workflow)
+                self.runs[run.workflow_id] = run
+                repo.record_event(
+                    session, "workflow.resumed", {"scheduler": self.id}, workflow_id=workflow.id
+                )
+        for run in list(self.runs.values()):
+            self._start(run)
+
+    # ------------------------------------------------------------------ input and output
+    def _start(self, run: RunState) -> None:
+        if run.data_plane == "object-store":
+            self._dispatch(run)
+            return
+        self._pool.submit(self._prepare_input, run)
+
+    def _prepare_input(self, run: RunState) -> None:
+        """Pool thread: download once, decode once, write the pixels into a new CDI object."""
+        try:
+            data = self.store.get(run.input_uri, self.settings.max_input_bytes)
+            image = imagebuf.decode_bytes(data, self.settings.max_pixels)
+            key = run.next_object_key()
+            size = imagebuf.required_size(image.width, image.height, image.mode)
+            obj = self.cdi.create(key, size)
+            with obj.view() as buffer:
+                imagebuf.write_image(buffer, image)
+        except (DataError, WorkflowsError, cdi.CDIError, OrchestratorError) as exc:
+            reason = f"input {run.input_uri}: {exc}"
+            self._post(lambda: self._fail(run, reason))
+            return
+
+        def ready() -> None:
+            run.key, run.owner, run.nbytes = key, self.id, size
+            self._dispatch(run)
+
+        self._post(ready)
+
+    def _finish(self, run: RunState) -> None:
+        result_uri = self.store.uri(f"results/{run.workflow_id}.png")
+        if run.data_plane == "object-store":
+            self._complete(run, result_uri)
+            return
+        self._pool.submit(self._store_result, run, result_uri)
+
+    def _store_result(self, run: RunState, result_uri: str) -> None:
+        """Pool thread: we own the object again; encode it, upload, destroy it."""
+        try:
+            obj = self.cdi.use(run.key)
+            with obj.view(timeout=30) as buffer:
+                image = imagebuf.read_image(buffer)
+            self.store.put(result_uri, imagebuf.encode_image(image, "PNG"), "image/png")
+            obj.destroy()
+        except (DataError, WorkflowsError, cdi.CDIError) as exc:
+            reason = f"storing the result failed: {exc}"
+            self._post(lambda: self._fail(run, reason))
+            return
+        self._post(lambda: self._complete(run, result_uri))
+
+    # ------------------------------------------------------------------ placement
+    def _dispatch(self, run: RunState) -> None:
+        if run.cancelled or run.workflow_id not in self.runs:
+            return
+        step = run.current
+        worker = choose_worker(
+            self._workers(),
+            run.policy,
+            run.last_worker,
+            task_s=self._task_s[step.task],
+            nbytes=run.nbytes,
+            rng=self._rng,
+        )
+        if worker is None:
+            run.waiting_for_worker = True
+            return
+        run.waiting_for_worker = False
+        with self.sessions() as session, session.begin():
+            task_run = repo.add_task_run(
+                session, run.workflow_id, step.ref, step.task, attempt=run.attempt, worker_id=worker
+            )
+            task_run_id = task_run.id
+            if run.data_plane == "cdi" and run.owner != worker:
+                moved_us = self._transfer(run, worker)
+                repo.record_handoff(
+                    session,
+                    run.workflow_id,
+                    self.id,
+                    worker,
+                    nbytes=run.nbytes,
+                    duration_us=moved_us,
+                    task_run_id=task_run_id,
+                )
+        instruction = self._instruction(run, step, worker, task_run_id)
+        run.in_flight, run.in_flight_worker = instruction, worker
+        run.deadline = time.monotonic() + step.timeout_s + LOST_GRACE_S
+        run.last_worker = worker
+        self._in_flight[worker] += 1
+        self.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
+
+    def _transfer(self, run: RunState, worker: str) -> float:
+        started = time.perf_counter_ns()
+        self.cdi.use(run.key).transfer(worker)
+        run.owner = worker
+        return (time.perf_counter_ns() - started) / 1000
+
+    def _instruction(
+        self, run: RunState, step: StepSpec, worker: str, task_run_id: int
+    ) -> Instruction:
+        common: dict[str, Any] = dict(
+            task_run_id=task_run_id,
+            workflow_id=str(run.workflow_id),
+            ref=step.ref,
+            task=step.module,
+            attempt=run.attempt,
+            timeout_s=step.timeout_s,
+            reply_to=self.reply_key,
+            data_plane=run.data_plane,
+            params=step.params,
+            queued_at=time.time(),
+        )
+        if run.data_plane == "cdi":
+            return Instruction(
+                **common,
+                key=run.key,
+                output_key=run.next_object_key(),
+                keep=run.policy == "affinity" and not run.last_step,
+                return_to=self.id,
+            )
+        output = (
+            f"results/{run.workflow_id}.png"
+            if run.last_step
+            else f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png"
+        )
+        return Instruction(**common, input_uri=run.current_uri, output_uri=self.store.uri(output))
+
+    def _workers(self) -> list[Any]:
+        ids = sorted(str(i) for i in self.redis.smembers(keys.WORKERS))
+        pipe = self.redis.pipeline(transaction=False)
+        for worker_id in ids:
+            pipe.hgetall(keys.worker_key(worker_id))
+        beats = {
+            w: {str(k): str(v) for k, v in h.items()}
+            for w, h in zip(ids, pipe.execute(), strict=True)
+            if h
+        }
+        return read_workers(beats, self._in_flight, keys.WORKER_DEAD_AFTER_S)
+
+    # ------------------------------------------------------------------ reports
+    def _on_report_text(self, text: str) -> None:
+        if text == "tick":
+            return
+        try:
+            report = Report.loads(text)
+        except (ValueError, TypeError):
+            log.warning("dropping an unreadable report: %.200s", text)
+            return
+        self._guarded(lambda: self._on_report(report))
+
+    def _on_report(self, report: Report) -> None:
+        run = self.runs.get(uuid.UUID(report.workflow_id))
+        if run is None or run.in_flight is None or run.in_flight.task_run_id != report.task_run_id:
+            log.info("ignoring a stale report for task run %s", report.task_run_id)
+            return
+        self._in_flight[run.in_flight_worker] -= 1
+        run.in_flight = None
+        if run.data_plane == "cdi":
+            run.key = report.key or run.key
+            run.owner = report.worker_id if report.kept else self.id
+        step = run.current
+        with self.sessions() as session, session.begin():
+            self._record_report(session, report)
+            if report.kept is False and run.data_plane == "cdi" and report.key:
+                repo.record_handoff(
+                    session,
+                    run.workflow_id,
+                    report.worker_id,
+                    self.id,
+                    nbytes=report.bytes_out or run.nbytes,
+                    duration_us=0.0,
+                    task_run_id=report.task_run_id,
+                )
+        if report.status == "COMPLETED":
+            run_s = max(0.0, report.finished_at - report.started_at)
+            self._task_s[step.task] = 0.8 * self._task_s[step.task] + 0.2 * run_s
+            run.outputs[step.ref] = report.output
+            if report.bytes_out:
+                run.nbytes = report.bytes_out if run.data_plane == "cdi" else run.nbytes
+            if run.data_plane == "object-store":
+                run.current_uri = self._output_uri_of(run, step)
+            if run.cancelled:
+                self._cleanup_cancelled(run)
+            elif run.last_step:
+                self._finish(run)
+            else:
+                run.step += 1
+                run.attempt = 1
+                self._dispatch(run)
+            return
+        self._after_failure(run, report.error or report.status, report.retryable)
+
+    def _output_uri_of(self, run: RunState, step: StepSpec) -> str:
+        return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png")
+
+    def _record_report(self, session: Session, report: Report) -> None:
+        task_run = session.get(TaskRun, report.task_run_id)
+        if task_run is None:
+            return
+        task_run.status = TaskRunStatus(report.status)
+        task_run.worker_id = report.worker_id
+        task_run.started_at = _utc(report.started_at)
+        task_run.finished_at = _utc(report.finished_at)
+        queued = task_run.queued_at.timestamp() if task_run.queued_at else report.started_at
+        task_run.queue_wait_ms = max(0.0, (report.started_at - queued) * 1000)
+        task_run.run_ms = max(0.0, (report.finished_at - report.started_at) * 1000)
+        task_run.bytes_in, task_run.bytes_out = report.bytes_in, report.bytes_out
+        task_run.output = report.output or None
+        task_run.error = report.error or None
+        repo.record_event(
+            session,
+            f"task.{report.status.lower()}",
+            {
+                "ref": task_run.ref,
+                "attempt": task_run.attempt,
+                "worker": report.worker_id,
+                "error": report.error,
+            },
+            workflow_id=task_run.workflow_id,
+        )
+
+    def _after_failure(self, run: RunState, reason: str, retryable: bool) -> None:
+        step = run.current
+        if run.cancelled:
+            self._cleanup_cancelled(run)
+        elif retryable and run.attempt <= step.retries:
+            run.retry_at = time.monotonic() + step.retry_backoff_s * 2 ** (run.attempt - 1)
+            run.attempt += 1
+        else:
+            self._fail(run, f"task {step.ref!r} failed after {run.attempt} attempt(s): {reason}")
+
+    # ------------------------------------------------------------------ health
+    def _check_in_flight(self) -> None:
+        """A task whose worker went silent: take the object back and retry elsewhere."""
+        now = time.monotonic()
+        loads = {w.worker_id: w for w in self._workers()}
+        for run in list(self.runs.values()):
+            if run.in_flight is None:
+                continue
+            worker = loads.get(run.in_flight_worker)
+            dead = worker is None or not worker.alive
+            if not dead and now < run.deadline:
+                continue
+            if run.data_plane == "cdi" and not self._regain(run):
+                continue  # the worker still holds the object: it is alive after all
+            task_run_id = run.in_flight.task_run_id
+            self._in_flight[run.in_flight_worker] -= 1
+            run.in_flight = None
+            reason = (
+                f"worker {run.in_flight_worker} died"
+                if dead
+                else f"no report within {run.current.timeout_s + LOST_GRACE_S:.0f} s"
+            )
+            with self.sessions() as session, session.begin():
+                task_run = session.get(TaskRun, task_run_id)
+                if task_run is not None and task_run.status in (
+                    TaskRunStatus.QUEUED,
+                    TaskRunStatus.RUNNING,
+                ):
+                    task_run.status = TaskRunStatus.FAILED
+                    task_run.error = reason
+                    repo.record_event(
+                        session,
+                        "task.lost",
+                        {"ref": task_run.ref, "reason": reason},
+                        workflow_id=run.workflow_id,
+                    )
+            if dead:  # what it had queued is re-dispatched from our state, not from Redis
+                self.redis.delete(
+                    keys.worker_queue_key(run.in_flight_worker),
+                    keys.worker_inflight_key(run.in_flight_worker),
+                )
+            run.last_worker = None
+            self._after_failure(run, reason, retryable=True)
+
+    def _regain(self, run: RunState) -> bool:
+        """Wait briefly for the object to come back by the minion's recovery rule; False while
+        the worker still holds it (then it is alive after all)."""
+        try:
+            with self.cdi.use(run.key).view(timeout=2):
+                pass
+        except cdi.AccessTimeout:
+            return False
+        except cdi.ObjectNotFound:
+            pass
+        run.owner = self.id
+        if run.in_flight is not None and run.in_flight.output_key:
+            self._drop_orphan(run.in_flight.output_key)
+        return True
+
+    def _drop_orphan(self, key: str) -> None:
+        """A half-written output of a dead worker came back to us too: destroy it."""
+        try:
+            orphan = self.cdi.use(key)
+            orphan.access(timeout=1).release()
+            orphan.destroy()
+        except cdi.CDIError:
+            pass  # it never got created, or is already gone
+
+    def _check_redis_epoch(self) -> None:
+        """Redis holds only what can be rebuilt: if it lost everything, push what we sent."""
+        raw = self.redis.get(keys.EPOCH)
+        if raw is None:
+            self.redis.set(keys.EPOCH, uuid.uuid4().hex, nx=True)
+            raw = self.redis.get(keys.EPOCH)
+        epoch = str(raw)
+        if self._redis_epoch is not None and epoch != self._redis_epoch:
+            log.warning("Redis lost its data; re-sending in-flight instructions")
+            for run in self.runs.values():
+                if run.in_flight is not None:
+                    self.redis.lpush(
+                        keys.worker_queue_key(run.in_flight_worker), run.in_flight.dumps()
+                    )
+        self._redis_epoch = epoch
+
+    # ------------------------------------------------------------------ endings
+    def _check_cancelled(self, run: RunState) -> None:
+        with self.sessions() as session:
+            status = session.scalar(select(Workflow.status).where(Workflow.id == run.workflow_id))
+        if status is WorkflowStatus.CANCELLED:
+            run.cancelled = True
+            if run.in_flight is None:
+                self._cleanup_cancelled(run)
+
+    def _cleanup_cancelled(self, run: RunState) -> None:
+        self._release_object(run)
+        self.runs.pop(run.workflow_id, None)
+        with self.sessions() as session, session.begin():
+            session.execute(
+                update(TaskRun)
+                .where(
+                    TaskRun.workflow_id == run.workflow_id, TaskRun.status == TaskRunStatus.QUEUED
+                )
+                .values(status=TaskRunStatus.CANCELLED)
+            )
+
+    def _release_object(self, run: RunState) -> None:
+        if run.data_plane != "cdi" or not run.key or run.owner != self.id:
+            return
+        try:
+            obj = self.cdi.use(run.key)
+            obj.access(timeout=5).release()
+            obj.destroy()
+        except cdi.CDIError as exc:
+            log.warning("could not destroy %s: %s", run.key, exc)
+
+    def _complete(self, run: RunState, result_uri: str) -> None:
+        output: dict[str, Any] = {}
+        for ref_output in run.outputs.values():
+            output.update(ref_output)
+        output["tasks"] = run.outputs
+        self.runs.pop(run.workflow_id, None)
+        with self.sessions() as session, session.begin():
+            try:
+                repo.set_workflow_status(
+                    session,
+                    run.workflow_id,
+                    WorkflowStatus.COMPLETED,
+                    output=output,
+                    result_uri=result_uri,
+                )
+            except Conflict:
+                log.info("workflow %s finished elsewhere (cancelled?)", run.workflow_id)
+
+    def _fail(self, run: RunState, reason: str) -> None:
+        log.info("workflow %s failed: %s", run.workflow_id, reason)
+        self._release_object(run)
+        self.runs.pop(run.workflow_id, None)
+        # A user who cancelled meanwhile keeps their word: Conflict is expected then.
+        with self.sessions() as session, session.begin(), contextlib.suppress(Conflict):
+            repo.set_workflow_status(session, run.workflow_id, WorkflowStatus.FAILED, error=reason)
+
+
+def _ordered(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Steps in an order that respects ``depends_on`` (they run one after another)."""
+    done: set[str] = set()
+    ordered: list[dict[str, Any]] = []
+    pending = list(steps)
+    while pending:
+        ready = [s for s in pending if set(s.get("depends_on") or []) <= done]
+        if not ready:
+            raise OrchestratorError("the workflow definition has a dependency cycle")
+        for step in ready:
+            ordered.append(step)
+            done.add(step["ref"])
+            pending.remove(step)
+    return ordered
+
+
+def _utc(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
