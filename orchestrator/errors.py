@@ -14,10 +14,13 @@ what failed, why, and what to change (an environment variable, a log file to rea
     │   │                 (also ValueError)
     │   └── InvalidDefinition   a task or workflow definition with problems
     ├── RequestTooLarge   a request body over the API's size limit
-    └── DataError         a workflow's data cannot be had or stored
-        ├── InputMissing      the input object does not exist in S3
-        ├── InputTooLarge     the input is over MAX_INPUT_BYTES
-        └── StorageError      S3 refused or failed a read or write
+    ├── DataError         a workflow's data cannot be had or stored
+    │   ├── InputMissing      the input object does not exist in S3
+    │   ├── InputTooLarge     the input is over MAX_INPUT_BYTES
+    │   └── StorageError      S3 refused or failed a read or write
+    └── StackError        the local stack (``cdiflow up``) failed to start or stop a piece;
+        │                 carries ``log_file`` when a log tells why
+        └── StackRunning      a stack already runs from that data folder
 
 Each class carries a stable ``code`` string for API responses and logs. Add new branches here,
 and to the tree above, rather than raising bare built-in exceptions from library code.
@@ -40,6 +43,8 @@ __all__ = [
     "OrchestratorError",
     "RequestTooLarge",
     "ServiceError",
+    "StackError",
+    "StackRunning",
     "StorageError",
 ]
 
@@ -150,3 +155,19 @@ class StorageError(DataError):
     """S3 refused or failed a read or write."""
 
     code = "storage_error"
+
+
+class StackError(OrchestratorError):
+    """The local stack (``cdiflow up``) could not start or stop a piece; ``log_file`` says why."""
+
+    code = "stack"
+
+    def __init__(self, message: str, *, log_file: Path | None = None) -> None:
+        super().__init__(message)
+        self.log_file = log_file
+
+
+class StackRunning(StackError):
+    """A stack already runs from this data folder (one stack per folder)."""
+
+    code = "stack_running"

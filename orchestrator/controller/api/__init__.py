@@ -1,0 +1,1 @@
+"""The REST API under ``/api``: one router module per resource in ``routes``."""

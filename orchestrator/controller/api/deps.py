@@ -1,0 +1,66 @@
+"""Dependencies the routes declare: a database session per request and the Redis client."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+import redis
+from fastapi import Depends, Request
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator import keys
+
+__all__ = ["RedisDep", "Resources", "SessionDep", "get_db", "get_redis", "wake_scheduler"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the app opens at start-up and closes at shutdown (``app.state.resources``)."""
+
+    engine: Engine
+    sessions: sessionmaker[Session]
+    redis: redis.Redis
+
+    def close(self) -> None:
+        """Release the connection pools."""
+        self.redis.close()
+        self.engine.dispose()
+
+
+def _resources(request: Request) -> Resources:
+    resources: Resources = request.app.state.resources
+    return resources
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    """A session for one request; rolled back (if not committed) and closed afterwards."""
+    with _resources(request).sessions() as session:
+        yield session
+
+
+def get_redis(request: Request) -> redis.Redis:
+    """The app's Redis client (thread-safe, pooled)."""
+    return _resources(request).redis
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+RedisDep = Annotated[redis.Redis, Depends(get_redis)]
+
+
+def wake_scheduler(client: redis.Redis, workflow_id: uuid.UUID) -> None:
+    """Tell the scheduler a workflow changed; call after the commit.
+
+    A lost wake-up only delays the scheduler until its next poll of Postgres, so a Redis
+    failure here is logged rather than failing a request whose change is already committed.
+    """
+    try:
+        client.lpush(keys.WAKE, str(workflow_id))
+    except redis.RedisError as exc:
+        log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)

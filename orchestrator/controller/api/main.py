@@ -1,0 +1,20 @@
+"""The ``/api`` router: every resource's routes in one place."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from orchestrator.controller.api.routes import (
+    health,
+    tasks,
+    workers,
+    workflow_definitions,
+    workflows,
+)
+
+api_router = APIRouter()
+api_router.include_router(tasks.router)
+api_router.include_router(workflow_definitions.router)
+api_router.include_router(workflows.router)
+api_router.include_router(workers.router)
+api_router.include_router(health.router)

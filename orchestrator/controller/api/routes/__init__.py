@@ -1,0 +1,1 @@
+"""One module per resource; ``orchestrator.controller.api.main`` mounts them."""

@@ -1,0 +1,41 @@
+"""``/api/tasks``: the task definitions workers can run."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from orchestrator.controller.api.deps import SessionDep
+from orchestrator.controller.schemas import TaskCreate, TaskPublic, error_responses
+from orchestrator.db import repository as repo
+
+router = APIRouter(prefix="/tasks", tags=["tasks"])
+
+
+@router.post("", status_code=201, responses=error_responses(409))
+def create_task(body: TaskCreate, session: SessionDep, response: Response) -> TaskPublic:
+    """Register a task definition; 409 if the name is taken."""
+    row = repo.create_task_definition(
+        session, body.model_dump(exclude={"description"}), description=body.description
+    )
+    session.commit()
+    response.headers["Location"] = f"/api/tasks/{row.name}"
+    return TaskPublic.model_validate(row)
+
+
+@router.get("")
+def list_tasks(session: SessionDep) -> list[TaskPublic]:
+    """Every task definition, by name."""
+    return [TaskPublic.model_validate(t) for t in repo.list_task_definitions(session)]
+
+
+@router.get("/{name}", responses=error_responses(404))
+def get_task(name: str, session: SessionDep) -> TaskPublic:
+    """One task definition; 404 if unknown."""
+    return TaskPublic.model_validate(repo.get_task_definition(session, name))
+
+
+@router.delete("/{name}", status_code=204, responses=error_responses(404, 409))
+def delete_task(name: str, session: SessionDep) -> None:
+    """Delete a task definition; 409 while a workflow definition uses it."""
+    repo.delete_task_definition(session, name)
+    session.commit()

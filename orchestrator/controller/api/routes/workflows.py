@@ -1,0 +1,124 @@
+"""``/api/workflows``: start, list, inspect, cancel and retry workflow runs."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from orchestrator.controller.api.deps import RedisDep, SessionDep, wake_scheduler
+from orchestrator.controller.schemas import (
+    EventPublic,
+    HandoffPublic,
+    TaskRunPublic,
+    WorkflowCreate,
+    WorkflowDetail,
+    WorkflowList,
+    WorkflowPublic,
+    error_responses,
+)
+from orchestrator.db import repository as repo
+from orchestrator.db.models import Policy, Workflow, WorkflowStatus
+
+router = APIRouter(prefix="/workflows", tags=["workflows"])
+
+
+def _created(row: Workflow, response: Response) -> WorkflowPublic:
+    response.headers["Location"] = f"/api/workflows/{row.id}"
+    return WorkflowPublic.model_validate(row)
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    # A timestamp without a zone is read as UTC, not as the database session's zone.
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
+@router.post("", status_code=201, responses=error_responses(404))
+def start_workflow(
+    body: WorkflowCreate, session: SessionDep, client: RedisDep, response: Response
+) -> WorkflowPublic:
+    """Start a run of a workflow definition (status PENDING) and wake the scheduler.
+
+    404 (listing the known workflows) if the definition does not exist.
+    """
+    row = repo.create_workflow(
+        session,
+        body.workflow,
+        body.input.model_dump(),
+        policy=body.policy,
+        data_plane=body.data_plane,
+    )
+    session.commit()
+    wake_scheduler(client, row.id)
+    return _created(row, response)
+
+
+@router.get("")
+def list_workflows(
+    session: SessionDep,
+    status: WorkflowStatus | None = None,
+    workflow: Annotated[str | None, Query(description="Workflow definition name.")] = None,
+    policy: Policy | None = None,
+    created_after: Annotated[datetime | None, Query(description="Inclusive.")] = None,
+    created_before: Annotated[datetime | None, Query(description="Exclusive.")] = None,
+    q: Annotated[
+        str | None,
+        Query(max_length=36, pattern=r"^[0-9a-fA-F-]*$", description="Leading part of the id."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> WorkflowList:
+    """Workflow runs, newest first, one page at a time; ``total`` counts every match."""
+    filters = repo.WorkflowFilter(
+        status=status,
+        definition=workflow,
+        policy=policy,
+        created_after=_aware(created_after),
+        created_before=_aware(created_before),
+        id_prefix=q or None,
+    )
+    rows, total = repo.list_workflows(session, filters, limit=limit, offset=offset)
+    items = [WorkflowPublic.model_validate(r) for r in rows]
+    return WorkflowList(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.get("/{workflow_id}", responses=error_responses(404))
+def get_workflow(
+    workflow_id: uuid.UUID,
+    session: SessionDep,
+    events: Annotated[int, Query(ge=0, le=1000, description="How many recent events.")] = 100,
+) -> WorkflowDetail:
+    """A run with its task runs (every attempt), CDI hand-offs and latest events."""
+    row = repo.get_workflow(session, workflow_id)
+    return WorkflowDetail(
+        **WorkflowPublic.model_validate(row).model_dump(),
+        task_runs=[TaskRunPublic.model_validate(r) for r in repo.task_runs_of(session, row.id)],
+        handoffs=[HandoffPublic.model_validate(h) for h in repo.handoffs_of(session, row.id)],
+        events=[EventPublic.model_validate(e) for e in repo.recent_events(session, row.id, events)],
+    )
+
+
+@router.post("/{workflow_id}/cancel", responses=error_responses(404, 409))
+def cancel_workflow(
+    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep
+) -> WorkflowPublic:
+    """PENDING or RUNNING → CANCELLED; 409 if the run has already finished."""
+    row = repo.cancel_workflow(session, workflow_id)
+    session.commit()
+    wake_scheduler(client, row.id)
+    return WorkflowPublic.model_validate(row)
+
+
+@router.post("/{workflow_id}/retry", status_code=201, responses=error_responses(404, 409))
+def retry_workflow(
+    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep, response: Response
+) -> WorkflowPublic:
+    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise."""
+    row = repo.retry_workflow(session, workflow_id)
+    session.commit()
+    wake_scheduler(client, row.id)
+    return _created(row, response)

@@ -1,0 +1,124 @@
+"""The controller's FastAPI application.
+
+    app = create_app(load_settings())     # settings with DATABASE_URL and REDIS_URL resolved
+    uvicorn.run(app, host="0.0.0.0", port=8000)
+
+Start-up migrates the database to the newest revision (under an advisory lock, so several
+controllers may start together), seeds the bundled task and workflow definitions that are
+absent, and opens the Postgres pool and the Redis client; shutdown closes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from importlib import metadata
+
+import redis
+from anyio import to_thread
+from fastapi import FastAPI
+from sqlalchemy.exc import SQLAlchemyError
+
+from orchestrator.controller.api.deps import Resources
+from orchestrator.controller.api.main import api_router
+from orchestrator.controller.http_errors import install_error_handler
+from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit
+from orchestrator.db import make_engine, make_session_factory, migrate
+from orchestrator.db.repository import seed_bundled_definitions
+from orchestrator.errors import ConfigError, ServiceError
+from orchestrator.settings import Settings
+
+__all__ = ["create_app", "open_resources"]
+
+log = logging.getLogger(__name__)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("cdiflow")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def open_resources(
+    database_url: str, redis_url: str, *, migrate_on_start: bool = True
+) -> Resources:
+    """Migrate, seed and connect: everything the app needs before its first request.
+
+    Raises ``ServiceError`` when Postgres cannot be migrated or seeded.
+    """
+    if migrate_on_start:
+        migrate(database_url)
+    engine = make_engine(database_url)
+    sessions = make_session_factory(engine)
+    try:
+        with sessions() as session:
+            added = seed_bundled_definitions(session)
+            session.commit()
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        raise ServiceError(
+            f"could not seed the bundled definitions: {type(exc).__name__}: {exc}",
+            service="postgres",
+        ) from exc
+    if added:
+        log.info("seeded bundled definitions: %s", ", ".join(added))
+    client = redis.Redis.from_url(
+        redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=5
+    )
+    return Resources(engine=engine, sessions=sessions, redis=client)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    migrate_on_start: bool = True,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    """The REST API under ``/api``, with OpenAPI docs at ``/docs``.
+
+    ``settings`` must name the database and Redis (``cdiflow up`` fills them in after starting
+    the embedded services); ``ConfigError`` otherwise. Nothing connects until start-up.
+    """
+    if not settings.database_url or not settings.redis_url:
+        missing = [
+            name
+            for name, value in (
+                ("DATABASE_URL", settings.database_url),
+                ("REDIS_URL", settings.redis_url),
+            )
+            if not value
+        ]
+        raise ConfigError(
+            f"the controller needs {' and '.join(missing)}; set it, or start the stack with "
+            "`cdiflow up`, which starts embedded services"
+        )
+    database_url, redis_url = settings.database_url, settings.redis_url
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Migrations and seeding block: keep them off the event loop.
+        resources = await to_thread.run_sync(
+            partial(open_resources, database_url, redis_url, migrate_on_start=migrate_on_start)
+        )
+        app.state.resources = resources
+        try:
+            yield
+        finally:
+            resources.close()
+
+    app = FastAPI(
+        title="cdiflow",
+        version=_version(),
+        summary="Workflow orchestrator whose tasks hand data over as Container Data Items.",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url="/api/openapi.json",
+    )
+    app.include_router(api_router, prefix="/api")
+    install_error_handler(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    return app

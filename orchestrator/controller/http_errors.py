@@ -1,0 +1,98 @@
+"""The one place errors become HTTP responses.
+
+Every ``OrchestratorError`` maps to a status code by its class; backend failures that escape
+the repository (Postgres or Redis unreachable) are translated to ``ServiceError`` first, so a
+client sees 503 with a sentence instead of a stack trace. The body is always
+``{"detail": <message>, "code": <stable code>}``, plus ``known`` (valid names) for a
+``NotFound`` and ``problems`` (every issue) for an ``InvalidRequest``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
+
+from orchestrator.errors import (
+    ConfigError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    OrchestratorError,
+    RequestTooLarge,
+    ServiceError,
+)
+
+__all__ = ["error_response", "install_error_handler", "status_for", "translate"]
+
+log = logging.getLogger(__name__)
+
+# First match in the class's MRO wins, so a subclass may be given its own code.
+STATUS_BY_ERROR: Final[dict[type[OrchestratorError], int]] = {
+    NotFound: 404,
+    Conflict: 409,
+    RequestTooLarge: 413,
+    InvalidRequest: 422,
+    ServiceError: 503,
+    ConfigError: 500,
+}
+
+# Backend errors meaning "the service is not answering", not "our query is wrong".
+_UNAVAILABLE: Final = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.TimeoutError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+)
+
+
+def translate(exc: Exception) -> OrchestratorError | None:
+    """``exc`` as an ``OrchestratorError``, or ``None`` when it is a bug (a 500)."""
+    if isinstance(exc, OrchestratorError):
+        return exc
+    if isinstance(exc, _UNAVAILABLE):
+        service = "redis" if isinstance(exc, redis.RedisError) else "postgres"
+        return ServiceError(
+            f"{service} is unavailable ({type(exc).__name__}); try again shortly",
+            service=service,
+        )
+    return None
+
+
+def status_for(exc: OrchestratorError) -> int:
+    """The HTTP status of an orchestrator error (500 for a class with no mapping)."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
+    return 500
+
+
+def error_response(exc: OrchestratorError) -> JSONResponse:
+    """The JSON response for ``exc``."""
+    body: dict[str, Any] = {"detail": str(exc), "code": exc.code}
+    if isinstance(exc, NotFound) and exc.known:
+        body["known"] = exc.known
+    if isinstance(exc, InvalidRequest) and exc.problems:
+        body["problems"] = exc.problems
+    return JSONResponse(body, status_code=status_for(exc))
+
+
+async def _handle(request: Request, exc: Exception) -> JSONResponse:
+    translated = translate(exc)
+    if translated is None:  # not ours to explain: let Starlette answer 500 and log it
+        raise exc
+    status = status_for(translated)
+    if status >= 500:
+        log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+    return error_response(translated)
+
+
+def install_error_handler(app: FastAPI) -> None:
+    """Route every orchestrator and backend-unavailable error through one handler."""
+    for cls in (OrchestratorError, *_UNAVAILABLE):
+        app.add_exception_handler(cls, _handle)

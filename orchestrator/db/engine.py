@@ -1,0 +1,54 @@
+"""Engine and session factory from a ``postgresql+psycopg://`` URL."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, NullPool, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.errors import ConfigError
+
+__all__ = ["make_engine", "make_session_factory"]
+
+# Several processes (controller, scheduler, a few workers) share one server whose
+# max_connections is typically 100: keep each process's pool small.
+POOL_SIZE = 5
+MAX_OVERFLOW = 5
+
+
+def make_engine(
+    database_url: str, *, pool_size: int = POOL_SIZE, pooled: bool = True, echo: bool = False
+) -> Engine:
+    """An engine for ``database_url`` (``postgres://`` is read as psycopg 3).
+
+    Connections are checked before use (``pool_pre_ping``) so a restarted server costs one
+    failed ping, not one failed request; waiting for a free connection gives up after 10 s.
+    ``pooled=False`` opens a connection per use, for one-shot jobs such as migrations.
+    """
+    try:
+        url = make_url(database_url)
+    except ArgumentError:
+        raise ConfigError("DATABASE_URL is not a URL; expected postgresql+psycopg://...") from None
+    if url.drivername in {"postgres", "postgresql"}:
+        url = url.set(drivername="postgresql+psycopg")
+    if url.drivername != "postgresql+psycopg":
+        raise ConfigError(
+            f"database scheme {url.drivername!r} is not supported; use postgresql+psycopg://"
+        )
+    if not pooled:
+        return create_engine(url, poolclass=NullPool, echo=echo)
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=MAX_OVERFLOW,
+        pool_timeout=10,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        echo=echo,
+    )
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions that keep loaded attributes after commit, so routes can serialise them."""
+    return sessionmaker(engine, expire_on_commit=False)

@@ -1,0 +1,1 @@
+"""Alembic migrations of the orchestrator database; run them with ``orchestrator.db.migrate``."""

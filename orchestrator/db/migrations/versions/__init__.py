@@ -1,0 +1,1 @@
+"""Alembic revisions, oldest first (file names carry the order)."""

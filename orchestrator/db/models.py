@@ -1,0 +1,242 @@
+"""The orchestrator's Postgres tables as typed SQLAlchemy models.
+
+Postgres is the source of truth: definitions, workflows, task runs (one row per attempt), CDI
+ownership hand-offs and an event log. Change a model only together with a new Alembic revision
+in ``orchestrator/db/migrations/versions`` (the tests compare the two).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Double,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "Base",
+    "DataPlane",
+    "Event",
+    "Handoff",
+    "Policy",
+    "TaskDefinition",
+    "TaskRun",
+    "TaskRunStatus",
+    "Workflow",
+    "WorkflowDefinition",
+    "WorkflowStatus",
+]
+
+# Deterministic constraint names, so migrations can refer to them.
+_NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class WorkflowStatus(enum.StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def finished(self) -> bool:
+        """True for the terminal states, which never change again."""
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED})
+
+
+class TaskRunStatus(enum.StrEnum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    TIMED_OUT = "TIMED_OUT"
+    CANCELLED = "CANCELLED"
+
+
+class Policy(enum.StrEnum):
+    """Where a workflow's tasks run (ARCHITECTURE.md, "Policies")."""
+
+    AFFINITY = "affinity"  # every task on one worker, which keeps the CDI ownership
+    TRANSFER = "transfer"  # best worker per task; ownership moves each time
+    AUTO = "auto"  # move only when the cost model says moving beats waiting
+
+
+class DataPlane(enum.StrEnum):
+    """How data moves between tasks."""
+
+    CDI = "cdi"  # shared CDI objects, ownership handed over
+    OBJECT_STORE = "object-store"  # every task downloads from and uploads to S3
+
+
+def _enum(cls: type[enum.StrEnum], name: str) -> Enum:
+    # Store the values ("object-store"), not the member names, as the Postgres enum labels.
+    return Enum(cls, name=name, values_callable=lambda members: [m.value for m in members])
+
+
+def _now() -> Any:
+    return func.now()
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=_NAMING)
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute
+        datetime: DateTime(timezone=True),
+        dict[str, Any]: JSONB,
+        list[dict[str, Any]]: JSONB,
+    }
+
+
+class TaskDefinition(Base):
+    """A task the workers can run: ``module`` is ``"package.module:function"``."""
+
+    __tablename__ = "task_definitions"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    module: Mapped[str] = mapped_column(String(255))
+    timeout_s: Mapped[float] = mapped_column(Double)
+    retries: Mapped[int] = mapped_column(Integer)
+    retry_backoff_s: Mapped[float] = mapped_column(Double)
+    description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    created_at: Mapped[datetime] = mapped_column(server_default=_now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=_now(), onupdate=_now())
+
+
+class WorkflowDefinition(Base):
+    """A named DAG of steps: ``tasks`` is ``[{"ref", "task", "depends_on": [...]}, ...]``."""
+
+    __tablename__ = "workflow_definitions"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    tasks: Mapped[list[dict[str, Any]]]
+    created_at: Mapped[datetime] = mapped_column(server_default=_now())
+    updated_at: Mapped[datetime] = mapped_column(server_default=_now(), onupdate=_now())
+
+
+class Workflow(Base):
+    """One run of a workflow definition.
+
+    ``claimed_by``/``claimed_at`` record which scheduler took it (see
+    ``claim_pending_workflows``); ``retry_of`` links a retry to the run it repeats.
+    """
+
+    __tablename__ = "workflows"
+    __table_args__ = (
+        Index("ix_workflows_status_created_at", "status", "created_at"),
+        Index("ix_workflows_definition_created_at", "definition", "created_at"),
+        Index("ix_workflows_created_at", "created_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    # RESTRICT: a definition with runs on record cannot disappear from under them.
+    definition: Mapped[str] = mapped_column(
+        String(64), ForeignKey("workflow_definitions.name", ondelete="RESTRICT")
+    )
+    status: Mapped[WorkflowStatus] = mapped_column(
+        _enum(WorkflowStatus, "workflow_status"), default=WorkflowStatus.PENDING
+    )
+    policy: Mapped[Policy] = mapped_column(_enum(Policy, "workflow_policy"))
+    data_plane: Mapped[DataPlane] = mapped_column(_enum(DataPlane, "data_plane"))
+    input: Mapped[dict[str, Any]]
+    output: Mapped[dict[str, Any] | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    result_uri: Mapped[str | None] = mapped_column(Text)
+    retry_of: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("workflows.id", ondelete="SET NULL")
+    )
+    created_at: Mapped[datetime] = mapped_column(server_default=_now())
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    claimed_by: Mapped[str | None] = mapped_column(String(128))
+    claimed_at: Mapped[datetime | None]
+
+
+class TaskRun(Base):
+    """One attempt of one step of a workflow; timings in milliseconds, sizes in bytes."""
+
+    __tablename__ = "task_runs"
+    __table_args__ = (
+        UniqueConstraint("workflow_id", "ref", "attempt"),
+        Index("ix_task_runs_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    workflow_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"))
+    ref: Mapped[str] = mapped_column(String(64))
+    task: Mapped[str] = mapped_column(String(64))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    status: Mapped[TaskRunStatus] = mapped_column(
+        _enum(TaskRunStatus, "task_run_status"), default=TaskRunStatus.QUEUED
+    )
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    queued_at: Mapped[datetime] = mapped_column(server_default=_now())
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    queue_wait_ms: Mapped[float | None] = mapped_column(Double)
+    run_ms: Mapped[float | None] = mapped_column(Double)
+    bytes_in: Mapped[int | None] = mapped_column(BigInteger)
+    bytes_out: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    output: Mapped[dict[str, Any] | None]
+
+
+class Handoff(Base):
+    """A CDI ownership transfer between two containers on behalf of a workflow."""
+
+    __tablename__ = "handoffs"
+    __table_args__ = (Index("ix_handoffs_workflow_id", "workflow_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    workflow_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"))
+    task_run_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("task_runs.id", ondelete="SET NULL")
+    )
+    from_container: Mapped[str] = mapped_column(String(128))
+    to_container: Mapped[str] = mapped_column(String(128))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    duration_us: Mapped[float] = mapped_column(Double)
+    at: Mapped[datetime] = mapped_column(server_default=_now())
+
+
+class Event(Base):
+    """Something that happened, for the dashboard and post-mortems; ``kind`` like
+    ``"workflow.created"``. ``workflow_id`` is null for cluster-wide events."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_workflow_id_id", "workflow_id", "id"),
+        Index("ix_events_at", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    workflow_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("workflows.id", ondelete="CASCADE")
+    )
+    kind: Mapped[str] = mapped_column(String(64))
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    at: Mapped[datetime] = mapped_column(server_default=_now())

@@ -1,0 +1,61 @@
+"""What the controller, scheduler and workers do to the database, as plain functions.
+
+Every function takes a ``Session`` and leaves committing to the caller; errors are the
+``orchestrator.errors`` tree (``NotFound``, ``Conflict``, ``InvalidDefinition``).
+"""
+
+from orchestrator.db.repository.definitions import (
+    create_task_definition,
+    create_workflow_definition,
+    delete_task_definition,
+    get_task_definition,
+    get_workflow_definition,
+    list_task_definitions,
+    list_workflow_definitions,
+    seed_bundled_definitions,
+    task_names,
+    workflow_definition_names,
+)
+from orchestrator.db.repository.workflows import (
+    WorkflowFilter,
+    add_task_run,
+    cancel_workflow,
+    claim_pending_workflows,
+    create_workflow,
+    get_workflow,
+    handoffs_of,
+    list_workflows,
+    recent_events,
+    record_event,
+    record_handoff,
+    retry_workflow,
+    set_workflow_status,
+    task_runs_of,
+)
+
+__all__ = [
+    "WorkflowFilter",
+    "add_task_run",
+    "cancel_workflow",
+    "claim_pending_workflows",
+    "create_task_definition",
+    "create_workflow",
+    "create_workflow_definition",
+    "delete_task_definition",
+    "get_task_definition",
+    "get_workflow",
+    "get_workflow_definition",
+    "handoffs_of",
+    "list_task_definitions",
+    "list_workflow_definitions",
+    "list_workflows",
+    "recent_events",
+    "record_event",
+    "record_handoff",
+    "retry_workflow",
+    "seed_bundled_definitions",
+    "set_workflow_status",
+    "task_names",
+    "task_runs_of",
+    "workflow_definition_names",
+]

@@ -1,0 +1,330 @@
+"""Workflow runs: create, list, cancel, retry, claim; task runs, hand-offs and events.
+
+Functions take the caller's ``Session`` and never commit: the caller owns the transaction.
+State changes lock the workflow row first, so the controller (cancel) and a scheduler
+(complete) cannot both move a workflow out of a state.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, String, cast, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from orchestrator.db.models import (
+    DataPlane,
+    Event,
+    Handoff,
+    Policy,
+    TaskRun,
+    Workflow,
+    WorkflowDefinition,
+    WorkflowStatus,
+)
+from orchestrator.db.repository.definitions import workflow_definition_names
+from orchestrator.errors import Conflict, NotFound
+
+__all__ = [
+    "WorkflowFilter",
+    "add_task_run",
+    "cancel_workflow",
+    "claim_pending_workflows",
+    "create_workflow",
+    "get_workflow",
+    "handoffs_of",
+    "list_workflows",
+    "recent_events",
+    "record_event",
+    "record_handoff",
+    "retry_workflow",
+    "set_workflow_status",
+    "task_runs_of",
+]
+
+
+@dataclass(frozen=True)
+class WorkflowFilter:
+    """Criteria for ``list_workflows``; ``None`` means "any"."""
+
+    status: WorkflowStatus | None = None
+    definition: str | None = None
+    policy: Policy | None = None
+    created_after: datetime | None = None  # inclusive
+    created_before: datetime | None = None  # exclusive
+    id_prefix: str | None = None  # leading characters of the canonical UUID text
+
+    def clauses(self) -> list[ColumnElement[bool]]:
+        """The SQL conditions this filter stands for."""
+        out: list[ColumnElement[bool]] = []
+        if self.status is not None:
+            out.append(Workflow.status == self.status)
+        if self.definition is not None:
+            out.append(Workflow.definition == self.definition)
+        if self.policy is not None:
+            out.append(Workflow.policy == self.policy)
+        if self.created_after is not None:
+            out.append(Workflow.created_at >= self.created_after)
+        if self.created_before is not None:
+            out.append(Workflow.created_at < self.created_before)
+        if self.id_prefix:
+            prefix = self.id_prefix.lower()
+            out.append(cast(Workflow.id, String).startswith(prefix, autoescape=True))
+        return out
+
+
+def record_event(
+    session: Session,
+    kind: str,
+    data: dict[str, Any] | None = None,
+    *,
+    workflow_id: uuid.UUID | None = None,
+) -> Event:
+    """Append to the event log; ``kind`` like ``"workflow.created"``."""
+    event = Event(kind=kind, data=data or {}, workflow_id=workflow_id)
+    session.add(event)
+    return event
+
+
+def create_workflow(
+    session: Session,
+    definition: str,
+    input: dict[str, Any],
+    *,
+    policy: Policy = Policy.AFFINITY,
+    data_plane: DataPlane = DataPlane.CDI,
+    retry_of: uuid.UUID | None = None,
+) -> Workflow:
+    """A new PENDING run of ``definition``; ``NotFound`` (listing known names) if unknown."""
+    if session.get(WorkflowDefinition, definition) is None:
+        raise NotFound("workflow", definition, known=workflow_definition_names(session))
+    workflow = Workflow(
+        id=uuid.uuid4(),
+        definition=definition,
+        status=WorkflowStatus.PENDING,
+        policy=policy,
+        data_plane=data_plane,
+        input=input,
+        retry_of=retry_of,
+    )
+    session.add(workflow)
+    session.flush()
+    data: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
+    if retry_of is not None:
+        data["retry_of"] = str(retry_of)
+    record_event(session, "workflow.created", data, workflow_id=workflow.id)
+    return workflow
+
+
+def get_workflow(session: Session, workflow_id: uuid.UUID, *, lock: bool = False) -> Workflow:
+    """The workflow ``workflow_id``; ``lock=True`` holds its row until the transaction ends."""
+    found = session.get(Workflow, workflow_id, with_for_update=lock, populate_existing=lock)
+    if found is None:
+        raise NotFound("workflow run", workflow_id)
+    return found
+
+
+def list_workflows(
+    session: Session,
+    filters: WorkflowFilter | None = None,
+    *,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[Workflow], int]:
+    """One page of workflows matching ``filters``, newest first, and the total matching."""
+    where = (filters or WorkflowFilter()).clauses()
+    total = session.scalar(select(func.count()).select_from(Workflow).where(*where)) or 0
+    page = session.scalars(
+        select(Workflow)
+        .where(*where)
+        .order_by(Workflow.created_at.desc(), Workflow.id.desc())
+        .limit(limit)
+        .offset(offset)
+    )
+    return list(page), total
+
+
+def set_workflow_status(
+    session: Session,
+    workflow_id: uuid.UUID,
+    status: WorkflowStatus,
+    *,
+    error: str | None = None,
+    output: dict[str, Any] | None = None,
+    result_uri: str | None = None,
+) -> Workflow:
+    """Move a workflow to ``status``, stamping ``started_at`` (first RUNNING) and
+    ``finished_at`` (a finished state) with the database clock.
+
+    A finished workflow (COMPLETED, FAILED, CANCELLED) never changes again: ``Conflict``. That
+    is how a scheduler finishing a run learns that the user cancelled it meanwhile.
+    """
+    workflow = get_workflow(session, workflow_id, lock=True)
+    if workflow.status.finished:
+        raise Conflict(
+            f"workflow run {workflow_id} is already {workflow.status}; it cannot become {status}"
+        )
+    previous = workflow.status
+    workflow.status = status
+    if status is WorkflowStatus.RUNNING and workflow.started_at is None:
+        workflow.started_at = _db_now(session)
+    if status.finished:
+        workflow.finished_at = _db_now(session)
+    if error is not None:
+        workflow.error = error
+    if output is not None:
+        workflow.output = output
+    if result_uri is not None:
+        workflow.result_uri = result_uri
+    data: dict[str, Any] = {"from": previous, "to": status}
+    if error is not None:
+        data["error"] = error
+    record_event(session, f"workflow.{status.lower()}", data, workflow_id=workflow_id)
+    session.flush()
+    return workflow
+
+
+def cancel_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
+    """PENDING or RUNNING → CANCELLED; ``Conflict`` if it has already finished.
+
+    The scheduler, woken by the caller, stops the work and cleans up its task runs.
+    """
+    workflow = get_workflow(session, workflow_id, lock=True)
+    if workflow.status.finished:
+        raise Conflict(
+            f"workflow run {workflow_id} has already finished ({workflow.status}); "
+            "only PENDING or RUNNING runs can be cancelled"
+        )
+    return set_workflow_status(
+        session, workflow_id, WorkflowStatus.CANCELLED, error="cancelled by request"
+    )
+
+
+def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
+    """A new PENDING run with the same definition, input, policy and data plane as a FAILED
+    or CANCELLED one (which stays as it is); ``Conflict`` for any other state."""
+    old = get_workflow(session, workflow_id, lock=True)
+    if old.status not in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED):
+        raise Conflict(
+            f"workflow run {workflow_id} is {old.status}; only FAILED or CANCELLED runs can be "
+            "retried"
+        )
+    return create_workflow(
+        session,
+        old.definition,
+        dict(old.input),
+        policy=old.policy,
+        data_plane=old.data_plane,
+        retry_of=old.id,
+    )
+
+
+def claim_pending_workflows(
+    session: Session,
+    scheduler_id: str,
+    limit: int,
+    *,
+    reclaim_after: timedelta | None = None,
+) -> list[Workflow]:
+    """Take up to ``limit`` PENDING workflows, oldest first, for scheduler ``scheduler_id``.
+
+    Unclaimed ones qualify, and with ``reclaim_after`` also those whose claim is older than
+    that (its scheduler presumably died before starting them). ``FOR UPDATE SKIP LOCKED`` makes
+    concurrent schedulers skip each other's rows instead of waiting, so no workflow is ever
+    returned to two of them. The rows stay locked until the caller commits.
+    """
+    if limit <= 0:
+        return []
+    unclaimed: ColumnElement[bool] = Workflow.claimed_by.is_(None)
+    if reclaim_after is not None:
+        stale = Workflow.claimed_at < func.now() - reclaim_after
+        unclaimed = or_(unclaimed, stale)
+    # A locking CTE is always materialised, so the LIMIT applies once (an IN (subquery) may
+    # be re-run per row by the planner and claim more than asked).
+    claimable = (
+        select(Workflow.id)
+        .where(Workflow.status == WorkflowStatus.PENDING, unclaimed)
+        .order_by(Workflow.created_at, Workflow.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("claimable")
+    )
+    claimed = session.scalars(
+        update(Workflow)
+        .where(Workflow.id == claimable.c.id)
+        .values(claimed_by=scheduler_id, claimed_at=func.now())
+        .returning(Workflow),
+        execution_options={"populate_existing": True},
+    ).all()
+    return sorted(claimed, key=lambda w: (w.created_at, str(w.id)))
+
+
+def add_task_run(
+    session: Session,
+    workflow_id: uuid.UUID,
+    ref: str,
+    task: str,
+    *,
+    attempt: int = 1,
+    worker_id: str | None = None,
+) -> TaskRun:
+    """Record a QUEUED attempt of step ``ref``; ``(workflow_id, ref, attempt)`` is unique."""
+    run = TaskRun(workflow_id=workflow_id, ref=ref, task=task, attempt=attempt, worker_id=worker_id)
+    session.add(run)
+    session.flush()
+    return run
+
+
+def record_handoff(
+    session: Session,
+    workflow_id: uuid.UUID,
+    from_container: str,
+    to_container: str,
+    *,
+    nbytes: int,
+    duration_us: float,
+    task_run_id: int | None = None,
+) -> Handoff:
+    """Record one CDI ownership transfer made on behalf of a workflow."""
+    handoff = Handoff(
+        workflow_id=workflow_id,
+        task_run_id=task_run_id,
+        from_container=from_container,
+        to_container=to_container,
+        bytes=nbytes,
+        duration_us=duration_us,
+    )
+    session.add(handoff)
+    session.flush()
+    return handoff
+
+
+def task_runs_of(session: Session, workflow_id: uuid.UUID) -> list[TaskRun]:
+    """Every attempt of every step of a workflow, in creation order."""
+    query = select(TaskRun).where(TaskRun.workflow_id == workflow_id).order_by(TaskRun.id)
+    return list(session.scalars(query))
+
+
+def handoffs_of(session: Session, workflow_id: uuid.UUID) -> list[Handoff]:
+    """The CDI hand-offs of a workflow, in order."""
+    query = select(Handoff).where(Handoff.workflow_id == workflow_id).order_by(Handoff.id)
+    return list(session.scalars(query))
+
+
+def recent_events(session: Session, workflow_id: uuid.UUID, limit: int = 100) -> list[Event]:
+    """The latest ``limit`` events of a workflow, oldest first."""
+    query = (
+        select(Event).where(Event.workflow_id == workflow_id).order_by(Event.id.desc()).limit(limit)
+    )
+    return list(reversed(session.scalars(query).all()))
+
+
+def _db_now(session: Session) -> datetime:
+    # The database clock (transaction start), like the created_at defaults, so the
+    # timestamps of one run never disagree because two hosts' clocks do.
+    now: datetime | None = session.scalar(select(func.now()))
+    assert now is not None
+    return now

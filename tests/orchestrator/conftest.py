@@ -1,0 +1,112 @@
+"""Fixtures for the controller's API tests: the real app on the session's Postgres and Redis.
+
+Each test module gets its own database (created on the session's server, dropped at the end)
+and the API tests use their own Redis logical database, so other suites sharing the servers
+(a scheduler claiming workflows, a test popping the wake list) neither see nor disturb them.
+"""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+import redis
+from psycopg import sql
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.exceptions import StarletteDeprecationWarning
+
+from orchestrator.controller import create_app
+from orchestrator.db import make_engine, make_session_factory
+from orchestrator.settings import Settings, load_settings
+
+# Starlette 1.x warns that its test client prefers httpx2 over httpx; both work. Importing it
+# here, once, keeps that warning (an error under filterwarnings=error) out of the run.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
+
+# Redis logical database reserved for the API tests (the stack itself uses 0).
+API_REDIS_DB = 9
+
+
+def _admin_connect(postgres_url: str) -> psycopg.Connection[tuple[object, ...]]:
+    url = make_url(postgres_url)
+    return psycopg.connect(
+        host=url.host,
+        port=url.port,
+        user=url.username,
+        password=url.password,
+        dbname=url.database,
+        autocommit=True,  # CREATE/DROP DATABASE cannot run in a transaction
+    )
+
+
+@pytest.fixture(scope="session")
+def make_database(postgres_url: str) -> Iterator[Callable[[str], str]]:
+    """A factory of empty databases on the session's server; all are dropped at the end."""
+    created: list[str] = []
+
+    def make(label: str) -> str:
+        name = f"cdiflow_{label}_{uuid.uuid4().hex[:8]}"
+        with _admin_connect(postgres_url) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        created.append(name)
+        return make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+
+    yield make
+    with _admin_connect(postgres_url) as conn:
+        for name in created:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            conn.execute(drop.format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="module")
+def api_database_url(make_database: Callable[[str], str]) -> str:
+    """A database of this module's own, empty until the app migrates it."""
+    return make_database("api")
+
+
+@pytest.fixture(scope="module")
+def api_redis_url(redis_url: str) -> str:
+    """The session's Redis, logical database ``API_REDIS_DB``."""
+    return urlunsplit(urlsplit(redis_url)._replace(path=f"/{API_REDIS_DB}"))
+
+
+@pytest.fixture(scope="module")
+def api_redis(api_redis_url: str) -> Iterator[redis.Redis]:
+    """A client of the API tests' Redis database, emptied before and after the module."""
+    client = redis.Redis.from_url(api_redis_url, decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def api_settings(
+    tmp_path_factory: pytest.TempPathFactory, api_database_url: str, api_redis_url: str
+) -> Settings:
+    """Settings naming the module's database and Redis (the environment cannot override)."""
+    data_dir: Path = tmp_path_factory.mktemp("controller")
+    return load_settings(data_dir=data_dir, database_url=api_database_url, redis_url=api_redis_url)
+
+
+@pytest.fixture(scope="module")
+def api_client(api_settings: Settings, api_redis: redis.Redis) -> Iterator[TestClient]:
+    """The real app, started (migrated, seeded) once per module."""
+    with TestClient(create_app(api_settings)) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def api_sessions(api_database_url: str, api_client: TestClient) -> Iterator[sessionmaker[Session]]:
+    """Sessions on the module's database, once the app has migrated it."""
+    engine = make_engine(api_database_url)
+    yield make_session_factory(engine)
+    engine.dispose()

@@ -1,0 +1,550 @@
+"""The controller's REST API and the state layer under it, on real Postgres and Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from fastapi.testclient import TestClient
+from redis.typing import EncodableT, FieldT
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator import keys
+from orchestrator.controller import create_app
+from orchestrator.db import Base, WorkflowStatus, make_engine, migrate
+from orchestrator.db import repository as repo
+from orchestrator.db.migrate import head_revision
+from orchestrator.errors import ConfigError, Conflict
+from orchestrator.services._process import free_port
+from orchestrator.settings import Settings
+
+IMAGE = {"image": "s3://cdiflow/images/cat.png"}
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def flow(api_client: TestClient) -> str:
+    """A fresh two-step workflow definition, so a test's runs are its own to count."""
+    name = _unique("flow")
+    body = {"name": name, "tasks": [{"ref": "a", "task": "noop"},
+                                    {"ref": "b", "task": "noop", "depends_on": ["a"]}]}  # fmt: skip
+    assert api_client.post("/api/workflow-definitions", json=body).status_code == 201
+    return name
+
+
+def _start(client: TestClient, workflow: str, **extra: Any) -> dict[str, Any]:
+    response = client.post("/api/workflows", json={"workflow": workflow, "input": IMAGE, **extra})
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _set_status(sessions: sessionmaker[Session], workflow_id: str, status: WorkflowStatus) -> None:
+    with sessions() as session:
+        repo.set_workflow_status(session, uuid.UUID(workflow_id), status, error="boom")
+        session.commit()
+
+
+def _woken(client: redis.Redis) -> list[str]:
+    return [str(v) for v in client.lrange(keys.WAKE, 0, -1)]
+
+
+# --- start-up, health, docs ----------------------------------------------------------------
+
+
+def test_healthz_and_docs(api_client: TestClient) -> None:
+    health = api_client.get("/api/healthz")
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+    assert api_client.get("/docs").status_code == 200
+    paths = api_client.get("/api/openapi.json").json()["paths"]
+    assert {"/api/tasks", "/api/workflows/{workflow_id}/retry", "/api/workers"} <= set(paths)
+
+
+def test_bundled_definitions_are_seeded_once(
+    api_client: TestClient, api_sessions: sessionmaker[Session]
+) -> None:
+    tasks = {t["name"] for t in api_client.get("/api/tasks").json()}
+    assert {"deblur", "denoise", "classify", "noop", "sleep"} <= tasks
+    pipeline = api_client.get("/api/workflow-definitions/image_pipeline").json()
+    assert [s["ref"] for s in pipeline["tasks"]] == ["deblur", "denoise", "classify"]
+    assert pipeline["tasks"][1]["depends_on"] == ["deblur"]
+    with api_sessions() as session:
+        assert repo.seed_bundled_definitions(session) == []
+
+
+def test_create_app_needs_database_and_redis(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="REDIS_URL"):
+        create_app(Settings(data_dir=tmp_path, database_url="postgresql://u@h/db", redis_url=None))
+
+
+# --- task definitions ----------------------------------------------------------------------
+
+
+def test_task_lifecycle(api_client: TestClient) -> None:
+    name = _unique("sharpen")
+    body = {"name": name, "module": "pkg.mod:fn", "timeout_s": 5, "retries": 1,
+            "description": "sharpens"}  # fmt: skip
+    created = api_client.post("/api/tasks", json=body)
+    assert created.status_code == 201
+    assert created.headers["location"] == f"/api/tasks/{name}"
+    assert created.json()["retry_backoff_s"] == 0.5
+    got = api_client.get(f"/api/tasks/{name}").json()
+    assert (got["module"], got["timeout_s"], got["description"]) == ("pkg.mod:fn", 5, "sharpens")
+    assert name in {t["name"] for t in api_client.get("/api/tasks").json()}
+    again = api_client.post("/api/tasks", json=body)
+    assert again.status_code == 409 and "already exists" in again.json()["detail"]
+    assert api_client.delete(f"/api/tasks/{name}").status_code == 204
+    assert api_client.get(f"/api/tasks/{name}").status_code == 404
+    missing = api_client.delete(f"/api/tasks/{name}")
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+
+
+def test_task_used_by_a_workflow_cannot_be_deleted(api_client: TestClient, flow: str) -> None:
+    response = api_client.delete("/api/tasks/noop")
+    assert response.status_code == 409
+    assert flow in response.json()["detail"] and "noop_pipeline" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "says"),
+    [
+        ({"module": "no_colon"}, "module", "package.module:function"),
+        ({"module": "pkg.mod:"}, "module", "package.module:function"),
+        ({"module": "pkg..mod:fn"}, "module", "package.module:function"),
+        ({"name": "1bad"}, "name", "not valid"),
+        ({"timeout_s": 0}, "timeout_s", "greater than 0"),
+        ({"timeout_s": 10**9}, "timeout_s", "less than or equal"),
+        ({"retries": -1}, "retries", "greater than or equal to 0"),
+        ({"retries": 11}, "retries", "less than or equal to 10"),
+        ({"retry_backoff_s": -1}, "retry_backoff_s", "greater than or equal"),
+        ({"colour": "red"}, "colour", "Extra inputs"),
+    ],
+)
+def test_task_validation(
+    api_client: TestClient, change: dict[str, Any], field: str, says: str
+) -> None:
+    body = {"name": _unique("t"), "module": "pkg.mod:fn", **change}
+    response = api_client.post("/api/tasks", json=body)
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert error["loc"][-1] == field and says in error["msg"]
+
+
+# --- workflow definitions ------------------------------------------------------------------
+
+
+def test_workflow_definition_lifecycle(api_client: TestClient, flow: str) -> None:
+    got = api_client.get(f"/api/workflow-definitions/{flow}").json()
+    assert got["tasks"] == [
+        {"ref": "a", "task": "noop", "depends_on": [], "params": {}},
+        {"ref": "b", "task": "noop", "depends_on": ["a"], "params": {}},
+    ]
+    assert flow in {d["name"] for d in api_client.get("/api/workflow-definitions").json()}
+    again = api_client.post("/api/workflow-definitions", json={"name": flow, "tasks": got["tasks"]})
+    assert again.status_code == 409
+    missing = api_client.get("/api/workflow-definitions/nope")
+    assert missing.status_code == 404 and "image_pipeline" in missing.json()["known"]
+
+
+@pytest.mark.parametrize(
+    ("tasks", "says"),
+    [
+        ([{"ref": "a", "task": "noop"}, {"ref": "b", "task": "sharpen"}],
+         ["tasks[1]", "unknown task 'sharpen'"]),
+        ([{"ref": "a", "task": "noop"}, {"ref": "a", "task": "noop"}],
+         ["tasks[1]", "duplicate ref 'a'"]),
+        ([{"ref": "a", "task": "noop", "depends_on": ["ghost"]}],
+         ["step 'a'", "unknown step 'ghost'"]),
+        ([{"ref": "a", "task": "noop", "depends_on": ["b"]},
+          {"ref": "b", "task": "noop", "depends_on": ["a"]}],
+         ["dependency cycle", "a -> b -> a"]),
+        ([], ["'tasks' is empty"]),
+    ],
+)  # fmt: skip
+def test_workflow_definition_problems_are_named(
+    api_client: TestClient, tasks: list[dict[str, Any]], says: list[str]
+) -> None:
+    name = _unique("bad")
+    response = api_client.post("/api/workflow-definitions", json={"name": name, "tasks": tasks})
+    assert response.status_code == 422
+    body = response.json()
+    assert body["code"] == "invalid_definition"
+    assert all(any(s in p for p in body["problems"]) for s in says), body["problems"]
+    assert all(s in body["detail"] for s in says)
+    assert api_client.get(f"/api/workflow-definitions/{name}").status_code == 404
+
+
+def test_workflow_definition_shape_errors(api_client: TestClient) -> None:
+    bad_name = {"name": "has space", "tasks": [{"ref": "a", "task": "noop"}]}
+    response = api_client.post("/api/workflow-definitions", json=bad_name)
+    assert response.status_code == 422 and "'has space' is not valid" in response.text
+    no_ref = {"name": _unique("x"), "tasks": [{"task": "noop"}]}
+    assert api_client.post("/api/workflow-definitions", json=no_ref).status_code == 422
+
+
+# --- starting workflows --------------------------------------------------------------------
+
+
+def test_start_workflow(api_client: TestClient, api_redis: redis.Redis) -> None:
+    body = _start(api_client, "image_pipeline")
+    assert body["status"] == "PENDING" and body["workflow"] == "image_pipeline"
+    assert (body["policy"], body["data_plane"], body["input"]) == ("affinity", "cdi", IMAGE)
+    assert body["claimed_by"] is None and body["finished_at"] is None
+    assert _woken(api_redis)[0] == body["id"]  # LPUSH: the newest is at the head
+    other = _start(api_client, "noop_pipeline", policy="auto", data_plane="object-store")
+    assert (other["policy"], other["data_plane"]) == ("auto", "object-store")
+
+
+def test_unknown_workflow_lists_the_known_ones(api_client: TestClient) -> None:
+    response = api_client.post("/api/workflows", json={"workflow": "nope", "input": IMAGE})
+    assert response.status_code == 404
+    body = response.json()
+    assert {"image_pipeline", "noop_pipeline"} <= set(body["known"])
+    assert "'nope' not found" in body["detail"]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"policy": "fastest"}, "'affinity', 'transfer' or 'auto'"),
+        ({"data_plane": "nfs"}, "'cdi' or 'object-store'"),
+        ({"input": {"image": "http://host/cat.png"}}, "not an S3 URI"),
+        ({"input": {"image": "s3://cdiflow"}}, "not an S3 URI"),
+        ({"input": {"image": "s3://cdiflow/"}}, "no object key"),
+        ({"input": {"image": "s3://Bad_Bucket/key"}}, "not a valid S3 bucket name"),
+        ({"input": {"image": "s3:///key"}}, "not a valid S3 bucket name"),
+        ({"input": {}}, "Field required"),
+        ({"input": {**IMAGE, "imgae": "x"}}, "Extra inputs"),
+    ],
+)
+def test_start_validation(api_client: TestClient, change: dict[str, Any], says: str) -> None:
+    response = api_client.post("/api/workflows", json={"workflow": "image_pipeline",
+                                                       "input": IMAGE, **change})  # fmt: skip
+    assert response.status_code == 422
+    assert says in response.text
+
+
+# --- listing -------------------------------------------------------------------------------
+
+
+def test_list_filters_and_pages(
+    api_client: TestClient, api_sessions: sessionmaker[Session], flow: str
+) -> None:
+    runs = [_start(api_client, flow, policy=p) for p in ("affinity", "transfer", "auto") * 2]
+    _set_status(api_sessions, runs[0]["id"], WorkflowStatus.CANCELLED)
+
+    def listed(**params: Any) -> tuple[list[str], int]:
+        response = api_client.get("/api/workflows", params={"workflow": flow, **params})
+        assert response.status_code == 200, response.text
+        return [w["id"] for w in response.json()["items"]], response.json()["total"]
+
+    newest_first = [r["id"] for r in reversed(runs)]
+    assert listed() == (newest_first, 6)
+    pages = [listed(limit=4, offset=o) for o in (0, 4, 8)]
+    assert [p[0] for p in pages] == [newest_first[:4], newest_first[4:], []]
+    assert {p[1] for p in pages} == {6}
+    assert listed(status="CANCELLED") == ([runs[0]["id"]], 1)
+    assert listed(status="PENDING")[1] == 5
+    assert listed(policy="transfer") == ([runs[4]["id"], runs[1]["id"]], 2)
+    third = runs[2]["created_at"]
+    assert listed(created_after=third)[0] == newest_first[:4]
+    assert listed(created_before=third)[0] == newest_first[4:]
+    prefix = runs[3]["id"][:8]
+    assert runs[3]["id"] in listed(q=prefix.upper())[0]
+    assert listed(q=runs[3]["id"]) == ([runs[3]["id"]], 1)
+    assert listed(workflow="nope") == ([], 0)  # the kwarg replaces the default filter
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"limit": 0}, {"limit": 201}, {"offset": -1}, {"status": "DONE"}, {"policy": "x"},
+     {"q": "zz%"}, {"created_after": "yesterday"}],
+)  # fmt: skip
+def test_list_rejects_bad_parameters(api_client: TestClient, params: dict[str, Any]) -> None:
+    assert api_client.get("/api/workflows", params=params).status_code == 422
+
+
+# --- one workflow --------------------------------------------------------------------------
+
+
+def test_workflow_detail(api_client: TestClient, api_sessions: sessionmaker[Session]) -> None:
+    run = _start(api_client, "image_pipeline")
+    wid = uuid.UUID(run["id"])
+    with api_sessions() as session:
+        first = repo.add_task_run(session, wid, "deblur", "deblur", worker_id="w1")
+        first.bytes_in, first.run_ms, first.error = 1024, 2.5, "worker died"
+        repo.add_task_run(session, wid, "deblur", "deblur", attempt=2, worker_id="w2")
+        repo.record_handoff(session, wid, "scheduler", "w2", nbytes=1024, duration_us=12.5,
+                            task_run_id=first.id)  # fmt: skip
+        session.commit()
+    detail = api_client.get(f"/api/workflows/{wid}").json()
+    assert detail["id"] == run["id"] and detail["status"] == "PENDING"
+    runs = detail["task_runs"]
+    assert [(r["attempt"], r["worker_id"], r["status"]) for r in runs] == [
+        (1, "w1", "QUEUED"),
+        (2, "w2", "QUEUED"),
+    ]
+    assert (runs[0]["bytes_in"], runs[0]["run_ms"], runs[0]["error"]) == (1024, 2.5, "worker died")
+    [handoff] = detail["handoffs"]
+    assert (handoff["to_container"], handoff["bytes"], handoff["task_run_id"]) == (
+        "w2",
+        1024,
+        runs[0]["id"],
+    )
+    assert [e["kind"] for e in detail["events"]] == ["workflow.created"]
+    assert api_client.get(f"/api/workflows/{wid}", params={"events": 0}).json()["events"] == []
+
+
+def test_workflow_lookup_errors(api_client: TestClient) -> None:
+    missing = api_client.get(f"/api/workflows/{uuid.uuid4()}")
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+    assert api_client.get("/api/workflows/not-a-uuid").status_code == 422
+    assert api_client.post(f"/api/workflows/{uuid.uuid4()}/cancel").status_code == 404
+    assert api_client.post("/api/workflows/123/retry").status_code == 422
+
+
+# --- cancel and retry ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("before", [WorkflowStatus.PENDING, WorkflowStatus.RUNNING])
+def test_cancel(
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    before: WorkflowStatus,
+) -> None:
+    run = _start(api_client, "noop_pipeline")
+    if before is WorkflowStatus.RUNNING:
+        _set_status(api_sessions, run["id"], before)
+    api_redis.delete(keys.WAKE)
+    response = api_client.post(f"/api/workflows/{run['id']}/cancel")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "CANCELLED" and body["finished_at"] is not None
+    assert (body["started_at"] is not None) is (before is WorkflowStatus.RUNNING)
+    assert _woken(api_redis) == [run["id"]]
+    again = api_client.post(f"/api/workflows/{run['id']}/cancel")
+    assert again.status_code == 409 and "already finished" in again.json()["detail"]
+
+
+@pytest.mark.parametrize("final", [WorkflowStatus.COMPLETED, WorkflowStatus.FAILED])
+def test_finished_runs_cannot_be_cancelled(
+    api_client: TestClient, api_sessions: sessionmaker[Session], final: WorkflowStatus
+) -> None:
+    run = _start(api_client, "noop_pipeline")
+    _set_status(api_sessions, run["id"], final)
+    assert api_client.post(f"/api/workflows/{run['id']}/cancel").status_code == 409
+    with api_sessions() as session, pytest.raises(Conflict, match="already"):
+        repo.set_workflow_status(session, uuid.UUID(run["id"]), WorkflowStatus.RUNNING)
+
+
+@pytest.mark.parametrize("final", [WorkflowStatus.FAILED, WorkflowStatus.CANCELLED])
+def test_retry(
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    final: WorkflowStatus,
+) -> None:
+    run = _start(api_client, "image_pipeline", policy="transfer", data_plane="object-store")
+    _set_status(api_sessions, run["id"], final)
+    api_redis.delete(keys.WAKE)
+    response = api_client.post(f"/api/workflows/{run['id']}/retry")
+    assert response.status_code == 201
+    new = response.json()
+    assert new["id"] != run["id"] and new["status"] == "PENDING" and new["retry_of"] == run["id"]
+    same = ("workflow", "input", "policy", "data_plane")
+    assert {k: new[k] for k in same} == {k: run[k] for k in same}
+    assert response.headers["location"] == f"/api/workflows/{new['id']}"
+    assert _woken(api_redis) == [new["id"]]
+    old = api_client.get(f"/api/workflows/{run['id']}").json()
+    assert old["status"] == final  # the original stays as it was
+
+
+@pytest.mark.parametrize("state", [None, WorkflowStatus.RUNNING, WorkflowStatus.COMPLETED])
+def test_only_failed_or_cancelled_runs_are_retried(
+    api_client: TestClient, api_sessions: sessionmaker[Session], state: WorkflowStatus | None
+) -> None:
+    run = _start(api_client, "noop_pipeline")
+    if state is not None:
+        _set_status(api_sessions, run["id"], state)
+    response = api_client.post(f"/api/workflows/{run['id']}/retry")
+    assert response.status_code == 409
+    assert "only FAILED or CANCELLED" in response.json()["detail"]
+
+
+# --- workers -------------------------------------------------------------------------------
+
+
+def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis) -> None:
+    now = time.time()
+    fresh, stale, garbled, gone = (_unique(w) for w in ("fresh", "stale", "garbled", "gone"))
+    silent_for = 3.5 * keys.HEARTBEAT_INTERVAL_S  # past the 3-interval limit
+    beats: dict[str, dict[FieldT, EncodableT]] = {
+        fresh: {"cpu": "12.5", "mem": "40", "queue_depth": "3", "running": "1", "host": "h1",
+                "last_heartbeat": now - 1, "started_at": now - 60},
+        stale: {"cpu": "1", "host": "h2", "last_heartbeat": now - silent_for},
+        garbled: {"cpu": "lots", "queue_depth": "nan", "last_heartbeat": now},
+    }  # fmt: skip
+    for worker_id, fields in beats.items():
+        api_redis.hset(keys.worker_key(worker_id), mapping=fields)
+    api_redis.sadd(keys.WORKERS, fresh, stale, garbled, gone)
+    listed = {w["id"]: w for w in api_client.get("/api/workers").json()}
+    assert listed[fresh]["alive"] is True
+    assert (listed[fresh]["cpu"], listed[fresh]["queue_depth"], listed[fresh]["host"]) == (
+        12.5,
+        3,
+        "h1",
+    )
+    assert 0.5 < listed[fresh]["heartbeat_age_s"] < 5
+    assert listed[stale]["alive"] is False and listed[stale]["host"] == "h2"
+    assert listed[garbled]["alive"] is True
+    assert (listed[garbled]["cpu"], listed[garbled]["queue_depth"]) == (None, None)
+    assert listed[gone]["alive"] is False and listed[gone]["last_heartbeat"] is None
+
+
+# --- request size --------------------------------------------------------------------------
+
+
+def test_bodies_over_one_mebibyte_are_refused(api_client: TestClient) -> None:
+    big = b'{"workflow": "image_pipeline", "input": {"image": "' + b"x" * (1 << 20) + b'"}}'
+    declared = api_client.post(
+        "/api/workflows", content=big, headers={"content-type": "application/json"}
+    )
+    assert declared.status_code == 413
+    assert declared.json()["code"] == "request_too_large" and "1 MiB" in declared.json()["detail"]
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the size is only known by counting
+        for start in range(0, len(big), 64 * 1024):
+            yield big[start : start + 64 * 1024]
+
+    streamed = api_client.post(
+        "/api/workflows", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert streamed.status_code == 413 and streamed.json()["code"] == "request_too_large"
+    small = api_client.post("/api/workflows", content=big[: 1 << 19], headers={
+        "content-type": "application/json"})  # fmt: skip
+    assert small.status_code == 422  # under the limit: parsed (and found broken)
+
+
+# --- services down -------------------------------------------------------------------------
+
+
+def test_redis_down(api_settings: Settings) -> None:
+    dead = api_settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    with TestClient(create_app(dead)) as client:
+        health = client.get("/api/healthz")
+        assert health.status_code == 503
+        assert health.json()["database"] == "ok" and "unavailable" in health.json()["redis"]
+        workers = client.get("/api/workers")
+        assert workers.status_code == 503 and workers.json()["code"] == "service"
+        # The run is committed in Postgres; the lost wake-up only delays the scheduler's poll.
+        assert client.post("/api/workflows", json={"workflow": "noop_pipeline",
+                                                   "input": IMAGE}).status_code == 201  # fmt: skip
+
+
+# --- the state layer -----------------------------------------------------------------------
+
+
+def test_concurrent_claims_never_overlap(
+    api_client: TestClient, api_sessions: sessionmaker[Session]
+) -> None:
+    for _ in range(30):
+        _start(api_client, "noop_pipeline")
+    with api_sessions() as session:
+        session.execute(text("UPDATE workflows SET claimed_by = NULL, claimed_at = NULL"))
+        pending = set(session.scalars(text("SELECT id FROM workflows WHERE status = 'PENDING'")))
+        session.commit()
+    claims: dict[str, list[uuid.UUID]] = {"s1": [], "s2": []}
+    last_batch = {"s1": -1, "s2": -1}
+    barrier = threading.Barrier(2)
+
+    def scheduler(name: str) -> None:
+        with api_sessions() as session:
+            while True:
+                barrier.wait(timeout=30)  # both claim at the same moment, every round
+                batch = repo.claim_pending_workflows(session, name, 4)
+                time.sleep(0.02)  # hold the row locks while the other one claims
+                session.commit()
+                claims[name] += [w.id for w in batch]
+                last_batch[name] = len(batch)
+                barrier.wait(timeout=30)  # both rounds done: both read the same last_batch
+                if not any(last_batch.values()):
+                    return
+
+    threads = [threading.Thread(target=scheduler, args=(n,)) for n in claims]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    s1, s2 = claims["s1"], claims["s2"]
+    assert s1 and s2 and not set(s1) & set(s2)
+    assert sorted(s1 + s2) == sorted(pending)  # every one claimed, exactly once
+    with api_sessions() as session:
+        query = text("SELECT id, claimed_by FROM workflows WHERE status = 'PENDING'")
+        owners = {wid: owner for wid, owner in session.execute(query)}
+    assert all(owners[w] == "s1" for w in s1) and all(owners[w] == "s2" for w in s2)
+
+
+def test_stale_claims_are_taken_over(
+    api_client: TestClient, api_sessions: sessionmaker[Session]
+) -> None:
+    run = uuid.UUID(_start(api_client, "noop_pipeline")["id"])
+    with api_sessions() as session:
+        assert run in [w.id for w in repo.claim_pending_workflows(session, "old", 1000)]
+        session.commit()
+        assert repo.claim_pending_workflows(session, "new", 1000) == []
+        session.execute(text("UPDATE workflows SET claimed_at = now() - interval '1 hour'"))
+        fresh = repo.claim_pending_workflows(session, "new", 1000, reclaim_after=timedelta(hours=2))
+        assert fresh == []
+        taken = repo.claim_pending_workflows(
+            session, "new", 1000, reclaim_after=timedelta(minutes=1)
+        )
+        assert run in [w.id for w in taken] and all(w.claimed_by == "new" for w in taken)
+        session.rollback()
+
+
+def test_migrate_is_idempotent_and_matches_the_models(api_database_url: str) -> None:
+    head = head_revision()
+    assert head is not None
+    assert migrate(api_database_url) == head  # the app already migrated: nothing to do
+    assert migrate(api_database_url) == head
+    engine = make_engine(api_database_url, pooled=False)
+    try:
+        with engine.connect() as conn:
+            assert conn.scalar(text("SELECT count(*) FROM alembic_version")) == 1
+            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_first_migrations(make_database: Callable[[str], str]) -> None:
+    url = make_database("migrate")
+    results: list[str | None] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(migrate(url))
+        except BaseException as exc:  # reported below, with the thread's traceback
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and results == [head_revision()] * 3
