@@ -18,9 +18,13 @@ what failed, why, and what to change (an environment variable, a log file to rea
     │   ├── InputMissing      the input object does not exist in S3
     │   ├── InputTooLarge     the input is over MAX_INPUT_BYTES
     │   └── StorageError      S3 refused or failed a read or write
-    └── StackError        the local stack (``cdiflow up``) failed to start or stop a piece;
-        │                 carries ``log_file`` when a log tells why
-        └── StackRunning      a stack already runs from that data folder
+    ├── StackError        the local stack (``cdiflow up``) failed to start or stop a piece;
+    │   │                 carries ``log_file`` when a log tells why
+    │   └── StackRunning      a stack already runs from that data folder
+    └── WorkerError       a worker could not run an instruction; carries ``retryable``
+        ├── InvalidInstruction  an instruction that is malformed or inconsistent
+        │                       (also ValueError)
+        └── TaskTimedOut        a task ran past its ``timeout_s``  (also TimeoutError)
 
 Each class carries a stable ``code`` string for API responses and logs. Add new branches here,
 and to the tree above, rather than raising bare built-in exceptions from library code.
@@ -38,6 +42,7 @@ __all__ = [
     "InputMissing",
     "InputTooLarge",
     "InvalidDefinition",
+    "InvalidInstruction",
     "InvalidRequest",
     "NotFound",
     "OrchestratorError",
@@ -46,6 +51,8 @@ __all__ = [
     "StackError",
     "StackRunning",
     "StorageError",
+    "TaskTimedOut",
+    "WorkerError",
 ]
 
 
@@ -171,3 +178,40 @@ class StackRunning(StackError):
     """A stack already runs from this data folder (one stack per folder)."""
 
     code = "stack_running"
+
+
+class WorkerError(OrchestratorError):
+    """A worker could not run an instruction as asked.
+
+    ``retryable`` is False when another attempt with the same instruction cannot succeed.
+    """
+
+    code = "worker_error"
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class InvalidInstruction(WorkerError, ValueError):
+    """An instruction that is malformed or names what a worker cannot act on."""
+
+    code = "invalid_instruction"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
+class TaskTimedOut(WorkerError, TimeoutError):
+    """A task function ran past its ``timeout_s``; its thread cannot be stopped."""
+
+    code = "task_timed_out"
+
+    def __init__(self, task: str, timeout_s: float) -> None:
+        super().__init__(
+            f"task {task!r} did not finish within its timeout of {timeout_s:g} s; raise "
+            "timeout_s in the task definition if it is genuinely that slow",
+            retryable=True,
+        )
+        self.task = task
+        self.timeout_s = timeout_s

@@ -1,0 +1,172 @@
+"""The ``cdi`` data plane: the image is a CDI object this worker owns when it pops the instruction.
+
+The input is only ever read: a task that produces a new image gets a *fresh* object
+(``output_key``, recoverable by ``return_to``) and the input is destroyed once that object is
+written. Whatever fails, the object that holds the image is left intact and is then kept
+(``keep``) or handed back to ``return_to``, so the scheduler can retry or clean up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import suppress
+
+from PIL import Image
+
+import cdi
+from orchestrator.errors import InputMissing, InvalidInstruction, WorkerError
+from orchestrator.messages import Instruction
+from orchestrator.worker.execution import (
+    EXIT_MINION_LOST,
+    Execution,
+    TaskCall,
+    check_common,
+    elapsed_ms,
+)
+from workflows.errors import InvalidImage
+from workflows.imagebuf import read_image, required_size, write_image
+
+__all__ = ["CdiPlane"]
+
+log = logging.getLogger(__name__)
+
+
+class CdiPlane:
+    """Runs ``cdi`` instructions through this worker's CDI client."""
+
+    def __init__(self, client: cdi.Client, access_timeout_s: float) -> None:
+        self.client = client
+        self.access_timeout_s = access_timeout_s
+
+    def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
+        held: cdi.CDIObject | None = None  # the object holding the image now
+        try:
+            _check(ins)
+            spec = call.load()
+            held = self._use(ins.key)
+            img = self._read(held, exe)
+            new_img = call.run(spec, img, exe)
+            if new_img is not None:
+                held = self._replace(held, ins, new_img, exe)
+        except Exception as exc:
+            exe.fail(exc)
+            if held is None:
+                held = self._find(ins.key)
+        self._settle(ins, held, exe)
+
+    # ------------------------------------------------------------------ steps
+    def _use(self, key: str) -> cdi.CDIObject:
+        try:
+            return self.client.use(key)
+        except cdi.ObjectNotFound as exc:
+            raise InputMissing(
+                f"CDI object {key!r} does not exist (destroyed, or its owner died with no "
+                "recovery container); the scheduler must start this task from its input again"
+            ) from exc
+
+    def _read(self, obj: cdi.CDIObject, exe: Execution) -> Image.Image:
+        started = time.perf_counter()
+        try:
+            view = obj.access(timeout=self.access_timeout_s)
+        except cdi.AccessTimeout as exc:
+            raise WorkerError(
+                f"CDI object {obj.key!r} did not become ours ({self.client.container_id}) "
+                f"within {self.access_timeout_s:g} s; the scheduler must transfer it to the "
+                "worker before pushing the instruction"
+            ) from exc
+        try:
+            img = read_image(view)
+        except InvalidImage as exc:
+            raise InvalidImage(f"CDI object {obj.key!r} holds no readable image: {exc}") from exc
+        finally:
+            view.release()  # read_image copied the pixels: pin nothing while the task runs
+        exe.bytes_in = required_size(img.width, img.height, img.mode)
+        exe.read_ms = elapsed_ms(started)
+        return img
+
+    def _replace(
+        self, held: cdi.CDIObject, ins: Instruction, img: Image.Image, exe: Execution
+    ) -> cdi.CDIObject:
+        """Write ``img`` into a fresh ``output_key`` object, then destroy the input.
+
+        If this raises, the input is untouched and no output object is left behind.
+        """
+        if not ins.output_key:
+            raise InvalidInstruction(
+                f"task {ins.task!r} returned a new image but the instruction names no output_key"
+            )
+        started = time.perf_counter()
+        size = required_size(img.width, img.height, img.mode)
+        try:
+            out = self.client.create(ins.output_key, size, recovery=ins.return_to or None)
+        except cdi.KeyExists as exc:
+            raise WorkerError(
+                f"output CDI object {ins.output_key!r} already exists; the scheduler must name "
+                "a fresh output_key for every attempt (and destroy orphans of dead workers)"
+            ) from exc
+        try:
+            with out.view() as buf:
+                write_image(buf, img)
+        except BaseException:
+            with suppress(cdi.CDIError):
+                out.destroy()
+            raise
+        exe.bytes_out = size
+        exe.write_ms = elapsed_ms(started)
+        try:
+            held.destroy()
+        except cdi.MinionUnavailable:
+            raise
+        except cdi.CDIError as exc:
+            # The output is complete, so the task succeeded; the input merely leaks to us.
+            log.error("could not destroy input %r after writing %r: %s", held.key, out.key, exc)
+        return out
+
+    # ------------------------------------------------------------------ hand-back
+    def _find(self, key: str) -> cdi.CDIObject | None:
+        """The input after an early failure, to keep or hand back; None if there is none."""
+        try:
+            return self.client.use(key)
+        except cdi.CDIError as exc:
+            log.warning("input %r cannot be handed back: %s", key, exc)
+            return None
+
+    def _settle(self, ins: Instruction, held: cdi.CDIObject | None, exe: Execution) -> None:
+        """Keep the current object or hand it to ``return_to``; record which in ``exe``."""
+        exe.key = held.key if held is not None else ins.key
+        exe.kept = False
+        if held is None:
+            return
+        # A worker about to exit gives everything back: what it kept would die with it.
+        if ins.keep and not exe.exit_code:
+            exe.kept = True
+            return
+        if not ins.return_to:
+            exe.kept = True
+            exe.note(f"the instruction names no return_to, so this worker keeps {held.key!r}")
+            return
+        try:
+            held.transfer(ins.return_to)
+        except cdi.NotOwner:
+            log.warning("%r is not ours to hand back to %s", held.key, ins.return_to)
+        except cdi.ObjectNotFound:
+            log.warning("%r vanished before it could be handed back", held.key)
+        except cdi.MinionUnavailable as exc:
+            exe.fail(exc)  # the object died with the minion: the task must run again
+            exe.exit_code = EXIT_MINION_LOST
+        except cdi.CDIError as exc:
+            # E.g. return_to is not registered (a scheduler restarting): it stays with us.
+            exe.kept = True
+            exe.note(f"could not hand {held.key!r} back to {ins.return_to!r}: {exc}")
+
+
+def _check(ins: Instruction) -> None:
+    check_common(ins)
+    if not isinstance(ins.key, str) or not ins.key:
+        raise InvalidInstruction(f"instruction {ins.task_run_id} (cdi plane) names no key")
+    if ins.output_key and ins.output_key == ins.key:
+        raise InvalidInstruction(
+            f"instruction {ins.task_run_id}: output_key equals key ({ins.key!r}); the output "
+            "must be a fresh object so the input survives a failed attempt"
+        )

@@ -1,0 +1,194 @@
+"""What both data planes share: the running record of one instruction, and the task call.
+
+A data plane fills an ``Execution`` as it goes and turns any exception into a failure with
+``fail``; the worker then makes the ``Report`` from it. Nothing here touches Redis or CDI.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from PIL import Image
+
+import cdi
+from orchestrator.errors import (
+    InputMissing,
+    InputTooLarge,
+    InvalidInstruction,
+    OrchestratorError,
+    TaskTimedOut,
+    WorkerError,
+)
+from orchestrator.messages import Instruction, Report, ReportStatus
+from workflows.api import TaskContext, TaskSpec, load_task, run_task_on_image
+from workflows.errors import InvalidImage, TaskNotFound, WorkflowsError
+
+__all__ = [
+    "EXIT_MINION_LOST",
+    "EXIT_TASK_TIMEOUT",
+    "Execution",
+    "TaskCall",
+    "check_common",
+    "elapsed_ms",
+]
+
+log = logging.getLogger(__name__)
+
+# Exit codes of a worker that must be restarted (the stack supervisor does so).
+EXIT_TASK_TIMEOUT: Final = 3  # a task thread still runs and Python cannot kill it
+EXIT_MINION_LOST: Final = 4  # the CDI minion went away: every object of ours went with it
+
+# A retry cannot fix these: the same input or instruction fails the same way.
+_PERMANENT: Final = (InvalidImage, TaskNotFound, InputMissing, InputTooLarge)
+
+
+def elapsed_ms(since: float) -> float:
+    """Milliseconds since ``since`` (a ``time.perf_counter()`` reading)."""
+    return (time.perf_counter() - since) * 1000.0
+
+
+@dataclass
+class Execution:
+    """The outcome of one instruction, filled in by a data plane."""
+
+    status: ReportStatus = "COMPLETED"
+    output: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    retryable: bool = True
+    key: str = ""
+    kept: bool = False
+    bytes_in: int = 0
+    bytes_out: int = 0
+    read_ms: float = 0.0
+    compute_ms: float = 0.0
+    write_ms: float = 0.0
+    exit_code: int = 0  # non-zero: the worker must exit after reporting
+
+    def fail(self, exc: BaseException) -> None:
+        """Record ``exc`` as this instruction's failure (the first failure wins)."""
+        if self.status != "COMPLETED":
+            log.warning("a second failure after %r: %s", self.error, exc)
+            return
+        self.status = "TIMED_OUT" if isinstance(exc, TaskTimedOut) else "FAILED"
+        self.output = {}
+        self.error = _describe(exc)
+        if isinstance(exc, WorkerError):
+            self.retryable = exc.retryable
+        else:
+            self.retryable = not isinstance(exc, _PERMANENT)
+        if isinstance(exc, TaskTimedOut):
+            self.exit_code = EXIT_TASK_TIMEOUT
+        elif isinstance(exc, cdi.MinionUnavailable):
+            self.exit_code = EXIT_MINION_LOST
+        if not isinstance(exc, OrchestratorError | WorkflowsError | cdi.CDIError):
+            log.error("unexpected error: %s", self.error, exc_info=exc)
+
+    def note(self, problem: str) -> None:
+        """Add a problem that does not change the status (e.g. a hand-back that failed)."""
+        self.error = f"{self.error}; {problem}" if self.error else problem
+
+    def report(
+        self, ins: Instruction, worker_id: str, started_at: float, finished_at: float
+    ) -> Report:
+        return Report(
+            task_run_id=ins.task_run_id,
+            workflow_id=ins.workflow_id,
+            worker_id=worker_id,
+            status=self.status,
+            started_at=started_at,
+            finished_at=finished_at,
+            output=self.output,
+            error=self.error,
+            retryable=self.retryable,
+            key=self.key,
+            kept=self.kept,
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+            read_ms=round(self.read_ms, 3),
+            compute_ms=round(self.compute_ms, 3),
+            write_ms=round(self.write_ms, 3),
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    # Our own error trees already say what failed and what to do; others need their type.
+    if isinstance(exc, OrchestratorError | WorkflowsError | cdi.CDIError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def check_common(ins: Instruction) -> None:
+    """Raise ``InvalidInstruction`` if a field every plane needs has the wrong type."""
+    problems = []
+    if not isinstance(ins.task, str) or not ins.task:
+        problems.append("task must be a non-empty string")
+    if isinstance(ins.attempt, bool) or not isinstance(ins.attempt, int):
+        problems.append("attempt must be an integer")
+    if (
+        isinstance(ins.timeout_s, bool)
+        or not isinstance(ins.timeout_s, int | float)
+        or math.isnan(ins.timeout_s)
+    ):
+        problems.append("timeout_s must be a number of seconds")
+    if not isinstance(ins.params, dict):
+        problems.append("params must be a JSON object")
+    if not isinstance(ins.workflow_id, str):
+        problems.append("workflow_id must be a string")
+    if problems:
+        raise InvalidInstruction(f"instruction {ins.task_run_id}: {'; '.join(problems)}")
+
+
+@dataclass(frozen=True)
+class TaskCall:
+    """Loads the instruction's task and runs it in a thread of its own, under its timeout."""
+
+    ins: Instruction
+
+    def load(self) -> TaskSpec:
+        return load_task(self.ins.task)
+
+    def run(self, spec: TaskSpec, img: Image.Image, exe: Execution) -> Image.Image | None:
+        """Run the task on ``img``; store its output and compute time in ``exe``.
+
+        Returns the new image, or ``None`` when the task left the image unchanged. Raises
+        ``TaskTimedOut`` when ``timeout_s`` passes first (``timeout_s <= 0``: no limit); the
+        thread then runs on, as no Python thread can be stopped from outside.
+        """
+        ctx = TaskContext(
+            task_name=spec.name,
+            workflow_id=self.ins.workflow_id,
+            attempt=self.ins.attempt,
+            params=self.ins.params,
+        )
+        future: Future[tuple[Image.Image | None, dict[str, Any]]] = Future()
+
+        def target() -> None:
+            try:
+                future.set_result(run_task_on_image(spec, img, ctx))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        # A daemon thread: a task that overran must not keep the process from exiting.
+        thread = threading.Thread(
+            target=target, name=f"task-{self.ins.task_run_id}-{spec.name}", daemon=True
+        )
+        started = time.perf_counter()
+        thread.start()
+        timeout = float(self.ins.timeout_s)
+        limited = 0 < timeout < math.inf  # 0 or less (or inf) means no limit
+        try:
+            new_img, output = future.result(timeout if limited else None)
+        except TimeoutError:
+            if future.done():  # the task itself raised TimeoutError
+                raise
+            raise TaskTimedOut(spec.name, timeout) from None
+        finally:
+            exe.compute_ms = elapsed_ms(started)
+        exe.output = output
+        return new_img

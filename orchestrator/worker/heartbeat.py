@@ -1,0 +1,110 @@
+"""The worker's heartbeat: its load and liveness in ``keys.worker_key(id)``, refreshed in a thread.
+
+The scheduler places tasks from these fields and presumes a worker dead once its hash is older
+than ``keys.WORKER_DEAD_AFTER_S``; the hash also expires by itself (10 intervals), so a killed
+worker does not linger in ``GET /api/workers`` as if alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+import redis
+from redis.typing import EncodableT, FieldT
+
+from orchestrator import keys
+
+__all__ = ["Heartbeat"]
+
+log = logging.getLogger(__name__)
+
+_EXPIRE_INTERVALS = 10
+
+
+class Heartbeat:
+    """HSETs this worker's fields every ``interval_s`` until ``stop``."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        worker_id: str,
+        *,
+        running: Callable[[], int],
+        interval_s: float = keys.HEARTBEAT_INTERVAL_S,
+    ) -> None:
+        self.client = client
+        self.worker_id = worker_id
+        self.key = keys.worker_key(worker_id)
+        self.queue_key = keys.worker_queue_key(worker_id)
+        self.interval_s = interval_s
+        self._running = running
+        self.host = socket.gethostname()
+        self.started_at = time.time()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        psutil.cpu_percent(interval=None)  # prime it: the first reading compares with nothing
+
+    def fields(self) -> dict[str, str]:
+        """The ``keys.WORKER_FIELDS`` as strings, read now."""
+        values = {
+            "cpu": f"{psutil.cpu_percent(interval=None):.1f}",
+            "mem": f"{psutil.virtual_memory().percent:.1f}",
+            "queue_depth": str(self.client.llen(self.queue_key)),
+            "running": str(self._running()),
+            "host": self.host,
+            "last_heartbeat": f"{time.time():.3f}",
+            "started_at": f"{self.started_at:.3f}",
+        }
+        assert tuple(values) == keys.WORKER_FIELDS, "keep in step with keys.WORKER_FIELDS"
+        return values
+
+    def beat(self) -> None:
+        """Write one heartbeat; raises ``redis.RedisError`` when Redis cannot be reached."""
+        fields = self.fields()
+        pipe = self.client.pipeline(transaction=True)
+        mapping: dict[FieldT, EncodableT] = {k: v for k, v in fields.items()}
+        pipe.hset(self.key, mapping=mapping)
+        pipe.pexpire(self.key, int(self.interval_s * _EXPIRE_INTERVALS * 1000))
+        pipe.sadd(keys.WORKERS, self.worker_id)
+        pipe.execute()
+
+    def start(self) -> None:
+        """Beat once now (so the worker is visible before it pops), then in a thread."""
+        self.beat()
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, remove: bool = True) -> None:
+        """Stop beating and, if ``remove``, delete the hash: a worker that left is not alive."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if remove:
+            try:
+                self.client.delete(self.key)
+            except redis.RedisError as exc:
+                log.warning(
+                    "could not delete heartbeat %s (it expires by itself): %s", self.key, exc
+                )
+
+    def _loop(self) -> None:
+        failing = False
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                if not failing:  # once per outage, not every interval
+                    log.warning("heartbeat failed, retrying every %gs: %s", self.interval_s, exc)
+                failing = True
+                continue
+            except Exception:
+                log.exception("heartbeat failed unexpectedly")
+                continue
+            if failing:
+                log.info("heartbeat restored")
+                failing = False

@@ -1,0 +1,72 @@
+"""The ``object-store`` data plane: GET the input from S3, run, PUT the output (the baseline).
+
+The output is PUT even when the task left the image unchanged, so the next task always finds
+its input at the previous task's ``output_uri``. PNG keeps every plane's pixels identical.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from orchestrator.errors import InvalidInstruction, InvalidRequest
+from orchestrator.messages import Instruction
+from orchestrator.objectstore import ObjectStore, parse_s3_uri
+from orchestrator.worker.execution import Execution, TaskCall, check_common, elapsed_ms
+from workflows.errors import InvalidImage
+from workflows.imagebuf import decode_bytes, encode_image
+
+__all__ = ["StorePlane"]
+
+
+class StorePlane:
+    """Runs ``object-store`` instructions; the S3 client is made on first use only."""
+
+    def __init__(
+        self, make_store: Callable[[], ObjectStore], *, max_input_bytes: int, max_pixels: int
+    ) -> None:
+        self._make_store = make_store
+        self._store: ObjectStore | None = None
+        self._lock = threading.Lock()  # boto3 clients are thread-safe, their creation is not
+        self.max_input_bytes = max_input_bytes
+        self.max_pixels = max_pixels
+
+    @property
+    def store(self) -> ObjectStore:
+        with self._lock:
+            if self._store is None:
+                self._store = self._make_store()
+            return self._store
+
+    def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
+        try:
+            _check(ins)
+            spec = call.load()
+            started = time.perf_counter()
+            data = self.store.get(ins.input_uri, self.max_input_bytes)
+            try:
+                img = decode_bytes(data, self.max_pixels)
+            except InvalidImage as exc:
+                raise InvalidImage(f"{ins.input_uri} is not a usable image: {exc}") from exc
+            exe.bytes_in = len(data)
+            exe.read_ms = elapsed_ms(started)
+            new_img = call.run(spec, img, exe)
+            started = time.perf_counter()
+            encoded = encode_image(new_img if new_img is not None else img, "PNG")
+            self.store.put(ins.output_uri, encoded, content_type="image/png")
+            exe.bytes_out = len(encoded)
+            exe.write_ms = elapsed_ms(started)
+        except Exception as exc:
+            exe.fail(exc)
+
+
+def _check(ins: Instruction) -> None:
+    check_common(ins)
+    for name, uri in (("input_uri", ins.input_uri), ("output_uri", ins.output_uri)):
+        try:
+            parse_s3_uri(uri)
+        except InvalidRequest as exc:
+            raise InvalidInstruction(
+                f"instruction {ins.task_run_id} (object-store plane): {name}: {exc}"
+            ) from exc

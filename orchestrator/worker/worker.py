@@ -1,0 +1,259 @@
+"""The worker's main loop: a reliable pop from its own queue, run, report, acknowledge.
+
+Each slot (``concurrency`` of them) BLMOVEs one instruction from ``keys.worker_queue_key`` into
+``keys.worker_inflight_key``, runs it on its data plane, and in one Redis transaction LPUSHes
+the ``Report`` onto ``reply_to`` and LREMs the instruction from the in-flight list. A worker
+killed mid-task therefore leaves the instruction in flight for the scheduler to requeue.
+
+Nothing an instruction does can end the loop, except what Python cannot recover from inside
+the process: a task that overran its timeout (its thread cannot be killed) or a lost CDI
+minion. The worker then reports, stops like on SIGTERM and exits non-zero to be restarted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+import redis
+
+from orchestrator import keys
+from orchestrator.errors import InvalidInstruction
+from orchestrator.messages import Instruction, Report
+from orchestrator.worker.cdi_plane import CdiPlane
+from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall
+from orchestrator.worker.heartbeat import Heartbeat
+from orchestrator.worker.store_plane import StorePlane
+
+__all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
+
+log = logging.getLogger(__name__)
+
+POP_TIMEOUT_S: Final = 1  # how often an idle slot looks at the stop flag
+_REDIS_DOWN_RETRY_S: Final = 1.0
+_DELIVERY_ATTEMPTS_WHEN_STOPPING: Final = 3
+
+
+def parse_instruction(raw: bytes) -> Instruction:
+    """``Instruction.loads`` plus what a report needs; ``InvalidInstruction`` otherwise."""
+    try:
+        ins = Instruction.loads(raw)
+    except (ValueError, TypeError) as exc:  # bad JSON, not an object, missing/unknown fields
+        raise InvalidInstruction(f"not an instruction: {exc}") from exc
+    if not isinstance(ins.reply_to, str) or not ins.reply_to:
+        raise InvalidInstruction("the instruction names no reply_to list")
+    return ins
+
+
+class Worker:
+    """One worker process's slots, heartbeat and data planes."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        *,
+        redis_client: redis.Redis,
+        cdi_plane: CdiPlane,
+        store_plane: StorePlane,
+        concurrency: int = 1,
+        heartbeat_interval_s: float = keys.HEARTBEAT_INTERVAL_S,
+    ) -> None:
+        self.worker_id = worker_id
+        self.redis = redis_client  # bytes replies: LREM must match the raw instruction exactly
+        self.cdi_plane = cdi_plane
+        self.store_plane = store_plane
+        self.concurrency = concurrency
+        self.queue_key = keys.worker_queue_key(worker_id)
+        self.inflight_key = keys.worker_inflight_key(worker_id)
+        self.exit_code = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._running = 0
+        self.heartbeat = Heartbeat(
+            redis_client, worker_id, running=self.running, interval_s=heartbeat_interval_s
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def running(self) -> int:
+        """Instructions being run right now."""
+        with self._lock:
+            return self._running
+
+    def request_stop(self, exit_code: int = 0) -> None:
+        """Stop popping; slots finish what they run. Safe from a signal handler."""
+        if exit_code and not self.exit_code:
+            self.exit_code = exit_code
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> int:
+        """Beat, run the slots until ``request_stop``, clean up; return the exit code."""
+        self._note_stale_inflight()
+        self.heartbeat.start()
+        slots = [
+            threading.Thread(target=self._slot, name=f"slot-{n}") for n in range(self.concurrency)
+        ]
+        for slot in slots:
+            slot.start()
+        log.info(
+            "worker %s ready: popping %s with %d slot(s)",
+            self.worker_id,
+            self.queue_key,
+            self.concurrency,
+        )
+        try:
+            while not self._stop.wait(1.0):  # a timed wait lets the main thread take signals
+                pass
+        finally:
+            self._stop.set()
+            for slot in slots:
+                slot.join()
+            self.heartbeat.stop(remove=True)
+        log.info("worker %s stopped (exit code %d)", self.worker_id, self.exit_code)
+        return self.exit_code
+
+    def _note_stale_inflight(self) -> None:
+        stale = self.redis.llen(self.inflight_key)
+        if stale:
+            log.warning(
+                "%d instruction(s) in %s were left by a previous run of %s; not running them "
+                "again (their objects went back to the scheduler): the scheduler requeues them",
+                stale,
+                self.inflight_key,
+                self.worker_id,
+            )
+
+    # ------------------------------------------------------------------ the loop
+    def _slot(self) -> None:
+        try:
+            while not self._stop.is_set():
+                raw = self._pop()
+                if raw is not None:
+                    self._handle(raw)
+        except BaseException:
+            log.critical("a worker slot crashed; stopping the worker", exc_info=True)
+            self.request_stop(1)
+            raise
+
+    def _pop(self) -> bytes | None:
+        try:
+            raw = self.redis.blmove(
+                self.queue_key, self.inflight_key, POP_TIMEOUT_S, src="RIGHT", dest="LEFT"
+            )
+        except redis.RedisError as exc:
+            log.warning("cannot pop %s: %s; retrying", self.queue_key, exc)
+            self._stop.wait(_REDIS_DOWN_RETRY_S)
+            return None
+        return raw if isinstance(raw, bytes) else None
+
+    def _handle(self, raw: bytes) -> None:
+        try:
+            ins = parse_instruction(raw)
+        except InvalidInstruction as exc:
+            # With no reply_to there is nobody to tell; keeping it in flight helps no one.
+            log.error("dropping an unusable instruction %.300r: %s", raw, exc)
+            self._deliver(raw, None, None)
+            return
+        try:
+            report, exit_code = self._execute(ins)
+        except Exception as exc:  # a bug of ours: still answer, so the run is not lost
+            log.exception("instruction %s crashed the worker's runner", ins.task_run_id)
+            exe = Execution(key=ins.key)
+            exe.fail(exc)
+            report, exit_code = exe.report(ins, self.worker_id, time.time(), time.time()), 0
+        self._deliver(raw, ins.reply_to, report)
+        if exit_code:
+            if exit_code == EXIT_TASK_TIMEOUT:
+                log.critical(
+                    "task %r of task run %s overran its timeout and its thread cannot be "
+                    "killed: this worker exits with code %d after the current instructions; "
+                    "the supervisor must restart it",
+                    ins.task,
+                    ins.task_run_id,
+                    exit_code,
+                )
+            else:
+                log.critical("%s; exiting with code %d to be restarted", report.error, exit_code)
+            self.request_stop(exit_code)
+
+    def _execute(self, ins: Instruction) -> tuple[Report, int]:
+        started_at = time.time()
+        exe = Execution(key=ins.key if isinstance(ins.key, str) else "")
+        with self._counted():
+            call = TaskCall(ins)
+            if ins.data_plane == "cdi":
+                self.cdi_plane.run(ins, call, exe)
+            elif ins.data_plane == "object-store":
+                self.store_plane.run(ins, call, exe)
+            else:
+                exe.fail(
+                    InvalidInstruction(
+                        f"instruction {ins.task_run_id}: unknown data_plane "
+                        f"{ins.data_plane!r}; expected 'cdi' or 'object-store'"
+                    )
+                )
+        report = exe.report(ins, self.worker_id, started_at, time.time())
+        log.log(
+            logging.INFO if report.status == "COMPLETED" else logging.WARNING,
+            "task run %s %s (workflow %s, attempt %s): %s in %.1f ms%s",
+            ins.task_run_id,
+            ins.task,
+            ins.workflow_id,
+            ins.attempt,
+            report.status,
+            (report.finished_at - report.started_at) * 1000,
+            f": {report.error}" if report.error else "",
+        )
+        return report, exe.exit_code
+
+    @contextmanager
+    def _counted(self) -> Iterator[None]:
+        with self._lock:
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def _deliver(self, raw: bytes, reply_to: str | None, report: Report | None) -> None:
+        """LPUSH ``report`` on ``reply_to`` (if any), then drop ``raw`` from in flight.
+
+        One transaction: a report is never sent without the acknowledgement, nor the reverse.
+        Retries while Redis is unreachable; once stopping, gives up after a few tries and
+        leaves the instruction in flight for the scheduler.
+        """
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                pipe = self.redis.pipeline(transaction=True)
+                if reply_to is not None and report is not None:
+                    pipe.lpush(reply_to, report.dumps())
+                pipe.lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
+                pipe.execute()
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if self._stop.is_set() and attempt >= _DELIVERY_ATTEMPTS_WHEN_STOPPING:
+                    log.error("giving up on delivering a report (left in flight): %s", exc)
+                    return
+                log.warning("cannot deliver a report (attempt %d): %s; retrying", attempt, exc)
+                time.sleep(min(5.0, 0.5 * attempt))
+            except redis.RedisError as exc:
+                # E.g. WRONGTYPE: reply_to is not a list. Retrying cannot help.
+                log.error("Redis refused the report for %r: %s; dropping it", reply_to, exc)
+                self._ack_only(raw)
+                return
+
+    def _ack_only(self, raw: bytes) -> None:
+        try:
+            self.redis.lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
+        except redis.RedisError as exc:
+            log.error("cannot remove an instruction from %s: %s", self.inflight_key, exc)

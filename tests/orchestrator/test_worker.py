@@ -1,0 +1,399 @@
+"""The worker as a real process against real Redis, S3 and a CDI minion; the test is the scheduler.
+
+The test registers the CDI container ``test-scheduler``, creates image objects, transfers them
+to the worker, LPUSHes ``Instruction``s onto its queue and BRPOPs the ``Report``s, exactly as
+the scheduler does. Workers use their own Redis database so no other suite's scheduler sees them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import boto3
+import numpy as np
+import pytest
+import redis
+from PIL import Image, ImageFilter
+
+import cdi
+from cdi.minion.process import MinionChild
+from orchestrator import keys
+from orchestrator.messages import Instruction, Report
+from workflows.imagebuf import decode_bytes, encode_image, read_image, required_size, write_image
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEDULER = "test-scheduler"
+WORKER_REDIS_DB = 11  # the worker tests' own Redis database (the stack uses 0, the API tests 9)
+BUCKET = "cdiflow"
+DEADLINE_S = 60.0
+
+
+def _poll(check: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
+    """``check()``'s first truthy result; fail naming ``what`` when the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+class WorkerProcess:
+    """``python -m orchestrator.worker`` as a child process, stopped by PID only."""
+
+    def __init__(self, worker_id: str, env: dict[str, str], log_path: Path, *args: str) -> None:
+        self.worker_id = worker_id
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.worker", "--id", worker_id, *args],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def wait(self, timeout: float = DEADLINE_S) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"worker {self.worker_id} did not exit; log:\n{self.log()}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Stack:
+    """What a test needs: the scheduler's CDI client, Redis, S3, and a way to start workers."""
+
+    def __init__(self, env: dict[str, str], r: redis.Redis, sched: cdi.Client, tmp: Path) -> None:
+        self.env, self.redis, self.sched, self.tmp = env, r, sched, tmp
+        self.workers: list[WorkerProcess] = []
+
+    def start_worker(self, *args: str) -> WorkerProcess:
+        worker_id = f"wt-{uuid.uuid4().hex[:10]}"
+        worker = WorkerProcess(worker_id, self.env, self.tmp / f"{worker_id}.log", *args)
+        self.workers.append(worker)
+
+        def ready() -> bool:
+            if worker.proc.poll() is not None:
+                pytest.fail(f"worker exited with {worker.proc.returncode}:\n{worker.log()}")
+            return bool(self.redis.exists(keys.worker_key(worker_id)))
+
+        _poll(ready, f"the first heartbeat of {worker_id}")
+        return worker
+
+    def put(self, worker: WorkerProcess, content: Image.Image | bytes) -> str:
+        """A new object holding an image (or raw bytes), transferred to ``worker``."""
+        if isinstance(content, Image.Image):
+            buf = bytearray(required_size(content.width, content.height, content.mode))
+            write_image(memoryview(buf), content)
+            content = bytes(buf)
+        key = f"obj-{uuid.uuid4().hex}"
+        obj = self.sched.create(key, len(content))
+        obj.write(content)
+        obj.transfer(worker.worker_id)
+        return key
+
+    def take(self, key: str) -> bytes:
+        """Wait until ``key`` is the scheduler's again; return its bytes and destroy it."""
+        obj = self.sched.use(key)
+        obj.access(timeout=DEADLINE_S).release()
+        data = obj.read()
+        obj.destroy()
+        return data
+
+    def take_image(self, key: str) -> Image.Image:
+        return read_image(memoryview(bytearray(self.take(key))))
+
+    def owner(self, key: str) -> str | None:
+        owners = {o["key"]: o["owner"] for o in self.sched.list_objects()}
+        return owners.get(key)
+
+    def send(self, worker: WorkerProcess, **fields: Any) -> tuple[Instruction, str]:
+        defaults: dict[str, Any] = {
+            "task_run_id": uuid.uuid4().int % 2**31, "workflow_id": str(uuid.uuid4()),
+            "ref": "step", "attempt": 1, "timeout_s": 30.0, "data_plane": "cdi",
+            "reply_to": f"test-replies:{uuid.uuid4().hex}", "return_to": SCHEDULER,
+            "queued_at": time.time(),
+        }  # fmt: skip
+        ins = Instruction(**(defaults | fields))
+        raw = ins.dumps()
+        self.redis.lpush(keys.worker_queue_key(worker.worker_id), raw)
+        return ins, raw
+
+    def report(self, ins: Instruction, worker: WorkerProcess) -> Report:
+        popped = self.redis.brpop([ins.reply_to], timeout=DEADLINE_S)
+        if popped is None:
+            pytest.fail(f"no report for {ins.task_run_id}; worker log:\n{worker.log()}")
+        report = Report.loads(popped[1])
+        assert (report.task_run_id, report.worker_id) == (ins.task_run_id, worker.worker_id)
+        return report
+
+    def run(self, worker: WorkerProcess, **fields: Any) -> Report:
+        ins, _ = self.send(worker, **fields)
+        return self.report(ins, worker)
+
+
+@pytest.fixture(scope="module")
+def stack(redis_url: str, s3_endpoint: str) -> Iterator[Stack]:
+    with tempfile.TemporaryDirectory(prefix="cdiflow-worker-test-") as name:
+        os.chmod(name, 0o755)  # the minion's socket folder, traversable like in production
+        tmp = Path(name)
+        minion = MinionChild(str(tmp / "minion.sock")).start()
+        db_url = urlunsplit(urlsplit(redis_url)._replace(path=f"/{WORKER_REDIS_DB}"))
+        r = redis.Redis.from_url(db_url)
+        r.flushdb()
+        sched = cdi.connect(minion.socket_path, SCHEDULER)
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CDI_SOCKET")}
+        env |= {
+            "CDI_URL": f"unix://{minion.socket_path}", "REDIS_URL": db_url,
+            "S3_ENDPOINT_URL": s3_endpoint, "S3_BUCKET": BUCKET, "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "CDIFLOW_DATA_DIR": str(tmp / "data"),
+        }  # fmt: skip
+        running = Stack(env, r, sched, tmp)
+        try:
+            yield running
+            for worker in running.workers:
+                if worker.proc.poll() is None:
+                    worker.proc.send_signal(signal.SIGTERM)
+                    assert worker.wait() == 0, worker.log()
+            # Every object came back to the scheduler and was destroyed by the tests.
+            assert sched.list_objects() == []
+        finally:
+            for worker in running.workers:
+                worker.kill()
+            sched.close()
+            r.flushdb()
+            r.close()
+            minion.stop()
+
+
+@pytest.fixture(scope="module")
+def worker(stack: Stack) -> WorkerProcess:
+    """A worker shared by the tests that leave it running."""
+    return stack.start_worker()
+
+
+@pytest.fixture(scope="module")
+def s3(s3_endpoint: str) -> Any:
+    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+
+
+def _picture(width: int = 64, height: int = 48) -> Image.Image:
+    """A textured RGB image, so sharpening actually changes pixels."""
+    rng = np.random.default_rng(7)
+    ys, xs = np.mgrid[0:height, 0:width]
+    base = np.stack([xs * 4, ys * 5, (xs + ys) * 2], axis=-1) % 256
+    noisy = base + rng.integers(-20, 21, size=base.shape)
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+
+
+def _unsharp(img: Image.Image) -> Image.Image:
+    return img.filter(ImageFilter.UnsharpMask(radius=2, percent=150, threshold=3))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _same_pixels(a: Image.Image, b: Image.Image) -> bool:
+    return a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes()
+
+
+# --------------------------------------------------------------------------- cdi plane
+def test_deblur_gives_a_new_object_with_unsharp_pixels(stack: Stack, worker: WorkerProcess) -> None:
+    img = _picture()
+    key = stack.put(worker, img)
+    out_key = f"{key}-out"
+    report = stack.run(worker, task="deblur", key=key, output_key=out_key)
+    assert report.status == "COMPLETED", report.error
+    assert (report.key, report.kept) == (out_key, False)
+    assert report.bytes_in == report.bytes_out == required_size(64, 48, "RGB")
+    assert report.started_at <= report.finished_at
+    assert min(report.read_ms, report.compute_ms, report.write_ms) >= 0
+    result = stack.take_image(out_key)
+    assert _same_pixels(result, _unsharp(img))
+    with pytest.raises(cdi.ObjectNotFound):
+        stack.sched.use(key)  # the input was destroyed
+
+
+def test_keep_leaves_the_object_with_the_worker(stack: Stack, worker: WorkerProcess) -> None:
+    key = stack.put(worker, _picture())
+    report = stack.run(worker, task="denoise", key=key, output_key=f"{key}-1", keep=True)
+    assert report.status == "COMPLETED", report.error
+    assert (report.key, report.kept) == (f"{key}-1", True)
+    assert stack.owner(f"{key}-1") == worker.worker_id
+    # The next task comes to the same worker, which already owns it, and hands it back.
+    report = stack.run(worker, task="noop", key=f"{key}-1", output_key=f"{key}-2")
+    assert report.status == "COMPLETED", report.error
+    assert (report.key, report.kept, report.bytes_out) == (f"{key}-1", False, 0)
+    stack.take(f"{key}-1")
+
+
+def test_classify_reports_a_label_on_the_same_object(stack: Stack, worker: WorkerProcess) -> None:
+    dark = Image.new("RGB", (32, 32), (10, 20, 30))
+    key = stack.put(worker, dark)
+    report = stack.run(worker, task="classify", key=key, output_key=f"{key}-out")
+    assert report.status == "COMPLETED", report.error
+    assert report.output["label"] == "dark"
+    assert report.key == key  # no new image: the input is the current object
+    result = stack.take_image(key)
+    assert _same_pixels(result, dark)
+
+
+def test_a_non_image_fails_for_good_comes_back_intact(stack: Stack, worker: WorkerProcess) -> None:
+    junk = b"this is not an image at all, just some bytes" * 4
+    key = stack.put(worker, junk)
+    report = stack.run(worker, task="deblur", key=key, output_key=f"{key}-out")
+    assert (report.status, report.retryable) == ("FAILED", False)
+    assert key in report.error and "image" in report.error
+    assert (report.key, report.kept) == (key, False)
+    assert stack.take(key) == junk
+    assert stack.owner(f"{key}-out") is None
+
+
+def test_an_unknown_task_fails_and_hands_input_back(stack: Stack, worker: WorkerProcess) -> None:
+    img = _picture(8, 8)
+    key = stack.put(worker, img)
+    report = stack.run(worker, task="no-such-task", key=key, output_key=f"{key}-out")
+    assert (report.status, report.retryable) == ("FAILED", False)
+    assert "no-such-task" in report.error
+    assert _same_pixels(stack.take_image(key), img)
+
+
+def test_poison_messages_do_not_stop_the_loop(stack: Stack, worker: WorkerProcess) -> None:
+    queue = keys.worker_queue_key(worker.worker_id)
+    stack.redis.lpush(queue, b"\xff not json")
+    stack.redis.lpush(queue, b'{"reply_to": "x"}')
+    # Parsable, but on a plane nobody knows: a report, not retryable.
+    report = stack.run(worker, task="noop", data_plane="ftp")
+    assert (report.status, report.retryable) == ("FAILED", False)
+    assert "data_plane" in report.error
+    # The loop still runs, and nothing stays in flight.
+    key = stack.put(worker, _picture(8, 8))
+    assert stack.run(worker, task="noop", key=key).status == "COMPLETED"
+    stack.take(key)
+    assert stack.redis.llen(keys.worker_inflight_key(worker.worker_id)) == 0
+
+
+def test_heartbeat_has_every_field(stack: Stack, worker: WorkerProcess) -> None:
+    key = keys.worker_key(worker.worker_id)
+    beat = {_text(k): _text(v) for k, v in stack.redis.hgetall(key).items()}
+    assert set(beat) == set(keys.WORKER_FIELDS)
+    assert 0 <= float(beat["cpu"]) <= 100 and 0 < float(beat["mem"]) <= 100
+    assert int(beat["queue_depth"]) >= 0 and int(beat["running"]) >= 0 and beat["host"]
+    assert float(beat["started_at"]) <= float(beat["last_heartbeat"])
+    assert stack.redis.sismember(keys.WORKERS, worker.worker_id)
+    assert 0 < stack.redis.ttl(key) <= 10 * keys.HEARTBEAT_INTERVAL_S
+    # It is refreshed.
+    first = float(beat["last_heartbeat"])
+    _poll(lambda: float(stack.redis.hget(key, "last_heartbeat") or 0) > first, "a new heartbeat")
+
+
+# --------------------------------------------------------------------------- object-store plane
+def test_object_store_plane_gets_runs_and_puts(
+    stack: Stack, worker: WorkerProcess, s3: Any
+) -> None:
+    img = _picture()
+    prefix = f"worker-test/{uuid.uuid4().hex}"
+    encoded = encode_image(img, "PNG")
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/in.png", Body=encoded)
+    for task, expected in (("deblur", _unsharp(img)), ("classify", img)):
+        report = stack.run(worker, task=task, data_plane="object-store",
+                           input_uri=f"s3://{BUCKET}/{prefix}/in.png",
+                           output_uri=f"s3://{BUCKET}/{prefix}/{task}.png")  # fmt: skip
+        assert report.status == "COMPLETED", report.error
+        body = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/{task}.png")["Body"].read()
+        assert _same_pixels(decode_bytes(body), expected)
+        assert (report.bytes_in, report.bytes_out) == (len(encoded), len(body))
+    assert report.output["label"]
+    missing = f"s3://{BUCKET}/{prefix}/missing.png"
+    report = stack.run(worker, task="deblur", data_plane="object-store", input_uri=missing,
+                       output_uri=f"s3://{BUCKET}/{prefix}/out.png")  # fmt: skip
+    assert (report.status, report.retryable) == ("FAILED", False)
+    assert missing in report.error
+
+
+# --------------------------------------------------------------------------- process life
+def test_a_timed_out_task_is_reported_and_the_worker_exits_non_zero(stack: Stack) -> None:
+    worker = stack.start_worker()
+    img = _picture(8, 8)
+    key = stack.put(worker, img)
+    report = stack.run(worker, task="sleep", params={"ms": 5000}, timeout_s=0.2, key=key, keep=True)
+    assert (report.status, report.retryable) == ("TIMED_OUT", True)
+    assert (report.key, report.kept) == (key, False)  # handed back despite keep: it exits
+    assert _same_pixels(stack.take_image(key), img)
+    assert worker.wait() != 0, worker.log()
+    assert "timeout" in worker.log()
+
+
+def test_sigkill_mid_task_leaves_it_in_flight_and_the_object_comes_back(stack: Stack) -> None:
+    worker = stack.start_worker()
+    img = _picture(16, 16)
+    key = stack.put(worker, img)
+    _, raw = stack.send(
+        worker, task="sleep", params={"ms": 60_000}, timeout_s=120, key=key, output_key="x"
+    )
+    beat = keys.worker_key(worker.worker_id)
+    _poll(lambda: stack.redis.hget(beat, "running") == b"1", "the task to be running")
+    worker.proc.send_signal(signal.SIGKILL)
+    assert worker.wait() == -signal.SIGKILL
+    assert stack.redis.lrange(keys.worker_inflight_key(worker.worker_id), 0, -1) == [raw.encode()]
+    assert _same_pixels(stack.take_image(key), img)
+
+
+def test_sigterm_finishes_the_current_task_then_exits_zero(stack: Stack) -> None:
+    worker = stack.start_worker()
+    key = stack.put(worker, _picture(8, 8))
+    ins, _ = stack.send(worker, task="sleep", params={"ms": 500}, key=key)
+    queue = keys.worker_queue_key(worker.worker_id)
+    inflight = keys.worker_inflight_key(worker.worker_id)
+    _poll(lambda: stack.redis.llen(queue) == 0 and stack.redis.llen(inflight) == 1, "the pop")
+    worker.proc.send_signal(signal.SIGTERM)
+    assert stack.report(ins, worker).status == "COMPLETED"
+    assert worker.wait() == 0, worker.log()
+    assert not stack.redis.exists(keys.worker_key(worker.worker_id))
+    assert stack.redis.llen(inflight) == 0
+    stack.take(key)
+
+
+def test_concurrency_runs_instructions_side_by_side(stack: Stack) -> None:
+    worker = stack.start_worker("--concurrency", "2")
+    pictures = [_picture(8, 8), _picture(9, 9)]
+    objects = [stack.put(worker, img) for img in pictures]
+    sent = [(stack.send(worker, task="sleep", params={"ms": 3000}, key=k)[0], k) for k in objects]
+    # One slot acknowledges before it pops again: two in flight means two slots at work.
+    inflight = keys.worker_inflight_key(worker.worker_id)
+    _poll(lambda: stack.redis.llen(inflight) == 2, "both instructions in flight")
+    for (ins, key), img in zip(sent, pictures, strict=True):
+        assert stack.report(ins, worker).status == "COMPLETED"
+        assert _same_pixels(stack.take_image(key), img)
+
+
+def test_no_minion_is_a_clear_startup_error(stack: Stack) -> None:
+    missing = stack.tmp / "nowhere" / "minion.sock"
+    env = stack.env | {"CDI_URL": f"unix://{missing}"}
+    argv = [sys.executable, "-m", "orchestrator.worker", "--id", "wt-nominion"]
+    result = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=DEADLINE_S, check=False)  # fmt: skip
+    assert result.returncode == 1
+    assert "no CDI minion is listening" in result.stderr and "CDI_URL" in result.stderr
+    assert stack.redis.exists(keys.worker_key("wt-nominion")) == 0
