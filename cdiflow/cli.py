@@ -7,6 +7,8 @@ import click
 from cdi.bench.cli import bench_cdi_command
 from cdi.controller.cli import controller_command
 from cdi.minion.cli import minion_command
+from orchestrator.scheduler.cli import scheduler_command
+from orchestrator.worker.cli import worker_command
 
 __all__ = ["main"]
 
@@ -24,6 +26,10 @@ def cdi_group() -> None:
 
 cdi_group.add_command(controller_command)
 cdi_group.add_command(minion_command)
+
+
+main.add_command(scheduler_command)
+main.add_command(worker_command)
 
 
 @main.group("bench")

@@ -138,8 +138,9 @@ class CdiPlane:
         exe.kept = False
         if held is None:
             return
-        # A worker about to exit gives everything back: what it kept would die with it.
-        if ins.keep and not exe.exit_code:
+        # A worker about to exit gives everything back: what it kept would die with it. A
+        # failed task gives it back too, so the scheduler can retry elsewhere or clean up.
+        if ins.keep and not exe.exit_code and exe.status == "COMPLETED":
             exe.kept = True
             return
         if not ins.return_to:
