@@ -31,7 +31,11 @@ class ChildProcess:
 
     def start(self, timeout: float = 20.0) -> None:
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+            # A session of its own: a terminal's Ctrl-C reaches our parent, which stops us in
+            # order, instead of reaching every process at once.
+            self.process = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -8,6 +8,7 @@ from cdi.bench.cli import bench_cdi_command
 from cdi.controller.cli import controller_command
 from cdi.minion.cli import minion_command
 from orchestrator.scheduler.cli import scheduler_command
+from orchestrator.stack.cli import down_command, status_command, up_command
 from orchestrator.worker.cli import worker_command
 
 __all__ = ["main"]
@@ -28,6 +29,9 @@ cdi_group.add_command(controller_command)
 cdi_group.add_command(minion_command)
 
 
+main.add_command(up_command)
+main.add_command(down_command)
+main.add_command(status_command)
 main.add_command(scheduler_command)
 main.add_command(worker_command)
 

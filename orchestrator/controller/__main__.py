@@ -1,0 +1,49 @@
+"""``python -m orchestrator.controller``: migrate the database, then serve the REST API.
+
+Reads DATABASE_URL and REDIS_URL from the environment (``cdiflow up`` sets them). Migrating
+before uvicorn binds its port means a database problem ends the process with a clear message
+instead of a half-started server; the app then skips its own start-up migration.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+import uvicorn
+
+from orchestrator.controller.app import create_app
+from orchestrator.db.migrate import migrate
+from orchestrator.errors import OrchestratorError
+from orchestrator.settings import load_settings
+
+__all__ = ["controller_command"]
+
+
+@click.command("controller")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+def controller_command(host: str, port: int, log_level: str) -> None:
+    """Serve the cdiflow REST API (and the dashboard) over HTTP."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = load_settings()
+        app = create_app(settings, migrate_on_start=False)  # refuses missing URLs first
+        assert settings.database_url is not None  # create_app checked it
+        migrate(settings.database_url)
+    except OrchestratorError as exc:
+        raise click.ClickException(str(exc)) from exc
+    # A bounded graceful shutdown: an idle keep-alive client must not hold up `cdiflow down`.
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    controller_command.main(prog_name="python -m orchestrator.controller")

@@ -1,0 +1,249 @@
+"""``cdiflow up`` / ``down`` / ``status``: the whole stack on this machine.
+
+Imports stay light (``Stack`` loads inside ``up``): ``cdiflow`` imports this on every run.
+``cdiflow`` mounts ``up_command``, ``down_command`` and ``status_command``;
+``python -m orchestrator.stack`` offers the same commands plus the internal ``supervise``,
+the process ``up`` starts (in a session of its own) to run the stack.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import click
+
+from orchestrator.errors import OrchestratorError
+from orchestrator.stack.control import (
+    check_no_leftovers,
+    failure_report,
+    launch_supervisor,
+    stop_stack,
+    wait_until_up,
+)
+from orchestrator.stack.defaults import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_WORKERS
+from orchestrator.stack.state import (
+    DataDirLock,
+    StackState,
+    format_table,
+    read_state,
+    running_message,
+)
+
+__all__ = ["down_command", "stack_cli", "status_command", "up_command"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_COMMAND_HELP = (
+    "Command line to run instead of the real {what} (tests, debugging); {{python}}, {{id}}, "
+    "{{host}} and {{port}} are replaced."
+)
+
+
+def _data_dir_option(f: _F) -> _F:
+    return click.option(
+        "--data-dir",
+        envvar="CDIFLOW_DATA_DIR",
+        default=".data",
+        show_default=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Folder with the services' data, the logs and stack.json [env: CDIFLOW_DATA_DIR].",
+    )(f)
+
+
+def _stack_options(f: _F) -> _F:
+    options = [
+        click.option("--workers", "-w", type=click.IntRange(min=0), default=DEFAULT_WORKERS,
+                     show_default=True, help="Number of worker processes."),
+        click.option("--host", default=DEFAULT_HOST, show_default=True,
+                     help="Address the REST API listens on."),
+        click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT,
+                     show_default=True, help="Port the REST API listens on."),
+        click.option("--api-command", hidden=True, help=_COMMAND_HELP.format(what="API")),
+        click.option("--scheduler-command", hidden=True,
+                     help=_COMMAND_HELP.format(what="scheduler")),
+        click.option("--worker-command", hidden=True, help=_COMMAND_HELP.format(what="worker")),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _folder(data_dir: Path) -> Path:
+    return data_dir.expanduser().absolute()
+
+
+@click.command("up")
+@_data_dir_option
+@_stack_options
+@click.option("--detach", "-d", is_flag=True, help="Run in the background; stop with `down`.")
+@click.option("--timeout", type=float, default=300.0, show_default=True,
+              help="Seconds to wait for every piece to answer.")  # fmt: skip
+def up_command(
+    data_dir: Path,
+    workers: int,
+    host: str,
+    port: int,
+    api_command: str | None,
+    scheduler_command: str | None,
+    worker_command: str | None,
+    detach: bool,
+    timeout: float,
+) -> None:
+    """Start cdiflow on this machine: Postgres, Redis and S3 (embedded unless DATABASE_URL,
+    REDIS_URL, S3_ENDPOINT_URL are set), the CDI controller and minion, the REST API, the
+    scheduler and the workers. Ctrl-C stops everything in reverse order."""
+    from orchestrator.stack.stack import Stack  # here: `cdiflow --help` need not load it
+
+    folder = _folder(data_dir)
+    try:  # refuse now, with a clear message, what the supervisor would refuse later
+        Stack(folder, workers=workers, host=host, port=port).preflight()
+        check_no_leftovers(folder)
+    except OrchestratorError as exc:
+        raise click.ClickException(str(exc)) from exc
+    options = ["--workers", str(workers), "--host", host, "--port", str(port)]
+    for flag, value in (("--api-command", api_command), ("--scheduler-command", scheduler_command),
+                        ("--worker-command", worker_command)):  # fmt: skip
+        if value is not None:
+            options += [flag, value]
+    proc = launch_supervisor(folder, options, detach=detach)
+    stop_requested = _forward_stop_signals(proc)
+    try:
+        state = wait_until_up(proc, folder, timeout)
+    except OrchestratorError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if state is None:
+        if stop_requested.is_set():
+            raise click.ClickException("stopped before the stack was up")
+        if detach:
+            raise click.ClickException(failure_report(proc, folder))
+        raise click.ClickException("the stack did not start; see the messages above")
+    click.echo(_summary(state, folder))
+    if detach:
+        click.echo(f"\nRunning in the background. Stop it with: cdiflow down --data-dir {folder}")
+        return
+    click.echo("\nPress Ctrl-C to stop.")
+    status = proc.wait()
+    if status != 0:
+        raise click.ClickException(f"the stack's supervisor exited with status {status}")
+    click.echo("stack stopped")
+
+
+@click.command("down")
+@_data_dir_option
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="Seconds the stack gets to stop before what is left is killed.")  # fmt: skip
+def down_command(data_dir: Path, timeout: float) -> None:
+    """Stop the stack started by `cdiflow up` (foreground or detached) from this data folder."""
+    folder = _folder(data_dir)
+    try:
+        state = stop_stack(folder, timeout)
+    except OrchestratorError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if state is None:
+        if DataDirLock(folder).held_elsewhere():
+            raise click.ClickException(running_message(folder))
+        click.echo(f"no cdiflow stack is running from {folder}")
+        return
+    click.echo(f"stopped the stack in {folder} ({len(state.processes)} processes)")
+
+
+@click.command("status")
+@_data_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def status_command(data_dir: Path, as_json: bool) -> None:
+    """Show the stack running from this data folder (exit status 1 when none runs)."""
+    folder = _folder(data_dir)
+    try:
+        state = read_state(folder)
+    except OrchestratorError as exc:
+        raise click.ClickException(str(exc)) from exc
+    running = state.supervisor.alive() if state else DataDirLock(folder).held_elsewhere()
+    if as_json:
+        report: dict[str, Any] = {"running": running, "data_dir": str(folder)}
+        if state is not None:
+            report |= asdict(state)
+            report["supervisor"]["alive"] = running
+            for row, proc in zip(report["processes"], state.processes, strict=True):
+                row["alive"] = proc.alive()
+        click.echo(json.dumps(report))
+    elif state is None:
+        click.echo(running_message(folder) if running else f"no stack runs from {folder}")
+    else:
+        if running:
+            click.echo(f"cdiflow stack in {folder}, up since {state.started_at}")
+        else:
+            click.echo(f"stale stack.json in {folder}: the supervisor (pid "
+                       f"{state.supervisor.pid}) is gone; `cdiflow down` cleans up")  # fmt: skip
+        click.echo(format_table((state.supervisor, *state.processes), folder, show_state=True))
+    sys.exit(0 if running else 1)
+
+
+@click.command("supervise", hidden=True)
+@_data_dir_option
+@_stack_options
+@click.option("--log-file", type=click.Path(path_type=Path), default=None, hidden=True)
+def supervise_command(
+    data_dir: Path,
+    workers: int,
+    host: str,
+    port: int,
+    api_command: str | None,
+    scheduler_command: str | None,
+    worker_command: str | None,
+    log_file: Path | None,
+) -> None:
+    """Run the stack in this process until SIGTERM/SIGINT (what `up` starts)."""
+    from orchestrator.stack.daemon import run_supervisor
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    commands = {
+        "api_command": api_command,
+        "scheduler_command": scheduler_command,
+        "worker_command": worker_command,
+    }
+    overrides = {key: shlex.split(value) for key, value in commands.items() if value}
+    status = run_supervisor(
+        _folder(data_dir), log_file=log_file, workers=workers, host=host, port=port, **overrides
+    )
+    sys.exit(status)
+
+
+@click.group("stack")
+def stack_cli() -> None:
+    """Run cdiflow on this machine (also mounted as `cdiflow up/down/status`)."""
+
+
+for _command in (up_command, down_command, status_command, supervise_command):
+    stack_cli.add_command(_command)
+
+
+def _summary(state: StackState, folder: Path) -> str:
+    head = f"cdiflow is up: API {state.api_url}  (data and logs in {folder})"
+    return f"{head}\n{format_table((state.supervisor, *state.processes), folder)}"
+
+
+def _forward_stop_signals(proc: subprocess.Popen[bytes]) -> threading.Event:
+    """Turn Ctrl-C, SIGTERM and SIGHUP into a SIGTERM for the supervisor, which stops the
+    stack in order; we keep waiting for it. The returned event is set once one arrived."""
+    requested = threading.Event()
+
+    def forward(_signum: int, _frame: FrameType | None) -> None:
+        requested.set()
+        proc.send_signal(signal.SIGTERM)  # a no-op once it has exited and been reaped
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    return requested

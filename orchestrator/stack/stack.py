@@ -1,0 +1,383 @@
+"""``Stack``: all of cdiflow on one machine, started in order, supervised, stopped in reverse."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import ParamSpec, Self
+
+import redis
+
+from cdi.controller.process import ControllerChild
+from cdi.errors import CDIError
+from cdi.minion.process import MinionChild
+from orchestrator.errors import StackError
+from orchestrator.keys import worker_key
+from orchestrator.services import RunningServices, start_services
+from orchestrator.settings import load_settings
+from orchestrator.stack import probes
+from orchestrator.stack.children import Child, RestartPolicy, describe_exit
+from orchestrator.stack.defaults import (
+    API_COMMAND,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_WORKERS,
+    SCHEDULER_COMMAND,
+    WORKER_COMMAND,
+)
+from orchestrator.stack.env import stack_environment
+from orchestrator.stack.state import DataDirLock, ProcessInfo
+from orchestrator.stack.supervision import Supervisor
+
+__all__ = ["Stack"]
+
+log = logging.getLogger(__name__)
+
+_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+
+_P = ParamSpec("_P")
+
+
+class Stack:
+    """Services, CDI controller and minion, API, scheduler and workers, as child processes.
+
+        with Stack("/tmp/data", workers=2, port=8001) as stack:
+            requests.post(f"{stack.api_url}/api/workflows", ...)
+
+    ``start()`` returns once every piece answers; scheduler and workers that exit on their own
+    are restarted (see ``RestartPolicy``). ``stop()`` ends everything in reverse order, by PID.
+    One stack per data folder (``StackRunning`` otherwise). Pass ``services`` to use running
+    services instead of starting them (they are then left running).
+
+    The CDI controller and minion share the caller's process group, so a terminal Ctrl-C
+    reaches them directly; ``cdiflow up`` therefore runs its stack in a session of its own.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | str | None = None,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        api_command: Sequence[str] = API_COMMAND,
+        scheduler_command: Sequence[str] = SCHEDULER_COMMAND,
+        worker_command: Sequence[str] = WORKER_COMMAND,
+        services: RunningServices | None = None,
+        restart_policy: RestartPolicy | None = None,
+        ready_timeout: float = 60.0,
+        grace: float = 1.0,
+        stop_timeout: float = 10.0,
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
+        if workers < 0:
+            raise StackError(f"workers must be 0 or more, not {workers}")
+        folder = load_settings().data_dir if data_dir is None else Path(data_dir)
+        self.data_dir = folder.expanduser().absolute()
+        self.host = host
+        self.port = port
+        self.api_url = f"http://{probes.url_host(host)}:{port}"
+        self.minion_socket = str(self.data_dir / "cdi" / "minion.sock")
+        self.controller_url = ""  # a free port is picked at start
+        self.scheduler_id = "scheduler-1"
+        self.worker_ids = [f"worker-{n}" for n in range(1, workers + 1)]
+        self.ready_timeout = ready_timeout
+        self.grace = grace
+        self.stop_timeout = stop_timeout
+        self._commands = {
+            "api": list(api_command),
+            "scheduler": list(scheduler_command),
+            "worker": list(worker_command),
+        }
+        self._policy = restart_policy or RestartPolicy()
+        self._on_restart = on_restart
+        self._given_services = services
+        self._services: RunningServices | None = None
+        self._lock = DataDirLock(self.data_dir)
+        self._controller: ControllerChild | None = None
+        self._minion: MinionChild | None = None
+        self._api: Child | None = None
+        self._scheduler: Child | None = None
+        self._workers: dict[str, Child] = {}
+        self._supervisor: Supervisor | None = None
+        self._running = False
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def services(self) -> RunningServices:
+        if self._services is None:
+            raise StackError("the stack is not running; call start() first")
+        return self._services
+
+    def preflight(self) -> None:
+        """Raise now what ``start()`` would refuse (``StackRunning``, a taken port, a socket
+        path too long), without starting anything."""
+        if self._running:
+            return
+        self._lock.acquire()
+        try:
+            self._check_can_start()
+        finally:
+            self._lock.release()
+
+    def start(self) -> Self:
+        """Start every piece in order and wait until each answers; idempotent.
+
+        Raises ``StackRunning``, ``StackError`` (naming the log to read) or ``ServiceError``,
+        after stopping whatever it had started.
+        """
+        if self._running:
+            return self
+        self._lock.acquire()  # first: a second stack is told so, not that the port is taken
+        try:
+            self._check_can_start()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._running = True
+        atexit.register(self.stop)  # a caller that forgets stop() must not leak the children
+        began = time.monotonic()
+        try:
+            self._start_all()
+        except BaseException:  # includes Ctrl-C: never leave a child behind
+            self.stop()
+            raise
+        supervised = [c for c in (self._scheduler, *self._workers.values()) if c is not None]
+        self._supervisor = Supervisor(supervised, self._policy, on_restart=self._restarted)
+        self._supervisor.start()
+        log.info("stack ready in %.1fs: API %s, data %s",
+                 time.monotonic() - began, self.api_url, self.data_dir)  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        """Stop workers, scheduler, API, minion, controller, then services; idempotent."""
+        if not self._running:
+            return
+        if self._supervisor is not None:
+            self._supervisor.stop()  # first, so nothing is restarted while we stop it
+            self._supervisor = None
+        workers = list(self._workers.values())
+        for worker in workers:  # signal all, then wait: they stop in parallel
+            _guard(worker.send_signal, signal.SIGTERM)
+        for worker in workers:
+            _guard(worker.finish, self.stop_timeout)
+        for child in (self._scheduler, self._api):
+            if child is not None:
+                _guard(child.stop, self.stop_timeout)
+        if self._minion is not None:
+            _guard(self._minion.stop, self.stop_timeout)
+            log.info("cdi-minion stopped")
+        socket_path = Path(self.minion_socket)
+        if socket_path.is_socket():  # a minion that was killed cannot remove its socket
+            _guard(socket_path.unlink, missing_ok=True)
+        if self._controller is not None:
+            _guard(self._controller.stop, self.stop_timeout)
+            log.info("cdi-controller stopped")
+        if self._services is not None and self._given_services is None:
+            _guard(self._services.stop)
+        self._workers.clear()
+        self._api = self._scheduler = self._minion = self._controller = None
+        self._services = None
+        self._running = False
+        atexit.unregister(self.stop)
+        self._lock.release()
+        log.info("stack stopped (%s)", self.data_dir)
+
+    def kill_worker(self, worker_id: str, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to one worker by PID (the supervisor will restart it); return the PID."""
+        child = self._workers.get(worker_id)
+        if child is None:
+            raise StackError(f"no worker {worker_id!r}; workers: {', '.join(self.worker_ids)}")
+        pid = child.pid
+        if pid is None or not child.running:
+            raise StackError(f"{worker_id} is not running now (it may be restarting)")
+        child.send_signal(sig)
+        return pid
+
+    def pid_of(self, name: str) -> int | None:
+        """PID of a process by its row name (``api``, ``worker-1``, ``cdi-minion``, ...)."""
+        return next((p.pid for p in self.processes() if p.name == name), None)
+
+    def restarts(self, name: str) -> int:
+        """How many times the scheduler or a worker was restarted."""
+        return self._supervisor.restarts(name) if self._supervisor is not None else 0
+
+    def processes(self) -> list[ProcessInfo]:
+        """Every piece in start order: services, controller, minion, API, scheduler, workers."""
+        rows: list[ProcessInfo] = []
+        if self._services is not None:
+            svc = self._services
+            embedded = {s.name: s for s in svc.embedded}
+            urls = {"postgres": svc.database_url, "redis": svc.redis_url, "s3": svc.s3_endpoint_url}
+            for name, url in urls.items():
+                shown = probes.hide_password(url)
+                if (service := embedded.get(name)) is not None:
+                    rows.append(ProcessInfo.of(name, service.pid, shown, service.log_file))
+                else:
+                    rows.append(ProcessInfo(name, None, shown))  # configured, not ours
+        for name, cdi_child, address in (
+            ("cdi-controller", self._controller, self.controller_url),
+            ("cdi-minion", self._minion, f"unix://{self.minion_socket}"),
+        ):
+            if cdi_child is not None and cdi_child.process is not None:
+                log_file = Path(cdi_child.log_path)
+                rows.append(ProcessInfo.of(name, cdi_child.pid, address, log_file))
+        if self._api is not None:
+            rows.append(ProcessInfo.of("api", self._api.pid, self.api_url, self._api.log_path))
+        for child in (self._scheduler, *self._workers.values()):
+            if child is not None:
+                rows.append(ProcessInfo.of(child.name, child.pid, "", child.log_path))
+        return rows
+
+    def environment(self) -> dict[str, str]:
+        """The environment the stack's processes get (for launching another one alongside)."""
+        return stack_environment(
+            self.services,
+            data_dir=self.data_dir,
+            minion_socket=self.minion_socket,
+            controller_url=self.controller_url,
+        )
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- start-up -------------------------------------------------------------------------
+
+    def _check_can_start(self) -> None:
+        """Refuse early, before starting anything, what would fail later."""
+        if not probes.port_is_free(self.host, self.port):
+            raise StackError(
+                f"port {self.port} on {self.host} is already in use, so the API cannot listen "
+                "there; stop what listens on it or choose another port with --port"
+            )
+        if len(os.fsencode(self.minion_socket)) > _SOCKET_PATH_MAX:
+            raise StackError(
+                f"the minion socket path {self.minion_socket} is longer than a Unix socket "
+                f"allows ({_SOCKET_PATH_MAX} bytes); choose a shorter --data-dir"
+            )
+
+    def _start_all(self) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self._services = self._given_services or start_services(self.data_dir)
+        self.controller_url = f"grpc://127.0.0.1:{probes.free_port()}"
+        self._controller = ControllerChild(
+            self.controller_url, log_path=str(self.logs_dir / "cdi-controller.log")
+        )
+        self._minion = MinionChild(
+            self.minion_socket,
+            "--controller",
+            self.controller_url,
+            log_path=str(self.logs_dir / "cdi-minion.log"),
+        )
+        for what, cdi_child in (("CDI controller", self._controller), ("minion", self._minion)):
+            try:
+                cdi_child.start()
+            except CDIError as exc:
+                raise StackError(f"{what}: {exc}", log_file=Path(cdi_child.log_path)) from exc
+        env = self.environment()
+
+        self._api = self._child("api", "api", env)
+        self._api.start()
+        healthz = f"{self.api_url}/api/healthz"
+        self._wait(self._api, lambda: probes.http_ok(healthz), lambda: f"GET {healthz} = 200")
+
+        self._scheduler = self._child(self.scheduler_id, "scheduler", env)
+        self._scheduler.start()
+        scheduler = self._scheduler
+        self._wait(scheduler, lambda: time.monotonic() - scheduler.started_at >= self.grace,
+                   lambda: f"it to stay up for {self.grace:g}s")  # fmt: skip
+
+        self._workers = {wid: self._child(wid, "worker", env) for wid in self.worker_ids}
+        for worker in self._workers.values():
+            worker.start()
+        client = redis.Redis.from_url(
+            self.services.redis_url,
+            decode_responses=True,
+            socket_timeout=2,
+            socket_connect_timeout=2,
+        )
+        try:
+            for worker in self._workers.values():
+                self._wait_heartbeat(client, worker)
+        finally:
+            client.close()
+
+    def _child(self, name: str, kind: str, env: dict[str, str]) -> Child:
+        values = {"{python}": sys.executable, "{id}": name,
+                  "{host}": self.host, "{port}": str(self.port)}  # fmt: skip
+        argv = []
+        for arg in self._commands[kind]:
+            for placeholder, value in values.items():
+                arg = arg.replace(placeholder, value)
+            argv.append(arg)
+        return Child(name, argv, env, self.logs_dir / f"{name}.log")
+
+    def _wait(self, child: Child, ready: Callable[[], bool], what: Callable[[], str]) -> None:
+        """Poll ``ready`` until true; raise with the log's tail if the child ends or stalls."""
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            status = child.poll()
+            if status is not None:
+                raise self._failed(child, f"{child.name} exited with {describe_exit(status)} "
+                                          "while starting")  # fmt: skip
+            if ready():
+                log.info("%s ready (pid %s, log %s)", child.name, child.pid, child.log_path)
+                return
+            if time.monotonic() > deadline:
+                raise self._failed(
+                    child, f"{child.name} was not ready within {self.ready_timeout:g}s "
+                    f"(waited for {what()})"
+                )  # fmt: skip
+            time.sleep(0.05)
+
+    def _wait_heartbeat(self, client: redis.Redis, worker: Child) -> None:
+        problem = ""
+
+        def beating() -> bool:
+            nonlocal problem
+            try:
+                return probes.worker_heartbeat(client, worker.name, worker.launched_at)
+            except redis.RedisError as exc:  # Redis may be busy; the deadline still holds
+                problem = f"; last Redis error: {exc}"
+                return False
+
+        key = worker_key(worker.name)
+        self._wait(worker, beating, lambda: f"its heartbeat {key} in Redis{problem}")
+
+    def _failed(self, child: Child, message: str) -> StackError:
+        text = f"{message}; see {child.log_path}"
+        if tail := child.log_tail():
+            text += f"\n--- last lines of {child.log_path.name} ---\n{tail}"
+        return StackError(text, log_file=child.log_path)
+
+    def _restarted(self, child: Child) -> None:
+        if self._on_restart is not None:
+            self._on_restart(child.name)
+
+
+def _guard(step: Callable[_P, object], *args: _P.args, **kwargs: _P.kwargs) -> None:
+    """Run one stop step; a failure is logged and the remaining steps still run."""
+    try:
+        step(*args, **kwargs)
+    except Exception:
+        log.exception("while stopping the stack")
