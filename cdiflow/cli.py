@@ -44,13 +44,29 @@ def bench_group() -> None:
 bench_group.add_command(bench_cdi_command)
 
 
-@main.command("demo")
+@cdi_group.command("demo")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option(
-    "--data-dir", default=".data/demo", show_default=True, help="Where logs and results go."
+    "--data-dir",
+    default=".data/cdi-demo",
+    show_default=True,
+    help="Where logs and the result image go.",
 )
-def demo_command(as_json: bool, data_dir: str) -> None:
-    """Run the demo on the embedded default and print where to look."""
+def cdi_demo_command(as_json: bool, data_dir: str) -> None:
+    """Two processes pass an image through one CDI object (CDI runtime only)."""
     from cdiflow.demo_cdi import run_cdi_demo
 
     run_cdi_demo(data_dir=data_dir, as_json=as_json)
+
+
+@main.command("demo")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--data-dir", default=None, help="Stack data folder (default ./.data).")
+@click.option("--port", default=8000, show_default=True, help="Port of the REST API.")
+def demo_command(as_json: bool, data_dir: str | None, port: int) -> None:
+    """Start the whole stack, run the image pipeline under every policy, print a summary."""
+    from cdiflow.demo import run_demo
+
+    report = run_demo(data_dir=data_dir, as_json=as_json, port=port)
+    if report["failed"]:
+        raise SystemExit(1)

@@ -36,6 +36,7 @@ class WorkerLoad:
     queue_depth: int
     running: int
     in_flight: int  # instructions this scheduler sent that have not been reported yet
+    started_at: float = 0.0  # when the worker process started: a change means it restarted
 
     @property
     def backlog(self) -> int:
@@ -66,6 +67,7 @@ def read_workers(
                 queue_depth=int(fields.get("queue_depth", "0")),
                 running=int(fields.get("running", "0")),
                 in_flight=in_flight.get(worker_id, 0),
+                started_at=float(fields.get("started_at", "0")),
             )
         except ValueError:
             load = WorkerLoad(worker_id, False, 0, 0, 0, 0, in_flight.get(worker_id, 0))
@@ -85,9 +87,13 @@ def choose_worker(
     task_s: float,
     nbytes: int,
     rng: random.Random | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> str | None:
-    """The worker for the next task, or ``None`` when no worker is alive."""
-    alive = [w for w in workers if w.alive]
+    """The worker for the next task, or ``None`` when no worker is alive. Workers in ``avoid``
+    (one that just lost this task) are used only when no other is alive."""
+    alive = [w for w in workers if w.alive and w.worker_id not in avoid] or [
+        w for w in workers if w.alive
+    ]
     if not alive:
         return None
     rng = rng or random.Random()

@@ -45,6 +45,8 @@ class RunState:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     in_flight: Instruction | None = None
     in_flight_worker: str = ""
+    in_flight_worker_started: float = 0.0  # the worker's start time when we dispatched
+    avoid: frozenset[str] = frozenset()  # workers that lost the current step
     deadline: float = 0.0  # monotonic: when a silent in-flight task is presumed lost
     retry_at: float = 0.0  # monotonic: when a failed attempt is dispatched again
     waiting_for_worker: bool = False

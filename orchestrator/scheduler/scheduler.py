@@ -256,6 +256,9 @@ class Scheduler:
 
         def ready() -> None:
             run.key, run.owner, run.nbytes = key, self.id, size
+            if run.cancelled or run.workflow_id not in self.runs:
+                self._release_object(run)  # cancelled while we were downloading
+                return
             self._dispatch(run)
 
         self._post(ready)
@@ -286,13 +289,15 @@ class Scheduler:
         if run.cancelled or run.workflow_id not in self.runs:
             return
         step = run.current
+        loads = self._workers()
         worker = choose_worker(
-            self._workers(),
+            loads,
             run.policy,
             run.last_worker,
             task_s=self._task_s[step.task],
             nbytes=run.nbytes,
             rng=self._rng,
+            avoid=run.avoid,
         )
         if worker is None:
             run.waiting_for_worker = True
@@ -316,6 +321,9 @@ class Scheduler:
                 )
         instruction = self._instruction(run, step, worker, task_run_id)
         run.in_flight, run.in_flight_worker = instruction, worker
+        run.in_flight_worker_started = next(
+            (w.started_at for w in loads if w.worker_id == worker), 0.0
+        )
         run.deadline = time.monotonic() + step.timeout_s + LOST_GRACE_S
         run.last_worker = worker
         self._in_flight[worker] += 1
@@ -418,6 +426,7 @@ class Scheduler:
             else:
                 run.step += 1
                 run.attempt = 1
+                run.avoid = frozenset()
                 self._dispatch(run)
             return
         self._after_failure(run, report.error or report.status, report.retryable)
@@ -470,12 +479,14 @@ class Scheduler:
             if run.in_flight is None:
                 continue
             worker = loads.get(run.in_flight_worker)
-            dead = worker is None or not worker.alive
+            restarted = worker is not None and worker.started_at != run.in_flight_worker_started
+            dead = worker is None or not worker.alive or restarted
             if not dead and now < run.deadline:
                 continue
             if run.data_plane == "cdi" and not self._regain(run):
                 continue  # the worker still holds the object: it is alive after all
             task_run_id = run.in_flight.task_run_id
+            lost_text = run.in_flight.dumps()
             self._in_flight[run.in_flight_worker] -= 1
             run.in_flight = None
             reason = (
@@ -497,11 +508,13 @@ class Scheduler:
                         {"ref": task_run.ref, "reason": reason},
                         workflow_id=run.workflow_id,
                     )
-            if dead:  # what it had queued is re-dispatched from our state, not from Redis
-                self.redis.delete(
-                    keys.worker_queue_key(run.in_flight_worker),
-                    keys.worker_inflight_key(run.in_flight_worker),
-                )
+            # Withdraw this instruction wherever it still sits, so a restarted worker of the
+            # same id does not run it too; other runs' instructions stay where they are.
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.lrem(keys.worker_queue_key(run.in_flight_worker), 0, lost_text)
+            pipe.lrem(keys.worker_inflight_key(run.in_flight_worker), 0, lost_text)
+            pipe.execute()
+            run.avoid = run.avoid | {run.in_flight_worker}
             run.last_worker = None
             self._after_failure(run, reason, retryable=True)
 

@@ -41,7 +41,7 @@ def test_bench_cdi_refuses_bad_options() -> None:
 
 
 def test_demo_passes_an_image_through_a_cdi_object(tmp_path: Path) -> None:
-    done = run_cli("demo", "--json", "--data-dir", str(tmp_path))
+    done = run_cli("cdi", "demo", "--json", "--data-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["correct"] is True

@@ -1,0 +1,284 @@
+"""The orchestrator end to end: a real stack (Postgres, Redis, S3 endpoint, CDI controller and
+minion, API, scheduler, two workers as processes), driven over its REST API like a user would."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+import cdi
+from orchestrator.stack import Stack
+from workflows import imagebuf
+from workflows.image_tasks import reference_pipeline
+from workflows.samples import bundled_samples
+
+MAX_INPUT_BYTES = 3_000_000
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class Harness:
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.api = httpx.Client(base_url=stack.api_url, timeout=30)
+        services = stack.services
+        self.bucket = services.s3_bucket
+        self.s3: Any = boto3.client(
+            "s3",
+            endpoint_url=services.s3_endpoint_url,
+            region_name=services.aws_region,
+            aws_access_key_id=services.aws_access_key_id,
+            aws_secret_access_key=services.aws_secret_access_key,
+        )
+
+    def upload(self, key: str, data: bytes) -> str:
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+        return f"s3://{self.bucket}/{key}"
+
+    def download(self, uri: str) -> bytes:
+        bucket, key = uri.removeprefix("s3://").split("/", 1)
+        body: bytes = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        return body
+
+    def start(
+        self,
+        image: str,
+        policy: str = "affinity",
+        plane: str = "cdi",
+        workflow: str = "image_pipeline",
+    ) -> str:
+        body = {
+            "workflow": workflow,
+            "input": {"image": image},
+            "policy": policy,
+            "data_plane": plane,
+        }
+        reply = self.api.post("/api/workflows", json=body)
+        assert reply.status_code == 201, reply.text
+        workflow_id: str = reply.json()["id"]
+        return workflow_id
+
+    def get(self, workflow_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = (
+            self.api.get(f"/api/workflows/{workflow_id}").raise_for_status().json()
+        )
+        return body
+
+    def wait(self, workflow_id: str, timeout: float = 120) -> dict[str, Any]:
+        return wait_for(lambda: self._finished(workflow_id), f"workflow {workflow_id}", timeout)
+
+    def _finished(self, workflow_id: str) -> dict[str, Any] | None:
+        body = self.get(workflow_id)
+        return body if body["status"] in FINISHED else None
+
+
+def wait_for(probe: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[Harness]:
+    folder = tempfile.mkdtemp(prefix="cdiflow-e2e-")
+    os.chmod(folder, 0o755)
+    previous = os.environ.get("MAX_INPUT_BYTES")
+    os.environ["MAX_INPUT_BYTES"] = str(MAX_INPUT_BYTES)  # the stack's processes inherit it
+    try:
+        with Stack(folder, workers=2, port=free_port()) as stack:
+            h = Harness(stack)
+            yield h
+            h.api.close()
+            # Every workflow is finished: no CDI object may be left in the minion.
+            with cdi.Client(stack.minion_socket) as probe:
+                try:
+                    stat = wait_for(
+                        lambda: (s := probe.stat()) and s["objects"] == 0 and s,
+                        "the minion to hold no object",
+                        timeout=30,
+                    )
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}: {probe.list_objects()}") from None
+                assert stat["used_segments"] == 0
+    finally:
+        if previous is None:
+            os.environ.pop("MAX_INPUT_BYTES", None)
+        else:
+            os.environ["MAX_INPUT_BYTES"] = previous
+        subprocess.run(["rm", "-rf", folder], check=False)
+
+
+def expected(sample: Path) -> tuple[np.ndarray[Any, Any], str]:
+    image, label = reference_pipeline(imagebuf.decode_bytes(sample.read_bytes()))
+    return np.asarray(image), label
+
+
+@pytest.mark.parametrize(
+    ("policy", "plane"),
+    [("affinity", "cdi"), ("transfer", "cdi"), ("auto", "cdi"), ("affinity", "object-store")],
+)
+def test_result_equals_the_same_pillow_operations_applied_locally(
+    harness: Harness, policy: str, plane: str
+) -> None:
+    sample = bundled_samples()["green_field.jpg"]
+    image = harness.upload(f"in/{policy}-{plane}.jpg", sample.read_bytes())
+    done = harness.wait(harness.start(image, policy, plane))
+    assert done["status"] == "COMPLETED", done["error"]
+    pixels, label = expected(sample)
+    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
+    assert result.shape == pixels.shape
+    assert np.array_equal(result, pixels)
+    assert done["output"]["label"] == label
+    runs = done["task_runs"]
+    assert [r["ref"] for r in runs] == ["deblur", "denoise", "classify"]
+    assert all(r["status"] == "COMPLETED" and r["worker_id"] for r in runs)
+    if policy == "affinity":
+        assert len({r["worker_id"] for r in runs}) == 1
+    if plane == "cdi":
+        assert done["handoffs"], "a CDI workflow moves ownership at least to a worker and back"
+    else:
+        assert not done["handoffs"]
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "reason"),
+    [
+        ("missing", None, "does not exist"),
+        ("not-an-image", b"this is plain text, not a picture" * 10, "not a recognised image"),
+        ("too-large", os.urandom(MAX_INPUT_BYTES + 1), "limit"),
+    ],
+)
+def test_bad_inputs_fail_their_workflow_with_a_reason_and_no_worker_dies(
+    harness: Harness, name: str, data: bytes | None, reason: str
+) -> None:
+    pids = {w: harness.stack.pid_of(w) for w in harness.stack.worker_ids}
+    uri = (
+        f"s3://{harness.bucket}/nowhere/{name}.jpg"
+        if data is None
+        else harness.upload(f"bad/{name}.jpg", data)
+    )
+    for plane in ("cdi", "object-store"):
+        done = harness.wait(harness.start(uri, "transfer", plane))
+        assert done["status"] == "FAILED"
+        assert reason in done["error"], done["error"]
+        assert uri in done["error"] or plane == "object-store"
+    assert {w: harness.stack.pid_of(w) for w in harness.stack.worker_ids} == pids
+
+
+@pytest.fixture(scope="module")
+def napping(harness: Harness) -> str:
+    """A user-registered pipeline with a 3 s step, to act while a task is running."""
+    api = harness.api
+    reply = api.post(
+        "/api/tasks",
+        json={
+            "name": "nap",
+            "module": "workflows.image_tasks:sleep",
+            "timeout_s": 20,
+            "retries": 2,
+            "retry_backoff_s": 0.1,
+        },
+    )
+    assert reply.status_code == 201, reply.text
+    reply = api.post(
+        "/api/workflow-definitions",
+        json={
+            "name": "napping_pipeline",
+            "tasks": [
+                {"ref": "deblur", "task": "deblur"},
+                {"ref": "nap", "task": "nap", "depends_on": ["deblur"], "params": {"ms": 3000}},
+                {"ref": "denoise", "task": "denoise", "depends_on": ["nap"]},
+                {"ref": "classify", "task": "classify", "depends_on": ["denoise"]},
+            ],
+        },
+    )
+    assert reply.status_code == 201, reply.text
+    return "napping_pipeline"
+
+
+def test_a_worker_killed_mid_task_is_replaced_and_the_result_is_unchanged(
+    harness: Harness, napping: str
+) -> None:
+    api = harness.api
+    sample = bundled_samples()["sunset.jpg"]
+    workflow_id = harness.start(
+        harness.upload("in/kill.jpg", sample.read_bytes()), "transfer", workflow=napping
+    )
+
+    def napping_worker() -> str | None:
+        runs = harness.get(workflow_id)["task_runs"]
+        nap = [r for r in runs if r["ref"] == "nap"]
+        if not nap:
+            return None
+        worker = nap[-1]["worker_id"]
+        beats = {w["id"]: w for w in api.get("/api/workers").json()}
+        return worker if beats.get(worker, {}).get("running", 0) >= 1 else None
+
+    victim = wait_for(napping_worker, "the nap task to be running", timeout=60)
+    harness.stack.kill_worker(victim, signal.SIGKILL)
+    done = harness.wait(workflow_id, timeout=120)
+    assert done["status"] == "COMPLETED", done["error"]
+    naps = [r for r in done["task_runs"] if r["ref"] == "nap"]
+    assert naps[0]["status"] == "FAILED" and naps[0]["worker_id"] == victim
+    assert naps[-1]["status"] == "COMPLETED" and naps[-1]["worker_id"] != victim
+    pixels, label = expected(sample)
+    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
+    assert np.array_equal(result, pixels) and done["output"]["label"] == label
+
+
+def test_two_schedulers_never_schedule_a_workflow_twice(harness: Harness) -> None:
+    second = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.scheduler", "--id", "scheduler-2"],
+        env=harness.stack.environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        sample = bundled_samples()["night.jpg"]
+        image = harness.upload("in/two.jpg", sample.read_bytes())
+        ids = [harness.start(image, "transfer") for _ in range(12)]
+        finished = [harness.wait(i) for i in ids]
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=30)
+    for done in finished:
+        assert done["status"] == "COMPLETED", done["error"]
+        refs = [r["ref"] for r in done["task_runs"]]
+        assert refs == ["deblur", "denoise", "classify"], refs  # each step ran exactly once
+
+
+def test_cancel_stops_a_running_workflow_and_frees_its_object(
+    harness: Harness, napping: str
+) -> None:
+    image = harness.upload("in/cancel.jpg", bundled_samples()["blue_sky.jpg"].read_bytes())
+    workflow_id = harness.start(image, "affinity", workflow=napping)
+    wait_for(lambda: harness.get(workflow_id)["status"] == "RUNNING", "RUNNING")
+    assert harness.api.post(f"/api/workflows/{workflow_id}/cancel").status_code == 200
+    assert harness.wait(workflow_id)["status"] == "CANCELLED"
+    retried = harness.api.post(f"/api/workflows/{workflow_id}/retry").json()
+    assert harness.wait(retried["id"])["status"] == "COMPLETED"
