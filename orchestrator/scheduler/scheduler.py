@@ -58,6 +58,7 @@ TICK_S = 0.25
 CLAIM_BATCH = 32
 LOST_GRACE_S = 5.0  # beyond a task's timeout before its silent worker is presumed gone
 RECLAIM_AFTER_S = 60.0  # a claim older than this without progress is taken over
+RELEASE_TASK = "workflows.image_tasks:noop"  # what a worker runs to hand an object back
 
 
 class Scheduler:
@@ -391,7 +392,9 @@ class Scheduler:
     def _on_report(self, report: Report) -> None:
         run = self.runs.get(uuid.UUID(report.workflow_id))
         if run is None or run.in_flight is None or run.in_flight.task_run_id != report.task_run_id:
-            log.info("ignoring a stale report for task run %s", report.task_run_id)
+            log.info("stale report for task run %s", report.task_run_id)
+            if report.key and not report.kept and run is None:
+                self._destroy(report.key)  # its workflow is over: the object came back to die
             return
         self._in_flight[run.in_flight_worker] -= 1
         run.in_flight = None
@@ -580,14 +583,37 @@ class Scheduler:
             )
 
     def _release_object(self, run: RunState) -> None:
-        if run.data_plane != "cdi" or not run.key or run.owner != self.id:
+        """Free a finished workflow's object; one a worker kept is first asked back."""
+        if run.data_plane != "cdi" or not run.key:
             return
+        if run.owner == self.id:
+            self._destroy(run.key)
+            return
+        # A worker holds it (affinity): a no-op instruction makes it hand the object back; the
+        # report then arrives for a workflow we no longer track, and _on_report destroys it.
+        give_back = Instruction(
+            task_run_id=0,
+            workflow_id=str(run.workflow_id),
+            ref="release",
+            task=RELEASE_TASK,
+            attempt=1,
+            timeout_s=30,
+            reply_to=self.reply_key,
+            data_plane="cdi",
+            key=run.key,
+            keep=False,
+            return_to=self.id,
+            queued_at=time.time(),
+        )
+        self.redis.lpush(keys.worker_queue_key(run.owner), give_back.dumps())
+
+    def _destroy(self, key: str) -> None:
         try:
-            obj = self.cdi.use(run.key)
+            obj = self.cdi.use(key)
             obj.access(timeout=5).release()
             obj.destroy()
         except cdi.CDIError as exc:
-            log.warning("could not destroy %s: %s", run.key, exc)
+            log.warning("could not destroy %s: %s", key, exc)
 
     def _complete(self, run: RunState, result_uri: str) -> None:
         output: dict[str, Any] = {}
