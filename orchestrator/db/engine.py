@@ -18,13 +18,21 @@ MAX_OVERFLOW = 5
 
 
 def make_engine(
-    database_url: str, *, pool_size: int = POOL_SIZE, pooled: bool = True, echo: bool = False
+    database_url: str,
+    *,
+    pool_size: int = POOL_SIZE,
+    pooled: bool = True,
+    echo: bool = False,
+    synchronous_commit: bool = True,
 ) -> Engine:
     """An engine for ``database_url`` (``postgres://`` is read as psycopg 3).
 
     Connections are checked before use (``pool_pre_ping``) so a restarted server costs one
     failed ping, not one failed request; waiting for a free connection gives up after 10 s.
     ``pooled=False`` opens a connection per use, for one-shot jobs such as migrations.
+    ``synchronous_commit=False`` lets a commit return before its WAL reaches disk (Postgres
+    stays consistent; a crash can lose the last fraction of a second of commits): for the
+    scheduler's task-run bookkeeping, which a restarted scheduler redoes from the input anyway.
     """
     try:
         url = make_url(database_url)
@@ -36,8 +44,9 @@ def make_engine(
         raise ConfigError(
             f"database scheme {url.drivername!r} is not supported; use postgresql+psycopg://"
         )
+    connect_args = {} if synchronous_commit else {"options": "-c synchronous_commit=off"}
     if not pooled:
-        return create_engine(url, poolclass=NullPool, echo=echo)
+        return create_engine(url, poolclass=NullPool, echo=echo, connect_args=connect_args)
     return create_engine(
         url,
         pool_size=pool_size,
@@ -46,6 +55,7 @@ def make_engine(
         pool_pre_ping=True,
         pool_recycle=1800,
         echo=echo,
+        connect_args=connect_args,
     )
 
 

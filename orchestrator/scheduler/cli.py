@@ -35,7 +35,7 @@ def scheduler_command(scheduler_id: str, log_level: str) -> None:
     settings = load_settings()
     if not settings.database_url or not settings.redis_url:
         raise click.UsageError("DATABASE_URL and REDIS_URL must be set (`cdiflow up` sets them)")
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, synchronous_commit=False)
     client = cdi.connect(os.environ.get("CDI_URL"), scheduler_id)
     scheduler = Scheduler(
         scheduler_id,

@@ -289,6 +289,18 @@ class Scheduler:
     def _dispatch(self, run: RunState) -> None:
         if run.cancelled or run.workflow_id not in self.runs:
             return
+        with self.sessions() as session, session.begin():
+            placed = self._place(session, run)
+        if placed is not None:
+            self._send(*placed)
+
+    def _send(self, worker: str, instruction: Instruction) -> None:
+        """Push after the task run is committed, so its report always finds the row."""
+        self.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
+
+    def _place(self, session: Session, run: RunState) -> tuple[str, Instruction] | None:
+        """Choose the worker, record the task run, move the object: the next step's
+        instruction, to send once ``session`` commits; ``None`` while no worker is alive."""
         step = run.current
         loads = self._workers()
         worker = choose_worker(
@@ -302,24 +314,23 @@ class Scheduler:
         )
         if worker is None:
             run.waiting_for_worker = True
-            return
+            return None
         run.waiting_for_worker = False
-        with self.sessions() as session, session.begin():
-            task_run = repo.add_task_run(
-                session, run.workflow_id, step.ref, step.task, attempt=run.attempt, worker_id=worker
+        task_run = repo.add_task_run(
+            session, run.workflow_id, step.ref, step.task, attempt=run.attempt, worker_id=worker
+        )
+        task_run_id = task_run.id
+        if run.data_plane == "cdi" and run.owner != worker:
+            moved_us = self._transfer(run, worker)
+            repo.record_handoff(
+                session,
+                run.workflow_id,
+                self.id,
+                worker,
+                nbytes=run.nbytes,
+                duration_us=moved_us,
+                task_run_id=task_run_id,
             )
-            task_run_id = task_run.id
-            if run.data_plane == "cdi" and run.owner != worker:
-                moved_us = self._transfer(run, worker)
-                repo.record_handoff(
-                    session,
-                    run.workflow_id,
-                    self.id,
-                    worker,
-                    nbytes=run.nbytes,
-                    duration_us=moved_us,
-                    task_run_id=task_run_id,
-                )
         instruction = self._instruction(run, step, worker, task_run_id)
         run.in_flight, run.in_flight_worker = instruction, worker
         run.in_flight_worker_started = next(
@@ -328,7 +339,7 @@ class Scheduler:
         run.deadline = time.monotonic() + step.timeout_s + LOST_GRACE_S
         run.last_worker = worker
         self._in_flight[worker] += 1
-        self.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
+        return worker, instruction
 
     def _transfer(self, run: RunState, worker: str) -> float:
         started = time.perf_counter_ns()
@@ -402,6 +413,18 @@ class Scheduler:
             run.key = report.key or run.key
             run.owner = report.worker_id if report.kept else self.id
         step = run.current
+        completed = report.status == "COMPLETED"
+        all_done = completed and run.last_step
+        if completed:
+            run_s = max(0.0, report.finished_at - report.started_at)
+            self._task_s[step.task] = 0.8 * self._task_s[step.task] + 0.2 * run_s
+            run.outputs[step.ref] = report.output
+            if report.bytes_out and run.data_plane == "cdi":
+                run.nbytes = report.bytes_out
+            if run.data_plane == "object-store":
+                run.current_uri = self._output_uri_of(run, step)
+        placed = None
+        # One transaction records the report and places the next step: a commit each.
         with self.sessions() as session, session.begin():
             self._record_report(session, report)
             if report.kept is False and run.data_plane == "cdi" and report.key:
@@ -414,25 +437,19 @@ class Scheduler:
                     duration_us=0.0,
                     task_run_id=report.task_run_id,
                 )
-        if report.status == "COMPLETED":
-            run_s = max(0.0, report.finished_at - report.started_at)
-            self._task_s[step.task] = 0.8 * self._task_s[step.task] + 0.2 * run_s
-            run.outputs[step.ref] = report.output
-            if report.bytes_out:
-                run.nbytes = report.bytes_out if run.data_plane == "cdi" else run.nbytes
-            if run.data_plane == "object-store":
-                run.current_uri = self._output_uri_of(run, step)
-            if run.cancelled:
-                self._cleanup_cancelled(run)
-            elif run.last_step:
-                self._finish(run)
-            else:
+            if completed and not run.cancelled and not all_done:
                 run.step += 1
                 run.attempt = 1
                 run.avoid = frozenset()
-                self._dispatch(run)
-            return
-        self._after_failure(run, report.error or report.status, report.retryable)
+                placed = self._place(session, run)
+        if placed is not None:
+            self._send(*placed)
+        if not completed:
+            self._after_failure(run, report.error or report.status, report.retryable)
+        elif run.cancelled:
+            self._cleanup_cancelled(run)
+        elif all_done:
+            self._finish(run)
 
     def _output_uri_of(self, run: RunState, step: StepSpec) -> str:
         return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png")
