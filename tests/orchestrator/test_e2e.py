@@ -86,7 +86,10 @@ class Harness:
         return body
 
     def wait(self, workflow_id: str, timeout: float = 120) -> dict[str, Any]:
-        return wait_for(lambda: self._finished(workflow_id), f"workflow {workflow_id}", timeout)
+        done: dict[str, Any] = wait_for(
+            lambda: self._finished(workflow_id), f"workflow {workflow_id}", timeout
+        )
+        return done
 
     def _finished(self, workflow_id: str) -> dict[str, Any] | None:
         body = self.get(workflow_id)
