@@ -285,3 +285,48 @@ def test_cancel_stops_a_running_workflow_and_frees_its_object(
     assert harness.wait(workflow_id)["status"] == "CANCELLED"
     retried = harness.api.post(f"/api/workflows/{workflow_id}/retry").json()
     assert harness.wait(retried["id"])["status"] == "COMPLETED"
+
+
+def test_a_failed_task_is_retried_with_backoff_and_a_slow_one_times_out(
+    harness: Harness,
+) -> None:
+    api = harness.api
+    for task in (
+        {
+            "name": "flaky",
+            "module": "tests.orchestrator.flaky_tasks:fail_first_attempt",
+            "timeout_s": 20,
+            "retries": 2,
+            "retry_backoff_s": 0.3,
+        },
+        {
+            "name": "too_slow",
+            "module": "workflows.image_tasks:sleep",
+            "timeout_s": 0.5,
+            "retries": 0,
+            "retry_backoff_s": 0.1,
+        },
+    ):
+        assert api.post("/api/tasks", json=task).status_code == 201
+    for name, step in (("flaky_pipeline", "flaky"), ("slow_pipeline", "too_slow")):
+        reply = api.post(
+            "/api/workflow-definitions",
+            json={
+                "name": name,
+                "tasks": [
+                    {"ref": step, "task": step, "params": {"ms": 5000}},
+                    {"ref": "classify", "task": "classify", "depends_on": [step]},
+                ],
+            },
+        )
+        assert reply.status_code == 201, reply.text
+    image = harness.upload("in/retry.jpg", bundled_samples()["night.jpg"].read_bytes())
+    flaky = harness.wait(harness.start(image, "transfer", workflow="flaky_pipeline"))
+    assert flaky["status"] == "COMPLETED", flaky["error"]
+    attempts = [r for r in flaky["task_runs"] if r["ref"] == "flaky"]
+    assert [r["status"] for r in attempts] == ["FAILED", "COMPLETED"]
+    assert "transient failure" in attempts[0]["error"]
+    slow = harness.wait(harness.start(image, "transfer", workflow="slow_pipeline"))
+    assert slow["status"] == "FAILED"
+    assert [r["status"] for r in slow["task_runs"]] == ["TIMED_OUT"]
+    assert "too_slow" in slow["error"]
