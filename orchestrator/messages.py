@@ -82,6 +82,7 @@ class Report:
     read_ms: float = 0.0
     compute_ms: float = 0.0
     write_ms: float = 0.0
+    return_us: float = 0.0  # cdi plane: how long handing the object back took
 
     def dumps(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -434,7 +434,7 @@ class Scheduler:
                     report.worker_id,
                     self.id,
                     nbytes=report.bytes_out or run.nbytes,
-                    duration_us=0.0,
+                    duration_us=report.return_us,
                     task_run_id=report.task_run_id,
                 )
             if completed and not run.cancelled and not all_done:

@@ -147,8 +147,10 @@ class CdiPlane:
             exe.kept = True
             exe.note(f"the instruction names no return_to, so this worker keeps {held.key!r}")
             return
+        started = time.perf_counter_ns()
         try:
             held.transfer(ins.return_to)
+            exe.return_us = (time.perf_counter_ns() - started) / 1000
         except cdi.NotOwner:
             log.warning("%r is not ours to hand back to %s", held.key, ins.return_to)
         except cdi.ObjectNotFound:

@@ -68,6 +68,7 @@ class Execution:
     read_ms: float = 0.0
     compute_ms: float = 0.0
     write_ms: float = 0.0
+    return_us: float = 0.0
     exit_code: int = 0  # non-zero: the worker must exit after reporting
 
     def fail(self, exc: BaseException) -> None:
@@ -113,6 +114,7 @@ class Execution:
             read_ms=round(self.read_ms, 3),
             compute_ms=round(self.compute_ms, 3),
             write_ms=round(self.write_ms, 3),
+            return_us=round(self.return_us, 1),
         )
 
 
