@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint typecheck bench proto clean
+.PHONY: demo test check lint typecheck bench browser proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/cdiflow demo
 
-test: $(STAMP)
+# The dashboard tests drive Debian's Chromium (no browser download): install it when missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || \
+	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	    else echo "chromium is missing: the browser tests will be skipped (run as root, or apt-get install chromium)"; fi; }
+
+test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 	$(BIN)/pytest
@@ -31,9 +37,10 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/cdiflow bench cdi
+	$(BIN)/cdiflow bench workflows --quick
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. cdi/proto/cdi.proto
 
 clean:
-	rm -rf $(VENV) .data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .data .pytest_cache .mypy_cache .ruff_cache test-artifacts

@@ -3,6 +3,9 @@
     app = create_app(load_settings())     # settings with DATABASE_URL and REDIS_URL resolved
     uvicorn.run(app, host="0.0.0.0", port=8000)
 
+The REST API is under ``/api``, its docs at ``/docs`` and the web dashboard (static files from
+``dashboards/web``) at ``/``, with its assets under ``/assets``.
+
 Start-up migrates the database to the newest revision (under an advisory lock, so several
 controllers may start together), seeds the bundled task and workflow definitions that are
 absent, and opens the Postgres pool and the Redis client; shutdown closes them.
@@ -15,11 +18,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from importlib import metadata
+from pathlib import Path
+from typing import Final
 
 import redis
 from anyio import to_thread
 from fastapi import FastAPI
+from fastapi.responses import FileResponse
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.responses import Response
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
@@ -30,9 +39,16 @@ from orchestrator.db.repository import seed_bundled_definitions
 from orchestrator.errors import ConfigError, ServiceError
 from orchestrator.settings import Settings
 
-__all__ = ["create_app", "open_resources"]
+__all__ = ["create_app", "dashboard_dir", "open_resources"]
 
 log = logging.getLogger(__name__)
+
+# The dashboard talks only to this origin: no CDN, nothing inline but styles set from scripts.
+_DASHBOARD_CSP: Final = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
 
 
 def _version() -> str:
@@ -40,6 +56,46 @@ def _version() -> str:
         return metadata.version("cdiflow")
     except metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+def dashboard_dir() -> Path | None:
+    """The dashboard's folder (``index.html`` and ``assets/``), or ``None`` when absent.
+
+    The installed ``dashboards`` package when there is one, else the source tree beside this
+    package (an editable install maps only the packages it lists).
+    """
+    try:
+        from dashboards import WEB_ROOT
+    except ImportError:
+        root = Path(__file__).resolve().parents[2] / "dashboards" / "web"
+    else:
+        root = WEB_ROOT
+    return root if (root / "index.html").is_file() else None
+
+
+class _Assets(StaticFiles):
+    """Static files a browser revalidates on each load, so an upgrade is never half-seen."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+
+def _mount_dashboard(app: FastAPI) -> None:
+    root = dashboard_dir()
+    if root is None:
+        log.warning("dashboard files not found; serving the API only")
+        return
+    index = root / "index.html"
+    headers = {"Cache-Control": "no-cache", "Content-Security-Policy": _DASHBOARD_CSP}
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(index, media_type="text/html", headers=headers)
+
+    app.mount("/assets", _Assets(directory=root / "assets"), name="assets")
 
 
 def open_resources(
@@ -77,7 +133,7 @@ def create_app(
     migrate_on_start: bool = True,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The REST API under ``/api``, with OpenAPI docs at ``/docs``.
+    """The REST API under ``/api``, with OpenAPI docs at ``/docs`` and the dashboard at ``/``.
 
     ``settings`` must name the database and Redis (``cdiflow up`` fills them in after starting
     the embedded services); ``ConfigError`` otherwise. Nothing connects until start-up.
@@ -118,7 +174,9 @@ def create_app(
         redoc_url=None,
         openapi_url="/api/openapi.json",
     )
+    app.state.settings = settings  # for routes that need more than the database and Redis
     app.include_router(api_router, prefix="/api")
+    _mount_dashboard(app)
     install_error_handler(app)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     return app

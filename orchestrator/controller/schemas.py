@@ -18,19 +18,29 @@ from workflows.definitions import MAX_BACKOFF_S, MAX_RETRIES, MAX_TIMEOUT_S
 from workflows.names import MODULE_PATH_RE, name_problem
 
 __all__ = [
+    "ActiveTaskRunPublic",
+    "CdiDirectoryPublic",
+    "CdiMinionPublic",
+    "CdiObjectPublic",
     "ErrorPublic",
     "EventPublic",
     "HandoffPublic",
     "HealthPublic",
+    "ImagePublic",
+    "LatencyPublic",
+    "MinutePublic",
+    "StatsPublic",
     "StepSchema",
     "TaskCreate",
     "TaskPublic",
     "TaskRunPublic",
+    "TaskTimingPublic",
     "WorkerPublic",
     "WorkflowCreate",
     "WorkflowDefinitionCreate",
     "WorkflowDefinitionPublic",
     "WorkflowDetail",
+    "WorkflowImagesPublic",
     "WorkflowInput",
     "WorkflowList",
     "WorkflowPublic",
@@ -259,3 +269,99 @@ class ErrorPublic(BaseModel):
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` documenting the ``ErrorPublic`` body for ``statuses``."""
     return {status: {"model": ErrorPublic} for status in statuses}
+
+
+# --- dashboard: statistics, active task runs, CDI objects, images ------------------------
+
+
+class LatencyPublic(BaseModel):
+    """End-to-end latency (created → finished) of the workflows completed in a window."""
+
+    count: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+
+class MinutePublic(BaseModel):
+    """One minute of the window; an empty minute is present with zero counts."""
+
+    minute: datetime = Field(description="Start of the minute (UTC).")
+    completed: int
+    failed: int = Field(description="FAILED or CANCELLED in this minute.")
+    created: int
+    p50_ms: float | None = Field(description="Median latency of the minute's completions.")
+    p95_ms: float | None
+
+
+class TaskTimingPublic(BaseModel):
+    """Task runs finished in the window, and how long they waited and ran (medians)."""
+
+    finished: int
+    queue_wait_p50_ms: float | None
+    run_p50_ms: float | None
+
+
+class StatsPublic(BaseModel):
+    counts: dict[WorkflowStatus, int] = Field(description="Every workflow ever, by status.")
+    window_minutes: int
+    now: datetime = Field(description="The database clock when the figures were taken.")
+    minutes: list[MinutePublic] = Field(description="Oldest first, the current minute last.")
+    latency: LatencyPublic
+    tasks: TaskTimingPublic
+
+
+class ActiveTaskRunPublic(TaskRunPublic):
+    """An unfinished task run with its workflow; ``status`` is RUNNING while a worker holds it
+    (``started_at`` stays empty until the worker reports)."""
+
+    workflow_id: uuid.UUID
+
+
+class CdiObjectPublic(BaseModel):
+    key: str
+    host: str = Field(description="Host whose minion holds the object's memory.")
+    size: int = Field(description="Bytes.")
+    owner: str = Field(description="Container that owns it now; empty when nobody does.")
+    generation: int = Field(description="Bumped by every change of owner or size.")
+    created_at: float = Field(description="Unix seconds.")
+    updated_at: float = Field(description="Unix seconds of the last change.")
+    age_s: float
+    workflow_id: uuid.UUID | None = Field(description="The workflow whose data it is, if any.")
+
+
+class CdiMinionPublic(BaseModel):
+    host: str
+    alive: bool
+    containers: int
+    objects: int
+    last_heartbeat: float = Field(description="Unix seconds.")
+    heartbeat_age_s: float
+
+
+class CdiDirectoryPublic(BaseModel):
+    """What the CDI controller knows now: every object and every minion."""
+
+    objects: list[CdiObjectPublic]
+    minions: list[CdiMinionPublic]
+    total_bytes: int
+
+
+class ImagePublic(BaseModel):
+    """A workflow's input or result image, and whether it can be shown."""
+
+    role: str = Field(description="'input' or 'result'.")
+    uri: str | None
+    available: bool
+    problem: str | None = Field(description="Why there is no thumbnail, when there is none.")
+    format: str | None
+    width: int | None
+    height: int | None
+    bytes: int | None
+    thumbnail_url: str | None = Field(description="A downscaled JPEG; only when available.")
+
+
+class WorkflowImagesPublic(BaseModel):
+    input: ImagePublic
+    result: ImagePublic

@@ -5,7 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from orchestrator.controller.api.routes import (
+    cdi,
     health,
+    images,
+    stats,
+    task_runs,
     tasks,
     workers,
     workflow_definitions,
@@ -18,3 +22,8 @@ api_router.include_router(workflow_definitions.router)
 api_router.include_router(workflows.router)
 api_router.include_router(workers.router)
 api_router.include_router(health.router)
+# For the dashboard (dashboards/web): figures, live activity, CDI directory, thumbnails.
+api_router.include_router(stats.router)
+api_router.include_router(task_runs.router)
+api_router.include_router(cdi.router)
+api_router.include_router(images.router)

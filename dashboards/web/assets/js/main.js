@@ -1,0 +1,148 @@
+// The dashboard shell: hash routes, navigation state, the live indicator, keyboard shortcuts.
+
+import { h } from "./dom.js";
+import { onHealth } from "./live.js";
+import { agoSeconds } from "./format.js";
+import { empty } from "./components.js";
+import * as overview from "./pages/overview.js";
+import * as workflows from "./pages/workflows.js";
+import * as workflow from "./pages/workflow.js";
+import * as workers from "./pages/workers.js";
+import * as definitions from "./pages/definitions.js";
+import * as data from "./pages/data.js";
+
+const ROUTES = [
+  { pattern: /^\/?$/, page: overview, nav: "overview" },
+  { pattern: /^\/workflows\/?$/, page: workflows, nav: "workflows" },
+  { pattern: /^\/workflows\/([0-9a-fA-F-]{36})\/?$/, page: workflow, nav: "workflows", names: ["id"] },
+  { pattern: /^\/workers\/?$/, page: workers, nav: "workers" },
+  { pattern: /^\/definitions\/?$/, page: definitions, nav: "definitions" },
+  { pattern: /^\/data\/?$/, page: data, nav: "data" },
+];
+
+const main = document.getElementById("main");
+let unmount = null;
+let firstRoute = true;
+
+function parseHash() {
+  const raw = location.hash.replace(/^#/, "") || "/";
+  const [path, search = ""] = raw.split("?");
+  return { path, query: new URLSearchParams(search) };
+}
+
+/** Go to a route, e.g. navigate("/workflows", {status: "FAILED"}). */
+export function navigate(path, params = {}) {
+  const q = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== ""));
+  const text = q.toString();
+  location.hash = `#${path}${text ? `?${text}` : ""}`;
+}
+
+/** Rewrite the current route's query without a new history entry or a re-mount. */
+export function replaceQuery(params) {
+  const { path } = parseHash();
+  const q = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== ""));
+  const text = q.toString();
+  history.replaceState(history.state, "", `#${path}${text ? `?${text}` : ""}`);
+}
+
+function route() {
+  const { path, query } = parseHash();
+  if (unmount) {
+    try {
+      unmount();
+    } catch (err) {
+      console.error("dashboard bug while leaving a page", err);
+    }
+    unmount = null;
+  }
+  const found = ROUTES.map((r) => ({ r, m: r.pattern.exec(path) })).find((x) => x.m);
+  for (const link of document.querySelectorAll("[data-nav]")) {
+    if (found && link.dataset.nav === found.r.nav) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  main.replaceChildren();
+  if (!found) {
+    document.title = "Not found · cdiflow";
+    main.append(
+      h("div", { class: "page" }, h("h1", { tabindex: -1 }, "Page not found"), empty("Nothing lives at this address.", `#${path}`, h("a", { class: "btn", href: "#/" }, "Go to the overview"))),
+    );
+    return;
+  }
+  const params = {};
+  (found.r.names || []).forEach((name, i) => (params[name] = found.m[i + 1]));
+  unmount = found.r.page.mount(main, { params, query, navigate, replaceQuery, setTitle });
+  if (!firstRoute) {
+    // Move focus to the new page's heading, as a full page load would for a screen reader.
+    const heading = main.querySelector("h1");
+    if (heading) heading.focus({ preventScroll: true });
+    window.scrollTo(0, 0);
+  }
+  firstRoute = false;
+}
+
+function setTitle(text) {
+  document.title = text ? `${text} · cdiflow` : "cdiflow";
+}
+
+function liveIndicator() {
+  const box = document.getElementById("live");
+  const text = document.getElementById("live-text");
+  let state = { ok: true, lastOk: null };
+  const paint = () => {
+    if (state.lastOk === null && state.ok) {
+      box.dataset.state = "connecting";
+      text.textContent = "Connecting…";
+    } else if (state.ok) {
+      box.dataset.state = "live";
+      text.textContent = `Live · updated ${agoSeconds((Date.now() - state.lastOk) / 1000)}`;
+    } else {
+      box.dataset.state = "down";
+      text.textContent = state.lastOk ? `API unreachable · last ${agoSeconds((Date.now() - state.lastOk) / 1000)}` : "API unreachable";
+    }
+  };
+  onHealth((next) => {
+    state = next;
+    paint();
+  });
+  setInterval(paint, 1000);
+}
+
+function shortcuts() {
+  const help = document.getElementById("help");
+  document.getElementById("open-help").addEventListener("click", () => help.showModal());
+  document.getElementById("skip").addEventListener("click", (event) => {
+    event.preventDefault(); // "#main" is not a route
+    main.focus();
+  });
+  const go = { o: "/", w: "/workflows", k: "/workers", d: "/definitions", c: "/data" };
+  let pendingG = 0;
+  document.addEventListener("keydown", (event) => {
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    const target = event.target;
+    if (target.closest("input, textarea, select, [contenteditable], dialog[open]")) return;
+    if (pendingG && Date.now() - pendingG < 1500 && go[event.key]) {
+      pendingG = 0;
+      event.preventDefault();
+      navigate(go[event.key]);
+      return;
+    }
+    pendingG = event.key === "g" ? Date.now() : 0;
+    if (event.key === "?") {
+      event.preventDefault();
+      help.showModal();
+    } else if (event.key === "/") {
+      event.preventDefault();
+      const search = document.querySelector("[data-search]");
+      if (search) search.focus();
+      else navigate("/workflows", { focus: "search" });
+    } else if (event.key === "n") {
+      event.preventDefault();
+      navigate("/workflows", { start: "1" });
+    }
+  });
+}
+
+window.addEventListener("hashchange", route);
+liveIndicator();
+shortcuts();
+route();

@@ -1,0 +1,116 @@
+// Workers: live CPU and memory (with a short history), queue depth, the task running now and
+// the last heartbeat. A worker that stopped heartbeating is shown as gone.
+
+import { h, render } from "../dom.js";
+import { api } from "../api.js";
+import { poll } from "../live.js";
+import { card, empty, errorBox, meter, sparkline, statusPill } from "../components.js";
+import { between, clock, duration, percent, plural, shortId } from "../format.js";
+import { workerState } from "./common.js";
+
+const HISTORY = 60; // samples kept per worker for the sparklines (2 minutes at 2 s)
+// Kept across visits to the page, so coming back does not start the lines over.
+const history = new Map(); // worker id → {cpu: [], mem: [], beat: last heartbeat seen}
+
+export function mount(root, ctx) {
+  ctx.setTitle("Workers");
+  const grid = h("div", { class: "workers", id: "workers" }, h("p", { class: "loading" }, "Loading…"));
+  const summary = h("p", { class: "sub", id: "workers-summary" });
+  const problems = h("div", { class: "slot" });
+  const queuedBox = h("div", { id: "queued" });
+  root.append(
+    h(
+      "div",
+      { class: "page" },
+      h("div", { class: "page-head" }, h("div", {}, h("h1", { tabindex: -1 }, "Workers"), summary)),
+      problems,
+      grid,
+      card("Queued tasks", queuedBox, { id: "card-queued", cls: "card-flush", subtitle: "Task runs waiting in a worker's queue" }),
+    ),
+  );
+
+  function remember(w) {
+    let item = history.get(w.id);
+    if (!item) history.set(w.id, (item = { cpu: [], mem: [], beat: null }));
+    if (w.last_heartbeat !== null && w.last_heartbeat !== item.beat) {
+      item.beat = w.last_heartbeat; // one sample per heartbeat, not per poll
+      item.cpu.push(w.cpu ?? 0);
+      item.mem.push(w.mem ?? 0);
+      if (item.cpu.length > HISTORY) item.cpu.shift(), item.mem.shift();
+    }
+    return item;
+  }
+
+  function metric(name, value, series, id) {
+    return [
+      h("div", { class: "metric" }, h("span", {}, name), meter(value, `${name} of ${id}`), h("span", { class: "val" }, percent(value))),
+      h("div", { class: "metric" }, h("span"), h("div", { class: "metric-spark" }, sparkline(series, { width: 200, height: 26, label: `${name} history of ${id}` }))),
+    ];
+  }
+
+  function workerCard(w, active) {
+    const item = remember(w);
+    const gone = !w.alive;
+    const running = active.filter((r) => r.worker_id === w.id && r.status === "RUNNING");
+    const queued = active.filter((r) => r.worker_id === w.id && r.status === "QUEUED");
+    const uptime = w.started_at ? Date.now() / 1000 - w.started_at : null;
+    return h(
+      "article",
+      { class: ["card", "worker", gone && "is-gone"], "data-worker": w.id, "data-alive": String(w.alive), "aria-label": `${w.id}, ${gone ? "gone" : "up"}` },
+      h("div", { class: "worker-head" }, h("div", {}, h("div", { class: "worker-id" }, w.id), h("div", { class: "muted", style: "font-size:12px" }, w.host ? `on ${w.host}` : "host unknown")), statusPill(workerState(w), { "data-worker-state": workerState(w) })),
+      gone &&
+        h(
+          "div",
+          { class: "gone-note", role: "status" },
+          w.heartbeat_age_s === null ? "No heartbeat on record — the worker is gone." : `No heartbeat for ${duration(w.heartbeat_age_s * 1000)} — presumed dead. Its tasks are retried elsewhere.`,
+        ),
+      ...metric("CPU", w.cpu, item.cpu, w.id),
+      ...metric("Memory", w.mem, item.mem, w.id),
+      h(
+        "div",
+        { class: "worker-stats" },
+        h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Queue"), h("div", { class: "stat-value", "data-stat": "queue" }, w.queue_depth ?? "—")),
+        h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Running"), h("div", { class: "stat-value", "data-stat": "running" }, w.running ?? "—")),
+        h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Heartbeat"), h("div", { class: "stat-value", "data-stat": "heartbeat" }, w.heartbeat_age_s === null ? "—" : duration(w.heartbeat_age_s * 1000))),
+      ),
+      h(
+        "div",
+        { class: "worker-task", "data-running": running.map((r) => r.ref).join(",") },
+        running.length
+          ? running.map((r) =>
+              h("div", {}, "Running ", h("b", {}, r.ref), " of ", h("a", { href: `#/workflows/${r.workflow_id}`, class: "mono", "data-key": `run-${r.id}` }, shortId(r.workflow_id)), h("span", { class: "muted" }, ` · queued ${duration(between(r.queued_at))} ago`)),
+            )
+          : h("span", { class: "muted" }, gone ? "Not running anything" : "Idle"),
+      ),
+      h(
+        "div",
+        { class: "worker-foot" },
+        h("span", { "data-heartbeat": "" }, w.last_heartbeat ? `Last heartbeat at ${clock(new Date(w.last_heartbeat * 1000))}` : "No heartbeat on record"),
+        h("span", {}, uptime !== null && !gone ? `up ${duration(uptime * 1000)}` : queued.length ? `${queued.length} queued` : ""),
+      ),
+    );
+  }
+
+  async function refresh() {
+    const [beats, active] = await Promise.all([api.get("/api/workers"), api.get("/api/task-runs/active")]);
+    render(problems);
+    const up = beats.filter((w) => w.alive).length;
+    const runningNow = active.filter((r) => r.status === "RUNNING").length;
+    const queuedNow = active.length - runningNow;
+    summary.textContent = beats.length ? `${up} of ${plural(beats.length, "worker")} up · ${plural(runningNow, "task")} running, ${queuedNow} queued` : "";
+    render(grid, beats.length ? beats.map((w) => workerCard(w, active)) : empty("No workers have registered", "Workers appear here after their first heartbeat. Start the stack with `cdiflow up`."));
+    const queued = active.filter((r) => r.status === "QUEUED");
+    render(
+      queuedBox,
+      queued.length
+        ? h(
+            "ul",
+            { class: "moves", style: "padding:0 16px 12px" },
+            queued.map((r) => h("li", {}, h("b", {}, r.ref), " of ", h("a", { href: `#/workflows/${r.workflow_id}`, class: "mono" }, shortId(r.workflow_id)), " → ", h("span", { class: "mono" }, r.worker_id || "unplaced"), h("span", { class: "when" }, `waiting ${duration(between(r.queued_at))}`))),
+          )
+        : h("div", { style: "padding:0 16px 4px" }, empty("Nothing queued", "Every worker keeps up with its queue.")),
+    );
+  }
+
+  return poll(refresh, 2000, (err) => render(problems, errorBox(err.message, err.problems)));
+}

@@ -1,0 +1,287 @@
+// One workflow run: task graph, timeline on worker lanes, CDI hand-offs, images, errors, and
+// the cancel and retry buttons.
+
+import { h, render } from "../dom.js";
+import { api, ApiError } from "../api.js";
+import { poll } from "../live.js";
+import { taskGraph } from "../graph.js";
+import { gantt, timelineLegend } from "../gantt.js";
+import { card, containerChip, empty, errorBox, FINISHED, kv, mono, statusPill, table, toast } from "../components.js";
+import { between, bytes, dateTime, duration, micros, shortId } from "../format.js";
+import { workflowDuration } from "./common.js";
+
+export function mount(root, ctx) {
+  const id = ctx.params.id;
+  ctx.setTitle(`Run ${shortId(id)}`);
+  const regions = {
+    head: h("div", { class: "page-head" }, h("div", {}, h("div", { class: "crumbs" }, h("a", { href: "#/workflows" }, "Workflows"), " / ", shortId(id)), h("h1", { tabindex: -1 }, "Loading…"))),
+    alert: h("div", { id: "wf-alert", class: "slot" }),
+    meta: h("div", { id: "wf-meta" }),
+    graph: h("div", { class: "dag-scroll", id: "wf-graph" }),
+    images: h("div", { id: "wf-images" }, h("p", { class: "loading" }, "Loading previews…")),
+    timeline: h("div", { class: "gantt-scroll", id: "wf-timeline" }),
+    handoffs: h("div", { id: "wf-handoffs" }),
+    runs: h("div", { id: "wf-runs" }),
+    events: h("div", { id: "wf-events" }),
+  };
+  const page = h("div", { class: "page" }, regions.head, regions.alert);
+  root.append(page);
+
+  const eventsSummary = h("summary", { class: "card-head", style: "padding-bottom:14px", id: "events-summary" }, "Events");
+  let definition = null;
+  let last = "";
+  let imagesFor = "";
+  let built = false;
+  let busy = false;
+
+  function build() {
+    page.append(
+      h(
+        "div",
+        { class: "grid-main" },
+        card("Run", regions.meta, { id: "card-meta" }),
+        card("Images", regions.images, { id: "card-images", subtitle: "Input and result, downscaled" }),
+      ),
+      card("Task graph", regions.graph, { id: "card-graph", subtitle: "Each step coloured by its latest attempt" }),
+      card("Timeline", h("div", {}, timelineLegend(), regions.timeline), { id: "card-timeline", subtitle: "Task runs on worker lanes: queue wait, then run; arrows are CDI ownership hand-offs" }),
+      card("Data hand-offs", regions.handoffs, { id: "card-handoffs", cls: "card-flush", subtitle: "Every change of the CDI object's owner made for this run" }),
+      card("Task runs", regions.runs, { id: "card-runs", cls: "card-flush", subtitle: "Every attempt of every step" }),
+      h("details", { class: "card details", id: "card-events" }, eventsSummary, h("div", { class: "card-body" }, regions.events)),
+    );
+    built = true;
+  }
+
+  async function refresh() {
+    const wf = await api.get(`/api/workflows/${id}?events=200`);
+    if (!FINISHED.has(wf.status)) {
+      // Postgres says QUEUED until a report arrives; the workers' in-flight lists say RUNNING.
+      const active = await api.get(`/api/task-runs/active?workflow=${id}`);
+      const now = new Map(active.map((r) => [r.id, r.status]));
+      wf.task_runs = wf.task_runs.map((r) => (now.has(r.id) ? { ...r, status: now.get(r.id) } : r));
+    }
+    if (!definition || definition.name !== wf.workflow) {
+      definition = await api.get(`/api/workflow-definitions/${encodeURIComponent(wf.workflow)}`);
+    }
+    if (!built) build();
+    const finished = FINISHED.has(wf.status);
+    const snapshot = JSON.stringify(wf);
+    if (snapshot !== last || !finished) {
+      last = snapshot;
+      renderAll(wf);
+    }
+    if (imagesFor !== wf.status && (imagesFor === "" || finished)) {
+      imagesFor = wf.status;
+      renderImages(wf, await api.get(`/api/workflows/${id}/images`));
+    }
+  }
+
+  function renderAll(wf) {
+    ctx.setTitle(`${wf.workflow} ${shortId(wf.id)}`);
+    renderHead(wf);
+    render(regions.alert, wf.error ? errorBox(`This run ${wf.status === "CANCELLED" ? "was cancelled" : "failed"}: ${wf.error}`) : null);
+    renderMeta(wf);
+    renderGraph(wf);
+    renderTimeline(wf);
+    renderHandoffs(wf);
+    renderRuns(wf);
+    renderEvents(wf);
+  }
+
+  function renderHead(wf) {
+    const canCancel = wf.status === "PENDING" || wf.status === "RUNNING";
+    const canRetry = wf.status === "FAILED" || wf.status === "CANCELLED";
+    render(
+      regions.head,
+      h(
+        "div",
+        {},
+        h("div", { class: "crumbs" }, h("a", { href: "#/workflows" }, "Workflows"), " / ", mono(shortId(wf.id))),
+        h("div", { class: "title-row" }, h("h1", { tabindex: -1 }, wf.workflow), statusPill(wf.status, { id: "wf-status" })),
+      ),
+      h(
+        "div",
+        { class: "actions" },
+        h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !canCancel || busy, title: canCancel ? "Stop this run" : "Only a pending or running workflow can be cancelled", onclick: cancel }, "Cancel run"),
+        h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !canRetry || busy, title: canRetry ? "Start a new run with the same input" : "Only a failed or cancelled workflow can be retried", onclick: retry }, "Retry"),
+      ),
+    );
+  }
+
+  function renderMeta(wf) {
+    render(
+      regions.meta,
+      kv([
+        ["Run id", mono(wf.id)],
+        ["Policy", h("span", { class: "tag" }, wf.policy)],
+        ["Data plane", h("span", { class: "tag" }, wf.data_plane)],
+        ["Created", dateTime(wf.created_at)],
+        ["Waited", duration(between(wf.created_at, wf.started_at || wf.finished_at))],
+        ["Ran for", duration(workflowDuration(wf))],
+        ["Scheduler", wf.claimed_by || "—"],
+        ["Input", mono(wf.input?.image ?? "—", { title: wf.input?.image })],
+        wf.retry_of && ["Retry of", h("a", { href: `#/workflows/${wf.retry_of}`, class: "mono" }, shortId(wf.retry_of))],
+        wf.output?.label && ["Result label", h("b", {}, wf.output.label)],
+      ]),
+    );
+  }
+
+  function latestByRef(runs) {
+    const states = {};
+    for (const r of runs) {
+      const prev = states[r.ref];
+      if (prev && prev.attempt > r.attempt) continue;
+      const ms = r.run_ms ?? (r.started_at ? between(r.started_at, r.finished_at) : null);
+      states[r.ref] = { status: r.status, worker: r.worker_id, attempt: r.attempt, attempts: r.attempt, ms, error: r.error };
+    }
+    return states;
+  }
+
+  function renderGraph(wf) {
+    render(regions.graph, taskGraph(definition.tasks, latestByRef(wf.task_runs), { label: `Task graph of ${wf.workflow}` }));
+  }
+
+  function renderTimeline(wf) {
+    if (!wf.started_at && wf.task_runs.length === 0) {
+      render(regions.timeline, empty("Not started yet", wf.status === "PENDING" ? "The run waits for a scheduler to claim it." : "This run never started."));
+      return;
+    }
+    const width = Math.max(640, regions.timeline.clientWidth || 900);
+    render(regions.timeline, gantt(wf, wf.task_runs, wf.handoffs, { width }));
+  }
+
+  function renderHandoffs(wf) {
+    const list = wf.handoffs;
+    if (!list.length) {
+      const why = wf.data_plane === "cdi" ? "No hand-off yet: the scheduler hands the object to the first task's worker once the input is loaded." : "This run uses the object-store data plane: every task downloads and uploads through S3, so no CDI ownership moves.";
+      render(regions.handoffs, h("div", { style: "padding:0 16px 4px" }, empty("No hand-offs", why)));
+      return;
+    }
+    const refOf = new Map(wf.task_runs.map((r) => [r.id, r.attempt > 1 ? `${r.ref} #${r.attempt}` : r.ref]));
+    const t0 = Date.parse(wf.created_at);
+    const moved = list.reduce((a, x) => a + x.bytes, 0);
+    const spent = list.reduce((a, x) => a + x.duration_us, 0);
+    render(
+      regions.handoffs,
+      h(
+        "div",
+        { class: "summary", style: "padding:0 16px" },
+        h("span", {}, h("b", { id: "handoff-count" }, list.length), ` hand-off${list.length === 1 ? "" : "s"}`),
+        h("span", {}, h("b", {}, bytes(moved)), " handed over by ownership, not copied"),
+        h("span", {}, h("b", {}, micros(spent)), " spent in transfers"),
+      ),
+      table(
+        [
+          { label: "#", cls: "num muted", cell: (x) => String(list.indexOf(x) + 1) },
+          { label: "At", cls: "num nowrap", cell: (x) => h("span", { title: dateTime(x.at) }, `+${duration(Date.parse(x.at) - t0)}`) },
+          { label: "From → To", cls: "nowrap", cell: (x) => h("span", { class: "handoff-pair" }, containerChip(x.from_container), " → ", containerChip(x.to_container)) },
+          { label: "Bytes", align: "right", cls: "num", cell: (x) => h("span", { title: `${x.bytes.toLocaleString()} bytes` }, bytes(x.bytes)) },
+          { label: "Transfer time", align: "right", cls: "num", cell: (x) => micros(x.duration_us) },
+          { label: "For step", cell: (x) => (x.task_run_id && refOf.get(x.task_run_id)) || h("span", { class: "muted" }, "—") },
+        ],
+        list,
+        { rowAttrs: (x) => ({ "data-handoff": x.id }), caption: "CDI ownership hand-offs", cls: "handoffs" },
+      ),
+    );
+  }
+
+  function renderRuns(wf) {
+    if (!wf.task_runs.length) {
+      render(regions.runs, h("div", { style: "padding:0 16px 4px" }, empty("No task has run yet", null)));
+      return;
+    }
+    render(
+      regions.runs,
+      table(
+        [
+          { label: "Step", cell: (r) => h("b", {}, r.ref) },
+          { label: "Task", cell: (r) => mono(r.task) },
+          { label: "Attempt", align: "right", cls: "num", cell: (r) => String(r.attempt) },
+          { label: "Status", cell: (r) => statusPill(r.status) },
+          { label: "Worker", cell: (r) => (r.worker_id ? containerChip(r.worker_id) : "—") },
+          { label: "Queue wait", align: "right", cls: "num nowrap", cell: (r) => duration(r.queue_wait_ms ?? (r.started_at ? between(r.queued_at, r.started_at) : null)) },
+          { label: "Run", align: "right", cls: "num nowrap", cell: (r) => duration(r.run_ms ?? (r.started_at ? between(r.started_at, r.finished_at) : null)) },
+          { label: "In / out", align: "right", cls: "num nowrap", cell: (r) => `${bytes(r.bytes_in)} / ${bytes(r.bytes_out)}` },
+          { label: "Error", cls: "wrap error-text", cell: (r) => r.error || "" },
+        ],
+        wf.task_runs,
+        { rowAttrs: (r) => ({ "data-run": r.id, "data-ref": r.ref, "data-status": r.status }), caption: "Task runs", cls: "runs" },
+      ),
+    );
+  }
+
+  function renderEvents(wf) {
+    const t0 = Date.parse(wf.created_at);
+    eventsSummary.textContent = `Events (${wf.events.length})`;
+    render(
+      regions.events,
+      wf.events.length
+        ? table(
+            [
+              { label: "At", cls: "num nowrap", cell: (e) => h("span", { title: dateTime(e.at) }, `+${duration(Date.parse(e.at) - t0)}`) },
+              { label: "Event", cell: (e) => mono(e.kind) },
+              { label: "Details", cls: "wrap", cell: (e) => mono(Object.entries(e.data).filter(([, v]) => v !== "" && v !== null).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join("  ")) },
+            ],
+            wf.events,
+            { caption: "Events" },
+          )
+        : empty("No events", null),
+    );
+  }
+
+  function imageBox(image, title) {
+    const frame = image.available
+      ? h("img", { src: image.thumbnail_url, alt: `${title} image of the run`, loading: "lazy", width: image.width, height: image.height })
+      : h("p", { class: "empty-text" }, image.problem || "No image");
+    const caption = image.available ? [image.format, `${image.width}×${image.height}`, bytes(image.bytes)].filter(Boolean).join(" · ") : "";
+    return h(
+      "figure",
+      { class: "image-box", style: "margin:0", "data-image": image.role, "data-available": String(image.available) },
+      h("div", { class: "image-frame" }, frame),
+      h("figcaption", { class: "image-cap", title: image.uri || "" }, h("b", {}, title), h("span", {}, caption || (image.uri ?? "")), h("span", { class: "mono" }, caption ? image.uri : "")),
+    );
+  }
+
+  function renderImages(wf, images) {
+    render(
+      regions.images,
+      h("div", { class: "images" }, imageBox(images.input, "Input"), h("span", { class: "arrow", "aria-hidden": "true" }, "→"), imageBox(images.result, "Result")),
+      wf.output?.label && h("p", { class: "result-label" }, "Classified as ", h("b", {}, wf.output.label), wf.output.brightness !== undefined ? h("span", { class: "muted" }, ` · brightness ${wf.output.brightness}`) : null),
+    );
+  }
+
+  async function act(path, done) {
+    busy = true;
+    for (const b of regions.head.querySelectorAll("button")) b.disabled = true;
+    try {
+      done(await api.post(path));
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      toast(err.message, "error");
+    } finally {
+      busy = false;
+      stop.now();
+    }
+  }
+
+  function cancel() {
+    act(`/api/workflows/${id}/cancel`, () => toast("Cancelled", "success"));
+  }
+
+  function retry() {
+    act(`/api/workflows/${id}/retry`, (run) => {
+      toast(`Retrying as ${shortId(run.id)}`, "success");
+      ctx.navigate(`/workflows/${run.id}`);
+    });
+  }
+
+  const stop = poll(refresh, 1500, (err) => {
+    if (err.status === 404) {
+      stop();
+      render(regions.head, h("div", {}, h("div", { class: "crumbs" }, h("a", { href: "#/workflows" }, "Workflows")), h("h1", { tabindex: -1 }, "Run not found")));
+      render(regions.alert, empty("There is no workflow run with this id", id, h("a", { class: "btn", href: "#/workflows" }, "Back to workflows")));
+      return;
+    }
+    render(regions.alert, errorBox(err.message, err.problems));
+  });
+  return stop;
+}

@@ -1,0 +1,94 @@
+"""``/api/cdi``: the CDI controller's live directory — every object, its owner and host.
+
+The API process finds the controller through ``CDI_CONTROLLER_URL`` (the stack sets it). The
+directory is soft state the minions report asynchronously, so it may trail the minion by a
+heartbeat; that is fine for watching ownership move. Any CDI failure answers 503.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from typing import Final
+
+from fastapi import APIRouter
+
+from cdi.controller.client import ControllerClient
+from cdi.errors import CDIError
+from orchestrator.controller.schemas import (
+    CdiDirectoryPublic,
+    CdiMinionPublic,
+    CdiObjectPublic,
+    error_responses,
+)
+from orchestrator.errors import ServiceError
+
+router = APIRouter(prefix="/cdi", tags=["cdi"])
+
+CONTROLLER_URL_ENV: Final = "CDI_CONTROLLER_URL"
+# The directory is for watching; a slow controller must not hold a request for long.
+_TIMEOUT_S: Final = 2.0
+# The scheduler names a workflow's objects "wf-<workflow id>-<generation>" (scheduler/runs.py).
+_WORKFLOW_KEY: Final = re.compile(r"wf-([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})-\d+")
+
+
+def workflow_of(key: str) -> uuid.UUID | None:
+    """The workflow an object key belongs to, when it follows the scheduler's naming."""
+    match = _WORKFLOW_KEY.fullmatch(key)
+    return uuid.UUID(match[1]) if match else None
+
+
+def _controller_url() -> str:
+    url = os.environ.get(CONTROLLER_URL_ENV, "")
+    if not url:
+        raise ServiceError(
+            f"{CONTROLLER_URL_ENV} is not set, so the API cannot reach the CDI controller; "
+            "run the API with `cdiflow up`, or set it to grpc://host:port",
+            service="cdi-controller",
+        )
+    return url
+
+
+@router.get("/objects", responses=error_responses(503))
+def cdi_directory() -> CdiDirectoryPublic:
+    """Every CDI object (key, size, owner, host, age) and every minion, from the controller."""
+    url = _controller_url()
+    try:
+        with ControllerClient(url, timeout=_TIMEOUT_S) as client:
+            objects = client.list_objects()
+            minions = client.list_minions()
+    except CDIError as exc:
+        raise ServiceError(
+            f"the CDI controller at {url} did not answer: {exc}", service="cdi-controller"
+        ) from exc
+    now = time.time()
+    return CdiDirectoryPublic(
+        objects=[
+            CdiObjectPublic(
+                key=o.key,
+                host=o.host,
+                size=o.size,
+                owner=o.owner,
+                generation=o.generation,
+                created_at=o.created_at,
+                updated_at=o.updated_at,
+                age_s=max(0.0, now - o.created_at),
+                workflow_id=workflow_of(o.key),
+            )
+            for o in objects
+        ],
+        minions=[
+            CdiMinionPublic(
+                host=m.host,
+                alive=m.alive,
+                containers=m.containers,
+                objects=m.objects,
+                last_heartbeat=m.last_heartbeat,
+                heartbeat_age_s=max(0.0, now - m.last_heartbeat),
+            )
+            for m in minions
+        ],
+        total_bytes=sum(o.size for o in objects),
+    )
