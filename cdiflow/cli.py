@@ -7,6 +7,7 @@ import click
 from cdi.bench.cli import bench_cdi_command
 from cdi.controller.cli import controller_command
 from cdi.minion.cli import minion_command
+from loadtest.cli import bench_workflows_command
 from orchestrator.scheduler.cli import scheduler_command
 from orchestrator.stack.cli import down_command, status_command, up_command
 from orchestrator.worker.cli import worker_command
@@ -42,6 +43,7 @@ def bench_group() -> None:
 
 
 bench_group.add_command(bench_cdi_command)
+bench_group.add_command(bench_workflows_command)
 
 
 @cdi_group.command("demo")

@@ -1,0 +1,271 @@
+"""``cdiflow bench workflows``: workflow latency and throughput, cdiflow beside the baselines.
+
+``--quick``: orchestration overhead on one cdiflow stack (no-op and image pipelines, every
+policy). ``--scenario 1|2|3|all``: the load test, each system started, driven through locust
+and stopped by the benchmark. Mounted by ``cdiflow`` under ``bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from cdi.errors import CDIError
+from cdi.minion.config import parse_bytes
+
+__all__ = ["bench_workflows_command"]
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise click.BadParameter(f"{what}: write whole numbers separated by commas") from exc
+    if not values or any(v < 1 for v in values):
+        raise click.BadParameter(f"{what}: give at least one number, each 1 or more")
+    return values
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(parse_bytes(v) for v in text.split(",") if v.strip())
+    except CDIError as exc:  # ConfigError: not a size
+        raise click.BadParameter(str(exc)) from exc
+    if not values or any(v < 1000 for v in values):
+        raise click.BadParameter("sizes: give at least one, each 1KB or more")
+    return values
+
+
+@click.command("workflows")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Orchestration overhead on one stack: no-op and image pipelines per policy.",
+)
+@click.option(
+    "--scenario",
+    type=click.Choice(["1", "2", "3", "all"]),
+    help="1: image sizes, 10 in parallel; 2: concurrency; 3: pipeline length.",
+)
+@click.option(
+    "--sizes",
+    default="10KB,100KB,500KB,2MB",
+    show_default=True,
+    help="Scenario 1 image sizes (scenario 3 uses one size if you give one).",
+)
+@click.option(
+    "--concurrency",
+    default="1,50,100,200,500",
+    show_default=True,
+    help="Scenario 2 concurrent workflows.",
+)
+@click.option(
+    "--tasks",
+    default="1,3,6,10",
+    show_default=True,
+    help="Scenario 3 pipeline lengths (image tasks).",
+)
+@click.option(
+    "--systems",
+    default=None,
+    help="Comma-separated; default: floor,affinity,transfer,auto,object-store,celery "
+    "(--quick: affinity,transfer,auto,object-store).",
+)
+@click.option(
+    "--s3-link",
+    type=click.Choice(["loopback", "regional"]),
+    default="loopback",
+    show_default=True,
+    help="regional: S3 behind a proxy adding ~10 ms RTT, 100 MB/s.",
+)
+@click.option(
+    "--workflows",
+    "min_workflows",
+    default=30,
+    show_default=True,
+    type=click.IntRange(1),
+    help="At least this many workflows per system and point.",
+)
+@click.option(
+    "--workers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Worker processes of every system (the floor's pool too).",
+)
+@click.option(
+    "--repeat",
+    default=30,
+    show_default=True,
+    type=click.IntRange(1),
+    help="--quick: sequential workflows per system and pipeline.",
+)
+@click.option(
+    "--burst",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1),
+    help="--quick: workflows started at once for the throughput figure.",
+)
+@click.option(
+    "--data-dir",
+    default=".data/bench",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Images, services, stacks and logs of the run.",
+)
+@click.option(
+    "--json",
+    "json_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the results as JSON here ('-': stdout, and the table goes to stderr).",
+)
+@click.option(
+    "--plots",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write PNG figures here (needs matplotlib: the 'bench' extra).",
+)
+@click.option("--quiet", is_flag=True, help="No locust progress table.")
+def bench_workflows_command(
+    quick: bool,
+    scenario: str | None,
+    sizes: str,
+    concurrency: str,
+    tasks: str,
+    systems: str | None,
+    s3_link: str,
+    min_workflows: int,
+    workers: int,
+    repeat: int,
+    burst: int,
+    data_dir: Path,
+    json_file: Path | None,
+    plots: Path | None,
+    quiet: bool,
+) -> None:
+    """Workflow latency (p50/p99) and throughput per system, side by side in one run."""
+    if quick == (scenario is not None):
+        raise click.UsageError("give either --quick or --scenario 1|2|3|all")
+    # SIGTERM unwinds like Ctrl-C, so every system started so far is stopped by PID.
+    signal.signal(signal.SIGTERM, _terminated)
+    to_stdout = json_file is not None and str(json_file) == "-"
+    out = sys.stderr if to_stdout else sys.stdout
+
+    def echo(message: str) -> None:
+        click.echo(message, file=sys.stderr)
+
+    chosen = tuple(s.strip() for s in systems.split(",") if s.strip()) if systems else None
+    if quick:
+        payload = _quick(chosen, repeat, burst, workers, data_dir, echo, out)
+    else:
+        payload = _scenarios(
+            scenario or "all",
+            chosen,
+            _sizes(sizes),
+            _ints(concurrency, "concurrency"),
+            _ints(tasks, "tasks"),
+            s3_link,
+            min_workflows,
+            workers,
+            data_dir,
+            quiet,
+            echo,
+            out,
+        )
+        if plots is not None:
+            from loadtest.plots import write_plots
+
+            for path in write_plots(payload["results"], plots):
+                echo(f"plot: {path}")
+    if json_file is not None:
+        text = json.dumps(payload, indent=1)
+        if to_stdout:
+            click.echo(text)
+        else:
+            json_file.write_text(text + "\n")
+            echo(f"results: {json_file}")
+
+
+def _quick(
+    chosen: tuple[str, ...] | None,
+    repeat: int,
+    burst: int,
+    workers: int,
+    data_dir: Path,
+    echo: Callable[[str], None],
+    out: IO[str],
+) -> dict[str, Any]:
+    from loadtest.quick import QUICK_SYSTEMS, run_quick
+    from loadtest.report import quick_goals, quick_table
+    from loadtest.runner import machine_state
+
+    unknown = [s for s in chosen or () if s not in QUICK_SYSTEMS]
+    if unknown:
+        raise click.BadParameter(f"--quick measures {', '.join(QUICK_SYSTEMS)}; not {unknown}")
+    machine = machine_state()
+    rows = run_quick(
+        repeat=repeat,
+        burst=burst,
+        workers=workers,
+        systems=chosen or QUICK_SYSTEMS,
+        data_dir=data_dir.absolute() / "quick",
+        progress=echo,
+    )
+    click.echo(
+        f"\n{repeat} sequential workflows each (latency: server finished_at - created_at)"
+        f", then {burst} at once (throughput)\n",
+        file=out,
+    )
+    click.echo(quick_table(rows), file=out)
+    click.echo("\n" + quick_goals(rows), file=out)
+    return {"results": [r.as_dict() for r in rows], "machine": machine}
+
+
+def _scenarios(
+    scenario: str,
+    chosen: tuple[str, ...] | None,
+    sizes: tuple[int, ...],
+    concurrency: tuple[int, ...],
+    tasks: tuple[int, ...],
+    link: str,
+    min_workflows: int,
+    workers: int,
+    data_dir: Path,
+    quiet: bool,
+    echo: Callable[[str], None],
+    out: IO[str],
+) -> dict[str, Any]:
+    from loadtest.report import scenario_table
+    from loadtest.runner import ALL_SYSTEMS, AVAILABLE, BenchConfig, run_benchmark
+
+    systems = chosen or AVAILABLE
+    unknown = [s for s in systems if s not in ALL_SYSTEMS]
+    if unknown:
+        raise click.BadParameter(f"unknown system(s) {unknown}; choose from {ALL_SYSTEMS}")
+    missing = [s for s in systems if s not in AVAILABLE]
+    if missing:
+        raise click.BadParameter(f"{missing} not implemented yet; available: {AVAILABLE}")
+    config = BenchConfig(
+        scenarios=("1", "2", "3") if scenario == "all" else (scenario,),
+        systems=systems,
+        sizes=sizes,
+        concurrency=concurrency,
+        tasks=tasks,
+        link=link,
+        workers=workers,
+        min_workflows=min_workflows,
+        data_dir=data_dir,
+    )
+    report = run_benchmark(config, progress=None if quiet else sys.stderr, echo=echo)
+    click.echo("\n" + scenario_table(report.results), file=out)
+    return report.as_dict()

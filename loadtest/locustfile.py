@@ -1,0 +1,297 @@
+"""Locust users that run workflows as people would: start one, follow it to its end, repeat.
+
+Locust patches the standard library for gevent on import, so ``time.sleep`` and threads here
+are cooperative greenlets.
+
+With the web UI, against a stack started by ``cdiflow up`` (the images are generated and
+uploaded to that stack's S3 when you press Start)::
+
+    locust -f loadtest/locustfile.py --host http://127.0.0.1:8000 \\
+        --system transfer --image-size 500KB --tasks 3 --stack-dir .data
+
+Headless, as ``cdiflow bench workflows`` runs it (one point of a scenario, described by a
+``loadtest.plan.Target`` JSON file; the run quits once every user ran its ``rounds``)::
+
+    locust -f loadtest/locustfile.py --headless -u 10 -r 10 --target-file point.json
+
+Each workflow becomes one ``WORKFLOW`` row in locust's statistics (start to "result stored",
+from the system's own stamp) and one JSON line in the target's ``records`` file. ``system``
+is a cdiflow policy (``affinity``, ``transfer``, ``auto``, ``object-store``: the REST API) or
+``celery`` (a chain through the Redis broker; needs the benchmark's Celery workers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from argparse import ArgumentParser
+from pathlib import Path
+from typing import Any, Protocol
+
+from locust import User, events, task
+from locust.contrib.fasthttp import FastHttpSession
+from locust.env import Environment
+from locust.exception import StopUser
+
+from loadtest.images import chain_ops, chain_workflow
+from loadtest.plan import Target
+from loadtest.rest import FINISHED, SYSTEM_MODES, stamp
+from loadtest.stats import WorkflowRecord
+
+# (status, stored_at, error) once a workflow has finished.
+Outcome = tuple[str, float | None, str]
+
+_TARGET: Target | None = None
+_user_ids = itertools.count()
+_finished = 0
+_celery_results: list[Any] = []
+
+
+def _arguments(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--target-file",
+        default="",
+        include_in_web_ui=False,
+        help="A loadtest.plan.Target JSON (cdiflow bench workflows writes it)",
+    )
+    parser.add_argument(
+        "--system",
+        default="transfer",
+        choices=sorted(SYSTEM_MODES),
+        help="cdiflow policy / data plane of the workflows started",
+    )
+    parser.add_argument("--image-size", default="100KB", help="Input image size, e.g. 500KB")
+    parser.add_argument("--tasks", type=int, default=3, help="Image tasks per workflow")
+    parser.add_argument("--stack-dir", default=".data", help="Data folder of `cdiflow up`")
+    parser.add_argument("--records", default="", help="Append one JSON line per workflow")
+
+
+_hooks: Any = events  # locust's event hooks are untyped
+_hooks.init_command_line_parser.add_listener(_arguments)
+
+
+class Backend(Protocol):
+    def start(self, uri: str) -> Any: ...
+    def poll(self, handle: Any) -> Outcome | None: ...
+
+
+def _check(reply: Any, what: str) -> None:
+    if reply.status_code is None or not 200 <= reply.status_code < 300:
+        detail = reply.error or (reply.text or "")[:200]
+        raise RuntimeError(f"{what}: {reply.status_code} {detail}")
+
+
+class CdiflowBackend:
+    """The REST API, through locust's HTTP client (its requests show in the statistics)."""
+
+    def __init__(self, user: User, target: Target) -> None:
+        self.http = FastHttpSession(target.api_url, user.environment.events.request, user)
+        self.target = target
+        self.policy, self.plane = SYSTEM_MODES[target.system]
+
+    def start(self, uri: str) -> str:
+        body = {
+            "workflow": self.target.workflow,
+            "input": {"image": uri},
+            "policy": self.policy,
+            "data_plane": self.plane,
+        }
+        reply = self.http.post("/api/workflows", json=body)
+        _check(reply, "POST /api/workflows")
+        return str(reply.json()["id"])
+
+    def poll(self, handle: str) -> Outcome | None:
+        reply = self.http.get(f"/api/workflows/{handle}?events=0", name="/api/workflows/[id]")
+        _check(reply, f"GET /api/workflows/{handle}")
+        body = reply.json()
+        if body["status"] not in FINISHED:
+            return None
+        stored = stamp(body["finished_at"]) if body["status"] == "COMPLETED" else None
+        return body["status"], stored, body.get("error") or ""
+
+
+class CeleryBackend:
+    """A Celery chain per workflow; completion is read from the Redis result backend."""
+
+    def __init__(self, user: User, target: Target) -> None:
+        os.environ["LOADTEST_CELERY_BROKER"] = target.celery_broker
+        os.environ["LOADTEST_CELERY_BACKEND"] = target.celery_backend
+        from loadtest.systems import celery_app  # reads the two variables on first import
+
+        self.app = celery_app
+        self.ops = chain_ops(target.tasks)
+
+    def start(self, uri: str) -> Any:
+        handle = self.app.workflow_signature(self.ops, uuid.uuid4().hex, uri).apply_async()
+        # Celery's AsyncResult.__del__ touches gevent locals; collected in a greenlet that
+        # locust is killing, it fails noisily. Kept alive here, it is never collected there.
+        _celery_results.append(handle)
+        return handle
+
+    def poll(self, handle: Any) -> Outcome | None:
+        if not handle.ready():
+            return None
+        if not handle.successful():
+            return "FAILED", None, f"{type(handle.result).__name__}: {handle.result}"
+        value = handle.get(disable_sync_subtasks=False)
+        return "COMPLETED", float(value["stored_at"]), ""
+
+
+class WorkflowUser(User):
+    """Runs one workflow at a time: start, poll with a growing interval, record."""
+
+    def wait_time(self) -> float:
+        return 0.0
+
+    def on_start(self) -> None:
+        self.target = _load_target(self.environment)
+        self.index = next(_user_ids)
+        self.rng = random.Random(self.target.seed * 100_003 + self.index)
+        self.backend: Backend = (
+            CeleryBackend if self.target.system == "celery" else CdiflowBackend
+        )(self, self.target)
+        self.done = 0
+
+    @task
+    def run_workflow(self) -> None:
+        target = self.target
+        if target.rounds and self.done >= target.rounds:
+            raise StopUser()
+        uri, size = self.rng.choice(target.images)
+        submitted = time.time()
+        self.done += 1
+        try:
+            handle = self.backend.start(uri)
+        except Exception as exc:  # the system refused (or never answered) the start
+            outcome: Outcome = ("REFUSED", None, f"{type(exc).__name__}: {exc}")
+        else:
+            outcome = self._follow(handle, submitted)
+        status, stored_at, error = outcome
+        self._record(
+            WorkflowRecord(
+                system=target.system,
+                size=size,
+                tasks=target.tasks,
+                submitted_at=submitted,
+                stored_at=stored_at,
+                status=status,
+                error=error,
+            )
+        )
+
+    def _follow(self, handle: Any, submitted: float) -> Outcome:
+        """Poll until the workflow ends. A failed poll is retried, as a person would reload
+        the page; it shows in locust's request statistics, not as a failed workflow."""
+        target, interval, problem = self.target, self.target.poll_first_s, ""
+        while time.time() - submitted <= target.timeout_s:
+            time.sleep(interval)
+            interval = min(target.poll_max_s, interval * 1.5)
+            try:
+                outcome = self.backend.poll(handle)
+            except Exception as exc:
+                problem = f"; last poll failed: {type(exc).__name__}: {exc}"
+                continue
+            if outcome is not None:
+                return outcome
+        return ("TIMEOUT", None, f"not finished after {target.timeout_s:g} s{problem}")
+
+    def _record(self, record: WorkflowRecord) -> None:
+        try:
+            self._report(record)
+        finally:  # whatever happened, count it: the run must end when all are done
+            self._count_finished()
+
+    def _report(self, record: WorkflowRecord) -> None:
+        latency = record.latency_s
+        self.environment.events.request.fire(
+            request_type="WORKFLOW",
+            name=f"{record.system} {record.size // 1000} KB x{record.tasks}",
+            response_time=(latency if latency is not None else time.time() - record.submitted_at)
+            * 1000,
+            response_length=0,
+            exception=None if record.status == "COMPLETED" else RuntimeError(record.error),
+            context={},
+        )
+        if self.target.records:
+            with open(self.target.records, "a") as out:
+                out.write(json.dumps(record.as_dict()) + "\n")
+
+    def _count_finished(self) -> None:
+        global _finished
+        _finished += 1
+        expected = self.target.rounds * self.target.concurrency
+        runner = self.environment.runner
+        if expected and _finished >= expected and runner is not None:
+            threading.Timer(0.1, runner.quit).start()  # not from this user: quit kills it
+
+
+def _load_target(environment: Environment) -> Target:
+    global _TARGET
+    if _TARGET is None:
+        options = environment.parsed_options
+        if options is not None and options.target_file:
+            _TARGET = Target.read(Path(options.target_file))
+        else:
+            _TARGET = _interactive_target(environment)
+    return _TARGET
+
+
+def _interactive_target(environment: Environment) -> Target:
+    """A person's run against ``cdiflow up``: upload an image of the chosen size, go."""
+    from cdi.minion.config import parse_bytes
+    from loadtest.webui import upload_sample  # not needed by headless runs
+
+    options = environment.parsed_options
+    if options is None or not environment.host:
+        raise RuntimeError("give the API address with --host, e.g. http://127.0.0.1:8000")
+    size = parse_bytes(options.image_size)
+    uri = upload_sample(Path(options.stack_dir), size)
+    return Target(
+        system=options.system,
+        images=[(uri, size)],
+        tasks=options.tasks,
+        concurrency=0,
+        rounds=0,
+        records=options.records,
+        api_url=environment.host,
+        workflow=_ensure_workflow(environment.host, options.tasks),
+        poll_max_s=0.5,
+    )
+
+
+def _ensure_workflow(api_url: str, tasks: int) -> str:
+    if tasks == 3:
+        return chain_workflow(3)
+    from loadtest.rest import CdiflowApi
+
+    with CdiflowApi(api_url) as api:
+        return api.ensure_chain(tasks)
+
+
+def _prepare(environment: Environment, **_: Any) -> None:
+    target = _load_target(environment)  # upload before the users start, not in the first one
+    if target.rounds:
+        threading.Thread(target=_progress, args=(target,), daemon=True).start()
+
+
+_hooks.test_start.add_listener(_prepare)
+
+
+def _progress(target: Target) -> None:
+    """One line every 5 s on stderr (headless runs pass --only-summary to locust)."""
+    expected = target.rounds * target.concurrency
+    began = time.time()
+    while _finished < expected:
+        time.sleep(5.0)
+        print(
+            f"  [{target.system}] {_finished}/{expected} workflows done, "
+            f"{time.time() - began:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )

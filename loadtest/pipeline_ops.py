@@ -1,0 +1,50 @@
+"""The benchmark's image operations outside cdiflow: the floor, and the Celery/Ray tasks.
+
+Every system runs the very functions cdiflow's workers run (``workflows.image_tasks``) through
+``run_task_on_image``, so pixels and labels are identical and only the orchestration differs.
+The systems that move images through S3 (Celery, like cdiflow's object-store plane) store
+PNG, lossless, as cdiflow does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+from PIL import Image
+
+from workflows import image_tasks
+from workflows.api import TaskContext, TaskFunction, run_task_on_image
+from workflows.imagebuf import decode_bytes, normalize_mode
+
+__all__ = ["OPS", "apply_op", "floor_job"]
+
+OPS: Final[dict[str, TaskFunction]] = {
+    "deblur": image_tasks.deblur,
+    "denoise": image_tasks.denoise,
+    "classify": image_tasks.classify,
+}
+
+
+def apply_op(
+    op: str, img: Image.Image, workflow_id: str = "bench"
+) -> tuple[Image.Image, dict[str, Any]]:
+    """One operation as a worker runs it: ``(image after, task output)``."""
+    ctx = TaskContext(task_name=op, workflow_id=workflow_id)
+    new, output = run_task_on_image(OPS[op], img, ctx)
+    return (new if new is not None else img), output
+
+
+def floor_job(data: bytes, ops: list[str]) -> tuple[float, float, str]:
+    """The compute floor of one workflow: decode, then each operation, in this process.
+
+    Returns ``(started, finished, label)`` in Unix seconds. No S3, no result encoding: only
+    what every system must do whatever its orchestration.
+    """
+    started = time.time()
+    img = normalize_mode(decode_bytes(data))
+    output: dict[str, Any] = {}
+    for op in ops:
+        img, step_output = apply_op(op, img)
+        output.update(step_output)
+    return started, time.time(), str(output.get("label", ""))

@@ -1,0 +1,185 @@
+"""``cdiflow bench workflows --quick``: orchestration overhead on one stack, per policy.
+
+For each system (``affinity``, ``transfer``, ``auto`` on the CDI plane; ``object-store``) and
+each workflow (``noop_pipeline``, ``image_pipeline``) on one small image:
+
+* sequential runs: one workflow at a time; latency is the server's ``finished_at -
+  created_at`` (database clock), so how often we poll does not enter the figure;
+* a burst: ``burst`` workflows started at once; throughput = completed / (last
+  ``finished_at`` - first ``created_at``).
+
+The per-task overhead is (latency - summed task ``run_ms``) / tasks. ``run_ms`` is what the
+worker measured around a task, *including* its data plane's reads and writes, so for the
+object-store plane the S3 traffic and PNG coding count as run time, not as overhead. The
+phase breakdown splits the latency along the task runs' timestamps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from loadtest.images import make_jpeg
+from loadtest.rest import CdiflowApi, stamp
+from loadtest.stats import summarize
+from loadtest.systems.services import BenchServices, s3_client
+from orchestrator.services import RunningServices
+from orchestrator.stack import Stack
+from orchestrator.stack.probes import free_port
+
+__all__ = ["PHASES", "QuickRow", "phases_ms", "run_quick"]
+
+QUICK_SYSTEMS: Final = ("affinity", "transfer", "auto", "object-store")
+WORKFLOWS: Final = ("noop_pipeline", "image_pipeline")
+# Where a workflow's time goes, in order; they add up to its latency.
+PHASES: Final = ("admit", "input", "dispatch", "run", "report", "output")
+
+
+@dataclass
+class QuickRow:
+    system: str
+    workflow: str
+    size: int
+    tasks: int
+    n: int
+    p50_latency_ms: float
+    p99_latency_ms: float
+    mean_latency_ms: float
+    p50_run_ms: float  # summed task run_ms
+    p50_overhead_per_task_ms: float
+    burst: int
+    burst_completed: int
+    burst_p50_latency_ms: float
+    throughput_wps: float
+    phases_p50_ms: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def phases_ms(detail: dict[str, Any]) -> dict[str, float]:
+    """Split one finished workflow's latency along its timestamps (milliseconds).
+
+    admit: created -> claimed by the scheduler; input: claimed -> first task queued (download,
+    decode, CDI object); dispatch: task queued -> started on a worker (summed); run: task
+    started -> finished (summed); report: task finished -> next task queued (summed);
+    output: last task finished -> workflow finished (encode and upload the result, commit).
+    """
+    runs = sorted(
+        (r for r in detail["task_runs"] if r["status"] == "COMPLETED"), key=lambda r: r["id"]
+    )
+    created, started = stamp(detail["created_at"]), stamp(detail["started_at"])
+    finished = stamp(detail["finished_at"])
+    out = {"admit": started - created, "dispatch": 0.0, "run": 0.0, "report": 0.0}
+    out["input"] = stamp(runs[0]["queued_at"]) - started
+    for i, r in enumerate(runs):
+        out["dispatch"] += stamp(r["started_at"]) - stamp(r["queued_at"])
+        out["run"] += stamp(r["finished_at"]) - stamp(r["started_at"])
+        if i + 1 < len(runs):
+            out["report"] += stamp(runs[i + 1]["queued_at"]) - stamp(r["finished_at"])
+    out["output"] = finished - stamp(runs[-1]["finished_at"])
+    return {k: round(out[k] * 1000, 2) for k in PHASES}
+
+
+def _latency_ms(detail: dict[str, Any]) -> float:
+    return (stamp(detail["finished_at"]) - stamp(detail["created_at"])) * 1000
+
+
+def _check(details: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
+    failed = [d for d in details if d["status"] != "COMPLETED"]
+    if failed:
+        raise RuntimeError(f"{what}: {len(failed)} workflow(s) failed, e.g. {failed[0]['error']}")
+    return details
+
+
+def _measure(
+    api: CdiflowApi, system: str, workflow: str, image: str, size: int, repeat: int, burst: int
+) -> QuickRow:
+    sequential = []
+    for _ in range(repeat):
+        workflow_id = api.start(workflow, image, system)
+        sequential.append(api.wait([workflow_id])[workflow_id])
+    _check(sequential, f"{system} {workflow}")
+    with ThreadPoolExecutor(8) as pool:  # start the burst as fast as a client can
+        ids = list(pool.map(lambda _: api.start(workflow, image, system), range(burst)))
+    burst_details = list(api.wait(ids, max_poll=0.1).values())
+    done = [d for d in burst_details if d["status"] == "COMPLETED"]
+    span = max((stamp(d["finished_at"]) for d in done), default=0.0) - min(
+        stamp(d["created_at"]) for d in burst_details
+    )
+    latency = summarize(_latency_ms(d) for d in sequential)
+    tasks = len([r for r in sequential[0]["task_runs"] if r["status"] == "COMPLETED"])
+    run = [sum(r["run_ms"] for r in d["task_runs"]) for d in sequential]
+    overhead = [
+        (_latency_ms(d) - sum(r["run_ms"] for r in d["task_runs"])) / tasks for d in sequential
+    ]
+    phases = [phases_ms(d) for d in sequential]
+    return QuickRow(
+        system=system,
+        workflow=workflow,
+        size=size,
+        tasks=tasks,
+        n=latency.n,
+        p50_latency_ms=round(latency.p50, 1),
+        p99_latency_ms=round(latency.p99, 1),
+        mean_latency_ms=round(latency.mean, 1),
+        p50_run_ms=round(statistics.median(run), 1),
+        p50_overhead_per_task_ms=round(statistics.median(overhead), 1),
+        burst=burst,
+        burst_completed=len(done),
+        burst_p50_latency_ms=round(summarize(_latency_ms(d) for d in done).p50, 1),
+        throughput_wps=round(len(done) / span, 2) if span > 0 else 0.0,
+        phases_p50_ms={k: round(statistics.median(p[k] for p in phases), 1) for k in PHASES},
+    )
+
+
+def run_quick(
+    *,
+    repeat: int = 30,
+    burst: int = 20,
+    warmup: int = 3,
+    workers: int = 2,
+    systems: tuple[str, ...] = QUICK_SYSTEMS,
+    workflows: tuple[str, ...] = WORKFLOWS,
+    image_size: int = 10_000,
+    data_dir: Path | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+    services: RunningServices | None = None,
+    redis_db_from: int = 1,
+) -> list[QuickRow]:
+    """Start one stack, measure every (system, workflow), stop the stack.
+
+    ``services``: use these (tests) instead of starting embedded ones; the stack takes a fresh
+    database on them and Redis database ``redis_db_from``.
+    """
+    folder = data_dir or Path(tempfile.mkdtemp(prefix="cdiflow-quick-"))
+    rows: list[QuickRow] = []
+    shared = BenchServices(folder / "services", given=services, first_redis_db=redis_db_from)
+    with shared:
+        progress(f"services up; starting the stack ({workers} workers)")
+        image_bytes = make_jpeg(image_size)
+        bucket = shared.running.s3_bucket
+        s3_client(shared.running).put_object(Bucket=bucket, Key="bench/quick.jpg", Body=image_bytes)
+        image = f"s3://{bucket}/bench/quick.jpg"
+        stack = Stack(
+            folder / "stack", workers=workers, port=free_port(), services=shared.for_system("quick")
+        )
+        with stack, CdiflowApi(stack.api_url) as api:
+            for workflow in workflows:
+                for system in systems:
+                    for _ in range(warmup):
+                        _check(
+                            list(api.wait([api.start(workflow, image, system)]).values()), "warm-up"
+                        )
+                    began = time.monotonic()
+                    rows.append(
+                        _measure(api, system, workflow, image, len(image_bytes), repeat, burst)
+                    )
+                    progress(f"  {system:<13} {workflow:<15} {time.monotonic() - began:5.1f} s")
+    return rows

@@ -1,0 +1,81 @@
+"""Readable tables for ``cdiflow bench workflows`` (the JSON carries the same figures)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cdi.bench.stats import format_size
+from loadtest.quick import PHASES, QuickRow
+from loadtest.stats import PointResult
+
+__all__ = [
+    "GOAL_NOOP_P50_MS",
+    "GOAL_TASK_OVERHEAD_MS",
+    "quick_goals",
+    "quick_table",
+    "scenario_table",
+]
+
+GOAL_TASK_OVERHEAD_MS = 2.0
+GOAL_NOOP_P50_MS = 10.0
+
+
+def quick_table(rows: Sequence[QuickRow]) -> str:
+    lines = [
+        f"{'system':<13} {'workflow':<15} {'p50':>7} {'p99':>7} {'mean':>7} {'task run':>9} "
+        f"{'ovh/task':>9} {'burst p50':>10} {'burst':>11}",
+        f"{'':<13} {'':<15} {'ms':>7} {'ms':>7} {'ms':>7} {'ms (sum)':>9} {'ms':>9} "
+        f"{'ms':>10} {'wf/s':>11}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.system:<13} {r.workflow:<15} {r.p50_latency_ms:>7.1f} {r.p99_latency_ms:>7.1f} "
+            f"{r.mean_latency_ms:>7.1f} {r.p50_run_ms:>9.1f} {r.p50_overhead_per_task_ms:>9.1f} "
+            f"{r.burst_p50_latency_ms:>10.1f} {r.throughput_wps:>6.1f} ({r.burst_completed})"
+        )
+    lines += [
+        "",
+        "where the time goes (p50 of each phase, ms; see loadtest.quick.phases_ms)",
+        f"{'system':<13} {'workflow':<15}" + "".join(f"{p:>9}" for p in PHASES),
+    ]
+    for r in rows:
+        cells = "".join(f"{r.phases_p50_ms.get(p, float('nan')):>9.1f}" for p in PHASES)
+        lines.append(f"{r.system:<13} {r.workflow:<15}{cells}")
+    return "\n".join(lines)
+
+
+def quick_goals(rows: Sequence[QuickRow]) -> str:
+    """One line per goal of the orchestrator issue: met or not, with the figure."""
+    lines = []
+    noop = [r for r in rows if r.workflow == "noop_pipeline"]
+    for r in noop:
+        task_ok = r.p50_overhead_per_task_ms <= GOAL_TASK_OVERHEAD_MS
+        wf_ok = r.p50_latency_ms <= GOAL_NOOP_P50_MS
+        lines.append(
+            f"{r.system:<13} overhead/task p50 {r.p50_overhead_per_task_ms:6.1f} ms "
+            f"(goal <= {GOAL_TASK_OVERHEAD_MS:g}: {'met' if task_ok else 'NOT met'}); "
+            f"3-task no-op p50 {r.p50_latency_ms:6.1f} ms "
+            f"(goal <= {GOAL_NOOP_P50_MS:g}: {'met' if wf_ok else 'NOT met'})"
+        )
+    return "\n".join(lines)
+
+
+def _size(size: int | None) -> str:
+    return "mixed" if size is None else format_size(size)
+
+
+def scenario_table(results: Sequence[PointResult]) -> str:
+    """One row per system and point: latency, throughput, and both against the floor."""
+    lines = [
+        f"{'scenario':<9}{'system':<13}{'size':>8}{'tasks':>6}{'conc':>6}{'done':>6}{'fail':>5}"
+        f"{'p50 s':>9}{'p99 s':>9}{'mean s':>9}{'wf/s':>8}{'ovh p50 s':>10}{'x floor':>8}"
+    ]
+    for r in results:
+        overhead = "-" if r.overhead_p50_s is None else f"{r.overhead_p50_s:.3f}"
+        share = "-" if r.throughput_vs_floor is None else f"{r.throughput_vs_floor:.2f}"
+        lines.append(
+            f"{r.scenario:<9}{r.system:<13}{_size(r.size):>8}{r.tasks:>6}{r.concurrency:>6}"
+            f"{r.completed:>6}{r.failed:>5}{r.p50_latency_s:>9.3f}{r.p99_latency_s:>9.3f}"
+            f"{r.mean_latency_s:>9.3f}{r.throughput_wps:>8.2f}{overhead:>10}{share:>8}"
+        )
+    return "\n".join(lines)

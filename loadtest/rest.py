@@ -1,0 +1,105 @@
+"""A small synchronous client of cdiflow's REST API for the benchmarks' own bookkeeping.
+
+The load test's simulated users talk to the API through locust (``loadtest.locustfile``);
+this client starts and follows workflows for ``--quick`` and registers the n-task pipelines.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, Final
+
+import httpx
+
+from loadtest.images import chain_definition, chain_workflow
+
+__all__ = ["FINISHED", "SYSTEM_MODES", "CdiflowApi", "stamp"]
+
+FINISHED: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+
+# Benchmark system name -> (policy, data plane) of the workflow request. The object-store
+# baseline places by load ("transfer"), like the shared task queue of an Orkes/Conductor worker.
+SYSTEM_MODES: Final[dict[str, tuple[str, str]]] = {
+    "affinity": ("affinity", "cdi"),
+    "transfer": ("transfer", "cdi"),
+    "auto": ("auto", "cdi"),
+    "object-store": ("transfer", "object-store"),
+}
+
+
+def stamp(text: str) -> float:
+    """Unix seconds of one of the API's ISO 8601 timestamps."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+class CdiflowApi:
+    """``start``, ``detail`` and ``wait`` over one HTTP connection pool (thread-safe)."""
+
+    def __init__(self, base_url: str, timeout: float = 60.0) -> None:
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, limits=limits)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> CdiflowApi:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, workflow: str, image: str, system: str) -> str:
+        policy, plane = SYSTEM_MODES[system]
+        body = {
+            "workflow": workflow,
+            "input": {"image": image},
+            "policy": policy,
+            "data_plane": plane,
+        }
+        reply = self._http.post("/api/workflows", json=body).raise_for_status().json()
+        return str(reply["id"])
+
+    def detail(self, workflow_id: str) -> dict[str, Any]:
+        reply = self._http.get(f"/api/workflows/{workflow_id}", params={"events": 0})
+        body: dict[str, Any] = reply.raise_for_status().json()
+        return body
+
+    def wait(
+        self,
+        ids: Iterable[str],
+        timeout: float = 300.0,
+        first_poll: float = 0.005,
+        max_poll: float = 0.05,
+    ) -> dict[str, dict[str, Any]]:
+        """Details of every workflow once finished, polling with a growing interval.
+
+        The interval starts short so a fast workflow is seen soon, and grows so the polls of
+        a long one do not take the CPU the workflow itself needs (the API shares the cores).
+        """
+        pending = list(dict.fromkeys(ids))
+        done: dict[str, dict[str, Any]] = {}
+        deadline = time.monotonic() + timeout
+        interval = first_poll
+        while pending:
+            time.sleep(interval)
+            interval = min(max_poll, interval * 1.5)
+            for workflow_id in list(pending):
+                body = self.detail(workflow_id)
+                if body["status"] in FINISHED:
+                    done[workflow_id] = body
+                    pending.remove(workflow_id)
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"{len(pending)} workflow(s) not finished in {timeout:g} s")
+        return done
+
+    def ensure_chain(self, tasks: int) -> str:
+        """Register the n-task pipeline unless it exists; return its workflow name."""
+        name = chain_workflow(tasks)
+        if self._http.get(f"/api/workflow-definitions/{name}").status_code == 200:
+            return name
+        reply = self._http.post("/api/workflow-definitions", json=chain_definition(tasks))
+        if reply.status_code not in (201, 409):  # 409: registered meanwhile
+            reply.raise_for_status()
+        return name

@@ -1,0 +1,121 @@
+"""Percentiles and the per-point result row shared by the quick bench and the load test."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["PointResult", "Summary", "WorkflowRecord", "percentile", "summarize", "summarize_point"]
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile, as in ``cdi.bench.stats``: every figure is a measured sample."""
+    index = max(0, min(len(sorted_values) - 1, round(q * len(sorted_values) + 0.5) - 1))
+    return sorted_values[index]
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    mean: float
+    p50: float
+    p99: float
+
+
+def summarize(values: Iterable[float]) -> Summary:
+    ordered = sorted(values)
+    if not ordered:
+        return Summary(0, float("nan"), float("nan"), float("nan"))
+    return Summary(
+        len(ordered),
+        statistics.fmean(ordered),
+        percentile(ordered, 0.50),
+        percentile(ordered, 0.99),
+    )
+
+
+@dataclass(frozen=True)
+class WorkflowRecord:
+    """One workflow as the load generator saw it; times are Unix seconds on this machine."""
+
+    system: str
+    size: int  # bytes of the input image
+    tasks: int
+    submitted_at: float  # the client's clock just before the start request
+    stored_at: float | None  # the system's own stamp of "result stored" (None: not finished)
+    status: str  # COMPLETED, FAILED, ...
+    error: str = ""
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.stored_at is None else self.stored_at - self.submitted_at
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkflowRecord:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """One system at one point of a scenario: the JSON row of ``--json``."""
+
+    system: str
+    scenario: str
+    size: int | None  # input bytes; None when the point mixes sizes (scenario 2)
+    tasks: int
+    concurrency: int
+    completed: int
+    failed: int
+    mean_latency_s: float
+    p50_latency_s: float
+    p99_latency_s: float
+    throughput_wps: float
+    link: str = "loopback"
+    # Filled in against the floor of the same point (None for the floor itself or without one).
+    overhead_p50_s: float | None = None
+    throughput_vs_floor: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize_point(
+    records: Sequence[WorkflowRecord],
+    *,
+    system: str,
+    scenario: str,
+    size: int | None,
+    tasks: int,
+    concurrency: int,
+    link: str,
+) -> PointResult:
+    """Latency over completed workflows; throughput = completed / (last stored - first start)."""
+    done = [r for r in records if r.status == "COMPLETED" and r.stored_at is not None]
+    latency = summarize(r.latency_s for r in done if r.latency_s is not None)
+    throughput = 0.0
+    if done:
+        first = min(r.submitted_at for r in records if r.submitted_at > 0)
+        span = max(r.stored_at for r in done if r.stored_at) - first
+        throughput = len(done) / span if span > 0 else float("inf")
+    errors = sorted({r.error[:200] for r in records if r.status != "COMPLETED" and r.error})
+    return PointResult(
+        system=system,
+        scenario=scenario,
+        size=size,
+        tasks=tasks,
+        concurrency=concurrency,
+        completed=len(done),
+        failed=len(records) - len(done),
+        mean_latency_s=round(latency.mean, 4),
+        p50_latency_s=round(latency.p50, 4),
+        p99_latency_s=round(latency.p99, 4),
+        throughput_wps=round(throughput, 3),
+        link=link,
+        errors=errors[:5],
+    )

@@ -1,0 +1,1 @@
+"""The systems the workflow benchmark starts, drives and stops (see ``loadtest.runner``)."""

@@ -1,0 +1,63 @@
+"""What every benchmarked system offers the runner: start, run one point, stop.
+
+A system is started and stopped by the benchmark itself (``with system:``), runs every point
+of the scenarios on the same images, and reports one ``WorkflowRecord`` per workflow. The
+images are already in S3 (``Inputs.uris``) and on disk (``Inputs.paths``, for the floor).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from loadtest.plan import Point
+from loadtest.stats import WorkflowRecord
+
+__all__ = ["Inputs", "RunContext", "System"]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    uris: dict[int, str]  # size -> s3://bucket/key
+    paths: dict[int, Path]  # size -> local JPEG
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a system keeps its files, how many workers it gets, where progress goes."""
+
+    folder: Path
+    workers: int
+    progress: IO[str] | None
+    time_limit_s: float = 1800.0  # one point, generous: a stuck point must still end
+
+
+class System(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    @abc.abstractmethod
+    def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]: ...
+
+    def after_point(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Clean up between points (results pile up in the embedded S3's memory)."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

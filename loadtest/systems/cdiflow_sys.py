@@ -1,0 +1,72 @@
+"""cdiflow under one policy / data plane: a fresh ``Stack`` on the run's shared services."""
+
+from __future__ import annotations
+
+from loadtest.drive import run_locust
+from loadtest.images import chain_workflow
+from loadtest.plan import Point, Target, poll_max_s
+from loadtest.rest import SYSTEM_MODES, CdiflowApi
+from loadtest.stats import WorkflowRecord
+from loadtest.systems.base import Inputs, RunContext, System
+from loadtest.systems.services import BenchServices, clear_prefixes
+from orchestrator.stack import Stack
+from orchestrator.stack.probes import free_port
+
+__all__ = ["CdiflowSystem"]
+
+
+class CdiflowSystem(System):
+    """``affinity``, ``transfer``, ``auto`` (CDI plane) or ``object-store``."""
+
+    def __init__(self, name: str, services: BenchServices, ctx: RunContext) -> None:
+        if name not in SYSTEM_MODES:
+            raise ValueError(f"{name!r} is not a cdiflow system ({', '.join(SYSTEM_MODES)})")
+        self.name = name
+        self.services = services
+        self.ctx = ctx
+        self._stack: Stack | None = None
+        self._chains: set[int] = set()
+
+    def start(self) -> None:
+        self._stack = Stack(
+            self.ctx.folder / f"stack-{self.name}",
+            workers=self.ctx.workers,
+            port=free_port(),
+            services=self.services.for_system(self.name),
+        )
+        self._stack.start()
+
+    def stop(self) -> None:
+        if self._stack is not None:
+            self._stack.stop()
+            self._stack = None
+
+    @property
+    def stack(self) -> Stack:
+        if self._stack is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._stack
+
+    def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
+        if point.tasks not in self._chains:
+            with CdiflowApi(self.stack.api_url) as api:
+                api.ensure_chain(point.tasks)
+            self._chains.add(point.tasks)
+        folder = self.ctx.folder / "points" / self.name / point.label().replace(" ", "_")
+        target = Target(
+            system=self.name,
+            images=[(inputs.uris[s], s) for s in point.sizes],
+            tasks=point.tasks,
+            concurrency=point.concurrency,
+            rounds=point.rounds,
+            records=str(folder / "records.jsonl"),
+            api_url=self.stack.api_url,
+            workflow=chain_workflow(point.tasks),
+            poll_max_s=poll_max_s(point.concurrency),
+        )
+        return run_locust(
+            target, folder, time_limit_s=self.ctx.time_limit_s, progress=self.ctx.progress
+        )
+
+    def after_point(self) -> None:
+        clear_prefixes(self.services.running, ("results/", "work/"))

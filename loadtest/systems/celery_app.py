@@ -1,0 +1,101 @@
+"""The Celery baseline: the image operations as a chain of tasks, each via S3.
+
+    celery -A loadtest.systems.celery_app worker -c 2      # what CelerySystem starts
+
+Broker and result backend are Redis (``LOADTEST_CELERY_BROKER``, ``LOADTEST_CELERY_BACKEND``);
+S3 is reached as cdiflow's workers reach it (``S3_ENDPOINT_URL`` and friends, through
+``orchestrator.objectstore.ObjectStore``). Each task GETs its input, decodes it, runs one
+operation, encodes PNG and PUTs its output, exactly like cdiflow's object-store plane; the
+chain passes the output URI on. The last task returns ``stored_at``, the moment its PUT
+returned: the same "result stored" instant cdiflow stamps as ``finished_at``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any, Final
+
+from celery import Celery, chain  # type: ignore[import-untyped]
+
+from loadtest.pipeline_ops import apply_op
+from orchestrator.objectstore import ObjectStore
+from orchestrator.settings import Settings, load_settings
+from workflows.imagebuf import decode_bytes, encode_image
+
+__all__ = ["PREFIX", "app", "image_op", "make_app", "ping", "workflow_signature"]
+
+PREFIX: Final = "celery/"  # every object this baseline writes, cleared between points
+
+
+def make_app(broker: str, backend: str) -> Celery:
+    celery = Celery("loadtest", broker=broker, backend=backend, set_as_current=False)
+    celery.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        # One task at a time per process: a prefetched image task would wait behind another.
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        result_expires=3600,
+    )
+    return celery
+
+
+app = make_app(
+    os.environ.get("LOADTEST_CELERY_BROKER", "redis://127.0.0.1:6379/14"),
+    os.environ.get("LOADTEST_CELERY_BACKEND", "redis://127.0.0.1:6379/15"),
+)
+
+
+@functools.cache
+def _settings() -> Settings:
+    return load_settings()
+
+
+@functools.cache
+def _store() -> ObjectStore:
+    return ObjectStore(_settings())
+
+
+def _ping() -> str:
+    return "pong"
+
+
+def _image_op(
+    previous: dict[str, Any] | None,
+    op: str,
+    workflow_id: str,
+    step: int,
+    last: bool,
+    input_uri: str | None = None,
+) -> dict[str, Any]:
+    """One step: ``previous`` is the prior step's return value (None for the first)."""
+    store = _store()
+    source = str(input_uri if previous is None else previous["uri"])
+    limits = _settings()
+    img = decode_bytes(store.get(source, limits.max_input_bytes), limits.max_pixels)
+    img, output = apply_op(op, img, workflow_id)
+    key = f"{PREFIX}results/{workflow_id}.png" if last else f"{PREFIX}work/{workflow_id}/{step}.png"
+    store.put(store.uri(key), encode_image(img, "PNG"), "image/png")
+    outputs = {**(previous or {}).get("outputs", {}), **output}
+    return {"uri": store.uri(key), "outputs": outputs, "stored_at": time.time()}
+
+
+# Registered without decorator syntax: Celery is untyped, and a decorator would erase the
+# functions' signatures for the type checker.
+ping: Any = app.task(name="loadtest.ping")(_ping)
+image_op: Any = app.task(name="loadtest.image_op")(_image_op)
+
+
+def workflow_signature(ops: list[str], workflow_id: str, input_uri: str) -> Any:
+    """The chain for one workflow; ``.apply_async()`` starts it."""
+    steps = [
+        image_op.s(None, op, workflow_id, i, i == len(ops) - 1, input_uri)
+        if i == 0
+        else image_op.s(op, workflow_id, i, i == len(ops) - 1)
+        for i, op in enumerate(ops)
+    ]
+    return chain(*steps)

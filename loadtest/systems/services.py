@@ -1,0 +1,179 @@
+"""Postgres, Redis and S3 for one benchmark run, shared by every system it starts.
+
+Always embedded (a user's DATABASE_URL is never touched: the benchmark creates databases).
+Each cdiflow system gets a fresh database and its own Redis logical database, so no system
+inherits another's rows, queues or task-time estimates. With ``link="regional"`` the systems
+reach S3 through ``NetemProxy``; the benchmark's own uploads go straight to the endpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+from urllib.parse import urlsplit, urlunsplit
+
+import boto3
+import psycopg
+from botocore.config import Config
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+from loadtest.netem_proxy import LinkSpec, NetemProxy
+from orchestrator.services import RunningServices, resolve_services
+from orchestrator.settings import load_settings
+
+__all__ = ["LINKS", "BenchServices", "clear_prefixes", "s3_client"]
+
+LINKS: Final = ("loopback", "regional")
+_REDIS_DBS: Final = 16
+
+
+def s3_client(services: RunningServices) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=services.s3_endpoint_url,
+        region_name=services.aws_region,
+        aws_access_key_id=services.aws_access_key_id,
+        aws_secret_access_key=services.aws_secret_access_key,
+        config=Config(max_pool_connections=16),
+    )
+
+
+def clear_prefixes(services: RunningServices, prefixes: tuple[str, ...]) -> int:
+    """Delete every object under ``prefixes`` (results pile up in the embedded S3's memory)."""
+    s3, deleted = s3_client(services), 0
+    for prefix in prefixes:
+        pages = s3.get_paginator("list_objects_v2").paginate(
+            Bucket=services.s3_bucket, Prefix=prefix
+        )
+        for page in pages:
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                s3.delete_objects(Bucket=services.s3_bucket, Delete={"Objects": keys})
+                deleted += len(keys)
+    return deleted
+
+
+class BenchServices:
+    """``with BenchServices(folder, link) as services:`` start, share, stop."""
+
+    def __init__(
+        self,
+        folder: Path,
+        link: str = "loopback",
+        spec: LinkSpec | None = None,
+        *,
+        given: RunningServices | None = None,
+        first_redis_db: int = 1,
+    ) -> None:
+        """``given``: running services to use (and leave running) instead of starting them;
+        systems then take Redis logical databases from ``first_redis_db`` up."""
+        if link not in LINKS:
+            raise ValueError(f"unknown link {link!r}; choose from {LINKS}")
+        self.folder = folder
+        self.link = link
+        self._spec = spec or LinkSpec()
+        self._running: RunningServices | None = None
+        self._proxy: NetemProxy | None = None
+        self._s3_url = ""
+        self._given = given
+        self._redis_db = itertools.count(first_redis_db)
+
+    @property
+    def running(self) -> RunningServices:
+        """The services as started (S3 reached directly, on loopback)."""
+        if self._running is None:
+            raise RuntimeError("BenchServices is not started")
+        return self._running
+
+    @property
+    def s3_url(self) -> str:
+        """The S3 endpoint the systems under test use (the proxy's on a regional link)."""
+        return self._s3_url
+
+    def start(self) -> Self:
+        if self._given is not None:
+            self._running = self._given
+            return self._with_link()
+        settings = load_settings(
+            data_dir=self.folder.absolute(),
+            database_url=None,
+            redis_url=None,
+            s3_endpoint_url=None,
+            s3_bucket="cdiflow",
+            aws_access_key_id=None,
+            aws_secret_access_key=None,
+            aws_region="us-east-1",
+        )
+        self._running = resolve_services(settings)
+        return self._with_link()
+
+    def _with_link(self) -> Self:
+        assert self._running is not None
+        try:
+            self._s3_url = self._running.s3_endpoint_url
+            if self.link == "regional":
+                self._proxy = NetemProxy(self._running.s3_endpoint_url, self._spec)
+                self._s3_url = self._proxy.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self._proxy is not None:
+            self._proxy.stop()
+            self._proxy = None
+        if self._running is not None and self._given is None:
+            self._running.stop()
+        self._running = None
+
+    def redis_url(self) -> str:
+        """A Redis logical database nobody else in this run uses."""
+        index = next(self._redis_db)
+        if index >= _REDIS_DBS:
+            raise RuntimeError(f"more than {_REDIS_DBS - 1} systems in one run")
+        return urlunsplit(urlsplit(self.running.redis_url)._replace(path=f"/{index}"))
+
+    def create_database(self, label: str) -> str:
+        """An empty database on the run's Postgres; returns its URL."""
+        url = make_url(self.running.database_url)
+        name = f"bench_{label.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
+        with psycopg.connect(
+            host=url.host,
+            port=url.port,
+            user=url.username,
+            password=url.password,
+            dbname=url.database,
+            autocommit=True,
+        ) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return url.set(database=name).render_as_string(hide_password=False)
+
+    def for_system(self, label: str) -> RunningServices:
+        """Services for one cdiflow stack: its own database and Redis db, the run's S3 link.
+
+        ``embedded=()``: the stack must not stop what this run shares.
+        """
+        return dataclasses.replace(
+            self.running,
+            database_url=self.create_database(label),
+            redis_url=self.redis_url(),
+            s3_endpoint_url=self.s3_url,
+            embedded=(),
+        )
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

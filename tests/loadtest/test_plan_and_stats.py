@@ -1,0 +1,146 @@
+"""The load test's bookkeeping: scenario points, pipelines, summaries, floor comparison, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from loadtest.cli import bench_workflows_command
+from loadtest.images import chain_definition, chain_ops, chain_workflow, make_jpeg
+from loadtest.plan import Point, Target, plan_points, poll_max_s
+from loadtest.plots import write_plots
+from loadtest.runner import compare_to_floor
+from loadtest.stats import PointResult, WorkflowRecord, percentile, summarize_point
+from tests.loadtest.conftest import require
+from workflows.definitions import bundled_task_definitions, parse_workflow
+
+
+def test_scenarios_plan_the_points_of_the_issue() -> None:
+    one = plan_points("1", min_workflows=30)
+    assert [(p.size, p.tasks, p.concurrency, p.workflows) for p in one] == [
+        (10_000, 3, 10, 30),
+        (100_000, 3, 10, 30),
+        (500_000, 3, 10, 30),
+        (2_000_000, 3, 10, 30),
+    ]
+    two = plan_points("2", min_workflows=30)
+    assert [p.concurrency for p in two] == [1, 50, 100, 200, 500]
+    assert all(p.size is None and min(p.sizes) == 10_000 and max(p.sizes) == 4_000_000 for p in two)
+    assert [p.workflows for p in two] == [30, 50, 100, 200, 500]
+    three = plan_points("3", min_workflows=30)
+    assert [(p.tasks, p.size) for p in three] == [
+        (1, 2_000_000),
+        (3, 2_000_000),
+        (6, 2_000_000),
+        (10, 2_000_000),
+    ]
+    with pytest.raises(ValueError, match="unknown scenario"):
+        plan_points("4")
+
+
+def test_pipelines_cycle_the_three_operations_and_are_valid_definitions() -> None:
+    assert chain_ops(1) == ["deblur"]
+    assert chain_ops(3) == ["deblur", "denoise", "classify"]
+    assert chain_ops(10)[-1] == "deblur" and len(chain_ops(10)) == 10
+    assert chain_workflow(3) == "image_pipeline"
+    tasks = [t["name"] for t in bundled_task_definitions()]
+    for n in (1, 6, 10):
+        definition = parse_workflow(chain_definition(n), tasks)
+        assert [s.task for s in definition.tasks] == chain_ops(n)
+        assert definition.order() == [s.ref for s in definition.tasks]  # a straight chain
+
+
+def test_sized_images_land_near_their_target() -> None:
+    data = make_jpeg(20_000)
+    assert data[:2] == b"\xff\xd8"  # a JPEG
+    assert abs(len(data) / 20_000 - 1) <= 0.15
+
+
+def test_polling_stays_gentle_with_many_users() -> None:
+    assert poll_max_s(1) == 1.0
+    assert poll_max_s(500) * 100 >= 500  # at most ~100 polls a second from the crowd
+
+
+def _record(submitted: float, stored: float | None, status: str = "COMPLETED") -> WorkflowRecord:
+    return WorkflowRecord("transfer", 10_000, 3, submitted, stored, status)
+
+
+def test_point_summary_counts_failures_and_measures_from_first_start_to_last_store() -> None:
+    records = [
+        _record(100.0, 101.0),
+        _record(100.5, 102.0),
+        _record(100.3, 101.5),
+        _record(100.2, None, "FAILED"),
+        WorkflowRecord("transfer", 0, 3, 0.0, None, "MISSING", "locust died"),
+    ]
+    result = summarize_point(
+        records,
+        system="transfer",
+        scenario="1",
+        size=10_000,
+        tasks=3,
+        concurrency=2,
+        link="loopback",
+    )
+    assert (result.completed, result.failed) == (3, 2)
+    assert result.p50_latency_s == 1.2 and result.p99_latency_s == 1.5
+    assert result.throughput_wps == round(3 / 2.0, 3)
+    assert result.errors == ["locust died"]
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
+
+
+def test_results_are_set_against_the_floor_of_the_same_point() -> None:
+    def row(system: str, p50: float, tput: float, size: int = 10_000) -> PointResult:
+        return PointResult(system, "1", size, 3, 10, 10, 0, p50, p50, p50, tput)
+
+    out = compare_to_floor(
+        [row("floor", 0.1, 20.0), row("celery", 0.4, 5.0), row("affinity", 0.3, 10.0, size=99)]
+    )
+    assert out[0].overhead_p50_s is None
+    assert out[1].overhead_p50_s == pytest.approx(0.3) and out[1].throughput_vs_floor == 0.25
+    assert out[2].overhead_p50_s is None  # no floor at that size
+
+
+def test_target_round_trips_through_its_json_file(tmp_path: Path) -> None:
+    target = Target("celery", [("s3://cdiflow/a.jpg", 10_000)], 3, 2, 1, str(tmp_path / "r"))
+    target.write(tmp_path / "t.json")
+    assert Target.read(tmp_path / "t.json") == target
+
+
+def test_plots_are_written_for_each_scenario_present(tmp_path: Path) -> None:
+    require("matplotlib")
+    rows = [
+        PointResult(s, "1", size, 3, 10, 10, 0, 0.5, 0.6, 0.5, 2.0).as_dict()
+        for s in ("floor", "affinity")
+        for size in (10_000, 100_000)
+    ]
+    paths = write_plots(rows, tmp_path)
+    assert [p.name for p in paths] == ["scenario1-loopback.png"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "either --quick or --scenario"),
+        (["--quick", "--scenario", "1"], "either --quick or --scenario"),
+        (["--scenario", "1", "--systems", "floor,nope"], "unknown system"),
+        (["--scenario", "1", "--sizes", "10XB"], "cannot read"),
+        (["--scenario", "2", "--concurrency", "0"], "each 1 or more"),
+        (["--quick", "--systems", "celery"], "--quick measures"),
+    ],
+)
+def test_the_command_refuses_bad_options_before_starting_anything(
+    args: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(bench_workflows_command, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_a_point_point_label_names_its_configuration() -> None:
+    assert Point("2", (1, 2), 3, 50, 1).label() == "s2 mixed x3 c50"
+    assert json.dumps(Point("1", (10_000,), 3, 10, 3).label()) == '"s1 10KB x3 c10"'

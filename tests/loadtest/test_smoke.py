@@ -1,0 +1,94 @@
+"""A tiny run of every system that is cheap to start: the harness works end to end.
+
+Real stacks, real Celery workers, real locust processes, on the test session's services.
+Asserts completion and well-formed results, never timings. Redis logical databases 1-5 are
+this module's (the stack tests use 0 and 10-13, the API tests 9).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import psutil
+import pytest
+
+from loadtest.quick import run_quick
+from loadtest.report import quick_table, scenario_table
+from loadtest.runner import BenchConfig, run_benchmark
+from orchestrator.services import RunningServices
+from tests.loadtest.conftest import require
+
+SYSTEMS = ("floor", "transfer", "object-store", "celery")
+RESULT_FIELDS = {
+    "system",
+    "scenario",
+    "size",
+    "tasks",
+    "concurrency",
+    "completed",
+    "failed",
+    "mean_latency_s",
+    "p50_latency_s",
+    "throughput_wps",
+}
+
+
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.mark.timeout(600)
+def test_every_cheap_system_completes_a_tiny_scenario_run(
+    service_stack: RunningServices, tmp_path: Path
+) -> None:
+    require("locust", "celery")
+    before = _descendants()
+    config = BenchConfig(
+        scenarios=("1",),
+        systems=SYSTEMS,
+        sizes=(10_000,),
+        parallel=2,
+        min_workflows=2,
+        data_dir=tmp_path,
+        time_limit_s=240,
+    )
+    report = run_benchmark(config, services=service_stack, redis_db_from=1)
+    rows = report.as_dict()["results"]
+    json.dumps(report.as_dict())  # the --json payload serialises
+    assert [r["system"] for r in rows] == list(SYSTEMS)
+    for row in rows:
+        assert row.keys() >= RESULT_FIELDS
+        assert (row["completed"], row["failed"]) == (2, 0), row
+        assert row["p50_latency_s"] > 0 and math.isfinite(row["throughput_wps"])
+    assert all(r["throughput_vs_floor"] is not None for r in rows if r["system"] != "floor")
+    assert "celery" in scenario_table(report.results)
+    assert _descendants() <= before, "the benchmark left processes behind"
+
+
+@pytest.mark.timeout(300)
+def test_quick_measures_each_policy_on_one_stack(
+    service_stack: RunningServices, tmp_path: Path
+) -> None:
+    before = _descendants()
+    rows = run_quick(
+        repeat=2,
+        burst=2,
+        warmup=1,
+        systems=("affinity", "object-store"),
+        data_dir=tmp_path,
+        services=service_stack,
+        redis_db_from=5,
+    )
+    assert [(r.system, r.workflow) for r in rows] == [
+        ("affinity", "noop_pipeline"),
+        ("object-store", "noop_pipeline"),
+        ("affinity", "image_pipeline"),
+        ("object-store", "image_pipeline"),
+    ]
+    for r in rows:
+        assert r.n == 2 and r.burst_completed == 2 and r.tasks == 3
+        assert set(r.phases_p50_ms) == {"admit", "input", "dispatch", "run", "report", "output"}
+    assert "noop_pipeline" in quick_table(rows)
+    assert _descendants() <= before
