@@ -17,6 +17,11 @@ Data planes:
 * ``object-store``: like Conductor/Orkes users do, the worker GETs ``input_uri`` from S3, decodes,
   runs the task, encodes (PNG, lossless, so every plane computes the same pixels) and PUTs
   ``output_uri``.
+* ``none``: a dataless workflow (started without an image): no object, no S3; the task runs
+  with ``img=None`` and only its JSON output travels, in the report.
+
+Every instruction carries the workflow's ``input.data`` (``data``), given to the task as
+``ctx.input``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, Literal
 
 __all__ = ["DataPlane", "Instruction", "Report", "ReportStatus"]
 
-DataPlane = Literal["cdi", "object-store"]
+DataPlane = Literal["cdi", "object-store", "none"]
 ReportStatus = Literal["COMPLETED", "FAILED", "TIMED_OUT"]
 
 
@@ -44,6 +49,7 @@ class Instruction:
     reply_to: str  # Redis list the report goes to
     data_plane: DataPlane
     params: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # the workflow's input.data
     # cdi plane
     key: str = ""
     output_key: str = ""

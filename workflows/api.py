@@ -20,7 +20,11 @@ The contract, identical in shared-buffer mode and object-store mode:
   string keys; it is recorded as the task's result (e.g. a classification).
 * Raise any exception to fail; the runner retries up to ``retries`` times after
   ``retry_backoff_s``, so a task must be safe to run again on the same input.
-* ``ctx.params`` holds the step's parameters from the workflow definition (read-only).
+* ``ctx.params`` holds the step's parameters from the workflow definition (read-only);
+  ``ctx.input`` the workflow's ``input.data`` (read-only JSON, ``{}`` when none was given).
+* A workflow started without an image is *dataless*: nothing is downloaded or moved, and its
+  tasks get ``img=None``. Only tasks registered with ``@task(needs_image=False)`` may run in
+  one; any other fails the workflow with a reason (e.g. ``deblur`` needs pixels).
 
 ``run_task`` runs a task on an image stored in a buffer (see ``workflows.imagebuf``) and writes
 the result back into the same buffer; ``run_task_on_image`` is the compute half alone.
@@ -46,6 +50,7 @@ from workflows.errors import (
     InvalidDefinition,
     InvalidImage,
     InvalidTaskResult,
+    NeedsImage,
     ResultTooLarge,
     TaskFailed,
     TaskLoadError,
@@ -65,6 +70,7 @@ __all__ = [
     "registered_tasks",
     "run_task",
     "run_task_on_image",
+    "run_task_without_image",
     "task",
 ]
 
@@ -81,10 +87,12 @@ class TaskContext:
     attempt: int = 1  # 1 on the first try, 2 on the first retry, …
     params: Mapping[str, Any] = field(default_factory=dict)
     base_logger: logging.Logger | None = None  # default: logger "workflows.task.<task_name>"
+    input: Mapping[str, Any] = field(default_factory=dict)  # the workflow's input.data
 
     def __post_init__(self) -> None:
-        # A read-only copy: a task cannot leak changes into the next attempt.
+        # Read-only copies: a task cannot leak changes into the next attempt.
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        object.__setattr__(self, "input", MappingProxyType(dict(self.input)))
 
     @cached_property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -116,6 +124,7 @@ class TaskSpec:
     timeout_s: float = 30.0
     retries: int = 0
     retry_backoff_s: float = 0.5
+    needs_image: bool = True  # False: may run in a dataless workflow, with img=None
 
     def to_definition(self) -> dict[str, Any]:
         """This spec as a task definition dict (the JSON shape the REST API accepts)."""
@@ -153,6 +162,7 @@ def task(
     timeout_s: float = 30.0,
     retries: int = 0,
     retry_backoff_s: float = 0.5,
+    needs_image: bool = True,
 ) -> Callable[[F], F]: ...
 def task(
     fn: F | None = None,
@@ -162,8 +172,12 @@ def task(
     timeout_s: float = 30.0,
     retries: int = 0,
     retry_backoff_s: float = 0.5,
+    needs_image: bool = True,
 ) -> F | Callable[[F], F]:
     """Register a task function (``@task`` or ``@task(name=..., ...)``); it stays callable.
+
+    ``needs_image=False`` marks a task that works without pixels (it is then called with
+    ``img=None`` in a dataless workflow, and with the image otherwise).
 
     ``name`` defaults to the function name. Registering a *different* function under a taken
     name raises ``DuplicateTask``; re-registering the same ``module:qualname`` (a reload)
@@ -189,6 +203,7 @@ def task(
             timeout_s=float(timeout_s),
             retries=retries,
             retry_backoff_s=float(retry_backoff_s),
+            needs_image=bool(needs_image),
         )
         existing = _REGISTRY.get(spec.name)
         if existing is not None and existing.module != spec.module:
@@ -303,6 +318,25 @@ def run_task_on_image(
         f"task {ctx.task_name!r} returned {type(result).__name__}; return None, a PIL image "
         "or a TaskResult"
     )
+
+
+def run_task_without_image(spec: TaskSpec, ctx: TaskContext) -> dict[str, Any]:
+    """Run a task of a dataless workflow (``img=None``): its output; the task must not need
+    pixels (``NeedsImage``) nor return an image (``InvalidTaskResult``)."""
+    if spec.needs_image:
+        raise NeedsImage(
+            f"task {spec.name!r} needs an input image, but workflow {ctx.workflow_id or '-'} was "
+            "started without one; start it with input.image = 's3://bucket/key', or use tasks "
+            "registered with @task(needs_image=False)"
+        )
+    # A needs_image=False task takes ``Image | None`` by its contract; the alias says Image.
+    new, output = run_task_on_image(spec, None, ctx)  # type: ignore[arg-type]
+    if new is not None:
+        raise InvalidTaskResult(
+            f"task {spec.name!r} returned an image in a dataless workflow (started without an "
+            "image): there is nowhere to keep it; return None or TaskResult(output=...)"
+        )
+    return output
 
 
 def _check_image(img: Any, ctx: TaskContext) -> Image.Image:

@@ -15,6 +15,7 @@ Callers catch ``WorkflowsError`` (or a branch of it) and get a message a person 
         │   └── TaskNotFound    no registered task, module or attribute by that name
         │                                                                   (also LookupError)
         ├── DuplicateTask       two different functions registered under one name
+        ├── NeedsImage          a task that needs pixels in a workflow started without an image
         ├── InvalidTaskResult   the function returned something other than a ``TaskResult``,
         │                       an image or ``None``, or an output that is not JSON
         └── TaskFailed          the task function raised; the original is ``__cause__``
@@ -35,6 +36,7 @@ __all__ = [
     "InvalidDefinition",
     "InvalidImage",
     "InvalidTaskResult",
+    "NeedsImage",
     "ResultTooLarge",
     "TaskError",
     "TaskFailed",
@@ -118,6 +120,12 @@ class DuplicateTask(TaskError):
     """A different function is already registered under that task name."""
 
     code = "duplicate_task"
+
+
+class NeedsImage(TaskError):
+    """A task that needs an image was given none (a dataless workflow); a retry cannot help."""
+
+    code = "needs_image"
 
 
 class InvalidTaskResult(TaskError):

@@ -118,14 +118,14 @@ def classify(img: Image.Image, ctx: TaskContext) -> TaskResult:
 # --- benchmark tasks -----------------------------------------------------------------------
 
 
-@task(name="noop", timeout_s=10, retries=0)
-def noop(img: Image.Image, ctx: TaskContext) -> None:
+@task(name="noop", timeout_s=10, retries=0, needs_image=False)
+def noop(img: Image.Image | None, ctx: TaskContext) -> None:
     """Do nothing: measures what the runner itself costs."""
     return None
 
 
-@task(name="sleep", timeout_s=60, retries=0)
-def sleep(img: Image.Image, ctx: TaskContext) -> None:
+@task(name="sleep", timeout_s=60, retries=0, needs_image=False)
+def sleep(img: Image.Image | None, ctx: TaskContext) -> None:
     """Sleep for ``params["ms"]`` milliseconds (default 0), touching no pixel: fake work."""
     ms = ctx.params.get("ms", 0)
     if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 <= ms < math.inf:

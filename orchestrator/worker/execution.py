@@ -10,6 +10,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -26,8 +27,14 @@ from orchestrator.errors import (
     WorkerError,
 )
 from orchestrator.messages import Instruction, Report, ReportStatus
-from workflows.api import TaskContext, TaskSpec, load_task, run_task_on_image
-from workflows.errors import InvalidImage, TaskNotFound, WorkflowsError
+from workflows.api import (
+    TaskContext,
+    TaskSpec,
+    load_task,
+    run_task_on_image,
+    run_task_without_image,
+)
+from workflows.errors import InvalidImage, NeedsImage, TaskNotFound, WorkflowsError
 
 __all__ = [
     "EXIT_MINION_LOST",
@@ -45,7 +52,7 @@ EXIT_TASK_TIMEOUT: Final = 3  # a task thread still runs and Python cannot kill 
 EXIT_MINION_LOST: Final = 4  # the CDI minion went away: every object of ours went with it
 
 # A retry cannot fix these: the same input or instruction fails the same way.
-_PERMANENT: Final = (InvalidImage, TaskNotFound, InputMissing, InputTooLarge)
+_PERMANENT: Final = (InvalidImage, NeedsImage, TaskNotFound, InputMissing, InputTooLarge)
 
 
 def elapsed_ms(since: float) -> float:
@@ -162,17 +169,35 @@ class TaskCall:
         ``TaskTimedOut`` when ``timeout_s`` passes first (``timeout_s <= 0``: no limit); the
         thread then runs on, as no Python thread can be stopped from outside.
         """
-        ctx = TaskContext(
+        ctx = self._context(spec)
+        return self._timed(spec, exe, lambda: run_task_on_image(spec, img, ctx))
+
+    def run_dataless(self, spec: TaskSpec, exe: Execution) -> None:
+        """Run the task of a dataless workflow (``img=None``), like ``run``."""
+        ctx = self._context(spec)
+        self._timed(spec, exe, lambda: (None, run_task_without_image(spec, ctx)))
+
+    def _context(self, spec: TaskSpec) -> TaskContext:
+        data = self.ins.data if isinstance(self.ins.data, dict) else {}
+        return TaskContext(
             task_name=spec.name,
             workflow_id=self.ins.workflow_id,
             attempt=self.ins.attempt,
             params=self.ins.params,
+            input=data,
         )
+
+    def _timed(
+        self,
+        spec: TaskSpec,
+        exe: Execution,
+        call: Callable[[], tuple[Image.Image | None, dict[str, Any]]],
+    ) -> Image.Image | None:
         future: Future[tuple[Image.Image | None, dict[str, Any]]] = Future()
 
         def target() -> None:
             try:
-                future.set_result(run_task_on_image(spec, img, ctx))
+                future.set_result(call())
             except BaseException as exc:
                 future.set_exception(exc)
 

@@ -25,7 +25,7 @@ from orchestrator import keys
 from orchestrator.errors import InvalidInstruction
 from orchestrator.messages import Instruction, Report
 from orchestrator.worker.cdi_plane import CdiPlane
-from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall
+from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall, check_common
 from orchestrator.worker.heartbeat import Heartbeat
 from orchestrator.worker.store_plane import StorePlane
 
@@ -192,11 +192,13 @@ class Worker:
                 self.cdi_plane.run(ins, call, exe)
             elif ins.data_plane == "object-store":
                 self.store_plane.run(ins, call, exe)
+            elif ins.data_plane == "none":
+                _run_dataless(ins, call, exe)
             else:
                 exe.fail(
                     InvalidInstruction(
                         f"instruction {ins.task_run_id}: unknown data_plane "
-                        f"{ins.data_plane!r}; expected 'cdi' or 'object-store'"
+                        f"{ins.data_plane!r}; expected 'cdi', 'object-store' or 'none'"
                     )
                 )
         report = exe.report(ins, self.worker_id, started_at, time.time())
@@ -257,3 +259,12 @@ class Worker:
             self.redis.lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
         except redis.RedisError as exc:
             log.error("cannot remove an instruction from %s: %s", self.inflight_key, exc)
+
+
+def _run_dataless(ins: Instruction, call: TaskCall, exe: Execution) -> None:
+    """A dataless workflow's task: no object, no S3, only the JSON output travels."""
+    try:
+        check_common(ins)
+        call.run_dataless(call.load(), exe)
+    except Exception as exc:
+        exe.fail(exc)
