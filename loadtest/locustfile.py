@@ -17,7 +17,8 @@ Headless, as ``cdiflow bench workflows`` runs it (one point of a scenario, descr
 Each workflow becomes one ``WORKFLOW`` row in locust's statistics (start to "result stored",
 from the system's own stamp) and one JSON line in the target's ``records`` file. ``system``
 is a cdiflow policy (``affinity``, ``transfer``, ``auto``, ``object-store``: the REST API) or
-``celery`` (a chain through the Redis broker; needs the benchmark's Celery workers).
+``celery`` (a chain through the Redis broker; needs the benchmark's Celery workers) or
+``conductor`` (Conductor's REST API; needs the benchmark's server and workers).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from loadtest.images import chain_ops, chain_workflow
 from loadtest.plan import Target
 from loadtest.rest import FINISHED, SYSTEM_MODES, stamp
 from loadtest.stats import WorkflowRecord
+from loadtest.systems.conductor_client import ConductorBackend
 
 # (status, stored_at, error) once a workflow has finished.
 Outcome = tuple[str, float | None, str]
@@ -73,10 +75,14 @@ def _arguments(parser: ArgumentParser) -> None:
 
 
 _hooks: Any = events  # locust's event hooks are untyped
+LONG_POLL_S = 20.0  # how long one GET of a cdiflow workflow may wait for its end
 _hooks.init_command_line_parser.add_listener(_arguments)
 
 
 class Backend(Protocol):
+    # True: ``poll`` itself waits for the end (a long poll), so no sleep between polls.
+    long_poll: bool
+
     def start(self, uri: str) -> Any: ...
     def poll(self, handle: Any) -> Outcome | None: ...
 
@@ -88,7 +94,13 @@ def _check(reply: Any, what: str) -> None:
 
 
 class CdiflowBackend:
-    """The REST API, through locust's HTTP client (its requests show in the statistics)."""
+    """The REST API, through locust's HTTP client (its requests show in the statistics).
+
+    Follows a workflow with the API's long poll (``?wait_s=``), as a client of ours should:
+    the answer comes when the workflow ends, and no polling takes the CPU meanwhile.
+    """
+
+    long_poll = True
 
     def __init__(self, user: User, target: Target) -> None:
         self.http = FastHttpSession(target.api_url, user.environment.events.request, user)
@@ -107,7 +119,10 @@ class CdiflowBackend:
         return str(reply.json()["id"])
 
     def poll(self, handle: str) -> Outcome | None:
-        reply = self.http.get(f"/api/workflows/{handle}?events=0", name="/api/workflows/[id]")
+        reply = self.http.get(
+            f"/api/workflows/{handle}?events=0&wait_s={LONG_POLL_S:g}",
+            name="/api/workflows/[id]",
+        )
         _check(reply, f"GET /api/workflows/{handle}")
         body = reply.json()
         if body["status"] not in FINISHED:
@@ -118,6 +133,8 @@ class CdiflowBackend:
 
 class CeleryBackend:
     """A Celery chain per workflow; completion is read from the Redis result backend."""
+
+    long_poll = False
 
     def __init__(self, user: User, target: Target) -> None:
         os.environ["LOADTEST_CELERY_BROKER"] = target.celery_broker
@@ -143,6 +160,9 @@ class CeleryBackend:
         return "COMPLETED", float(value["stored_at"]), ""
 
 
+_BACKENDS: dict[str, Any] = {"celery": CeleryBackend, "conductor": ConductorBackend}
+
+
 class WorkflowUser(User):
     """Runs one workflow at a time: start, poll with a growing interval, record."""
 
@@ -153,9 +173,7 @@ class WorkflowUser(User):
         self.target = _load_target(self.environment)
         self.index = next(_user_ids)
         self.rng = random.Random(self.target.seed * 100_003 + self.index)
-        self.backend: Backend = (
-            CeleryBackend if self.target.system == "celery" else CdiflowBackend
-        )(self, self.target)
+        self.backend: Backend = _BACKENDS.get(self.target.system, CdiflowBackend)(self, self.target)
         self.done = 0
 
     @task
@@ -190,12 +208,14 @@ class WorkflowUser(User):
         the page; it shows in locust's request statistics, not as a failed workflow."""
         target, interval, problem = self.target, self.target.poll_first_s, ""
         while time.time() - submitted <= target.timeout_s:
-            time.sleep(interval)
-            interval = min(target.poll_max_s, interval * 1.5)
+            if not getattr(self.backend, "long_poll", False):
+                time.sleep(interval)
+                interval = min(target.poll_max_s, interval * 1.5)
             try:
                 outcome = self.backend.poll(handle)
             except Exception as exc:
                 problem = f"; last poll failed: {type(exc).__name__}: {exc}"
+                time.sleep(interval)  # a failing long poll must not spin either
                 continue
             if outcome is not None:
                 return outcome

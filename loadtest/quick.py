@@ -1,7 +1,8 @@
 """``cdiflow bench workflows --quick``: orchestration overhead on one stack, per policy.
 
 For each system (``affinity``, ``transfer``, ``auto`` on the CDI plane; ``object-store``) and
-each workflow (``noop_pipeline``, ``image_pipeline``) on one small image:
+each workflow: ``noop_pipeline`` dataless (no image: the control plane alone, as the peers'
+"3-task workflow with no data" figures are measured) and ``image_pipeline`` on one small image:
 
 * sequential runs: one workflow at a time; latency is the server's ``finished_at -
   created_at`` (database clock), so how often we poll does not enter the figure;
@@ -37,6 +38,7 @@ __all__ = ["PHASES", "QuickRow", "phases_ms", "run_quick"]
 
 QUICK_SYSTEMS: Final = ("affinity", "transfer", "auto", "object-store")
 WORKFLOWS: Final = ("noop_pipeline", "image_pipeline")
+DATALESS: Final = frozenset({"noop_pipeline"})  # started without an image
 # Where a workflow's time goes, in order; they add up to its latency.
 PHASES: Final = ("admit", "input", "dispatch", "run", "report", "output")
 
@@ -99,7 +101,13 @@ def _check(details: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
 
 
 def _measure(
-    api: CdiflowApi, system: str, workflow: str, image: str, size: int, repeat: int, burst: int
+    api: CdiflowApi,
+    system: str,
+    workflow: str,
+    image: str | None,
+    size: int,
+    repeat: int,
+    burst: int,
 ) -> QuickRow:
     sequential = []
     for _ in range(repeat):
@@ -108,7 +116,7 @@ def _measure(
     _check(sequential, f"{system} {workflow}")
     with ThreadPoolExecutor(8) as pool:  # start the burst as fast as a client can
         ids = list(pool.map(lambda _: api.start(workflow, image, system), range(burst)))
-    burst_details = list(api.wait(ids, max_poll=0.1).values())
+    burst_details = list(api.wait(ids).values())
     done = [d for d in burst_details if d["status"] == "COMPLETED"]
     span = max((stamp(d["finished_at"]) for d in done), default=0.0) - min(
         stamp(d["created_at"]) for d in burst_details
@@ -172,14 +180,14 @@ def run_quick(
         )
         with stack, CdiflowApi(stack.api_url) as api:
             for workflow in workflows:
+                given = None if workflow in DATALESS else image
                 for system in systems:
                     for _ in range(warmup):
                         _check(
-                            list(api.wait([api.start(workflow, image, system)]).values()), "warm-up"
+                            list(api.wait([api.start(workflow, given, system)]).values()), "warm-up"
                         )
                     began = time.monotonic()
-                    rows.append(
-                        _measure(api, system, workflow, image, len(image_bytes), repeat, burst)
-                    )
+                    size = 0 if given is None else len(image_bytes)
+                    rows.append(_measure(api, system, workflow, given, size, repeat, burst))
                     progress(f"  {system:<13} {workflow:<15} {time.monotonic() - began:5.1f} s")
     return rows

@@ -34,6 +34,9 @@ def stamp(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
+LONG_POLL_S = 20.0  # how long one GET may wait for a workflow's end
+
+
 class CdiflowApi:
     """``start``, ``detail`` and ``wait`` over one HTTP connection pool (thread-safe)."""
 
@@ -50,48 +53,41 @@ class CdiflowApi:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self, workflow: str, image: str, system: str) -> str:
+    def start(self, workflow: str, image: str | None, system: str) -> str:
+        """Start ``workflow`` on ``image`` (``None``: a dataless run) the way ``system`` runs."""
         policy, plane = SYSTEM_MODES[system]
         body = {
             "workflow": workflow,
-            "input": {"image": image},
+            "input": {"image": image} if image else {},
             "policy": policy,
             "data_plane": plane,
         }
         reply = self._http.post("/api/workflows", json=body).raise_for_status().json()
         return str(reply["id"])
 
-    def detail(self, workflow_id: str) -> dict[str, Any]:
-        reply = self._http.get(f"/api/workflows/{workflow_id}", params={"events": 0})
+    def detail(self, workflow_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """A workflow's detail; with ``wait_s``, once it ends or that many seconds passed."""
+        reply = self._http.get(
+            f"/api/workflows/{workflow_id}",
+            params={"events": 0, "wait_s": wait_s},
+            timeout=wait_s + 30.0,
+        )
         body: dict[str, Any] = reply.raise_for_status().json()
         return body
 
-    def wait(
-        self,
-        ids: Iterable[str],
-        timeout: float = 300.0,
-        first_poll: float = 0.005,
-        max_poll: float = 0.05,
-    ) -> dict[str, dict[str, Any]]:
-        """Details of every workflow once finished, polling with a growing interval.
-
-        The interval starts short so a fast workflow is seen soon, and grows so the polls of
-        a long one do not take the CPU the workflow itself needs (the API shares the cores).
-        """
-        pending = list(dict.fromkeys(ids))
+    def wait(self, ids: Iterable[str], timeout: float = 300.0) -> dict[str, dict[str, Any]]:
+        """Details of every workflow once finished, by the API's long poll (no polling)."""
         done: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
-        interval = first_poll
-        while pending:
-            time.sleep(interval)
-            interval = min(max_poll, interval * 1.5)
-            for workflow_id in list(pending):
-                body = self.detail(workflow_id)
+        for workflow_id in dict.fromkeys(ids):
+            while True:
+                left = deadline - time.monotonic()
+                body = self.detail(workflow_id, wait_s=max(0.0, min(LONG_POLL_S, left)))
                 if body["status"] in FINISHED:
                     done[workflow_id] = body
-                    pending.remove(workflow_id)
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"{len(pending)} workflow(s) not finished in {timeout:g} s")
+                    break
+                if left <= 0:
+                    raise TimeoutError(f"workflow {workflow_id} not finished in {timeout:g} s")
         return done
 
     def ensure_chain(self, tasks: int) -> str:

@@ -11,6 +11,7 @@ from typing import Final
 
 __all__ = [
     "EPOCH",
+    "FINISHED",
     "HEARTBEAT_INTERVAL_S",
     "WAKE",
     "WORKERS",
@@ -27,6 +28,10 @@ __all__ = [
 # scheduler must act on (created, cancelled, retried); the scheduler BRPOPs it. A wake-up is a
 # hint only: the scheduler must also poll Postgres, since a push can be lost with Redis.
 WAKE: Final = "cdiflow:wake"
+
+# Pub/sub channel: a workflow id, published once the workflow's end (completed, failed,
+# cancelled) is committed; the API wakes the requests waiting for it (long polls).
+FINISHED: Final = "cdiflow:finished"
 
 # Set of worker ids that have ever heartbeated; ``GET /api/workers`` lists these.
 WORKERS: Final = "cdiflow:workers"

@@ -32,6 +32,7 @@ from starlette.types import Scope
 
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
+from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.http_errors import install_error_handler
 from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit
 from orchestrator.db import make_engine, make_session_factory, migrate
@@ -160,9 +161,12 @@ def create_app(
             partial(open_resources, database_url, redis_url, migrate_on_start=migrate_on_start)
         )
         app.state.resources = resources
+        app.state.finish_watch = watch = FinishWatch(resources.redis)
+        watch.start()
         try:
             yield
         finally:
+            watch.close()
             resources.close()
 
     app = FastAPI(

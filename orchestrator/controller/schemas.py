@@ -140,11 +140,21 @@ class WorkflowDefinitionPublic(_Output):
 
 
 class WorkflowInput(_Input):
-    image: str = Field(examples=["s3://cdiflow/images/cat.png"], description="S3 URI.")
+    image: str | None = Field(
+        None,
+        examples=["s3://cdiflow/images/cat.png"],
+        description="S3 URI of the input image. Leave it out for a dataless workflow: nothing "
+        "is downloaded or moved, and only tasks that need no image may run (e.g. noop).",
+    )
+    data: dict[str, Any] = Field(
+        default_factory=dict, description="JSON given to every task as ctx.input."
+    )
 
     @field_validator("image")
     @classmethod
-    def _s3_uri(cls, value: str) -> str:
+    def _s3_uri(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         match = _S3_URI.fullmatch(value)
         if match is None:
             raise ValueError(f"{value!r} is not an S3 URI; expected s3://bucket/path/to/image")

@@ -13,6 +13,7 @@ import redis
 import cdi
 from orchestrator.db.engine import make_engine, make_session_factory
 from orchestrator.objectstore import ObjectStore
+from orchestrator.scheduler.journal import Journal
 from orchestrator.scheduler.scheduler import Scheduler
 from orchestrator.settings import load_settings
 
@@ -44,6 +45,7 @@ def scheduler_command(scheduler_id: str, log_level: str) -> None:
         redis.Redis.from_url(settings.redis_url, decode_responses=True),
         client,
         ObjectStore(settings),
+        journal=Journal(engine),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: scheduler.stop())

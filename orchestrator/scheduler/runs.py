@@ -1,7 +1,8 @@
 """What the scheduler keeps in memory about each workflow it is running.
 
 All of it can be rebuilt from Postgres: a scheduler that restarts starts its RUNNING workflows
-again from their S3 input.
+again from their S3 input. ``data_plane`` is the workflow's, or ``"none"`` for a dataless one
+(started without an image).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class RunState:
     data_plane: str
     steps: list[StepSpec]
     input_uri: str
+    data: dict[str, Any] = field(default_factory=dict)  # input.data, given to every task
     step: int = 0
     attempt: int = 1
     key: str = ""  # cdi: the object holding the current image

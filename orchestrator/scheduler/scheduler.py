@@ -13,9 +13,9 @@ too, by the minion's recovery rule, so a retry always starts from an intact obje
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
+import math
 import queue
 import random
 import time
@@ -23,7 +23,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import cdi
 from orchestrator import keys
+from orchestrator.announce import announce_finished
 from orchestrator.db.models import (
     TaskDefinition,
     TaskRun,
@@ -41,9 +42,10 @@ from orchestrator.db.models import (
     WorkflowStatus,
 )
 from orchestrator.db.repository import workflows as repo
-from orchestrator.errors import Conflict, DataError, OrchestratorError
+from orchestrator.errors import DataError, OrchestratorError
 from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
+from orchestrator.scheduler.journal import Claimed, Handoff, Journal, Placement
 from orchestrator.scheduler.placement import choose_worker, read_workers
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
@@ -59,6 +61,7 @@ CLAIM_BATCH = 32
 LOST_GRACE_S = 5.0  # beyond a task's timeout before its silent worker is presumed gone
 RECLAIM_AFTER_S = 60.0  # a claim older than this without progress is taken over
 RELEASE_TASK = "workflows.image_tasks:noop"  # what a worker runs to hand an object back
+BEATS_TTL_S = 0.1  # heartbeats are re-read at most this often (workers beat every 2 s)
 
 
 class Scheduler:
@@ -70,6 +73,8 @@ class Scheduler:
         redis_client: redis.Redis,
         cdi_client: cdi.Client,
         store: ObjectStore,
+        *,
+        journal: Journal,
         pool_size: int = 4,
     ) -> None:
         self.id = scheduler_id
@@ -78,6 +83,7 @@ class Scheduler:
         self.redis = redis_client
         self.cdi = cdi_client
         self.store = store
+        self.journal = journal
         self.reply_key = keys.scheduler_reports_key(scheduler_id)
         self.runs: dict[uuid.UUID, RunState] = {}
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -87,6 +93,8 @@ class Scheduler:
         self._redis_epoch: str | None = None
         self._stopping = False
         self._rng = random.Random()
+        self._beats: dict[str, dict[str, str]] = {}
+        self._beats_read = -math.inf  # monotonic time of the last heartbeat read
 
     # ------------------------------------------------------------------ loop
     def run_forever(self) -> None:
@@ -107,6 +115,7 @@ class Scheduler:
                 self._tick()
         self._pool.shutdown(wait=True)
         self._drain_inbox()
+        self.journal.close()
         log.info("scheduler %s stopped", self.id)
 
     def stop(self) -> None:
@@ -155,58 +164,15 @@ class Scheduler:
             self._claim()
 
     def _claim(self) -> None:
-        with self.sessions() as session, session.begin():
-            claimed = repo.claim_pending_workflows(
-                session,
-                self.id,
-                CLAIM_BATCH,
-                reclaim_after=timedelta(seconds=RECLAIM_AFTER_S),
-            )
-            starts = []
-            for workflow in claimed:
-                try:
-                    run = self._plan(session, workflow)
-                except OrchestratorError as exc:
-                    repo.set_workflow_status(
-                        session, workflow.id, WorkflowStatus.FAILED, error=str(exc)
-                    )
-                    continue
-                repo.set_workflow_status(session, workflow.id, WorkflowStatus.RUNNING)
-                starts.append(run)
-        for run in starts:
+        for claimed in self.journal.claim(self.id, CLAIM_BATCH, RECLAIM_AFTER_S):
+            try:
+                run = _plan(claimed)
+            except OrchestratorError as exc:
+                if self.journal.finish(claimed.id, "FAILED", error=str(exc)):
+                    announce_finished(self.redis, claimed.id)
+                continue
             self.runs[run.workflow_id] = run
             self._start(run)
-
-    def _plan(self, session: Session, workflow: Workflow) -> RunState:
-        definition = session.get(WorkflowDefinition, workflow.definition)
-        if definition is None:
-            raise OrchestratorError(f"workflow definition {workflow.definition!r} is gone")
-        tasks = {t.name: t for t in session.scalars(select(TaskDefinition))}
-        steps = []
-        for step in _ordered(definition.tasks):
-            spec = tasks.get(step["task"])
-            if spec is None:
-                raise OrchestratorError(f"task {step['task']!r} of step {step['ref']!r} is gone")
-            steps.append(
-                StepSpec(
-                    step["ref"],
-                    spec.name,
-                    spec.module,
-                    spec.timeout_s,
-                    spec.retries,
-                    spec.retry_backoff_s,
-                    step.get("params") or {},
-                )
-            )
-        image = str((workflow.input or {}).get("image", ""))
-        return RunState(
-            workflow.id,
-            str(workflow.policy),
-            str(workflow.data_plane),
-            steps,
-            image,
-            current_uri=image,
-        )
 
     def _resume_own_runs(self) -> None:
         """After a restart our CDI objects are gone: start our RUNNING workflows over."""
@@ -225,7 +191,7 @@ class Scheduler:
                     )
                     .values(status=TaskRunStatus.FAILED, error="the scheduler restarted")
                 )
-                run = self._plan(session, workflow)
+                run = _plan(_claimed_from_orm(session, workflow))
                 self.runs[run.workflow_id] = run
                 repo.record_event(
                     session, "workflow.resumed", {"scheduler": self.id}, workflow_id=workflow.id
@@ -235,7 +201,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ input and output
     def _start(self, run: RunState) -> None:
-        if run.data_plane == "object-store":
+        if run.data_plane != "cdi":  # tasks fetch their own input, or there is none
             self._dispatch(run)
             return
         self._pool.submit(self._prepare_input, run)
@@ -265,6 +231,9 @@ class Scheduler:
         self._post(ready)
 
     def _finish(self, run: RunState) -> None:
+        if run.data_plane == "none":
+            self._complete(run, None)
+            return
         result_uri = self.store.uri(f"results/{run.workflow_id}.png")
         if run.data_plane == "object-store":
             self._complete(run, result_uri)
@@ -289,18 +258,18 @@ class Scheduler:
     def _dispatch(self, run: RunState) -> None:
         if run.cancelled or run.workflow_id not in self.runs:
             return
-        with self.sessions() as session, session.begin():
-            placed = self._place(session, run)
-        if placed is not None:
-            self._send(*placed)
+        placement = self._choose(run)
+        if placement is not None:
+            task_run_id = self.journal.place(placement)
+            self._send(placement.worker, self._placed(run, placement, task_run_id))
 
     def _send(self, worker: str, instruction: Instruction) -> None:
         """Push after the task run is committed, so its report always finds the row."""
         self.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
 
-    def _place(self, session: Session, run: RunState) -> tuple[str, Instruction] | None:
-        """Choose the worker, record the task run, move the object: the next step's
-        instruction, to send once ``session`` commits; ``None`` while no worker is alive."""
+    def _choose(self, run: RunState) -> Placement | None:
+        """Choose the worker for the current step and move the object to it: the task run to
+        record; ``None`` while no worker is alive."""
         step = run.current
         loads = self._workers()
         worker = choose_worker(
@@ -316,30 +285,23 @@ class Scheduler:
             run.waiting_for_worker = True
             return None
         run.waiting_for_worker = False
-        task_run = repo.add_task_run(
-            session, run.workflow_id, step.ref, step.task, attempt=run.attempt, worker_id=worker
-        )
-        task_run_id = task_run.id
+        handoff = None
         if run.data_plane == "cdi" and run.owner != worker:
-            moved_us = self._transfer(run, worker)
-            repo.record_handoff(
-                session,
-                run.workflow_id,
-                self.id,
-                worker,
-                nbytes=run.nbytes,
-                duration_us=moved_us,
-                task_run_id=task_run_id,
-            )
-        instruction = self._instruction(run, step, worker, task_run_id)
-        run.in_flight, run.in_flight_worker = instruction, worker
+            handoff = Handoff(self.id, worker, run.nbytes, self._transfer(run, worker))
         run.in_flight_worker_started = next(
             (w.started_at for w in loads if w.worker_id == worker), 0.0
         )
+        return Placement(run.workflow_id, step.ref, step.task, run.attempt, worker, handoff)
+
+    def _placed(self, run: RunState, placement: Placement, task_run_id: int) -> Instruction:
+        """Once its task run is recorded: the instruction to send, and the run's new state."""
+        step, worker = run.current, placement.worker
+        instruction = self._instruction(run, step, worker, task_run_id)
+        run.in_flight, run.in_flight_worker = instruction, worker
         run.deadline = time.monotonic() + step.timeout_s + LOST_GRACE_S
         run.last_worker = worker
         self._in_flight[worker] += 1
-        return worker, instruction
+        return instruction
 
     def _transfer(self, run: RunState, worker: str) -> float:
         started = time.perf_counter_ns()
@@ -360,8 +322,11 @@ class Scheduler:
             reply_to=self.reply_key,
             data_plane=run.data_plane,
             params=step.params,
+            data=run.data,
             queued_at=time.time(),
         )
+        if run.data_plane == "none":
+            return Instruction(**common)
         if run.data_plane == "cdi":
             return Instruction(
                 **common,
@@ -378,16 +343,22 @@ class Scheduler:
         return Instruction(**common, input_uri=run.current_uri, output_uri=self.store.uri(output))
 
     def _workers(self) -> list[Any]:
-        ids = sorted(str(i) for i in self.redis.smembers(keys.WORKERS))
-        pipe = self.redis.pipeline(transaction=False)
-        for worker_id in ids:
-            pipe.hgetall(keys.worker_key(worker_id))
-        beats = {
-            w: {str(k): str(v) for k, v in h.items()}
-            for w, h in zip(ids, pipe.execute(), strict=True)
-            if h
-        }
-        return read_workers(beats, self._in_flight, keys.WORKER_DEAD_AFTER_S)
+        """Live worker loads: heartbeats (re-read at most every ``BEATS_TTL_S``: workers beat
+        every 2 s, so reading them per placement only cost round trips) plus our in-flight
+        counts, which are always current."""
+        now = time.monotonic()
+        if now - self._beats_read >= BEATS_TTL_S:
+            ids = sorted(str(i) for i in self.redis.smembers(keys.WORKERS))
+            pipe = self.redis.pipeline(transaction=False)
+            for worker_id in ids:
+                pipe.hgetall(keys.worker_key(worker_id))
+            self._beats = {
+                w: {str(k): str(v) for k, v in h.items()}
+                for w, h in zip(ids, pipe.execute(), strict=True)
+                if h
+            }
+            self._beats_read = now
+        return read_workers(self._beats, self._in_flight, keys.WORKER_DEAD_AFTER_S)
 
     # ------------------------------------------------------------------ reports
     def _on_report_text(self, text: str) -> None:
@@ -423,27 +394,21 @@ class Scheduler:
                 run.nbytes = report.bytes_out
             if run.data_plane == "object-store":
                 run.current_uri = self._output_uri_of(run, step)
-        placed = None
-        # One transaction records the report and places the next step: a commit each.
-        with self.sessions() as session, session.begin():
-            self._record_report(session, report)
-            if report.kept is False and run.data_plane == "cdi" and report.key:
-                repo.record_handoff(
-                    session,
-                    run.workflow_id,
-                    report.worker_id,
-                    self.id,
-                    nbytes=report.bytes_out or run.nbytes,
-                    duration_us=report.return_us,
-                    task_run_id=report.task_run_id,
-                )
-            if completed and not run.cancelled and not all_done:
-                run.step += 1
-                run.attempt = 1
-                run.avoid = frozenset()
-                placed = self._place(session, run)
-        if placed is not None:
-            self._send(*placed)
+        back = None
+        if report.kept is False and run.data_plane == "cdi" and report.key:
+            back = Handoff(
+                report.worker_id, self.id, report.bytes_out or run.nbytes, report.return_us
+            )
+        placement = None
+        if completed and not run.cancelled and not all_done:
+            run.step += 1
+            run.attempt = 1
+            run.avoid = frozenset()
+            placement = self._choose(run)
+        # One statement records the report and places the next step.
+        task_run_id = self.journal.report(report, back, placement)
+        if placement is not None and task_run_id is not None:
+            self._send(placement.worker, self._placed(run, placement, task_run_id))
         if not completed:
             self._after_failure(run, report.error or report.status, report.retryable)
         elif run.cancelled:
@@ -453,32 +418,6 @@ class Scheduler:
 
     def _output_uri_of(self, run: RunState, step: StepSpec) -> str:
         return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png")
-
-    def _record_report(self, session: Session, report: Report) -> None:
-        task_run = session.get(TaskRun, report.task_run_id)
-        if task_run is None:
-            return
-        task_run.status = TaskRunStatus(report.status)
-        task_run.worker_id = report.worker_id
-        task_run.started_at = _utc(report.started_at)
-        task_run.finished_at = _utc(report.finished_at)
-        queued = task_run.queued_at.timestamp() if task_run.queued_at else report.started_at
-        task_run.queue_wait_ms = max(0.0, (report.started_at - queued) * 1000)
-        task_run.run_ms = max(0.0, (report.finished_at - report.started_at) * 1000)
-        task_run.bytes_in, task_run.bytes_out = report.bytes_in, report.bytes_out
-        task_run.output = report.output or None
-        task_run.error = report.error or None
-        repo.record_event(
-            session,
-            f"task.{report.status.lower()}",
-            {
-                "ref": task_run.ref,
-                "attempt": task_run.attempt,
-                "worker": report.worker_id,
-                "error": report.error,
-            },
-            workflow_id=task_run.workflow_id,
-        )
 
     def _after_failure(self, run: RunState, reason: str, retryable: bool) -> None:
         step = run.current
@@ -632,31 +571,81 @@ class Scheduler:
         except cdi.CDIError as exc:
             log.warning("could not destroy %s: %s", key, exc)
 
-    def _complete(self, run: RunState, result_uri: str) -> None:
+    def _complete(self, run: RunState, result_uri: str | None) -> None:
         output: dict[str, Any] = {}
         for ref_output in run.outputs.values():
             output.update(ref_output)
         output["tasks"] = run.outputs
         self.runs.pop(run.workflow_id, None)
-        with self.sessions() as session, session.begin():
-            try:
-                repo.set_workflow_status(
-                    session,
-                    run.workflow_id,
-                    WorkflowStatus.COMPLETED,
-                    output=output,
-                    result_uri=result_uri,
-                )
-            except Conflict:
-                log.info("workflow %s finished elsewhere (cancelled?)", run.workflow_id)
+        if self.journal.finish(run.workflow_id, "COMPLETED", output=output, result_uri=result_uri):
+            announce_finished(self.redis, run.workflow_id)
+        else:
+            log.info("workflow %s finished elsewhere (cancelled?)", run.workflow_id)
 
     def _fail(self, run: RunState, reason: str) -> None:
         log.info("workflow %s failed: %s", run.workflow_id, reason)
         self._release_object(run)
         self.runs.pop(run.workflow_id, None)
-        # A user who cancelled meanwhile keeps their word: Conflict is expected then.
-        with self.sessions() as session, session.begin(), contextlib.suppress(Conflict):
-            repo.set_workflow_status(session, run.workflow_id, WorkflowStatus.FAILED, error=reason)
+        # A user who cancelled meanwhile keeps their word: then nothing changes.
+        if self.journal.finish(run.workflow_id, "FAILED", error=reason):
+            announce_finished(self.redis, run.workflow_id)
+
+
+def _plan(claimed: Claimed) -> RunState:
+    """The in-memory run of a claimed workflow; ``OrchestratorError`` if it cannot run."""
+    if claimed.steps is None:
+        raise OrchestratorError(f"workflow definition {claimed.definition!r} is gone")
+    steps = []
+    for step in _ordered(claimed.steps):
+        spec = claimed.task_defs.get(step["task"])
+        if spec is None:
+            raise OrchestratorError(f"task {step['task']!r} of step {step['ref']!r} is gone")
+        steps.append(
+            StepSpec(
+                step["ref"],
+                step["task"],
+                str(spec["module"]),
+                float(spec["timeout_s"]),
+                int(spec["retries"]),
+                float(spec["retry_backoff_s"]),
+                step.get("params") or {},
+            )
+        )
+    given = claimed.input
+    image = str(given.get("image") or "")
+    data = given.get("data")
+    return RunState(
+        claimed.id,
+        claimed.policy,
+        claimed.data_plane if image else "none",  # no image: nothing to move
+        steps,
+        image,
+        data=data if isinstance(data, dict) else {},
+        current_uri=image,
+    )
+
+
+def _claimed_from_orm(session: Session, workflow: Workflow) -> Claimed:
+    """What ``Journal.claim`` returns, for a workflow this scheduler already holds."""
+    definition = session.get(WorkflowDefinition, workflow.definition)
+    task_defs = {
+        t.name: {
+            "module": t.module,
+            "timeout_s": t.timeout_s,
+            "retries": t.retries,
+            "retry_backoff_s": t.retry_backoff_s,
+        }
+        for t in session.scalars(select(TaskDefinition))
+    }
+    return Claimed(
+        id=workflow.id,
+        definition=workflow.definition,
+        input=dict(workflow.input or {}),
+        policy=str(workflow.policy),
+        data_plane=str(workflow.data_plane),
+        steps=None if definition is None else list(definition.tasks),
+        task_defs=task_defs,
+    )
 
 
 def _ordered(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from PIL import Image
 
-from workflows.api import TaskContext
+from workflows.api import TaskContext, TaskResult, task
 
 
 def fail_first_attempt(img: Image.Image, ctx: TaskContext) -> None:
     """Fails on attempt 1, succeeds (image unchanged) from attempt 2 on."""
     if ctx.attempt == 1:
         raise RuntimeError("a transient failure on the first attempt")
+
+
+@task(name="echo_input", timeout_s=10, needs_image=False)
+def echo_input(img: Image.Image | None, ctx: TaskContext) -> TaskResult:
+    """A dataless task: returns the workflow's input.data and whether it got pixels."""
+    return TaskResult(output={"echo": dict(ctx.input), "had_image": img is not None})

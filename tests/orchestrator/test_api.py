@@ -226,7 +226,7 @@ def test_unknown_workflow_lists_the_known_ones(api_client: TestClient) -> None:
         ({"input": {"image": "s3://cdiflow/"}}, "no object key"),
         ({"input": {"image": "s3://Bad_Bucket/key"}}, "not a valid S3 bucket name"),
         ({"input": {"image": "s3:///key"}}, "not a valid S3 bucket name"),
-        ({"input": {}}, "Field required"),
+        ({"input": {"data": [1, 2]}}, "valid dictionary"),
         ({"input": {**IMAGE, "imgae": "x"}}, "Extra inputs"),
     ],
 )
@@ -235,6 +235,53 @@ def test_start_validation(api_client: TestClient, change: dict[str, Any], says: 
                                                        "input": IMAGE, **change})  # fmt: skip
     assert response.status_code == 422
     assert says in response.text
+
+
+def test_start_without_image_is_dataless(api_client: TestClient) -> None:
+    """No image: a dataless run, stored with exactly what was given (no nulls)."""
+    body = {"workflow": "noop_pipeline", "input": {"data": {"order": 42}}}
+    response = api_client.post("/api/workflows", json=body)
+    assert response.status_code == 201, response.text
+    assert response.json()["input"] == {"data": {"order": 42}}
+    bare = api_client.post("/api/workflows", json={"workflow": "noop_pipeline", "input": {}})
+    assert bare.status_code == 201, bare.text
+    assert bare.json()["input"] == {}
+
+
+def test_long_poll_answers_at_its_deadline_and_validates(api_client: TestClient) -> None:
+    """No scheduler runs here: a PENDING run is answered as it is once ``wait_s`` passed."""
+    started = api_client.post("/api/workflows", json={"workflow": "noop_pipeline", "input": {}})
+    workflow_id = started.json()["id"]
+    began = time.monotonic()
+    reply = api_client.get(f"/api/workflows/{workflow_id}", params={"wait_s": 0.3})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["status"] == "PENDING"
+    assert time.monotonic() - began >= 0.3
+    missing = api_client.get(f"/api/workflows/{uuid.uuid4()}", params={"wait_s": 5})
+    assert missing.status_code == 404
+    too_long = api_client.get(f"/api/workflows/{workflow_id}", params={"wait_s": 61})
+    assert too_long.status_code == 422
+    assert "wait_s" in too_long.text
+
+
+def test_long_poll_returns_when_the_run_ends(api_client: TestClient) -> None:
+    """A cancel ends the run: the waiting request answers then, not at its deadline."""
+    started = api_client.post("/api/workflows", json={"workflow": "noop_pipeline", "input": {}})
+    workflow_id = started.json()["id"]
+    answers: list[dict[str, Any]] = []
+
+    def wait() -> None:
+        reply = api_client.get(f"/api/workflows/{workflow_id}", params={"wait_s": 50})
+        answers.append(reply.json())
+
+    waiter = threading.Thread(target=wait)
+    began = time.monotonic()
+    waiter.start()
+    time.sleep(0.3)
+    assert api_client.post(f"/api/workflows/{workflow_id}/cancel").status_code == 200
+    waiter.join(timeout=60)
+    assert answers and answers[0]["status"] == "CANCELLED"
+    assert time.monotonic() - began < 40  # well before the 50 s deadline
 
 
 # --- listing -------------------------------------------------------------------------------

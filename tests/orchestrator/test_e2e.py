@@ -193,6 +193,42 @@ def test_bad_inputs_fail_their_workflow_with_a_reason_and_no_worker_dies(
     assert {w: harness.stack.pid_of(w) for w in harness.stack.worker_ids} == pids
 
 
+def test_a_dataless_workflow_moves_no_data_and_passes_its_input_to_tasks(
+    harness: Harness,
+) -> None:
+    """Started without an image: no S3, no CDI object; tasks get img=None and ctx.input. The
+    long poll (?wait_s=) answers once the run has finished."""
+    api = harness.api
+    task = {"name": "echo_input", "module": "tests.orchestrator.flaky_tasks:echo_input"}
+    assert api.post("/api/tasks", json=task).status_code == 201
+    steps = [{"ref": "echo", "task": "echo_input"}, {"ref": "after", "task": "noop",
+                                                     "depends_on": ["echo"]}]  # fmt: skip
+    reply = api.post("/api/workflow-definitions", json={"name": "echo_pipeline", "tasks": steps})
+    assert reply.status_code == 201, reply.text
+    for policy in ("affinity", "transfer", "auto"):
+        body = {"workflow": "echo_pipeline", "input": {"data": {"order": 42}}, "policy": policy}
+        started = api.post("/api/workflows", json=body)
+        assert started.status_code == 201, started.text
+        waited = api.get(f"/api/workflows/{started.json()['id']}", params={"wait_s": 30})
+        done = waited.raise_for_status().json()
+        assert done["status"] == "COMPLETED", done["error"]
+        assert done["result_uri"] is None
+        assert done["output"]["tasks"]["echo"] == {"echo": {"order": 42}, "had_image": False}
+        assert [r["status"] for r in done["task_runs"]] == ["COMPLETED", "COMPLETED"]
+        assert done["handoffs"] == []
+
+
+def test_an_image_task_in_a_dataless_workflow_fails_it_with_a_reason(harness: Harness) -> None:
+    pids = {w: harness.stack.pid_of(w) for w in harness.stack.worker_ids}
+    started = harness.api.post("/api/workflows", json={"workflow": "image_pipeline", "input": {}})
+    assert started.status_code == 201, started.text
+    done = harness.wait(started.json()["id"])
+    assert done["status"] == "FAILED"
+    assert "needs an input image" in done["error"], done["error"]
+    assert [r["status"] for r in done["task_runs"]] == ["FAILED"]  # a retry cannot help
+    assert {w: harness.stack.pid_of(w) for w in harness.stack.worker_ids} == pids
+
+
 @pytest.fixture(scope="module")
 def napping(harness: Harness) -> str:
     """A user-registered pipeline with a 3 s step, to act while a task is running."""

@@ -6,9 +6,12 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
-from orchestrator.controller.api.deps import RedisDep, SessionDep, wake_scheduler
+from orchestrator.announce import announce_finished
+from orchestrator.controller.api.deps import RedisDep, Resources, SessionDep, wake_scheduler
+from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.schemas import (
     EventPublic,
     HandoffPublic,
@@ -23,6 +26,8 @@ from orchestrator.db import repository as repo
 from orchestrator.db.models import Policy, Workflow, WorkflowStatus
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
+
+MAX_WAIT_S = 60.0  # a long poll answers within this; clients ask again
 
 
 def _created(row: Workflow, response: Response) -> WorkflowPublic:
@@ -48,7 +53,7 @@ def start_workflow(
     row = repo.create_workflow(
         session,
         body.workflow,
-        body.input.model_dump(),
+        body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
         policy=body.policy,
         data_plane=body.data_plane,
     )
@@ -87,19 +92,47 @@ def list_workflows(
 
 
 @router.get("/{workflow_id}", responses=error_responses(404))
-def get_workflow(
+async def get_workflow(
     workflow_id: uuid.UUID,
-    session: SessionDep,
+    request: Request,
     events: Annotated[int, Query(ge=0, le=1000, description="How many recent events.")] = 100,
+    wait_s: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_S,
+            description="Long poll: answer once the run has finished or this many seconds "
+            "have passed, whichever comes first (0: at once). Cheaper than polling.",
+        ),
+    ] = 0.0,
 ) -> WorkflowDetail:
     """A run with its task runs (every attempt), CDI hand-offs and latest events."""
-    row = repo.get_workflow(session, workflow_id)
-    return WorkflowDetail(
-        **WorkflowPublic.model_validate(row).model_dump(),
-        task_runs=[TaskRunPublic.model_validate(r) for r in repo.task_runs_of(session, row.id)],
-        handoffs=[HandoffPublic.model_validate(h) for h in repo.handoffs_of(session, row.id)],
-        events=[EventPublic.model_validate(e) for e in repo.recent_events(session, row.id, events)],
-    )
+    resources: Resources = request.app.state.resources
+    if wait_s > 0:
+        watch: FinishWatch = request.app.state.finish_watch
+        await watch.wait(
+            workflow_id, wait_s, lambda: run_in_threadpool(_finished, resources, workflow_id)
+        )
+    return await run_in_threadpool(_detail, resources, workflow_id, events)
+
+
+def _finished(resources: Resources, workflow_id: uuid.UUID) -> bool:
+    with resources.sessions() as session:
+        return repo.get_workflow(session, workflow_id).status.finished
+
+
+def _detail(resources: Resources, workflow_id: uuid.UUID, events: int) -> WorkflowDetail:
+    # Sessions are opened here, not as a dependency, so a waiting request holds no connection.
+    with resources.sessions() as session:
+        row = repo.get_workflow(session, workflow_id)
+        return WorkflowDetail(
+            **WorkflowPublic.model_validate(row).model_dump(),
+            task_runs=[TaskRunPublic.model_validate(r) for r in repo.task_runs_of(session, row.id)],
+            handoffs=[HandoffPublic.model_validate(h) for h in repo.handoffs_of(session, row.id)],
+            events=[
+                EventPublic.model_validate(e) for e in repo.recent_events(session, row.id, events)
+            ],
+        )
 
 
 @router.post("/{workflow_id}/cancel", responses=error_responses(404, 409))
@@ -110,6 +143,7 @@ def cancel_workflow(
     row = repo.cancel_workflow(session, workflow_id)
     session.commit()
     wake_scheduler(client, row.id)
+    announce_finished(client, row.id)
     return WorkflowPublic.model_validate(row)
 
 

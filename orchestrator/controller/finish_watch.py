@@ -1,0 +1,99 @@
+"""Long polls: requests that wait for a workflow to finish, woken by the scheduler's publish.
+
+Schedulers (and the API's cancel) PUBLISH a workflow's id on ``keys.FINISHED`` once its end is
+committed. One thread per API process listens and wakes the requests waiting for that id
+(``GET /api/workflows/{id}?wait_s=…``). *Why:* a client that polls every few milliseconds
+takes the CPU the workflow needs on a small machine, and 500 of them swamp the API; a waiting
+request costs nothing until the answer is ready. A publish is a hint, like every wake-up in
+Redis: waiters look at Postgres again every ``RECHECK_S``, so a lost one costs a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import redis
+
+from orchestrator import keys
+
+__all__ = ["RECHECK_S", "FinishWatch"]
+
+log = logging.getLogger(__name__)
+
+RECHECK_S: Final = 1.0  # a waiter looks at Postgres at least this often
+_RECONNECT_S: Final = 1.0
+
+
+class FinishWatch:
+    """One Redis subscription for every waiting request of this process."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._waiters: defaultdict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]]
+        self._waiters = defaultdict(set)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name="finish-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * _RECONNECT_S)
+
+    async def wait(
+        self, workflow_id: uuid.UUID, timeout_s: float, finished: Callable[[], Awaitable[bool]]
+    ) -> bool:
+        """Return once ``finished()`` is true (True) or ``timeout_s`` has passed (False)."""
+        loop = asyncio.get_running_loop()
+        waiter = (loop, asyncio.Event())
+        key = str(workflow_id)
+        with self._lock:  # listen before looking: a publish after the look still wakes us
+            self._waiters[key].add(waiter)
+        try:
+            deadline = loop.time() + timeout_s
+            while not await finished():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                waiter[1].clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter[1].wait(), min(remaining, RECHECK_S))
+            return True
+        finally:
+            with self._lock:
+                waiting = self._waiters.get(key)
+                if waiting is not None:
+                    waiting.discard(waiter)
+                    if not waiting:
+                        del self._waiters[key]
+
+    def _wake(self, key: str) -> None:
+        with self._lock:
+            waiting = list(self._waiters.get(key, ()))
+        for loop, event in waiting:
+            loop.call_soon_threadsafe(event.set)
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            try:
+                pubsub.subscribe(keys.FINISHED)
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=RECHECK_S)
+                    if message is not None and message.get("type") == "message":
+                        self._wake(str(message["data"]))
+            except redis.RedisError as exc:
+                log.warning("finish notifications lost (%s); waiters fall back to polling", exc)
+                self._stop.wait(_RECONNECT_S)
+            finally:
+                pubsub.close()

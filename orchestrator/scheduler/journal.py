@@ -1,0 +1,301 @@
+"""The scheduler's writes to Postgres on the hot path: one statement, one round trip, each.
+
+A task costs the scheduler a report to record and the next step to place. Through the ORM that
+was a ``BEGIN``, a ``SELECT``, an ``UPDATE``, two or three ``INSERT``s and a ``COMMIT`` — seven
+round trips and the unit of work's Python, ~2/3 of a no-op workflow's latency on our 2-core
+machine. Here each event is one SQL statement whose data-modifying CTEs do every write at once,
+sent on an autocommit connection (a single statement is its own transaction, so it is atomic)
+with ``synchronous_commit=off`` (see ``docs/architecture.md``, *Commits*). psycopg prepares a
+statement on the server after a few uses, so the text is parsed once.
+
+Only the scheduler's loop thread uses a ``Journal``. Rare paths (resume after a restart, lost
+workers, cancellation) stay on the ORM in ``scheduler.py``: clarity there costs nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final, LiteralString
+
+import psycopg
+from psycopg.types.json import Jsonb
+from sqlalchemy import Engine
+from sqlalchemy.pool import PoolProxiedConnection
+
+from orchestrator.errors import ServiceError
+from orchestrator.messages import Report
+
+__all__ = ["Claimed", "Handoff", "Journal", "Placement"]
+
+_FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A workflow this scheduler just claimed (and marked RUNNING), with what planning needs."""
+
+    id: uuid.UUID
+    definition: str
+    input: dict[str, Any]
+    policy: str
+    data_plane: str
+    steps: list[dict[str, Any]] | None  # the definition's steps; None if it is gone
+    task_defs: dict[str, dict[str, Any]]  # the definitions of the tasks those steps name
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A CDI ownership transfer to record beside a task run."""
+
+    from_container: str
+    to_container: str
+    nbytes: int
+    duration_us: float
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A QUEUED task run to record (and the hand-off that moved its object, if any)."""
+
+    workflow_id: uuid.UUID
+    ref: str
+    task: str
+    attempt: int
+    worker: str
+    handoff: Handoff | None = None
+
+
+_CLAIM: Final[LiteralString] = """
+WITH claimable AS (
+    SELECT id FROM workflows
+    WHERE status = 'PENDING'
+      AND (claimed_by IS NULL OR claimed_at < now() - make_interval(secs => %(reclaim_s)s::float8))
+    ORDER BY created_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE workflows w
+    SET claimed_by = %(me)s, claimed_at = now(), status = 'RUNNING',
+        started_at = coalesce(w.started_at, now())
+    FROM claimable c WHERE w.id = c.id
+    RETURNING w.id, w.definition, w.input, w.policy, w.data_plane, w.created_at
+), ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT id, 'workflow.running', '{"from": "PENDING", "to": "RUNNING"}'::jsonb FROM claimed
+)
+SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
+       (SELECT coalesce(jsonb_object_agg(t.name, jsonb_build_object(
+                    'module', t.module, 'timeout_s', t.timeout_s, 'retries', t.retries,
+                    'retry_backoff_s', t.retry_backoff_s)), '{}'::jsonb)
+        FROM task_definitions t
+        WHERE t.name IN (SELECT s ->> 'task' FROM jsonb_array_elements(d.tasks) s))
+FROM claimed c LEFT JOIN workflow_definitions d ON d.name = c.definition
+ORDER BY c.created_at, c.id
+"""
+
+# The next step's task run, and the hand-off that moved its object to the worker.
+_PLACE_CTES: Final[LiteralString] = """
+nxt AS (
+    INSERT INTO task_runs (workflow_id, ref, task, attempt, worker_id, status)
+    SELECT %(p_workflow)s::uuid, %(p_ref)s::text, %(p_task)s::text, %(p_attempt)s::int,
+           %(p_worker)s::text, 'QUEUED'
+    WHERE %(place)s::bool
+    RETURNING id, workflow_id
+), fwd AS (
+    INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
+                          duration_us)
+    SELECT workflow_id, id, %(f_from)s::text, %(f_to)s::text, %(f_bytes)s::bigint,
+           %(f_us)s::float8
+    FROM nxt WHERE %(f_moved)s::bool
+)
+SELECT id FROM nxt
+"""
+
+_PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES
+
+_REPORT_AND_PLACE: Final[LiteralString] = (
+    """
+WITH rep AS (
+    UPDATE task_runs SET
+        status = %(status)s::task_run_status,
+        worker_id = %(worker)s,
+        started_at = to_timestamp(%(started)s::float8),
+        finished_at = to_timestamp(%(finished)s::float8),
+        queue_wait_ms = greatest(0.0,
+            (%(started)s::float8 - extract(epoch FROM queued_at)::float8) * 1000.0),
+        run_ms = %(run_ms)s,
+        bytes_in = %(bytes_in)s,
+        bytes_out = %(bytes_out)s,
+        output = %(output)s,
+        error = %(error)s
+    WHERE id = %(task_run_id)s
+    RETURNING workflow_id, ref, attempt
+), ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT workflow_id, %(kind)s::text, jsonb_build_object(
+        'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text, 'error', %(error_text)s::text)
+    FROM rep
+), back AS (
+    INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
+                          duration_us)
+    SELECT workflow_id, %(task_run_id)s::bigint, %(b_from)s::text, %(b_to)s::text,
+           %(b_bytes)s::bigint, %(b_us)s::float8
+    FROM rep WHERE %(b_moved)s::bool
+),"""
+    + _PLACE_CTES
+)
+
+_FINISH: Final[LiteralString] = """
+WITH prev AS (
+    SELECT id, status FROM workflows WHERE id = %(id)s FOR UPDATE
+), upd AS (
+    UPDATE workflows w
+    SET status = %(status)s::workflow_status, finished_at = now(),
+        output = coalesce(%(output)s::jsonb, w.output),
+        result_uri = coalesce(%(result_uri)s::text, w.result_uri),
+        error = coalesce(%(error)s::text, w.error)
+    FROM prev p
+    WHERE w.id = p.id AND p.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
+    RETURNING w.id, p.status::text AS prev
+), ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT id, %(kind)s::text, jsonb_strip_nulls(jsonb_build_object(
+        'from', prev, 'to', %(status)s::text, 'error', %(error)s::text))
+    FROM upd
+)
+SELECT count(*) FROM upd
+"""
+
+
+class Journal:
+    """Records claims, reports, placements and endings, one round trip each."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._pooled: PoolProxiedConnection | None = None
+
+    def close(self) -> None:
+        if self._pooled is not None:
+            pooled, self._pooled = self._pooled, None
+            pooled.invalidate()  # autocommit was changed: never hand it back to the pool
+
+    # ------------------------------------------------------------------ statements
+    def claim(self, scheduler_id: str, limit: int, reclaim_after_s: float) -> list[Claimed]:
+        """Take up to ``limit`` PENDING workflows, oldest first, and mark them RUNNING.
+
+        ``FOR UPDATE SKIP LOCKED`` makes concurrent schedulers skip each other's rows, so no
+        workflow is claimed twice; a claim older than ``reclaim_after_s`` is taken over.
+        """
+        rows = self._run(_CLAIM, {"me": scheduler_id, "limit": limit, "reclaim_s": reclaim_after_s})
+        return [
+            Claimed(
+                id=row[0],
+                definition=row[1],
+                input=row[2] or {},
+                policy=row[3],
+                data_plane=row[4],
+                steps=row[5],
+                task_defs=row[6] or {},
+            )
+            for row in rows
+        ]
+
+    def place(self, placement: Placement) -> int:
+        """Record a QUEUED task run; its id."""
+        rows = self._run(_PLACE, _placement_params(placement))
+        return int(rows[0][0])
+
+    def report(
+        self, report: Report, back: Handoff | None, placement: Placement | None
+    ) -> int | None:
+        """Record ``report`` (and the hand-back of its object) and place the next step, in one
+        transaction; the new task run's id, or ``None`` when nothing was placed."""
+        params = {
+            "task_run_id": report.task_run_id,
+            "status": report.status,
+            "worker": report.worker_id,
+            "started": float(report.started_at),
+            "finished": float(report.finished_at),
+            "run_ms": max(0.0, (report.finished_at - report.started_at) * 1000.0),
+            "bytes_in": report.bytes_in,
+            "bytes_out": report.bytes_out,
+            "output": Jsonb(report.output) if report.output else None,
+            "error": report.error or None,
+            "error_text": report.error,
+            "kind": f"task.{report.status.lower()}",
+            **_handoff_params("b", back),
+            **_placement_params(placement),
+        }
+        rows = self._run(_REPORT_AND_PLACE, params)
+        return int(rows[0][0]) if rows else None
+
+    def finish(
+        self,
+        workflow_id: uuid.UUID,
+        status: str,
+        *,
+        output: dict[str, Any] | None = None,
+        result_uri: str | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """End a workflow (COMPLETED, FAILED); False if it had already ended (cancelled)."""
+        assert status in _FINISHED
+        rows = self._run(
+            _FINISH,
+            {
+                "id": workflow_id,
+                "status": status,
+                "kind": f"workflow.{status.lower()}",
+                "output": Jsonb(output) if output is not None else None,
+                "result_uri": result_uri,
+                "error": error,
+            },
+        )
+        return bool(rows and rows[0][0])
+
+    # ------------------------------------------------------------------ connection
+    def _run(self, sql: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        conn = self._connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchall() if cur.description is not None else []
+        except psycopg.OperationalError as exc:
+            self.close()  # the next call reconnects
+            raise ServiceError(
+                f"Postgres failed the scheduler's write: {exc}", service="postgres"
+            ) from exc
+
+    def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
+        if self._pooled is None:
+            self._pooled = self._engine.raw_connection()
+            driver = self._pooled.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+            driver.rollback()  # autocommit can change only outside a transaction
+            driver.autocommit = True
+        driver = self._pooled.driver_connection
+        assert isinstance(driver, psycopg.Connection)
+        return driver
+
+
+def _handoff_params(prefix: str, handoff: Handoff | None) -> dict[str, Any]:
+    return {
+        f"{prefix}_moved": handoff is not None,
+        f"{prefix}_from": handoff.from_container if handoff else None,
+        f"{prefix}_to": handoff.to_container if handoff else None,
+        f"{prefix}_bytes": handoff.nbytes if handoff else None,
+        f"{prefix}_us": float(handoff.duration_us) if handoff else None,
+    }
+
+
+def _placement_params(placement: Placement | None) -> dict[str, Any]:
+    return {
+        "place": placement is not None,
+        "p_workflow": placement.workflow_id if placement else None,
+        "p_ref": placement.ref if placement else None,
+        "p_task": placement.task if placement else None,
+        "p_attempt": placement.attempt if placement else None,
+        "p_worker": placement.worker if placement else None,
+        **_handoff_params("f", placement.handoff if placement else None),
+    }
