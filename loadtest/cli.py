@@ -78,7 +78,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 @click.option(
     "--systems",
     default=None,
-    help="Comma-separated; default: floor,affinity,transfer,auto,object-store,celery "
+    help="Comma-separated; default: floor,affinity,transfer,auto,object-store,celery,ray "
     "(--quick: affinity,transfer,auto,object-store).",
 )
 @click.option(

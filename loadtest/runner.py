@@ -54,7 +54,7 @@ ALL_SYSTEMS: Final = (
     "ray",
     "conductor",
 )
-AVAILABLE: Final = ("floor", "affinity", "transfer", "auto", "object-store", "celery")
+AVAILABLE: Final = tuple(s for s in ALL_SYSTEMS if s != "conductor")
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,10 @@ def make_system(name: str, services: BenchServices, ctx: RunContext) -> System:
         from loadtest.systems.celery_sys import CelerySystem
 
         return CelerySystem(services, ctx)
+    if name == "ray":
+        from loadtest.systems.ray_sys import RaySystem
+
+        return RaySystem(services, ctx)
     if name in ("affinity", "transfer", "auto", "object-store"):
         from loadtest.systems.cdiflow_sys import CdiflowSystem
 

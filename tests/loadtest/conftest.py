@@ -21,3 +21,11 @@ def require(*modules: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+def unavailable(reason: str) -> None:
+    """Skip (locally, printing why) or fail (in CI) a test whose system cannot run here."""
+    print(f"skipped: {reason}")
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)

@@ -1,0 +1,57 @@
+"""A tiny run of each heavier peer: Ray (a local cluster).
+
+Asserts completion, well-formed results and that nothing is left running, never timings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import psutil
+import pytest
+
+from loadtest.runner import BenchConfig, BenchReport, run_benchmark
+from orchestrator.services import RunningServices
+from tests.loadtest.conftest import require, unavailable
+
+
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _run(system: str, services: RunningServices, folder: Path, tasks: int = 3) -> BenchReport:
+    config = BenchConfig(
+        scenarios=("1",) if tasks == 3 else ("3",),
+        systems=(system,),
+        sizes=(10_000,),
+        tasks=(tasks,),
+        parallel=2,
+        min_workflows=4,
+        data_dir=folder,
+        time_limit_s=240,
+    )
+    try:
+        # Neither peer uses Redis; the databases named are this module's all the same.
+        return run_benchmark(config, services=services, redis_db_from=6)
+    except RuntimeError as exc:  # the system could not start on this machine
+        unavailable(f"{system} cannot run here: {exc}")
+        raise
+
+
+def _check(report: BenchReport, system: str) -> None:
+    payload = report.as_dict()
+    json.dumps(payload)  # the --json payload serialises
+    (row,) = payload["results"]
+    assert row["system"] == system
+    assert (row["completed"], row["failed"]) == (4, 0), row
+    assert row["p50_latency_s"] > 0 and math.isfinite(row["throughput_wps"])
+
+
+@pytest.mark.timeout(600)
+def test_ray_completes_a_tiny_scenario_run(service_stack: RunningServices, tmp_path: Path) -> None:
+    require("ray")
+    before = _descendants()
+    _check(_run("ray", service_stack, tmp_path), "ray")
+    assert _descendants() <= before, "Ray left processes behind"
