@@ -78,8 +78,8 @@ def _sizes(text: str) -> tuple[int, ...]:
 @click.option(
     "--systems",
     default=None,
-    help="Comma-separated; default: floor,affinity,transfer,auto,object-store,celery,ray "
-    "(--quick: affinity,transfer,auto,object-store).",
+    help="Comma-separated; default: floor,affinity,transfer,auto,object-store,celery,ray,"
+    "conductor (--quick: affinity,transfer,auto,object-store).",
 )
 @click.option(
     "--s3-link",

@@ -54,7 +54,7 @@ ALL_SYSTEMS: Final = (
     "ray",
     "conductor",
 )
-AVAILABLE: Final = tuple(s for s in ALL_SYSTEMS if s != "conductor")
+AVAILABLE: Final = ALL_SYSTEMS
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,10 @@ def make_system(name: str, services: BenchServices, ctx: RunContext) -> System:
         from loadtest.systems.ray_sys import RaySystem
 
         return RaySystem(services, ctx)
+    if name == "conductor":
+        from loadtest.systems.conductor_sys import ConductorSystem
+
+        return ConductorSystem(services, ctx)
     if name in ("affinity", "transfer", "auto", "object-store"):
         from loadtest.systems.cdiflow_sys import CdiflowSystem
 

