@@ -41,6 +41,7 @@ from locust.env import Environment
 from locust.exception import StopUser
 
 from loadtest.images import chain_ops, chain_workflow
+from loadtest.pipeline_ops import RESULT_FORMAT
 from loadtest.plan import Target
 from loadtest.rest import FINISHED, SYSTEM_MODES, stamp
 from loadtest.stats import WorkflowRecord
@@ -110,7 +111,7 @@ class CdiflowBackend:
     def start(self, uri: str) -> str:
         body = {
             "workflow": self.target.workflow,
-            "input": {"image": uri},
+            "input": {"image": uri, "result_format": RESULT_FORMAT},
             "policy": self.policy,
             "data_plane": self.plane,
         }

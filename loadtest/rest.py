@@ -14,6 +14,7 @@ from typing import Any, Final
 import httpx
 
 from loadtest.images import chain_definition, chain_workflow
+from loadtest.pipeline_ops import RESULT_FORMAT
 
 __all__ = ["FINISHED", "SYSTEM_MODES", "CdiflowApi", "stamp"]
 
@@ -58,7 +59,7 @@ class CdiflowApi:
         policy, plane = SYSTEM_MODES[system]
         body = {
             "workflow": workflow,
-            "input": {"image": image} if image else {},
+            "input": {"image": image, "result_format": RESULT_FORMAT} if image else {},
             "policy": policy,
             "data_plane": plane,
         }

@@ -58,6 +58,7 @@ class Instruction:
     # object-store plane
     input_uri: str = ""
     output_uri: str = ""
+    output_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS (lossless between tasks)
     queued_at: float = 0.0  # unix seconds when the scheduler pushed it
 
     def dumps(self) -> str:

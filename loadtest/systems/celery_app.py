@@ -19,10 +19,10 @@ from typing import Any, Final
 
 from celery import Celery, chain  # type: ignore[import-untyped]
 
-from loadtest.pipeline_ops import apply_op
+from loadtest.pipeline_ops import apply_op, store_step
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
-from workflows.imagebuf import decode_bytes, encode_image
+from workflows.imagebuf import decode_bytes
 
 __all__ = ["PREFIX", "app", "image_op", "make_app", "ping", "workflow_signature"]
 
@@ -78,10 +78,10 @@ def _image_op(
     limits = _settings()
     img = decode_bytes(store.get(source, limits.max_input_bytes), limits.max_pixels)
     img, output = apply_op(op, img, workflow_id)
-    key = f"{PREFIX}results/{workflow_id}.png" if last else f"{PREFIX}work/{workflow_id}/{step}.png"
-    store.put(store.uri(key), encode_image(img, "PNG"), "image/png")
+    key = f"{PREFIX}results/{workflow_id}" if last else f"{PREFIX}work/{workflow_id}/{step}"
+    uri = store_step(store, key, img, last=last)
     outputs = {**(previous or {}).get("outputs", {}), **output}
-    return {"uri": store.uri(key), "outputs": outputs, "stored_at": time.time()}
+    return {"uri": uri, "outputs": outputs, "stored_at": time.time()}
 
 
 # Registered without decorator syntax: Celery is untyped, and a decorator would erase the

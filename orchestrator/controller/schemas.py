@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
@@ -148,6 +148,11 @@ class WorkflowInput(_Input):
     )
     data: dict[str, Any] = Field(
         default_factory=dict, description="JSON given to every task as ctx.input."
+    )
+    result_format: Literal["png", "jpeg"] = Field(
+        "png",
+        description="How the result image is stored: 'png' (lossless, the default) or 'jpeg' "
+        "(quality 90: ~20x faster to encode and ~4x smaller, for photos).",
     )
 
     @field_validator("image")

@@ -36,6 +36,7 @@ class RunState:
     steps: list[StepSpec]
     input_uri: str
     data: dict[str, Any] = field(default_factory=dict)  # input.data, given to every task
+    result_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS
     step: int = 0
     attempt: int = 1
     key: str = ""  # cdi: the object holding the current image

@@ -234,7 +234,7 @@ class Scheduler:
         if run.data_plane == "none":
             self._complete(run, None)
             return
-        result_uri = self.store.uri(f"results/{run.workflow_id}.png")
+        result_uri = self.store.uri(_result_key(run))
         if run.data_plane == "object-store":
             self._complete(run, result_uri)
             return
@@ -246,7 +246,8 @@ class Scheduler:
             obj = self.cdi.use(run.key)
             with obj.view(timeout=30) as buffer:
                 image = imagebuf.read_image(buffer)
-            self.store.put(result_uri, imagebuf.encode_image(image, "PNG"), "image/png")
+            fmt = imagebuf.RESULT_FORMATS[run.result_format]
+            self.store.put(result_uri, imagebuf.encode_image(image, fmt.pillow), fmt.content_type)
             obj.destroy()
         except (DataError, WorkflowsError, cdi.CDIError) as exc:
             reason = f"storing the result failed: {exc}"
@@ -336,11 +337,16 @@ class Scheduler:
                 return_to=self.id,
             )
         output = (
-            f"results/{run.workflow_id}.png"
+            _result_key(run)
             if run.last_step
             else f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png"
         )
-        return Instruction(**common, input_uri=run.current_uri, output_uri=self.store.uri(output))
+        return Instruction(
+            **common,
+            input_uri=run.current_uri,
+            output_uri=self.store.uri(output),
+            output_format=run.result_format if run.last_step else "png",
+        )
 
     def _workers(self) -> list[Any]:
         """Live worker loads: heartbeats (re-read at most every ``BEATS_TTL_S``: workers beat
@@ -621,8 +627,13 @@ def _plan(claimed: Claimed) -> RunState:
         steps,
         image,
         data=data if isinstance(data, dict) else {},
+        result_format=str(given.get("result_format") or "png"),
         current_uri=image,
     )
+
+
+def _result_key(run: RunState) -> str:
+    return f"results/{run.workflow_id}{imagebuf.RESULT_FORMATS[run.result_format].extension}"
 
 
 def _claimed_from_orm(session: Session, workflow: Workflow) -> Claimed:

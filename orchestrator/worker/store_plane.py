@@ -15,7 +15,7 @@ from orchestrator.messages import Instruction
 from orchestrator.objectstore import ObjectStore, parse_s3_uri
 from orchestrator.worker.execution import Execution, TaskCall, check_common, elapsed_ms
 from workflows.errors import InvalidImage
-from workflows.imagebuf import decode_bytes, encode_image
+from workflows.imagebuf import RESULT_FORMATS, decode_bytes, encode_image
 
 __all__ = ["StorePlane"]
 
@@ -53,8 +53,9 @@ class StorePlane:
             exe.read_ms = elapsed_ms(started)
             new_img = call.run(spec, img, exe)
             started = time.perf_counter()
-            encoded = encode_image(new_img if new_img is not None else img, "PNG")
-            self.store.put(ins.output_uri, encoded, content_type="image/png")
+            fmt = RESULT_FORMATS[ins.output_format]
+            encoded = encode_image(new_img if new_img is not None else img, fmt.pillow)
+            self.store.put(ins.output_uri, encoded, content_type=fmt.content_type)
             exe.bytes_out = len(encoded)
             exe.write_ms = elapsed_ms(started)
         except Exception as exc:
@@ -63,6 +64,11 @@ class StorePlane:
 
 def _check(ins: Instruction) -> None:
     check_common(ins)
+    if ins.output_format not in RESULT_FORMATS:
+        raise InvalidInstruction(
+            f"instruction {ins.task_run_id}: output_format {ins.output_format!r} is not one of "
+            f"{', '.join(sorted(RESULT_FORMATS))}"
+        )
     for name, uri in (("input_uri", ins.input_uri), ("output_uri", ins.output_uri)):
         try:
             parse_s3_uri(uri)

@@ -168,6 +168,25 @@ def test_result_equals_the_same_pillow_operations_applied_locally(
         assert not done["handoffs"]
 
 
+@pytest.mark.parametrize("plane", ["cdi", "object-store"])
+def test_a_jpeg_result_is_the_jpeg_of_the_same_pixels(harness: Harness, plane: str) -> None:
+    """result_format=jpeg: the result is the JPEG (quality 90) of exactly the pixels a PNG
+    result would hold; on the object-store plane the images between tasks stay lossless."""
+    sample = bundled_samples()["blue_sky.jpg"]
+    image = harness.upload(f"in/jpeg-{plane}.jpg", sample.read_bytes())
+    body = {"workflow": "image_pipeline", "input": {"image": image, "result_format": "jpeg"},
+            "policy": "transfer", "data_plane": plane}  # fmt: skip
+    reply = harness.api.post("/api/workflows", json=body)
+    assert reply.status_code == 201, reply.text
+    done = harness.wait(reply.json()["id"])
+    assert done["status"] == "COMPLETED", done["error"]
+    assert done["result_uri"].endswith(".jpg")
+    pixels, _ = expected(sample)
+    reference = imagebuf.encode_image(Image.fromarray(pixels), "JPEG")
+    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
+    assert np.array_equal(result, np.asarray(Image.open(io.BytesIO(reference))))
+
+
 @pytest.mark.parametrize(
     ("name", "data", "reason"),
     [

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, String, cast, func, or_, select, update
+from sqlalchemy import ColumnElement, String, Uuid, bindparam, cast, func, or_, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from orchestrator.db.models import (
@@ -22,7 +23,6 @@ from orchestrator.db.models import (
     Policy,
     TaskRun,
     Workflow,
-    WorkflowDefinition,
     WorkflowStatus,
 )
 from orchestrator.db.repository.definitions import workflow_definition_names
@@ -89,6 +89,30 @@ def record_event(
     return event
 
 
+# One statement (one round trip): the definition must exist, the run and its event are written
+# together. *Why:* starting workflows is the API's hottest write; the ORM took four round trips.
+_CREATE = text(
+    """
+    WITH w AS (
+        INSERT INTO workflows (id, definition, status, policy, data_plane, input, retry_of)
+        SELECT CAST(:id AS uuid), d.name, 'PENDING', CAST(:policy AS workflow_policy),
+               CAST(:data_plane AS data_plane), :input, CAST(:retry_of AS uuid)
+        FROM workflow_definitions d WHERE d.name = :definition
+        RETURNING *
+    ), ev AS (
+        INSERT INTO events (workflow_id, kind, data)
+        SELECT id, 'workflow.created', :event FROM w
+    )
+    SELECT * FROM w
+    """
+).bindparams(
+    bindparam("id", type_=Uuid),
+    bindparam("retry_of", type_=Uuid),
+    bindparam("input", type_=JSONB),
+    bindparam("event", type_=JSONB),
+)
+
+
 def create_workflow(
     session: Session,
     definition: str,
@@ -99,24 +123,23 @@ def create_workflow(
     retry_of: uuid.UUID | None = None,
 ) -> Workflow:
     """A new PENDING run of ``definition``; ``NotFound`` (listing known names) if unknown."""
-    if session.get(WorkflowDefinition, definition) is None:
-        raise NotFound("workflow", definition, known=workflow_definition_names(session))
-    workflow = Workflow(
-        id=uuid.uuid4(),
-        definition=definition,
-        status=WorkflowStatus.PENDING,
-        policy=policy,
-        data_plane=data_plane,
-        input=input,
-        retry_of=retry_of,
-    )
-    session.add(workflow)
-    session.flush()
-    data: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
+    event: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
     if retry_of is not None:
-        data["retry_of"] = str(retry_of)
-    record_event(session, "workflow.created", data, workflow_id=workflow.id)
-    return workflow
+        event["retry_of"] = str(retry_of)
+    params = {
+        "id": uuid.uuid4(),
+        "definition": definition,
+        "policy": policy.value,
+        "data_plane": data_plane.value,
+        "input": input,
+        "retry_of": retry_of,
+        "event": event,
+    }
+    query = select(Workflow).from_statement(_CREATE)
+    created: Workflow | None = session.scalars(query, params).one_or_none()
+    if created is None:
+        raise NotFound("workflow", definition, known=workflow_definition_names(session))
+    return created
 
 
 def get_workflow(session: Session, workflow_id: uuid.UUID, *, lock: bool = False) -> Workflow:
