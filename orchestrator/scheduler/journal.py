@@ -26,7 +26,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 from orchestrator.errors import ServiceError
 from orchestrator.messages import Report
 
-__all__ = ["Claimed", "Handoff", "Journal", "Placement"]
+__all__ = ["Claimed", "Finish", "Handoff", "Journal", "Placement"]
 
 _FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED")
 
@@ -52,6 +52,17 @@ class Handoff:
     to_container: str
     nbytes: int
     duration_us: float
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The end of a workflow: COMPLETED (with its output) or FAILED (with the reason)."""
+
+    workflow_id: uuid.UUID
+    status: str
+    output: dict[str, Any] | None = None
+    result_uri: str | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,12 +120,35 @@ nxt AS (
            %(f_us)s::float8
     FROM nxt WHERE %(f_moved)s::bool
 )
-SELECT id FROM nxt
 """
 
-_PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES
+_PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES + "SELECT id FROM nxt"
 
-_REPORT_AND_PLACE: Final[LiteralString] = (
+# The end of a workflow (unless it has already ended: a user cancelled it meanwhile).
+_FINISH_CTES: Final[LiteralString] = """
+fprev AS (
+    SELECT id, status FROM workflows WHERE id = %(fin_id)s::uuid AND %(finish)s::bool
+    FOR UPDATE
+), fin AS (
+    UPDATE workflows w
+    SET status = %(fin_status)s::workflow_status, finished_at = now(),
+        output = coalesce(%(fin_output)s::jsonb, w.output),
+        result_uri = coalesce(%(fin_result_uri)s::text, w.result_uri),
+        error = coalesce(%(fin_error)s::text, w.error)
+    FROM fprev p
+    WHERE w.id = p.id AND p.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
+    RETURNING w.id, p.status::text AS prev
+), fin_ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT id, %(fin_kind)s::text, jsonb_strip_nulls(jsonb_build_object(
+        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text))
+    FROM fin
+)
+"""
+
+_FINISH: Final[LiteralString] = "WITH " + _FINISH_CTES + "SELECT count(*) FROM fin"
+
+_REPORT: Final[LiteralString] = (
     """
 WITH rep AS (
     UPDATE task_runs SET
@@ -144,28 +178,10 @@ WITH rep AS (
     FROM rep WHERE %(b_moved)s::bool
 ),"""
     + _PLACE_CTES
+    + ","
+    + _FINISH_CTES
+    + "SELECT (SELECT id FROM nxt), (SELECT count(*) FROM fin)"
 )
-
-_FINISH: Final[LiteralString] = """
-WITH prev AS (
-    SELECT id, status FROM workflows WHERE id = %(id)s FOR UPDATE
-), upd AS (
-    UPDATE workflows w
-    SET status = %(status)s::workflow_status, finished_at = now(),
-        output = coalesce(%(output)s::jsonb, w.output),
-        result_uri = coalesce(%(result_uri)s::text, w.result_uri),
-        error = coalesce(%(error)s::text, w.error)
-    FROM prev p
-    WHERE w.id = p.id AND p.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
-    RETURNING w.id, p.status::text AS prev
-), ev AS (
-    INSERT INTO events (workflow_id, kind, data)
-    SELECT id, %(kind)s::text, jsonb_strip_nulls(jsonb_build_object(
-        'from', prev, 'to', %(status)s::text, 'error', %(error)s::text))
-    FROM upd
-)
-SELECT count(*) FROM upd
-"""
 
 
 class Journal:
@@ -207,10 +223,15 @@ class Journal:
         return int(rows[0][0])
 
     def report(
-        self, report: Report, back: Handoff | None, placement: Placement | None
-    ) -> int | None:
-        """Record ``report`` (and the hand-back of its object) and place the next step, in one
-        transaction; the new task run's id, or ``None`` when nothing was placed."""
+        self,
+        report: Report,
+        back: Handoff | None,
+        placement: Placement | None,
+        finish: Finish | None = None,
+    ) -> tuple[int | None, bool]:
+        """Record ``report`` (and the hand-back of its object), place the next step or end the
+        workflow, in one transaction: the new task run's id (``None`` when nothing was
+        placed), and whether ``finish`` ended the workflow (False: it had ended already)."""
         params = {
             "task_run_id": report.task_run_id,
             "status": report.status,
@@ -226,32 +247,14 @@ class Journal:
             "kind": f"task.{report.status.lower()}",
             **_handoff_params("b", back),
             **_placement_params(placement),
+            **_finish_params(finish),
         }
-        rows = self._run(_REPORT_AND_PLACE, params)
-        return int(rows[0][0]) if rows else None
+        row = self._run(_REPORT, params)[0]
+        return (None if row[0] is None else int(row[0])), bool(row[1])
 
-    def finish(
-        self,
-        workflow_id: uuid.UUID,
-        status: str,
-        *,
-        output: dict[str, Any] | None = None,
-        result_uri: str | None = None,
-        error: str | None = None,
-    ) -> bool:
-        """End a workflow (COMPLETED, FAILED); False if it had already ended (cancelled)."""
-        assert status in _FINISHED
-        rows = self._run(
-            _FINISH,
-            {
-                "id": workflow_id,
-                "status": status,
-                "kind": f"workflow.{status.lower()}",
-                "output": Jsonb(output) if output is not None else None,
-                "result_uri": result_uri,
-                "error": error,
-            },
-        )
+    def finish(self, finish: Finish) -> bool:
+        """End a workflow; False if it had already ended (a user cancelled it meanwhile)."""
+        rows = self._run(_FINISH, _finish_params(finish))
         return bool(rows and rows[0][0])
 
     # ------------------------------------------------------------------ connection
@@ -286,6 +289,19 @@ def _handoff_params(prefix: str, handoff: Handoff | None) -> dict[str, Any]:
         f"{prefix}_to": handoff.to_container if handoff else None,
         f"{prefix}_bytes": handoff.nbytes if handoff else None,
         f"{prefix}_us": float(handoff.duration_us) if handoff else None,
+    }
+
+
+def _finish_params(finish: Finish | None) -> dict[str, Any]:
+    assert finish is None or finish.status in _FINISHED
+    return {
+        "finish": finish is not None,
+        "fin_id": finish.workflow_id if finish else None,
+        "fin_status": finish.status if finish else None,
+        "fin_kind": f"workflow.{finish.status.lower()}" if finish else None,
+        "fin_output": Jsonb(finish.output) if finish and finish.output is not None else None,
+        "fin_result_uri": finish.result_uri if finish else None,
+        "fin_error": finish.error if finish else None,
     }
 
 

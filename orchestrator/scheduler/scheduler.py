@@ -45,7 +45,7 @@ from orchestrator.db.repository import workflows as repo
 from orchestrator.errors import DataError, OrchestratorError
 from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.journal import Claimed, Handoff, Journal, Placement
+from orchestrator.scheduler.journal import Claimed, Finish, Handoff, Journal, Placement
 from orchestrator.scheduler.placement import choose_worker, read_workers
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
@@ -168,8 +168,8 @@ class Scheduler:
             try:
                 run = _plan(claimed)
             except OrchestratorError as exc:
-                if self.journal.finish(claimed.id, "FAILED", error=str(exc)):
-                    announce_finished(self.redis, claimed.id)
+                failed = Finish(claimed.id, "FAILED", error=str(exc))
+                self._ended(claimed.id, self.journal.finish(failed))
                 continue
             self.runs[run.workflow_id] = run
             self._start(run)
@@ -231,14 +231,9 @@ class Scheduler:
         self._post(ready)
 
     def _finish(self, run: RunState) -> None:
-        if run.data_plane == "none":
-            self._complete(run, None)
-            return
-        result_uri = self.store.uri(_result_key(run))
-        if run.data_plane == "object-store":
-            self._complete(run, result_uri)
-            return
-        self._pool.submit(self._store_result, run, result_uri)
+        """A CDI workflow's last task is done: store its result (the other planes end in
+        ``_on_report``, with the last report)."""
+        self._pool.submit(self._store_result, run, self.store.uri(_result_key(run)))
 
     def _store_result(self, run: RunState, result_uri: str) -> None:
         """Pool thread: we own the object again; encode it, upload, destroy it."""
@@ -405,20 +400,27 @@ class Scheduler:
             back = Handoff(
                 report.worker_id, self.id, report.bytes_out or run.nbytes, report.return_us
             )
-        placement = None
+        placement = finish = None
         if completed and not run.cancelled and not all_done:
             run.step += 1
             run.attempt = 1
             run.avoid = frozenset()
             placement = self._choose(run)
-        # One statement records the report and places the next step.
-        task_run_id = self.journal.report(report, back, placement)
+        elif all_done and not run.cancelled and run.data_plane != "cdi":
+            # Nothing left to store (dataless, or the last task stored the result itself).
+            result = None if run.data_plane == "none" else self.store.uri(_result_key(run))
+            finish = _completion(run, result)
+        # One statement records the report and places the next step, or ends the workflow.
+        task_run_id, ended = self.journal.report(report, back, placement, finish)
         if placement is not None and task_run_id is not None:
             self._send(placement.worker, self._placed(run, placement, task_run_id))
         if not completed:
             self._after_failure(run, report.error or report.status, report.retryable)
         elif run.cancelled:
             self._cleanup_cancelled(run)
+        elif finish is not None:
+            self.runs.pop(run.workflow_id, None)
+            self._ended(run.workflow_id, ended)
         elif all_done:
             self._finish(run)
 
@@ -578,23 +580,25 @@ class Scheduler:
             log.warning("could not destroy %s: %s", key, exc)
 
     def _complete(self, run: RunState, result_uri: str | None) -> None:
-        output: dict[str, Any] = {}
-        for ref_output in run.outputs.values():
-            output.update(ref_output)
-        output["tasks"] = run.outputs
         self.runs.pop(run.workflow_id, None)
-        if self.journal.finish(run.workflow_id, "COMPLETED", output=output, result_uri=result_uri):
-            announce_finished(self.redis, run.workflow_id)
+        self._ended(run.workflow_id, self.journal.finish(_completion(run, result_uri)))
+
+    def _ended(self, workflow_id: uuid.UUID, ended: bool) -> None:
+        """After a workflow's end was written: wake who waits for it (``ended``), or note that
+        it had ended already (a user cancelled it meanwhile)."""
+        if ended:
+            announce_finished(self.redis, workflow_id)
         else:
-            log.info("workflow %s finished elsewhere (cancelled?)", run.workflow_id)
+            log.info("workflow %s had already ended (cancelled?)", workflow_id)
 
     def _fail(self, run: RunState, reason: str) -> None:
         log.info("workflow %s failed: %s", run.workflow_id, reason)
         self._release_object(run)
         self.runs.pop(run.workflow_id, None)
         # A user who cancelled meanwhile keeps their word: then nothing changes.
-        if self.journal.finish(run.workflow_id, "FAILED", error=reason):
-            announce_finished(self.redis, run.workflow_id)
+        self._ended(
+            run.workflow_id, self.journal.finish(Finish(run.workflow_id, "FAILED", error=reason))
+        )
 
 
 def _plan(claimed: Claimed) -> RunState:
@@ -630,6 +634,15 @@ def _plan(claimed: Claimed) -> RunState:
         result_format=str(given.get("result_format") or "png"),
         current_uri=image,
     )
+
+
+def _completion(run: RunState, result_uri: str | None) -> Finish:
+    """COMPLETED, with every task's output merged (later tasks win) and kept per step."""
+    output: dict[str, Any] = {}
+    for ref_output in run.outputs.values():
+        output.update(ref_output)
+    output["tasks"] = run.outputs
+    return Finish(run.workflow_id, "COMPLETED", output=output, result_uri=result_uri)
 
 
 def _result_key(run: RunState) -> str:
