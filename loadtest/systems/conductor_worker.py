@@ -24,10 +24,10 @@ from conductor.client.configuration.configuration import (  # type: ignore[impor
 from conductor.client.http.models.task import Task  # type: ignore[import-untyped]
 from conductor.client.worker.worker import Worker  # type: ignore[import-untyped]
 
-from loadtest.pipeline_ops import apply_op
+from loadtest.pipeline_ops import apply_op, store_step
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
-from workflows.imagebuf import decode_bytes, encode_image
+from workflows.imagebuf import decode_bytes
 
 __all__ = ["POLL_INTERVAL_MS", "PREFIX", "classify", "deblur", "denoise", "main"]
 
@@ -53,10 +53,10 @@ def _image_op(op: str, task: Task) -> dict[str, Any]:
     store, limits = _store(), _settings()
     img = decode_bytes(store.get(str(data["source"]), limits.max_input_bytes), limits.max_pixels)
     img, output = apply_op(op, img, workflow_id)
-    key = f"{PREFIX}results/{workflow_id}.png" if last else f"{PREFIX}work/{workflow_id}/{step}.png"
-    store.put(store.uri(key), encode_image(img, "PNG"), "image/png")
+    key = f"{PREFIX}results/{workflow_id}" if last else f"{PREFIX}work/{workflow_id}/{step}"
+    uri = store_step(store, key, img, last=last)
     outputs = {**(data.get("outputs") or {}), **output}
-    return {"uri": store.uri(key), "outputs": outputs, "stored_at": time.time()}
+    return {"uri": uri, "outputs": outputs, "stored_at": time.time()}
 
 
 def deblur(task: Task) -> dict[str, Any]:

@@ -18,10 +18,10 @@ import numpy as np
 import ray
 from PIL import Image
 
-from loadtest.pipeline_ops import apply_op
+from loadtest.pipeline_ops import apply_op, store_step
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
-from workflows.imagebuf import decode_bytes, encode_image
+from workflows.imagebuf import decode_bytes
 
 __all__ = ["PREFIX", "image_step", "submit_chain"]
 
@@ -53,9 +53,7 @@ def _step(
     outputs.update(output)
     if not last:
         return {"pixels": np.asarray(img), "outputs": outputs}
-    store = _store()
-    uri = store.uri(f"{PREFIX}results/{workflow_id}.png")
-    store.put(uri, encode_image(img, "PNG"), "image/png")
+    uri = store_step(_store(), f"{PREFIX}results/{workflow_id}", img, last=True)
     return {"uri": uri, "outputs": outputs, "stored_at": time.time(), "step": step}
 
 
