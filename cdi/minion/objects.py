@@ -24,6 +24,8 @@ class Connection:
     container: str | None = None
     waiting: dict[int, str] = field(default_factory=dict)
     """Deferred ``access`` requests: request id -> key."""
+    have: dict[int, int] = field(default_factory=dict)
+    """Deferred ``access`` requests whose caller still maps a segment: request id -> its id."""
 
 
 @dataclass(eq=False)
@@ -46,8 +48,20 @@ class StoredObject:
             "size": self.size,
             "capacity": self.segment.capacity,
             "generation": self.generation,
-            "isolation": str(self.isolation),
+            "isolation": self.isolation.value,
+            "segment": self.segment.id,
         }
+
+    def grant_fd(self, have: object) -> int | None:
+        """The fd to send with a grant: none if the caller still maps this very segment (it
+        says so in ``have``). Strict objects always send it, as before caching existed."""
+        if (
+            type(have) is int
+            and have == self.segment.id
+            and self.isolation is Isolation.COOPERATIVE
+        ):
+            return None
+        return self.segment.fd
 
     def describe(self, host: str) -> dict[str, Any]:
         return {

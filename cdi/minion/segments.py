@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import itertools
 import logging
 import mmap
 import os
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 PAGE = mmap.PAGESIZE
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_SEGMENT_IDS = itertools.count(1)
 
 
 def size_class(size: int) -> int:
@@ -52,6 +54,8 @@ class Segment:
     sealed: bool
     _mm: mmap.mmap = field(repr=False)
     _addr: int = field(repr=False)
+    id: int = field(default_factory=lambda: next(_SEGMENT_IDS))
+    """Unique for the minion's life: a client that cached a mapping names the memory by it."""
 
     @classmethod
     def allocate(cls, capacity: int, *, sealed: bool) -> Segment:

@@ -1,0 +1,124 @@
+"""Mappings a client keeps for cooperative objects it gave away, and what they must not allow."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import cdi
+from cdi.protocol import Op
+from tests.cdi.conftest import MinionProcess, start_minion, stop_minion
+
+Unique = Callable[[str], str]
+
+
+def _mm_of(client: cdi.Client, key: str) -> object:
+    return client._maps[key].mm
+
+
+def test_an_object_that_comes_back_reuses_the_mapping(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    a, b = minion.client(unique("a")), minion.client(unique("b"))
+    key = unique("k")
+    obj = a.create(key, 10_000)
+    first_mm = _mm_of(a, key)
+    view = obj.access()
+    view[:3] = b"one"
+    obj.transfer(b.container_id or "")
+    with pytest.raises(ValueError, match="released"):
+        view[0]  # revoked as always, although the mapping itself stays cached
+    assert not obj.owned
+    with pytest.raises(cdi.NotOwner):
+        obj.read()  # a cached mapping is not ownership
+
+    theirs = b.use(key)
+    with theirs.view(timeout=5) as buf:
+        assert bytes(buf[:3]) == b"one"
+        buf[:3] = b"two"
+    theirs.transfer(a.container_id or "")
+
+    again = obj.access(timeout=5)
+    assert _mm_of(a, key) is first_mm  # no fd, no mmap: the same mapping is usable again
+    assert bytes(again[:3]) == b"two"
+    again.release()
+    obj.destroy()
+    assert key not in a._cache
+
+
+def test_a_recreated_key_gets_its_own_memory(minion: MinionProcess, unique: Unique) -> None:
+    """The cache names memory by the minion's segment id, never by key."""
+    a, b = minion.client(unique("a")), minion.client(unique("b"))
+    key = unique("k")
+    obj = a.create(key, 10_000)
+    obj.write(b"old")
+    obj.transfer(b.container_id or "")
+    theirs = b.use(key)
+    theirs.access(timeout=5).release()
+    theirs.destroy()
+    fresh = b.create(key, 50_000)  # another size class: another segment
+    fresh.write(b"new")
+    fresh.transfer(a.container_id or "")
+    assert obj.read()[:3] == b"new"
+    assert obj.size == 50_000
+    obj.destroy()
+
+
+def test_strict_objects_are_never_cached(shared_dir: Path, unique: Unique) -> None:
+    directory = shared_dir / "strict-cache"
+    directory.mkdir()
+    running = start_minion(directory, "--isolation", "strict")
+    try:
+        a, b = running.client(unique("a")), running.client(unique("b"))
+        key = unique("k")
+        obj = a.create(key, 10_000)
+        first_mm = _mm_of(a, key)
+        obj.transfer(b.container_id or "")
+        assert key not in a._cache
+        assert first_mm.closed  # type: ignore[attr-defined]
+        b.use(key).transfer(a.container_id or "")
+        obj.access(timeout=5).release()
+        assert _mm_of(a, key) is not first_mm
+        obj.destroy()
+    finally:
+        stop_minion(running)
+
+
+def test_the_cache_keeps_to_its_budget(minion: MinionProcess, unique: Unique) -> None:
+    a = minion.client(unique("a"), cache_bytes=12_288)  # room for one 3-page segment
+    b = minion.client(unique("b"), cache_bytes=0)
+    keys = [unique("k") for _ in range(3)]
+    objects = [a.create(k, 10_000) for k in keys]
+    for obj in objects:
+        obj.transfer(b.container_id or "")
+    assert list(a._cache) == keys[-1:]
+    assert a._cache_bytes == 12_288
+    for key in keys:
+        theirs = b.use(key)
+        theirs.access(timeout=5).release()
+        theirs.transfer(a.container_id or "")
+        assert not b._cache  # cache_bytes=0 keeps nothing
+    for obj in objects:
+        obj.destroy()
+    assert not a._cache and a._cache_bytes == 0
+
+
+def test_claiming_a_mapping_gives_a_non_owner_nothing(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    owner, other = minion.client(unique("owner")), minion.client(unique("other"))
+    key = unique("k")
+    obj = owner.create(key, 4096)
+    segment = owner._maps[key].segment
+    with pytest.raises(cdi.NotOwner):
+        other._conn.call(Op.ACCESS, key=key, wait=False, have=segment)
+    with pytest.raises(cdi.AccessTimeout):
+        other._conn.call_blocking(Op.ACCESS, 0.05, key=key, have=segment)
+    # The owner that claims a mapping it does not have (a wrong id) gets the fd as usual.
+    reply, fd = owner._conn.call(Op.ACCESS, key=key, wait=False, have=-1)
+    assert fd is not None and reply["segment"] == segment
+    os.close(fd)
+    obj.destroy()
