@@ -37,6 +37,7 @@ __all__ = [
     "check_size",
     "pack",
     "packer",
+    "receive_request",
     "unpack",
 ]
 
@@ -49,6 +50,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.:/@+=-]+$")
 # Plain ints: the socket module's flags are IntFlag members, and one `|` or `&` on them runs
 # enum code (~3 us each here), on every message.
 DONTWAIT = int(socket.MSG_DONTWAIT)
+_TRUNC = int(socket.MSG_TRUNC)
 _TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
 _SOL_SOCKET = int(socket.SOL_SOCKET)
 _SCM_RIGHTS = int(socket.SCM_RIGHTS)
@@ -162,6 +164,19 @@ class Receiver:
             if fd is not None:
                 os.close(fd)
             raise
+
+
+def receive_request(sock: socket.socket, view: memoryview) -> dict[str, Any] | None:
+    """One request into ``view`` (the minion's side); ``None`` when the peer hung up.
+
+    Clients never send memory: a plain ``recv`` takes no ancillary buffer, so the kernel drops
+    any fd a client attached (it is never installed here) and Python builds no ancdata list."""
+    nbytes = sock.recv_into(view, 0, _TRUNC)  # MSG_TRUNC: the real length, to catch truncation
+    if nbytes == 0:
+        return None
+    if nbytes > len(view):
+        raise ProtocolError(f"message larger than {len(view)} bytes")
+    return unpack(view[:nbytes])
 
 
 def pack(message: dict[str, Any]) -> bytes:

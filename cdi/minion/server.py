@@ -74,7 +74,7 @@ class Minion:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopping = False
         self._spin_until = 0
-        self._receiver = protocol.Receiver()
+        self._buffer = memoryview(bytearray(protocol.MAX_MESSAGE))  # reused for every request
         self._pack = protocol.packer()  # the loop is the only thread that packs
         self.ready = threading.Event()
         self._handlers: dict[str, Callable[[Connection, dict[str, Any]], Reply]] = {
@@ -195,13 +195,11 @@ class Minion:
         request_id = 0
         try:
             try:
-                request, fd = self._receiver.receive(conn.sock)
+                request = protocol.receive_request(conn.sock, self._buffer)
             except BlockingIOError:
                 return
             except OSError:
-                request, fd = None, None
-            if fd is not None:
-                os.close(fd)  # clients never send memory to the minion
+                request = None
             if request is None:
                 self._close(conn, reclaim=True)
                 return

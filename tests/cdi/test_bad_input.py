@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import array
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -108,3 +110,24 @@ def test_garbage_on_the_wire_is_refused(minion: MinionProcess, unique: Unique) -
     obj.write(b"ok!")
     assert obj.read() == b"ok!"
     obj.destroy()
+
+
+def test_an_fd_sent_to_the_minion_is_dropped(minion: MinionProcess) -> None:
+    """Clients never send memory; an fd attached to a request must not land in the minion."""
+    fds_before = len(os.listdir(f"/proc/{minion.pid}/fd"))
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    raw.connect(minion.socket_path)
+    read_end, write_end = os.pipe()
+    try:
+        for _ in range(5):
+            raw.sendmsg(
+                [msgpack.packb({"op": "stat", "id": 1})],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [read_end]))],
+            )
+            assert msgpack.unpackb(raw.recv(65536))["ok"] is True
+        # The raw connection itself holds one fd in the minion; the five pipe fds are gone.
+        assert len(os.listdir(f"/proc/{minion.pid}/fd")) == fds_before + 1
+    finally:
+        raw.close()
+        os.close(read_end)
+        os.close(write_end)
