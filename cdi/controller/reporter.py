@@ -35,6 +35,7 @@ from cdi.errors import CDIError, ControllerUnavailable
 __all__ = [
     "CLOSE_FLUSH_S",
     "DEFAULT_HEARTBEAT_S",
+    "DEFAULT_LINGER_S",
     "MAX_BACKOFF_S",
     "DirectoryReporter",
     "GrpcDirectoryReporter",
@@ -44,6 +45,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_S = 2.0
+# After a change, wait this long for more before calling the controller. *Why:* a workflow makes
+# several object changes within milliseconds; one call each cost the minion's host ~12 ms of
+# CPU per workflow (gRPC on both ends), and an object created and destroyed in between never
+# needs to travel at all. The directory serves lookups and dashboards, not same-host hand-offs.
+DEFAULT_LINGER_S = 0.05
 INITIAL_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 2.0
 CLOSE_FLUSH_S = 1.0
@@ -118,8 +124,10 @@ class GrpcDirectoryReporter:
         socket_path: str,
         rpc_address: str = "",
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        linger_s: float = DEFAULT_LINGER_S,
     ) -> None:
         self.controller_url = controller_url
+        self.linger_s = max(0.0, float(linger_s))
         self.host = check_host(host)
         self.socket_path = check_socket_path(socket_path)
         self.rpc_address = check_rpc_address(rpc_address)
@@ -209,6 +217,9 @@ class GrpcDirectoryReporter:
         while not self._stop.is_set():
             due = retry_at if self._has_work() else max(retry_at, beat_at)
             self._drain(max(0.0, due - time.monotonic()))
+            if self.linger_s and self._has_work() and not self._stop.is_set():
+                self._stop.wait(self.linger_s)  # let the rest of a burst join this call
+                self._drain(0.0)
             now = time.monotonic()
             if self._stop.is_set() or now < retry_at or (not self._has_work() and now < beat_at):
                 continue

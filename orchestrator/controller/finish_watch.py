@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, TypeVar
 
 import redis
 
@@ -26,6 +26,8 @@ from orchestrator import keys
 __all__ = ["RECHECK_S", "FinishWatch"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 RECHECK_S: Final = 1.0  # a waiter looks at Postgres at least this often
 _RECONNECT_S: Final = 1.0
@@ -51,9 +53,14 @@ class FinishWatch:
             self._thread.join(timeout=2 * _RECONNECT_S)
 
     async def wait(
-        self, workflow_id: uuid.UUID, timeout_s: float, finished: Callable[[], Awaitable[bool]]
-    ) -> bool:
-        """Return once ``finished()`` is true (True) or ``timeout_s`` has passed (False)."""
+        self,
+        workflow_id: uuid.UUID,
+        timeout_s: float,
+        finished: Callable[[], Awaitable[T | None]],
+    ) -> T | None:
+        """``finished()``'s first answer that is not ``None`` (it says the workflow ended), or
+        ``None`` once ``timeout_s`` has passed. It is asked at once, on every announcement for
+        ``workflow_id`` and every ``RECHECK_S``."""
         loop = asyncio.get_running_loop()
         waiter = (loop, asyncio.Event())
         key = str(workflow_id)
@@ -61,14 +68,14 @@ class FinishWatch:
             self._waiters[key].add(waiter)
         try:
             deadline = loop.time() + timeout_s
-            while not await finished():
+            while (answer := await finished()) is None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    return False
+                    return None
                 waiter[1].clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter[1].wait(), min(remaining, RECHECK_S))
-            return True
+            return answer
         finally:
             with self._lock:
                 waiting = self._waiters.get(key)

@@ -110,27 +110,34 @@ async def get_workflow(
     resources: Resources = request.app.state.resources
     if wait_s > 0:
         watch: FinishWatch = request.app.state.finish_watch
-        await watch.wait(
-            workflow_id, wait_s, lambda: run_in_threadpool(_finished, resources, workflow_id)
+        ended = await watch.wait(
+            workflow_id,
+            wait_s,
+            lambda: run_in_threadpool(_detail, resources, workflow_id, events, finished=True),
         )
-    return await run_in_threadpool(_detail, resources, workflow_id, events)
+        if ended is not None:
+            return ended
+    detail = await run_in_threadpool(_detail, resources, workflow_id, events)
+    assert detail is not None
+    return detail
 
 
-def _finished(resources: Resources, workflow_id: uuid.UUID) -> bool:
-    with resources.sessions() as session:
-        return repo.get_workflow(session, workflow_id).status.finished
-
-
-def _detail(resources: Resources, workflow_id: uuid.UUID, events: int) -> WorkflowDetail:
+def _detail(
+    resources: Resources, workflow_id: uuid.UUID, events: int, *, finished: bool = False
+) -> WorkflowDetail | None:
+    """The run's detail; with ``finished``, ``None`` (after one query) while it runs."""
     # Sessions are opened here, not as a dependency, so a waiting request holds no connection.
     with resources.sessions() as session:
         row = repo.get_workflow(session, workflow_id)
+        if finished and not row.status.finished:
+            return None
         return WorkflowDetail(
             **WorkflowPublic.model_validate(row).model_dump(),
             task_runs=[TaskRunPublic.model_validate(r) for r in repo.task_runs_of(session, row.id)],
             handoffs=[HandoffPublic.model_validate(h) for h in repo.handoffs_of(session, row.id)],
             events=[
-                EventPublic.model_validate(e) for e in repo.recent_events(session, row.id, events)
+                EventPublic.model_validate(e)
+                for e in (repo.recent_events(session, row.id, events) if events else [])
             ],
         )
 
