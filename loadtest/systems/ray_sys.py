@@ -52,11 +52,12 @@ class RaySystem(System):
         self._temp: Path | None = None
 
     def start(self) -> None:
-        ray = Path(sys.executable).with_name("ray")
         self._temp = Path(tempfile.mkdtemp(prefix="cdiflow-ray-"))
         port = free_port()
         argv = [
-            str(ray),
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",  # the ``ray`` command, found without relying on PATH
             "start",
             "--head",
             "--block",
