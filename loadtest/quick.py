@@ -9,7 +9,10 @@ each workflow: ``noop_pipeline`` dataless (no image: the control plane alone, as
 * a burst: ``burst`` workflows started at once; throughput = completed / (last
   ``finished_at`` - first ``created_at``).
 
-The per-task overhead is (latency - summed task ``run_ms``) / tasks. ``run_ms`` is what the
+The per-task overhead is (latency - summed task ``run_ms``) / tasks, which also spreads the
+workflow's fixed costs (admission, claim, end) over its tasks. The *marginal* cost of a task is
+measured apart, for the dataless no-op pipeline: the slope of p50 latency between a 1-task and
+a 10-task no-op chain, ``(p50(10) - p50(1)) / 9``. ``run_ms`` is what the
 worker measured around a task, *including* its data plane's reads and writes, so for the
 object-store plane the S3 traffic and PNG coding count as run time, not as overhead. The
 phase breakdown splits the latency along the task runs' timestamps.
@@ -39,6 +42,7 @@ __all__ = ["PHASES", "QuickRow", "phases_ms", "run_quick"]
 QUICK_SYSTEMS: Final = ("affinity", "transfer", "auto", "object-store")
 WORKFLOWS: Final = ("noop_pipeline", "image_pipeline")
 DATALESS: Final = frozenset({"noop_pipeline"})  # started without an image
+CHAIN: Final = (1, 10)  # no-op chain lengths whose latency slope is the marginal task cost
 # Where a workflow's time goes, in order; they add up to its latency.
 PHASES: Final = ("admit", "input", "dispatch", "run", "report", "output")
 
@@ -60,6 +64,9 @@ class QuickRow:
     burst_p50_latency_ms: float
     throughput_wps: float
     phases_p50_ms: dict[str, float] = field(default_factory=dict)
+    # Dataless no-op only: p50 of 1- and 10-task chains, and the slope between them.
+    chain_p50_ms: dict[int, float] = field(default_factory=dict)
+    marginal_ms_per_task: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +135,7 @@ def _measure(
         (_latency_ms(d) - sum(r["run_ms"] for r in d["task_runs"])) / tasks for d in sequential
     ]
     phases = [phases_ms(d) for d in sequential]
+    chains = _chains(api, system, repeat) if image is None else {}
     return QuickRow(
         system=system,
         workflow=workflow,
@@ -144,7 +152,28 @@ def _measure(
         burst_p50_latency_ms=round(summarize(_latency_ms(d) for d in done).p50, 1),
         throughput_wps=round(len(done) / span, 2) if span > 0 else 0.0,
         phases_p50_ms={k: round(statistics.median(p[k] for p in phases), 1) for k in PHASES},
+        chain_p50_ms=chains,
+        marginal_ms_per_task=(
+            round((chains[CHAIN[1]] - chains[CHAIN[0]]) / (CHAIN[1] - CHAIN[0]), 2)
+            if chains
+            else None
+        ),
     )
+
+
+def _chains(api: CdiflowApi, system: str, repeat: int) -> dict[int, float]:
+    """p50 latency (ms) of dataless no-op chains of ``CHAIN`` lengths, run one at a time."""
+    out = {}
+    for length in CHAIN:
+        name = api.ensure_noop_chain(length)
+        api.wait([api.start(name, None, system)])  # warm-up
+        runs = []
+        for _ in range(repeat):
+            workflow_id = api.start(name, None, system)
+            runs.append(api.wait([workflow_id])[workflow_id])
+        _check(runs, f"{system} {name}")
+        out[length] = round(statistics.median(_latency_ms(d) for d in runs), 2)
+    return out
 
 
 def run_quick(

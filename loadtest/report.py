@@ -57,6 +57,14 @@ def quick_goals(rows: Sequence[QuickRow]) -> str:
             f"3-task no-op p50 {r.p50_latency_ms:6.1f} ms "
             f"(goal <= {GOAL_NOOP_P50_MS:g}: {'met' if wf_ok else 'NOT met'})"
         )
+        if r.marginal_ms_per_task is not None:
+            marginal_ok = r.marginal_ms_per_task <= GOAL_TASK_OVERHEAD_MS
+            chains = ", ".join(f"{n} tasks {ms:.1f} ms" for n, ms in r.chain_p50_ms.items())
+            lines.append(
+                f"{'':<13} marginal cost of a task {r.marginal_ms_per_task:5.2f} ms "
+                f"(goal <= {GOAL_TASK_OVERHEAD_MS:g}: {'met' if marginal_ok else 'NOT met'}; "
+                f"no-op chains p50: {chains})"
+            )
     return "\n".join(lines)
 
 

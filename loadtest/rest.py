@@ -93,10 +93,21 @@ class CdiflowApi:
 
     def ensure_chain(self, tasks: int) -> str:
         """Register the n-task pipeline unless it exists; return its workflow name."""
-        name = chain_workflow(tasks)
+        return self._ensure(chain_workflow(tasks), chain_definition(tasks))
+
+    def ensure_noop_chain(self, tasks: int) -> str:
+        """Register ``noop_chain_<n>`` (n no-op steps in a row) unless it exists."""
+        name = f"noop_chain_{tasks}"
+        steps = [
+            {"ref": f"noop{i}", "task": "noop", "depends_on": [f"noop{i - 1}"] if i else []}
+            for i in range(tasks)
+        ]
+        return self._ensure(name, {"name": name, "tasks": steps})
+
+    def _ensure(self, name: str, definition: dict[str, Any]) -> str:
         if self._http.get(f"/api/workflow-definitions/{name}").status_code == 200:
             return name
-        reply = self._http.post("/api/workflow-definitions", json=chain_definition(tasks))
+        reply = self._http.post("/api/workflow-definitions", json=definition)
         if reply.status_code not in (201, 409):  # 409: registered meanwhile
             reply.raise_for_status()
         return name

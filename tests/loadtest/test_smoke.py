@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from loadtest.quick import run_quick
-from loadtest.report import quick_table, scenario_table
+from loadtest.report import quick_goals, quick_table, scenario_table
 from loadtest.runner import BenchConfig, run_benchmark
 from orchestrator.services import RunningServices
 from tests.loadtest.conftest import require
@@ -90,5 +90,11 @@ def test_quick_measures_each_policy_on_one_stack(
     for r in rows:
         assert r.n == 2 and r.burst_completed == 2 and r.tasks == 3
         assert set(r.phases_p50_ms) == {"admit", "input", "dispatch", "run", "report", "output"}
+        # The dataless no-op rows carry the 1- and 10-task chains; image rows none.
+        dataless = r.workflow == "noop_pipeline"
+        assert set(r.chain_p50_ms) == ({1, 10} if dataless else set())
+        assert (r.marginal_ms_per_task is not None) == dataless
+        assert all(ms > 0 for ms in r.chain_p50_ms.values())
     assert "noop_pipeline" in quick_table(rows)
+    assert "marginal cost of a task" in quick_goals(rows)
     assert _descendants() <= before
