@@ -2,10 +2,11 @@
 
     python -m loadtest.systems.conductor_worker API_URL THREADS   # what ConductorSystem starts
 
-Each task GETs its input from S3, decodes it, runs one operation, encodes PNG and PUTs its
-output, as Celery's tasks and cdiflow's object-store plane do; it returns the output URI, the
-labels so far and ``stored_at``, the moment its PUT returned. S3 settings come from the
-environment (``S3_ENDPOINT_URL`` and friends).
+Each task GETs its input from S3, decodes it, runs one operation, encodes its output
+(``pipeline_ops.store_step``: PNG between tasks, the benchmark's result format for the last)
+and PUTs it, as Celery's tasks and cdiflow's object-store plane do; it returns the output
+URI, the labels so far and ``stored_at``, the moment its PUT returned. S3 settings come from
+the environment (``S3_ENDPOINT_URL`` and friends).
 
 No ``from __future__ import annotations`` here: the SDK passes the whole ``Task`` only to a
 function whose parameter is annotated with the ``Task`` class itself, not a string.

@@ -3,8 +3,9 @@
 A workflow is a chain of calls, each given the previous call's ``ObjectRef``. The first GETs
 the JPEG from S3 and decodes it; between tasks the decoded pixels travel as a NumPy array
 through Ray's shared-memory object store (read zero-copy by the next task); the last encodes
-PNG and PUTs it, returning ``stored_at``, the moment its PUT returned, as Celery's last task
-does. A module of its own so workers import it by name (the driver runs as ``__main__``).
+the result (``pipeline_ops.store_step``: the benchmark's result format) and PUTs it,
+returning ``stored_at``, the moment its PUT returned, as Celery's last task does. A module
+of its own so workers import it by name (the driver runs as ``__main__``).
 """
 
 from __future__ import annotations
