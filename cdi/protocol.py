@@ -83,7 +83,12 @@ class Isolation(StrEnum):
     STRICT = "strict"
 
 
+_valid_names: set[str] = set()  # names that passed once: a hot path checks a name per call
+
+
 def _check_name(value: object, what: str) -> str:
+    if type(value) is str and value in _valid_names:
+        return value
     if isinstance(value, int) and not isinstance(value, bool) and what == "container id":
         value = str(value)  # the paper's container ids are integers; accept them as names
     if not isinstance(value, str):
@@ -98,6 +103,9 @@ def _check_name(value: object, what: str) -> str:
         raise InvalidArgument(
             f"{what} {value!r} has characters outside letters, digits and _ . : / @ + = -"
         )
+    if len(_valid_names) >= 4096:
+        _valid_names.clear()
+    _valid_names.add(value)
     return value
 
 

@@ -296,9 +296,9 @@ class Minion:
             self._move_to_fresh_segment(obj)
         obj.owner = owner
         obj.generation += 1
+        self._grant_waiters(obj)  # first: the new owner is waiting; bookkeeping can follow
         obj.updated_at = time.time()
         self._changed(obj)
-        self._grant_waiters(obj)
 
     def _move_to_fresh_segment(self, obj: StoredObject) -> None:
         """Strict isolation: copy into a new segment and truncate the one the old owner mapped."""
