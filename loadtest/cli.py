@@ -245,7 +245,7 @@ def _scenarios(
     echo: Callable[[str], None],
     out: IO[str],
 ) -> dict[str, Any]:
-    from loadtest.report import scenario_table
+    from loadtest.report import resources_table, scenario_table
     from loadtest.runner import ALL_SYSTEMS, AVAILABLE, BenchConfig, run_benchmark
 
     systems = chosen or AVAILABLE
@@ -268,4 +268,5 @@ def _scenarios(
     )
     report = run_benchmark(config, progress=None if quiet else sys.stderr, echo=echo)
     click.echo("\n" + scenario_table(report.results), file=out)
+    click.echo("\n" + resources_table(report.results), file=out)
     return report.as_dict()

@@ -13,6 +13,7 @@ __all__ = [
     "GOAL_TASK_OVERHEAD_MS",
     "quick_goals",
     "quick_table",
+    "resources_table",
     "scenario_table",
 ]
 
@@ -85,5 +86,23 @@ def scenario_table(results: Sequence[PointResult]) -> str:
             f"{r.scenario:<9}{r.system:<13}{_size(r.size):>8}{r.tasks:>6}{r.concurrency:>6}"
             f"{r.completed:>6}{r.failed:>5}{r.p50_latency_s:>9.3f}{r.p99_latency_s:>9.3f}"
             f"{r.mean_latency_s:>9.3f}{r.throughput_wps:>8.2f}{overhead:>10}{share:>8}"
+        )
+    return "\n".join(lines)
+
+
+def resources_table(results: Sequence[PointResult], top: int = 5) -> str:
+    """Per system and point: CPU ms per workflow of its busiest components (peak MiB)."""
+    lines = ["CPU ms per workflow by component (peak resident MiB), busiest first"]
+    for r in results:
+        if not r.resources:
+            continue
+        total = sum(c["cpu_ms_per_workflow"] for c in r.resources.values())
+        parts = [
+            f"{name} {c['cpu_ms_per_workflow']:.1f} ({c['peak_rss_mib']:.0f})"
+            for name, c in list(r.resources.items())[:top]
+        ]
+        lines.append(
+            f"{r.system:<13}{_size(r.size):>8} c{r.concurrency:<4} total {total:8.1f}: "
+            + ", ".join(parts)
         )
     return "\n".join(lines)

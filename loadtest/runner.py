@@ -29,6 +29,7 @@ from loadtest.plan import (
     Point,
     plan_points,
 )
+from loadtest.resources import ResourceMeter
 from loadtest.stats import PointResult, summarize_point
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.services import BenchServices, s3_client
@@ -220,6 +221,7 @@ def run_benchmark(
     with shared:
         inputs = Inputs(_upload(shared, paths), {s: paths[s] for s in sizes})
         ctx = RunContext(folder / "runs", config.workers, progress, config.time_limit_s)
+        meter = ResourceMeter()
         for name in config.systems:
             echo(f"== {name}: starting")
             began = time.monotonic()
@@ -229,7 +231,9 @@ def run_benchmark(
                 system.after_point()
                 echo(f"   started and warmed up in {time.monotonic() - began:.1f} s")
                 for point in points:
+                    meter.start()
                     records = system.run_point(point, inputs)
+                    used = meter.stop(len(records))
                     result = summarize_point(
                         records,
                         system=name,
@@ -239,6 +243,7 @@ def run_benchmark(
                         concurrency=point.concurrency,
                         link="none" if name == "floor" else config.link,
                     )
+                    result = dataclasses.replace(result, resources=used)
                     results.append(result)
                     echo(
                         f"   {point.label():<24} {result.completed}/{point.workflows} done, "

@@ -80,6 +80,8 @@ class PointResult:
     overhead_p50_s: float | None = None
     throughput_vs_floor: float | None = None
     errors: list[str] = field(default_factory=list)
+    # CPU and peak memory per component during the point (loadtest.resources.ResourceMeter).
+    resources: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

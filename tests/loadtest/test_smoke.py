@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from loadtest.quick import run_quick
-from loadtest.report import quick_goals, quick_table, scenario_table
+from loadtest.report import quick_goals, quick_table, resources_table, scenario_table
 from loadtest.runner import BenchConfig, run_benchmark
 from orchestrator.services import RunningServices
 from tests.loadtest.conftest import require
@@ -64,6 +64,14 @@ def test_every_cheap_system_completes_a_tiny_scenario_run(
         assert row["p50_latency_s"] > 0 and math.isfinite(row["throughput_wps"])
     assert all(r["throughput_vs_floor"] is not None for r in rows if r["system"] != "floor")
     assert "celery" in scenario_table(report.results)
+    # Every point says what each component used; each system's own processes are among them.
+    for row in rows:
+        assert row["resources"], row["system"]
+        assert all(c["cpu_s"] >= 0 and c["peak_rss_mib"] > 0 for c in row["resources"].values())
+    used = {r["system"]: r["resources"] for r in rows}
+    assert "cdiflow scheduler" in used["transfer"] and "cdi minion" in used["transfer"]
+    assert "celery workers" in used["celery"]
+    assert "cdiflow scheduler" in resources_table(report.results)
     assert _descendants() <= before, "the benchmark left processes behind"
 
 
