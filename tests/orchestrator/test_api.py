@@ -284,6 +284,21 @@ def test_long_poll_returns_when_the_run_ends(api_client: TestClient) -> None:
     assert time.monotonic() - began < 40  # well before the 50 s deadline
 
 
+def test_start_and_wait_answers_with_the_detail(api_client: TestClient) -> None:
+    """No scheduler here: the run is still PENDING at the deadline, answered in full."""
+    reply = api_client.post(
+        "/api/workflows", params={"wait_s": 0.2}, json={"workflow": "noop_pipeline", "input": {}}
+    )
+    assert reply.status_code == 201, reply.text
+    body = reply.json()
+    assert body["status"] == "PENDING" and body["task_runs"] == [] and body["events"] == []
+    assert reply.headers["location"] == f"/api/workflows/{body['id']}"
+    too_long = api_client.post(
+        "/api/workflows", params={"wait_s": 99}, json={"workflow": "noop_pipeline", "input": {}}
+    )
+    assert too_long.status_code == 422
+
+
 # --- listing -------------------------------------------------------------------------------
 
 

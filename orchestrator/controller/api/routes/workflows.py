@@ -43,23 +43,54 @@ def _aware(moment: datetime | None) -> datetime | None:
 
 
 @router.post("", status_code=201, responses=error_responses(404))
-def start_workflow(
-    body: WorkflowCreate, session: SessionDep, client: RedisDep, response: Response
-) -> WorkflowPublic:
+async def start_workflow(
+    body: WorkflowCreate,
+    request: Request,
+    response: Response,
+    wait_s: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=MAX_WAIT_S,
+            description="Start and wait: answer with the run's detail once it has ended, or "
+            "after this many seconds (0: at once, with the new PENDING run).",
+        ),
+    ] = 0.0,
+) -> WorkflowDetail | WorkflowPublic:
     """Start a run of a workflow definition (status PENDING) and wake the scheduler.
 
-    404 (listing the known workflows) if the definition does not exist.
+    404 (listing the known workflows) if the definition does not exist. With ``wait_s`` the
+    answer is the run's detail (as ``GET /api/workflows/{id}``, without events) once it has
+    ended: one request for a client that wants the result.
     """
-    row = repo.create_workflow(
-        session,
-        body.workflow,
-        body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
-        policy=body.policy,
-        data_plane=body.data_plane,
+    resources: Resources = request.app.state.resources
+    row = await run_in_threadpool(_create, resources, body)
+    response.headers["Location"] = f"/api/workflows/{row.id}"
+    if wait_s <= 0:
+        return WorkflowPublic.model_validate(row)
+    watch: FinishWatch = request.app.state.finish_watch
+    ended = await watch.wait(
+        row.id, wait_s, lambda: run_in_threadpool(_detail, resources, row.id, 0, finished=True)
     )
-    session.commit()
-    wake_scheduler(client, row.id)
-    return _created(row, response)
+    if ended is not None:
+        return ended
+    detail = await run_in_threadpool(_detail, resources, row.id, 0)
+    assert detail is not None
+    return detail
+
+
+def _create(resources: Resources, body: WorkflowCreate) -> Workflow:
+    with resources.sessions() as session:
+        row = repo.create_workflow(
+            session,
+            body.workflow,
+            body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
+            policy=body.policy,
+            data_plane=body.data_plane,
+        )
+        session.commit()
+    wake_scheduler(resources.redis, row.id)
+    return row
 
 
 @router.get("")
