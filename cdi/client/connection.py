@@ -178,17 +178,22 @@ class MinionConnection:
         if deadline is not None:
             stop = min(stop, now + int((deadline - time.monotonic()) * 1e9))
         receive = self._receiver.receive
+        ready = self._poller.poll
+        clock = time.perf_counter_ns
         while True:
-            try:
-                body, fd = receive(sock, protocol.DONTWAIT)
-            except BlockingIOError:
-                if time.perf_counter_ns() >= stop:
-                    return None
-                os.sched_yield()  # let a runnable peer on this core (the minion) go first
-                continue
-            except OSError as exc:
-                raise MinionUnavailable(f"lost the CDI minion at {self.path}: {exc}") from exc
-            return self._decoded(body, fd)
+            # poll(0) costs ~0.6 us here; a recv that fails costs ~2.3 us (syscall + exception).
+            if ready(0):
+                try:
+                    body, fd = receive(sock, protocol.DONTWAIT)
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    raise MinionUnavailable(f"lost the CDI minion at {self.path}: {exc}") from exc
+                else:
+                    return self._decoded(body, fd)
+            if clock() >= stop:
+                return None
+            os.sched_yield()  # let a runnable peer on this core (the minion) go first
 
     def _decoded(
         self, body: dict[str, Any] | None, fd: int | None
