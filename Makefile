@@ -35,9 +35,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy .
 
+# The full set (hours on 2 cores: scenario 2 runs 500 concurrent workflows per system).
+BENCH_OUT ?= .data/bench-results
 bench: $(STAMP)
-	$(BIN)/cdiflow bench cdi
-	$(BIN)/cdiflow bench workflows --quick
+	mkdir -p $(BENCH_OUT)
+	$(BIN)/cdiflow bench cdi --json > $(BENCH_OUT)/cdi.json
+	$(BIN)/cdiflow bench workflows --quick --json $(BENCH_OUT)/quick.json
+	$(BIN)/cdiflow bench workflows --scenario all --json $(BENCH_OUT)/loopback.json --plots $(BENCH_OUT)/plots
+	$(BIN)/cdiflow bench workflows --scenario 1 --s3-link regional --json $(BENCH_OUT)/regional.json --plots $(BENCH_OUT)/plots
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. cdi/proto/cdi.proto

@@ -105,7 +105,14 @@ class CdiflowBackend:
     long_poll = True
 
     def __init__(self, user: User, target: Target) -> None:
-        self.http = FastHttpSession(target.api_url, user.environment.events.request, user)
+        # geventhttpclient's default network timeout (5 s) is shorter than a long poll.
+        self.http = FastHttpSession(
+            target.api_url,
+            user.environment.events.request,
+            user,
+            connection_timeout=30.0,
+            network_timeout=LONG_POLL_S + 30.0,
+        )
         self.target = target
         self.policy, self.plane = SYSTEM_MODES[target.system]
         self._ended: dict[str, Outcome] = {}  # answered by the start itself

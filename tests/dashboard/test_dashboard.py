@@ -146,6 +146,24 @@ def test_start_a_workflow_and_watch_it_complete_without_reloading(ui: UI, harnes
     ui.assert_clean()
 
 
+def test_a_dataless_run_starts_from_the_form_with_no_image(ui: UI, harness: Harness) -> None:
+    """An empty image field starts a dataless run; its detail page says there is no image."""
+    page = ui.page
+    ui.open("#/workflows")
+    page.get_by_role("button", name="Start workflow").first.click()
+    dialog = page.locator("#start-dialog")
+    dialog.get_by_label("Workflow", exact=True).select_option("noop_pipeline")
+    dialog.get_by_label("Input image (S3 URI)", exact=True).fill("")
+    dialog.get_by_role("button", name="Start", exact=True).click()
+    expect(page).to_have_url(re.compile(rf"#/workflows/{UUID}$"))
+    run_id = page.url.rsplit("/", 1)[1]
+    expect(page.locator("#wf-status")).to_have_attribute("data-status", "COMPLETED", timeout=60_000)
+    assert harness.get(run_id)["input"] == {}
+    expect(page.locator(".dag .node[data-status=COMPLETED]")).to_have_count(3)
+    expect(page.locator("figure[data-image=input][data-available=false]")).to_be_visible()
+    ui.assert_clean()
+
+
 def test_detail_page_shows_the_timeline_and_every_handoff(
     ui: UI, harness: Harness, napping: str
 ) -> None:

@@ -69,7 +69,7 @@ export async function startWorkflowDialog(navigate) {
     last = recent?.items?.[0]?.input?.image || "";
   }
   const errors = h("div", { "aria-live": "polite" });
-  const image = h("input", { name: "image", required: true, value: last, placeholder: "s3://bucket/path/image.jpg", spellcheck: "false", autocomplete: "off", class: "mono" });
+  const image = h("input", { name: "image", value: last, placeholder: "s3://bucket/path/image.jpg (empty: a dataless run)", spellcheck: "false", autocomplete: "off", class: "mono" });
   const form = h(
     "form",
     { method: "dialog", novalidate: true },
@@ -91,8 +91,9 @@ export async function startWorkflowDialog(navigate) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const body = Object.fromEntries(new FormData(form));
-    const payload = { workflow: body.workflow, input: { image: body.image.trim() }, policy: body.policy, data_plane: body.data_plane };
-    if (!/^s3:\/\/[^/]+\/.+/.test(payload.input.image)) {
+    const uri = body.image.trim();
+    const payload = { workflow: body.workflow, input: uri ? { image: uri } : {}, policy: body.policy, data_plane: body.data_plane };
+    if (uri && !/^s3:\/\/[^/]+\/.+/.test(uri)) {
       image.setAttribute("aria-invalid", "true");
       errors.replaceChildren(errorBox("Write the image as s3://bucket/key."));
       image.focus();
@@ -100,7 +101,7 @@ export async function startWorkflowDialog(navigate) {
     }
     try {
       const run = await api.post("/api/workflows", payload);
-      localStorage.setItem("cdiflow.lastImage", payload.input.image);
+      if (uri) localStorage.setItem("cdiflow.lastImage", uri);
       dialog.close();
       toast(`Started ${shortId(run.id)}`, "success");
       navigate(`/workflows/${run.id}`);
