@@ -21,35 +21,38 @@ import psutil
 
 __all__ = ["ResourceMeter", "component_of"]
 
-# First match wins: (a piece of the command line, the component it names).
+# First match wins: (a piece of the command line, the component it names). A process that
+# matches none belongs to its parent's component (pool workers, forked helpers); a child of the
+# benchmark itself that matches none is the floor's process pool.
 _COMPONENTS: Final = (
-    ("orchestrator.controller", "cdiflow api"),
-    ("orchestrator.scheduler", "cdiflow scheduler"),
-    ("orchestrator.worker", "cdiflow workers"),
-    ("cdi.minion", "cdi minion"),
-    ("cdi.controller", "cdi controller"),
+    ("-m orchestrator.controller", "cdiflow api"),
+    ("-m orchestrator.scheduler", "cdiflow scheduler"),
+    ("-m orchestrator.worker", "cdiflow workers"),
+    ("-m cdi.minion", "cdi minion"),
+    ("-m cdi.controller", "cdi controller"),
     ("moto.server", "s3 (moto)"),
+    ("netem_proxy", "s3 link proxy"),
     ("redis-server", "redis"),
     ("postgres", "postgres"),
-    ("locust", "locust (clients)"),
-    ("celery", "celery workers"),
+    ("-m locust", "locust (clients)"),
+    ("-m celery", "celery workers"),
     ("conductor-server", "conductor server"),
     ("conductor_worker", "conductor workers"),
     ("ray_driver", "ray driver"),
-    ("ray", "ray"),
-    ("raylet", "ray"),
-    ("gcs_server", "ray"),
-    ("multiprocessing", "floor workers"),
+    ("ray::", "ray"),
+    ("/ray/", "ray"),
+    ("-m ray", "ray"),
 )
+_DRIVER: Final = "benchmark driver"
 _SAMPLE_S: Final = 0.5
 
 
-def component_of(cmdline: str) -> str:
-    """The component a process belongs to, from its command line."""
+def component_of(cmdline: str) -> str | None:
+    """The component a process's command line names, or ``None`` (then: its parent's)."""
     for needle, name in _COMPONENTS:
         if needle in cmdline:
             return name
-    return "benchmark driver"
+    return None
 
 
 @dataclass(frozen=True)
@@ -109,13 +112,23 @@ class ResourceMeter:
             self._peak_rss[name] = max(self._peak_rss[name], rss)
 
     def _snapshot(self) -> dict[int, _Sample]:
-        out = {}
+        out: dict[int, _Sample] = {}
+        names: dict[int, str] = {self._root.pid: _DRIVER}
+        # Parents come before their children in psutil's recursive listing.
         for proc in [self._root, *self._root.children(recursive=True)]:
             # suppress: it exited meanwhile
             with contextlib.suppress(psutil.Error), proc.oneshot():
                 times = proc.cpu_times()
-                cmdline = " ".join(proc.cmdline()) or proc.name()
-                out[proc.pid] = _Sample(
-                    component_of(cmdline), times.user + times.system, proc.memory_info().rss
-                )
+                own = component_of(" ".join(proc.cmdline()) or proc.name())
+                parent = names.get(proc.ppid(), _DRIVER)
+                if own is not None:
+                    name = own
+                elif proc.pid == self._root.pid:
+                    name = _DRIVER
+                elif proc.ppid() == self._root.pid:
+                    name = "floor workers"  # the benchmark's own process pool
+                else:
+                    name = parent
+                names[proc.pid] = name
+                out[proc.pid] = _Sample(name, times.user + times.system, proc.memory_info().rss)
         return out

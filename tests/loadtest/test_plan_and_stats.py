@@ -12,6 +12,7 @@ from loadtest.cli import bench_workflows_command
 from loadtest.images import chain_definition, chain_ops, chain_workflow, make_jpeg
 from loadtest.plan import Point, Target, plan_points, poll_max_s
 from loadtest.plots import write_plots
+from loadtest.resources import component_of
 from loadtest.runner import compare_to_floor
 from loadtest.stats import PointResult, WorkflowRecord, percentile, summarize_point
 from tests.loadtest.conftest import require
@@ -144,3 +145,22 @@ def test_the_command_refuses_bad_options_before_starting_anything(
 def test_a_point_point_label_names_its_configuration() -> None:
     assert Point("2", (1, 2), 3, 50, 1).label() == "s2 mixed x3 c50"
     assert json.dumps(Point("1", (10_000,), 3, 10, 3).label()) == '"s1 10KB x3 c10"'
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "component"),
+    [
+        ("/venv/bin/python -m orchestrator.scheduler --id scheduler-1", "cdiflow scheduler"),
+        ("/venv/bin/python -m cdi.minion --socket /x/minion.sock", "cdi minion"),
+        ("postgres: cdiflow bench_x 127.0.0.1(5000) idle", "postgres"),
+        ("python -m celery -A loadtest.systems.celery_app worker", "celery workers"),
+        ("java -Xmx768m -jar /d/conductor-server-3.32.3-boot.jar", "conductor server"),
+        ("ray::_step", "ray"),
+        ("python -m locust -f loadtest/locustfile.py --headless", "locust (clients)"),
+        # The benchmark's own command line names systems; it must not be taken for them.
+        ("cdiflow bench workflows --systems floor,celery,ray,conductor", None),
+        ("python -c from multiprocessing.spawn import spawn_main", None),
+    ],
+)
+def test_processes_are_put_in_their_component(cmdline: str, component: str | None) -> None:
+    assert component_of(cmdline) == component
