@@ -428,7 +428,7 @@ class Minion:
         request_id = request["id"]
         self._spin_until = time.perf_counter_ns() + self.config.busy_poll_us * 1000
         conn.waiting[request_id] = obj.key
-        if have is not None:
+        if type(have) is int:
             conn.have[request_id] = have
         self._waiters[obj.key].append((conn, request_id))
         return None
