@@ -315,6 +315,7 @@ class Minion:
         if not waiters:
             return
         keep = []
+        granted = False
         for conn, request_id in waiters:
             if conn.container == obj.owner:
                 conn.waiting.pop(request_id, None)
@@ -324,12 +325,18 @@ class Minion:
                     obj.grant_fields(),
                     obj.grant_fd(conn.have.pop(request_id, None)),
                 )
+                granted = True
             else:
                 keep.append((conn, request_id))
         if keep:
             self._waiters[obj.key] = keep
         else:
             del self._waiters[obj.key]
+        if granted:
+            # If the new owner runs on this core (polling, or just woken by the grant), let it
+            # take the object now rather than after our ack and epoll round: p50 ~138 -> ~105 us
+            # in alternating bench runs; the sender's ack waits those microseconds instead.
+            os.sched_yield()
 
     def _remove(self, obj: StoredObject) -> None:
         del self.objects[obj.key]
