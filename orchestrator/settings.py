@@ -93,6 +93,13 @@ class Settings(BaseSettings):
         gt=0,
         description="Largest decoded image, in pixels (a guard against decompression bombs).",
     )
+    max_active_workflows: int = Field(
+        default=64,
+        gt=0,
+        description="Workflows one scheduler runs at once; the rest wait PENDING in Postgres. "
+        "Each active CDI workflow holds its decoded image in memory: a few times the number of "
+        "worker slots keeps every worker busy without holding a whole burst in RAM.",
+    )
 
     @field_validator("data_dir")
     @classmethod

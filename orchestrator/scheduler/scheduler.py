@@ -61,6 +61,9 @@ CLAIM_BATCH = 32
 LOST_GRACE_S = 5.0  # beyond a task's timeout before its silent worker is presumed gone
 RECLAIM_AFTER_S = 60.0  # a claim older than this without progress is taken over
 RELEASE_TASK = "workflows.image_tasks:noop"  # what a worker runs to hand an object back
+# With a backlog, claim again once this many runs have ended (a claim per run would cost a
+# round trip per workflow; the tick claims anyway every TICK_S).
+CLAIM_AGAIN_AT = 8
 BEATS_TTL_S = 0.1  # heartbeats are re-read at most this often (workers beat every 2 s)
 
 
@@ -95,6 +98,7 @@ class Scheduler:
         self._rng = random.Random()
         self._beats: dict[str, dict[str, str]] = {}
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
+        self._backlog = False  # PENDING workflows may be waiting for room
 
     # ------------------------------------------------------------------ loop
     def run_forever(self) -> None:
@@ -110,6 +114,9 @@ class Scheduler:
                 else:
                     self._on_wake(value)
             self._drain_inbox()
+            again_at = min(CLAIM_AGAIN_AT, self.settings.max_active_workflows)
+            if self._backlog and self._claim_room() >= again_at:
+                self._guarded(self._claim)  # runs ended: take the next ones waiting
             if time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + TICK_S
                 self._tick()
@@ -120,6 +127,9 @@ class Scheduler:
 
     def stop(self) -> None:
         self._stopping = True
+
+    def _claim_room(self) -> int:
+        return self.settings.max_active_workflows - len(self.runs)
 
     def _post(self, action: Callable[[], None]) -> None:
         """From a pool thread: run ``action`` on the loop, and wake the loop for it."""
@@ -164,7 +174,15 @@ class Scheduler:
             self._claim()
 
     def _claim(self) -> None:
-        for claimed in self.journal.claim(self.id, CLAIM_BATCH, RECLAIM_AFTER_S):
+        """Take PENDING workflows while fewer than ``max_active_workflows`` are ours."""
+        room = self.settings.max_active_workflows - len(self.runs)
+        if room <= 0:
+            self._backlog = True
+            return
+        want = min(CLAIM_BATCH, room)
+        claims = self.journal.claim(self.id, want, RECLAIM_AFTER_S)
+        self._backlog = len(claims) == want  # a full batch: more may be waiting
+        for claimed in claims:
             try:
                 run = _plan(claimed)
             except OrchestratorError as exc:

@@ -28,6 +28,7 @@ from workflows.image_tasks import reference_pipeline
 from workflows.samples import bundled_samples
 
 MAX_INPUT_BYTES = 3_000_000
+MAX_ACTIVE = 4  # workflows the scheduler runs at once; the rest wait PENDING
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
 
 
@@ -112,6 +113,7 @@ def harness() -> Iterator[Harness]:
     os.chmod(folder, 0o755)
     previous = os.environ.get("MAX_INPUT_BYTES")
     os.environ["MAX_INPUT_BYTES"] = str(MAX_INPUT_BYTES)  # the stack's processes inherit it
+    os.environ["MAX_ACTIVE_WORKFLOWS"] = str(MAX_ACTIVE)
     try:
         with Stack(folder, workers=2, port=free_port()) as stack:
             h = Harness(stack)
@@ -129,6 +131,7 @@ def harness() -> Iterator[Harness]:
                     raise AssertionError(f"{exc}: {probe.list_objects()}") from None
                 assert stat["used_segments"] == 0
     finally:
+        os.environ.pop("MAX_ACTIVE_WORKFLOWS", None)
         if previous is None:
             os.environ.pop("MAX_INPUT_BYTES", None)
         else:
@@ -238,6 +241,30 @@ def test_a_dataless_workflow_moves_no_data_and_passes_its_input_to_tasks(
         assert done["output"]["tasks"]["echo"] == {"echo": {"order": 42}, "had_image": False}
         assert [r["status"] for r in done["task_runs"]] == ["COMPLETED", "COMPLETED"]
         assert done["handoffs"] == []
+
+
+def test_a_burst_waits_pending_beyond_the_active_limit(harness: Harness) -> None:
+    """12 started at once: never more than MAX_ACTIVE running, and every one completes."""
+    api = harness.api
+    steps = [{"ref": "nap", "task": "sleep", "params": {"ms": 150}}]
+    reply = api.post("/api/workflow-definitions", json={"name": "nap_once", "tasks": steps})
+    assert reply.status_code == 201, reply.text
+    ids = [
+        api.post("/api/workflows", json={"workflow": "nap_once", "input": {}}).json()["id"]
+        for _ in range(12)
+    ]
+    running_at_most, deadline = 0, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        page = api.get("/api/workflows", params={"workflow": "nap_once", "limit": 100}).json()
+        states = [w["status"] for w in page["items"]]
+        running_at_most = max(running_at_most, states.count("RUNNING"))
+        if all(s in FINISHED for s in states):
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("the burst did not finish within 120 s")
+    assert 0 < running_at_most <= MAX_ACTIVE
+    assert all(harness.get(i)["status"] == "COMPLETED" for i in ids)
 
 
 def test_an_image_task_in_a_dataless_workflow_fails_it_with_a_reason(harness: Harness) -> None:
