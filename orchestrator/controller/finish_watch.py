@@ -5,7 +5,8 @@ committed. One thread per API process listens and wakes the requests waiting for
 (``GET /api/workflows/{id}?wait_s=…``). *Why:* a client that polls every few milliseconds
 takes the CPU the workflow needs on a small machine, and 500 of them swamp the API; a waiting
 request costs nothing until the answer is ready. A publish is a hint, like every wake-up in
-Redis: waiters look at Postgres again every ``RECHECK_S``, so a lost one costs a second.
+Redis: waiters look at Postgres again after ``RECHECK_S``, then at doubling intervals up to
+``RECHECK_MAX_S`` (a lost one costs seconds; a long workflow's waiter costs a few queries).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import redis
 
 from orchestrator import keys
 
-__all__ = ["RECHECK_S", "FinishWatch"]
+__all__ = ["RECHECK_MAX_S", "RECHECK_S", "FinishWatch"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-RECHECK_S: Final = 1.0  # a waiter looks at Postgres at least this often
+RECHECK_S: Final = 1.0  # a waiter looks at Postgres again after this, then less and less often
+RECHECK_MAX_S: Final = 5.0
 _RECONNECT_S: Final = 1.0
 
 
@@ -68,13 +70,15 @@ class FinishWatch:
             self._waiters[key].add(waiter)
         try:
             deadline = loop.time() + timeout_s
+            recheck = RECHECK_S
             while (answer := await finished()) is None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return None
                 waiter[1].clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter[1].wait(), min(remaining, RECHECK_S))
+                    await asyncio.wait_for(waiter[1].wait(), min(remaining, recheck))
+                recheck = min(RECHECK_MAX_S, recheck * 2)
             return answer
         finally:
             with self._lock:
