@@ -12,7 +12,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, String, Uuid, bindparam, cast, func, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Row,
+    String,
+    Uuid,
+    bindparam,
+    cast,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
@@ -36,6 +49,7 @@ __all__ = [
     "create_workflow",
     "get_workflow",
     "handoffs_of",
+    "insert_workflow",
     "list_workflows",
     "recent_events",
     "record_event",
@@ -123,10 +137,41 @@ def create_workflow(
     retry_of: uuid.UUID | None = None,
 ) -> Workflow:
     """A new PENDING run of ``definition``; ``NotFound`` (listing known names) if unknown."""
+    params = _create_params(definition, input, policy, data_plane, retry_of)
+    query = select(Workflow).from_statement(_CREATE)
+    created: Workflow | None = session.scalars(query, params).one_or_none()
+    if created is None:
+        raise NotFound("workflow", definition, known=workflow_definition_names(session))
+    return created
+
+
+def insert_workflow(
+    connection: Connection,
+    definition: str,
+    input: dict[str, Any],
+    *,
+    policy: Policy = Policy.AFFINITY,
+    data_plane: DataPlane = DataPlane.CDI,
+) -> Row[Any] | None:
+    """``create_workflow`` as one statement on ``connection`` (autocommit: it is its own
+    transaction); the new row, or ``None`` if ``definition`` does not exist. *Why apart:*
+    starting a workflow is the API's hottest write, and a session's ``BEGIN``, ORM object and
+    ``COMMIT`` were a third of the time from the request to the scheduler's claim."""
+    params = _create_params(definition, input, policy, data_plane, None)
+    return connection.execute(_CREATE, params).one_or_none()
+
+
+def _create_params(
+    definition: str,
+    input: dict[str, Any],
+    policy: Policy,
+    data_plane: DataPlane,
+    retry_of: uuid.UUID | None,
+) -> dict[str, Any]:
     event: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
     if retry_of is not None:
         event["retry_of"] = str(retry_of)
-    params = {
+    return {
         "id": uuid.uuid4(),
         "definition": definition,
         "policy": policy.value,
@@ -135,11 +180,6 @@ def create_workflow(
         "retry_of": retry_of,
         "event": event,
     }
-    query = select(Workflow).from_statement(_CREATE)
-    created: Workflow | None = session.scalars(query, params).one_or_none()
-    if created is None:
-        raise NotFound("workflow", definition, known=workflow_definition_names(session))
-    return created
 
 
 def get_workflow(session: Session, workflow_id: uuid.UUID, *, lock: bool = False) -> Workflow:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy import Row
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.announce import announce_finished
@@ -24,6 +25,7 @@ from orchestrator.controller.schemas import (
 )
 from orchestrator.db import repository as repo
 from orchestrator.db.models import Policy, Workflow, WorkflowStatus
+from orchestrator.errors import NotFound
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
 
@@ -79,16 +81,20 @@ async def start_workflow(
     return detail
 
 
-def _create(resources: Resources, body: WorkflowCreate) -> Workflow:
-    with resources.sessions() as session:
-        row = repo.create_workflow(
-            session,
+def _create(resources: Resources, body: WorkflowCreate) -> Row[Any]:
+    # One autocommit statement (durable: the API's commits are synchronous), no session.
+    with resources.engine.connect() as connection:
+        row = repo.insert_workflow(
+            connection.execution_options(isolation_level="AUTOCOMMIT"),
             body.workflow,
             body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
             policy=body.policy,
             data_plane=body.data_plane,
         )
-        session.commit()
+    if row is None:
+        with resources.sessions() as session:
+            known = repo.workflow_definition_names(session)
+        raise NotFound("workflow", body.workflow, known=known)
     wake_scheduler(resources.redis, row.id)
     return row
 
