@@ -230,7 +230,7 @@ class WorkflowUser(User):
         the page; it shows in locust's request statistics, not as a failed workflow."""
         target, interval, problem = self.target, self.target.poll_first_s, ""
         while time.time() - submitted <= target.timeout_s:
-            if not getattr(self.backend, "long_poll", False):
+            if not self.backend.long_poll:
                 time.sleep(interval)
                 interval = min(target.poll_max_s, interval * 1.5)
             try:

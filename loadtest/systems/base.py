@@ -11,9 +11,9 @@ import abc
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Any, Self
 
-from loadtest.plan import Point
+from loadtest.plan import Point, Target
 from loadtest.stats import WorkflowRecord
 
 __all__ = ["Inputs", "RunContext", "System"]
@@ -37,6 +37,21 @@ class RunContext:
 
 class System(abc.ABC):
     name: str
+    ctx: RunContext
+
+    def point_target(self, point: Point, inputs: Inputs, **extra: Any) -> tuple[Target, Path]:
+        """The locust target of ``point`` for this system (its images, its shape, its records
+        file; ``extra`` fills the system's own fields) and the point's folder."""
+        folder = self.ctx.folder / "points" / self.name / point.label().replace(" ", "_")
+        return Target(
+            system=self.name,
+            images=[(inputs.uris[s], s) for s in point.sizes],
+            tasks=point.tasks,
+            concurrency=point.concurrency,
+            rounds=point.rounds,
+            records=str(folder / "records.jsonl"),
+            **extra,
+        ), folder
 
     @abc.abstractmethod
     def start(self) -> None: ...

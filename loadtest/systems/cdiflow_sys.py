@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from loadtest.drive import run_locust
 from loadtest.images import chain_workflow
-from loadtest.plan import Point, Target, poll_max_s
+from loadtest.plan import Point, poll_max_s
 from loadtest.rest import SYSTEM_MODES, CdiflowApi
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
@@ -52,14 +52,9 @@ class CdiflowSystem(System):
             with CdiflowApi(self.stack.api_url) as api:
                 api.ensure_chain(point.tasks)
             self._chains.add(point.tasks)
-        folder = self.ctx.folder / "points" / self.name / point.label().replace(" ", "_")
-        target = Target(
-            system=self.name,
-            images=[(inputs.uris[s], s) for s in point.sizes],
-            tasks=point.tasks,
-            concurrency=point.concurrency,
-            rounds=point.rounds,
-            records=str(folder / "records.jsonl"),
+        target, folder = self.point_target(
+            point,
+            inputs,
             api_url=self.stack.api_url,
             workflow=chain_workflow(point.tasks),
             poll_max_s=poll_max_s(point.concurrency),

@@ -12,17 +12,13 @@ returned: the same "result stored" instant cdiflow stamps as ``finished_at``.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from typing import Any, Final
 
 from celery import Celery, chain  # type: ignore[import-untyped]
 
-from loadtest.pipeline_ops import apply_op, store_step
-from orchestrator.objectstore import ObjectStore
-from orchestrator.settings import Settings, load_settings
-from workflows.imagebuf import decode_bytes
+from loadtest.pipeline_ops import apply_op, load_image, store_step, task_store
 
 __all__ = ["PREFIX", "app", "image_op", "make_app", "ping", "workflow_signature"]
 
@@ -50,16 +46,6 @@ app = make_app(
 )
 
 
-@functools.cache
-def _settings() -> Settings:
-    return load_settings()
-
-
-@functools.cache
-def _store() -> ObjectStore:
-    return ObjectStore(_settings())
-
-
 def _ping() -> str:
     return "pong"
 
@@ -73,13 +59,10 @@ def _image_op(
     input_uri: str | None = None,
 ) -> dict[str, Any]:
     """One step: ``previous`` is the prior step's return value (None for the first)."""
-    store = _store()
     source = str(input_uri if previous is None else previous["uri"])
-    limits = _settings()
-    img = decode_bytes(store.get(source, limits.max_input_bytes), limits.max_pixels)
-    img, output = apply_op(op, img, workflow_id)
+    img, output = apply_op(op, load_image(source), workflow_id)
     key = f"{PREFIX}results/{workflow_id}" if last else f"{PREFIX}work/{workflow_id}/{step}"
-    uri = store_step(store, key, img, last=last)
+    uri = store_step(task_store(), key, img, last=last)
     outputs = {**(previous or {}).get("outputs", {}), **output}
     return {"uri": uri, "outputs": outputs, "stored_at": time.time()}
 

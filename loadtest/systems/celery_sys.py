@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
 
 from loadtest.drive import run_locust
-from loadtest.plan import Point, Target, poll_max_s
+from loadtest.plan import Point, poll_max_s
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
+from loadtest.systems.procs import peer_env, spawn, stop_process
 from loadtest.systems.services import BenchServices, clear_prefixes
 
 __all__ = ["CelerySystem"]
@@ -29,23 +28,13 @@ class CelerySystem(System):
         self._proc: subprocess.Popen[bytes] | None = None
 
     def _env(self) -> dict[str, str]:
-        running = self.services.running
-        env = dict(
-            os.environ,
+        return dict(
+            peer_env(self.services),
             LOADTEST_CELERY_BROKER=self.broker,
             LOADTEST_CELERY_BACKEND=self.backend,
-            S3_ENDPOINT_URL=self.services.s3_url,
-            S3_BUCKET=running.s3_bucket,
-            AWS_REGION=running.aws_region,
-            PYTHONUNBUFFERED="1",
         )
-        env["AWS_ACCESS_KEY_ID"] = running.aws_access_key_id or "testing"
-        env["AWS_SECRET_ACCESS_KEY"] = running.aws_secret_access_key or "testing"
-        return env
 
     def start(self) -> None:
-        log = self.ctx.folder / "celery-worker.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         argv = [
             sys.executable,
             "-m",
@@ -65,15 +54,7 @@ class CelerySystem(System):
             "--without-mingle",
             "--without-heartbeat",
         ]
-        with log.open("ab") as out:
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self._env(),
-                start_new_session=True,
-            )
+        self._proc = spawn(argv, self.ctx.folder / "celery-worker.log", self._env())
         try:
             self._wait_ready(timeout=60)
         except BaseException:
@@ -99,25 +80,12 @@ class CelerySystem(System):
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)  # warm shutdown: the pool children end with it
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session: its group is its PID
-            proc.wait()
+        stop_process(proc)  # SIGTERM is Celery's warm shutdown: the pool children end with it
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
-        folder = self.ctx.folder / "points" / self.name / point.label().replace(" ", "_")
-        target = Target(
-            system=self.name,
-            images=[(inputs.uris[s], s) for s in point.sizes],
-            tasks=point.tasks,
-            concurrency=point.concurrency,
-            rounds=point.rounds,
-            records=str(folder / "records.jsonl"),
+        target, folder = self.point_target(
+            point,
+            inputs,
             celery_broker=self.broker,
             celery_backend=self.backend,
             poll_max_s=poll_max_s(point.concurrency),

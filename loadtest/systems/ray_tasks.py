@@ -10,7 +10,6 @@ of its own so workers import it by name (the driver runs as ``__main__``).
 
 from __future__ import annotations
 
-import functools
 import time
 import uuid
 from typing import Any, Final
@@ -19,24 +18,11 @@ import numpy as np
 import ray
 from PIL import Image
 
-from loadtest.pipeline_ops import apply_op, store_step
-from orchestrator.objectstore import ObjectStore
-from orchestrator.settings import Settings, load_settings
-from workflows.imagebuf import decode_bytes
+from loadtest.pipeline_ops import apply_op, load_image, store_step, task_store
 
 __all__ = ["PREFIX", "image_step", "submit_chain"]
 
 PREFIX: Final = "ray/"  # every object this peer writes, cleared between points
-
-
-@functools.cache
-def _settings() -> Settings:
-    return load_settings()  # S3_ENDPOINT_URL and friends: the cluster's environment
-
-
-@functools.cache
-def _store() -> ObjectStore:
-    return ObjectStore(_settings())
 
 
 def _step(
@@ -44,8 +30,7 @@ def _step(
 ) -> dict[str, Any]:
     """``source``: the input URI (first step) or the previous step's value."""
     if isinstance(source, str):
-        limits = _settings()
-        img = decode_bytes(_store().get(source, limits.max_input_bytes), limits.max_pixels)
+        img = load_image(source)
         outputs: dict[str, Any] = {}
     else:
         img = Image.fromarray(source["pixels"])  # a read-only view of the shared memory
@@ -54,7 +39,7 @@ def _step(
     outputs.update(output)
     if not last:
         return {"pixels": np.asarray(img), "outputs": outputs}
-    uri = store_step(_store(), f"{PREFIX}results/{workflow_id}", img, last=True)
+    uri = store_step(task_store(), f"{PREFIX}results/{workflow_id}", img, last=True)
     return {"uri": uri, "outputs": outputs, "stored_at": time.time(), "step": step}
 
 

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from loadtest.cli import bench_workflows_command
+from loadtest.image_costs import bench_images_command, measure_image_costs
 from loadtest.images import chain_definition, chain_ops, chain_workflow, make_jpeg
 from loadtest.plan import Point, Target, plan_points, poll_max_s
 from loadtest.plots import write_plots
@@ -164,3 +165,14 @@ def test_a_point_point_label_names_its_configuration() -> None:
 )
 def test_processes_are_put_in_their_component(cmdline: str, component: str | None) -> None:
     assert component_of(cmdline) == component
+
+
+def test_bench_images_measures_every_step() -> None:
+    result = measure_image_costs(20_000, 1)
+    assert result["input_bytes"] > 10_000 and result["width"] * result["height"] > 0
+    assert set(result["ms"]) >= {"decode jpeg", "encode png level 1", "read from cdi buffer"}
+    assert all(ms > 0 for ms in result["ms"].values())
+    assert result["encoded_bytes"]["jpeg"] < result["encoded_bytes"]["png level 1"]
+    shown = CliRunner().invoke(bench_images_command, ["--size", "20KB", "--repeat", "1"])
+    assert shown.exit_code == 0, shown.output
+    assert "encode png level 6" in shown.output

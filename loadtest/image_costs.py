@@ -1,0 +1,107 @@
+"""``cdiflow bench images``: what one pass over an image's pixels costs, in this process.
+
+The figures behind two design choices (docs/architecture.md): PNG at zlib level 1 rather than
+Pillow's default 6, JPEG as an optional result format, and what a task pays to read its image
+out of a CDI buffer and write a new one in. Each step runs ``repeat`` times on a photo-like
+image of the given size; the best time is reported (the least disturbed by other work).
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from loadtest.images import make_jpeg
+from loadtest.pipeline_ops import apply_op
+from workflows.imagebuf import (
+    JPEG_RESULT_QUALITY,
+    decode_bytes,
+    normalize_mode,
+    read_image,
+    required_size,
+    write_image,
+)
+
+__all__ = ["bench_images_command", "measure_image_costs"]
+
+
+def _best_ms(step: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 2)
+
+
+def _encoded(img: Any, **options: Any) -> bytes:
+    out = io.BytesIO()
+    img.save(out, **options)
+    return out.getvalue()
+
+
+def measure_image_costs(size: int, repeat: int) -> dict[str, Any]:
+    """Milliseconds per step on one ``size``-byte photo-like JPEG, and the sizes produced."""
+    data = make_jpeg(size)
+    img = normalize_mode(decode_bytes(data))
+    buffer = mmap.mmap(-1, required_size(img.width, img.height, img.mode))
+    view = memoryview(buffer)
+    write_image(view, img)  # touch the pages once: a warm buffer, as the minion's pool gives
+    png_6 = _encoded(img, format="PNG", compress_level=6)
+    png_1 = _encoded(img, format="PNG", compress_level=1)
+    jpeg = _encoded(img, format="JPEG", quality=JPEG_RESULT_QUALITY)
+    steps: dict[str, Callable[[], object]] = {
+        "decode jpeg": lambda: decode_bytes(data),
+        "deblur": lambda: apply_op("deblur", img),
+        "denoise": lambda: apply_op("denoise", img),
+        "classify": lambda: apply_op("classify", img),
+        "encode png level 6": lambda: _encoded(img, format="PNG", compress_level=6),
+        "encode png level 1": lambda: _encoded(img, format="PNG", compress_level=1),
+        f"encode jpeg q{JPEG_RESULT_QUALITY}": lambda: _encoded(
+            img, format="JPEG", quality=JPEG_RESULT_QUALITY
+        ),
+        "write into cdi buffer": lambda: write_image(view, img),
+        "read from cdi buffer": lambda: read_image(view),
+    }
+    results = {name: _best_ms(step, repeat) for name, step in steps.items()}
+    view.release()
+    buffer.close()
+    return {
+        "input_bytes": len(data),
+        "width": img.width,
+        "height": img.height,
+        "repeat": repeat,
+        "ms": results,
+        "encoded_bytes": {"png level 6": len(png_6), "png level 1": len(png_1), "jpeg": len(jpeg)},
+    }
+
+
+@click.command("images")
+@click.option("--size", default="2MB", show_default=True, help="Input JPEG size, e.g. 500KB.")
+@click.option("--repeat", default=3, show_default=True, type=click.IntRange(1, 100))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def bench_images_command(size: str, repeat: int, as_json: bool) -> None:
+    """What one pass over an image costs: decode, the image tasks, encodes, CDI buffer copies."""
+    import json
+
+    from loadtest.cli import _sizes
+
+    (nbytes,) = _sizes(size)
+    result = measure_image_costs(nbytes, repeat)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    megapixels = result["width"] * result["height"] / 1e6
+    click.echo(
+        f"{result['input_bytes']} byte JPEG, {result['width']}x{result['height']} "
+        f"({megapixels:.1f} MP), best of {repeat}"
+    )
+    for name, ms in result["ms"].items():
+        click.echo(f"  {name:<24} {ms:9.1f} ms")
+    for name, nbytes in result["encoded_bytes"].items():
+        click.echo(f"  {name + ' size':<24} {nbytes / 2**20:9.1f} MiB")
