@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from cdi.bench.handoff import BACKENDS, HandoffConfig, measure
+from cdi.bench.handoff import BACKENDS, DEFAULT_BACKENDS, HandoffConfig, measure
 from cdi.bench.stats import Result, format_size, render_table, summarize
 from cdi.minion.config import parse_bytes
 from cdi.minion.process import MinionChild
@@ -61,7 +61,12 @@ def run_handoff_benchmark(
     type=click.IntRange(5, 100_000),
     help="Hand-offs measured per backend and size (after 20 warm-up rounds).",
 )
-@click.option("--backends", default=",".join(BACKENDS), show_default=True)
+@click.option(
+    "--backends",
+    default=",".join(DEFAULT_BACKENDS),
+    show_default=True,
+    help="Also: relay, the floor of any brokered hand-off (two hops through a third process).",
+)
 @click.option(
     "--read-all", is_flag=True, help="The receiver also reads every byte before the clock stops."
 )

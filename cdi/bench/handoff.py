@@ -9,6 +9,11 @@ stamps, so nobody mistakes a zero-copy hand-off for a free read.
 
 Each backend runs its receiver in a spawned process; the sender is this process. Between
 iterations the sender waits ``gap_s`` so every hand-off starts from the same idle state.
+
+``relay`` is not a way to move data but the floor of any brokered hand-off on this machine: a
+64-byte message from the sender through a third process to the receiver, which polls as a CDI
+receiver does. CDI-SHM makes the same two hops (sender -> minion -> new owner) and adds only its
+own work, so ``cdi-shm - relay`` is what the CDI code costs.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BACKENDS", "HandoffConfig", "measure"]
+__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "HandoffConfig", "measure"]
 
 _STAMP = struct.Struct("!q")
 _GRPC_OPTIONS = [
@@ -189,13 +194,68 @@ def _cdi_sender(config: HandoffConfig, control: Connection) -> list[int]:
     return [end - start for start, end in zip(starts, stamps, strict=True)][config.warmup :]
 
 
+# ---------------------------------------------------------------------------------- relay
+_RELAY_MESSAGE = b"x" * 64
+
+
+def _relay_broker(inbound: socket.socket, outbound: socket.socket, count: int) -> None:
+    for _ in range(count):
+        outbound.send(inbound.recv(256))
+
+
+def _relay_receiver(config: HandoffConfig, control: Connection) -> None:
+    import select
+
+    inbound: socket.socket = control.recv()
+    poller = select.poll()
+    poller.register(inbound.fileno(), select.POLLIN)
+    spin_ns = config.spin_us * 1000
+    stamps = []
+    for _ in range(config.warmup + config.repeat):
+        stop = time.perf_counter_ns() + spin_ns  # poll, then sleep: as a CDI receiver waits
+        while not poller.poll(0) and time.perf_counter_ns() < stop:
+            os.sched_yield()
+        inbound.recv(256)
+        stamps.append(time.perf_counter_ns())
+        control.send("next")
+    control.send(stamps)
+
+
+def _relay_sender(config: HandoffConfig, control: Connection) -> list[int]:
+    rounds = config.warmup + config.repeat
+    to_broker, broker_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    broker_out, to_receiver = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    context = multiprocessing.get_context("spawn")
+    broker = context.Process(target=_relay_broker, args=(broker_in, broker_out, rounds))
+    broker.start()
+    try:
+        control.send(to_receiver)
+        starts = []
+        for _ in range(rounds):
+            time.sleep(config.gap_s)
+            starts.append(time.perf_counter_ns())
+            to_broker.send(_RELAY_MESSAGE)
+            control.recv()  # the receiver has it: next round
+        stamps = control.recv()
+    finally:
+        broker.join(timeout=30)
+        if broker.is_alive():
+            broker.kill()
+            broker.join()
+        for sock in (to_broker, broker_in, broker_out, to_receiver):
+            sock.close()
+    return [end - start for start, end in zip(starts, stamps, strict=True)][config.warmup :]
+
+
 Sender = Callable[[HandoffConfig, Connection], list[int]]
 Receiver = Callable[[HandoffConfig, Connection], None]
 BACKENDS: dict[str, tuple[Sender, Receiver]] = {
     "tcp": (_tcp_sender, _tcp_receiver),
     "grpc": (_grpc_sender, _grpc_receiver),
     "cdi-shm": (_cdi_sender, _cdi_receiver),
+    "relay": (_relay_sender, _relay_receiver),
 }
+DEFAULT_BACKENDS = ("tcp", "grpc", "cdi-shm")  # the paper's table; add relay for the floor
 
 
 def measure(backend: str, config: HandoffConfig) -> list[int]:

@@ -33,6 +33,15 @@ def test_bench_cdi_prints_the_documented_json() -> None:
         assert r["n"] == 5 and 0 < r["p50_us"] <= r["p99_us"]
 
 
+def test_bench_cdi_measures_the_relay_floor_when_asked() -> None:
+    done = run_cli(
+        "bench", "cdi", "--sizes", "10KB", "--repeat", "5", "--backends", "relay,cdi-shm"
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert {row[0] for row in rows if row} >= {"relay", "cdi-shm"}
+
+
 def test_bench_cdi_refuses_bad_options() -> None:
     done = run_cli("bench", "cdi", "--backends", "carrier-pigeon")
     assert done.returncode != 0 and "unknown backend" in done.stderr
