@@ -8,6 +8,11 @@ sent on an autocommit connection (a single statement is its own transaction, so 
 with ``synchronous_commit=off`` (see ``docs/architecture.md``, *Commits*). psycopg prepares a
 statement on the server after a few uses, so the text is parsed once.
 
+Task run ids are reserved ahead (a block of the table's sequence per round trip) so that the
+scheduler can push an instruction *before* it records the task run: the record then overlaps
+the worker's run instead of delaying it. Only this loop thread reads this scheduler's reports,
+after the record's statement has returned, so a report never finds its row missing.
+
 Only the scheduler's loop thread uses a ``Journal``. Rare paths (resume after a restart, lost
 workers, cancellation) stay on the ORM in ``scheduler.py``: clarity there costs nothing.
 """
@@ -15,6 +20,7 @@ workers, cancellation) stay on the ORM in ``scheduler.py``: clarity there costs 
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final, LiteralString
 
@@ -29,6 +35,7 @@ from orchestrator.messages import Report
 __all__ = ["Claimed", "Finish", "Handoff", "Journal", "Placement"]
 
 _FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED")
+ID_BLOCK: Final = 64  # task run ids reserved per round trip
 
 
 @dataclass(frozen=True)
@@ -67,13 +74,17 @@ class Finish:
 
 @dataclass(frozen=True)
 class Placement:
-    """A QUEUED task run to record (and the hand-off that moved its object, if any)."""
+    """A QUEUED task run to record (and the hand-off that moved its object, if any); its id
+    comes from ``Journal.next_task_run_id`` and ``queued_at`` (epoch seconds) is when its
+    instruction was pushed."""
 
+    task_run_id: int
     workflow_id: uuid.UUID
     ref: str
     task: str
     attempt: int
     worker: str
+    queued_at: float
     handoff: Handoff | None = None
 
 
@@ -108,9 +119,9 @@ ORDER BY c.created_at, c.id
 # The next step's task run, and the hand-off that moved its object to the worker.
 _PLACE_CTES: Final[LiteralString] = """
 nxt AS (
-    INSERT INTO task_runs (workflow_id, ref, task, attempt, worker_id, status)
-    SELECT %(p_workflow)s::uuid, %(p_ref)s::text, %(p_task)s::text, %(p_attempt)s::int,
-           %(p_worker)s::text, 'QUEUED'
+    INSERT INTO task_runs (id, workflow_id, ref, task, attempt, worker_id, status, queued_at)
+    SELECT %(p_id)s::bigint, %(p_workflow)s::uuid, %(p_ref)s::text, %(p_task)s::text,
+           %(p_attempt)s::int, %(p_worker)s::text, 'QUEUED', to_timestamp(%(p_queued)s::float8)
     WHERE %(place)s::bool
     RETURNING id, workflow_id
 ), fwd AS (
@@ -123,6 +134,10 @@ nxt AS (
 """
 
 _PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES + "SELECT id FROM nxt"
+
+_RESERVE: Final[LiteralString] = (
+    "SELECT nextval(pg_get_serial_sequence('task_runs', 'id')) FROM generate_series(1, %(n)s)"
+)
 
 # The end of a workflow (unless it has already ended: a user cancelled it meanwhile).
 _FINISH_CTES: Final[LiteralString] = """
@@ -190,6 +205,7 @@ class Journal:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._pooled: PoolProxiedConnection | None = None
+        self._ids: deque[int] = deque()
 
     def close(self) -> None:
         if self._pooled is not None:
@@ -217,10 +233,15 @@ class Journal:
             for row in rows
         ]
 
-    def place(self, placement: Placement) -> int:
-        """Record a QUEUED task run; its id."""
-        rows = self._run(_PLACE, _placement_params(placement))
-        return int(rows[0][0])
+    def next_task_run_id(self) -> int:
+        """A task run id nobody else gets (reserved from the table's sequence in blocks)."""
+        if not self._ids:
+            self._ids.extend(int(row[0]) for row in self._run(_RESERVE, {"n": ID_BLOCK}))
+        return self._ids.popleft()
+
+    def place(self, placement: Placement) -> None:
+        """Record a QUEUED task run."""
+        self._run(_PLACE, _placement_params(placement))
 
     def report(
         self,
@@ -228,10 +249,10 @@ class Journal:
         back: Handoff | None,
         placement: Placement | None,
         finish: Finish | None = None,
-    ) -> tuple[int | None, bool]:
+    ) -> bool:
         """Record ``report`` (and the hand-back of its object), place the next step or end the
-        workflow, in one transaction: the new task run's id (``None`` when nothing was
-        placed), and whether ``finish`` ended the workflow (False: it had ended already)."""
+        workflow, in one transaction; whether ``finish`` ended the workflow (False: it had
+        ended already)."""
         params = {
             "task_run_id": report.task_run_id,
             "status": report.status,
@@ -250,7 +271,7 @@ class Journal:
             **_finish_params(finish),
         }
         row = self._run(_REPORT, params)[0]
-        return (None if row[0] is None else int(row[0])), bool(row[1])
+        return bool(row[1])
 
     def finish(self, finish: Finish) -> bool:
         """End a workflow; False if it had already ended (a user cancelled it meanwhile)."""
@@ -308,6 +329,8 @@ def _finish_params(finish: Finish | None) -> dict[str, Any]:
 def _placement_params(placement: Placement | None) -> dict[str, Any]:
     return {
         "place": placement is not None,
+        "p_id": placement.task_run_id if placement else None,
+        "p_queued": placement.queued_at if placement else None,
         "p_workflow": placement.workflow_id if placement else None,
         "p_ref": placement.ref if placement else None,
         "p_task": placement.task if placement else None,

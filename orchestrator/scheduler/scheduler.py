@@ -274,11 +274,12 @@ class Scheduler:
             return
         placement = self._choose(run)
         if placement is not None:
-            task_run_id = self.journal.place(placement)
-            self._send(placement.worker, self._placed(run, placement, task_run_id))
+            self._send(placement.worker, self._placed(run, placement))
+            self.journal.place(placement)
 
     def _send(self, worker: str, instruction: Instruction) -> None:
-        """Push after the task run is committed, so its report always finds the row."""
+        """Push *before* the task run is recorded: the record overlaps the worker's run. Its
+        report waits in our list until this loop thread, the one recording, reads it."""
         self.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
 
     def _choose(self, run: RunState) -> Placement | None:
@@ -305,12 +306,21 @@ class Scheduler:
         run.in_flight_worker_started = next(
             (w.started_at for w in loads if w.worker_id == worker), 0.0
         )
-        return Placement(run.workflow_id, step.ref, step.task, run.attempt, worker, handoff)
+        return Placement(
+            self.journal.next_task_run_id(),
+            run.workflow_id,
+            step.ref,
+            step.task,
+            run.attempt,
+            worker,
+            time.time(),
+            handoff,
+        )
 
-    def _placed(self, run: RunState, placement: Placement, task_run_id: int) -> Instruction:
-        """Once its task run is recorded: the instruction to send, and the run's new state."""
+    def _placed(self, run: RunState, placement: Placement) -> Instruction:
+        """The instruction to send for ``placement``, and the run's new state."""
         step, worker = run.current, placement.worker
-        instruction = self._instruction(run, step, worker, task_run_id)
+        instruction = self._instruction(run, step, worker, placement)
         run.in_flight, run.in_flight_worker = instruction, worker
         run.deadline = time.monotonic() + step.timeout_s + LOST_GRACE_S
         run.last_worker = worker
@@ -324,10 +334,10 @@ class Scheduler:
         return (time.perf_counter_ns() - started) / 1000
 
     def _instruction(
-        self, run: RunState, step: StepSpec, worker: str, task_run_id: int
+        self, run: RunState, step: StepSpec, worker: str, placement: Placement
     ) -> Instruction:
         common: dict[str, Any] = dict(
-            task_run_id=task_run_id,
+            task_run_id=placement.task_run_id,
             workflow_id=str(run.workflow_id),
             ref=step.ref,
             task=step.module,
@@ -337,7 +347,7 @@ class Scheduler:
             data_plane=run.data_plane,
             params=step.params,
             data=run.data,
-            queued_at=time.time(),
+            queued_at=placement.queued_at,
         )
         if run.data_plane == "none":
             return Instruction(**common)
@@ -428,10 +438,10 @@ class Scheduler:
             # Nothing left to store (dataless, or the last task stored the result itself).
             result = None if run.data_plane == "none" else self.store.uri(_result_key(run))
             finish = _completion(run, result)
-        # One statement records the report and places the next step, or ends the workflow.
-        task_run_id, ended = self.journal.report(report, back, placement, finish)
-        if placement is not None and task_run_id is not None:
-            self._send(placement.worker, self._placed(run, placement, task_run_id))
+        if placement is not None:
+            self._send(placement.worker, self._placed(run, placement))
+        # One statement records the report and the next step's placement, or ends the workflow.
+        ended = self.journal.report(report, back, placement, finish)
         if not completed:
             self._after_failure(run, report.error or report.status, report.retryable)
         elif run.cancelled:
