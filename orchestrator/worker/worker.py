@@ -169,6 +169,7 @@ class Worker:
             exe.fail(exc)
             report, exit_code = exe.report(ins, self.worker_id, time.time(), time.time()), 0
         self._deliver(raw, ins.reply_to, report)
+        _log_outcome(ins, report)  # after the delivery: the scheduler need not wait for a log line
         if exit_code:
             if exit_code == EXIT_TASK_TIMEOUT:
                 log.critical(
@@ -202,17 +203,6 @@ class Worker:
                     )
                 )
         report = exe.report(ins, self.worker_id, started_at, time.time())
-        log.log(
-            logging.INFO if report.status == "COMPLETED" else logging.WARNING,
-            "task run %s %s (workflow %s, attempt %s): %s in %.1f ms%s",
-            ins.task_run_id,
-            ins.task,
-            ins.workflow_id,
-            ins.attempt,
-            report.status,
-            (report.finished_at - report.started_at) * 1000,
-            f": {report.error}" if report.error else "",
-        )
         return report, exe.exit_code
 
     @contextmanager
@@ -259,6 +249,20 @@ class Worker:
             self.redis.lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
         except redis.RedisError as exc:
             log.error("cannot remove an instruction from %s: %s", self.inflight_key, exc)
+
+
+def _log_outcome(ins: Instruction, report: Report) -> None:
+    log.log(
+        logging.INFO if report.status == "COMPLETED" else logging.WARNING,
+        "task run %s %s (workflow %s, attempt %s): %s in %.1f ms%s",
+        ins.task_run_id,
+        ins.task,
+        ins.workflow_id,
+        ins.attempt,
+        report.status,
+        (report.finished_at - report.started_at) * 1000,
+        f": {report.error}" if report.error else "",
+    )
 
 
 def _run_dataless(ins: Instruction, call: TaskCall, exe: Execution) -> None:

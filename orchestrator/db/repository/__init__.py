@@ -32,6 +32,7 @@ from orchestrator.db.repository.workflows import (
     retry_workflow,
     set_workflow_status,
     task_runs_of,
+    workflow_status,
 )
 
 __all__ = [
@@ -60,4 +61,5 @@ __all__ = [
     "task_names",
     "task_runs_of",
     "workflow_definition_names",
+    "workflow_status",
 ]

@@ -57,6 +57,7 @@ __all__ = [
     "retry_workflow",
     "set_workflow_status",
     "task_runs_of",
+    "workflow_status",
 ]
 
 
@@ -180,6 +181,16 @@ def _create_params(
         "retry_of": retry_of,
         "event": event,
     }
+
+
+_STATUS = select(Workflow.status).where(Workflow.id == bindparam("id"))
+
+
+def workflow_status(connection: Connection, workflow_id: uuid.UUID) -> WorkflowStatus | None:
+    """The run's status (``None``: no such run) in one query, without a session: what a long
+    poll asks while it waits (an ORM session's ``BEGIN`` and ``ROLLBACK`` doubled its trips)."""
+    status: WorkflowStatus | None = connection.execute(_STATUS, {"id": workflow_id}).scalar()
+    return status
 
 
 def get_workflow(session: Session, workflow_id: uuid.UUID, *, lock: bool = False) -> Workflow:

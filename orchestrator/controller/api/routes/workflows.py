@@ -163,11 +163,17 @@ def _detail(
     resources: Resources, workflow_id: uuid.UUID, events: int, *, finished: bool = False
 ) -> WorkflowDetail | None:
     """The run's detail; with ``finished``, ``None`` (after one query) while it runs."""
+    if finished:
+        with resources.engine.connect() as connection:
+            autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
+            status = repo.workflow_status(autocommit, workflow_id)
+        if status is None:
+            raise NotFound("workflow run", workflow_id)
+        if not status.finished:
+            return None
     # Sessions are opened here, not as a dependency, so a waiting request holds no connection.
     with resources.sessions() as session:
         row = repo.get_workflow(session, workflow_id)
-        if finished and not row.status.finished:
-            return None
         return WorkflowDetail(
             **WorkflowPublic.model_validate(row).model_dump(),
             task_runs=[TaskRunPublic.model_validate(r) for r in repo.task_runs_of(session, row.id)],
