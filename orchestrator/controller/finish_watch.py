@@ -17,7 +17,7 @@ import logging
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Final, TypeVar
 
 import redis
@@ -54,6 +54,24 @@ class FinishWatch:
         if self._thread.is_alive():
             self._thread.join(timeout=2 * _RECONNECT_S)
 
+    @contextlib.contextmanager
+    def listen(self, workflow_id: uuid.UUID) -> Iterator[asyncio.Event]:
+        """Register for ``workflow_id``'s announcements: the event is set on each one. Listen
+        before looking (or before starting the run), so no announcement falls in between."""
+        waiter = (asyncio.get_running_loop(), asyncio.Event())
+        key = str(workflow_id)
+        with self._lock:
+            self._waiters[key].add(waiter)
+        try:
+            yield waiter[1]
+        finally:
+            with self._lock:
+                waiting = self._waiters.get(key)
+                if waiting is not None:
+                    waiting.discard(waiter)
+                    if not waiting:
+                        del self._waiters[key]
+
     async def wait(
         self,
         workflow_id: uuid.UUID,
@@ -63,30 +81,37 @@ class FinishWatch:
         """``finished()``'s first answer that is not ``None`` (it says the workflow ended), or
         ``None`` once ``timeout_s`` has passed. It is asked at once, on every announcement for
         ``workflow_id`` and every ``RECHECK_S``."""
+        with self.listen(workflow_id) as woken:
+            return await self.until(woken, timeout_s, finished)
+
+    @staticmethod
+    async def until(
+        woken: asyncio.Event,
+        timeout_s: float,
+        finished: Callable[[], Awaitable[T | None]],
+        *,
+        look_first: bool = True,
+    ) -> T | None:
+        """``wait`` for a caller already listening (``listen``). ``look_first=False``: the run
+        was started after listening began, so nothing can have ended it unannounced yet and
+        the first look waits for an announcement (or ``RECHECK_S``)."""
         loop = asyncio.get_running_loop()
-        waiter = (loop, asyncio.Event())
-        key = str(workflow_id)
-        with self._lock:  # listen before looking: a publish after the look still wakes us
-            self._waiters[key].add(waiter)
-        try:
-            deadline = loop.time() + timeout_s
-            recheck = RECHECK_S
-            while (answer := await finished()) is None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return None
-                waiter[1].clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter[1].wait(), min(remaining, recheck))
-                recheck = min(RECHECK_MAX_S, recheck * 2)
-            return answer
-        finally:
-            with self._lock:
-                waiting = self._waiters.get(key)
-                if waiting is not None:
-                    waiting.discard(waiter)
-                    if not waiting:
-                        del self._waiters[key]
+        deadline = loop.time() + timeout_s
+        recheck = RECHECK_S
+        look = look_first
+        while True:
+            if look:
+                woken.clear()  # before looking: an announcement during the look wakes the wait
+                answer = await finished()
+                if answer is not None:
+                    return answer
+            look = True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), min(remaining, recheck))
+            recheck = min(RECHECK_MAX_S, recheck * 2)
 
     def _wake(self, key: str) -> None:
         with self._lock:

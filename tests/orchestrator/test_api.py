@@ -299,6 +299,35 @@ def test_start_and_wait_answers_with_the_detail(api_client: TestClient) -> None:
     assert too_long.status_code == 422
 
 
+def test_start_and_wait_returns_when_the_run_ends(api_client: TestClient) -> None:
+    """The request listens before the run exists: a cancel ends it, and the answer comes then
+    (from the announcement, not from a recheck or the deadline)."""
+    answers: list[dict[str, Any]] = []
+
+    def start_and_wait() -> None:
+        reply = api_client.post(
+            "/api/workflows",
+            params={"wait_s": 50},
+            json={"workflow": "noop_pipeline", "input": {}},
+        )
+        answers.append(reply.json())
+
+    waiter = threading.Thread(target=start_and_wait)
+    began = time.monotonic()
+    waiter.start()
+    pending: list[dict[str, Any]] = []
+    while not pending and time.monotonic() - began < 30:
+        time.sleep(0.05)
+        pending = api_client.get("/api/workflows", params={"status": "PENDING"}).json()["items"]
+    assert pending, f"the run never showed up: {answers}"
+    workflow_id = pending[0]["id"]
+    assert api_client.post(f"/api/workflows/{workflow_id}/cancel").status_code == 200
+    waiter.join(timeout=60)
+    assert answers and answers[0]["id"] == workflow_id
+    assert answers[0]["status"] == "CANCELLED"
+    assert time.monotonic() - began < 40  # well before the 50 s deadline
+
+
 # --- listing -------------------------------------------------------------------------------
 
 

@@ -153,12 +153,15 @@ def insert_workflow(
     *,
     policy: Policy = Policy.AFFINITY,
     data_plane: DataPlane = DataPlane.CDI,
+    workflow_id: uuid.UUID | None = None,
 ) -> Row[Any] | None:
     """``create_workflow`` as one statement on ``connection`` (autocommit: it is its own
     transaction); the new row, or ``None`` if ``definition`` does not exist. *Why apart:*
     starting a workflow is the API's hottest write, and a session's ``BEGIN``, ORM object and
     ``COMMIT`` were a third of the time from the request to the scheduler's claim."""
     params = _create_params(definition, input, policy, data_plane, None)
+    if workflow_id is not None:
+        params["id"] = workflow_id  # chosen by the caller, which listens for it already
     return connection.execute(_CREATE, params).one_or_none()
 
 

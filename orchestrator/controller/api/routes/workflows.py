@@ -66,14 +66,21 @@ async def start_workflow(
     ended: one request for a client that wants the result.
     """
     resources: Resources = request.app.state.resources
-    row = await run_in_threadpool(_create, resources, body)
-    response.headers["Location"] = f"/api/workflows/{row.id}"
     if wait_s <= 0:
+        row = await run_in_threadpool(_create, resources, body, uuid.uuid4())
+        response.headers["Location"] = f"/api/workflows/{row.id}"
         return WorkflowPublic.model_validate(row)
     watch: FinishWatch = request.app.state.finish_watch
-    ended = await watch.wait(
-        row.id, wait_s, lambda: run_in_threadpool(_detail, resources, row.id, 0, finished=True)
-    )
+    workflow_id = uuid.uuid4()
+    with watch.listen(workflow_id) as woken:  # before the run exists: no announcement is missed
+        row = await run_in_threadpool(_create, resources, body, workflow_id)
+        response.headers["Location"] = f"/api/workflows/{row.id}"
+        ended = await watch.until(
+            woken,
+            wait_s,
+            lambda: run_in_threadpool(_detail, resources, row.id, 0, finished=True),
+            look_first=False,
+        )
     if ended is not None:
         return ended
     detail = await run_in_threadpool(_detail, resources, row.id, 0)
@@ -81,7 +88,7 @@ async def start_workflow(
     return detail
 
 
-def _create(resources: Resources, body: WorkflowCreate) -> Row[Any]:
+def _create(resources: Resources, body: WorkflowCreate, workflow_id: uuid.UUID) -> Row[Any]:
     # One autocommit statement (durable: the API's commits are synchronous), no session.
     with resources.engine.connect() as connection:
         row = repo.insert_workflow(
@@ -90,6 +97,7 @@ def _create(resources: Resources, body: WorkflowCreate) -> Row[Any]:
             body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
             policy=body.policy,
             data_plane=body.data_plane,
+            workflow_id=workflow_id,
         )
     if row is None:
         with resources.sessions() as session:
