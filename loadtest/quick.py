@@ -4,8 +4,10 @@ For each system (``affinity``, ``transfer``, ``auto`` on the CDI plane; ``object
 each workflow: ``noop_pipeline`` dataless (no image: the control plane alone, as the peers'
 "3-task workflow with no data" figures are measured) and ``image_pipeline`` on one small image:
 
-* sequential runs: one workflow at a time; latency is the server's ``finished_at -
-  created_at`` (database clock), so how often we poll does not enter the figure;
+* sequential runs: one workflow at a time, each started and awaited with one request
+  (``POST /api/workflows?wait_s=``, what a client that wants the result does: the API does
+  no more work while the run runs); latency is the server's ``finished_at - created_at``
+  (database clock);
 * a burst: ``burst`` workflows started at once; throughput = completed / (last
   ``finished_at`` - first ``created_at``).
 
@@ -118,8 +120,7 @@ def _measure(
 ) -> QuickRow:
     sequential = []
     for _ in range(repeat):
-        workflow_id = api.start(workflow, image, system)
-        sequential.append(api.wait([workflow_id])[workflow_id])
+        sequential.append(api.run(workflow, image, system))
     _check(sequential, f"{system} {workflow}")
     with ThreadPoolExecutor(8) as pool:  # start the burst as fast as a client can
         ids = list(pool.map(lambda _: api.start(workflow, image, system), range(burst)))
@@ -166,11 +167,10 @@ def _chains(api: CdiflowApi, system: str, repeat: int) -> dict[int, float]:
     out = {}
     for length in CHAIN:
         name = api.ensure_noop_chain(length)
-        api.wait([api.start(name, None, system)])  # warm-up
+        api.run(name, None, system)  # warm-up
         runs = []
         for _ in range(repeat):
-            workflow_id = api.start(name, None, system)
-            runs.append(api.wait([workflow_id])[workflow_id])
+            runs.append(api.run(name, None, system))
         _check(runs, f"{system} {name}")
         out[length] = round(statistics.median(_latency_ms(d) for d in runs), 2)
     return out
@@ -212,9 +212,7 @@ def run_quick(
                 given = None if workflow in DATALESS else image
                 for system in systems:
                     for _ in range(warmup):
-                        _check(
-                            list(api.wait([api.start(workflow, given, system)]).values()), "warm-up"
-                        )
+                        _check([api.run(workflow, given, system)], "warm-up")
                     began = time.monotonic()
                     size = 0 if given is None else len(image_bytes)
                     rows.append(_measure(api, system, workflow, given, size, repeat, burst))

@@ -38,6 +38,16 @@ def stamp(text: str) -> float:
 LONG_POLL_S = 20.0  # how long one GET may wait for a workflow's end
 
 
+def _body(workflow: str, image: str | None, system: str) -> dict[str, Any]:
+    policy, plane = SYSTEM_MODES[system]
+    return {
+        "workflow": workflow,
+        "input": {"image": image, "result_format": RESULT_FORMAT} if image else {},
+        "policy": policy,
+        "data_plane": plane,
+    }
+
+
 class CdiflowApi:
     """``start``, ``detail`` and ``wait`` over one HTTP connection pool (thread-safe)."""
 
@@ -56,15 +66,22 @@ class CdiflowApi:
 
     def start(self, workflow: str, image: str | None, system: str) -> str:
         """Start ``workflow`` on ``image`` (``None``: a dataless run) the way ``system`` runs."""
-        policy, plane = SYSTEM_MODES[system]
-        body = {
-            "workflow": workflow,
-            "input": {"image": image, "result_format": RESULT_FORMAT} if image else {},
-            "policy": policy,
-            "data_plane": plane,
-        }
-        reply = self._http.post("/api/workflows", json=body).raise_for_status().json()
-        return str(reply["id"])
+        reply = self._http.post("/api/workflows", json=_body(workflow, image, system))
+        return str(reply.raise_for_status().json()["id"])
+
+    def run(self, workflow: str, image: str | None, system: str) -> dict[str, Any]:
+        """Start a workflow and wait for its end in one request (``POST …?wait_s=``), as a
+        client that wants the result does: the API does nothing more while the run runs."""
+        reply = self._http.post(
+            "/api/workflows",
+            params={"wait_s": LONG_POLL_S},
+            json=_body(workflow, image, system),
+            timeout=LONG_POLL_S + 30.0,
+        )
+        body: dict[str, Any] = reply.raise_for_status().json()
+        if body["status"] in FINISHED:
+            return body
+        return self.wait([str(body["id"])])[str(body["id"])]
 
     def detail(self, workflow_id: str, wait_s: float = 0.0) -> dict[str, Any]:
         """A workflow's detail; with ``wait_s``, once it ends or that many seconds passed."""
