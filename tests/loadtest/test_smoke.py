@@ -104,5 +104,5 @@ def test_quick_measures_each_policy_on_one_stack(
         assert (r.marginal_ms_per_task is not None) == dataless
         assert all(ms > 0 for ms in r.chain_p50_ms.values())
     assert "noop_pipeline" in quick_table(rows)
-    assert "marginal cost of a task" in quick_goals(rows)
+    assert "the marginal cost of a task" in quick_goals(rows)
     assert _descendants() <= before
