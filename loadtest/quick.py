@@ -15,10 +15,10 @@ The *overhead per task* (the orchestrator issue's figure) is the marginal cost o
 measured for the dataless no-op pipeline: the slope of p50 latency between a 1-task and a
 10-task no-op chain, ``(p50(10) - p50(1)) / 9``. A workflow's fixed cost (admission, claim,
 end) is bounded by the 3-task goal instead. ``p50_overhead_per_task_ms`` is (latency - summed
-task ``run_ms``) / tasks: both costs, the fixed one spread over the workflow's tasks. ``run_ms`` is what the
-worker measured around a task, *including* its data plane's reads and writes, so for the
-object-store plane the S3 traffic and PNG coding count as run time, not as overhead. The
-phase breakdown splits the latency along the task runs' timestamps.
+task ``run_ms``) / tasks: both costs, the fixed one spread over the workflow's tasks.
+``run_ms`` is what the worker measured around a task, *including* its data plane's reads and
+writes, so for the object-store plane the S3 traffic and PNG coding count as run time, not
+as overhead. The phase breakdown splits the latency along the task runs' timestamps.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from loadtest.pipeline_ops import floor_job
 from loadtest.plan import SEED, Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
+from workflows.memory import tune_for_images
 
 __all__ = ["FloorSystem"]
 
@@ -42,7 +43,8 @@ class FloorSystem(System):
         self._pool: ProcessPoolExecutor | None = None
 
     def start(self) -> None:
-        self._pool = ProcessPoolExecutor(self.ctx.workers)
+        # The workers' and the scheduler's memory settings too: the floor is the best case.
+        self._pool = ProcessPoolExecutor(self.ctx.workers, initializer=tune_for_images)
 
     def stop(self) -> None:
         if self._pool is not None:

@@ -22,6 +22,7 @@ from orchestrator.settings import Settings, load_settings
 from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.store_plane import StorePlane
 from orchestrator.worker.worker import Worker
+from workflows.memory import tune_for_images
 
 __all__ = ["run_worker", "worker_command"]
 
@@ -78,6 +79,7 @@ def worker_command(
         level=log_level.upper(),
         format=f"%(asctime)s %(levelname)s {worker_id} %(name)s [%(threadName)s] %(message)s",
     )
+    tune_for_images()  # tasks churn through large image buffers
     try:
         code = run_worker(
             worker_id, concurrency=concurrency, access_timeout_s=access_timeout, cdi_url=cdi_url
