@@ -76,11 +76,12 @@ class FinishWatch:
         self,
         workflow_id: uuid.UUID,
         timeout_s: float,
-        finished: Callable[[], Awaitable[T | None]],
+        finished: Callable[[bool], Awaitable[T | None]],
     ) -> T | None:
-        """``finished()``'s first answer that is not ``None`` (it says the workflow ended), or
-        ``None`` once ``timeout_s`` has passed. It is asked at once, on every announcement for
-        ``workflow_id`` and every ``RECHECK_S``."""
+        """``finished(announced)``'s first answer that is not ``None`` (it says the workflow
+        ended), or ``None`` once ``timeout_s`` has passed. It is asked at once, on every
+        announcement for ``workflow_id`` (``announced=True``: most likely over, so a caller can
+        skip a cheap look and build its answer) and every ``RECHECK_S``."""
         with self.listen(workflow_id) as woken:
             return await self.until(woken, timeout_s, finished)
 
@@ -88,7 +89,7 @@ class FinishWatch:
     async def until(
         woken: asyncio.Event,
         timeout_s: float,
-        finished: Callable[[], Awaitable[T | None]],
+        finished: Callable[[bool], Awaitable[T | None]],
         *,
         look_first: bool = True,
     ) -> T | None:
@@ -98,11 +99,11 @@ class FinishWatch:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         recheck = RECHECK_S
-        look = look_first
+        look, announced = look_first, False
         while True:
             if look:
                 woken.clear()  # before looking: an announcement during the look wakes the wait
-                answer = await finished()
+                answer = await finished(announced)
                 if answer is not None:
                     return answer
             look = True
@@ -111,6 +112,7 @@ class FinishWatch:
                 return None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), min(remaining, recheck))
+            announced = woken.is_set()
             recheck = min(RECHECK_MAX_S, recheck * 2)
 
     def _wake(self, key: str) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import Row
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.announce import announce_finished
@@ -78,7 +79,9 @@ async def start_workflow(
         ended = await watch.until(
             woken,
             wait_s,
-            lambda: run_in_threadpool(_detail, resources, row.id, 0, finished=True),
+            lambda announced: run_in_threadpool(
+                _detail, resources, row.id, 0, finished=True, announced=announced
+            ),
             look_first=False,
         )
     if ended is not None:
@@ -158,7 +161,9 @@ async def get_workflow(
         ended = await watch.wait(
             workflow_id,
             wait_s,
-            lambda: run_in_threadpool(_detail, resources, workflow_id, events, finished=True),
+            lambda announced: run_in_threadpool(
+                _detail, resources, workflow_id, events, finished=True, announced=announced
+            ),
         )
         if ended is not None:
             return ended
@@ -168,10 +173,17 @@ async def get_workflow(
 
 
 def _detail(
-    resources: Resources, workflow_id: uuid.UUID, events: int, *, finished: bool = False
+    resources: Resources,
+    workflow_id: uuid.UUID,
+    events: int,
+    *,
+    finished: bool = False,
+    announced: bool = False,
 ) -> WorkflowDetail | None:
-    """The run's detail; with ``finished``, ``None`` (after one query) while it runs."""
-    if finished:
+    """The run's detail; with ``finished``, ``None`` while it runs. A look that no announcement
+    prompted asks for the status alone first (one query); after an announcement the run has
+    most likely ended, so the detail is loaded straight away."""
+    if finished and not announced:
         with resources.engine.connect() as connection:
             autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
             status = repo.workflow_status(autocommit, workflow_id)
@@ -179,9 +191,15 @@ def _detail(
             raise NotFound("workflow run", workflow_id)
         if not status.finished:
             return None
-    # Sessions are opened here, not as a dependency, so a waiting request holds no connection.
-    with resources.sessions() as session:
+    # Opened here, not as a dependency, so a waiting request holds no connection; read-only,
+    # so in autocommit: no BEGIN and ROLLBACK round trips around the queries.
+    with (
+        resources.engine.connect() as connection,
+        Session(bind=connection.execution_options(isolation_level="AUTOCOMMIT")) as session,
+    ):
         row = repo.get_workflow(session, workflow_id)
+        if finished and not row.status.finished:
+            return None
         return WorkflowDetail(
             **WorkflowPublic.model_validate(row).model_dump(),
             task_runs=[TaskRunPublic.model_validate(r) for r in repo.task_runs_of(session, row.id)],
