@@ -4,9 +4,9 @@ A 6.6-megapixel photo is a 26 MB image inside Pillow and a 20 MB buffer when wri
 every task allocates several of them: its copy of the input, the filters' results and
 temporaries, the bytes it writes back. By default Pillow frees its memory blocks at once and
 glibc serves each of those sizes from a fresh ``mmap`` and returns it on free, so every pass
-first touches new pages, which the kernel must zero: ~0.8 ms per MB on our VMs, about a fifth of
-a 2 MB workflow's CPU (measured: 66,000 minor page faults per workflow in scheduler and
-workers). Keeping freed memory for reuse halves the faults; see docs/benchmarks.md.
+first touches new pages, which the kernel must zero: ~0.8 ms per MB on our VMs. Keeping freed
+memory for reuse lets a pass reuse what the last one freed (tests/workflows/test_memory.py
+counts the faults); docs/benchmarks.md has the CPU per 2 MB workflow before and after.
 
 Costs: a process keeps up to ``PILLOW_BLOCKS`` x 16 MB of Pillow blocks and up to
 ``TRIM_THRESHOLD`` of freed heap resident between tasks. ``CDIFLOW_MEMORY_TUNING=0`` turns this

@@ -5,8 +5,8 @@ was a ``BEGIN``, a ``SELECT``, an ``UPDATE``, two or three ``INSERT``s and a ``C
 round trips and the unit of work's Python, ~2/3 of a no-op workflow's latency on our 2-core
 machine. Here each event is one SQL statement whose data-modifying CTEs do every write at once,
 sent on an autocommit connection (a single statement is its own transaction, so it is atomic)
-with ``synchronous_commit=off`` (see ``docs/architecture.md``, *Commits*). psycopg prepares a
-statement on the server after a few uses, so the text is parsed once.
+with ``synchronous_commit=off`` (see ``docs/architecture.md``, *Commits*). The engine's
+connections prepare a statement on the server at its second use, so the text is parsed once.
 
 Task run ids are reserved ahead (a block of the table's sequence per round trip) so that the
 scheduler can push an instruction *before* it records the task run: the record then overlaps
@@ -133,7 +133,7 @@ nxt AS (
 )
 """
 
-_PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES + "SELECT id FROM nxt"
+_PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES + "SELECT count(*) FROM nxt"
 
 _RESERVE: Final[LiteralString] = (
     "SELECT nextval(pg_get_serial_sequence('task_runs', 'id')) FROM generate_series(1, %(n)s)"
@@ -195,7 +195,7 @@ WITH rep AS (
     + _PLACE_CTES
     + ","
     + _FINISH_CTES
-    + "SELECT (SELECT id FROM nxt), (SELECT count(*) FROM fin)"
+    + "SELECT count(*) FROM fin"  # every data-modifying CTE runs, read or not
 )
 
 
@@ -270,8 +270,7 @@ class Journal:
             **_placement_params(placement),
             **_finish_params(finish),
         }
-        row = self._run(_REPORT, params)[0]
-        return bool(row[1])
+        return bool(self._run(_REPORT, params)[0][0])
 
     def finish(self, finish: Finish) -> bool:
         """End a workflow; False if it had already ended (a user cancelled it meanwhile)."""

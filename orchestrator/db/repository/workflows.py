@@ -159,9 +159,7 @@ def insert_workflow(
     transaction); the new row, or ``None`` if ``definition`` does not exist. *Why apart:*
     starting a workflow is the API's hottest write, and a session's ``BEGIN``, ORM object and
     ``COMMIT`` were a third of the time from the request to the scheduler's claim."""
-    params = _create_params(definition, input, policy, data_plane, None)
-    if workflow_id is not None:
-        params["id"] = workflow_id  # chosen by the caller, which listens for it already
+    params = _create_params(definition, input, policy, data_plane, None, workflow_id)
     return connection.execute(_CREATE, params).one_or_none()
 
 
@@ -171,12 +169,14 @@ def _create_params(
     policy: Policy,
     data_plane: DataPlane,
     retry_of: uuid.UUID | None,
+    workflow_id: uuid.UUID | None = None,
 ) -> dict[str, Any]:
+    """``workflow_id``: one the caller chose (it listens for the run's end already)."""
     event: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
     if retry_of is not None:
         event["retry_of"] = str(retry_of)
     return {
-        "id": uuid.uuid4(),
+        "id": workflow_id or uuid.uuid4(),
         "definition": definition,
         "policy": policy.value,
         "data_plane": data_plane.value,

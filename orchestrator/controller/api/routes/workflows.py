@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy import Row
+from sqlalchemy import Connection, Row
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -91,11 +93,19 @@ async def start_workflow(
     return detail
 
 
+@contextmanager
+def _autocommit(resources: Resources) -> Iterator[Connection]:
+    """A pooled connection whose every statement is its own transaction: no ``BEGIN`` or
+    ``ROLLBACK`` round trips around a single write or a read-only request."""
+    with resources.engine.connect() as connection:
+        yield connection.execution_options(isolation_level="AUTOCOMMIT")
+
+
 def _create(resources: Resources, body: WorkflowCreate, workflow_id: uuid.UUID) -> Row[Any]:
     # One autocommit statement (durable: the API's commits are synchronous), no session.
-    with resources.engine.connect() as connection:
+    with _autocommit(resources) as connection:
         row = repo.insert_workflow(
-            connection.execution_options(isolation_level="AUTOCOMMIT"),
+            connection,
             body.workflow,
             body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
             policy=body.policy,
@@ -184,19 +194,14 @@ def _detail(
     prompted asks for the status alone first (one query); after an announcement the run has
     most likely ended, so the detail is loaded straight away."""
     if finished and not announced:
-        with resources.engine.connect() as connection:
-            autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
-            status = repo.workflow_status(autocommit, workflow_id)
+        with _autocommit(resources) as connection:
+            status = repo.workflow_status(connection, workflow_id)
         if status is None:
             raise NotFound("workflow run", workflow_id)
         if not status.finished:
             return None
-    # Opened here, not as a dependency, so a waiting request holds no connection; read-only,
-    # so in autocommit: no BEGIN and ROLLBACK round trips around the queries.
-    with (
-        resources.engine.connect() as connection,
-        Session(bind=connection.execution_options(isolation_level="AUTOCOMMIT")) as session,
-    ):
+    # Opened here, not as a dependency, so a waiting request holds no connection.
+    with _autocommit(resources) as connection, Session(bind=connection) as session:
         row = repo.get_workflow(session, workflow_id)
         if finished and not row.status.finished:
             return None
