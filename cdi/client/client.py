@@ -302,22 +302,31 @@ class Client:
         for old_key, old in evicted:
             old.close(old_key)
 
-    def _revoke(self, key: str) -> _Mapping | None:
-        """Take back our views of ``key`` and forget its mapping; the caller unmaps it."""
+    def _revoke(self, key: str, detach: bool = False) -> _Mapping | None:
+        """Take back our views of ``key`` and forget its mapping; the caller unmaps it.
+
+        ``detach``: if views are still referenced, forget the mapping anyway and leave it to
+        them (it is unmapped when the last goes); cooperative objects only."""
         with self._maps_lock:
             mapping = self._maps.get(key)
             if mapping is None:
                 return None
-            mapping.revoke(key)
+            try:
+                mapping.revoke(key)
+            except BufferInUse:
+                if not (detach and mapping.cacheable):
+                    raise
+                del self._maps[key]
+                return None
             del self._maps[key]
             return mapping
 
-    def _give_up(self, key: str, op: Op, **args: Any) -> dict[str, Any]:
+    def _give_up(self, key: str, op: Op, detach: bool = False, **args: Any) -> dict[str, Any]:
         """Run an operation that ends our ownership: revoke our views (no code of ours can touch
         the bytes any more), send, then unmap — or, after a transfer of a cooperative object,
         keep the mapping for the object's return. Unmapping 10 MB costs ~0.5 ms, which the new
         owner must not wait for."""
-        mapping = self._revoke(key)
+        mapping = self._revoke(key, detach)
         try:
             reply, _ = self._conn.call(op, key=key, **args)
         finally:
@@ -407,12 +416,17 @@ class CDIObject:
         mapping = self._owned_mapping()
         return mapping.mm[: mapping.size]
 
-    def transfer(self, container_id: str | int) -> None:
-        """Hand ownership to ``container_id`` in one atomic step; our views are revoked first."""
+    def transfer(self, container_id: str | int, *, detach: bool = False) -> None:
+        """Hand ownership to ``container_id`` in one atomic step; our views are revoked first.
+
+        A view still referenced raises ``BufferInUse`` and nothing moves, unless ``detach``:
+        then, for a cooperative object, the view is left mapped — reading it afterwards shows
+        whatever the new owner writes — and unmapped when it is dropped. For a process that is
+        about to exit with a thread it cannot stop still reading the object."""
         to = protocol.check_container_id(container_id)
         if to == self.client.container_id and self.owned:
             return  # already ours: nothing to hand over
-        self.client._give_up(self.key, Op.TRANSFER, to=to)
+        self.client._give_up(self.key, Op.TRANSFER, detach, to=to)
 
     def copy(self, new_key: str) -> CDIObject:
         """A new, independent object with the same bytes, owned by this container."""

@@ -257,10 +257,10 @@ class Scheduler:
         """Pool thread: we own the object again; encode it, upload, destroy it."""
         try:
             obj = self.cdi.use(run.key)
-            with obj.view(timeout=30) as buffer:
-                image = imagebuf.read_image(buffer)
             fmt = imagebuf.RESULT_FORMATS[run.result_format]
-            self.store.put(result_uri, imagebuf.encode_image(image, fmt.pillow), fmt.content_type)
+            with obj.view(timeout=30) as buffer:  # encoded in place: the pixels are not copied
+                encoded = imagebuf.encode_image(imagebuf.map_image(buffer), fmt.pillow)
+            self.store.put(result_uri, encoded, fmt.content_type)
             obj.destroy()
         except (DataError, WorkflowsError, cdi.CDIError) as exc:
             reason = f"storing the result failed: {exc}"

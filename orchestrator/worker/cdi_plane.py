@@ -1,15 +1,25 @@
 """The ``cdi`` data plane: the image is a CDI object this worker owns when it pops the instruction.
 
-The input is only ever read: a task that produces a new image gets a *fresh* object
-(``output_key``, recoverable by ``return_to``) and the input is destroyed once that object is
-written. Whatever fails, the object that holds the image is left intact and is then kept
-(``keep``) or handed back to ``return_to``, so the scheduler can retry or clean up.
+The input is only ever read, and in place: the task gets a read-only Pillow image mapped over
+the object's memory (``map_image``; no copy). A task that produces a new image gets a *fresh*
+object (``output_key``, recoverable by ``return_to``), written with one copy, and the input is
+destroyed once that object is written. Whatever fails, the object that holds the image is left
+intact and is then kept (``keep``) or handed back to ``return_to``, so the scheduler can retry or
+clean up.
+
+The mapped input pins the object (no transfer or destroy while it lives), so the worker drops
+every reference it holds — the task's own frames in a traceback included — before it hands the
+object on. A task that keeps its input beyond its call (or runs on after a timeout) leaves the
+object pinned: it is then not handed back, and comes back to its recovery container when this
+worker exits.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+import traceback
 from contextlib import suppress
 
 from PIL import Image
@@ -24,8 +34,9 @@ from orchestrator.worker.execution import (
     check_common,
     elapsed_ms,
 )
+from workflows.api import TaskSpec
 from workflows.errors import InvalidImage
-from workflows.imagebuf import read_image, required_size, write_image
+from workflows.imagebuf import map_image, required_size, write_image
 
 __all__ = ["CdiPlane"]
 
@@ -41,18 +52,27 @@ class CdiPlane:
 
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
         held: cdi.CDIObject | None = None  # the object holding the image now
+        view: memoryview | None = None  # the input's memory while the task reads it
+        output: cdi.CDIObject | None = None
         try:
             _check(ins)
             spec = call.load()
             held = self._use(ins.key)
-            img = self._read(held, exe)
-            new_img = call.run(spec, img, exe)
-            if new_img is not None:
-                held = self._replace(held, ins, new_img, exe)
+            view = self._access(held)
+            output = self._run_on(held, view, ins, call, spec, exe)
         except Exception as exc:
+            _drop_frames(exc)  # its frames hold the mapped input: they must not pin the object
             exe.fail(exc)
             if held is None:
                 held = self._find(ins.key)
+        if view is not None:
+            _release(view)
+        if output is not None and held is not None:
+            try:
+                self._destroy_input(held)
+            except cdi.MinionUnavailable as exc:
+                exe.fail(exc)
+            held = output
         self._settle(ins, held, exe)
 
     # ------------------------------------------------------------------ steps
@@ -65,33 +85,42 @@ class CdiPlane:
                 "recovery container); the scheduler must start this task from its input again"
             ) from exc
 
-    def _read(self, obj: cdi.CDIObject, exe: Execution) -> Image.Image:
-        started = time.perf_counter()
+    def _access(self, obj: cdi.CDIObject) -> memoryview:
         try:
-            view = obj.access(timeout=self.access_timeout_s)
+            return obj.access(timeout=self.access_timeout_s)
         except cdi.AccessTimeout as exc:
             raise WorkerError(
                 f"CDI object {obj.key!r} did not become ours ({self.client.container_id}) "
                 f"within {self.access_timeout_s:g} s; the scheduler must transfer it to the "
                 "worker before pushing the instruction"
             ) from exc
+
+    def _run_on(
+        self,
+        held: cdi.CDIObject,
+        view: memoryview,
+        ins: Instruction,
+        call: TaskCall,
+        spec: TaskSpec,
+        exe: Execution,
+    ) -> cdi.CDIObject | None:
+        """Run the task on the image mapped over ``view``; the output object, if it made one.
+        Every reference to the mapped image is gone when this returns or raises."""
+        started = time.perf_counter()
         try:
-            img = read_image(view)
+            img = map_image(view)
         except InvalidImage as exc:
-            raise InvalidImage(f"CDI object {obj.key!r} holds no readable image: {exc}") from exc
-        finally:
-            view.release()  # read_image copied the pixels: pin nothing while the task runs
+            raise InvalidImage(f"CDI object {held.key!r} holds no readable image: {exc}") from exc
         exe.bytes_in = required_size(img.width, img.height, img.mode)
         exe.read_ms = elapsed_ms(started)
-        return img
+        new_img = call.run(spec, img, exe)
+        del img
+        if new_img is None:
+            return None
+        return self._write_output(ins, new_img, exe)
 
-    def _replace(
-        self, held: cdi.CDIObject, ins: Instruction, img: Image.Image, exe: Execution
-    ) -> cdi.CDIObject:
-        """Write ``img`` into a fresh ``output_key`` object, then destroy the input.
-
-        If this raises, the input is untouched and no output object is left behind.
-        """
+    def _write_output(self, ins: Instruction, img: Image.Image, exe: Execution) -> cdi.CDIObject:
+        """Write ``img`` into a fresh ``output_key`` object; if this raises, none is left."""
         if not ins.output_key:
             raise InvalidInstruction(
                 f"task {ins.task!r} returned a new image but the instruction names no output_key"
@@ -114,14 +143,16 @@ class CdiPlane:
             raise
         exe.bytes_out = size
         exe.write_ms = elapsed_ms(started)
+        return out
+
+    def _destroy_input(self, held: cdi.CDIObject) -> None:
         try:
             held.destroy()
         except cdi.MinionUnavailable:
             raise
         except cdi.CDIError as exc:
             # The output is complete, so the task succeeded; the input merely leaks to us.
-            log.error("could not destroy input %r after writing %r: %s", held.key, out.key, exc)
-        return out
+            log.error("could not destroy input %r after writing its output: %s", held.key, exc)
 
     # ------------------------------------------------------------------ hand-back
     def _find(self, key: str) -> cdi.CDIObject | None:
@@ -149,7 +180,14 @@ class CdiPlane:
             return
         started = time.perf_counter_ns()
         try:
-            held.transfer(ins.return_to)
+            try:
+                held.transfer(ins.return_to)
+            except cdi.BufferInUse:
+                if not exe.exit_code:
+                    raise
+                # A task thread that overran its timeout still reads the input, and this worker
+                # is about to exit: leave it the mapping and hand the object back now.
+                held.transfer(ins.return_to, detach=True)
             exe.return_us = (time.perf_counter_ns() - started) / 1000
         except cdi.NotOwner:
             log.warning("%r is not ours to hand back to %s", held.key, ins.return_to)
@@ -162,6 +200,34 @@ class CdiPlane:
             # E.g. return_to is not registered (a scheduler restarting): it stays with us.
             exe.kept = True
             exe.note(f"could not hand {held.key!r} back to {ins.return_to!r}: {exc}")
+
+
+def _release(view: memoryview) -> None:
+    """Release the view the mapped input came from; a cycle that still holds the image is
+    collected first. If the task kept the image, the view stays and the object stays pinned
+    (its transfer or destroy then reports ``BufferInUse``)."""
+    try:
+        view.release()
+    except BufferError:
+        gc.collect()
+        try:
+            view.release()
+        except BufferError:
+            log.warning(
+                "the task still holds its input image (it kept it, or it runs on past its "
+                "timeout): the object stays pinned until it lets go"
+            )
+
+
+def _drop_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames in ``exc``'s tracebacks (and its causes')."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def _check(ins: Instruction) -> None:

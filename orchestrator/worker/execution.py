@@ -171,7 +171,11 @@ class TaskCall:
         thread then runs on, as no Python thread can be stopped from outside.
         """
         ctx = self._context(spec)
-        return self._timed(spec, exe, lambda: run_task_on_image(spec, img, ctx))
+        # The task thread takes the image out of the box: once the task returns, nothing there
+        # refers to it (the pool's work item outlives the call by a moment), so a mapped input
+        # is unpinned as soon as the caller drops it.
+        box = [img]
+        return self._timed(spec, exe, lambda: run_task_on_image(spec, box.pop(), ctx))
 
     def run_dataless(self, spec: TaskSpec, exe: Execution) -> None:
         """Run the task of a dataless workflow (``img=None``), like ``run``."""

@@ -74,6 +74,40 @@ def test_numpy_view_is_zero_copy_and_blocks_transfer_while_held(
     theirs.destroy()
 
 
+def test_transfer_with_detach_leaves_a_held_view_mapped(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    a, b = minion.client(unique("a")), minion.client(unique("b"))
+    obj = a.create(unique("k"), 64)
+    array = obj.numpy()
+    array[:4] = [1, 2, 3, 4]
+    obj.transfer(
+        b.container_id or "", detach=True
+    )  # what a worker exiting with a stuck thread does
+    assert not obj.owned
+    theirs = b.use(obj.key)
+    view = theirs.access(timeout=5)
+    assert bytes(view[:4]) == b"\x01\x02\x03\x04"
+    view[0] = 9
+    assert array[0] == 9  # cooperative: the detached view still maps the same memory
+    view.release()
+    with pytest.raises(cdi.NotOwner):
+        obj.read()
+    del array
+    theirs.destroy()
+
+
+def test_strict_objects_cannot_be_detached(minion: MinionProcess, unique: Unique) -> None:
+    a, b = minion.client(unique("a")), minion.client(unique("b"))
+    obj = a.create(unique("k"), 64, isolation="strict")
+    array = obj.numpy()
+    with pytest.raises(cdi.BufferInUse):
+        obj.transfer(b.container_id or "", detach=True)  # its segment is about to be truncated
+    assert obj.owned
+    del array
+    obj.destroy()
+
+
 def test_access_blocks_until_ownership_arrives(minion: MinionProcess, unique: Unique) -> None:
     a, b = minion.client(unique("a")), minion.client(unique("b"))
     obj = a.create(unique("k"), 100)

@@ -18,6 +18,7 @@ from workflows.imagebuf import (
     decode_bytes,
     encode_image,
     image_view,
+    map_image,
     normalize_mode,
     read_header,
     read_image,
@@ -59,7 +60,7 @@ def test_round_trip_each_mode(mode: str) -> None:
     img = random_image(mode)
     buf = memoryview(bytearray(required_size(img.width, img.height, mode) + 100))
     used = write_image(buf, img)
-    assert used == HEADER_SIZE + img.width * img.height * len(mode)
+    assert used == HEADER_SIZE + img.width * img.height * {"L": 1, "RGB": 4, "RGBA": 4}[mode]
     assert read_header(buf) == ImageHeader(img.width, img.height, mode)
     back = read_image(buf)
     assert back.mode == mode and back.size == img.size
@@ -69,7 +70,9 @@ def test_round_trip_each_mode(mode: str) -> None:
 def test_header_bytes_are_as_documented() -> None:
     buf = buffer_with(random_image("RGB", (5, 4)))
     assert bytes(buf[:8]) == MAGIC
-    assert struct.unpack_from("<II4sQ", buf, 8) == (5, 4, b"RGB\0", 5 * 4 * 3)
+    assert struct.unpack_from("<II4sQ", buf, 8) == (5, 4, b"RGB\0", 5 * 4 * 4)
+    first = np.asarray(random_image("RGB", (5, 4)))[0, 0]
+    assert list(buf[HEADER_SIZE : HEADER_SIZE + 3]) == first.tolist()  # then 1 padding byte
     assert HEADER_SIZE == 32
 
 
@@ -81,6 +84,36 @@ def test_read_image_is_a_copy_and_releases_the_buffer() -> None:
     raw[HEADER_SIZE:] = bytes(64)  # a bytearray cannot resize while exported: none is left
     raw.extend(b"x")
     assert out.tobytes() == img.tobytes()
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA"])
+def test_map_image_reads_in_place_and_pins_the_buffer(mode: str) -> None:
+    img = random_image(mode)
+    raw = bytearray(required_size(img.width, img.height, mode))
+    write_image(memoryview(raw), img)
+    mapped = map_image(memoryview(raw))
+    assert mapped.mode == mode and mapped.size == img.size
+    assert mapped.tobytes() == img.tobytes()
+    _, arr = image_view(memoryview(raw))
+    arr[0, 0] = 7  # a write into the buffer shows through the mapped image: no copy
+    assert mapped.getpixel((0, 0)) in (7, (7, 7, 7), (7, 7, 7, 7))
+    del arr
+    with pytest.raises(BufferError):
+        raw.extend(b"x")  # the mapped image holds the buffer exported
+    mapped.paste(0, (0, 0, 2, 2))  # Pillow copies before changing a mapped image ...
+    assert mapped.getpixel((1, 1)) in (0, (0, 0, 0), (0, 0, 0, 0))
+    _, after = image_view(memoryview(raw))
+    assert np.array_equal(after[1, 1], np.asarray(img)[1, 1])  # ... the buffer stays as it was
+    del mapped, after
+    raw.extend(b"x")  # released
+
+
+def test_map_image_rejects_a_short_or_foreign_buffer() -> None:
+    full = buffer_with(random_image("RGB"))
+    with pytest.raises(InvalidImage, match="truncated or resized"):
+        map_image(full[: len(full) - 1])
+    with pytest.raises(InvalidImage, match="magic"):
+        map_image(memoryview(bytearray(64)))
 
 
 def test_image_view_is_zero_copy_and_writable() -> None:
