@@ -33,6 +33,7 @@ from cdi.url import resolve_socket_path
 __all__ = ["DEFAULT_CACHE_BYTES", "CDIObject", "Client", "connect"]
 
 DEFAULT_CACHE_BYTES = 256 << 20
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages fault in on first touch
 
 
 @dataclass(eq=False)
@@ -159,8 +160,13 @@ class Client:
         *,
         isolation: Isolation | str | None = None,
         recovery: str | None = None,
+        populate: bool = True,
     ) -> CDIObject:
-        """Create an object of ``size`` bytes owned by this container; ``KeyExists`` if taken."""
+        """Create an object of ``size`` bytes owned by this container; ``KeyExists`` if taken.
+
+        ``populate``: map every page now, in one system call, rather than fault each in on
+        first touch (the creator usually writes the whole object: a 26 MB write into a fresh
+        mapping took ~25 ms here, ~12 ms populated)."""
         self._require_registered()
         key = protocol.check_key(key)
         args: dict[str, Any] = {"key": key, "size": size}
@@ -169,7 +175,7 @@ class Client:
         if recovery is not None:
             args["recovery"] = protocol.check_container_id(recovery)
         reply, fd = self._conn.call(Op.CREATE, **args)
-        self._map(key, reply, fd)
+        self._map(key, reply, fd, populate)
         return CDIObject(self, key, reply["size"])
 
     def use(self, key: str) -> CDIObject:
@@ -200,7 +206,14 @@ class Client:
         mapping = self._cache.get(key)
         return mapping.segment if mapping is not None else None
 
-    def _grant(self, key: str, op: Op, timeout: float | None = None, **args: Any) -> _Mapping:
+    def _grant(
+        self,
+        key: str,
+        op: Op,
+        timeout: float | None = None,
+        populate: bool = False,
+        **args: Any,
+    ) -> _Mapping:
         """Ask for ``key``'s memory (``access``) and map it, reusing our cached mapping when the
         minion says it is of the same segment (then it sends no fd)."""
         have = self._cached_segment(key)
@@ -221,7 +234,7 @@ class Client:
             # Our cached mapping went away meanwhile (another thread evicted it): we own the
             # object now, so ask for its memory once more without claiming to have it.
             reply, fd = self._conn.call(Op.ACCESS, key=key, wait=False)
-        return self._map(key, reply, fd)
+        return self._map(key, reply, fd, populate)
 
     def _reuse(self, key: str, reply: dict[str, Any]) -> _Mapping | None:
         """Move our cached mapping of ``key`` back to the owned ones if it maps the granted
@@ -242,11 +255,14 @@ class Client:
             self._maps[key] = mapping
             return mapping
 
-    def _map(self, key: str, reply: dict[str, Any], fd: int | None) -> _Mapping:
+    def _map(
+        self, key: str, reply: dict[str, Any], fd: int | None, populate: bool = False
+    ) -> _Mapping:
         if fd is None:
             raise ProtocolError("the minion granted an object without its memory")
+        flags = mmap.MAP_SHARED | (_POPULATE if populate else 0)
         try:
-            mm = mmap.mmap(fd, reply["capacity"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = mmap.mmap(fd, reply["capacity"], flags, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)  # the mapping is all we keep: no fd to re-map once ownership is gone
         mapping = _Mapping(
@@ -361,17 +377,19 @@ class CDIObject:
         """True while this process holds the object's memory (it owns it)."""
         return self.key in self.client._maps
 
-    def access(self, timeout: float | None = None) -> memoryview:
+    def access(self, timeout: float | None = None, *, populate: bool = False) -> memoryview:
         """Block until this container owns the object; return a writable view of its bytes.
 
         ``timeout`` (seconds) raises ``AccessTimeout`` when ownership has not arrived by then.
         The view is revoked (released) when the object is transferred, resized or destroyed.
+        ``populate``: if this process maps the object now, map every page at once (for a
+        caller about to read it all; it delays the return by ~0.1 ms a MB).
         """
         if timeout is not None and timeout < 0:
             raise InvalidArgument(f"timeout must not be negative, got {timeout}")
         mapping = self.client._maps.get(self.key)
         if mapping is None:
-            mapping = self.client._grant(self.key, Op.ACCESS, timeout)
+            mapping = self.client._grant(self.key, Op.ACCESS, timeout, populate)
         self._size = mapping.size
         return mapping.view()
 
@@ -383,9 +401,9 @@ class CDIObject:
         return mapping
 
     @contextmanager
-    def view(self, timeout: float | None = None) -> Iterator[memoryview]:
+    def view(self, timeout: float | None = None, *, populate: bool = False) -> Iterator[memoryview]:
         """``with obj.view() as buf:`` — the view is released on exit."""
-        buf = self.access(timeout)
+        buf = self.access(timeout, populate=populate)
         try:
             yield buf
         finally:

@@ -258,7 +258,7 @@ class Scheduler:
         try:
             obj = self.cdi.use(run.key)
             fmt = imagebuf.RESULT_FORMATS[run.result_format]
-            with obj.view(timeout=30) as buffer:  # encoded in place: the pixels are not copied
+            with obj.view(timeout=30, populate=True) as buffer:  # encoded in place, no copy
                 encoded = imagebuf.encode_image(imagebuf.map_image(buffer), fmt.pillow)
             self.store.put(result_uri, encoded, fmt.content_type)
             obj.destroy()

@@ -87,7 +87,7 @@ class CdiPlane:
 
     def _access(self, obj: cdi.CDIObject) -> memoryview:
         try:
-            return obj.access(timeout=self.access_timeout_s)
+            return obj.access(timeout=self.access_timeout_s, populate=True)  # read in full
         except cdi.AccessTimeout as exc:
             raise WorkerError(
                 f"CDI object {obj.key!r} did not become ours ({self.client.container_id}) "

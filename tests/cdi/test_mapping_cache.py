@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,3 +123,27 @@ def test_claiming_a_mapping_gives_a_non_owner_nothing(
     assert fd is not None and reply["segment"] == segment
     os.close(fd)
     obj.destroy()
+
+
+def _faults_while(action: Callable[[], object]) -> int:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    action()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def test_populate_maps_every_page_before_the_first_touch(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    client = minion.client(unique("a"))
+    size = 4 << 20  # 1024 pages
+    lazy = client.create(unique("lazy"), size, populate=False)
+    eager = client.create(unique("eager"), size)  # populate is the default for a creator
+    payload = b"\x01" * size
+    with lazy.view() as buf:
+        lazy_faults = _faults_while(lambda: buf.__setitem__(slice(None), payload))
+    with eager.view() as buf:
+        eager_faults = _faults_while(lambda: buf.__setitem__(slice(None), payload))
+    assert lazy_faults >= 512  # one fault per page (or per fault-around batch)
+    assert eager_faults < 64
+    lazy.destroy()
+    eager.destroy()
