@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import mmap
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,16 @@ def _encoded(img: Any, **options: Any) -> bytes:
     return out.getvalue()
 
 
+def _write_fresh_mapping(segment: int, size: int, img: Any, populate: bool) -> None:
+    """Map a warm shared-memory segment afresh, as a process that creates or receives a CDI
+    object does, and write the image into it."""
+    flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+    mapping = mmap.mmap(segment, size, flags)
+    with memoryview(mapping) as view:
+        write_image(view, img)
+    mapping.close()
+
+
 def measure_image_costs(size: int, repeat: int) -> dict[str, Any]:
     """Milliseconds per step on one ``size``-byte photo-like JPEG, and the sizes produced."""
     data = make_jpeg(size)
@@ -58,6 +69,10 @@ def measure_image_costs(size: int, repeat: int) -> dict[str, Any]:
     png_1 = _encoded(img, format="PNG", compress_level=1)
     jpeg = _encoded(img, format="JPEG", quality=JPEG_RESULT_QUALITY)
     packed = img.tobytes()
+    nbytes = required_size(img.width, img.height, img.mode)
+    segment = os.memfd_create("image-costs", os.MFD_CLOEXEC)
+    os.ftruncate(segment, nbytes)
+    os.posix_fallocate(segment, 0, nbytes)  # allocated up front, as the minion's pool does
     steps: dict[str, Callable[[], object]] = {
         "decode jpeg": lambda: decode_bytes(data),
         "deblur": lambda: apply_op("deblur", img),
@@ -69,13 +84,18 @@ def measure_image_costs(size: int, repeat: int) -> dict[str, Any]:
             img, format="JPEG", quality=JPEG_RESULT_QUALITY
         ),
         "write into cdi buffer": lambda: write_image(view, img),
+        "write into a fresh mapping": lambda: _write_fresh_mapping(segment, nbytes, img, False),
+        "... mapped with MAP_POPULATE": lambda: _write_fresh_mapping(segment, nbytes, img, True),
         "read from cdi buffer (copy)": lambda: read_image(view),
         "map cdi buffer (a task's input)": lambda: map_image(view),
         # What a 3-bytes-a-pixel layout would cost instead: Pillow keeps RGB in 4.
         "pack to 3-byte rgb (tobytes)": img.tobytes,
         "unpack 3-byte rgb (frombytes)": lambda: Image.frombytes(img.mode, img.size, packed),
     }
-    results = {name: _best_ms(step, repeat) for name, step in steps.items()}
+    try:
+        results = {name: _best_ms(step, repeat) for name, step in steps.items()}
+    finally:
+        os.close(segment)
     view.release()
     buffer.close()
     return {

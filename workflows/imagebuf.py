@@ -15,9 +15,9 @@ without copying it, so the buffer must carry its own shape. Layout, little-endia
 Bytes per pixel: ``L`` 1, ``RGBA`` 4, and ``RGB`` **4** (R, G, B and one padding byte) — the
 layout Pillow keeps an image in memory, so a task reads its input in place (``map_image``: no
 copy) and a result is written with one copy and no allocation. *Why pad RGB:* with 3 bytes a
-pixel, reading a 6.6-megapixel photo into Pillow and writing one back cost 7.3 + 10.8 ms of
-repacking per task; with Pillow's layout 0 + 3.3 ms (``cdiflow bench images``). The padding
-costs a third more shared memory, which nothing copies.
+pixel, every task repacks: 7.4 ms to read a 6.6-megapixel photo into Pillow and 7.5 ms to pack
+one back, against 0 and 4.5 ms (one copy into place) in Pillow's layout (``cdiflow bench
+images``, 2 MB). The padding costs a third more shared memory, which nothing copies.
 
 The header is 32 bytes so the pixels start 32-byte aligned when the buffer is. The buffer may
 be larger than the image (it is sized once and reused); bytes after the pixels are ignored.
