@@ -104,6 +104,15 @@ def _sizes(text: str) -> tuple[int, ...]:
     help="Worker processes of every system (the floor's pool too).",
 )
 @click.option(
+    "--rounds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 20),
+    help="Run every system this many times in turn (floor, A, B, floor, A, B, ...): each ratio "
+    "uses its own round's floor, and a table of medians follows. For a machine whose speed "
+    "drifts.",
+)
+@click.option(
     "--repeat",
     default=30,
     show_default=True,
@@ -146,6 +155,7 @@ def bench_workflows_command(
     s3_link: str,
     min_workflows: int,
     workers: int,
+    rounds: int,
     repeat: int,
     burst: int,
     data_dir: Path,
@@ -177,6 +187,7 @@ def bench_workflows_command(
             s3_link,
             min_workflows,
             workers,
+            rounds,
             data_dir,
             quiet,
             echo,
@@ -185,7 +196,7 @@ def bench_workflows_command(
         if plots is not None:
             from loadtest.plots import write_plots
 
-            for path in write_plots(payload["results"], plots):
+            for path in write_plots(payload.get("summary") or payload["results"], plots):
                 echo(f"plot: {path}")
     if json_file is not None:
         text = json.dumps(payload, indent=1)
@@ -240,13 +251,20 @@ def _scenarios(
     link: str,
     min_workflows: int,
     workers: int,
+    rounds: int,
     data_dir: Path,
     quiet: bool,
     echo: Callable[[str], None],
     out: IO[str],
 ) -> dict[str, Any]:
     from loadtest.report import resources_table, scenario_table
-    from loadtest.runner import ALL_SYSTEMS, AVAILABLE, BenchConfig, run_benchmark
+    from loadtest.runner import (
+        ALL_SYSTEMS,
+        AVAILABLE,
+        BenchConfig,
+        median_over_rounds,
+        run_benchmark,
+    )
 
     systems = chosen or AVAILABLE
     unknown = [s for s in systems if s not in ALL_SYSTEMS]
@@ -265,8 +283,13 @@ def _scenarios(
         workers=workers,
         min_workflows=min_workflows,
         data_dir=data_dir,
+        rounds=rounds,
     )
     report = run_benchmark(config, progress=None if quiet else sys.stderr, echo=echo)
-    click.echo("\n" + scenario_table(report.results), file=out)
+    click.echo("\n" + scenario_table(report.results, rounds=rounds > 1), file=out)
+    if rounds > 1:
+        medians = median_over_rounds(report.results)
+        click.echo(f"\nmedian of {rounds} rounds (each ratio to its own round's floor)", file=out)
+        click.echo(scenario_table(medians), file=out)
     click.echo("\n" + resources_table(report.results), file=out)
     return report.as_dict()

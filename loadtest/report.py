@@ -77,17 +77,20 @@ def _size(size: int | None) -> str:
     return "mixed" if size is None else format_size(size)
 
 
-def scenario_table(results: Sequence[PointResult]) -> str:
-    """One row per system and point: latency, throughput, and both against the floor."""
+def scenario_table(results: Sequence[PointResult], *, rounds: bool = False) -> str:
+    """One row per system and point: latency, throughput, and both against the floor
+    (``rounds``: a first column says which round the row is from)."""
     lines = [
-        f"{'scenario':<9}{'system':<13}{'size':>8}{'tasks':>6}{'conc':>6}{'done':>6}{'fail':>5}"
+        ("round " if rounds else "")
+        + f"{'scenario':<9}{'system':<13}{'size':>8}{'tasks':>6}{'conc':>6}{'done':>6}{'fail':>5}"
         f"{'p50 s':>9}{'p99 s':>9}{'mean s':>9}{'wf/s':>8}{'ovh p50 s':>10}{'x floor':>8}"
     ]
     for r in results:
         overhead = "-" if r.overhead_p50_s is None else f"{r.overhead_p50_s:.3f}"
         share = "-" if r.throughput_vs_floor is None else f"{r.throughput_vs_floor:.2f}"
         lines.append(
-            f"{r.scenario:<9}{r.system:<13}{_size(r.size):>8}{r.tasks:>6}{r.concurrency:>6}"
+            (f"{r.round:<6}" if rounds else "")
+            + f"{r.scenario:<9}{r.system:<13}{_size(r.size):>8}{r.tasks:>6}{r.concurrency:>6}"
             f"{r.completed:>6}{r.failed:>5}{r.p50_latency_s:>9.3f}{r.p99_latency_s:>9.3f}"
             f"{r.mean_latency_s:>9.3f}{r.throughput_wps:>8.2f}{overhead:>10}{share:>8}"
         )

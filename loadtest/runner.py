@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ __all__ = [
     "BenchReport",
     "compare_to_floor",
     "machine_state",
+    "median_over_rounds",
     "run_benchmark",
 ]
 
@@ -72,6 +74,7 @@ class BenchConfig:
     parallel: int = PARALLEL  # users in scenarios 1 and 3
     data_dir: Path = Path(".data/bench")
     time_limit_s: float = 1800.0
+    rounds: int = 1  # passes over every system, in turn; ratios use the same pass's floor
 
     def points(self) -> list[Point]:
         return [
@@ -96,11 +99,10 @@ class BenchReport:
     machine: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "results": [r.as_dict() for r in self.results],
-            "config": self.config,
-            "machine": self.machine,
-        }
+        payload: dict[str, Any] = {"results": [r.as_dict() for r in self.results]}
+        if any(r.round > 1 for r in self.results):
+            payload["summary"] = [r.as_dict() for r in median_over_rounds(self.results)]
+        return {**payload, "config": self.config, "machine": self.machine}
 
 
 def machine_state() -> dict[str, Any]:
@@ -174,7 +176,7 @@ def compare_to_floor(results: list[PointResult]) -> list[PointResult]:
     """Each result with its overhead over, and throughput share of, the same point's floor."""
 
     def key(r: PointResult) -> tuple[Any, ...]:
-        return (r.scenario, r.size, r.tasks, r.concurrency)
+        return (r.round, r.scenario, r.size, r.tasks, r.concurrency)
 
     floors = {key(r): r for r in results if r.system == "floor" and r.completed}
     out = []
@@ -189,6 +191,40 @@ def compare_to_floor(results: list[PointResult]) -> list[PointResult]:
                 r,
                 overhead_p50_s=round(r.p50_latency_s - floor.p50_latency_s, 4),
                 throughput_vs_floor=round(share, 3) if share is not None else None,
+            )
+        )
+    return out
+
+
+def median_over_rounds(results: list[PointResult]) -> list[PointResult]:
+    """One row per system and point: the median of its rounds' latencies, throughputs and
+    ratios to their own round's floor (``round`` = the number of rounds; counts are summed;
+    resources and errors are left to the per-round rows)."""
+    groups: dict[tuple[Any, ...], list[PointResult]] = {}
+    for r in results:
+        groups.setdefault((r.system, r.scenario, r.size, r.tasks, r.concurrency), []).append(r)
+
+    def median(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return round(statistics.median(present), 4) if present else None
+
+    out = []
+    for rows in groups.values():
+        first = rows[0]
+        out.append(
+            dataclasses.replace(
+                first,
+                round=len(rows),
+                completed=sum(r.completed for r in rows),
+                failed=sum(r.failed for r in rows),
+                mean_latency_s=median([r.mean_latency_s for r in rows]) or 0.0,
+                p50_latency_s=median([r.p50_latency_s for r in rows]) or 0.0,
+                p99_latency_s=median([r.p99_latency_s for r in rows]) or 0.0,
+                throughput_wps=median([r.throughput_wps for r in rows]) or 0.0,
+                overhead_p50_s=median([r.overhead_p50_s for r in rows]),
+                throughput_vs_floor=median([r.throughput_vs_floor for r in rows]),
+                errors=[],
+                resources={},
             )
         )
     return out
@@ -222,8 +258,9 @@ def run_benchmark(
         inputs = Inputs(_upload(shared, paths), {s: paths[s] for s in sizes})
         ctx = RunContext(folder / "runs", config.workers, progress, config.time_limit_s)
         meter = ResourceMeter()
-        for name in config.systems:
-            echo(f"== {name}: starting")
+        passes = [(n, name) for n in range(1, config.rounds + 1) for name in config.systems]
+        for round_no, name in passes:
+            echo(f"== {name}: starting" + (f" (round {round_no})" if config.rounds > 1 else ""))
             began = time.monotonic()
             with make_system(name, shared, ctx) as system:
                 warm = Point("warm-up", (sizes[0],), 3, config.workers, 2)
@@ -243,7 +280,7 @@ def run_benchmark(
                         concurrency=point.concurrency,
                         link="none" if name == "floor" else config.link,
                     )
-                    result = dataclasses.replace(result, resources=used)
+                    result = dataclasses.replace(result, resources=used, round=round_no)
                     results.append(result)
                     echo(
                         f"   {point.label():<24} {result.completed}/{point.workflows} done, "

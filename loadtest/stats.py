@@ -76,6 +76,7 @@ class PointResult:
     p99_latency_s: float
     throughput_wps: float
     link: str = "loopback"
+    round: int = 1  # which pass over the systems (``--rounds``)
     # Filled in against the floor of the same point (None for the floor itself or without one).
     overhead_p50_s: float | None = None
     throughput_vs_floor: float | None = None

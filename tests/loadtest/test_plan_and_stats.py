@@ -14,7 +14,7 @@ from loadtest.images import chain_definition, chain_ops, chain_workflow, make_jp
 from loadtest.plan import Point, Target, plan_points, poll_max_s
 from loadtest.plots import write_plots
 from loadtest.resources import component_of
-from loadtest.runner import compare_to_floor
+from loadtest.runner import compare_to_floor, median_over_rounds
 from loadtest.stats import PointResult, WorkflowRecord, percentile, summarize_point
 from tests.loadtest.conftest import require
 from workflows.definitions import bundled_task_definitions, parse_workflow
@@ -104,6 +104,31 @@ def test_results_are_set_against_the_floor_of_the_same_point() -> None:
     assert out[0].overhead_p50_s is None
     assert out[1].overhead_p50_s == pytest.approx(0.3) and out[1].throughput_vs_floor == 0.25
     assert out[2].overhead_p50_s is None  # no floor at that size
+
+
+def test_rounds_are_set_against_their_own_floor_and_summarised_by_median() -> None:
+    def row(system: str, round_no: int, tput: float, failed: int = 0) -> PointResult:
+        return PointResult(
+            system, "1", 2_000_000, 3, 10, 10, failed, 1.0, 1.0, 1.0, tput, round=round_no
+        )
+
+    out = compare_to_floor(
+        [
+            row("floor", 1, 2.0),
+            row("affinity", 1, 1.8),
+            row("floor", 2, 3.0),
+            row("affinity", 2, 2.4, failed=1),
+            row("floor", 3, 2.5),
+            row("affinity", 3, 1.5),
+        ]
+    )
+    shares = [r.throughput_vs_floor for r in out if r.system == "affinity"]
+    assert shares == [0.9, 0.8, 0.6]  # each against its own round's floor, not the first
+    medians = {r.system: r for r in median_over_rounds(out)}
+    assert medians["affinity"].throughput_vs_floor == 0.8
+    assert medians["affinity"].throughput_wps == 1.8
+    assert (medians["affinity"].round, medians["affinity"].failed) == (3, 1)
+    assert medians["floor"].throughput_vs_floor is None
 
 
 def test_target_round_trips_through_its_json_file(tmp_path: Path) -> None:
