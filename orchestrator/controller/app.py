@@ -14,7 +14,8 @@ absent, and opens the Postgres pool and the Redis client; shutdown closes them.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from functools import partial
 from importlib import metadata
@@ -25,6 +26,7 @@ import redis
 from anyio import to_thread
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
@@ -36,7 +38,7 @@ from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.http_errors import install_error_handler
 from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit
 from orchestrator.db import make_engine, make_session_factory, migrate
-from orchestrator.db.repository import seed_bundled_definitions
+from orchestrator.db.repository import ended_among, seed_bundled_definitions
 from orchestrator.errors import ConfigError, ServiceError
 from orchestrator.settings import Settings
 
@@ -128,6 +130,13 @@ def open_resources(
     return Resources(engine=engine, sessions=sessions, redis=client)
 
 
+def _ended_among(engine: Engine, workflow_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    # Autocommit: one statement, no BEGIN / ROLLBACK round trips.
+    with engine.connect() as connection:
+        connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        return ended_among(connection, workflow_ids)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -161,7 +170,9 @@ def create_app(
             partial(open_resources, database_url, redis_url, migrate_on_start=migrate_on_start)
         )
         app.state.resources = resources
-        app.state.finish_watch = watch = FinishWatch(resources.redis)
+        app.state.finish_watch = watch = FinishWatch(
+            resources.redis, partial(_ended_among, resources.engine)
+        )
         watch.start()
         try:
             yield

@@ -264,24 +264,53 @@ def test_long_poll_answers_at_its_deadline_and_validates(api_client: TestClient)
     assert "wait_s" in too_long.text
 
 
-def test_long_poll_returns_when_the_run_ends(api_client: TestClient) -> None:
-    """A cancel ends the run: the waiting request answers then, not at its deadline."""
-    started = api_client.post("/api/workflows", json={"workflow": "noop_pipeline", "input": {}})
+def _answer_while_ending(
+    client: TestClient, end: Callable[[str], None]
+) -> tuple[dict[str, Any], float]:
+    """Start a run, wait for it with a 50 s long poll, and ``end(id)`` it meanwhile: the
+    answer and how long the request took."""
+    started = client.post("/api/workflows", json={"workflow": "noop_pipeline", "input": {}})
     workflow_id = started.json()["id"]
     answers: list[dict[str, Any]] = []
 
     def wait() -> None:
-        reply = api_client.get(f"/api/workflows/{workflow_id}", params={"wait_s": 50})
+        reply = client.get(f"/api/workflows/{workflow_id}", params={"wait_s": 50})
         answers.append(reply.json())
 
     waiter = threading.Thread(target=wait)
     began = time.monotonic()
     waiter.start()
     time.sleep(0.3)
-    assert api_client.post(f"/api/workflows/{workflow_id}/cancel").status_code == 200
+    end(workflow_id)
     waiter.join(timeout=60)
-    assert answers and answers[0]["status"] == "CANCELLED"
-    assert time.monotonic() - began < 40  # well before the 50 s deadline
+    assert answers, "the long poll never answered"
+    return answers[0], time.monotonic() - began
+
+
+def test_long_poll_returns_when_the_run_ends(api_client: TestClient) -> None:
+    """A cancel ends the run: the waiting request answers then, not at its deadline."""
+
+    def cancel(workflow_id: str) -> None:
+        assert api_client.post(f"/api/workflows/{workflow_id}/cancel").status_code == 200
+
+    answer, took_s = _answer_while_ending(api_client, cancel)
+    assert answer["status"] == "CANCELLED"
+    assert took_s < 40  # well before the 50 s deadline
+
+
+def test_long_poll_finds_an_end_nobody_announced(
+    api_client: TestClient, api_sessions: sessionmaker[Session]
+) -> None:
+    """A run ended without a publish (as when a scheduler dies between its commit and its
+    publish): the API's sweep finds it, and the waiting request answers long before its
+    deadline."""
+
+    def fail_unannounced(workflow_id: str) -> None:
+        _set_status(api_sessions, workflow_id, WorkflowStatus.FAILED)
+
+    answer, took_s = _answer_while_ending(api_client, fail_unannounced)
+    assert answer["status"] == "FAILED"
+    assert took_s < 40  # well before the 50 s deadline
 
 
 def test_start_and_wait_answers_with_the_detail(api_client: TestClient) -> None:
@@ -301,7 +330,7 @@ def test_start_and_wait_answers_with_the_detail(api_client: TestClient) -> None:
 
 def test_start_and_wait_returns_when_the_run_ends(api_client: TestClient) -> None:
     """The request listens before the run exists: a cancel ends it, and the answer comes then
-    (from the announcement, not from a recheck or the deadline)."""
+    (from the announcement, not from the deadline)."""
     answers: list[dict[str, Any]] = []
 
     def start_and_wait() -> None:

@@ -8,6 +8,7 @@ State changes lock the workflow row first, so the controller (cancel) and a sche
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -47,6 +48,7 @@ __all__ = [
     "cancel_workflow",
     "claim_pending_workflows",
     "create_workflow",
+    "ended_among",
     "get_workflow",
     "handoffs_of",
     "insert_workflow",
@@ -194,6 +196,20 @@ def workflow_status(connection: Connection, workflow_id: uuid.UUID) -> WorkflowS
     poll asks while it waits (an ORM session's ``BEGIN`` and ``ROLLBACK`` doubled its trips)."""
     status: WorkflowStatus | None = connection.execute(_STATUS, {"id": workflow_id}).scalar()
     return status
+
+
+_ENDED_AMONG = select(Workflow.id).where(
+    Workflow.id.in_(bindparam("ids", expanding=True)),
+    Workflow.status.in_([s for s in WorkflowStatus if s.finished]),
+)
+
+
+def ended_among(connection: Connection, workflow_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of ``workflow_ids`` have ended, in one query: how one sweep a second covers every
+    long poll of an API process, however many there are."""
+    if not workflow_ids:
+        return set()
+    return set(connection.execute(_ENDED_AMONG, {"ids": list(workflow_ids)}).scalars())
 
 
 def get_workflow(session: Session, workflow_id: uuid.UUID, *, lock: bool = False) -> Workflow:
