@@ -76,7 +76,7 @@ def _arguments(parser: ArgumentParser) -> None:
 
 
 _hooks: Any = events  # locust's event hooks are untyped
-LONG_POLL_S = 20.0  # how long one GET of a cdiflow workflow may wait for its end
+LONG_POLL_S = 55.0  # how long one request waits for a workflow's end (the API allows 60 s)
 _hooks.init_command_line_parser.add_listener(_arguments)
 
 

@@ -35,7 +35,7 @@ def stamp(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-LONG_POLL_S = 20.0  # how long one GET may wait for a workflow's end
+LONG_POLL_S = 55.0  # how long one request waits for a workflow's end (the API allows 60 s)
 
 
 def _body(workflow: str, image: str | None, system: str) -> dict[str, Any]:
