@@ -11,7 +11,7 @@ its publish; Redis may drop the subscription). So a second thread sweeps: every 
 asks Postgres, in one query, which of the awaited runs have ended, and wakes their waiters.
 *Why one sweep and not a look per waiter:* waiters that each looked again on a timer cost the
 API one query per waiter per interval, so its CPU per workflow grew with the number waiting
-(13 ms at 50 concurrent, 100 ms at 500: ``cdiflow bench workflows --scenario 2``); the sweep
+(13 ms at 50 concurrent, 102 ms at 500: ``cdiflow bench workflows --scenario 2``); the sweep
 costs one query a second however many wait (12 and 29 ms in the same benchmark).
 """
 
