@@ -1,0 +1,69 @@
+"""ObjectStore against the session's real S3 endpoint: whole objects in and out, and every
+failure as the project's error with the URI in it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import InputMissing, InputTooLarge, InvalidRequest, StorageError
+from orchestrator.objectstore import ObjectStore
+from orchestrator.settings import Settings, load_settings
+
+
+def _settings(tmp_path: Path, endpoint: str, bucket: str = "cdiflow") -> Settings:
+    return load_settings(
+        data_dir=tmp_path,
+        s3_endpoint_url=endpoint,
+        s3_bucket=bucket,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        aws_region="us-east-1",
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path, s3_endpoint: str) -> ObjectStore:
+    return ObjectStore(_settings(tmp_path, s3_endpoint))
+
+
+def test_put_get_delete_round_trip(store: ObjectStore) -> None:
+    uri = store.uri(f"tests/objectstore/{uuid.uuid4()}.bin")
+    data = os.urandom(300_000)
+    store.put(uri, data, content_type="image/png")
+    assert store.get(uri, limit=len(data)) == data
+    store.delete(uri)
+    with pytest.raises(InputMissing, match="does not exist"):
+        store.get(uri, limit=len(data))
+
+
+def test_an_object_over_the_limit_is_refused_with_its_size(store: ObjectStore) -> None:
+    uri = store.uri(f"tests/objectstore/{uuid.uuid4()}.bin")
+    store.put(uri, b"x" * 1001)
+    with pytest.raises(InputTooLarge, match="1001 bytes; the limit is 1000"):
+        store.get(uri, limit=1000)
+
+
+def test_a_missing_bucket_reads_as_a_missing_input(store: ObjectStore) -> None:
+    with pytest.raises(InputMissing, match="s3://no-such-bucket-here/x does not exist"):
+        store.get("s3://no-such-bucket-here/x", limit=10)
+
+
+def test_a_bad_uri_is_a_request_error(store: ObjectStore) -> None:
+    with pytest.raises(InvalidRequest, match="not an S3 URI"):
+        store.get("http://example.com/x.png", limit=10)
+
+
+def test_an_endpoint_that_is_down_fails_fast_with_the_uri(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = ObjectStore(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+    with pytest.raises(StorageError, match=r"cannot read s3://cdiflow/x\.png"):
+        store.get(store.uri("x.png"), limit=10)
+    with pytest.raises(StorageError, match=r"cannot write s3://cdiflow/y\.png"):
+        store.put(store.uri("y.png"), b"data")
