@@ -9,6 +9,7 @@ from cdi.controller.cli import controller_command
 from cdi.minion.cli import minion_command
 from loadtest.cli import bench_workflows_command
 from loadtest.image_costs import bench_images_command
+from loadtest.s3_costs import bench_s3_command
 from orchestrator.scheduler.cli import scheduler_command
 from orchestrator.stack.cli import down_command, status_command, up_command
 from orchestrator.worker.cli import worker_command
@@ -46,6 +47,7 @@ def bench_group() -> None:
 bench_group.add_command(bench_cdi_command)
 bench_group.add_command(bench_workflows_command)
 bench_group.add_command(bench_images_command)
+bench_group.add_command(bench_s3_command)
 
 
 @cdi_group.command("demo")

@@ -3,9 +3,9 @@
 boto3 resolves the credentials and region (the whole AWS chain: environment, profiles, SSO,
 instance roles) unless the settings name a key; obstore (Rust's ``object_store``) carries the
 bytes. *Why not boto3 for the requests too:* botocore's request pipeline (event hooks,
-serialisation, signing and parsing in Python, holding the GIL) cost 3-4 ms of client CPU per
-call against 0.6-0.7 ms for obstore on the same endpoint; at 10 KB images the scheduler's two
-calls per workflow were the biggest share of its CPU (``cdiflow bench workflows``).
+serialisation, signing and parsing in Python, holding the GIL) is most of a call's client CPU
+(``cdiflow bench s3``), and at 10 KB images the scheduler's two calls per workflow were the
+biggest share of its CPU.
 
 No library error leaves this module: a missing object or bucket is ``InputMissing``, an object
 over the limit ``InputTooLarge``, anything else ``StorageError`` naming the URI.
