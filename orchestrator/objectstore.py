@@ -81,14 +81,12 @@ class ObjectStore:
             "connect_timeout": timedelta(seconds=5),
             "timeout": timedelta(seconds=60),
         }
-        self._credentials: Boto3CredentialProvider | None = None
+        self._chain = True  # no key given: boto3's chain finds one
         if key_id and secret_key:
+            self._chain = False
             self._config["access_key_id"] = key_id
             self._config["secret_access_key"] = secret_key
-        else:
-            self._credentials = Boto3CredentialProvider(
-                boto3.Session(region_name=settings.aws_region)
-            )
+        self._credentials: Boto3CredentialProvider | None = None
         self._stores: dict[str, S3Store] = {}
         self._lock = threading.Lock()
 
@@ -99,6 +97,8 @@ class ObjectStore:
         with self._lock:
             store = self._stores.get(bucket)
             if store is None:
+                if self._chain and self._credentials is None:
+                    self._credentials = _chain_credentials(self._config["region"])
                 store = S3Store(
                     bucket,
                     config=self._config,
@@ -143,6 +143,18 @@ class ObjectStore:
             obstore.delete(self._store(bucket), key)
         except _FAILED as exc:
             raise StorageError(f"cannot delete {uri}: {_reason(exc)}") from exc
+
+
+def _chain_credentials(region: str) -> Boto3CredentialProvider:
+    """Credentials from boto3's chain, looked up at the first request (a stack that moves no
+    images needs none); ``StorageError`` if the chain has none."""
+    try:
+        return Boto3CredentialProvider(boto3.Session(region_name=region))
+    except ValueError as exc:  # the chain found nothing
+        raise StorageError(
+            "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an AWS "
+            "profile (AWS_PROFILE), or run where an instance role provides them"
+        ) from exc
 
 
 def _reason(exc: Exception) -> str:

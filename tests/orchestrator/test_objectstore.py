@@ -67,3 +67,24 @@ def test_an_endpoint_that_is_down_fails_fast_with_the_uri(tmp_path: Path) -> Non
         store.get(store.uri("x.png"), limit=10)
     with pytest.raises(StorageError, match=r"cannot write s3://cdiflow/y\.png"):
         store.put(store.uri("y.png"), b"data")
+
+
+def test_no_credentials_anywhere_is_a_clear_error_at_the_first_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    settings = load_settings(
+        data_dir=tmp_path,
+        s3_endpoint_url="http://192.0.2.1:9000",  # never reached: no key to sign with
+        s3_bucket="cdiflow",
+        aws_access_key_id=None,
+        aws_secret_access_key=None,
+        aws_region="us-east-1",
+    )
+    store = ObjectStore(settings)  # a stack that moves no images needs no key
+    with pytest.raises(StorageError, match="no S3 credentials: set AWS_ACCESS_KEY_ID"):
+        store.get(store.uri("x.png"), limit=10)
