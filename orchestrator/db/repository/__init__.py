@@ -33,6 +33,7 @@ from orchestrator.db.repository.workflows import (
     retry_workflow,
     set_workflow_status,
     task_runs_of,
+    workflow_row,
     workflow_status,
 )
 
@@ -63,5 +64,6 @@ __all__ = [
     "task_names",
     "task_runs_of",
     "workflow_definition_names",
+    "workflow_row",
     "workflow_status",
 ]

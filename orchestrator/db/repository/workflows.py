@@ -59,6 +59,7 @@ __all__ = [
     "retry_workflow",
     "set_workflow_status",
     "task_runs_of",
+    "workflow_row",
     "workflow_status",
 ]
 
@@ -395,24 +396,48 @@ def record_handoff(
     return handoff
 
 
-def task_runs_of(session: Session, workflow_id: uuid.UUID) -> list[TaskRun]:
-    """Every attempt of every step of a workflow, in creation order."""
-    query = select(TaskRun).where(TaskRun.workflow_id == workflow_id).order_by(TaskRun.id)
-    return list(session.scalars(query))
+# The detail of a run is read as plain rows (attribute access by column name, which the API's
+# schemas read as they read ORM objects). *Why:* an ORM session and its identity map were most
+# of the API's CPU for a long poll's answer; these are read-only and never modified.
+_WORKFLOW_ROW = select(Workflow.__table__).where(Workflow.id == bindparam("id"))
+_TASK_RUN_ROWS = (
+    select(TaskRun.__table__).where(TaskRun.workflow_id == bindparam("id")).order_by(TaskRun.id)
+)
+_HANDOFF_ROWS = (
+    select(Handoff.__table__).where(Handoff.workflow_id == bindparam("id")).order_by(Handoff.id)
+)
+_RECENT_EVENT_ROWS = (
+    select(Event.__table__)
+    .where(Event.workflow_id == bindparam("id"))
+    .order_by(Event.id.desc())
+    .limit(bindparam("limit"))
+)
 
 
-def handoffs_of(session: Session, workflow_id: uuid.UUID) -> list[Handoff]:
-    """The CDI hand-offs of a workflow, in order."""
-    query = select(Handoff).where(Handoff.workflow_id == workflow_id).order_by(Handoff.id)
-    return list(session.scalars(query))
+def workflow_row(connection: Connection, workflow_id: uuid.UUID) -> Row[Any]:
+    """The run's columns as a read-only row; ``NotFound`` if there is none."""
+    row = connection.execute(_WORKFLOW_ROW, {"id": workflow_id}).one_or_none()
+    if row is None:
+        raise NotFound("workflow run", workflow_id)
+    return row
 
 
-def recent_events(session: Session, workflow_id: uuid.UUID, limit: int = 100) -> list[Event]:
-    """The latest ``limit`` events of a workflow, oldest first."""
-    query = (
-        select(Event).where(Event.workflow_id == workflow_id).order_by(Event.id.desc()).limit(limit)
-    )
-    return list(reversed(session.scalars(query).all()))
+def task_runs_of(connection: Connection, workflow_id: uuid.UUID) -> list[Row[Any]]:
+    """Every attempt of every step of a workflow, in creation order (read-only rows)."""
+    return list(connection.execute(_TASK_RUN_ROWS, {"id": workflow_id}))
+
+
+def handoffs_of(connection: Connection, workflow_id: uuid.UUID) -> list[Row[Any]]:
+    """The CDI hand-offs of a workflow, in order (read-only rows)."""
+    return list(connection.execute(_HANDOFF_ROWS, {"id": workflow_id}))
+
+
+def recent_events(
+    connection: Connection, workflow_id: uuid.UUID, limit: int = 100
+) -> list[Row[Any]]:
+    """The latest ``limit`` events of a workflow, oldest first (read-only rows)."""
+    rows = connection.execute(_RECENT_EVENT_ROWS, {"id": workflow_id, "limit": limit}).all()
+    return list(reversed(rows))
 
 
 def _db_now(session: Session) -> datetime:

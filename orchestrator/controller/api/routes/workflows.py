@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import Connection, Row
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.announce import announce_finished
@@ -201,17 +200,21 @@ def _detail(
         if not status.finished:
             return None
     # Opened here, not as a dependency, so a waiting request holds no connection.
-    with _autocommit(resources) as connection, Session(bind=connection) as session:
-        row = repo.get_workflow(session, workflow_id)
+    with _autocommit(resources) as connection:
+        row = repo.workflow_row(connection, workflow_id)
         if finished and not row.status.finished:
             return None
         return WorkflowDetail(
             **WorkflowPublic.model_validate(row).model_dump(),
-            task_runs=[TaskRunPublic.model_validate(r) for r in repo.task_runs_of(session, row.id)],
-            handoffs=[HandoffPublic.model_validate(h) for h in repo.handoffs_of(session, row.id)],
+            task_runs=[
+                TaskRunPublic.model_validate(r) for r in repo.task_runs_of(connection, row.id)
+            ],
+            handoffs=[
+                HandoffPublic.model_validate(h) for h in repo.handoffs_of(connection, row.id)
+            ],
             events=[
                 EventPublic.model_validate(e)
-                for e in (repo.recent_events(session, row.id, events) if events else [])
+                for e in (repo.recent_events(connection, row.id, events) if events else [])
             ],
         )
 
