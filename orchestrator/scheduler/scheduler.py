@@ -470,14 +470,16 @@ class Scheduler:
         """A task whose worker went silent: take the object back and retry elsewhere."""
         now = time.monotonic()
         loads = {w.worker_id: w for w in self._workers()}
-        for run in list(self.runs.values()):
-            if run.in_flight is None:
-                continue
-            worker = loads.get(run.in_flight_worker)
-            restarted = worker is not None and worker.started_at != run.in_flight_worker_started
-            dead = worker is None or not worker.alive or restarted
-            if not dead and now < run.deadline:
-                continue
+        suspects = [r for r in self.runs.values() if self._silence(r, loads, now) is not None]
+        if suspects:
+            # A worker that reports and then exits (a task overran its timeout) is restarted
+            # before this loop may have read the report: read what has arrived first, or
+            # the attempt would be recorded as lost instead of with its own outcome.
+            self._take_arrived_reports()
+        for run in suspects:
+            dead = self._silence(run, loads, now)
+            if dead is None or run.in_flight is None:
+                continue  # its report had arrived (or the next task is on a live worker)
             if run.data_plane == "cdi" and not self._regain(run):
                 continue  # the worker still holds the object: it is alive after all
             task_run_id = run.in_flight.task_run_id
@@ -512,6 +514,24 @@ class Scheduler:
             run.avoid = run.avoid | {run.in_flight_worker}
             run.last_worker = None
             self._after_failure(run, reason, retryable=True)
+
+    def _silence(self, run: RunState, loads: dict[str, Any], now: float) -> bool | None:
+        """For a run with a task in flight whose worker is gone (True) or overdue (False);
+        None while it may still report."""
+        if run.in_flight is None:
+            return None
+        worker = loads.get(run.in_flight_worker)
+        restarted = worker is not None and worker.started_at != run.in_flight_worker_started
+        dead = worker is None or not worker.alive or restarted
+        if not dead and now < run.deadline:
+            return None
+        return dead
+
+    def _take_arrived_reports(self) -> None:
+        """Handle every report already waiting on our list, without blocking."""
+        while (text := self.redis.rpop(self.reply_key)) is not None:
+            self._on_report_text(str(text))
+        self._drain_inbox()
 
     def _regain(self, run: RunState) -> bool:
         """Wait briefly for the object to come back by the minion's recovery rule; False while
