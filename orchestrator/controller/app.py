@@ -26,7 +26,6 @@ import redis
 from anyio import to_thread
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
-from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
@@ -130,10 +129,8 @@ def open_resources(
     return Resources(engine=engine, sessions=sessions, redis=client)
 
 
-def _ended_among(engine: Engine, workflow_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
-    # Autocommit: one statement, no BEGIN / ROLLBACK round trips.
-    with engine.connect() as connection:
-        connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+def _ended_among(resources: Resources, workflow_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    with resources.autocommit() as connection:
         return ended_among(connection, workflow_ids)
 
 
@@ -171,7 +168,7 @@ def create_app(
         )
         app.state.resources = resources
         app.state.finish_watch = watch = FinishWatch(
-            resources.redis, partial(_ended_among, resources.engine)
+            resources.redis, partial(_ended_among, resources)
         )
         watch.start()
         try:

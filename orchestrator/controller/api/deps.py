@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated
 
 import redis
 from fastapi import Depends, Request
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator import keys
@@ -27,6 +28,13 @@ class Resources:
     engine: Engine
     sessions: sessionmaker[Session]
     redis: redis.Redis
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Connection]:
+        """A pooled connection whose every statement is its own transaction: no ``BEGIN`` or
+        ``ROLLBACK`` round trips around a single write or a read-only request."""
+        with self.engine.connect() as connection:
+            yield connection.execution_options(isolation_level="AUTOCOMMIT")
 
     def close(self) -> None:
         """Release the connection pools."""

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy import Connection, Row
+from sqlalchemy import Row
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.announce import announce_finished
@@ -92,17 +90,9 @@ async def start_workflow(
     return detail
 
 
-@contextmanager
-def _autocommit(resources: Resources) -> Iterator[Connection]:
-    """A pooled connection whose every statement is its own transaction: no ``BEGIN`` or
-    ``ROLLBACK`` round trips around a single write or a read-only request."""
-    with resources.engine.connect() as connection:
-        yield connection.execution_options(isolation_level="AUTOCOMMIT")
-
-
 def _create(resources: Resources, body: WorkflowCreate, workflow_id: uuid.UUID) -> Row[Any]:
     # One autocommit statement (durable: the API's commits are synchronous), no session.
-    with _autocommit(resources) as connection:
+    with resources.autocommit() as connection:
         row = repo.insert_workflow(
             connection,
             body.workflow,
@@ -193,14 +183,14 @@ def _detail(
     prompted asks for the status alone first (one query); after an announcement the run has
     most likely ended, so the detail is loaded straight away."""
     if finished and not announced:
-        with _autocommit(resources) as connection:
+        with resources.autocommit() as connection:
             status = repo.workflow_status(connection, workflow_id)
         if status is None:
             raise NotFound("workflow run", workflow_id)
         if not status.finished:
             return None
     # Opened here, not as a dependency, so a waiting request holds no connection.
-    with _autocommit(resources) as connection:
+    with resources.autocommit() as connection:
         row = repo.workflow_row(connection, workflow_id)
         if finished and not row.status.finished:
             return None
