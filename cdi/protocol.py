@@ -14,6 +14,7 @@ caller owns the object; a client therefore matches replies by ``id``.
 from __future__ import annotations
 
 import array
+import mmap
 import os
 import re
 import socket
@@ -34,16 +35,20 @@ __all__ = [
     "Receiver",
     "check_container_id",
     "check_key",
+    "check_segment_ids",
     "check_size",
     "pack",
     "packer",
     "receive_request",
+    "size_class",
     "unpack",
 ]
 
 # Largest message either side sends; keys and ids are short, so 64 KiB leaves room for listings.
 MAX_MESSAGE = 1 << 20
 MAX_KEY_LENGTH = 256
+MAX_OFFERED_SEGMENTS = 64  # segment ids a create may name as already mapped by the caller
+PAGE = mmap.PAGESIZE
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:/@+=-]+$")
 
@@ -130,6 +135,32 @@ def check_size(size: object, limit: int) -> int:
             f"size {size} bytes exceeds this minion's object limit of {limit} bytes"
         )
     return size
+
+
+def check_segment_ids(value: object) -> frozenset[int]:
+    """The segment ids a ``create`` names as mapped by the caller (``have``); empty if absent."""
+    if value is None:
+        return frozenset()
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_OFFERED_SEGMENTS
+        or not all(type(i) is int for i in value)
+    ):
+        raise InvalidArgument(
+            f"have must be a list of at most {MAX_OFFERED_SEGMENTS} segment ids (integers)"
+        )
+    return frozenset(value)
+
+
+def size_class(size: int) -> int:
+    """Round ``size`` up to its segment class: whole pages, then 4 steps per power of two (<= 25%
+    waste). Clients use it too, to name the segments they hold of the class a create needs."""
+    pages = max(1, -(-size // PAGE))
+    if pages <= 4:
+        return pages * PAGE
+    top = 1 << (pages - 1).bit_length()  # next power of two >= pages
+    step = top // 8  # classes between top/2 and top: 5/8, 6/8, 7/8, 8/8 of top
+    return (-(-pages // step) * step) * PAGE
 
 
 class Receiver:

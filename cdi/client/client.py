@@ -14,7 +14,6 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import numpy.typing as npt
 from cdi import protocol
 from cdi.client.connection import MinionConnection
 from cdi.client.exports import exports_of
+from cdi.client.mapcache import MappingCache
 from cdi.errors import BufferInUse, InvalidArgument, NotRegistered, ObjectNotFound, ProtocolError
 from cdi.protocol import Isolation, Op
 from cdi.url import resolve_socket_path
@@ -107,15 +107,13 @@ class Client:
             spin_us = int(os.environ.get("CDI_SPIN_US", "200"))
         self._conn = MinionConnection(self.socket_path, timeout, spin_us=spin_us)
         self._maps: dict[str, _Mapping] = {}
-        # Mappings of cooperative objects we gave away, least recently used first. When one comes
-        # back the minion sends no fd and we do not mmap again (~25 us saved per hand-off). No
-        # view of a cached mapping exists: it is usable again only after the minion grants the
-        # object to us, exactly as a fresh mapping would be.
-        self._cache: OrderedDict[str, _Mapping] = OrderedDict()
-        self._cache_bytes = 0
+        # Mappings of cooperative objects we gave away or destroyed (see mapcache). When the
+        # object comes back, or a new one lives in the same segment, the minion sends no fd and
+        # we neither mmap nor fault the pages in again. No view of a cached mapping exists: it is
+        # usable again only after the minion grants an object in its segment to us.
         if cache_bytes is None:
             cache_bytes = int(os.environ.get("CDI_MAP_CACHE_BYTES", str(DEFAULT_CACHE_BYTES)))
-        self.cache_limit = max(0, cache_bytes)
+        self._cache: MappingCache[_Mapping] = MappingCache(cache_bytes)
         self._maps_lock = threading.Lock()
         self.container_id: str | None = None
         self.host: str | None = None
@@ -134,7 +132,7 @@ class Client:
     def close(self) -> None:
         """Unmap everything and disconnect (objects we still own go to their recovery container)."""
         with self._maps_lock:
-            for mapping in [*self._maps.values(), *self._cache.values()]:
+            for mapping in [*self._maps.values(), *self._cache.clear()]:
                 for view in mapping.views:
                     # The caller may still hold an export; then the mapping dies with it.
                     with suppress(BufferError):
@@ -142,8 +140,6 @@ class Client:
                 with suppress(BufferError):
                     mapping.mm.close()
             self._maps.clear()
-            self._cache.clear()
-            self._cache_bytes = 0
         self._conn.close()
 
     def __enter__(self) -> Client:
@@ -170,6 +166,11 @@ class Client:
         self._require_registered()
         key = protocol.check_key(key)
         args: dict[str, Any] = {"key": key, "size": size}
+        if type(size) is int and size >= 0:
+            with self._maps_lock:
+                offer = self._cache.segments_of_capacity(protocol.size_class(size))
+            if offer:
+                args["have"] = offer  # the minion reuses one of these if it is free: no fd
         if isolation is not None:
             args["isolation"] = str(Isolation(isolation))
         if recovery is not None:
@@ -227,39 +228,41 @@ class Client:
         except ObjectNotFound:
             self._drop_cached(key)
             raise
-        if fd is None:
-            mapping = self._reuse(key, reply)
-            if mapping is not None:
-                return mapping
-            # Our cached mapping went away meanwhile (another thread evicted it): we own the
-            # object now, so ask for its memory once more without claiming to have it.
-            reply, fd = self._conn.call(Op.ACCESS, key=key, wait=False)
         return self._map(key, reply, fd, populate)
 
     def _reuse(self, key: str, reply: dict[str, Any]) -> _Mapping | None:
-        """Move our cached mapping of ``key`` back to the owned ones if it maps the granted
-        segment; ``None`` if we have none."""
+        """Take a cached mapping of the granted segment — ours of ``key``, or of an earlier
+        object in the same segment — and make it ``key``'s; ``None`` if we have none."""
+        segment, capacity = reply.get("segment"), reply["capacity"]
+        if type(segment) is not int or reply.get("isolation") != Isolation.COOPERATIVE:
+            return None
         with self._maps_lock:
-            mapping = self._cache.get(key)
-            if (
-                mapping is None
-                or mapping.mm.closed
-                or mapping.segment != reply.get("segment")
-                or mapping.capacity != reply["capacity"]
-            ):
+            mapping = self._cache.pop_segment(segment, capacity)
+            if mapping is None:
                 return None
-            del self._cache[key]
-            self._cache_bytes -= mapping.capacity
+            if mapping.mm.closed:
+                return None
             mapping.size = reply["size"]
             mapping.generation = reply["generation"]
-            self._maps[key] = mapping
-            return mapping
+        self._install(key, mapping)
+        return mapping
 
     def _map(
         self, key: str, reply: dict[str, Any], fd: int | None, populate: bool = False
     ) -> _Mapping:
+        """Make the memory of a grant ``key``'s mapping: a cached one if we still map the
+        segment (then an fd sent anyway is closed unused), else a new ``mmap`` of ``fd``."""
+        mapping = self._reuse(key, reply)
+        if mapping is not None:
+            if fd is not None:
+                os.close(fd)
+            return mapping
         if fd is None:
-            raise ProtocolError("the minion granted an object without its memory")
+            # We named a cached mapping that another thread evicted meanwhile: we own the
+            # object now, so ask for its memory once more without claiming to have it.
+            reply, fd = self._conn.call(Op.ACCESS, key=key, wait=False)
+            if fd is None:
+                raise ProtocolError("the minion granted an object without its memory")
         flags = mmap.MAP_SHARED | (_POPULATE if populate else 0)
         try:
             mm = mmap.mmap(fd, reply["capacity"], flags, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -273,48 +276,38 @@ class Client:
             reply.get("segment"),
             reply.get("isolation", Isolation.COOPERATIVE) == Isolation.COOPERATIVE,
         )
+        self._install(key, mapping)
+        return mapping
+
+    def _install(self, key: str, mapping: _Mapping) -> None:
+        """Make ``mapping`` the one we own ``key`` through; unmap any earlier one of ``key``."""
         with self._maps_lock:
             old = self._maps.pop(key, None)
             self._maps[key] = mapping
-            stale = self._cache.pop(key, None)
-            if stale is not None:
-                self._cache_bytes -= stale.capacity
+            stale = self._cache.pop(key)
         for gone in (old, stale):
-            if gone is not None:
+            if gone is not None and gone is not mapping:
                 gone.close(key)
-        return mapping
 
     def _drop_cached(self, key: str) -> None:
         with self._maps_lock:
-            mapping = self._cache.pop(key, None)
-            if mapping is not None:
-                self._cache_bytes -= mapping.capacity
+            mapping = self._cache.pop(key)
         if mapping is not None:
             mapping.close(key)
 
     def _keep(self, key: str, mapping: _Mapping) -> None:
-        """Cache the mapping of an object we gave away (its views are already revoked), or unmap
-        it; evict the least recently used mappings beyond the budget."""
-        evicted = []
+        """Cache the mapping of an object we gave away or destroyed (its views are already
+        revoked), or unmap it; evict the least recently used mappings beyond the budget."""
         with self._maps_lock:
             if (
                 mapping.cacheable
                 and not mapping.mm.closed
-                and mapping.capacity <= self.cache_limit
+                and self._cache.fits(mapping)
                 and key not in self._maps
             ):
-                stale = self._cache.pop(key, None)
-                if stale is not None:
-                    self._cache_bytes -= stale.capacity
-                    evicted.append((key, stale))
-                self._cache[key] = mapping
-                self._cache_bytes += mapping.capacity
-                while self._cache_bytes > self.cache_limit:
-                    old_key, old = self._cache.popitem(last=False)
-                    self._cache_bytes -= old.capacity
-                    evicted.append((old_key, old))
+                evicted = self._cache.put(key, mapping)
             else:
-                evicted.append((key, mapping))
+                evicted = [(key, mapping)]
         for old_key, old in evicted:
             old.close(old_key)
 
@@ -343,15 +336,18 @@ class Client:
         keep the mapping for the object's return. Unmapping 10 MB costs ~0.5 ms, which the new
         owner must not wait for."""
         mapping = self._revoke(key, detach)
+        # A destroyed object's segment goes back to the minion's pool: a later object of ours
+        # may get it, and then this mapping serves it without an mmap or page faults.
+        keep = op is Op.TRANSFER or op is Op.DESTROY
         try:
             reply, _ = self._conn.call(op, key=key, **args)
         finally:
             if mapping is not None:
-                if op is Op.TRANSFER:
+                if keep:
                     self._keep(key, mapping)
                 else:
                     mapping.close(key)
-        if op is not Op.TRANSFER:
+        if not keep:
             self._drop_cached(key)
         return reply
 

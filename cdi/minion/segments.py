@@ -25,24 +25,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from cdi.errors import OutOfMemory
+from cdi.protocol import PAGE, size_class
 
 __all__ = ["PAGE", "Segment", "SegmentPool", "size_class"]
 
 log = logging.getLogger(__name__)
 
-PAGE = mmap.PAGESIZE
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _SEGMENT_IDS = itertools.count(1)
-
-
-def size_class(size: int) -> int:
-    """Round ``size`` up to its class: whole pages, then 4 steps per power of two (<= 25% waste)."""
-    pages = max(1, -(-size // PAGE))
-    if pages <= 4:
-        return pages * PAGE
-    top = 1 << (pages - 1).bit_length()  # next power of two >= pages
-    step = top // 8  # classes between top/2 and top: 5/8, 6/8, 7/8, 8/8 of top
-    return (-(-pages // step) * step) * PAGE
 
 
 @dataclass(eq=False)
@@ -115,11 +105,15 @@ class SegmentPool:
         self.allocations = 0
         self.reuses = 0
 
-    def acquire(self, size: int, *, sealed: bool = True) -> Segment:
+    def acquire(
+        self, size: int, *, sealed: bool = True, prefer: frozenset[int] = frozenset()
+    ) -> Segment:
+        """A segment for ``size`` bytes: an idle one of its class if any — one of ``prefer``
+        (segment ids the caller still maps) when possible — else a new one."""
         capacity = size_class(size)
         bucket = self._idle.get((capacity, sealed))
         if bucket:
-            segment = bucket.pop()
+            segment = bucket.pop(_preferred_index(bucket, prefer))
             self.idle_bytes -= capacity
             self.reuses += 1
         else:
@@ -182,3 +176,13 @@ class SegmentPool:
                 f"{self.memory_limit} bytes ({self.used_bytes} in use)"
             )
         log.debug("freed idle segments to make room for %d bytes", capacity)
+
+
+def _preferred_index(bucket: list[Segment], prefer: frozenset[int]) -> int:
+    """The most recently released segment of ``bucket`` whose id is in ``prefer``; else the
+    most recently released one (its pages are the likeliest to be warm in cache)."""
+    if prefer:
+        for index in range(len(bucket) - 1, -1, -1):
+            if bucket[index].id in prefer:
+                return index
+    return -1

@@ -357,10 +357,19 @@ class Minion:
             self.reporter.object_changed(obj.key, obj.size, obj.owner, obj.generation)
 
     def _new_object(
-        self, conn: Connection, key: str, size: int, isolation: Isolation, recovery: str
+        self,
+        conn: Connection,
+        key: str,
+        size: int,
+        isolation: Isolation,
+        recovery: str,
+        prefer: frozenset[int] = frozenset(),
     ) -> StoredObject:
         assert conn.container is not None
-        segment = self.pool.acquire(size, sealed=isolation is Isolation.COOPERATIVE)
+        cooperative = isolation is Isolation.COOPERATIVE
+        segment = self.pool.acquire(
+            size, sealed=cooperative, prefer=prefer if cooperative else frozenset()
+        )
         obj = StoredObject(
             key=key,
             size=size,
@@ -406,10 +415,15 @@ class Minion:
         size = protocol.check_size(request.get("size"), self.config.max_object)
         isolation = self._isolation(request.get("isolation"))
         recovery = protocol.check_container_id(request.get("recovery") or conn.container)
+        have = protocol.check_segment_ids(request.get("have"))
         if key in self.objects:
             raise KeyExists(f"an object with key {key!r} already exists")
-        obj = self._new_object(conn, key, size, isolation, recovery)
-        return (obj.grant_fields(), obj.segment.fd)
+        obj = self._new_object(conn, key, size, isolation, recovery, prefer=have)
+        # No fd if the creator still maps the segment it got (a pooled one it used before).
+        return (
+            obj.grant_fields(),
+            obj.grant_fd(obj.segment.id if obj.segment.id in have else None),
+        )
 
     def _isolation(self, value: object) -> Isolation:
         if value is None:

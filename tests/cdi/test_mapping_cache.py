@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import cdi
+from cdi.client.mapcache import MappingCache
 from cdi.protocol import Op
 from tests.cdi.conftest import MinionProcess, start_minion, stop_minion
 
@@ -47,7 +49,9 @@ def test_an_object_that_comes_back_reuses_the_mapping(
     assert bytes(again[:3]) == b"two"
     again.release()
     obj.destroy()
-    assert key not in a._cache
+    assert not obj.owned
+    with pytest.raises(cdi.ObjectNotFound):
+        obj.read()  # the mapping stays cached for its segment, the object is gone
 
 
 def test_a_recreated_key_gets_its_own_memory(minion: MinionProcess, unique: Unique) -> None:
@@ -66,6 +70,66 @@ def test_a_recreated_key_gets_its_own_memory(minion: MinionProcess, unique: Uniq
     assert obj.read()[:3] == b"new"
     assert obj.size == 50_000
     obj.destroy()
+
+
+def test_a_new_object_reuses_the_mapping_of_a_freed_segment(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    """A create offers the segments we still map; the minion picks one and sends no fd."""
+    a = minion.client(unique("a"))
+    size = 3 << 20
+    first = a.create(unique("k"), size)
+    first.write(b"secret")
+    first_mm = _mm_of(a, first.key)
+    segment = a._maps[first.key].segment
+    first.destroy()
+    assert first_mm.closed is False  # type: ignore[attr-defined]
+
+    second = a.create(unique("k"), size)
+    assert a._maps[second.key].segment == segment
+    assert _mm_of(a, second.key) is first_mm  # no mmap, and its pages are already mapped
+    assert second.read()[:6] == bytes(6)  # zeroed by the minion: no old bytes show
+    second.destroy()
+
+
+def test_an_object_in_a_segment_we_mapped_under_another_key_reuses_it(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    a, b = minion.client(unique("a")), minion.client(unique("b"))
+    size = 3 << 20
+    one = a.create(unique("k"), size)
+    one.transfer(b.container_id or "")
+    theirs = b.use(one.key)
+    theirs.access(timeout=5).release()
+    b_mm = _mm_of(b, one.key)
+    theirs.transfer(a.container_id or "")  # b caches its mapping of this segment
+    one.access(timeout=5).release()
+    one.destroy()
+
+    two = a.create(unique("k"), size)  # the same segment, now under another key
+    assert a._maps[two.key].segment == b._cache.get(one.key).segment  # type: ignore[union-attr]
+    two.write(b"fresh")
+    two.transfer(b.container_id or "")
+    with b.use(two.key).view(timeout=5) as buf:
+        assert _mm_of(b, two.key) is b_mm  # the fd came, the cached mapping served
+        assert bytes(buf[:5]) == b"fresh"
+    assert one.key not in b._cache
+    b.use(two.key).destroy()
+
+
+def test_create_checks_the_segments_it_is_offered(minion: MinionProcess, unique: Unique) -> None:
+    a = minion.client(unique("a"))
+    for bad in ("1", [1.5], list(range(65)), {"x": 1}):
+        with pytest.raises(cdi.InvalidArgument, match="have must be a list"):
+            a._conn.call(Op.CREATE, key=unique("k"), size=10, have=bad)
+    # Naming a segment that is not free (or not ours) just gets a new one, with its fd.
+    obj = a.create(unique("k"), 10)
+    other = unique("k")
+    reply, fd = a._conn.call(Op.CREATE, key=other, size=10, have=[a._maps[obj.key].segment])
+    assert fd is not None and reply["segment"] != a._maps[obj.key].segment
+    os.close(fd)
+    obj.destroy()
+    a._conn.call(Op.DESTROY, key=other)
 
 
 def test_strict_objects_are_never_cached(shared_dir: Path, unique: Unique) -> None:
@@ -96,7 +160,7 @@ def test_the_cache_keeps_to_its_budget(minion: MinionProcess, unique: Unique) ->
     for obj in objects:
         obj.transfer(b.container_id or "")
     assert list(a._cache) == keys[-1:]
-    assert a._cache_bytes == 12_288
+    assert a._cache.bytes == 12_288
     for key in keys:
         theirs = b.use(key)
         theirs.access(timeout=5).release()
@@ -104,7 +168,7 @@ def test_the_cache_keeps_to_its_budget(minion: MinionProcess, unique: Unique) ->
         assert not b._cache  # cache_bytes=0 keeps nothing
     for obj in objects:
         obj.destroy()
-    assert not a._cache and a._cache_bytes == 0
+    assert len(a._cache) == 1 and a._cache.bytes == 12_288  # still within budget
 
 
 def test_claiming_a_mapping_gives_a_non_owner_nothing(
@@ -147,3 +211,27 @@ def test_populate_maps_every_page_before_the_first_touch(
     assert eager_faults < 64
     lazy.destroy()
     eager.destroy()
+
+
+@dataclass
+class _FakeMapping:
+    capacity: int
+    segment: int | None
+
+
+def test_the_cache_indexes_mappings_by_segment_and_capacity() -> None:
+    cache: MappingCache[_FakeMapping] = MappingCache(limit=30)
+    first, second, third = _FakeMapping(10, 1), _FakeMapping(10, 2), _FakeMapping(20, 3)
+    assert cache.put("a", first) == []
+    assert cache.put("b", second) == []
+    assert cache.segments_of_capacity(10) == [2, 1]  # most recently cached first
+    assert cache.put("c", third) == [("a", first)]  # least recently used goes over budget
+    assert cache.segments_of_capacity(10) == [2]
+    assert cache.pop_segment(2, capacity=20) is None  # never a mapping of another size
+    assert cache.pop_segment(2, capacity=10) is second
+    assert "b" not in cache and cache.segments_of_capacity(10) == []
+    # The same segment cached again under another key replaces the old entry.
+    again = _FakeMapping(20, 3)
+    assert cache.put("d", again) == [("c", third)]
+    assert list(cache) == ["d"] and cache.bytes == 20
+    assert cache.clear() == [again] and cache.bytes == 0 and cache.segments_of_capacity(20) == []
