@@ -157,8 +157,12 @@ class Client:
         isolation: Isolation | str | None = None,
         recovery: str | None = None,
         populate: bool = True,
+        zeroed: bool = True,
     ) -> CDIObject:
         """Create an object of ``size`` bytes owned by this container; ``KeyExists`` if taken.
+
+        ``zeroed=False``: the caller will overwrite the bytes, so the minion need not zero
+        recycled memory that only processes of our own uid have used (never another uid's).
 
         ``populate``: map every page now, in one system call, rather than fault each in on
         first touch (the creator usually writes the whole object: a 26 MB write into a fresh
@@ -175,6 +179,8 @@ class Client:
             args["isolation"] = str(Isolation(isolation))
         if recovery is not None:
             args["recovery"] = protocol.check_container_id(recovery)
+        if zeroed is not True:
+            args["zeroed"] = zeroed
         reply, fd = self._conn.call(Op.CREATE, **args)
         self._map(key, reply, fd, populate)
         return CDIObject(self, key, reply["size"])

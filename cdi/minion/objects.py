@@ -40,6 +40,8 @@ class StoredObject:
     recovery: str
     isolation: Isolation
     generation: int = 1
+    writers: set[int] = field(default_factory=set)
+    """Uids of every process that has owned the object (and so could write its memory)."""
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
 

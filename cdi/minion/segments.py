@@ -46,6 +46,10 @@ class Segment:
     _addr: int = field(repr=False)
     id: int = field(default_factory=lambda: next(_SEGMENT_IDS))
     """Unique for the minion's life: a client that cached a mapping names the memory by it."""
+    dirty: int = 0
+    """Bytes from the start that earlier objects may have written (the rest is zeros)."""
+    writers: set[int] = field(default_factory=set)
+    """Uids of the processes that owned those objects: who may have written the dirty bytes."""
 
     @classmethod
     def allocate(cls, capacity: int, *, sealed: bool) -> Segment:
@@ -92,7 +96,11 @@ class SegmentPool:
     """Hands out segments by size class and keeps released ones warm for reuse.
 
     ``memory_limit`` caps all segment bytes (in use and idle); ``idle_limit`` caps what idle
-    segments may keep. Released segments are zeroed so no object ever sees another's data.
+    segments may keep. A segment is zeroed when it is handed out again, not when it is
+    released, and only if it must be: if the new owner asked for zeros, or if any process that
+    owned an object in it ran under another uid. A process could read the memory of processes of
+    its own uid anyway (``/proc/<pid>/mem``), so skipping the zeroing for them hides nothing,
+    and a creator about to overwrite every byte (an image) saves a pass over the memory.
     """
 
     def __init__(self, memory_limit: int, idle_limit: int) -> None:
@@ -104,18 +112,33 @@ class SegmentPool:
         self.used_segments = 0
         self.allocations = 0
         self.reuses = 0
+        self.zeroed_bytes = 0
 
     def acquire(
-        self, size: int, *, sealed: bool = True, prefer: frozenset[int] = frozenset()
+        self,
+        size: int,
+        *,
+        sealed: bool = True,
+        prefer: frozenset[int] = frozenset(),
+        uid: int | None = None,
+        zeroed: bool = True,
     ) -> Segment:
         """A segment for ``size`` bytes: an idle one of its class if any — one of ``prefer``
-        (segment ids the caller still maps) when possible — else a new one."""
+        (segment ids the caller still maps) when possible — else a new one.
+
+        ``uid``: the process that will own it. ``zeroed=False``: that process will overwrite
+        what it uses, so old bytes of its own uid may stay (never another uid's)."""
         capacity = size_class(size)
         bucket = self._idle.get((capacity, sealed))
         if bucket:
             segment = bucket.pop(_preferred_index(bucket, prefer))
             self.idle_bytes -= capacity
             self.reuses += 1
+            if segment.dirty and (zeroed or not segment.writers <= {uid}):
+                segment.zero(segment.dirty)
+                self.zeroed_bytes += segment.dirty
+                segment.dirty = 0
+                segment.writers.clear()
         else:
             self._make_room(capacity)
             segment = Segment.allocate(capacity, sealed=sealed)
@@ -124,8 +147,9 @@ class SegmentPool:
         self.used_segments += 1
         return segment
 
-    def release(self, segment: Segment, used: int) -> None:
-        """Return a segment whose object is gone; ``used`` bytes of it may hold data."""
+    def release(self, segment: Segment, used: int, writers: set[int]) -> None:
+        """Return a segment whose object is gone; ``used`` bytes of it may hold data written by
+        processes of the ``writers`` uids."""
         self._forget(segment)
         if not segment.sealed or not segment.intact(segment.capacity):
             segment.close(truncate=True)
@@ -133,7 +157,8 @@ class SegmentPool:
         if self.idle_bytes + segment.capacity > self.idle_limit:
             segment.close()
             return
-        segment.zero(used)
+        segment.dirty = max(segment.dirty, min(used, segment.capacity))
+        segment.writers |= writers
         self._idle[(segment.capacity, segment.sealed)].append(segment)
         self.idle_bytes += segment.capacity
 

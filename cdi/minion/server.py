@@ -295,6 +295,9 @@ class Minion:
         if obj.isolation is Isolation.STRICT and owner != obj.owner:
             self._move_to_fresh_segment(obj)
         obj.owner = owner
+        owner_conn = self.containers.get(owner)
+        if owner_conn is not None:
+            obj.writers.add(owner_conn.uid)
         obj.generation += 1
         self._grant_waiters(obj)  # first: the new owner is waiting; bookkeeping can follow
         obj.updated_at = time.time()
@@ -343,7 +346,7 @@ class Minion:
         if obj.isolation is Isolation.STRICT:
             self.pool.discard(obj.segment)
         else:
-            self.pool.release(obj.segment, obj.size)
+            self.pool.release(obj.segment, obj.size, obj.writers)
         for conn, request_id in self._waiters.pop(obj.key, []):
             conn.waiting.pop(request_id, None)
             conn.have.pop(request_id, None)
@@ -364,11 +367,16 @@ class Minion:
         isolation: Isolation,
         recovery: str,
         prefer: frozenset[int] = frozenset(),
+        zeroed: bool = True,
     ) -> StoredObject:
         assert conn.container is not None
         cooperative = isolation is Isolation.COOPERATIVE
         segment = self.pool.acquire(
-            size, sealed=cooperative, prefer=prefer if cooperative else frozenset()
+            size,
+            sealed=cooperative,
+            prefer=prefer if cooperative else frozenset(),
+            uid=conn.uid,
+            zeroed=zeroed,
         )
         obj = StoredObject(
             key=key,
@@ -378,6 +386,7 @@ class Minion:
             creator=conn.container,
             recovery=recovery,
             isolation=isolation,
+            writers={conn.uid},
         )
         self.objects[key] = obj
         self._changed(obj)
@@ -416,9 +425,12 @@ class Minion:
         isolation = self._isolation(request.get("isolation"))
         recovery = protocol.check_container_id(request.get("recovery") or conn.container)
         have = protocol.check_segment_ids(request.get("have"))
+        zeroed = request.get("zeroed", True)
+        if type(zeroed) is not bool:
+            raise InvalidArgument(f"zeroed must be true or false, got {zeroed!r}")
         if key in self.objects:
             raise KeyExists(f"an object with key {key!r} already exists")
-        obj = self._new_object(conn, key, size, isolation, recovery, prefer=have)
+        obj = self._new_object(conn, key, size, isolation, recovery, prefer=have, zeroed=zeroed)
         # No fd if the creator still maps the segment it got (a pooled one it used before).
         return (
             obj.grant_fields(),
@@ -482,7 +494,8 @@ class Minion:
         if new_key in self.objects:
             raise KeyExists(f"an object with key {new_key!r} already exists")
         assert conn.container is not None
-        new = self._new_object(conn, new_key, obj.size, obj.isolation, conn.container)
+        # Not zeroed: the copy overwrites its bytes (another uid's old bytes are zeroed anyway).
+        new = self._new_object(conn, new_key, obj.size, obj.isolation, conn.container, zeroed=False)
         new.segment.copy_from(obj.segment, obj.size)
         return (new.grant_fields(), new.segment.fd)
 
@@ -495,7 +508,7 @@ class Minion:
             if obj.isolation is Isolation.STRICT:
                 self.pool.discard(obj.segment)
             else:
-                self.pool.release(obj.segment, obj.size)
+                self.pool.release(obj.segment, obj.size, obj.writers)
             obj.segment = bigger
         elif size > obj.size:
             obj.segment.zero(size, start=obj.size)  # growth reads as zeros, not old bytes
@@ -527,6 +540,7 @@ class Minion:
                 "idle_bytes": pool.idle_bytes,
                 "allocations": pool.allocations,
                 "reuses": pool.reuses,
+                "zeroed_bytes": pool.zeroed_bytes,
                 "waiters": sum(len(w) for w in self._waiters.values()),
                 "memory_limit": pool.memory_limit,
             },

@@ -231,7 +231,7 @@ class Scheduler:
             image = imagebuf.decode_bytes(data, self.settings.max_pixels)
             key = run.next_object_key()
             size = imagebuf.required_size(image.width, image.height, image.mode)
-            obj = self.cdi.create(key, size)
+            obj = self.cdi.create(key, size, zeroed=False)  # write_image fills it all
             with obj.view() as buffer:
                 imagebuf.write_image(buffer, image)
         except (DataError, WorkflowsError, cdi.CDIError, OrchestratorError) as exc:

@@ -128,7 +128,9 @@ class CdiPlane:
         started = time.perf_counter()
         size = required_size(img.width, img.height, img.mode)
         try:
-            out = self.client.create(ins.output_key, size, recovery=ins.return_to or None)
+            out = self.client.create(
+                ins.output_key, size, recovery=ins.return_to or None, zeroed=False
+            )
         except cdi.KeyExists as exc:
             raise WorkerError(
                 f"output CDI object {ins.output_key!r} already exists; the scheduler must name "

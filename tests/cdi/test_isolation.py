@@ -76,6 +76,24 @@ def test_a_non_owner_under_another_uid_cannot_reach_the_memory(
     assert "TOPSECRET" not in json.dumps(seen)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run actors under other uids")
+def test_another_uids_old_bytes_are_zeroed_even_when_not_asked(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    """``zeroed=False`` never hands out bytes that a process of another uid wrote."""
+    owner = actor(
+        "owner", minion.socket_path, unique("owner"), unique("secret"), "TOPSECRET", str(OWNER_UID)
+    )
+    assert read_json(owner)["uid"] == OWNER_UID
+    assert finish(owner) == 0  # it destroys its object: the segment goes back to the pool
+    zeroed = int(str(minion.stat()["zeroed_bytes"]))
+    client = minion.client(unique("root"))
+    obj = client.create(unique("k"), 4096, zeroed=False)  # the owner's segment, just released
+    assert obj.read()[:9] == bytes(9)
+    assert int(str(minion.stat()["zeroed_bytes"])) >= zeroed + len("TOPSECRET")
+    obj.destroy()
+
+
 @pytest.mark.parametrize("mode", ["strict", "cooperative"])
 def test_a_former_owner_that_kept_its_mapping(shared_dir: Path, unique: Unique, mode: str) -> None:
     """Strict mode truncates the old segment: a cheating former owner faults instead of reading

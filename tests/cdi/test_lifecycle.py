@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 import cdi
+from cdi.protocol import Op
 from tests.cdi.conftest import MinionProcess
 from tests.cdi.test_isolation import actor, read_json
 
@@ -77,6 +78,28 @@ def test_released_memory_is_zeroed_and_reused(minion: MinionProcess, unique: Uni
     assert int(str(minion.stat()["reuses"])) == reuses + 1
     assert second.read()[:24] == bytes(24)
     second.destroy()
+
+
+def test_a_creator_that_overwrites_skips_zeroing_its_own_uids_bytes(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    """``zeroed=False``: recycled memory only our uid has used is handed out as it is."""
+    a = minion.client(unique("a"))
+    size = 7 * 4096 + 1  # a size class no other test uses
+    first = a.create(unique("k"), size)
+    first.write(b"our own old bytes")
+    first.destroy()
+    zeroed = int(str(minion.stat()["zeroed_bytes"]))
+    second = a.create(unique("k"), size, zeroed=False)
+    assert int(str(minion.stat()["zeroed_bytes"])) == zeroed  # no pass over the memory
+    assert second.read()[:17] == b"our own old bytes"
+    second.destroy()
+    third = a.create(unique("k"), size)  # the default: zeros, whoever wrote before
+    assert third.read()[:17] == bytes(17)
+    assert int(str(minion.stat()["zeroed_bytes"])) >= zeroed + 17
+    third.destroy()
+    with pytest.raises(cdi.InvalidArgument, match="zeroed must be true or false"):
+        a._conn.call(Op.CREATE, key=unique("k"), size=10, zeroed="no")
 
 
 def test_a_dead_waiter_leaves_nothing_behind(minion: MinionProcess, unique: Unique) -> None:
