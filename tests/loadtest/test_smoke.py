@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -68,6 +69,13 @@ def test_every_cheap_system_completes_a_tiny_scenario_run(
     for row in rows:
         assert row["resources"], row["system"]
         assert all(c["cpu_s"] >= 0 and c["peak_rss_mib"] > 0 for c in row["resources"].values())
+        assert all(
+            0 <= c["sys_ms_per_workflow"] <= c["cpu_ms_per_workflow"] + 1  # rounding
+            and c["page_faults_per_workflow"] >= 0
+            for c in row["resources"].values()
+        )
+    # Workers that map and write images fault pages in: the count is read, not left at zero.
+    assert used_faults(rows, "transfer", "cdiflow workers") > 0
     used = {r["system"]: r["resources"] for r in rows}
     assert "cdiflow scheduler" in used["transfer"] and "cdi minion" in used["transfer"]
     assert "celery workers" in used["celery"]
@@ -106,3 +114,9 @@ def test_quick_measures_each_policy_on_one_stack(
     assert "noop_pipeline" in quick_table(rows)
     assert "the marginal cost of a task" in quick_goals(rows)
     assert _descendants() <= before
+
+
+def used_faults(rows: list[dict[str, Any]], system: str, component: str) -> float:
+    row = next(r for r in rows if r["system"] == system)
+    faults: float = row["resources"][component]["page_faults_per_workflow"]
+    return faults
