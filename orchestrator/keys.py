@@ -14,6 +14,7 @@ __all__ = [
     "FINISHED",
     "HEARTBEAT_INTERVAL_S",
     "WAKE",
+    "WAKE_CANCEL",
     "WORKERS",
     "WORKER_DEAD_AFTER_S",
     "WORKER_FIELDS",
@@ -28,6 +29,10 @@ __all__ = [
 # scheduler must act on (created, cancelled, retried); the scheduler BRPOPs it. A wake-up is a
 # hint only: the scheduler must also poll Postgres, since a push can be lost with Redis.
 WAKE: Final = "cdiflow:wake"
+# A wake-up names the workflow; a cancellation's is prefixed, so that the scheduler looks up a
+# run's status only when there may be something to stop (a bare id for a run it already claimed,
+# in a batch before its own wake-up came, needs nothing).
+WAKE_CANCEL: Final = "cancel:"
 
 # Pub/sub channel: a workflow id, published once the workflow's end (completed, failed,
 # cancelled) is committed; the API wakes the requests waiting for it (long polls).

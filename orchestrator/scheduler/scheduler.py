@@ -162,16 +162,18 @@ class Scheduler:
 
     # ------------------------------------------------------------------ claiming
     def _on_wake(self, value: str) -> None:
+        cancel = value.startswith(keys.WAKE_CANCEL)
         try:
-            workflow_id = uuid.UUID(value)
+            workflow_id = uuid.UUID(value.removeprefix(keys.WAKE_CANCEL))
         except ValueError:
             self._claim()
             return
         run = self.runs.get(workflow_id)
-        if run is not None:
+        if run is None:
+            self._claim()  # a new or retried run (a cancelled PENDING one is simply not claimed)
+        elif cancel:
             self._check_cancelled(run)
-        else:
-            self._claim()
+        # else: a new run that an earlier claim already took, with others, in one batch
 
     def _claim(self) -> None:
         """Take PENDING workflows while fewer than ``max_active_workflows`` are ours."""

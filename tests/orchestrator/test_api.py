@@ -455,7 +455,7 @@ def test_cancel(
     body = response.json()
     assert body["status"] == "CANCELLED" and body["finished_at"] is not None
     assert (body["started_at"] is not None) is (before is WorkflowStatus.RUNNING)
-    assert _woken(api_redis) == [run["id"]]
+    assert _woken(api_redis) == [f"{keys.WAKE_CANCEL}{run['id']}"]
     again = api_client.post(f"/api/workflows/{run['id']}/cancel")
     assert again.status_code == 409 and "already finished" in again.json()["detail"]
 

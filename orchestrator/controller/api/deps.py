@@ -62,13 +62,14 @@ SessionDep = Annotated[Session, Depends(get_db)]
 RedisDep = Annotated[redis.Redis, Depends(get_redis)]
 
 
-def wake_scheduler(client: redis.Redis, workflow_id: uuid.UUID) -> None:
-    """Tell the scheduler a workflow changed; call after the commit.
+def wake_scheduler(client: redis.Redis, workflow_id: uuid.UUID, *, cancel: bool = False) -> None:
+    """Tell the scheduler a workflow was created, retried or (``cancel``) cancelled; call after
+    the commit.
 
     A lost wake-up only delays the scheduler until its next poll of Postgres, so a Redis
     failure here is logged rather than failing a request whose change is already committed.
     """
     try:
-        client.lpush(keys.WAKE, str(workflow_id))
+        client.lpush(keys.WAKE, f"{keys.WAKE_CANCEL if cancel else ''}{workflow_id}")
     except redis.RedisError as exc:
         log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)

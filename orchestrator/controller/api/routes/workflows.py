@@ -216,7 +216,7 @@ def cancel_workflow(
     """PENDING or RUNNING → CANCELLED; 409 if the run has already finished."""
     row = repo.cancel_workflow(session, workflow_id)
     session.commit()
-    wake_scheduler(client, row.id)
+    wake_scheduler(client, row.id, cancel=True)
     announce_finished(client, row.id)
     return WorkflowPublic.model_validate(row)
 
