@@ -27,7 +27,7 @@ Every instruction carries the workflow's ``input.data`` (``data``), given to the
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = ["DataPlane", "Instruction", "Report", "ReportStatus"]
@@ -62,7 +62,7 @@ class Instruction:
     queued_at: float = 0.0  # unix seconds when the scheduler pushed it
 
     def dumps(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return _dumps(self)
 
     @classmethod
     def loads(cls, text: str | bytes) -> Instruction:
@@ -92,8 +92,14 @@ class Report:
     return_us: float = 0.0  # cdi plane: how long handing the object back took
 
     def dumps(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return _dumps(self)
 
     @classmethod
     def loads(cls, text: str | bytes) -> Report:
         return cls(**json.loads(text))
+
+
+def _dumps(message: Instruction | Report) -> str:
+    # The fields as they are (``vars``), not ``dataclasses.asdict``: that deep-copies every
+    # nested dict and list first, for a message that is about to become text anyway.
+    return json.dumps(vars(message), separators=(",", ":"))
