@@ -1,0 +1,126 @@
+"""The scheduler's view of a worker that reported and then restarted (real Postgres and Redis).
+
+A worker whose task overruns its timeout reports TIMED_OUT and exits; it is restarted at once.
+If the scheduler's health check sees the restart (a new ``started_at`` in the heartbeat) before
+its loop has read the report, the attempt must still be recorded with its own outcome, not as
+lost to a dead worker. The loop is driven by hand here, so the order is the racy one every time.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator import keys
+from orchestrator.db.engine import make_engine, make_session_factory
+from orchestrator.db.models import Event, TaskRun, TaskRunStatus
+from orchestrator.messages import Instruction, Report
+from orchestrator.objectstore import ObjectStore
+from orchestrator.scheduler.journal import Journal
+from orchestrator.scheduler.scheduler import BEATS_TTL_S, Scheduler
+from orchestrator.settings import Settings
+
+WORKER = "worker-race"
+
+
+class _NoCDI:
+    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"a dataless workflow must not call cdi.{name}")
+
+
+def _beat(client: redis.Redis, started_at: float) -> None:
+    """A live worker's heartbeat, as ``orchestrator.worker.heartbeat`` writes it."""
+    fields = {
+        "cpu": "1.0",
+        "mem": "10.0",
+        "queue_depth": "0",
+        "running": "0",
+        "host": "test",
+        "last_heartbeat": f"{time.time():.3f}",
+        "started_at": f"{started_at:.3f}",
+    }
+    assert tuple(fields) == keys.WORKER_FIELDS
+    client.hset(keys.worker_key(WORKER), mapping=fields)  # type: ignore[arg-type]
+    client.sadd(keys.WORKERS, WORKER)
+
+
+@pytest.fixture
+def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Scheduler]:
+    assert api_settings.database_url and api_settings.redis_url
+    engine = make_engine(api_settings.database_url, synchronous_commit=False)
+    own = Scheduler(
+        f"scheduler-{uuid.uuid4().hex[:8]}",
+        api_settings,
+        make_session_factory(engine),
+        redis.Redis.from_url(api_settings.redis_url, decode_responses=True),
+        _NoCDI(),  # type: ignore[arg-type]
+        ObjectStore(api_settings),
+        journal=Journal(engine),
+    )
+    try:
+        yield own
+    finally:
+        own.stop()
+        own._pool.shutdown(wait=True)
+        own.journal.close()
+        own.redis.close()
+        engine.dispose()
+
+
+def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+) -> None:
+    _beat(api_redis, started_at=1000.0)
+    started = api_client.post(
+        "/api/workflows", json={"workflow": "noop_pipeline", "input": {"data": {"n": 1}}}
+    )
+    assert started.status_code == 201, started.text
+    workflow_id = started.json()["id"]
+
+    scheduler._claim()  # takes the run and pushes its first task to the only live worker
+    raw = api_redis.rpop(keys.worker_queue_key(WORKER))
+    assert isinstance(raw, bytes | str), "the first task was not placed on the live worker"
+    instruction = Instruction.loads(raw)
+    assert instruction.workflow_id == workflow_id
+
+    # The worker overran, reported TIMED_OUT and exited; its restart beats before our loop runs.
+    now = time.time()
+    report = Report(
+        instruction.task_run_id,
+        workflow_id,
+        WORKER,
+        "TIMED_OUT",
+        now - 1.0,
+        now,
+        error="task 'noop1' timed out after 1 s",
+    )
+    api_redis.lpush(scheduler.reply_key, report.dumps())
+    _beat(api_redis, started_at=2000.0)
+    time.sleep(BEATS_TTL_S * 2)  # the scheduler re-reads heartbeats at most this often
+
+    scheduler._check_in_flight()
+
+    with api_sessions() as session:
+        run = session.get(TaskRun, instruction.task_run_id)
+        assert run is not None
+        assert (run.status, run.error) == (TaskRunStatus.TIMED_OUT, report.error)
+        lost = session.scalars(
+            select(Event).where(
+                Event.workflow_id == uuid.UUID(workflow_id), Event.kind == "task.lost"
+            )
+        ).all()
+    assert lost == [], "the attempt was recorded as lost to a dead worker"
+    assert api_redis.llen(scheduler.reply_key) == 0  # the report was read, not left behind
