@@ -64,6 +64,7 @@ class Worker:
     ) -> None:
         self.worker_id = worker_id
         self.redis = redis_client  # bytes replies: LREM must match the raw instruction exactly
+        self._report_and_ack = redis_client.register_script(_REPORT_AND_ACK)
         self.cdi_plane = cdi_plane
         self.store_plane = store_plane
         self.concurrency = concurrency
@@ -218,7 +219,9 @@ class Worker:
     def _deliver(self, raw: bytes, reply_to: str | None, report: Report | None) -> None:
         """LPUSH ``report`` on ``reply_to`` (if any), then drop ``raw`` from in flight.
 
-        One transaction: a report is never sent without the acknowledgement, nor the reverse.
+        One script, atomic on the server: a report is never sent without the acknowledgement,
+        nor the reverse. *Why a script, not MULTI/EXEC:* one command instead of four, and
+        redis-py's pipeline machinery was a sixth of a worker's CPU at 10 KB (py-spy).
         Retries while Redis is unreachable; once stopping, gives up after a few tries and
         leaves the instruction in flight for the scheduler.
         """
@@ -226,11 +229,11 @@ class Worker:
         while True:
             attempt += 1
             try:
-                pipe = self.redis.pipeline(transaction=True)
                 if reply_to is not None and report is not None:
-                    pipe.lpush(reply_to, report.dumps())
-                pipe.lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
-                pipe.execute()
+                    keys_ = [self.inflight_key, reply_to]
+                    self._report_and_ack(keys=keys_, args=[raw, report.dumps()])
+                else:
+                    self.redis.lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
                 return
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if self._stop.is_set() and attempt >= _DELIVERY_ATTEMPTS_WHEN_STOPPING:
@@ -249,6 +252,14 @@ class Worker:
             self.redis.lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
         except redis.RedisError as exc:
             log.error("cannot remove an instruction from %s: %s", self.inflight_key, exc)
+
+
+# KEYS: the worker's in-flight list, the scheduler's report list; ARGV: the instruction as
+# popped, the report. A WRONGTYPE on the report list aborts the script before the LREM.
+_REPORT_AND_ACK = """
+redis.call('LPUSH', KEYS[2], ARGV[2])
+return redis.call('LREM', KEYS[1], 1, ARGV[1])
+"""
 
 
 def _log_outcome(ins: Instruction, report: Report) -> None:

@@ -294,6 +294,26 @@ def test_poison_messages_do_not_stop_the_loop(stack: Stack, worker: WorkerProces
     assert stack.redis.llen(keys.worker_inflight_key(worker.worker_id)) == 0
 
 
+def test_a_report_redis_refuses_is_dropped_and_acknowledged(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    """A report list that is not a list (WRONGTYPE): nothing to retry, nothing left in flight."""
+    key = stack.put(worker, _picture(8, 8))
+    reply_to = f"test-string:{uuid.uuid4().hex}"
+    stack.redis.set(reply_to, "not a list")
+    stack.send(worker, task="noop", key=key, reply_to=reply_to)
+    inflight = keys.worker_inflight_key(worker.worker_id)
+    _poll(lambda: stack.owner(key) == SCHEDULER, "the object's return")
+    _poll(lambda: stack.redis.llen(inflight) == 0, "the acknowledgement")
+    assert stack.redis.get(reply_to) == b"not a list"
+    assert "refused the report" in worker.log()
+    stack.take(key)
+    # The loop still runs.
+    again = stack.put(worker, _picture(8, 8))
+    assert stack.run(worker, task="noop", key=again).status == "COMPLETED"
+    stack.take(again)
+
+
 def test_heartbeat_has_every_field(stack: Stack, worker: WorkerProcess) -> None:
     key = keys.worker_key(worker.worker_id)
     beat = {_text(k): _text(v) for k, v in stack.redis.hgetall(key).items()}
