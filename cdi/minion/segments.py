@@ -127,18 +127,15 @@ class SegmentPool:
         (segment ids the caller still maps) when possible — else a new one.
 
         ``uid``: the process that will own it. ``zeroed=False``: that process will overwrite
-        what it uses, so old bytes of its own uid may stay (never another uid's)."""
+        the first ``size`` bytes, so old bytes of its own uid may stay there (never another
+        uid's, and never beyond ``size``)."""
         capacity = size_class(size)
         bucket = self._idle.get((capacity, sealed))
         if bucket:
             segment = bucket.pop(_preferred_index(bucket, prefer))
             self.idle_bytes -= capacity
             self.reuses += 1
-            if segment.dirty and (zeroed or not segment.writers <= {uid}):
-                segment.zero(segment.dirty)
-                self.zeroed_bytes += segment.dirty
-                segment.dirty = 0
-                segment.writers.clear()
+            self._scrub(segment, size, uid, zeroed)
         else:
             self._make_room(capacity)
             segment = Segment.allocate(capacity, sealed=sealed)
@@ -146,6 +143,21 @@ class SegmentPool:
         self.used_bytes += capacity
         self.used_segments += 1
         return segment
+
+    def _scrub(self, segment: Segment, size: int, uid: int | None, zeroed: bool) -> None:
+        """Zero what the new owner must not see: everything old if it asked for zeros or if
+        another uid wrote it; else the old bytes beyond ``size`` only (the owner overwrites
+        the rest, and the slack up to the capacity would otherwise travel with the object to
+        whoever gets it next)."""
+        if not segment.dirty:
+            return
+        keep = 0 if zeroed or not segment.writers <= {uid} else min(size, segment.dirty)
+        if segment.dirty > keep:
+            segment.zero(segment.dirty, start=keep)
+            self.zeroed_bytes += segment.dirty - keep
+        segment.dirty = keep
+        if not keep:
+            segment.writers.clear()
 
     def release(self, segment: Segment, used: int, writers: set[int]) -> None:
         """Return a segment whose object is gone; ``used`` bytes of it may hold data written by
