@@ -85,9 +85,6 @@ class ResourceMeter:
         self._peak_rss: defaultdict[str, int] = defaultdict(int)
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
-        # A process's component, found once from its command line: the meter runs beside the
-        # systems it measures, so each sample should cost them as little as it can.
-        self._components: dict[tuple[int, float], str] = {}
 
     def start(self) -> None:
         self._before = self._snapshot()
@@ -126,7 +123,7 @@ class ResourceMeter:
 
     def _sample(self) -> None:
         while not self._stop.wait(_SAMPLE_S):
-            self._note_rss(self._snapshot(full=False))
+            self._note_rss(self._snapshot())
 
     def _note_rss(self, snapshot: dict[int, _Sample]) -> None:
         total: defaultdict[str, int] = defaultdict(int)
@@ -135,25 +132,25 @@ class ResourceMeter:
         for name, rss in total.items():
             self._peak_rss[name] = max(self._peak_rss[name], rss)
 
-    def _snapshot(self, *, full: bool = True) -> dict[int, _Sample]:
-        """Every process of the tree by pid; ``full=False`` reads its memory only."""
+    def _snapshot(self) -> dict[int, _Sample]:
         out: dict[int, _Sample] = {}
         names: dict[int, str] = {self._root.pid: _DRIVER}
         # Parents come before their children in psutil's recursive listing.
         for proc in [self._root, *self._root.children(recursive=True)]:
             # suppress: it exited meanwhile
             with contextlib.suppress(psutil.Error), proc.oneshot():
-                key = (proc.pid, proc.create_time())
-                name = self._components.get(key)
-                if name is None:
-                    name, named = self._component_of(proc, names)
-                    if named:  # by its own command line, so not a fork that has yet to exec
-                        self._components[key] = name
-                names[proc.pid] = name
-                if not full:
-                    out[proc.pid] = _Sample(name, 0.0, 0.0, 0, proc.memory_info().rss)
-                    continue
                 times = proc.cpu_times()
+                own = component_of(" ".join(proc.cmdline()) or proc.name())
+                parent = names.get(proc.ppid(), _DRIVER)
+                if own is not None:
+                    name = own
+                elif proc.pid == self._root.pid:
+                    name = _DRIVER
+                elif proc.ppid() == self._root.pid:
+                    name = "floor workers"  # the benchmark's own process pool
+                else:
+                    name = parent
+                names[proc.pid] = name
                 out[proc.pid] = _Sample(
                     name,
                     times.user + times.system,
@@ -162,14 +159,3 @@ class ResourceMeter:
                     proc.memory_info().rss,
                 )
         return out
-
-    def _component_of(self, proc: psutil.Process, names: dict[int, str]) -> tuple[str, bool]:
-        """Its component, and whether its own command line named it."""
-        own = component_of(" ".join(proc.cmdline()) or proc.name())
-        if own is not None:
-            return own, True
-        if proc.pid == self._root.pid:
-            return _DRIVER, False
-        if proc.ppid() == self._root.pid:
-            return "floor workers", False  # the benchmark's own process pool
-        return names.get(proc.ppid(), _DRIVER), False
