@@ -161,8 +161,9 @@ class Client:
     ) -> CDIObject:
         """Create an object of ``size`` bytes owned by this container; ``KeyExists`` if taken.
 
-        ``zeroed=False``: the caller will overwrite the bytes, so the minion need not zero
-        recycled memory that only processes of our own uid have used (never another uid's).
+        ``zeroed=False``: the caller will overwrite all ``size`` bytes, so the minion need not
+        zero recycled memory there that only processes of our own uid have used (another uid's
+        bytes, and old bytes beyond ``size``, are zeroed anyway).
 
         ``populate``: map every page now, in one system call, rather than fault each in on
         first touch (the creator usually writes the whole object: a 26 MB write into a fresh
@@ -244,9 +245,7 @@ class Client:
             return None
         with self._maps_lock:
             mapping = self._cache.pop_segment(segment, capacity)
-            if mapping is None:
-                return None
-            if mapping.mm.closed:
+            if mapping is None or mapping.mm.closed:
                 return None
             mapping.size = reply["size"]
             mapping.generation = reply["generation"]

@@ -49,9 +49,6 @@ class MappingCache(Generic[M]):
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._by_key))
 
-    def values(self) -> list[M]:
-        return list(self._by_key.values())
-
     def fits(self, mapping: M) -> bool:
         return mapping.capacity <= self.limit
 
@@ -61,9 +58,10 @@ class MappingCache(Generic[M]):
     def put(self, key: str, mapping: M) -> list[tuple[str, M]]:
         """Cache ``mapping`` under ``key``; return what the caller must unmap (a stale entry of
         the same key or segment, and the least recently used beyond the limit)."""
-        evicted = [(key, old) for old in (self.pop(key),) if old is not None]
-        if mapping.segment is not None:
-            evicted += [(k, old) for k, old in self._pop_segment_entry(mapping.segment)]
+        stale_keys = {key}
+        if mapping.segment in self._key_of_segment:
+            stale_keys.add(self._key_of_segment[mapping.segment])
+        evicted = [(k, old) for k in stale_keys if (old := self.pop(k)) is not None]
         self._by_key[key] = mapping
         self.bytes += mapping.capacity
         if mapping.segment is not None:
@@ -107,10 +105,3 @@ class MappingCache(Generic[M]):
         self._segments_by_capacity.clear()
         self.bytes = 0
         return gone
-
-    def _pop_segment_entry(self, segment: int) -> list[tuple[str, M]]:
-        key = self._key_of_segment.get(segment)
-        if key is None:
-            return []
-        mapping = self.pop(key)
-        return [(key, mapping)] if mapping is not None else []

@@ -230,8 +230,8 @@ class Worker:
             attempt += 1
             try:
                 if reply_to is not None and report is not None:
-                    keys_ = [self.inflight_key, reply_to]
-                    self._report_and_ack(keys=keys_, args=[raw, report.dumps()])
+                    lists = [self.inflight_key, reply_to]
+                    self._report_and_ack(keys=lists, args=[raw, report.dumps()])
                 else:
                     self.redis.lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
                 return
