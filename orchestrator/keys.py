@@ -48,11 +48,12 @@ WORKER_PREFIX: Final = "cdiflow:worker:"
 #   cpu, mem         percent in use on the worker's host (floats, 0-100)
 #   queue_depth      instructions waiting in the worker's queue (int)
 #   running          tasks running now (int)
+#   slots            tasks the worker runs at once, its --concurrency (int)
 #   host             host name the worker runs on
 #   last_heartbeat   unix seconds (float) of the latest heartbeat
 #   started_at       unix seconds (float) the worker process started
 WORKER_FIELDS: Final = (
-    "cpu", "mem", "queue_depth", "running", "host", "last_heartbeat", "started_at",
+    "cpu", "mem", "queue_depth", "running", "slots", "host", "last_heartbeat", "started_at",
 )  # fmt: skip
 
 # Workers refresh their hash this often; one silent for WORKER_DEAD_AFTER_S is presumed dead.

@@ -260,6 +260,7 @@ class WorkerPublic(BaseModel):
     mem: float | None = Field(description="Memory in use on the worker's host, percent.")
     queue_depth: int | None
     running: int | None
+    slots: int | None = Field(description="Tasks the worker runs at once (--concurrency).")
     last_heartbeat: float | None = Field(description="Unix seconds.")
     started_at: float | None = Field(description="Unix seconds.")
     heartbeat_age_s: float | None

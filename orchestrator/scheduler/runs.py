@@ -52,7 +52,6 @@ class RunState:
     avoid: frozenset[str] = frozenset()  # workers that lost the current step
     deadline: float = 0.0  # monotonic: when a silent in-flight task is presumed lost
     retry_at: float = 0.0  # monotonic: when a failed attempt is dispatched again
-    waiting_for_worker: bool = False
     cancelled: bool = False
     started: float = field(default_factory=time.monotonic)
 

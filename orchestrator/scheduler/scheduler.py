@@ -93,37 +93,47 @@ class Scheduler:
         self._pool = ThreadPoolExecutor(pool_size, thread_name_prefix="scheduler-io")
         self._in_flight: dict[str, int] = defaultdict(int)
         self._task_s: dict[str, float] = defaultdict(lambda: 0.05)  # EWMA run time per task
+        # Runs whose current step waits for a worker (none alive, or none with room: see
+        # ``placement``), oldest first.
+        self._waiting: dict[uuid.UUID, RunState] = {}
         self._redis_epoch: str | None = None
         self._stopping = False
         self._rng = random.Random()
         self._beats: dict[str, dict[str, str]] = {}
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
         self._backlog = False  # PENDING workflows may be waiting for room
+        self._next_tick = 0.0  # monotonic
 
     # ------------------------------------------------------------------ loop
     def run_forever(self) -> None:
         log.info("scheduler %s started", self.id)
         self._resume_own_runs()
-        next_tick = 0.0
         while not self._stopping:
-            item = self.redis.brpop([self.reply_key, keys.WAKE], timeout=TICK_S)
-            if item is not None:
-                key, value = str(item[0]), str(item[1])
-                if key == self.reply_key:
-                    self._on_report_text(value)
-                else:
-                    self._on_wake(value)
-            self._drain_inbox()
-            again_at = min(CLAIM_AGAIN_AT, self.settings.max_active_workflows)
-            if self._backlog and self._claim_room() >= again_at:
-                self._guarded(self._claim)  # runs ended: take the next ones waiting
-            if time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + TICK_S
-                self._tick()
+            self._step()
         self._pool.shutdown(wait=True)
         self._drain_inbox()
         self.journal.close()
         log.info("scheduler %s stopped", self.id)
+
+    def _step(self) -> None:
+        """One turn of the loop: a report or wake-up (waiting up to ``TICK_S`` for one), the
+        pool's results, then whatever those made possible."""
+        item = self.redis.brpop([self.reply_key, keys.WAKE], timeout=TICK_S)
+        if item is not None:
+            key, value = str(item[0]), str(item[1])
+            if key == self.reply_key:
+                self._on_report_text(value)
+            else:
+                self._on_wake(value)
+        self._drain_inbox()
+        if self._waiting and item is not None:
+            self._dispatch_waiting()  # a report may have freed a slot
+        again_at = min(CLAIM_AGAIN_AT, self.settings.max_active_workflows)
+        if self._backlog and self._claim_room() >= again_at:
+            self._guarded(self._claim)  # runs ended: take the next ones waiting
+        if time.monotonic() >= self._next_tick:
+            self._next_tick = time.monotonic() + TICK_S
+            self._tick()
 
     def stop(self) -> None:
         self._stopping = True
@@ -156,9 +166,25 @@ class Scheduler:
         self._guarded(self._check_in_flight)
         now = time.monotonic()
         for run in list(self.runs.values()):
-            if run.waiting_for_worker or (run.retry_at and run.retry_at <= now):
+            if run.retry_at and run.retry_at <= now:
                 run.retry_at = 0.0
                 self._guarded(functools.partial(self._dispatch, run))
+        self._dispatch_waiting()
+
+    def _dispatch_waiting(self) -> None:
+        """Place waiting runs, oldest first, while workers have room. A sweep tries one run per
+        (task, policy, previous worker): the others like it would be refused the same way."""
+        refused: set[tuple[str, str, str | None]] = set()
+        for run in list(self._waiting.values()):
+            if run.cancelled or self.runs.get(run.workflow_id) is not run:
+                self._waiting.pop(run.workflow_id, None)
+                continue
+            like = (run.current.task, run.policy, run.last_worker)
+            if like in refused:
+                continue
+            self._guarded(functools.partial(self._dispatch, run))
+            if run.workflow_id in self._waiting:
+                refused.add(like)
 
     # ------------------------------------------------------------------ claiming
     def _on_wake(self, value: str) -> None:
@@ -299,9 +325,9 @@ class Scheduler:
             avoid=run.avoid,
         )
         if worker is None:
-            run.waiting_for_worker = True
+            self._waiting.setdefault(run.workflow_id, run)
             return None
-        run.waiting_for_worker = False
+        self._waiting.pop(run.workflow_id, None)
         handoff = None
         if run.data_plane == "cdi" and run.owner != worker:
             handoff = Handoff(self.id, worker, run.nbytes, self._transfer(run, worker))

@@ -35,6 +35,7 @@ class Heartbeat:
         worker_id: str,
         *,
         running: Callable[[], int],
+        slots: int = 1,
         interval_s: float = keys.HEARTBEAT_INTERVAL_S,
     ) -> None:
         self.client = client
@@ -43,6 +44,7 @@ class Heartbeat:
         self.queue_key = keys.worker_queue_key(worker_id)
         self.interval_s = interval_s
         self._running = running
+        self.slots = slots
         self.host = socket.gethostname()
         self.started_at = time.time()
         self._stop = threading.Event()
@@ -56,6 +58,7 @@ class Heartbeat:
             "mem": f"{psutil.virtual_memory().percent:.1f}",
             "queue_depth": str(self.client.llen(self.queue_key)),
             "running": str(self._running()),
+            "slots": str(self.slots),
             "host": self.host,
             "last_heartbeat": f"{time.time():.3f}",
             "started_at": f"{self.started_at:.3f}",

@@ -75,7 +75,11 @@ class Worker:
         self._lock = threading.Lock()
         self._running = 0
         self.heartbeat = Heartbeat(
-            redis_client, worker_id, running=self.running, interval_s=heartbeat_interval_s
+            redis_client,
+            worker_id,
+            running=self.running,
+            slots=concurrency,
+            interval_s=heartbeat_interval_s,
         )
 
     # ------------------------------------------------------------------ lifecycle

@@ -56,3 +56,62 @@ def test_stale_or_malformed_heartbeats_read_as_dead() -> None:
     beats = {"old": {"last_heartbeat": "10"}, "bad": {"last_heartbeat": "soon"}}
     loads = {w.worker_id: w for w in read_workers(beats, {}, dead_after_s=6, now=100)}
     assert not loads["old"].alive and not loads["bad"].alive
+
+
+# --- late binding: tasks free to go anywhere wait for a worker with room ---------------------
+
+
+def busy(worker_id: str, in_flight: int, slots: int = 1, backlog: int | None = None) -> WorkerLoad:
+    queued = in_flight if backlog is None else backlog
+    return WorkerLoad(worker_id, True, 0.0, 10.0, queued, 0, in_flight, slots=slots)
+
+
+def test_room_is_the_slots_plus_a_prefetch_that_grows_for_short_tasks() -> None:
+    one_slot = busy("w1", in_flight=2)
+    assert not one_slot.has_room(task_s=0.4)  # running + one queued: a 0.4 s task waits
+    assert busy("w1", in_flight=1).has_room(task_s=0.4)
+    assert busy("w1", in_flight=2, slots=2).has_room(task_s=0.4)
+    assert one_slot.has_room(task_s=0.002)  # 2 ms tasks: 50 may queue behind the running one
+    assert not busy("w1", in_flight=51).has_room(task_s=0.002)
+
+
+def test_transfer_waits_when_no_worker_has_room() -> None:
+    assert (
+        choose_worker([busy("w1", 2), busy("w2", 1)], "transfer", "w1", task_s=0.4, nbytes=0)
+        == "w2"
+    )
+    assert (
+        choose_worker([busy("w1", 2), busy("w2", 2)], "transfer", "w1", task_s=0.4, nbytes=0)
+        is None
+    )
+
+
+def test_affinity_binds_only_its_first_task_late() -> None:
+    full = [busy("w1", 5), busy("w2", 5)]
+    assert choose_worker(full, "affinity", None, task_s=0.4, nbytes=0) is None
+    assert choose_worker(full, "affinity", "w1", task_s=0.4, nbytes=0) == "w1"  # pinned
+
+
+def test_auto_moves_to_a_worker_with_room_or_waits_for_its_own() -> None:
+    # Same host: moving 26 MB costs ~13 ms, far less than waiting for a 0.4 s task.
+    workers = [busy("w1", 2), busy("w2", 0)]
+    assert choose_worker(workers, "auto", "w1", task_s=0.4, nbytes=26_000_000) == "w2"
+    # Moving 4 GB (~2 s) costs more than waiting for the two 0.4 s tasks ahead: it waits.
+    assert choose_worker(workers, "auto", "w1", task_s=0.4, nbytes=4_000_000_000) is None
+    # Its own worker has room and moving would not pay: it stays.
+    assert (
+        choose_worker(
+            [busy("w1", 1), busy("w2", 0)], "auto", "w1", task_s=0.4, nbytes=4_000_000_000
+        )
+        == "w1"
+    )
+
+
+def test_slots_come_from_the_heartbeat() -> None:
+    beats = {
+        "w1": {"last_heartbeat": "100", "slots": "4"},
+        "w2": {"last_heartbeat": "100"},  # a worker from before the field: one slot
+        "w3": {"last_heartbeat": "100", "slots": "0"},
+    }
+    loads = {w.worker_id: w for w in read_workers(beats, {}, dead_after_s=6, now=101)}
+    assert (loads["w1"].slots, loads["w2"].slots, loads["w3"].slots) == (4, 1, 1)

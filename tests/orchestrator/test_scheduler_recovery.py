@@ -1,9 +1,11 @@
-"""The scheduler's view of a worker that reported and then restarted (real Postgres and Redis).
+"""The scheduler's loop driven by hand against real Postgres and Redis, with a worker's heartbeat
+written by the test, so that orders which are racy in a live system happen every time.
 
-A worker whose task overruns its timeout reports TIMED_OUT and exits; it is restarted at once.
-If the scheduler's health check sees the restart (a new ``started_at`` in the heartbeat) before
-its loop has read the report, the attempt must still be recorded with its own outcome, not as
-lost to a dead worker. The loop is driven by hand here, so the order is the racy one every time.
+* A worker whose task overruns its timeout reports TIMED_OUT and exits; it is restarted at once.
+  If the scheduler's health check sees the restart (a new ``started_at`` in the heartbeat)
+  before its loop has read the report, the attempt must still be recorded with its own outcome,
+  not as lost to a dead worker.
+* A task free to go to any worker waits in the scheduler while no worker has room for it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def _beat(client: redis.Redis, started_at: float) -> None:
         "mem": "10.0",
         "queue_depth": "0",
         "running": "0",
+        "slots": "1",
         "host": "test",
         "last_heartbeat": f"{time.time():.3f}",
         "started_at": f"{started_at:.3f}",
@@ -124,3 +127,47 @@ def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
         ).all()
     assert lost == [], "the attempt was recorded as lost to a dead worker"
     assert api_redis.llen(scheduler.reply_key) == 0  # the report was read, not left behind
+
+
+def test_a_task_free_to_go_anywhere_waits_for_room_and_goes_when_a_report_frees_it(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+) -> None:
+    """Late binding (``orchestrator.scheduler.placement``): with one slot and tasks expected to
+    take a second, the worker gets its running task plus one queued; a third run waits in the
+    scheduler, with no task run recorded, until a report frees the slot."""
+    _beat(api_redis, started_at=1000.0)
+    name = f"one_noop_{uuid.uuid4().hex[:8]}"
+    registered = api_client.post(
+        "/api/workflow-definitions", json={"name": name, "tasks": [{"ref": "n", "task": "noop"}]}
+    )
+    assert registered.status_code == 201, registered.text
+    body = {"workflow": name, "input": {"data": {}}, "policy": "transfer"}
+    ids = [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(3)]
+    scheduler._task_s["noop"] = 1.0  # as if measured: prefetch one task behind the running one
+
+    scheduler._claim()
+    queue = keys.worker_queue_key(WORKER)
+    pushed = [Instruction.loads(raw) for raw in api_redis.lrange(queue, 0, -1)]
+    assert sorted(i.workflow_id for i in pushed) == sorted(ids[:2])
+    assert [str(w) for w in scheduler._waiting] == [ids[2]]
+    with api_sessions() as session:
+        held = session.scalars(select(TaskRun).where(TaskRun.workflow_id == uuid.UUID(ids[2])))
+        assert held.all() == [], "a waiting task must not be recorded as queued at a worker"
+
+    first = Instruction.loads(api_redis.rpop(queue))  # type: ignore[arg-type]
+    now = time.time()
+    done = Report(first.task_run_id, first.workflow_id, WORKER, "COMPLETED", now - 0.5, now)
+    api_redis.lpush(scheduler.reply_key, done.dumps())
+    scheduler._step()
+
+    assert not scheduler._waiting
+    queued = {Instruction.loads(raw).workflow_id for raw in api_redis.lrange(queue, 0, -1)}
+    assert queued == {ids[1], ids[2]}
+    with api_sessions() as session:
+        placed = session.scalars(
+            select(TaskRun).where(TaskRun.workflow_id == uuid.UUID(ids[2]))
+        ).one()
+        assert placed.worker_id == WORKER

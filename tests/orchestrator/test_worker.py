@@ -317,7 +317,7 @@ def test_a_report_redis_refuses_is_dropped_and_acknowledged(
 def test_heartbeat_has_every_field(stack: Stack, worker: WorkerProcess) -> None:
     key = keys.worker_key(worker.worker_id)
     beat = {_text(k): _text(v) for k, v in stack.redis.hgetall(key).items()}
-    assert set(beat) == set(keys.WORKER_FIELDS)
+    assert set(beat) == set(keys.WORKER_FIELDS) and beat["slots"] == "1"
     assert 0 <= float(beat["cpu"]) <= 100 and 0 < float(beat["mem"]) <= 100
     assert int(beat["queue_depth"]) >= 0 and int(beat["running"]) >= 0 and beat["host"]
     assert float(beat["started_at"]) <= float(beat["last_heartbeat"])

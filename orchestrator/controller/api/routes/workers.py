@@ -44,6 +44,7 @@ def worker_status(worker_id: str, fields: Mapping[str, str], now: float) -> Work
         mem=_number(fields, "mem"),
         queue_depth=_count(fields, "queue_depth"),
         running=_count(fields, "running"),
+        slots=_count(fields, "slots"),
         last_heartbeat=last,
         started_at=_number(fields, "started_at"),
         heartbeat_age_s=age,
