@@ -31,7 +31,7 @@ from loadtest.plan import (
     plan_points,
 )
 from loadtest.resources import ResourceMeter
-from loadtest.stats import PointResult, summarize_point
+from loadtest.stats import PointResult, summarize_point, window
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.services import BenchServices, s3_client
 from orchestrator.services import RunningServices
@@ -280,11 +280,16 @@ def run_benchmark(
                         concurrency=point.concurrency,
                         link="none" if name == "floor" else config.link,
                     )
-                    result = dataclasses.replace(result, resources=used, round=round_no)
+                    span = window(records)
+                    busy = system.workers_busy(*span) if span else {}
+                    result = dataclasses.replace(
+                        result, resources=used, round=round_no, workers_busy=busy
+                    )
                     results.append(result)
                     echo(
                         f"   {point.label():<24} {result.completed}/{point.workflows} done, "
                         f"p50 {result.p50_latency_s:.3f} s, {result.throughput_wps:.2f} wf/s"
+                        + (f", workers busy {_shares(busy)}" if busy else "")
                         + (f", errors: {result.errors[0]}" if result.errors else "")
                     )
                     system.after_point()
@@ -298,3 +303,7 @@ def run_benchmark(
         k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()
     }
     return BenchReport(compare_to_floor(results), config_dict, machine)
+
+
+def _shares(busy: dict[str, float]) -> str:
+    return ", ".join(f"{worker} {share:.0%}" for worker, share in busy.items())

@@ -7,7 +7,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["PointResult", "Summary", "WorkflowRecord", "percentile", "summarize", "summarize_point"]
+__all__ = [
+    "PointResult",
+    "Summary",
+    "WorkflowRecord",
+    "busy_shares",
+    "percentile",
+    "summarize",
+    "summarize_point",
+    "window",
+]
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -83,9 +92,43 @@ class PointResult:
     errors: list[str] = field(default_factory=list)
     # CPU and peak memory per component during the point (loadtest.resources.ResourceMeter).
     resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    # cdiflow only: each worker's share of the point's window spent running a task
+    # (``busy_shares`` over the task runs in Postgres); a worker below 1 waited for work.
+    workers_busy: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def window(records: Sequence[WorkflowRecord]) -> tuple[float, float] | None:
+    """The span throughput is counted over: first submission to last result stored (Unix s)."""
+    stored = [r.stored_at for r in records if r.status == "COMPLETED" and r.stored_at]
+    if not stored:
+        return None
+    return min(r.submitted_at for r in records if r.submitted_at > 0), max(stored)
+
+
+def busy_shares(
+    runs: Iterable[tuple[str, float, float]], since: float, until: float
+) -> dict[str, float]:
+    """Each worker's share of ``[since, until]`` covered by its ``(worker, started, finished)``
+    task runs (overlapping runs of a many-slot worker count once)."""
+    if until <= since:
+        return {}
+    by_worker: dict[str, list[tuple[float, float]]] = {}
+    for worker, started, finished in runs:
+        start, end = max(started, since), min(finished, until)
+        if end > start:
+            by_worker.setdefault(worker, []).append((start, end))
+    shares = {}
+    for worker, spans in sorted(by_worker.items()):
+        covered, reach = 0.0, since
+        for start, end in sorted(spans):
+            if end > reach:
+                covered += end - max(start, reach)
+                reach = end
+        shares[worker] = round(covered / (until - since), 4)
+    return shares
 
 
 def summarize_point(
@@ -102,10 +145,9 @@ def summarize_point(
     done = [r for r in records if r.status == "COMPLETED" and r.stored_at is not None]
     latency = summarize(r.latency_s for r in done if r.latency_s is not None)
     throughput = 0.0
-    if done:
-        first = min(r.submitted_at for r in records if r.submitted_at > 0)
-        span = max(r.stored_at for r in done if r.stored_at) - first
-        throughput = len(done) / span if span > 0 else float("inf")
+    span = window(records)
+    if span is not None:
+        throughput = len(done) / (span[1] - span[0]) if span[1] > span[0] else float("inf")
     errors = sorted({r.error[:200] for r in records if r.status != "COMPLETED" and r.error})
     return PointResult(
         system=system,

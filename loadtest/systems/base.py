@@ -62,6 +62,11 @@ class System(abc.ABC):
     @abc.abstractmethod
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]: ...
 
+    def workers_busy(self, since: float, until: float) -> dict[str, float]:
+        """Each worker's share of ``[since, until]`` (Unix s) spent running a task, where the
+        system records that (``loadtest.stats.busy_shares``); empty where it does not."""
+        return {}
+
     def after_point(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Clean up between points (results pile up in the embedded S3's memory)."""
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+import psycopg
+from sqlalchemy.engine import make_url
+
 from loadtest.drive import run_locust
 from loadtest.images import chain_workflow
 from loadtest.plan import Point, poll_max_s
 from loadtest.rest import SYSTEM_MODES, CdiflowApi
-from loadtest.stats import WorkflowRecord
+from loadtest.stats import WorkflowRecord, busy_shares
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.services import BenchServices, clear_prefixes
 from orchestrator.stack import Stack
@@ -62,6 +67,18 @@ class CdiflowSystem(System):
         return run_locust(
             target, folder, time_limit_s=self.ctx.time_limit_s, progress=self.ctx.progress
         )
+
+    def workers_busy(self, since: float, until: float) -> dict[str, float]:
+        query = (
+            "SELECT worker_id, started_at, finished_at FROM task_runs WHERE worker_id IS NOT NULL"
+            " AND started_at IS NOT NULL AND finished_at > %s AND started_at < %s"
+        )
+        edges = (datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC))
+        url = make_url(self.stack.services.database_url).set(drivername="postgresql")
+        with psycopg.connect(url.render_as_string(hide_password=False)) as conn:
+            rows = conn.execute(query, edges).fetchall()
+        runs = ((str(w), s.timestamp(), f.timestamp()) for w, s, f in rows)
+        return busy_shares(runs, since, until)
 
     def after_point(self) -> None:
         clear_prefixes(self.services.running, ("results/", "work/"))

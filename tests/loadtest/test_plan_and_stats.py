@@ -15,7 +15,14 @@ from loadtest.plan import Point, Target, plan_points, poll_max_s
 from loadtest.plots import write_plots
 from loadtest.resources import component_of
 from loadtest.runner import compare_to_floor, median_over_rounds
-from loadtest.stats import PointResult, WorkflowRecord, percentile, summarize_point
+from loadtest.stats import (
+    PointResult,
+    WorkflowRecord,
+    busy_shares,
+    percentile,
+    summarize_point,
+    window,
+)
 from tests.loadtest.conftest import require
 from workflows.definitions import bundled_task_definitions, parse_workflow
 
@@ -206,3 +213,25 @@ def test_bench_images_measures_every_step() -> None:
     shown = CliRunner().invoke(bench_images_command, ["--size", "20KB", "--repeat", "1"])
     assert shown.exit_code == 0, shown.output
     assert "encode png level 6" in shown.output
+
+
+def test_busy_shares_count_each_workers_covered_time_once_within_the_window() -> None:
+    runs = [
+        ("w1", 0.0, 4.0),  # starts before the window: only 2..4 counts
+        ("w1", 3.0, 5.0),  # overlaps the previous run (a second slot): 4..5 more
+        ("w1", 8.0, 20.0),  # runs past the window: 8..12
+        ("w2", 2.0, 3.0),
+        ("w3", 13.0, 14.0),  # wholly outside
+    ]
+    assert busy_shares(runs, since=2.0, until=12.0) == {"w1": 0.7, "w2": 0.1}
+    assert busy_shares(runs, since=5.0, until=5.0) == {}
+
+
+def test_the_window_runs_from_first_submission_to_last_result() -> None:
+    records = [
+        WorkflowRecord("x", 1, 3, submitted_at=10.0, stored_at=12.5, status="COMPLETED"),
+        WorkflowRecord("x", 1, 3, submitted_at=11.0, stored_at=None, status="FAILED"),
+        WorkflowRecord("x", 1, 3, submitted_at=9.5, stored_at=14.0, status="COMPLETED"),
+    ]
+    assert window(records) == (9.5, 14.0)
+    assert window(records[1:2]) is None

@@ -80,6 +80,11 @@ def test_every_cheap_system_completes_a_tiny_scenario_run(
     assert "cdiflow scheduler" in used["transfer"] and "cdi minion" in used["transfer"]
     assert "celery workers" in used["celery"]
     assert "cdiflow scheduler" in resources_table(report.results)
+    # cdiflow's workers say how much of the window they ran tasks; the peers record nothing.
+    busy = {r["system"]: r["workers_busy"] for r in rows}
+    assert set(busy["transfer"]) <= {"worker-1", "worker-2"} and busy["transfer"], busy
+    assert all(0 < share <= 1 for share in busy["transfer"].values())
+    assert busy["celery"] == {} and busy["floor"] == {}
     assert _descendants() <= before, "the benchmark left processes behind"
 
 
