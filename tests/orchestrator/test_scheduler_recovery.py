@@ -5,7 +5,8 @@ written by the test, so that orders which are racy in a live system happen every
   If the scheduler's health check sees the restart (a new ``started_at`` in the heartbeat)
   before its loop has read the report, the attempt must still be recorded with its own outcome,
   not as lost to a dead worker.
-* A task free to go to any worker waits in the scheduler while no worker has room for it.
+* A task free to go to any worker waits in the scheduler while no worker has room for it, and
+  never goes out once its workflow is cancelled.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ def test_a_task_free_to_go_anywhere_waits_for_room_and_goes_when_a_report_frees_
     take a second, the worker gets its running task plus one queued; a third run waits in the
     scheduler, with no task run recorded, until a report frees the slot."""
     _beat(api_redis, started_at=1000.0)
+    api_redis.delete(keys.worker_queue_key(WORKER))  # what earlier tests left for this worker
     name = f"one_noop_{uuid.uuid4().hex[:8]}"
     registered = api_client.post(
         "/api/workflow-definitions", json={"name": name, "tasks": [{"ref": "n", "task": "noop"}]}
@@ -171,3 +173,40 @@ def test_a_task_free_to_go_anywhere_waits_for_room_and_goes_when_a_report_frees_
             select(TaskRun).where(TaskRun.workflow_id == uuid.UUID(ids[2]))
         ).one()
         assert placed.worker_id == WORKER
+
+
+def test_a_waiting_task_of_a_cancelled_workflow_never_goes_out(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_redis: redis.Redis,
+) -> None:
+    _beat(api_redis, started_at=1000.0)
+    api_redis.delete(keys.worker_queue_key(WORKER))  # what earlier tests left for this worker
+    name = f"one_noop_{uuid.uuid4().hex[:8]}"
+    registered = api_client.post(
+        "/api/workflow-definitions", json={"name": name, "tasks": [{"ref": "n", "task": "noop"}]}
+    )
+    assert registered.status_code == 201, registered.text
+    body = {"workflow": name, "input": {"data": {}}, "policy": "transfer"}
+    ids = [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(3)]
+    scheduler._task_s["noop"] = 1.0
+    scheduler._claim()
+    assert [str(w) for w in scheduler._waiting] == [ids[2]]
+
+    cancelled = api_client.post(f"/api/workflows/{ids[2]}/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    api_redis.delete(keys.WAKE)  # only the cancel's own wake-up below, not the starts'
+    api_redis.lpush(keys.WAKE, f"{keys.WAKE_CANCEL}{ids[2]}")
+    scheduler._step()
+    assert uuid.UUID(ids[2]) not in scheduler.runs
+
+    queue = keys.worker_queue_key(WORKER)
+    first = Instruction.loads(api_redis.rpop(queue))  # type: ignore[arg-type]
+    now = time.time()
+    done = Report(first.task_run_id, first.workflow_id, WORKER, "COMPLETED", now - 0.5, now)
+    api_redis.lpush(scheduler.reply_key, done.dumps())
+    scheduler._step()  # a slot is free, but the only waiting run was cancelled
+
+    queued = [Instruction.loads(raw).workflow_id for raw in api_redis.lrange(queue, 0, -1)]
+    assert queued == [ids[1]] and not scheduler._waiting
+    assert api_client.get(f"/api/workflows/{ids[2]}").json()["status"] == "CANCELLED"
