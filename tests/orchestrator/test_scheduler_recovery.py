@@ -139,15 +139,7 @@ def test_a_task_free_to_go_anywhere_waits_for_room_and_goes_when_a_report_frees_
     """Late binding (``orchestrator.scheduler.placement``): with one slot and tasks expected to
     take a second, the worker gets its running task plus one queued; a third run waits in the
     scheduler, with no task run recorded, until a report frees the slot."""
-    _beat(api_redis, started_at=1000.0)
-    api_redis.delete(keys.worker_queue_key(WORKER))  # what earlier tests left for this worker
-    name = f"one_noop_{uuid.uuid4().hex[:8]}"
-    registered = api_client.post(
-        "/api/workflow-definitions", json={"name": name, "tasks": [{"ref": "n", "task": "noop"}]}
-    )
-    assert registered.status_code == 201, registered.text
-    body = {"workflow": name, "input": {"data": {}}, "policy": "transfer"}
-    ids = [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(3)]
+    ids = _start_one_task_runs(api_client, api_redis, 3)
     scheduler._task_s["noop"] = 1.0  # as if measured: prefetch one task behind the running one
 
     scheduler._claim()
@@ -180,15 +172,7 @@ def test_a_waiting_task_of_a_cancelled_workflow_never_goes_out(
     api_client: TestClient,
     api_redis: redis.Redis,
 ) -> None:
-    _beat(api_redis, started_at=1000.0)
-    api_redis.delete(keys.worker_queue_key(WORKER))  # what earlier tests left for this worker
-    name = f"one_noop_{uuid.uuid4().hex[:8]}"
-    registered = api_client.post(
-        "/api/workflow-definitions", json={"name": name, "tasks": [{"ref": "n", "task": "noop"}]}
-    )
-    assert registered.status_code == 201, registered.text
-    body = {"workflow": name, "input": {"data": {}}, "policy": "transfer"}
-    ids = [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(3)]
+    ids = _start_one_task_runs(api_client, api_redis, 3)
     scheduler._task_s["noop"] = 1.0
     scheduler._claim()
     assert [str(w) for w in scheduler._waiting] == [ids[2]]
@@ -210,3 +194,17 @@ def test_a_waiting_task_of_a_cancelled_workflow_never_goes_out(
     queued = [Instruction.loads(raw).workflow_id for raw in api_redis.lrange(queue, 0, -1)]
     assert queued == [ids[1]] and not scheduler._waiting
     assert api_client.get(f"/api/workflows/{ids[2]}").json()["status"] == "CANCELLED"
+
+
+def _start_one_task_runs(api_client: TestClient, api_redis: redis.Redis, count: int) -> list[str]:
+    """A live one-slot worker with an empty queue, and ``count`` started workflows of one no-op
+    task each under ``transfer`` (every task free to go anywhere); their ids, oldest first."""
+    _beat(api_redis, started_at=1000.0)
+    api_redis.delete(keys.worker_queue_key(WORKER))  # what earlier tests left for this worker
+    name = f"one_noop_{uuid.uuid4().hex[:8]}"
+    registered = api_client.post(
+        "/api/workflow-definitions", json={"name": name, "tasks": [{"ref": "n", "task": "noop"}]}
+    )
+    assert registered.status_code == 201, registered.text
+    body = {"workflow": name, "input": {"data": {}}, "policy": "transfer"}
+    return [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(count)]
