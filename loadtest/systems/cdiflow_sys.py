@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import psycopg
-from sqlalchemy.engine import make_url
+from sqlalchemy import select
 
 from loadtest.drive import run_locust
 from loadtest.images import chain_workflow
@@ -14,6 +13,8 @@ from loadtest.rest import SYSTEM_MODES, CdiflowApi
 from loadtest.stats import WorkflowRecord, busy_shares
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.services import BenchServices, clear_prefixes
+from orchestrator.db.engine import make_engine
+from orchestrator.db.models import TaskRun
 from orchestrator.stack import Stack
 from orchestrator.stack.probes import free_port
 
@@ -69,15 +70,20 @@ class CdiflowSystem(System):
         )
 
     def workers_busy(self, since: float, until: float) -> dict[str, float]:
-        query = (
-            "SELECT worker_id, started_at, finished_at FROM task_runs WHERE worker_id IS NOT NULL"
-            " AND started_at IS NOT NULL AND finished_at > %s AND started_at < %s"
-        )
         edges = (datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC))
-        url = make_url(self.stack.services.database_url).set(drivername="postgresql")
-        with psycopg.connect(url.render_as_string(hide_password=False)) as conn:
-            rows = conn.execute(query, edges).fetchall()
-        runs = ((str(w), s.timestamp(), f.timestamp()) for w, s, f in rows)
+        query = select(TaskRun.worker_id, TaskRun.started_at, TaskRun.finished_at).where(
+            TaskRun.worker_id.is_not(None),
+            TaskRun.started_at.is_not(None),
+            TaskRun.finished_at > edges[0],
+            TaskRun.started_at < edges[1],
+        )
+        engine = make_engine(self.stack.services.database_url, pooled=False)
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(query).all()
+        finally:
+            engine.dispose()
+        runs = ((str(w), s.timestamp(), f.timestamp()) for w, s, f in rows if s and f)
         return busy_shares(runs, since, until)
 
     def after_point(self) -> None:
