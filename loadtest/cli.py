@@ -7,10 +7,11 @@ and stopped by the benchmark. Mounted by ``cdiflow`` under ``bench``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,8 +19,12 @@ import click
 
 from cdi.errors import CDIError
 from cdi.minion.config import parse_bytes
+from orchestrator.errors import OrchestratorError
+from orchestrator.stack.state import DataDirLock
 
 __all__ = ["bench_workflows_command"]
+
+_LOCK_FILE = "bench.lock"
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -207,6 +212,30 @@ def bench_workflows_command(
             echo(f"results: {json_file}")
 
 
+@contextlib.contextmanager
+def _one_run_per_folder(data_dir: Path) -> Iterator[None]:
+    """Hold ``<data_dir>/bench.lock`` for the run: a second run on the folder would find the
+    first one's Postgres on its files. Errors of a system or service that cannot start become
+    a one-line message (with the log excerpt the error carries), not a traceback."""
+    lock = DataDirLock(data_dir.absolute(), name=_LOCK_FILE, busy=_busy_message)
+    try:
+        lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+    except OrchestratorError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _busy_message(data_dir: Path, pid: int | None) -> str:
+    who = f" (pid {pid})" if pid is not None else ""
+    return (
+        f"another `cdiflow bench workflows` is running with --data-dir {data_dir}{who}; "
+        "wait for it to finish, stop it, or give this run another --data-dir"
+    )
+
+
 def _quick(
     chosen: tuple[str, ...] | None,
     repeat: int,
@@ -224,14 +253,15 @@ def _quick(
     if unknown:
         raise click.BadParameter(f"--quick measures {', '.join(QUICK_SYSTEMS)}; not {unknown}")
     machine = machine_state()
-    rows = run_quick(
-        repeat=repeat,
-        burst=burst,
-        workers=workers,
-        systems=chosen or QUICK_SYSTEMS,
-        data_dir=data_dir.absolute() / "quick",
-        progress=echo,
-    )
+    with _one_run_per_folder(data_dir):
+        rows = run_quick(
+            repeat=repeat,
+            burst=burst,
+            workers=workers,
+            systems=chosen or QUICK_SYSTEMS,
+            data_dir=data_dir.absolute() / "quick",
+            progress=echo,
+        )
     click.echo(
         f"\n{repeat} sequential workflows each (latency: server finished_at - created_at)"
         f", then {burst} at once (throughput)\n",
@@ -285,7 +315,8 @@ def _scenarios(
         data_dir=data_dir,
         rounds=rounds,
     )
-    report = run_benchmark(config, progress=None if quiet else sys.stderr, echo=echo)
+    with _one_run_per_folder(data_dir):
+        report = run_benchmark(config, progress=None if quiet else sys.stderr, echo=echo)
     click.echo("\n" + scenario_table(report.results, rounds=rounds > 1), file=out)
     if rounds > 1:
         medians = median_over_rounds(report.results)

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -127,12 +128,22 @@ def remove_state(data_dir: Path) -> None:
 class DataDirLock:
     """One stack per data folder: an exclusive ``flock`` on ``<data>/stack.lock``.
 
-    The kernel drops the lock when its holder dies, so a crash never leaves it stuck.
+    The kernel drops the lock when its holder dies, so a crash never leaves it stuck. The
+    holder's PID is written into the file for the message a second comer gets. ``name`` and
+    ``busy`` serve other one-per-folder runs (``cdiflow bench workflows``): the lock file's
+    name, and the message from the folder and the holder's PID (``None``: unknown).
     """
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        name: str = LOCK_FILE,
+        busy: Callable[[Path, int | None], str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
-        self.path = data_dir / LOCK_FILE
+        self.path = data_dir / name
+        self._busy = busy
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -142,8 +153,16 @@ class DataDirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = _holder_pid(fd)
             os.close(fd)
-            raise StackRunning(running_message(self.data_dir)) from None
+            message = (
+                self._busy(self.data_dir, holder)
+                if self._busy is not None
+                else running_message(self.data_dir)
+            )
+            raise StackRunning(message) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
@@ -161,6 +180,13 @@ class DataDirLock:
             return True
         self.release()
         return False
+
+
+def _holder_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip())
+    except (OSError, ValueError):
+        return None  # written by an older version, or not yet
 
 
 def running_message(data_dir: Path) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from loadtest.stats import (
     summarize_point,
     window,
 )
+from orchestrator.stack.state import DataDirLock
 from tests.loadtest.conftest import require
 from workflows.definitions import bundled_task_definitions, parse_workflow
 
@@ -235,3 +237,21 @@ def test_the_window_runs_from_first_submission_to_last_result() -> None:
     ]
     assert window(records) == (9.5, 14.0)
     assert window(records[1:2]) is None
+
+
+@pytest.mark.parametrize("mode", [["--scenario", "1"], ["--quick"]])
+def test_a_second_run_on_the_same_folder_is_refused_with_the_first_ones_pid(
+    tmp_path: Path, mode: list[str]
+) -> None:
+    first = DataDirLock(tmp_path, name="bench.lock")
+    first.acquire()  # stands in for a run in progress: this process holds the folder
+    try:
+        args = [*mode, "--systems", "affinity", "--data-dir", str(tmp_path)]
+        result = CliRunner().invoke(bench_workflows_command, args)
+    finally:
+        first.release()
+    assert result.exit_code == 1, result.output
+    assert "another `cdiflow bench workflows` is running" in result.output
+    assert f"(pid {os.getpid()})" in result.output
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.lock"]  # nothing started
