@@ -27,6 +27,7 @@ import itertools
 import json
 import os
 import random
+import resource
 import sys
 import threading
 import time
@@ -42,7 +43,7 @@ from locust.exception import StopUser
 
 from loadtest.images import chain_ops, chain_workflow
 from loadtest.pipeline_ops import RESULT_FORMAT
-from loadtest.plan import Target
+from loadtest.plan import Target, client_cpu_path
 from loadtest.rest import FINISHED, SYSTEM_MODES, stamp
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.conductor_client import ConductorBackend
@@ -54,6 +55,7 @@ _TARGET: Target | None = None
 _user_ids = itertools.count()
 _finished = 0
 _celery_results: list[Any] = []
+_cpu_at_first_start: tuple[float, float] | None = None  # (user + system, system) seconds
 
 
 def _arguments(parser: ArgumentParser) -> None:
@@ -204,6 +206,7 @@ class WorkflowUser(User):
         if target.rounds and self.done >= target.rounds:
             raise StopUser()
         uri, size = self.rng.choice(target.images)
+        _note_first_start()
         submitted = time.time()
         self.done += 1
         try:
@@ -269,8 +272,32 @@ class WorkflowUser(User):
         _finished += 1
         expected = self.target.rounds * self.target.concurrency
         runner = self.environment.runner
-        if expected and _finished >= expected and runner is not None:
-            threading.Timer(0.1, runner.quit).start()  # not from this user: quit kills it
+        if expected and _finished >= expected:
+            _write_client_cpu(self.target)
+            if runner is not None:
+                threading.Timer(0.1, runner.quit).start()  # not from this user: quit kills it
+
+
+def _cpu_s() -> tuple[float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, usage.ru_stime
+
+
+def _note_first_start() -> None:
+    global _cpu_at_first_start
+    if _cpu_at_first_start is None:
+        _cpu_at_first_start = _cpu_s()
+
+
+def _write_client_cpu(target: Target) -> None:
+    """Our own CPU from the first start to the last record, for the benchmark's per-component
+    table: this process exits before the benchmark's meter looks again, and its start-up
+    (importing locust) is not the clients' work."""
+    if not target.records or _cpu_at_first_start is None:
+        return
+    cpu, sys_cpu = _cpu_s()
+    usage = {"cpu_s": cpu - _cpu_at_first_start[0], "sys_s": sys_cpu - _cpu_at_first_start[1]}
+    client_cpu_path(target.records).write_text(json.dumps(usage))
 
 
 def _load_target(environment: Environment) -> Target:

@@ -24,6 +24,7 @@ __all__ = [
     "SEED",
     "Point",
     "Target",
+    "client_cpu_path",
     "plan_points",
     "poll_max_s",
 ]
@@ -129,3 +130,8 @@ class Target:
         data = json.loads(path.read_text())
         data["images"] = [(str(u), int(s)) for u, s in data["images"]]
         return cls(**data)
+
+
+def client_cpu_path(records: str | Path) -> Path:
+    """Where locust writes its own CPU for a point (beside the point's records file)."""
+    return Path(f"{records}.client-cpu.json")

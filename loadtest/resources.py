@@ -2,8 +2,9 @@
 
 Every process the benchmark started (its descendants: services, the system's own processes,
 locust) is put in a component by its command line. CPU is the difference of each process's
-user + system time between the start and the end of the point (a process that exits in
-between loses its share; the systems' processes live for the whole run), reported with its
+user + system time between the start and the end of the point. The systems' processes live
+for the whole run; locust, started per point, exits before the end and measures itself from
+its first workflow to its last (``System.client_cpu``; start-up excluded), reported with its
 system-time part and the minor page faults (Linux: what mapping fresh memory costs, the
 signature of data copied into new buffers); memory is the highest resident set seen per
 component, sampled twice a second. CPU per workflow is what
@@ -16,12 +17,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import psutil
 
-__all__ = ["ResourceMeter", "component_of"]
+__all__ = ["LOCUST_COMPONENT", "ResourceMeter", "component_of"]
+
+LOCUST_COMPONENT: Final = "locust (clients)"
 
 # First match wins: (a piece of the command line, the component it names). A process that
 # matches none belongs to its parent's component (pool workers, forked helpers); a child of the
@@ -36,7 +40,7 @@ _COMPONENTS: Final = (
     ("netem_proxy", "s3 link proxy"),
     ("redis-server", "redis"),
     ("postgres", "postgres"),
-    ("-m locust", "locust (clients)"),
+    ("-m locust", LOCUST_COMPONENT),
     ("-m celery", "celery workers"),
     ("conductor-server", "conductor server"),
     ("conductor_worker", "conductor workers"),
@@ -93,9 +97,12 @@ class ResourceMeter:
         self._sampler = threading.Thread(target=self._sample, name="resource-meter", daemon=True)
         self._sampler.start()
 
-    def stop(self, workflows: int) -> dict[str, dict[str, float]]:
+    def stop(
+        self, workflows: int, exited: Mapping[str, tuple[float, float]] | None = None
+    ) -> dict[str, dict[str, float]]:
         """``{component: {"cpu_s", "cpu_ms_per_workflow", "sys_ms_per_workflow",
-        "page_faults_per_workflow", "peak_rss_mib"}}`` for the point."""
+        "page_faults_per_workflow", "peak_rss_mib"}}`` for the point. ``exited``: CPU (total,
+        system; seconds) that processes which ended during the point measured themselves."""
         self._stop.set()
         if self._sampler is not None:
             self._sampler.join()
@@ -109,6 +116,9 @@ class ResourceMeter:
             cpu[now.component] += now.cpu_s - then.cpu_s
             sys[now.component] += now.sys_s - then.sys_s
             faults[now.component] += now.faults - then.faults
+        for name, (cpu_s, sys_s) in (exited or {}).items():
+            cpu[name] += cpu_s
+            sys[name] += sys_s
         per = max(1, workflows)
         return {
             name: {
