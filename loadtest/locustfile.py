@@ -23,6 +23,7 @@ is a cdiflow policy (``affinity``, ``transfer``, ``auto``, ``object-store``: the
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -43,7 +44,7 @@ from locust.exception import StopUser
 
 from loadtest.images import chain_ops, chain_workflow
 from loadtest.pipeline_ops import RESULT_FORMAT
-from loadtest.plan import Target, client_cpu_path
+from loadtest.plan import Target, client_usage_path
 from loadtest.rest import FINISHED, SYSTEM_MODES, stamp
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.conductor_client import ConductorBackend
@@ -273,7 +274,7 @@ class WorkflowUser(User):
         expected = self.target.rounds * self.target.concurrency
         runner = self.environment.runner
         if expected and _finished >= expected:
-            _write_client_cpu(self.target)
+            _write_client_usage(self.target)
             if runner is not None:
                 threading.Timer(0.1, runner.quit).start()  # not from this user: quit kills it
 
@@ -289,15 +290,29 @@ def _note_first_start() -> None:
         _cpu_at_first_start = _cpu_s()
 
 
-def _write_client_cpu(target: Target) -> None:
-    """Our own CPU from the first start to the last record, for the benchmark's per-component
-    table: this process exits before the benchmark's meter looks again, and its start-up
-    (importing locust) is not the clients' work."""
+def _write_client_usage(target: Target) -> None:
+    """Our own CPU from the first start to the last record, and our peak memory, for the
+    benchmark's per-component table: this process exits before the benchmark's meter looks
+    again, and its start-up (importing locust) is not the clients' work."""
     if not target.records or _cpu_at_first_start is None:
         return
     cpu, sys_cpu = _cpu_s()
-    usage = {"cpu_s": cpu - _cpu_at_first_start[0], "sys_s": sys_cpu - _cpu_at_first_start[1]}
-    client_cpu_path(target.records).write_text(json.dumps(usage))
+    usage = {
+        "cpu_s": cpu - _cpu_at_first_start[0],
+        "sys_s": sys_cpu - _cpu_at_first_start[1],
+        "peak_rss": _peak_rss(),
+    }
+    client_usage_path(target.records).write_text(json.dumps(usage))
+
+
+def _peak_rss() -> int:
+    """Bytes. Linux's ``VmHWM`` is this program's own high-water mark; ``ru_maxrss`` would
+    also count the benchmark's memory, which the child had between ``fork`` and ``exec``."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux and BSD
 
 
 def _load_target(environment: Environment) -> Target:

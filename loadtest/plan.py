@@ -24,7 +24,7 @@ __all__ = [
     "SEED",
     "Point",
     "Target",
-    "client_cpu_path",
+    "client_usage_path",
     "plan_points",
     "poll_max_s",
 ]
@@ -132,6 +132,6 @@ class Target:
         return cls(**data)
 
 
-def client_cpu_path(records: str | Path) -> Path:
-    """Where locust writes its own CPU for a point (beside the point's records file)."""
-    return Path(f"{records}.client-cpu.json")
+def client_usage_path(records: str | Path) -> Path:
+    """Where locust writes its own CPU and memory for a point (beside its records file)."""
+    return Path(f"{records}.client-usage.json")

@@ -4,7 +4,7 @@ Every process the benchmark started (its descendants: services, the system's own
 locust) is put in a component by its command line. CPU is the difference of each process's
 user + system time between the start and the end of the point. The systems' processes live
 for the whole run; locust, started per point, exits before the end and measures itself from
-its first workflow to its last (``System.client_cpu``; start-up excluded), reported with its
+its first workflow to its last (``System.client_usage``; start-up excluded), reported with its
 system-time part and the minor page faults (Linux: what mapping fresh memory costs, the
 signature of data copied into new buffers); memory is the highest resident set seen per
 component, sampled twice a second. CPU per workflow is what
@@ -23,7 +23,7 @@ from typing import Final
 
 import psutil
 
-__all__ = ["LOCUST_COMPONENT", "ResourceMeter", "component_of"]
+__all__ = ["LOCUST_COMPONENT", "ExitedUsage", "ResourceMeter", "component_of"]
 
 LOCUST_COMPONENT: Final = "locust (clients)"
 
@@ -51,6 +51,7 @@ _COMPONENTS: Final = (
 )
 _DRIVER: Final = "benchmark driver"
 _SAMPLE_S: Final = 0.5
+_RELIST_EVERY: Final = 10  # samples: descendants are listed again every 5 s
 
 
 def component_of(cmdline: str) -> str | None:
@@ -59,6 +60,15 @@ def component_of(cmdline: str) -> str | None:
         if needle in cmdline:
             return name
     return None
+
+
+@dataclass(frozen=True)
+class ExitedUsage:
+    """What a process that ended during a point measured of itself over the point."""
+
+    cpu_s: float  # user + system
+    sys_s: float
+    peak_rss: int  # bytes
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class ResourceMeter:
         self._peak_rss: defaultdict[str, int] = defaultdict(int)
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
+        self._components: dict[psutil.Process, str] = {}
 
     def start(self) -> None:
         self._before = self._snapshot()
@@ -98,11 +109,11 @@ class ResourceMeter:
         self._sampler.start()
 
     def stop(
-        self, workflows: int, exited: Mapping[str, tuple[float, float]] | None = None
+        self, workflows: int, exited: Mapping[str, ExitedUsage] | None = None
     ) -> dict[str, dict[str, float]]:
         """``{component: {"cpu_s", "cpu_ms_per_workflow", "sys_ms_per_workflow",
-        "page_faults_per_workflow", "peak_rss_mib"}}`` for the point. ``exited``: CPU (total,
-        system; seconds) that processes which ended during the point measured themselves."""
+        "page_faults_per_workflow", "peak_rss_mib"}}`` for the point. ``exited``: what processes
+        that ended during the point measured of themselves, by component."""
         self._stop.set()
         if self._sampler is not None:
             self._sampler.join()
@@ -116,9 +127,10 @@ class ResourceMeter:
             cpu[now.component] += now.cpu_s - then.cpu_s
             sys[now.component] += now.sys_s - then.sys_s
             faults[now.component] += now.faults - then.faults
-        for name, (cpu_s, sys_s) in (exited or {}).items():
-            cpu[name] += cpu_s
-            sys[name] += sys_s
+        for name, usage in (exited or {}).items():
+            cpu[name] += usage.cpu_s
+            sys[name] += usage.sys_s
+            self._note_peaks({name: usage.peak_rss})
         per = max(1, workflows)
         return {
             name: {
@@ -132,35 +144,63 @@ class ResourceMeter:
         }
 
     def _sample(self) -> None:
+        # Between the full looks only resident memory is read, of the processes last listed:
+        # listing descendants scans every process on the machine (~2.5 ms here) and a full look
+        # at ~20 processes as much again, CPU the measured system would lose on two cores.
+        procs = self._list()
+        samples = 0
         while not self._stop.wait(_SAMPLE_S):
-            self._note_rss(self._snapshot())
+            samples += 1
+            if samples % _RELIST_EVERY == 0:  # processes that started meanwhile (Ray's workers)
+                procs = self._list()
+            total: defaultdict[str, int] = defaultdict(int)
+            for proc, name in procs:
+                with contextlib.suppress(psutil.Error):  # it exited meanwhile
+                    total[name] += proc.memory_info().rss
+            self._note_peaks(total)
 
     def _note_rss(self, snapshot: dict[int, _Sample]) -> None:
         total: defaultdict[str, int] = defaultdict(int)
         for sample in snapshot.values():
             total[sample.component] += sample.rss
+        self._note_peaks(total)
+
+    def _note_peaks(self, total: dict[str, int]) -> None:
         for name, rss in total.items():
             self._peak_rss[name] = max(self._peak_rss[name], rss)
 
-    def _snapshot(self) -> dict[int, _Sample]:
-        out: dict[int, _Sample] = {}
+    def _list(self) -> list[tuple[psutil.Process, str]]:
+        """The benchmark and its descendants with their components. A process whose command
+        line names its component keeps it (psutil's ``Process`` compares PID and start time);
+        the others (pool workers, forks) take their parent's at each listing."""
+        listed: list[tuple[psutil.Process, str]] = []
         names: dict[int, str] = {self._root.pid: _DRIVER}
         # Parents come before their children in psutil's recursive listing.
         for proc in [self._root, *self._root.children(recursive=True)]:
-            # suppress: it exited meanwhile
-            with contextlib.suppress(psutil.Error), proc.oneshot():
-                times = proc.cpu_times()
-                own = component_of(" ".join(proc.cmdline()) or proc.name())
-                parent = names.get(proc.ppid(), _DRIVER)
-                if own is not None:
-                    name = own
-                elif proc.pid == self._root.pid:
-                    name = _DRIVER
-                elif proc.ppid() == self._root.pid:
-                    name = "floor workers"  # the benchmark's own process pool
-                else:
-                    name = parent
+            name = self._components.get(proc)
+            if name is None:
+                with contextlib.suppress(psutil.Error):  # it exited meanwhile
+                    own = component_of(" ".join(proc.cmdline()) or proc.name())
+                    if own is not None:  # a process caught between fork and exec names none
+                        self._components[proc] = own
+                    name = own or self._inherited(proc, names)
+            if name is not None:
                 names[proc.pid] = name
+                listed.append((proc, name))
+        return listed
+
+    def _inherited(self, proc: psutil.Process, names: dict[int, str]) -> str:
+        if proc.pid == self._root.pid:
+            return _DRIVER
+        if proc.ppid() == self._root.pid:
+            return "floor workers"  # the benchmark's own process pool
+        return names.get(proc.ppid(), _DRIVER)
+
+    def _snapshot(self) -> dict[int, _Sample]:
+        out: dict[int, _Sample] = {}
+        for proc, name in self._list():
+            with contextlib.suppress(psutil.Error), proc.oneshot():  # it exited meanwhile
+                times = proc.cpu_times()
                 out[proc.pid] = _Sample(
                     name,
                     times.user + times.system,

@@ -270,7 +270,7 @@ def run_benchmark(
                 for point in points:
                     meter.start()
                     records = system.run_point(point, inputs)
-                    used = meter.stop(len(records), system.client_cpu())
+                    used = meter.stop(len(records), system.client_usage())
                     result = summarize_point(
                         records,
                         system=name,

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
-from loadtest.plan import Point, Target, client_cpu_path
-from loadtest.resources import LOCUST_COMPONENT
+from loadtest.plan import Point, Target, client_usage_path
+from loadtest.resources import LOCUST_COMPONENT, ExitedUsage
 from loadtest.stats import WorkflowRecord
 
 __all__ = ["Inputs", "RunContext", "System"]
@@ -45,8 +45,8 @@ class System(abc.ABC):
         """The locust target of ``point`` for this system (its images, its shape, its records
         file; ``extra`` fills the system's own fields) and the point's folder."""
         folder = self.ctx.folder / "points" / self.name / point.label().replace(" ", "_")
-        self._client_cpu_file = client_cpu_path(folder / "records.jsonl")
-        self._client_cpu_file.unlink(missing_ok=True)
+        self._client_usage_file = client_usage_path(folder / "records.jsonl")
+        self._client_usage_file.unlink(missing_ok=True)
         return Target(
             system=self.name,
             images=[(inputs.uris[s], s) for s in point.sizes],
@@ -71,18 +71,21 @@ class System(abc.ABC):
         system records that (``loadtest.stats.busy_shares``); empty where it does not."""
         return {}
 
-    def client_cpu(self) -> dict[str, tuple[float, float]]:
-        """CPU (total, system; seconds) of the point's client processes that exited before the
-        meter's end, by component: locust, from the file it writes (``loadtest.locustfile``).
-        Empty for systems driven otherwise (their driver lives as long as the system)."""
-        path: Path | None = getattr(self, "_client_cpu_file", None)
+    def client_usage(self) -> dict[str, ExitedUsage]:
+        """CPU and peak memory of the point's client processes, which exit before the meter's
+        end, by component: locust's, from the file it writes (``loadtest.locustfile``). Empty
+        for systems driven otherwise (their driver lives as long as the system)."""
+        path: Path | None = getattr(self, "_client_usage_file", None)
         if path is None or not path.exists():
             return {}
         try:
             usage = json.loads(path.read_text())
-            return {LOCUST_COMPONENT: (float(usage["cpu_s"]), float(usage["sys_s"]))}
+            measured = ExitedUsage(
+                float(usage["cpu_s"]), float(usage["sys_s"]), int(usage["peak_rss"])
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return {}  # a locust killed mid-write: its share is unknown, as before
+        return {LOCUST_COMPONENT: measured}
 
     def after_point(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Clean up between points (results pile up in the embedded S3's memory)."""

@@ -14,7 +14,7 @@ from loadtest.image_costs import bench_images_command, measure_image_costs
 from loadtest.images import chain_definition, chain_ops, chain_workflow, make_jpeg
 from loadtest.plan import Point, Target, plan_points, poll_max_s
 from loadtest.plots import write_plots
-from loadtest.resources import ResourceMeter, component_of
+from loadtest.resources import ExitedUsage, ResourceMeter, component_of
 from loadtest.runner import compare_to_floor, median_over_rounds
 from loadtest.stats import (
     PointResult,
@@ -257,10 +257,11 @@ def test_a_second_run_on_the_same_folder_is_refused_with_the_first_ones_pid(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.lock"]  # nothing started
 
 
-def test_cpu_that_exited_processes_measured_themselves_joins_their_component() -> None:
+def test_what_exited_processes_measured_of_themselves_joins_their_component() -> None:
     meter = ResourceMeter()
     meter.start()
-    used = meter.stop(10, {"locust (clients)": (0.5, 0.1)})
+    used = meter.stop(10, {"locust (clients)": ExitedUsage(0.5, 0.1, 64 << 20)})
     assert used["locust (clients)"]["cpu_ms_per_workflow"] == 50.0
     assert used["locust (clients)"]["sys_ms_per_workflow"] == 10.0
+    assert used["locust (clients)"]["peak_rss_mib"] == 64.0
     assert "benchmark driver" in used  # the processes still there are measured as before
