@@ -23,8 +23,10 @@ from loadtest.pipeline_ops import apply_op
 from workflows.imagebuf import (
     JPEG_RESULT_QUALITY,
     decode_bytes,
+    decode_into,
     map_image,
     normalize_mode,
+    open_image,
     read_image,
     required_size,
     write_image,
@@ -75,6 +77,9 @@ def measure_image_costs(size: int, repeat: int) -> dict[str, Any]:
     os.posix_fallocate(segment, 0, nbytes)  # allocated up front, as the minion's pool does
     steps: dict[str, Callable[[], object]] = {
         "decode jpeg": lambda: decode_bytes(data),
+        # The scheduler's input: decoded and copied into the object, or decoded straight in.
+        "decode jpeg, then write into cdi buffer": lambda: write_image(view, decode_bytes(data)),
+        "decode jpeg straight into cdi buffer": lambda: decode_into(view, open_image(data)),
         "deblur": lambda: apply_op("deblur", img),
         "denoise": lambda: apply_op("denoise", img),
         "classify": lambda: apply_op("classify", img),

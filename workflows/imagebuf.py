@@ -28,9 +28,11 @@ Pillow can decode (palette, CMYK, 16-bit, …) onto one of them.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import struct
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -39,6 +41,7 @@ import numpy.typing as npt
 from PIL import Image, ImageOps, UnidentifiedImageError, _imaging
 
 from workflows.errors import InvalidImage, ResultTooLarge
+from workflows.tracebacks import clear_frames
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -50,10 +53,14 @@ __all__ = [
     "ImageHeader",
     "ResultFormat",
     "decode_bytes",
+    "decode_into",
+    "decodes_in_place",
     "encode_image",
+    "finish_decode",
     "image_view",
     "map_image",
     "normalize_mode",
+    "open_image",
     "read_header",
     "read_image",
     "required_size",
@@ -66,6 +73,7 @@ HEADER_SIZE: Final = _HEADER.size  # 32
 MODES: Final[dict[str, int]] = {"L": 1, "RGB": 3, "RGBA": 4}  # mode -> channels
 PIXEL_BYTES: Final[dict[str, int]] = {"L": 1, "RGB": 4, "RGBA": 4}  # mode -> stored bytes
 _MAX_DIM: Final = 2**32 - 1
+_ORIENTATION: Final = 0x0112  # the EXIF tag
 
 # zlib level of every PNG we write. *Why 1, not Pillow's 6:* on a 6.6-megapixel photo level 6
 # took 2.0 s and level 1 0.48 s for the same size (`cdiflow bench images`): at 6 the encode
@@ -281,23 +289,83 @@ def decode_bytes(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Ima
     is what a viewer shows); of an animation, only the first frame is kept. Pillow's own bomb
     ceiling (``2 * Image.MAX_IMAGE_PIXELS``) still applies above ``max_pixels``.
     """
+    return finish_decode(open_image(data, max_pixels))
+
+
+def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """The first half of ``decode_bytes``: the file's header read and checked, no pixel
+    decoded yet. Finish with ``finish_decode``, or ``decode_into`` if ``decodes_in_place``."""
     if max_pixels < 1:
         raise ValueError(f"max_pixels must be >= 1, got {max_pixels}")
     if not data:
         raise InvalidImage("empty input: expected the bytes of an image file (JPEG, PNG, …)")
-    try:
+    with _decoding(data):
         img = _open(data, max_pixels)
         width, height = img.size
         if width * height > max_pixels:
             raise InvalidImage(_bomb_message(width, height, max_pixels))
+        return img
+
+
+def finish_decode(img: Image.Image) -> Image.Image:
+    """Decode the pixels of an ``open_image`` result, upright and in a stored mode."""
+    with _decoding(None):
         img.load()
         ImageOps.exif_transpose(img, in_place=True)
         return normalize_mode(img)
+
+
+def decodes_in_place(img: Image.Image) -> bool:
+    """Whether ``decode_into`` can take this ``open_image`` result: a JPEG in a stored mode
+    (``L`` or ``RGB``; CMYK needs a conversion) that no EXIF orientation turns."""
+    if img.format != "JPEG" or img.mode not in ("L", "RGB"):
+        return False
+    with _decoding(None):
+        return bool(img.getexif().get(_ORIENTATION, 1) == 1)
+
+
+def decode_into(buf: memoryview, img: Image.Image) -> int:
+    """Decode an ``open_image`` result for which ``decodes_in_place`` holds straight into
+    ``buf``, as ``write_image(buf, finish_decode(img))`` would store it, without the decoded
+    image in between (one pass over the pixels instead of two: 4.5 ms less for a 2 MB photo);
+    return the bytes used. ``img`` is spent afterwards."""
+    if not decodes_in_place(img):
+        raise ValueError("decode_into takes a JPEG in mode L or RGB with no EXIF rotation")
+    buf = _bytes_view(buf)
+    if buf.readonly:
+        raise TypeError("decode_into needs a writable buffer; got a read-only memoryview")
+    width, height = img.size
+    header = ImageHeader(width, height, img.mode)
+    if header.total_size > len(buf):
+        raise ValueError(f"buffer of {len(buf)} bytes is too small; required_size() is the size")
+    target = _mapped(buf, header)
+    try:
+        img.im = target.im  # Pillow's loader decodes into an image it is given (load_prepare)
+        with _decoding(None):
+            img.load()
+    except BaseException as exc:
+        # The frames of a failed load hold Pillow's decoder, which holds the mapped image:
+        # clear them, or the caller could not release (or transfer, or destroy) ``buf``.
+        clear_frames(exc)
+        raise
+    finally:
+        img.close()  # drops the mapped image, so ``buf`` is no longer exported
+        del target
+    _HEADER.pack_into(buf, 0, MAGIC, width, height, header.mode.encode("ascii"), header.pixel_bytes)
+    return header.total_size
+
+
+@contextlib.contextmanager
+def _decoding(data: bytes | None) -> Iterator[None]:
+    """Pillow's errors while reading an image file, as ``InvalidImage``."""
+    try:
+        yield
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise InvalidImage(f"refusing a possible decompression bomb: {exc}") from exc
     except UnidentifiedImageError as exc:
+        start = bytes(data[:8]) if data is not None else b""
         raise InvalidImage(
-            f"not a recognised image file ({len(data)} bytes starting {bytes(data[:8])!r})"
+            f"not a recognised image file ({len(data or b'')} bytes starting {start!r})"
         ) from exc
     except InvalidImage:
         raise

@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import logging
 import time
-import traceback
 from contextlib import suppress
 
 from PIL import Image
@@ -37,6 +36,7 @@ from orchestrator.worker.execution import (
 from workflows.api import TaskSpec
 from workflows.errors import InvalidImage
 from workflows.imagebuf import map_image, required_size, write_image
+from workflows.tracebacks import clear_frames
 
 __all__ = ["CdiPlane"]
 
@@ -61,7 +61,7 @@ class CdiPlane:
             view = self._access(held)
             output = self._run_on(held, view, ins, call, spec, exe)
         except Exception as exc:
-            _drop_frames(exc)  # its frames hold the mapped input: they must not pin the object
+            clear_frames(exc)  # its frames hold the mapped input: they must not pin the object
             exe.fail(exc)
             if held is None:
                 held = self._find(ins.key)
@@ -219,17 +219,6 @@ def _release(view: memoryview) -> None:
                 "the task still holds its input image (it kept it, or it runs on past its "
                 "timeout): the object stays pinned until it lets go"
             )
-
-
-def _drop_frames(exc: BaseException) -> None:
-    """Clear the locals of the finished frames in ``exc``'s tracebacks (and its causes')."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if current.__traceback__ is not None:
-            traceback.clear_frames(current.__traceback__)
-        current = current.__cause__ or current.__context__
 
 
 def _check(ins: Instruction) -> None:

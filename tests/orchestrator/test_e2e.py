@@ -190,12 +190,21 @@ def test_a_jpeg_result_is_the_jpeg_of_the_same_pixels(harness: Harness, plane: s
     assert np.array_equal(result, np.asarray(Image.open(io.BytesIO(reference))))
 
 
+def _half_a_jpeg() -> bytes:
+    out = io.BytesIO()
+    noise = np.random.default_rng(7).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(out, "JPEG")
+    return out.getvalue()[: out.tell() // 2]
+
+
 @pytest.mark.parametrize(
     ("name", "data", "reason"),
     [
         ("missing", None, "does not exist"),
         ("not-an-image", b"this is plain text, not a picture" * 10, "not a recognised image"),
         ("too-large", os.urandom(MAX_INPUT_BYTES + 1), "limit"),
+        # A good header, then nothing: fails while decoding into the object the scheduler made.
+        ("truncated-jpeg", _half_a_jpeg(), "corrupt or truncated"),
     ],
 )
 def test_bad_inputs_fail_their_workflow_with_a_reason_and_no_worker_dies(

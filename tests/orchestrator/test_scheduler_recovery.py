@@ -208,3 +208,31 @@ def _start_one_task_runs(api_client: TestClient, api_redis: redis.Redis, count: 
     assert registered.status_code == 201, registered.text
     body = {"workflow": name, "input": {"data": {}}, "policy": "transfer"}
     return [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(count)]
+
+
+def test_an_unexpected_error_preparing_an_input_fails_the_workflow_with_a_reason(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken_get(uri: str, limit: int) -> bytes:
+        raise RuntimeError("a bug in the download")  # in no error tree the job expects
+
+    monkeypatch.setattr(scheduler.store, "get", broken_get)
+    _beat(api_redis, started_at=1000.0)
+    image = "s3://cdiflow/images/any.jpg"
+    body = {"workflow": "image_pipeline", "input": {"image": image}}
+    started = api_client.post("/api/workflows", json=body)
+    assert started.status_code == 201, started.text
+    workflow_id = started.json()["id"]
+
+    scheduler._claim()  # hands the download to the pool, whose job raises
+    deadline = time.monotonic() + 10
+    while scheduler._inbox.empty() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    scheduler._drain_inbox()  # the failure the pool posted, recorded by the loop's thread
+
+    run = api_client.get(f"/api/workflows/{workflow_id}").json()
+    assert run["status"] == "FAILED", run
+    assert "internal scheduler error (RuntimeError: a bug in the download)" in run["error"]

@@ -16,10 +16,13 @@ from workflows.imagebuf import (
     MAGIC,
     ImageHeader,
     decode_bytes,
+    decode_into,
+    decodes_in_place,
     encode_image,
     image_view,
     map_image,
     normalize_mode,
+    open_image,
     read_header,
     read_image,
     required_size,
@@ -353,3 +356,55 @@ def test_pillow_bomb_warning_becomes_invalid_image(monkeypatch: pytest.MonkeyPat
 def test_decode_rejects_bad_max_pixels() -> None:
     with pytest.raises(ValueError, match="max_pixels"):
         decode_bytes(b"x", max_pixels=0)
+
+
+# --- decoding straight into a buffer ---------------------------------------------------------
+
+
+def _jpeg(img: Image.Image, **params: object) -> bytes:
+    out = io.BytesIO()
+    img.save(out, "JPEG", **params)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB"])
+def test_decode_into_stores_what_decode_then_write_stores(mode: str) -> None:
+    data = _jpeg(random_image(mode, (61, 47)), quality=90)
+    expected = buffer_with(decode_bytes(data), extra=16)
+    img = open_image(data)
+    assert decodes_in_place(img)
+    got = memoryview(bytearray(len(expected)))
+    assert decode_into(got, img) == required_size(61, 47, mode)
+    assert bytes(got) == bytes(expected)
+
+
+def test_only_upright_jpegs_in_a_stored_mode_decode_in_place() -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated: the pixels must be turned, which needs the decoded image
+    turned = _jpeg(Image.new("RGB", (40, 20)), exif=exif)
+    cmyk = _jpeg(random_image("RGB").convert("CMYK"))
+    png = encode_image(random_image("RGB"), "PNG")
+    for data in (turned, cmyk, png):
+        assert not decodes_in_place(open_image(data))
+        with pytest.raises(ValueError, match="JPEG in mode L or RGB"):
+            decode_into(memoryview(bytearray(1 << 16)), open_image(data))
+    assert decodes_in_place(open_image(_jpeg(random_image("RGB"), exif=Image.Exif())))
+
+
+def test_decode_into_a_truncated_jpeg_fails_clearly_and_lets_go_of_the_buffer() -> None:
+    data = _jpeg(random_image("RGB", (64, 64)))
+    view = memoryview(bytearray(required_size(64, 64, "RGB")))
+    with pytest.raises(InvalidImage, match="corrupt or truncated") as failed:
+        decode_into(view, open_image(data[: len(data) // 2]))
+    # The caller still holds the error (as a `with obj.view()` unwinding does), yet nothing
+    # exports the buffer any more: releasing it raises BufferError otherwise.
+    assert failed.value.__cause__ is not None
+    view.release()
+
+
+def test_decode_into_refuses_a_short_or_read_only_buffer() -> None:
+    data = _jpeg(random_image("RGB", (64, 64)))
+    with pytest.raises(ValueError, match="too small"):
+        decode_into(memoryview(bytearray(HEADER_SIZE + 10)), open_image(data))
+    with pytest.raises(TypeError, match="writable"):
+        decode_into(memoryview(bytes(required_size(64, 64, "RGB"))), open_image(data))
