@@ -367,9 +367,9 @@ def _jpeg(img: Image.Image, **params: object) -> bytes:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("mode", ["L", "RGB"])
-def test_decode_into_stores_what_decode_then_write_stores(mode: str) -> None:
-    data = _jpeg(random_image(mode, (61, 47)), quality=90)
+@pytest.mark.parametrize(("mode", "progressive"), [("L", False), ("RGB", False), ("RGB", True)])
+def test_decode_into_stores_what_decode_then_write_stores(mode: str, progressive: bool) -> None:
+    data = _jpeg(random_image(mode, (61, 47)), quality=90, progressive=progressive)
     expected = buffer_with(decode_bytes(data), extra=16)
     img = open_image(data)
     assert decodes_in_place(img)
