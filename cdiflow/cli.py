@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from cdi.bench.cli import bench_cdi_command
 from cdi.controller.cli import controller_command
+from cdi.errors import CDIError
 from cdi.minion.cli import minion_command
 from loadtest.cli import bench_workflows_command
 from loadtest.image_costs import bench_images_command
 from loadtest.s3_costs import bench_s3_command
+from orchestrator.errors import OrchestratorError
 from orchestrator.scheduler.cli import scheduler_command
 from orchestrator.stack.cli import down_command, status_command, up_command
 from orchestrator.worker.cli import worker_command
+from workflows.errors import WorkflowsError
 
 __all__ = ["main"]
 
 
-@click.group()
+class _Commands(click.Group):
+    """Our own errors (the documented trees of ``orchestrator``, ``cdi`` and ``workflows``) end a
+    command with their message, which says what to do, not with a traceback; anything else is
+    a bug and keeps its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (OrchestratorError, CDIError, WorkflowsError) as exc:
+            log_file = getattr(exc, "log_file", None)
+            more = f" (log: {log_file})" if log_file else ""
+            raise click.ClickException(f"{exc}{more}") from exc
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="cdiflow")
 def main() -> None:
     """cdiflow: a workflow orchestrator whose intermediate data moves as Container Data Items."""

@@ -437,6 +437,18 @@ def test_cli_up_refuses_a_taken_port(short_dir: Path) -> None:
     assert read_state(short_dir) is None
 
 
+def test_cli_demo_on_a_taken_port_says_so_without_a_traceback(short_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        demo = _run("demo", "--data-dir", str(short_dir), "--port", str(port), env=_cli_env())
+    assert demo.returncode == 1, demo.stderr + demo.stdout
+    assert f"Error: port {port} on 127.0.0.1 is already in use" in demo.stderr, demo.stderr
+    assert "Traceback" not in demo.stderr
+    assert read_state(short_dir) is None
+
+
 def test_cli_down_cleans_up_after_a_dead_supervisor(
     stack_services: RunningServices, make_database: Callable[[str], str], short_dir: Path
 ) -> None:
