@@ -93,8 +93,13 @@ def test_active_runs_and_the_cdi_directory_while_a_task_runs(
     only = harness.api.get("/api/task-runs/active", params={"worker": worker}).json()
     assert nap["id"] in [r["id"] for r in only] and all(r["worker_id"] == worker for r in only)
 
-    directory = harness.api.get("/api/cdi/objects").json()
-    held = [o for o in directory["objects"] if o["workflow_id"] == run_id]
+    def holding() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        # The minions report to the directory asynchronously (a 0.2 s linger): wait for it.
+        directory = harness.api.get("/api/cdi/objects").json()
+        held = [o for o in directory["objects"] if o["workflow_id"] == run_id]
+        return (directory, held) if held and held[0]["owner"] == worker else None
+
+    directory, held = wait_for(holding, "the directory to show the worker's object", timeout=10)
     assert len(held) == 1, directory
     assert held[0]["owner"] == worker and held[0]["size"] > 0 and held[0]["host"]
     assert held[0]["key"].startswith(f"wf-{run_id}-") and held[0]["age_s"] >= 0
