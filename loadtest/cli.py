@@ -19,7 +19,6 @@ import click
 
 from cdi.errors import CDIError
 from cdi.minion.config import parse_bytes
-from orchestrator.errors import OrchestratorError
 from orchestrator.stack.state import DataDirLock
 
 __all__ = ["bench_workflows_command"]
@@ -215,17 +214,14 @@ def bench_workflows_command(
 @contextlib.contextmanager
 def _one_run_per_folder(data_dir: Path) -> Iterator[None]:
     """Hold ``<data_dir>/bench.lock`` for the run: a second run on the folder would find the
-    first one's Postgres on its files. Errors of a system or service that cannot start become
-    a one-line message (with the log excerpt the error carries), not a traceback."""
+    first one's Postgres on its files (``StackRunning``, reported by the ``cdiflow`` command
+    as a message, like a system or service that cannot start)."""
     lock = DataDirLock(data_dir.absolute(), name=_LOCK_FILE, busy=_busy_message)
+    lock.acquire()
     try:
-        lock.acquire()
-        try:
-            yield
-        finally:
-            lock.release()
-    except OrchestratorError as exc:
-        raise click.ClickException(str(exc)) from None
+        yield
+    finally:
+        lock.release()
 
 
 def _busy_message(data_dir: Path, pid: int | None) -> str:

@@ -312,7 +312,8 @@ def _peak_rss() -> int:
         for line in f:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024  # kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux and BSD
+    scale = 1 if sys.platform == "darwin" else 1024  # macOS counts bytes, the others KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
 def _load_target(environment: Environment) -> Target:

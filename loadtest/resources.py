@@ -145,8 +145,8 @@ class ResourceMeter:
 
     def _sample(self) -> None:
         # Between the full looks only resident memory is read, of the processes last listed:
-        # listing descendants scans every process on the machine (~2.5 ms here) and a full look
-        # at ~20 processes as much again, CPU the measured system would lose on two cores.
+        # listing descendants scans every process on the machine, and a full look reads several
+        # files per process: CPU the measured system would lose on two cores.
         procs = self._list()
         samples = 0
         while not self._stop.wait(_SAMPLE_S):

@@ -40,6 +40,7 @@ class RunContext:
 class System(abc.ABC):
     name: str
     ctx: RunContext
+    _client_usage_file: Path | None = None  # the current point's, once point_target made it
 
     def point_target(self, point: Point, inputs: Inputs, **extra: Any) -> tuple[Target, Path]:
         """The locust target of ``point`` for this system (its images, its shape, its records
@@ -75,7 +76,7 @@ class System(abc.ABC):
         """CPU and peak memory of the point's client processes, which exit before the meter's
         end, by component: locust's, from the file it writes (``loadtest.locustfile``). Empty
         for systems driven otherwise (their driver lives as long as the system)."""
-        path: Path | None = getattr(self, "_client_usage_file", None)
+        path = self._client_usage_file
         if path is None or not path.exists():
             return {}
         try:

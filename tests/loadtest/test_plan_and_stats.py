@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from cdiflow.cli import main
 from loadtest.cli import bench_workflows_command
 from loadtest.image_costs import bench_images_command, measure_image_costs
 from loadtest.images import chain_definition, chain_ops, chain_workflow, make_jpeg
@@ -246,8 +247,8 @@ def test_a_second_run_on_the_same_folder_is_refused_with_the_first_ones_pid(
     first = DataDirLock(tmp_path, name="bench.lock")
     first.acquire()  # stands in for a run in progress: this process holds the folder
     try:
-        args = [*mode, "--systems", "affinity", "--data-dir", str(tmp_path)]
-        result = CliRunner().invoke(bench_workflows_command, args)
+        args = ["bench", "workflows", *mode, "--systems", "affinity", "--data-dir", str(tmp_path)]
+        result = CliRunner().invoke(main, args)  # as a user runs it: through `cdiflow`
     finally:
         first.release()
     assert result.exit_code == 1, result.output
