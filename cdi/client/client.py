@@ -186,10 +186,17 @@ class Client:
         self._map(key, reply, fd, populate)
         return CDIObject(self, key, reply["size"])
 
-    def use(self, key: str) -> CDIObject:
-        """A handle on an existing object (owned or not); ``ObjectNotFound`` if none."""
+    def use(self, key: str, *, check: bool = True) -> CDIObject:
+        """A handle on an existing object (owned or not); ``ObjectNotFound`` if none.
+
+        ``check=False`` skips the round trip that confirms the key exists (and learns its
+        size): the handle's first operation reports ``ObjectNotFound`` instead. For a caller
+        that accesses, transfers or destroys the object right away, as workers and the
+        scheduler do for every task."""
         self._require_registered()
         key = protocol.check_key(key)
+        if not check:
+            return CDIObject(self, key, None)
         reply, _ = self._conn.call(Op.USE, key=key)
         return CDIObject(self, key, reply["size"])
 
@@ -360,18 +367,25 @@ class Client:
 class CDIObject:
     """A handle on one CDI object; only the owner's operations succeed, others get ``NotOwner``."""
 
-    def __init__(self, client: Client, key: str, size: int) -> None:
+    def __init__(self, client: Client, key: str, size: int | None) -> None:
         self.client = client
         self.key = key
-        self._size = size
+        self._size = size  # None: not asked yet (``use(key, check=False)``)
 
     def __repr__(self) -> str:
-        return f"CDIObject(key={self.key!r}, size={self.size})"
+        mapping = self.client._maps.get(self.key)
+        size = mapping.size if mapping is not None else self._size  # no round trip in a repr
+        return f"CDIObject(key={self.key!r}, size={size})"
 
     @property
     def size(self) -> int:
         mapping = self.client._maps.get(self.key)
-        return mapping.size if mapping is not None else self._size
+        if mapping is not None:
+            return mapping.size
+        if self._size is None:
+            reply, _ = self.client._conn.call(Op.USE, key=self.key)
+            self._size = int(reply["size"])
+        return self._size
 
     @property
     def owned(self) -> bool:

@@ -63,7 +63,9 @@ class CdiPlane:
         except Exception as exc:
             clear_frames(exc)  # its frames hold the mapped input: they must not pin the object
             exe.fail(exc)
-            if held is None:
+            if isinstance(exc, InputMissing):
+                held = None  # nothing to keep or hand back
+            elif held is None:
                 held = self._find(ins.key)
         if view is not None:
             _release(view)
@@ -77,17 +79,17 @@ class CdiPlane:
 
     # ------------------------------------------------------------------ steps
     def _use(self, key: str) -> cdi.CDIObject:
-        try:
-            return self.client.use(key)
-        except cdi.ObjectNotFound as exc:
-            raise InputMissing(
-                f"CDI object {key!r} does not exist (destroyed, or its owner died with no "
-                "recovery container); the scheduler must start this task from its input again"
-            ) from exc
+        # No round trip to check the key: access() is the next call and reports a missing one.
+        return self.client.use(key, check=False)
 
     def _access(self, obj: cdi.CDIObject) -> memoryview:
         try:
             return obj.access(timeout=self.access_timeout_s, populate=True)  # read in full
+        except cdi.ObjectNotFound as exc:
+            raise InputMissing(
+                f"CDI object {obj.key!r} does not exist (destroyed, or its owner died with no "
+                "recovery container); the scheduler must start this task from its input again"
+            ) from exc
         except cdi.AccessTimeout as exc:
             raise WorkerError(
                 f"CDI object {obj.key!r} did not become ours ({self.client.container_id}) "

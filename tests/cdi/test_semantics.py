@@ -39,6 +39,28 @@ def test_creator_owns_and_others_get_not_owner(minion: MinionProcess, unique: Un
     obj.destroy()
 
 
+def test_an_unchecked_handle_asks_the_minion_only_when_used(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    a, b = minion.client(unique("a")), minion.client(unique("b"))
+    missing = b.use(unique("missing"), check=False)  # no round trip: nothing to refuse yet
+    assert "size=None" in repr(missing)
+    for attempt in (lambda: missing.size, lambda: missing.access(timeout=1), missing.destroy):
+        with pytest.raises(cdi.ObjectNotFound):
+            attempt()
+    obj = a.create(unique("k"), 300)
+    obj.write(b"handed over")
+    mine = a.use(obj.key, check=False)
+    mine.transfer(b.container_id or "")  # same rules as a checked handle: a's to give
+    theirs = b.use(obj.key, check=False)
+    assert theirs.size == 300
+    with theirs.view(timeout=5) as buf:
+        assert bytes(buf[:11]) == b"handed over"
+    with pytest.raises(cdi.NotOwner):
+        a.use(obj.key, check=False).transfer(a.container_id or "")  # no longer a's
+    theirs.destroy()
+
+
 def test_transfer_moves_ownership_and_revokes_the_old_owners_views(
     minion: MinionProcess, unique: Unique
 ) -> None:

@@ -235,6 +235,18 @@ def test_deblur_gives_a_new_object_with_unsharp_pixels(stack: Stack, worker: Wor
         stack.sched.use(key)  # the input was destroyed
 
 
+def test_a_missing_input_object_fails_the_task_with_a_reason(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    key = f"obj-{uuid.uuid4().hex}"  # never created
+    report = stack.run(worker, task="deblur", key=key, output_key=f"{key}-out")
+    assert report.status == "FAILED"
+    assert f"CDI object {key!r} does not exist" in (report.error or ""), report.error
+    assert (report.key, report.kept) == (key, False)
+    assert worker.proc.poll() is None  # the worker lives on for the next task
+    assert stack.owner(f"{key}-out") is None  # and made no output
+
+
 def test_keep_leaves_the_object_with_the_worker(stack: Stack, worker: WorkerProcess) -> None:
     key = stack.put(worker, _picture())
     report = stack.run(worker, task="denoise", key=key, output_key=f"{key}-1", keep=True)
