@@ -25,6 +25,7 @@ def run_handoff_benchmark(
     read_all: bool,
     spin_us: int,
     busy_poll_us: int,
+    gap_us: int = 1000,
     progress: bool = False,
 ) -> list[Result]:
     """Measure every backend at every size in one run, against a minion started for it."""
@@ -40,6 +41,7 @@ def run_handoff_benchmark(
                         read_all=read_all,
                         minion_socket=socket_path,
                         spin_us=spin_us,
+                        gap_s=gap_us / 1e6,
                     )
                     if progress:
                         click.echo(f"  {backend:<8} {format_size(size):>7} ...", err=True)
@@ -84,6 +86,14 @@ def run_handoff_benchmark(
     type=click.IntRange(0, 10**6),
     help="How long the minion polls while a container waits in access().",
 )
+@click.option(
+    "--gap-us",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(0, 10**6),
+    help="How long the sender waits between hand-offs. Every hand-off then starts from the same "
+    "idle state; a short gap measures back-to-back hand-offs on warm caches instead.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON results on stdout.")
 def bench_cdi_command(
     sizes: str,
@@ -92,6 +102,7 @@ def bench_cdi_command(
     read_all: bool,
     spin_us: int,
     busy_poll_us: int,
+    gap_us: int,
     as_json: bool,
 ) -> None:
     """Hand-off latency of a payload between two processes: raw TCP, gRPC and CDI-SHM."""
@@ -109,6 +120,7 @@ def bench_cdi_command(
         read_all=read_all,
         spin_us=spin_us,
         busy_poll_us=busy_poll_us,
+        gap_us=gap_us,
         progress=not as_json,
     )
     if as_json:

@@ -35,8 +35,9 @@ def test_bench_cdi_prints_the_documented_json() -> None:
 
 def test_bench_cdi_measures_the_relay_floor_when_asked() -> None:
     done = run_cli(
-        "bench", "cdi", "--sizes", "10KB", "--repeat", "5", "--backends", "relay,cdi-shm"
-    )
+        "bench", "cdi", "--sizes", "10KB", "--repeat", "5", "--backends", "relay,cdi-shm",
+        "--gap-us", "50",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines()]
     assert {row[0] for row in rows if row} >= {"relay", "cdi-shm"}
@@ -47,6 +48,8 @@ def test_bench_cdi_refuses_bad_options() -> None:
     assert done.returncode != 0 and "unknown backend" in done.stderr
     done = run_cli("bench", "cdi", "--sizes", "ten")
     assert done.returncode != 0 and "cannot read 'ten' as a size" in done.stderr
+    done = run_cli("bench", "cdi", "--gap-us", "-1")
+    assert done.returncode != 0 and "--gap-us" in done.stderr
 
 
 def test_demo_passes_an_image_through_a_cdi_object(tmp_path: Path) -> None:
