@@ -25,7 +25,7 @@ def run_handoff_benchmark(
     read_all: bool,
     spin_us: int,
     busy_poll_us: int,
-    gap_us: int = 1000,
+    gap_us: int,
     progress: bool = False,
 ) -> list[Result]:
     """Measure every backend at every size in one run, against a minion started for it."""

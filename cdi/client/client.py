@@ -195,10 +195,7 @@ class Client:
         scheduler do for every task."""
         self._require_registered()
         key = protocol.check_key(key)
-        if not check:
-            return CDIObject(self, key, None)
-        reply, _ = self._conn.call(Op.USE, key=key)
-        return CDIObject(self, key, reply["size"])
+        return CDIObject(self, key, self._size_of(key) if check else None)
 
     def stat(self) -> dict[str, Any]:
         """Minion counters: objects, bytes in use, warm pool, containers."""
@@ -215,6 +212,11 @@ class Client:
     def _require_registered(self) -> None:
         if self.container_id is None:
             raise NotRegistered("call register(container_id) before using objects")
+
+    def _size_of(self, key: str) -> int:
+        """The object's size, from the minion; ``ObjectNotFound`` if there is none."""
+        reply, _ = self._conn.call(Op.USE, key=key)
+        return int(reply["size"])
 
     def _cached_segment(self, key: str) -> int | None:
         """The segment id of our cached mapping of ``key``, to tell the minion we have it."""
@@ -383,8 +385,7 @@ class CDIObject:
         if mapping is not None:
             return mapping.size
         if self._size is None:
-            reply, _ = self.client._conn.call(Op.USE, key=self.key)
-            self._size = int(reply["size"])
+            self._size = self.client._size_of(self.key)
         return self._size
 
     @property
