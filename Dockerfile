@@ -1,6 +1,14 @@
 # The one image every cdiflow workload runs (see deploy/k8s/).
-FROM python:3.11-slim
+
+# The native CDI minion (Rust); the image's `cdiflow cdi minion` finds it on PATH.
+FROM rust:1-slim-bookworm AS minion
+WORKDIR /src
+COPY cdi/minion-native ./
+RUN cargo build --release --locked
+
+FROM python:3.11-slim-bookworm
 WORKDIR /app
+COPY --from=minion /src/target/release/cdi-minion /usr/local/bin/cdi-minion
 COPY pyproject.toml README.md ./
 COPY cdi ./cdi
 COPY orchestrator ./orchestrator

@@ -4,7 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint typecheck bench browser proto clean
+.PHONY: demo test check lint typecheck bench browser proto clean native
+
+# The native minion (Rust). Rust comes with rustup, often outside a non-login shell's PATH.
+CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
+NATIVE_DIR := cdi/minion-native
+NATIVE_MINION := $(NATIVE_DIR)/target/release/cdi-minion
+NATIVE_SOURCES := $(NATIVE_DIR)/Cargo.toml $(NATIVE_DIR)/Cargo.lock $(wildcard $(NATIVE_DIR)/src/*.rs)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +18,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# Without cargo the build is skipped with a note: the minion then runs as Python, slower.
+native: $(NATIVE_MINION)
+$(NATIVE_MINION): $(NATIVE_SOURCES)
+	@if [ -x "$(CARGO)" ]; then \
+	  "$(CARGO)" build --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; \
+	else echo "cargo not found: the CDI minion will run as Python (install Rust to build $(NATIVE_MINION))"; fi
+
+demo: $(STAMP) native
 	$(BIN)/cdiflow demo
 
 # The dashboard tests drive Debian's Chromium (no browser download): install it when missing.
@@ -21,9 +34,10 @@ browser:
 	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 	    else echo "chromium is missing: the browser tests will be skipped (run as root, or apt-get install chromium)"; fi; }
 
-test: $(STAMP) browser
+test: $(STAMP) native browser
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
+	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; fi
 	$(BIN)/pytest
 
 check: lint typecheck
@@ -31,13 +45,15 @@ check: lint typecheck
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	"$(CARGO)" fmt --check --manifest-path $(NATIVE_DIR)/Cargo.toml
+	"$(CARGO)" clippy --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml -- -D warnings
 
 typecheck: $(STAMP)
 	$(BIN)/mypy .
 
 # The full set (hours on 2 cores: scenario 2 runs 500 concurrent workflows per system).
 BENCH_OUT ?= .data/bench-results
-bench: $(STAMP)
+bench: $(STAMP) native
 	mkdir -p $(BENCH_OUT)
 	$(BIN)/cdiflow bench cdi --json > $(BENCH_OUT)/cdi.json
 	$(BIN)/cdiflow bench workflows --quick --json $(BENCH_OUT)/quick.json
@@ -48,4 +64,4 @@ proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. cdi/proto/cdi.proto
 
 clean:
-	rm -rf $(VENV) .data .pytest_cache .mypy_cache .ruff_cache test-artifacts
+	rm -rf $(VENV) .data .pytest_cache .mypy_cache .ruff_cache test-artifacts $(NATIVE_DIR)/target

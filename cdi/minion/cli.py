@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from cdi.errors import ConfigError
+from cdi.minion import native
 from cdi.minion.config import MinionConfig, parse_bytes
 from cdi.minion.server import Minion
 from cdi.protocol import Isolation
 from cdi.url import default_socket_path
 
-__all__ = ["build_minion", "minion_command"]
+if TYPE_CHECKING:
+    from cdi.controller.reporter import DirectoryReporter
+
+__all__ = ["IMPLEMENTATIONS", "build_minion", "choose_binary", "minion_command"]
+
+log = logging.getLogger(__name__)
 
 
 def _prewarm(spec: str) -> dict[int, int]:
@@ -20,17 +29,72 @@ def _prewarm(spec: str) -> dict[int, int]:
     result: dict[int, int] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         size, _, count = part.partition(":")
+        if not (count or "1").isdigit():
+            raise ConfigError(f"--prewarm {part!r}: write SIZE:COUNT, e.g. 1MB:4")
         result[parse_bytes(size)] = int(count or 1)
     return result
 
 
-def build_minion(config: MinionConfig) -> Minion:
-    reporter = None
-    if config.controller_url:
+IMPLEMENTATIONS = ("auto", "native", "python")
+
+
+def reporter_factory(config: MinionConfig) -> Callable[[], DirectoryReporter] | None:
+    """How to make the directory reporter, if a controller is configured."""
+    url = config.controller_url
+    if not url:
+        return None
+
+    def make() -> DirectoryReporter:
         from cdi.controller.reporter import GrpcDirectoryReporter
 
-        reporter = GrpcDirectoryReporter(config.controller_url, config.host, config.socket_path)
-    return Minion(config, reporter)
+        return GrpcDirectoryReporter(url, config.host, config.socket_path)
+
+    return make
+
+
+def _config(
+    socket_path: str,
+    host: str | None,
+    controller_url: str | None,
+    memory_limit: str | None,
+    max_object: str,
+    isolation: str,
+    prewarm: str,
+    busy_poll_us: int,
+) -> MinionConfig:
+    """The command's options, checked: ``ConfigError`` says what is wrong."""
+    extra: dict[str, Any] = {}
+    if host:
+        extra["host"] = host
+    if memory_limit:
+        extra["memory_limit"] = parse_bytes(memory_limit)
+    return MinionConfig(
+        socket_path=socket_path,
+        max_object=parse_bytes(max_object),
+        isolation=Isolation(isolation),
+        controller_url=controller_url,
+        prewarm=_prewarm(prewarm),
+        busy_poll_us=busy_poll_us,
+        **extra,
+    )
+
+
+def build_minion(config: MinionConfig) -> Minion:
+    """The Python minion, in this process."""
+    make_reporter = reporter_factory(config)
+    return Minion(config, make_reporter() if make_reporter else None)
+
+
+def choose_binary(implementation: str) -> str | None:
+    """The native binary to run, or ``None`` for the Python minion."""
+    if implementation == "python":
+        return None
+    binary = native.find_binary()
+    if binary is None and implementation == "native":
+        raise ConfigError(f"the native minion is not built; {native.build_hint()}")
+    if binary is None:
+        log.warning("native minion not built, running the Python one; %s", native.build_hint())
+    return binary
 
 
 @click.command("minion")
@@ -62,37 +126,30 @@ def build_minion(config: MinionConfig) -> Minion:
 @click.option(
     "--busy-poll-us",
     default=1000,
+    type=click.IntRange(min=0),
     show_default=True,
     help="Poll this long for a transfer while a container waits in access(); 0: never.",
 )
+@click.option(
+    "--impl",
+    "implementation",
+    type=click.Choice(IMPLEMENTATIONS),
+    default="auto",
+    show_default=True,
+    envvar="CDI_MINION_IMPL",
+    help="native: the Rust binary; python: this process; auto: native when it is built.",
+)
 @click.option("--log-level", default="INFO", show_default=True)
-def minion_command(
-    socket_path: str,
-    host: str | None,
-    controller_url: str | None,
-    memory_limit: str | None,
-    max_object: str,
-    isolation: str,
-    prewarm: str,
-    busy_poll_us: int,
-    log_level: str,
-) -> None:
+def minion_command(implementation: str, log_level: str, **options: Any) -> None:
     """Run this host's CDI minion: it holds every object's memory and enforces ownership."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    extra: dict[str, Any] = {}
-    if host:
-        extra["host"] = host
-    if memory_limit:
-        extra["memory_limit"] = parse_bytes(memory_limit)
-    config = MinionConfig(
-        socket_path=socket_path,
-        max_object=parse_bytes(max_object),
-        isolation=Isolation(isolation),
-        prewarm=_prewarm(prewarm),
-        controller_url=controller_url,
-        busy_poll_us=busy_poll_us,
-        **extra,
-    )
+    try:
+        config = _config(**options)
+        binary = choose_binary(implementation)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if binary is not None:
+        sys.exit(native.run_native(binary, config, reporter_factory(config)))
     minion = build_minion(config)
     minion.install_signal_handlers()
     minion.serve_forever()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import cdi
+from cdi.minion import native
 from cdi.minion.process import MinionChild
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +42,25 @@ class MinionProcess:
             return probe.stat()
 
 
+@pytest.fixture(scope="module", params=["native", "python"], autouse=True)
+def minion_impl(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every CDI test module runs against both minions: the native one the product runs and
+    the Python one it was ported from, which must behave the same (same codes, same messages).
+    Every minion a test starts inherits the choice through ``CDI_MINION_IMPL``."""
+    impl: str = request.param
+    if impl == "native" and native.find_binary() is None:
+        pytest.skip(f"the native minion is not built: {native.build_hint()}")
+    previous = os.environ.get("CDI_MINION_IMPL")
+    os.environ["CDI_MINION_IMPL"] = impl
+    try:
+        yield impl
+    finally:
+        if previous is None:
+            os.environ.pop("CDI_MINION_IMPL", None)
+        else:
+            os.environ["CDI_MINION_IMPL"] = previous
+
+
 def start_minion(directory: Path, *extra: str) -> MinionProcess:
     """Start a real minion with its socket in ``directory``; wait until it answers."""
     return MinionProcess(MinionChild(str(directory / "minion.sock"), *extra).start())
@@ -53,15 +73,16 @@ def stop_minion(minion: MinionProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def shared_dir() -> Iterator[Path]:
-    """A temp folder other uids can traverse (pytest's own tmp folders are 0700)."""
+def shared_dir(minion_impl: str) -> Iterator[Path]:
+    """A temp folder other uids can traverse (pytest's own tmp folders are 0700); one per
+    module and minion implementation."""
     with tempfile.TemporaryDirectory(prefix="cdi-test-") as name:
         os.chmod(name, 0o755)
         yield Path(name)
 
 
 @pytest.fixture(scope="module")
-def minion(shared_dir: Path) -> Iterator[MinionProcess]:
+def minion(shared_dir: Path, minion_impl: str) -> Iterator[MinionProcess]:
     """One real minion per test module; at the end nothing may be left in it."""
     running = start_minion(shared_dir)
     try:

@@ -1,0 +1,117 @@
+//! `cdi-minion`: the CDI per-host minion, a native port of `cdi/minion` with the same wire
+//! protocol, operations, error codes and messages. It exists because the minion sits on every
+//! hand-off and an interpreter spent most of a hand-off's microseconds.
+
+mod args;
+mod events;
+mod log;
+mod msgpack;
+mod objects;
+mod protocol;
+mod pyrepr;
+mod pyrepr_table;
+mod segments;
+mod server;
+mod sys;
+
+use std::sync::atomic::Ordering;
+
+use args::Command;
+use events::EventSink;
+use server::{Minion, STOP, WAKE_FD};
+
+fn main() {
+    std::process::exit(run());
+}
+
+fn run() -> i32 {
+    let config = match args::parse(std::env::args_os().skip(1)) {
+        Ok(Command::Run(config)) => config,
+        Ok(Command::Help) => {
+            println!("{}", args::USAGE);
+            return 0;
+        }
+        Err(message) => {
+            eprintln!("cdi-minion: error: {message} (see cdi-minion --help)");
+            return 2;
+        }
+    };
+    let events = match config.events_fd.map(EventSink::open) {
+        None => None,
+        Some(Ok(sink)) => Some(sink),
+        Some(Err(message)) => {
+            eprintln!("cdi-minion: error: {message}");
+            return 2;
+        }
+    };
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let place = info
+            .location()
+            .map(|l| format!(" at {l}"))
+            .unwrap_or_default();
+        log::error(format_args!("panic{place}: {message}"));
+    }));
+    raise_fd_limit();
+    let mut minion = match Minion::new(config, events) {
+        Ok(minion) => minion,
+        Err(message) => {
+            log::error(format_args!("{message}"));
+            return 1;
+        }
+    };
+    install_signal_handlers();
+    if let Err(message) = minion.bind() {
+        log::error(format_args!("{message}"));
+        return 1;
+    }
+    minion.serve_forever();
+    0
+}
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+    let fd = WAKE_FD.load(Ordering::SeqCst);
+    // SAFETY: only async-signal-safe calls (write) and errno is restored for the code we
+    // interrupted.
+    unsafe {
+        let saved = *libc::__errno_location();
+        if fd >= 0 {
+            libc::write(fd, b"x".as_ptr().cast(), 1);
+        }
+        *libc::__errno_location() = saved;
+    }
+}
+
+/// SIGTERM and SIGINT stop the loop cleanly: the socket is removed, the segments freed.
+fn install_signal_handlers() {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction with a handler and an empty mask is valid.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Every segment holds an fd in the minion, so the usual soft limit of 1024 would cap a host
+/// at ~1000 objects; take what the hard limit allows.
+fn raise_fd_limit() {
+    // SAFETY: valid out/in pointers to an rlimit.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! What a minion knows about its connections and objects (`cdi/minion/objects.py`).
+
+use std::os::fd::RawFd;
+use std::rc::Rc;
+
+use crate::protocol::Isolation;
+use crate::segments::{Segment, UidSet};
+
+/// A request id as the client sent it. Python accepts any int, bools included (`True == 1`
+/// as a dict key), and echoes the id back in the type it came in.
+#[derive(Clone, Copy, Debug)]
+pub enum RequestId {
+    Int(i128),
+    Bool(bool),
+}
+
+impl RequestId {
+    fn number(self) -> i128 {
+        match self {
+            RequestId::Int(i) => i,
+            RequestId::Bool(b) => b as i128,
+        }
+    }
+}
+
+impl PartialEq for RequestId {
+    fn eq(&self, other: &Self) -> bool {
+        self.number() == other.number()
+    }
+}
+
+/// A small dict keyed by request id, in insertion order (Python dict semantics: updating a
+/// key keeps its place).
+#[derive(Debug)]
+pub struct ByRequest<T>(Vec<(RequestId, T)>);
+
+impl<T> Default for ByRequest<T> {
+    fn default() -> Self {
+        ByRequest(Vec::new())
+    }
+}
+
+impl<T> ByRequest<T> {
+    pub fn insert(&mut self, id: RequestId, value: T) {
+        match self.0.iter_mut().find(|(k, _)| *k == id) {
+            Some(slot) => slot.1 = value,
+            None => self.0.push((id, value)),
+        }
+    }
+
+    pub fn pop(&mut self, id: RequestId) -> Option<T> {
+        let at = self.0.iter().position(|(k, _)| *k == id)?;
+        Some(self.0.remove(at).1)
+    }
+
+    pub fn take(&mut self) -> Vec<(RequestId, T)> {
+        std::mem::take(&mut self.0)
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// One client socket; at most one container registers through it.
+#[derive(Debug)]
+pub struct Connection {
+    pub fd: RawFd,
+    pub pid: i32,
+    pub uid: u32,
+    #[allow(dead_code)] // known from SO_PEERCRED like pid and uid; nothing uses it yet
+    pub gid: u32,
+    pub container: Option<Rc<str>>,
+    /// When it registered, to close containers in registration order at shutdown.
+    pub registered: u64,
+    /// Deferred `access` requests: request id -> key.
+    pub waiting: ByRequest<Rc<str>>,
+    /// Deferred `access` requests whose caller still maps a segment: request id -> its id.
+    pub have: ByRequest<i128>,
+    /// A send to it failed: it gets nothing more and is closed once the request in hand is done.
+    pub doomed: bool,
+}
+
+/// One CDI object: its memory, who owns it, and who gets it back if the owner dies.
+#[derive(Debug)]
+pub struct StoredObject {
+    pub key: Rc<str>,
+    pub size: u64,
+    pub segment: Segment,
+    pub owner: Rc<str>,
+    pub creator: Rc<str>,
+    pub recovery: Rc<str>,
+    pub isolation: Isolation,
+    pub generation: u64,
+    /// Uids of every process that has owned the object (and so could write its memory).
+    pub writers: UidSet,
+    pub created_at: f64,
+    pub updated_at: f64,
+    /// Creation order: Python's dict keeps it, and `list` and recovery follow it.
+    pub order: u64,
+}
+
+impl StoredObject {
+    /// The fd to send with a grant: none if the caller still maps this very segment (it says
+    /// so in `have`). Strict objects always send it, as before caching existed.
+    pub fn grant_fd(&self, have: Option<i128>) -> Option<RawFd> {
+        if have == Some(self.segment.id as i128) && self.isolation == Isolation::Cooperative {
+            None
+        } else {
+            Some(self.segment.fd)
+        }
+    }
+}

@@ -1,0 +1,493 @@
+//! Shared-memory segments and the pool that keeps them warm (`cdi/minion/segments.py`).
+//!
+//! A segment is a memfd (shared memory no process can map unless handed the fd) whose pages
+//! are allocated up front with posix_fallocate: first touch of fresh pages costs ~0.8 ms/MB
+//! against ~0.035 ms/MB for pages in use, so released segments go back to a pool by size class
+//! and a `create` of a size seen before never allocates again.
+//!
+//! Cooperative segments are sealed against shrinking and growing, so the minion's own mapping
+//! of them can never fault. Strict segments stay unsealed because revoking one *is* truncating
+//! it; their owner holds the fd and may truncate it too, so the minion never touches their
+//! bytes through its mapping: it copies out of them with pread and zeroes them with pwrite,
+//! which see a truncated file as a short one instead of killing the process with SIGBUS.
+
+use std::collections::BTreeMap;
+use std::os::fd::RawFd;
+
+use crate::protocol::{size_class, CdiError, Failure};
+use crate::sys;
+
+/// Uids of the processes that owned an object (and so could write its memory); a handful.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UidSet(Vec<u32>);
+
+impl UidSet {
+    pub fn of(uid: u32) -> Self {
+        UidSet(vec![uid])
+    }
+
+    pub fn add(&mut self, uid: u32) {
+        if !self.0.contains(&uid) {
+            self.0.push(uid);
+        }
+    }
+
+    pub fn extend(&mut self, other: &UidSet) {
+        for &uid in &other.0 {
+            self.add(uid);
+        }
+    }
+
+    /// `writers <= {uid}` in Python (with `uid=None` only the empty set passes).
+    fn within(&self, uid: Option<u32>) -> bool {
+        self.0.iter().all(|&w| Some(w) == uid)
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// One memfd plus the minion's own mapping of it.
+#[derive(Debug)]
+pub struct Segment {
+    pub fd: RawFd,
+    pub capacity: u64,
+    pub sealed: bool,
+    addr: *mut u8,
+    /// Unique for the minion's life: a client that cached a mapping names the memory by it.
+    pub id: u64,
+    /// Bytes from the start that earlier objects may have written (the rest is zeros).
+    dirty: u64,
+    /// Uids of the processes that owned those objects: who may have written the dirty bytes.
+    writers: UidSet,
+}
+
+impl Segment {
+    fn allocate(capacity: u64, sealed: bool, id: u64) -> Result<Segment, Failure> {
+        let mut flags = libc::MFD_CLOEXEC;
+        if sealed {
+            flags |= libc::MFD_ALLOW_SEALING;
+        }
+        // SAFETY: the name is a NUL-terminated literal.
+        let fd = unsafe { libc::memfd_create(c"cdi-segment".as_ptr(), flags) };
+        if fd < 0 {
+            // Outside the Python minion's OSError guard: it reports an internal error.
+            return Err(Failure::Internal(sys::last_os_error_text()));
+        }
+        match Self::prepare(fd, capacity, sealed) {
+            Ok(addr) => Ok(Segment {
+                fd,
+                capacity,
+                sealed,
+                addr,
+                id,
+                dirty: 0,
+                writers: UidSet::default(),
+            }),
+            Err(code) => {
+                sys::close(fd);
+                Err(CdiError::out_of_memory(format!(
+                    "cannot allocate a {capacity}-byte segment: {}",
+                    sys::os_error_text(code)
+                ))
+                .into())
+            }
+        }
+    }
+
+    /// Size the memfd, allocate its pages now (not on first touch), seal, map; an errno if not.
+    fn prepare(fd: RawFd, capacity: u64, sealed: bool) -> Result<*mut u8, i32> {
+        let length = libc::off_t::try_from(capacity).map_err(|_| libc::EFBIG)?;
+        // SAFETY: fd is the memfd just created; the calls take plain integers.
+        unsafe {
+            if libc::ftruncate(fd, length) != 0 {
+                return Err(sys::errno());
+            }
+            loop {
+                match libc::posix_fallocate(fd, 0, length) {
+                    0 => break,
+                    libc::EINTR => continue, // a signal (SIGTERM) while allocating a big one
+                    code => return Err(code),
+                }
+            }
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            if sealed && libc::fcntl(fd, libc::F_ADD_SEALS, seals) != 0 {
+                return Err(sys::errno());
+            }
+            let addr = libc::mmap(
+                std::ptr::null_mut(),
+                capacity as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            if addr == libc::MAP_FAILED {
+                return Err(sys::errno());
+            }
+            Ok(addr.cast())
+        }
+    }
+
+    /// True if the file still spans `length` bytes (an unsealed owner may have shrunk it).
+    pub fn intact(&self, length: u64) -> bool {
+        self.sealed || self.file_size() >= length
+    }
+
+    fn file_size(&self) -> u64 {
+        // SAFETY: st is a valid out-pointer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(self.fd, &mut st) } != 0 {
+            return 0;
+        }
+        st.st_size.max(0) as u64
+    }
+
+    /// Zero bytes `start..end` (clipped to the capacity).
+    pub fn zero(&mut self, end: u64, start: u64) {
+        let end = end.min(self.capacity);
+        if end <= start {
+            return;
+        }
+        if self.sealed {
+            // SAFETY: start..end lies within the mapping, and a sealed file cannot shrink
+            // under it, so every page is there.
+            unsafe {
+                std::ptr::write_bytes(self.addr.add(start as usize), 0, (end - start) as usize)
+            };
+            return;
+        }
+        static ZEROS: [u8; 65536] = [0; 65536];
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(ZEROS.len() as u64) as usize;
+            // SAFETY: ZEROS is valid for n bytes; pwrite reads it and writes the file.
+            let written =
+                unsafe { libc::pwrite(self.fd, ZEROS.as_ptr().cast(), n, at as libc::off_t) };
+            if written <= 0 {
+                if written < 0 && sys::errno() == libc::EINTR {
+                    continue;
+                }
+                break;
+            }
+            at += written as u64;
+        }
+    }
+
+    /// Copy the first `length` bytes of `other` into this segment, which nobody else maps yet.
+    pub fn copy_from(&mut self, other: &Segment, length: u64) {
+        let n = length.min(self.capacity).min(other.capacity) as usize;
+        if other.sealed {
+            // SAFETY: both ranges lie within their mappings; a sealed source cannot shrink,
+            // and this segment was just acquired, so no owner can truncate it.
+            unsafe { std::ptr::copy(other.addr, self.addr, n) };
+            return;
+        }
+        let mut done = 0usize;
+        while done < n {
+            // SAFETY: self.addr + done .. + (n - done) lies within our mapping, which is
+            // intact (see above); pread stops short at the source file's end.
+            let got = unsafe {
+                libc::pread(
+                    other.fd,
+                    self.addr.add(done).cast(),
+                    n - done,
+                    done as libc::off_t,
+                )
+            };
+            if got <= 0 {
+                if got < 0 && sys::errno() == libc::EINTR {
+                    continue;
+                }
+                break;
+            }
+            done += got as usize;
+        }
+    }
+
+    /// Unmap and close; `truncate` first frees the pages so every stale mapping faults.
+    fn close(self, truncate: bool) {
+        if truncate && !self.sealed {
+            // SAFETY: fd is ours; truncating to 0 has no other precondition.
+            unsafe { libc::ftruncate(self.fd, 0) };
+        }
+        drop(self);
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: addr/capacity are the mapping made in allocate and fd the memfd; both are
+        // released exactly once, here.
+        unsafe { libc::munmap(self.addr.cast(), self.capacity as usize) };
+        sys::close(self.fd);
+    }
+}
+
+/// Hands out segments by size class and keeps released ones warm for reuse.
+///
+/// `memory_limit` caps all segment bytes (in use and idle); `idle_limit` caps what idle
+/// segments keep. A segment is zeroed when it is handed out again, not when released, and only
+/// if it must be: if the new owner asked for zeros, or if a process of another uid owned an
+/// object in it (a process can read its own uid's memory anyway, via /proc/<pid>/mem).
+pub struct SegmentPool {
+    pub memory_limit: u64,
+    idle_limit: u64,
+    page: u64,
+    idle: BTreeMap<(u64, bool), Vec<Segment>>,
+    next_id: u64,
+    pub idle_bytes: u64,
+    pub used_bytes: u64,
+    pub used_segments: u64,
+    pub allocations: u64,
+    pub reuses: u64,
+    pub zeroed_bytes: u64,
+}
+
+impl SegmentPool {
+    pub fn new(memory_limit: u64, idle_limit: u64, page: u64) -> Self {
+        SegmentPool {
+            memory_limit,
+            idle_limit,
+            page,
+            idle: BTreeMap::new(),
+            next_id: 1,
+            idle_bytes: 0,
+            used_bytes: 0,
+            used_segments: 0,
+            allocations: 0,
+            reuses: 0,
+            zeroed_bytes: 0,
+        }
+    }
+
+    /// A segment for `size` bytes: an idle one of its class if any (one of `prefer`, segment
+    /// ids the caller still maps, when possible), else a new one. `uid`: who will own it;
+    /// `zeroed=false`: that process overwrites the first `size` bytes, so old bytes of its own
+    /// uid may stay there (never another uid's, never beyond `size`).
+    pub fn acquire(
+        &mut self,
+        size: u64,
+        sealed: bool,
+        prefer: &[i128],
+        uid: Option<u32>,
+        zeroed: bool,
+    ) -> Result<Segment, Failure> {
+        let class = size_class(size, self.page);
+        let reused = u64::try_from(class)
+            .ok()
+            .and_then(|capacity| self.idle.get_mut(&(capacity, sealed)))
+            .filter(|bucket| !bucket.is_empty())
+            .map(|bucket| bucket.remove(preferred_index(bucket, prefer)));
+        let segment = match reused {
+            Some(mut segment) => {
+                self.idle_bytes -= segment.capacity;
+                self.reuses += 1;
+                self.scrub(&mut segment, size, uid, zeroed);
+                segment
+            }
+            None => {
+                let capacity = self.make_room(class)?;
+                let segment = Segment::allocate(capacity, sealed, self.next_id)?;
+                self.next_id += 1;
+                self.allocations += 1;
+                segment
+            }
+        };
+        self.used_bytes += segment.capacity;
+        self.used_segments += 1;
+        Ok(segment)
+    }
+
+    /// Zero what the new owner must not see: everything old if it asked for zeros or if another
+    /// uid wrote it; else only the old bytes beyond `size` (the owner overwrites the rest, and
+    /// the slack would otherwise travel with the object to whoever gets it next).
+    fn scrub(&mut self, segment: &mut Segment, size: u64, uid: Option<u32>, zeroed: bool) {
+        if segment.dirty == 0 {
+            return;
+        }
+        let keep = if zeroed || !segment.writers.within(uid) {
+            0
+        } else {
+            size.min(segment.dirty)
+        };
+        if segment.dirty > keep {
+            segment.zero(segment.dirty, keep);
+            self.zeroed_bytes += segment.dirty - keep;
+        }
+        segment.dirty = keep;
+        if keep == 0 {
+            segment.writers.clear();
+        }
+    }
+
+    /// Return a segment whose object is gone; `used` bytes of it may hold data written by
+    /// processes of the `writers` uids.
+    pub fn release(&mut self, mut segment: Segment, used: u64, writers: &UidSet) {
+        self.forget(&segment);
+        if !segment.sealed || !segment.intact(segment.capacity) {
+            segment.close(true);
+            return;
+        }
+        if self.idle_bytes + segment.capacity > self.idle_limit {
+            segment.close(false);
+            return;
+        }
+        segment.dirty = segment.dirty.max(used.min(segment.capacity));
+        segment.writers.extend(writers);
+        self.idle_bytes += segment.capacity;
+        self.idle
+            .entry((segment.capacity, segment.sealed))
+            .or_default()
+            .push(segment);
+    }
+
+    /// Revoke a segment for good: truncate so every stale mapping faults, then close.
+    pub fn discard(&mut self, segment: Segment) {
+        self.forget(&segment);
+        segment.close(true);
+    }
+
+    /// Allocate `count` idle segments for objects of `size` bytes.
+    pub fn prewarm(&mut self, size: u64, count: u64) -> Result<(), Failure> {
+        let mut warm = Vec::new();
+        for _ in 0..count {
+            warm.push(self.acquire(size, true, &[], None, true)?);
+        }
+        for segment in warm {
+            self.forget(&segment);
+            self.idle_bytes += segment.capacity;
+            self.idle
+                .entry((segment.capacity, true))
+                .or_default()
+                .push(segment);
+        }
+        Ok(())
+    }
+
+    pub fn close(&mut self) {
+        self.idle.clear(); // dropping a segment unmaps and closes it
+        self.idle_bytes = 0;
+    }
+
+    fn forget(&mut self, segment: &Segment) {
+        self.used_bytes -= segment.capacity;
+        self.used_segments -= 1;
+    }
+
+    /// Make room for a new segment of `class` bytes, giving back idle segments (largest class
+    /// first) before refusing; the capacity as u64 when it fits.
+    fn make_room(&mut self, class: u128) -> Result<u64, CdiError> {
+        let (used, limit) = (self.used_bytes as u128, self.memory_limit as u128);
+        if used + self.idle_bytes as u128 + class > limit {
+            for (&(capacity, _), bucket) in self.idle.iter_mut().rev() {
+                while !bucket.is_empty() && used + self.idle_bytes as u128 + class > limit {
+                    bucket.pop();
+                    self.idle_bytes -= capacity;
+                }
+            }
+            if used + class > limit {
+                return Err(CdiError::out_of_memory(format!(
+                    "a {class}-byte segment would exceed the minion's memory limit of {} bytes \
+                     ({} in use)",
+                    self.memory_limit, self.used_bytes
+                )));
+            }
+        }
+        Ok(class as u64) // <= memory_limit, a u64
+    }
+}
+
+/// The most recently released segment of `bucket` whose id is in `prefer`; else the most
+/// recently released one (its pages are the likeliest to be warm in cache).
+fn preferred_index(bucket: &[Segment], prefer: &[i128]) -> usize {
+    bucket
+        .iter()
+        .rposition(|s| prefer.contains(&(s.id as i128)))
+        .unwrap_or(bucket.len() - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: u64 = 4096;
+
+    fn bytes(segment: &Segment, n: usize) -> Vec<u8> {
+        // SAFETY: test segments are mapped for their capacity >= n.
+        unsafe { std::slice::from_raw_parts(segment.addr, n).to_vec() }
+    }
+
+    fn write(segment: &Segment, data: &[u8]) {
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), segment.addr, data.len()) };
+    }
+
+    #[test]
+    fn released_segments_are_reused_and_scrubbed_by_uid() {
+        let mut pool = SegmentPool::new(1 << 30, 1 << 28, PAGE);
+        let first = pool.acquire(10_000, true, &[], Some(1000), true).unwrap();
+        assert_eq!((first.capacity, first.id), (12_288, 1));
+        write(&first, b"secret");
+        pool.release(first, 10_000, &UidSet::of(1000));
+        // Same uid, no zeros asked: the old bytes stay, nothing is zeroed.
+        let again = pool.acquire(9_000, true, &[], Some(1000), false).unwrap();
+        assert_eq!((again.id, pool.reuses, pool.zeroed_bytes), (1, 1, 1_000));
+        assert_eq!(bytes(&again, 6), b"secret");
+        pool.release(again, 9_000, &UidSet::of(1000));
+        // Another uid: everything old is zeroed even though it did not ask.
+        let other = pool.acquire(9_000, true, &[], Some(1001), false).unwrap();
+        assert_eq!(bytes(&other, 6), [0; 6]);
+        assert_eq!(pool.zeroed_bytes, 1_000 + 9_000);
+        pool.discard(other);
+        assert_eq!(
+            (pool.used_bytes, pool.used_segments, pool.allocations),
+            (0, 0, 1)
+        );
+    }
+
+    #[test]
+    fn preferred_segments_and_memory_limit() {
+        let mut pool = SegmentPool::new(4 * PAGE, 4 * PAGE, PAGE);
+        let a = pool.acquire(1, true, &[], None, true).unwrap();
+        let b = pool.acquire(1, true, &[], None, true).unwrap();
+        let (a_id, b_id) = (a.id, b.id);
+        pool.release(a, 1, &UidSet::of(0));
+        pool.release(b, 1, &UidSet::of(0));
+        assert_eq!(
+            pool.acquire(1, true, &[a_id as i128], None, true)
+                .unwrap()
+                .id,
+            a_id
+        );
+        assert_eq!(pool.idle_bytes, PAGE);
+        // Needs 3 pages with 1 in use (leaked above) and 1 idle: the idle one is given back.
+        let big = pool.acquire(3 * PAGE, true, &[], None, true).unwrap();
+        assert_eq!((big.capacity, pool.idle_bytes), (3 * PAGE, 0));
+        let err = pool.acquire(1, true, &[], None, true).unwrap_err();
+        let Failure::Cdi(err) = err else { panic!() };
+        assert_eq!(err.code, "out_of_memory");
+        assert_eq!(
+            err.msg,
+            "a 4096-byte segment would exceed the minion's memory limit of 16384 bytes (16384 in use)"
+        );
+        let _ = b_id;
+    }
+
+    #[test]
+    fn strict_copies_survive_a_truncated_source() {
+        let mut pool = SegmentPool::new(1 << 30, 1 << 28, PAGE);
+        let mut source = pool.acquire(3 * PAGE, false, &[], None, true).unwrap();
+        write(&source, b"data");
+        let mut fresh = pool.acquire(3 * PAGE, false, &[], None, true).unwrap();
+        fresh.copy_from(&source, 3 * PAGE);
+        assert_eq!(bytes(&fresh, 4), b"data");
+        unsafe { libc::ftruncate(source.fd, 0) };
+        assert!(!source.intact(1));
+        fresh.copy_from(&source, 3 * PAGE); // no SIGBUS: a short read
+        source.zero(3 * PAGE, 0); // no SIGBUS: pwrite extends the file
+        pool.discard(source);
+        pool.discard(fresh);
+    }
+}

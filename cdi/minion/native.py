@@ -1,0 +1,176 @@
+"""Run the native minion (``cdi/minion-native``, Rust) with a :class:`MinionConfig`.
+
+The native binary serves the same wire protocol as :mod:`cdi.minion.server` with the same
+operations, codes and messages; it exists because the minion sits on every hand-off and an
+interpreter spends most of a hand-off's microseconds (see docs/architecture.md). Configuration and
+the controller's directory stay in Python: this module turns a validated config into the binary's
+arguments, and, when a controller is configured, reads the binary's object events from a pipe and
+forwards them to the directory reporter (so the binary needs no gRPC stack).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from cdi.errors import CDIError, ConfigError
+
+if TYPE_CHECKING:
+    from cdi.controller.reporter import DirectoryReporter
+    from cdi.minion.config import MinionConfig
+
+__all__ = ["BINARY_NAME", "find_binary", "native_argv", "run_native"]
+
+log = logging.getLogger(__name__)
+
+BINARY_NAME = "cdi-minion"
+_SOURCE_DIR = Path(__file__).resolve().parents[1] / "minion-native"
+_BUILT = _SOURCE_DIR / "target" / "release" / BINARY_NAME
+
+
+def find_binary() -> str | None:
+    """``$CDI_MINION_BIN``, else the binary built in this source tree, else one on ``PATH``."""
+    if explicit := os.environ.get("CDI_MINION_BIN"):
+        if not os.access(explicit, os.X_OK):
+            raise ConfigError(f"CDI_MINION_BIN={explicit!r} is not an executable file")
+        return explicit
+    if os.access(_BUILT, os.X_OK):
+        return str(_BUILT)
+    return shutil.which(BINARY_NAME)
+
+
+def build_hint() -> str:
+    return f"build it with `cargo build --release --manifest-path {_SOURCE_DIR}/Cargo.toml`"
+
+
+def native_argv(binary: str, config: MinionConfig) -> list[str]:
+    assert config.idle_limit is not None
+    argv = [
+        binary,
+        "--socket",
+        config.socket_path,
+        "--host",
+        config.host,
+        "--memory-limit",
+        str(config.memory_limit),
+        "--max-object",
+        str(config.max_object),
+        "--idle-limit",
+        str(config.idle_limit),
+        "--isolation",
+        str(config.isolation),
+        "--busy-poll-us",
+        str(config.busy_poll_us),
+        "--socket-mode",
+        f"{config.socket_mode:o}",
+    ]
+    if config.prewarm:
+        argv += ["--prewarm", ",".join(f"{size}:{n}" for size, n in config.prewarm.items())]
+    return argv
+
+
+def run_native(
+    binary: str, config: MinionConfig, make_reporter: Callable[[], DirectoryReporter] | None
+) -> int:
+    """Run the binary until it exits; returns its exit code.
+
+    Without a reporter the binary replaces this process (``exec``): its PID is the minion's, and
+    nothing of Python stays resident. With one, this process stays as the binary's parent and
+    relays its events to the reporter until the binary closes the pipe. The reporter is made
+    after the fork, so the child is forked from a process without threads."""
+    argv = native_argv(binary, config)
+    if make_reporter is None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(binary, argv)
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        child = subprocess.Popen(
+            [*argv, "--events-fd", str(write_end)],
+            pass_fds=(write_end,),
+            preexec_fn=_die_with_parent(),  # one prctl call: takes no locks
+        )
+    finally:
+        os.close(write_end)
+    try:
+        reporter = make_reporter()
+    except BaseException:
+        child.terminate()
+        child.wait()
+        raise
+    forward = _forwarder(child)
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with os.fdopen(read_end, "rb", buffering=0) as events:
+            relay_events(events.read, reporter)
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if child.poll() is None:
+            child.terminate()
+            child.wait()
+        reporter.close()
+
+
+def relay_events(read: Callable[[int], bytes | None], reporter: DirectoryReporter) -> None:
+    """Feed the binary's event stream (msgpack arrays) to ``reporter`` until end of stream."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=1 << 24)
+    while chunk := read(1 << 16):
+        unpacker.feed(chunk)
+        for event in unpacker:
+            try:
+                _dispatch(event, reporter)
+            except (CDIError, TypeError, ValueError) as exc:
+                log.warning("ignoring a malformed minion event %r: %s", event, exc)
+
+
+def _dispatch(event: Any, reporter: DirectoryReporter) -> None:
+    if not isinstance(event, list) or not event:
+        raise ValueError("an event must be a non-empty array")
+    kind, *args = event
+    if kind == "registered":
+        cid, pid, uid = args
+        reporter.container_registered(cid, pid, uid)
+    elif kind == "gone":
+        (cid,) = args
+        reporter.container_gone(cid)
+    elif kind == "changed":
+        key, size, owner, generation = args
+        reporter.object_changed(key, size, owner, generation)
+    elif kind == "removed":
+        (key,) = args
+        reporter.object_removed(key)
+    else:
+        raise ValueError(f"unknown event kind {kind!r}")
+
+
+def _forwarder(child: subprocess.Popen[bytes]) -> Callable[[int, object], None]:
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    return forward
+
+
+def _die_with_parent() -> Callable[[], None]:
+    """What the child runs before exec: get SIGTERM if this relay dies, so no minion is
+    orphaned. Resolved here, in the parent: the child only makes the call."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+
+    return preexec

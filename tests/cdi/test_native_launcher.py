@@ -1,0 +1,119 @@
+"""The Python side of the native minion: its arguments, its event relay, its choice.
+
+The binary itself is tested by every other module here (each runs against both minions); these
+are unit tests of the launcher, with a recording reporter in place of the controller.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from cdi.minion import native
+from cdi.minion.config import MinionConfig
+from cdi.protocol import Isolation
+
+
+@pytest.fixture(scope="module", autouse=True)
+def minion_impl() -> str:
+    """No minion runs here: one pass, not one per implementation."""
+    return "none"
+
+
+class RecordingReporter:
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    def container_registered(self, container_id: str, pid: int, uid: int) -> None:
+        self.calls.append(("registered", container_id, pid, uid))
+
+    def container_gone(self, container_id: str) -> None:
+        self.calls.append(("gone", container_id))
+
+    def object_changed(self, key: str, size: int, owner: str, generation: int) -> None:
+        self.calls.append(("changed", key, size, owner, generation))
+
+    def object_removed(self, key: str) -> None:
+        self.calls.append(("removed", key))
+
+    def close(self) -> None:
+        self.calls.append(("closed",))
+
+
+def _chunks(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def _reader(pieces: list[bytes]) -> Callable[[int], bytes]:
+    """A pipe's ``read`` that returns ``pieces`` one by one."""
+    feed = iter(pieces)
+    return lambda _n: next(feed)
+
+
+def test_events_reach_the_reporter_whatever_the_pipe_splits() -> None:
+    events: list[list[object]] = [
+        ["registered", "a", 10, 0],
+        ["changed", "k", 4096, "a", 1],
+        ["changed", "k", 4096, "b", 2],
+        ["removed", "k"],
+        ["gone", "a"],
+    ]
+    stream = b"".join(msgpack.packb(e) for e in events)
+    for size in (1, 3, 7, len(stream)):
+        reporter = RecordingReporter()
+        native.relay_events(_reader([*_chunks(stream, size), b""]), reporter)
+        assert reporter.calls == [tuple(e) for e in events], size
+
+
+def test_a_malformed_event_is_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    stream = b"".join(
+        msgpack.packb(e)
+        for e in (["exploded", 1], "not an array", ["gone"], ["removed", "bad key!"], ["gone", "a"])
+    )
+    reporter = RecordingReporter()
+    native.relay_events(_reader([stream, b""]), reporter)
+    assert reporter.calls == [("removed", "bad key!"), ("gone", "a")]
+    assert caplog.text.count("ignoring a malformed minion event") == 3
+
+
+def test_argv_carries_the_resolved_config(tmp_path: Path) -> None:
+    config = MinionConfig(
+        socket_path=str(tmp_path / "m.sock"),
+        host="h1",
+        memory_limit=1 << 30,
+        max_object=1 << 20,
+        isolation=Isolation.STRICT,
+        prewarm={4096: 2, 1_000_000: 1},
+        busy_poll_us=0,
+    )
+    argv = native.native_argv("/bin/cdi-minion", config)
+    pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert pairs == {
+        "--socket": str(tmp_path / "m.sock"),
+        "--host": "h1",
+        "--memory-limit": str(1 << 30),
+        "--max-object": str(1 << 20),
+        "--idle-limit": str((1 << 30) // 4),
+        "--isolation": "strict",
+        "--busy-poll-us": "0",
+        "--socket-mode": "666",
+        "--prewarm": "4096:2,1000000:1",
+    }
+
+
+def test_asking_for_a_missing_binary_is_a_clear_usage_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "cdi.minion", "--impl", "native", "--socket", str(tmp_path / "s")],
+        env={"CDI_MINION_BIN": str(tmp_path / "nowhere"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "is not an executable file" in result.stderr
+    assert not (tmp_path / "s").exists()
