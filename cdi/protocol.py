@@ -50,7 +50,7 @@ MAX_KEY_LENGTH = 256
 MAX_OFFERED_SEGMENTS = 64  # segment ids a create may name as already mapped by the caller
 PAGE = mmap.PAGESIZE
 
-_NAME = re.compile(r"^[A-Za-z0-9_.:/@+=-]+$")
+_NAME = re.compile(r"[A-Za-z0-9_.:/@+=-]+")  # whole string: fullmatch (``$`` allows a "\n")
 
 # Plain ints: the socket module's flags are IntFlag members, and one `|` or `&` on them runs
 # enum code (~3 us each here), on every message.
@@ -104,7 +104,7 @@ def _check_name(value: object, what: str) -> str:
         raise InvalidArgument(
             f"{what} is {len(value)} characters long; the limit is {MAX_KEY_LENGTH}"
         )
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise InvalidArgument(
             f"{what} {value!r} has characters outside letters, digits and _ . : / @ + = -"
         )

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ObjectStore", "parse_s3_uri"]
 
-_URI = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(.+)$")
+_URI = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(.+)")
 
 # Like boto3's "standard" mode: a few attempts, not object_store's ten over three minutes, so
 # an endpoint that is down fails the task in seconds with a reason.
@@ -51,7 +51,7 @@ _FAILED: Final = (BaseError, OSError)
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/key`` -> (bucket, key); ``InvalidRequest`` for anything else."""
-    match = _URI.match(uri) if isinstance(uri, str) else None
+    match = _URI.fullmatch(uri) if isinstance(uri, str) else None
     if match is None:
         raise InvalidRequest(f"{uri!r} is not an S3 URI; write it as s3://bucket/key")
     return match.group(1), match.group(2)

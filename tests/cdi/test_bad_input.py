@@ -24,6 +24,7 @@ Unique = Callable[[str], str]
         ("x" * 257, "limit is 256"),
         ("has space", "characters outside"),
         ("nul\0byte", "characters outside"),
+        ("trailing-newline\n", "characters outside"),
         (42, "must be a string"),
     ],
 )
