@@ -26,13 +26,16 @@ def run_handoff_benchmark(
     spin_us: int,
     busy_poll_us: int,
     gap_us: int,
+    minion: str | None = None,
     progress: bool = False,
 ) -> list[Result]:
-    """Measure every backend at every size in one run, against a minion started for it."""
+    """Measure every backend at every size in one run, against a minion started for it
+    (``minion``: ``native`` or ``python``; ``None`` chooses as ``cdiflow cdi minion`` does)."""
     results = []
+    impl = ("--impl", minion) if minion else ()
     with tempfile.TemporaryDirectory(prefix="cdi-bench-") as folder:
         socket_path = str(Path(folder) / "minion.sock")
-        with MinionChild(socket_path, "--busy-poll-us", str(busy_poll_us)):
+        with MinionChild(socket_path, "--busy-poll-us", str(busy_poll_us), *impl):
             for size in sizes:
                 for backend in backends:
                     config = HandoffConfig(
@@ -94,6 +97,12 @@ def run_handoff_benchmark(
     help="How long the sender waits between hand-offs. Every hand-off then starts from the same "
     "idle state; a short gap measures back-to-back hand-offs on warm caches instead.",
 )
+@click.option(
+    "--minion",
+    type=click.Choice(["native", "python"]),
+    default=None,
+    help="Which minion serves CDI-SHM (default: as `cdiflow cdi minion`, native when built).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON results on stdout.")
 def bench_cdi_command(
     sizes: str,
@@ -103,6 +112,7 @@ def bench_cdi_command(
     spin_us: int,
     busy_poll_us: int,
     gap_us: int,
+    minion: str | None,
     as_json: bool,
 ) -> None:
     """Hand-off latency of a payload between two processes: raw TCP, gRPC and CDI-SHM."""
@@ -121,6 +131,7 @@ def bench_cdi_command(
         spin_us=spin_us,
         busy_poll_us=busy_poll_us,
         gap_us=gap_us,
+        minion=minion,
         progress=not as_json,
     )
     if as_json:
@@ -128,5 +139,6 @@ def bench_cdi_command(
         sys.stdout.write("\n")
         return
     what = "hand-off + reading every byte" if read_all else "hand-off (receiver holds the data)"
-    click.echo(f"\n{what}, {repeat} rounds each; lower is better\n")
+    served = f"{minion} minion" if minion else "minion as `cdiflow cdi minion` chooses"
+    click.echo(f"\n{what}, {repeat} rounds each, {served}; lower is better\n")
     click.echo(render_table(results, baseline="tcp", subject="cdi-shm"))

@@ -33,12 +33,13 @@ def test_bench_cdi_prints_the_documented_json() -> None:
         assert r["n"] == 5 and 0 < r["p50_us"] <= r["p99_us"]
 
 
-def test_bench_cdi_measures_the_relay_floor_when_asked() -> None:
+def test_bench_cdi_measures_the_relay_floor_when_asked(minion_impl: str) -> None:
     done = run_cli(
         "bench", "cdi", "--sizes", "10KB", "--repeat", "5", "--backends", "relay,cdi-shm",
-        "--gap-us", "50",
+        "--gap-us", "50", "--minion", minion_impl,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert f"{minion_impl} minion" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines()]
     assert {row[0] for row in rows if row} >= {"relay", "cdi-shm"}
 
@@ -50,6 +51,8 @@ def test_bench_cdi_refuses_bad_options() -> None:
     assert done.returncode != 0 and "cannot read 'ten' as a size" in done.stderr
     done = run_cli("bench", "cdi", "--gap-us", "-1")
     assert done.returncode != 0 and "--gap-us" in done.stderr
+    done = run_cli("bench", "cdi", "--minion", "java")
+    assert done.returncode != 0 and "--minion" in done.stderr
 
 
 def test_demo_passes_an_image_through_a_cdi_object(tmp_path: Path) -> None:
