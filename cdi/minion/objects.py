@@ -26,6 +26,9 @@ class Connection:
     """Deferred ``access`` requests: request id -> key."""
     have: dict[int, int] = field(default_factory=dict)
     """Deferred ``access`` requests whose caller still maps a segment: request id -> its id."""
+    doomed: bool = False
+    """A send to it failed (or it is closed): it gets nothing more and is closed, with its
+    objects recovered, once the request in hand is answered."""
 
 
 @dataclass(eq=False)

@@ -10,7 +10,10 @@ allocates.
 Cooperative segments are sealed against shrinking and growing: owners hold the fd and could
 otherwise ``ftruncate`` it, and the minion's own mapping would then fault (SIGBUS) when it zeroes
 the segment for reuse. Strict segments stay unsealed because revoking one *is* truncating it; they
-are never reused.
+are never reused. Their owner holds the fd and may truncate it too, so the minion never touches
+their bytes through its mapping: it copies out of them with ``preadv`` and zeroes them with
+``pwrite``, which see a truncated file as a short one instead of killing the minion (and every
+object of the host) with SIGBUS.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _SEGMENT_IDS = itertools.count(1)
+_ZEROS = memoryview(bytes(1 << 20))  # what pwrite zeroes an unsealed segment from, per call
 
 
 @dataclass(eq=False)
@@ -74,12 +78,45 @@ class Segment:
         return self.sealed or os.fstat(self.fd).st_size >= length
 
     def zero(self, end: int, start: int = 0) -> None:
+        """Zero bytes ``start..end`` (clipped to the capacity)."""
         end = min(end, self.capacity)
-        if end > start:
+        if end <= start:
+            return
+        if self.sealed:
+            # A sealed file cannot shrink under the mapping: every page is there.
             ctypes.memset(self._addr + start, 0, end - start)
+            return
+        at = start
+        while at < end:
+            try:
+                written = os.pwrite(self.fd, _ZEROS[: min(end - at, len(_ZEROS))], at)
+            except OSError as exc:
+                log.warning("cannot zero segment %d at %d: %s", self.id, at, exc)
+                return
+            if written <= 0:
+                return
+            at += written
 
     def copy_from(self, other: Segment, length: int) -> None:
-        ctypes.memmove(self._addr, other._addr, min(length, self.capacity, other.capacity))
+        """Copy the first ``length`` bytes of ``other`` into this segment, which nobody else
+        maps yet (it was just acquired). An unsealed source its owner truncated reads short:
+        what lay beyond its end stays zeros here."""
+        n = min(length, self.capacity, other.capacity)
+        if other.sealed:
+            ctypes.memmove(self._addr, other._addr, n)
+            return
+        done = 0
+        with memoryview(self._mm) as target:
+            while done < n:
+                with target[done:n] as rest:
+                    try:
+                        got = os.preadv(other.fd, [rest], done)
+                    except OSError as exc:
+                        log.warning("cannot copy segment %d at %d: %s", other.id, done, exc)
+                        return
+                if got <= 0:
+                    return
+                done += got
 
     def read(self, length: int) -> bytes:
         return self._mm[:length]

@@ -7,6 +7,11 @@ it) and two racing transfers of one object impossible to both succeed.
 Who is calling is known from the socket (``SO_PEERCRED``: pid, uid), never from the message. Memory
 is handed out only as a file descriptor over ``SCM_RIGHTS`` and only to the current owner, so a
 process that never owned an object has nothing it could map; the kernel enforces that.
+
+When a send fails (the peer is gone, or does not read its replies), the connection is not closed on
+the spot, in the middle of whatever operation was sending (and walking a list of waiters): it is
+marked doomed, gets nothing more, and is closed, with its objects recovered, once the request in
+hand is answered. No operation ever runs inside another.
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class Minion:
         self._waiters: dict[str, list[tuple[Connection, int]]] = defaultdict(list)
         self._epoll = select.epoll()
         self._by_fd: dict[int, Connection] = {}
+        self._doomed: list[Connection] = []  # to close once the request in hand is answered
+        self._spare_fd = _open_spare()  # given up to shed a connection when out of fds
         self._listener: socket.socket | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopping = False
@@ -172,6 +179,9 @@ class Minion:
         self._epoll.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+            self._spare_fd = None
         if self.reporter is not None:
             self.reporter.close()
         log.info("minion stopped")
@@ -181,15 +191,41 @@ class Minion:
         assert self._listener is not None
         try:
             sock, _ = self._listener.accept()
-        except BlockingIOError:
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
-        pid, uid, gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
-        sock.setblocking(False)
-        conn = Connection(sock=sock, pid=pid, uid=uid, gid=gid)
-        self._by_fd[sock.fileno()] = conn
-        self._epoll.register(sock.fileno(), select.EPOLLIN)
+        except OSError as exc:
+            # Out of fds (or another failure): keep serving the connections we have.
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self._shed_connection(exc)
+            else:
+                log.warning("accept failed: %s", exc)
+            return
+        try:
+            pid, uid, gid = _PEERCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            )
+            sock.setblocking(False)
+            self._epoll.register(sock.fileno(), select.EPOLLIN)
+        except OSError:
+            sock.close()
+            return
+        self._by_fd[sock.fileno()] = Connection(sock=sock, pid=pid, uid=uid, gid=gid)
+
+    def _shed_connection(self, exc: OSError) -> None:
+        """Out of fds: accept the waiting connection with a spare fd and close it at once, so
+        the client hears about it and the listener stops reporting readable."""
+        log.warning("refusing a connection: %s (one fd per connection and per segment)", exc)
+        if self._spare_fd is None or self._listener is None:
+            return
+        os.close(self._spare_fd)
+        self._spare_fd = None
+        try:
+            sock, _ = self._listener.accept()
+        except OSError:
+            pass
+        else:
+            sock.close()
+        self._spare_fd = _open_spare()
 
     def _on_readable(self, conn: Connection) -> None:
         request_id = 0
@@ -201,18 +237,20 @@ class Minion:
             except OSError:
                 request = None
             if request is None:
-                self._close(conn, reclaim=True)
-                return
-            request_id = request.get("id", 0)
-            if not isinstance(request_id, int):
-                raise ProtocolError("request id must be an integer")
-            op = request.get("op", "")
-            handler = self._handlers.get(op)
-            if handler is None:
-                raise ProtocolError(f"unknown operation {op!r}")
-            if conn.container is None and op not in _OPEN_OPS:
-                raise NotRegistered("register(container_id) before using objects")
-            reply = handler(conn, request)
+                # The peer hung up (or the socket failed): its objects go to their recovery.
+                self._doom(conn)
+                reply = None
+            else:
+                request_id = request.get("id", 0)
+                if not isinstance(request_id, int):
+                    raise ProtocolError("request id must be an integer")
+                op = request.get("op", "")
+                handler = self._handlers.get(op)
+                if handler is None:
+                    raise ProtocolError(f"unknown operation {op!r}")
+                if conn.container is None and op not in _OPEN_OPS:
+                    raise NotRegistered("register(container_id) before using objects")
+                reply = handler(conn, request)
         except CDIError as exc:
             reply = ({"ok": False, "code": exc.code, "msg": str(exc)}, None)
         except Exception as exc:  # a bug must not take the whole host's objects down
@@ -223,10 +261,14 @@ class Minion:
             )
         if reply is not None:
             self._send(conn, request_id, *reply)
+        if self._doomed:
+            self._settle()
 
     def _send(
         self, conn: Connection, request_id: int, body: dict[str, Any], fd: int | None
     ) -> None:
+        if conn.doomed:
+            return
         body["id"] = request_id
         body.setdefault("ok", True)
         data = self._pack(body)
@@ -240,9 +282,30 @@ class Minion:
             # A client that does not read its replies (or is gone) loses its connection.
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.EAGAIN):
                 log.warning("dropping pid %d: %s", conn.pid, exc)
-            self._close(conn, reclaim=True)
+            self._doom(conn)
+
+    def _doom(self, conn: Connection) -> None:
+        """Send ``conn`` nothing more; close it (recovering its objects) in ``_settle``."""
+        if not conn.doomed:
+            conn.doomed = True
+            self._doomed.append(conn)
+
+    def _settle(self) -> None:
+        """Close the doomed connections, recovering their objects (which may doom more); runs
+        after each request, once its reply is out."""
+        doomed = self._doomed
+        index = 0
+        while index < len(doomed):
+            conn = doomed[index]
+            index += 1
+            try:
+                self._close(conn, reclaim=True)
+            except Exception:
+                log.exception("recovering the objects of a closed connection failed")
+        doomed.clear()
 
     def _close(self, conn: Connection, *, reclaim: bool) -> None:
+        conn.doomed = True
         fd = conn.sock.fileno()
         if fd >= 0 and self._by_fd.get(fd) is conn:
             del self._by_fd[fd]
@@ -266,14 +329,29 @@ class Minion:
             self._recover_objects_of(cid)
 
     def _recover_objects_of(self, dead: str) -> None:
-        """Objects of a dead owner go back to their recovery container, else are reclaimed."""
+        """Objects of a dead owner go back to their recovery container, else are reclaimed.
+
+        One object at a time: one that cannot be moved (a strict object needs a fresh segment,
+        and memory may have run out) is reclaimed, and the others are still recovered."""
         for obj in [o for o in self.objects.values() if o.owner == dead]:
+            if self.objects.get(obj.key) is not obj or obj.owner != dead:
+                continue
             if obj.recovery != dead and obj.recovery in self.containers:
                 log.info("owner %s of %s died; returning it to %s", dead, obj.key, obj.recovery)
-                self._set_owner(obj, obj.recovery)
+                try:
+                    self._set_owner(obj, obj.recovery)
+                    continue
+                except CDIError as exc:
+                    log.warning(
+                        "cannot return %s to %s (%s); reclaiming it", obj.key, obj.recovery, exc
+                    )
+                except Exception:
+                    log.exception("cannot return %s to %s; reclaiming it", obj.key, obj.recovery)
+                if self.objects.get(obj.key) is not obj or obj.owner != dead:
+                    continue  # it failed after the hand-over: the new owner keeps it
             else:
                 log.info("owner %s of %s died and nobody can recover it; reclaiming", dead, obj.key)
-                self._remove(obj)
+            self._remove(obj)
 
     # ----------------------------------------------------------------- helpers
     def _owned(self, conn: Connection, request: dict[str, Any]) -> StoredObject:
@@ -317,29 +395,28 @@ class Minion:
         waiters = self._waiters.get(obj.key)
         if not waiters:
             return
+        # Settle the list first, send after: a failed send only dooms its connection (closed
+        # after the request), so nothing below changes the waiters of this key.
         keep = []
-        granted = False
+        grants = []
         for conn, request_id in waiters:
-            if conn.container == obj.owner:
+            if conn.container == obj.owner and not conn.doomed:
                 conn.waiting.pop(request_id, None)
-                self._send(
-                    conn,
-                    request_id,
-                    obj.grant_fields(),
-                    obj.grant_fd(conn.have.pop(request_id, None)),
-                )
-                granted = True
+                grants.append((conn, request_id, conn.have.pop(request_id, None)))
             else:
                 keep.append((conn, request_id))
         if keep:
             self._waiters[obj.key] = keep
         else:
             del self._waiters[obj.key]
-        if granted:
-            # If the new owner runs on this core (polling, or just woken by the grant), let it
-            # take the object now rather than after our ack and epoll round: p50 ~138 -> ~105 us
-            # in alternating bench runs; the sender's ack waits those microseconds instead.
-            os.sched_yield()
+        if not grants:
+            return
+        for conn, request_id, have in grants:
+            self._send(conn, request_id, obj.grant_fields(), obj.grant_fd(have))
+        # If the new owner runs on this core (polling, or just woken by the grant), let it take
+        # the object now rather than after our ack and epoll round: p50 ~138 -> ~105 us in
+        # alternating bench runs; the sender's ack waits those microseconds instead.
+        os.sched_yield()
 
     def _remove(self, obj: StoredObject) -> None:
         del self.objects[obj.key]
@@ -347,6 +424,7 @@ class Minion:
             self.pool.discard(obj.segment)
         else:
             self.pool.release(obj.segment, obj.size, obj.writers)
+        # A failed send only dooms its connection: nothing here closes one or recovers objects.
         for conn, request_id in self._waiters.pop(obj.key, []):
             conn.waiting.pop(request_id, None)
             conn.have.pop(request_id, None)
@@ -549,3 +627,11 @@ class Minion:
 
     def _list(self, conn: Connection, request: dict[str, Any]) -> Reply:
         return ({"objects": [o.describe(self.config.host) for o in self.objects.values()]}, None)
+
+
+def _open_spare() -> int | None:
+    """An fd kept open to give up when the process runs out of them (see ``_shed_connection``)."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
