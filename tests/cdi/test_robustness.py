@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-import pytest
 
 import cdi
 from cdi.protocol import PAGE, Op
@@ -195,18 +194,10 @@ def test_running_out_of_fds_refuses_connections_and_keeps_serving(
 
 # ---------------------------------------------------------------- 3. out of memory in recovery
 def test_recovery_reclaims_an_object_it_cannot_move_and_recovers_the_rest(
-    shared_dir: Path, unique: Unique, minion_impl: str, request: pytest.FixtureRequest
+    shared_dir: Path, unique: Unique
 ) -> None:
     """A strict object needs a fresh segment to change hands; if memory has run out, recovery
     reclaims it (and says so in the log) and goes on with the dead owner's other objects."""
-    if minion_impl == "native":
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="the native minion stops recovering at the first object it cannot move "
-                "(recover_objects_of returns the error of set_owner)",
-                strict=True,
-            )
-        )
     limit = str(16 * PAGE)
     with own_minion(shared_dir, "oom", "--memory-limit", limit, "--max-object", limit) as running:
         rescuer, doomed = running.client(unique("rescuer")), running.client(unique("doomed"))

@@ -184,6 +184,7 @@ pub fn check_size(size: &Value, limit: u64) -> Result<u64, CdiError> {
             type_name(size)
         )));
     };
+    let size = size.get();
     if size < 0 {
         return Err(CdiError::invalid_argument(format!(
             "size must not be negative, got {size}"
@@ -208,7 +209,7 @@ pub fn check_segment_ids(value: Option<&Value>) -> Result<Vec<i128>, CdiError> {
             Ok(items
                 .iter()
                 .filter_map(|i| match i {
-                    Value::Int(i) => Some(*i),
+                    Value::Int(i) => Some(i.get()),
                     _ => None,
                 })
                 .collect())
@@ -286,12 +287,15 @@ mod tests {
             err(Value::Str("has space"), "key"),
             "key 'has space' has characters outside letters, digits and _ . : / @ + = -"
         );
-        assert_eq!(err(Value::Int(42), "key"), "key must be a string, got int");
+        assert_eq!(
+            err(Value::Int(42.into()), "key"),
+            "key must be a string, got int"
+        );
         assert_eq!(
             err(Value::Bool(true), "container id"),
             "container id must be a string, got bool"
         );
-        assert_eq!(check_container_id(&Value::Int(-7)).unwrap(), "-7");
+        assert_eq!(check_container_id(&Value::Int((-7).into())).unwrap(), "-7");
         assert_eq!(
             check_key(&Value::Str("a-Z_0.9:/@+=")).unwrap(),
             "a-Z_0.9:/@+="
@@ -308,29 +312,29 @@ mod tests {
 
     #[test]
     fn sizes_and_segment_ids_are_checked_as_in_python() {
-        assert_eq!(check_size(&Value::Int(5), 10), Ok(5));
+        assert_eq!(check_size(&Value::Int(5.into()), 10), Ok(5));
         assert_eq!(
             check_size(&Value::Bool(true), 10).unwrap_err().msg,
             "size must be an integer number of bytes, got bool"
         );
         assert_eq!(
-            check_size(&Value::Int(-1), 10).unwrap_err().msg,
+            check_size(&Value::Int((-1).into()), 10).unwrap_err().msg,
             "size must not be negative, got -1"
         );
         assert_eq!(
-            check_size(&Value::Int(11), 10).unwrap_err().msg,
+            check_size(&Value::Int(11.into()), 10).unwrap_err().msg,
             "size 11 bytes exceeds this minion's object limit of 10 bytes"
         );
         assert_eq!(check_segment_ids(None), Ok(vec![]));
         assert_eq!(
-            check_segment_ids(Some(&Value::Array(vec![Value::Int(3)]))),
+            check_segment_ids(Some(&Value::Array(vec![Value::Int(3.into())]))),
             Ok(vec![3])
         );
         for bad in [
             Value::Str("1"),
             Value::Array(vec![Value::Float(1.5)]),
             Value::Array(vec![Value::Bool(true)]),
-            Value::Array(vec![Value::Int(1); 65]),
+            Value::Array(vec![Value::Int(1.into()); 65]),
         ] {
             assert!(check_segment_ids(Some(&bad))
                 .unwrap_err()

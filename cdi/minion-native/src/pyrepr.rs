@@ -37,7 +37,7 @@ pub fn truthy(value: &Value) -> bool {
     match value {
         Value::Nil => false,
         Value::Bool(b) => *b,
-        Value::Int(i) => *i != 0,
+        Value::Int(i) => i.get() != 0,
         Value::Float(f) => *f != 0.0,
         Value::Str(s) => !s.is_empty(),
         Value::Bin(b) => !b.is_empty(),
@@ -261,13 +261,13 @@ mod tests {
         let list = Value::Array(vec![
             Value::Nil,
             Value::Bool(true),
-            Value::Int(-5),
+            Value::Int((-5).into()),
             Value::Float(2.5),
             Value::Bin(b"a'\"\x00\xff"),
             Value::Map(vec![
-                (Value::Str("k"), Value::Int(1)),
-                (Value::Bin(b"k"), Value::Int(2)),
-                (Value::Str("k"), Value::Int(3)),
+                (Value::Str("k"), Value::Int(1.into())),
+                (Value::Bin(b"k"), Value::Int(2.into())),
+                (Value::Str("k"), Value::Int(3.into())),
             ]),
             Value::Ext(5, b"\x01"),
             Value::Timestamp {
@@ -281,7 +281,7 @@ mod tests {
              ExtType(code=5, data=b'\\x01'), Timestamp(seconds=1, nanoseconds=0)]"
         );
         assert_eq!(
-            repr(&Value::Int(18446744073709551615)).unwrap(),
+            repr(&Value::Int(18446744073709551615.into())).unwrap(),
             "18446744073709551615"
         );
     }
@@ -320,7 +320,7 @@ mod tests {
         assert_eq!(type_name(&Value::Array(vec![])), "list");
         assert!(!truthy(&Value::Str("")) && truthy(&Value::Str("x")));
         assert!(
-            !truthy(&Value::Int(0))
+            !truthy(&Value::Int(0.into()))
                 && !truthy(&Value::Float(0.0))
                 && truthy(&Value::Float(f64::NAN))
         );
@@ -328,7 +328,7 @@ mod tests {
 
     #[test]
     fn deep_nesting_fails_like_python() {
-        let mut value = Value::Int(1);
+        let mut value = Value::Int(1.into());
         for _ in 0..REPR_DEPTH_LIMIT {
             value = Value::Array(vec![value]);
         }

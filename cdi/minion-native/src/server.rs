@@ -446,7 +446,7 @@ impl Minion {
     fn serve(&mut self, token: u64, request: Entries) {
         let id = match Value::get(request, "id") {
             None => RequestId::Int(0),
-            Some(Value::Int(i)) => RequestId::Int(*i),
+            Some(Value::Int(i)) => RequestId::Int(i.get()),
             Some(Value::Bool(b)) => RequestId::Bool(*b),
             Some(other) => {
                 let err = CdiError::protocol("request id must be an integer");
@@ -633,7 +633,19 @@ impl Minion {
                     log::info(format_args!(
                         "owner {dead} of {key} died; returning it to {recovery}"
                     ));
-                    self.set_owner(&key, recovery)?;
+                    // One object at a time: one that cannot move (a strict object needs a
+                    // fresh segment, and memory may have run out) is reclaimed, and the rest
+                    // are still recovered. set_owner fails only before the hand-over.
+                    if let Err(failure) = self.set_owner(&key, recovery.clone()) {
+                        let why = match failure {
+                            Failure::Cdi(err) => err.msg,
+                            Failure::Internal(msg) => msg,
+                        };
+                        log::warning(format_args!(
+                            "cannot return {key} to {recovery} ({why}); reclaiming it"
+                        ));
+                        self.remove(&key);
+                    }
                 }
                 _ => {
                     log::info(format_args!(
@@ -1104,7 +1116,7 @@ impl Minion {
     fn access(&mut self, token: u64, id: RequestId, request: Entries) -> Result<Reply, Failure> {
         let obj = self.lookup(request)?;
         let have = match Value::get(request, "have") {
-            Some(Value::Int(have)) => Some(*have),
+            Some(Value::Int(have)) => Some(have.get()),
             _ => None,
         };
         let container = self.conns.get(&token).and_then(|c| c.container.as_ref());
@@ -1136,7 +1148,7 @@ impl Minion {
 
     fn cancel(&mut self, token: u64, request: Entries) -> Result<Reply, Failure> {
         let reference = match Value::get(request, "ref") {
-            Some(Value::Int(i)) => Some(RequestId::Int(*i)),
+            Some(Value::Int(i)) => Some(RequestId::Int(i.get())),
             Some(Value::Bool(b)) => Some(RequestId::Bool(*b)),
             _ => None,
         };
