@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
+import psutil
 import pytest
 
 from cdi.minion import native
@@ -117,3 +119,38 @@ def test_asking_for_a_missing_binary_is_a_clear_usage_error(tmp_path: Path) -> N
     assert result.returncode == 2
     assert "is not an executable file" in result.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_the_binary_stops_when_its_relay_dies(tmp_path: Path) -> None:
+    """With a controller, a Python parent relays events; if it is killed, the minion goes too
+    (and removes its socket) instead of serving on as an orphan nobody reports for."""
+    if native.find_binary() is None:
+        pytest.skip(f"the native minion is not built: {native.build_hint()}")
+    socket_path = tmp_path / "m.sock"
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "cdi.minion", "--impl", "native", "--socket", str(socket_path),
+         "--controller", "grpc://127.0.0.1:1"],  # nobody answers there: the reporter retries
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    minion: psutil.Process | None = None
+    try:
+        deadline = time.monotonic() + 20
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert socket_path.exists(), "the native minion did not start"
+        children = Path(f"/proc/{relay.pid}/task/{relay.pid}/children").read_text().split()
+        assert len(children) == 1
+        minion = psutil.Process(int(children[0]))
+        assert minion.name() == native.BINARY_NAME
+        relay.kill()
+        relay.wait(10)
+        minion.wait(10)  # raises TimeoutExpired if the minion outlives its relay
+        assert not socket_path.exists()
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait()
+        if minion is not None and minion.is_running():
+            minion.terminate()  # the test failed: leave no orphan behind
+            minion.wait(10)
