@@ -1,15 +1,14 @@
-//! The command line. `cdiflow cdi minion` (cdi/minion/native.py) resolves the user's config
-//! and passes plain values: every size in bytes, the socket mode in octal.
+//! The command line, parsed with clap. `cdiflow cdi minion` (cdi/minion/native.py) resolves the
+//! user's config and passes plain values: every size in bytes, the socket mode in octal.
 
 use std::ffi::OsString;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 
-use crate::protocol::Isolation;
+use clap::builder::{OsStringValueParser, TypedValueParser};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
 
-pub const USAGE: &str = "usage: cdi-minion --socket PATH --host NAME --memory-limit BYTES \
---max-object BYTES --idle-limit BYTES --isolation cooperative|strict --busy-poll-us N \
---socket-mode OCTAL [--prewarm BYTES:COUNT[,BYTES:COUNT...]] [--events-fd N]";
+use crate::protocol::Isolation;
 
 /// Longest socket path a sockaddr_un holds (with its NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -29,138 +28,116 @@ pub struct Config {
     pub events_fd: Option<i32>,
 }
 
-#[derive(Debug, PartialEq)]
-pub enum Command {
-    Run(Config),
-    Help,
+/// The CDI per-host minion: holds shared-memory objects and enforces single ownership.
+#[derive(Parser, Debug)]
+#[command(name = "cdi-minion", bin_name = "cdi-minion")]
+struct Cli {
+    /// Unix socket to listen on (made absolute; at most 107 bytes)
+    #[arg(long = "socket", value_name = "PATH", allow_hyphen_values = true,
+          value_parser = OsStringValueParser::new().try_map(absolute))]
+    socket_path: PathBuf,
+    /// Host name this minion serves
+    #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
+    host: String,
+    /// Bytes all objects may take together (positive)
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true, value_parser = whole)]
+    memory_limit: u64,
+    /// Largest object in bytes (positive, at most --memory-limit)
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true, value_parser = whole)]
+    max_object: u64,
+    /// Bytes of idle segments kept for reuse
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true, value_parser = whole)]
+    idle_limit: u64,
+    /// Isolation between clients
+    #[arg(long, value_name = "cooperative|strict", allow_hyphen_values = true,
+          value_parser = isolation)]
+    isolation: Isolation,
+    /// Microseconds to busy-poll before sleeping
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = whole)]
+    busy_poll_us: u64,
+    /// Socket permissions in octal, e.g. 666
+    #[arg(long, value_name = "OCTAL", allow_hyphen_values = true, value_parser = mode)]
+    socket_mode: u32,
+    /// Segments to allocate at start
+    #[arg(long, value_name = "BYTES:COUNT[,BYTES:COUNT...]", allow_hyphen_values = true,
+          value_parser = prewarm)]
+    prewarm: Option<Prewarm>,
+    /// File descriptor to write directory events to
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = events_fd)]
+    events_fd: Option<i32>,
 }
 
-const OPTIONS: [&str; 10] = [
-    "--socket",
-    "--host",
-    "--memory-limit",
-    "--max-object",
-    "--idle-limit",
-    "--isolation",
-    "--busy-poll-us",
-    "--socket-mode",
-    "--prewarm",
-    "--events-fd",
-];
+/// Wrapped so that clap takes the whole list as one value instead of one per item.
+#[derive(Clone, Debug)]
+struct Prewarm(Vec<(u64, u64)>);
 
-/// Parse the arguments after the program name; the error is one line for stderr.
-pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String> {
-    let mut values: [Option<OsString>; 10] = Default::default();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let text = arg.to_string_lossy().into_owned();
-        if text == "-h" || text == "--help" {
-            return Ok(Command::Help);
-        }
-        let (name, inline) = match text.split_once('=') {
-            Some((name, _)) if name.starts_with("--") => {
-                let value = &arg.as_bytes()[name.len() + 1..];
-                (name.to_owned(), Some(OsString::from_vec(value.to_vec())))
-            }
-            _ => (text.clone(), None),
-        };
-        let Some(slot) = OPTIONS.iter().position(|o| *o == name) else {
-            return Err(if name.starts_with('-') {
-                format!("unknown option {name}")
-            } else {
-                format!("unexpected argument {name:?}")
-            });
-        };
-        let value = match inline.or_else(|| args.next()) {
-            Some(value) => value,
-            None => return Err(format!("{name} needs a value")),
-        };
-        if values[slot].replace(value).is_some() {
-            return Err(format!("{name} given more than once"));
-        }
+/// Parse a whole command line (program name first); `--help` comes back as an error of kind
+/// `DisplayHelp`, whose `exit()` prints it and exits 0 (every other error: stderr, status 2).
+pub fn parse<I, T>(args: I) -> Result<Config, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = Cli::try_parse_from(args)?;
+    let invalid = |message: String| Cli::command().error(ErrorKind::ValueValidation, message);
+    if cli.memory_limit == 0 {
+        return Err(invalid("--memory-limit must be positive".to_owned()));
     }
-    let mut value = |option: &str| -> Result<OsString, String> {
-        let slot = OPTIONS.iter().position(|o| *o == option).unwrap_or(0);
-        values[slot]
-            .take()
-            .ok_or_else(|| format!("missing {option}"))
-    };
-    let socket_path = absolute(Path::new(&value("--socket")?))?;
-    let host = text(value("--host")?, "--host")?;
-    let memory_limit = bytes(&value("--memory-limit")?, "--memory-limit")?;
-    let max_object = bytes(&value("--max-object")?, "--max-object")?;
-    let idle_limit = bytes(&value("--idle-limit")?, "--idle-limit")?;
-    let isolation_text = text(value("--isolation")?, "--isolation")?;
-    let isolation = Isolation::parse(&isolation_text).ok_or_else(|| {
-        format!("--isolation must be cooperative or strict, not {isolation_text:?}")
-    })?;
-    let busy_poll_us = bytes(&value("--busy-poll-us")?, "--busy-poll-us")?;
-    let socket_mode = mode(&value("--socket-mode")?)?;
-    let prewarm = match value("--prewarm") {
-        Ok(spec) => prewarm(&text(spec, "--prewarm")?)?,
-        Err(_) => Vec::new(),
-    };
-    let events_fd = match value("--events-fd") {
-        Ok(fd) => Some(
-            text(fd, "--events-fd")?
-                .parse::<i32>()
-                .ok()
-                .filter(|fd| *fd >= 0)
-                .ok_or("--events-fd must be a file descriptor number")?,
-        ),
-        Err(_) => None,
-    };
-    if memory_limit == 0 {
-        return Err("--memory-limit must be positive".to_owned());
+    if cli.max_object == 0 || cli.max_object > cli.memory_limit {
+        return Err(invalid(format!(
+            "--max-object ({}) must be positive and at most --memory-limit ({})",
+            cli.max_object, cli.memory_limit
+        )));
     }
-    if max_object == 0 || max_object > memory_limit {
-        return Err(format!(
-            "--max-object ({max_object}) must be positive and at most --memory-limit \
-             ({memory_limit})"
-        ));
-    }
-    Ok(Command::Run(Config {
-        socket_path,
-        host,
-        memory_limit,
-        max_object,
-        idle_limit,
-        isolation,
-        busy_poll_us,
-        socket_mode,
-        prewarm,
-        events_fd,
-    }))
+    Ok(Config {
+        socket_path: cli.socket_path,
+        host: cli.host,
+        memory_limit: cli.memory_limit,
+        max_object: cli.max_object,
+        idle_limit: cli.idle_limit,
+        isolation: cli.isolation,
+        busy_poll_us: cli.busy_poll_us,
+        socket_mode: cli.socket_mode,
+        prewarm: cli.prewarm.map_or_else(Vec::new, |p| p.0),
+        events_fd: cli.events_fd,
+    })
 }
 
-fn text(value: OsString, option: &str) -> Result<String, String> {
-    value
-        .into_string()
-        .map_err(|raw| format!("{option} {raw:?} is not valid UTF-8"))
+/// The process's own command line; on a bad one (or `--help`) clap reports and exits.
+pub fn parse_or_exit() -> Config {
+    parse(std::env::args_os()).unwrap_or_else(|error| error.exit())
 }
 
 /// A plain non-negative integer (the wrapper resolves units like "10MB" before us).
-fn bytes(value: &OsString, option: &str) -> Result<u64, String> {
-    let text = value.to_string_lossy();
+fn whole(text: &str) -> Result<u64, String> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{option} must be a whole number, not {text:?}"));
+        return Err("must be a whole number".to_owned());
     }
-    text.parse()
-        .map_err(|_| format!("{option} {text} is too large"))
+    text.parse().map_err(|_| "too large".to_owned())
 }
 
-fn mode(value: &OsString) -> Result<u32, String> {
-    let text = value.to_string_lossy();
-    let digits = text.strip_prefix("0o").unwrap_or(&text);
+fn isolation(text: &str) -> Result<Isolation, String> {
+    Isolation::parse(text).ok_or_else(|| "must be cooperative or strict".to_owned())
+}
+
+fn mode(text: &str) -> Result<u32, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
     u32::from_str_radix(digits, 8)
         .ok()
         .filter(|m| *m <= 0o7777 && !digits.is_empty())
-        .ok_or_else(|| format!("--socket-mode must be octal permissions like 666, not {text:?}"))
+        .ok_or_else(|| "must be octal permissions like 666".to_owned())
+}
+
+fn events_fd(text: &str) -> Result<i32, String> {
+    text.parse::<i32>()
+        .ok()
+        .filter(|fd| *fd >= 0)
+        .ok_or_else(|| "must be a file descriptor number".to_owned())
 }
 
 /// "BYTES:COUNT[,BYTES:COUNT...]"; a bare BYTES means one segment, empty parts are skipped
 /// and a size given twice keeps its first place with the last count (as a Python dict would).
-fn prewarm(spec: &str) -> Result<Vec<(u64, u64)>, String> {
+fn prewarm(spec: &str) -> Result<Prewarm, String> {
     let mut result: Vec<(u64, u64)> = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (size, count) = part.split_once(':').unwrap_or((part, "1"));
@@ -170,28 +147,27 @@ fn prewarm(spec: &str) -> Result<Vec<(u64, u64)>, String> {
                 .filter(|_| t.bytes().all(|b| b.is_ascii_digit()))
         };
         let (Some(size), Some(count)) = (parse(size), parse(count)) else {
-            return Err(format!(
-                "--prewarm {part:?}: write BYTES:COUNT, e.g. 1000000:4"
-            ));
+            return Err(format!("{part:?}: write BYTES:COUNT, e.g. 1000000:4"));
         };
         match result.iter_mut().find(|(s, _)| *s == size) {
             Some(slot) => slot.1 = count,
             None => result.push((size, count)),
         }
     }
-    Ok(result)
+    Ok(Prewarm(result))
 }
 
 /// The socket path made absolute (lexically, like Python's os.path.abspath), checked to fit.
-fn absolute(path: &Path) -> Result<PathBuf, String> {
+fn absolute(raw: OsString) -> Result<PathBuf, String> {
+    let path = Path::new(&raw);
     if path.as_os_str().is_empty() {
-        return Err("--socket must not be empty".to_owned());
+        return Err("must not be empty".to_owned());
     }
     let joined = if path.is_absolute() {
         path.to_path_buf()
     } else {
         std::env::current_dir()
-            .map_err(|e| format!("cannot resolve --socket {}: {e}", path.display()))?
+            .map_err(|e| format!("cannot resolve it: {e}"))?
             .join(path)
     };
     let mut clean = PathBuf::from("/");
@@ -217,16 +193,18 @@ fn absolute(path: &Path) -> Result<PathBuf, String> {
 mod tests {
     use super::*;
 
-    fn run(args: &str) -> Result<Config, String> {
-        match parse(args.split_whitespace().map(OsString::from))? {
-            Command::Run(config) => Ok(config),
-            Command::Help => Err("help".to_owned()),
-        }
+    fn run(args: &str) -> Result<Config, clap::Error> {
+        parse(std::iter::once("cdi-minion").chain(args.split_whitespace()))
     }
 
     const BASE: &str = "--socket /tmp/m/minion.sock --host h1 --memory-limit 1000000 \
                         --max-object 500000 --idle-limit 250000 --isolation strict \
                         --busy-poll-us 1000 --socket-mode 666";
+
+    #[test]
+    fn the_command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
 
     #[test]
     fn a_full_command_line() {
@@ -250,28 +228,70 @@ mod tests {
             run(&format!("{BASE} --prewarm 8192")).unwrap().prewarm,
             vec![(8192, 1)]
         );
+        assert_eq!(run(BASE).unwrap().prewarm, vec![]);
+        assert_eq!(run(BASE).unwrap().events_fd, None);
+        assert_eq!(
+            run(&BASE.replace("666", "0o600")).unwrap().socket_mode,
+            0o600
+        );
     }
 
     #[test]
     fn bad_command_lines_say_what_is_wrong() {
         let err = |args: &str| run(args).unwrap_err();
-        assert_eq!(err("--socket /x"), "missing --host");
-        assert_eq!(err(&format!("{BASE} --bogus 1")), "unknown option --bogus");
-        assert_eq!(
-            err(&format!("{BASE} --events-fd")),
-            "--events-fd needs a value"
+        let says = |args: &str, kind: ErrorKind, text: &str| {
+            let error = err(args);
+            let message = error.to_string();
+            assert_eq!(error.kind(), kind, "{args}: {message}");
+            assert!(message.contains(text), "{args}: {message}");
+            assert_eq!(error.exit_code(), 2);
+        };
+        says("--socket /x", ErrorKind::MissingRequiredArgument, "--host");
+        says(
+            &format!("{BASE} --bogus 1"),
+            ErrorKind::UnknownArgument,
+            "--bogus",
         );
-        assert_eq!(
-            err(&format!("{BASE} --host again")),
-            "--host given more than once"
+        says(
+            &format!("{BASE} extra"),
+            ErrorKind::UnknownArgument,
+            "extra",
         );
-        assert!(err(&BASE.replace("1000000", "1MB")).contains("whole number"));
-        assert!(err(&BASE.replace("strict", "loose")).contains("cooperative or strict"));
-        assert!(err(&BASE.replace("666", "9")).contains("octal"));
-        assert!(err(&BASE.replace("500000", "2000000")).contains("at most --memory-limit"));
-        assert!(err(&format!("{BASE} --prewarm 10:x")).contains("BYTES:COUNT"));
-        assert!(err(&BASE.replace("/tmp/m", &format!("/{}", "d".repeat(120)))).contains("longer"));
-        assert_eq!(run(&format!("{BASE} --help")), Err("help".to_owned()));
+        says(
+            &format!("{BASE} --events-fd"),
+            ErrorKind::InvalidValue,
+            "--events-fd",
+        );
+        says(
+            &format!("{BASE} --host again"),
+            ErrorKind::ArgumentConflict,
+            "--host",
+        );
+        let invalid = |args: &str, text: &str| says(args, ErrorKind::ValueValidation, text);
+        invalid(&BASE.replace("1000000", "1MB"), "whole number");
+        invalid(
+            &BASE.replace("1000000", "99999999999999999999"),
+            "too large",
+        );
+        invalid(&BASE.replace("strict", "loose"), "cooperative or strict");
+        invalid(&BASE.replace("666", "9"), "octal");
+        invalid(&BASE.replace("666", "17777"), "octal");
+        invalid(&BASE.replace("500000", "2000000"), "at most --memory-limit");
+        invalid(&BASE.replace("500000", "0"), "at most --memory-limit");
+        invalid(
+            &BASE.replace("--memory-limit 1000000", "--memory-limit 0"),
+            "must be positive",
+        );
+        invalid(&format!("{BASE} --prewarm 10:x"), "BYTES:COUNT");
+        invalid(&format!("{BASE} --events-fd -1"), "file descriptor");
+        invalid(
+            &BASE.replace("/tmp/m", &format!("/{}", "d".repeat(120))),
+            "longer",
+        );
+        let help = err(&format!("{BASE} --help"));
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        assert_eq!(help.exit_code(), 0);
+        assert_eq!(err("-h").kind(), ErrorKind::DisplayHelp);
     }
 
     #[test]

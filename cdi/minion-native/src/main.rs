@@ -16,7 +16,6 @@ mod sys;
 
 use std::sync::atomic::Ordering;
 
-use args::Command;
 use events::EventSink;
 use server::{Minion, STOP, WAKE_FD};
 
@@ -25,17 +24,8 @@ fn main() {
 }
 
 fn run() -> i32 {
-    let config = match args::parse(std::env::args_os().skip(1)) {
-        Ok(Command::Run(config)) => config,
-        Ok(Command::Help) => {
-            println!("{}", args::USAGE);
-            return 0;
-        }
-        Err(message) => {
-            eprintln!("cdi-minion: error: {message} (see cdi-minion --help)");
-            return 2;
-        }
-    };
+    // On a bad command line clap prints the error and exits 2; on --help, the help and 0.
+    let config = args::parse_or_exit();
     let events = match config.events_fd.map(EventSink::open) {
         None => None,
         Some(Ok(sink)) => Some(sink),
