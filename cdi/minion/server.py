@@ -245,7 +245,7 @@ class Minion:
                 if not isinstance(request_id, int):
                     raise ProtocolError("request id must be an integer")
                 op = request.get("op", "")
-                handler = self._handlers.get(op)
+                handler = self._handlers.get(op) if type(op) is str else None
                 if handler is None:
                     raise ProtocolError(f"unknown operation {op!r}")
                 if conn.container is None and op not in _OPEN_OPS:
@@ -536,7 +536,9 @@ class Minion:
             return (obj.grant_fields(), obj.grant_fd(have))
         if request.get("wait") is False:
             raise NotOwner(f"container {conn.container} does not own {obj.key!r}")
-        request_id = request["id"]
+        request_id = request.get("id")
+        if request_id is None:
+            raise ProtocolError("an access that waits needs a request id to answer it by")
         self._spin_until = time.perf_counter_ns() + self.config.busy_poll_us * 1000
         conn.waiting[request_id] = obj.key
         if type(have) is int:

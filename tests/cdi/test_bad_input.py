@@ -99,6 +99,8 @@ def test_garbage_on_the_wire_is_refused(minion: MinionProcess, unique: Unique) -
             msgpack.packb([1, 2, 3]),
             msgpack.packb({"op": "explode", "id": 1}),
             msgpack.packb({"op": "create", "id": "x"}),
+            msgpack.packb({"op": ["stat"], "id": 2}),
+            msgpack.packb({"op": {"stat": 1}, "id": 3}),
         ):
             raw.send(junk)
             reply = msgpack.unpackb(raw.recv(4096))
@@ -111,6 +113,27 @@ def test_garbage_on_the_wire_is_refused(minion: MinionProcess, unique: Unique) -
     obj.write(b"ok!")
     assert obj.read() == b"ok!"
     obj.destroy()
+
+
+def test_a_waiting_access_without_a_request_id_is_refused(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    owner = minion.client(unique("owner"))
+    key = unique("k")
+    owner.create(key, 8)
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    raw.connect(minion.socket_path)
+    try:
+        raw.send(msgpack.packb({"op": "register", "id": 1, "container": unique("waiter")}))
+        assert msgpack.unpackb(raw.recv(4096))["ok"] is True
+        raw.send(msgpack.packb({"op": "access", "key": key}))  # would wait, but no id to answer by
+        reply = msgpack.unpackb(raw.recv(4096))
+        assert reply["ok"] is False and reply["code"] == "protocol", reply
+        assert "needs a request id" in reply["msg"]
+        assert minion.stat()["waiters"] == 0
+    finally:
+        raw.close()
+    owner.use(key).destroy()
 
 
 def test_an_fd_sent_to_the_minion_is_dropped(minion: MinionProcess) -> None:

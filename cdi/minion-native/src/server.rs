@@ -491,13 +491,6 @@ impl Minion {
             Some(Value::Str(name)) => Op::parse(name).ok_or_else(|| {
                 CdiError::protocol(format!("unknown operation {}", repr_str(name)))
             })?,
-            // Python looks the op up in a dict: a list or a map is unhashable there.
-            Some(Value::Array(_)) => {
-                return Err(Failure::Internal("unhashable type: 'list'".to_owned()))
-            }
-            Some(Value::Map(_)) => {
-                return Err(Failure::Internal("unhashable type: 'dict'".to_owned()))
-            }
             Some(other) => {
                 return Err(
                     CdiError::protocol(format!("unknown operation {}", repr_of(other)?)).into(),
@@ -1132,7 +1125,10 @@ impl Minion {
             .into());
         }
         if Value::get(request, "id").is_none() {
-            return Err(Failure::Internal("'id'".to_owned())); // Python: request["id"]
+            return Err(CdiError::protocol(
+                "an access that waits needs a request id to answer it by",
+            )
+            .into());
         }
         let key = obj.key.clone();
         let budget = self.config.busy_poll_us.saturating_mul(1000);
