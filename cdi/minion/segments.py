@@ -25,6 +25,7 @@ import logging
 import mmap
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cdi.errors import OutOfMemory
@@ -86,16 +87,12 @@ class Segment:
             # A sealed file cannot shrink under the mapping: every page is there.
             ctypes.memset(self._addr + start, 0, end - start)
             return
-        at = start
-        while at < end:
-            try:
-                written = os.pwrite(self.fd, _ZEROS[: min(end - at, len(_ZEROS))], at)
-            except OSError as exc:
-                log.warning("cannot zero segment %d at %d: %s", self.id, at, exc)
-                return
-            if written <= 0:
-                return
-            at += written
+        self._positional_io(
+            "zero",
+            start,
+            end,
+            lambda at: os.pwrite(self.fd, _ZEROS[: min(end - at, len(_ZEROS))], at),
+        )
 
     def copy_from(self, other: Segment, length: int) -> None:
         """Copy the first ``length`` bytes of ``other`` into this segment, which nobody else
@@ -105,18 +102,28 @@ class Segment:
         if other.sealed:
             ctypes.memmove(self._addr, other._addr, n)
             return
-        done = 0
         with memoryview(self._mm) as target:
-            while done < n:
-                with target[done:n] as rest:
-                    try:
-                        got = os.preadv(other.fd, [rest], done)
-                    except OSError as exc:
-                        log.warning("cannot copy segment %d at %d: %s", other.id, done, exc)
-                        return
-                if got <= 0:
-                    return
-                done += got
+
+            def read_into(at: int) -> int:
+                with target[at:n] as rest:
+                    return os.preadv(other.fd, [rest], at)
+
+            other._positional_io("copy", 0, n, read_into)
+
+    def _positional_io(self, what: str, start: int, end: int, step: Callable[[int], int]) -> None:
+        """Run ``step(at)`` (one pread/pwrite, returning the bytes it did) from ``start`` to
+        ``end``. For unsealed segments, whose owner may truncate the file: an error or a short
+        file ends the loop with a warning, never a SIGBUS in this process."""
+        at = start
+        while at < end:
+            try:
+                done = step(at)
+            except OSError as exc:
+                log.warning("cannot %s segment %d at %d: %s", what, self.id, at, exc)
+                return
+            if done <= 0:
+                return
+            at += done
 
     def read(self, length: int) -> bytes:
         return self._mm[:length]
