@@ -11,6 +11,7 @@ from cdi.controller.cli import controller_command
 from cdi.errors import CDIError
 from cdi.minion.cli import minion_command
 from loadtest.cli import bench_workflows_command
+from loadtest.idle import bench_idle_command
 from loadtest.image_costs import bench_images_command
 from loadtest.s3_costs import bench_s3_command
 from orchestrator.errors import OrchestratorError
@@ -67,6 +68,7 @@ bench_group.add_command(bench_cdi_command)
 bench_group.add_command(bench_workflows_command)
 bench_group.add_command(bench_images_command)
 bench_group.add_command(bench_s3_command)
+bench_group.add_command(bench_idle_command)
 
 
 @cdi_group.command("demo")

@@ -21,12 +21,12 @@ from cdi.errors import CDIError
 from cdi.minion.config import parse_bytes
 from orchestrator.stack.state import DataDirLock
 
-__all__ = ["bench_workflows_command"]
+__all__ = ["bench_workflows_command", "one_run_per_folder", "terminated_by_signal"]
 
 _LOCK_FILE = "bench.lock"
 
 
-def _terminated(signum: int, frame: object) -> None:
+def terminated_by_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
@@ -82,8 +82,9 @@ def _sizes(text: str) -> tuple[int, ...]:
 @click.option(
     "--systems",
     default=None,
-    help="Comma-separated; default: floor,affinity,transfer,auto,object-store,celery,ray,"
-    "conductor (--quick: affinity,transfer,auto,object-store).",
+    help="Comma-separated; default: floor,floor-s3,affinity,transfer,auto,object-store,celery,"
+    "ray,conductor (--quick: affinity,transfer,auto,object-store). floor-s3 is the floor plus "
+    "each workflow's S3 GET of its input and encode and PUT of its result.",
 )
 @click.option(
     "--s3-link",
@@ -171,7 +172,7 @@ def bench_workflows_command(
     if quick == (scenario is not None):
         raise click.UsageError("give either --quick or --scenario 1|2|3|all")
     # SIGTERM unwinds like Ctrl-C, so every system started so far is stopped by PID.
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, terminated_by_signal)
     to_stdout = json_file is not None and str(json_file) == "-"
     out = sys.stderr if to_stdout else sys.stdout
 
@@ -212,7 +213,7 @@ def bench_workflows_command(
 
 
 @contextlib.contextmanager
-def _one_run_per_folder(data_dir: Path) -> Iterator[None]:
+def one_run_per_folder(data_dir: Path) -> Iterator[None]:
     """Hold ``<data_dir>/bench.lock`` for the run: a second run on the folder would find the
     first one's Postgres on its files (``StackRunning``, reported by the ``cdiflow`` command
     as a message, like a system or service that cannot start)."""
@@ -249,7 +250,7 @@ def _quick(
     if unknown:
         raise click.BadParameter(f"--quick measures {', '.join(QUICK_SYSTEMS)}; not {unknown}")
     machine = machine_state()
-    with _one_run_per_folder(data_dir):
+    with one_run_per_folder(data_dir):
         rows = run_quick(
             repeat=repeat,
             burst=burst,
@@ -311,7 +312,7 @@ def _scenarios(
         data_dir=data_dir,
         rounds=rounds,
     )
-    with _one_run_per_folder(data_dir):
+    with one_run_per_folder(data_dir):
         report = run_benchmark(config, progress=None if quiet else sys.stderr, echo=echo)
     click.echo("\n" + scenario_table(report.results, rounds=rounds > 1), file=out)
     if rounds > 1:

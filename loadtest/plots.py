@@ -43,7 +43,7 @@ def write_plots(results: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
         for system in dict.fromkeys(r["system"] for r in rows):
             points = sorted((r[x_field], r) for r in rows if r["system"] == system)
             xs = [x for x, _ in points]
-            style = "--" if system == "floor" else "-"
+            style = "--" if system.startswith("floor") else "-"
             lat.plot(xs, [r["p50_latency_s"] for _, r in points], style, marker="o", label=system)
             tput.plot(xs, [r["throughput_wps"] for _, r in points], style, marker="o", label=system)
         for ax, y_label in ((lat, "p50 latency (s)"), (tput, "throughput (workflows/s)")):

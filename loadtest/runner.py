@@ -49,6 +49,7 @@ __all__ = [
 
 ALL_SYSTEMS: Final = (
     "floor",
+    "floor-s3",
     "affinity",
     "transfer",
     "auto",
@@ -143,6 +144,10 @@ def make_system(name: str, services: BenchServices, ctx: RunContext) -> System:
         from loadtest.systems.floor import FloorSystem
 
         return FloorSystem(ctx)
+    if name == "floor-s3":
+        from loadtest.systems.floor import FloorSystem
+
+        return FloorSystem(ctx, services)
     if name == "celery":
         from loadtest.systems.celery_sys import CelerySystem
 

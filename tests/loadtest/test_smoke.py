@@ -15,13 +15,15 @@ from typing import Any
 import psutil
 import pytest
 
+from loadtest.idle import idle_table, measure_idle
 from loadtest.quick import run_quick
 from loadtest.report import quick_goals, quick_table, resources_table, scenario_table
 from loadtest.runner import BenchConfig, run_benchmark
+from loadtest.systems.services import s3_client
 from orchestrator.services import RunningServices
 from tests.loadtest.conftest import require
 
-SYSTEMS = ("floor", "transfer", "object-store", "celery")
+SYSTEMS = ("floor", "floor-s3", "transfer", "object-store", "celery")
 RESULT_FIELDS = {
     "system",
     "scenario",
@@ -34,6 +36,12 @@ RESULT_FIELDS = {
     "p50_latency_s",
     "throughput_wps",
 }
+
+
+def _listed(services: RunningServices, prefix: str) -> list[str]:
+    s3 = s3_client(services)
+    page = s3.list_objects_v2(Bucket=services.s3_bucket, Prefix=prefix)
+    return [o["Key"] for o in page.get("Contents", [])]
 
 
 def _descendants() -> set[int]:
@@ -83,6 +91,10 @@ def test_every_cheap_system_completes_a_tiny_scenario_run(
     for system in ("transfer", "celery"):
         assert used[system]["locust (clients)"]["cpu_s"] > 0, used[system]
     assert "locust (clients)" not in used["floor"]
+    # floor-s3 runs in its own pool (two workflows are too little CPU to read: 10 ms ticks),
+    # and leaves no result behind in S3.
+    assert "floor workers" in used["floor-s3"], used["floor-s3"]
+    assert not _listed(service_stack, "floor-s3/")
     # The table has a row per system, busiest components first (which five lead a two-workflow
     # point varies, so only that cdiflow's own processes are among them is checked).
     table = {line.split()[0]: line for line in resources_table(report.results).splitlines()[1:]}
@@ -132,3 +144,19 @@ def used_faults(rows: list[dict[str, Any]], system: str, component: str) -> floa
     row = next(r for r in rows if r["system"] == system)
     faults: float = row["resources"][component]["page_faults_per_workflow"]
     return faults
+
+
+@pytest.mark.timeout(300)
+def test_idle_meters_every_process_of_a_waiting_stack(
+    service_stack: RunningServices, tmp_path: Path
+) -> None:
+    before = _descendants()
+    result = measure_idle(tmp_path, 2.0, 0.0, 2, services=service_stack, redis_db=12)
+    used = result["components"]
+    assert {"cdiflow scheduler", "cdiflow workers", "cdiflow api", "cdi minion"} <= set(used)
+    assert all(c["cpu_ms_per_s"] >= c["sys_ms_per_s"] >= 0 for c in used.values()), used
+    assert all(c["peak_rss_mib"] > 0 for c in used.values()), used
+    total = sum(c["cpu_ms_per_s"] for c in used.values())
+    assert result["total_cpu_ms_per_s"] == pytest.approx(total, abs=0.05)
+    assert "cdiflow scheduler" in idle_table(result)
+    assert _descendants() <= before, "the idle stack was left running"
