@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 
 import click
-import uvicorn
 
 from orchestrator.controller.app import create_app
+from orchestrator.controller.quiet_server import serve
 from orchestrator.db.migrate import migrate
 from orchestrator.errors import OrchestratorError
 from orchestrator.settings import load_settings
@@ -42,7 +42,7 @@ def controller_command(host: str, port: int, log_level: str) -> None:
     except OrchestratorError as exc:
         raise click.ClickException(str(exc)) from exc
     # A bounded graceful shutdown: an idle keep-alive client must not hold up `cdiflow down`.
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+    serve(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
 
 
 if __name__ == "__main__":
