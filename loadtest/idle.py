@@ -12,6 +12,7 @@ process for ``seconds`` with the load test's meter (``loadtest.resources``).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ import click
 
 from loadtest.cli import one_run_per_folder, terminated_by_signal
 from loadtest.resources import ResourceMeter
+from loadtest.runner import machine_state
 from loadtest.systems.base import RunContext
 from loadtest.systems.cdiflow_sys import CdiflowSystem
 from loadtest.systems.services import BenchServices
@@ -41,6 +43,7 @@ def measure_idle(
     """Start the stack, wait ``settle_s``, meter ``seconds``; CPU ms per second by component.
     ``services``: running ones to use (tests), the stack taking Redis database ``redis_db``."""
     folder = data_dir.absolute()
+    before = machine_state()
     with BenchServices(folder / "services", given=services, first_redis_db=redis_db) as shared:
         ctx = RunContext(folder / "runs", workers, None)
         with CdiflowSystem("affinity", shared, ctx):
@@ -59,6 +62,7 @@ def measure_idle(
     }
     total = sum(c["cpu_ms_per_s"] for c in components.values())
     return {
+        "machine": {**before, "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
         "seconds": seconds,
         "workers": workers,
         "total_cpu_ms_per_s": round(total, 2),
@@ -67,8 +71,10 @@ def measure_idle(
 
 
 def idle_table(result: dict[str, Any]) -> str:
+    load = result["machine"]["loadavg"][0], result["machine"]["loadavg_after"][0]
     lines = [
-        f"idle stack, {result['workers']} workers, {result['seconds']:g} s metered: "
+        f"idle stack, {result['workers']} workers, {result['seconds']:g} s metered "
+        f"(load {load[0]:.2f} -> {load[1]:.2f}): "
         f"{result['total_cpu_ms_per_s']:.2f} ms of CPU a second "
         f"({result['total_cpu_ms_per_s'] / 10:.2f} % of one core)",
         f"  {'component':<22}{'CPU ms/s':>10}{'of it sys':>11}{'peak MiB':>10}",

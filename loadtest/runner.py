@@ -268,8 +268,11 @@ def run_benchmark(
             echo(f"== {name}: starting" + (f" (round {round_no})" if config.rounds > 1 else ""))
             began = time.monotonic()
             with make_system(name, shared, ctx) as system:
-                warm = Point("warm-up", (sizes[0],), 3, config.workers, 2)
-                system.run_point(warm, inputs)  # first runs import modules, fill pools
+                # As the points will run: the largest images, as many in flight. *Why:* the
+                # first workflows import modules, fill pools and grow every process's memory
+                # to its working size; four small ones left part of that to the first point.
+                warm = Point("warm-up", (max(sizes),), 3, config.parallel, 1)
+                system.run_point(warm, inputs)
                 system.after_point()
                 echo(f"   started and warmed up in {time.monotonic() - began:.1f} s")
                 for point in points:

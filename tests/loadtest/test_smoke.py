@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -158,5 +159,6 @@ def test_idle_meters_every_process_of_a_waiting_stack(
     assert all(c["peak_rss_mib"] > 0 for c in used.values()), used
     total = sum(c["cpu_ms_per_s"] for c in used.values())
     assert result["total_cpu_ms_per_s"] == pytest.approx(total, abs=0.05)
-    assert "cdiflow scheduler" in idle_table(result)
+    assert result["machine"]["cpus"] == os.cpu_count() and len(result["machine"]["loadavg"]) == 3
+    assert "cdiflow scheduler" in idle_table(result) and "(load " in idle_table(result)
     assert _descendants() <= before, "the idle stack was left running"
