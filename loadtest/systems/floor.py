@@ -17,6 +17,7 @@ own overhead to the floor.
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import random
 import time
@@ -68,8 +69,14 @@ class FloorSystem(System):
 
     def start(self) -> None:
         env = peer_env(self.services) if self.services is not None else {}
+        # Spawned, not forked: the benchmark (or the test process running it) has native
+        # threads (gRPC's, the S3 client's runtime) that a fork copies half-way; a suite run
+        # crashed in one.
         self._pool = ProcessPoolExecutor(
-            self.ctx.workers, initializer=_init_process, initargs=(env,)
+            self.ctx.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_process,
+            initargs=(env,),
         )
 
     def after_point(self) -> None:

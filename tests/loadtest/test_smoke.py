@@ -46,7 +46,16 @@ def _listed(services: RunningServices, prefix: str) -> list[str]:
 
 
 def _descendants() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """This process's descendants, but for multiprocessing's resource tracker: the floor's
+    spawned pool starts it, and it lives, by design, as long as this interpreter."""
+    out = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "multiprocessing.resource_tracker" not in " ".join(proc.cmdline()):
+                out.add(proc.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 @pytest.mark.timeout(600)
