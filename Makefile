@@ -56,6 +56,7 @@ BENCH_OUT ?= .data/bench-results
 bench: $(STAMP) native
 	mkdir -p $(BENCH_OUT)
 	$(BIN)/cdiflow bench cdi --json > $(BENCH_OUT)/cdi.json
+	$(BIN)/cdiflow bench idle --json > $(BENCH_OUT)/idle.json
 	$(BIN)/cdiflow bench workflows --quick --json $(BENCH_OUT)/quick.json
 	$(BIN)/cdiflow bench workflows --scenario all --json $(BENCH_OUT)/loopback.json --plots $(BENCH_OUT)/plots
 	$(BIN)/cdiflow bench workflows --scenario 1 --s3-link regional --json $(BENCH_OUT)/regional.json --plots $(BENCH_OUT)/plots
