@@ -19,6 +19,7 @@ import logging
 import math
 import queue
 import random
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -96,6 +97,11 @@ class Scheduler:
         self.reply_key = keys.scheduler_reports_key(scheduler_id)
         self.runs: dict[uuid.UUID, RunState] = {}
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # Whether the loop waits (or is about to wait) in BRPOP, so a post must wake it. Read
+        # and written under ``_inbox_lock`` with the inbox's emptiness: no post is missed.
+        self._inbox_lock = threading.Lock()
+        self._loop_waits = False
+        self._skipped_reports = False  # the last turn, with results waiting, read no report
         self._pool = ThreadPoolExecutor(pool_size, thread_name_prefix="scheduler-io")
         self._in_flight: dict[str, int] = defaultdict(int)
         self._task_s: dict[str, float] = defaultdict(lambda: 0.05)  # EWMA run time per task
@@ -123,11 +129,30 @@ class Scheduler:
 
     def _step(self) -> None:
         """One turn of the loop: a report or wake-up (waiting for one until the next tick is
-        due), the pool's results, then whatever those made possible."""
-        wait_s = max(_MIN_WAIT_S, self._next_tick - time.monotonic())
-        item = self.redis.brpop([self.reply_key, keys.WAKE], timeout=wait_s)
+        due, unless the pool's results wait), the pool's results, then whatever those made
+        possible."""
+        # With the pool's results waiting, handle them first: no wait, and every other such
+        # turn takes one report without waiting, so reports cannot starve behind results.
+        with self._inbox_lock:
+            pending = not self._inbox.empty()
+            self._loop_waits = not pending
+        item: tuple[str, str] | None = None
+        if pending:
+            if self._skipped_reports:
+                text = self.redis.rpop(self.reply_key)
+                item = None if text is None else (self.reply_key, str(text))
+            self._skipped_reports = not self._skipped_reports
+        else:
+            self._skipped_reports = False
+            wait_s = max(_MIN_WAIT_S, self._next_tick - time.monotonic())
+            try:
+                popped = self.redis.brpop([self.reply_key, keys.WAKE], timeout=wait_s)
+            finally:
+                with self._inbox_lock:
+                    self._loop_waits = False
+            item = None if popped is None else (str(popped[0]), str(popped[1]))
         if item is not None:
-            key, value = str(item[0]), str(item[1])
+            key, value = item
             if key == self.reply_key:
                 self._on_report_text(value)
             else:
@@ -149,9 +174,14 @@ class Scheduler:
         return self.settings.max_active_workflows - len(self.runs)
 
     def _post(self, action: Callable[[], None]) -> None:
-        """From a pool thread: run ``action`` on the loop, and wake the loop for it."""
-        self._inbox.put(action)
-        self.redis.lpush(self.reply_key, "tick")
+        """From a pool thread: run ``action`` on the loop, and wake the loop for it if it waits
+        for a report. *Why not always:* a busy loop drains the inbox before it waits again, and
+        each wake-up costs a Redis round trip here and a turn of the loop."""
+        with self._inbox_lock:
+            self._inbox.put(action)
+            wake = self._loop_waits
+        if wake:
+            self.redis.lpush(self.reply_key, "tick")
 
     def _drain_inbox(self) -> None:
         while True:
