@@ -51,7 +51,7 @@ def measure_idle(
             meter = ResourceMeter()
             meter.start()
             time.sleep(seconds)
-            used = meter.stop(1)
+            used = meter.stop(1)  # one "workflow": the per-workflow figures are the window's
     components = {
         name: {
             "cpu_ms_per_s": round(u["cpu_s"] * 1000 / seconds, 2),
