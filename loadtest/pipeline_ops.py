@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from PIL import Image
 
@@ -23,6 +23,7 @@ from workflows.imagebuf import RESULT_FORMATS, decode_bytes, encode_image, norma
 __all__ = [
     "OPS",
     "RESULT_FORMAT",
+    "FloorRun",
     "apply_op",
     "floor_job",
     "floor_s3_job",
@@ -81,34 +82,45 @@ def store_step(store: ObjectStore, key_base: str, img: Image.Image, *, last: boo
     return uri
 
 
-def floor_job(data: bytes, ops: list[str]) -> tuple[float, float, str]:
+class FloorRun(NamedTuple):
+    """One workflow of the floor: when it started and ended (Unix s), the label the operations
+    gave, and the CPU time the operations took (ms, this thread's)."""
+
+    started: float
+    finished: float
+    label: str
+    ops_cpu_ms: float
+
+
+def floor_job(data: bytes, ops: list[str]) -> FloorRun:
     """The compute floor of one workflow: decode, then each operation, in this process.
 
-    Returns ``(started, finished, label)`` in Unix seconds. No S3, no result encoding: only
-    what every system must do whatever its orchestration.
+    No S3, no result encoding: only what every system must do whatever its orchestration.
     """
     started = time.time()
-    _, label = _run_ops(normalize_mode(decode_bytes(data)), ops)
-    return started, time.time(), label
+    _, label, cpu_ms = _run_ops(normalize_mode(decode_bytes(data)), ops)
+    return FloorRun(started, time.time(), label, cpu_ms)
 
 
-def floor_s3_job(uri: str, ops: list[str], key_base: str) -> tuple[float, float, str]:
+def floor_s3_job(uri: str, ops: list[str], key_base: str) -> FloorRun:
     """``floor_job`` with a workflow's own I/O: GET ``uri`` and decode it, run each operation,
     encode the result in the benchmark's format and PUT it at ``key_base`` + extension.
 
-    Returns ``(started, stored, label)`` in Unix seconds: what every system does per workflow
-    besides orchestrating it, so the gap between a system and this is its orchestration.
+    It ends when the result is stored: what every system does per workflow besides
+    orchestrating it, so the gap between a system and this is its orchestration.
     """
     started = time.time()
-    img, label = _run_ops(normalize_mode(load_image(uri)), ops)
+    img, label, cpu_ms = _run_ops(normalize_mode(load_image(uri)), ops)
     store_step(task_store(), key_base, img, last=True)
-    return started, time.time(), label
+    return FloorRun(started, time.time(), label, cpu_ms)
 
 
-def _run_ops(img: Image.Image, ops: list[str]) -> tuple[Image.Image, str]:
-    """Each operation in turn: the last image and the ``label`` the operations gave."""
+def _run_ops(img: Image.Image, ops: list[str]) -> tuple[Image.Image, str, float]:
+    """Each operation in turn: the last image, the ``label`` the operations gave, and their
+    CPU time in ms (measured as cdiflow's workers measure a task's: the thread's CPU time)."""
     output: dict[str, Any] = {}
+    cpu = time.thread_time()
     for op in ops:
         img, step_output = apply_op(op, img)
         output.update(step_output)
-    return img, str(output.get("label", ""))
+    return img, str(output.get("label", "")), (time.thread_time() - cpu) * 1000.0

@@ -99,7 +99,10 @@ def scenario_table(results: Sequence[PointResult], *, rounds: bool = False) -> s
 
 def resources_table(results: Sequence[PointResult], top: int = 5) -> str:
     """Per system and point: CPU ms per workflow of its busiest components (peak MiB)."""
-    lines = ["CPU ms per workflow by component (peak resident MiB), busiest first"]
+    lines = [
+        "CPU ms per workflow by component (peak resident MiB), busiest first; where the system"
+        " reports it, the image operations' own CPU and the rest"
+    ]
     for r in results:
         if not r.resources:
             continue
@@ -108,8 +111,10 @@ def resources_table(results: Sequence[PointResult], top: int = 5) -> str:
             f"{name} {c['cpu_ms_per_workflow']:.1f} ({c['peak_rss_mib']:.0f})"
             for name, c in list(r.resources.items())[:top]
         ]
+        ops = r.ops_cpu_ms_per_workflow
+        split = "" if ops is None else f" (operations {ops:.1f}, around them {total - ops:.1f})"
         lines.append(
-            f"{r.system:<13}{_size(r.size):>8} c{r.concurrency:<4} total {total:8.1f}: "
-            + ", ".join(parts)
+            f"{r.system:<13}{_size(r.size):>8} x{r.tasks:<3}c{r.concurrency:<4} "
+            f"total {total:8.1f}{split}: " + ", ".join(parts)
         )
     return "\n".join(lines)

@@ -290,8 +290,15 @@ def run_benchmark(
                     )
                     span = window(records)
                     busy = system.workers_busy(*span) if span else {}
+                    ops = system.ops_cpu_ms(records, *span) if span else None
                     result = dataclasses.replace(
-                        result, resources=used, round=round_no, workers_busy=busy
+                        result,
+                        resources=used,
+                        round=round_no,
+                        workers_busy=busy,
+                        ops_cpu_ms_per_workflow=(
+                            round(ops / result.completed, 2) if ops and result.completed else None
+                        ),
                     )
                     results.append(result)
                     echo(

@@ -56,6 +56,7 @@ class WorkflowRecord:
     stored_at: float | None  # the system's own stamp of "result stored" (None: not finished)
     status: str  # COMPLETED, FAILED, ...
     error: str = ""
+    ops_cpu_ms: float | None = None  # CPU time of its operations, where the system reports it
 
     @property
     def latency_s(self) -> float | None:
@@ -95,6 +96,10 @@ class PointResult:
     # cdiflow only: each worker's share of the point's window spent running a task
     # (``busy_shares`` over the task runs in Postgres); a worker below 1 waited for work.
     workers_busy: dict[str, float] = field(default_factory=dict)
+    # CPU ms per completed workflow spent in the image operations themselves (the task
+    # functions' own threads), where the system reports it (the floors and cdiflow); the
+    # rest of ``resources`` is what the system spends around them.
+    ops_cpu_ms_per_workflow: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

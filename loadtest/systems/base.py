@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -71,6 +72,17 @@ class System(abc.ABC):
         """Each worker's share of ``[since, until]`` (Unix s) spent running a task, where the
         system records that (``loadtest.stats.busy_shares``); empty where it does not."""
         return {}
+
+    def ops_cpu_ms(
+        self, records: Sequence[WorkflowRecord], since: float, until: float
+    ) -> float | None:
+        """CPU ms the image operations took in the point's workflows (``records``, run within
+        ``[since, until]``), all together; ``None`` where the system does not report it. The
+        default sums what the records carry."""
+        values = [r.ops_cpu_ms for r in records]
+        if not values or any(v is None for v in values):
+            return None
+        return sum(v for v in values if v is not None)
 
     def client_usage(self) -> dict[str, ExitedUsage]:
         """CPU and peak memory of the point's client processes, which exit before the meter's

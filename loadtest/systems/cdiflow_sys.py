@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from loadtest.drive import run_locust
 from loadtest.images import chain_workflow
@@ -70,21 +72,36 @@ class CdiflowSystem(System):
         )
 
     def workers_busy(self, since: float, until: float) -> dict[str, float]:
-        edges = (datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC))
         query = select(TaskRun.worker_id, TaskRun.started_at, TaskRun.finished_at).where(
-            TaskRun.worker_id.is_not(None),
+            TaskRun.worker_id.is_not(None), *self._ran_within(since, until)
+        )
+        runs = ((str(w), s.timestamp(), f.timestamp()) for w, s, f in self._rows(query) if s and f)
+        return busy_shares(runs, since, until)
+
+    def ops_cpu_ms(
+        self, records: Sequence[WorkflowRecord], since: float, until: float
+    ) -> float | None:
+        # Every attempt's own CPU time, as its worker measured it (``task_runs.cpu_ms``).
+        query = select(func.sum(TaskRun.cpu_ms)).where(*self._ran_within(since, until))
+        rows = self._rows(query)
+        return float(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    @staticmethod
+    def _ran_within(since: float, until: float) -> tuple[Any, ...]:
+        edges = (datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC))
+        return (
             TaskRun.started_at.is_not(None),
             TaskRun.finished_at > edges[0],
             TaskRun.started_at < edges[1],
         )
+
+    def _rows(self, query: Any) -> list[Any]:
         engine = make_engine(self.stack.services.database_url, pooled=False)
         try:
             with engine.connect() as conn:
-                rows = conn.execute(query).all()
+                return list(conn.execute(query).all())
         finally:
             engine.dispose()
-        runs = ((str(w), s.timestamp(), f.timestamp()) for w, s, f in rows if s and f)
-        return busy_shares(runs, since, until)
 
     def after_point(self) -> None:
         clear_prefixes(self.services.running, ("results/", "work/"))

@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 
 from loadtest.images import chain_ops
-from loadtest.pipeline_ops import floor_job, floor_s3_job
+from loadtest.pipeline_ops import FloorRun, floor_job, floor_s3_job
 from loadtest.plan import SEED, Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
@@ -45,11 +45,11 @@ def _image(path: Path) -> bytes:
 PREFIX = "floor-s3/"  # the results ``floor-s3`` stores, cleared after each point
 
 
-def _job(path: Path, ops: list[str]) -> tuple[float, float, str]:
+def _job(path: Path, ops: list[str]) -> FloorRun:
     return floor_job(_image(path), ops)  # the bytes are read once per process, not timed
 
 
-def _s3_job(uri: str, ops: list[str]) -> tuple[float, float, str]:
+def _s3_job(uri: str, ops: list[str]) -> FloorRun:
     return floor_s3_job(uri, ops, f"{PREFIX}{uuid.uuid4().hex}")
 
 
@@ -97,7 +97,7 @@ class FloorSystem(System):
                 list(pool.map(_image, [inputs.paths[size]] * self.ctx.workers))
         users = [random.Random(SEED * 100_003 + i) for i in range(point.concurrency)]
         left = {i: point.rounds for i in range(point.concurrency)}
-        in_flight: dict[Future[tuple[float, float, str]], tuple[int, int, float]] = {}
+        in_flight: dict[Future[FloorRun], tuple[int, int, float]] = {}
         records: list[WorkflowRecord] = []
 
         def submit(user: int) -> None:
@@ -116,10 +116,16 @@ class FloorSystem(System):
             for future in done:
                 user, size, submitted = in_flight.pop(future)
                 try:
-                    _, finished, _ = future.result()
+                    run = future.result()
                     records.append(
                         WorkflowRecord(
-                            self.name, size, point.tasks, submitted, finished, "COMPLETED"
+                            self.name,
+                            size,
+                            point.tasks,
+                            submitted,
+                            run.finished,
+                            "COMPLETED",
+                            ops_cpu_ms=run.ops_cpu_ms,
                         )
                     )
                 except Exception as exc:

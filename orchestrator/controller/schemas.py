@@ -214,6 +214,7 @@ class TaskRunPublic(_Output):
     finished_at: datetime | None
     queue_wait_ms: float | None
     run_ms: float | None
+    cpu_ms: float | None = None  # the task function's own CPU time (None before it ran)
     bytes_in: int | None
     bytes_out: int | None
     error: str | None

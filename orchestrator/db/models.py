@@ -199,6 +199,9 @@ class TaskRun(Base):
     finished_at: Mapped[datetime | None]
     queue_wait_ms: Mapped[float | None] = mapped_column(Double)
     run_ms: Mapped[float | None] = mapped_column(Double)
+    # CPU time of the task function alone (its thread): what the task cost, apart from the
+    # worker's own work and from waiting for a core.
+    cpu_ms: Mapped[float | None] = mapped_column(Double)
     bytes_in: Mapped[int | None] = mapped_column(BigInteger)
     bytes_out: Mapped[int | None] = mapped_column(BigInteger)
     error: Mapped[str | None] = mapped_column(Text)

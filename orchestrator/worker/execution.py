@@ -75,6 +75,7 @@ class Execution:
     bytes_out: int = 0
     read_ms: float = 0.0
     compute_ms: float = 0.0
+    cpu_ms: float = 0.0
     write_ms: float = 0.0
     return_us: float = 0.0
     exit_code: int = 0  # non-zero: the worker must exit after reporting
@@ -121,6 +122,7 @@ class Execution:
             bytes_out=self.bytes_out,
             read_ms=round(self.read_ms, 3),
             compute_ms=round(self.compute_ms, 3),
+            cpu_ms=round(self.cpu_ms, 3),
             write_ms=round(self.write_ms, 3),
             return_us=round(self.return_us, 1),
         )
@@ -199,7 +201,16 @@ class TaskCall:
         call: Callable[[], tuple[Image.Image | None, dict[str, Any]]],
     ) -> Image.Image | None:
         started = time.perf_counter()
-        future = _task_thread().submit(call)
+
+        def measured() -> tuple[Image.Image | None, dict[str, Any]]:
+            # The task thread's CPU time: the task's own cost, whatever else the host runs.
+            cpu = time.thread_time()
+            try:
+                return call()
+            finally:
+                exe.cpu_ms = (time.thread_time() - cpu) * 1000.0
+
+        future = _task_thread().submit(measured)
         timeout = float(self.ins.timeout_s)
         limited = 0 < timeout < math.inf  # 0 or less (or inf) means no limit
         try:

@@ -211,6 +211,11 @@ def test_detail_page_shows_the_timeline_and_every_handoff(
         loaded = "i => i.complete && i.naturalWidth > 0"
         wait_for(partial(picture.evaluate, loaded), f"the {role} thumbnail to load", timeout=10)
     expect(page.locator("table.runs tbody tr")).to_have_count(len(done["task_runs"]))
+    # Each run's own CPU time is shown (the napping task sleeps: little, but some).
+    headers = page.locator("table.runs thead th").all_text_contents()
+    cpu = [row.locator("td").nth(headers.index("Task CPU")).inner_text()
+           for row in page.locator("table.runs tbody tr").all()]  # fmt: skip
+    assert all(text.endswith(("ms", " s")) for text in cpu), cpu
     ui.shot("workflow-detail")
     page.locator("#card-timeline").scroll_into_view_if_needed()
     ui.shot("workflow-timeline", full_page=False)

@@ -163,6 +163,8 @@ def test_result_equals_the_same_pillow_operations_applied_locally(
     runs = done["task_runs"]
     assert [r["ref"] for r in runs] == ["deblur", "denoise", "classify"]
     assert all(r["status"] == "COMPLETED" and r["worker_id"] for r in runs)
+    # Each run records its task's own CPU time: some, and no more than the run's wall time.
+    assert all(0 < r["cpu_ms"] <= r["run_ms"] for r in runs), runs
     if policy == "affinity":
         assert len({r["worker_id"] for r in runs}) == 1
     if plane == "cdi":

@@ -229,6 +229,7 @@ def test_deblur_gives_a_new_object_with_unsharp_pixels(stack: Stack, worker: Wor
     assert report.bytes_in == report.bytes_out == required_size(64, 48, "RGB")
     assert report.started_at <= report.finished_at
     assert min(report.read_ms, report.compute_ms, report.write_ms) >= 0
+    assert 0 < report.cpu_ms <= report.compute_ms  # the task thread's CPU, within its run
     result = stack.take_image(out_key)
     assert _same_pixels(result, _unsharp(img))
     with pytest.raises(cdi.ObjectNotFound):

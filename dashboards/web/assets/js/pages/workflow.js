@@ -200,6 +200,7 @@ export function mount(root, ctx) {
           { label: "Worker", cell: (r) => (r.worker_id ? containerChip(r.worker_id) : "—") },
           { label: "Queue wait", align: "right", cls: "num nowrap", cell: (r) => duration(r.queue_wait_ms ?? (r.started_at ? between(r.queued_at, r.started_at) : null)) },
           { label: "Run", align: "right", cls: "num nowrap", cell: (r) => duration(r.run_ms ?? (r.started_at ? between(r.started_at, r.finished_at) : null)) },
+          { label: "Task CPU", align: "right", cls: "num nowrap", cell: (r) => duration(r.cpu_ms) },
           { label: "In / out", align: "right", cls: "num nowrap", cell: (r) => `${bytes(r.bytes_in)} / ${bytes(r.bytes_out)}` },
           { label: "Error", cls: "wrap error-text", cell: (r) => r.error || "" },
         ],
