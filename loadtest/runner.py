@@ -203,8 +203,9 @@ def compare_to_floor(results: list[PointResult]) -> list[PointResult]:
 
 def median_over_rounds(results: list[PointResult]) -> list[PointResult]:
     """One row per system and point: the median of its rounds' latencies, throughputs and
-    ratios to their own round's floor (``round`` = the number of rounds; counts are summed;
-    resources and errors are left to the per-round rows)."""
+    ratios to their own round's floor and the operations' CPU (``round`` = the number of
+    rounds; counts are summed; resources, busy shares and errors are left to the per-round
+    rows)."""
     groups: dict[tuple[Any, ...], list[PointResult]] = {}
     for r in results:
         groups.setdefault((r.system, r.scenario, r.size, r.tasks, r.concurrency), []).append(r)
@@ -228,8 +229,10 @@ def median_over_rounds(results: list[PointResult]) -> list[PointResult]:
                 throughput_wps=median([r.throughput_wps for r in rows]) or 0.0,
                 overhead_p50_s=median([r.overhead_p50_s for r in rows]),
                 throughput_vs_floor=median([r.throughput_vs_floor for r in rows]),
+                ops_cpu_ms_per_workflow=median([r.ops_cpu_ms_per_workflow for r in rows]),
                 errors=[],
                 resources={},
+                workers_busy={},
             )
         )
     return out

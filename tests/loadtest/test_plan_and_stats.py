@@ -119,8 +119,9 @@ def test_results_are_set_against_the_floor_of_the_same_point() -> None:
 def test_rounds_are_set_against_their_own_floor_and_summarised_by_median() -> None:
     def row(system: str, round_no: int, tput: float, failed: int = 0) -> PointResult:
         return PointResult(
-            system, "1", 2_000_000, 3, 10, 10, failed, 1.0, 1.0, 1.0, tput, round=round_no
-        )
+            system, "1", 2_000_000, 3, 10, 10, failed, 1.0, 1.0, 1.0, tput, round=round_no,
+            ops_cpu_ms_per_workflow=100 * tput,
+        )  # fmt: skip
 
     out = compare_to_floor(
         [
@@ -139,6 +140,7 @@ def test_rounds_are_set_against_their_own_floor_and_summarised_by_median() -> No
     assert medians["affinity"].throughput_wps == 1.8
     assert (medians["affinity"].round, medians["affinity"].failed) == (3, 1)
     assert medians["floor"].throughput_vs_floor is None
+    assert medians["affinity"].ops_cpu_ms_per_workflow == 180  # the median, not round 1's
 
 
 def test_target_round_trips_through_its_json_file(tmp_path: Path) -> None:
