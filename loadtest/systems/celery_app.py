@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from celery import Celery, chain  # type: ignore[import-untyped]
 
-from loadtest.pipeline_ops import apply_op, load_image, store_step, task_store
+from loadtest.pipeline_ops import load_image, store_step, task_store, timed_op
 
 __all__ = ["PREFIX", "app", "image_op", "make_app", "ping", "workflow_signature"]
 
@@ -60,11 +60,12 @@ def _image_op(
 ) -> dict[str, Any]:
     """One step: ``previous`` is the prior step's return value (None for the first)."""
     source = str(input_uri if previous is None else previous["uri"])
-    img, output = apply_op(op, load_image(source), workflow_id)
+    carried = float((previous or {}).get("ops_cpu_ms", 0.0))
+    img, output, cpu_ms = timed_op(op, load_image(source), workflow_id, carried)
     key = f"{PREFIX}results/{workflow_id}" if last else f"{PREFIX}work/{workflow_id}/{step}"
     uri = store_step(task_store(), key, img, last=last)
     outputs = {**(previous or {}).get("outputs", {}), **output}
-    return {"uri": uri, "outputs": outputs, "stored_at": time.time()}
+    return {"uri": uri, "outputs": outputs, "stored_at": time.time(), "ops_cpu_ms": cpu_ms}
 
 
 # Registered without decorator syntax: Celery is untyped, and a decorator would erase the

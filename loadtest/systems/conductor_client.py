@@ -50,6 +50,7 @@ def workflow_definition(tasks: int) -> dict[str, Any]:
                     if i == 0
                     else f"${{{previous}.output.uri}}",
                     "outputs": {} if i == 0 else f"${{{previous}.output.outputs}}",
+                    "ops_cpu_ms": 0.0 if i == 0 else f"${{{previous}.output.ops_cpu_ms}}",
                     "workflow_id": "${workflow.workflowId}",
                     "step": i,
                     "last": i == tasks - 1,
@@ -68,6 +69,7 @@ def workflow_definition(tasks: int) -> dict[str, Any]:
         "outputParameters": {
             "stored_at": f"${{{last}.output.stored_at}}",
             "outputs": f"${{{last}.output.outputs}}",
+            "ops_cpu_ms": f"${{{last}.output.ops_cpu_ms}}",
         },
     }
 
@@ -97,14 +99,23 @@ class ConductorBackend:
         self._check(reply, f"POST {path}")
         return str(reply.text).strip()
 
-    def poll(self, handle: str) -> tuple[str, float | None, str] | None:
+    def poll(self, handle: str) -> tuple[str, float | None, str, float | None] | None:
         path = f"/api/workflow/{handle}?includeTasks=false"
         reply = self.http.get(path, name="/api/workflow/[id]")
         self._check(reply, f"GET {path}")
         body = reply.json()
         status = str(body["status"])
         if status == "COMPLETED":
-            return status, float(body["output"]["stored_at"]), ""
+            output = body["output"]
+            return status, float(output["stored_at"]), "", _number(output.get("ops_cpu_ms"))
         if status in FAILED:
-            return status, None, str(body.get("reasonForIncompletion") or "")
+            return status, None, str(body.get("reasonForIncompletion") or ""), None
         return None  # RUNNING or PAUSED
+
+
+def _number(value: Any) -> float | None:
+    """A number from a workflow's output, or ``None`` (absent, or not a number)."""
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None

@@ -24,7 +24,7 @@ from conductor.client.configuration.configuration import (  # type: ignore[impor
 from conductor.client.http.models.task import Task  # type: ignore[import-untyped]
 from conductor.client.worker.worker import Worker  # type: ignore[import-untyped]
 
-from loadtest.pipeline_ops import apply_op, load_image, store_step, task_store
+from loadtest.pipeline_ops import load_image, store_step, task_store, timed_op
 
 __all__ = ["POLL_INTERVAL_MS", "PREFIX", "classify", "deblur", "denoise", "main"]
 
@@ -37,11 +37,12 @@ POLL_INTERVAL_MS: Final = 10
 def _image_op(op: str, task: Task) -> dict[str, Any]:
     data: dict[str, Any] = task.input_data
     workflow_id, step, last = str(data["workflow_id"]), int(data["step"]), bool(data["last"])
-    img, output = apply_op(op, load_image(str(data["source"])), workflow_id)
+    carried = float(data.get("ops_cpu_ms") or 0.0)
+    img, output, cpu_ms = timed_op(op, load_image(str(data["source"])), workflow_id, carried)
     key = f"{PREFIX}results/{workflow_id}" if last else f"{PREFIX}work/{workflow_id}/{step}"
     uri = store_step(task_store(), key, img, last=last)
     outputs = {**(data.get("outputs") or {}), **output}
-    return {"uri": uri, "outputs": outputs, "stored_at": time.time()}
+    return {"uri": uri, "outputs": outputs, "stored_at": time.time(), "ops_cpu_ms": cpu_ms}
 
 
 def deblur(task: Task) -> dict[str, Any]:

@@ -45,12 +45,16 @@ def run_point(target: Target) -> None:
         def record(ref: ray.ObjectRef[dict[str, Any]], status: str, error: str = "") -> None:
             user, size, submitted = in_flight.pop(ref)
             stored: float | None = None
+            ops_cpu_ms: float | None = None
             if status == "COMPLETED":
                 try:
-                    stored = float(ray.get(ref)["stored_at"])
+                    value = ray.get(ref)
+                    stored, ops_cpu_ms = float(value["stored_at"]), float(value["ops_cpu_ms"])
                 except Exception as exc:
                     status, error = "FAILED", f"{type(exc).__name__}: {exc}"
-            rec = WorkflowRecord("ray", size, target.tasks, submitted, stored, status, error)
+            rec = WorkflowRecord(
+                "ray", size, target.tasks, submitted, stored, status, error, ops_cpu_ms
+            )
             out.write(json.dumps(rec.as_dict()) + "\n")
             out.flush()
             if left[user] > 0:

@@ -18,7 +18,7 @@ import numpy as np
 import ray
 from PIL import Image
 
-from loadtest.pipeline_ops import apply_op, load_image, store_step, task_store
+from loadtest.pipeline_ops import load_image, store_step, task_store, timed_op
 
 __all__ = ["PREFIX", "image_step", "submit_chain"]
 
@@ -32,15 +32,23 @@ def _step(
     if isinstance(source, str):
         img = load_image(source)
         outputs: dict[str, Any] = {}
+        carried = 0.0
     else:
         img = Image.fromarray(source["pixels"])  # a read-only view of the shared memory
         outputs = dict(source["outputs"])
-    img, output = apply_op(op, img, workflow_id)
+        carried = float(source["ops_cpu_ms"])
+    img, output, cpu_ms = timed_op(op, img, workflow_id, carried)
     outputs.update(output)
     if not last:
-        return {"pixels": np.asarray(img), "outputs": outputs}
+        return {"pixels": np.asarray(img), "outputs": outputs, "ops_cpu_ms": cpu_ms}
     uri = store_step(task_store(), f"{PREFIX}results/{workflow_id}", img, last=True)
-    return {"uri": uri, "outputs": outputs, "stored_at": time.time(), "step": step}
+    return {
+        "uri": uri,
+        "outputs": outputs,
+        "stored_at": time.time(),
+        "step": step,
+        "ops_cpu_ms": cpu_ms,
+    }
 
 
 # No retries: a failed task fails its workflow, as in the other systems' benchmark runs.

@@ -50,6 +50,8 @@ def _check(report: BenchReport, system: str) -> None:
     assert row["system"] == system
     assert (row["completed"], row["failed"]) == (4, 0), row
     assert row["p50_latency_s"] > 0 and math.isfinite(row["throughput_wps"])
+    # Its tasks measured their operations' CPU and passed the sum along to the result.
+    assert row["ops_cpu_ms_per_workflow"] > 0, row
 
 
 @pytest.mark.timeout(600)
