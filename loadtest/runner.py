@@ -300,7 +300,9 @@ def run_benchmark(
                         round=round_no,
                         workers_busy=busy,
                         ops_cpu_ms_per_workflow=(
-                            round(ops / result.completed, 2) if ops and result.completed else None
+                            round(ops / result.completed, 2)
+                            if ops is not None and result.completed
+                            else None
                         ),
                     )
                     results.append(result)

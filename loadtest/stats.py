@@ -97,7 +97,8 @@ class PointResult:
     # (``busy_shares`` over the task runs in Postgres); a worker below 1 waited for work.
     workers_busy: dict[str, float] = field(default_factory=dict)
     # CPU ms per completed workflow spent in the image operations themselves (the task
-    # functions' own threads), where the system reports it (the floors and cdiflow); the
+    # functions' own threads), where the system reports it (every system of the load tests; None
+    # when a workflow did not say); the
     # rest of ``resources`` is what the system spends around them.
     ops_cpu_ms_per_workflow: float | None = None
 

@@ -88,7 +88,7 @@ class Report:
     bytes_out: int = 0
     read_ms: float = 0.0
     compute_ms: float = 0.0
-    cpu_ms: float = 0.0  # CPU time of the task function itself (its thread), not the worker's
+    cpu_ms: float | None = None  # the task function's own CPU (its thread); None: it never ran
     write_ms: float = 0.0
     return_us: float = 0.0  # cdi plane: how long handing the object back took
 

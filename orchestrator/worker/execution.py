@@ -75,7 +75,7 @@ class Execution:
     bytes_out: int = 0
     read_ms: float = 0.0
     compute_ms: float = 0.0
-    cpu_ms: float = 0.0
+    cpu_ms: float | None = None  # set once the task function has run
     write_ms: float = 0.0
     return_us: float = 0.0
     exit_code: int = 0  # non-zero: the worker must exit after reporting
@@ -122,7 +122,7 @@ class Execution:
             bytes_out=self.bytes_out,
             read_ms=round(self.read_ms, 3),
             compute_ms=round(self.compute_ms, 3),
-            cpu_ms=round(self.cpu_ms, 3),
+            cpu_ms=None if self.cpu_ms is None else round(self.cpu_ms, 3),
             write_ms=round(self.write_ms, 3),
             return_us=round(self.return_us, 1),
         )

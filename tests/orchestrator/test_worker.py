@@ -229,7 +229,7 @@ def test_deblur_gives_a_new_object_with_unsharp_pixels(stack: Stack, worker: Wor
     assert report.bytes_in == report.bytes_out == required_size(64, 48, "RGB")
     assert report.started_at <= report.finished_at
     assert min(report.read_ms, report.compute_ms, report.write_ms) >= 0
-    assert 0 < report.cpu_ms <= report.compute_ms  # the task thread's CPU, within its run
+    assert report.cpu_ms is not None and 0 < report.cpu_ms <= report.compute_ms  # its thread's
     result = stack.take_image(out_key)
     assert _same_pixels(result, _unsharp(img))
     with pytest.raises(cdi.ObjectNotFound):
@@ -244,6 +244,7 @@ def test_a_missing_input_object_fails_the_task_with_a_reason(
     assert report.status == "FAILED"
     assert f"CDI object {key!r} does not exist" in (report.error or ""), report.error
     assert (report.key, report.kept) == (key, False)
+    assert report.cpu_ms is None  # the task never ran: no CPU time, rather than a zero
     assert worker.proc.poll() is None  # the worker lives on for the next task
     assert stack.owner(f"{key}-out") is None  # and made no output
 
