@@ -24,7 +24,8 @@ what failed, why, and what to change (an environment variable, a log file to rea
     └── WorkerError       a worker could not run an instruction; carries ``retryable``
         ├── InvalidInstruction  an instruction that is malformed or inconsistent
         │                       (also ValueError)
-        └── TaskTimedOut        a task ran past its ``timeout_s``  (also TimeoutError)
+        ├── TaskTimedOut        a task ran past its ``timeout_s``  (also TimeoutError)
+        └── HeldImageLost       the image an earlier task left in the worker is gone
 
 Each class carries a stable ``code`` string for API responses and logs. Add new branches here,
 and to the tree above, rather than raising bare built-in exceptions from library code.
@@ -39,6 +40,7 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "DataError",
+    "HeldImageLost",
     "InputMissing",
     "InputTooLarge",
     "InvalidDefinition",
@@ -215,3 +217,13 @@ class TaskTimedOut(WorkerError, TimeoutError):
         )
         self.task = task
         self.timeout_s = timeout_s
+
+
+class HeldImageLost(WorkerError):
+    """The image an earlier task of the workflow left in this worker's memory is not there
+    (the worker restarted, or dropped it); the scheduler recomputes it from the last object."""
+
+    code = "held_image_lost"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)

@@ -13,7 +13,11 @@ Data planes:
   scheduler as recovery container) and destroys the input. A worker that dies mid-task therefore
   leaves the input intact, and it returns to the scheduler for the retry. When the task is done the
   worker keeps the current object if ``keep`` (affinity: the next task comes to it too) or
-  transfers it to ``return_to`` (the scheduler).
+  transfers it to ``return_to`` (the scheduler). With ``hold`` (affinity, and a step that may
+  run again) the worker may instead keep a new image in its own memory, unwritten, and say so
+  with ``Report.held``; the next instruction then names that report's task run in ``held``.
+  A worker that lost the image says ``Report.held_lost``, and the scheduler recomputes it from
+  ``key``, the last object (``orchestrator.worker.held``).
 * ``object-store``: like Conductor/Orkes users do, the worker GETs ``input_uri`` from S3, decodes,
   runs the task, encodes (PNG, lossless, so every plane computes the same pixels) and PUTs
   ``output_uri``.
@@ -55,6 +59,8 @@ class Instruction:
     output_key: str = ""
     keep: bool = False
     return_to: str = ""  # CDI container id that gets the object back when not keeping it
+    hold: bool = False  # the worker may hold a new image in memory instead of writing it
+    held: str = ""  # the input is the image held from this task run (computed from ``key``)
     # object-store plane
     input_uri: str = ""
     output_uri: str = ""
@@ -84,6 +90,8 @@ class Report:
     retryable: bool = True  # False for failures a retry cannot fix (e.g. not an image)
     key: str = ""  # cdi plane: the object that now holds the image (input or output_key)
     kept: bool = False  # cdi plane: the worker still owns ``key``
+    held: bool = False  # cdi plane: the new image is in the worker's memory, newer than ``key``
+    held_lost: bool = False  # cdi plane: the instruction's held input is gone; ``key`` is older
     bytes_in: int = 0
     bytes_out: int = 0
     read_ms: float = 0.0

@@ -42,6 +42,9 @@ class RunState:
     key: str = ""  # cdi: the object holding the current image
     generation: int = 0  # cdi: suffix of the next output object
     owner: str = ""  # cdi: who owns ``key`` (the scheduler or a worker that kept it)
+    held: str = ""  # cdi: task run whose image the owner holds in memory, newer than ``key``
+    held_from: int = 0  # cdi: the first step whose image is only held (recomputed if lost)
+    attempts: dict[str, int] = field(default_factory=dict)  # step ref -> last attempt placed
     nbytes: int = 0
     current_uri: str = ""  # object-store: where the current image is
     last_worker: str | None = None
@@ -62,6 +65,13 @@ class RunState:
     @property
     def last_step(self) -> bool:
         return self.step == len(self.steps) - 1
+
+    def rewind(self) -> None:
+        """The held image is lost: make the first step it came from current again, at its
+        last attempt (the retry that follows counts against that step's retries)."""
+        self.step = self.held_from
+        self.attempt = self.attempts.get(self.current.ref, 1)
+        self.held = ""
 
     def next_object_key(self) -> str:
         self.generation += 1

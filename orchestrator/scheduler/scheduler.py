@@ -419,6 +419,7 @@ class Scheduler:
         step, worker = run.current, placement.worker
         instruction = self._instruction(run, step, worker, placement)
         run.in_flight, run.in_flight_worker = instruction, worker
+        run.attempts[step.ref] = run.attempt
         run.deadline = time.monotonic() + step.timeout_s + LOST_GRACE_S
         run.last_worker = worker
         self._in_flight[worker] += 1
@@ -449,11 +450,15 @@ class Scheduler:
         if run.data_plane == "none":
             return Instruction(**common)
         if run.data_plane == "cdi":
+            keep = run.policy == "affinity" and not run.last_step
             return Instruction(
                 **common,
                 key=run.key,
                 output_key=run.next_object_key(),
-                keep=run.policy == "affinity" and not run.last_step,
+                keep=keep,
+                # Only a step that may run again: a lost held image is recomputed.
+                hold=keep and step.retries > 0,
+                held=run.held,
                 return_to=self.id,
             )
         output = (
@@ -506,11 +511,12 @@ class Scheduler:
             return
         self._in_flight[run.in_flight_worker] -= 1
         run.in_flight = None
+        completed = report.status == "COMPLETED"
         if run.data_plane == "cdi":
             run.key = report.key or run.key
             run.owner = report.worker_id if report.kept else self.id
+            self._track_held(run, report, completed)
         step = run.current
-        completed = report.status == "COMPLETED"
         all_done = completed and run.last_step
         if completed:
             run_s = max(0.0, report.finished_at - report.started_at)
@@ -528,7 +534,8 @@ class Scheduler:
         placement = finish = None
         if completed and not run.cancelled and not all_done:
             run.step += 1
-            run.attempt = 1
+            # A step recomputed after a lost held image ran before: its attempts go on.
+            run.attempt = run.attempts.get(run.current.ref, 0) + 1
             run.avoid = frozenset()
             placement = self._choose(run)
         elif all_done and not run.cancelled and run.data_plane != "cdi":
@@ -548,6 +555,24 @@ class Scheduler:
             self._ended(run.workflow_id, ended)
         elif all_done:
             self._finish(run)
+
+    def _track_held(self, run: RunState, report: Report, completed: bool) -> None:
+        """Follow the image a worker holds in memory instead of in ``run.key``."""
+        if report.held_lost and run.held:
+            log.warning(
+                "workflow %s: worker %s lost the image of step %r on; recomputing from %r",
+                run.workflow_id,
+                report.worker_id,
+                run.steps[run.held_from].ref,
+                run.key,
+            )
+            run.rewind()
+        elif completed and report.held:
+            if not run.held:
+                run.held_from = run.step
+            run.held = str(report.task_run_id)
+        else:
+            run.held = ""
 
     def _output_uri_of(self, run: RunState, step: StepSpec) -> str:
         return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png")
@@ -589,6 +614,11 @@ class Scheduler:
                 if dead
                 else f"no report within {run.current.timeout_s + LOST_GRACE_S:.0f} s"
             )
+            if run.held:
+                reason += (
+                    f"; it held the image of step {run.steps[run.held_from].ref!r} on in memory, "
+                    "so the workflow goes on from that step again"
+                )
             with self.sessions() as session, session.begin():
                 task_run = session.get(TaskRun, task_run_id)
                 if task_run is not None and task_run.status in (
@@ -611,6 +641,8 @@ class Scheduler:
             pipe.execute()
             run.avoid = run.avoid | {run.in_flight_worker}
             run.last_worker = None
+            if run.held:
+                run.rewind()  # the image it held died with it: recompute it from the object
             self._after_failure(run, reason, retryable=True)
 
     def _silence(self, run: RunState, loads: dict[str, Any], now: float) -> bool | None:

@@ -7,6 +7,12 @@ destroyed once that object is written. Whatever fails, the object that holds the
 intact and is then kept (``keep``) or handed back to ``return_to``, so the scheduler can retry or
 clean up.
 
+With ``hold`` the new image is not written at all: the worker keeps it in memory for the
+workflow's next task, along with the object it was computed from (``held``), and writes it only
+when it must leave the worker (a task without ``hold``, a failure, a full budget). That saves a
+copy of the whole image per task under ``affinity``; the price is that a worker's death loses
+the held image, which the scheduler then recomputes from the object.
+
 The mapped input pins the object (no transfer or destroy while it lives), so the worker drops
 every reference it holds — the task's own frames in a traceback included — before it hands the
 object on. A task that keeps its input beyond its call (or runs on after a timeout) leaves the
@@ -24,7 +30,7 @@ from contextlib import suppress
 from PIL import Image
 
 import cdi
-from orchestrator.errors import InputMissing, InvalidInstruction, WorkerError
+from orchestrator.errors import HeldImageLost, InputMissing, InvalidInstruction, WorkerError
 from orchestrator.messages import Instruction
 from orchestrator.worker.execution import (
     EXIT_MINION_LOST,
@@ -33,6 +39,7 @@ from orchestrator.worker.execution import (
     check_common,
     elapsed_ms,
 )
+from orchestrator.worker.held import Held, HeldImages
 from workflows.api import TaskSpec
 from workflows.errors import InvalidImage
 from workflows.imagebuf import map_image, required_size, write_image
@@ -46,36 +53,56 @@ log = logging.getLogger(__name__)
 class CdiPlane:
     """Runs ``cdi`` instructions through this worker's CDI client."""
 
-    def __init__(self, client: cdi.Client, access_timeout_s: float) -> None:
+    def __init__(
+        self, client: cdi.Client, access_timeout_s: float, held: HeldImages | None = None
+    ) -> None:
         self.client = client
         self.access_timeout_s = access_timeout_s
+        self.held = held if held is not None else HeldImages()
 
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
-        held: cdi.CDIObject | None = None  # the object holding the image now
+        # What this worker held for the workflow is this instruction's input, or stale.
+        entry = self.held.take(ins.workflow_id) if isinstance(ins.workflow_id, str) else None
+        obj: cdi.CDIObject | None = None  # the object holding the workflow's image now
+        source: Image.Image | None = None  # the held input, newer than ``obj``
+        new: Image.Image | None = None  # the task's new image
         view: memoryview | None = None  # the input's memory while the task reads it
-        output: cdi.CDIObject | None = None
         try:
             _check(ins)
             spec = call.load()
-            held = self._use(ins.key)
-            view = self._access(held)
-            output = self._run_on(held, view, ins, call, spec, exe)
+            obj = self._use(ins.key)
+            if ins.held:
+                source = _held_input(ins, entry, self.client.container_id)
+                exe.bytes_in = required_size(source.width, source.height, source.mode)
+                new = call.run(spec, _read_only(source), exe)
+            else:
+                view = self._access(obj)
+                new = self._run_mapped(obj, view, call, spec, exe)
         except Exception as exc:
             clear_frames(exc)  # its frames hold the mapped input: they must not pin the object
             exe.fail(exc)
+            new = None
             if isinstance(exc, InputMissing):
-                held = None  # nothing to keep or hand back
-            elif held is None:
-                held = self._find(ins.key)
-        if view is not None:
+                obj = None  # nothing to keep or hand back
+            elif obj is None:
+                obj = self._find(ins.key)
+        # A new image that still maps the input (the task returned its input) is written, not
+        # held: holding it would pin the object.
+        pinned = view is not None and not _try_release(view)
+        current = new if new is not None else source
+        if obj is not None and current is not None and exe.status == "COMPLETED":
+            obj = self._hold_or_write(ins, obj, current, may_hold=not pinned, exe=exe)
+        current = None
+        new = None
+        if pinned and view is not None:
             _release(view)
-        if output is not None and held is not None:
-            try:
-                self._destroy_input(held)
-            except cdi.MinionUnavailable as exc:
-                exe.fail(exc)
-            held = output
-        self._settle(ins, held, exe)
+        if ins.held and exe.status != "COMPLETED":
+            if obj is not None and source is not None:
+                # The retry needs this task's input, which is only in our memory: write it.
+                obj = self._save_for_retry(ins, obj, source, exe)
+            else:
+                exe.held_lost = True  # the scheduler recomputes it from the last object
+        self._settle(ins, obj, exe)
 
     # ------------------------------------------------------------------ steps
     def _use(self, key: str) -> cdi.CDIObject:
@@ -97,29 +124,71 @@ class CdiPlane:
                 "worker before pushing the instruction"
             ) from exc
 
-    def _run_on(
+    def _run_mapped(
         self,
-        held: cdi.CDIObject,
+        obj: cdi.CDIObject,
         view: memoryview,
-        ins: Instruction,
         call: TaskCall,
         spec: TaskSpec,
         exe: Execution,
-    ) -> cdi.CDIObject | None:
-        """Run the task on the image mapped over ``view``; the output object, if it made one.
-        Every reference to the mapped image is gone when this returns or raises."""
+    ) -> Image.Image | None:
+        """Run the task on the image mapped over ``view``; its new image, if it made one. Every
+        reference to the mapped image but the new one (if the task returned it) is gone."""
         started = time.perf_counter()
         try:
             img = map_image(view)
         except InvalidImage as exc:
-            raise InvalidImage(f"CDI object {held.key!r} holds no readable image: {exc}") from exc
+            raise InvalidImage(f"CDI object {obj.key!r} holds no readable image: {exc}") from exc
         exe.bytes_in = required_size(img.width, img.height, img.mode)
         exe.read_ms = elapsed_ms(started)
-        new_img = call.run(spec, img, exe)
-        del img
-        if new_img is None:
-            return None
-        return self._write_output(ins, new_img, exe)
+        return call.run(spec, img, exe)
+
+    def _hold_or_write(
+        self,
+        ins: Instruction,
+        obj: cdi.CDIObject,
+        img: Image.Image,
+        *,
+        may_hold: bool,
+        exe: Execution,
+    ) -> cdi.CDIObject:
+        """After a task: hold ``img`` for the workflow's next task here, or write it into a
+        fresh object that replaces ``obj``; the object that now holds the image's base."""
+        size = required_size(img.width, img.height, img.mode)
+        if (
+            ins.hold
+            and may_hold
+            and self.held.put(ins.workflow_id, Held(obj.key, str(ins.task_run_id), img, size))
+        ):
+            exe.held = True
+            exe.bytes_out = size
+            return obj
+        try:
+            return self._replace(ins, obj, img, exe)
+        except Exception as exc:
+            exe.fail(exc)
+            return obj
+
+    def _save_for_retry(
+        self, ins: Instruction, obj: cdi.CDIObject, source: Image.Image, exe: Execution
+    ) -> cdi.CDIObject:
+        try:
+            return self._replace(ins, obj, source, exe)
+        except Exception as exc:
+            exe.note(f"could not write the held input for the retry: {exc}")
+            exe.held_lost = True  # the scheduler recomputes it from ``obj``
+            return obj
+
+    def _replace(
+        self, ins: Instruction, obj: cdi.CDIObject, img: Image.Image, exe: Execution
+    ) -> cdi.CDIObject:
+        """Write ``img`` into a fresh object and destroy ``obj``; the fresh object."""
+        output = self._write_output(ins, img, exe)
+        try:
+            self._destroy_input(obj)
+        except cdi.MinionUnavailable as exc:
+            exe.fail(exc)
+        return output
 
     def _write_output(self, ins: Instruction, img: Image.Image, exe: Execution) -> cdi.CDIObject:
         """Write ``img`` into a fresh ``output_key`` object; if this raises, none is left."""
@@ -206,6 +275,34 @@ class CdiPlane:
             exe.note(f"could not hand {held.key!r} back to {ins.return_to!r}: {exc}")
 
 
+def _held_input(ins: Instruction, entry: Held | None, worker_id: str | None) -> Image.Image:
+    """The image held from task run ``ins.held``; ``HeldImageLost`` if this worker has none."""
+    if entry is None or entry.token != ins.held or entry.base != ins.key:
+        raise HeldImageLost(
+            f"worker {worker_id} holds no image from task run {ins.held} of workflow "
+            f"{ins.workflow_id} (it restarted, or had to give it up); the scheduler recomputes "
+            f"it from {ins.key!r}"
+        )
+    return entry.image
+
+
+def _read_only(img: Image.Image) -> Image.Image:
+    """A read-only image over ``img``'s pixels: a task that changes it in place gets a copy
+    (as a mapped input does), so a failed attempt cannot alter the image its retry needs."""
+    shared = img._new(img.im)
+    shared.readonly = 1
+    return shared
+
+
+def _try_release(view: memoryview) -> bool:
+    """Release ``view`` if nothing refers to its memory any more."""
+    try:
+        view.release()
+    except BufferError:
+        return False
+    return True
+
+
 def _release(view: memoryview) -> None:
     """Release the view the mapped input came from; a cycle that still holds the image is
     collected first. If the task kept the image, the view stays and the object stays pinned
@@ -227,6 +324,15 @@ def _check(ins: Instruction) -> None:
     check_common(ins)
     if not isinstance(ins.key, str) or not ins.key:
         raise InvalidInstruction(f"instruction {ins.task_run_id} (cdi plane) names no key")
+    if not isinstance(ins.held, str) or not isinstance(ins.hold, bool):
+        raise InvalidInstruction(
+            f"instruction {ins.task_run_id}: held must be a string and hold a boolean"
+        )
+    if ins.hold and not ins.keep:
+        raise InvalidInstruction(
+            f"instruction {ins.task_run_id}: hold without keep; a worker can hold a new image "
+            "only while it keeps the object it was computed from"
+        )
     if ins.output_key and ins.output_key == ins.key:
         raise InvalidInstruction(
             f"instruction {ins.task_run_id}: output_key equals key ({ins.key!r}); the output "

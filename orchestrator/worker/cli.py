@@ -20,6 +20,7 @@ from orchestrator.errors import ConfigError, OrchestratorError, ServiceError
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
 from orchestrator.worker.cdi_plane import CdiPlane
+from orchestrator.worker.held import DEFAULT_HOLD_BYTES, HeldImages
 from orchestrator.worker.store_plane import StorePlane
 from orchestrator.worker.worker import Worker
 from workflows.memory import tune_for_images
@@ -53,6 +54,17 @@ log = logging.getLogger(__name__)
     help="Seconds to wait for an instruction's CDI object to become this worker's.",
 )
 @click.option(
+    "--hold-memory",
+    "hold_mib",
+    type=click.IntRange(min=0),
+    default=DEFAULT_HOLD_BYTES // 2**20,
+    show_default=True,
+    envvar="CDIFLOW_WORKER_HOLD_MIB",
+    show_envvar=True,
+    help="MiB of images held between a workflow's tasks under affinity instead of being "
+    "written to a CDI object; 0 writes every new image.",
+)
+@click.option(
     "--cdi-url",
     envvar="CDI_URL",
     show_envvar=True,
@@ -71,6 +83,7 @@ def worker_command(
     worker_id: str,
     concurrency: int,
     access_timeout: float,
+    hold_mib: int,
     cdi_url: str | None,
     log_level: str,
 ) -> None:
@@ -82,7 +95,11 @@ def worker_command(
     tune_for_images()  # tasks churn through large image buffers
     try:
         code = run_worker(
-            worker_id, concurrency=concurrency, access_timeout_s=access_timeout, cdi_url=cdi_url
+            worker_id,
+            concurrency=concurrency,
+            access_timeout_s=access_timeout,
+            hold_bytes=hold_mib * 2**20,
+            cdi_url=cdi_url,
         )
     except (OrchestratorError, cdi.CDIError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -96,6 +113,7 @@ def run_worker(
     *,
     concurrency: int = 1,
     access_timeout_s: float = 5.0,
+    hold_bytes: int = DEFAULT_HOLD_BYTES,
     cdi_url: str | None = None,
     settings: Settings | None = None,
 ) -> int:
@@ -113,7 +131,7 @@ def run_worker(
             worker = Worker(
                 worker_id,
                 redis_client=redis_client,
-                cdi_plane=CdiPlane(client, access_timeout_s),
+                cdi_plane=CdiPlane(client, access_timeout_s, HeldImages(hold_bytes)),
                 store_plane=StorePlane(
                     lambda: ObjectStore(settings),
                     max_input_bytes=settings.max_input_bytes,

@@ -71,6 +71,8 @@ class Execution:
     retryable: bool = True
     key: str = ""
     kept: bool = False
+    held: bool = False
+    held_lost: bool = False
     bytes_in: int = 0
     bytes_out: int = 0
     read_ms: float = 0.0
@@ -118,6 +120,8 @@ class Execution:
             retryable=self.retryable,
             key=self.key,
             kept=self.kept,
+            held=self.held,
+            held_lost=self.held_lost,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
             read_ms=round(self.read_ms, 3),

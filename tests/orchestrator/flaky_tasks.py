@@ -17,3 +17,9 @@ def fail_first_attempt(img: Image.Image, ctx: TaskContext) -> None:
 def echo_input(img: Image.Image | None, ctx: TaskContext) -> TaskResult:
     """A dataless task: returns the workflow's input.data and whether it got pixels."""
     return TaskResult(output={"echo": dict(ctx.input), "had_image": img is not None})
+
+
+def scribble_then_fail(img: Image.Image, ctx: TaskContext) -> None:
+    """Changes its input in place, then fails: the retry must still get the input unchanged."""
+    img.paste((255, 0, 255), (0, 0, img.width, img.height))
+    raise RuntimeError("failed after scribbling on its input")

@@ -320,13 +320,13 @@ def napping(harness: Harness) -> str:
     return "napping_pipeline"
 
 
-def test_a_worker_killed_mid_task_is_replaced_and_the_result_is_unchanged(
-    harness: Harness, napping: str
-) -> None:
-    api = harness.api
-    sample = bundled_samples()["sunset.jpg"]
+def _kill_the_napping_worker(
+    harness: Harness, napping: str, sample: Path, policy: str
+) -> tuple[dict[str, Any], str]:
+    """Start the napping pipeline on ``sample``, SIGKILL the worker while its nap task runs;
+    the completed workflow and the worker killed."""
     workflow_id = harness.start(
-        harness.upload("in/kill.jpg", sample.read_bytes()), "transfer", workflow=napping
+        harness.upload(f"in/kill-{policy}.jpg", sample.read_bytes()), policy, workflow=napping
     )
 
     def napping_worker() -> str | None:
@@ -335,16 +335,42 @@ def test_a_worker_killed_mid_task_is_replaced_and_the_result_is_unchanged(
         if not nap:
             return None
         worker = nap[-1]["worker_id"]
-        beats = {w["id"]: w for w in api.get("/api/workers").json()}
-        return worker if beats.get(worker, {}).get("running", 0) >= 1 else None
+        beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+        return str(worker) if beats.get(worker, {}).get("running", 0) >= 1 else None
 
     victim = wait_for(napping_worker, "the nap task to be running", timeout=60)
     harness.stack.kill_worker(victim, signal.SIGKILL)
     done = harness.wait(workflow_id, timeout=120)
     assert done["status"] == "COMPLETED", done["error"]
+    return done, victim
+
+
+def test_a_worker_killed_mid_task_is_replaced_and_the_result_is_unchanged(
+    harness: Harness, napping: str
+) -> None:
+    sample = bundled_samples()["sunset.jpg"]
+    done, victim = _kill_the_napping_worker(harness, napping, sample, "transfer")
     naps = [r for r in done["task_runs"] if r["ref"] == "nap"]
     assert naps[0]["status"] == "FAILED" and naps[0]["worker_id"] == victim
     assert naps[-1]["status"] == "COMPLETED" and naps[-1]["worker_id"] != victim
+    pixels, label = expected(sample)
+    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
+    assert np.array_equal(result, pixels) and done["output"]["label"] == label
+
+
+def test_a_worker_killed_holding_an_image_under_affinity_has_it_recomputed(
+    harness: Harness, napping: str
+) -> None:
+    """Under affinity the worker holds deblur's image in memory, unwritten, through the nap; its
+    death loses it, and the scheduler runs deblur again from the input object."""
+    sample = bundled_samples()["night.jpg"]
+    done, victim = _kill_the_napping_worker(harness, napping, sample, "affinity")
+    deblurs = [r for r in done["task_runs"] if r["ref"] == "deblur"]
+    assert [(r["status"], r["attempt"]) for r in deblurs] == [("COMPLETED", 1), ("COMPLETED", 2)]
+    assert deblurs[0]["worker_id"] == victim != deblurs[1]["worker_id"]
+    naps = [r for r in done["task_runs"] if r["ref"] == "nap"]
+    assert naps[0]["status"] == "FAILED" and "from that step again" in naps[0]["error"], naps[0]
+    assert [r["attempt"] for r in naps] == [1, 2]
     pixels, label = expected(sample)
     result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
     assert np.array_equal(result, pixels) and done["output"]["label"] == label

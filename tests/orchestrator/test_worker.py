@@ -262,6 +262,92 @@ def test_keep_leaves_the_object_with_the_worker(stack: Stack, worker: WorkerProc
     stack.take(f"{key}-1")
 
 
+def _gaussian(img: Image.Image) -> Image.Image:
+    return img.filter(ImageFilter.GaussianBlur(radius=1))
+
+
+def test_hold_keeps_new_images_in_the_worker_until_one_must_leave(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    img = _picture()
+    key = stack.put(worker, img)
+    workflow = str(uuid.uuid4())
+    common = {"workflow_id": workflow, "key": key}
+    first = stack.run(worker, task="deblur", output_key=f"{key}-1", keep=True, hold=True, **common)
+    assert first.status == "COMPLETED", first.error
+    # Nothing written: the object it was computed from stays the worker's, and holds the input.
+    assert (first.key, first.kept, first.held) == (key, True, True)
+    assert (first.bytes_out, first.write_ms) == (required_size(64, 48, "RGB"), 0)
+    assert stack.owner(key) == worker.worker_id and stack.owner(f"{key}-1") is None
+    second = stack.run(
+        worker,
+        task="classify",
+        output_key=f"{key}-2",
+        keep=True,
+        hold=True,
+        held=str(first.task_run_id),
+        **common,
+    )
+    assert second.status == "COMPLETED", second.error
+    assert (second.key, second.held, second.output["label"]) == (key, True, "mixed")
+    # The last task may not hold: its image is written once, and the base object destroyed.
+    last = stack.run(
+        worker, task="denoise", output_key=f"{key}-3", held=str(second.task_run_id), **common
+    )
+    assert last.status == "COMPLETED", last.error
+    assert (last.key, last.kept, last.held) == (f"{key}-3", False, False)
+    assert _same_pixels(stack.take_image(f"{key}-3"), _gaussian(_unsharp(img)))
+    with pytest.raises(cdi.ObjectNotFound):
+        stack.sched.use(key)
+
+
+def test_a_held_input_the_worker_lacks_fails_so_the_scheduler_recomputes_it(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    img = _picture()
+    key = stack.put(worker, img)
+    report = stack.run(worker, task="denoise", key=key, output_key=f"{key}-1", held="12345")
+    assert (report.status, report.held_lost, report.retryable) == ("FAILED", True, True)
+    assert "holds no image from task run 12345" in report.error, report.error
+    assert (report.key, report.kept) == (key, False)  # the older object comes back as it was
+    assert _same_pixels(stack.take_image(key), img)
+
+
+def test_a_task_failing_on_a_held_input_writes_that_input_for_its_retry(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    img = _picture()
+    key = stack.put(worker, img)
+    common = {"workflow_id": str(uuid.uuid4()), "key": key, "keep": True, "hold": True}
+    first = stack.run(worker, task="deblur", output_key=f"{key}-1", **common)
+    assert first.held, first.error
+    failed = stack.run(
+        worker,
+        task="tests.orchestrator.flaky_tasks:scribble_then_fail",
+        output_key=f"{key}-2",
+        held=str(first.task_run_id),
+        **common,
+    )
+    assert failed.status == "FAILED" and "scribbling" in failed.error, failed.error
+    # The retry starts from deblur's image, untouched by the failed attempt's scribbling.
+    assert (failed.key, failed.kept, failed.held_lost) == (f"{key}-2", False, False)
+    assert _same_pixels(stack.take_image(f"{key}-2"), _unsharp(img))
+    with pytest.raises(cdi.ObjectNotFound):
+        stack.sched.use(key)
+
+
+def test_a_worker_with_no_hold_memory_writes_every_new_image(stack: Stack) -> None:
+    writer = stack.start_worker("--hold-memory", "0")
+    img = _picture()
+    key = stack.put(writer, img)
+    report = stack.run(writer, task="deblur", key=key, output_key=f"{key}-1", keep=True, hold=True)
+    assert report.status == "COMPLETED", report.error
+    assert (report.key, report.kept, report.held) == (f"{key}-1", True, False)
+    report = stack.run(writer, task="noop", key=f"{key}-1", output_key=f"{key}-2")
+    assert report.status == "COMPLETED", report.error
+    assert _same_pixels(stack.take_image(f"{key}-1"), _unsharp(img))
+
+
 def test_classify_reports_a_label_on_the_same_object(stack: Stack, worker: WorkerProcess) -> None:
     dark = Image.new("RGB", (32, 32), (10, 20, 30))
     key = stack.put(worker, dark)

@@ -1,0 +1,87 @@
+"""Images a worker holds between consecutive tasks of one workflow, instead of writing them.
+
+Under ``affinity`` the next task of a workflow comes to the same worker, so a task's new image
+need not be copied into a fresh CDI object only for that worker to read it back. With
+``Instruction.hold`` the worker keeps the image here, keyed by workflow, together with the CDI
+object it was computed from (which the worker keeps owning) and a token naming the task run
+that produced it. The next instruction names that token in ``held``; the image is written to a
+CDI object only when it must leave the worker (the last task, a failure, no room here).
+
+*Why a budget, and refusal rather than eviction:* the images are private memory the host's
+memory limits know nothing about. A full budget makes the worker write the result as before,
+which costs one copy; evicting a held image would cost the scheduler a recomputation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Final
+
+from PIL import Image
+
+__all__ = ["DEFAULT_HOLD_BYTES", "Held", "HeldImages"]
+
+DEFAULT_HOLD_BYTES: Final = 512 * 2**20
+# A held image no instruction has asked for within this time belongs to a workflow that went
+# elsewhere (its scheduler restarted, say): it is dropped when room is needed.
+STALE_AFTER_S: Final = 300.0
+
+
+@dataclass(frozen=True)
+class Held:
+    """One workflow's image, newer than the CDI object ``base`` it was computed from."""
+
+    base: str  # key of the CDI object this worker keeps for the workflow
+    token: str  # the task run that produced the image (what the next instruction names)
+    image: Image.Image
+    nbytes: int
+    since: float = field(default_factory=time.monotonic)
+
+
+class HeldImages:
+    """At most one held image per workflow, within ``max_bytes``; safe across slots."""
+
+    def __init__(self, max_bytes: int = DEFAULT_HOLD_BYTES) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._held: dict[str, Held] = {}
+        self._bytes = 0
+
+    def take(self, workflow_id: str) -> Held | None:
+        """Remove and return the workflow's held image, if any."""
+        with self._lock:
+            held = self._held.pop(workflow_id, None)
+            if held is not None:
+                self._bytes -= held.nbytes
+            return held
+
+    def put(self, workflow_id: str, held: Held) -> bool:
+        """Hold ``held`` for the workflow; False (nothing held) when it does not fit."""
+        with self._lock:
+            if workflow_id in self._held:
+                raise ValueError(f"workflow {workflow_id} already has a held image")
+            if self._bytes + held.nbytes > self.max_bytes:
+                self._drop_stale()
+            if self._bytes + held.nbytes > self.max_bytes:
+                return False
+            self._held[workflow_id] = held
+            self._bytes += held.nbytes
+            return True
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def _drop_stale(self) -> None:
+        cutoff = time.monotonic() - STALE_AFTER_S
+        for workflow_id in [w for w, h in self._held.items() if h.since < cutoff]:
+            self._bytes -= self._held.pop(workflow_id).nbytes
