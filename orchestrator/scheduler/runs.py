@@ -66,6 +66,27 @@ class RunState:
     def last_step(self) -> bool:
         return self.step == len(self.steps) - 1
 
+    def advance(self) -> None:
+        """Make the next step current, at its first attempt not yet made (a step recomputed
+        after a lost held image has run before)."""
+        self.step += 1
+        self.attempt = self.attempts.get(self.current.ref, 0) + 1
+        self.avoid = frozenset()
+
+    def follow_held(self, task_run_id: int, *, held: bool, lost: bool) -> bool:
+        """Follow a report on the image a worker holds instead of ``key`` (``Report.held``,
+        ``Report.held_lost``); True if the held image was lost and the run rewound."""
+        if lost and self.held:
+            self.rewind()
+            return True
+        if held:
+            if not self.held:
+                self.held_from = self.step
+            self.held = str(task_run_id)
+        else:
+            self.held = ""
+        return False
+
     def rewind(self) -> None:
         """The held image is lost: make the first step it came from current again, at its
         last attempt (the retry that follows counts against that step's retries)."""

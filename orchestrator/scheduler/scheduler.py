@@ -419,7 +419,7 @@ class Scheduler:
         step, worker = run.current, placement.worker
         instruction = self._instruction(run, step, worker, placement)
         run.in_flight, run.in_flight_worker = instruction, worker
-        run.attempts[step.ref] = run.attempt
+        run.attempts[step.ref] = run.attempt  # a recomputed step's attempts go on from here
         run.deadline = time.monotonic() + step.timeout_s + LOST_GRACE_S
         run.last_worker = worker
         self._in_flight[worker] += 1
@@ -515,7 +515,16 @@ class Scheduler:
         if run.data_plane == "cdi":
             run.key = report.key or run.key
             run.owner = report.worker_id if report.kept else self.id
-            self._track_held(run, report, completed)
+            held = completed and report.held
+            if run.follow_held(report.task_run_id, held=held, lost=report.held_lost):
+                log.warning(
+                    "workflow %s: worker %s lost the image it held from step %r on; running "
+                    "the workflow on from that step again, from %r",
+                    run.workflow_id,
+                    report.worker_id,
+                    run.current.ref,  # the step it rewound to
+                    run.key,
+                )
         step = run.current
         all_done = completed and run.last_step
         if completed:
@@ -533,10 +542,7 @@ class Scheduler:
             )
         placement = finish = None
         if completed and not run.cancelled and not all_done:
-            run.step += 1
-            # A step recomputed after a lost held image ran before: its attempts go on.
-            run.attempt = run.attempts.get(run.current.ref, 0) + 1
-            run.avoid = frozenset()
+            run.advance()
             placement = self._choose(run)
         elif all_done and not run.cancelled and run.data_plane != "cdi":
             # Nothing left to store (dataless, or the last task stored the result itself).
@@ -555,24 +561,6 @@ class Scheduler:
             self._ended(run.workflow_id, ended)
         elif all_done:
             self._finish(run)
-
-    def _track_held(self, run: RunState, report: Report, completed: bool) -> None:
-        """Follow the image a worker holds in memory instead of in ``run.key``."""
-        if report.held_lost and run.held:
-            log.warning(
-                "workflow %s: worker %s lost the image of step %r on; recomputing from %r",
-                run.workflow_id,
-                report.worker_id,
-                run.steps[run.held_from].ref,
-                run.key,
-            )
-            run.rewind()
-        elif completed and report.held:
-            if not run.held:
-                run.held_from = run.step
-            run.held = str(report.task_run_id)
-        else:
-            run.held = ""
 
     def _output_uri_of(self, run: RunState, step: StepSpec) -> str:
         return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png")

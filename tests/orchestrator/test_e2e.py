@@ -321,10 +321,10 @@ def napping(harness: Harness) -> str:
 
 
 def _kill_the_napping_worker(
-    harness: Harness, napping: str, sample: Path, policy: str
+    harness: Harness, napping: str, sample: Path, policy: str, sig: int = signal.SIGKILL
 ) -> tuple[dict[str, Any], str]:
-    """Start the napping pipeline on ``sample``, SIGKILL the worker while its nap task runs;
-    the completed workflow and the worker killed."""
+    """Start the napping pipeline on ``sample``, send ``sig`` to the worker while its nap task
+    runs; the completed workflow and the worker signalled."""
     workflow_id = harness.start(
         harness.upload(f"in/kill-{policy}.jpg", sample.read_bytes()), policy, workflow=napping
     )
@@ -339,7 +339,7 @@ def _kill_the_napping_worker(
         return str(worker) if beats.get(worker, {}).get("running", 0) >= 1 else None
 
     victim = wait_for(napping_worker, "the nap task to be running", timeout=60)
-    harness.stack.kill_worker(victim, signal.SIGKILL)
+    harness.stack.kill_worker(victim, sig)
     done = harness.wait(workflow_id, timeout=120)
     assert done["status"] == "COMPLETED", done["error"]
     return done, victim
@@ -371,6 +371,24 @@ def test_a_worker_killed_holding_an_image_under_affinity_has_it_recomputed(
     naps = [r for r in done["task_runs"] if r["ref"] == "nap"]
     assert naps[0]["status"] == "FAILED" and "from that step again" in naps[0]["error"], naps[0]
     assert [r["attempt"] for r in naps] == [1, 2]
+    pixels, label = expected(sample)
+    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
+    assert np.array_equal(result, pixels) and done["output"]["label"] == label
+
+
+def test_a_worker_restarted_between_tasks_under_affinity_has_its_held_image_recomputed(
+    harness: Harness, napping: str
+) -> None:
+    """SIGTERM mid-nap: the worker finishes the nap, holding its image, and exits; the next
+    instruction waits in its queue for the restarted worker, which holds nothing. Whichever
+    notices first (that worker's report, or the scheduler seeing the restart), deblur runs
+    again from the input object and the result is the same."""
+    sample = bundled_samples()["green_field.jpg"]
+    done, victim = _kill_the_napping_worker(harness, napping, sample, "affinity", signal.SIGTERM)
+    runs = [(r["ref"], r["status"], r["attempt"], r["worker_id"]) for r in done["task_runs"]]
+    assert ("nap", "COMPLETED", 1, victim) in runs, runs  # it finished the nap, then exited
+    deblurs = [r[1:3] for r in runs if r[0] == "deblur"]
+    assert deblurs == [("COMPLETED", 1), ("COMPLETED", 2)], runs
     pixels, label = expected(sample)
     result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
     assert np.array_equal(result, pixels) and done["output"]["label"] == label
