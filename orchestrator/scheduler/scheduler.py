@@ -8,7 +8,10 @@ uploading a result; each hands its outcome back to the loop through ``_inbox``.
 Ownership of a workflow's CDI object: the scheduler creates it (so it is the object's recovery
 container) and transfers it to the worker of each task. Under ``affinity`` the worker keeps it
 until the last task; otherwise it hands it back with its report. A worker that dies hands it back
-too, by the minion's recovery rule, so a retry always starts from an intact object.
+too, by the minion's recovery rule, so a retry always starts from an intact object. Under
+``affinity`` the worker may also hold a task's new image in memory instead of writing it
+(``Instruction.hold``); if that image is lost, the run goes back to the first step whose image
+was held and recomputes it from the object (``RunState.follow_held``).
 """
 
 from __future__ import annotations
