@@ -52,8 +52,11 @@ WORKER_PREFIX: Final = "cdiflow:worker:"
 #   host             host name the worker runs on
 #   last_heartbeat   unix seconds (float) of the latest heartbeat
 #   started_at       unix seconds (float) the worker process started
+#   held_images      images held in memory between a workflow's tasks (int)
+#   held_bytes       bytes those images take (int)
 WORKER_FIELDS: Final = (
     "cpu", "mem", "queue_depth", "running", "slots", "host", "last_heartbeat", "started_at",
+    "held_images", "held_bytes",
 )  # fmt: skip
 
 # Workers refresh their hash this often; one silent for WORKER_DEAD_AFTER_S is presumed dead.

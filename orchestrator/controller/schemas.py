@@ -264,6 +264,11 @@ class WorkerPublic(BaseModel):
     slots: int | None = Field(description="Tasks the worker runs at once (--concurrency).")
     last_heartbeat: float | None = Field(description="Unix seconds.")
     started_at: float | None = Field(description="Unix seconds.")
+    held_images: int | None = Field(
+        default=None,
+        description="Images the worker holds in memory between a workflow's tasks (affinity).",
+    )
+    held_bytes: int | None = Field(default=None, description="Bytes those images take.")
     heartbeat_age_s: float | None
     alive: bool
 

@@ -63,6 +63,13 @@ class CdiPlane:
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
         # What this worker held for the workflow is this instruction's input, or stale.
         entry = self.held.take(ins.workflow_id) if isinstance(ins.workflow_id, str) else None
+        try:
+            self._run(ins, call, exe, entry)
+        finally:
+            if entry is not None:
+                self.held.release(entry)
+
+    def _run(self, ins: Instruction, call: TaskCall, exe: Execution, entry: Held | None) -> None:
         obj: cdi.CDIObject | None = None  # the object holding the workflow's image now
         source: Image.Image | None = None  # the held input, newer than ``obj``
         new: Image.Image | None = None  # the task's new image

@@ -35,6 +35,7 @@ class Heartbeat:
         worker_id: str,
         *,
         running: Callable[[], int],
+        held: Callable[[], tuple[int, int]] = lambda: (0, 0),
         slots: int = 1,
         interval_s: float = keys.HEARTBEAT_INTERVAL_S,
     ) -> None:
@@ -44,6 +45,7 @@ class Heartbeat:
         self.queue_key = keys.worker_queue_key(worker_id)
         self.interval_s = interval_s
         self._running = running
+        self._held = held  # (images, bytes) held between tasks
         self.slots = slots
         self.host = socket.gethostname()
         self.started_at = time.time()
@@ -63,6 +65,7 @@ class Heartbeat:
             "last_heartbeat": f"{time.time():.3f}",
             "started_at": f"{self.started_at:.3f}",
         }
+        values["held_images"], values["held_bytes"] = (str(n) for n in self._held())
         assert tuple(values) == keys.WORKER_FIELDS, "keep in step with keys.WORKER_FIELDS"
         return values
 

@@ -49,15 +49,23 @@ class HeldImages:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._held: dict[str, Held] = {}
-        self._bytes = 0
+        self._in_use: list[Held] = []  # taken by a running instruction, not yet released
+        self._bytes = 0  # of both: the memory the images take
 
     def take(self, workflow_id: str) -> Held | None:
-        """Remove and return the workflow's held image, if any."""
+        """Remove and return the workflow's held image, if any; it counts against the budget
+        until ``release``."""
         with self._lock:
             held = self._held.pop(workflow_id, None)
             if held is not None:
-                self._bytes -= held.nbytes
+                self._in_use.append(held)
             return held
+
+    def release(self, held: Held) -> None:
+        """A taken image is no longer needed (it was written, or dropped)."""
+        with self._lock:
+            self._in_use.remove(held)
+            self._bytes -= held.nbytes
 
     def put(self, workflow_id: str, held: Held) -> bool:
         """Hold ``held`` for the workflow; False (nothing held) when it does not fit."""
@@ -72,14 +80,17 @@ class HeldImages:
             self._bytes += held.nbytes
             return True
 
+    def usage(self) -> tuple[int, int]:
+        """Images held now (between tasks or as a running task's input), and their bytes."""
+        with self._lock:
+            return len(self._held) + len(self._in_use), self._bytes
+
     @property
     def nbytes(self) -> int:
-        with self._lock:
-            return self._bytes
+        return self.usage()[1]
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._held)
+        return self.usage()[0]
 
     def _drop_stale(self) -> None:
         cutoff = time.monotonic() - STALE_AFTER_S

@@ -78,6 +78,7 @@ class Worker:
             redis_client,
             worker_id,
             running=self.running,
+            held=cdi_plane.held.usage,
             slots=concurrency,
             interval_s=heartbeat_interval_s,
         )

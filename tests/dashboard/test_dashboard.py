@@ -476,6 +476,8 @@ def test_workers_page_shows_live_metrics(ui: UI, harness: Harness, napping: str)
         expect(card).to_have_attribute("data-alive", "true")
         expect(card.locator("[role=meter]")).to_have_count(2)
         expect(card).to_contain_text("Last heartbeat at")
+        held = re.compile(r"^(none|\d+ · [\d.]+ [KMG]?B)$")  # a count, or none
+        expect(card.locator("[data-stat=held]")).to_have_text(held)
     ui.shot("workers", full_page=False)
     assert harness.wait(run_id)["status"] == "COMPLETED"
     expect(busy).to_have_count(0)

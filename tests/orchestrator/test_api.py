@@ -514,7 +514,7 @@ def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis)
     silent_for = 3.5 * keys.HEARTBEAT_INTERVAL_S  # past the 3-interval limit
     beats: dict[str, dict[FieldT, EncodableT]] = {
         fresh: {"cpu": "12.5", "mem": "40", "queue_depth": "3", "running": "1", "slots": "2",
-                "host": "h1",
+                "host": "h1", "held_images": "2", "held_bytes": "52428800",
                 "last_heartbeat": now - 1, "started_at": now - 60},
         stale: {"cpu": "1", "host": "h2", "last_heartbeat": now - silent_for},
         garbled: {"cpu": "lots", "queue_depth": "nan", "last_heartbeat": now},
@@ -530,6 +530,8 @@ def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis)
         "h1",
     )
     assert listed[fresh]["slots"] == 2 and listed[stale]["slots"] is None
+    assert (listed[fresh]["held_images"], listed[fresh]["held_bytes"]) == (2, 52428800)
+    assert listed[stale]["held_images"] is None  # an older worker's heartbeat has no such field
     assert 0.5 < listed[fresh]["heartbeat_age_s"] < 5
     assert listed[stale]["alive"] is False and listed[stale]["host"] == "h2"
     assert listed[garbled]["alive"] is True

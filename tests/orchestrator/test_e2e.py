@@ -339,6 +339,14 @@ def _kill_the_napping_worker(
         return str(worker) if beats.get(worker, {}).get("running", 0) >= 1 else None
 
     victim = wait_for(napping_worker, "the nap task to be running", timeout=60)
+    if policy == "affinity":
+        # deblur's image is the nap's input, held in the worker's memory: its heartbeat (one
+        # falls within the 3 s nap) counts it, and the API shows it.
+        def held() -> bool:
+            beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+            return bool(beats[victim]["held_images"] == 1 and beats[victim]["held_bytes"] > 0)
+
+        wait_for(held, "the worker's heartbeat to count the held image", timeout=10)
     harness.stack.kill_worker(victim, sig)
     done = harness.wait(workflow_id, timeout=120)
     assert done["status"] == "COMPLETED", done["error"]

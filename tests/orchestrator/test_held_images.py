@@ -25,6 +25,10 @@ def test_images_are_held_within_the_budget_and_taken_once() -> None:
     first = held.take("a")
     assert first is not None and first.nbytes == 60
     assert held.take("a") is None
+    # A taken image is the running task's input: it takes memory until it is released.
+    assert held.usage() == (1, 60) and not held.put("b", _held(50))
+    held.release(first)
+    assert held.usage() == (0, 0)
     assert held.put("b", _held(50)) and held.nbytes == 50
 
 

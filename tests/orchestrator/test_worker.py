@@ -121,6 +121,12 @@ class Stack:
     def take_image(self, key: str) -> Image.Image:
         return read_image(memoryview(bytearray(self.take(key))))
 
+    def held_beat(self, worker: WorkerProcess) -> tuple[str, str]:
+        """The images and bytes the worker's heartbeat says it holds."""
+        key = keys.worker_key(worker.worker_id)
+        images, nbytes = self.redis.hmget(key, ["held_images", "held_bytes"])
+        return _text(images or b""), _text(nbytes or b"")
+
     def owner(self, key: str) -> str | None:
         owners = {o["key"]: o["owner"] for o in self.sched.list_objects()}
         return owners.get(key)
@@ -279,6 +285,8 @@ def test_hold_keeps_new_images_in_the_worker_until_one_must_leave(
     assert (first.key, first.kept, first.held) == (key, True, True)
     assert (first.bytes_out, first.write_ms) == (required_size(64, 48, "RGB"), 0)
     assert stack.owner(key) == worker.worker_id and stack.owner(f"{key}-1") is None
+    size = str(required_size(64, 48, "RGB"))
+    _poll(lambda: stack.held_beat(worker) == ("1", size), "the heartbeat to count the image")
     second = stack.run(
         worker,
         task="classify",
@@ -299,6 +307,7 @@ def test_hold_keeps_new_images_in_the_worker_until_one_must_leave(
     assert _same_pixels(stack.take_image(f"{key}-3"), _gaussian(_unsharp(img)))
     with pytest.raises(cdi.ObjectNotFound):
         stack.sched.use(key)
+    _poll(lambda: stack.held_beat(worker) == ("0", "0"), "the heartbeat to count none")
 
 
 def test_a_held_input_the_worker_lacks_fails_so_the_scheduler_recomputes_it(
@@ -421,6 +430,7 @@ def test_heartbeat_has_every_field(stack: Stack, worker: WorkerProcess) -> None:
     assert 0 <= float(beat["cpu"]) <= 100 and 0 < float(beat["mem"]) <= 100
     assert int(beat["queue_depth"]) >= 0 and int(beat["running"]) >= 0 and beat["host"]
     assert float(beat["started_at"]) <= float(beat["last_heartbeat"])
+    assert int(beat["held_images"]) >= 0 and int(beat["held_bytes"]) >= 0
     assert stack.redis.sismember(keys.WORKERS, worker.worker_id)
     assert 0 < stack.redis.ttl(key) <= 10 * keys.HEARTBEAT_INTERVAL_S
     # It is refreshed.

@@ -47,6 +47,8 @@ def worker_status(worker_id: str, fields: Mapping[str, str], now: float) -> Work
         slots=_count(fields, "slots"),
         last_heartbeat=last,
         started_at=_number(fields, "started_at"),
+        held_images=_count(fields, "held_images"),
+        held_bytes=_count(fields, "held_bytes"),
         heartbeat_age_s=age,
         alive=age is not None and age < keys.WORKER_DEAD_AFTER_S,
     )

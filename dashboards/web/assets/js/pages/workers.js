@@ -1,11 +1,11 @@
-// Workers: live CPU and memory (with a short history), queue depth, the task running now and
-// the last heartbeat. A worker that stopped heartbeating is shown as gone.
+// Workers: live CPU and memory (with a short history), queue depth, the images held between
+// tasks, the task running now and the last heartbeat. A worker that stopped heartbeating is shown as gone.
 
 import { h, render } from "../dom.js";
 import { api } from "../api.js";
 import { poll } from "../live.js";
 import { card, empty, errorBox, meter, sparkline, statusPill } from "../components.js";
-import { between, clock, duration, percent, plural, shortId } from "../format.js";
+import { between, bytes, clock, duration, percent, plural, shortId } from "../format.js";
 import { workerState } from "./common.js";
 
 const HISTORY = 60; // samples kept per worker for the sparklines (2 minutes at 2 s)
@@ -71,6 +71,12 @@ export function mount(root, ctx) {
         { class: "worker-stats" },
         h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Queue"), h("div", { class: "stat-value", "data-stat": "queue" }, w.queue_depth ?? "—")),
         h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Running"), h("div", { class: "stat-value", "data-stat": "running" }, w.running ?? "—")),
+        h(
+          "div",
+          { class: "stat", title: "Images held in memory between a workflow's tasks (affinity), not yet written to a CDI object" },
+          h("div", { class: "stat-label" }, "Held"),
+          h("div", { class: "stat-value", "data-stat": "held" }, w.held_images === null || w.held_images === undefined ? "—" : w.held_images ? `${w.held_images} · ${bytes(w.held_bytes)}` : "none"),
+        ),
         h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Heartbeat"), h("div", { class: "stat-value", "data-stat": "heartbeat" }, w.heartbeat_age_s === null ? "—" : duration(w.heartbeat_age_s * 1000))),
       ),
       h(
