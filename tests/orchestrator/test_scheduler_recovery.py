@@ -52,6 +52,8 @@ def _beat(client: redis.Redis, started_at: float) -> None:
         "host": "test",
         "last_heartbeat": f"{time.time():.3f}",
         "started_at": f"{started_at:.3f}",
+        "held_images": "0",
+        "held_bytes": "0",
     }
     assert tuple(fields) == keys.WORKER_FIELDS
     client.hset(keys.worker_key(WORKER), mapping=fields)  # type: ignore[arg-type]
