@@ -23,6 +23,8 @@ const ROUTES = [
 const main = document.getElementById("main");
 let unmount = null;
 let firstRoute = true;
+// The hash the mounted page stands for: the one it was mounted from, or last wrote itself.
+let mountedHash = "";
 
 function parseHash() {
   const raw = location.hash.replace(/^#/, "") || "/";
@@ -39,13 +41,18 @@ export function navigate(path, params = {}) {
 
 /** Rewrite the current route's query without a new history entry or a re-mount. */
 export function replaceQuery(params) {
+  // A navigation already changed the hash and its hashchange has not run yet (e.g. a page's
+  // debounced search fires in between): overwriting the new hash would lose where it goes.
+  if (location.hash !== mountedHash) return;
   const { path } = parseHash();
   const q = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== ""));
   const text = q.toString();
   history.replaceState(history.state, "", `#${path}${text ? `?${text}` : ""}`);
+  mountedHash = location.hash;
 }
 
 function route() {
+  mountedHash = location.hash;
   const { path, query } = parseHash();
   if (unmount) {
     try {

@@ -243,5 +243,8 @@ export function mount(root, ctx) {
     ctx.replaceQuery({});
     startWorkflowDialog(ctx.navigate);
   }
-  return stop;
+  return () => {
+    clearTimeout(typing); // a search typed just before leaving must not rewrite the next URL
+    stop();
+  };
 }
