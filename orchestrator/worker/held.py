@@ -68,10 +68,12 @@ class HeldImages:
             self._bytes -= held.nbytes
 
     def put(self, workflow_id: str, held: Held) -> bool:
-        """Hold ``held`` for the workflow; False (nothing held) when it does not fit."""
+        """Hold ``held`` for the workflow; False (nothing held) when it does not fit, or when
+        the workflow has a held image already (the same instruction run twice, e.g. re-sent
+        after Redis lost its data): the caller then writes the image instead."""
         with self._lock:
             if workflow_id in self._held:
-                raise ValueError(f"workflow {workflow_id} already has a held image")
+                return False
             if self._bytes + held.nbytes > self.max_bytes:
                 self._drop_stale()
             if self._bytes + held.nbytes > self.max_bytes:
