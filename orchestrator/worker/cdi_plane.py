@@ -173,6 +173,7 @@ class CdiPlane:
         try:
             return self._replace(ins, obj, img, exe)
         except Exception as exc:
+            clear_frames(exc)  # they hold ``img``, which maps the input if the task returned it
             exe.fail(exc)
             return obj
 
@@ -182,6 +183,7 @@ class CdiPlane:
         try:
             return self._replace(ins, obj, source, exe)
         except Exception as exc:
+            clear_frames(exc)
             exe.note(f"could not write the held input for the retry: {exc}")
             exe.held_lost = True  # the scheduler recomputes it from ``obj``
             return obj

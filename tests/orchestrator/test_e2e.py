@@ -144,6 +144,15 @@ def expected(sample: Path) -> tuple[np.ndarray[Any, Any], str]:
     return np.asarray(image), label
 
 
+def assert_result_is_the_pipelines(harness: Harness, done: dict[str, Any], sample: Path) -> None:
+    """The stored result and label are what the image pipeline computes on ``sample`` locally."""
+    pixels, label = expected(sample)
+    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
+    assert result.shape == pixels.shape
+    assert np.array_equal(result, pixels)
+    assert done["output"]["label"] == label
+
+
 @pytest.mark.parametrize(
     ("policy", "plane"),
     [("affinity", "cdi"), ("transfer", "cdi"), ("auto", "cdi"), ("affinity", "object-store")],
@@ -155,11 +164,7 @@ def test_result_equals_the_same_pillow_operations_applied_locally(
     image = harness.upload(f"in/{policy}-{plane}.jpg", sample.read_bytes())
     done = harness.wait(harness.start(image, policy, plane))
     assert done["status"] == "COMPLETED", done["error"]
-    pixels, label = expected(sample)
-    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
-    assert result.shape == pixels.shape
-    assert np.array_equal(result, pixels)
-    assert done["output"]["label"] == label
+    assert_result_is_the_pipelines(harness, done, sample)
     runs = done["task_runs"]
     assert [r["ref"] for r in runs] == ["deblur", "denoise", "classify"]
     assert all(r["status"] == "COMPLETED" and r["worker_id"] for r in runs)
@@ -361,9 +366,7 @@ def test_a_worker_killed_mid_task_is_replaced_and_the_result_is_unchanged(
     naps = [r for r in done["task_runs"] if r["ref"] == "nap"]
     assert naps[0]["status"] == "FAILED" and naps[0]["worker_id"] == victim
     assert naps[-1]["status"] == "COMPLETED" and naps[-1]["worker_id"] != victim
-    pixels, label = expected(sample)
-    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
-    assert np.array_equal(result, pixels) and done["output"]["label"] == label
+    assert_result_is_the_pipelines(harness, done, sample)
 
 
 def test_a_worker_killed_holding_an_image_under_affinity_has_it_recomputed(
@@ -379,9 +382,7 @@ def test_a_worker_killed_holding_an_image_under_affinity_has_it_recomputed(
     naps = [r for r in done["task_runs"] if r["ref"] == "nap"]
     assert naps[0]["status"] == "FAILED" and "from that step again" in naps[0]["error"], naps[0]
     assert [r["attempt"] for r in naps] == [1, 2]
-    pixels, label = expected(sample)
-    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
-    assert np.array_equal(result, pixels) and done["output"]["label"] == label
+    assert_result_is_the_pipelines(harness, done, sample)
 
 
 def test_a_worker_restarted_between_tasks_under_affinity_has_its_held_image_recomputed(
@@ -397,9 +398,7 @@ def test_a_worker_restarted_between_tasks_under_affinity_has_its_held_image_reco
     assert ("nap", "COMPLETED", 1, victim) in runs, runs  # it finished the nap, then exited
     deblurs = [r[1:3] for r in runs if r[0] == "deblur"]
     assert deblurs == [("COMPLETED", 1), ("COMPLETED", 2)], runs
-    pixels, label = expected(sample)
-    result = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
-    assert np.array_equal(result, pixels) and done["output"]["label"] == label
+    assert_result_is_the_pipelines(harness, done, sample)
 
 
 def test_two_schedulers_never_schedule_a_workflow_twice(harness: Harness) -> None:
