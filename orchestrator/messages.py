@@ -17,7 +17,9 @@ Data planes:
   run again) the worker may instead keep a new image in its own memory, unwritten, and say so
   with ``Report.held``; the next instruction then names that report's task run in ``held``.
   A worker that lost the image says ``Report.held_lost``, and the scheduler recomputes it from
-  ``key``, the last object (``orchestrator.worker.held``).
+  ``key``, the last object (``orchestrator.worker.held``). The last task's instruction names
+  ``output_uri`` and ``output_format``: the worker encodes the result, PUTs it there, destroys
+  the object and says ``Report.stored`` (nothing comes back to the scheduler).
 * ``object-store``: like Conductor/Orkes users do, the worker GETs ``input_uri`` from S3, decodes,
   runs the task, encodes (PNG, lossless, so every plane computes the same pixels) and PUTs
   ``output_uri``.
@@ -61,7 +63,7 @@ class Instruction:
     return_to: str = ""  # CDI container id that gets the object back when not keeping it
     hold: bool = False  # the worker may hold a new image in memory instead of writing it
     held: str = ""  # the input is the image held from this task run (computed from ``key``)
-    # object-store plane
+    # object-store plane (and the cdi plane's last task: output_uri, output_format)
     input_uri: str = ""
     output_uri: str = ""
     output_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS (lossless between tasks)
@@ -92,6 +94,7 @@ class Report:
     kept: bool = False  # cdi plane: the worker still owns ``key``
     held: bool = False  # cdi plane: the new image is in the worker's memory, newer than ``key``
     held_lost: bool = False  # cdi plane: the instruction's held input is gone; ``key`` is older
+    stored: bool = False  # cdi plane: the result is at ``output_uri``, the object destroyed
     bytes_in: int = 0
     bytes_out: int = 0
     read_ms: float = 0.0

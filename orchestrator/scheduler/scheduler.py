@@ -345,29 +345,6 @@ class Scheduler:
             raise
         return size
 
-    def _finish(self, run: RunState) -> None:
-        """A CDI workflow's last task is done: store its result (the other planes end in
-        ``_on_report``, with the last report)."""
-        result_uri = self.store.uri(_result_key(run))
-        self._pool.submit(
-            self._in_pool, functools.partial(self._store_result, result_uri=result_uri), run
-        )
-
-    def _store_result(self, run: RunState, *, result_uri: str) -> None:
-        """Pool thread: we own the object again; encode it, upload, destroy it."""
-        try:
-            obj = self.cdi.use(run.key, check=False)  # view() reports a missing key
-            fmt = imagebuf.RESULT_FORMATS[run.result_format]
-            with obj.view(timeout=30, populate=True) as buffer:  # encoded in place, no copy
-                encoded = imagebuf.encode_image(imagebuf.map_image(buffer), fmt.pillow)
-            self.store.put(result_uri, encoded, fmt.content_type)
-            obj.destroy()
-        except (DataError, WorkflowsError, cdi.CDIError) as exc:
-            reason = f"storing the result failed: {exc}"
-            self._post(lambda: self._fail(run, reason))
-            return
-        self._post(lambda: self._complete(run, result_uri))
-
     # ------------------------------------------------------------------ placement
     def _dispatch(self, run: RunState) -> None:
         if run.cancelled or run.workflow_id not in self.runs:
@@ -453,7 +430,8 @@ class Scheduler:
         if run.data_plane == "none":
             return Instruction(**common)
         if run.data_plane == "cdi":
-            keep = run.policy == "affinity" and not run.last_step
+            last = run.last_step
+            keep = run.policy == "affinity" and not last
             return Instruction(
                 **common,
                 key=run.key,
@@ -463,6 +441,10 @@ class Scheduler:
                 hold=keep and step.retries > 0,
                 held=run.held,
                 return_to=self.id,
+                # The last task's worker stores the result: no copy into an object, no
+                # hand-back, and the workflow ends with the report's own statement.
+                output_uri=self.store.uri(_result_key(run)) if last else "",
+                output_format=run.result_format if last else "png",
             )
         output = (
             _result_key(run)
@@ -516,7 +498,7 @@ class Scheduler:
         run.in_flight = None
         completed = report.status == "COMPLETED"
         if run.data_plane == "cdi":
-            run.key = report.key or run.key
+            run.key = "" if report.stored else report.key or run.key
             run.owner = report.worker_id if report.kept else self.id
             held = completed and report.held
             if run.follow_held(report.task_run_id, held=held, lost=report.held_lost):
@@ -547,7 +529,7 @@ class Scheduler:
         if completed and not run.cancelled and not all_done:
             run.advance()
             placement = self._choose(run)
-        elif all_done and not run.cancelled and run.data_plane != "cdi":
+        elif all_done and not run.cancelled and (run.data_plane != "cdi" or report.stored):
             # Nothing left to store (dataless, or the last task stored the result itself).
             result = None if run.data_plane == "none" else self.store.uri(_result_key(run))
             finish = _completion(run, result)
@@ -563,7 +545,12 @@ class Scheduler:
             self.runs.pop(run.workflow_id, None)
             self._ended(run.workflow_id, ended)
         elif all_done:
-            self._finish(run)
+            # A worker that kept the last image to itself: it predates storing results.
+            self._fail(
+                run,
+                f"worker {report.worker_id} completed the last task without storing the "
+                "result; run workers of the scheduler's version (they are upgraded together)",
+            )
 
     def _output_uri_of(self, run: RunState, step: StepSpec) -> str:
         return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png")

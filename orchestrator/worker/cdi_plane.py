@@ -13,6 +13,11 @@ when it must leave the worker (a task without ``hold``, a failure, a full budget
 copy of the whole image per task under ``affinity``; the price is that a worker's death loses
 the held image, which the scheduler then recomputes from the object.
 
+With ``output_uri`` (the workflow's last task) the worker stores the result itself: it encodes
+the task's image, PUTs it there and destroys the object, so the last image is never copied into
+an object and nothing is handed back. If the PUT fails the task fails like any other, and its
+retry starts from the object (or from the held input, written for it).
+
 The mapped input pins the object (no transfer or destroy while it lives), so the worker drops
 every reference it holds — the task's own frames in a traceback included — before it hands the
 object on. A task that keeps its input beyond its call (or runs on after a timeout) leaves the
@@ -25,6 +30,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
 from contextlib import suppress
 
 from PIL import Image
@@ -32,6 +38,7 @@ from PIL import Image
 import cdi
 from orchestrator.errors import HeldImageLost, InputMissing, InvalidInstruction, WorkerError
 from orchestrator.messages import Instruction
+from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.execution import (
     EXIT_MINION_LOST,
     Execution,
@@ -40,6 +47,7 @@ from orchestrator.worker.execution import (
     elapsed_ms,
 )
 from orchestrator.worker.held import Held, HeldImages
+from orchestrator.worker.store_plane import check_output, put_image
 from workflows.api import TaskSpec
 from workflows.errors import InvalidImage
 from workflows.imagebuf import map_image, required_size, write_image
@@ -54,11 +62,16 @@ class CdiPlane:
     """Runs ``cdi`` instructions through this worker's CDI client."""
 
     def __init__(
-        self, client: cdi.Client, access_timeout_s: float, held: HeldImages | None = None
+        self,
+        client: cdi.Client,
+        access_timeout_s: float,
+        held: HeldImages,
+        store: Callable[[], ObjectStore],
     ) -> None:
         self.client = client
         self.access_timeout_s = access_timeout_s
-        self.held = held if held is not None else HeldImages()
+        self.held = held
+        self.store = store  # the S3 store the last task's result goes to, made on first use
 
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
         # What this worker held for the workflow is this instruction's input, or stale.
@@ -93,16 +106,22 @@ class CdiPlane:
                 obj = None  # nothing to keep or hand back
             elif obj is None:
                 obj = self._find(ins.key)
+        if obj is not None and ins.output_uri and exe.status == "COMPLETED":
+            self._store_result(ins, new if new is not None else source, view, exe)
+            new = None
         # A new image that still maps the input (the task returned its input) is written, not
         # held: holding it would pin the object.
         pinned = view is not None and not _try_release(view)
         current = new if new is not None else source
-        if obj is not None and current is not None and exe.status == "COMPLETED":
+        if obj is not None and current is not None and exe.status == "COMPLETED" and not exe.stored:
             obj = self._hold_or_write(ins, obj, current, may_hold=not pinned, exe=exe)
         current = None
         new = None
         if pinned and view is not None:
             _release(view)
+        if exe.stored and obj is not None:
+            self._destroy_stored(obj, exe)
+            obj = None
         if ins.held and exe.status != "COMPLETED":
             if obj is not None and source is not None:
                 # The retry needs this task's input, which is only in our memory: write it.
@@ -177,6 +196,28 @@ class CdiPlane:
             exe.fail(exc)
             return obj
 
+    def _store_result(
+        self, ins: Instruction, img: Image.Image | None, view: memoryview | None, exe: Execution
+    ) -> None:
+        """The last task: PUT its image (``img``, else the mapped input) at ``output_uri``."""
+        try:
+            if img is None:
+                if view is None:  # _run maps the input whenever it holds none
+                    raise WorkerError(f"instruction {ins.task_run_id}: no image to store")
+                img = map_image(view)
+            put_image(self.store(), ins, img, exe)
+            exe.stored = True
+        except Exception as exc:
+            clear_frames(exc)  # they hold ``img``, which may map the input
+            exe.fail(exc)
+
+    def _destroy_stored(self, obj: cdi.CDIObject, exe: Execution) -> None:
+        """The result is stored: the workflow's last object is of no further use."""
+        try:
+            self._destroy_input(obj)
+        except cdi.MinionUnavailable:
+            exe.exit_code = EXIT_MINION_LOST  # the task is done; the worker must still restart
+
     def _save_for_retry(
         self, ins: Instruction, obj: cdi.CDIObject, source: Image.Image, exe: Execution
     ) -> cdi.CDIObject:
@@ -247,8 +288,11 @@ class CdiPlane:
 
     def _settle(self, ins: Instruction, held: cdi.CDIObject | None, exe: Execution) -> None:
         """Keep the current object or hand it to ``return_to``; record which in ``exe``."""
-        exe.key = held.key if held is not None else ins.key
         exe.kept = False
+        if exe.stored:
+            exe.key = ""  # the result is in S3 and the object destroyed: nothing to hand back
+            return
+        exe.key = held.key if held is not None else ins.key
         if held is None:
             return
         # A worker about to exit gives everything back: what it kept would die with it. A
@@ -342,6 +386,13 @@ def _check(ins: Instruction) -> None:
             f"instruction {ins.task_run_id}: hold without keep; a worker can hold a new image "
             "only while it keeps the object it was computed from"
         )
+    if ins.output_uri:
+        if ins.keep:
+            raise InvalidInstruction(
+                f"instruction {ins.task_run_id}: output_uri with keep; the last task stores "
+                "the result and destroys the object, so there is nothing to keep"
+            )
+        check_output(ins, "cdi")
     if ins.output_key and ins.output_key == ins.key:
         raise InvalidInstruction(
             f"instruction {ins.task_run_id}: output_key equals key ({ins.key!r}); the output "

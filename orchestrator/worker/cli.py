@@ -128,15 +128,21 @@ def run_worker(
     try:
         client = _connect_cdi(cdi_url, worker_id)
         try:
+            store_plane = StorePlane(
+                lambda: ObjectStore(settings),
+                max_input_bytes=settings.max_input_bytes,
+                max_pixels=settings.max_pixels,
+            )
             worker = Worker(
                 worker_id,
                 redis_client=redis_client,
-                cdi_plane=CdiPlane(client, access_timeout_s, HeldImages(hold_bytes)),
-                store_plane=StorePlane(
-                    lambda: ObjectStore(settings),
-                    max_input_bytes=settings.max_input_bytes,
-                    max_pixels=settings.max_pixels,
+                cdi_plane=CdiPlane(
+                    client,
+                    access_timeout_s,
+                    HeldImages(hold_bytes),
+                    store=lambda: store_plane.store,  # one S3 client for both planes
                 ),
+                store_plane=store_plane,
                 concurrency=concurrency,
             )
             with _stop_on_signals(worker):

@@ -73,6 +73,7 @@ class Execution:
     kept: bool = False
     held: bool = False
     held_lost: bool = False
+    stored: bool = False
     bytes_in: int = 0
     bytes_out: int = 0
     read_ms: float = 0.0
@@ -122,6 +123,7 @@ class Execution:
             kept=self.kept,
             held=self.held,
             held_lost=self.held_lost,
+            stored=self.stored,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
             read_ms=round(self.read_ms, 3),

@@ -10,6 +10,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from PIL import Image
+
 from orchestrator.errors import InvalidInstruction, InvalidRequest
 from orchestrator.messages import Instruction
 from orchestrator.objectstore import ObjectStore, parse_s3_uri
@@ -17,7 +19,7 @@ from orchestrator.worker.execution import Execution, TaskCall, check_common, ela
 from workflows.errors import InvalidImage
 from workflows.imagebuf import RESULT_FORMATS, decode_bytes, encode_image
 
-__all__ = ["StorePlane"]
+__all__ = ["StorePlane", "check_output", "put_image"]
 
 
 class StorePlane:
@@ -52,27 +54,41 @@ class StorePlane:
             exe.bytes_in = len(data)
             exe.read_ms = elapsed_ms(started)
             new_img = call.run(spec, img, exe)
-            started = time.perf_counter()
-            fmt = RESULT_FORMATS[ins.output_format]
-            encoded = encode_image(new_img if new_img is not None else img, fmt.pillow)
-            self.store.put(ins.output_uri, encoded, content_type=fmt.content_type)
-            exe.bytes_out = len(encoded)
-            exe.write_ms = elapsed_ms(started)
+            put_image(self.store, ins, new_img if new_img is not None else img, exe)
         except Exception as exc:
             exe.fail(exc)
 
 
+def put_image(store: ObjectStore, ins: Instruction, img: Image.Image, exe: Execution) -> None:
+    """Encode ``img`` as ``ins.output_format`` and PUT it at ``ins.output_uri``."""
+    started = time.perf_counter()
+    fmt = RESULT_FORMATS[ins.output_format]
+    encoded = encode_image(img, fmt.pillow)
+    store.put(ins.output_uri, encoded, content_type=fmt.content_type)
+    exe.bytes_out = len(encoded)
+    exe.write_ms = elapsed_ms(started)
+
+
 def _check(ins: Instruction) -> None:
     check_common(ins)
+    _check_uri(ins, "input_uri", ins.input_uri, "object-store")
+    check_output(ins, "object-store")
+
+
+def check_output(ins: Instruction, plane: str) -> None:
+    """Raise ``InvalidInstruction`` unless ``output_uri`` and ``output_format`` are usable."""
     if ins.output_format not in RESULT_FORMATS:
         raise InvalidInstruction(
             f"instruction {ins.task_run_id}: output_format {ins.output_format!r} is not one of "
             f"{', '.join(sorted(RESULT_FORMATS))}"
         )
-    for name, uri in (("input_uri", ins.input_uri), ("output_uri", ins.output_uri)):
-        try:
-            parse_s3_uri(uri)
-        except InvalidRequest as exc:
-            raise InvalidInstruction(
-                f"instruction {ins.task_run_id} (object-store plane): {name}: {exc}"
-            ) from exc
+    _check_uri(ins, "output_uri", ins.output_uri, plane)
+
+
+def _check_uri(ins: Instruction, name: str, uri: str, plane: str) -> None:
+    try:
+        parse_s3_uri(uri)
+    except InvalidRequest as exc:
+        raise InvalidInstruction(
+            f"instruction {ins.task_run_id} ({plane} plane): {name}: {exc}"
+        ) from exc

@@ -7,6 +7,7 @@ the scheduler does. Workers use their own Redis database so no other suite's sch
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -273,7 +274,7 @@ def _gaussian(img: Image.Image) -> Image.Image:
 
 
 def test_hold_keeps_new_images_in_the_worker_until_one_must_leave(
-    stack: Stack, worker: WorkerProcess
+    stack: Stack, worker: WorkerProcess, s3: Any
 ) -> None:
     img = _picture()
     key = stack.put(worker, img)
@@ -298,16 +299,84 @@ def test_hold_keeps_new_images_in_the_worker_until_one_must_leave(
     )
     assert second.status == "COMPLETED", second.error
     assert (second.key, second.held, second.output["label"]) == (key, True, "mixed")
-    # The last task may not hold: its image is written once, and the base object destroyed.
+    # The last task stores the result itself: its image never goes into an object, and the
+    # base object is destroyed.
+    result = f"worker-test/{uuid.uuid4().hex}.png"
     last = stack.run(
-        worker, task="denoise", output_key=f"{key}-3", held=str(second.task_run_id), **common
+        worker,
+        task="denoise",
+        output_key=f"{key}-3",
+        held=str(second.task_run_id),
+        output_uri=f"s3://{BUCKET}/{result}",
+        **common,
     )
     assert last.status == "COMPLETED", last.error
-    assert (last.key, last.kept, last.held) == (f"{key}-3", False, False)
-    assert _same_pixels(stack.take_image(f"{key}-3"), _gaussian(_unsharp(img)))
+    assert (last.key, last.kept, last.held, last.stored) == ("", False, False, True)
+    body = s3.get_object(Bucket=BUCKET, Key=result)["Body"].read()
+    assert last.bytes_out == len(body)
+    assert _same_pixels(decode_bytes(body), _gaussian(_unsharp(img)))
+    for gone in (key, f"{key}-3"):
+        with pytest.raises(cdi.ObjectNotFound):
+            stack.sched.use(gone)
+    _poll(lambda: stack.held_beat(worker) == ("0", "0"), "the heartbeat to count none")
+
+
+def test_a_last_task_that_only_reads_stores_its_input_as_asked(
+    stack: Stack, worker: WorkerProcess, s3: Any
+) -> None:
+    dark = _picture(40, 30)
+    key = stack.put(worker, dark)
+    result = f"worker-test/{uuid.uuid4().hex}.jpg"
+    report = stack.run(worker, task="classify", key=key, output_key=f"{key}-out",
+                       output_uri=f"s3://{BUCKET}/{result}", output_format="jpeg")  # fmt: skip
+    assert (report.status, report.stored, report.key) == ("COMPLETED", True, ""), report.error
+    assert report.output["label"]
+    stored = s3.get_object(Bucket=BUCKET, Key=result)
+    assert stored["ContentType"] == "image/jpeg"
+    assert Image.open(io.BytesIO(stored["Body"].read())).size == (40, 30)
+    for gone in (key, f"{key}-out"):
+        with pytest.raises(cdi.ObjectNotFound):
+            stack.sched.use(gone)
+
+
+def test_a_result_s3_refuses_fails_the_task_and_keeps_its_input_for_the_retry(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    img = _picture()
+    key = stack.put(worker, img)
+    common = {"workflow_id": str(uuid.uuid4()), "key": key}
+    first = stack.run(worker, task="deblur", output_key=f"{key}-1", keep=True, hold=True, **common)
+    assert first.held, first.error
+    nowhere = f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/result.png"
+    last = stack.run(worker, task="denoise", output_key=f"{key}-2", held=str(first.task_run_id),
+                     output_uri=nowhere, **common)  # fmt: skip
+    assert (last.status, last.stored, last.retryable) == ("FAILED", False, True)
+    assert nowhere in last.error, last.error
+    # The retry starts from deblur's image, which was only in the worker's memory.
+    assert (last.key, last.kept, last.held_lost) == (f"{key}-2", False, False)
+    assert _same_pixels(stack.take_image(f"{key}-2"), _unsharp(img))
     with pytest.raises(cdi.ObjectNotFound):
         stack.sched.use(key)
-    _poll(lambda: stack.held_beat(worker) == ("0", "0"), "the heartbeat to count none")
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"keep": True}, "output_uri with keep"),
+        ({"output_format": "gif"}, "output_format 'gif' is not one of"),
+        ({"output_uri": "http://example.com/x.png"}, "output_uri: 'http://example.com/x.png'"),
+    ],
+)
+def test_a_result_instruction_that_cannot_be_followed_is_refused_with_a_reason(
+    stack: Stack, worker: WorkerProcess, fields: dict[str, Any], problem: str
+) -> None:
+    img = _picture(8, 8)
+    key = stack.put(worker, img)
+    asked = {"output_uri": f"s3://{BUCKET}/worker-test/never.png"} | fields
+    report = stack.run(worker, task="noop", key=key, output_key=f"{key}-out", **asked)
+    assert (report.status, report.retryable, report.stored) == ("FAILED", False, False)
+    assert problem in report.error, report.error
+    assert _same_pixels(stack.take_image(key), img)
 
 
 def test_a_held_input_the_worker_lacks_fails_so_the_scheduler_recomputes_it(
