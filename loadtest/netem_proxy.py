@@ -116,7 +116,7 @@ async def serve(
 
 
 class NetemProxy:
-    """``with NetemProxy("127.0.0.1:9000") as url:`` -> ``http://127.0.0.1:<port>``."""
+    """``with NetemProxy("127.0.0.1:9000") as proxy:``, then connect to ``proxy.url``."""
 
     def __init__(self, target: str, link: LinkSpec | None = None, timeout: float = 10.0) -> None:
         self.target = target
@@ -124,6 +124,10 @@ class NetemProxy:
         self.timeout = timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -155,7 +159,7 @@ class NetemProxy:
                     raise RuntimeError(f"the netem proxy to {self.target} did not start")
                 time.sleep(0.02)
             self.port = int(port_file.read_text())
-        return f"http://127.0.0.1:{self.port}"
+        return self.url
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None

@@ -15,8 +15,9 @@ the held image, which the scheduler then recomputes from the object.
 
 With ``output_uri`` (the workflow's last task) the worker stores the result itself: it encodes
 the task's image, PUTs it there and destroys the object, so the last image is never copied into
-an object and nothing is handed back. If the PUT fails the task fails like any other, and its
-retry starts from the object (or from the held input, written for it).
+an object and nothing is handed back. That part runs after the worker's slot has moved on to
+its next instruction (``Execution.later``). If the PUT fails the task fails like any other, and
+its retry starts from the object (or from the held input, written for it).
 
 The mapped input pins the object (no transfer or destroy while it lives), so the worker drops
 every reference it holds — the task's own frames in a traceback included — before it hands the
@@ -27,11 +28,13 @@ worker exits.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 
 from PIL import Image
 
@@ -58,6 +61,16 @@ __all__ = ["CdiPlane"]
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _After:
+    """What a task run leaves for the rest of its instruction."""
+
+    obj: cdi.CDIObject | None = None  # the object holding the workflow's image now
+    view: memoryview | None = None  # the input's memory while the task reads it
+    source: Image.Image | None = None  # the held input, newer than ``obj``
+    new: Image.Image | None = None  # the task's new image
+
+
 class CdiPlane:
     """Runs ``cdi`` instructions through this worker's CDI client."""
 
@@ -74,61 +87,85 @@ class CdiPlane:
         self.store = store  # the S3 store the last task's result goes to, made on first use
 
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
+        """Run ``ins``; a last task's result is stored by ``exe.later``, which the worker calls
+        once the slot has moved on: S3's round trips need not hold up its next task."""
         # What this worker held for the workflow is this instruction's input, or stale.
         entry = self.held.take(ins.workflow_id) if isinstance(ins.workflow_id, str) else None
         try:
-            self._run(ins, call, exe, entry)
-        finally:
-            if entry is not None:
-                self.held.release(entry)
+            after = self._compute(ins, call, exe, entry)
+        except BaseException:
+            self._release(entry)
+            raise
+        if after.obj is not None and ins.output_uri and exe.status == "COMPLETED":
+            exe.later = functools.partial(self._conclude, ins, exe, after, entry)
+        else:
+            self._conclude(ins, exe, after, entry)
 
-    def _run(self, ins: Instruction, call: TaskCall, exe: Execution, entry: Held | None) -> None:
-        obj: cdi.CDIObject | None = None  # the object holding the workflow's image now
-        source: Image.Image | None = None  # the held input, newer than ``obj``
-        new: Image.Image | None = None  # the task's new image
-        view: memoryview | None = None  # the input's memory while the task reads it
+    def _compute(
+        self, ins: Instruction, call: TaskCall, exe: Execution, entry: Held | None
+    ) -> _After:
+        """Run the task; what it leaves for ``_conclude``."""
+        after = _After()
         try:
             _check(ins)
             spec = call.load()
-            obj = self._use(ins.key)
+            after.obj = self._use(ins.key)
             if ins.held:
-                source = _held_input(ins, entry, self.client.container_id)
+                after.source = source = _held_input(ins, entry, self.client.container_id)
                 exe.bytes_in = required_size(source.width, source.height, source.mode)
-                new = call.run(spec, _read_only(source), exe)
+                after.new = call.run(spec, _read_only(source), exe)
             else:
-                view = self._access(obj)
-                new = self._run_mapped(obj, view, call, spec, exe)
+                after.view = self._access(after.obj)
+                after.new = self._run_mapped(after.obj, after.view, call, spec, exe)
         except Exception as exc:
             clear_frames(exc)  # its frames hold the mapped input: they must not pin the object
             exe.fail(exc)
-            new = None
+            after.new = None
             if isinstance(exc, InputMissing):
-                obj = None  # nothing to keep or hand back
-            elif obj is None:
-                obj = self._find(ins.key)
-        if obj is not None and ins.output_uri and exe.status == "COMPLETED":
-            self._store_result(ins, new if new is not None else source, view, exe)
+                after.obj = None  # nothing to keep or hand back
+            elif after.obj is None:
+                after.obj = self._find(ins.key)
+        return after
+
+    def _conclude(
+        self, ins: Instruction, exe: Execution, after: _After, entry: Held | None
+    ) -> None:
+        """Store, hold or write the task's image, then keep or hand back the object."""
+        try:
+            # Taken out of ``after``, which ``exe.later`` refers to: a reference left there to
+            # an image that maps the input would pin the object.
+            obj, view, source, new = after.obj, after.view, after.source, after.new
+            after.obj = after.view = after.source = after.new = None
+            if obj is not None and ins.output_uri and exe.status == "COMPLETED":
+                self._store_result(ins, new if new is not None else source, view, exe)
+                new = None
+            # A new image that still maps the input (the task returned its input) is written,
+            # not held: holding it would pin the object.
+            pinned = view is not None and not _try_release(view)
+            current = new if new is not None else source
+            done = exe.status == "COMPLETED" and not exe.stored
+            if obj is not None and current is not None and done:
+                obj = self._hold_or_write(ins, obj, current, may_hold=not pinned, exe=exe)
+            current = None
             new = None
-        # A new image that still maps the input (the task returned its input) is written, not
-        # held: holding it would pin the object.
-        pinned = view is not None and not _try_release(view)
-        current = new if new is not None else source
-        if obj is not None and current is not None and exe.status == "COMPLETED" and not exe.stored:
-            obj = self._hold_or_write(ins, obj, current, may_hold=not pinned, exe=exe)
-        current = None
-        new = None
-        if pinned and view is not None:
-            _release(view)
-        if exe.stored and obj is not None:
-            self._destroy_stored(obj, exe)
-            obj = None
-        if ins.held and exe.status != "COMPLETED":
-            if obj is not None and source is not None:
-                # The retry needs this task's input, which is only in our memory: write it.
-                obj = self._save_for_retry(ins, obj, source, exe)
-            else:
-                exe.held_lost = True  # the scheduler recomputes it from the last object
-        self._settle(ins, obj, exe)
+            if pinned and view is not None:
+                _release_view(view)
+            if exe.stored and obj is not None:
+                self._destroy_stored(obj, exe)
+                obj = None
+            if ins.held and exe.status != "COMPLETED":
+                if obj is not None and source is not None:
+                    # The retry needs this task's input, which is only in our memory: write it.
+                    obj = self._save_for_retry(ins, obj, source, exe)
+                else:
+                    exe.held_lost = True  # the scheduler recomputes it from the last object
+            self._settle(ins, obj, exe)
+        finally:
+            self._release(entry)
+
+    def _release(self, entry: Held | None) -> None:
+        if entry is not None:
+            self.held.release(entry)
 
     # ------------------------------------------------------------------ steps
     def _use(self, key: str) -> cdi.CDIObject:
@@ -356,7 +393,7 @@ def _try_release(view: memoryview) -> bool:
     return True
 
 
-def _release(view: memoryview) -> None:
+def _release_view(view: memoryview) -> None:
     """Release the view the mapped input came from; a cycle that still holds the image is
     collected first. If the task kept the image, the view stays and the object stays pinned
     (its transfer or destroy then reports ``BufferInUse``)."""

@@ -82,6 +82,9 @@ class Execution:
     write_ms: float = 0.0
     return_us: float = 0.0
     exit_code: int = 0  # non-zero: the worker must exit after reporting
+    # The rest of the instruction, for the worker to run once the slot has moved on; it
+    # completes this record before the report is made.
+    later: Callable[[], None] | None = None
 
     def fail(self, exc: BaseException) -> None:
         """Record ``exc`` as this instruction's failure (the first failure wins)."""

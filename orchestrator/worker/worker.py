@@ -2,7 +2,9 @@
 
 Each slot (``concurrency`` of them) BLMOVEs one instruction from ``keys.worker_queue_key`` into
 ``keys.worker_inflight_key``, runs it on its data plane, and in one Redis transaction LPUSHes
-the ``Report`` onto ``reply_to`` and LREMs the instruction from the in-flight list. A worker
+the ``Report`` onto ``reply_to`` and LREMs the instruction from the in-flight list. What waits
+only for S3 (a last task's store, ``Execution.later``) is finished and reported by a thread of
+its own, while the slot goes on to its next instruction. A worker
 killed mid-task therefore leaves the instruction in flight for the scheduler to requeue.
 
 Nothing an instruction does can end the loop, except what Python cannot recover from inside
@@ -16,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Final
 
@@ -74,6 +77,8 @@ class Worker:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running = 0
+        # Finishes instructions whose rest waits for S3 (``Execution.later``), one per slot.
+        self._finisher = ThreadPoolExecutor(concurrency, thread_name_prefix="finish")
         self.heartbeat = Heartbeat(
             redis_client,
             worker_id,
@@ -121,6 +126,7 @@ class Worker:
             self._stop.set()
             for slot in slots:
                 slot.join()
+            self._finisher.shutdown(wait=True)  # what the slots left to finish is reported
             self.heartbeat.stop(remove=True)
         log.info("worker %s stopped (exit code %d)", self.worker_id, self.exit_code)
         return self.exit_code
@@ -167,15 +173,37 @@ class Worker:
             log.error("dropping an unusable instruction %.300r: %s", raw, exc)
             self._deliver(raw, None, None)
             return
+        started_at = time.time()
         try:
-            report, exit_code = self._execute(ins)
+            exe = self._execute(ins)
         except Exception as exc:  # a bug of ours: still answer, so the run is not lost
             log.exception("instruction %s crashed the worker's runner", ins.task_run_id)
             exe = Execution(key=ins.key)
             exe.fail(exc)
-            report, exit_code = exe.report(ins, self.worker_id, time.time(), time.time()), 0
-        self._deliver(raw, ins.reply_to, report)
+        if exe.later is not None:
+            # The rest (a last task's store) waits for S3: the slot pops its next task meanwhile.
+            self._finisher.submit(self._finish, raw, ins, exe, started_at)
+        else:
+            self._finish(raw, ins, exe, started_at)
+
+    def _finish(self, raw: bytes, ins: Instruction, exe: Execution, started_at: float) -> None:
+        """Run what the instruction left for later, then report and acknowledge it."""
+        try:
+            if exe.later is not None:
+                later, exe.later = exe.later, None
+                try:
+                    later()
+                except Exception as exc:  # a bug of ours: still answer, so the run is not lost
+                    log.exception("instruction %s crashed while finishing", ins.task_run_id)
+                    exe.fail(exc)
+            report = exe.report(ins, self.worker_id, started_at, time.time())
+            self._deliver(raw, ins.reply_to, report)
+        except BaseException:
+            log.critical("finishing an instruction crashed; stopping the worker", exc_info=True)
+            self.request_stop(1)
+            raise
         _log_outcome(ins, report)  # after the delivery: the scheduler need not wait for a log line
+        exit_code = exe.exit_code
         if exit_code:
             if exit_code == EXIT_TASK_TIMEOUT:
                 log.critical(
@@ -190,8 +218,7 @@ class Worker:
                 log.critical("%s; exiting with code %d to be restarted", report.error, exit_code)
             self.request_stop(exit_code)
 
-    def _execute(self, ins: Instruction) -> tuple[Report, int]:
-        started_at = time.time()
+    def _execute(self, ins: Instruction) -> Execution:
         exe = Execution(key=ins.key if isinstance(ins.key, str) else "")
         with self._counted():
             call = TaskCall(ins)
@@ -208,8 +235,7 @@ class Worker:
                         f"{ins.data_plane!r}; expected 'cdi', 'object-store' or 'none'"
                     )
                 )
-        report = exe.report(ins, self.worker_id, started_at, time.time())
-        return report, exe.exit_code
+        return exe
 
     @contextmanager
     def _counted(self) -> Iterator[None]:

@@ -28,6 +28,7 @@ from PIL import Image, ImageFilter
 
 import cdi
 from cdi.minion.process import MinionChild
+from loadtest.netem_proxy import LinkSpec, NetemProxy
 from orchestrator import keys
 from orchestrator.messages import Instruction, Report
 from workflows.imagebuf import decode_bytes, encode_image, read_image, required_size, write_image
@@ -37,6 +38,7 @@ SCHEDULER = "test-scheduler"
 WORKER_REDIS_DB = 11  # the worker tests' own Redis database (the stack uses 0, the API tests 9)
 BUCKET = "cdiflow"
 DEADLINE_S = 60.0
+SLOW_S3_RTT_S = 2.0  # an S3 call through the slow link takes at least this long
 
 
 def _poll(check: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
@@ -86,9 +88,10 @@ class Stack:
         self.env, self.redis, self.sched, self.tmp = env, r, sched, tmp
         self.workers: list[WorkerProcess] = []
 
-    def start_worker(self, *args: str) -> WorkerProcess:
+    def start_worker(self, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
         worker_id = f"wt-{uuid.uuid4().hex[:10]}"
-        worker = WorkerProcess(worker_id, self.env, self.tmp / f"{worker_id}.log", *args)
+        own_env = self.env | (env or {})
+        worker = WorkerProcess(worker_id, own_env, self.tmp / f"{worker_id}.log", *args)
         self.workers.append(worker)
 
         def ready() -> bool:
@@ -357,6 +360,32 @@ def test_a_result_s3_refuses_fails_the_task_and_keeps_its_input_for_the_retry(
     assert _same_pixels(stack.take_image(f"{key}-2"), _unsharp(img))
     with pytest.raises(cdi.ObjectNotFound):
         stack.sched.use(key)
+
+
+def test_a_slow_result_store_does_not_hold_up_the_workers_next_task(
+    stack: Stack, s3_endpoint: str, s3: Any
+) -> None:
+    """Storing a last task's result waits for S3; the worker's one slot goes on meanwhile."""
+    target = urlsplit(s3_endpoint).netloc
+    with NetemProxy(target, LinkSpec(rtt_s=SLOW_S3_RTT_S)) as slow_s3:
+        worker = stack.start_worker(env={"S3_ENDPOINT_URL": slow_s3.url})
+        img = _picture()
+        last_key, next_key = stack.put(worker, img), stack.put(worker, img)
+        result = f"worker-test/{uuid.uuid4().hex}.png"
+        last, _ = stack.send(worker, task="deblur", key=last_key, output_key=f"{last_key}-1",
+                             output_uri=f"s3://{BUCKET}/{result}")  # fmt: skip
+        following, _ = stack.send(worker, task="classify", key=next_key)
+        # The task after it reports first, while the result is still on its way to S3.
+        first = stack.report(following, worker)
+        assert first.status == "COMPLETED", first.error
+        assert not s3.list_objects_v2(Bucket=BUCKET, Prefix=result).get("Contents")
+        stored = stack.report(last, worker)
+        assert (stored.status, stored.stored) == ("COMPLETED", True), stored.error
+        body = s3.get_object(Bucket=BUCKET, Key=result)["Body"].read()
+        assert _same_pixels(decode_bytes(body), _unsharp(img))
+        stack.take(next_key)
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.log()
 
 
 @pytest.mark.parametrize(
