@@ -1,9 +1,9 @@
 """The scheduler: turns wake-ups and worker reports into placements (paper section V-D).
 
 One thread runs the state machine (claims, placements, reports, retries, health checks) and is
-the only one writing this scheduler's task runs to Postgres. A small pool does the slow parts
-that need no shared state: downloading and decoding an input into a CDI object, and encoding and
-uploading a result; each hands its outcome back to the loop through ``_inbox``.
+the only one writing this scheduler's task runs to Postgres. A small pool does the slow part
+that needs no shared state, downloading and decoding an input into a CDI object, and hands its
+outcome back to the loop through ``_inbox``. The last task's worker stores the result.
 
 Ownership of a workflow's CDI object: the scheduler creates it (so it is the object's recovery
 container) and transfers it to the worker of each task. Under ``affinity`` the worker keeps it

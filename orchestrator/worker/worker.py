@@ -37,6 +37,9 @@ __all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
 log = logging.getLogger(__name__)
 
 POP_TIMEOUT_S: Final = 1  # how often an idle slot looks at the stop flag
+# Stores a slot may leave to finish before it waits for one: they go on side by side, and
+# each holds its image and object until done, so a slow S3 must not let them pile up.
+FINISH_AHEAD: Final = 2
 _REDIS_DOWN_RETRY_S: Final = 1.0
 _DELIVERY_ATTEMPTS_WHEN_STOPPING: Final = 3
 
@@ -77,8 +80,9 @@ class Worker:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running = 0
-        # Finishes instructions whose rest waits for S3 (``Execution.later``), one per slot.
-        self._finisher = ThreadPoolExecutor(concurrency, thread_name_prefix="finish")
+        # Finishes instructions whose rest waits for S3 (``Execution.later``).
+        self._finisher = ThreadPoolExecutor(concurrency * FINISH_AHEAD, thread_name_prefix="finish")
+        self._finishing = threading.BoundedSemaphore(concurrency * FINISH_AHEAD)
         self.heartbeat = Heartbeat(
             redis_client,
             worker_id,
@@ -182,9 +186,18 @@ class Worker:
             exe.fail(exc)
         if exe.later is not None:
             # The rest (a last task's store) waits for S3: the slot pops its next task meanwhile.
-            self._finisher.submit(self._finish, raw, ins, exe, started_at)
+            self._finishing.acquire()
+            self._finisher.submit(self._finish_later, raw, ins, exe, started_at)
         else:
             self._finish(raw, ins, exe, started_at)
+
+    def _finish_later(
+        self, raw: bytes, ins: Instruction, exe: Execution, started_at: float
+    ) -> None:
+        try:
+            self._finish(raw, ins, exe, started_at)
+        finally:
+            self._finishing.release()
 
     def _finish(self, raw: bytes, ins: Instruction, exe: Execution, started_at: float) -> None:
         """Run what the instruction left for later, then report and acknowledge it."""

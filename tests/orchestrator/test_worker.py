@@ -31,6 +31,7 @@ from cdi.minion.process import MinionChild
 from loadtest.netem_proxy import LinkSpec, NetemProxy
 from orchestrator import keys
 from orchestrator.messages import Instruction, Report
+from orchestrator.worker.worker import FINISH_AHEAD
 from workflows.imagebuf import decode_bytes, encode_image, read_image, required_size, write_image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,6 +155,16 @@ class Stack:
         report = Report.loads(popped[1])
         assert (report.task_run_id, report.worker_id) == (ins.task_run_id, worker.worker_id)
         return report
+
+    def reports(self, reply_to: str, count: int, worker: WorkerProcess) -> list[Report]:
+        """The next ``count`` reports on ``reply_to``, in the order they came."""
+        got: list[Report] = []
+        for _ in range(count):
+            popped = self.redis.brpop([reply_to], timeout=DEADLINE_S)
+            if popped is None:
+                pytest.fail(f"{len(got)} of {count} reports came; worker log:\n{worker.log()}")
+            got.append(Report.loads(popped[1]))
+        return got
 
     def run(self, worker: WorkerProcess, **fields: Any) -> Report:
         ins, _ = self.send(worker, **fields)
@@ -384,6 +395,24 @@ def test_a_slow_result_store_does_not_hold_up_the_workers_next_task(
         body = s3.get_object(Bucket=BUCKET, Key=result)["Body"].read()
         assert _same_pixels(decode_bytes(body), _unsharp(img))
         stack.take(next_key)
+
+        # Stores pile up no further than FINISH_AHEAD: the third waits for one of the first two,
+        # and the slot with it, so the quick task reports after one of them, before the third.
+        reply_to = f"test-replies:{uuid.uuid4().hex}"
+        sent = []
+        for n in range(FINISH_AHEAD + 1):
+            key = stack.put(worker, img)
+            ins, _ = stack.send(worker, task="noop", key=key, reply_to=reply_to,
+                                output_uri=f"s3://{BUCKET}/{result}-{n}")  # fmt: skip
+            sent.append(ins.task_run_id)
+        quick_key = stack.put(worker, img)
+        quick, _ = stack.send(worker, task="classify", key=quick_key, reply_to=reply_to)
+        reports = stack.reports(reply_to, FINISH_AHEAD + 2, worker)
+        assert all(r.status == "COMPLETED" for r in reports), [r.error for r in reports]
+        order = [r.task_run_id for r in reports]
+        assert order[0] in sent[:FINISH_AHEAD], order
+        assert order.index(quick.task_run_id) < order.index(sent[FINISH_AHEAD]), order
+        stack.take(quick_key)
         worker.proc.send_signal(signal.SIGTERM)
         assert worker.wait() == 0, worker.log()
 
