@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,9 @@ def test_stats_count_by_status_and_bucket_by_minute(harness: Harness) -> None:
         assert listed.json()["total"] == count, status
     minutes = stats["minutes"]
     assert len(minutes) == 5 == stats["window_minutes"]
-    starts = [m["minute"] for m in minutes]
-    assert starts == sorted(starts) and starts[-1] <= stats["now"]
+    # As instants, not strings: "…:00Z" sorts after "…:00.127Z" as text.
+    starts = [datetime.fromisoformat(m["minute"]) for m in minutes]
+    assert starts == sorted(starts) and starts[-1] <= datetime.fromisoformat(stats["now"])
     assert sum(m["completed"] for m in minutes) >= 1
     assert sum(m["failed"] for m in minutes) >= 1
     assert sum(m["created"] for m in minutes) >= 2
