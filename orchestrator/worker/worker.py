@@ -194,27 +194,27 @@ class Worker:
     def _finish_later(
         self, raw: bytes, ins: Instruction, exe: Execution, started_at: float
     ) -> None:
+        """A finisher thread's job: like a slot, a crash here stops the worker."""
         try:
             self._finish(raw, ins, exe, started_at)
+        except BaseException:
+            log.critical("finishing an instruction crashed; stopping the worker", exc_info=True)
+            self.request_stop(1)
+            raise
         finally:
             self._finishing.release()
 
     def _finish(self, raw: bytes, ins: Instruction, exe: Execution, started_at: float) -> None:
         """Run what the instruction left for later, then report and acknowledge it."""
-        try:
-            if exe.later is not None:
-                later, exe.later = exe.later, None
-                try:
-                    later()
-                except Exception as exc:  # a bug of ours: still answer, so the run is not lost
-                    log.exception("instruction %s crashed while finishing", ins.task_run_id)
-                    exe.fail(exc)
-            report = exe.report(ins, self.worker_id, started_at, time.time())
-            self._deliver(raw, ins.reply_to, report)
-        except BaseException:
-            log.critical("finishing an instruction crashed; stopping the worker", exc_info=True)
-            self.request_stop(1)
-            raise
+        if exe.later is not None:
+            later, exe.later = exe.later, None
+            try:
+                later()
+            except Exception as exc:  # a bug of ours: still answer, so the run is not lost
+                log.exception("instruction %s crashed while finishing", ins.task_run_id)
+                exe.fail(exc)
+        report = exe.report(ins, self.worker_id, started_at, time.time())
+        self._deliver(raw, ins.reply_to, report)
         _log_outcome(ins, report)  # after the delivery: the scheduler need not wait for a log line
         exit_code = exe.exit_code
         if exit_code:
