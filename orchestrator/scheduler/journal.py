@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final, LiteralString
 
 import psycopg
+from psycopg.pq import ExecStatus
 from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
 from sqlalchemy.pool import PoolProxiedConnection
@@ -285,7 +286,10 @@ class Journal:
         try:
             with conn.cursor() as cur:
                 cur.execute(sql, params)
-                return cur.fetchall() if cur.description is not None else []
+                # The result's status, not ``cur.description``: that builds a Column per field
+                # on every call (3 % of the scheduler's GIL samples at 10 KB, py-spy).
+                result = cur.pgresult
+                return cur.fetchall() if result and result.status == ExecStatus.TUPLES_OK else []
         except psycopg.OperationalError as exc:
             self.close()  # the next call reconnects
             raise ServiceError(
