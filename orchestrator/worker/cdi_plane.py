@@ -239,7 +239,7 @@ class CdiPlane:
         """The last task: PUT its image (``img``, else the mapped input) at ``output_uri``."""
         try:
             if img is None:
-                if view is None:  # _run maps the input whenever it holds none
+                if view is None:  # _compute maps the input whenever it holds none
                     raise WorkerError(f"instruction {ins.task_run_id}: no image to store")
                 img = map_image(view)
             put_image(self.store(), ins, img, exe)
