@@ -8,18 +8,21 @@ list (a reliable pop: an instruction popped by a worker that dies is still there
 Data planes:
 
 * ``cdi``: the image is a CDI object (``workflows.imagebuf`` layout) under ``key``, owned by the
-  worker when it pops the instruction. The worker reads it in place and never writes into it: a
-  task that produces a new image writes it into a *fresh* object ``output_key`` (created with the
-  scheduler as recovery container) and destroys the input. A worker that dies mid-task therefore
-  leaves the input intact, and it returns to the scheduler for the retry. When the task is done the
-  worker keeps the current object if ``keep`` (affinity: the next task comes to it too) or
-  transfers it to ``return_to`` (the scheduler). With ``hold`` (affinity, and a step that may
-  run again) the worker may instead keep a new image in its own memory, unwritten, and say so
-  with ``Report.held``; the next instruction then names that report's task run in ``held``.
-  A worker that lost the image says ``Report.held_lost``, and the scheduler recomputes it from
-  ``key``, the last object (``orchestrator.worker.held``). The last task's instruction names
-  ``output_uri`` and ``output_format``: the worker encodes the result, PUTs it there, destroys
-  the object and says ``Report.stored`` (nothing comes back to the scheduler).
+  worker when it pops the instruction; for the workflow's first task, which names the S3 input
+  in ``input_uri``, the worker makes that object itself (recovery container ``return_to``) and a
+  report of a fetch that failed names no ``key``. The worker reads the object in place and never
+  writes into it: a task that produces a new image writes it into a *fresh* object
+  ``output_key`` (created with the scheduler as recovery container) and destroys the input. A
+  worker that dies mid-task therefore leaves the input intact, and it returns to the scheduler
+  for the retry. When the task is done the worker keeps the current object if ``keep``
+  (affinity: the next task comes to it too) or transfers it to ``return_to`` (the scheduler).
+  With ``hold`` (affinity, and a step that may run again) the worker may instead keep a new
+  image in its own memory, unwritten, and say so with ``Report.held``; the next instruction then
+  names that report's task run in ``held``. A worker that lost the image says
+  ``Report.held_lost``, and the scheduler recomputes it from ``key``, the last object
+  (``orchestrator.worker.held``). The last task's instruction names ``output_uri`` and
+  ``output_format``: the worker encodes the result, PUTs it there, destroys the object and says
+  ``Report.stored`` (nothing comes back to the scheduler).
 * ``object-store``: like Conductor/Orkes users do, the worker GETs ``input_uri`` from S3, decodes,
   runs the task, encodes (PNG, lossless, so every plane computes the same pixels) and PUTs
   ``output_uri``.
@@ -63,7 +66,7 @@ class Instruction:
     return_to: str = ""  # CDI container id that gets the object back when not keeping it
     hold: bool = False  # the worker may hold a new image in memory instead of writing it
     held: str = ""  # the input is the image held from this task run (computed from ``key``)
-    # object-store plane (and the cdi plane's last task: output_uri, output_format)
+    # object-store plane (and the cdi plane's first task: input_uri; last: output_uri, format)
     input_uri: str = ""
     output_uri: str = ""
     output_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS (lossless between tasks)

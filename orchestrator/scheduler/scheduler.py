@@ -1,14 +1,15 @@
 """The scheduler: turns wake-ups and worker reports into placements (paper section V-D).
 
 One thread runs the state machine (claims, placements, reports, retries, health checks) and is
-the only one writing this scheduler's task runs to Postgres. A small pool does the slow part
-that needs no shared state, downloading and decoding an input into a CDI object, and hands its
-outcome back to the loop through ``_inbox``. The last task's worker stores the result.
+the only one writing this scheduler's task runs to Postgres. It touches no image: the first
+task's worker fetches the input from S3, and the last task's worker stores the result.
 
-Ownership of a workflow's CDI object: the scheduler creates it (so it is the object's recovery
-container) and transfers it to the worker of each task. Under ``affinity`` the worker keeps it
-until the last task; otherwise it hands it back with its report. A worker that dies hands it back
-too, by the minion's recovery rule, so a retry always starts from an intact object. Under
+Ownership of a workflow's CDI object: the first task's worker creates it from the input, with
+the scheduler as its recovery container, and the scheduler transfers it to the worker of each
+later task that runs elsewhere. Under ``affinity`` the worker keeps it until the last task;
+otherwise it hands it back with its report. A worker that dies hands it back too, by the
+minion's recovery rule, so a retry always starts from an intact object (or, if it died while
+making it, from the input in S3 again). Under
 ``affinity`` the worker may also hold a task's new image in memory instead of writing it
 (``Instruction.hold``); if that image is lost, the run goes back to the first step whose image
 was held and recomputes it from the object (``RunState.follow_held``).
@@ -16,18 +17,14 @@ was held and recomputes it from the object (``RunState.follow_held``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
-import queue
 import random
-import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,7 +44,7 @@ from orchestrator.db.models import (
     WorkflowStatus,
 )
 from orchestrator.db.repository import workflows as repo
-from orchestrator.errors import DataError, OrchestratorError
+from orchestrator.errors import OrchestratorError
 from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Claimed, Finish, Handoff, Journal, Placement
@@ -55,7 +52,6 @@ from orchestrator.scheduler.placement import choose_worker, read_workers
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
 from workflows import imagebuf
-from workflows.errors import WorkflowsError
 
 __all__ = ["Scheduler"]
 
@@ -88,7 +84,6 @@ class Scheduler:
         store: ObjectStore,
         *,
         journal: Journal,
-        pool_size: int = 4,
     ) -> None:
         self.id = scheduler_id
         self.settings = settings
@@ -99,13 +94,6 @@ class Scheduler:
         self.journal = journal
         self.reply_key = keys.scheduler_reports_key(scheduler_id)
         self.runs: dict[uuid.UUID, RunState] = {}
-        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        # Whether the loop waits (or is about to wait) in BRPOP, so a post must wake it. Read
-        # and written under ``_inbox_lock`` with the inbox's emptiness: no post is missed.
-        self._inbox_lock = threading.Lock()
-        self._loop_waits = False
-        self._skipped_reports = False  # the last turn, with results waiting, read no report
-        self._pool = ThreadPoolExecutor(pool_size, thread_name_prefix="scheduler-io")
         self._in_flight: dict[str, int] = defaultdict(int)
         self._task_s: dict[str, float] = defaultdict(lambda: 0.05)  # EWMA run time per task
         # Runs whose current step waits for a worker (none alive, or none with room: see
@@ -125,44 +113,22 @@ class Scheduler:
         self._resume_own_runs()
         while not self._stopping:
             self._step()
-        self._pool.shutdown(wait=True)
-        self._drain_inbox()
         self.journal.close()
         log.info("scheduler %s stopped", self.id)
 
     def _step(self) -> None:
         """One turn of the loop: a report or wake-up (waiting for one until the next tick is
-        due, unless the pool's results wait), the pool's results, then whatever those made
-        possible."""
-        # With the pool's results waiting, handle them first: no wait, and every other such
-        # turn takes one report without waiting, so reports cannot starve behind results.
-        with self._inbox_lock:
-            pending = not self._inbox.empty()
-            self._loop_waits = not pending
-        item: tuple[str, str] | None = None
-        if pending:
-            if self._skipped_reports:
-                text = self.redis.rpop(self.reply_key)
-                item = None if text is None else (self.reply_key, str(text))
-            self._skipped_reports = not self._skipped_reports
-        else:
-            self._skipped_reports = False
-            wait_s = max(_MIN_WAIT_S, self._next_tick - time.monotonic())
-            try:
-                popped = self.redis.brpop([self.reply_key, keys.WAKE], timeout=wait_s)
-            finally:
-                with self._inbox_lock:
-                    self._loop_waits = False
-            item = None if popped is None else (str(popped[0]), str(popped[1]))
-        if item is not None:
-            key, value = item
+        due), then whatever it made possible."""
+        wait_s = max(_MIN_WAIT_S, self._next_tick - time.monotonic())
+        popped = self.redis.brpop([self.reply_key, keys.WAKE], timeout=wait_s)
+        if popped is not None:
+            key, value = str(popped[0]), str(popped[1])
             if key == self.reply_key:
                 self._on_report_text(value)
             else:
                 self._on_wake(value)
-        self._drain_inbox()
-        if self._waiting and item is not None:
-            self._dispatch_waiting()  # a report may have freed a slot
+            if self._waiting:
+                self._dispatch_waiting()  # a report may have freed a slot
         again_at = min(CLAIM_AGAIN_AT, self.settings.max_active_workflows)
         if self._backlog and self._claim_room() >= again_at:
             self._guarded(self._claim)  # runs ended: take the next ones waiting
@@ -175,24 +141,6 @@ class Scheduler:
 
     def _claim_room(self) -> int:
         return self.settings.max_active_workflows - len(self.runs)
-
-    def _post(self, action: Callable[[], None]) -> None:
-        """From a pool thread: run ``action`` on the loop, and wake the loop for it if it waits
-        for a report. *Why not always:* a busy loop drains the inbox before it waits again, and
-        each wake-up costs a Redis round trip here and a turn of the loop."""
-        with self._inbox_lock:
-            self._inbox.put(action)
-            wake = self._loop_waits
-        if wake:
-            self.redis.lpush(self.reply_key, "tick")
-
-    def _drain_inbox(self) -> None:
-        while True:
-            try:
-                action = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            self._guarded(action)
 
     def _guarded(self, action: Callable[[], None]) -> None:
         try:
@@ -258,7 +206,7 @@ class Scheduler:
                 self._ended(claimed.id, self.journal.finish(failed))
                 continue
             self.runs[run.workflow_id] = run
-            self._start(run)
+            self._dispatch(run)
 
     def _resume_own_runs(self) -> None:
         """After a restart our CDI objects are gone: start our RUNNING workflows over."""
@@ -283,67 +231,7 @@ class Scheduler:
                     session, "workflow.resumed", {"scheduler": self.id}, workflow_id=workflow.id
                 )
         for run in list(self.runs.values()):
-            self._start(run)
-
-    # ------------------------------------------------------------------ input and output
-    def _start(self, run: RunState) -> None:
-        if run.data_plane != "cdi":  # tasks fetch their own input, or there is none
             self._dispatch(run)
-            return
-        self._pool.submit(self._in_pool, self._prepare_input, run)
-
-    def _in_pool(self, job: Callable[[RunState], None], run: RunState) -> None:
-        """Run a pool job for ``run``; an error it did not expect fails the run with a reason.
-        *Why:* the pool's futures are never read, so without this a bug would leave the
-        workflow RUNNING for ever (the jobs fail their run themselves for every known error)."""
-        try:
-            job(run)
-        except Exception as exc:
-            log.exception("workflow %s: a pool job failed", run.workflow_id)
-            reason = f"internal scheduler error ({type(exc).__name__}: {exc}); see its log"
-            self._post(lambda: self._fail(run, reason))
-
-    def _prepare_input(self, run: RunState) -> None:
-        """Pool thread: download once, decode once, into a new CDI object."""
-        try:
-            data = self.store.get(run.input_uri, self.settings.max_input_bytes)
-            key = run.next_object_key()
-            size = self._decode_into_object(data, key)
-        except (DataError, WorkflowsError, cdi.CDIError, OrchestratorError) as exc:
-            reason = f"input {run.input_uri}: {exc}"
-            self._post(lambda: self._fail(run, reason))
-            return
-
-        def ready() -> None:
-            run.key, run.owner, run.nbytes = key, self.id, size
-            if run.cancelled or run.workflow_id not in self.runs:
-                self._release_object(run)  # cancelled while we were downloading
-                return
-            self._dispatch(run)
-
-        self._post(ready)
-
-    def _decode_into_object(self, data: bytes, key: str) -> int:
-        """Decode ``data`` into a new object ``key``; its size. An upright JPEG is decoded
-        straight into the object's memory, anything else decoded first and then copied in (a
-        2 MB photo: 4.5 ms and a 26 MB image less). A bad image leaves no object behind."""
-        image = imagebuf.open_image(data, self.settings.max_pixels)
-        in_place = imagebuf.decodes_in_place(image)
-        if not in_place:
-            image = imagebuf.finish_decode(image)
-        size = imagebuf.required_size(image.width, image.height, image.mode)
-        obj = self.cdi.create(key, size, zeroed=False)  # the decoder or write_image fills it
-        try:
-            with obj.view() as buffer:
-                if in_place:
-                    imagebuf.decode_into(buffer, image)
-                else:
-                    imagebuf.write_image(buffer, image)
-        except BaseException:
-            with contextlib.suppress(cdi.CDIError):
-                obj.destroy()
-            raise
-        return size
 
     # ------------------------------------------------------------------ placement
     def _dispatch(self, run: RunState) -> None:
@@ -378,7 +266,7 @@ class Scheduler:
             return None
         self._waiting.pop(run.workflow_id, None)
         handoff = None
-        if run.data_plane == "cdi" and run.owner != worker:
+        if run.data_plane == "cdi" and run.key and run.owner != worker:
             handoff = Handoff(self.id, worker, run.nbytes, self._transfer(run, worker))
         run.in_flight_worker_started = next(
             (w.started_at for w in loads if w.worker_id == worker), 0.0
@@ -432,9 +320,11 @@ class Scheduler:
         if run.data_plane == "cdi":
             last = run.last_step
             keep = run.policy == "affinity" and not last
+            fetch = not run.key  # no object yet: the worker makes it from the S3 input
             return Instruction(
                 **common,
-                key=run.key,
+                key=run.next_object_key() if fetch else run.key,
+                input_uri=run.input_uri if fetch else "",
                 output_key=run.next_object_key(),
                 keep=keep,
                 # Only a step that may run again: a lost held image is recomputed.
@@ -478,8 +368,6 @@ class Scheduler:
 
     # ------------------------------------------------------------------ reports
     def _on_report_text(self, text: str) -> None:
-        if text == "tick":
-            return
         try:
             report = Report.loads(text)
         except (ValueError, TypeError):
@@ -516,8 +404,9 @@ class Scheduler:
             run_s = max(0.0, report.finished_at - report.started_at)
             self._task_s[step.task] = 0.8 * self._task_s[step.task] + 0.2 * run_s
             run.outputs[step.ref] = report.output
-            if report.bytes_out and run.data_plane == "cdi":
-                run.nbytes = report.bytes_out
+            if run.data_plane == "cdi":
+                # What the next hand-off moves: the new image, or the input a reader passes on.
+                run.nbytes = report.bytes_out or report.bytes_in or run.nbytes
             if run.data_plane == "object-store":
                 run.current_uri = self._output_uri_of(run, step)
         back = None
@@ -639,19 +528,26 @@ class Scheduler:
         """Handle every report already waiting on our list, without blocking."""
         while (text := self.redis.rpop(self.reply_key)) is not None:
             self._on_report_text(str(text))
-        self._drain_inbox()
 
     def _regain(self, run: RunState) -> bool:
         """Wait briefly for the object to come back by the minion's recovery rule; False while
-        the worker still holds it (then it is alive after all)."""
+        the worker still holds it (then it is alive after all). An object the worker was
+        making from the S3 input may be half-written: it is destroyed, and the retry fetches
+        the input again."""
+        fetching = run.in_flight is not None and bool(run.in_flight.input_uri)
+        key = run.in_flight.key if fetching and run.in_flight is not None else run.key
         try:
-            with self.cdi.use(run.key).view(timeout=2):
+            with self.cdi.use(key).view(timeout=2):
                 pass
         except cdi.AccessTimeout:
             return False
         except cdi.ObjectNotFound:
             pass
-        run.owner = self.id
+        else:
+            if fetching:
+                self._destroy(key)
+        if not fetching:
+            run.owner = self.id
         if run.in_flight is not None and run.in_flight.output_key:
             self._drop_orphan(run.in_flight.output_key)
         return True

@@ -1,5 +1,9 @@
 """The ``cdi`` data plane: the image is a CDI object this worker owns when it pops the instruction.
 
+The workflow's first instruction names ``input_uri`` instead: the worker makes the object
+``key`` itself from the S3 input (``input_fetch``), with ``return_to`` as recovery container,
+and goes on as if it had been handed over.
+
 The input is only ever read, and in place: the task gets a read-only Pillow image mapped over
 the object's memory (``map_image``; no copy). A task that produces a new image gets a *fresh*
 object (``output_key``, recoverable by ``return_to``), written with one copy, and the input is
@@ -50,7 +54,8 @@ from orchestrator.worker.execution import (
     elapsed_ms,
 )
 from orchestrator.worker.held import Held, HeldImages
-from orchestrator.worker.store_plane import check_output, put_image
+from orchestrator.worker.input_fetch import fetch_into_object
+from orchestrator.worker.store_plane import check_output, check_uri, put_image
 from workflows.api import TaskSpec
 from workflows.errors import InvalidImage
 from workflows.imagebuf import map_image, required_size, write_image
@@ -80,11 +85,16 @@ class CdiPlane:
         access_timeout_s: float,
         held: HeldImages,
         store: Callable[[], ObjectStore],
+        *,
+        max_input_bytes: int,
+        max_pixels: int,
     ) -> None:
         self.client = client
         self.access_timeout_s = access_timeout_s
         self.held = held
-        self.store = store  # the S3 store the last task's result goes to, made on first use
+        self.store = store  # the S3 store of the input and result, made on first use
+        self.max_input_bytes = max_input_bytes
+        self.max_pixels = max_pixels
 
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
         """Run ``ins``; a last task's result is stored by ``exe.later``, which the worker calls
@@ -109,7 +119,7 @@ class CdiPlane:
         try:
             _check(ins)
             spec = call.load()
-            after.obj = self._use(ins.key)
+            after.obj = self._fetch(ins, exe) if ins.input_uri else self._use(ins.key)
             if ins.held:
                 after.source = source = _held_input(ins, entry, self.client.container_id)
                 exe.bytes_in = required_size(source.width, source.height, source.mode)
@@ -123,7 +133,7 @@ class CdiPlane:
             after.new = None
             if isinstance(exc, InputMissing):
                 after.obj = None  # nothing to keep or hand back
-            elif after.obj is None:
+            elif after.obj is None and not ins.input_uri:  # a failed fetch leaves no object
                 after.obj = self._find(ins.key)
         return after
 
@@ -168,6 +178,27 @@ class CdiPlane:
             self.held.release(entry)
 
     # ------------------------------------------------------------------ steps
+    def _fetch(self, ins: Instruction, exe: Execution) -> cdi.CDIObject:
+        """The first task: make the workflow's object ``key`` from ``input_uri``."""
+        started = time.perf_counter()
+        try:
+            obj = fetch_into_object(
+                self.client,
+                self.store(),
+                ins.input_uri,
+                ins.key,
+                recovery=ins.return_to or None,
+                max_input_bytes=self.max_input_bytes,
+                max_pixels=self.max_pixels,
+            )
+        except cdi.KeyExists as exc:
+            raise WorkerError(
+                f"CDI object {ins.key!r} already exists; the scheduler must name a fresh key "
+                "for every attempt that fetches the input"
+            ) from exc
+        exe.read_ms = elapsed_ms(started)
+        return obj
+
     def _use(self, key: str) -> cdi.CDIObject:
         # No round trip to check the key: access() is the next call and reports a missing one.
         return self.client.use(key, check=False)
@@ -203,7 +234,7 @@ class CdiPlane:
         except InvalidImage as exc:
             raise InvalidImage(f"CDI object {obj.key!r} holds no readable image: {exc}") from exc
         exe.bytes_in = required_size(img.width, img.height, img.mode)
-        exe.read_ms = elapsed_ms(started)
+        exe.read_ms += elapsed_ms(started)  # after the fetch's, for a first task
         return call.run(spec, img, exe)
 
     def _hold_or_write(
@@ -329,9 +360,11 @@ class CdiPlane:
         if exe.stored:
             exe.key = ""  # the result is in S3 and the object destroyed: nothing to hand back
             return
-        exe.key = held.key if held is not None else ins.key
         if held is None:
+            # A fetch that failed made no object: the retry fetches again.
+            exe.key = "" if ins.input_uri else ins.key
             return
+        exe.key = held.key
         # A worker about to exit gives everything back: what it kept would die with it. A
         # failed task gives it back too, so the scheduler can retry elsewhere or clean up.
         if ins.keep and not exe.exit_code and exe.status == "COMPLETED":
@@ -430,6 +463,13 @@ def _check(ins: Instruction) -> None:
                 "the result and destroys the object, so there is nothing to keep"
             )
         check_output(ins, "cdi")
+    if ins.input_uri:
+        if ins.held:
+            raise InvalidInstruction(
+                f"instruction {ins.task_run_id}: input_uri with held; a task reads either the "
+                "input from S3 (the first) or an image held from the one before"
+            )
+        check_uri(ins, "input_uri", ins.input_uri, "cdi")
     if ins.output_key and ins.output_key == ins.key:
         raise InvalidInstruction(
             f"instruction {ins.task_run_id}: output_key equals key ({ins.key!r}); the output "

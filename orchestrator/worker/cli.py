@@ -141,6 +141,8 @@ def run_worker(
                     access_timeout_s,
                     HeldImages(hold_bytes),
                     store=lambda: store_plane.store,  # one S3 client for both planes
+                    max_input_bytes=settings.max_input_bytes,
+                    max_pixels=settings.max_pixels,
                 ),
                 store_plane=store_plane,
                 concurrency=concurrency,

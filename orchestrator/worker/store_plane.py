@@ -19,7 +19,7 @@ from orchestrator.worker.execution import Execution, TaskCall, check_common, ela
 from workflows.errors import InvalidImage
 from workflows.imagebuf import RESULT_FORMATS, decode_bytes, encode_image
 
-__all__ = ["StorePlane", "check_output", "put_image"]
+__all__ = ["StorePlane", "check_output", "check_uri", "put_image"]
 
 
 class StorePlane:
@@ -71,7 +71,7 @@ def put_image(store: ObjectStore, ins: Instruction, img: Image.Image, exe: Execu
 
 def _check(ins: Instruction) -> None:
     check_common(ins)
-    _check_uri(ins, "input_uri", ins.input_uri, "object-store")
+    check_uri(ins, "input_uri", ins.input_uri, "object-store")
     check_output(ins, "object-store")
 
 
@@ -82,10 +82,11 @@ def check_output(ins: Instruction, plane: str) -> None:
             f"instruction {ins.task_run_id}: output_format {ins.output_format!r} is not one of "
             f"{', '.join(sorted(RESULT_FORMATS))}"
         )
-    _check_uri(ins, "output_uri", ins.output_uri, plane)
+    check_uri(ins, "output_uri", ins.output_uri, plane)
 
 
-def _check_uri(ins: Instruction, name: str, uri: str, plane: str) -> None:
+def check_uri(ins: Instruction, name: str, uri: str, plane: str) -> None:
+    """Raise ``InvalidInstruction`` unless ``uri`` (the instruction's ``name``) is an S3 URI."""
     try:
         parse_s3_uri(uri)
     except InvalidRequest as exc:

@@ -270,6 +270,107 @@ def test_a_missing_input_object_fails_the_task_with_a_reason(
     assert stack.owner(f"{key}-out") is None  # and made no output
 
 
+def _encoded(img: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    img.save(out, fmt)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])  # JPEG decodes straight into the object
+def test_a_first_task_makes_the_object_from_its_s3_input(
+    stack: Stack, worker: WorkerProcess, s3: Any, fmt: str
+) -> None:
+    data = _encoded(_picture(), fmt)
+    name = f"worker-test/in-{uuid.uuid4().hex}.{fmt.lower()}"
+    s3.put_object(Bucket=BUCKET, Key=name, Body=data)
+    key = f"obj-{uuid.uuid4().hex}"  # the worker creates it
+    report = stack.run(worker, task="deblur", key=key, output_key=f"{key}-1",
+                       input_uri=f"s3://{BUCKET}/{name}")  # fmt: skip
+    assert report.status == "COMPLETED", report.error
+    assert (report.key, report.kept) == (f"{key}-1", False)
+    assert report.bytes_in == required_size(64, 48, "RGB") and report.read_ms > 0
+    assert _same_pixels(stack.take_image(f"{key}-1"), _unsharp(decode_bytes(data)))
+    with pytest.raises(cdi.ObjectNotFound):
+        stack.sched.use(key)  # the input object, made and then destroyed by the worker
+
+
+def test_a_first_task_that_only_reads_hands_back_the_object_it_made(
+    stack: Stack, worker: WorkerProcess, s3: Any
+) -> None:
+    data = _encoded(_picture(), "JPEG")
+    name = f"worker-test/in-{uuid.uuid4().hex}.jpg"
+    s3.put_object(Bucket=BUCKET, Key=name, Body=data)
+    key = f"obj-{uuid.uuid4().hex}"
+    report = stack.run(worker, task="classify", key=key, output_key=f"{key}-1",
+                       input_uri=f"s3://{BUCKET}/{name}")  # fmt: skip
+    assert (report.status, report.key, report.kept) == ("COMPLETED", key, False), report.error
+    assert report.output["label"] and report.bytes_in == required_size(64, 48, "RGB")
+    assert _same_pixels(stack.take_image(key), decode_bytes(data))
+
+
+def test_a_one_task_workflow_fetches_runs_and_stores_without_handing_anything_back(
+    stack: Stack, worker: WorkerProcess, s3: Any
+) -> None:
+    img = _picture()
+    name = f"worker-test/in-{uuid.uuid4().hex}.png"
+    s3.put_object(Bucket=BUCKET, Key=name, Body=_encoded(img, "PNG"))
+    key, result = f"obj-{uuid.uuid4().hex}", f"worker-test/{uuid.uuid4().hex}.png"
+    report = stack.run(worker, task="deblur", key=key, output_key=f"{key}-1",
+                       input_uri=f"s3://{BUCKET}/{name}",
+                       output_uri=f"s3://{BUCKET}/{result}")  # fmt: skip
+    assert (report.status, report.stored, report.key) == ("COMPLETED", True, ""), report.error
+    stored = Image.open(io.BytesIO(s3.get_object(Bucket=BUCKET, Key=result)["Body"].read()))
+    assert _same_pixels(stored.convert("RGB"), _unsharp(img))
+    for gone in (key, f"{key}-1"):
+        assert stack.owner(gone) is None
+
+
+def _half_a_jpeg() -> bytes:
+    whole = _encoded(_picture(), "JPEG")
+    return whole[: len(whole) // 2]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "does not exist"),
+        (b"plain text, not a picture" * 8, "not a recognised image"),
+        (_half_a_jpeg(), "corrupt or truncated"),  # fails mid-decode, in the object it made
+    ],
+    ids=["missing", "not-an-image", "truncated-jpeg"],
+)
+def test_a_first_task_whose_input_is_unusable_fails_for_good_and_leaves_no_object(
+    stack: Stack, worker: WorkerProcess, s3: Any, content: bytes | None, reason: str
+) -> None:
+    name = f"worker-test/bad-{uuid.uuid4().hex}.jpg"
+    if content is not None:
+        s3.put_object(Bucket=BUCKET, Key=name, Body=content)
+    uri, key = f"s3://{BUCKET}/{name}", f"obj-{uuid.uuid4().hex}"
+    report = stack.run(worker, task="deblur", key=key, output_key=f"{key}-1", input_uri=uri)
+    assert (report.status, report.retryable) == ("FAILED", False)
+    assert reason in report.error and uri in report.error, report.error
+    assert report.key == "", "there is no object to hand back: the retry fetches again"
+    assert stack.owner(key) is None and stack.owner(f"{key}-1") is None
+    assert worker.proc.poll() is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"input_uri": f"s3://{BUCKET}/in.png", "held": "7"}, "input_uri with held"),
+        ({"input_uri": "/tmp/in.png"}, "input_uri: '/tmp/in.png'"),
+    ],
+)
+def test_a_fetch_instruction_that_cannot_be_followed_is_refused_and_makes_no_object(
+    stack: Stack, worker: WorkerProcess, fields: dict[str, Any], problem: str
+) -> None:
+    key = f"obj-{uuid.uuid4().hex}"
+    report = stack.run(worker, task="noop", key=key, output_key=f"{key}-1", **fields)
+    assert (report.status, report.retryable, report.key) == ("FAILED", False, "")
+    assert problem in report.error, report.error
+    assert stack.owner(key) is None
+
+
 def test_keep_leaves_the_object_with_the_worker(stack: Stack, worker: WorkerProcess) -> None:
     key = stack.put(worker, _picture())
     report = stack.run(worker, task="denoise", key=key, output_key=f"{key}-1", keep=True)

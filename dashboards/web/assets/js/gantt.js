@@ -41,7 +41,7 @@ export function timelineLegend() {
     item("sw-queue", "Queue wait"),
     item("sw-run", "Running / done"),
     item("sw-failed", "Failed"),
-    item("sw-sched", "Scheduler: load input, save result"),
+    item("sw-sched", "Scheduler: claim and place"),
     item("sw-held", "Holds the data (CDI owner)"),
     item("sw-handoff", "Ownership hand-off"),
   );
@@ -102,21 +102,18 @@ export function gantt(workflow, runs, handoffs, { width, now = Date.now() }) {
     svg.append(g);
   };
 
-  // The scheduler's own work: waiting to be claimed, loading the input, saving the result.
+  // The scheduler's own work: waiting to be claimed, then claiming and placing the first task
+  // (the first task's worker loads the input; the last task's worker stores the result).
   const sched = lanes[0];
   const started = ms(workflow.started_at);
   const firstQueued = Math.min(...runs.map((r) => ms(r.queued_at)));
-  const lastFinished = Math.max(...runs.map((r) => ms(r.finished_at) || 0));
   if (started && started - t0 > 0) {
     bar(sched, t0, started, "seg seg-pending", `pending ${duration(started - t0)} (waiting for a scheduler)`, "pending", { fill: `url(#${hatch})` });
   }
   if (started && Number.isFinite(firstQueued) && firstQueued > started) {
-    bar(sched, started, firstQueued, "seg seg-sched", `load input: download, decode, create CDI object (${duration(firstQueued - started)})`, "load input");
+    bar(sched, started, firstQueued, "seg seg-sched", `claim and place the first task (${duration(firstQueued - started)})`, "place");
   }
   const finished = ms(workflow.finished_at);
-  if (finished && lastFinished > 0 && finished > lastFinished && workflow.status === "COMPLETED") {
-    bar(sched, lastFinished, finished, "seg seg-sched", `save result: encode, upload (${duration(finished - lastFinished)})`, "save result");
-  }
 
   // Which container held the data, as a thin band at the foot of its lane.
   for (const band of ownership(handoffs, finished || now)) {
