@@ -24,7 +24,6 @@ from orchestrator.db.repository.workflows import (
     create_workflow,
     ended_among,
     get_workflow,
-    handoffs_of,
     insert_workflow,
     list_workflows,
     recent_events,
@@ -32,8 +31,7 @@ from orchestrator.db.repository.workflows import (
     record_handoff,
     retry_workflow,
     set_workflow_status,
-    task_runs_of,
-    workflow_row,
+    workflow_detail_row,
     workflow_status,
 )
 
@@ -50,7 +48,6 @@ __all__ = [
     "get_task_definition",
     "get_workflow",
     "get_workflow_definition",
-    "handoffs_of",
     "insert_workflow",
     "list_task_definitions",
     "list_workflow_definitions",
@@ -62,8 +59,7 @@ __all__ = [
     "seed_bundled_definitions",
     "set_workflow_status",
     "task_names",
-    "task_runs_of",
     "workflow_definition_names",
-    "workflow_row",
+    "workflow_detail_row",
     "workflow_status",
 ]

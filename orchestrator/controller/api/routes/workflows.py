@@ -191,17 +191,13 @@ def _detail(
             return None
     # Opened here, not as a dependency, so a waiting request holds no connection.
     with resources.autocommit() as connection:
-        row = repo.workflow_row(connection, workflow_id)
+        row = repo.workflow_detail_row(connection, workflow_id)
         if finished and not row.status.finished:
             return None
         return WorkflowDetail(
             **WorkflowPublic.model_validate(row).model_dump(),
-            task_runs=[
-                TaskRunPublic.model_validate(r) for r in repo.task_runs_of(connection, row.id)
-            ],
-            handoffs=[
-                HandoffPublic.model_validate(h) for h in repo.handoffs_of(connection, row.id)
-            ],
+            task_runs=[TaskRunPublic.model_validate(r) for r in row.task_runs_json],
+            handoffs=[HandoffPublic.model_validate(h) for h in row.handoffs_json],
             events=[
                 EventPublic.model_validate(e)
                 for e in (repo.recent_events(connection, row.id, events) if events else [])
