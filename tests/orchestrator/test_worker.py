@@ -325,6 +325,27 @@ def test_a_one_task_workflow_fetches_runs_and_stores_without_handing_anything_ba
         assert stack.owner(gone) is None
 
 
+def test_a_first_task_failing_after_its_fetch_hands_back_the_object_for_the_retry(
+    stack: Stack, worker: WorkerProcess, s3: Any
+) -> None:
+    """The object is made before the task runs: a failed task hands it back intact (even one
+    that scribbled on its input), and the retry starts from it with no second fetch."""
+    data = _encoded(_picture(), "PNG")
+    name = f"worker-test/in-{uuid.uuid4().hex}.png"
+    s3.put_object(Bucket=BUCKET, Key=name, Body=data)
+    key = f"obj-{uuid.uuid4().hex}"
+    scribble = "tests.orchestrator.flaky_tasks:scribble_then_fail"
+    failed = stack.run(worker, task=scribble, key=key, output_key=f"{key}-1",
+                       input_uri=f"s3://{BUCKET}/{name}")  # fmt: skip
+    assert (failed.status, failed.retryable) == ("FAILED", True), failed.error
+    assert (failed.key, failed.kept) == (key, False)
+    assert stack.owner(key) == SCHEDULER
+    stack.sched.use(key).transfer(worker.worker_id)  # the scheduler's retry, elsewhere or here
+    retry = stack.run(worker, task="deblur", key=key, output_key=f"{key}-2", attempt=2)
+    assert (retry.status, retry.key) == ("COMPLETED", f"{key}-2"), retry.error
+    assert _same_pixels(stack.take_image(f"{key}-2"), _unsharp(decode_bytes(data)))
+
+
 def _half_a_jpeg() -> bytes:
     whole = _encoded(_picture(), "JPEG")
     return whole[: len(whole) // 2]
