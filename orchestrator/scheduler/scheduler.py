@@ -532,28 +532,28 @@ class Scheduler:
     def _regain(self, run: RunState) -> bool:
         """Wait briefly for the object to come back by the minion's recovery rule; False while
         the worker still holds it (then it is alive after all). An object the worker was
-        making from the S3 input may be half-written: it is destroyed, and the retry fetches
-        the input again."""
-        fetching = run.in_flight is not None and bool(run.in_flight.input_uri)
-        key = run.in_flight.key if fetching and run.in_flight is not None else run.key
+        making from the S3 input may be half-written: it is dropped like a half-written output,
+        and the retry fetches the input again."""
+        lost = run.in_flight
+        fetched = lost.key if lost is not None and lost.input_uri else ""
         try:
-            with self.cdi.use(key).view(timeout=2):
+            with self.cdi.use(fetched or run.key).view(timeout=2):
                 pass
         except cdi.AccessTimeout:
             return False
         except cdi.ObjectNotFound:
             pass
+        if fetched:
+            self._drop_orphan(fetched)
         else:
-            if fetching:
-                self._destroy(key)
-        if not fetching:
             run.owner = self.id
-        if run.in_flight is not None and run.in_flight.output_key:
-            self._drop_orphan(run.in_flight.output_key)
+        if lost is not None and lost.output_key:
+            self._drop_orphan(lost.output_key)
         return True
 
     def _drop_orphan(self, key: str) -> None:
-        """A half-written output of a dead worker came back to us too: destroy it."""
+        """A half-written object of a dead worker (its output, or the object it was making from
+        the input) came back to us too: destroy it."""
         try:
             orphan = self.cdi.use(key)
             orphan.access(timeout=1).release()
