@@ -34,6 +34,7 @@ from starlette.types import Scope
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
 from orchestrator.controller.finish_watch import FinishWatch
+from orchestrator.controller.hot_path import HotPath
 from orchestrator.controller.http_errors import install_error_handler
 from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit
 from orchestrator.db import make_engine, make_session_factory, migrate
@@ -167,6 +168,8 @@ def create_app(
             partial(open_resources, database_url, redis_url, migrate_on_start=migrate_on_start)
         )
         app.state.resources = resources
+        app.state.hot_path = hot = HotPath(resources.engine.url, redis_url)
+        await hot.open()
         app.state.finish_watch = watch = FinishWatch(
             resources.redis, partial(_ended_among, resources)
         )
@@ -175,6 +178,7 @@ def create_app(
             yield
         finally:
             watch.close()
+            await hot.close()
             resources.close()
 
     app = FastAPI(

@@ -9,17 +9,18 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
 from redis.typing import EncodableT, FieldT
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator import keys
-from orchestrator.controller import create_app
+from orchestrator.controller import create_app, hot_path
 from orchestrator.db import Base, WorkflowStatus, make_engine, migrate
 from orchestrator.db import repository as repo
 from orchestrator.db.migrate import head_revision
@@ -577,6 +578,68 @@ def test_redis_down(api_settings: Settings) -> None:
         # The run is committed in Postgres; the lost wake-up only delays the scheduler's poll.
         assert client.post("/api/workflows", json={"workflow": "noop_pipeline",
                                                    "input": IMAGE}).status_code == 201  # fmt: skip
+
+
+def _drop_connections(database_url: str) -> int:
+    """Terminate every other session on ``database_url``'s database, as a restarted Postgres
+    would; how many there were."""
+    url = make_url(database_url)
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, password=url.password,
+        dbname=url.database, autocommit=True,
+    ) as conn:  # fmt: skip
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
+
+
+def test_a_start_after_postgres_dropped_idle_connections_succeeds(
+    make_database: Callable[[str], str],
+    api_settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Connections idle for a while are checked before use: a Postgres restart while the API
+    waited costs no request."""
+    database_url = make_database("api_dropped")
+    settings = api_settings.model_copy(update={"database_url": database_url})
+    with TestClient(create_app(settings)) as client:
+        first = client.post("/api/workflows", json={"workflow": "noop_pipeline", "input": IMAGE})
+        assert first.status_code == 201, first.text
+        assert _drop_connections(database_url) >= 1
+        monkeypatch.setattr(hot_path, "CHECK_IDLE_S", 0.0)  # as if the API had waited
+        again = client.post("/api/workflows?wait_s=0.05", json={"workflow": "noop_pipeline",
+                                                                "input": IMAGE})  # fmt: skip
+        assert again.status_code == 201, again.text
+        assert client.get(f"/api/workflows/{first.json()['id']}").status_code == 200
+
+
+def test_a_connection_dropped_in_steady_use_fails_a_start_not_a_read(
+    make_database: Callable[[str], str], api_settings: Settings
+) -> None:
+    """A connection in steady use is not pinged: if Postgres drops it, a read runs again on
+    another connection, and a start fails with a readable 503 (nothing half-written: the
+    insert is one statement); the pool replaces the connection for the next request."""
+    database_url = make_database("api_steady")
+    settings = api_settings.model_copy(update={"database_url": database_url})
+    body = {"workflow": "noop_pipeline", "input": IMAGE}
+    with TestClient(create_app(settings)) as client:
+        started = client.post("/api/workflows", json=body)
+        assert started.status_code == 201
+        _drop_connections(database_url)
+        read = client.get(f"/api/workflows/{started.json()['id']}?wait_s=0.01")
+        assert read.status_code == 200 and read.json()["status"] == "PENDING", read.text
+        _drop_connections(database_url)
+        answers = [client.post("/api/workflows", json=body) for _ in range(3)]
+        codes = [answer.status_code for answer in answers]
+        assert codes[0] == 503 and codes[-1] == 201 and set(codes) == {201, 503}, codes
+        for answer in answers:
+            if answer.status_code == 503:
+                assert answer.json()["code"] == "service"
+                assert "Postgres is unreachable" in answer.json()["detail"]
+        listed = client.get("/api/workflows").json()
+        assert listed["total"] == 1 + codes.count(201)  # a refused start wrote nothing
 
 
 # --- the state layer -----------------------------------------------------------------------

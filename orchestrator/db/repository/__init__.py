@@ -24,15 +24,11 @@ from orchestrator.db.repository.workflows import (
     create_workflow,
     ended_among,
     get_workflow,
-    insert_workflow,
     list_workflows,
-    recent_events,
     record_event,
     record_handoff,
     retry_workflow,
     set_workflow_status,
-    workflow_detail_row,
-    workflow_status,
 )
 
 __all__ = [
@@ -48,11 +44,9 @@ __all__ = [
     "get_task_definition",
     "get_workflow",
     "get_workflow_definition",
-    "insert_workflow",
     "list_task_definitions",
     "list_workflow_definitions",
     "list_workflows",
-    "recent_events",
     "record_event",
     "record_handoff",
     "retry_workflow",
@@ -60,6 +54,4 @@ __all__ = [
     "set_workflow_status",
     "task_names",
     "workflow_definition_names",
-    "workflow_detail_row",
-    "workflow_status",
 ]

@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Connection,
-    Row,
     String,
     Uuid,
     bindparam,
@@ -43,6 +42,10 @@ from orchestrator.db.repository.definitions import workflow_definition_names
 from orchestrator.errors import Conflict, NotFound
 
 __all__ = [
+    "CREATE_STATEMENT",
+    "DETAIL_STATEMENT",
+    "RECENT_EVENTS_STATEMENT",
+    "STATUS_STATEMENT",
     "WorkflowFilter",
     "add_task_run",
     "cancel_workflow",
@@ -50,15 +53,11 @@ __all__ = [
     "create_workflow",
     "ended_among",
     "get_workflow",
-    "insert_workflow",
     "list_workflows",
-    "recent_events",
     "record_event",
     "record_handoff",
     "retry_workflow",
     "set_workflow_status",
-    "workflow_detail_row",
-    "workflow_status",
 ]
 
 
@@ -107,7 +106,8 @@ def record_event(
 
 # One statement (one round trip): the definition must exist, the run and its event are written
 # together. *Why:* starting workflows is the API's hottest write; the ORM took four round trips.
-_CREATE = text(
+# The API runs it on its event loop (``controller/hot_path.py``), compiled for psycopg.
+CREATE_STATEMENT = text(
     """
     WITH w AS (
         INSERT INTO workflows (id, definition, status, policy, data_plane, input, retry_of)
@@ -139,32 +139,15 @@ def create_workflow(
     retry_of: uuid.UUID | None = None,
 ) -> Workflow:
     """A new PENDING run of ``definition``; ``NotFound`` (listing known names) if unknown."""
-    params = _create_params(definition, input, policy, data_plane, retry_of)
-    query = select(Workflow).from_statement(_CREATE)
+    params = create_params(definition, input, policy, data_plane, retry_of)
+    query = select(Workflow).from_statement(CREATE_STATEMENT)
     created: Workflow | None = session.scalars(query, params).one_or_none()
     if created is None:
         raise NotFound("workflow", definition, known=workflow_definition_names(session))
     return created
 
 
-def insert_workflow(
-    connection: Connection,
-    definition: str,
-    input: dict[str, Any],
-    *,
-    policy: Policy = Policy.AFFINITY,
-    data_plane: DataPlane = DataPlane.CDI,
-    workflow_id: uuid.UUID | None = None,
-) -> Row[Any] | None:
-    """``create_workflow`` as one statement on ``connection`` (autocommit: it is its own
-    transaction); the new row, or ``None`` if ``definition`` does not exist. *Why apart:*
-    starting a workflow is the API's hottest write, and a session's ``BEGIN``, ORM object and
-    ``COMMIT`` were a third of the time from the request to the scheduler's claim."""
-    params = _create_params(definition, input, policy, data_plane, None, workflow_id)
-    return connection.execute(_CREATE, params).one_or_none()
-
-
-def _create_params(
+def create_params(
     definition: str,
     input: dict[str, Any],
     policy: Policy,
@@ -172,7 +155,8 @@ def _create_params(
     retry_of: uuid.UUID | None,
     workflow_id: uuid.UUID | None = None,
 ) -> dict[str, Any]:
-    """``workflow_id``: one the caller chose (it listens for the run's end already)."""
+    """The parameters of ``CREATE_STATEMENT``; ``workflow_id``: one the caller chose (it
+    listens for the run's end already)."""
     event: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
     if retry_of is not None:
         event["retry_of"] = str(retry_of)
@@ -187,14 +171,8 @@ def _create_params(
     }
 
 
-_STATUS = select(Workflow.status).where(Workflow.id == bindparam("id"))
-
-
-def workflow_status(connection: Connection, workflow_id: uuid.UUID) -> WorkflowStatus | None:
-    """The run's status (``None``: no such run) in one query, without a session: what a long
-    poll asks while it waits (an ORM session's ``BEGIN`` and ``ROLLBACK`` doubled its trips)."""
-    status: WorkflowStatus | None = connection.execute(_STATUS, {"id": workflow_id}).scalar()
-    return status
+# What a long poll looks at before an announcement says the run has ended.
+STATUS_STATEMENT = select(Workflow.status).where(Workflow.id == bindparam("id"))
 
 
 _ENDED_AMONG = select(Workflow.id).where(
@@ -397,7 +375,8 @@ def record_handoff(
 # The detail of a run is read as plain rows (attribute access by column name, which the API's
 # schemas read as they read ORM objects). *Why:* through an ORM session this read was 44 % of
 # the API's GIL-holding samples at 10 KB images; the rows are read-only and never modified.
-_RECENT_EVENT_ROWS = (
+# The API runs these on its event loop (``controller/hot_path.py``), compiled for psycopg.
+RECENT_EVENTS_STATEMENT = (
     select(Event.__table__)
     .where(Event.workflow_id == bindparam("id"))
     .order_by(Event.id.desc())
@@ -416,30 +395,14 @@ def _rows_as_json(table: Any) -> Any:
     )
 
 
-# The run, its task runs and its hand-offs in one round trip (the detail is read per finished
-# workflow: three statements were three round trips for the API and Postgres).
-_DETAIL_ROW = select(
+# The run (its columns plus ``task_runs_json`` and ``handoffs_json``: lists of dicts keyed by
+# column, in creation order) in one round trip (the detail is read per finished workflow:
+# three statements were three round trips for the API and Postgres).
+DETAIL_STATEMENT = select(
     Workflow.__table__,
     _rows_as_json(TaskRun.__table__).label("task_runs_json"),
     _rows_as_json(Handoff.__table__).label("handoffs_json"),
 ).where(Workflow.id == bindparam("id"))
-
-
-def workflow_detail_row(connection: Connection, workflow_id: uuid.UUID) -> Row[Any]:
-    """The run's columns plus ``task_runs_json`` and ``handoffs_json`` (lists of dicts keyed by
-    column, in creation order); ``NotFound`` if there is none."""
-    row = connection.execute(_DETAIL_ROW, {"id": workflow_id}).one_or_none()
-    if row is None:
-        raise NotFound("workflow run", workflow_id)
-    return row
-
-
-def recent_events(
-    connection: Connection, workflow_id: uuid.UUID, limit: int = 100
-) -> list[Row[Any]]:
-    """The latest ``limit`` events of a workflow, oldest first (read-only rows)."""
-    rows = connection.execute(_RECENT_EVENT_ROWS, {"id": workflow_id, "limit": limit}).all()
-    return list(reversed(rows))
 
 
 def _db_now(session: Session) -> datetime:

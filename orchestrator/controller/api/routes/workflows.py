@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy import Row
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.announce import announce_finished
 from orchestrator.controller.api.deps import RedisDep, Resources, SessionDep, wake_scheduler
 from orchestrator.controller.finish_watch import FinishWatch
+from orchestrator.controller.hot_path import HotPath
 from orchestrator.controller.schemas import (
     EventPublic,
     HandoffPublic,
@@ -65,48 +65,49 @@ async def start_workflow(
     answer is the run's detail (as ``GET /api/workflows/{id}``, without events) once it has
     ended: one request for a client that wants the result.
     """
-    resources: Resources = request.app.state.resources
+    hot: HotPath = request.app.state.hot_path
     if wait_s <= 0:
-        row = await run_in_threadpool(_create, resources, body, uuid.uuid4())
+        row = await _create(request, body, uuid.uuid4())
         response.headers["Location"] = f"/api/workflows/{row.id}"
         return WorkflowPublic.model_validate(row)
     watch: FinishWatch = request.app.state.finish_watch
     workflow_id = uuid.uuid4()
     with watch.listen(workflow_id) as woken:  # before the run exists: no announcement is missed
-        row = await run_in_threadpool(_create, resources, body, workflow_id)
+        row = await _create(request, body, workflow_id)
         response.headers["Location"] = f"/api/workflows/{row.id}"
         ended = await watch.until(
             woken,
             wait_s,
-            lambda announced: run_in_threadpool(
-                _detail, resources, row.id, 0, finished=True, announced=announced
-            ),
+            lambda announced: _detail(hot, row.id, 0, finished=True, announced=announced),
             look_first=False,
         )
     if ended is not None:
         return ended
-    detail = await run_in_threadpool(_detail, resources, row.id, 0)
+    detail = await _detail(hot, row.id, 0)
     assert detail is not None
     return detail
 
 
-def _create(resources: Resources, body: WorkflowCreate, workflow_id: uuid.UUID) -> Row[Any]:
-    # One autocommit statement (durable: the API's commits are synchronous), no session.
-    with resources.autocommit() as connection:
-        row = repo.insert_workflow(
-            connection,
-            body.workflow,
-            body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
-            policy=body.policy,
-            data_plane=body.data_plane,
-            workflow_id=workflow_id,
-        )
+async def _create(request: Request, body: WorkflowCreate, workflow_id: uuid.UUID) -> Any:
+    hot: HotPath = request.app.state.hot_path
+    row = await hot.create(
+        body.workflow,
+        body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
+        policy=body.policy,
+        data_plane=body.data_plane,
+        workflow_id=workflow_id,
+    )
     if row is None:
-        with resources.sessions() as session:
-            known = repo.workflow_definition_names(session)
+        resources: Resources = request.app.state.resources
+        known = await run_in_threadpool(_workflow_definition_names, resources)
         raise NotFound("workflow", body.workflow, known=known)
-    wake_scheduler(resources.redis, row.id)
+    await hot.wake_scheduler(row.id)
     return row
+
+
+def _workflow_definition_names(resources: Resources) -> list[str]:
+    with resources.sessions() as session:
+        return repo.workflow_definition_names(session)
 
 
 @router.get("")
@@ -154,25 +155,23 @@ async def get_workflow(
     ] = 0.0,
 ) -> WorkflowDetail:
     """A run with its task runs (every attempt), CDI hand-offs and latest events."""
-    resources: Resources = request.app.state.resources
+    hot: HotPath = request.app.state.hot_path
     if wait_s > 0:
         watch: FinishWatch = request.app.state.finish_watch
         ended = await watch.wait(
             workflow_id,
             wait_s,
-            lambda announced: run_in_threadpool(
-                _detail, resources, workflow_id, events, finished=True, announced=announced
-            ),
+            lambda announced: _detail(hot, workflow_id, events, finished=True, announced=announced),
         )
         if ended is not None:
             return ended
-    detail = await run_in_threadpool(_detail, resources, workflow_id, events)
+    detail = await _detail(hot, workflow_id, events)
     assert detail is not None
     return detail
 
 
-def _detail(
-    resources: Resources,
+async def _detail(
+    hot: HotPath,
     workflow_id: uuid.UUID,
     events: int,
     *,
@@ -182,27 +181,17 @@ def _detail(
     """The run's detail; with ``finished``, ``None`` while it runs. A look that no announcement
     prompted asks for the status alone first (one query); after an announcement the run has
     most likely ended, so the detail is loaded straight away."""
-    if finished and not announced:
-        with resources.autocommit() as connection:
-            status = repo.workflow_status(connection, workflow_id)
-        if status is None:
-            raise NotFound("workflow run", workflow_id)
-        if not status.finished:
-            return None
-    # Opened here, not as a dependency, so a waiting request holds no connection.
-    with resources.autocommit() as connection:
-        row = repo.workflow_detail_row(connection, workflow_id)
-        if finished and not row.status.finished:
-            return None
-        return WorkflowDetail(
-            **WorkflowPublic.model_validate(row).model_dump(),
-            task_runs=[TaskRunPublic.model_validate(r) for r in row.task_runs_json],
-            handoffs=[HandoffPublic.model_validate(h) for h in row.handoffs_json],
-            events=[
-                EventPublic.model_validate(e)
-                for e in (repo.recent_events(connection, row.id, events) if events else [])
-            ],
-        )
+    if finished and not announced and not (await hot.status(workflow_id)).finished:
+        return None
+    row, recent = await hot.detail(workflow_id, events)
+    if finished and not WorkflowStatus(row.status).finished:
+        return None
+    return WorkflowDetail(
+        **WorkflowPublic.model_validate(row).model_dump(),
+        task_runs=[TaskRunPublic.model_validate(r) for r in row.task_runs_json],
+        handoffs=[HandoffPublic.model_validate(h) for h in row.handoffs_json],
+        events=[EventPublic.model_validate(e) for e in recent],
+    )
 
 
 @router.post("/{workflow_id}/cancel", responses=error_responses(404, 409))

@@ -1,0 +1,182 @@
+"""The API's hottest work, on its event loop: start a run, wake the scheduler, read the run.
+
+Every start-and-wait request inserts a run, pushes a wake-up to the scheduler and, once the run
+has ended, reads its detail. Through SQLAlchemy in a worker thread each statement cost the API
+~0.45 ms of CPU (the thread hop, the pool's pre-ping, SQLAlchemy's execution around psycopg);
+on an asyncio psycopg pool it costs ~0.1 ms, and a start-and-wait request ~0.9 ms less
+(docs/benchmarks.md, *Fifteenth round*). The SQL is the repository's own statements compiled
+once for psycopg, so each still has one definition. Everything else the API does stays on the
+synchronous engine in worker threads: it is not on a workflow's path.
+
+A connection idle for more than ``CHECK_IDLE_S`` is pinged before use (what ``pool_pre_ping``
+does for every use), so a Postgres restarted while the API waited costs no request; one in
+steady use is not, which saves a round trip a statement. If Postgres drops a connection in
+steady use, a read runs again once on another connection (it changes nothing); a start fails
+with 503 and writes nothing (it is one statement), so the client may simply start again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeVar
+
+import psycopg
+import redis
+import redis.asyncio
+from psycopg.rows import namedtuple_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from sqlalchemy import URL
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+from sqlalchemy.sql import ClauseElement
+
+from orchestrator import keys
+from orchestrator.db.models import DataPlane, Policy, WorkflowStatus
+from orchestrator.db.repository import workflows as repo
+from orchestrator.errors import NotFound, ServiceError
+
+__all__ = ["CHECK_IDLE_S", "HotPath"]
+
+log = logging.getLogger(__name__)
+
+CHECK_IDLE_S: Final = 2.0
+POOL_MAX: Final = 8  # statements in flight at once; the loop thread runs one at a time anyway
+_DIALECT: Final = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
+
+
+def _psycopg_sql(statement: ClauseElement) -> str:
+    return str(statement.compile(dialect=_DIALECT))
+
+
+_CREATE_SQL: Final = _psycopg_sql(repo.CREATE_STATEMENT)
+_STATUS_SQL: Final = _psycopg_sql(repo.STATUS_STATEMENT)
+_DETAIL_SQL: Final = _psycopg_sql(repo.DETAIL_STATEMENT)
+_EVENTS_SQL: Final = _psycopg_sql(repo.RECENT_EVENTS_STATEMENT)
+
+T = TypeVar("T")
+_Row = Any  # a named tuple: attributes by column name, as the API's schemas read rows
+
+
+class HotPath:
+    """An asyncio psycopg pool and Redis client for the API's per-workflow statements."""
+
+    def __init__(self, database_url: URL, redis_url: str, *, max_size: int = POOL_MAX) -> None:
+        conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._returned: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float]
+        self._returned = weakref.WeakKeyDictionary()
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[_Row]] = AsyncConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            timeout=10.0,
+            name="api-hot-path",
+            check=self._check_if_idle,
+            # Autocommit: each statement is its own (durable) transaction, no BEGIN/COMMIT
+            # round trips; prepared on the server at its second use, like the engine's.
+            kwargs={"autocommit": True, "prepare_threshold": 1, "row_factory": namedtuple_row},
+        )
+        self._redis = redis.asyncio.Redis.from_url(
+            redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=5
+        )
+
+    async def open(self) -> None:
+        await self._pool.open()
+
+    async def close(self) -> None:
+        await self._pool.close()
+        await self._redis.aclose()
+
+    # ------------------------------------------------------------------ statements
+    async def create(
+        self,
+        definition: str,
+        input: dict[str, Any],
+        *,
+        policy: Policy,
+        data_plane: DataPlane,
+        workflow_id: uuid.UUID,
+    ) -> _Row | None:
+        """Insert a PENDING run (and its event) in one statement; ``None`` if ``definition``
+        does not exist."""
+        params = repo.create_params(definition, input, policy, data_plane, None, workflow_id)
+        params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
+        async with self._connection() as conn:
+            cursor = await conn.execute(_CREATE_SQL, params)
+            return await cursor.fetchone()
+
+    async def status(self, workflow_id: uuid.UUID) -> WorkflowStatus:
+        """The run's status alone (what a long poll looks at before an announcement);
+        ``NotFound`` if there is no such run."""
+
+        async def read(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
+            cursor = await conn.execute(_STATUS_SQL, {"id": workflow_id})
+            return await cursor.fetchone()
+
+        row = await self._read(read)
+        if row is None:
+            raise NotFound("workflow run", workflow_id)
+        return WorkflowStatus(row.status)
+
+    async def detail(self, workflow_id: uuid.UUID, events: int) -> tuple[_Row, list[_Row]]:
+        """The run's columns with ``task_runs_json`` and ``handoffs_json``, and its latest
+        ``events`` events, oldest first; ``NotFound`` if there is no such run."""
+
+        async def read(conn: psycopg.AsyncConnection[_Row]) -> tuple[_Row, list[_Row]]:
+            cursor = await conn.execute(_DETAIL_SQL, {"id": workflow_id})
+            row = await cursor.fetchone()
+            if row is None:
+                raise NotFound("workflow run", workflow_id)
+            recent: list[_Row] = []
+            if events:
+                cursor = await conn.execute(_EVENTS_SQL, {"id": workflow_id, "limit": events})
+                recent = list(reversed(await cursor.fetchall()))
+            return row, recent
+
+        return await self._read(read)
+
+    async def wake_scheduler(self, workflow_id: uuid.UUID) -> None:
+        """Tell a scheduler there is a new run. A lost wake-up only delays the run until a
+        scheduler's next look at Postgres, so a Redis error is logged, not raised."""
+        try:
+            await self._redis.lpush(keys.WAKE, str(workflow_id))
+        except redis.RedisError as exc:
+            log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
+
+    # ------------------------------------------------------------------ pool
+    async def _read(self, read: Callable[[psycopg.AsyncConnection[_Row]], Awaitable[T]]) -> T:
+        """``read`` on a pooled connection; once more on another if Postgres dropped the first
+        (a read changes nothing, so running it twice is safe)."""
+        try:
+            async with self._pool.connection() as conn:
+                try:
+                    return await read(conn)
+                finally:
+                    self._returned[conn] = time.monotonic()
+        except psycopg.OperationalError as exc:
+            log.warning("Postgres dropped a connection (%s); reading again on another", exc)
+        async with self._connection() as conn:
+            return await read(conn)
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[_Row]]:
+        try:
+            async with self._pool.connection() as conn:
+                try:
+                    yield conn
+                finally:
+                    self._returned[conn] = time.monotonic()
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise ServiceError(
+                f"Postgres is unreachable: {type(exc).__name__}: {exc}", service="postgres"
+            ) from exc
+
+    async def _check_if_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        returned = self._returned.get(conn)
+        if returned is None or time.monotonic() - returned > CHECK_IDLE_S:
+            await AsyncConnectionPool.check_connection(conn)
