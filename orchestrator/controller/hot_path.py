@@ -151,15 +151,16 @@ class HotPath:
     # ------------------------------------------------------------------ pool
     async def _read(self, read: Callable[[psycopg.AsyncConnection[_Row]], Awaitable[T]]) -> T:
         """``read`` on a pooled connection; once more on another if Postgres dropped the first
-        (a read changes nothing, so running it twice is safe)."""
+        (a read changes nothing, so running it twice is safe). A pool that has no connection to
+        give within its timeout is not asked twice."""
         try:
-            async with self._pool.connection() as conn:
-                try:
-                    return await read(conn)
-                finally:
-                    self._returned[conn] = time.monotonic()
-        except psycopg.OperationalError as exc:
-            log.warning("Postgres dropped a connection (%s); reading again on another", exc)
+            async with self._connection() as conn:
+                return await read(conn)
+        except ServiceError as exc:
+            dropped = exc.__cause__
+            if isinstance(dropped, PoolTimeout) or not isinstance(dropped, psycopg.Error):
+                raise
+            log.warning("Postgres dropped a connection (%s); reading again on another", dropped)
         async with self._connection() as conn:
             return await read(conn)
 
