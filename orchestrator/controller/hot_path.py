@@ -11,8 +11,10 @@ synchronous engine in worker threads: it is not on a workflow's path.
 A connection idle for more than ``CHECK_IDLE_S`` is pinged before use (what ``pool_pre_ping``
 does for every use), so a Postgres restarted while the API waited costs no request; one in
 steady use is not, which saves a round trip a statement. If Postgres drops a connection in
-steady use, a read runs again once on another connection (it changes nothing); a start fails
-with 503 and writes nothing (it is one statement), so the client may simply start again.
+steady use, the pool's idle connections are checked and the statement runs again once on
+another connection: a read changes nothing, and a
+start that committed before its connection dropped finds its run the second time instead of
+inserting it again (the API chose its id).
 """
 
 from __future__ import annotations
@@ -106,9 +108,16 @@ class HotPath:
         does not exist."""
         params = repo.create_params(definition, input, policy, data_plane, None, workflow_id)
         params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
-        async with self._connection() as conn:
+
+        async def insert(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
             cursor = await conn.execute(_CREATE_SQL, params)
-            return await cursor.fetchone()
+            row = await cursor.fetchone()
+            if row is None:  # no such definition, or an earlier try committed this very run
+                cursor = await conn.execute(_DETAIL_SQL, {"id": workflow_id})
+                row = await cursor.fetchone()
+            return row
+
+        return await self._twice(insert)
 
     async def status(self, workflow_id: uuid.UUID) -> WorkflowStatus:
         """The run's status alone (what a long poll looks at before an announcement);
@@ -118,7 +127,7 @@ class HotPath:
             cursor = await conn.execute(_STATUS_SQL, {"id": workflow_id})
             return await cursor.fetchone()
 
-        row = await self._read(read)
+        row = await self._twice(read)
         if row is None:
             raise NotFound("workflow run", workflow_id)
         return WorkflowStatus(row.status)
@@ -138,7 +147,7 @@ class HotPath:
                 recent = list(reversed(await cursor.fetchall()))
             return row, recent
 
-        return await self._read(read)
+        return await self._twice(read)
 
     async def wake_scheduler(self, workflow_id: uuid.UUID) -> None:
         """Tell a scheduler there is a new run. A lost wake-up only delays the run until a
@@ -149,20 +158,23 @@ class HotPath:
             log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
 
     # ------------------------------------------------------------------ pool
-    async def _read(self, read: Callable[[psycopg.AsyncConnection[_Row]], Awaitable[T]]) -> T:
-        """``read`` on a pooled connection; once more on another if Postgres dropped the first
-        (a read changes nothing, so running it twice is safe). A pool that has no connection to
-        give within its timeout is not asked twice."""
+    async def _twice(self, work: Callable[[psycopg.AsyncConnection[_Row]], Awaitable[T]]) -> T:
+        """``work`` on a pooled connection; once more on another if Postgres dropped the first.
+        Everything here may run twice: reads change nothing, and a start inserts a run whose id
+        the API chose, which the second try finds instead of inserting again. A pool with no
+        connection to give within its timeout is not asked twice."""
         try:
             async with self._connection() as conn:
-                return await read(conn)
+                return await work(conn)
         except ServiceError as exc:
             dropped = exc.__cause__
             if isinstance(dropped, PoolTimeout) or not isinstance(dropped, psycopg.Error):
                 raise
-            log.warning("Postgres dropped a connection (%s); reading again on another", dropped)
+            log.warning("Postgres dropped a connection (%s); trying again on another", dropped)
+            # A restarted Postgres dropped them all: check the idle ones before the next try.
+            await self._pool.check()
         async with self._connection() as conn:
-            return await read(conn)
+            return await work(conn)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[_Row]]:

@@ -25,7 +25,10 @@ class _FakePool:
     """Hands out connections, failing the first ``failures`` times with ``error``."""
 
     def __init__(self, error: Exception, failures: int) -> None:
-        self.error, self.failures, self.handed = error, failures, 0
+        self.error, self.failures, self.handed, self.checks = error, failures, 0, 0
+
+    async def check(self) -> None:
+        self.checks += 1
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
@@ -48,19 +51,19 @@ async def _answer(conn: Any) -> str:
 
 def test_a_read_on_a_dropped_connection_runs_again_once() -> None:
     pool = _FakePool(psycopg.OperationalError("server closed the connection"), failures=1)
-    assert asyncio.run(_hot_path(pool)._read(_answer)) == "answer"
-    assert pool.handed == 2
+    assert asyncio.run(_hot_path(pool)._twice(_answer)) == "answer"
+    assert pool.handed == 2 and pool.checks == 1
 
 
 def test_a_read_that_fails_twice_is_a_service_error() -> None:
     pool = _FakePool(psycopg.OperationalError("server closed the connection"), failures=2)
     with pytest.raises(ServiceError, match="Postgres is unreachable"):
-        asyncio.run(_hot_path(pool)._read(_answer))
+        asyncio.run(_hot_path(pool)._twice(_answer))
     assert pool.handed == 2
 
 
 def test_a_pool_timeout_is_not_waited_out_twice() -> None:
     pool = _FakePool(PoolTimeout("couldn't get a connection after 10.00 sec"), failures=1)
     with pytest.raises(ServiceError, match="PoolTimeout"):
-        asyncio.run(_hot_path(pool)._read(_answer))
-    assert pool.handed == 1
+        asyncio.run(_hot_path(pool)._twice(_answer))
+    assert pool.handed == 1 and pool.checks == 0

@@ -106,7 +106,9 @@ def record_event(
 
 # One statement (one round trip): the definition must exist, the run and its event are written
 # together. *Why:* starting workflows is the API's hottest write; the ORM took four round trips.
-# The API runs it on its event loop (``controller/hot_path.py``), compiled for psycopg.
+# The API runs it on its event loop (``controller/hot_path.py``), compiled for psycopg. A run
+# whose id exists already is left as it is (no row returned, no event): a start sent again
+# after its connection dropped does nothing the second time.
 CREATE_STATEMENT = text(
     """
     WITH w AS (
@@ -114,6 +116,7 @@ CREATE_STATEMENT = text(
         SELECT CAST(:id AS uuid), d.name, 'PENDING', CAST(:policy AS workflow_policy),
                CAST(:data_plane AS data_plane), :input, CAST(:retry_of AS uuid)
         FROM workflow_definitions d WHERE d.name = :definition
+        ON CONFLICT (id) DO NOTHING
         RETURNING *
     ), ev AS (
         INSERT INTO events (workflow_id, kind, data)
