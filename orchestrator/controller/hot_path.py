@@ -2,8 +2,8 @@
 
 Every start-and-wait request inserts a run, pushes a wake-up to the scheduler and, once the run
 has ended, reads its detail. Through SQLAlchemy in a worker thread each statement cost the API
-~0.45 ms of CPU (the thread hop, the pool's pre-ping, SQLAlchemy's execution around psycopg);
-on an asyncio psycopg pool it costs ~0.1 ms, and a start-and-wait request ~0.9 ms less
+~0.43 ms of CPU (the thread hop, the pool's pre-ping, SQLAlchemy's execution around psycopg);
+on an asyncio psycopg pool ~0.07, and a 10 KB workflow costs the API ~0.9 ms less
 (docs/benchmarks.md, *Fifteenth round*). The SQL is the repository's own statements compiled
 once for psycopg, so each still has one definition. Everything else the API does stays on the
 synchronous engine in worker threads: it is not on a workflow's path.
@@ -11,10 +11,9 @@ synchronous engine in worker threads: it is not on a workflow's path.
 A connection idle for more than ``CHECK_IDLE_S`` is pinged before use (what ``pool_pre_ping``
 does for every use), so a Postgres restarted while the API waited costs no request; one in
 steady use is not, which saves a round trip a statement. If Postgres drops a connection in
-steady use, the pool's idle connections are checked and the statement runs again once on
-another connection: a read changes nothing, and a
-start that committed before its connection dropped finds its run the second time instead of
-inserting it again (the API chose its id).
+steady use, the pool's idle connections are checked and the statement runs once more on
+another connection: a read changes nothing, and a start that committed before its connection
+dropped finds its run the second time instead of inserting it again (the API chose its id).
 """
 
 from __future__ import annotations
@@ -104,8 +103,9 @@ class HotPath:
         data_plane: DataPlane,
         workflow_id: uuid.UUID,
     ) -> _Row | None:
-        """Insert a PENDING run (and its event) in one statement; ``None`` if ``definition``
-        does not exist."""
+        """Insert a PENDING run (and its event) in one statement and return it; a run with
+        this id that exists already is returned as it is; ``None`` if ``definition`` does not
+        exist."""
         params = repo.create_params(definition, input, policy, data_plane, None, workflow_id)
         params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
 
