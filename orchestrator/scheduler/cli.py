@@ -8,13 +8,12 @@ import signal
 import socket
 
 import click
-import redis
 
 import cdi
 from orchestrator.db.engine import make_engine, make_session_factory
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Journal
-from orchestrator.scheduler.scheduler import Scheduler
+from orchestrator.scheduler.scheduler import Scheduler, connect_redis
 from orchestrator.settings import load_settings
 from workflows.memory import tune_for_images
 
@@ -44,11 +43,7 @@ def scheduler_command(scheduler_id: str, log_level: str) -> None:
         scheduler_id,
         settings,
         make_session_factory(engine),
-        # One connection for the loop thread, its only user: redis-py's pool took and returned
-        # a connection around every command (~17 us of ~70, redis-py 8.1 on this VM).
-        redis.Redis.from_url(
-            settings.redis_url, decode_responses=True, single_connection_client=True
-        ),
+        connect_redis(settings.redis_url),
         client,
         ObjectStore(settings),
         journal=Journal(engine),

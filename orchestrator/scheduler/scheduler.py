@@ -53,7 +53,7 @@ from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
 from workflows import imagebuf
 
-__all__ = ["Scheduler"]
+__all__ = ["REDIS_RETRY_S", "Scheduler", "connect_redis"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,16 @@ RELEASE_TASK = "workflows.image_tasks:noop"  # what a worker runs to hand an obj
 CLAIM_AGAIN_AT = 8
 BEATS_TTL_S = 0.5  # heartbeats are re-read at most this often (workers beat every 2 s)
 _MIN_WAIT_S = 0.01  # Redis reads a blocking timeout of 0 as "forever"
+REDIS_RETRY_S = 0.5  # after a Redis connection error, the loop waits this long and tries again
+
+
+def connect_redis(url: str) -> redis.Redis:
+    """The loop's Redis client: one connection, as the loop thread is its only user. *Why:*
+    redis-py's pool took a connection and gave it back around every command, ~17 us of a
+    command's ~70 (redis-py 8.1, docs/benchmarks.md, *Fifteenth round*). Unlike a pooled one,
+    a lone connection that Redis dropped fails its next command (and then reconnects): the
+    loop takes that as a Redis error and goes on."""
+    return redis.Redis.from_url(url, decode_responses=True, single_connection_client=True)
 
 
 class Scheduler:
@@ -120,7 +130,16 @@ class Scheduler:
         """One turn of the loop: a report or wake-up (waiting for one until the next tick is
         due), then whatever it made possible."""
         wait_s = max(_MIN_WAIT_S, self._next_tick - time.monotonic())
-        popped = self.redis.brpop([self.reply_key, keys.WAKE], timeout=wait_s)
+        try:
+            popped = self.redis.brpop([self.reply_key, keys.WAKE], timeout=wait_s)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Redis restarted or dropped our connection: the next command reconnects. What
+            # it lost is noticed by the tick's epoch check; what a wake-up missed, by its claim.
+            log.warning(
+                "Redis failed the loop's read (%s); trying again in %g s", exc, REDIS_RETRY_S
+            )
+            time.sleep(REDIS_RETRY_S)
+            popped = None
         if popped is not None:
             key, value = str(popped[0]), str(popped[1])
             if key == self.reply_key:

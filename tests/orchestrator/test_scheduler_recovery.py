@@ -28,7 +28,7 @@ from orchestrator.db.models import Event, TaskRun, TaskRunStatus
 from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Journal
-from orchestrator.scheduler.scheduler import BEATS_TTL_S, Scheduler
+from orchestrator.scheduler.scheduler import BEATS_TTL_S, Scheduler, connect_redis
 from orchestrator.settings import Settings
 
 WORKER = "worker-race"
@@ -68,7 +68,7 @@ def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Schedu
         f"scheduler-{uuid.uuid4().hex[:8]}",
         api_settings,
         make_session_factory(engine),
-        redis.Redis.from_url(api_settings.redis_url, decode_responses=True),
+        connect_redis(api_settings.redis_url),  # as the scheduler's command line makes it
         _NoCDI(),  # type: ignore[arg-type]
         ObjectStore(api_settings),
         journal=Journal(engine),
@@ -234,3 +234,31 @@ def test_a_cdi_workflows_first_task_goes_out_naming_its_s3_input_and_no_object_i
     assert first.keep and not first.held and not first.output_uri
     run = scheduler.runs[uuid.UUID(workflow_id)]
     assert run.key == ""  # no object until the worker reports one
+
+
+def test_the_loop_goes_on_after_redis_drops_its_connection(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_redis: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The loop's client keeps one connection; when Redis drops it (a restart, a failover) the
+    next read fails, and the loop waits a moment and goes on instead of stopping."""
+    _beat(api_redis, started_at=1000.0)
+    assert scheduler.redis.ping()
+    assert api_redis.client_kill_filter(_id=str(scheduler.redis.client_id())) == 1
+    with caplog.at_level("WARNING", logger="orchestrator.scheduler.scheduler"):
+        scheduler._step()  # the read on the dropped connection
+    assert "Redis failed the loop's read" in caplog.text
+
+    started = api_client.post(
+        "/api/workflows", json={"workflow": "noop_pipeline", "input": {"data": {"n": 1}}}
+    )
+    assert started.status_code == 201, started.text
+    queue = keys.worker_queue_key(WORKER)
+    deadline = time.monotonic() + 10
+    while api_redis.llen(queue) == 0 and time.monotonic() < deadline:
+        scheduler._step()  # reconnects, reads the wake-up, claims and places the first task
+    raw = api_redis.rpop(queue)
+    assert isinstance(raw, bytes | str), "the new run's first task was never placed"
+    assert Instruction.loads(raw).workflow_id == started.json()["id"]
