@@ -776,3 +776,18 @@ def test_no_minion_is_a_clear_startup_error(stack: Stack) -> None:
     assert result.returncode == 1
     assert "no CDI minion is listening" in result.stderr and "CDI_URL" in result.stderr
     assert stack.redis.exists(keys.worker_key("wt-nominion")) == 0
+
+
+def test_a_worker_whose_redis_connections_drop_runs_the_next_task(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    """Each slot keeps a Redis connection of its own; when Redis drops them all (a restart, a
+    failover), the slot's blocked pop fails, and it connects again and goes on."""
+    logged = len(worker.log_path.read_text(errors="replace"))
+    dropped = stack.redis.client_kill_filter(_type="normal", skipme=True)
+    assert dropped >= 1
+    key = stack.put(worker, _picture(8, 8))
+    assert stack.run(worker, task="noop", key=key).status == "COMPLETED"
+    stack.take(key)
+    since = worker.log_path.read_text(errors="replace")[logged:]
+    assert "cannot pop" in since, since  # the slot did see its connection go
