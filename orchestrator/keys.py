@@ -20,6 +20,7 @@ __all__ = [
     "WORKER_FIELDS",
     "WORKER_PREFIX",
     "scheduler_reports_key",
+    "wake_message",
     "worker_inflight_key",
     "worker_key",
     "worker_queue_key",
@@ -33,6 +34,12 @@ WAKE: Final = "cdiflow:wake"
 # run's status only when there may be something to stop (a bare id for a run it already claimed,
 # in a batch before its own wake-up came, needs nothing).
 WAKE_CANCEL: Final = "cancel:"
+
+
+def wake_message(workflow_id: object, *, cancel: bool = False) -> str:
+    """What to LPUSH on ``WAKE`` for ``workflow_id`` (created or retried; ``cancel``: cancelled)."""
+    return f"{WAKE_CANCEL if cancel else ''}{workflow_id}"
+
 
 # Pub/sub channel: a workflow id, published once the workflow's end (completed, failed,
 # cancelled) is committed; the API wakes the requests waiting for it (long polls).

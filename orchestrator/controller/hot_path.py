@@ -1,12 +1,13 @@
 """The API's hottest work, on its event loop: start a run, wake the scheduler, read the run.
 
 Every start-and-wait request inserts a run, pushes a wake-up to the scheduler and, once the run
-has ended, reads its detail. Through SQLAlchemy in a worker thread each statement cost the API
-~0.43 ms of CPU (the thread hop, the pool's pre-ping, SQLAlchemy's execution around psycopg);
-on an asyncio psycopg pool ~0.07, and a 10 KB workflow costs the API ~0.9 ms less
-(docs/benchmarks.md, *Fifteenth round*). The SQL is the repository's own statements compiled
-once for psycopg, so each still has one definition. Everything else the API does stays on the
-synchronous engine in worker threads: it is not on a workflow's path.
+has ended, reads its detail. Through SQLAlchemy in a worker thread each statement paid for a
+thread hop, the pool's pre-ping and SQLAlchemy's execution around psycopg; on an asyncio
+psycopg pool it pays for none of them, and the API's CPU per 10 KB workflow fell from
+2.77–3.10 ms to 1.90–2.08 (`cdiflow bench workflows`, docs/benchmarks.md, *Fifteenth round*).
+The SQL is the repository's own statements compiled once for psycopg, so each still has one
+definition. Everything else the API does stays on the synchronous engine in worker threads: it
+is not on a workflow's path.
 
 A connection idle for more than ``CHECK_IDLE_S`` is pinged before use (what ``pool_pre_ping``
 does for every use), so a Postgres restarted while the API waited costs no request; one in
@@ -150,10 +151,10 @@ class HotPath:
         return await self._twice(read)
 
     async def wake_scheduler(self, workflow_id: uuid.UUID) -> None:
-        """Tell a scheduler there is a new run. A lost wake-up only delays the run until a
-        scheduler's next look at Postgres, so a Redis error is logged, not raised."""
+        """``deps.wake_scheduler`` on the loop, for a new run: a lost wake-up only delays it
+        until a scheduler's next look at Postgres, so a Redis error is logged, not raised."""
         try:
-            await self._redis.lpush(keys.WAKE, str(workflow_id))
+            await self._redis.lpush(keys.WAKE, keys.wake_message(workflow_id))
         except redis.RedisError as exc:
             log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
 
@@ -167,10 +168,9 @@ class HotPath:
             async with self._connection() as conn:
                 return await work(conn)
         except ServiceError as exc:
-            dropped = exc.__cause__
-            if isinstance(dropped, PoolTimeout) or not isinstance(dropped, psycopg.Error):
+            if isinstance(exc.__cause__, PoolTimeout):
                 raise
-            log.warning("Postgres dropped a connection (%s); trying again on another", dropped)
+            log.warning("Postgres dropped a connection (%s); trying again on another", exc)
             # A restarted Postgres dropped them all: check the idle ones before the next try.
             await self._pool.check()
         async with self._connection() as conn:

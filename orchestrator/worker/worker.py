@@ -152,8 +152,8 @@ class Worker:
 
     def _own_client(self) -> redis.Redis:
         """This thread's client, on a connection of its own from the shared pool. *Why:*
-        redis-py takes a connection from the pool and returns it around every command, ~17 us
-        of a command's ~70 (redis-py 8.1 on this VM); slots and finishers each send two
+        redis-py takes a connection from the pool and returns it around every command, a
+        sizeable share of a command's client CPU (redis-py 8.1); slots and finishers each send two
         commands a task."""
         client: redis.Redis | None = getattr(self._thread_local, "client", None)
         if client is None:

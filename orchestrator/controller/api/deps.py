@@ -70,6 +70,6 @@ def wake_scheduler(client: redis.Redis, workflow_id: uuid.UUID, *, cancel: bool 
     failure here is logged rather than failing a request whose change is already committed.
     """
     try:
-        client.lpush(keys.WAKE, f"{keys.WAKE_CANCEL if cancel else ''}{workflow_id}")
+        client.lpush(keys.WAKE, keys.wake_message(workflow_id, cancel=cancel))
     except redis.RedisError as exc:
         log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
