@@ -39,6 +39,7 @@ __all__ = [
     "WorkflowDefinition",
     "bundled_task_definitions",
     "bundled_workflows",
+    "chain_problems",
     "parse_task_definition",
     "parse_workflow",
     "task_definition_problems",
@@ -184,7 +185,8 @@ def validate_workflow(
     """Every problem with a workflow definition; an empty list means it is valid.
 
     Checks: shape and field types, unknown fields, bad names, empty task list, unknown task,
-    duplicate ref, unknown or repeated dependency, self-dependency and dependency cycles.
+    duplicate ref, unknown or repeated dependency, self-dependency, dependency cycles, and that
+    the steps form one chain (``_not_a_chain``).
     """
     data: Any = defn.to_dict() if isinstance(defn, WorkflowDefinition) else defn
     if not isinstance(data, Mapping):
@@ -211,9 +213,47 @@ def validate_workflow(
         problems += [
             f"step {ref!r}: depends on unknown step {dep!r}" for dep in deps if dep not in graph
         ]
+    cycles = _cycles(graph)
     problems += [
-        f"dependency cycle: {' -> '.join(c)} (each step depends on the next)"
-        for c in _cycles(graph)
+        f"dependency cycle: {' -> '.join(c)} (each step depends on the next)" for c in cycles
+    ]
+    if not cycles and all(d in graph for deps in graph.values() for d in deps):
+        problems += _not_a_chain(graph)
+    return problems
+
+
+def chain_problems(steps: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Why stored steps (``[{"ref", "depends_on"}, ...]``) are not one chain; empty if they are."""
+    return _not_a_chain({s["ref"]: list(s.get("depends_on") or []) for s in steps})
+
+
+def _not_a_chain(graph: Mapping[str, list[str]]) -> list[str]:
+    """Problems that make a valid DAG other than a single chain of steps.
+
+    *Why refused:* steps run one after another, each on the image the step before it left, so
+    a fork would run its second branch on the first branch's output and a join would see one
+    input: wrong results with no warning. Parallel branches are not supported yet.
+    """
+    hint = "; parallel branches and joins are not supported yet: make the steps one chain"
+    roots = [ref for ref, deps in graph.items() if not deps]
+    problems = [
+        f"step {ref!r}: depends on {len(deps)} steps ({', '.join(map(repr, deps))}){hint}"
+        for ref, deps in graph.items()
+        if len(deps) > 1
+    ]
+    if len(roots) > 1:
+        problems.append(
+            f"steps {', '.join(map(repr, roots))} all start the workflow (none depends on "
+            f"another){hint}"
+        )
+    followers: dict[str, list[str]] = {}
+    for ref, deps in graph.items():
+        for dep in deps:
+            followers.setdefault(dep, []).append(ref)
+    problems += [
+        f"steps {', '.join(map(repr, refs))} all depend on step {dep!r}{hint}"
+        for dep, refs in followers.items()
+        if len(refs) > 1
     ]
     return problems
 

@@ -52,6 +52,7 @@ from orchestrator.scheduler.placement import choose_worker, read_workers
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
 from workflows import imagebuf
+from workflows.definitions import chain_problems
 
 __all__ = ["REDIS_RETRY_S", "Scheduler", "connect_redis"]
 
@@ -676,6 +677,11 @@ def _plan(claimed: Claimed) -> RunState:
     """The in-memory run of a claimed workflow; ``OrchestratorError`` if it cannot run."""
     if claimed.steps is None:
         raise OrchestratorError(f"workflow definition {claimed.definition!r} is gone")
+    # A definition stored before forks and joins were refused would run as a wrong chain.
+    if problems := chain_problems(claimed.steps):
+        raise OrchestratorError(
+            f"workflow definition {claimed.definition!r} cannot run: {'; '.join(problems)}"
+        )
     steps = []
     for step in _ordered(claimed.steps):
         spec = claimed.task_defs.get(step["task"])

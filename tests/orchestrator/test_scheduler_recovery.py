@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator import keys
 from orchestrator.db.engine import make_engine, make_session_factory
-from orchestrator.db.models import Event, TaskRun, TaskRunStatus
+from orchestrator.db.models import Event, TaskRun, TaskRunStatus, WorkflowDefinition
 from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Journal
@@ -262,3 +262,33 @@ def test_the_loop_goes_on_after_redis_drops_its_connection(
     raw = api_redis.rpop(queue)
     assert isinstance(raw, bytes | str), "the new run's first task was never placed"
     assert Instruction.loads(raw).workflow_id == started.json()["id"]
+
+
+def test_a_stored_definition_that_is_not_a_chain_fails_its_run_with_the_reason(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+) -> None:
+    """A fork stored before the API refused forks would run as a chain, its second branch on
+    the first one's output: the scheduler fails such a run instead, saying why."""
+    _beat(api_redis, started_at=1000.0)
+    name = f"fork_{uuid.uuid4().hex[:8]}"
+    with api_sessions() as session, session.begin():
+        session.add(
+            WorkflowDefinition(
+                name=name,
+                tasks=[
+                    {"ref": "a", "task": "noop"},
+                    {"ref": "b1", "task": "noop", "depends_on": ["a"]},
+                    {"ref": "b2", "task": "noop", "depends_on": ["a"]},
+                ],
+            )
+        )
+    started = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
+    assert started.status_code == 201, started.text
+    scheduler._claim()
+    detail = api_client.get(f"/api/workflows/{started.json()['id']}").json()
+    assert detail["status"] == "FAILED"
+    assert "cannot run" in detail["error"] and "all depend on step 'a'" in detail["error"]
+    assert detail["task_runs"] == []  # nothing ran

@@ -14,6 +14,7 @@ from workflows.definitions import (
     WorkflowDefinition,
     bundled_task_definitions,
     bundled_workflows,
+    chain_problems,
     parse_task_definition,
     parse_workflow,
     task_definition_problems,
@@ -66,15 +67,49 @@ def test_bundled_task_definitions_are_valid() -> None:
 
 
 def test_order_of_a_diamond() -> None:
-    defn = workflow(
-        {"ref": "d", "task": "noop", "depends_on": ["b", "c"]},
-        {"ref": "b", "task": "noop", "depends_on": ["a"]},
-        {"ref": "c", "task": "noop", "depends_on": ["a"]},
-        {"ref": "a", "task": "noop"},
+    steps = (
+        Step("d", "noop", ("b", "c")),
+        Step("b", "noop", ("a",)),
+        Step("c", "noop", ("a",)),
+        Step("a", "noop"),
     )
-    order = parse_workflow(defn, KNOWN).order()
+    order = WorkflowDefinition("diamond", "", steps).order()
     assert order.index("a") < order.index("b") < order.index("d")
     assert order.index("c") < order.index("d")
+
+
+@pytest.mark.parametrize(
+    ("steps", "said"),
+    [
+        # a fork: two steps read the same step's output
+        ([{"ref": "a", "task": "noop"}, {"ref": "b1", "task": "noop", "depends_on": ["a"]},
+          {"ref": "b2", "task": "noop", "depends_on": ["a"]}],
+         "steps 'b1', 'b2' all depend on step 'a'"),
+        # a join: one step reads two
+        ([{"ref": "a", "task": "noop"}, {"ref": "b", "task": "noop"},
+          {"ref": "c", "task": "noop", "depends_on": ["a", "b"]}],
+         "step 'c': depends on 2 steps ('a', 'b')"),
+        # two independent starts
+        ([{"ref": "a", "task": "noop"}, {"ref": "b", "task": "noop"}],
+         "steps 'a', 'b' all start the workflow"),
+    ],
+)  # fmt: skip
+def test_a_definition_that_is_not_a_chain_is_refused(
+    steps: list[dict[str, Any]], said: str
+) -> None:
+    problems = validate_workflow(workflow(*steps), KNOWN)
+    assert any(said in p and "not supported yet" in p for p in problems), problems
+    assert chain_problems(steps) != []
+
+
+def test_a_chain_in_any_order_is_accepted() -> None:
+    steps: list[dict[str, Any]] = [
+        {"ref": "c", "task": "noop", "depends_on": ["b"]},
+        {"ref": "a", "task": "noop"},
+        {"ref": "b", "task": "noop", "depends_on": ["a"]},
+    ]
+    assert validate_workflow(workflow(*steps), KNOWN) == []
+    assert chain_problems(steps) == []
 
 
 def test_params_reach_the_parsed_step() -> None:
