@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -12,14 +13,16 @@ import click
 
 from cdi.bench.handoff import BACKENDS, DEFAULT_BACKENDS, HandoffConfig, measure
 from cdi.bench.stats import Result, format_size, render_table, summarize
-from cdi.hosts import Host, HostNetwork
+from cdi.hosts import HostNetwork
 from cdi.minion.config import parse_bytes
 from cdi.minion.process import MinionChild
+from cdi.remote.cluster import LocalCluster
 
 __all__ = ["CROSS_HOST_BACKENDS", "bench_cdi_command", "run_handoff_benchmark"]
 
-# Between hosts only these make sense: CDI-SHM needs one host's memory.
-CROSS_HOST_BACKENDS = ("tcp", "grpc", "grpc-stream")
+# Between hosts only these make sense: CDI-SHM needs one host's memory. cdi-rdma would join
+# them where its data path exists (cdi.remote.rdma: not built).
+CROSS_HOST_BACKENDS = ("tcp", "grpc", "grpc-stream", "cdi-rpc")
 
 
 def run_handoff_benchmark(
@@ -33,31 +36,43 @@ def run_handoff_benchmark(
     gap_us: int,
     minion: str | None = None,
     progress: bool = False,
-    hosts: tuple[Host, Host] | None = None,
+    network: HostNetwork | None = None,
 ) -> list[Result]:
     """Measure every backend at every size in one run, against a minion started for it
     (``minion``: ``native`` or ``python``; ``None`` chooses as ``cdiflow cdi minion`` does).
-    ``hosts``: the sender runs on the first, the receiver on the second."""
+    ``network``: the sender runs on its first host, the receiver on its second, and CDI-RPC
+    between a minion on each (with a controller; ``cdi.remote.cluster``)."""
     results = []
     impl = ("--impl", minion) if minion else ()
-    with tempfile.TemporaryDirectory(prefix="cdi-bench-") as folder:
-        socket_path = str(Path(folder) / "minion.sock")
-        with MinionChild(socket_path, "--busy-poll-us", str(busy_poll_us), *impl):
-            for size in sizes:
-                for backend in backends:
-                    config = HandoffConfig(
-                        size=size,
-                        repeat=repeat,
-                        read_all=read_all,
-                        minion_socket=socket_path,
-                        spin_us=spin_us,
-                        gap_s=gap_us / 1e6,
-                        sender_host=hosts[0] if hosts else None,
-                        receiver_host=hosts[1] if hosts else None,
-                    )
-                    if progress:
-                        click.echo(f"  {backend:<8} {format_size(size):>7} ...", err=True)
-                    results.append(summarize(backend, size, measure(backend, config)))
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdi-bench-")))
+        sockets = ["", ""]
+        if network is not None and "cdi-rpc" in backends:
+            cluster = LocalCluster.start(
+                2, folder / "hosts", "--busy-poll-us", str(busy_poll_us), *impl, network=network
+            )
+            stack.callback(cluster.close, False)
+            sockets = [m.socket_path for m in cluster.minions]
+        elif network is None:
+            sockets[0] = str(folder / "minion.sock")
+            stack.enter_context(MinionChild(sockets[0], "--busy-poll-us", str(busy_poll_us), *impl))
+        hosts = (network.hosts[0], network.hosts[1]) if network else (None, None)
+        for size in sizes:
+            for backend in backends:
+                config = HandoffConfig(
+                    size=size,
+                    repeat=repeat,
+                    read_all=read_all,
+                    minion_socket=sockets[0],
+                    receiver_minion_socket=sockets[1],
+                    spin_us=spin_us,
+                    gap_s=gap_us / 1e6,
+                    sender_host=hosts[0],
+                    receiver_host=hosts[1],
+                )
+                if progress:
+                    click.echo(f"  {backend:<11} {format_size(size):>7} ...", err=True)
+                results.append(summarize(backend, size, measure(backend, config)))
     return results
 
 
@@ -163,7 +178,7 @@ def bench_cdi_command(
             gap_us=gap_us,
             minion=minion,
             progress=not as_json,
-            hosts=(network.hosts[0], network.hosts[1]) if network else None,
+            network=network,
         )
     finally:
         if network is not None:

@@ -1,4 +1,4 @@
-"""Hand-off latency of a payload from one process to another: TCP, gRPC and CDI-SHM.
+"""Hand-off latency of a payload from one process to another: TCP, gRPC, CDI-SHM and CDI-RPC.
 
 With ``hosts`` set (``cdiflow bench cdi --hosts 2``) the sender runs on the first host and the
 receiver on the second (``cdi.hosts``: two network namespaces), and the receivers listen on the
@@ -54,6 +54,8 @@ class HandoffConfig:
     gap_s: float = 0.001
     read_all: bool = False
     minion_socket: str = ""
+    receiver_minion_socket: str = ""
+    """CDI-RPC: the receiver's host's minion (the sender's is ``minion_socket``)."""
     spin_us: int = 2000
     sender_host: Host | None = None
     receiver_host: Host | None = None
@@ -212,9 +214,10 @@ def _grpc_stream_sender(config: HandoffConfig, control: Connection) -> list[int]
 def _cdi_receiver(config: HandoffConfig, control: Connection) -> None:
     import cdi
 
-    client = cdi.connect(config.minion_socket, "bench-receiver", spin_us=config.spin_us)
+    socket_path = config.receiver_minion_socket or config.minion_socket
+    client = cdi.connect(socket_path, "bench-receiver", spin_us=config.spin_us)
     control.send("registered")
-    obj = client.use(control.recv())
+    obj = client.use(control.recv(), check=False)  # on another host: access waits for it
     stamps = []
     for _ in range(config.warmup + config.repeat):
         view = obj.access(timeout=30)
@@ -308,6 +311,8 @@ BACKENDS: dict[str, tuple[Sender, Receiver]] = {
     "grpc": (_grpc_sender, _grpc_receiver),
     "grpc-stream": (_grpc_stream_sender, _grpc_stream_receiver),
     "cdi-shm": (_cdi_sender, _cdi_receiver),
+    # The same code between two hosts: the minions' gateways carry the object across.
+    "cdi-rpc": (_cdi_sender, _cdi_receiver),
     "relay": (_relay_sender, _relay_receiver),
 }
 DEFAULT_BACKENDS = ("tcp", "grpc", "cdi-shm")  # the paper's table; add relay for the floor

@@ -81,7 +81,7 @@ class Gateway:
         self._lock = threading.Lock()
         self.local = LocalService(
             gateway_socket_path(config.minion_socket), config.minion_socket, f"{prefix}out",
-            self.forward, self._locate,
+            self.forward, self._locate, self._routes.locate,
         )  # fmt: skip
         self.inbound = InboundServer(
             self._transport, config.listen, config.minion_socket, f"{prefix}in",

@@ -42,19 +42,27 @@ _ARRIVALS_KEPT_S = 30.0
 
 Forward = Callable[[cdi.Client, str, str, str], None]
 Locate = Callable[[str], dict[str, Any]]
+Exists = Callable[[str], object]
 
 
 class LocalService:
     """Serves ``reserve``/``forward``/``await`` on ``path``; one thread per connection."""
 
     def __init__(
-        self, path: str, minion_socket: str, prefix: str, forward: Forward, locate: Locate
+        self,
+        path: str,
+        minion_socket: str,
+        prefix: str,
+        forward: Forward,
+        locate: Locate,
+        exists: Exists,
     ) -> None:
         self.path = path
         self.minion_socket = minion_socket
         self._prefix = prefix
         self._forward = forward
         self._locate = locate
+        self._exists = exists
         self._ids = itertools.count(1)
         self._arrived: dict[str, float] = {}
         self._arrival = threading.Condition()
@@ -141,13 +149,16 @@ class LocalService:
 
     def _await(self, key: str, timeout: float, since: float) -> None:
         deadline = time.monotonic() + max(0.0, timeout)
-        with self._arrival:
-            if self._arrived.get(key, -1.0) >= since:
-                return
-        self._locate(key)  # ObjectNotFound if no host has it: nothing to wait for
-        with self._arrival:
-            while self._arrived.get(key, -1.0) < since:
+        while True:
+            with self._arrival:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if self._arrived.get(key, -1.0) < since and remaining > 0:
+                    self._arrival.wait(min(remaining, 0.5))
+                if self._arrived.get(key, -1.0) >= since:
+                    return
+                if time.monotonic() >= deadline:
                     raise AccessTimeout(f"{key!r} did not arrive from another host in time")
-                self._arrival.wait(remaining)
+            # Half a second and nothing: nothing to wait for if no host has it (asked again
+            # every half second, so a destroy elsewhere ends the wait). The home the directory
+            # names may lag behind a move, so it is not asked for here.
+            self._exists(key)

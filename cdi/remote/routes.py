@@ -14,7 +14,7 @@ __all__ = ["RouteCache"]
 TTL_S = 5.0
 # A container's registration reaches the directory a moment after it happens (the minion's
 # reporter batches): a route that misses is asked again for this long before the transfer fails.
-REGISTRATION_LAG_S = 1.0
+REGISTRATION_LAG_S = 2.0
 
 
 class RouteCache:
