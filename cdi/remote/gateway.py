@@ -40,6 +40,7 @@ from cdi.remote.local import LocalService
 from cdi.remote.outbound import Sender
 from cdi.remote.routes import RouteCache
 from cdi.remote.transport import choose_transport
+from cdi.remote.wire import LINK_TIMEOUT_S
 from cdi.url import gateway_socket_path
 
 __all__ = ["Gateway", "GatewayConfig", "container_prefix"]
@@ -79,13 +80,16 @@ class Gateway:
         self._recovery: cdi.Client | None = None  # connected in start(), once the minion is up
         self._recover_to: dict[str, str] = {}  # key -> its recovery container on its former host
         self._lock = threading.Lock()
+        # Keys whose copy here waits for the other host's answer: an object with the same key
+        # can come back before the copy is destroyed (its new owner sends it straight back).
+        self._leaving: dict[str, threading.Event] = {}
         self.local = LocalService(
             gateway_socket_path(config.minion_socket), config.minion_socket, f"{prefix}out",
             self.forward, self._locate, self._routes.locate,
         )  # fmt: skip
         self.inbound = InboundServer(
             self._transport, config.listen, config.minion_socket, f"{prefix}in",
-            self._recovery_for, self.local.arrived,
+            self._recovery_for, self.local.arrived, self._left,
         )  # fmt: skip
         host, _, port = self.inbound.address.rpartition(":")
         self.address = config.advertise or (
@@ -132,6 +136,29 @@ class Gateway:
             view = obj.access(timeout=2.0)
         except CDIError as exc:
             raise TransferFailed(f"{key!r} did not reach the gateway: {exc}") from exc
+        gone = threading.Event()
+        with self._lock:
+            self._leaving[key] = gone
+        try:
+            self._send(slot, obj, view, to, back)
+        finally:
+            with self._lock:
+                if self._leaving.get(key) is gone:
+                    del self._leaving[key]
+            gone.set()
+
+    def _left(self, key: str) -> None:
+        """Wait (a link timeout at most) until our copy of ``key``, if one is on its way to
+        another host, is destroyed or back with its owner."""
+        with self._lock:
+            gone = self._leaving.get(key)
+        if gone is not None:
+            gone.wait(LINK_TIMEOUT_S)
+
+    def _send(
+        self, slot: cdi.Client, obj: cdi.CDIObject, view: memoryview, to: str, back: str
+    ) -> None:
+        key = obj.key
         try:
             header = {"key": key, "to": to, "recovery": self._recovery_of(slot, key),
                       "from": self.config.host, "isolation": obj.isolation}  # fmt: skip

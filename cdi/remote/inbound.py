@@ -43,13 +43,16 @@ class InboundServer:
         container_prefix: str,
         recovery: Callable[[str, str], str],
         delivered: Callable[[str], None],
+        departed: Callable[[str], None],
     ) -> None:
         """``recovery(key, their_recovery)``: the recovery container to give a new object;
-        ``delivered(key)``: called once an object has been handed to its owner."""
+        ``delivered(key)``: called once an object has been handed to its owner;
+        ``departed(key)``: waits until a copy of ``key`` leaving this host is gone."""
         self.minion_socket = minion_socket
         self._prefix = container_prefix
         self._recovery = recovery
         self._delivered = delivered
+        self._departed = departed
         self._server = transport.listen(listen)
         self.address = "{}:{}".format(*self._server.getsockname()[:2])
         self._ids = itertools.count(1)
@@ -108,6 +111,7 @@ class InboundServer:
         if client.max_object is not None and size > client.max_object:
             # Not drained: an absurd size must not make us read forever. Close the link.
             raise InvalidArgument(f"an offer of {size} bytes exceeds this minion's limit")
+        self._departed(str(key))  # it may be coming straight back: our copy goes first
         try:
             obj = client.create(
                 str(key),

@@ -169,3 +169,34 @@ def test_a_non_owner_cannot_send_an_object_across(
     with intruder, pytest.raises(cdi.NotOwner):
         intruder.use(key).transfer(cid(b))
     obj.destroy()
+
+
+def test_an_object_sent_straight_back_while_its_sender_finishes(
+    pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    """The receiver bounces the object back at once: it may reach the sender's host before
+    the sender's gateway has dropped its outgoing copy (same key), and must wait for it."""
+    a, b = pair
+    key = unique("k")
+    obj, digest = _filled(a, key, 20_000)
+    rounds = 100
+    failures: list[BaseException] = []
+
+    def bounce() -> None:
+        theirs = b.use(key, check=False)
+        try:
+            for _ in range(rounds):
+                theirs.access(timeout=20).release()
+                theirs.transfer(cid(a))
+        except BaseException as exc:
+            failures.append(exc)
+
+    bouncer = threading.Thread(target=bounce)
+    bouncer.start()
+    for _ in range(rounds):
+        obj.transfer(cid(b))
+        obj.access(timeout=20).release()
+    bouncer.join(30)
+    assert not failures, failures
+    assert _digest(obj.access()) == digest
+    obj.destroy()
