@@ -54,15 +54,19 @@ class LocalCluster:
         directory: str | Path,
         *minion_args: str,
         network: HostNetwork | None = None,
+        logs: str | Path | None = None,
     ) -> LocalCluster:
         """Start a controller and ``hosts`` minions with gateways; wait until every gateway
-        is in the controller's directory."""
+        is in the controller's directory. Host ``n``'s minion socket is
+        ``<directory>/host<n>/minion.sock``; logs go to ``logs`` (default: beside them)."""
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o755)
         net = network or HostNetwork.create(hosts)
         url = f"grpc://{net.gateway}:{_free_port(net.gateway)}"
-        cluster = cls(net, ControllerChild(url, str(folder / "controller.log")), directory=folder)
+        log_dir = Path(logs) if logs is not None else folder
+        controller = ControllerChild(url, str(log_dir / "cdi-controller.log"))
+        cluster = cls(net, controller, directory=folder)
         try:
             cluster.controller.start()
             for host in net.hosts:
@@ -73,7 +77,10 @@ class LocalCluster:
                     str(home / "minion.sock"),
                     "--host", host.name, "--controller", url,
                     "--rpc-listen", f"{host.address}:0", *minion_args,
-                    log_path=str(home / "minion.log"), wrap=host.wrap,
+                    log_path=str(
+                        (log_dir / f"cdi-minion-{host.name}.log") if logs else home / "minion.log"
+                    ),
+                    wrap=host.wrap,
                 )  # fmt: skip
                 cluster.minions.append(minion)
                 minion.start()
