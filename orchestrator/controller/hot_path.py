@@ -37,8 +37,8 @@ from sqlalchemy import URL
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.sql import ClauseElement
 
-from orchestrator import keys
-from orchestrator.db.models import DataPlane, Policy, WorkflowStatus
+from orchestrator.contract import wake_scheduler_async
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
 from orchestrator.db.repository import workflows as repo
 from orchestrator.errors import NotFound, ServiceError
 
@@ -151,12 +151,8 @@ class HotPath:
         return await self._twice(read)
 
     async def wake_scheduler(self, workflow_id: uuid.UUID) -> None:
-        """``deps.wake_scheduler`` on the loop, for a new run: a lost wake-up only delays it
-        until a scheduler's next look at Postgres, so a Redis error is logged, not raised."""
-        try:
-            await self._redis.lpush(keys.WAKE, keys.wake_message(workflow_id))
-        except redis.RedisError as exc:
-            log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
+        """``contract.wake_scheduler`` on the loop, for a new run."""
+        await wake_scheduler_async(self._redis, workflow_id)
 
     # ------------------------------------------------------------------ pool
     async def _twice(self, work: Callable[[psycopg.AsyncConnection[_Row]], Awaitable[T]]) -> T:

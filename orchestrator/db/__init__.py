@@ -13,30 +13,22 @@ from orchestrator.db.engine import make_engine, make_session_factory
 from orchestrator.db.migrate import migrate
 from orchestrator.db.models import (
     Base,
-    DataPlane,
     Event,
     Handoff,
-    Policy,
     TaskDefinition,
     TaskRun,
-    TaskRunStatus,
     Workflow,
     WorkflowDefinition,
-    WorkflowStatus,
 )
 
 __all__ = [
     "Base",
-    "DataPlane",
     "Event",
     "Handoff",
-    "Policy",
     "TaskDefinition",
     "TaskRun",
-    "TaskRunStatus",
     "Workflow",
     "WorkflowDefinition",
-    "WorkflowStatus",
     "make_engine",
     "make_session_factory",
     "migrate",

@@ -30,12 +30,12 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
 from sqlalchemy.pool import PoolProxiedConnection
 
+from orchestrator.contract.messages import Report
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
 from orchestrator.errors import ServiceError
-from orchestrator.messages import Report
 
 __all__ = ["Claimed", "Finish", "Handoff", "Journal", "Placement"]
 
-_FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED")
 ID_BLOCK: Final = 64  # task run ids reserved per round trip
 
 
@@ -46,8 +46,8 @@ class Claimed:
     id: uuid.UUID
     definition: str
     input: dict[str, Any]
-    policy: str
-    data_plane: str
+    policy: Policy
+    data_plane: DataPlane
     steps: list[dict[str, Any]] | None  # the definition's steps; None if it is gone
     task_defs: dict[str, dict[str, Any]]  # the definitions of the tasks those steps name
 
@@ -67,7 +67,7 @@ class Finish:
     """The end of a workflow: COMPLETED (with its output) or FAILED (with the reason)."""
 
     workflow_id: uuid.UUID
-    status: str
+    status: WorkflowStatus  # a finished one
     output: dict[str, Any] | None = None
     result_uri: str | None = None
     error: str | None = None
@@ -227,8 +227,8 @@ class Journal:
                 id=row[0],
                 definition=row[1],
                 input=row[2] or {},
-                policy=row[3],
-                data_plane=row[4],
+                policy=Policy(row[3]),
+                data_plane=DataPlane(row[4]),
                 steps=row[5],
                 task_defs=row[6] or {},
             )
@@ -319,7 +319,7 @@ def _handoff_params(prefix: str, handoff: Handoff | None) -> dict[str, Any]:
 
 
 def _finish_params(finish: Finish | None) -> dict[str, Any]:
-    assert finish is None or finish.status in _FINISHED
+    assert finish is None or finish.status.finished
     return {
         "finish": finish is not None,
         "fin_id": finish.workflow_id if finish else None,

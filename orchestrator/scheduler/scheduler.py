@@ -33,19 +33,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 import cdi
-from orchestrator import keys
-from orchestrator.announce import announce_finished
-from orchestrator.db.models import (
-    TaskDefinition,
-    TaskRun,
-    TaskRunStatus,
-    Workflow,
-    WorkflowDefinition,
-    WorkflowStatus,
-)
+from orchestrator.contract import announce_finished, keys, read_wake
+from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, WorkflowStatus
+from orchestrator.db.models import TaskDefinition, TaskRun, Workflow, WorkflowDefinition
 from orchestrator.db.repository import workflows as repo
 from orchestrator.errors import OrchestratorError
-from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Claimed, Finish, Handoff, Journal, Placement
 from orchestrator.scheduler.placement import choose_worker, read_workers
@@ -196,16 +189,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ claiming
     def _on_wake(self, value: str) -> None:
-        cancel = value.startswith(keys.WAKE_CANCEL)
-        try:
-            workflow_id = uuid.UUID(value.removeprefix(keys.WAKE_CANCEL))
-        except ValueError:
-            self._claim()
-            return
-        run = self.runs.get(workflow_id)
+        wake = read_wake(value)
+        run = None if wake.workflow_id is None else self.runs.get(wake.workflow_id)
         if run is None:
             self._claim()  # a new or retried run (a cancelled PENDING one is simply not claimed)
-        elif cancel:
+        elif wake.cancel:
             self._check_cancelled(run)
         # else: a new run that an earlier claim already took, with others, in one batch
 
@@ -222,7 +210,7 @@ class Scheduler:
             try:
                 run = _plan(claimed)
             except OrchestratorError as exc:
-                failed = Finish(claimed.id, "FAILED", error=str(exc))
+                failed = Finish(claimed.id, WorkflowStatus.FAILED, error=str(exc))
                 self._ended(claimed.id, self.journal.finish(failed))
                 continue
             self.runs[run.workflow_id] = run
@@ -286,7 +274,7 @@ class Scheduler:
             return None
         self._waiting.pop(run.workflow_id, None)
         handoff = None
-        if run.data_plane == "cdi" and run.key and run.owner != worker:
+        if run.data_plane == DataPlane.CDI and run.key and run.owner != worker:
             handoff = Handoff(self.id, worker, run.nbytes, self._transfer(run, worker))
         run.in_flight_worker_started = next(
             (w.started_at for w in loads if w.worker_id == worker), 0.0
@@ -335,11 +323,11 @@ class Scheduler:
             data=run.data,
             queued_at=placement.queued_at,
         )
-        if run.data_plane == "none":
+        if run.data_plane == DataPlane.NONE:
             return Instruction(**common)
-        if run.data_plane == "cdi":
+        if run.data_plane == DataPlane.CDI:
             last = run.last_step
-            keep = run.policy == "affinity" and not last
+            keep = run.policy == Policy.AFFINITY and not last
             fetch = not run.key  # no object yet: the worker makes it from the S3 input
             return Instruction(
                 **common,
@@ -404,8 +392,8 @@ class Scheduler:
             return
         self._in_flight[run.in_flight_worker] -= 1
         run.in_flight = None
-        completed = report.status == "COMPLETED"
-        if run.data_plane == "cdi":
+        completed = report.status == TaskRunStatus.COMPLETED
+        if run.data_plane == DataPlane.CDI:
             run.key = "" if report.stored else report.key or run.key
             run.owner = report.worker_id if report.kept else self.id
             held = completed and report.held
@@ -424,13 +412,13 @@ class Scheduler:
             run_s = max(0.0, report.finished_at - report.started_at)
             self._task_s[step.task] = 0.8 * self._task_s[step.task] + 0.2 * run_s
             run.outputs[step.ref] = report.output
-            if run.data_plane == "cdi":
+            if run.data_plane == DataPlane.CDI:
                 # What the next hand-off moves: the new image, or the input a reader passes on.
                 run.nbytes = report.bytes_out or report.bytes_in or run.nbytes
-            if run.data_plane == "object-store":
+            if run.data_plane == DataPlane.OBJECT_STORE:
                 run.current_uri = self._output_uri_of(run, step)
         back = None
-        if report.kept is False and run.data_plane == "cdi" and report.key:
+        if report.kept is False and run.data_plane == DataPlane.CDI and report.key:
             back = Handoff(
                 report.worker_id, self.id, report.bytes_out or run.nbytes, report.return_us
             )
@@ -438,9 +426,9 @@ class Scheduler:
         if completed and not run.cancelled and not all_done:
             run.advance()
             placement = self._choose(run)
-        elif all_done and not run.cancelled and (run.data_plane != "cdi" or report.stored):
+        elif all_done and not run.cancelled and (run.data_plane != DataPlane.CDI or report.stored):
             # Nothing left to store (dataless, or the last task stored the result itself).
-            result = None if run.data_plane == "none" else self.store.uri(_result_key(run))
+            result = None if run.data_plane == DataPlane.NONE else self.store.uri(_result_key(run))
             finish = _completion(run, result)
         if placement is not None:
             self._send(placement.worker, self._placed(run, placement))
@@ -490,7 +478,7 @@ class Scheduler:
             dead = self._silence(run, loads, now)
             if dead is None or run.in_flight is None:
                 continue  # its report had arrived (or the next task is on a live worker)
-            if run.data_plane == "cdi" and not self._regain(run):
+            if run.data_plane == DataPlane.CDI and not self._regain(run):
                 continue  # the worker still holds the object: it is alive after all
             task_run_id = run.in_flight.task_run_id
             lost_text = run.in_flight.dumps()
@@ -620,7 +608,7 @@ class Scheduler:
 
     def _release_object(self, run: RunState) -> None:
         """Free a finished workflow's object; one a worker kept is first asked back."""
-        if run.data_plane != "cdi" or not run.key:
+        if run.data_plane != DataPlane.CDI or not run.key:
             return
         if run.owner == self.id:
             self._destroy(run.key)
@@ -635,7 +623,7 @@ class Scheduler:
             attempt=1,
             timeout_s=30,
             reply_to=self.reply_key,
-            data_plane="cdi",
+            data_plane=DataPlane.CDI,
             key=run.key,
             keep=False,
             return_to=self.id,
@@ -669,7 +657,8 @@ class Scheduler:
         self.runs.pop(run.workflow_id, None)
         # A user who cancelled meanwhile keeps their word: then nothing changes.
         self._ended(
-            run.workflow_id, self.journal.finish(Finish(run.workflow_id, "FAILED", error=reason))
+            run.workflow_id,
+            self.journal.finish(Finish(run.workflow_id, WorkflowStatus.FAILED, error=reason)),
         )
 
 
@@ -704,7 +693,7 @@ def _plan(claimed: Claimed) -> RunState:
     return RunState(
         claimed.id,
         claimed.policy,
-        claimed.data_plane if image else "none",  # no image: nothing to move
+        claimed.data_plane if image else DataPlane.NONE,  # no image: nothing to move
         steps,
         image,
         data=data if isinstance(data, dict) else {},
@@ -719,7 +708,7 @@ def _completion(run: RunState, result_uri: str | None) -> Finish:
     for ref_output in run.outputs.values():
         output.update(ref_output)
     output["tasks"] = run.outputs
-    return Finish(run.workflow_id, "COMPLETED", output=output, result_uri=result_uri)
+    return Finish(run.workflow_id, WorkflowStatus.COMPLETED, output=output, result_uri=result_uri)
 
 
 def _result_key(run: RunState) -> str:
@@ -742,8 +731,8 @@ def _claimed_from_orm(session: Session, workflow: Workflow) -> Claimed:
         id=workflow.id,
         definition=workflow.definition,
         input=dict(workflow.input or {}),
-        policy=str(workflow.policy),
-        data_plane=str(workflow.data_plane),
+        policy=workflow.policy,
+        data_plane=workflow.data_plane,
         steps=None if definition is None else list(definition.tasks),
         task_defs=task_defs,
     )

@@ -21,12 +21,13 @@ from redis.typing import EncodableT, FieldT
 from sqlalchemy import make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator import keys
+from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.contract.wakeups import wake_message
 from orchestrator.controller import create_app, hot_path
-from orchestrator.db import Base, WorkflowStatus, make_engine, migrate
+from orchestrator.db import Base, make_engine, migrate
 from orchestrator.db import repository as repo
 from orchestrator.db.migrate import head_revision
-from orchestrator.db.models import DataPlane, Policy
 from orchestrator.errors import ConfigError, Conflict
 from orchestrator.services._process import free_port
 from orchestrator.settings import Settings
@@ -230,6 +231,7 @@ def test_unknown_workflow_lists_the_known_ones(api_client: TestClient) -> None:
     [
         ({"policy": "fastest"}, "'affinity', 'transfer' or 'auto'"),
         ({"data_plane": "nfs"}, "'cdi' or 'object-store'"),
+        ({"data_plane": "none"}, "'cdi' or 'object-store'"),  # a dataless run's, not a choice
         ({"input": {"image": "http://host/cat.png"}}, "not an S3 URI"),
         ({"input": {"image": "s3://cdiflow"}}, "not an S3 URI"),
         ({"input": {"image": "s3://cdiflow/"}}, "no object key"),
@@ -464,7 +466,7 @@ def test_cancel(
     body = response.json()
     assert body["status"] == "CANCELLED" and body["finished_at"] is not None
     assert (body["started_at"] is not None) is (before is WorkflowStatus.RUNNING)
-    assert _woken(api_redis) == [f"{keys.WAKE_CANCEL}{run['id']}"]
+    assert _woken(api_redis) == [wake_message(uuid.UUID(run["id"]), cancel=True)]
     again = api_client.post(f"/api/workflows/{run['id']}/cancel")
     assert again.status_code == 409 and "already finished" in again.json()["detail"]
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,11 +12,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator import keys
-
-__all__ = ["RedisDep", "Resources", "SessionDep", "get_db", "get_redis", "wake_scheduler"]
-
-log = logging.getLogger(__name__)
+__all__ = ["RedisDep", "Resources", "SessionDep", "get_db", "get_redis"]
 
 
 @dataclass(frozen=True)
@@ -60,16 +54,3 @@ def get_redis(request: Request) -> redis.Redis:
 
 SessionDep = Annotated[Session, Depends(get_db)]
 RedisDep = Annotated[redis.Redis, Depends(get_redis)]
-
-
-def wake_scheduler(client: redis.Redis, workflow_id: uuid.UUID, *, cancel: bool = False) -> None:
-    """Tell the scheduler a workflow was created, retried or (``cancel``) cancelled; call after
-    the commit.
-
-    A lost wake-up only delays the scheduler until its next poll of Postgres, so a Redis
-    failure here is logged rather than failing a request whose change is already committed.
-    """
-    try:
-        client.lpush(keys.WAKE, keys.wake_message(workflow_id, cancel=cancel))
-    except redis.RedisError as exc:
-        log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)

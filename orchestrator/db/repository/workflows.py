@@ -29,15 +29,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import (
-    DataPlane,
-    Event,
-    Handoff,
-    Policy,
-    TaskRun,
-    Workflow,
-    WorkflowStatus,
-)
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.db.models import Event, Handoff, TaskRun, Workflow
 from orchestrator.db.repository.definitions import workflow_definition_names
 from orchestrator.errors import Conflict, NotFound
 

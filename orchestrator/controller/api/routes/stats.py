@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.controller.api.deps import SessionDep
 from orchestrator.controller.schemas import (
     LatencyPublic,
@@ -20,7 +21,7 @@ from orchestrator.controller.schemas import (
     StatsPublic,
     TaskTimingPublic,
 )
-from orchestrator.db.models import TaskRun, Workflow, WorkflowStatus
+from orchestrator.db.models import TaskRun, Workflow
 
 router = APIRouter(prefix="/stats", tags=["stats"])
 

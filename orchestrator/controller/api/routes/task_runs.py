@@ -2,7 +2,7 @@
 
 Postgres holds a task run as QUEUED until its report arrives (the report carries its start and
 end), so "running now" comes from Redis: a worker moves the instruction it runs into its
-in-flight list and removes it only after reporting (``orchestrator.messages``).
+in-flight list and removes it only after reporting (``orchestrator.contract.messages``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import redis
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from orchestrator import keys
+from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.controller.api.deps import RedisDep, SessionDep
 from orchestrator.controller.schemas import ActiveTaskRunPublic, error_responses
-from orchestrator.db.models import TaskRun, TaskRunStatus
+from orchestrator.db.models import TaskRun
 
 router = APIRouter(prefix="/task-runs", tags=["task runs"])
 

@@ -9,8 +9,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from orchestrator.announce import announce_finished
-from orchestrator.controller.api.deps import RedisDep, Resources, SessionDep, wake_scheduler
+from orchestrator.contract import announce_finished, wake_scheduler
+from orchestrator.contract.vocabulary import Policy, WorkflowStatus
+from orchestrator.controller.api.deps import RedisDep, Resources, SessionDep
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hot_path import HotPath
 from orchestrator.controller.schemas import (
@@ -24,7 +25,7 @@ from orchestrator.controller.schemas import (
     error_responses,
 )
 from orchestrator.db import repository as repo
-from orchestrator.db.models import Policy, Workflow, WorkflowStatus
+from orchestrator.db.models import Workflow
 from orchestrator.errors import NotFound
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
