@@ -47,6 +47,7 @@ __all__ = [
     "StepSchema",
     "TaskCreate",
     "TaskPublic",
+    "TaskRunInWorkflowPublic",
     "TaskRunPublic",
     "TaskTimingPublic",
     "WorkerPublic",
@@ -363,11 +364,15 @@ class StatsPublic(BaseModel):
     tasks: TaskTimingPublic
 
 
-class ActiveTaskRunPublic(TaskRunPublic):
-    """An unfinished task run with its workflow; ``status`` is RUNNING while a worker holds it
-    (``started_at`` stays empty until the worker reports)."""
+class TaskRunInWorkflowPublic(TaskRunPublic):
+    """A task run with its workflow's id, in a list across workflows."""
 
     workflow_id: uuid.UUID
+
+
+class ActiveTaskRunPublic(TaskRunInWorkflowPublic):
+    """An unfinished task run with its workflow; ``status`` is RUNNING while a worker holds it
+    (``started_at`` stays empty until the worker reports)."""
 
 
 class CdiObjectPublic(BaseModel):

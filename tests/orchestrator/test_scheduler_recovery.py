@@ -26,10 +26,10 @@ from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.contract.wakeups import wake_message
-from orchestrator.db.engine import make_engine, make_session_factory
+from orchestrator.db.engine import make_engine
 from orchestrator.db.models import Event, TaskRun, WorkflowDefinition
+from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.journal import Journal
 from orchestrator.scheduler.scheduler import BEATS_TTL_S, Scheduler, connect_redis
 from orchestrator.settings import Settings
 
@@ -69,17 +69,16 @@ def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Schedu
     own = Scheduler(
         f"scheduler-{uuid.uuid4().hex[:8]}",
         api_settings,
-        make_session_factory(engine),
+        SchedulerStore(engine),
         connect_redis(api_settings.redis_url),  # as the scheduler's command line makes it
         _NoCDI(),  # type: ignore[arg-type]
         ObjectStore(api_settings),
-        journal=Journal(engine),
     )
     try:
         yield own
     finally:
         own.stop()
-        own.journal.close()
+        own.db.close()
         own.redis.close()
         engine.dispose()
 

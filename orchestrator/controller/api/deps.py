@@ -1,18 +1,32 @@
-"""Dependencies the routes declare: a database session per request and the Redis client."""
+"""What the routes use: a database session per request, the Redis clients, the run store on
+the event loop."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated
 
 import redis
+import redis.asyncio
 from fastapi import Depends, Request
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["RedisDep", "Resources", "SessionDep", "get_db", "get_redis"]
+from orchestrator.db.async_run_store import AsyncRunStore
+
+__all__ = [
+    "RedisDep",
+    "Resources",
+    "SessionDep",
+    "async_redis",
+    "get_db",
+    "get_redis",
+    "run_store",
+    "utc",
+]
 
 
 @dataclass(frozen=True)
@@ -54,3 +68,21 @@ def get_redis(request: Request) -> redis.Redis:
 
 SessionDep = Annotated[Session, Depends(get_db)]
 RedisDep = Annotated[redis.Redis, Depends(get_redis)]
+
+
+def run_store(request: Request) -> AsyncRunStore:
+    """The app's store for a workflow's start and reads on the event loop."""
+    store: AsyncRunStore = request.app.state.run_store
+    return store
+
+
+def async_redis(request: Request) -> redis.asyncio.Redis:
+    """The app's Redis client for the event loop (the new run's wake-up)."""
+    client: redis.asyncio.Redis = request.app.state.async_redis
+    return client
+
+
+def utc(moment: datetime) -> datetime:
+    """A moment from a query: one without a zone is read as UTC, not as the database
+    session's zone."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
