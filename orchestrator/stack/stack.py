@@ -15,8 +15,8 @@ from typing import ParamSpec, Self
 
 import redis
 
+from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
-from orchestrator.keys import worker_key
 from orchestrator.services import RunningServices, start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
