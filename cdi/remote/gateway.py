@@ -21,6 +21,7 @@ had on its former host.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -43,16 +44,20 @@ from cdi.remote.transport import choose_transport
 from cdi.remote.wire import LINK_TIMEOUT_S
 from cdi.url import gateway_socket_path
 
-__all__ = ["Gateway", "GatewayConfig", "container_prefix"]
+__all__ = ["GATEWAY_PREFIX", "Gateway", "GatewayConfig", "container_prefix"]
 
 log = logging.getLogger(__name__)
 
 RECOVERY_POLL_S = 0.5
+_REMEMBERED = 100_000
+
+
+GATEWAY_PREFIX = "cdi-gateway."
 
 
 def container_prefix(host: str) -> str:
     """Every container id of a host's gateway starts with this."""
-    return f"cdi-gateway.{host}."
+    return f"{GATEWAY_PREFIX}{host}."
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,9 @@ class Gateway:
         self._routes = RouteCache(config.controller_url, config.host)
         self._recovery_id = f"{prefix}recovery"
         self._recovery: cdi.Client | None = None  # connected in start(), once the minion is up
-        self._recover_to: dict[str, str] = {}  # key -> its recovery container on its former host
+        # key -> its recovery container on its former host; the oldest forgotten past a bound
+        # (entries of objects destroyed since are never asked for again)
+        self._recover_to: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._lock = threading.Lock()
         # Keys whose copy here waits for the other host's answer: an object with the same key
         # can come back before the copy is destroyed (its new owner sends it straight back).
@@ -160,7 +167,7 @@ class Gateway:
     ) -> None:
         key = obj.key
         try:
-            header = {"key": key, "to": to, "recovery": self._recovery_of(slot, key),
+            header = {"key": key, "to": to, "recovery": self._original_recovery(slot, key),
                       "from": self.config.host, "isolation": obj.isolation}  # fmt: skip
             route = self._routes.route(to)
             try:
@@ -209,12 +216,15 @@ class Gateway:
                 return
             self._stop.wait(1.0)
 
-    @staticmethod
-    def _recovery_of(slot: cdi.Client, key: str) -> str:
-        for entry in slot.list_objects():
-            if entry["key"] == key:
-                return str(entry["recovery"])
-        return ""
+    def _original_recovery(self, slot: cdi.Client, key: str) -> str:
+        """The recovery container the object should have wherever it goes: its own here, or,
+        for an object that came from another host (ours stands in for it here), the one it
+        had there. Never a gateway's: two gateways would pass it back and forth."""
+        recovery = next((str(o["recovery"]) for o in slot.list_objects() if o["key"] == key), "")
+        if recovery == self._recovery_id:
+            with self._lock:
+                recovery = self._recover_to.get(key, "")
+        return "" if recovery.startswith(GATEWAY_PREFIX) else recovery
 
     def _locate(self, key: str) -> dict[str, Any]:
         info = self._routes.locate(key)
@@ -230,6 +240,11 @@ class Gateway:
         with self._lock:
             if theirs:
                 self._recover_to[key] = theirs
+                self._recover_to.move_to_end(key)
+                if len(self._recover_to) > _REMEMBERED:
+                    self._recover_to.popitem(last=False)
+            else:
+                self._recover_to.pop(key, None)
         return self._recovery_id
 
     def _recover(self) -> None:

@@ -14,10 +14,10 @@ import pytest
 
 import cdi
 from orchestrator.stack import Stack
+from tests.dashboard.test_dashboard import UI, browser, ui
 from tests.orchestrator.test_e2e import (
     MAX_ACTIVE,
     Harness,
-    _kill_the_napping_worker,
     assert_result_is_the_pipelines,
     free_port,
     napping,
@@ -25,7 +25,9 @@ from tests.orchestrator.test_e2e import (
 )
 from workflows.samples import bundled_samples
 
-__all__ = ["napping"]  # a fixture this module uses
+__all__ = ["browser", "napping", "ui"]  # fixtures this module uses
+
+OPEN = ("QUEUED", "RUNNING")  # a task run not reported yet
 
 
 @pytest.fixture(scope="module")
@@ -88,16 +90,61 @@ def test_transfer_moves_objects_between_hosts(harness: Harness) -> None:
 def test_a_worker_killed_on_the_second_host_has_its_task_rerun(
     harness: Harness, napping: str
 ) -> None:
-    """The victim holds the object on its host; its death sends the object back across to the
-    scheduler, its recovery container, and the task reruns."""
+    """The victim holds the object on host 2; its death sends the object back across to the
+    scheduler, its recovery container, and the task reruns. Three runs at once: host 1's
+    worker takes two (one running, one queued), so one nap runs on host 2."""
     sample = bundled_samples()["night.jpg"]
-    for _ in range(6):  # until the nap lands on host 2's worker (placement decides)
-        done, victim = _kill_the_napping_worker(harness, napping, sample, "transfer")
-        assert_result_is_the_pipelines(harness, done, sample)
-        if victim == "worker-2":
+    image = harness.upload("in/hosts-kill.jpg", sample.read_bytes())
+    ids = [harness.start(image, "transfer", workflow=napping) for _ in range(3)]
+
+    def napping_on_host2() -> str | None:
+        beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+        for run_id in ids:
+            naps = [r for r in harness.get(run_id)["task_runs"] if r["ref"] == "nap"]
+            if naps and naps[-1]["worker_id"] == "worker-2" and naps[-1]["status"] in OPEN:
+                return run_id if beats.get("worker-2", {}).get("running", 0) >= 1 else None
+        return None
+
+    victim_run = wait_for(napping_on_host2, "a nap running on host 2's worker", timeout=90)
+    harness.stack.kill_worker("worker-2")
+    done = {run_id: harness.wait(run_id, timeout=180) for run_id in ids}
+    for body in done.values():
+        assert body["status"] == "COMPLETED", body["error"]
+        assert_result_is_the_pipelines(harness, body, sample)
+    naps = [r for r in done[victim_run]["task_runs"] if r["ref"] == "nap"]
+    assert naps[0]["status"] == "FAILED" and naps[0]["worker_id"] == "worker-2", naps
+    assert naps[-1]["status"] == "COMPLETED"
+
+
+def test_the_dashboard_shows_hosts_and_every_cross_host_move(harness: Harness, ui: UI) -> None:
+    from playwright.sync_api import expect
+
+    sample = bundled_samples()["sunset.jpg"]
+    image = harness.upload("in/hosts-dashboard.jpg", sample.read_bytes())
+    for _ in range(8):  # until a run crossed (placement decides where tasks go)
+        done = harness.wait(harness.start(image, "transfer"))
+        assert done["status"] == "COMPLETED", done["error"]
+        crossed = _crossed(harness, done)
+        if crossed:
             break
     else:
-        pytest.skip("the nap never ran on worker-2 in six tries")
-    naps = [r for r in done["task_runs"] if r["ref"] == "nap"]
-    assert naps[0]["status"] == "FAILED" and naps[0]["worker_id"] == "worker-2"
-    assert naps[-1]["status"] == "COMPLETED"
+        pytest.fail("no transfer run crossed between the hosts in eight runs")
+    # The API records both hosts of every hand-off.
+    assert all(h["from_host"] and h["to_host"] for h in done["handoffs"]), done["handoffs"]
+    page = ui.page
+    ui.open(f"#/workflows/{done['id']}")
+    expect(page.locator("table.handoffs tbody tr")).to_have_count(len(done["handoffs"]))
+    expect(page.locator("tr[data-crosses-hosts=yes]")).to_have_count(len(crossed))
+    expect(page.locator("#handoff-crossings")).to_have_text(str(len(crossed)))
+    for row in page.locator("tr[data-crosses-hosts=yes]").all():
+        assert "@host1" in row.inner_text() and "@host2" in row.inner_text()
+    ui.shot("multihost-workflow")
+    # Which worker is where: each worker's card names its host.
+    ui.open("#/workers")
+    for worker, host in harness.stack.worker_host.items():
+        card = page.locator(".worker-head", has_text=worker)
+        expect(card).to_contain_text(f"on {host}")
+    # The hosts themselves: a minion per host on the data page.
+    ui.open("#/data")
+    for host in ("host1", "host2"):
+        expect(page.locator(f"[data-minion={host}]")).to_have_count(1)
