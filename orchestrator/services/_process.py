@@ -81,6 +81,7 @@ class ManagedService(abc.ABC):
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
         self._run_as: RunAs | None = None  # set by subclasses that must not run as root
+        self.started_at = 0.0  # monotonic time of the latest launch
 
     # -- public ---------------------------------------------------------------------------
 
@@ -106,6 +107,28 @@ class ManagedService(abc.ABC):
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_file
+
+    def poll(self) -> int | None:
+        """None while the child runs; else its exit status (1 when no child was left)."""
+        if self._proc is None:
+            return 1
+        return self._proc.poll()
+
+    def restart(self) -> None:
+        """Launch the child again after it died, on the port it had (its clients' URLs stay
+        right), and wait until it answers; ``ServiceError`` if it does not."""
+        if self.running:
+            return
+        if self._proc is not None:
+            self._proc.wait()  # reap the dead one
+        self._proc = None
+        if self._port is not None:
+            self._fixed_port = self._port
+        self.start()
 
     def start(self) -> Self:
         """Start the child and block until it answers; idempotent."""
@@ -214,6 +237,7 @@ class ManagedService(abc.ABC):
 
     def _launch(self, port: int) -> None:
         self._port = port
+        self.started_at = time.monotonic()
         cmd = self._command(port)
         who = self._run_as
         with self.log_file.open("ab") as out:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import click
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.stack.access import service_access
 from orchestrator.stack.control import (
     check_no_leftovers,
     failure_report,
@@ -176,6 +177,8 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             report["supervisor"]["alive"] = running
             for row, proc in zip(report["processes"], state.processes, strict=True):
                 row["alive"] = proc.alive()
+            if (access := service_access(folder, state)) is not None:
+                report["credentials"] = access
         click.echo(json.dumps(report))
     elif state is None:
         click.echo(running_message(folder) if running else f"no stack runs from {folder}")
@@ -186,6 +189,8 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             click.echo(f"stale stack.json in {folder}: the supervisor (pid "
                        f"{state.supervisor.pid}) is gone; `cdiflow down` cleans up")  # fmt: skip
         click.echo(format_table((state.supervisor, *state.processes), folder, show_state=True))
+        if (access := service_access(folder, state)) is not None:
+            click.echo(_access_text(access))
     sys.exit(0 if running else 1)
 
 
@@ -233,6 +238,21 @@ for _command in (up_command, down_command, status_command, supervise_command):
 def _summary(state: StackState, folder: Path) -> str:
     head = f"cdiflow is up: API {state.api_url}  (data and logs in {folder})"
     return f"{head}\n{format_table((state.supervisor, *state.processes), folder)}"
+
+
+def _access_text(access: dict[str, Any]) -> str:
+    """The embedded services' credentials as lines (only their owner gets this far)."""
+    lines = [f"\ncredentials of the embedded services (from {access['file']}, yours only):"]
+    for label, key in (("DATABASE_URL", "database_url"), ("REDIS_URL", "redis_url")):
+        if key in access:
+            lines.append(f"  {label}={access[key]}")
+    if s3 := access.get("s3"):
+        lines += [
+            f"  S3_ENDPOINT_URL={s3['endpoint_url']}",
+            f"  AWS_ACCESS_KEY_ID={s3['access_key_id']}",
+            f"  AWS_SECRET_ACCESS_KEY={s3['secret_access_key']}",
+        ]
+    return "\n".join(lines)
 
 
 def _forward_stop_signals(proc: subprocess.Popen[bytes]) -> threading.Event:

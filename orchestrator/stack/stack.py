@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import signal
@@ -34,7 +35,8 @@ from orchestrator.stack.defaults import (
 )
 from orchestrator.stack.env import stack_environment
 from orchestrator.stack.state import DataDirLock, ProcessInfo
-from orchestrator.stack.supervision import Supervisor
+from orchestrator.stack.supervised import CdiProcess, ServiceProcess
+from orchestrator.stack.supervision import Supervised, Supervisor
 
 __all__ = ["Stack"]
 
@@ -51,8 +53,9 @@ class Stack:
         with Stack("/tmp/data", workers=2, port=8001) as stack:
             requests.post(f"{stack.api_url}/api/workflows", ...)
 
-    ``start()`` returns once every piece answers; scheduler and workers that exit on their own
-    are restarted (see ``RestartPolicy``). ``stop()`` ends everything in reverse order, by PID.
+    ``start()`` returns once every piece answers; any piece that exits on its own (an embedded
+    service, the CDI controller or minion, the API, the scheduler, a worker) is restarted with
+    a back-off (see ``RestartPolicy``). ``stop()`` ends everything in reverse order, by PID.
     One stack per data folder (``StackRunning`` otherwise). Pass ``services`` to use running
     services instead of starting them (they are then left running).
 
@@ -101,8 +104,8 @@ class Stack:
         self._given_services = services
         self._services: RunningServices | None = None
         self._lock = DataDirLock(self.data_dir)
-        self._controller: ControllerChild | None = None
-        self._minion: MinionChild | None = None
+        self._controller: CdiProcess | None = None
+        self._minion: CdiProcess | None = None
         self._api: Child | None = None
         self._scheduler: Child | None = None
         self._workers: dict[str, Child] = {}
@@ -154,8 +157,7 @@ class Stack:
         except BaseException:  # includes Ctrl-C: never leave a child behind
             self.stop()
             raise
-        supervised = [c for c in (self._scheduler, *self._workers.values()) if c is not None]
-        self._supervisor = Supervisor(supervised, self._policy, on_restart=self._restarted)
+        self._supervisor = Supervisor(self._supervised(), self._policy, on_change=self._restarted)
         self._supervisor.start()
         log.info("stack ready in %.1fs: API %s, data %s",
                  time.monotonic() - began, self.api_url, self.data_dir)  # fmt: skip
@@ -211,8 +213,17 @@ class Stack:
         return next((p.pid for p in self.processes() if p.name == name), None)
 
     def restarts(self, name: str) -> int:
-        """How many times the scheduler or a worker was restarted."""
+        """How many times the piece of that row name was restarted."""
         return self._supervisor.restarts(name) if self._supervisor is not None else 0
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to a piece by its row name (``postgres``, ``cdi-minion``, ``api``, a
+        worker, ...); the supervisor restarts it. Returns the PID."""
+        pid = self.pid_of(name)
+        if pid is None:
+            raise StackError(f"no running process {name!r} in this stack (a configured service?)")
+        os.kill(pid, sig)
+        return pid
 
     def processes(self) -> list[ProcessInfo]:
         """Every piece in start order: services, controller, minion, API, scheduler, workers."""
@@ -224,22 +235,39 @@ class Stack:
             for name, url in urls.items():
                 shown = probes.hide_password(url)
                 if (service := embedded.get(name)) is not None:
-                    rows.append(ProcessInfo.of(name, service.pid, shown, service.log_file))
+                    rows.append(self._row(name, service.pid, shown, service.log_file))
                 else:
                     rows.append(ProcessInfo(name, None, shown))  # configured, not ours
         for name, cdi_child, address in (
             ("cdi-controller", self._controller, self.controller_url),
             ("cdi-minion", self._minion, f"unix://{self.minion_socket}"),
         ):
-            if cdi_child is not None and cdi_child.process is not None:
-                log_file = Path(cdi_child.log_path)
-                rows.append(ProcessInfo.of(name, cdi_child.pid, address, log_file))
+            if cdi_child is not None and cdi_child.pid is not None:
+                rows.append(self._row(name, cdi_child.pid, address, cdi_child.log_path))
         if self._api is not None:
-            rows.append(ProcessInfo.of("api", self._api.pid, self.api_url, self._api.log_path))
+            rows.append(self._row("api", self._api.pid, self.api_url, self._api.log_path))
         for child in (self._scheduler, *self._workers.values()):
             if child is not None:
-                rows.append(ProcessInfo.of(child.name, child.pid, "", child.log_path))
+                rows.append(self._row(child.name, child.pid, "", child.log_path))
         return rows
+
+    def _row(self, name: str, pid: int | None, address: str, log_path: Path) -> ProcessInfo:
+        row = ProcessInfo.of(name, pid, address, log_path)
+        supervisor = self._supervisor
+        if supervisor is None or name not in supervisor.names():
+            return row
+        return dataclasses.replace(
+            row, restarts=supervisor.restarts(name), restarting=supervisor.restarting(name)
+        )
+
+    def _supervised(self) -> list[Supervised]:
+        """What the supervisor restarts: our services (not given ones), then every process."""
+        pieces: list[Supervised] = []
+        if self._given_services is None and self._services is not None:
+            pieces += [ServiceProcess(service) for service in self._services.embedded]
+        pieces += [p for p in (self._controller, self._minion) if p is not None]
+        pieces += [c for c in (self._api, self._scheduler, *self._workers.values()) if c]
+        return pieces
 
     def environment(self) -> dict[str, str]:
         """The environment the stack's processes get (for launching another one alongside)."""
@@ -280,20 +308,26 @@ class Stack:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._services = self._given_services or start_services(self.data_dir)
         self.controller_url = f"grpc://127.0.0.1:{probes.free_port()}"
-        self._controller = ControllerChild(
-            self.controller_url, log_path=str(self.logs_dir / "cdi-controller.log")
+        self._controller = CdiProcess(
+            "cdi-controller",
+            ControllerChild(
+                self.controller_url, log_path=str(self.logs_dir / "cdi-controller.log")
+            ),
         )
-        self._minion = MinionChild(
-            self.minion_socket,
-            "--controller",
-            self.controller_url,
-            log_path=str(self.logs_dir / "cdi-minion.log"),
+        self._minion = CdiProcess(
+            "cdi-minion",
+            MinionChild(
+                self.minion_socket,
+                "--controller",
+                self.controller_url,
+                log_path=str(self.logs_dir / "cdi-minion.log"),
+            ),
         )
         for what, cdi_child in (("CDI controller", self._controller), ("minion", self._minion)):
             try:
                 cdi_child.start()
             except CDIError as exc:
-                raise StackError(f"{what}: {exc}", log_file=Path(cdi_child.log_path)) from exc
+                raise StackError(f"{what}: {exc}", log_file=cdi_child.log_path) from exc
         env = self.environment()
 
         self._api = self._child("api", "api", env)
@@ -370,7 +404,7 @@ class Stack:
             text += f"\n--- last lines of {child.log_path.name} ---\n{tail}"
         return StackError(text, log_file=child.log_path)
 
-    def _restarted(self, child: Child) -> None:
+    def _restarted(self, child: Supervised) -> None:
         if self._on_restart is not None:
             self._on_restart(child.name)
 

@@ -23,6 +23,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from orchestrator.controller import create_app
 from orchestrator.db import make_engine, make_session_factory
+from orchestrator.services import RunningServices
 from orchestrator.settings import Settings, load_settings
 
 # Starlette 1.x warns that its test client prefers httpx2 over httpx; both work. Importing it
@@ -48,19 +49,29 @@ def _admin_connect(postgres_url: str) -> psycopg.Connection[tuple[object, ...]]:
 
 
 @pytest.fixture(scope="session")
-def make_database(postgres_url: str) -> Iterator[Callable[[str], str]]:
-    """A factory of empty databases on the session's server; all are dropped at the end."""
+def make_database(
+    postgres_url: str, service_stack: RunningServices
+) -> Iterator[Callable[[str], str]]:
+    """A factory of empty databases on the session's server, each owned by the role the
+    orchestrator uses (which may not create databases itself); all are dropped at the end."""
     created: list[str] = []
+    admin_url = service_stack.admin_database_url
+    assert admin_url is not None, "the session's Postgres is embedded"
+    owner = make_url(postgres_url).username or ""
 
     def make(label: str) -> str:
         name = f"cdiflow_{label}_{uuid.uuid4().hex[:8]}"
-        with _admin_connect(postgres_url) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        with _admin_connect(admin_url) as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(name), sql.Identifier(owner)
+                )
+            )
         created.append(name)
         return make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
 
     yield make
-    with _admin_connect(postgres_url) as conn:
+    with _admin_connect(admin_url) as conn:
         for name in created:
             drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
             conn.execute(drop.format(sql.Identifier(name)))

@@ -172,7 +172,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(redis_url: str, s3_endpoint: str) -> Iterator[Stack]:
+def stack(redis_url: str, s3_endpoint: str, s3_keys: tuple[str, str]) -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="cdiflow-worker-test-") as name:
         os.chmod(name, 0o755)  # the minion's socket folder, traversable like in production
         tmp = Path(name)
@@ -185,7 +185,7 @@ def stack(redis_url: str, s3_endpoint: str) -> Iterator[Stack]:
         env |= {
             "CDI_URL": f"unix://{minion.socket_path}", "REDIS_URL": db_url,
             "S3_ENDPOINT_URL": s3_endpoint, "S3_BUCKET": BUCKET, "AWS_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_ACCESS_KEY_ID": s3_keys[0], "AWS_SECRET_ACCESS_KEY": s3_keys[1],
             "CDIFLOW_DATA_DIR": str(tmp / "data"),
         }  # fmt: skip
         running = Stack(env, r, sched, tmp)
@@ -213,9 +213,9 @@ def worker(stack: Stack) -> WorkerProcess:
 
 
 @pytest.fixture(scope="module")
-def s3(s3_endpoint: str) -> Any:
+def s3(s3_endpoint: str, s3_keys: tuple[str, str]) -> Any:
     return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+                        aws_access_key_id=s3_keys[0], aws_secret_access_key=s3_keys[1])  # fmt: skip
 
 
 def _picture(width: int = 64, height: int = 48) -> Image.Image:
