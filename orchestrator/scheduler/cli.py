@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import socket
+import time
 
 import click
 
@@ -13,6 +14,8 @@ import cdi
 from orchestrator.db.engine import make_engine, make_session_factory
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Journal
+from orchestrator.scheduler.minion_link import MinionLink
+from orchestrator.scheduler.reconciler import Reconciler
 from orchestrator.scheduler.scheduler import Scheduler, connect_redis
 from orchestrator.settings import load_settings
 from workflows.memory import tune_for_images
@@ -38,7 +41,7 @@ def scheduler_command(scheduler_id: str, log_level: str) -> None:
     if not settings.database_url or not settings.redis_url:
         raise click.UsageError("DATABASE_URL and REDIS_URL must be set (`cdiflow up` sets them)")
     engine = make_engine(settings.database_url, synchronous_commit=False)
-    client = cdi.connect(os.environ.get("CDI_URL"), scheduler_id)
+    client = _connect_minion(os.environ.get("CDI_URL"), scheduler_id)
     scheduler = Scheduler(
         scheduler_id,
         settings,
@@ -47,6 +50,7 @@ def scheduler_command(scheduler_id: str, log_level: str) -> None:
         client,
         ObjectStore(settings),
         journal=Journal(engine),
+        reconciler=Reconciler(engine, scheduler_id),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: scheduler.stop())
@@ -55,3 +59,15 @@ def scheduler_command(scheduler_id: str, log_level: str) -> None:
     finally:
         client.close()
         engine.dispose()
+
+
+def _connect_minion(url: str | None, scheduler_id: str, wait_s: float = 30.0) -> MinionLink:
+    """The minion link, waiting up to ``wait_s`` for a minion that is (re)starting."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return MinionLink(url, scheduler_id)
+        except cdi.MinionUnavailable as exc:
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"{exc}; start this host's CDI minion") from exc
+            time.sleep(0.2)

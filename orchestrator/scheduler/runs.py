@@ -1,12 +1,14 @@
 """What the scheduler keeps in memory about each workflow it is running.
 
 All of it can be rebuilt from Postgres: a scheduler that restarts starts its RUNNING workflows
-again from their S3 input. ``data_plane`` is the workflow's, or ``"none"`` for a dataless one
-(started without an image).
+again from their S3 input, and so does one that can no longer trust a run's state (``again``).
+``data_plane`` is the workflow's, or ``"none"`` for a dataless one (started without an image).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -54,9 +56,14 @@ class RunState:
     in_flight_worker_started: float = 0.0  # the worker's start time when we dispatched
     avoid: frozenset[str] = frozenset()  # workers that lost the current step
     deadline: float = 0.0  # monotonic: when a silent in-flight task is presumed lost
+    resent: bool = False  # the in-flight instruction was sent again once (no report in time)
     retry_at: float = 0.0  # monotonic: when a failed attempt is dispatched again
     cancelled: bool = False
     started: float = field(default_factory=time.monotonic)
+    # Object keys are "<key_prefix>-<generation>"; a run driven again gets a new prefix, so its
+    # keys never meet objects an earlier drive may have left (in a worker that kept one).
+    key_prefix: str = ""
+    drives: int = 1  # how many times the run was driven from its input (resumes included)
 
     @property
     def current(self) -> StepSpec:
@@ -96,4 +103,36 @@ class RunState:
 
     def next_object_key(self) -> str:
         self.generation += 1
-        return f"wf-{self.workflow_id}-{self.generation}"
+        return f"{self.key_prefix or f'wf-{self.workflow_id}'}-{self.generation}"
+
+    def again(self, attempts: dict[str, int] | None = None) -> RunState:
+        """The same workflow driven again from its input: first step, no object, every step's
+        attempts going on from ``attempts`` (default: what this run placed), so no attempt
+        number is used twice."""
+        placed = dict(self.attempts if attempts is None else attempts)
+        first = self.steps[0].ref
+        return dataclasses.replace(
+            self,
+            step=0,
+            attempt=placed.get(first, 0) + 1,
+            key="",
+            generation=0,
+            owner="",
+            held="",
+            held_from=0,
+            attempts=placed,
+            nbytes=0,
+            current_uri=self.input_uri,
+            last_worker=None,
+            outputs={},
+            in_flight=None,
+            in_flight_worker="",
+            in_flight_worker_started=0.0,
+            avoid=frozenset(),
+            deadline=0.0,
+            resent=False,
+            retry_at=0.0,
+            started=time.monotonic(),
+            key_prefix=f"wf-{self.workflow_id}-{secrets.token_hex(3)}",
+            drives=self.drives + 1,
+        )

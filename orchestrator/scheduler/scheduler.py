@@ -13,6 +13,11 @@ making it, from the input in S3 again). Under
 ``affinity`` the worker may also hold a task's new image in memory instead of writing it
 (``Instruction.hold``); if that image is lost, the run goes back to the first step whose image
 was held and recomputes it from the object (``RunState.follow_held``).
+
+Whatever fails on the way (Redis, Postgres, the minion, a worker gone) leaves no workflow
+stuck: ``recovery.Recovery`` drives a run it can no longer trust again from its input, and
+``reconciler.Reconciler`` (leased in Postgres) hands the workflows of a dead scheduler to the
+living ones.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import redis
 from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 import cdi
@@ -44,11 +51,14 @@ from orchestrator.db.models import (
     WorkflowStatus,
 )
 from orchestrator.db.repository import workflows as repo
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, ServiceError
 from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Claimed, Finish, Handoff, Journal, Placement
+from orchestrator.scheduler.minion_link import MinionLink
 from orchestrator.scheduler.placement import choose_worker, read_workers
+from orchestrator.scheduler.reconciler import Reconciler
+from orchestrator.scheduler.recovery import Recovery
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
 from workflows import imagebuf
@@ -73,6 +83,7 @@ CLAIM_AGAIN_AT = 8
 BEATS_TTL_S = 0.5  # heartbeats are re-read at most this often (workers beat every 2 s)
 _MIN_WAIT_S = 0.01  # Redis reads a blocking timeout of 0 as "forever"
 REDIS_RETRY_S = 0.5  # after a Redis connection error, the loop waits this long and tries again
+RECONCILE_S = 5.0  # how often the reconciler runs (and our RUNNING workflows are compared)
 
 
 def connect_redis(url: str) -> redis.Redis:
@@ -91,10 +102,11 @@ class Scheduler:
         settings: Settings,
         sessions: sessionmaker[Session],
         redis_client: redis.Redis,
-        cdi_client: cdi.Client,
+        cdi_client: MinionLink,
         store: ObjectStore,
         *,
         journal: Journal,
+        reconciler: Reconciler | None = None,
     ) -> None:
         self.id = scheduler_id
         self.settings = settings
@@ -103,6 +115,11 @@ class Scheduler:
         self.cdi = cdi_client
         self.store = store
         self.journal = journal
+        self.reconciler = reconciler
+        self.recovery = Recovery(self)
+        self._minion_suspect = False  # a call found the minion gone: check it at the tick
+        self._reconcile_at = 0.0  # monotonic
+        self._beats_grace_until = 0.0  # monotonic: Redis lost its data, heartbeats come back
         self.reply_key = keys.scheduler_reports_key(scheduler_id)
         self.runs: dict[uuid.UUID, RunState] = {}
         self._in_flight: dict[str, int] = defaultdict(int)
@@ -121,11 +138,26 @@ class Scheduler:
     # ------------------------------------------------------------------ loop
     def run_forever(self) -> None:
         log.info("scheduler %s started", self.id)
-        self._resume_own_runs()
+        self._start_up()
         while not self._stopping:
             self._step()
         self.journal.close()
+        if self.reconciler is not None:
+            self.reconciler.close()
         log.info("scheduler %s stopped", self.id)
+
+    def _start_up(self) -> None:
+        """Take the liveness lock, then resume our RUNNING workflows; while Postgres does not
+        answer, wait for it (a stack may restart it right now)."""
+        while not self._stopping:
+            try:
+                if self.reconciler is not None:
+                    self.reconciler.start()
+                self.recovery.resume_own("the scheduler restarted")
+                return
+            except (psycopg.OperationalError, OperationalError, ServiceError) as exc:
+                log.warning("Postgres does not answer yet (%s); trying again", exc)
+                time.sleep(REDIS_RETRY_S)
 
     def _step(self) -> None:
         """One turn of the loop: a report or wake-up (waiting for one until the next tick is
@@ -163,12 +195,37 @@ class Scheduler:
         return self.settings.max_active_workflows - len(self.runs)
 
     def _guarded(self, action: Callable[[], None]) -> None:
+        """Run one step; what it raises is logged and leaves the runs for a later pass (the
+        tick's sweep, resync or minion check), never the loop stopped."""
         try:
             action()
+        except (ServiceError, OperationalError, psycopg.OperationalError) as exc:
+            if isinstance(exc, ServiceError) and exc.service != "postgres":
+                log.exception("scheduler step failed")
+                return
+            log.warning("Postgres failed (%s); resuming from what it has once it answers", exc)
+            self.recovery.resync_needed = True
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                log.warning("Postgres dropped a connection (%s); resuming from what it has", exc)
+                self.recovery.resync_needed = True
+            else:
+                log.exception("scheduler step failed")
+        except cdi.MinionUnavailable as exc:
+            log.warning("the CDI minion is away (%s); checking it", exc)
+            self._minion_suspect = True
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("Redis failed a scheduler step (%s); a later pass goes on", exc)
         except Exception:  # one bad workflow must not stop the others
             log.exception("scheduler step failed")
 
     def _tick(self) -> None:
+        if self.recovery.resync_needed:
+            self._guarded(self.recovery.resync)
+            if self.recovery.resync_needed:
+                return  # Postgres is still away: nothing else can be recorded
+        self._guarded(self._check_minion)
+        self._guarded(self.recovery.flush_outbox)
         self._guarded(self._check_redis_epoch)
         self._guarded(self._claim)
         self._guarded(self._check_in_flight)
@@ -178,6 +235,27 @@ class Scheduler:
                 run.retry_at = 0.0
                 self._guarded(functools.partial(self._dispatch, run))
         self._dispatch_waiting()
+        self.recovery.sweep()
+        if now >= self._reconcile_at:
+            self._reconcile_at = now + RECONCILE_S
+            self._guarded(self._reconcile)
+
+    def _check_minion(self) -> None:
+        """While any run keeps an object in the minion (or a call found it gone), ask whether
+        the minion is still the one we know; if it restarted, its objects are gone."""
+        if not self._minion_suspect and not any(r.data_plane == "cdi" for r in self.runs.values()):
+            return
+        restarted = self.cdi.check()
+        self._minion_suspect = False
+        if restarted:
+            self.recovery.minion_restarted()
+
+    def _reconcile(self) -> None:
+        """Take over what dead schedulers left (as lease holder), and resume our RUNNING
+        workflows that no run in memory stands for (taken over, or a write of ours lost)."""
+        if self.reconciler is not None and self.reconciler.tick(self._claim_room()):
+            self.recovery.resume_own("its scheduler stopped")
+        self.recovery.resume_own("it was RUNNING with nothing under way")
 
     def _dispatch_waiting(self) -> None:
         """Place waiting runs, oldest first, while workers have room. A sweep tries one run per
@@ -228,39 +306,31 @@ class Scheduler:
             self.runs[run.workflow_id] = run
             self._dispatch(run)
 
-    def _resume_own_runs(self) -> None:
-        """After a restart our CDI objects are gone: start our RUNNING workflows over."""
-        with self.sessions() as session, session.begin():
-            mine = session.scalars(
-                select(Workflow).where(
-                    Workflow.status == WorkflowStatus.RUNNING, Workflow.claimed_by == self.id
-                )
-            ).all()
-            for workflow in mine:
-                session.execute(
-                    update(TaskRun)
-                    .where(
-                        TaskRun.workflow_id == workflow.id,
-                        TaskRun.status.in_([TaskRunStatus.QUEUED, TaskRunStatus.RUNNING]),
-                    )
-                    .values(status=TaskRunStatus.FAILED, error="the scheduler restarted")
-                )
-                run = _plan(_claimed_from_orm(session, workflow))
-                self.runs[run.workflow_id] = run
-                repo.record_event(
-                    session, "workflow.resumed", {"scheduler": self.id}, workflow_id=workflow.id
-                )
-        for run in list(self.runs.values()):
-            self._dispatch(run)
+    def _plan_orm(self, session: Session, workflow: Workflow) -> RunState:
+        """The plan of a workflow we hold already (resumed); ``OrchestratorError`` if it
+        cannot run."""
+        return _plan(_claimed_from_orm(session, workflow))
+
+    def _fail_id(self, workflow_id: uuid.UUID, reason: str) -> None:
+        self._ended(workflow_id, self.journal.finish(Finish(workflow_id, "FAILED", error=reason)))
 
     # ------------------------------------------------------------------ placement
     def _dispatch(self, run: RunState) -> None:
-        if run.cancelled or run.workflow_id not in self.runs:
+        if run.cancelled or self.runs.get(run.workflow_id) is not run:
             return
         placement = self._choose(run)
-        if placement is not None:
-            self._send(placement.worker, self._placed(run, placement))
+        if placement is not None and self._sent(run, placement):
             self.journal.place(placement)
+
+    def _sent(self, run: RunState, placement: Placement) -> bool:
+        """Send the placement's instruction; False (the run handed to recovery) if Redis did
+        not take it."""
+        try:
+            self._send(placement.worker, self._placed(run, placement))
+        except redis.RedisError as exc:
+            self.recovery.unsent(run, placement.worker, placement.handoff is not None, exc)
+            return False
+        return True
 
     def _send(self, worker: str, instruction: Instruction) -> None:
         """Push *before* the task run is recorded: the record overlaps the worker's run. Its
@@ -287,7 +357,16 @@ class Scheduler:
         self._waiting.pop(run.workflow_id, None)
         handoff = None
         if run.data_plane == "cdi" and run.key and run.owner != worker:
-            handoff = Handoff(self.id, worker, run.nbytes, self._transfer(run, worker))
+            try:
+                handoff = Handoff(self.id, worker, run.nbytes, self._transfer(run, worker))
+            except cdi.UnknownContainer:
+                # It died after its last heartbeat: the object is still ours; try another.
+                log.warning("worker %s is gone from the minion; placing %s elsewhere",
+                            worker, run.workflow_id)  # fmt: skip
+                run.avoid = run.avoid | {worker}
+                run.retry_at = time.monotonic() + 0.2
+                self._next_tick = min(self._next_tick, run.retry_at)
+                return None
         run.in_flight_worker_started = next(
             (w.started_at for w in loads if w.worker_id == worker), 0.0
         )
@@ -307,6 +386,7 @@ class Scheduler:
         step, worker = run.current, placement.worker
         instruction = self._instruction(run, step, worker, placement)
         run.in_flight, run.in_flight_worker = instruction, worker
+        run.resent = False
         run.attempts[step.ref] = run.attempt  # a recomputed step's attempts go on from here
         run.deadline = time.monotonic() + step.timeout_s + LOST_GRACE_S
         run.last_worker = worker
@@ -399,8 +479,8 @@ class Scheduler:
         run = self.runs.get(uuid.UUID(report.workflow_id))
         if run is None or run.in_flight is None or run.in_flight.task_run_id != report.task_run_id:
             log.info("stale report for task run %s", report.task_run_id)
-            if report.key and not report.kept and run is None:
-                self._destroy(report.key)  # its workflow is over: the object came back to die
+            if report.key and (run is None or report.key != run.key):
+                self._drop_stale_object(report)
             return
         self._in_flight[run.in_flight_worker] -= 1
         run.in_flight = None
@@ -437,13 +517,19 @@ class Scheduler:
         placement = finish = None
         if completed and not run.cancelled and not all_done:
             run.advance()
-            placement = self._choose(run)
+            try:
+                placement = self._choose(run)
+            except (redis.RedisError, cdi.CDIError) as exc:  # the sweep places it later
+                log.warning("workflow %s: could not place step %r now: %s",
+                            run.workflow_id, run.current.ref, exc)  # fmt: skip
+                if isinstance(exc, cdi.MinionUnavailable):
+                    self._minion_suspect = True
         elif all_done and not run.cancelled and (run.data_plane != "cdi" or report.stored):
             # Nothing left to store (dataless, or the last task stored the result itself).
             result = None if run.data_plane == "none" else self.store.uri(_result_key(run))
             finish = _completion(run, result)
-        if placement is not None:
-            self._send(placement.worker, self._placed(run, placement))
+        if placement is not None and not self._sent(run, placement):
+            placement = None
         # One statement records the report and the next step's placement, or ends the workflow.
         ended = self.journal.report(report, back, placement, finish)
         if not completed:
@@ -491,7 +577,11 @@ class Scheduler:
             if dead is None or run.in_flight is None:
                 continue  # its report had arrived (or the next task is on a live worker)
             if run.data_plane == "cdi" and not self._regain(run):
-                continue  # the worker still holds the object: it is alive after all
+                # The worker still holds the object: it is alive after all. If it is overdue,
+                # its report (or our instruction) may have been lost.
+                if not dead:
+                    self._overdue(run, now)
+                continue
             task_run_id = run.in_flight.task_run_id
             lost_text = run.in_flight.dumps()
             self._in_flight[run.in_flight_worker] -= 1
@@ -532,11 +622,30 @@ class Scheduler:
                 run.rewind()  # the image it held died with it: recompute it from the object
             self._after_failure(run, reason, retryable=True)
 
+    def _overdue(self, run: RunState, now: float) -> None:
+        """No report past the deadline from a live worker that keeps the run's object: send
+        the instruction once more (a worker runs an instruction once and answers a repeat with
+        its report again); if that brings nothing either, drive the run again."""
+        assert run.in_flight is not None
+        if run.resent:
+            self.recovery.redrive(
+                run, f"worker {run.in_flight_worker} sent no report for task run "
+                f"{run.in_flight.task_run_id}, even when asked again",
+            )  # fmt: skip
+            return
+        run.resent = True
+        run.deadline = now + run.current.timeout_s + LOST_GRACE_S
+        log.warning("no report for task run %s from %s in time; sending it again",
+                    run.in_flight.task_run_id, run.in_flight_worker)  # fmt: skip
+        self.redis.lpush(keys.worker_queue_key(run.in_flight_worker), run.in_flight.dumps())
+
     def _silence(self, run: RunState, loads: dict[str, Any], now: float) -> bool | None:
         """For a run with a task in flight whose worker is gone (True) or overdue (False);
         None while it may still report."""
         if run.in_flight is None:
             return None
+        if run.in_flight_worker not in loads and now < self._beats_grace_until:
+            return None  # Redis lost its data: heartbeats come back within their interval
         worker = loads.get(run.in_flight_worker)
         restarted = worker is not None and worker.started_at != run.in_flight_worker_started
         dead = worker is None or not worker.alive or restarted
@@ -590,6 +699,8 @@ class Scheduler:
         epoch = str(raw)
         if self._redis_epoch is not None and epoch != self._redis_epoch:
             log.warning("Redis lost its data; re-sending in-flight instructions")
+            self._beats_grace_until = time.monotonic() + keys.WORKER_DEAD_AFTER_S
+            self._beats_read = -math.inf
             for run in self.runs.values():
                 if run.in_flight is not None:
                     self.redis.lpush(
@@ -627,21 +738,38 @@ class Scheduler:
             return
         # A worker holds it (affinity): a no-op instruction makes it hand the object back; the
         # report then arrives for a workflow we no longer track, and _on_report destroys it.
+        self._ask_back(str(run.workflow_id), run.key, run.owner)
+
+    def _ask_back(self, workflow_id: str, key: str, worker: str) -> None:
+        """Send ``worker`` the no-op that makes it hand object ``key`` back to us (kept for
+        the next tick if Redis does not take it now)."""
         give_back = Instruction(
             task_run_id=0,
-            workflow_id=str(run.workflow_id),
+            workflow_id=workflow_id,
             ref="release",
             task=RELEASE_TASK,
             attempt=1,
             timeout_s=30,
             reply_to=self.reply_key,
             data_plane="cdi",
-            key=run.key,
+            key=key,
             keep=False,
             return_to=self.id,
             queued_at=time.time(),
         )
-        self.redis.lpush(keys.worker_queue_key(run.owner), give_back.dumps())
+        queue = keys.worker_queue_key(worker)
+        try:
+            self.redis.lpush(queue, give_back.dumps())
+        except redis.RedisError:
+            self.recovery.send_later(queue, give_back.dumps())
+
+    def _drop_stale_object(self, report: Report) -> None:
+        """The object a report of an abandoned attempt (or an ended workflow) names: destroy it
+        when it came back to us, ask the worker that kept it to give it back."""
+        if report.kept:
+            self._ask_back(report.workflow_id, report.key, report.worker_id)
+        else:
+            self._destroy(report.key)
 
     def _destroy(self, key: str) -> None:
         try:

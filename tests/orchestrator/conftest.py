@@ -23,8 +23,10 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from orchestrator.controller import create_app
 from orchestrator.db import make_engine, make_session_factory
+from orchestrator.scheduler.scheduler import Scheduler
 from orchestrator.services import RunningServices
 from orchestrator.settings import Settings, load_settings
+from tests.orchestrator.scheduler_support import close_scheduler, make_scheduler
 
 # Starlette 1.x warns that its test client prefers httpx2 over httpx; both work. Importing it
 # here, once, keeps that warning (an error under filterwarnings=error) out of the run.
@@ -121,3 +123,13 @@ def api_sessions(api_database_url: str, api_client: TestClient) -> Iterator[sess
     engine = make_engine(api_database_url)
     yield make_session_factory(engine)
     engine.dispose()
+
+
+@pytest.fixture
+def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Scheduler]:
+    """A scheduler on the module's database and Redis, driven by hand (no CDI: dataless)."""
+    own = make_scheduler(api_settings)
+    try:
+        yield own
+    finally:
+        close_scheduler(own)

@@ -791,3 +791,20 @@ def test_a_worker_whose_redis_connections_drop_runs_the_next_task(
     stack.take(key)
     since = worker.log_path.read_text(errors="replace")[logged:]
     assert "cannot pop" in since, since  # the slot did see its connection go
+
+
+def test_an_instruction_sent_again_is_answered_with_its_report_not_run_twice(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    """A scheduler sends an instruction again when its report may be lost (Redis lost its
+    data): the first run handed the object on, so running it again would fail or compute on
+    the wrong input. The worker answers the repeat with the report it sent."""
+    key = stack.put(worker, _picture())
+    ins, raw = stack.send(worker, task="deblur", key=key, output_key=f"{key}-1")
+    first = stack.report(ins, worker)
+    assert first.status == "COMPLETED", first.error
+    stack.redis.lpush(keys.worker_queue_key(worker.worker_id), raw)  # the same, again
+    again = stack.report(ins, worker)
+    assert again == first
+    assert stack.redis.llen(keys.worker_inflight_key(worker.worker_id)) == 0
+    stack.take(f"{key}-1")  # one output object, made once
