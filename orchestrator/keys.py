@@ -13,6 +13,8 @@ __all__ = [
     "EPOCH",
     "FINISHED",
     "HEARTBEAT_INTERVAL_S",
+    "SCHEDULERS",
+    "SCHEDULER_STALE_S",
     "WAKE",
     "WAKE_CANCEL",
     "WORKERS",
@@ -91,6 +93,13 @@ def worker_inflight_key(worker_id: str) -> str:
 # A random token set once; if it disappears, Redis lost its data and the schedulers re-send
 # what they had in flight (queues are rebuilt from Postgres and scheduler memory).
 EPOCH: Final = "cdiflow:epoch"
+
+
+# Hash: scheduler id -> unix seconds (float) of its loop's latest housekeeping tick, written
+# every tick (about once a second); ``/api/readyz`` calls a scheduler whose stamp is older than
+# SCHEDULER_STALE_S stalled or gone.
+SCHEDULERS: Final = "cdiflow:schedulers"
+SCHEDULER_STALE_S: Final = 10.0
 
 
 def scheduler_reports_key(scheduler_id: str) -> str:

@@ -22,6 +22,7 @@ living ones.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -144,6 +145,8 @@ class Scheduler:
         self.journal.close()
         if self.reconciler is not None:
             self.reconciler.close()
+        with contextlib.suppress(redis.RedisError):
+            self.redis.hdel(keys.SCHEDULERS, self.id)  # gone on purpose, not stalled
         log.info("scheduler %s stopped", self.id)
 
     def _start_up(self) -> None:
@@ -225,6 +228,7 @@ class Scheduler:
             if self.recovery.resync_needed:
                 return  # Postgres is still away: nothing else can be recorded
         self._guarded(self._check_minion)
+        self._guarded(self._beat)
         self._guarded(self.recovery.flush_outbox)
         self._guarded(self._check_redis_epoch)
         self._guarded(self._claim)
@@ -239,6 +243,10 @@ class Scheduler:
         if now >= self._reconcile_at:
             self._reconcile_at = now + RECONCILE_S
             self._guarded(self._reconcile)
+
+    def _beat(self) -> None:
+        """Say that the loop turns (``/api/readyz`` reads it)."""
+        self.redis.hset(keys.SCHEDULERS, self.id, f"{time.time():.3f}")
 
     def _check_minion(self) -> None:
         """While any run keeps an object in the minion (or a call found it gone), ask whether

@@ -146,7 +146,7 @@ class S3Service(ManagedService):
 
 
 def _s3_client(
-    endpoint_url: str,
+    endpoint_url: str | None,
     region: str,
     access_key_id: str | None,
     secret_access_key: str | None,
@@ -167,7 +167,7 @@ def _s3_client(
 
 
 def check_s3(
-    endpoint_url: str,
+    endpoint_url: str | None,
     bucket: str,
     *,
     region: str,

@@ -103,11 +103,24 @@ def api_redis(api_redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture(scope="module")
 def api_settings(
-    tmp_path_factory: pytest.TempPathFactory, api_database_url: str, api_redis_url: str
+    tmp_path_factory: pytest.TempPathFactory,
+    api_database_url: str,
+    api_redis_url: str,
+    service_stack: RunningServices,
 ) -> Settings:
-    """Settings naming the module's database and Redis (the environment cannot override)."""
+    """Settings naming the module's database and Redis and the session's S3 endpoint (the
+    environment cannot override)."""
     data_dir: Path = tmp_path_factory.mktemp("controller")
-    return load_settings(data_dir=data_dir, database_url=api_database_url, redis_url=api_redis_url)
+    return load_settings(
+        data_dir=data_dir,
+        database_url=api_database_url,
+        redis_url=api_redis_url,
+        s3_endpoint_url=service_stack.s3_endpoint_url,
+        s3_bucket=service_stack.s3_bucket,
+        aws_access_key_id=service_stack.aws_access_key_id,
+        aws_secret_access_key=service_stack.aws_secret_access_key,
+        aws_region=service_stack.aws_region,
+    )
 
 
 @pytest.fixture(scope="module")

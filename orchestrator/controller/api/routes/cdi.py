@@ -30,8 +30,11 @@ router = APIRouter(prefix="/cdi", tags=["cdi"])
 CONTROLLER_URL_ENV: Final = "CDI_CONTROLLER_URL"
 # The directory is for watching; a slow controller must not hold a request for long.
 _TIMEOUT_S: Final = 2.0
-# The scheduler names a workflow's objects "wf-<workflow id>-<generation>" (scheduler/runs.py).
-_WORKFLOW_KEY: Final = re.compile(r"wf-([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})-\d+")
+# The scheduler names a workflow's objects "wf-<workflow id>-<generation>", or with a drive's
+# token "wf-<workflow id>-<token>-<generation>" when it drove the run again (scheduler/runs.py).
+_WORKFLOW_KEY: Final = re.compile(
+    r"wf-([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})(?:-[0-9a-f]{6})?-\d+"
+)
 
 
 def workflow_of(key: str) -> uuid.UUID | None:
