@@ -10,6 +10,7 @@ from cdi.bench.cli import bench_cdi_command
 from cdi.controller.cli import controller_command
 from cdi.errors import CDIError
 from cdi.minion.cli import minion_command
+from loadtest.chaos.cli import bench_chaos_command
 from loadtest.cli import bench_workflows_command
 from loadtest.idle import bench_idle_command
 from loadtest.image_costs import bench_images_command
@@ -69,6 +70,7 @@ bench_group.add_command(bench_workflows_command)
 bench_group.add_command(bench_images_command)
 bench_group.add_command(bench_s3_command)
 bench_group.add_command(bench_idle_command)
+bench_group.add_command(bench_chaos_command)
 
 
 @cdi_group.command("demo")

@@ -7,6 +7,8 @@ strings at the call site, so a rename happens here once.
 
 from __future__ import annotations
 
+import re
+import uuid
 from typing import Final
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "worker_inflight_key",
     "worker_key",
     "worker_queue_key",
+    "workflow_of_object",
 ]
 
 # List of workflow ids. The controller LPUSHes a workflow id after committing a change the
@@ -106,3 +109,17 @@ def scheduler_reports_key(scheduler_id: str) -> str:
     """Reports of finished task runs for one scheduler, ``cdiflow:reports:<id>``: workers LPUSH
     ``messages.Report`` JSON, the scheduler BRPOPs (it also pushes ``tick`` to wake itself)."""
     return f"cdiflow:reports:{scheduler_id}"
+
+
+# CDI objects (not Redis keys, but named here too): a workflow's objects are
+# "wf-<workflow id>-<generation>", or "wf-<workflow id>-<token>-<generation>" once the scheduler
+# drove the run again (``scheduler.runs.RunState.next_object_key``).
+_OBJECT_KEY: Final = re.compile(
+    r"wf-([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})(?:-[0-9a-f]{6})?-\d+"
+)
+
+
+def workflow_of_object(key: str) -> uuid.UUID | None:
+    """The workflow a CDI object belongs to, when its key follows the scheduler's naming."""
+    match = _OBJECT_KEY.fullmatch(key)
+    return uuid.UUID(match[1]) if match else None

@@ -57,6 +57,7 @@ from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Claimed, Finish, Handoff, Journal, Placement
 from orchestrator.scheduler.minion_link import MinionLink
+from orchestrator.scheduler.orphans import OrphanObjects
 from orchestrator.scheduler.placement import choose_worker, read_workers
 from orchestrator.scheduler.reconciler import Reconciler
 from orchestrator.scheduler.recovery import Recovery
@@ -118,6 +119,7 @@ class Scheduler:
         self.journal = journal
         self.reconciler = reconciler
         self.recovery = Recovery(self)
+        self.orphans = OrphanObjects(self)
         self._minion_suspect = False  # a call found the minion gone: check it at the tick
         self._reconcile_at = 0.0  # monotonic
         self._beats_grace_until = 0.0  # monotonic: Redis lost its data, heartbeats come back
@@ -243,6 +245,7 @@ class Scheduler:
         if now >= self._reconcile_at:
             self._reconcile_at = now + RECONCILE_S
             self._guarded(self._reconcile)
+            self._guarded(self.orphans.sweep)
 
     def _beat(self) -> None:
         """Say that the loop turns (``/api/readyz`` reads it)."""
