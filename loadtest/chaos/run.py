@@ -26,10 +26,10 @@ from typing import Any
 import cdi
 from loadtest.chaos.faults import Fault, Target
 from loadtest.chaos.workload import FINISHED, Started, Workload
+from orchestrator.child_process import free_port
 from orchestrator.services import RunningServices, resolve_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import Stack
-from orchestrator.stack.probes import free_port
 
 __all__ = ["CaseResult", "chaos_stack", "external_services", "run_case"]
 

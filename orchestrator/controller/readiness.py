@@ -24,7 +24,7 @@ from sqlalchemy import Engine, text
 
 import cdi
 from cdi.url import resolve_socket_path
-from orchestrator import keys
+from orchestrator.contract import keys
 from orchestrator.errors import ServiceError
 from orchestrator.services.s3 import check_s3
 from orchestrator.settings import Settings

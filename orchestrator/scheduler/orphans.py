@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
 
-from sqlalchemy import select
-
-from orchestrator import keys
-from orchestrator.db.models import Workflow, WorkflowStatus
-
-if TYPE_CHECKING:
-    from orchestrator.scheduler.scheduler import Scheduler
+from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import DataPlane, WorkflowStatus
+from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.endings import Endings
 
 __all__ = ["OrphanObjects"]
 
@@ -30,22 +26,26 @@ log = logging.getLogger(__name__)
 
 
 class OrphanObjects:
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.s = scheduler
+    """Finds the objects of our workflows that nothing names, and frees them."""
+
+    def __init__(self, ctx: SchedulerContext, endings: Endings) -> None:
+        self.ctx = ctx
+        self.endings = endings
         self._suspects: set[str] = set()  # keys found orphaned at the last sweep
 
     def sweep(self) -> None:
         """One look at the minion's objects (skipped while no CDI run was seen)."""
-        s = self.s
-        if not self._suspects and not any(r.data_plane == "cdi" for r in s.runs.values()):
+        ctx = self.ctx
+        if not self._suspects and not any(r.data_plane == DataPlane.CDI for r in ctx.runs.values()):
             return
         named: set[str] = set()
-        for run in s.runs.values():
+        for run in ctx.runs.values():
             named.add(run.key)
             if run.in_flight is not None:
-                named.update((run.in_flight.key, run.in_flight.output_key))
+                sent = run.in_flight.instruction
+                named.update((sent.key, sent.output_key))
         found: dict[str, tuple[uuid.UUID, str]] = {}
-        for obj in s.cdi.list_objects():
+        for obj in ctx.cdi.list_objects():
             key = str(obj.get("key", ""))
             workflow_id = keys.workflow_of_object(key)
             if workflow_id is not None and key not in named:
@@ -57,24 +57,18 @@ class OrphanObjects:
             workflow_id, owner = found[key]
             log.warning("object %s of workflow %s is left over (owner %s); freeing it",
                         key, workflow_id, owner)  # fmt: skip
-            if owner == s.id:
-                s._destroy(key)
+            if owner == ctx.id:
+                self.endings.destroy(key)
             elif owner:
-                s._ask_back(str(workflow_id), key, owner)
+                self.endings.ask_back(str(workflow_id), key, owner)
 
     def _ours(self, found: dict[str, tuple[uuid.UUID, str]]) -> set[str]:
         """The keys whose workflow this scheduler runs in memory, or that has ended."""
-        s = self.s
-        others = {w for w, _ in found.values() if w not in s.runs}
+        runs = self.ctx.runs
+        others = {w for w, _ in found.values() if w not in runs}
         ended: set[uuid.UUID] = set()
         if others:
-            with s.sessions() as session:
-                rows = session.execute(
-                    select(Workflow.id, Workflow.status, Workflow.claimed_by).where(
-                        Workflow.id.in_(others)
-                    )
-                ).all()
+            statuses = self.ctx.db.statuses(others)
             running = WorkflowStatus.RUNNING, WorkflowStatus.PENDING
-            ended = {row[0] for row in rows if row[1] not in running}
-            ended |= others - {row[0] for row in rows}  # no such workflow at all
-        return {key for key, (w, _) in found.items() if w in s.runs or w in ended}
+            ended = {w for w in others if statuses.get(w, WorkflowStatus.FAILED) not in running}
+        return {key for key, (w, _) in found.items() if w in runs or w in ended}

@@ -1,244 +1,196 @@
-"""How the scheduler keeps every workflow moving when one of its parts fails.
+"""What the scheduler notices on its tick when something failed outside it: a worker that died
+or went silent with a task, and a Redis that lost its data.
 
-A run whose state the scheduler can no longer trust is **driven again** from its last durable
-point, the input in S3: whatever it had out (an instruction, an object in a worker or in the
-minion) is withdrawn or released, and the same workflow starts over at its first step, each
-step's attempts going on from the last one placed (``RunState.again``), with fresh object keys.
-That one mechanism serves every failure the scheduler cannot repair in place:
+*Lost workers.* A worker whose heartbeat is older than ``keys.WORKER_DEAD_AFTER_S``, or that
+restarted (a new ``started_at``), or a task past its timeout plus ``LOST_GRACE_S``: the
+scheduler waits for the run's object to come back by the minion's recovery rule (if the worker
+still holds it, it is alive after all), drops what it may have half-written, records the task
+run as lost and retries the step elsewhere. Before it declares anything lost it reads the
+reports already waiting: a worker whose task overran its timeout reports TIMED_OUT and exits,
+and its restart could otherwise be seen before its report. A task past its deadline on a live
+worker that still holds the object (its report, or the instruction, may have been lost) is
+sent once more; a worker answers a repeat with its report, not a second run. If that brings
+nothing either, the run is driven again from its input (``redrive``).
 
-* a step that raised while being placed, dispatched or finished (``sweep`` finds a run with
-  nothing under way and places it again; ``unsent`` handles an instruction Redis did not take);
-* the CDI minion restarted, so every object is gone (``minion_restarted``);
-* Postgres failed a write, so what it holds may differ from memory (``resync``: drop every run
-  and drive our RUNNING workflows again from what Postgres has);
-* the scheduler itself restarted, or a write of its was lost (``resume_own``: our RUNNING
-  workflows that no run in memory stands for).
-
-A run driven ``MAX_DRIVES`` times fails with the reason, so a fault that never clears ends in
-a FAILED workflow that says why, not in a loop. Messages that could not be sent (a release of
-an object a worker holds, while Redis is away) wait in ``outbox`` and go at the next tick.
+*Redis data loss.* Redis holds only what can be rebuilt; when its ``keys.EPOCH`` token changes,
+the scheduler sends again every instruction it has out, and presumes no worker dead for a
+heartbeat's lifetime (their heartbeats went with the data and come back within it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Mapping
 
-import redis
-from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
+import cdi
+from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import DataPlane
+from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.dispatch import LOST_GRACE_S, Dispatcher
+from orchestrator.scheduler.placement import WorkerLoad
+from orchestrator.scheduler.redrive import Redrive
+from orchestrator.scheduler.reports import Reports
+from orchestrator.scheduler.runs import InFlight, RunState
 
-from orchestrator import keys
-from orchestrator.db.models import TaskRun, TaskRunStatus, Workflow, WorkflowStatus
-from orchestrator.db.repository import workflows as repo
-from orchestrator.errors import OrchestratorError
-from orchestrator.scheduler.runs import RunState
-
-if TYPE_CHECKING:
-    from orchestrator.scheduler.scheduler import Scheduler
-
-__all__ = ["MAX_DRIVES", "Recovery"]
+__all__ = ["Recovery"]
 
 log = logging.getLogger(__name__)
 
-MAX_DRIVES: Final = 8  # a run driven this often (resumes included) fails with the reason
-_BACKOFF_S: Final = (0.2, 0.5, 1.0, 2.0, 4.0)  # before drive 2, 3, ... (then the last)
-
 
 class Recovery:
-    """The scheduler's recovery paths; state lives in the scheduler (its runs, counts)."""
+    """Finds the tasks lost with their workers, and what Redis lost."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.s = scheduler
-        self.outbox: list[tuple[str, str]] = []  # (worker queue key, message) not yet sent
-        self.resync_needed = False
+    def __init__(
+        self, ctx: SchedulerContext, dispatch: Dispatcher, reports: Reports, redrive: Redrive
+    ) -> None:
+        self.ctx = ctx
+        self.dispatch = dispatch
+        self.reports = reports
+        self.redrive = redrive
+        self._redis_epoch: str | None = None
+        self._beats_grace_until = 0.0  # monotonic: Redis lost its data, heartbeats come back
 
-    # ------------------------------------------------------------------ driving again
-    def redrive(self, run: RunState, reason: str, *, objects_gone: bool = False) -> None:
-        """Withdraw what ``run`` has out, release its object, and drive it again from its
-        input (or fail it, once it was driven ``MAX_DRIVES`` times)."""
-        s = self.s
-        self._withdraw(run)
-        s._waiting.pop(run.workflow_id, None)
-        if run.cancelled:
-            if not objects_gone:
-                s._cleanup_cancelled(run)
-            s.runs.pop(run.workflow_id, None)
-            return
-        if not objects_gone:
-            self._release(run)
-        if run.drives >= MAX_DRIVES:
-            run.key = ""  # released above
-            s._fail(run, f"driven {run.drives} times without finishing; last: {reason}")
-            return
-        again = run.again()
-        again.retry_at = time.monotonic() + _BACKOFF_S[min(run.drives, len(_BACKOFF_S)) - 1]
-        s.runs[run.workflow_id] = again
-        s._next_tick = min(s._next_tick, again.retry_at)
-        log.warning("workflow %s: %s; driving it again from its input (drive %d)",
-                    run.workflow_id, reason, again.drives)  # fmt: skip
-        self._record([run.workflow_id], "workflow.redriven", reason)
-
-    def minion_restarted(self) -> None:
-        """Every object is gone: drive again each CDI run that had one (or was making one)."""
-        for run in list(self.s.runs.values()):
-            if run.data_plane == "cdi" and (run.key or run.in_flight is not None):
-                self.redrive(
-                    run, "the CDI minion restarted and its objects are gone", objects_gone=True
-                )
-
-    def unsent(self, run: RunState, worker: str, moved: bool, exc: Exception) -> None:
-        """Redis did not take ``run``'s instruction for ``worker``. Nothing is out: place it
-        again soon; if its object was already moved to that worker, drive the run again (the
-        worker is asked to give the object back)."""
-        s = self.s
-        s._in_flight[worker] -= 1
-        run.in_flight = None
-        if moved:
-            self.redrive(run, f"Redis failed the instruction for {worker} ({exc})")
-            return
-        run.retry_at = time.monotonic() + _BACKOFF_S[1]
-        s._next_tick = min(s._next_tick, run.retry_at)
-        log.warning("workflow %s: Redis failed the instruction for %s (%s); placing it again",
-                    run.workflow_id, worker, exc)  # fmt: skip
-
-    def sweep(self) -> None:
-        """Place again every run with nothing under way: no instruction out, no retry due, not
-        waiting for room (a step that raised midway leaves a run so)."""
-        s = self.s
-        for run in list(s.runs.values()):
-            if run.in_flight is not None or run.retry_at or run.workflow_id in s._waiting:
+    # ------------------------------------------------------------------ lost workers
+    def check_in_flight(self) -> None:
+        """A task whose worker went silent: take the object back and retry elsewhere."""
+        now = time.monotonic()
+        loads = {w.worker_id: w for w in self.dispatch.loads()}
+        grace = now < self._beats_grace_until
+        suspects = [r for r in self.ctx.runs.values() if _silence(r, loads, now, grace) is not None]
+        if suspects:
+            # A worker that reports and then exits (a task overran its timeout) is restarted
+            # before this loop may have read the report: read what has arrived first, or
+            # the attempt would be recorded as lost instead of with its own outcome.
+            self._take_arrived_reports()
+        for run in suspects:
+            dead = _silence(run, loads, now, grace)
+            flight = run.in_flight
+            if dead is None or flight is None:
+                continue  # its report had arrived (or the next task is on a live worker)
+            if run.data_plane == DataPlane.CDI and not self._regain(run, flight):
+                # The worker still holds the object: it is alive after all. If it is overdue,
+                # its report (or our instruction) may have been lost.
+                if not dead:
+                    self._overdue(run, flight, now)
                 continue
-            if run.cancelled:
-                s._guarded(lambda run=run: s._cleanup_cancelled(run))  # type: ignore[misc]
-                continue
-            log.warning("workflow %s had nothing under way; placing step %r again",
-                        run.workflow_id, run.current.ref)  # fmt: skip
-            s._guarded(lambda run=run: s._dispatch(run))  # type: ignore[misc]
+            self._give_up(run, flight, dead)
 
-    # ------------------------------------------------------------------ from Postgres
-    def resync(self) -> None:
-        """Postgres failed a write: forget every run and drive our RUNNING workflows again from
-        what Postgres has. Raises while Postgres is still away (tried again next tick)."""
-        s = self.s
-        for run in list(s.runs.values()):
-            self._withdraw(run)
-            self._release(run)
-        s.runs.clear()
-        s._waiting.clear()
-        s._in_flight.clear()
-        self.resync_needed = False
-        try:
-            self.resume_own("Postgres failed a write")
-        except Exception:
-            self.resync_needed = True
-            raise
-
-    def resume_own(self, reason: str) -> None:
-        """Drive again our RUNNING workflows that no run in memory stands for, each step's
-        attempts going on from the last one Postgres has."""
-        s = self.s
-        with s.sessions() as session, session.begin():
-            query = select(Workflow).where(
-                Workflow.status == WorkflowStatus.RUNNING, Workflow.claimed_by == s.id
-            )
-            if s.runs:
-                query = query.where(Workflow.id.not_in(list(s.runs)))
-            mine = session.scalars(query).all()
-            if not mine:
-                return
-            ids = [w.id for w in mine]
-            attempts = _attempts(session, ids)
-            _close_open_task_runs(session, ids, f"{reason}; the workflow goes on from its input")
-            failed: list[tuple[uuid.UUID, str]] = []
-            for workflow in mine:
-                try:
-                    plan = s._plan_orm(session, workflow)
-                except OrchestratorError as exc:
-                    failed.append((workflow.id, str(exc)))
-                    continue
-                run = plan.again(attempts.get(workflow.id, {}))
-                s.runs[run.workflow_id] = run
-                repo.record_event(
-                    session, "workflow.resumed", {"scheduler": s.id, "reason": reason},
-                    workflow_id=workflow.id,
-                )  # fmt: skip
-        log.warning("resuming %d workflow(s) from their input: %s", len(mine) - len(failed), reason)
-        for workflow_id, why in failed:
-            s._fail_id(workflow_id, why)
-        for run in [s.runs[w.id] for w in mine if w.id in s.runs]:
-            s._guarded(lambda run=run: s._dispatch(run))  # type: ignore[misc]
-
-    # ------------------------------------------------------------------ sending later
-    def send_later(self, queue: str, message: str) -> None:
-        self.outbox.append((queue, message))
-
-    def flush_outbox(self) -> None:
-        while self.outbox:
-            queue, message = self.outbox[0]
-            self.s.redis.lpush(queue, message)  # a Redis error leaves it for the next tick
-            self.outbox.pop(0)
-
-    # ------------------------------------------------------------------ helpers
-    def _withdraw(self, run: RunState) -> None:
-        """Take ``run``'s instruction back from its worker's lists (best effort: a worker that
-        already runs it reports to nobody who waits, and that report is dropped as stale)."""
-        lost = run.in_flight
-        if lost is None:
+    def _overdue(self, run: RunState, flight: InFlight, now: float) -> None:
+        """No report past the deadline from a live worker that keeps the run's object: send
+        the instruction once more; if that brings nothing either, drive the run again."""
+        if flight.resent:
+            self.redrive.run(
+                run, f"worker {flight.worker} sent no report for task run "
+                f"{flight.task_run_id}, even when asked again",
+            )  # fmt: skip
             return
-        s = self.s
-        s._in_flight[run.in_flight_worker] -= 1
+        deadline = now + run.current.timeout_s + LOST_GRACE_S
+        run.in_flight = dataclasses.replace(flight, resent=True, deadline=deadline)
+        log.warning("no report for task run %s from %s in time; sending it again",
+                    flight.task_run_id, flight.worker)  # fmt: skip
+        self.ctx.redis.lpush(keys.worker_queue_key(flight.worker), flight.instruction.dumps())
+
+    def _give_up(self, run: RunState, flight: InFlight, dead: bool) -> None:
+        """Record the task as lost, withdraw its instruction, and retry the step elsewhere."""
+        self.dispatch.returned(flight)
         run.in_flight = None
-        text = lost.dumps()
-        try:
-            pipe = s.redis.pipeline(transaction=False)
-            pipe.lrem(keys.worker_queue_key(run.in_flight_worker), 0, text)
-            pipe.lrem(keys.worker_inflight_key(run.in_flight_worker), 0, text)
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.warning("could not withdraw task run %s from %s: %s",
-                        lost.task_run_id, run.in_flight_worker, exc)  # fmt: skip
-
-    def _release(self, run: RunState) -> None:
-        try:
-            self.s._release_object(run)
-        except Exception as exc:  # the minion or Redis is away: the object is lost anyway
-            log.warning("could not release the object of workflow %s: %s", run.workflow_id, exc)
-
-    def _record(self, ids: Iterable[uuid.UUID], kind: str, reason: str) -> None:
-        """Best effort: the open task runs of ``ids`` FAILED with ``reason``, and an event."""
-        try:
-            with self.s.sessions() as session, session.begin():
-                _close_open_task_runs(session, list(ids), reason)
-                for workflow_id in ids:
-                    repo.record_event(session, kind, {"reason": reason}, workflow_id=workflow_id)
-        except Exception as exc:
-            log.warning("could not record %s: %s", kind, exc)
-            self.resync_needed = True
-
-
-def _attempts(session: Session, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, int]]:
-    """Per workflow, the last attempt Postgres has of each step."""
-    rows = session.execute(
-        select(TaskRun.workflow_id, TaskRun.ref, func.max(TaskRun.attempt))
-        .where(TaskRun.workflow_id.in_(ids))
-        .group_by(TaskRun.workflow_id, TaskRun.ref)
-    ).all()
-    found: dict[uuid.UUID, dict[str, int]] = {}
-    for workflow_id, ref, attempt in rows:
-        found.setdefault(workflow_id, {})[ref] = int(attempt)
-    return found
-
-
-def _close_open_task_runs(session: Session, ids: list[uuid.UUID], reason: str) -> None:
-    session.execute(
-        update(TaskRun)
-        .where(
-            TaskRun.workflow_id.in_(ids),
-            TaskRun.status.in_([TaskRunStatus.QUEUED, TaskRunStatus.RUNNING]),
+        reason = (
+            f"worker {flight.worker} died"
+            if dead
+            else f"no report within {run.current.timeout_s + LOST_GRACE_S:.0f} s"
         )
-        .values(status=TaskRunStatus.FAILED, error=reason)
-    )
+        if run.held:
+            reason += (
+                f"; it held the image of step {run.steps[run.held_from].ref!r} on in memory, "
+                "so the workflow goes on from that step again"
+            )
+        self.ctx.db.task_run_lost(flight.task_run_id, reason)
+        # Withdraw this instruction wherever it still sits, so a restarted worker of the
+        # same id does not run it too; other runs' instructions stay where they are.
+        lost_text = flight.instruction.dumps()
+        pipe = self.ctx.redis.pipeline(transaction=False)
+        pipe.lrem(keys.worker_queue_key(flight.worker), 0, lost_text)
+        pipe.lrem(keys.worker_inflight_key(flight.worker), 0, lost_text)
+        pipe.execute()
+        run.avoid = run.avoid | {flight.worker}
+        run.last_worker = None
+        if run.held:
+            run.rewind()  # the image it held died with it: recompute it from the object
+        self.reports.after_failure(run, reason, retryable=True)
+
+    def _take_arrived_reports(self) -> None:
+        """Handle every report already waiting on our list, without blocking."""
+        while (text := self.ctx.redis.rpop(self.ctx.reply_key)) is not None:
+            self.reports.read(str(text))
+
+    def _regain(self, run: RunState, flight: InFlight) -> bool:
+        """Wait briefly for the object to come back by the minion's recovery rule; False while
+        the worker still holds it (then it is alive after all). An object the worker was
+        making from the S3 input may be half-written: it is dropped like a half-written output,
+        and the retry fetches the input again."""
+        lost = flight.instruction
+        fetched = lost.key if lost.input_uri else ""
+        try:
+            with self.ctx.cdi.use(fetched or run.key).view(timeout=2):
+                pass
+        except cdi.AccessTimeout:
+            return False
+        except cdi.ObjectNotFound:
+            pass
+        if fetched:
+            self._drop_orphan(fetched)
+        else:
+            run.owner = self.ctx.id
+        if lost.output_key:
+            self._drop_orphan(lost.output_key)
+        return True
+
+    def _drop_orphan(self, key: str) -> None:
+        """A half-written object of a dead worker (its output, or the object it was making from
+        the input) came back to us too: destroy it."""
+        try:
+            orphan = self.ctx.cdi.use(key)
+            orphan.access(timeout=1).release()
+            orphan.destroy()
+        except cdi.CDIError:
+            pass  # it never got created, or is already gone
+
+    # ------------------------------------------------------------------ Redis data loss
+    def check_redis_epoch(self) -> None:
+        """Redis holds only what can be rebuilt: if it lost everything, push what we sent."""
+        raw = self.ctx.redis.get(keys.EPOCH)
+        if raw is None:
+            self.ctx.redis.set(keys.EPOCH, uuid.uuid4().hex, nx=True)
+            raw = self.ctx.redis.get(keys.EPOCH)
+        epoch = str(raw)
+        if self._redis_epoch is not None and epoch != self._redis_epoch:
+            log.warning("Redis lost its data; re-sending in-flight instructions")
+            self._beats_grace_until = time.monotonic() + keys.WORKER_DEAD_AFTER_S
+            for run in self.ctx.runs.values():
+                flight = run.in_flight
+                if flight is not None:
+                    self.ctx.redis.lpush(
+                        keys.worker_queue_key(flight.worker), flight.instruction.dumps()
+                    )
+        self._redis_epoch = epoch
+
+
+def _silence(
+    run: RunState, loads: Mapping[str, WorkerLoad], now: float, grace: bool = False
+) -> bool | None:
+    """For a run with a task in flight whose worker is gone (True) or overdue (False); None
+    while it may still report (``grace``: a worker with no heartbeat may still be alive)."""
+    flight = run.in_flight
+    if flight is None:
+        return None
+    if grace and flight.worker not in loads:
+        return None
+    worker = loads.get(flight.worker)
+    restarted = worker is not None and worker.started_at != flight.worker_started
+    dead = worker is None or not worker.alive or restarted
+    if not dead and now < flight.deadline:
+        return None
+    return dead

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.stack.children import RestartPolicy, describe_exit
+from orchestrator.child_process import describe_exit
+from orchestrator.stack.restarts import RestartPolicy
 
 __all__ = ["Supervised", "Supervisor"]
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class Supervised(Protocol):
-    """What the supervisor needs of a process: ``Child``, a service, a CDI process."""
+    """What the supervisor needs of a process: a ``ChildProcess``, a service, a CDI process."""
 
     @property
     def name(self) -> str: ...
@@ -34,7 +35,7 @@ class Supervised(Protocol):
     def pid(self) -> int | None: ...
 
     @property
-    def log_path(self) -> Path: ...
+    def log_path(self) -> Path | None: ...
 
     @property
     def started_at(self) -> float:
@@ -43,7 +44,7 @@ class Supervised(Protocol):
     def poll(self) -> int | None:
         """None while it runs; its exit status once it ended."""
 
-    def start(self) -> None:
+    def start(self) -> object:
         """Launch it again (a service returns once it answers); raise if it cannot."""
 
 

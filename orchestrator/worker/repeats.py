@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from typing import Final
 
-from orchestrator.messages import Instruction, Report
+from orchestrator.contract.messages import Instruction, Report
 
 __all__ = ["RUNNING", "Repeats"]
 

@@ -23,7 +23,8 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from orchestrator.controller import create_app
 from orchestrator.db import make_engine, make_session_factory
-from orchestrator.scheduler.scheduler import Scheduler
+from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.scheduler.loop import Scheduler
 from orchestrator.services import RunningServices
 from orchestrator.settings import Settings, load_settings
 from tests.orchestrator.scheduler_support import close_scheduler, make_scheduler
@@ -146,3 +147,13 @@ def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Schedu
         yield own
     finally:
         close_scheduler(own)
+
+
+@pytest.fixture(scope="module")
+def api_store(api_database_url: str, api_client: TestClient) -> Iterator[SchedulerStore]:
+    """The scheduler's statements on the module's database, once the app has migrated it."""
+    engine = make_engine(api_database_url, synchronous_commit=False)
+    store = SchedulerStore(engine)
+    yield store
+    store.close()
+    engine.dispose()

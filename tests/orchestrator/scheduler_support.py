@@ -9,12 +9,12 @@ from typing import Any
 
 import redis
 
-from orchestrator import keys
-from orchestrator.db.engine import make_engine, make_session_factory
+from orchestrator.contract import keys
+from orchestrator.db.engine import make_engine
+from orchestrator.db.scheduler_liveness import SchedulerLiveness
+from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.journal import Journal
-from orchestrator.scheduler.reconciler import Reconciler
-from orchestrator.scheduler.scheduler import Scheduler, connect_redis
+from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.settings import Settings
 
 WORKER = "worker-race"
@@ -60,20 +60,19 @@ def make_scheduler(
     return Scheduler(
         name,
         settings,
-        make_session_factory(engine),
+        SchedulerStore(engine),
         connect_redis(settings.redis_url),
         cdi if cdi is not None else _NoCDI(),  # type: ignore[arg-type]
         ObjectStore(settings),
-        journal=Journal(engine),
-        reconciler=Reconciler(engine, name, dead_after_s=0.0) if reconciled else None,
+        liveness=SchedulerLiveness(engine, name, dead_after_s=0.0) if reconciled else None,
     )
 
 
 def close_scheduler(own: Scheduler) -> None:
+    """Stop the scheduler and close its connections, as its process ending would."""
     own.stop()
-    own.journal.close()
-    if own.reconciler is not None:
-        own.reconciler.close()
+    own.db.close()
+    if own.liveness is not None:
+        own.liveness.close()
     own.redis.close()
-    engine = own.journal._engine
-    engine.dispose()
+    own.db._engine.dispose()

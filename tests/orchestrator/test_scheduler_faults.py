@@ -21,11 +21,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator import keys
+from orchestrator.contract import keys
+from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.db.models import Event, TaskRun
 from orchestrator.errors import ServiceError
-from orchestrator.messages import Instruction
-from orchestrator.scheduler.scheduler import Scheduler
+from orchestrator.scheduler.guarded import guarded
+from orchestrator.scheduler.loop import Scheduler
 from orchestrator.settings import Settings
 from tests.orchestrator.scheduler_support import WORKER, beat, close_scheduler, make_scheduler
 
@@ -69,20 +71,20 @@ def test_a_restarted_scheduler_resumes_with_the_next_attempt_not_a_colliding_one
     name = f"scheduler-{uuid.uuid4().hex[:8]}"
     first = make_scheduler(api_settings, name)
     try:
-        first._claim()  # step 1, attempt 1 goes out and is recorded QUEUED
+        first.claims.claim()  # step 1, attempt 1 goes out and is recorded QUEUED
     finally:
         close_scheduler(first)  # then the process dies (kill -9 sends no goodbye)
     assert _task_runs(api_sessions, workflow_id) == [("noop1", 1, "QUEUED")]
 
     second = make_scheduler(api_settings, name)  # the same id: the stack restarts it
     try:
-        second._start_up()
+        second.start_up()
         runs = _task_runs(api_sessions, workflow_id)
         assert runs[0][:2] == ("noop1", 1) and runs[0][2] == "FAILED"
         assert runs[1] == ("noop1", 2, "QUEUED")
         latest = _queued(api_redis)[0]  # LPUSH: the newest is first
         assert (latest.workflow_id, latest.ref, latest.attempt) == (workflow_id, "noop1", 2)
-        second._start_up()  # run again in the same process: nothing is resumed twice
+        second.start_up()  # run again in the same process: nothing is resumed twice
         assert _task_runs(api_sessions, workflow_id)[-1] == ("noop1", 2, "QUEUED")
     finally:
         close_scheduler(second)
@@ -95,16 +97,16 @@ def test_a_step_that_raises_while_placing_is_placed_again_by_the_sweep(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (workflow_id,) = _start(api_client, api_redis)
-    real = scheduler._workers
+    real = scheduler.dispatch.loads
 
     def redis_away() -> list[Any]:
         raise redis.ConnectionError("Redis is restarting")
 
-    monkeypatch.setattr(scheduler, "_workers", redis_away)
-    scheduler._guarded(scheduler._claim)  # claimed in Postgres, but nothing placed
+    monkeypatch.setattr(scheduler.dispatch, "loads", redis_away)
+    guarded(scheduler.claims.claim, scheduler.ctx.faults)  # claimed, but nothing placed
     assert uuid.UUID(workflow_id) in scheduler.runs and _queued(api_redis) == []
 
-    monkeypatch.setattr(scheduler, "_workers", real)
+    monkeypatch.setattr(scheduler.dispatch, "loads", real)
     scheduler._tick()
     assert [i.workflow_id for i in _queued(api_redis)] == [workflow_id]
 
@@ -116,19 +118,19 @@ def test_an_instruction_redis_did_not_take_is_placed_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (workflow_id,) = _start(api_client, api_redis)
-    real = scheduler._send
+    real = scheduler.redis.lpush
     failures = [redis.ConnectionError("connection reset")]
 
-    def flaky_send(worker: str, instruction: Instruction) -> None:
-        if failures:
+    def flaky_lpush(key: str, *values: Any) -> Any:
+        if failures and key == keys.worker_queue_key(WORKER):
             raise failures.pop()
-        real(worker, instruction)
+        return real(key, *values)
 
-    monkeypatch.setattr(scheduler, "_send", flaky_send)
-    scheduler._claim()
+    monkeypatch.setattr(scheduler.redis, "lpush", flaky_lpush)
+    scheduler.claims.claim()
     run = scheduler.runs[uuid.UUID(workflow_id)]
     assert run.in_flight is None and run.retry_at > 0  # nothing out, a retry due
-    assert scheduler._in_flight[WORKER] == 0
+    assert scheduler.dispatch._in_flight[WORKER] == 0
     run.retry_at = 1e-9  # due now
     scheduler._tick()
     assert [i.workflow_id for i in _queued(api_redis)] == [workflow_id]
@@ -142,23 +144,21 @@ def test_postgres_failing_a_write_makes_the_scheduler_resume_from_what_it_has(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (workflow_id,) = _start(api_client, api_redis)
-    scheduler._claim()
+    scheduler.claims.claim()
     first = _queued(api_redis)[0]
-    real = scheduler.journal.report
+    real = scheduler.db.report
 
     def postgres_gone(*args: Any, **kwargs: Any) -> bool:
         raise ServiceError("Postgres failed the scheduler's write: gone", service="postgres")
 
-    monkeypatch.setattr(scheduler.journal, "report", postgres_gone)
-    from orchestrator.messages import Report
+    monkeypatch.setattr(scheduler.db, "report", postgres_gone)
+    done = Report(first.task_run_id, workflow_id, WORKER, TaskRunStatus.COMPLETED, 1.0, 2.0)
+    scheduler.reports.read(done.dumps())
+    assert scheduler.ctx.faults.postgres
 
-    done = Report(first.task_run_id, workflow_id, WORKER, "COMPLETED", 1.0, 2.0)
-    scheduler._on_report_text(done.dumps())
-    assert scheduler.recovery.resync_needed
-
-    monkeypatch.setattr(scheduler.journal, "report", real)
+    monkeypatch.setattr(scheduler.db, "report", real)
     scheduler._tick()  # Postgres answers again: resync
-    assert not scheduler.recovery.resync_needed
+    assert not scheduler.ctx.faults.postgres
     runs = _task_runs(api_sessions, workflow_id)
     assert runs[0] == ("noop1", 1, "FAILED")  # the report was never recorded: done again
     assert runs[-1] == ("noop1", 2, "QUEUED")
@@ -180,11 +180,11 @@ def test_a_dead_schedulers_workflows_go_to_a_live_one_and_a_live_ones_stay(
     survivor = make_scheduler(api_settings, reconciled=True)
     try:
         for each in (alive, dying, survivor):
-            each._start_up()  # takes its liveness lock
+            each.start_up()  # takes its liveness lock
         (kept,) = _start(api_client, api_redis)
-        alive._claim()
+        alive.claims.claim()
         (orphan,) = _start(api_client, api_redis)
-        dying._claim()
+        dying.claims.claim()
         assert uuid.UUID(orphan) in dying.runs and uuid.UUID(kept) in alive.runs
         close_scheduler(dying)  # its connections close: its lock is gone
 

@@ -16,7 +16,7 @@ from fastapi import APIRouter
 
 from cdi.controller.client import ControllerClient
 from cdi.errors import CDIError
-from orchestrator import keys
+from orchestrator.contract import keys
 from orchestrator.controller.schemas import (
     CdiDirectoryPublic,
     CdiMinionPublic,

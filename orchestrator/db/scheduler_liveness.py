@@ -1,12 +1,14 @@
 """Which schedulers are alive, and who takes over the workflows of one that died (Postgres).
 
+The scheduler's loop keeps one ``SchedulerLiveness`` (its reconciler's side in Postgres).
+
 Every scheduler holds, on a connection of its own, a Postgres advisory lock named after its id
 for as long as it lives: the kernel closes a dead process's connection and Postgres drops its
 locks, so "its lock is held" is the truth about "it runs" without heartbeats to write. One
 scheduler at a time also holds the *lease* (another advisory lock): it alone takes over the
 RUNNING workflows of schedulers whose lock has been missing for ``dead_after_s`` (as many as it
 has room for; the rest at its next turns) and drives them again from their input, each step's
-attempts going on from what Postgres has (``recovery.Recovery.resume_own``). *Why a lease:*
+attempts going on from what Postgres has (``scheduler.claims.Claims.resume``). *Why a lease:*
 two schedulers taking over the same rows would fight; the lease makes one do it, and whoever
 holds it when its holder dies takes over at once. *Why a grace:* after a Postgres restart every lock
 is gone until each scheduler has reconnected; a scheduler is declared dead only once its lock
@@ -24,7 +26,7 @@ import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.pool import PoolProxiedConnection
 
-__all__ = ["LEASE_KEY", "LIVENESS_CLASS", "Reconciler", "alive_schedulers_sql"]
+__all__ = ["LEASE_KEY", "LIVENESS_CLASS", "SchedulerLiveness", "alive_schedulers_sql"]
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ SELECT id FROM taken
 )
 
 
-class Reconciler:
+class SchedulerLiveness:
     """A scheduler's liveness lock and, while it holds the lease, the take-over of dead
     schedulers' workflows. Only the scheduler's loop thread calls it."""
 
