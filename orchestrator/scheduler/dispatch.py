@@ -9,19 +9,26 @@ always current. A step that may go to any worker but finds none with room waits 
 
 *Send, then record:* an instruction is pushed before its task run is recorded, so the record
 overlaps the worker's run; its report waits in the scheduler's list until the loop thread,
-the one recording, reads it.
+the one recording, reads it. An instruction Redis does not take goes to ``unsent`` (the loop
+places the run again, ``redrive.Redrive.unsent``); a worker gone from the minion when its
+object is moved there is avoided and the step placed elsewhere.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import random
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Final
 
+import redis
+
+import cdi
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.db.run_statements import Handoff, Placement
@@ -36,6 +43,13 @@ __all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "Dispatcher"]
 BEATS_TTL_S: Final = 0.5  # heartbeats are re-read at most this often (workers beat every 2 s)
 LOST_GRACE_S: Final = 5.0  # beyond a task's timeout before its silent worker is presumed gone
 _FIRST_GUESS_S: Final = 0.05  # a task's expected run time before one has been measured
+_GONE_RETRY_S: Final = 0.2  # a step whose worker vanished at the hand-off is placed again after
+
+log = logging.getLogger(__name__)
+
+# What to do with a run whose instruction Redis did not take: (run, worker, whether its object
+# had been moved to that worker, the error).
+Unsent = Callable[[RunState, str, bool, Exception], None]
 
 
 class Dispatcher:
@@ -53,6 +67,7 @@ class Dispatcher:
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
         self._loads: dict[str, WorkerLoad] = {}  # as the latest choice saw them
         self.link = Link.from_env()  # what crossing to another host costs; learnt as it goes
+        self.unsent: Unsent | None = None  # set by the loop (redrive)
 
     # ------------------------------------------------------------------ placing
     def dispatch(self, run: RunState) -> None:
@@ -60,8 +75,7 @@ class Dispatcher:
         if run.cancelled or run.workflow_id not in self.ctx.runs:
             return
         placement = self.choose(run)
-        if placement is not None:
-            self.send(run, placement)
+        if placement is not None and self.send(run, placement):
             self.ctx.db.place(placement)
 
     def dispatch_waiting(self) -> None:
@@ -75,7 +89,7 @@ class Dispatcher:
             like = (run.current.task, run.policy, run.last_worker)
             if like in refused:
                 continue
-            guarded(functools.partial(self.dispatch, run))
+            guarded(functools.partial(self.dispatch, run), self.ctx.faults)
             if run.workflow_id in self.waiting:
                 refused.add(like)
 
@@ -101,9 +115,18 @@ class Dispatcher:
         self._loads = {w.worker_id: w for w in loads}
         handoff = None
         if run.data_plane == DataPlane.CDI and run.key and run.owner != worker:
-            took_us = self._transfer(run, worker)
+            try:
+                took_us = self._transfer(run, worker)
+            except cdi.UnknownContainer:
+                # It died after its last heartbeat (on this host or another, whose gateway
+                # says so): the object is still ours; go elsewhere.
+                log.warning("worker %s is gone from the minion; placing %s elsewhere",
+                            worker, run.workflow_id)  # fmt: skip
+                run.avoid = run.avoid | {worker}
+                run.retry_at = time.monotonic() + _GONE_RETRY_S
+                return None
             handoff = Handoff(
-                self.ctx.id, worker, run.nbytes, took_us, self.ctx.cdi.host or "",
+                self.ctx.id, worker, run.nbytes, took_us, self.ctx.cdi.host,
                 self.host_of(worker),
             )  # fmt: skip
         return Placement(
@@ -117,9 +140,10 @@ class Dispatcher:
             handoff,
         )
 
-    def send(self, run: RunState, placement: Placement) -> None:
+    def send(self, run: RunState, placement: Placement) -> bool:
         """Push the instruction for ``placement`` (before its task run is recorded) and note
-        it as the run's task in flight."""
+        it as the run's task in flight; False (the run handed to ``unsent``) when Redis did
+        not take it."""
         step, worker = run.current, placement.worker
         instruction = instruction_for(
             run,
@@ -139,7 +163,14 @@ class Dispatcher:
         run.attempts[step.ref] = run.attempt  # a recomputed step's attempts go on from here
         run.last_worker = worker
         self._in_flight[worker] += 1
-        self.ctx.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
+        try:
+            self.ctx.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
+        except redis.RedisError as exc:
+            if self.unsent is None:
+                raise
+            self.unsent(run, worker, placement.handoff is not None, exc)
+            return False
+        return True
 
     def _transfer(self, run: RunState, worker: str) -> float:
         started = time.perf_counter_ns()
@@ -158,7 +189,7 @@ class Dispatcher:
 
     def _route(self, run: RunState, loads: list[WorkerLoad]) -> Route:
         """Where the run's object is, for pricing a move to another host."""
-        hub = self.ctx.cdi.host or ""
+        hub = self.ctx.cdi.host
         if not run.owner or run.owner == self.ctx.id:
             return Route(hub, hub, self.link)
         holder = next((w for w in loads if w.worker_id == run.owner), None)

@@ -12,7 +12,6 @@ import json
 import logging
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -23,7 +22,9 @@ from typing import Any, TypeVar
 
 import click
 
+from orchestrator.child_process import ChildProcess
 from orchestrator.errors import OrchestratorError
+from orchestrator.stack.access import service_access
 from orchestrator.stack.control import (
     check_no_leftovers,
     failure_report,
@@ -147,7 +148,8 @@ def up_command(
         click.echo(f"\nRunning in the background. Stop it with: cdiflow down --data-dir {folder}")
         return
     click.echo("\nPress Ctrl-C to stop.")
-    status = proc.wait()
+    proc.wait()
+    status = proc.returncode
     if status != 0:
         raise click.ClickException(f"the stack's supervisor exited with status {status}")
     click.echo("stack stopped")
@@ -190,6 +192,8 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             report["supervisor"]["alive"] = running
             for row, proc in zip(report["processes"], state.processes, strict=True):
                 row["alive"] = proc.alive()
+            if (access := service_access(folder, state)) is not None:
+                report["credentials"] = access
         click.echo(json.dumps(report))
     elif state is None:
         click.echo(running_message(folder) if running else f"no stack runs from {folder}")
@@ -200,6 +204,8 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             click.echo(f"stale stack.json in {folder}: the supervisor (pid "
                        f"{state.supervisor.pid}) is gone; `cdiflow down` cleans up")  # fmt: skip
         click.echo(format_table((state.supervisor, *state.processes), folder, show_state=True))
+        if (access := service_access(folder, state)) is not None:
+            click.echo(_access_text(access))
     sys.exit(0 if running else 1)
 
 
@@ -256,7 +262,22 @@ def _summary(state: StackState, folder: Path) -> str:
     return f"{head}\n{format_table((state.supervisor, *state.processes), folder)}"
 
 
-def _forward_stop_signals(proc: subprocess.Popen[bytes]) -> threading.Event:
+def _access_text(access: dict[str, Any]) -> str:
+    """The embedded services' credentials as lines (only their owner gets this far)."""
+    lines = [f"\ncredentials of the embedded services (from {access['file']}, yours only):"]
+    for label, key in (("DATABASE_URL", "database_url"), ("REDIS_URL", "redis_url")):
+        if key in access:
+            lines.append(f"  {label}={access[key]}")
+    if s3 := access.get("s3"):
+        lines += [
+            f"  S3_ENDPOINT_URL={s3['endpoint_url']}",
+            f"  AWS_ACCESS_KEY_ID={s3['access_key_id']}",
+            f"  AWS_SECRET_ACCESS_KEY={s3['secret_access_key']}",
+        ]
+    return "\n".join(lines)
+
+
+def _forward_stop_signals(proc: ChildProcess) -> threading.Event:
     """Turn Ctrl-C, SIGTERM and SIGHUP into a SIGTERM for the supervisor, which stops the
     stack in order; we keep waiting for it. The returned event is set once one arrived."""
     requested = threading.Event()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import signal
@@ -15,13 +16,13 @@ from typing import ParamSpec, Self
 
 import redis
 
+from orchestrator.child_process import ChildProcess, describe_exit, port_is_free
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
 from orchestrator.services import RunningServices, start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
 from orchestrator.stack.cdi_runtime import CdiRuntime
-from orchestrator.stack.children import Child, RestartPolicy, describe_exit
 from orchestrator.stack.defaults import (
     API_COMMAND,
     DEFAULT_HOST,
@@ -31,8 +32,10 @@ from orchestrator.stack.defaults import (
     WORKER_COMMAND,
 )
 from orchestrator.stack.env import stack_environment
+from orchestrator.stack.restarts import RestartPolicy
 from orchestrator.stack.state import DataDirLock, ProcessInfo
-from orchestrator.stack.supervision import Supervisor
+from orchestrator.stack.supervised import ServiceProcess
+from orchestrator.stack.supervision import Supervised, Supervisor
 
 __all__ = ["Stack"]
 
@@ -49,8 +52,9 @@ class Stack:
         with Stack("/tmp/data", workers=2, port=8001) as stack:
             requests.post(f"{stack.api_url}/api/workflows", ...)
 
-    ``start()`` returns once every piece answers; scheduler and workers that exit on their own
-    are restarted (see ``RestartPolicy``). ``stop()`` ends everything in reverse order, by PID.
+    ``start()`` returns once every piece answers; any piece that exits on its own (an embedded
+    service, the CDI controller or minion, the API, the scheduler, a worker) is restarted with
+    a back-off (see ``RestartPolicy``). ``stop()`` ends everything in reverse order, by PID.
     One stack per data folder (``StackRunning`` otherwise). Pass ``services`` to use running
     services instead of starting them (they are then left running).
 
@@ -88,7 +92,7 @@ class Stack:
         # Several hosts: a minion with a gateway per host (cdi.remote.cluster); the scheduler
         # and the API use host 1's, worker n host ((n - 1) mod hosts) + 1's.
         self.hosts = hosts
-        self.cdi = CdiRuntime(self.data_dir, self.logs_dir, hosts)
+        self.cdi = CdiRuntime(self.data_dir, self.data_dir / "logs", hosts)
         self.minion_socket = self.cdi.socket_of("host1")
         self.scheduler_id = "scheduler-1"
         self.worker_ids = [f"worker-{n}" for n in range(1, workers + 1)]
@@ -106,9 +110,9 @@ class Stack:
         self._given_services = services
         self._services: RunningServices | None = None
         self._lock = DataDirLock(self.data_dir)
-        self._api: Child | None = None
-        self._scheduler: Child | None = None
-        self._workers: dict[str, Child] = {}
+        self._api: ChildProcess | None = None
+        self._scheduler: ChildProcess | None = None
+        self._workers: dict[str, ChildProcess] = {}
         self._supervisor: Supervisor | None = None
         self._running = False
 
@@ -161,8 +165,7 @@ class Stack:
         except BaseException:  # includes Ctrl-C: never leave a child behind
             self.stop()
             raise
-        supervised = [c for c in (self._scheduler, *self._workers.values()) if c is not None]
-        self._supervisor = Supervisor(supervised, self._policy, on_restart=self._restarted)
+        self._supervisor = Supervisor(self._supervised(), self._policy, on_change=self._restarted)
         self._supervisor.start()
         log.info("stack ready in %.1fs: API %s, data %s",
                  time.monotonic() - began, self.api_url, self.data_dir)  # fmt: skip
@@ -210,8 +213,17 @@ class Stack:
         return next((p.pid for p in self.processes() if p.name == name), None)
 
     def restarts(self, name: str) -> int:
-        """How many times the scheduler or a worker was restarted."""
+        """How many times the piece of that row name was restarted."""
         return self._supervisor.restarts(name) if self._supervisor is not None else 0
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to a piece by its row name (``postgres``, ``cdi-minion``, ``api``, a
+        worker, ...); the supervisor restarts it. Returns the PID."""
+        pid = self.pid_of(name)
+        if pid is None:
+            raise StackError(f"no running process {name!r} in this stack (a configured service?)")
+        os.kill(pid, sig)
+        return pid
 
     def processes(self) -> list[ProcessInfo]:
         """Every piece in start order: services, controller, minion, API, scheduler, workers."""
@@ -223,16 +235,36 @@ class Stack:
             for name, url in urls.items():
                 shown = probes.hide_password(url)
                 if (service := embedded.get(name)) is not None:
-                    rows.append(ProcessInfo.of(name, service.pid, shown, service.log_file))
+                    rows.append(self._row(name, service.pid, shown, service.log_file))
                 else:
                     rows.append(ProcessInfo(name, None, shown))  # configured, not ours
-        rows.extend(self.cdi.processes())
+        for cdi_child, address in self.cdi.processes:
+            if cdi_child.pid is not None:
+                rows.append(self._row(cdi_child.name, cdi_child.pid, address, cdi_child.log_path))
         if self._api is not None:
-            rows.append(ProcessInfo.of("api", self._api.pid, self.api_url, self._api.log_path))
+            rows.append(self._row("api", self._api.pid, self.api_url, self._api.log_path))
         for child in (self._scheduler, *self._workers.values()):
             if child is not None:
-                rows.append(ProcessInfo.of(child.name, child.pid, "", child.log_path))
+                rows.append(self._row(child.name, child.pid, "", child.log_path))
         return rows
+
+    def _row(self, name: str, pid: int | None, address: str, log_path: Path | None) -> ProcessInfo:
+        row = ProcessInfo.of(name, pid, address, log_path)
+        supervisor = self._supervisor
+        if supervisor is None or name not in supervisor.names():
+            return row
+        return dataclasses.replace(
+            row, restarts=supervisor.restarts(name), restarting=supervisor.restarting(name)
+        )
+
+    def _supervised(self) -> list[Supervised]:
+        """What the supervisor restarts: our services (not given ones), then every process."""
+        pieces: list[Supervised] = []
+        if self._given_services is None and self._services is not None:
+            pieces += [ServiceProcess(service) for service in self._services.embedded]
+        pieces += [p for p, _ in self.cdi.processes]
+        pieces += [c for c in (self._api, self._scheduler, *self._workers.values()) if c]
+        return pieces
 
     def environment(self, host: str = "host1") -> dict[str, str]:
         """The environment the stack's processes on ``host`` get (for launching another one
@@ -259,7 +291,7 @@ class Stack:
 
     def _check_can_start(self) -> None:
         """Refuse early, before starting anything, what would fail later."""
-        if not probes.port_is_free(self.host, self.port):
+        if not port_is_free(self.host, self.port):
             raise StackError(
                 f"port {self.port} on {self.host} is already in use, so the API cannot listen "
                 "there; stop what listens on it or choose another port with --port"
@@ -305,7 +337,7 @@ class Stack:
         finally:
             client.close()
 
-    def _child(self, name: str, kind: str, env: dict[str, str]) -> Child:
+    def _child(self, name: str, kind: str, env: dict[str, str]) -> ChildProcess:
         values = {"{python}": sys.executable, "{id}": name,
                   "{host}": self.host, "{port}": str(self.port)}  # fmt: skip
         argv = []
@@ -313,9 +345,11 @@ class Stack:
             for placeholder, value in values.items():
                 arg = arg.replace(placeholder, value)
             argv.append(arg)
-        return Child(name, argv, env, self.logs_dir / f"{name}.log")
+        return ChildProcess(name, argv, env=env, log_path=self.logs_dir / f"{name}.log")
 
-    def _wait(self, child: Child, ready: Callable[[], bool], what: Callable[[], str]) -> None:
+    def _wait(
+        self, child: ChildProcess, ready: Callable[[], bool], what: Callable[[], str]
+    ) -> None:
         """Poll ``ready`` until true; raise with the log's tail if the child ends or stalls."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
@@ -333,7 +367,7 @@ class Stack:
                 )  # fmt: skip
             time.sleep(0.05)
 
-    def _wait_heartbeat(self, client: redis.Redis, worker: Child) -> None:
+    def _wait_heartbeat(self, client: redis.Redis, worker: ChildProcess) -> None:
         problem = ""
 
         def beating() -> bool:
@@ -347,13 +381,15 @@ class Stack:
         key = worker_key(worker.name)
         self._wait(worker, beating, lambda: f"its heartbeat {key} in Redis{problem}")
 
-    def _failed(self, child: Child, message: str) -> StackError:
-        text = f"{message}; see {child.log_path}"
+    def _failed(self, child: ChildProcess, message: str) -> StackError:
+        log_file = child.log_path
+        assert log_file is not None  # the stack's children all write a log of their own
+        text = f"{message}; see {log_file}"
         if tail := child.log_tail():
-            text += f"\n--- last lines of {child.log_path.name} ---\n{tail}"
-        return StackError(text, log_file=child.log_path)
+            text += f"\n--- last lines of {log_file.name} ---\n{tail}"
+        return StackError(text, log_file=log_file)
 
-    def _restarted(self, child: Child) -> None:
+    def _restarted(self, child: Supervised) -> None:
         if self._on_restart is not None:
             self._on_restart(child.name)
 
