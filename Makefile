@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint typecheck bench browser proto clean native s3server
+.PHONY: demo test check lint typecheck bench browser kustomize proto clean native s3server
 
 # The native minion (Rust). Rust comes with rustup, often outside a non-login shell's PATH.
 CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
@@ -47,7 +47,16 @@ browser:
 	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 	    else echo "chromium is missing: the browser tests will be skipped (run as root, or apt-get install chromium)"; fi; }
 
-test: $(STAMP) native s3server browser
+# The Kubernetes manifests are rendered by kustomize in the tests: kubectl's or kustomize's own
+# when installed, else kustomize built from its Go module (skipped with a note without Go).
+KUSTOMIZE_VERSION ?= v5.5.0
+kustomize:
+	@command -v kustomize >/dev/null 2>&1 || command -v kubectl >/dev/null 2>&1 || \
+	  [ -x "$(HOME)/go/bin/kustomize" ] || \
+	  { if [ -x "$(GO)" ]; then "$(GO)" install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION); \
+	    else echo "neither kustomize, kubectl nor go: the manifest rendering test will be skipped"; fi; }
+
+test: $(STAMP) native s3server browser kustomize
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; fi

@@ -261,6 +261,8 @@ class HandoffPublic(_Output):
     bytes: int
     duration_us: float
     at: datetime
+    from_host: str | None = None
+    to_host: str | None = None
 
 
 class EventPublic(_Output):

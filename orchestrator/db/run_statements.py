@@ -69,6 +69,8 @@ class Handoff:
     to_container: str
     nbytes: int
     duration_us: float
+    from_host: str = ""  # the containers' CDI hosts ("": unknown)
+    to_host: str = ""
 
 
 @dataclass(frozen=True)
@@ -184,9 +186,9 @@ nxt AS (
     RETURNING id, workflow_id
 ), fwd AS (
     INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
-                          duration_us)
+                          duration_us, from_host, to_host)
     SELECT workflow_id, id, %(f_from)s::text, %(f_to)s::text, %(f_bytes)s::bigint,
-           %(f_us)s::float8
+           %(f_us)s::float8, %(f_from_host)s::text, %(f_to_host)s::text
     FROM nxt WHERE %(f_moved)s::bool
 )
 """
@@ -245,9 +247,9 @@ WITH rep AS (
     FROM rep
 ), back AS (
     INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
-                          duration_us)
+                          duration_us, from_host, to_host)
     SELECT workflow_id, %(task_run_id)s::bigint, %(b_from)s::text, %(b_to)s::text,
-           %(b_bytes)s::bigint, %(b_us)s::float8
+           %(b_bytes)s::bigint, %(b_us)s::float8, %(b_from_host)s::text, %(b_to_host)s::text
     FROM rep WHERE %(b_moved)s::bool
 ),"""
     + _PLACE_CTES
@@ -367,4 +369,6 @@ def _handoff_params(prefix: str, handoff: Handoff | None) -> dict[str, Any]:
         f"{prefix}_to": handoff.to_container if handoff else None,
         f"{prefix}_bytes": handoff.nbytes if handoff else None,
         f"{prefix}_us": float(handoff.duration_us) if handoff else None,
+        f"{prefix}_from_host": (handoff.from_host or None) if handoff else None,
+        f"{prefix}_to_host": (handoff.to_host or None) if handoff else None,
     }

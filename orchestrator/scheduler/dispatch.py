@@ -35,7 +35,7 @@ from orchestrator.db.run_statements import Handoff, Placement
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import instruction_for
-from orchestrator.scheduler.placement import WorkerLoad, choose_worker, read_workers
+from orchestrator.scheduler.placement import Link, Route, WorkerLoad, choose_worker, read_workers
 from orchestrator.scheduler.runs import InFlight, RunState
 
 __all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "Dispatcher"]
@@ -66,6 +66,7 @@ class Dispatcher:
         self._beats: dict[str, dict[str, str]] = {}
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
         self._loads: dict[str, WorkerLoad] = {}  # as the latest choice saw them
+        self.link = Link.from_env()  # what crossing to another host costs; learnt as it goes
         self.unsent: Unsent | None = None  # set by the loop (redrive)
 
     # ------------------------------------------------------------------ placing
@@ -105,6 +106,7 @@ class Dispatcher:
             nbytes=run.nbytes,
             rng=self._rng,
             avoid=run.avoid,
+            route=self._route(run, loads),
         )
         if worker is None:
             self.waiting.setdefault(run.workflow_id, run)
@@ -114,14 +116,19 @@ class Dispatcher:
         handoff = None
         if run.data_plane == DataPlane.CDI and run.key and run.owner != worker:
             try:
-                handoff = Handoff(self.ctx.id, worker, run.nbytes, self._transfer(run, worker))
+                took_us = self._transfer(run, worker)
             except cdi.UnknownContainer:
-                # It died after its last heartbeat: the object is still ours; go elsewhere.
+                # It died after its last heartbeat (on this host or another, whose gateway
+                # says so): the object is still ours; go elsewhere.
                 log.warning("worker %s is gone from the minion; placing %s elsewhere",
                             worker, run.workflow_id)  # fmt: skip
                 run.avoid = run.avoid | {worker}
                 run.retry_at = time.monotonic() + _GONE_RETRY_S
                 return None
+            handoff = Handoff(
+                self.ctx.id, worker, run.nbytes, took_us, self.ctx.cdi.host,
+                self.host_of(worker),
+            )  # fmt: skip
         return Placement(
             self.ctx.db.next_task_run_id(),
             run.workflow_id,
@@ -169,7 +176,24 @@ class Dispatcher:
         started = time.perf_counter_ns()
         self.ctx.cdi.use(run.key, check=False).transfer(worker)
         run.owner = worker
-        return (time.perf_counter_ns() - started) / 1000
+        took_us = (time.perf_counter_ns() - started) / 1000
+        load = self._loads.get(worker)
+        if load is not None and load.host and load.host != self.ctx.cdi.host:
+            self.link.observe(run.nbytes, took_us / 1e6)  # it crossed: learn the link
+        return took_us
+
+    def host_of(self, worker: str) -> str:
+        """The CDI host of ``worker`` as its latest heartbeat said ("" if unknown)."""
+        load = self._loads.get(worker)
+        return load.host if load is not None else ""
+
+    def _route(self, run: RunState, loads: list[WorkerLoad]) -> Route:
+        """Where the run's object is, for pricing a move to another host."""
+        hub = self.ctx.cdi.host
+        if not run.owner or run.owner == self.ctx.id:
+            return Route(hub, hub, self.link)
+        holder = next((w for w in loads if w.worker_id == run.owner), None)
+        return Route(holder.host if holder is not None else hub, hub, self.link)
 
     # ------------------------------------------------------------------ what comes back
     def returned(self, flight: InFlight) -> None:

@@ -41,6 +41,11 @@ class MinionLink:
     def list_objects(self) -> list[dict[str, Any]]:
         return self._live().list_objects()
 
+    @property
+    def host(self) -> str:
+        """The CDI host of our minion ("" while it is away)."""
+        return (self._client.host or "") if self._client is not None else ""
+
     def check(self) -> bool:
         """Ask the minion whether it is there; reconnect if it went away. True when a new
         connection was made (the objects of earlier ones are gone). ``cdi.MinionUnavailable``

@@ -84,7 +84,12 @@ class Reports:
         back = None
         if report.kept is False and run.data_plane == DataPlane.CDI and report.key:
             back = Handoff(
-                report.worker_id, self.ctx.id, report.bytes_out or run.nbytes, report.return_us
+                report.worker_id,
+                self.ctx.id,
+                report.bytes_out or run.nbytes,
+                report.return_us,
+                self.dispatch.host_of(report.worker_id),
+                self.ctx.cdi.host,
             )
         placement: Placement | None = None
         finish: Finish | None = None

@@ -66,6 +66,10 @@ def _stack_options(f: _F) -> _F:
     options = [
         click.option("--workers", "-w", type=click.IntRange(min=0), default=DEFAULT_WORKERS,
                      show_default=True, help="Number of worker processes."),
+        click.option("--hosts", type=click.IntRange(1, 16), default=1, show_default=True,
+                     help="CDI hosts on this machine, each a network namespace (as root; "
+                     "loopback addresses otherwise) with its own minion; workers are spread "
+                     "over them, objects cross between them."),
         click.option("--host", default=DEFAULT_HOST, show_default=True,
                      help="Address the REST API listens on."),
         click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT,
@@ -93,6 +97,7 @@ def _folder(data_dir: Path) -> Path:
 def up_command(
     data_dir: Path,
     workers: int,
+    hosts: int,
     host: str,
     port: int,
     api_command: str | None,
@@ -108,11 +113,20 @@ def up_command(
 
     folder = _folder(data_dir)
     try:  # refuse now, with a clear message, what the supervisor would refuse later
-        Stack(folder, workers=workers, host=host, port=port).preflight()
+        Stack(folder, workers=workers, hosts=hosts, host=host, port=port).preflight()
         check_no_leftovers(folder)
     except OrchestratorError as exc:
         raise click.ClickException(str(exc)) from exc
-    options = ["--workers", str(workers), "--host", host, "--port", str(port)]
+    options = [
+        "--workers",
+        str(workers),
+        "--hosts",
+        str(hosts),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     for flag, value in (("--api-command", api_command), ("--scheduler-command", scheduler_command),
                         ("--worker-command", worker_command)):  # fmt: skip
         if value is not None:
@@ -202,6 +216,7 @@ def status_command(data_dir: Path, as_json: bool) -> None:
 def supervise_command(
     data_dir: Path,
     workers: int,
+    hosts: int,
     host: str,
     port: int,
     api_command: str | None,
@@ -222,7 +237,13 @@ def supervise_command(
     }
     overrides = {key: shlex.split(value) for key, value in commands.items() if value}
     status = run_supervisor(
-        _folder(data_dir), log_file=log_file, workers=workers, host=host, port=port, **overrides
+        _folder(data_dir),
+        log_file=log_file,
+        workers=workers,
+        hosts=hosts,
+        host=host,
+        port=port,
+        **overrides,
     )
     sys.exit(status)
 

@@ -99,6 +99,7 @@ class Worker:
             held=cdi_plane.held.usage,
             slots=concurrency,
             interval_s=heartbeat_interval_s,
+            host=cdi_plane.client.host,
         )
 
     # ------------------------------------------------------------------ lifecycle
