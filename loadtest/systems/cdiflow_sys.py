@@ -57,13 +57,14 @@ class CdiflowSystem(System):
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
         if point.tasks not in self._chains:
-            with CdiflowApi(self.stack.api_url) as api:
+            with CdiflowApi(self.stack.api_url, self.stack.api_key) as api:
                 api.ensure_chain(point.tasks)
             self._chains.add(point.tasks)
         target, folder = self.point_target(
             point,
             inputs,
             api_url=self.stack.api_url,
+            api_key=self.stack.api_key,
             workflow=chain_workflow(point.tasks),
             poll_max_s=poll_max_s(point.concurrency),
         )

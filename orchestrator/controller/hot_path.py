@@ -40,6 +40,7 @@ from sqlalchemy.sql import ClauseElement
 from orchestrator import keys
 from orchestrator.db.models import DataPlane, Policy, WorkflowStatus
 from orchestrator.db.repository import workflows as repo
+from orchestrator.db.repository.api_keys import KEY_BY_HASH_STATEMENT
 from orchestrator.errors import NotFound, ServiceError
 
 __all__ = ["CHECK_IDLE_S", "HotPath"]
@@ -59,6 +60,7 @@ _CREATE_SQL: Final = _psycopg_sql(repo.CREATE_STATEMENT)
 _STATUS_SQL: Final = _psycopg_sql(repo.STATUS_STATEMENT)
 _DETAIL_SQL: Final = _psycopg_sql(repo.DETAIL_STATEMENT)
 _EVENTS_SQL: Final = _psycopg_sql(repo.RECENT_EVENTS_STATEMENT)
+_KEY_SQL: Final = _psycopg_sql(KEY_BY_HASH_STATEMENT)
 
 T = TypeVar("T")
 _Row = Any  # a named tuple: attributes by column name, as the API's schemas read rows
@@ -103,11 +105,14 @@ class HotPath:
         policy: Policy,
         data_plane: DataPlane,
         workflow_id: uuid.UUID,
+        started_by: str | None = None,
     ) -> _Row | None:
         """Insert a PENDING run (and its event) in one statement and return it; a run with
         this id that exists already is returned as it is; ``None`` if ``definition`` does not
-        exist."""
-        params = repo.create_params(definition, input, policy, data_plane, None, workflow_id)
+        exist. ``started_by``: the name of the API key that asked."""
+        params = repo.create_params(
+            definition, input, policy, data_plane, None, workflow_id, started_by=started_by
+        )
         params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
 
         async def insert(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
@@ -147,6 +152,15 @@ class HotPath:
                 cursor = await conn.execute(_EVENTS_SQL, {"id": workflow_id, "limit": events})
                 recent = list(reversed(await cursor.fetchall()))
             return row, recent
+
+        return await self._twice(read)
+
+    async def api_key(self, key_hash: str) -> _Row | None:
+        """The key (``id``, ``name``, ``role``) whose digest is ``key_hash``, or ``None``."""
+
+        async def read(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
+            cursor = await conn.execute(_KEY_SQL, {"key_hash": key_hash})
+            return await cursor.fetchone()
 
         return await self._twice(read)
 

@@ -6,14 +6,15 @@ bounds come from ``workflows`` so the API and the validator never disagree.
 
 from __future__ import annotations
 
-import re
 import uuid
 from datetime import datetime
 from typing import Any, Final, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
+from orchestrator.apikeys import ADMIN_KEY_NAME, Role
 from orchestrator.db.models import DataPlane, Policy, TaskRunStatus, WorkflowStatus
+from orchestrator.s3policy import check_s3_uri
 from workflows.definitions import MAX_BACKOFF_S, MAX_RETRIES, MAX_TIMEOUT_S
 from workflows.names import MODULE_PATH_RE, name_problem
 
@@ -26,7 +27,11 @@ __all__ = [
     "EventPublic",
     "HandoffPublic",
     "HealthPublic",
+    "IdentityPublic",
     "ImagePublic",
+    "KeyCreate",
+    "KeyCreated",
+    "KeyPublic",
     "LatencyPublic",
     "MinutePublic",
     "StatsPublic",
@@ -49,10 +54,6 @@ __all__ = [
 
 MAX_STEPS: Final = 200
 MAX_DESCRIPTION: Final = 2000
-# s3://bucket/key: bucket per the S3 naming rules, key non-empty without control characters.
-_S3_URI: Final = re.compile(r"s3://(?P<bucket>[^/]*)/(?P<key>.*)", re.S)
-_BUCKET: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class _Input(BaseModel):
@@ -158,21 +159,8 @@ class WorkflowInput(_Input):
     @field_validator("image")
     @classmethod
     def _s3_uri(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        match = _S3_URI.fullmatch(value)
-        if match is None:
-            raise ValueError(f"{value!r} is not an S3 URI; expected s3://bucket/path/to/image")
-        bucket, key = match["bucket"], match["key"]
-        if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-            raise ValueError(
-                f"{bucket!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, "
-                "'.' or '-', starting and ending with a letter or digit)"
-            )
-        if not key:
-            raise ValueError(f"{value!r} names a bucket but no object key")
-        if len(key.encode()) > 1024 or _CONTROL.search(key):
-            raise ValueError("the object key must be at most 1024 bytes, without control chars")
+        if value is not None:
+            check_s3_uri(value)  # S3NotAllowed is a ValueError: a 422 naming the problem
         return value
 
 
@@ -200,6 +188,7 @@ class WorkflowPublic(_Output):
     finished_at: datetime | None
     claimed_by: str | None
     claimed_at: datetime | None
+    started_by: str | None = Field(description="Name of the API key that started the run.")
 
 
 class TaskRunPublic(_Output):
@@ -249,6 +238,46 @@ class WorkflowList(BaseModel):
     total: int = Field(description="Workflows matching the filters, over all pages.")
     limit: int
     offset: int
+
+
+# --- API keys -----------------------------------------------------------------------------
+
+
+class KeyCreate(_Input):
+    name: str = Field(examples=["ci-runner"], description="Letters, digits, '_', '-'; unique.")
+    role: Role = Field(
+        Role.VIEWER,
+        description="viewer: read everything; operator: also start, cancel and retry "
+        "workflows; admin: also register tasks and definitions and manage keys.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value == ADMIN_KEY_NAME:
+            raise ValueError(f"{value!r} is the name of the configured admin key; pick another")
+        return _checked_name("key", value)
+
+
+class KeyPublic(_Output):
+    id: uuid.UUID
+    name: str
+    role: Role
+    configured: bool = Field(description="The admin key from the API's settings (not revocable).")
+    created_by: str | None = Field(description="Name of the key that issued it.")
+    created_at: datetime
+
+
+class KeyCreated(KeyPublic):
+    key: str = Field(description="The key itself: shown this once; the API keeps a digest.")
+
+
+class IdentityPublic(BaseModel):
+    """The key a request was made with."""
+
+    id: uuid.UUID
+    name: str
+    role: Role
 
 
 # --- workers and health -------------------------------------------------------------------

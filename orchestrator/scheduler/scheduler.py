@@ -353,18 +353,18 @@ class Scheduler:
                 return_to=self.id,
                 # The last task's worker stores the result: no copy into an object, no
                 # hand-back, and the workflow ends with the report's own statement.
-                output_uri=self.store.uri(_result_key(run)) if last else "",
+                output_uri=self.store.policy.result_uri(_result_name(run)) if last else "",
                 output_format=run.result_format if last else "png",
             )
         output = (
-            _result_key(run)
+            self.store.policy.result_uri(_result_name(run))
             if run.last_step
-            else f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png"
+            else self._output_uri_of(run, step)
         )
         return Instruction(
             **common,
             input_uri=run.current_uri,
-            output_uri=self.store.uri(output),
+            output_uri=output,
             output_format=run.result_format if run.last_step else "png",
         )
 
@@ -440,7 +440,11 @@ class Scheduler:
             placement = self._choose(run)
         elif all_done and not run.cancelled and (run.data_plane != "cdi" or report.stored):
             # Nothing left to store (dataless, or the last task stored the result itself).
-            result = None if run.data_plane == "none" else self.store.uri(_result_key(run))
+            result = (
+                None
+                if run.data_plane == "none"
+                else self.store.policy.result_uri(_result_name(run))
+            )
             finish = _completion(run, result)
         if placement is not None:
             self._send(placement.worker, self._placed(run, placement))
@@ -462,7 +466,7 @@ class Scheduler:
             )
 
     def _output_uri_of(self, run: RunState, step: StepSpec) -> str:
-        return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png")
+        return self.store.policy.work_uri(f"{run.workflow_id}/{step.ref}-{run.attempt}.png")
 
     def _after_failure(self, run: RunState, reason: str, retryable: bool) -> None:
         step = run.current
@@ -722,8 +726,9 @@ def _completion(run: RunState, result_uri: str | None) -> Finish:
     return Finish(run.workflow_id, "COMPLETED", output=output, result_uri=result_uri)
 
 
-def _result_key(run: RunState) -> str:
-    return f"results/{run.workflow_id}{imagebuf.RESULT_FORMATS[run.result_format].extension}"
+def _result_name(run: RunState) -> str:
+    """The result's name under the results prefix (``CDIFLOW_S3_RESULTS``)."""
+    return f"{run.workflow_id}{imagebuf.RESULT_FORMATS[run.result_format].extension}"
 
 
 def _claimed_from_orm(session: Session, workflow: Workflow) -> Claimed:

@@ -18,6 +18,7 @@ import redis
 from cdi.controller.process import ControllerChild
 from cdi.errors import CDIError
 from cdi.minion.process import MinionChild
+from orchestrator.apikeys import ensure_key_file
 from orchestrator.errors import StackError
 from orchestrator.keys import worker_key
 from orchestrator.services import RunningServices, start_services
@@ -49,7 +50,7 @@ class Stack:
     """Services, CDI controller and minion, API, scheduler and workers, as child processes.
 
         with Stack("/tmp/data", workers=2, port=8001) as stack:
-            requests.post(f"{stack.api_url}/api/workflows", ...)
+            httpx.post(f"{stack.api_url}/api/workflows", headers=stack.auth_headers, ...)
 
     ``start()`` returns once every piece answers; scheduler and workers that exit on their own
     are restarted (see ``RestartPolicy``). ``stop()`` ends everything in reverse order, by PID.
@@ -86,6 +87,10 @@ class Stack:
         self.api_url = f"http://{probes.url_host(host)}:{port}"
         self.minion_socket = str(self.data_dir / "cdi" / "minion.sock")
         self.controller_url = ""  # a free port is picked at start
+        # The admin key: the configured one (CDIFLOW_ADMIN_KEY[_FILE]), else <data>/api-key,
+        # made at the first start.
+        self.api_key = ""
+        self.api_key_file: Path | None = None
         self.scheduler_id = "scheduler-1"
         self.worker_ids = [f"worker-{n}" for n in range(1, workers + 1)]
         self.ready_timeout = ready_timeout
@@ -110,6 +115,13 @@ class Stack:
         self._running = False
 
     # -- public ---------------------------------------------------------------------------
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The header that makes a request to this stack's API its admin's (after start)."""
+        if not self.api_key:
+            raise StackError("the stack is not running; call start() first")
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
     def logs_dir(self) -> Path:
@@ -296,7 +308,7 @@ class Stack:
                 raise StackError(f"{what}: {exc}", log_file=Path(cdi_child.log_path)) from exc
         env = self.environment()
 
-        self._api = self._child("api", "api", env)
+        self._api = self._child("api", "api", env | self._admin_key())
         self._api.start()
         healthz = f"{self.api_url}/api/healthz"
         self._wait(self._api, lambda: probes.http_ok(healthz), lambda: f"GET {healthz} = 200")
@@ -321,6 +333,18 @@ class Stack:
                 self._wait_heartbeat(client, worker)
         finally:
             client.close()
+
+    def _admin_key(self) -> dict[str, str]:
+        """Find or make the admin key; the variables that hand it to the API (and to it
+        alone: ``stack_environment`` keeps it from the other processes)."""
+        configured = load_settings()
+        if (key := configured.resolved_admin_key()) is not None:
+            self.api_key, self.api_key_file = key, configured.admin_key_file
+            if configured.admin_key_file is not None:
+                return {"CDIFLOW_ADMIN_KEY_FILE": str(configured.admin_key_file)}
+            return {"CDIFLOW_ADMIN_KEY": key}
+        self.api_key_file, self.api_key = ensure_key_file(self.data_dir)
+        return {"CDIFLOW_ADMIN_KEY_FILE": str(self.api_key_file)}
 
     def _child(self, name: str, kind: str, env: dict[str, str]) -> Child:
         values = {"{python}": sys.executable, "{id}": name,

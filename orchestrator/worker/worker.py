@@ -31,6 +31,7 @@ from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall, check_common
 from orchestrator.worker.heartbeat import Heartbeat
 from orchestrator.worker.store_plane import StorePlane
+from workflows.sources import BUNDLED, TaskSources
 
 __all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
 
@@ -67,8 +68,10 @@ class Worker:
         store_plane: StorePlane,
         concurrency: int = 1,
         heartbeat_interval_s: float = keys.HEARTBEAT_INTERVAL_S,
+        sources: TaskSources = BUNDLED,
     ) -> None:
         self.worker_id = worker_id
+        self.sources = sources  # where tasks may be loaded from
         self.redis = redis_client  # bytes replies: LREM must match the raw instruction exactly
         self._report_and_ack = redis_client.register_script(_REPORT_AND_ACK)
         self._thread_local = threading.local()
@@ -253,7 +256,7 @@ class Worker:
     def _execute(self, ins: Instruction) -> Execution:
         exe = Execution(key=ins.key if isinstance(ins.key, str) else "")
         with self._counted():
-            call = TaskCall(ins)
+            call = TaskCall(ins, self.sources)
             if ins.data_plane == "cdi":
                 self.cdi_plane.run(ins, call, exe)
             elif ins.data_plane == "object-store":

@@ -187,6 +187,7 @@ def stack(redis_url: str, s3_endpoint: str) -> Iterator[Stack]:
             "S3_ENDPOINT_URL": s3_endpoint, "S3_BUCKET": BUCKET, "AWS_REGION": "us-east-1",
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
             "CDIFLOW_DATA_DIR": str(tmp / "data"),
+            "CDIFLOW_TASK_PACKAGES": "workflows,tests.orchestrator",
         }  # fmt: skip
         running = Stack(env, r, sched, tmp)
         try:
@@ -635,6 +636,31 @@ def test_an_unknown_task_fails_and_hands_input_back(stack: Stack, worker: Worker
     assert (report.status, report.retryable) == ("FAILED", False)
     assert "no-such-task" in report.error
     assert _same_pixels(stack.take_image(key), img)
+
+
+@pytest.mark.parametrize(
+    ("task", "says"),
+    [
+        ("builtins:print", "not in a package tasks may come from"),
+        ("builtins:exec", "not in a package tasks may come from"),
+        ("os:system", "not in a package tasks may come from"),
+        ("subprocess:run", "not in a package tasks may come from"),
+        ("tests.orchestrator.flaky_tasks:not_a_task", "without @task"),
+        ("tests.orchestrator.flaky_tasks:shell", "without @task"),
+    ],
+)
+def test_a_worker_runs_no_callable_but_deployed_task_functions(
+    stack: Stack, worker: WorkerProcess, task: str, says: str
+) -> None:
+    """An instruction naming any other callable (a stale definition, a forged instruction)
+    fails for good without running it, and the input comes back intact."""
+    img = _picture(8, 8)
+    key = stack.put(worker, img)
+    report = stack.run(worker, task=task, key=key, output_key=f"{key}-out")
+    assert (report.status, report.retryable) == ("FAILED", False), report.error
+    assert says in report.error and task in report.error
+    assert _same_pixels(stack.take_image(key), img)
+    assert "ran as a task" not in worker.log()
 
 
 def test_poison_messages_do_not_stop_the_loop(stack: Stack, worker: WorkerProcess) -> None:

@@ -4,6 +4,12 @@ Every function takes a ``Session`` and leaves committing to the caller; errors a
 ``orchestrator.errors`` tree (``NotFound``, ``Conflict``, ``InvalidDefinition``).
 """
 
+from orchestrator.db.repository.api_keys import (
+    create_api_key,
+    delete_api_key,
+    install_configured_key,
+    list_api_keys,
+)
 from orchestrator.db.repository.definitions import (
     create_task_definition,
     create_workflow_definition,
@@ -36,14 +42,18 @@ __all__ = [
     "add_task_run",
     "cancel_workflow",
     "claim_pending_workflows",
+    "create_api_key",
     "create_task_definition",
     "create_workflow",
     "create_workflow_definition",
+    "delete_api_key",
     "delete_task_definition",
     "ended_among",
     "get_task_definition",
     "get_workflow",
     "get_workflow_definition",
+    "install_configured_key",
+    "list_api_keys",
     "list_task_definitions",
     "list_workflow_definitions",
     "list_workflows",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from orchestrator.controller.api.deps import SessionDep
+from orchestrator.controller.auth import Admin
 from orchestrator.controller.schemas import (
     WorkflowDefinitionCreate,
     WorkflowDefinitionPublic,
@@ -17,7 +18,7 @@ router = APIRouter(prefix="/workflow-definitions", tags=["workflow definitions"]
 
 @router.post("", status_code=201, responses=error_responses(409, 422))
 def create_workflow_definition(
-    body: WorkflowDefinitionCreate, session: SessionDep, response: Response
+    body: WorkflowDefinitionCreate, session: SessionDep, response: Response, principal: Admin
 ) -> WorkflowDefinitionPublic:
     """Register a workflow definition.
 

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orchestrator.announce import announce_finished
 from orchestrator.controller.api.deps import RedisDep, Resources, SessionDep, wake_scheduler
+from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hot_path import HotPath
 from orchestrator.controller.schemas import (
@@ -26,6 +27,7 @@ from orchestrator.controller.schemas import (
 from orchestrator.db import repository as repo
 from orchestrator.db.models import Policy, Workflow, WorkflowStatus
 from orchestrator.errors import NotFound
+from orchestrator.s3policy import S3Policy
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
 
@@ -44,11 +46,12 @@ def _aware(moment: datetime | None) -> datetime | None:
     return moment.replace(tzinfo=UTC)
 
 
-@router.post("", status_code=201, responses=error_responses(404))
+@router.post("", status_code=201, responses=error_responses(404, 422))
 async def start_workflow(
     body: WorkflowCreate,
     request: Request,
     response: Response,
+    principal: Operator,
     wait_s: Annotated[
         float,
         Query(
@@ -67,13 +70,13 @@ async def start_workflow(
     """
     hot: HotPath = request.app.state.hot_path
     if wait_s <= 0:
-        row = await _create(request, body, uuid.uuid4())
+        row = await _create(request, body, uuid.uuid4(), principal.name)
         response.headers["Location"] = f"/api/workflows/{row.id}"
         return WorkflowPublic.model_validate(row)
     watch: FinishWatch = request.app.state.finish_watch
     workflow_id = uuid.uuid4()
     with watch.listen(workflow_id) as woken:  # before the run exists: no announcement is missed
-        row = await _create(request, body, workflow_id)
+        row = await _create(request, body, workflow_id, principal.name)
         response.headers["Location"] = f"/api/workflows/{row.id}"
         ended = await watch.until(
             woken,
@@ -88,14 +91,20 @@ async def start_workflow(
     return detail
 
 
-async def _create(request: Request, body: WorkflowCreate, workflow_id: uuid.UUID) -> Any:
+async def _create(
+    request: Request, body: WorkflowCreate, workflow_id: uuid.UUID, started_by: str
+) -> Any:
     hot: HotPath = request.app.state.hot_path
+    if body.input.image is not None:
+        policy: S3Policy = request.app.state.s3_policy
+        policy.check_input(body.input.image)  # 422 outside CDIFLOW_S3_INPUTS
     row = await hot.create(
         body.workflow,
         body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
         policy=body.policy,
         data_plane=body.data_plane,
         workflow_id=workflow_id,
+        started_by=started_by,
     )
     if row is None:
         resources: Resources = request.app.state.resources
@@ -196,22 +205,34 @@ async def _detail(
 
 @router.post("/{workflow_id}/cancel", responses=error_responses(404, 409))
 def cancel_workflow(
-    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep
+    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep, principal: Operator
 ) -> WorkflowPublic:
     """PENDING or RUNNING → CANCELLED; 409 if the run has already finished."""
-    row = repo.cancel_workflow(session, workflow_id)
+    row = repo.cancel_workflow(session, workflow_id, by=principal.name)
     session.commit()
     wake_scheduler(client, row.id, cancel=True)
     announce_finished(client, row.id)
     return WorkflowPublic.model_validate(row)
 
 
-@router.post("/{workflow_id}/retry", status_code=201, responses=error_responses(404, 409))
+@router.post("/{workflow_id}/retry", status_code=201, responses=error_responses(404, 409, 422))
 def retry_workflow(
-    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep, response: Response
+    workflow_id: uuid.UUID,
+    session: SessionDep,
+    client: RedisDep,
+    request: Request,
+    response: Response,
+    principal: Operator,
 ) -> WorkflowPublic:
-    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise."""
-    row = repo.retry_workflow(session, workflow_id)
+    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise, 422
+    when the input now lies outside the S3 policy."""
+    policy: S3Policy = request.app.state.s3_policy
+
+    def check(given: dict[str, Any]) -> None:
+        if isinstance(image := given.get("image"), str):
+            policy.check_input(image)
+
+    row = repo.retry_workflow(session, workflow_id, started_by=principal.name, check_input=check)
     session.commit()
     wake_scheduler(client, row.id)
     return _created(row, response)
