@@ -16,7 +16,7 @@ from orchestrator.apikeys import ADMIN_KEY_NAME, Role
 from orchestrator.db.models import DataPlane, Policy, TaskRunStatus, WorkflowStatus
 from orchestrator.s3policy import check_s3_uri
 from workflows.definitions import MAX_BACKOFF_S, MAX_RETRIES, MAX_TIMEOUT_S
-from workflows.names import MODULE_PATH_RE, name_problem
+from workflows.names import MODULE_PATH_RE, NAME_RE, name_problem
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -25,6 +25,7 @@ __all__ = [
     "CdiObjectPublic",
     "ErrorPublic",
     "EventPublic",
+    "FieldErrorPublic",
     "HandoffPublic",
     "HealthPublic",
     "IdentityPublic",
@@ -40,6 +41,7 @@ __all__ = [
     "TaskPublic",
     "TaskRunPublic",
     "TaskTimingPublic",
+    "ValidationErrorPublic",
     "WorkerPublic",
     "WorkflowCreate",
     "WorkflowDefinitionCreate",
@@ -53,11 +55,16 @@ __all__ = [
 ]
 
 MAX_STEPS: Final = 200
+# Documented in the schema (clients and the fuzzer see the rule); checked by the validators,
+# whose messages say more than a pattern mismatch would.
+_NAME_RULE: Final[dict[str, Any]] = {"pattern": f"^{NAME_RE.pattern}$", "maxLength": 64}
+_MODULE_RULE: Final[dict[str, Any]] = {"pattern": f"^{MODULE_PATH_RE.pattern}$"}
 MAX_DESCRIPTION: Final = 2000
 
 
 class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not ignored
+    # A misspelt field is an error, not ignored; NaN and infinities are no numbers here.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class _Output(BaseModel):
@@ -75,8 +82,11 @@ def _checked_name(kind: str, value: str) -> str:
 
 
 class TaskCreate(_Input):
-    name: str = Field(examples=["sharpen"], description="Letters, digits, '_', '-'.")
+    name: str = Field(
+        examples=["sharpen"], description="Letters, digits, '_', '-'.", json_schema_extra=_NAME_RULE
+    )
     module: str = Field(
+        json_schema_extra=_MODULE_RULE,
         max_length=255,
         examples=["workflows.image_tasks:deblur"],
         description="Where the function lives: 'package.module:function'.",
@@ -117,14 +127,18 @@ class TaskPublic(_Output):
 
 
 class StepSchema(_Input):
-    ref: str = Field(description="Name of the step inside the workflow.")
-    task: str = Field(description="Name of a registered task definition.")
+    ref: str = Field(
+        description="Name of the step inside the workflow.", json_schema_extra=_NAME_RULE
+    )
+    task: str = Field(
+        description="Name of a registered task definition.", json_schema_extra=_NAME_RULE
+    )
     depends_on: list[str] = Field(default_factory=list, description="Refs that finish first.")
     params: dict[str, Any] = Field(default_factory=dict, description="Given to the task.")
 
 
 class WorkflowDefinitionCreate(_Input):
-    name: str = Field(examples=["image_pipeline"])
+    name: str = Field(examples=["image_pipeline"], json_schema_extra=_NAME_RULE)
     description: str = Field("", max_length=MAX_DESCRIPTION)
     tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
 
@@ -165,10 +179,19 @@ class WorkflowInput(_Input):
 
 
 class WorkflowCreate(_Input):
-    workflow: str = Field(examples=["image_pipeline"], description="Workflow definition name.")
+    workflow: str = Field(
+        examples=["image_pipeline"],
+        description="Workflow definition name.",
+        json_schema_extra=_NAME_RULE,
+    )
     input: WorkflowInput
     policy: Policy = Field(Policy.AFFINITY, description="Where the tasks run.")
     data_plane: DataPlane = Field(DataPlane.CDI, description="How data moves between tasks.")
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, value: str) -> str:
+        return _checked_name("workflow", value)
 
 
 class WorkflowPublic(_Output):
@@ -244,7 +267,11 @@ class WorkflowList(BaseModel):
 
 
 class KeyCreate(_Input):
-    name: str = Field(examples=["ci-runner"], description="Letters, digits, '_', '-'; unique.")
+    name: str = Field(
+        examples=["ci-runner"],
+        description="Letters, digits, '_', '-'; unique.",
+        json_schema_extra=_NAME_RULE,
+    )
     role: Role = Field(
         Role.VIEWER,
         description="viewer: read everything; operator: also start, cancel and retry "
@@ -317,9 +344,29 @@ class ErrorPublic(BaseModel):
     problems: list[str] | None = Field(None, description="Every problem, with a 422.")
 
 
+class FieldErrorPublic(BaseModel):
+    """One problem FastAPI found in a request's shape (a field, a parameter, the JSON)."""
+
+    loc: list[str | int] = Field(description="Where: 'body', 'query', 'path', then names.")
+    msg: str
+    type: str
+    input: Any = None
+    ctx: dict[str, Any] | None = Field(None, description="e.g. 'error': why the JSON is refused.")
+
+
+class ValidationErrorPublic(BaseModel):
+    """A request whose shape is wrong: every problem, where it is."""
+
+    detail: list[FieldErrorPublic]
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` documenting the ``ErrorPublic`` body for ``statuses``."""
-    return {status: {"model": ErrorPublic} for status in statuses}
+    """OpenAPI ``responses`` documenting the ``ErrorPublic`` body for ``statuses``; a 422 is
+    either that or FastAPI's list of field problems (``ValidationErrorPublic``)."""
+    return {
+        status: {"model": ErrorPublic | ValidationErrorPublic if status == 422 else ErrorPublic}
+        for status in statuses
+    }
 
 
 # --- dashboard: statistics, active task runs, CDI objects, images ------------------------

@@ -22,17 +22,26 @@ from orchestrator.controller.api.routes import (
     workflows,
 )
 from orchestrator.controller.auth import require_viewer
+from orchestrator.controller.schemas import error_responses
 
-api_router = APIRouter()
-_KEYED = [Depends(require_viewer)]
-api_router.include_router(tasks.router, dependencies=_KEYED)
-api_router.include_router(workflow_definitions.router, dependencies=_KEYED)
-api_router.include_router(workflows.router, dependencies=_KEYED)
-api_router.include_router(workers.router, dependencies=_KEYED)
-api_router.include_router(keys.router, dependencies=_KEYED)
+# Any route may refuse a Host (400) or a request's shape (422); a keyed one a key (401, 403).
+api_router = APIRouter(responses=error_responses(400, 422))
+
+
+def _keyed(router: APIRouter) -> None:
+    api_router.include_router(
+        router, dependencies=[Depends(require_viewer)], responses=error_responses(401, 403)
+    )
+
+
+_keyed(tasks.router)
+_keyed(workflow_definitions.router)
+_keyed(workflows.router)
+_keyed(workers.router)
+_keyed(keys.router)
 api_router.include_router(health.router)
 # For the dashboard (dashboards/web): figures, live activity, CDI directory, thumbnails.
-api_router.include_router(stats.router, dependencies=_KEYED)
-api_router.include_router(task_runs.router, dependencies=_KEYED)
-api_router.include_router(cdi.router, dependencies=_KEYED)
-api_router.include_router(images.router, dependencies=_KEYED)
+_keyed(stats.router)
+_keyed(task_runs.router)
+_keyed(cdi.router)
+_keyed(images.router)

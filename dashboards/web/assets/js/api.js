@@ -58,6 +58,8 @@ export class ApiError extends Error {
     if (body && Array.isArray(body.detail)) {
       return body.detail.map((e) => {
         const where = (e.loc || []).filter((p) => p !== "body").join(".");
+        // A body that is not strict JSON: the reason is in ctx.error, the place is an offset.
+        if (e.type === "json_invalid") return `${e.msg}: ${e.ctx?.error ?? "not JSON"}`;
         return where ? `${where}: ${e.msg}` : e.msg;
       });
     }

@@ -9,8 +9,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.controller.api.deps import RedisDep, SessionDep
 from orchestrator.controller.schemas import HealthPublic
+from orchestrator.controller.strict_json import StrictJsonRoute
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=StrictJsonRoute)
 
 
 @router.get("/healthz", responses={503: {"model": HealthPublic}})

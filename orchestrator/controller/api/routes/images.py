@@ -21,6 +21,7 @@ from PIL import Image
 
 from orchestrator.controller.api.deps import SessionDep
 from orchestrator.controller.schemas import ImagePublic, WorkflowImagesPublic, error_responses
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.controller.ttl_cache import TtlCache
 from orchestrator.db import repository as repo
 from orchestrator.db.models import Workflow, WorkflowStatus
@@ -38,7 +39,7 @@ from orchestrator.settings import Settings, load_settings
 from workflows.errors import InvalidImage
 from workflows.imagebuf import decode_bytes
 
-router = APIRouter(prefix="/workflows", tags=["workflows"])
+router = APIRouter(prefix="/workflows", tags=["workflows"], route_class=StrictJsonRoute)
 
 Role = Literal["input", "result"]
 

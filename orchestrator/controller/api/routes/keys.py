@@ -15,9 +15,10 @@ from orchestrator.controller.schemas import (
     KeyPublic,
     error_responses,
 )
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db import repository as repo
 
-router = APIRouter(tags=["keys"])
+router = APIRouter(tags=["keys"], route_class=StrictJsonRoute)
 
 
 @router.get("/whoami")

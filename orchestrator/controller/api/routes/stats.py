@@ -20,9 +20,10 @@ from orchestrator.controller.schemas import (
     StatsPublic,
     TaskTimingPublic,
 )
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db.models import TaskRun, Workflow, WorkflowStatus
 
-router = APIRouter(prefix="/stats", tags=["stats"])
+router = APIRouter(prefix="/stats", tags=["stats"], route_class=StrictJsonRoute)
 
 _STOPPED = (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED)
 

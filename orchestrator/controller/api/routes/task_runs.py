@@ -17,10 +17,12 @@ from sqlalchemy import select
 
 from orchestrator import keys
 from orchestrator.controller.api.deps import RedisDep, SessionDep
+from orchestrator.controller.api.params import WorkerFilter
 from orchestrator.controller.schemas import ActiveTaskRunPublic, error_responses
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db.models import TaskRun, TaskRunStatus
 
-router = APIRouter(prefix="/task-runs", tags=["task runs"])
+router = APIRouter(prefix="/task-runs", tags=["task runs"], route_class=StrictJsonRoute)
 
 _ACTIVE = (TaskRunStatus.QUEUED, TaskRunStatus.RUNNING)
 
@@ -46,7 +48,7 @@ def in_flight(client: redis.Redis, workers: set[str]) -> set[int]:
 def list_active_task_runs(
     session: SessionDep,
     client: RedisDep,
-    worker: Annotated[str | None, Query(description="Only this worker's runs.")] = None,
+    worker: WorkerFilter = None,
     workflow: Annotated[uuid.UUID | None, Query(description="Only this workflow's runs.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[ActiveTaskRunPublic]:

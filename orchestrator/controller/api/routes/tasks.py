@@ -5,14 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from orchestrator.controller.api.deps import SessionDep
+from orchestrator.controller.api.params import TaskName
 from orchestrator.controller.auth import Admin
 from orchestrator.controller.schemas import TaskCreate, TaskPublic, error_responses
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db import repository as repo
 from orchestrator.errors import InvalidDefinition
 from orchestrator.settings import Settings
 from workflows.api import registration_problem
 
-router = APIRouter(prefix="/tasks", tags=["tasks"])
+router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=StrictJsonRoute)
 
 
 @router.post("", status_code=201, responses=error_responses(409, 422))
@@ -41,13 +43,13 @@ def list_tasks(session: SessionDep) -> list[TaskPublic]:
 
 
 @router.get("/{name}", responses=error_responses(404))
-def get_task(name: str, session: SessionDep) -> TaskPublic:
+def get_task(name: TaskName, session: SessionDep) -> TaskPublic:
     """One task definition; 404 if unknown."""
     return TaskPublic.model_validate(repo.get_task_definition(session, name))
 
 
 @router.delete("/{name}", status_code=204, responses=error_responses(404, 409))
-def delete_task(name: str, session: SessionDep, principal: Admin) -> None:
+def delete_task(name: TaskName, session: SessionDep, principal: Admin) -> None:
     """Delete a task definition; 409 while a workflow definition uses it."""
     repo.delete_task_definition(session, name)
     session.commit()

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from orchestrator.announce import announce_finished
 from orchestrator.controller.api.deps import RedisDep, Resources, SessionDep, wake_scheduler
+from orchestrator.controller.api.params import MAX_OFFSET, NameFilter
 from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hot_path import HotPath
@@ -24,12 +25,13 @@ from orchestrator.controller.schemas import (
     WorkflowPublic,
     error_responses,
 )
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db import repository as repo
 from orchestrator.db.models import Policy, Workflow, WorkflowStatus
 from orchestrator.errors import NotFound
 from orchestrator.s3policy import S3Policy
 
-router = APIRouter(prefix="/workflows", tags=["workflows"])
+router = APIRouter(prefix="/workflows", tags=["workflows"], route_class=StrictJsonRoute)
 
 MAX_WAIT_S = 60.0  # a long poll answers within this; clients ask again
 
@@ -123,7 +125,7 @@ def _workflow_definition_names(resources: Resources) -> list[str]:
 def list_workflows(
     session: SessionDep,
     status: WorkflowStatus | None = None,
-    workflow: Annotated[str | None, Query(description="Workflow definition name.")] = None,
+    workflow: NameFilter = None,
     policy: Policy | None = None,
     created_after: Annotated[datetime | None, Query(description="Inclusive.")] = None,
     created_before: Annotated[datetime | None, Query(description="Exclusive.")] = None,
@@ -132,7 +134,7 @@ def list_workflows(
         Query(max_length=36, pattern=r"^[0-9a-fA-F-]*$", description="Leading part of the id."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> WorkflowList:
     """Workflow runs, newest first, one page at a time; ``total`` counts every match."""
     filters = repo.WorkflowFilter(
