@@ -23,6 +23,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from orchestrator.apikeys import KEY_RE, Role, hash_key
+from orchestrator.controller.api.deps import run_store
 from orchestrator.controller.ttl_cache import TtlCache
 from orchestrator.errors import Forbidden, Unauthenticated
 
@@ -82,7 +83,7 @@ async def authenticate(
     cache: KeyCache = request.app.state.key_cache
     principal = cache.get(digest)
     if principal is None:
-        row = await request.app.state.hot_path.api_key(digest)
+        row = await run_store(request).api_key(digest)
         if row is None:
             raise Unauthenticated("this API key is not valid (revoked, or mistyped)")
         principal = Principal(row.id, row.name, Role(row.role))

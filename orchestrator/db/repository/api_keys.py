@@ -8,9 +8,11 @@ once, by ``create_api_key``.
 from __future__ import annotations
 
 import uuid
+from typing import Final
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.orm import Session
 
 from orchestrator.apikeys import ADMIN_KEY_NAME, Role, generate_key, hash_key
@@ -18,6 +20,7 @@ from orchestrator.db.models import ApiKey
 from orchestrator.errors import Conflict, NotFound
 
 __all__ = [
+    "KEY_BY_HASH_SQL",
     "KEY_BY_HASH_STATEMENT",
     "create_api_key",
     "delete_api_key",
@@ -25,9 +28,13 @@ __all__ = [
     "list_api_keys",
 ]
 
-# What authenticating a request reads (the API runs it on its event loop, ``hot_path.py``).
+# What authenticating a request reads; the API runs it on its event loop as psycopg's text
+# (``KEY_BY_HASH_SQL``, in ``db/async_run_store.py``).
 KEY_BY_HASH_STATEMENT = select(ApiKey.id, ApiKey.name, ApiKey.role).where(
     ApiKey.key_hash == bindparam("key_hash")
+)
+KEY_BY_HASH_SQL: Final = str(
+    KEY_BY_HASH_STATEMENT.compile(dialect=psycopg_dialect.dialect())  # type: ignore[no-untyped-call]
 )
 
 
