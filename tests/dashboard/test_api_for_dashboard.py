@@ -232,7 +232,7 @@ def test_an_input_outside_the_s3_policy_is_refused_and_never_read(harness: Harne
         ("in/../secret.jpg", "'..' segment"),
         ("./x.jpg", "'.' or '..' segment"),
         ("in//x.jpg", "empty segment"),
-        ("in/x\x00.jpg", "control character"),
+        ("in/x\x00.jpg", "NUL character"),  # refused with the body, before the URI
         ("in/x\n.jpg", "control character"),
     ],
 )
