@@ -37,8 +37,8 @@ from schemathesis.specs.openapi.checks import (
 
 from cdi.controller.process import ControllerChild
 from orchestrator.apikeys import generate_key
+from orchestrator.child_process import free_port
 from orchestrator.controller import create_app
-from orchestrator.services._process import free_port
 from orchestrator.settings import load_settings
 
 Operation = APIOperation[Any, Any, Any, Any]
