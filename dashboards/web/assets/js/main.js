@@ -4,6 +4,7 @@
 import { h } from "./dom.js";
 import { api, ApiError, apiKey, onSignedOut, setIdentity, signIn, signOut, whoAmI } from "./api.js";
 import { onHealth } from "./live.js";
+import { readinessPanel } from "./ready.js";
 import { agoSeconds } from "./format.js";
 import { empty } from "./components.js";
 import * as overview from "./pages/overview.js";
@@ -235,6 +236,7 @@ onSignedOut((reason) => askForKey(reason));
 
 window.addEventListener("hashchange", route);
 liveIndicator();
+readinessPanel();
 shortcuts();
 if (apiKey()) resume();
 else askForKey();
