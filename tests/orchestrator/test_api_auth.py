@@ -26,7 +26,8 @@ from tests.orchestrator.api_support import (
 )
 
 IMAGE = {"image": "s3://cdiflow/images/cat.png"}
-OPEN_PATHS = {"/api/healthz", "/api/openapi.json", "/docs", "/", "/docs/oauth2-redirect"}
+OPEN_PATHS = {"/api/healthz", "/api/readyz", "/api/openapi.json", "/docs", "/",
+              "/docs/oauth2-redirect"}  # fmt: skip
 
 
 def _unique(prefix: str) -> str:

@@ -39,6 +39,7 @@ from cdi.controller.process import ControllerChild
 from orchestrator.apikeys import generate_key
 from orchestrator.child_process import free_port
 from orchestrator.controller import create_app
+from orchestrator.services import RunningServices
 from orchestrator.settings import load_settings
 
 Operation = APIOperation[Any, Any, Any, Any]
@@ -71,7 +72,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
 
 @pytest.fixture(scope="module")
 def fuzz_target(
-    make_database: Callable[[str], str], redis_url: str, s3_endpoint: str
+    make_database: Callable[[str], str], redis_url: str, service_stack: RunningServices
 ) -> Iterator[FuzzTarget]:
     folder = Path(tempfile.mkdtemp(prefix="cdiflow-fuzz-"))
     key = generate_key()
@@ -85,8 +86,10 @@ def fuzz_target(
     env |= {
         "DATABASE_URL": make_database("fuzz"),
         "REDIS_URL": urlunsplit(urlsplit(redis_url)._replace(path=f"/{FUZZ_REDIS_DB}")),
-        "S3_ENDPOINT_URL": s3_endpoint, "S3_BUCKET": "cdiflow", "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "S3_ENDPOINT_URL": service_stack.s3_endpoint_url, "S3_BUCKET": service_stack.s3_bucket,
+        "AWS_REGION": service_stack.aws_region,
+        "AWS_ACCESS_KEY_ID": service_stack.aws_access_key_id or "",
+        "AWS_SECRET_ACCESS_KEY": service_stack.aws_secret_access_key or "",
         "CDIFLOW_DATA_DIR": str(folder), "CDIFLOW_ADMIN_KEY": key,
         "CDI_CONTROLLER_URL": controller.url,
     }  # fmt: skip
@@ -118,9 +121,15 @@ def _cases() -> list[Any]:
     return [
         pytest.param(operation, mode, id=f"{operation.label}-{mode.value}")
         for operation in _operations()
+        if operation.label not in NOT_FUZZED
         for mode in GenerationMode
         if mode == GenerationMode.POSITIVE or _takes_input(operation)
     ]
+
+
+# Not fuzzed: it takes no input, and answers 503 by design while a part is missing (the fuzzed
+# API has no minion and no scheduler); tests/orchestrator/test_api.py covers it.
+NOT_FUZZED: Final = {"GET /api/readyz"}
 
 
 def _takes_input(operation: Operation) -> bool:
