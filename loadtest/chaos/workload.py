@@ -202,4 +202,4 @@ class Workload:
 
 def api_client(stack: Stack) -> httpx.Client:
     """The one place the chaos runs make their API client."""
-    return httpx.Client(base_url=stack.api_url, timeout=30)
+    return httpx.Client(base_url=stack.api_url, timeout=30, headers=stack.auth_headers)
