@@ -1,4 +1,5 @@
-"""The minion's wire protocol and the validation both ends share.
+"""The minion's wire protocol (``cdi/PROTOCOL.md``, which is binding) and the validation both
+ends share.
 
 Transport: a Unix ``SOCK_SEQPACKET`` socket, so every message keeps its boundaries and a file
 descriptor rides with the message it belongs to (``SCM_RIGHTS``). Each message is one msgpack map.
@@ -44,7 +45,7 @@ __all__ = [
     "unpack",
 ]
 
-# Largest message either side sends; keys and ids are short, so 64 KiB leaves room for listings.
+# Largest message either side sends: requests are small; a `list` of a busy host is not.
 MAX_MESSAGE = 1 << 20
 MAX_KEY_LENGTH = 256
 MAX_OFFERED_SEGMENTS = 64  # segment ids a create may name as already mapped by the caller

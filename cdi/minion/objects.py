@@ -48,6 +48,9 @@ class StoredObject:
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
 
+    def touch(self) -> None:
+        self.updated_at = time.time()
+
     def grant_fields(self) -> dict[str, Any]:
         return {
             "size": self.size,
