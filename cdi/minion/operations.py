@@ -20,31 +20,16 @@ from cdi.errors import (
     ProtocolError,
     UnknownContainer,
 )
-from cdi.minion.objects import Connection
-from cdi.minion.registry import Registry
+from cdi.minion.fields import Reply, optional_bool, optional_int, waiting_id
+from cdi.minion.objects import Connection, Waiter
+from cdi.minion.registry import Registry, shared_error
+from cdi.minion.sharing import Sharing
 from cdi.protocol import Isolation, Op
 
 __all__ = ["OPEN_OPS", "Operations", "Reply"]
 
 OPEN_OPS = frozenset({Op.REGISTER, Op.STAT, Op.LIST})  # allowed before register
-Reply = tuple[dict[str, Any], int | None] | None  # None: the reply is deferred (access)
 Handler = Callable[[Connection, dict[str, Any]], Reply]
-
-
-def _optional_bool(request: dict[str, Any], name: str, default: bool) -> bool:
-    value = request.get(name)
-    if value is None:
-        return default
-    if type(value) is not bool:
-        raise InvalidArgument(f"{name} must be true or false, got {value!r}")
-    return value
-
-
-def _optional_int(request: dict[str, Any], name: str) -> int | None:
-    value = request.get(name)
-    if value is not None and type(value) is not int:
-        raise InvalidArgument(f"{name} must be an integer, got {type(value).__name__}")
-    return value
 
 
 class Operations:
@@ -53,6 +38,7 @@ class Operations:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self.config = registry.config
+        sharing = Sharing(registry)
         self.handlers: dict[str, Handler] = {
             Op.REGISTER: self.register,
             Op.CREATE: self.create,
@@ -64,6 +50,9 @@ class Operations:
             Op.RESIZE: self.resize,
             Op.DESTROY: self.destroy,
             Op.SET_RECOVERY: self.set_recovery,
+            Op.SHARE: sharing.share,
+            Op.READ: sharing.read,
+            Op.RELEASE: sharing.release,
             Op.STAT: self.stat,
             Op.LIST: self.list,
         }
@@ -100,7 +89,7 @@ class Operations:
         recovery = conn.container if recovery is None else protocol.check_container_id(recovery)
         assert recovery is not None
         have = protocol.check_segment_ids(request.get("have"))
-        zeroed = _optional_bool(request, "zeroed", True)
+        zeroed = optional_bool(request, "zeroed", True)
         if key in self.registry.objects:
             raise KeyExists(f"an object with key {key!r} already exists")
         obj = self.registry.new_object(
@@ -125,16 +114,16 @@ class Operations:
 
     def access(self, conn: Connection, request: dict[str, Any]) -> Reply:
         obj = self.registry.get(request)
-        have = _optional_int(request, "have")
-        wait = _optional_bool(request, "wait", True)
-        if obj.owner == conn.container:
+        have = optional_int(request, "have")
+        wait = optional_bool(request, "wait", True)
+        owner = obj.owner == conn.container
+        if owner and not obj.readers:
             return (obj.grant_fields(), obj.grant_fd(have))
         if not wait:
+            if owner:
+                raise shared_error(obj)
             raise NotOwner(f"container {conn.container} does not own {obj.key!r}")
-        request_id = request.get("id")
-        if request_id is None:
-            raise ProtocolError("an access that waits needs a request id to answer it by")
-        self.registry.wait(conn, request_id, obj.key, have)
+        self.registry.wait(Waiter(conn, waiting_id(request), False), obj.key, have)
         return None
 
     def cancel(self, conn: Connection, request: dict[str, Any]) -> Reply:
@@ -145,7 +134,7 @@ class Operations:
 
     def transfer(self, conn: Connection, request: dict[str, Any]) -> Reply:
         reg = self.registry
-        obj = reg.owned(conn, request)
+        obj = reg.owned_alone(conn, request)
         to = request.get("to")
         # Registered ids passed check_container_id: a hit needs no validation.
         if type(to) is not str or to not in reg.containers:
@@ -170,7 +159,7 @@ class Operations:
 
     def resize(self, conn: Connection, request: dict[str, Any]) -> Reply:
         reg = self.registry
-        obj = reg.owned(conn, request)
+        obj = reg.owned_alone(conn, request)
         size = protocol.check_size(request.get("size"), self.config.max_object)
         if size > obj.segment.capacity:
             bigger = reg.pool.acquire(size, sealed=obj.isolation is Isolation.COOPERATIVE)
@@ -189,7 +178,7 @@ class Operations:
         return (obj.grant_fields(), None)
 
     def destroy(self, conn: Connection, request: dict[str, Any]) -> Reply:
-        self.registry.remove(self.registry.owned(conn, request))
+        self.registry.remove(self.registry.owned_alone(conn, request))
         return ({}, None)
 
     def set_recovery(self, conn: Connection, request: dict[str, Any]) -> Reply:

@@ -119,7 +119,7 @@ def test_every_operation_answers_its_fields(peers: Callable[[], Peer], unique: U
     for name, kind in {
         "key": str, "size": int, "capacity": int, "owner": str, "creator": str,
         "recovery": str, "isolation": str, "generation": int, "host": str,
-        "created_at": float, "updated_at": float,
+        "readers": list, "created_at": float, "updated_at": float,
     }.items():  # fmt: skip
         assert all(type(o[name]) is kind for o in mine), name
     assert mine[0]["recovery"] == b_id
@@ -135,6 +135,34 @@ def test_every_operation_answers_its_fields(peers: Callable[[], Peer], unique: U
     os.close(grant_fd)
     assert problems_with("access", granted, True) == []
     assert granted["generation"] == 2
+    # A share: the reader's deferred read is answered; the owner's writes wait for the release.
+    c, c_id = registered(peers, unique)
+    c.send({"op": "read", "id": 80, "key": key})
+    waiting(anonymous, 1)
+    shared, _ = checked(b, "share", key=key, readers=[c_id, c_id])
+    assert shared["readers"] == [c_id]
+    (read_grant, read_fd), *rest = c.pending()
+    assert not rest and read_grant["id"] == 80 and read_fd is not None
+    os.close(read_fd)
+    assert problems_with("read", read_grant, True) == []
+    _, fd = checked(b, "read", key=key)  # the owner reads too, without a share
+    assert fd
+    _, fd = checked(c, "read", key=key)
+    assert fd
+    b.send({"op": "access", "id": 81, "key": key})
+    waiting(anonymous, 1)  # the owner's access waits while c reads
+    released, _ = checked(c, "release", key=key)
+    assert (released["released"], released["readers"]) == (True, 0)
+    (owned, owned_fd), *rest = b.pending()
+    assert (
+        not rest
+        and owned["id"] == 81
+        and problems_with("access", owned, owned_fd is not None) == []
+    )
+    if owned_fd is not None:
+        os.close(owned_fd)
+    released, _ = checked(c, "release", key=key)
+    assert (released["released"], released["readers"]) == (False, 0)
     cancelled, _ = checked(b, "cancel", ref=12345)
     assert cancelled["cancelled"] is False
     a.send({"op": "access", "id": 78, "key": key})
@@ -153,6 +181,7 @@ WRONG: dict[str, list[Any]] = {
     "str": [5, "loose"],
     "bool": ["yes", 1],
     "[int]": ["x", [1.5], [True], list(range(65))],
+    "[cid]": ["p0", [], [2.5], ["bad id"], [f"c{i}" for i in range(65)]],
 }
 
 
@@ -185,6 +214,9 @@ def test_a_field_of_the_wrong_type_is_invalid_argument(
             "resize": {"key": key, "size": 10},
             "destroy": {"key": key},
             "set_recovery": {"key": key, "container": cid},
+            "share": {"key": key, "readers": [registered(peers, unique)[1]]},
+            "read": {"key": key},
+            "release": {"key": key},
         }
         base = bases[op]
     reply, fd = peer.call(op, **{**base, field: wrong})
@@ -257,6 +289,23 @@ def test_each_documented_error_condition_gives_its_code(
         held.append(held_key)
     else:
         raise AssertionError("three 4 MB objects fit an 8 MB minion")
+    # While shared: the owner's writes, transfer, resize and destroy are refused with shared.
+    assert code(a, {"op": "share", "id": 16, "key": key, "readers": [a_id]}) == (
+        "invalid_argument", 16)  # fmt: skip
+    assert code(a, {"op": "share", "id": 16, "key": key, "readers": [unique("x")]}) == (
+        "unknown_container", 16)  # fmt: skip
+    assert code(b, {"op": "share", "id": 16, "key": key, "readers": [a_id]}) == ("not_owner", 16)
+    assert code(b, {"op": "read", "id": 16, "key": key, "wait": False}) == ("not_owner", 16)
+    assert code(b, {"op": "read", "key": key}) == ("protocol", 0)  # would wait: needs an id
+    assert a.call("share", key=key, readers=[b_id])[0]["ok"]
+    for op, extra in (
+        ("transfer", {"to": b_id}),
+        ("resize", {"size": 5}),
+        ("destroy", {}),
+        ("access", {"wait": False}),
+    ):
+        assert code(a, {"op": op, "id": 17, "key": key, **extra}) == ("shared", 17), op
+    assert b.call("release", key=key)[0]["released"] is True
     # A deferred access whose object is destroyed is answered not_found.
     b.send({"op": "access", "id": 15, "key": key})
     waiting(anonymous, 1)
@@ -285,6 +334,7 @@ def random_message(rng: random.Random, keys: list[str], ids: list[Any]) -> dict[
             container=rng.choice(ids),
             ref=rng.randrange(1, 30),
             wait=rng.random() < 0.7,
+            readers=[rng.choice(ids) for _ in range(rng.randrange(1, 3))],
         )
         required = [f.name for f in SPEC[op].request if not f.optional or f.name == "wait"]
         return {name: clean[name] for name in ("op", *required)}
@@ -324,18 +374,20 @@ def test_random_requests_get_well_formed_replies(small: MinionProcess) -> None:
             sent[(index, step)] = str(message["op"])
             conns[index].send(message)
             conns[index].send({"op": "stat", "id": -step})  # replies in order: a marker
+            replies: list[tuple[int, dict[str, Any], int | None]] = []
+            while True:  # the caller's first: whatever its request sent others is out then
+                reply, fd = conns[index].receive()
+                replies.append((index, reply, fd))
+                if reply["id"] == -step:
+                    break
             for number, peer in enumerate(conns):
-                replies = peer.pending() if number != index else []
-                while number == index:
-                    reply, fd = peer.receive()
-                    replies.append((reply, fd))
-                    if reply["id"] == -step:
-                        break
-                for reply, fd in replies:
-                    if fd is not None:
-                        os.close(fd)
-                    op = "stat" if reply["id"] < 0 else sent.get((number, reply["id"]), "?")
-                    assert problems_with(op, reply, fd is not None) == [], (step, message, reply)
+                if number != index:
+                    replies += [(number, reply, fd) for reply, fd in peer.pending()]
+            for number, reply, fd in replies:
+                if fd is not None:
+                    os.close(fd)
+                op = "stat" if reply["id"] < 0 else sent.get((number, reply["id"]), "?")
+                assert problems_with(op, reply, fd is not None) == [], (step, message, reply)
         assert conns[0].call("stat")[0]["ok"]  # still serving
     finally:
         for peer in conns:

@@ -61,41 +61,45 @@ class Side:
     def __init__(self, path: str) -> None:
         self.path = path
         self.conns = [Peer(path) for _ in range(3)]
+        self.names: list[str | None] = [None] * 3  # the container each registered as
+        self.probe = Peer(path)  # asks for stat only: it receives nothing else
 
     def step(self, index: int, message: dict[str, Any] | None, marker: int) -> list[Any]:
         if message is None:
             self.conns[index].close()
             self.conns[index] = Peer(self.path)
-            self._settled()
+            name = self.names[index]
+            if name is not None:
+                self._gone(name)
+            self.names[index] = None
             return []
         self.conns[index].send(message)
         self.conns[index].send({"op": "stat", "id": marker})
         seen = []
+        while True:  # the caller's replies first: whatever the request sent others is out then
+            reply, fd = self.conns[index].receive()
+            if reply["id"] == marker:
+                if fd is not None:
+                    os.close(fd)
+                break
+            if message["op"] == "register" and reply["id"] == message["id"] and reply["ok"]:
+                self.names[index] = str(message["container"])
+            seen.append((index, normal(reply, fd)))
         for number, peer in enumerate(self.conns):
             if number != index:
                 seen += [(number, normal(*r)) for r in peer.pending()]
-                continue
-            while True:
-                reply, fd = peer.receive()
-                if reply["id"] == marker:
-                    if fd is not None:
-                        os.close(fd)
-                    break
-                seen.append((number, normal(reply, fd)))
         return sorted(seen, key=lambda item: item[0])
 
-    def _settled(self) -> None:
-        """Until the minion has handled the hang-up (its recovery grants are then sent)."""
-        probe = self.conns[0]
-        before = probe.call("stat")[0]["containers"]
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            time.sleep(0.02)
-            if probe.call("stat")[0]["containers"] == before:
-                return
-            before = probe.call("stat")[0]["containers"]
+    def _gone(self, container: str) -> None:
+        """Until the minion has handled the hang-up of ``container`` (its objects recovered,
+        their grants sent)."""
+        deadline = time.monotonic() + 10
+        while container in self.probe.call("stat")[0]["containers"]:
+            assert time.monotonic() < deadline, f"{container} never went away"
+            time.sleep(0.005)
 
     def close(self) -> None:
+        self.probe.close()
         for peer in self.conns:
             peer.close()
 

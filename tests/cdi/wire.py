@@ -28,6 +28,7 @@ _TYPES: dict[str, Any] = {
     "float": lambda v: type(v) is float,
     "key": lambda v: type(v) is str,
     "cid": lambda v: type(v) is str,
+    "[cid]": lambda v: type(v) is list and all(type(i) in (str, int) for i in v),
     "[int]": lambda v: type(v) is list and all(type(i) is int for i in v),
     "[str]": lambda v: type(v) is list and all(type(i) is str for i in v),
     "{…}": lambda v: type(v) is dict,

@@ -9,10 +9,12 @@ mod msgpack;
 mod objects;
 mod ops;
 mod protocol;
+mod recovery;
 mod registry;
 mod replies;
 mod segments;
 mod server;
+mod sharing;
 mod sys;
 
 use std::sync::atomic::Ordering;

@@ -76,11 +76,31 @@ pub struct StoredObject {
     pub writers: UidSet,
     pub created_at: f64,
     pub updated_at: f64,
+    /// Containers holding a read share, in the order they were granted: while any does, nobody
+    /// writes, transfers, resizes or destroys the object.
+    pub readers: Vec<Rc<str>>,
     /// Creation order: `list` and recovery follow it.
     pub order: u64,
 }
 
+/// A deferred request: an `access` (waits to own the object) or a `read` (waits for a share).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Waiter {
+    pub token: u64,
+    pub id: RequestId,
+    pub read: bool,
+}
+
 impl StoredObject {
+    pub fn shared(&self) -> bool {
+        !self.readers.is_empty()
+    }
+
+    /// Whether `container` may read the object now: its owner, or a reader of a share.
+    pub fn readable_by(&self, container: &str) -> bool {
+        *self.owner == *container || self.readers.iter().any(|r| **r == *container)
+    }
+
     /// The fd to send with a grant: none if the caller still maps this very segment (it says
     /// so in `have`). Strict objects always send it, as before caching existed.
     pub fn grant_fd(&self, have: Option<i128>) -> Option<RawFd> {

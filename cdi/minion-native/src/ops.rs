@@ -7,22 +7,23 @@ use std::os::fd::RawFd;
 use std::rc::Rc;
 
 use crate::msgpack::{Value, NIL};
-use crate::objects::RequestId;
+use crate::objects::{RequestId, Waiter};
 use crate::protocol::{
     check_container_id, check_key, check_segment_ids, check_size, CdiError, Failure, Isolation, Op,
 };
 use crate::registry::{vanished, Entries, ObjectSpec, Registry};
 use crate::replies::Body;
+use crate::sharing;
 
 /// What an operation answers: a body and at most one fd; `None` defers the reply (`access`).
 pub type Reply = Option<(Body, Option<RawFd>)>;
 
-fn arg<'v, 'a>(request: Entries<'v, 'a>, name: &str) -> &'v Value<'a> {
+pub fn arg<'v, 'a>(request: Entries<'v, 'a>, name: &str) -> &'v Value<'a> {
     Value::get(request, name).unwrap_or(&NIL)
 }
 
 /// An optional boolean field: absent or nil gives `default`.
-fn optional_bool(request: Entries, name: &str, default: bool) -> Result<bool, CdiError> {
+pub fn optional_bool(request: Entries, name: &str, default: bool) -> Result<bool, CdiError> {
     match Value::field(request, name) {
         None => Ok(default),
         Some(Value::Bool(value)) => Ok(*value),
@@ -77,6 +78,9 @@ pub fn dispatch(
         Op::Resize => resize(reg, token, request),
         Op::Destroy => destroy(reg, token, request),
         Op::SetRecovery => set_recovery(reg, token, request),
+        Op::Share => sharing::share(reg, token, request),
+        Op::Read => sharing::read(reg, token, id, request),
+        Op::Release => sharing::release(reg, token, request),
         Op::Stat => Ok(Some((Body::Stat, None))),
         Op::List => Ok(Some((Body::List, None))),
     }
@@ -187,22 +191,31 @@ fn access(
     let have = optional_int(request, "have")?;
     let wait = optional_bool(request, "wait", true)?;
     let container = reg.conns.get(&token).and_then(|c| c.container.as_ref());
-    if container == Some(&obj.owner) {
+    let owner = container == Some(&obj.owner);
+    if owner && !obj.shared() {
         return Ok(Some((Body::grant(obj), obj.grant_fd(have))));
     }
     if !wait {
-        let who = container.map_or("(none)", |c| &**c);
-        return Err(
-            CdiError::not_owner(format!("container {who} does not own {:?}", &*obj.key)).into(),
-        );
+        return Err(if owner {
+            sharing::shared_error(obj)
+        } else {
+            let who = container.map_or("(none)", |c| &**c);
+            CdiError::not_owner(format!("container {who} does not own {:?}", &*obj.key))
+        }
+        .into());
     }
     if Value::field(request, "id").is_none() {
         return Err(
-            CdiError::protocol("an access that waits needs a request id to answer it by").into(),
+            CdiError::protocol("a request that waits needs a request id to answer it by").into(),
         );
     }
     let key = obj.key.clone();
-    reg.wait(token, id, key, have);
+    let waiter = Waiter {
+        token,
+        id,
+        read: false,
+    };
+    reg.wait(waiter, key, have);
     Ok(None)
 }
 
@@ -215,7 +228,7 @@ fn cancel(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
 }
 
 fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
-    let key = reg.owned(token, request)?;
+    let key = sharing::owned_alone(reg, token, request)?;
     let to = Value::get(request, "to");
     // Registered ids passed check_container_id: a hit needs no validation.
     let hit = match to {
@@ -276,7 +289,7 @@ fn copy(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failu
 }
 
 fn resize(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
-    let key = reg.owned(token, request)?;
+    let key = sharing::owned_alone(reg, token, request)?;
     let size = check_size(arg(request, "size"), reg.config.max_object)?;
     let obj = reg.objects.get_mut(&key).ok_or_else(vanished)?;
     if size > obj.segment.capacity {
@@ -301,7 +314,7 @@ fn resize(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
 }
 
 fn destroy(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
-    let key = reg.owned(token, request)?;
+    let key = sharing::owned_alone(reg, token, request)?;
     reg.remove(&key);
     Ok(Some((Body::Empty, None)))
 }

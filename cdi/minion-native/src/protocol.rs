@@ -12,6 +12,8 @@ pub const MAX_MESSAGE: usize = 1 << 20;
 pub const MAX_KEY_LENGTH: usize = 256;
 /// Segment ids a `create` may name as already mapped by the caller.
 pub const MAX_OFFERED_SEGMENTS: usize = 64;
+/// Containers one `share` may name.
+pub const MAX_READERS: usize = 64;
 
 /// An error reply: `{"ok": false, "code": code, "msg": msg}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +33,16 @@ pub enum Failure {
 impl From<CdiError> for Failure {
     fn from(err: CdiError) -> Self {
         Failure::Cdi(err)
+    }
+}
+
+impl CdiError {
+    /// A bug, answered as `cdi_error`.
+    pub fn internal(text: impl std::fmt::Display) -> Self {
+        CdiError {
+            code: "cdi_error",
+            msg: format!("internal minion error: {text}"),
+        }
     }
 }
 
@@ -54,6 +66,7 @@ error_kinds! {
     not_found => "not_found",
     not_owner => "not_owner",
     out_of_memory => "out_of_memory",
+    shared => "shared",
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +81,9 @@ pub enum Op {
     Resize,
     Destroy,
     SetRecovery,
+    Share,
+    Read,
+    Release,
     Stat,
     List,
 }
@@ -85,6 +101,9 @@ impl Op {
             "resize" => Op::Resize,
             "destroy" => Op::Destroy,
             "set_recovery" => Op::SetRecovery,
+            "share" => Op::Share,
+            "read" => Op::Read,
+            "release" => Op::Release,
             "stat" => Op::Stat,
             "list" => Op::List,
             _ => return None,
@@ -170,6 +189,18 @@ pub fn check_key<'v>(key: &Value<'v>) -> Result<Cow<'v, str>, CdiError> {
 /// A container id as a string (integers are accepted), else `InvalidArgument`.
 pub fn check_container_id<'v>(value: &Value<'v>) -> Result<Cow<'v, str>, CdiError> {
     check_name(value, "container id")
+}
+
+/// The container ids a `share` names: a non-empty array of at most `MAX_READERS` ids.
+pub fn check_container_ids<'v>(value: &Value<'v>) -> Result<Vec<Cow<'v, str>>, CdiError> {
+    match value {
+        Value::Array(items) if !items.is_empty() && items.len() <= MAX_READERS => {
+            items.iter().map(check_container_id).collect()
+        }
+        _ => Err(CdiError::invalid_argument(format!(
+            "readers must be a list of 1 to {MAX_READERS} container ids"
+        ))),
+    }
 }
 
 /// An int in `[0, limit]`, else `InvalidArgument`.

@@ -13,8 +13,9 @@ use crate::args::Config;
 use crate::events::EventSink;
 use crate::log;
 use crate::msgpack::{Value, NIL};
-use crate::objects::{Connection, RequestId, StoredObject};
+use crate::objects::{Connection, RequestId, StoredObject, Waiter};
 use crate::protocol::{check_key, CdiError, Failure, Isolation};
+use crate::recovery;
 use crate::replies::Body;
 use crate::segments::{SegmentPool, UidSet};
 use crate::sys;
@@ -49,9 +50,9 @@ pub struct Registry {
     /// Registered container id -> its connection's token.
     pub containers: HashMap<Rc<str>, u64>,
     pub bound_uid: HashMap<Rc<str>, u32>,
-    /// key -> (connection, request id) of deferred `access` requests. Lists emptied by a
-    /// cancel stay until the next grant (they keep the busy-poll going).
-    pub waiters: HashMap<Rc<str>, Vec<(u64, RequestId)>>,
+    /// key -> deferred `access` and `read` requests. Lists emptied by a cancel stay until the
+    /// next grant (they keep the busy-poll going).
+    pub waiters: HashMap<Rc<str>, Vec<Waiter>>,
     pub conns: HashMap<u64, Connection>,
     next_registration: u64,
     pub outbox: Vec<Outgoing>,
@@ -143,6 +144,7 @@ impl Registry {
             isolation,
             generation: 1,
             writers: UidSet::of(uid),
+            readers: Vec::new(),
             created_at: now,
             updated_at: now,
             order: self.next_order,
@@ -156,9 +158,11 @@ impl Registry {
         key
     }
 
+    /// Make `owner` the owner. A strict object moves to a fresh segment first, unless it is
+    /// shared: readers map it then, and it moves when the share ends.
     pub fn set_owner(&mut self, key: &Rc<str>, owner: Rc<str>) -> Result<(), Failure> {
         let obj = self.objects.get_mut(key).ok_or_else(vanished)?;
-        if obj.isolation == Isolation::Strict && owner != obj.owner {
+        if obj.isolation == Isolation::Strict && owner != obj.owner && !obj.shared() {
             move_to_fresh_segment(&mut self.pool, obj)?;
         }
         if let Some(conn) = self.containers.get(&owner).and_then(|t| self.conns.get(t)) {
@@ -174,7 +178,9 @@ impl Registry {
         Ok(())
     }
 
-    fn grant_waiters(&mut self, key: &Rc<str>) {
+    /// Answer the deferred requests of `key` that can be granted now: an `access` of its
+    /// owner while nobody reads it, a `read` of its owner or of a reader of its share.
+    pub fn grant_waiters(&mut self, key: &Rc<str>) {
         let Some(waiters) = self.waiters.get_mut(key) else {
             return;
         };
@@ -182,19 +188,51 @@ impl Registry {
             return;
         }
         let waiters = std::mem::take(waiters);
-        let Some(obj) = self.objects.get(key) else {
+        let Some(obj) = self.objects.get_mut(key) else {
             return;
         };
         let mut keep = Vec::new();
-        for (token, id) in waiters {
-            match self.conns.get_mut(&token) {
-                Some(conn) if !conn.doomed && conn.container.as_ref() == Some(&obj.owner) => {
-                    conn.waiting.pop(id);
-                    let fd = obj.grant_fd(conn.have.pop(id));
-                    self.outbox.push((token, id, Body::grant(obj), fd));
+        for waiter in waiters {
+            let conn = self.conns.get_mut(&waiter.token);
+            let granted = conn.as_ref().is_some_and(|conn| {
+                let Some(container) = conn.container.as_deref() else {
+                    return false;
+                };
+                !conn.doomed
+                    && if waiter.read {
+                        obj.readable_by(container)
+                    } else {
+                        *obj.owner == *container && !obj.shared()
+                    }
+            });
+            let Some(conn) = conn.filter(|_| granted) else {
+                keep.push(waiter);
+                continue;
+            };
+            conn.waiting.pop(waiter.id);
+            let have = conn.have.pop(waiter.id);
+            let fd = if waiter.read {
+                obj.writers.add(conn.uid);
+                match obj.segment.read_only_fd() {
+                    Ok(fd) => Some(fd),
+                    Err(Failure::Cdi(err)) => {
+                        self.outbox
+                            .push((waiter.token, waiter.id, Body::Error(err), None));
+                        continue;
+                    }
+                    Err(Failure::Internal(text)) => {
+                        log::error(format_args!("{text}"));
+                        let err = CdiError::internal(text);
+                        self.outbox
+                            .push((waiter.token, waiter.id, Body::Error(err), None));
+                        continue;
+                    }
                 }
-                _ => keep.push((token, id)),
-            }
+            } else {
+                obj.grant_fd(have)
+            };
+            self.outbox
+                .push((waiter.token, waiter.id, Body::grant(obj), fd));
         }
         if keep.is_empty() {
             self.waiters.remove(key);
@@ -219,13 +257,13 @@ impl Registry {
             Isolation::Cooperative => self.pool.release(segment, size, &writers),
         }
         let destroyed = CdiError::not_found(format!("{:?} was destroyed", &**key));
-        for (token, id) in self.waiters.remove(key).unwrap_or_default() {
-            if let Some(conn) = self.conns.get_mut(&token) {
-                conn.waiting.pop(id);
-                conn.have.pop(id);
+        for waiter in self.waiters.remove(key).unwrap_or_default() {
+            if let Some(conn) = self.conns.get_mut(&waiter.token) {
+                conn.waiting.pop(waiter.id);
+                conn.have.pop(waiter.id);
             }
             let body = Body::Error(destroyed.clone());
-            self.outbox.push((token, id, body, None));
+            self.outbox.push((waiter.token, waiter.id, body, None));
         }
         if let Some(sink) = self.events.as_mut() {
             sink.removed(key);
@@ -253,8 +291,10 @@ impl Registry {
         }
     }
 
-    /// Defer an `access` until the connection's container owns `key`.
-    pub fn wait(&mut self, token: u64, id: RequestId, key: Rc<str>, have: Option<i128>) {
+    /// Defer an `access` (until the connection's container owns `key` and nobody reads it) or
+    /// a `read` (until it may read it).
+    pub fn wait(&mut self, waiter: Waiter, key: Rc<str>, have: Option<i128>) {
+        let Waiter { token, id, .. } = waiter;
         let budget = self.config.busy_poll_us.saturating_mul(1000);
         self.spin_until = sys::monotonic_ns().saturating_add(budget);
         if let Some(conn) = self.conns.get_mut(&token) {
@@ -263,7 +303,7 @@ impl Registry {
                 conn.have.insert(id, have);
             }
         }
-        self.waiters.entry(key).or_default().push((token, id));
+        self.waiters.entry(key).or_default().push(waiter);
     }
 
     /// Withdraw a deferred access; whether one was waiting.
@@ -276,9 +316,7 @@ impl Registry {
         };
         conn.have.pop(id);
         if let Some(waiters) = self.waiters.get_mut(&key) {
-            if let Some(at) = waiters.iter().position(|&(t, i)| t == token && i == id) {
-                waiters.remove(at);
-            }
+            waiters.retain(|w| !(w.token == token && w.id == id));
         }
         true
     }
@@ -289,9 +327,7 @@ impl Registry {
         let mut conn = self.conns.remove(&token)?;
         for (id, key) in conn.waiting.take() {
             if let Some(waiters) = self.waiters.get_mut(&key) {
-                if let Some(at) = waiters.iter().position(|&(t, i)| t == token && i == id) {
-                    waiters.remove(at);
-                }
+                waiters.retain(|w| !(w.token == token && w.id == id));
             }
         }
         conn.have.clear();
@@ -302,57 +338,12 @@ impl Registry {
                     sink.gone(&cid);
                 }
                 if reclaim {
-                    self.recover_objects_of(&cid);
+                    recovery::recover_objects_of(self, &cid);
+                    recovery::release_shares_of(self, &cid);
                 }
             }
         }
         Some(conn.fd)
-    }
-
-    /// Objects of a dead owner go back to their recovery container, else are reclaimed. One
-    /// at a time: one that cannot move (a strict object needs a fresh segment, and memory may
-    /// have run out) is reclaimed, and the rest are still recovered.
-    fn recover_objects_of(&mut self, dead: &Rc<str>) {
-        let mut theirs: Vec<(u64, Rc<str>)> = self
-            .objects
-            .values()
-            .filter(|o| o.owner == *dead)
-            .map(|o| (o.order, o.key.clone()))
-            .collect();
-        theirs.sort_unstable();
-        for (_, key) in theirs {
-            let Some(obj) = self.objects.get(&key) else {
-                continue;
-            };
-            let recovery = self
-                .containers
-                .get_key_value(&obj.recovery)
-                .map(|(k, _)| k.clone());
-            match recovery {
-                Some(recovery) if recovery != *dead => {
-                    log::info(format_args!(
-                        "owner {dead} of {key} died; returning it to {recovery}"
-                    ));
-                    // set_owner fails only before the hand-over.
-                    if let Err(failure) = self.set_owner(&key, recovery.clone()) {
-                        let why = match failure {
-                            Failure::Cdi(err) => err.msg,
-                            Failure::Internal(msg) => msg,
-                        };
-                        log::warning(format_args!(
-                            "cannot return {key} to {recovery} ({why}); reclaiming it"
-                        ));
-                        self.remove(&key);
-                    }
-                }
-                _ => {
-                    log::info(format_args!(
-                        "owner {dead} of {key} died and nobody can recover it; reclaiming"
-                    ));
-                    self.remove(&key);
-                }
-            }
-        }
     }
 
     /// Registered connections' tokens in registration order (closed in it at shutdown).
@@ -368,7 +359,10 @@ impl Registry {
 }
 
 /// Strict isolation: copy into a new segment and truncate the one the old owner mapped.
-fn move_to_fresh_segment(pool: &mut SegmentPool, obj: &mut StoredObject) -> Result<(), Failure> {
+pub fn move_to_fresh_segment(
+    pool: &mut SegmentPool,
+    obj: &mut StoredObject,
+) -> Result<(), Failure> {
     let mut fresh = pool.acquire(obj.size, false, &[], None, true)?;
     if obj.segment.intact(obj.size) {
         fresh.copy_from(&obj.segment, obj.size);

@@ -27,6 +27,11 @@ pub enum Body {
     Generation(u64),
     Empty,
     Recovery(Rc<str>),
+    Readers(Vec<Rc<str>>),
+    Released {
+        released: bool,
+        readers: usize,
+    },
     Stat,
     List,
     Error(CdiError),
@@ -65,6 +70,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, body: &Body, id: RequestId) {
         Body::Registered => 4,
         Body::Use { .. } => 3,
         Body::Stat => 11,
+        Body::Released { .. } => 2,
         Body::Empty => 0,
         _ => 1,
     };
@@ -126,6 +132,19 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, body: &Body, id: RequestId) {
             enc.str("recovery");
             enc.str(recovery);
         }
+        Body::Readers(readers) => {
+            enc.str("readers");
+            enc.array(readers.len());
+            for reader in readers {
+                enc.str(reader);
+            }
+        }
+        Body::Released { released, readers } => {
+            enc.str("released");
+            enc.bool(*released);
+            enc.str("readers");
+            enc.uint(*readers as u64);
+        }
         Body::Stat => encode_stat(&mut enc, reg),
         Body::List => encode_list(&mut enc, reg),
         Body::Empty | Body::Error(_) => {}
@@ -167,7 +186,7 @@ fn encode_list(enc: &mut Enc, reg: &Registry) {
     enc.str("objects");
     enc.array(objects.len());
     for o in objects {
-        enc.map(11);
+        enc.map(12);
         for (name, text) in [
             ("key", &*o.key),
             ("owner", &*o.owner),
@@ -186,6 +205,11 @@ fn encode_list(enc: &mut Enc, reg: &Registry) {
         ] {
             enc.str(name);
             enc.uint(value);
+        }
+        enc.str("readers");
+        enc.array(o.readers.len());
+        for reader in &o.readers {
+            enc.str(reader);
         }
         enc.str("created_at");
         enc.float(o.created_at);
