@@ -103,6 +103,7 @@ class StoredObject:
             "generation": self.generation,
             "host": host,
             "readers": list(self.readers),
+            "segment": self.segment.id,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }

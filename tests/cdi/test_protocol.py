@@ -119,7 +119,7 @@ def test_every_operation_answers_its_fields(peers: Callable[[], Peer], unique: U
     for name, kind in {
         "key": str, "size": int, "capacity": int, "owner": str, "creator": str,
         "recovery": str, "isolation": str, "generation": int, "host": str,
-        "readers": list, "created_at": float, "updated_at": float,
+        "readers": list, "segment": int, "created_at": float, "updated_at": float,
     }.items():  # fmt: skip
         assert all(type(o[name]) is kind for o in mine), name
     assert mine[0]["recovery"] == b_id

@@ -186,7 +186,7 @@ fn encode_list(enc: &mut Enc, reg: &Registry) {
     enc.str("objects");
     enc.array(objects.len());
     for o in objects {
-        enc.map(12);
+        enc.map(13);
         for (name, text) in [
             ("key", &*o.key),
             ("owner", &*o.owner),
@@ -202,6 +202,7 @@ fn encode_list(enc: &mut Enc, reg: &Registry) {
             ("size", o.size),
             ("capacity", o.segment.capacity),
             ("generation", o.generation),
+            ("segment", o.segment.id),
         ] {
             enc.str(name);
             enc.uint(value);
