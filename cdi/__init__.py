@@ -31,6 +31,7 @@ from cdi.errors import (
     ObjectShared,
     OutOfMemory,
     ProtocolError,
+    TransferFailed,
     UnknownContainer,
 )
 from cdi.protocol import Isolation
@@ -57,6 +58,7 @@ __all__ = [
     "ObjectShared",
     "OutOfMemory",
     "ProtocolError",
+    "TransferFailed",
     "UnknownContainer",
     "connect",
 ]

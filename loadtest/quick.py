@@ -36,9 +36,9 @@ from loadtest.images import make_jpeg
 from loadtest.rest import CdiflowApi, stamp
 from loadtest.stats import summarize
 from loadtest.systems.services import BenchServices, s3_client
+from orchestrator.child_process import free_port
 from orchestrator.services import RunningServices
 from orchestrator.stack import Stack
-from orchestrator.stack.probes import free_port
 
 __all__ = ["PHASES", "QuickRow", "phases_ms", "run_quick"]
 
@@ -208,7 +208,7 @@ def run_quick(
         stack = Stack(
             folder / "stack", workers=workers, port=free_port(), services=shared.for_system("quick")
         )
-        with stack, CdiflowApi(stack.api_url) as api:
+        with stack, CdiflowApi(stack.api_url, stack.api_key) as api:
             for workflow in workflows:
                 given = None if workflow in DATALESS else image
                 for system in systems:

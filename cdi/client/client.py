@@ -14,16 +14,18 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 from contextlib import suppress
 from typing import Any
 
 from cdi import protocol
 from cdi.client.connection import MinionConnection
+from cdi.client.gateway_link import GatewayLink
 from cdi.client.handle import CDIObject
 from cdi.client.mapcache import MappingCache
 from cdi.client.mapping import Mapping
 from cdi.client.reading import ReadMappings
-from cdi.errors import BufferInUse, NotRegistered, ObjectNotFound, ProtocolError
+from cdi.errors import AccessTimeout, BufferInUse, NotRegistered, ObjectNotFound, ProtocolError
 from cdi.protocol import Isolation, Op
 from cdi.url import resolve_socket_path
 
@@ -65,6 +67,11 @@ class Client:
         self.container_id: str | None = None
         self.host: str | None = None
         self.max_object: int | None = None
+        # Cross-host: a transfer to a container of another host, or an access of an object on
+        # its way here, goes through the gateway beside the minion when one runs.
+        self.forwarding = True
+        self._gateway = GatewayLink(self.socket_path)
+        self._forward_lock = threading.Lock()
 
     # ------------------------------------------------------------- lifecycle
     def register(self, container_id: str | int) -> Client:
@@ -88,6 +95,7 @@ class Client:
                     mapping.mm.close()
             self._maps.clear()
         self._reads.close()
+        self._gateway.close()
         self._conn.close()
 
     def __enter__(self) -> Client:
@@ -162,9 +170,49 @@ class Client:
             raise NotRegistered("call register(container_id) before using objects")
 
     def _size_of(self, key: str) -> int:
-        """The object's size, from the minion; ``ObjectNotFound`` if there is none."""
-        reply, _ = self._conn.call(Op.USE, key=key)
+        """The object's size, from the minion (or, for an object on another host, the
+        directory through the gateway); ``ObjectNotFound`` if there is none."""
+        try:
+            reply, _ = self._conn.call(Op.USE, key=key)
+        except ObjectNotFound:
+            if not self._crosses_hosts():
+                raise
+            reply = self._gateway.call("locate", key=key)
         return int(reply["size"])
+
+    def _crosses_hosts(self) -> bool:
+        return self.forwarding and self._gateway.present
+
+    def _forward(self, key: str, to: str, detach: bool) -> None:
+        """Send ``key`` to ``to`` on another host: hand it to our gateway slot (a same-host
+        transfer), which sends it and answers once ``to`` owns it — or gives it back to us
+        and says why not."""
+        with self._forward_lock:
+            slot = self._gateway.reserve()
+            self._give_up(key, Op.TRANSFER, detach, to=slot)
+            self._gateway.call("forward", key=key, to=to, **{"from": self.container_id})
+
+    def _grant_arriving(self, key: str, timeout: float | None, populate: bool) -> Mapping:
+        """``access``: our grant of ``key``; if no such key is here but a gateway is, wait for
+        it to arrive from another host (``ObjectNotFound`` if no host has it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            since = time.monotonic()
+            try:
+                return self._grant(key, Op.ACCESS, timeout, populate)
+            except ObjectNotFound:
+                if not self._crosses_hosts():
+                    raise
+            wait = 10.0 if deadline is None else deadline - time.monotonic()
+            if wait <= 0:
+                raise AccessTimeout(f"{key!r} did not arrive from another host before the timeout")
+            try:
+                self._gateway.await_arrival(key, min(wait, 10.0), since)
+            except AccessTimeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+            if deadline is not None:
+                timeout = max(0.0, deadline - time.monotonic())
 
     def _cached_segment(self, key: str) -> int | None:
         """The segment id of our cached mapping of ``key``, to tell the minion we have it."""

@@ -2,7 +2,8 @@
 
 Postgres is the source of truth: definitions, workflows, task runs (one row per attempt), CDI
 ownership hand-offs and an event log. Change a model only together with a new Alembic revision
-in ``orchestrator/db/migrations/versions`` (the tests compare the two).
+in ``orchestrator/db/migrations/versions`` (the tests compare the two). The status, policy and
+data plane columns are Postgres enums of ``orchestrator.contract.vocabulary``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Double,
     Enum,
@@ -24,23 +26,24 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from orchestrator.apikeys import Role
+from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, WorkflowStatus
+
 __all__ = [
+    "ApiKey",
     "Base",
-    "DataPlane",
     "Event",
     "Handoff",
-    "Policy",
     "TaskDefinition",
     "TaskRun",
-    "TaskRunStatus",
     "Workflow",
     "WorkflowDefinition",
-    "WorkflowStatus",
 ]
 
 # Deterministic constraint names, so migrations can refer to them.
@@ -51,46 +54,6 @@ _NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-
-
-class WorkflowStatus(enum.StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def finished(self) -> bool:
-        """True for the terminal states, which never change again."""
-        return self in _FINISHED
-
-
-_FINISHED = frozenset({WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED})
-
-
-class TaskRunStatus(enum.StrEnum):
-    QUEUED = "QUEUED"
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    TIMED_OUT = "TIMED_OUT"
-    CANCELLED = "CANCELLED"
-
-
-class Policy(enum.StrEnum):
-    """Where a workflow's tasks run (ARCHITECTURE.md, "Policies")."""
-
-    AFFINITY = "affinity"  # every task on one worker, which keeps the CDI ownership
-    TRANSFER = "transfer"  # best worker per task; ownership moves each time
-    AUTO = "auto"  # move only when the cost model says moving beats waiting
-
-
-class DataPlane(enum.StrEnum):
-    """How data moves between tasks."""
-
-    CDI = "cdi"  # shared CDI objects, ownership handed over
-    OBJECT_STORE = "object-store"  # every task downloads from and uploads to S3
 
 
 def _enum(cls: type[enum.StrEnum], name: str) -> Enum:
@@ -174,6 +137,8 @@ class Workflow(Base):
     finished_at: Mapped[datetime | None]
     claimed_by: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[datetime | None]
+    # The name of the API key that started the run (or retried it into being).
+    started_by: Mapped[str | None] = mapped_column(String(64))
 
 
 class TaskRun(Base):
@@ -223,6 +188,10 @@ class Handoff(Base):
     to_container: Mapped[str] = mapped_column(String(128))
     bytes: Mapped[int] = mapped_column(BigInteger)
     duration_us: Mapped[float] = mapped_column(Double)
+    # The CDI hosts of the two containers (null where unknown): different ones mean the
+    # object's bytes crossed between hosts.
+    from_host: Mapped[str | None] = mapped_column(String(128))
+    to_host: Mapped[str | None] = mapped_column(String(128))
     at: Mapped[datetime] = mapped_column(server_default=_now())
 
 
@@ -243,3 +212,22 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(64))
     data: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     at: Mapped[datetime] = mapped_column(server_default=_now())
+
+
+class ApiKey(Base):
+    """A key the REST API accepts: only its SHA-256 digest is stored (``orchestrator.apikeys``).
+
+    ``configured`` marks the admin key that comes from the API's settings
+    (``CDIFLOW_ADMIN_KEY``): every API start writes its digest again, so it cannot be revoked
+    through the API, only by changing that setting.
+    """
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[Role] = mapped_column(_enum(Role, "api_key_role"))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    configured: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    created_by: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(server_default=_now())

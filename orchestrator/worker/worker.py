@@ -5,7 +5,9 @@ Each slot (``concurrency`` of them) BLMOVEs one instruction from ``keys.worker_q
 the ``Report`` onto ``reply_to`` and LREMs the instruction from the in-flight list. What waits
 only for S3 (a last task's store, ``Execution.later``) is finished and reported by a thread of
 its own, while the slot goes on to its next instruction. A worker
-killed mid-task therefore leaves the instruction in flight for the scheduler to requeue.
+killed mid-task therefore leaves the instruction in flight for the scheduler to requeue. An
+instruction sent again (``repeats``) is never run twice: a repeat of one that finished gets its
+report again, a repeat of one that runs now is dropped.
 
 Nothing an instruction does can end the loop, except what Python cannot recover from inside
 the process: a task that overran its timeout (its thread cannot be killed) or a lost CDI
@@ -24,13 +26,17 @@ from typing import Final
 
 import redis
 
-from orchestrator import keys
+from orchestrator.contract import keys
+from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 from orchestrator.errors import InvalidInstruction
-from orchestrator.messages import Instruction, Report
 from orchestrator.worker.cdi_plane import CdiPlane
-from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall, check_common
+from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall
 from orchestrator.worker.heartbeat import Heartbeat
+from orchestrator.worker.planes import plane_table
+from orchestrator.worker.repeats import RUNNING, Repeats
 from orchestrator.worker.store_plane import StorePlane
+from workflows.sources import BUNDLED, TaskSources
 
 __all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
 
@@ -67,14 +73,17 @@ class Worker:
         store_plane: StorePlane,
         concurrency: int = 1,
         heartbeat_interval_s: float = keys.HEARTBEAT_INTERVAL_S,
+        sources: TaskSources = BUNDLED,
     ) -> None:
         self.worker_id = worker_id
+        self.sources = sources  # where tasks may be loaded from
         self.redis = redis_client  # bytes replies: LREM must match the raw instruction exactly
         self._report_and_ack = redis_client.register_script(_REPORT_AND_ACK)
         self._thread_local = threading.local()
         self._thread_clients: list[redis.Redis] = []
         self.cdi_plane = cdi_plane
         self.store_plane = store_plane
+        self._planes = plane_table(cdi_plane, store_plane)
         self.concurrency = concurrency
         self.queue_key = keys.worker_queue_key(worker_id)
         self.inflight_key = keys.worker_inflight_key(worker_id)
@@ -82,6 +91,7 @@ class Worker:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running = 0
+        self._repeats = Repeats()
         # Finishes instructions whose rest waits for S3 (``Execution.later``).
         self._finisher = ThreadPoolExecutor(concurrency * FINISH_AHEAD, thread_name_prefix="finish")
         self._finishing = threading.BoundedSemaphore(concurrency * FINISH_AHEAD)
@@ -92,6 +102,7 @@ class Worker:
             held=cdi_plane.held.usage,
             slots=concurrency,
             interval_s=heartbeat_interval_s,
+            host=cdi_plane.client.host,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -196,6 +207,15 @@ class Worker:
             log.error("dropping an unusable instruction %.300r: %s", raw, exc)
             self._deliver(raw, None, None)
             return
+        earlier = self._repeats.begin(ins)
+        if earlier == RUNNING:
+            log.warning("task run %s was sent again while it runs; dropped", ins.task_run_id)
+            self._deliver(raw, None, None)
+            return
+        if isinstance(earlier, Report):
+            log.warning("task run %s was sent again; sending its report again", ins.task_run_id)
+            self._deliver(raw, ins.reply_to, earlier)
+            return
         started_at = time.time()
         try:
             exe = self._execute(ins)
@@ -233,6 +253,7 @@ class Worker:
                 log.exception("instruction %s crashed while finishing", ins.task_run_id)
                 exe.fail(exc)
         report = exe.report(ins, self.worker_id, started_at, time.time())
+        self._repeats.finish(ins, report)
         self._deliver(raw, ins.reply_to, report)
         _log_outcome(ins, report)  # after the delivery: the scheduler need not wait for a log line
         exit_code = exe.exit_code
@@ -253,20 +274,18 @@ class Worker:
     def _execute(self, ins: Instruction) -> Execution:
         exe = Execution(key=ins.key if isinstance(ins.key, str) else "")
         with self._counted():
-            call = TaskCall(ins)
-            if ins.data_plane == "cdi":
-                self.cdi_plane.run(ins, call, exe)
-            elif ins.data_plane == "object-store":
-                self.store_plane.run(ins, call, exe)
-            elif ins.data_plane == "none":
-                _run_dataless(ins, call, exe)
-            else:
+            # The JSON may hold anything there: only a string can name a plane.
+            plane = self._planes.get(ins.data_plane) if isinstance(ins.data_plane, str) else None
+            if plane is None:
+                known = ", ".join(repr(p.value) for p in DataPlane)
                 exe.fail(
                     InvalidInstruction(
                         f"instruction {ins.task_run_id}: unknown data_plane "
-                        f"{ins.data_plane!r}; expected 'cdi', 'object-store' or 'none'"
+                        f"{ins.data_plane!r}; expected one of {known}"
                     )
                 )
+            else:
+                plane.run(ins, TaskCall(ins, self.sources), exe)
         return exe
 
     @contextmanager
@@ -329,7 +348,7 @@ return redis.call('LREM', KEYS[1], 1, ARGV[1])
 
 def _log_outcome(ins: Instruction, report: Report) -> None:
     log.log(
-        logging.INFO if report.status == "COMPLETED" else logging.WARNING,
+        logging.INFO if report.status == TaskRunStatus.COMPLETED else logging.WARNING,
         "task run %s %s (workflow %s, attempt %s): %s in %.1f ms%s",
         ins.task_run_id,
         ins.task,
@@ -339,12 +358,3 @@ def _log_outcome(ins: Instruction, report: Report) -> None:
         (report.finished_at - report.started_at) * 1000,
         f": {report.error}" if report.error else "",
     )
-
-
-def _run_dataless(ins: Instruction, call: TaskCall, exe: Execution) -> None:
-    """A dataless workflow's task: no object, no S3, only the JSON output travels."""
-    try:
-        check_common(ins)
-        call.run_dataless(call.load(), exe)
-    except Exception as exc:
-        exe.fail(exc)

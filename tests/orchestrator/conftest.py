@@ -3,6 +3,9 @@
 Each test module gets its own database (created on the session's server, dropped at the end)
 and the API tests use their own Redis logical database, so other suites sharing the servers
 (a scheduler claiming workflows, a test popping the wake list) neither see nor disturb them.
+
+``api_client`` sends the app's admin key with every request, as a client of the real API must;
+``keyed_client`` makes clients of any app with a key of one's choosing (``None``: no key).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 import redis
+from fastapi import FastAPI
 from psycopg import sql
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,7 +27,12 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from orchestrator.controller import create_app
 from orchestrator.db import make_engine, make_session_factory
-from orchestrator.settings import Settings, load_settings
+from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.scheduler.loop import Scheduler
+from orchestrator.services import RunningServices
+from orchestrator.settings import Settings
+from tests.orchestrator.api_support import admin_key_of, api_test_settings, keyed_client
+from tests.orchestrator.scheduler_support import close_scheduler, make_scheduler
 
 # Starlette 1.x warns that its test client prefers httpx2 over httpx; both work. Importing it
 # here, once, keeps that warning (an error under filterwarnings=error) out of the run.
@@ -48,19 +57,29 @@ def _admin_connect(postgres_url: str) -> psycopg.Connection[tuple[object, ...]]:
 
 
 @pytest.fixture(scope="session")
-def make_database(postgres_url: str) -> Iterator[Callable[[str], str]]:
-    """A factory of empty databases on the session's server; all are dropped at the end."""
+def make_database(
+    postgres_url: str, service_stack: RunningServices
+) -> Iterator[Callable[[str], str]]:
+    """A factory of empty databases on the session's server, each owned by the role the
+    orchestrator uses (which may not create databases itself); all are dropped at the end."""
     created: list[str] = []
+    admin_url = service_stack.admin_database_url
+    assert admin_url is not None, "the session's Postgres is embedded"
+    owner = make_url(postgres_url).username or ""
 
     def make(label: str) -> str:
         name = f"cdiflow_{label}_{uuid.uuid4().hex[:8]}"
-        with _admin_connect(postgres_url) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        with _admin_connect(admin_url) as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(name), sql.Identifier(owner)
+                )
+            )
         created.append(name)
         return make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
 
     yield make
-    with _admin_connect(postgres_url) as conn:
+    with _admin_connect(admin_url) as conn:
         for name in created:
             drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
             conn.execute(drop.format(sql.Identifier(name)))
@@ -90,17 +109,38 @@ def api_redis(api_redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture(scope="module")
 def api_settings(
-    tmp_path_factory: pytest.TempPathFactory, api_database_url: str, api_redis_url: str
+    tmp_path_factory: pytest.TempPathFactory,
+    api_database_url: str,
+    api_redis_url: str,
+    service_stack: RunningServices,
 ) -> Settings:
-    """Settings naming the module's database and Redis (the environment cannot override)."""
+    """Settings naming the module's database and Redis and the session's S3 endpoint (the
+    environment cannot override)."""
     data_dir: Path = tmp_path_factory.mktemp("controller")
-    return load_settings(data_dir=data_dir, database_url=api_database_url, redis_url=api_redis_url)
+    return api_test_settings(
+        data_dir,
+        api_database_url,
+        api_redis_url,
+        s3_endpoint_url=service_stack.s3_endpoint_url,
+        s3_bucket=service_stack.s3_bucket,
+        aws_access_key_id=service_stack.aws_access_key_id,
+        aws_secret_access_key=service_stack.aws_secret_access_key,
+        aws_region=service_stack.aws_region,
+    )
 
 
 @pytest.fixture(scope="module")
-def api_client(api_settings: Settings, api_redis: redis.Redis) -> Iterator[TestClient]:
-    """The real app, started (migrated, seeded) once per module."""
-    with TestClient(create_app(api_settings)) as client:
+def api_app(api_settings: Settings) -> FastAPI:
+    """The real app of this module (started by ``api_client``)."""
+    return create_app(api_settings)
+
+
+@pytest.fixture(scope="module")
+def api_client(
+    api_app: FastAPI, api_settings: Settings, api_redis: redis.Redis
+) -> Iterator[TestClient]:
+    """The real app, started (migrated, seeded) once per module; requests carry its admin key."""
+    with keyed_client(api_app, admin_key_of(api_settings)) as client:
         yield client
 
 
@@ -109,4 +149,24 @@ def api_sessions(api_database_url: str, api_client: TestClient) -> Iterator[sess
     """Sessions on the module's database, once the app has migrated it."""
     engine = make_engine(api_database_url)
     yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Scheduler]:
+    """A scheduler on the module's database and Redis, driven by hand (no CDI: dataless)."""
+    own = make_scheduler(api_settings)
+    try:
+        yield own
+    finally:
+        close_scheduler(own)
+
+
+@pytest.fixture(scope="module")
+def api_store(api_database_url: str, api_client: TestClient) -> Iterator[SchedulerStore]:
+    """The scheduler's statements on the module's database, once the app has migrated it."""
+    engine = make_engine(api_database_url, synchronous_commit=False)
+    store = SchedulerStore(engine)
+    yield store
+    store.close()
     engine.dispose()

@@ -17,10 +17,12 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,7 +49,7 @@ DEADLINE_S = 60.0
 # Stand-in worker: heartbeats into the hash the stack waits for, until it is killed.
 WORKER_STAND_IN = """
 import os, sys, time, redis
-from orchestrator.keys import worker_key
+from orchestrator.contract.keys import worker_key
 client = redis.Redis.from_url(os.environ["REDIS_URL"])
 started_at = time.time()
 while True:
@@ -177,6 +179,10 @@ def test_every_process_gets_the_stack_environment(stack: Stack) -> None:
         env = psutil.Process(pid).environ()
         assert {key: env.get(key) for key in expected} == expected, name
         assert (stack.data_dir / "logs" / f"{name}.log").is_file()
+        # The admin key goes to the API alone; no task code runs there.
+        key_file = env.get("CDIFLOW_ADMIN_KEY_FILE")
+        assert key_file == (str(stack.data_dir / "api-key") if name == "api" else None), name
+        assert "CDIFLOW_ADMIN_KEY" not in env
     assert stack.controller_url.startswith("grpc://127.0.0.1:")
     assert Path(stack.minion_socket) == stack.data_dir / "cdi" / "minion.sock"
     assert Path(stack.minion_socket).is_socket()
@@ -318,6 +324,15 @@ def _stand_in_options() -> list[str]:
     return options
 
 
+def _http_status(url: str, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*_cli(), *args], env=env, capture_output=True, text=True, timeout=300, check=False
@@ -365,6 +380,15 @@ def test_cli_up_detach_status_down(short_dir: Path) -> None:
         report = json.loads(_run("status", "--json", *folder, env=env).stdout)
         assert report["running"] is True
         assert all(p["alive"] for p in report["processes"])
+        # The admin key: made at the first start, private to its owner, shown to them by
+        # `status --json`, announced (not printed) by `up`; the API takes it and nothing less.
+        key_file = short_dir / "api-key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        assert report["api_key"] == key_file.read_text().strip()
+        assert report["api_url"] == f"http://127.0.0.1:{port}"
+        assert str(key_file) in up.stdout and report["api_key"] not in up.stdout
+        assert _http_status(f"{report['api_url']}/api/whoami", report["api_key"]) == 200
+        assert _http_status(f"{report['api_url']}/api/whoami", None) == 401
 
         # The supervisor restarts a killed worker and republishes its new PID.
         worker = procs[-1]
@@ -393,8 +417,8 @@ def _configured_env(services: RunningServices, database_url: str, redis_db: int)
         DATABASE_URL=database_url,
         REDIS_URL=_redis_db(services.redis_url, redis_db),
         S3_ENDPOINT_URL=services.s3_endpoint_url,
-        AWS_ACCESS_KEY_ID=services.aws_access_key_id or "testing",
-        AWS_SECRET_ACCESS_KEY=services.aws_secret_access_key or "testing",
+        AWS_ACCESS_KEY_ID=services.aws_access_key_id or "",
+        AWS_SECRET_ACCESS_KEY=services.aws_secret_access_key or "",
     )
 
 

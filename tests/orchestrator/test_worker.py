@@ -29,8 +29,8 @@ from PIL import Image, ImageFilter
 import cdi
 from cdi.minion.process import MinionChild
 from loadtest.netem_proxy import LinkSpec, NetemProxy
-from orchestrator import keys
-from orchestrator.messages import Instruction, Report
+from orchestrator.contract import keys
+from orchestrator.contract.messages import Instruction, Report
 from orchestrator.worker.worker import FINISH_AHEAD
 from workflows.imagebuf import decode_bytes, encode_image, read_image, required_size, write_image
 
@@ -172,7 +172,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(redis_url: str, s3_endpoint: str) -> Iterator[Stack]:
+def stack(redis_url: str, s3_endpoint: str, s3_keys: tuple[str, str]) -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="cdiflow-worker-test-") as name:
         os.chmod(name, 0o755)  # the minion's socket folder, traversable like in production
         tmp = Path(name)
@@ -185,8 +185,11 @@ def stack(redis_url: str, s3_endpoint: str) -> Iterator[Stack]:
         env |= {
             "CDI_URL": f"unix://{minion.socket_path}", "REDIS_URL": db_url,
             "S3_ENDPOINT_URL": s3_endpoint, "S3_BUCKET": BUCKET, "AWS_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_ACCESS_KEY_ID": s3_keys[0], "AWS_SECRET_ACCESS_KEY": s3_keys[1],
             "CDIFLOW_DATA_DIR": str(tmp / "data"),
+            "CDIFLOW_TASK_PACKAGES": "workflows,tests.orchestrator",
+            # The tests' results and in-between images go under worker-test/.
+            "CDIFLOW_S3_RESULTS": f"s3://{BUCKET}/worker-test/",
         }  # fmt: skip
         running = Stack(env, r, sched, tmp)
         try:
@@ -213,9 +216,9 @@ def worker(stack: Stack) -> WorkerProcess:
 
 
 @pytest.fixture(scope="module")
-def s3(s3_endpoint: str) -> Any:
+def s3(s3_endpoint: str, s3_keys: tuple[str, str]) -> Any:
     return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+                        aws_access_key_id=s3_keys[0], aws_secret_access_key=s3_keys[1])  # fmt: skip
 
 
 def _picture(width: int = 64, height: int = 48) -> Image.Image:
@@ -476,14 +479,17 @@ def test_a_last_task_that_only_reads_stores_its_input_as_asked(
 
 
 def test_a_result_s3_refuses_fails_the_task_and_keeps_its_input_for_the_retry(
-    stack: Stack, worker: WorkerProcess
+    stack: Stack,
 ) -> None:
+    # Results go to a bucket that does not exist: the policy allows it, S3 refuses it.
+    bucket = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
+    worker = stack.start_worker(env={"CDIFLOW_S3_RESULTS": f"s3://{bucket}/"})
     img = _picture()
     key = stack.put(worker, img)
     common = {"workflow_id": str(uuid.uuid4()), "key": key}
     first = stack.run(worker, task="deblur", output_key=f"{key}-1", keep=True, hold=True, **common)
     assert first.held, first.error
-    nowhere = f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/result.png"
+    nowhere = f"s3://{bucket}/result.png"
     last = stack.run(worker, task="denoise", output_key=f"{key}-2", held=str(first.task_run_id),
                      output_uri=nowhere, **common)  # fmt: skip
     assert (last.status, last.stored, last.retryable) == ("FAILED", False, True)
@@ -493,6 +499,29 @@ def test_a_result_s3_refuses_fails_the_task_and_keeps_its_input_for_the_retry(
     assert _same_pixels(stack.take_image(f"{key}-2"), _unsharp(img))
     with pytest.raises(cdi.ObjectNotFound):
         stack.sched.use(key)
+
+
+@pytest.mark.parametrize(
+    ("field", "uri"),
+    [
+        ("output_uri", "s3://cdiflow/elsewhere/result.png"),  # outside the results prefix
+        ("output_uri", "s3://someone-else/result.png"),
+        ("input_uri", "s3://someone-else/secret.png"),  # outside the inputs
+        ("input_uri", "s3://cdiflow/in/../secret.png"),
+    ],
+)
+def test_a_worker_reads_and_writes_s3_only_within_the_policy(
+    stack: Stack, worker: WorkerProcess, s3: Any, field: str, uri: str
+) -> None:
+    """Whatever an instruction names (a forged one, a run stored before the policy): refused
+    before the request, and for good."""
+    prefix = f"worker-test/{uuid.uuid4().hex}"
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/in.png", Body=encode_image(_picture(8, 8), "PNG"))
+    fields = {"input_uri": f"s3://{BUCKET}/{prefix}/in.png",
+              "output_uri": f"s3://{BUCKET}/{prefix}/out.png"} | {field: uri}  # fmt: skip
+    report = stack.run(worker, task="noop", data_plane="object-store", **fields)
+    assert (report.status, report.retryable) == ("FAILED", False), report.error
+    assert uri in report.error or "'..' segment" in report.error, report.error
 
 
 def test_a_slow_result_store_does_not_hold_up_the_workers_next_task(
@@ -635,6 +664,31 @@ def test_an_unknown_task_fails_and_hands_input_back(stack: Stack, worker: Worker
     assert (report.status, report.retryable) == ("FAILED", False)
     assert "no-such-task" in report.error
     assert _same_pixels(stack.take_image(key), img)
+
+
+@pytest.mark.parametrize(
+    ("task", "says"),
+    [
+        ("builtins:print", "not in a package tasks may come from"),
+        ("builtins:exec", "not in a package tasks may come from"),
+        ("os:system", "not in a package tasks may come from"),
+        ("subprocess:run", "not in a package tasks may come from"),
+        ("tests.orchestrator.flaky_tasks:not_a_task", "without @task"),
+        ("tests.orchestrator.flaky_tasks:shell", "without @task"),
+    ],
+)
+def test_a_worker_runs_no_callable_but_deployed_task_functions(
+    stack: Stack, worker: WorkerProcess, task: str, says: str
+) -> None:
+    """An instruction naming any other callable (a stale definition, a forged instruction)
+    fails for good without running it, and the input comes back intact."""
+    img = _picture(8, 8)
+    key = stack.put(worker, img)
+    report = stack.run(worker, task=task, key=key, output_key=f"{key}-out")
+    assert (report.status, report.retryable) == ("FAILED", False), report.error
+    assert says in report.error and task in report.error
+    assert _same_pixels(stack.take_image(key), img)
+    assert "ran as a task" not in worker.log()
 
 
 def test_poison_messages_do_not_stop_the_loop(stack: Stack, worker: WorkerProcess) -> None:
@@ -791,3 +845,20 @@ def test_a_worker_whose_redis_connections_drop_runs_the_next_task(
     stack.take(key)
     since = worker.log_path.read_text(errors="replace")[logged:]
     assert "cannot pop" in since, since  # the slot did see its connection go
+
+
+def test_an_instruction_sent_again_is_answered_with_its_report_not_run_twice(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    """A scheduler sends an instruction again when its report may be lost (Redis lost its
+    data): the first run handed the object on, so running it again would fail or compute on
+    the wrong input. The worker answers the repeat with the report it sent."""
+    key = stack.put(worker, _picture())
+    ins, raw = stack.send(worker, task="deblur", key=key, output_key=f"{key}-1")
+    first = stack.report(ins, worker)
+    assert first.status == "COMPLETED", first.error
+    stack.redis.lpush(keys.worker_queue_key(worker.worker_id), raw)  # the same, again
+    again = stack.report(ins, worker)
+    assert again == first
+    assert stack.redis.llen(keys.worker_inflight_key(worker.worker_id)) == 0
+    stack.take(f"{key}-1")  # one output object, made once

@@ -1,9 +1,16 @@
-"""What the controller, scheduler and workers do to the database, as plain functions.
+"""What the API does to the database, as plain functions (the scheduler's statements are in
+``db.run_statements``, sent by ``db.scheduler_store``).
 
 Every function takes a ``Session`` and leaves committing to the caller; errors are the
 ``orchestrator.errors`` tree (``NotFound``, ``Conflict``, ``InvalidDefinition``).
 """
 
+from orchestrator.db.repository.api_keys import (
+    create_api_key,
+    delete_api_key,
+    install_configured_key,
+    list_api_keys,
+)
 from orchestrator.db.repository.definitions import (
     create_task_definition,
     create_workflow_definition,
@@ -18,40 +25,34 @@ from orchestrator.db.repository.definitions import (
 )
 from orchestrator.db.repository.workflows import (
     WorkflowFilter,
-    add_task_run,
     cancel_workflow,
-    claim_pending_workflows,
     create_workflow,
     ended_among,
     get_workflow,
     list_workflows,
-    record_event,
-    record_handoff,
     retry_workflow,
-    set_workflow_status,
 )
 
 __all__ = [
     "WorkflowFilter",
-    "add_task_run",
     "cancel_workflow",
-    "claim_pending_workflows",
+    "create_api_key",
     "create_task_definition",
     "create_workflow",
     "create_workflow_definition",
+    "delete_api_key",
     "delete_task_definition",
     "ended_among",
     "get_task_definition",
     "get_workflow",
     "get_workflow_definition",
+    "install_configured_key",
+    "list_api_keys",
     "list_task_definitions",
     "list_workflow_definitions",
     "list_workflows",
-    "record_event",
-    "record_handoff",
     "retry_workflow",
     "seed_bundled_definitions",
-    "set_workflow_status",
     "task_names",
     "workflow_definition_names",
 ]

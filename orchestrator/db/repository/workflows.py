@@ -1,17 +1,22 @@
-"""Workflow runs: create, list, cancel, retry, claim; task runs, hand-offs and events.
+"""Workflow runs as the API sees them: start, list, read, cancel, retry.
 
 Functions take the caller's ``Session`` and never commit: the caller owns the transaction.
-State changes lock the workflow row first, so the controller (cancel) and a scheduler
-(complete) cannot both move a workflow out of a state.
+A cancel ends a run with the scheduler's own ending statement, which locks the workflow row
+first, so the controller and a scheduler cannot both move a workflow out of a state.
+
+The statements a workflow's start and its detail run on (``CREATE_STATEMENT``,
+``DETAIL_STATEMENT``, ...) are also compiled once into psycopg's text (``..._SQL``) for the
+API's event loop (``db.async_run_store``) and the scheduler (``db.scheduler_store``), so each
+has one definition.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, Final
 
 from sqlalchemy import (
     ColumnElement,
@@ -21,43 +26,37 @@ from sqlalchemy import (
     bindparam,
     cast,
     func,
-    or_,
     select,
     text,
-    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import ClauseElement
 
-from orchestrator.db.models import (
-    DataPlane,
-    Event,
-    Handoff,
-    Policy,
-    TaskRun,
-    Workflow,
-    WorkflowStatus,
-)
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.db.models import Event, Handoff, TaskRun, Workflow
 from orchestrator.db.repository.definitions import workflow_definition_names
+from orchestrator.db.run_statements import FINISH, Finish, finish_params
 from orchestrator.errors import Conflict, NotFound
 
 __all__ = [
+    "CREATE_SQL",
     "CREATE_STATEMENT",
+    "DETAIL_SQL",
     "DETAIL_STATEMENT",
+    "RECENT_EVENTS_SQL",
     "RECENT_EVENTS_STATEMENT",
+    "STATUS_SQL",
     "STATUS_STATEMENT",
     "WorkflowFilter",
-    "add_task_run",
     "cancel_workflow",
-    "claim_pending_workflows",
+    "create_params",
     "create_workflow",
     "ended_among",
     "get_workflow",
     "list_workflows",
-    "record_event",
-    "record_handoff",
     "retry_workflow",
-    "set_workflow_status",
 ]
 
 
@@ -91,30 +90,19 @@ class WorkflowFilter:
         return out
 
 
-def record_event(
-    session: Session,
-    kind: str,
-    data: dict[str, Any] | None = None,
-    *,
-    workflow_id: uuid.UUID | None = None,
-) -> Event:
-    """Append to the event log; ``kind`` like ``"workflow.created"``."""
-    event = Event(kind=kind, data=data or {}, workflow_id=workflow_id)
-    session.add(event)
-    return event
-
-
 # One statement (one round trip): the definition must exist, the run and its event are written
 # together. *Why:* starting workflows is the API's hottest write; the ORM took four round trips.
-# The API runs it on its event loop (``controller/hot_path.py``), compiled for psycopg. A run
-# whose id exists already is left as it is (no row returned, no event): a start sent again
-# after its connection dropped does nothing the second time.
+# The API runs it on its event loop (``CREATE_SQL``). A run whose id exists already is left as
+# it is (no row returned, no event): a start sent again after its connection dropped does
+# nothing the second time.
 CREATE_STATEMENT = text(
     """
     WITH w AS (
-        INSERT INTO workflows (id, definition, status, policy, data_plane, input, retry_of)
+        INSERT INTO workflows
+            (id, definition, status, policy, data_plane, input, retry_of, started_by)
         SELECT CAST(:id AS uuid), d.name, 'PENDING', CAST(:policy AS workflow_policy),
-               CAST(:data_plane AS data_plane), :input, CAST(:retry_of AS uuid)
+               CAST(:data_plane AS data_plane), :input, CAST(:retry_of AS uuid),
+               CAST(:started_by AS varchar)
         FROM workflow_definitions d WHERE d.name = :definition
         ON CONFLICT (id) DO NOTHING
         RETURNING *
@@ -140,9 +128,11 @@ def create_workflow(
     policy: Policy = Policy.AFFINITY,
     data_plane: DataPlane = DataPlane.CDI,
     retry_of: uuid.UUID | None = None,
+    started_by: str | None = None,
 ) -> Workflow:
-    """A new PENDING run of ``definition``; ``NotFound`` (listing known names) if unknown."""
-    params = create_params(definition, input, policy, data_plane, retry_of)
+    """A new PENDING run of ``definition``; ``NotFound`` (listing known names) if unknown.
+    ``started_by``: the name of the API key that asked for it."""
+    params = create_params(definition, input, policy, data_plane, retry_of, started_by=started_by)
     query = select(Workflow).from_statement(CREATE_STATEMENT)
     created: Workflow | None = session.scalars(query, params).one_or_none()
     if created is None:
@@ -157,12 +147,16 @@ def create_params(
     data_plane: DataPlane,
     retry_of: uuid.UUID | None,
     workflow_id: uuid.UUID | None = None,
+    *,
+    started_by: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``CREATE_STATEMENT``; ``workflow_id``: one the caller chose (it
     listens for the run's end already)."""
     event: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
     if retry_of is not None:
         event["retry_of"] = str(retry_of)
+    if started_by is not None:
+        event["by"] = started_by
     return {
         "id": workflow_id or uuid.uuid4(),
         "definition": definition,
@@ -170,11 +164,13 @@ def create_params(
         "data_plane": data_plane.value,
         "input": input,
         "retry_of": retry_of,
+        "started_by": started_by,
         "event": event,
     }
 
 
-# What a long poll looks at before an announcement says the run has ended.
+# A run's status: what a long poll looks at before an announcement says the run has ended, and
+# what the scheduler looks at when a cancellation wakes it.
 STATUS_STATEMENT = select(Workflow.status).where(Workflow.id == bindparam("id"))
 
 
@@ -220,71 +216,44 @@ def list_workflows(
     return list(page), total
 
 
-def set_workflow_status(
-    session: Session,
-    workflow_id: uuid.UUID,
-    status: WorkflowStatus,
-    *,
-    error: str | None = None,
-    output: dict[str, Any] | None = None,
-    result_uri: str | None = None,
-) -> Workflow:
-    """Move a workflow to ``status``, stamping ``started_at`` (first RUNNING) and
-    ``finished_at`` (a finished state) with the database clock.
+def cancel_workflow(session: Session, workflow_id: uuid.UUID, *, by: str | None = None) -> Workflow:
+    """PENDING or RUNNING → CANCELLED; ``Conflict`` if it has already finished. ``by``: the
+    name of the API key that asked, recorded in the run's error.
 
-    A finished workflow (COMPLETED, FAILED, CANCELLED) never changes again: ``Conflict``. That
-    is how a scheduler finishing a run learns that the user cancelled it meanwhile.
+    The ending is the scheduler's own statement (``run_statements.FINISH``), so a cancel and a
+    scheduler's end of the same run lock the same row and only the first one counts. The
+    scheduler, woken by the caller, stops the work and cleans up its task runs.
     """
-    workflow = get_workflow(session, workflow_id, lock=True)
-    if workflow.status.finished:
-        raise Conflict(
-            f"workflow run {workflow_id} is already {workflow.status}; it cannot become {status}"
-        )
-    previous = workflow.status
-    workflow.status = status
-    if status is WorkflowStatus.RUNNING and workflow.started_at is None:
-        workflow.started_at = _db_now(session)
-    if status.finished:
-        workflow.finished_at = _db_now(session)
-    if error is not None:
-        workflow.error = error
-    if output is not None:
-        workflow.output = output
-    if result_uri is not None:
-        workflow.result_uri = result_uri
-    data: dict[str, Any] = {"from": previous, "to": status}
-    if error is not None:
-        data["error"] = error
-    record_event(session, f"workflow.{status.lower()}", data, workflow_id=workflow_id)
-    session.flush()
-    return workflow
-
-
-def cancel_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
-    """PENDING or RUNNING → CANCELLED; ``Conflict`` if it has already finished.
-
-    The scheduler, woken by the caller, stops the work and cleans up its task runs.
-    """
-    workflow = get_workflow(session, workflow_id, lock=True)
-    if workflow.status.finished:
+    reason = f"cancelled by {by}" if by else "cancelled by request"
+    cancel = Finish(workflow_id, WorkflowStatus.CANCELLED, error=reason)
+    ended = session.connection().exec_driver_sql(FINISH, finish_params(cancel)).scalar()
+    workflow = get_workflow(session, workflow_id)
+    if not ended:
         raise Conflict(
             f"workflow run {workflow_id} has already finished ({workflow.status}); "
             "only PENDING or RUNNING runs can be cancelled"
         )
-    return set_workflow_status(
-        session, workflow_id, WorkflowStatus.CANCELLED, error="cancelled by request"
-    )
+    return workflow
 
 
-def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
+def retry_workflow(
+    session: Session,
+    workflow_id: uuid.UUID,
+    *,
+    started_by: str | None = None,
+    check_input: Callable[[dict[str, Any]], None] | None = None,
+) -> Workflow:
     """A new PENDING run with the same definition, input, policy and data plane as a FAILED
-    or CANCELLED one (which stays as it is); ``Conflict`` for any other state."""
+    or CANCELLED one (which stays as it is); ``Conflict`` for any other state. ``check_input``
+    may refuse the old input (by raising), e.g. one that a changed policy no longer allows."""
     old = get_workflow(session, workflow_id, lock=True)
     if old.status not in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED):
         raise Conflict(
             f"workflow run {workflow_id} is {old.status}; only FAILED or CANCELLED runs can be "
             "retried"
         )
+    if check_input is not None:
+        check_input(dict(old.input))
     return create_workflow(
         session,
         old.definition,
@@ -292,93 +261,14 @@ def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
         policy=old.policy,
         data_plane=old.data_plane,
         retry_of=old.id,
+        started_by=started_by,
     )
-
-
-def claim_pending_workflows(
-    session: Session,
-    scheduler_id: str,
-    limit: int,
-    *,
-    reclaim_after: timedelta | None = None,
-) -> list[Workflow]:
-    """Take up to ``limit`` PENDING workflows, oldest first, for scheduler ``scheduler_id``.
-
-    Unclaimed ones qualify, and with ``reclaim_after`` also those whose claim is older than
-    that (its scheduler presumably died before starting them). ``FOR UPDATE SKIP LOCKED`` makes
-    concurrent schedulers skip each other's rows instead of waiting, so no workflow is ever
-    returned to two of them. The rows stay locked until the caller commits.
-    """
-    if limit <= 0:
-        return []
-    unclaimed: ColumnElement[bool] = Workflow.claimed_by.is_(None)
-    if reclaim_after is not None:
-        stale = Workflow.claimed_at < func.now() - reclaim_after
-        unclaimed = or_(unclaimed, stale)
-    # A locking CTE is always materialised, so the LIMIT applies once (an IN (subquery) may
-    # be re-run per row by the planner and claim more than asked).
-    claimable = (
-        select(Workflow.id)
-        .where(Workflow.status == WorkflowStatus.PENDING, unclaimed)
-        .order_by(Workflow.created_at, Workflow.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .cte("claimable")
-    )
-    claimed = session.scalars(
-        update(Workflow)
-        .where(Workflow.id == claimable.c.id)
-        .values(claimed_by=scheduler_id, claimed_at=func.now())
-        .returning(Workflow),
-        execution_options={"populate_existing": True},
-    ).all()
-    return sorted(claimed, key=lambda w: (w.created_at, str(w.id)))
-
-
-def add_task_run(
-    session: Session,
-    workflow_id: uuid.UUID,
-    ref: str,
-    task: str,
-    *,
-    attempt: int = 1,
-    worker_id: str | None = None,
-) -> TaskRun:
-    """Record a QUEUED attempt of step ``ref``; ``(workflow_id, ref, attempt)`` is unique."""
-    run = TaskRun(workflow_id=workflow_id, ref=ref, task=task, attempt=attempt, worker_id=worker_id)
-    session.add(run)
-    session.flush()
-    return run
-
-
-def record_handoff(
-    session: Session,
-    workflow_id: uuid.UUID,
-    from_container: str,
-    to_container: str,
-    *,
-    nbytes: int,
-    duration_us: float,
-    task_run_id: int | None = None,
-) -> Handoff:
-    """Record one CDI ownership transfer made on behalf of a workflow."""
-    handoff = Handoff(
-        workflow_id=workflow_id,
-        task_run_id=task_run_id,
-        from_container=from_container,
-        to_container=to_container,
-        bytes=nbytes,
-        duration_us=duration_us,
-    )
-    session.add(handoff)
-    session.flush()
-    return handoff
 
 
 # The detail of a run is read as plain rows (attribute access by column name, which the API's
 # schemas read as they read ORM objects). *Why:* through an ORM session this read was 44 % of
 # the API's GIL-holding samples at 10 KB images; the rows are read-only and never modified.
-# The API runs these on its event loop (``controller/hot_path.py``), compiled for psycopg.
+# The API runs these on its event loop (``DETAIL_SQL``, ``RECENT_EVENTS_SQL``).
 RECENT_EVENTS_STATEMENT = (
     select(Event.__table__)
     .where(Event.workflow_id == bindparam("id"))
@@ -408,9 +298,14 @@ DETAIL_STATEMENT = select(
 ).where(Workflow.id == bindparam("id"))
 
 
-def _db_now(session: Session) -> datetime:
-    # The database clock (transaction start), like the created_at defaults, so the
-    # timestamps of one run never disagree because two hosts' clocks do.
-    now: datetime | None = session.scalar(select(func.now()))
-    assert now is not None
-    return now
+_PSYCOPG: Final = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
+
+
+def _psycopg_text(statement: ClauseElement) -> str:
+    return str(statement.compile(dialect=_PSYCOPG))
+
+
+CREATE_SQL: Final = _psycopg_text(CREATE_STATEMENT)
+STATUS_SQL: Final = _psycopg_text(STATUS_STATEMENT)
+DETAIL_SQL: Final = _psycopg_text(DETAIL_STATEMENT)
+RECENT_EVENTS_SQL: Final = _psycopg_text(RECENT_EVENTS_STATEMENT)

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from orchestrator.announce import announce_finished
-from orchestrator.controller.api.deps import RedisDep, Resources, SessionDep, wake_scheduler
+from orchestrator.contract import announce_finished, wake_scheduler, wake_scheduler_async
+from orchestrator.contract.vocabulary import Policy, WorkflowStatus
+from orchestrator.controller.api.deps import (
+    RedisDep,
+    Resources,
+    SessionDep,
+    async_redis,
+    run_store,
+    utc,
+)
+from orchestrator.controller.api.params import MAX_OFFSET, NameFilter
+from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
-from orchestrator.controller.hot_path import HotPath
 from orchestrator.controller.schemas import (
     EventPublic,
     HandoffPublic,
@@ -23,11 +32,14 @@ from orchestrator.controller.schemas import (
     WorkflowPublic,
     error_responses,
 )
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db import repository as repo
-from orchestrator.db.models import Policy, Workflow, WorkflowStatus
+from orchestrator.db.async_run_store import AsyncRunStore
+from orchestrator.db.models import Workflow
 from orchestrator.errors import NotFound
+from orchestrator.s3policy import S3Policy
 
-router = APIRouter(prefix="/workflows", tags=["workflows"])
+router = APIRouter(prefix="/workflows", tags=["workflows"], route_class=StrictJsonRoute)
 
 MAX_WAIT_S = 60.0  # a long poll answers within this; clients ask again
 
@@ -37,18 +49,12 @@ def _created(row: Workflow, response: Response) -> WorkflowPublic:
     return WorkflowPublic.model_validate(row)
 
 
-def _aware(moment: datetime | None) -> datetime | None:
-    # A timestamp without a zone is read as UTC, not as the database session's zone.
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
-
-
-@router.post("", status_code=201, responses=error_responses(404))
+@router.post("", status_code=201, responses=error_responses(404, 422))
 async def start_workflow(
     body: WorkflowCreate,
     request: Request,
     response: Response,
+    principal: Operator,
     wait_s: Annotated[
         float,
         Query(
@@ -65,43 +71,48 @@ async def start_workflow(
     answer is the run's detail (as ``GET /api/workflows/{id}``, without events) once it has
     ended: one request for a client that wants the result.
     """
-    hot: HotPath = request.app.state.hot_path
+    runs = run_store(request)
     if wait_s <= 0:
-        row = await _create(request, body, uuid.uuid4())
+        row = await _create(request, body, uuid.uuid4(), principal.name)
         response.headers["Location"] = f"/api/workflows/{row.id}"
         return WorkflowPublic.model_validate(row)
     watch: FinishWatch = request.app.state.finish_watch
     workflow_id = uuid.uuid4()
     with watch.listen(workflow_id) as woken:  # before the run exists: no announcement is missed
-        row = await _create(request, body, workflow_id)
+        row = await _create(request, body, workflow_id, principal.name)
         response.headers["Location"] = f"/api/workflows/{row.id}"
         ended = await watch.until(
             woken,
             wait_s,
-            lambda announced: _detail(hot, row.id, 0, finished=True, announced=announced),
+            lambda announced: _detail(runs, row.id, 0, finished=True, announced=announced),
             look_first=False,
         )
     if ended is not None:
         return ended
-    detail = await _detail(hot, row.id, 0)
+    detail = await _detail(runs, row.id, 0)
     assert detail is not None
     return detail
 
 
-async def _create(request: Request, body: WorkflowCreate, workflow_id: uuid.UUID) -> Any:
-    hot: HotPath = request.app.state.hot_path
-    row = await hot.create(
+async def _create(
+    request: Request, body: WorkflowCreate, workflow_id: uuid.UUID, started_by: str
+) -> Any:
+    if body.input.image is not None:
+        policy: S3Policy = request.app.state.s3_policy
+        policy.check_input(body.input.image)  # 422 outside CDIFLOW_S3_INPUTS
+    row = await run_store(request).create(
         body.workflow,
         body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
         policy=body.policy,
         data_plane=body.data_plane,
         workflow_id=workflow_id,
+        started_by=started_by,
     )
     if row is None:
         resources: Resources = request.app.state.resources
         known = await run_in_threadpool(_workflow_definition_names, resources)
         raise NotFound("workflow", body.workflow, known=known)
-    await hot.wake_scheduler(row.id)
+    await wake_scheduler_async(async_redis(request), row.id)
     return row
 
 
@@ -114,7 +125,7 @@ def _workflow_definition_names(resources: Resources) -> list[str]:
 def list_workflows(
     session: SessionDep,
     status: WorkflowStatus | None = None,
-    workflow: Annotated[str | None, Query(description="Workflow definition name.")] = None,
+    workflow: NameFilter = None,
     policy: Policy | None = None,
     created_after: Annotated[datetime | None, Query(description="Inclusive.")] = None,
     created_before: Annotated[datetime | None, Query(description="Exclusive.")] = None,
@@ -123,15 +134,15 @@ def list_workflows(
         Query(max_length=36, pattern=r"^[0-9a-fA-F-]*$", description="Leading part of the id."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> WorkflowList:
     """Workflow runs, newest first, one page at a time; ``total`` counts every match."""
     filters = repo.WorkflowFilter(
         status=status,
         definition=workflow,
         policy=policy,
-        created_after=_aware(created_after),
-        created_before=_aware(created_before),
+        created_after=None if created_after is None else utc(created_after),
+        created_before=None if created_before is None else utc(created_before),
         id_prefix=q or None,
     )
     rows, total = repo.list_workflows(session, filters, limit=limit, offset=offset)
@@ -155,23 +166,25 @@ async def get_workflow(
     ] = 0.0,
 ) -> WorkflowDetail:
     """A run with its task runs (every attempt), CDI hand-offs and latest events."""
-    hot: HotPath = request.app.state.hot_path
+    runs = run_store(request)
     if wait_s > 0:
         watch: FinishWatch = request.app.state.finish_watch
         ended = await watch.wait(
             workflow_id,
             wait_s,
-            lambda announced: _detail(hot, workflow_id, events, finished=True, announced=announced),
+            lambda announced: _detail(
+                runs, workflow_id, events, finished=True, announced=announced
+            ),
         )
         if ended is not None:
             return ended
-    detail = await _detail(hot, workflow_id, events)
+    detail = await _detail(runs, workflow_id, events)
     assert detail is not None
     return detail
 
 
 async def _detail(
-    hot: HotPath,
+    runs: AsyncRunStore,
     workflow_id: uuid.UUID,
     events: int,
     *,
@@ -181,9 +194,9 @@ async def _detail(
     """The run's detail; with ``finished``, ``None`` while it runs. A look that no announcement
     prompted asks for the status alone first (one query); after an announcement the run has
     most likely ended, so the detail is loaded straight away."""
-    if finished and not announced and not (await hot.status(workflow_id)).finished:
+    if finished and not announced and not (await runs.status(workflow_id)).finished:
         return None
-    row, recent = await hot.detail(workflow_id, events)
+    row, recent = await runs.detail(workflow_id, events)
     if finished and not WorkflowStatus(row.status).finished:
         return None
     return WorkflowDetail(
@@ -196,22 +209,34 @@ async def _detail(
 
 @router.post("/{workflow_id}/cancel", responses=error_responses(404, 409))
 def cancel_workflow(
-    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep
+    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep, principal: Operator
 ) -> WorkflowPublic:
     """PENDING or RUNNING → CANCELLED; 409 if the run has already finished."""
-    row = repo.cancel_workflow(session, workflow_id)
+    row = repo.cancel_workflow(session, workflow_id, by=principal.name)
     session.commit()
     wake_scheduler(client, row.id, cancel=True)
     announce_finished(client, row.id)
     return WorkflowPublic.model_validate(row)
 
 
-@router.post("/{workflow_id}/retry", status_code=201, responses=error_responses(404, 409))
+@router.post("/{workflow_id}/retry", status_code=201, responses=error_responses(404, 409, 422))
 def retry_workflow(
-    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep, response: Response
+    workflow_id: uuid.UUID,
+    session: SessionDep,
+    client: RedisDep,
+    request: Request,
+    response: Response,
+    principal: Operator,
 ) -> WorkflowPublic:
-    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise."""
-    row = repo.retry_workflow(session, workflow_id)
+    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise, 422
+    when the input now lies outside the S3 policy."""
+    policy: S3Policy = request.app.state.s3_policy
+
+    def check(given: dict[str, Any]) -> None:
+        if isinstance(image := given.get("image"), str):
+            policy.check_input(image)
+
+    row = repo.retry_workflow(session, workflow_id, started_by=principal.name, check_input=check)
     session.commit()
     wake_scheduler(client, row.id)
     return _created(row, response)

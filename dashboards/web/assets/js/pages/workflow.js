@@ -2,7 +2,7 @@
 // the cancel and retry buttons.
 
 import { h, render } from "../dom.js";
-import { api, ApiError } from "../api.js";
+import { allowed, api, ApiError, imageUrl } from "../api.js";
 import { poll } from "../live.js";
 import { taskGraph } from "../graph.js";
 import { gantt, timelineLegend } from "../gantt.js";
@@ -88,8 +88,10 @@ export function mount(root, ctx) {
   }
 
   function renderHead(wf) {
-    const canCancel = wf.status === "PENDING" || wf.status === "RUNNING";
-    const canRetry = wf.status === "FAILED" || wf.status === "CANCELLED";
+    const operator = allowed("operator");
+    const roleHint = "Needs an API key with the role operator or higher";
+    const canCancel = operator && (wf.status === "PENDING" || wf.status === "RUNNING");
+    const canRetry = operator && (wf.status === "FAILED" || wf.status === "CANCELLED");
     render(
       regions.head,
       h(
@@ -101,8 +103,8 @@ export function mount(root, ctx) {
       h(
         "div",
         { class: "actions" },
-        h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !canCancel || busy, title: canCancel ? "Stop this run" : "Only a pending or running workflow can be cancelled", onclick: cancel }, "Cancel run"),
-        h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !canRetry || busy, title: canRetry ? "Start a new run with the same input" : "Only a failed or cancelled workflow can be retried", onclick: retry }, "Retry"),
+        h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !canCancel || busy, title: !operator ? roleHint : canCancel ? "Stop this run" : "Only a pending or running workflow can be cancelled", onclick: cancel }, "Cancel run"),
+        h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !canRetry || busy, title: !operator ? roleHint : canRetry ? "Start a new run with the same input" : "Only a failed or cancelled workflow can be retried", onclick: retry }, "Retry"),
       ),
     );
   }
@@ -117,6 +119,7 @@ export function mount(root, ctx) {
         ["Created", dateTime(wf.created_at)],
         ["Waited", duration(between(wf.created_at, wf.started_at || wf.finished_at))],
         ["Ran for", duration(workflowDuration(wf))],
+        ["Started by", h("span", { id: "wf-started-by" }, wf.started_by || "—")],
         ["Scheduler", wf.claimed_by || "—"],
         ["Input", mono(wf.input?.image ?? "—", { title: wf.input?.image })],
         wf.retry_of && ["Retry of", h("a", { href: `#/workflows/${wf.retry_of}`, class: "mono" }, shortId(wf.retry_of))],
@@ -160,26 +163,32 @@ export function mount(root, ctx) {
     const t0 = Date.parse(wf.created_at);
     const moved = list.reduce((a, x) => a + x.bytes, 0);
     const spent = list.reduce((a, x) => a + x.duration_us, 0);
+    // Two known, different hosts: the bytes were copied to another host's minion.
+    const crosses = (x) => Boolean(x.from_host && x.to_host && x.from_host !== x.to_host);
+    const crossed = list.filter(crosses);
+    const hostOf = (host) => (host ? h("span", { class: "muted", title: `CDI host ${host}` }, ` @${host}`) : "");
     render(
       regions.handoffs,
       h(
         "div",
         { class: "summary", style: "padding:0 16px" },
         h("span", {}, h("b", { id: "handoff-count" }, list.length), ` hand-off${list.length === 1 ? "" : "s"}`),
-        h("span", {}, h("b", {}, bytes(moved)), " handed over by ownership, not copied"),
+        crossed.length
+          ? h("span", {}, h("b", { id: "handoff-crossings" }, crossed.length), ` crossed between hosts (${bytes(crossed.reduce((a, x) => a + x.bytes, 0))} copied)`)
+          : h("span", {}, h("b", {}, bytes(moved)), " handed over by ownership, not copied"),
         h("span", {}, h("b", {}, micros(spent)), " spent in transfers"),
       ),
       table(
         [
           { label: "#", cls: "num muted", cell: (x) => String(list.indexOf(x) + 1) },
           { label: "At", cls: "num nowrap", cell: (x) => h("span", { title: dateTime(x.at) }, `+${duration(Date.parse(x.at) - t0)}`) },
-          { label: "From → To", cls: "nowrap", cell: (x) => h("span", { class: "handoff-pair" }, containerChip(x.from_container), " → ", containerChip(x.to_container)) },
+          { label: "From → To", cls: "nowrap", cell: (x) => h("span", { class: "handoff-pair" }, containerChip(x.from_container), hostOf(x.from_host), crosses(x) ? " ⇒ " : " → ", containerChip(x.to_container), hostOf(x.to_host)) },
           { label: "Bytes", align: "right", cls: "num", cell: (x) => h("span", { title: `${x.bytes.toLocaleString()} bytes` }, bytes(x.bytes)) },
           { label: "Transfer time", align: "right", cls: "num", cell: (x) => micros(x.duration_us) },
           { label: "For step", cell: (x) => (x.task_run_id && refOf.get(x.task_run_id)) || h("span", { class: "muted" }, "—") },
         ],
         list,
-        { rowAttrs: (x) => ({ "data-handoff": x.id }), caption: "CDI ownership hand-offs", cls: "handoffs" },
+        { rowAttrs: (x) => ({ "data-handoff": x.id, "data-crosses-hosts": crosses(x) ? "yes" : "no" }), caption: "CDI ownership hand-offs", cls: "handoffs" },
       ),
     );
   }
@@ -229,10 +238,30 @@ export function mount(root, ctx) {
     );
   }
 
+  // Thumbnails come through fetch with the key, as object URLs freed when replaced or left.
+  let objectUrls = [];
+  function freeImages() {
+    for (const url of objectUrls) URL.revokeObjectURL(url);
+    objectUrls = [];
+  }
+
+  function thumbnail(image, title) {
+    const img = h("img", { alt: `${title} image of the run`, width: image.width, height: image.height });
+    imageUrl(image.thumbnail_url).then(
+      (url) => {
+        objectUrls.push(url);
+        img.src = url;
+      },
+      (err) => {
+        if (!(err instanceof ApiError)) throw err;
+        img.replaceWith(h("p", { class: "empty-text" }, `The preview failed to load: ${err.message}`));
+      },
+    );
+    return img;
+  }
+
   function imageBox(image, title) {
-    const frame = image.available
-      ? h("img", { src: image.thumbnail_url, alt: `${title} image of the run`, loading: "lazy", width: image.width, height: image.height })
-      : h("p", { class: "empty-text" }, image.problem || "No image");
+    const frame = image.available ? thumbnail(image, title) : h("p", { class: "empty-text" }, image.problem || "No image");
     const caption = image.available ? [image.format, `${image.width}×${image.height}`, bytes(image.bytes)].filter(Boolean).join(" · ") : "";
     return h(
       "figure",
@@ -243,6 +272,7 @@ export function mount(root, ctx) {
   }
 
   function renderImages(wf, images) {
+    freeImages();
     render(
       regions.images,
       h("div", { class: "images" }, imageBox(images.input, "Input"), h("span", { class: "arrow", "aria-hidden": "true" }, "→"), imageBox(images.result, "Result")),
@@ -284,5 +314,8 @@ export function mount(root, ctx) {
     }
     render(regions.alert, errorBox(err.message, err.problems));
   });
-  return stop;
+  return () => {
+    stop();
+    freeImages();
+  };
 }

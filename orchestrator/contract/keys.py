@@ -1,0 +1,115 @@
+"""Every Redis key the orchestrator uses, in one place.
+
+Redis holds only what can be rebuilt from Postgres (wake-ups, queues, heartbeats), so losing it
+costs latency, never correctness. Build keys with the helpers below rather than formatting
+strings at the call site, so a rename happens here once. What goes on the wake-up list and the
+finish channel is written and read in ``contract.wakeups``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Final
+
+__all__ = [
+    "EPOCH",
+    "FINISHED",
+    "HEARTBEAT_INTERVAL_S",
+    "SCHEDULERS",
+    "SCHEDULER_STALE_S",
+    "WAKE",
+    "WORKERS",
+    "WORKER_DEAD_AFTER_S",
+    "WORKER_FIELDS",
+    "WORKER_PREFIX",
+    "scheduler_reports_key",
+    "worker_inflight_key",
+    "worker_key",
+    "worker_queue_key",
+    "workflow_of_object",
+]
+
+# List of wake-ups (``contract.wakeups``): the controller LPUSHes one after committing a change
+# the scheduler must act on (created, cancelled, retried); the scheduler BRPOPs it. A wake-up is
+# a hint only: the scheduler also polls Postgres, since a push can be lost with Redis.
+WAKE: Final = "cdiflow:wake"
+
+
+# Pub/sub channel: a workflow id, published once the workflow's end (completed, failed,
+# cancelled) is committed; the API wakes the requests waiting for it (long polls).
+FINISHED: Final = "cdiflow:finished"
+
+# Set of worker ids that have ever heartbeated; ``GET /api/workers`` lists these.
+WORKERS: Final = "cdiflow:workers"
+
+# Prefix of a worker's heartbeat hash, ``cdiflow:worker:<id>``; see ``worker_key``.
+WORKER_PREFIX: Final = "cdiflow:worker:"
+
+# Fields of the heartbeat hash, all written as strings by the worker:
+#   cpu, mem         percent in use on the worker's host (floats, 0-100)
+#   queue_depth      instructions waiting in the worker's queue (int)
+#   running          tasks running now (int)
+#   slots            tasks the worker runs at once, its --concurrency (int)
+#   host             host name the worker runs on
+#   last_heartbeat   unix seconds (float) of the latest heartbeat
+#   started_at       unix seconds (float) the worker process started
+#   held_images      images held in memory between a workflow's tasks (int)
+#   held_bytes       bytes those images take (int)
+WORKER_FIELDS: Final = (
+    "cpu", "mem", "queue_depth", "running", "slots", "host", "last_heartbeat", "started_at",
+    "held_images", "held_bytes",
+)  # fmt: skip
+
+# Workers refresh their hash this often; one silent for WORKER_DEAD_AFTER_S is presumed dead.
+HEARTBEAT_INTERVAL_S: Final = 2.0
+WORKER_DEAD_AFTER_S: Final = 3 * HEARTBEAT_INTERVAL_S
+
+
+def worker_key(worker_id: str) -> str:
+    """The heartbeat hash of one worker: ``cdiflow:worker:<id>``."""
+    return f"{WORKER_PREFIX}{worker_id}"
+
+
+def worker_queue_key(worker_id: str) -> str:
+    """A worker's own instruction list, ``cdiflow:queue:<id>``: the scheduler LPUSHes, the
+    worker moves one item at a time into its in-flight list (BLMOVE) and runs it."""
+    return f"cdiflow:queue:{worker_id}"
+
+
+def worker_inflight_key(worker_id: str) -> str:
+    """Instructions a worker has popped but not acknowledged, ``cdiflow:inflight:<id>``;
+    the scheduler requeues them elsewhere if the worker dies."""
+    return f"cdiflow:inflight:{worker_id}"
+
+
+# A random token set once; if it disappears, Redis lost its data and the schedulers re-send
+# what they had in flight (queues are rebuilt from Postgres and scheduler memory).
+EPOCH: Final = "cdiflow:epoch"
+
+
+# Hash: scheduler id -> unix seconds (float) of its loop's latest housekeeping tick, written
+# every tick (about once a second); ``/api/readyz`` calls a scheduler whose stamp is older than
+# SCHEDULER_STALE_S stalled or gone.
+SCHEDULERS: Final = "cdiflow:schedulers"
+SCHEDULER_STALE_S: Final = 10.0
+
+
+def scheduler_reports_key(scheduler_id: str) -> str:
+    """Reports of finished task runs for one scheduler, ``cdiflow:reports:<id>``: workers LPUSH
+    ``contract.messages.Report`` JSON, the scheduler BRPOPs."""
+    return f"cdiflow:reports:{scheduler_id}"
+
+
+# CDI objects (not Redis keys, but named here too): a workflow's objects are
+# "wf-<workflow id>-<generation>", or "wf-<workflow id>-<token>-<generation>" once the scheduler
+# drove the run again (``scheduler.runs.RunState.next_object_key``).
+_OBJECT_KEY: Final = re.compile(
+    r"wf-([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})(?:-[0-9a-f]{6})?-\d+"
+)
+
+
+def workflow_of_object(key: str) -> uuid.UUID | None:
+    """The workflow a CDI object belongs to, when its key follows the scheduler's naming."""
+    match = _OBJECT_KEY.fullmatch(key)
+    return uuid.UUID(match[1]) if match else None

@@ -1,0 +1,124 @@
+"""What the scheduler and the workers say to each other through Redis.
+
+The scheduler LPUSHes an ``Instruction`` (JSON) onto the worker's own queue
+(``keys.worker_queue_key``); the worker moves it into its in-flight list, runs it, LPUSHes a
+``Report`` onto ``Instruction.reply_to`` and only then removes the instruction from its in-flight
+list (a reliable pop: an instruction popped by a worker that dies is still there to requeue).
+
+Data planes (``DataPlane``):
+
+* ``cdi``: the image is a CDI object (``workflows.imagebuf`` layout) under ``key``, owned by the
+  worker when it pops the instruction; for the workflow's first task, which names the S3 input
+  in ``input_uri``, the worker makes that object itself (recovery container ``return_to``) and a
+  report of a fetch that failed names no ``key``. The worker reads the object in place and never
+  writes into it: a task that produces a new image writes it into a *fresh* object
+  ``output_key`` (created with the scheduler as recovery container) and destroys the input. A
+  worker that dies mid-task therefore leaves the input intact, and it returns to the scheduler
+  for the retry. When the task is done the worker keeps the current object if ``keep``
+  (affinity: the next task comes to it too) or transfers it to ``return_to`` (the scheduler).
+  With ``hold`` (affinity, and a step that may run again) the worker may instead keep a new
+  image in its own memory, unwritten, and say so with ``Report.held``; the next instruction then
+  names that report's task run in ``held``. A worker that lost the image says
+  ``Report.held_lost``, and the scheduler recomputes it from ``key``, the last object
+  (``orchestrator.worker.held``). The last task's instruction names ``output_uri`` and
+  ``output_format``: the worker encodes the result, PUTs it there, destroys the object and says
+  ``Report.stored`` (nothing comes back to the scheduler).
+* ``object-store``: like Conductor/Orkes users do, the worker GETs ``input_uri`` from S3, decodes,
+  runs the task, encodes (PNG, lossless, so every plane computes the same pixels) and PUTs
+  ``output_uri``.
+* ``none``: a dataless workflow (started without an image): no object, no S3; the task runs
+  with ``img=None`` and only its JSON output travels, in the report.
+
+Every instruction carries the workflow's ``input.data`` (``data``), given to the task as
+``ctx.input``.
+
+Both messages are read strictly (``loads``): a field the reader does not know makes the message
+unreadable (docs/architecture.md, *Messages*). ``loads`` checks names, not types: a field's
+value is what the JSON held (a plain string where the field is an enum, which compares equal
+to its member), and the worker checks the values it acts on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
+
+__all__ = ["Instruction", "Report"]
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One task run for one worker."""
+
+    task_run_id: int
+    workflow_id: str
+    ref: str
+    task: str  # registered task name or "package.module:function"
+    attempt: int
+    timeout_s: float
+    reply_to: str  # Redis list the report goes to
+    data_plane: DataPlane
+    params: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # the workflow's input.data
+    # cdi plane
+    key: str = ""
+    output_key: str = ""
+    keep: bool = False
+    return_to: str = ""  # CDI container id that gets the object back when not keeping it
+    hold: bool = False  # the worker may hold a new image in memory instead of writing it
+    held: str = ""  # the input is the image held from this task run (computed from ``key``)
+    # object-store plane (and the cdi plane's first task: input_uri; last: output_uri, format)
+    input_uri: str = ""
+    output_uri: str = ""
+    output_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS (lossless between tasks)
+    queued_at: float = 0.0  # unix seconds when the scheduler pushed it
+
+    def dumps(self) -> str:
+        return _dumps(self)
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Instruction:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class Report:
+    """What became of one instruction."""
+
+    task_run_id: int
+    workflow_id: str
+    worker_id: str
+    status: TaskRunStatus  # COMPLETED, FAILED or TIMED_OUT
+    started_at: float  # unix seconds
+    finished_at: float
+    output: dict[str, Any] = field(default_factory=dict)  # the task's JSON output
+    error: str = ""  # a reason a person can act on
+    retryable: bool = True  # False for failures a retry cannot fix (e.g. not an image)
+    key: str = ""  # cdi plane: the object that now holds the image (input or output_key)
+    kept: bool = False  # cdi plane: the worker still owns ``key``
+    held: bool = False  # cdi plane: the new image is in the worker's memory, newer than ``key``
+    held_lost: bool = False  # cdi plane: the instruction's held input is gone; ``key`` is older
+    stored: bool = False  # cdi plane: the result is at ``output_uri``, the object destroyed
+    bytes_in: int = 0
+    bytes_out: int = 0
+    read_ms: float = 0.0
+    compute_ms: float = 0.0
+    cpu_ms: float | None = None  # the task function's own CPU (its thread); None: it never ran
+    write_ms: float = 0.0
+    return_us: float = 0.0  # cdi plane: how long handing the object back took
+
+    def dumps(self) -> str:
+        return _dumps(self)
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Report:
+        return cls(**json.loads(text))
+
+
+def _dumps(message: Instruction | Report) -> str:
+    # The fields as they are (``vars``), not ``dataclasses.asdict``: that deep-copies every
+    # nested dict and list first, for a message that is about to become text anyway.
+    return json.dumps(vars(message), separators=(",", ":"))

@@ -1,0 +1,186 @@
+"""A workflow's start and its reads on the API's event loop, on an asyncio psycopg pool.
+
+Every start-and-wait request inserts a run and, once the run has ended, reads its detail.
+Through SQLAlchemy in a worker thread each statement paid for a thread hop, the pool's
+pre-ping and SQLAlchemy's execution around psycopg; on an asyncio psycopg pool it pays for none
+of them (the API's CPU per 10 KB workflow: docs/benchmarks.md, *Fifteenth round*). The SQL is
+the repository's own statements compiled once for psycopg (``repository.workflows``), so each
+still has one definition. Everything else the API does stays on the synchronous engine in
+worker threads: it is not on a workflow's path.
+
+A connection idle for more than ``CHECK_IDLE_S`` is pinged before use (what ``pool_pre_ping``
+does for every use), so a Postgres restarted while the API waited costs no request; one in
+steady use is not, which saves a round trip a statement. If Postgres drops a connection in
+steady use, the pool's idle connections are checked and the statement runs once more on
+another connection: a read changes nothing, and a start that committed before its connection
+dropped finds its run the second time instead of inserting it again (the API chose its id).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeVar
+
+import psycopg
+from psycopg.rows import namedtuple_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from sqlalchemy import URL
+
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.db.repository.api_keys import KEY_BY_HASH_SQL
+from orchestrator.db.repository.workflows import (
+    CREATE_SQL,
+    DETAIL_SQL,
+    RECENT_EVENTS_SQL,
+    STATUS_SQL,
+    create_params,
+)
+from orchestrator.errors import NotFound, ServiceError
+
+__all__ = ["CHECK_IDLE_S", "AsyncRunStore"]
+
+log = logging.getLogger(__name__)
+
+CHECK_IDLE_S: Final = 2.0
+POOL_MAX: Final = 8  # statements in flight at once; the loop thread runs one at a time anyway
+
+T = TypeVar("T")
+_Row = Any  # a named tuple: attributes by column name, as the API's schemas read rows
+
+
+class AsyncRunStore:
+    """An asyncio psycopg pool for the API's per-request statements: a run's start, status
+    and detail, and the API key a request came with."""
+
+    def __init__(self, database_url: URL, *, max_size: int = POOL_MAX) -> None:
+        conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._returned: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float]
+        self._returned = weakref.WeakKeyDictionary()
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[_Row]] = AsyncConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            timeout=10.0,
+            name="api-runs",
+            check=self._check_if_idle,
+            # Autocommit: each statement is its own (durable) transaction, no BEGIN/COMMIT
+            # round trips; prepared on the server at its second use, like the engine's.
+            kwargs={"autocommit": True, "prepare_threshold": 1, "row_factory": namedtuple_row},
+        )
+
+    async def open(self) -> None:
+        await self._pool.open()
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    # ------------------------------------------------------------------ statements
+    async def create(
+        self,
+        definition: str,
+        input: dict[str, Any],
+        *,
+        policy: Policy,
+        data_plane: DataPlane,
+        workflow_id: uuid.UUID,
+        started_by: str | None = None,
+    ) -> _Row | None:
+        """Insert a PENDING run (and its event) in one statement and return it; a run with
+        this id that exists already is returned as it is; ``None`` if ``definition`` does not
+        exist. ``started_by``: the name of the API key that asked."""
+        params = create_params(
+            definition, input, policy, data_plane, None, workflow_id, started_by=started_by
+        )
+        params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
+
+        async def insert(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
+            cursor = await conn.execute(CREATE_SQL, params)
+            row = await cursor.fetchone()
+            if row is None:  # no such definition, or an earlier try committed this very run
+                cursor = await conn.execute(DETAIL_SQL, {"id": workflow_id})
+                row = await cursor.fetchone()
+            return row
+
+        return await self._twice(insert)
+
+    async def status(self, workflow_id: uuid.UUID) -> WorkflowStatus:
+        """The run's status alone (what a long poll looks at before an announcement);
+        ``NotFound`` if there is no such run."""
+
+        async def read(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
+            cursor = await conn.execute(STATUS_SQL, {"id": workflow_id})
+            return await cursor.fetchone()
+
+        row = await self._twice(read)
+        if row is None:
+            raise NotFound("workflow run", workflow_id)
+        return WorkflowStatus(row.status)
+
+    async def detail(self, workflow_id: uuid.UUID, events: int) -> tuple[_Row, list[_Row]]:
+        """The run's columns with ``task_runs_json`` and ``handoffs_json``, and its latest
+        ``events`` events, oldest first; ``NotFound`` if there is no such run."""
+
+        async def read(conn: psycopg.AsyncConnection[_Row]) -> tuple[_Row, list[_Row]]:
+            cursor = await conn.execute(DETAIL_SQL, {"id": workflow_id})
+            row = await cursor.fetchone()
+            if row is None:
+                raise NotFound("workflow run", workflow_id)
+            recent: list[_Row] = []
+            if events:
+                cursor = await conn.execute(RECENT_EVENTS_SQL, {"id": workflow_id, "limit": events})
+                recent = list(reversed(await cursor.fetchall()))
+            return row, recent
+
+        return await self._twice(read)
+
+    async def api_key(self, key_hash: str) -> _Row | None:
+        """The key (``id``, ``name``, ``role``) whose digest is ``key_hash``, or ``None``."""
+
+        async def read(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
+            cursor = await conn.execute(KEY_BY_HASH_SQL, {"key_hash": key_hash})
+            return await cursor.fetchone()
+
+        return await self._twice(read)
+
+    # ------------------------------------------------------------------ pool
+    async def _twice(self, work: Callable[[psycopg.AsyncConnection[_Row]], Awaitable[T]]) -> T:
+        """``work`` on a pooled connection; once more on another if Postgres dropped the first.
+        Everything here may run twice: reads change nothing, and a start inserts a run whose id
+        the API chose, which the second try finds instead of inserting again. A pool with no
+        connection to give within its timeout is not asked twice."""
+        try:
+            async with self._connection() as conn:
+                return await work(conn)
+        except ServiceError as exc:
+            if isinstance(exc.__cause__, PoolTimeout):
+                raise
+            log.warning("Postgres dropped a connection (%s); trying again on another", exc)
+            # A restarted Postgres dropped them all: check the idle ones before the next try.
+            await self._pool.check()
+        async with self._connection() as conn:
+            return await work(conn)
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[_Row]]:
+        try:
+            async with self._pool.connection() as conn:
+                try:
+                    yield conn
+                finally:
+                    self._returned[conn] = time.monotonic()
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise ServiceError(
+                f"Postgres is unreachable: {type(exc).__name__}: {exc}", service="postgres"
+            ) from exc
+
+    async def _check_if_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        returned = self._returned.get(conn)
+        if returned is None or time.monotonic() - returned > CHECK_IDLE_S:
+            await AsyncConnectionPool.check_connection(conn)
