@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from apps.ar.cli import ar_group, bench_ar_command
+from apps.ar.errors import ARError
 from cdi.bench.cli import bench_cdi_command
 from cdi.controller.cli import controller_command
 from cdi.errors import CDIError
@@ -24,14 +26,14 @@ __all__ = ["main"]
 
 
 class _Commands(click.Group):
-    """Our own errors (the documented trees of ``orchestrator``, ``cdi`` and ``workflows``) end a
-    command with their message, which says what to do, not with a traceback; anything else is
-    a bug and keeps its traceback."""
+    """Our own errors (the documented trees of ``orchestrator``, ``cdi``, ``workflows`` and
+    ``apps.ar``) end a command with their message, which says what to do, not with a
+    traceback; anything else is a bug and keeps its traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (OrchestratorError, CDIError, WorkflowsError) as exc:
+        except (OrchestratorError, CDIError, WorkflowsError, ARError) as exc:
             log_file = getattr(exc, "log_file", None)
             more = f" (log: {log_file})" if log_file else ""
             raise click.ClickException(f"{exc}{more}") from exc
@@ -57,6 +59,7 @@ main.add_command(down_command)
 main.add_command(status_command)
 main.add_command(scheduler_command)
 main.add_command(worker_command)
+main.add_command(ar_group)
 
 
 @main.group("bench")
@@ -69,6 +72,7 @@ bench_group.add_command(bench_workflows_command)
 bench_group.add_command(bench_images_command)
 bench_group.add_command(bench_s3_command)
 bench_group.add_command(bench_idle_command)
+bench_group.add_command(bench_ar_command)
 
 
 @cdi_group.command("demo")

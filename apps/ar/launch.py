@@ -1,22 +1,28 @@
 """Run the roles as processes, wire them together, collect what they measured.
 
-Each role is a spawned process (``apps.ar.roles.role_main``) with a pipe to this one. The
-conversation: every role says ``ready`` with its address; this process sends each the
-others' addresses; every role says ``connected``; this process says ``go`` to the receivers
-first and the extractor last; each role answers ``done`` with its figures. A role that raises
-sends its traceback instead; one that dies is noticed by its process sentinel. Either stops
-every other role and raises ``RoleFailed``.
+Each role is a program of its own, ``python -m apps.ar.role_process``, as each is a container
+in the paper, with a socket pair to this process. Not ``multiprocessing``'s spawn: that
+imports the parent's main module in every child, and under the ``cdiflow`` command that is
+the whole orchestrator, in every role's memory.
+
+The conversation: this process sends the run's configuration; every role says ``ready``
+with its address; this process sends each the others' addresses; every role says
+``connected``; this process says ``go`` to the receivers first and the extractor last; each
+role answers ``done`` with its figures. A role that raises sends its traceback instead; one
+that dies closes its end of the pair. Either stops every other role (they see their pipe
+close, or their peers go) and raises ``RoleFailed``.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import socket
 import statistics
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import psutil
@@ -24,7 +30,7 @@ import psutil
 from apps.ar.config import RunConfig
 from apps.ar.errors import RoleFailed
 from apps.ar.links import Peers, backend
-from apps.ar.roles import RoleStats, peak_rss, role_main
+from apps.ar.roles import RoleStats, peak_rss
 
 __all__ = ["PipelineResult", "run_floor", "run_pipeline", "run_pool"]
 
@@ -35,7 +41,7 @@ _MB = 1e6
 class _Role:
     name: str
     index: int
-    process: BaseProcess
+    process: subprocess.Popen[bytes]
     conn: Connection
 
     @property
@@ -117,75 +123,75 @@ class PipelineResult:
         return out.boxes
 
 
-def _start(context: Any, name: str, index: int, config: RunConfig) -> _Role:
-    mine, theirs = context.Pipe()
-    process = context.Process(
-        target=role_main, args=(name, index, config, theirs), name=f"ar-{name}-{index}"
-    )
-    process.start()
-    theirs.close()
-    return _Role(name, index, process, mine)
+def _start(name: str, index: int, config: RunConfig) -> _Role:
+    mine, theirs = socket.socketpair()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "apps.ar.role_process", str(theirs.fileno()), name, str(index)],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        theirs.close()
+    conn = Connection(mine.detach())
+    conn.send(config)
+    return _Role(name, index, process, conn)
 
 
-def _receive(role: _Role, timeout: float) -> tuple[str, Any]:
-    ready = wait([role.conn, role.process.sentinel], timeout)
-    if role.conn in ready:
+def _receive(role: _Role) -> tuple[str, Any]:
+    """The role's next message; its end of the pipe closing means it died."""
+    try:
+        kind, payload = role.conn.recv()
+    except (EOFError, ConnectionError):
         try:
-            kind, payload = role.conn.recv()
-        except EOFError:
-            pass
-        else:
-            if kind == "error":
-                raise RoleFailed(role.label, payload)
-            return kind, payload
-    if not ready:
-        raise RoleFailed(role.label, f"no answer within {timeout} s")
-    role.process.join(timeout=5)
-    raise RoleFailed(role.label, f"the process exited with status {role.process.exitcode}")
+            status = role.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            status = None
+        raise RoleFailed(role.label, f"the process ended (exit status {status})") from None
+    if kind == "error":
+        raise RoleFailed(role.label, payload)
+    return kind, payload
 
 
 def _gather(roles: list[_Role], expect: str, timeout: float) -> list[Any]:
     """Every role's next message, which must be ``expect``; the first failure raises."""
     answers: dict[int, Any] = {}
-    pending = list(range(len(roles)))
+    pending = {role.conn.fileno(): i for i, role in enumerate(roles)}
     while pending:
-        waiting = [roles[i].conn for i in pending] + [roles[i].process.sentinel for i in pending]
-        if not wait(waiting, timeout):
-            raise RoleFailed(roles[pending[0]].label, f"no answer within {timeout} s")
-        for i in list(pending):
-            role = roles[i]
-            if role.conn.poll() or not role.process.is_alive():
-                kind, payload = _receive(role, timeout)
-                if kind != expect:
-                    raise RoleFailed(role.label, f"said {kind!r} where {expect!r} was due")
-                answers[i] = payload
-                pending.remove(i)
+        ready = wait(list(pending), timeout)
+        if not ready:
+            raise RoleFailed(roles[min(pending.values())].label, f"no answer within {timeout} s")
+        for fd in ready:
+            i = pending.pop(fd)  # type: ignore[arg-type]
+            kind, payload = _receive(roles[i])
+            if kind != expect:
+                raise RoleFailed(roles[i].label, f"said {kind!r} where {expect!r} was due")
+            answers[i] = payload
     return [answers[i] for i in range(len(roles))]
 
 
 @contextmanager
-def _processes(
-    context: Any, wanted: list[tuple[str, int]], config: RunConfig
-) -> Iterator[list[_Role]]:
+def _processes(wanted: list[tuple[str, int]], config: RunConfig) -> Iterator[list[_Role]]:
     roles: list[_Role] = []
     try:
         for name, index in wanted:
-            roles.append(_start(context, name, index, config))
+            roles.append(_start(name, index, config))
         yield roles
     finally:
         for role in roles:
-            role.process.join(timeout=10)
-            if role.process.is_alive():
+            role.conn.close()  # a role still waiting for its next word ends on its own
+        for role in roles:
+            try:
+                role.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
                 role.process.kill()  # our own child, by its handle
-                role.process.join()
-            role.conn.close()
+                role.process.wait()
 
 
 def _converse(
     wanted: list[tuple[str, int]], config: RunConfig, minion_pid: int | None, setup_s: float
 ) -> PipelineResult:
-    context = multiprocessing.get_context("spawn")
-    with _processes(context, wanted, config) as roles:
+    with _processes(wanted, config) as roles:
         addresses = _gather(roles, "ready", setup_s)
         by_name = {(r.name, r.index): a for r, a in zip(roles, addresses, strict=True)}
         peers = Peers(

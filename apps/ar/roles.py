@@ -13,7 +13,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -204,7 +204,8 @@ def role_main(role: str, index: int, config: RunConfig, control: Connection) -> 
             stats.peak_rss = peak_rss()
         control.send(("done", stats))
     except BaseException:
-        control.send(("error", traceback.format_exc()))
+        with suppress(OSError):  # the launcher may be gone: then nobody is listening
+            control.send(("error", traceback.format_exc()))
         raise SystemExit(1) from None
 
 
