@@ -133,9 +133,18 @@ def _start(name: str, index: int, config: RunConfig) -> _Role:
         )
     finally:
         theirs.close()
-    conn = Connection(mine.detach())
-    conn.send(config)
-    return _Role(name, index, process, conn)
+    role = _Role(name, index, process, Connection(mine.detach()))
+    _send(role, config)
+    return role
+
+
+def _send(role: _Role, message: Any) -> None:
+    try:
+        role.conn.send(message)
+    except OSError:
+        raise RoleFailed(
+            role.label, f"the process ended (exit status {role.process.poll()})"
+        ) from None
 
 
 def _receive(role: _Role) -> tuple[str, Any]:
@@ -199,12 +208,12 @@ def _converse(
             by_name.get(("combinator", 0), ""),
         )
         for role in roles:
-            role.conn.send(peers)
+            _send(role, peers)
         _gather(roles, "connected", setup_s)
         minion = psutil.Process(minion_pid) if minion_pid else None
         minion_cpu = _cpu(minion)
         for role in sorted(roles, key=lambda r: r.name == "extractor"):
-            role.conn.send("go")
+            _send(role, "go")
         stats: list[RoleStats] = _gather(roles, "done", config.timeout_s * 4)
         result = PipelineResult(config, stats)
         if minion is not None:

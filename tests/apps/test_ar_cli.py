@@ -1,0 +1,96 @@
+"""``cdiflow bench ar`` and ``cdiflow ar``: the documented JSON, a readable table, clear
+refusals (their output is checked, never their timings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.cdi.conftest import ROOT
+
+ROW_KEYS = {
+    "backend",
+    "detectors",
+    "fps",
+    "latency_ms_p50",
+    "cpu_ms_per_frame",
+    "cpu_ms_per_frame_moving",
+    "peak_rss_mb",
+}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdiflow", *args],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_bench_ar_prints_the_documented_json_and_plots(tmp_path: Path) -> None:
+    done = run_cli(
+        "bench", "ar", "--frames", "6", "--detectors", "1", "--backends", "tcp,cdi-shm",
+        "--data-dir", str(tmp_path), "--plots", str(tmp_path / "plots"), "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    rows = {(r["backend"], r["detectors"]): r for r in doc["results"]}
+    assert set(rows) == {("floor", 1), ("pool", 1), ("tcp", 1), ("cdi-shm", 1)}
+    for row in rows.values():
+        assert set(row) == ROW_KEYS
+        assert row["fps"] > 0 and row["latency_ms_p50"] > 0
+        assert all(v > 0 for v in row["peak_rss_mb"].values())
+    assert rows[("floor", 1)]["cpu_ms_per_frame_moving"] == 0.0
+    assert rows[("pool", 1)]["cpu_ms_per_frame_moving"] is None
+    assert set(rows[("tcp", 1)]["cpu_ms_per_frame"]) == {"extractor", "detector", "combinator"}
+    assert set(rows[("cdi-shm", 1)]["peak_rss_mb"]) == {
+        "extractor", "detector", "combinator", "minion",
+    }  # fmt: skip
+    cdi_cpu = sum(rows[("cdi-shm", 1)]["cpu_ms_per_frame"].values())
+    floor_cpu = rows[("floor", 1)]["cpu_ms_per_frame"]["floor"]
+    assert rows[("cdi-shm", 1)]["cpu_ms_per_frame_moving"] == cdi_cpu - floor_cpu
+    assert doc["video"]["frames"] == 6 and doc["video"]["width"] == 1280
+    assert [g["detectors"] for g in doc["goals"]] == [1]
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {
+        "ar-cpu.png", "ar-memory.png", "ar-fps.png", "ar-moving.png",
+    }  # fmt: skip
+
+
+def test_bench_ar_refuses_what_it_cannot_run() -> None:
+    done = run_cli("bench", "ar", "--backends", "carrier-pigeon")
+    assert done.returncode != 0 and "unknown backend" in done.stderr
+    done = run_cli("bench", "ar", "--backends", "cdi-rpc", "--frames", "2")
+    assert done.returncode == 1 and "cdi-rpc moves frames between hosts" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = run_cli("bench", "ar", "--detectors", "0")
+    assert done.returncode != 0 and "detector counts must be 1 to 16" in done.stderr
+    done = run_cli("bench", "ar", "--option", "cache")
+    assert done.returncode != 0 and "key=value" in done.stderr
+
+
+def test_ar_run_writes_the_labelled_video_and_its_boxes(tmp_path: Path) -> None:
+    video = tmp_path / "in.mp4"
+    done = run_cli("ar", "sample", str(video), "--frames", "4", "--size", "640x360")
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "out.mp4"
+    done = run_cli(
+        "ar", "run", str(video), "--out", str(out), "--detectors", "2", "--json"
+    )  # cdi-shm with a minion of its own
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["frames"] == 4 and report["backend"] == "cdi-shm"
+    assert out.stat().st_size > 0
+    boxes = json.loads(Path(report["boxes"]).read_text())["frames"]
+    assert len(boxes) == 4
+
+
+def test_ar_run_refuses_a_video_that_is_too_small(tmp_path: Path) -> None:
+    video = tmp_path / "tiny.mp4"
+    assert run_cli("ar", "sample", str(video), "--frames", "2", "--size", "64x64").returncode == 0
+    done = run_cli("ar", "run", str(video), "--out", str(tmp_path / "o.mp4"), "--backend", "tcp")
+    assert done.returncode == 1 and "too small for the people detector" in done.stderr
