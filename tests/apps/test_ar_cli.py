@@ -4,11 +4,9 @@ refusals (their output is checked, never their timings)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.cdi.conftest import ROOT
+from tests.cdi.test_bench_and_demo import run_cli
 
 ROW_KEYS = {
     "backend",
@@ -19,17 +17,6 @@ ROW_KEYS = {
     "cpu_ms_per_frame_moving",
     "peak_rss_mb",
 }
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdiflow", *args],
-        cwd=ROOT,
-        text=True,
-        capture_output=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def test_bench_ar_prints_the_documented_json_and_plots(tmp_path: Path) -> None:
