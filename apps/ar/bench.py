@@ -73,14 +73,8 @@ def _row(name: str, result: PipelineResult, floor_cpu: float | None) -> dict[str
         "peak_rss_mb": result.peak_rss_mb(),
         # Not in the published row shape: kept beside it (see ``_split_extras``).
         "_outside": None if name == "pool" else result.cpu_ms_per_frame_outside_compute(),
-        "_detector_growth_mb": _detector_growth(result),
+        "_detector_growth_mb": result.detector_growth_mb(),
     }
-
-
-def _detector_growth(result: PipelineResult) -> float | None:
-    """How far the largest detector's memory grew past what it held once set up."""
-    growth = [r.peak_rss - r.ready_rss for r in result.of("detector")]
-    return max(growth) / 1e6 if growth else None
 
 
 def _one_round(
@@ -142,7 +136,7 @@ def _split_extras(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dic
 def _goals(rows: list[dict[str, Any]], frame_mb: float) -> list[dict[str, Any]]:
     """CDI-SHM against its goals, per detector count, from this run's rows: moving costs as a
     share of gRPC's and TCP's, fps as a share of the pool's, and how far a detector's memory
-    grew past its set-up self, in frames."""
+    grew past the process with its code loaded, in frames."""
     by = {(r["backend"], r["detectors"]): r for r in rows}
     goals = []
     for (name, count), row in by.items():

@@ -110,12 +110,11 @@ class PipelineResult:
             peaks["minion"] = self.minion_peak_rss
         return {role: peak / _MB for role, peak in peaks.items()}
 
-    def ready_rss_mb(self) -> dict[str, float]:
-        """Resident memory by role once set up, before the first frame (the largest)."""
-        ready: dict[str, int] = {}
-        for r in self.roles:
-            ready[r.role] = max(ready.get(r.role, 0), r.ready_rss)
-        return {role: rss / _MB for role, rss in ready.items()}
+    def detector_growth_mb(self) -> float | None:
+        """How far the largest detector's memory grew past the process with its code loaded:
+        its frame buffers (mapped objects included) and the detector's working memory."""
+        growth = [r.peak_rss - r.base_rss for r in self.of("detector")]
+        return max(growth) / _MB if growth else None
 
     def boxes(self) -> list[list[list[float]]]:
         """The boxes of every output frame, in order (pipeline and floor runs)."""

@@ -51,8 +51,9 @@ class RoleStats:
     """CPU time of the whole process from ``go`` to its end."""
     peak_rss: int
     """Peak resident memory of the process, bytes (since it started: ``VmHWM``)."""
-    ready_rss: int
-    """Resident memory once set up, before the first frame, bytes."""
+    base_rss: int
+    """Resident memory with the code loaded, before setting anything up (model, encoder, its
+    end of the pipeline), bytes: the fixed part of what the role holds."""
     frames: int
     go_ns: int
     end_ns: int
@@ -187,6 +188,7 @@ def peak_rss(pid: int | str = "self") -> int:
 
 def role_main(role: str, index: int, config: RunConfig, control: Connection) -> None:
     """The body of a role's process (see the module's docstring for the conversation)."""
+    base_rss = psutil.Process().memory_info().rss
     try:
         with ExitStack() as cleanup:
             run = _set_up(role, index, config, cleanup)
@@ -195,7 +197,7 @@ def role_main(role: str, index: int, config: RunConfig, control: Connection) -> 
             control.send(("connected", None))
             if control.recv() != "go":
                 return
-            stats = RoleStats(role, index, 0.0, 0, psutil.Process().memory_info().rss, 0, 0, 0)
+            stats = RoleStats(role, index, 0.0, 0, base_rss, 0, 0, 0)
             cpu = time.process_time()
             stats.go_ns = time.perf_counter_ns()
             run.body(stats)

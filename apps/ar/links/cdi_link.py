@@ -127,7 +127,8 @@ class _Detector:
 
     def receive(self) -> memoryview:
         obj = self._mine[self._turn % len(self._mine)]
-        self._view = obj.access(timeout=self.config.timeout_s)
+        # populate: a new mapping gets every page in one call; detection reads them all.
+        self._view = obj.access(timeout=self.config.timeout_s, populate=True)
         return self._view
 
     def forward(self) -> None:
@@ -156,7 +157,8 @@ class _Combinator:
         """Nothing to reach: detectors transfer frames to us."""
 
     def receive(self, seq: int) -> memoryview:
-        self._view = self._ring[seq % len(self._ring)].access(timeout=self.config.timeout_s)
+        obj = self._ring[seq % len(self._ring)]
+        self._view = obj.access(timeout=self.config.timeout_s, populate=True)  # encoded whole
         return self._view
 
     def release(self, seq: int) -> None:
