@@ -1,4 +1,9 @@
-"""``cdiflow ar ...`` (run the application, make its sample video) and ``cdiflow bench ar``."""
+"""``cdiflow ar ...`` (run the application, make its sample video) and ``cdiflow bench ar``.
+
+The video and detector libraries are imported inside the commands: the ``cdiflow`` command
+must start without the optional ``ar`` dependencies, and says what to install when an AR
+command needs them.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +18,9 @@ from typing import Any
 
 import click
 
-from apps.ar.bench import BenchPlan, run_bench, sample_for_bench
 from apps.ar.config import MAX_DETECTORS, RunConfig
 from apps.ar.links import BACKENDS, DEFAULT_BACKENDS, backend
-from apps.ar.report import render_table, write_plots
-from workflows.ar.sample import SampleVideo, make_sample_video
-from workflows.ar.video import probe
+from apps.ar.parts import require_parts
 
 __all__ = ["ar_group", "bench_ar_command"]
 
@@ -62,6 +64,9 @@ def ar_group() -> None:
 @click.option("--size", default="1280x720", show_default=True, help="WIDTHxHEIGHT, both even.")
 def sample_command(out: Path, frames: int, size: str) -> None:
     """Write the generated sample video (people-like figures walking) to OUT."""
+    require_parts()
+    from workflows.ar.sample import SampleVideo, make_sample_video
+
     width, _, height = size.partition("x")
     if not (width.isdigit() and height.isdigit()):
         raise click.BadParameter(f"{size!r}: write e.g. 1280x720", param_hint="--size")
@@ -105,9 +110,12 @@ def run_command(
 ) -> None:
     """Run the extractor, DETECTORS detectors and the combinator on VIDEO (default: the
     generated sample) and write the labelled video to --out, its boxes beside it."""
-    from apps.ar.launch import run_pipeline
-
     _backends(name)
+    require_parts()
+    from apps.ar.bench import sample_for_bench
+    from apps.ar.launch import run_pipeline
+    from workflows.ar.video import probe
+
     if video is None:
         video = str(sample_for_bench(Path(".data/ar"), 75))
     info = probe(video)
@@ -184,6 +192,12 @@ def bench_ar_command(
     """The AR application over TCP, REST, gRPC and CDI-SHM: fps, latency, CPU and memory by
     role, against the whole application in one process (floor) and detection alone in a pool."""
     chosen, detector_counts = _backends(backends), _counts(counts)
+    for name in chosen:
+        backend(name)  # one that cannot run here says so before the sample video is made
+    require_parts()
+    from apps.ar.bench import BenchPlan, run_bench, sample_for_bench
+    from apps.ar.report import render_table, write_plots
+
     folder = Path(data_dir)
     folder.mkdir(parents=True, exist_ok=True)
     plan = BenchPlan(

@@ -1,6 +1,8 @@
 """Every error ``apps.ar`` raises, as one tree; messages say what to do.
 
     ARError
+    ├── PartsMissing         PyAV or OpenCV is not installed (the optional ``ar``
+    │                        dependencies)                                (also ImportError)
     ├── BackendUnavailable   a backend that is not built here (cdi-rpc needs cross-host CDI)
     │                        or whose parts are missing                  (also LookupError)
     ├── BadRunConfig         options that cannot make a run (no detectors, a ring too
@@ -15,11 +17,15 @@ become ``RoleFailed``.
 
 from __future__ import annotations
 
-__all__ = ["ARError", "BackendUnavailable", "BadRunConfig", "RoleFailed"]
+__all__ = ["ARError", "BackendUnavailable", "BadRunConfig", "PartsMissing", "RoleFailed"]
 
 
 class ARError(Exception):
     """Base of every error raised by ``apps.ar``."""
+
+
+class PartsMissing(ARError, ImportError):
+    """The application's video or detector library is not installed."""
 
 
 class BackendUnavailable(ARError, LookupError):

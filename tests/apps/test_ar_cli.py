@@ -6,6 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner, Result
+
+from apps.ar.errors import PartsMissing
+from cdiflow.cli import main
 from tests.cdi.test_bench_and_demo import run_cli
 
 ROW_KEYS = {
@@ -48,16 +53,23 @@ def test_bench_ar_prints_the_documented_json_and_plots(tmp_path: Path) -> None:
     }  # fmt: skip
 
 
-def test_bench_ar_refuses_what_it_cannot_run() -> None:
-    done = run_cli("bench", "ar", "--backends", "carrier-pigeon")
-    assert done.returncode != 0 and "unknown backend" in done.stderr
-    done = run_cli("bench", "ar", "--backends", "cdi-rpc", "--frames", "2")
-    assert done.returncode == 1 and "cdi-rpc moves frames between hosts" in done.stderr
-    assert "Traceback" not in done.stderr
-    done = run_cli("bench", "ar", "--detectors", "0")
-    assert done.returncode != 0 and "detector counts must be 1 to 16" in done.stderr
-    done = run_cli("bench", "ar", "--option", "cache")
-    assert done.returncode != 0 and "key=value" in done.stderr
+def cli(*args: str) -> Result:
+    """The command in this process: refusals come before any role process starts."""
+    return CliRunner().invoke(main, list(args))
+
+
+def test_bench_ar_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    done = cli("bench", "ar", "--backends", "carrier-pigeon")
+    assert done.exit_code == 2 and "unknown backend" in done.output
+    done = cli("bench", "ar", "--backends", "cdi-rpc", "--video", str(tmp_path / "none.mp4"))
+    assert done.exit_code == 2 and "does not exist" in done.output
+    done = cli("bench", "ar", "--backends", "cdi-rpc", "--data-dir", str(tmp_path))
+    assert done.exit_code == 1 and "cdi-rpc moves frames between hosts" in done.output
+    assert done.exc_info is not None and done.exc_info[0] is SystemExit  # no traceback
+    done = cli("bench", "ar", "--detectors", "0")
+    assert done.exit_code == 2 and "detector counts must be 1 to 16" in done.output
+    done = cli("bench", "ar", "--option", "cache")
+    assert done.exit_code == 2 and "key=value" in done.output
 
 
 def test_ar_run_writes_the_labelled_video_and_its_boxes(tmp_path: Path) -> None:
@@ -78,6 +90,18 @@ def test_ar_run_writes_the_labelled_video_and_its_boxes(tmp_path: Path) -> None:
 
 def test_ar_run_refuses_a_video_that_is_too_small(tmp_path: Path) -> None:
     video = tmp_path / "tiny.mp4"
-    assert run_cli("ar", "sample", str(video), "--frames", "2", "--size", "64x64").returncode == 0
-    done = run_cli("ar", "run", str(video), "--out", str(tmp_path / "o.mp4"), "--backend", "tcp")
-    assert done.returncode == 1 and "too small for the people detector" in done.stderr
+    assert cli("ar", "sample", str(video), "--frames", "2", "--size", "64x64").exit_code == 0
+    done = cli("ar", "run", str(video), "--out", str(tmp_path / "o.mp4"), "--backend", "tcp")
+    assert done.exit_code == 1 and "too small for the people detector" in done.output
+    done = cli("ar", "sample", str(video), "--size", "big")
+    assert done.exit_code == 2 and "write e.g. 1280x720" in done.output
+
+
+def test_without_pyav_or_opencv_the_commands_say_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from apps.ar import parts
+
+    monkeypatch.setattr(parts, "find_spec", lambda name: None if name == "av" else object())
+    with pytest.raises(PartsMissing, match=r"needs PyAV: pip install 'cdiflow\[ar\]'"):
+        parts.require_parts()

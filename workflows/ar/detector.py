@@ -13,39 +13,20 @@ process.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import cv2
 import numpy as np
 import numpy.typing as npt
 
+from workflows.ar.boxes import Box
 from workflows.ar.threads import opencv_single_threaded
 
 __all__ = ["Box", "PeopleDetector", "draw_boxes"]
 
 Frame = npt.NDArray[np.uint8]
-LABEL = "person"
 _BOX_COLOUR = (0, 0, 255)  # BGR red
 _TEXT_COLOUR = (255, 255, 255)
-
-
-@dataclass(frozen=True, order=True)
-class Box:
-    """A detection in frame pixels; ``score`` is the SVM's margin (higher is surer, > 0 found)."""
-
-    x: int
-    y: int
-    w: int
-    h: int
-    score: float
-
-    def as_list(self) -> list[float]:
-        return [self.x, self.y, self.w, self.h, round(self.score, 3)]
-
-    @property
-    def label(self) -> str:
-        return f"{LABEL} {self.score:.2f}"
 
 
 class PeopleDetector:

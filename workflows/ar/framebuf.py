@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 
-from workflows.ar.detector import Box
-from workflows.ar.video import Frame
+from workflows.ar.boxes import Box
 from workflows.errors import InvalidVideo
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "write_frame",
 ]
 
+Frame = npt.NDArray[np.uint8]
 _MAGIC: Final = b"CDIARFR1"
 _HEADER: Final = struct.Struct("<8sIIqqIIII")
 _BOX: Final = struct.Struct("<iiiif")
