@@ -13,7 +13,7 @@ import cdi
 from orchestrator.db.engine import make_engine
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.scheduler import Scheduler, connect_redis
+from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.settings import load_settings
 from workflows.memory import tune_for_images
 
