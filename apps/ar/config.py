@@ -34,6 +34,11 @@ class RunConfig:
     """Stop after this many frames (``None``: the whole video)."""
     minion: str = ""
     """The CDI minion's socket (``cdi-shm``)."""
+    placement: dict[str, str] = field(default_factory=dict)
+    """A minion per role where roles run on several hosts: ``"extractor"``, ``"combinator"``,
+    ``"detector"`` (all detectors) or ``"detector-K"`` to a socket; a role not named uses
+    ``minion``. The application code is the same on every host; cross-host hand-offs are the
+    runtime's (the ``cdi-rpc`` backend, once the runtime moves objects between hosts)."""
     run_id: str = "ar"
     """Prefix of container ids and object keys, unique per run on a minion."""
     timeout_s: float = 60.0
@@ -66,6 +71,10 @@ class RunConfig:
     def ring(self) -> int:
         """Frames in flight at most: CDI objects in the ring, queue slots elsewhere."""
         return self.detectors * self.depth
+
+    def minion_for(self, role: str, index: int = 0) -> str:
+        """The minion socket the role ``role`` (detector ``index``) talks to."""
+        return self.placement.get(f"{role}-{index}", self.placement.get(role, self.minion))
 
     def detector_of(self, seq: int) -> int:
         """Frames go round the detectors in turn: frame ``seq`` to detector ``seq % N``."""

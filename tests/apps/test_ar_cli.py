@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from apps.ar.config import RunConfig
 from apps.ar.errors import PartsMissing
 from cdiflow.cli import main
 from tests.cdi.test_bench_and_demo import run_cli
@@ -105,3 +106,18 @@ def test_without_pyav_or_opencv_the_commands_say_what_to_install(
     monkeypatch.setattr(parts, "find_spec", lambda name: None if name == "av" else object())
     with pytest.raises(PartsMissing, match=r"needs PyAV: pip install 'cdiflow\[ar\]'"):
         parts.require_parts()
+
+
+def test_roles_can_be_placed_on_minions_of_their_own() -> None:
+    config = RunConfig(
+        backend="cdi-shm",
+        video="in.mp4",
+        width=1280,
+        height=720,
+        minion="/run/a.sock",
+        placement={"detector": "/run/b.sock", "detector-3": "/run/c.sock"},
+    )
+    assert config.minion_for("extractor") == "/run/a.sock"
+    assert config.minion_for("detector", 0) == "/run/b.sock"
+    assert config.minion_for("detector", 3) == "/run/c.sock"
+    assert config.minion_for("combinator") == "/run/a.sock"

@@ -17,8 +17,9 @@ waits for every object to come back, then frees them). Views returned by ``slot`
 NumPy array over them first.
 
 ``BACKENDS`` maps each name to its module's ``Backend``. ``cdi-rpc`` (frames crossing hosts
-through CDI-RPC) is the same code as ``cdi-shm`` with the roles on two minions, and is
-listed as unavailable until the runtime moves objects across hosts.
+through CDI-RPC) is the same code as ``cdi-shm`` with the roles placed on several minions
+(``RunConfig.placement``), and is listed as unavailable until the runtime moves objects
+across hosts: then ``_load`` returns ``cdi_link``'s ends under that name.
 """
 
 from __future__ import annotations

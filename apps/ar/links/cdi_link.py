@@ -9,8 +9,11 @@ draws in place and transfers it to the combinator; the combinator encodes from i
 transfers it back to the extractor for reuse. No byte of a frame is copied between roles.
 
 Roles find each other by name: container ids and keys derive from ``config.run_id``, so
-there is nothing to connect. The object's creator (the extractor) is its recovery
-container: a role that dies hands its objects back and the others time out.
+there is nothing to connect. Each role talks to the minion ``config.minion_for`` names: one
+for all on one host; roles spread over hosts (``placement``) are the same code, and moving an
+object between their minions is the runtime's business (``cdi-rpc``). The objects' creator
+(the extractor) is their recovery container: a role that dies hands its objects back, and
+the others time out.
 
 Options (``config.options``): ``cache`` — ``"1"`` (default) lets a detector keep its
 mappings of the objects it hands on, so an object coming back is not mapped again (it maps
@@ -61,17 +64,19 @@ def _spin_us(config: RunConfig) -> int:
     return int(text)
 
 
-def _connect(config: RunConfig, container: str, cache_bytes: int | None = None) -> cdi.Client:
-    if not config.minion:
-        raise BadRunConfig("cdi-shm needs a minion socket (RunConfig.minion)")
-    return cdi.connect(config.minion, container, spin_us=_spin_us(config), cache_bytes=cache_bytes)
+def _connect(
+    config: RunConfig, container: str, minion: str, cache_bytes: int | None = None
+) -> cdi.Client:
+    if not minion:
+        raise BadRunConfig("a CDI backend needs a minion socket (RunConfig.minion)")
+    return cdi.connect(minion, container, spin_us=_spin_us(config), cache_bytes=cache_bytes)
 
 
 class _Extractor:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.address = ""
-        self._client = _connect(config, extractor_id(config))
+        self._client = _connect(config, extractor_id(config), config.minion_for("extractor"))
         self._ring: list[cdi.CDIObject] = []
         try:
             for i in range(config.ring):
@@ -113,7 +118,12 @@ class _Detector:
     def __init__(self, config: RunConfig, index: int) -> None:
         self.config = config
         self.address = ""
-        self._client = _connect(config, detector_id(config, index), _detector_cache_bytes(config))
+        self._client = _connect(
+            config,
+            detector_id(config, index),
+            config.minion_for("detector", index),
+            _detector_cache_bytes(config),
+        )
         self._mine = [
             self._client.use(object_key(config, i), check=False)
             for i in range(index, config.ring, config.detectors)
@@ -146,7 +156,7 @@ class _Combinator:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.address = ""
-        self._client = _connect(config, combinator_id(config))
+        self._client = _connect(config, combinator_id(config), config.minion_for("combinator"))
         self._ring = [
             self._client.use(object_key(config, i), check=False) for i in range(config.ring)
         ]
