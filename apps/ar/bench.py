@@ -135,8 +135,9 @@ def _split_extras(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dic
 
 def _goals(rows: list[dict[str, Any]], frame_mb: float) -> list[dict[str, Any]]:
     """CDI-SHM against its goals, per detector count, from this run's rows: moving costs as a
-    share of gRPC's and TCP's, fps as a share of the pool's, and how far a detector's memory
-    grew past the process with its code loaded, in frames."""
+    share of gRPC's and TCP's, fps as a share of the pool's, and how much more a detector's
+    memory grew than a TCP detector's, which holds one frame buffer (frames; the detector's own
+    working memory is in both and cancels)."""
     by = {(r["backend"], r["detectors"]): r for r in rows}
     goals = []
     for (name, count), row in by.items():
@@ -149,8 +150,10 @@ def _goals(rows: list[dict[str, Any]], frame_mb: float) -> list[dict[str, Any]]:
                 goal[f"moving_vs_{other}"] = row["cpu_ms_per_frame_moving"] / theirs
         if ("pool", count) in by:
             goal["fps_vs_pool"] = row["fps"] / by[("pool", count)]["fps"]
-        if row["_detector_growth_mb"] is not None:
-            goal["detector_growth_frames"] = row["_detector_growth_mb"] / frame_mb
+        tcp = by.get(("tcp", count))
+        if tcp is not None and tcp["_detector_growth_mb"] and row["_detector_growth_mb"]:
+            extra = row["_detector_growth_mb"] - tcp["_detector_growth_mb"]
+            goal["detector_frames_over_tcp"] = extra / frame_mb
         goals.append(goal)
     return goals
 

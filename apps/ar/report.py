@@ -58,6 +58,7 @@ def write_plots(doc: dict[str, Any], folder: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     folder.mkdir(parents=True, exist_ok=True)
     rows: Sequence[dict[str, Any]] = doc["results"]
@@ -97,7 +98,9 @@ def write_plots(doc: dict[str, Any], folder: Path) -> list[Path]:
                 [x for x, _ in points], [y for _, y in points], style, marker="o", label=backend
             )
         ax.set_xlabel("detectors")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(unit)
+        ax.set_title(f"AR application: {unit}, by detectors")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
         fig.tight_layout()
