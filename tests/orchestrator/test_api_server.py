@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from orchestrator.stack.probes import free_port
+from orchestrator.child_process import free_port
 
 # A tick of a minute: only the wake-up on the signal can stop the server in time.
 _SCRIPT = """
