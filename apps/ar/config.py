@@ -38,7 +38,7 @@ class RunConfig:
     """A minion per role where roles run on several hosts: ``"extractor"``, ``"combinator"``,
     ``"detector"`` (all detectors) or ``"detector-K"`` to a socket; a role not named uses
     ``minion``. The application code is the same on every host; cross-host hand-offs are the
-    runtime's (the ``cdi-rpc`` backend, once the runtime moves objects between hosts)."""
+    runtime's (CDI-RPC through the minions' gateways)."""
     run_id: str = "ar"
     """Prefix of container ids and object keys, unique per run on a minion."""
     timeout_s: float = 60.0

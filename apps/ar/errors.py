@@ -3,7 +3,8 @@
     ARError
     ├── PartsMissing         PyAV or OpenCV is not installed (the optional ``ar``
     │                        dependencies)                                (also ImportError)
-    ├── BackendUnavailable   a backend that is not built here (cdi-rpc needs cross-host CDI)
+    ├── BackendUnavailable   a backend this application does not run (cdi-rpc: its roles do
+    │                        not run on several hosts yet)
     │                        or whose parts are missing                  (also LookupError)
     ├── BadRunConfig         options that cannot make a run (no detectors, a ring too
     │                        shallow, a video too small)                  (also ValueError)

@@ -18,8 +18,9 @@ NumPy array over them first.
 
 ``BACKENDS`` maps each name to its module's ``Backend``. ``cdi-rpc`` (frames crossing hosts
 through CDI-RPC) is the same code as ``cdi-shm`` with the roles placed on several minions
-(``RunConfig.placement``), and is listed as unavailable until the runtime moves objects
-across hosts: then ``_load`` returns ``cdi_link``'s ends under that name.
+(``RunConfig.placement``); it is listed as unavailable while the launcher starts every role
+on this host: running roles on the hosts of ``cdi.hosts`` (and TCP, REST and gRPC across
+them, for the paper's multi-host figures) is what is left.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def _load(name: str) -> Backend:
         return cdi_link.BACKEND
     if name == "cdi-rpc":
         raise BackendUnavailable(
-            "cdi-rpc moves frames between hosts, which the CDI runtime does not do yet; "
+            "cdi-rpc moves frames between hosts, and this application starts its roles on one "
+            "host only (cdiflow bench cdi --hosts 2 measures CDI-RPC itself); "
             "use cdi-shm (one host)"
         )
     raise BackendUnavailable(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
