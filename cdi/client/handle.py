@@ -12,7 +12,7 @@ import numpy.typing as npt
 from cdi import protocol
 from cdi.client.mapping import Mapping
 from cdi.errors import InvalidArgument, ObjectShared
-from cdi.protocol import Op
+from cdi.protocol import Isolation, Op
 
 if TYPE_CHECKING:
     from cdi.client.client import Client
@@ -53,6 +53,13 @@ class CDIObject:
         if self._size is None:
             self._size = self.client._size_of(self.key)
         return self._size
+
+    @property
+    def isolation(self) -> str:
+        """``cooperative`` or ``strict``, as far as this process knows (it maps the object)."""
+        mapping = self.client._maps.get(self.key)
+        strict = mapping is not None and not mapping.cacheable
+        return str(Isolation.STRICT if strict else Isolation.COOPERATIVE)
 
     @property
     def owned(self) -> bool:
