@@ -142,18 +142,24 @@ class BenchServices:
         return urlunsplit(urlsplit(self.running.redis_url)._replace(path=f"/{index}"))
 
     def create_database(self, label: str) -> str:
-        """An empty database on the run's Postgres; returns its URL."""
+        """An empty database on the run's Postgres, owned by the orchestrator's role; its URL.
+
+        An embedded Postgres's role may not create databases: its superuser makes them. A
+        configured one's role needs CREATEDB.
+        """
         url = make_url(self.running.database_url)
+        admin = make_url(self.running.admin_database_url or self.running.database_url)
         name = f"bench_{label.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
         with psycopg.connect(
-            host=url.host,
-            port=url.port,
-            user=url.username,
-            password=url.password,
-            dbname=url.database,
+            host=admin.host,
+            port=admin.port,
+            user=admin.username,
+            password=admin.password,
+            dbname=admin.database,
             autocommit=True,
         ) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            create = sql.SQL("CREATE DATABASE {} OWNER {}")
+            conn.execute(create.format(sql.Identifier(name), sql.Identifier(url.username or "")))
         return url.set(database=name).render_as_string(hide_password=False)
 
     def for_system(self, label: str) -> RunningServices:

@@ -21,7 +21,10 @@ WORKER = "worker-race"
 
 
 class _NoCDI:
-    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise."""
+    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise.
+    Its host is only a name (placement compares it with the workers' heartbeats)."""
+
+    host = "test"
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a dataless workflow must not call cdi.{name}")
