@@ -10,6 +10,8 @@ from typing import Any, Final
 
 import click
 
+from apps.ar.cli import ar_group
+from apps.ar.errors import ARError
 from cdi.controller.cli import controller_command
 from cdi.errors import CDIError
 from cdi.minion.cli import minion_command
@@ -31,18 +33,19 @@ BENCH_COMMANDS: Final = {
     "s3": "loadtest.s3_costs:bench_s3_command",
     "idle": "loadtest.idle:bench_idle_command",
     "chaos": "loadtest.chaos.cli:bench_chaos_command",
+    "ar": "apps.ar.cli:bench_ar_command",
 }
 
 
 class _Commands(click.Group):
-    """Our own errors (the documented trees of ``orchestrator``, ``cdi`` and ``workflows``) end a
-    command with their message, which says what to do, not with a traceback; anything else is
-    a bug and keeps its traceback."""
+    """Our own errors (the documented trees of ``orchestrator``, ``cdi``, ``workflows`` and
+    ``apps.ar``) end a command with their message, which says what to do, not with a
+    traceback; anything else is a bug and keeps its traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (OrchestratorError, CDIError, WorkflowsError) as exc:
+        except (OrchestratorError, CDIError, WorkflowsError, ARError) as exc:
             log_file = getattr(exc, "log_file", None)
             more = f" (log: {log_file})" if log_file else ""
             raise click.ClickException(f"{exc}{more}") from exc
@@ -133,6 +136,7 @@ main.add_command(down_command)
 main.add_command(status_command)
 main.add_command(scheduler_command)
 main.add_command(worker_command)
+main.add_command(ar_group)
 
 
 @main.group("bench", cls=_LazyCommands, lazy=BENCH_COMMANDS)
