@@ -103,11 +103,14 @@ class HotPath:
         policy: Policy,
         data_plane: DataPlane,
         workflow_id: uuid.UUID,
+        version: int | None = None,
     ) -> _Row | None:
         """Insert a PENDING run (and its event) in one statement and return it; a run with
-        this id that exists already is returned as it is; ``None`` if ``definition`` does not
-        exist."""
-        params = repo.create_params(definition, input, policy, data_plane, None, workflow_id)
+        this id that exists already is returned as it is; ``None`` if ``definition`` (or that
+        ``version`` of it) does not exist."""
+        params = repo.create_params(
+            definition, input, policy, data_plane, None, workflow_id, version=version
+        )
         params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
 
         async def insert(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:

@@ -39,6 +39,8 @@ __all__ = [
     "WorkflowCreate",
     "WorkflowDefinitionCreate",
     "WorkflowDefinitionPublic",
+    "WorkflowDefinitionSave",
+    "WorkflowDefinitionVersionPublic",
     "WorkflowDetail",
     "WorkflowImagesPublic",
     "WorkflowInput",
@@ -128,12 +130,29 @@ class WorkflowDefinitionCreate(_Input):
     tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
 
 
+class WorkflowDefinitionSave(_Input):
+    """A new version of a workflow definition (``PUT``): the name comes from the path."""
+
+    name: str | None = Field(None, description="Optional; must match the path when given.")
+    description: str = Field("", max_length=MAX_DESCRIPTION)
+    tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
+
+
 class WorkflowDefinitionPublic(_Output):
     name: str
+    version: int = Field(description="The current version; new runs run it.")
     description: str
     tasks: list[StepSchema]
     created_at: datetime
-    updated_at: datetime
+    updated_at: datetime = Field(description="When the current version was saved.")
+
+
+class WorkflowDefinitionVersionPublic(_Output):
+    name: str
+    version: int
+    description: str
+    tasks: list[StepSchema]
+    created_at: datetime
 
 
 # --- workflow runs ------------------------------------------------------------------------
@@ -181,12 +200,19 @@ class WorkflowCreate(_Input):
     input: WorkflowInput
     policy: Policy = Field(Policy.AFFINITY, description="Where the tasks run.")
     data_plane: DataPlane = Field(DataPlane.CDI, description="How data moves between tasks.")
+    version: int | None = Field(
+        None, ge=1, description="A version of the definition to run; default: its current one."
+    )
 
 
 class WorkflowPublic(_Output):
     id: uuid.UUID
     # The ORM calls it ``definition``; the API says ``workflow``, as in the create body.
     workflow: str = Field(validation_alias=AliasChoices("workflow", "definition"))
+    workflow_version: int = Field(
+        validation_alias=AliasChoices("workflow_version", "definition_version"),
+        description="The version of the definition this run runs.",
+    )
     status: WorkflowStatus
     policy: Policy
     data_plane: DataPlane

@@ -22,6 +22,7 @@ from orchestrator.db.models import (
     TaskRunStatus,
     Workflow,
     WorkflowDefinition,
+    WorkflowDefinitionVersion,
     WorkflowStatus,
 )
 
@@ -36,6 +37,7 @@ __all__ = [
     "TaskRunStatus",
     "Workflow",
     "WorkflowDefinition",
+    "WorkflowDefinitionVersion",
     "WorkflowStatus",
     "make_engine",
     "make_session_factory",

@@ -102,7 +102,8 @@ WITH claimable AS (
     SET claimed_by = %(me)s, claimed_at = now(), status = 'RUNNING',
         started_at = coalesce(w.started_at, now())
     FROM claimable c WHERE w.id = c.id
-    RETURNING w.id, w.definition, w.input, w.policy, w.data_plane, w.created_at
+    RETURNING w.id, w.definition, w.definition_version, w.input, w.policy, w.data_plane,
+              w.created_at
 ), ev AS (
     INSERT INTO events (workflow_id, kind, data)
     SELECT id, 'workflow.running', '{"from": "PENDING", "to": "RUNNING"}'::jsonb FROM claimed
@@ -113,7 +114,8 @@ SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
                     'retry_backoff_s', t.retry_backoff_s)), '{}'::jsonb)
         FROM task_definitions t
         WHERE t.name IN (SELECT s ->> 'task' FROM jsonb_array_elements(d.tasks) s))
-FROM claimed c LEFT JOIN workflow_definitions d ON d.name = c.definition
+FROM claimed c LEFT JOIN workflow_definition_versions d
+    ON d.name = c.definition AND d.version = c.definition_version
 ORDER BY c.created_at, c.id
 """
 

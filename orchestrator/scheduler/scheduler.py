@@ -40,7 +40,7 @@ from orchestrator.db.models import (
     TaskRun,
     TaskRunStatus,
     Workflow,
-    WorkflowDefinition,
+    WorkflowDefinitionVersion,
     WorkflowStatus,
 )
 from orchestrator.db.repository import workflows as repo
@@ -728,7 +728,9 @@ def _result_key(run: RunState) -> str:
 
 def _claimed_from_orm(session: Session, workflow: Workflow) -> Claimed:
     """What ``Journal.claim`` returns, for a workflow this scheduler already holds."""
-    definition = session.get(WorkflowDefinition, workflow.definition)
+    definition = session.get(
+        WorkflowDefinitionVersion, (workflow.definition, workflow.definition_version)
+    )
     task_defs = {
         t.name: {
             "module": t.module,

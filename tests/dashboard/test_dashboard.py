@@ -403,7 +403,7 @@ def test_a_bad_definition_shows_the_apis_errors(ui: UI, harness: Harness) -> Non
 
     # Not JSON: caught in the page, with where.
     editor.fill('{"name": "broken",\n  "tasks": [}')
-    page.get_by_role("button", name="Register").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     expect(errors).to_contain_text("Not valid JSON at line 2")
 
     # Valid JSON, bad definition: the API's own problems, each listed.
@@ -419,7 +419,7 @@ def test_a_bad_definition_shows_the_apis_errors(ui: UI, harness: Harness) -> Non
     problems = reply.json()["problems"]
     assert len(problems) >= 2
     editor.fill(json.dumps(bad, indent=2))
-    page.get_by_role("button", name="Register").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     expect(errors.locator("li")).to_have_count(len(problems))
     for problem in problems:
         expect(errors).to_contain_text(problem)
@@ -428,7 +428,7 @@ def test_a_bad_definition_shows_the_apis_errors(ui: UI, harness: Harness) -> Non
 
     # A body the schema refuses (FastAPI's own 422 shape) reads the same way.
     editor.fill('{"name": "no_ref", "tasks": [{"task": "deblur"}]}')
-    page.get_by_role("button", name="Register").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     expect(errors).to_contain_text("tasks.0.ref: Field required")
 
     # A good one registers and appears in the list, selected.
@@ -437,10 +437,26 @@ def test_a_bad_definition_shows_the_apis_errors(ui: UI, harness: Harness) -> Non
     expect(page.locator("#def-preview svg")).to_be_visible()
     good = '{"name": "ui_pipeline", "tasks": [{"ref": "d", "task": "deblur"}]}'
     editor.fill(good)
-    page.get_by_role("button", name="Register").click()
-    expect(errors).to_contain_text("Registered workflow ui_pipeline")
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(errors).to_contain_text("Saved workflow ui_pipeline, version 1")
     expect(page.locator("[data-def=ui_pipeline]")).to_have_attribute("aria-current", "true")
     assert harness.api.get("/api/workflow-definitions/ui_pipeline").status_code == 200
+
+    # Saved again, changed: a new version, listed beside the first; saved unchanged: none.
+    page.locator("#def-edit").click()
+    expect(editor).to_have_value(re.compile(r'"ref": "d"'))
+    editor.fill(
+        '{"name": "ui_pipeline", "tasks": [{"ref": "d", "task": "deblur"},'
+        ' {"ref": "c", "task": "classify", "depends_on": ["d"]}]}'
+    )
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(errors).to_contain_text("Saved workflow ui_pipeline, version 2")
+    page.locator("#def-versions-box summary").click()
+    expect(page.locator("#def-versions tr[data-version]")).to_have_count(2)
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(errors).to_contain_text("Unchanged: workflow ui_pipeline, version 2")
+    versions = harness.api.get("/api/workflow-definitions/ui_pipeline/versions").json()
+    assert [v["version"] for v in versions] == [2, 1]
     unexpected_422 = [e for e in ui.errors if "422" in e]
     assert len(unexpected_422) == 2, ui.errors  # exactly the two refused registrations
     ui.assert_clean()

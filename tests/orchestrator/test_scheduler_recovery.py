@@ -24,7 +24,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator import keys
 from orchestrator.db.engine import make_engine, make_session_factory
-from orchestrator.db.models import Event, TaskRun, TaskRunStatus, WorkflowDefinition
+from orchestrator.db.models import (
+    Event,
+    TaskRun,
+    TaskRunStatus,
+    WorkflowDefinition,
+    WorkflowDefinitionVersion,
+)
 from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Journal
@@ -274,17 +280,15 @@ def test_a_stored_definition_that_is_not_a_chain_fails_its_run_with_the_reason(
     the first one's output: the scheduler fails such a run instead, saying why."""
     _beat(api_redis, started_at=1000.0)
     name = f"fork_{uuid.uuid4().hex[:8]}"
+    steps: list[dict[str, Any]] = [
+        {"ref": "a", "task": "noop"},
+        {"ref": "b1", "task": "noop", "depends_on": ["a"]},
+        {"ref": "b2", "task": "noop", "depends_on": ["a"]},
+    ]
     with api_sessions() as session, session.begin():
-        session.add(
-            WorkflowDefinition(
-                name=name,
-                tasks=[
-                    {"ref": "a", "task": "noop"},
-                    {"ref": "b1", "task": "noop", "depends_on": ["a"]},
-                    {"ref": "b2", "task": "noop", "depends_on": ["a"]},
-                ],
-            )
-        )
+        session.add(WorkflowDefinition(name=name, tasks=steps, version=1))
+        session.flush()
+        session.add(WorkflowDefinitionVersion(name=name, version=1, tasks=steps))
     started = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
     assert started.status_code == 201, started.text
     scheduler._claim()
@@ -292,3 +296,28 @@ def test_a_stored_definition_that_is_not_a_chain_fails_its_run_with_the_reason(
     assert detail["status"] == "FAILED"
     assert "cannot run" in detail["error"] and "all depend on step 'a'" in detail["error"]
     assert detail["task_runs"] == []  # nothing ran
+
+
+def test_a_run_keeps_the_definition_version_it_was_started_with(
+    scheduler: Scheduler, api_client: TestClient, api_redis: redis.Redis
+) -> None:
+    """A new version saved while a run waits does not change what that run executes."""
+    _beat(api_redis, started_at=1000.0)
+    name = f"versioned_{uuid.uuid4().hex[:8]}"
+    first = {"tasks": [{"ref": "one", "task": "noop"}]}
+    assert api_client.put(f"/api/workflow-definitions/{name}", json=first).status_code == 201
+    old = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
+    second = {"tasks": [{"ref": "first", "task": "noop"}, {"ref": "then", "task": "noop",
+                                                           "depends_on": ["first"]}]}  # fmt: skip
+    saved = api_client.put(f"/api/workflow-definitions/{name}", json=second)
+    assert saved.status_code == 200 and saved.json()["version"] == 2, saved.text
+    new = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
+    assert (old.json()["workflow_version"], new.json()["workflow_version"]) == (1, 2)
+
+    scheduler._claim()
+    queue = keys.worker_queue_key(WORKER)
+    placed = {}
+    while isinstance(raw := api_redis.rpop(queue), bytes | str):
+        instruction = Instruction.loads(raw)
+        placed[instruction.workflow_id] = instruction.ref
+    assert placed == {old.json()["id"]: "one", new.json()["id"]: "first"}

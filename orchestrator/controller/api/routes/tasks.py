@@ -7,18 +7,39 @@ from fastapi import APIRouter, Response
 from orchestrator.controller.api.deps import SessionDep
 from orchestrator.controller.schemas import TaskCreate, TaskPublic, error_responses
 from orchestrator.db import repository as repo
+from orchestrator.errors import InvalidRequest
 
 router = APIRouter(prefix="/tasks", tags=["tasks"])
 
 
 @router.post("", status_code=201, responses=error_responses(409))
 def create_task(body: TaskCreate, session: SessionDep, response: Response) -> TaskPublic:
-    """Register a task definition; 409 if the name is taken."""
+    """Register a task definition; 409 if the name is taken (``PUT`` replaces one)."""
     row = repo.create_task_definition(
         session, body.model_dump(exclude={"description"}), description=body.description
     )
     session.commit()
     response.headers["Location"] = f"/api/tasks/{row.name}"
+    return TaskPublic.model_validate(row)
+
+
+@router.put("/{name}", responses=error_responses(422))
+def save_task(name: str, body: TaskCreate, session: SessionDep, response: Response) -> TaskPublic:
+    """Register a task definition or replace the one of that name (201 when it is new).
+
+    Runs already claimed by a scheduler keep the settings they were claimed with. 422 when
+    the body names another task.
+    """
+    if body.name != name:
+        problem = f"the body names task {body.name!r} but the path {name!r}"
+        raise InvalidRequest(problem, [problem])
+    row, created = repo.save_task_definition(
+        session, body.model_dump(exclude={"description"}), description=body.description
+    )
+    session.commit()
+    if created:
+        response.status_code = 201
+        response.headers["Location"] = f"/api/tasks/{row.name}"
     return TaskPublic.model_validate(row)
 
 

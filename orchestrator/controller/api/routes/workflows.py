@@ -61,7 +61,8 @@ async def start_workflow(
 ) -> WorkflowDetail | WorkflowPublic:
     """Start a run of a workflow definition (status PENDING) and wake the scheduler.
 
-    404 (listing the known workflows) if the definition does not exist. With ``wait_s`` the
+    404 (listing the known workflows, or versions) if the definition (or the ``version`` of
+    it asked for) does not exist. With ``wait_s`` the
     answer is the run's detail (as ``GET /api/workflows/{id}``, without events) once it has
     ended: one request for a client that wants the result.
     """
@@ -96,18 +97,18 @@ async def _create(request: Request, body: WorkflowCreate, workflow_id: uuid.UUID
         policy=body.policy,
         data_plane=body.data_plane,
         workflow_id=workflow_id,
+        version=body.version,
     )
     if row is None:
         resources: Resources = request.app.state.resources
-        known = await run_in_threadpool(_workflow_definition_names, resources)
-        raise NotFound("workflow", body.workflow, known=known)
+        raise await run_in_threadpool(_not_found, resources, body.workflow, body.version)
     await hot.wake_scheduler(row.id)
     return row
 
 
-def _workflow_definition_names(resources: Resources) -> list[str]:
+def _not_found(resources: Resources, workflow: str, version: int | None) -> NotFound:
     with resources.sessions() as session:
-        return repo.workflow_definition_names(session)
+        return repo.definition_not_found(session, workflow, version)
 
 
 @router.get("")
