@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -123,6 +124,30 @@ class ObjectStore:
             raise InputMissing(f"{uri} does not exist") from exc
         except _FAILED as exc:
             raise StorageError(f"cannot read {uri}: {_reason(exc)}") from exc
+
+    def stream(self, uri: str, limit: int, chunk: int = 1 << 20) -> tuple[int, Iterator[bytes]]:
+        """``(size, chunks)`` of the object at ``uri``, read as the chunks are taken, for a
+        response that must not hold the whole object. Errors as ``get``; one in the middle of
+        the stream is a ``StorageError``."""
+        bucket, key = parse_s3_uri(uri)
+        try:
+            reply = obstore.get(self._store(bucket), key)
+            size = int(reply.meta["size"])
+        except _MISSING as exc:
+            raise InputMissing(f"{uri} does not exist") from exc
+        except _FAILED as exc:
+            raise StorageError(f"cannot read {uri}: {_reason(exc)}") from exc
+        if size > limit:
+            raise InputTooLarge(f"{uri} is {size} bytes; the limit is {limit}")
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                for part in reply.stream(min_chunk_size=chunk):
+                    yield bytes(part)
+            except _FAILED as exc:
+                raise StorageError(f"reading {uri} failed midway: {_reason(exc)}") from exc
+
+        return size, chunks()
 
     def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
         bucket, key = parse_s3_uri(uri)

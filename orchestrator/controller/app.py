@@ -33,10 +33,11 @@ from starlette.types import Scope
 
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
+from orchestrator.controller.api.routes.files import upload_limit
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hot_path import HotPath
 from orchestrator.controller.http_errors import install_error_handler
-from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit
+from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit, PathLimit
 from orchestrator.db import make_engine, make_session_factory, migrate
 from orchestrator.db.repository import ended_among, seed_bundled_definitions
 from orchestrator.errors import ConfigError, ServiceError
@@ -194,5 +195,10 @@ def create_app(
     app.include_router(api_router, prefix="/api")
     _mount_dashboard(app)
     install_error_handler(app)
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    upload = PathLimit(
+        upload_limit(settings.max_input_bytes),
+        what="an upload",
+        advice="an input image is at most MAX_INPUT_BYTES; send a smaller image",
+    )
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, paths={"/api/inputs": upload})
     return app

@@ -27,6 +27,7 @@ __all__ = [
     "HandoffPublic",
     "HealthPublic",
     "ImagePublic",
+    "InputPublic",
     "LatencyPublic",
     "MinutePublic",
     "StatsPublic",
@@ -408,6 +409,17 @@ class ImagePublic(BaseModel):
     height: int | None
     bytes: int | None
     thumbnail_url: str | None = Field(description="A downscaled JPEG; only when available.")
+
+
+class InputPublic(BaseModel):
+    """An uploaded input image, stored in the stack's S3 bucket."""
+
+    uri: str = Field(description="Start a workflow with it: input.image.")
+    bytes: int
+    format: str = Field(description="As Pillow names it: JPEG, PNG, ...")
+    width: int
+    height: int
+    content_type: str
 
 
 class WorkflowImagesPublic(BaseModel):

@@ -1,4 +1,5 @@
-"""Dependencies the routes declare: a database session per request and the Redis client."""
+"""Dependencies the routes declare: a database session per request, the Redis client, the
+settings and the S3 client."""
 
 from __future__ import annotations
 
@@ -15,8 +16,21 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator import keys
+from orchestrator.objectstore import ObjectStore
+from orchestrator.settings import Settings, load_settings
 
-__all__ = ["RedisDep", "Resources", "SessionDep", "get_db", "get_redis", "wake_scheduler"]
+__all__ = [
+    "RedisDep",
+    "Resources",
+    "SessionDep",
+    "SettingsDep",
+    "StoreDep",
+    "get_db",
+    "get_redis",
+    "get_settings",
+    "get_store",
+    "wake_scheduler",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +72,25 @@ def get_redis(request: Request) -> redis.Redis:
     return _resources(request).redis
 
 
+def get_settings(request: Request) -> Settings:
+    """The settings the app was made with (from the environment for an app made without)."""
+    settings: Settings | None = getattr(request.app.state, "settings", None)
+    return settings or load_settings()
+
+
+def get_store(request: Request) -> ObjectStore:
+    """The app's S3 client, made on first use (it is costly to build) and then shared."""
+    state = request.app.state
+    store: ObjectStore | None = getattr(state, "object_store", None)
+    if store is None:
+        store = state.object_store = ObjectStore(get_settings(request))
+    return store
+
+
 SessionDep = Annotated[Session, Depends(get_db)]
 RedisDep = Annotated[redis.Redis, Depends(get_redis)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[ObjectStore, Depends(get_store)]
 
 
 def wake_scheduler(client: redis.Redis, workflow_id: uuid.UUID, *, cancel: bool = False) -> None:

@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from orchestrator.controller.api.routes import (
     cdi,
+    files,
     health,
     images,
     stats,
@@ -20,6 +21,7 @@ api_router = APIRouter()
 api_router.include_router(tasks.router)
 api_router.include_router(workflow_definitions.router)
 api_router.include_router(workflows.router)
+api_router.include_router(files.router)
 api_router.include_router(workers.router)
 api_router.include_router(health.router)
 # For the dashboard (dashboards/web): figures, live activity, CDI directory, thumbnails.
