@@ -2,73 +2,98 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import click
 
-from cdi.bench.cli import bench_cdi_command
-from cdi.controller.cli import controller_command
 from cdi.errors import CDIError
-from cdi.minion.cli import minion_command
-from loadtest.cli import bench_workflows_command
-from loadtest.idle import bench_idle_command
-from loadtest.image_costs import bench_images_command
-from loadtest.s3_costs import bench_s3_command
+from cdiflow.client.errors import CdiflowError
 from orchestrator.errors import OrchestratorError
-from orchestrator.scheduler.cli import scheduler_command
-from orchestrator.stack.cli import down_command, status_command, up_command
-from orchestrator.worker.cli import worker_command
 from workflows.errors import WorkflowsError
 
 __all__ = ["main"]
 
 
-class _Commands(click.Group):
-    """Our own errors (the documented trees of ``orchestrator``, ``cdi`` and ``workflows``) end a
-    command with their message, which says what to do, not with a traceback; anything else is
-    a bug and keeps its traceback."""
+class _Lazy(click.Group):
+    """A group whose subcommands are imported when one is run (or help lists them), not when
+    ``cdiflow`` starts: the benchmarks and the stack pull in most of the project, and a client
+    command such as ``cdiflow run`` took two seconds to start when every import came first."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})  # name -> "module:attribute"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            module, attr = self.lazy[cmd_name].split(":")
+            command = getattr(importlib.import_module(module), attr)
+            assert isinstance(command, click.Command)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+class _Commands(_Lazy):
+    """Our own errors (the documented trees of ``orchestrator``, ``cdi``, ``workflows`` and
+    ``cdiflow.client``) end a command with their message, which says what to do, not with a
+    traceback; anything else is a bug and keeps its traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (OrchestratorError, CDIError, WorkflowsError) as exc:
+        except (OrchestratorError, CDIError, WorkflowsError, CdiflowError) as exc:
             log_file = getattr(exc, "log_file", None)
             more = f" (log: {log_file})" if log_file else ""
             raise click.ClickException(f"{exc}{more}") from exc
 
 
-@click.group(cls=_Commands)
+@click.group(
+    cls=_Commands,
+    lazy={
+        "up": "orchestrator.stack.cli:up_command",
+        "down": "orchestrator.stack.cli:down_command",
+        "status": "orchestrator.stack.cli:status_command",
+        "scheduler": "orchestrator.scheduler.cli:scheduler_command",
+        "worker": "orchestrator.worker.cli:worker_command",
+        "run": "cdiflow.commands.workflows:run_command",
+        "workflows": "cdiflow.commands.workflows:workflows_group",
+        "tasks": "cdiflow.commands.definitions:tasks_group",
+        "definitions": "cdiflow.commands.definitions:definitions_group",
+    },
+)
 @click.version_option(package_name="cdiflow")
 def main() -> None:
     """cdiflow: a workflow orchestrator whose intermediate data moves as Container Data Items."""
 
 
-@main.group("cdi")
+@main.group(
+    "cdi",
+    cls=_Lazy,
+    lazy={
+        "controller": "cdi.controller.cli:controller_command",
+        "minion": "cdi.minion.cli:minion_command",
+    },
+)
 def cdi_group() -> None:
     """The CDI runtime: controller and per-host minion."""
 
 
-cdi_group.add_command(controller_command)
-cdi_group.add_command(minion_command)
-
-
-main.add_command(up_command)
-main.add_command(down_command)
-main.add_command(status_command)
-main.add_command(scheduler_command)
-main.add_command(worker_command)
-
-
-@main.group("bench")
+@main.group(
+    "bench",
+    cls=_Lazy,
+    lazy={
+        "cdi": "cdi.bench.cli:bench_cdi_command",
+        "workflows": "loadtest.cli:bench_workflows_command",
+        "images": "loadtest.image_costs:bench_images_command",
+        "s3": "loadtest.s3_costs:bench_s3_command",
+        "idle": "loadtest.idle:bench_idle_command",
+    },
+)
 def bench_group() -> None:
     """Benchmarks that print a readable table (or JSON with --json)."""
-
-
-bench_group.add_command(bench_cdi_command)
-bench_group.add_command(bench_workflows_command)
-bench_group.add_command(bench_images_command)
-bench_group.add_command(bench_s3_command)
-bench_group.add_command(bench_idle_command)
 
 
 @cdi_group.command("demo")

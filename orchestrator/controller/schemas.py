@@ -23,6 +23,7 @@ __all__ = [
     "CdiMinionPublic",
     "CdiObjectPublic",
     "ErrorPublic",
+    "EventPage",
     "EventPublic",
     "HandoffPublic",
     "HealthPublic",
@@ -269,6 +270,14 @@ class WorkflowDetail(WorkflowPublic):
     task_runs: list[TaskRunPublic]
     handoffs: list[HandoffPublic]
     events: list[EventPublic] = Field(description="The latest events, oldest first.")
+
+
+class EventPage(BaseModel):
+    """A run's events after a given one, and its status when they were read: a client that
+    follows a run stops once the run has finished and a page comes back short."""
+
+    status: WorkflowStatus
+    events: list[EventPublic] = Field(description="Oldest first.")
 
 
 class WorkflowList(BaseModel):

@@ -121,10 +121,28 @@ def _parsed_task(definition: Mapping[str, Any]) -> bundled.TaskDefinition:
 
 
 def delete_task_definition(session: Session, name: str) -> None:
-    """Delete a task definition; ``Conflict`` if a workflow definition still uses it."""
+    """Delete a task definition; ``Conflict`` if the current version of a workflow definition
+    uses it, or a pending or running run's version does (older versions may name tasks that
+    are gone: a retry of such a run fails, saying which task is missing)."""
     task = session.get(TaskDefinition, name, with_for_update=True)
     if task is None:
         raise NotFound("task", name)
+    uses = WorkflowDefinitionVersion.tasks.contains([{"task": name}])
+    active = session.scalar(
+        select(func.count())
+        .select_from(Workflow)
+        .join(
+            WorkflowDefinitionVersion,
+            (WorkflowDefinitionVersion.name == Workflow.definition)
+            & (WorkflowDefinitionVersion.version == Workflow.definition_version),
+        )
+        .where(Workflow.status.in_([WorkflowStatus.PENDING, WorkflowStatus.RUNNING]), uses)
+    )
+    if active:
+        raise Conflict(
+            f"task {name!r} is used by {active} pending or running run(s); cancel them or wait "
+            "until they end, then delete it"
+        )
     users = list(
         session.scalars(
             select(WorkflowDefinition.name)

@@ -54,6 +54,7 @@ __all__ = [
     "create_workflow",
     "definition_not_found",
     "ended_among",
+    "events_after",
     "get_workflow",
     "list_workflows",
     "record_event",
@@ -231,6 +232,23 @@ def get_workflow(session: Session, workflow_id: uuid.UUID, *, lock: bool = False
     if found is None:
         raise NotFound("workflow run", workflow_id)
     return found
+
+
+def events_after(
+    session: Session, workflow_id: uuid.UUID, after: int, limit: int
+) -> tuple[WorkflowStatus, list[Event]]:
+    """The run's status and up to ``limit`` of its events with an id above ``after``, oldest
+    first (what a client following the run asks for); ``NotFound`` if there is no such run."""
+    status = session.scalar(select(Workflow.status).where(Workflow.id == workflow_id))
+    if status is None:
+        raise NotFound("workflow run", workflow_id)
+    events = session.scalars(
+        select(Event)
+        .where(Event.workflow_id == workflow_id, Event.id > after)
+        .order_by(Event.id)
+        .limit(limit)
+    )
+    return status, list(events)
 
 
 def list_workflows(

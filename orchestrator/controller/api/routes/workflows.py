@@ -14,6 +14,7 @@ from orchestrator.controller.api.deps import RedisDep, Resources, SessionDep, wa
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hot_path import HotPath
 from orchestrator.controller.schemas import (
+    EventPage,
     EventPublic,
     HandoffPublic,
     TaskRunPublic,
@@ -193,6 +194,19 @@ async def _detail(
         handoffs=[HandoffPublic.model_validate(h) for h in row.handoffs_json],
         events=[EventPublic.model_validate(e) for e in recent],
     )
+
+
+@router.get("/{workflow_id}/events", responses=error_responses(404))
+def workflow_events(
+    workflow_id: uuid.UUID,
+    session: SessionDep,
+    after: Annotated[int, Query(ge=0, description="Only events with a larger id.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+) -> EventPage:
+    """The run's events after event ``after``, oldest first, with the run's status: follow a
+    run by asking again with the last id seen, until it has finished and a page is short."""
+    status, rows = repo.events_after(session, workflow_id, after, limit)
+    return EventPage(status=status, events=[EventPublic.model_validate(e) for e in rows])
 
 
 @router.post("/{workflow_id}/cancel", responses=error_responses(404, 409))
