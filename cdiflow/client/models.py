@@ -178,8 +178,11 @@ class Worker(_Model):
     id: str
     host: str | None = None
     alive: bool
-    cpu: float | None = None
-    mem: float | None = None
+    cpu: float | None = None  # the worker process's, percent of one core
+    mem: float | None = None  # the worker process's resident memory, percent of its host's
+    rss_bytes: int | None = None
+    host_cpu: float | None = None
+    host_mem: float | None = None
     queue_depth: int | None = None
     running: int | None = None
     slots: int | None = None

@@ -84,9 +84,15 @@ class TaskCreate(_Input):
         examples=["workflows.image_tasks:deblur"],
         description="Where the function lives: 'package.module:function'.",
     )
-    timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
-    retries: int = Field(0, ge=0, le=MAX_RETRIES)
-    retry_backoff_s: float = Field(0.5, ge=0, le=MAX_BACKOFF_S)
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="Default: the function's @task setting."
+    )
+    retries: int | None = Field(
+        None, ge=0, le=MAX_RETRIES, description="Default: the function's @task setting."
+    )
+    retry_backoff_s: float | None = Field(
+        None, ge=0, le=MAX_BACKOFF_S, description="Default: the function's @task setting."
+    )
     description: str = Field("", max_length=MAX_DESCRIPTION)
 
     @field_validator("name")
@@ -293,8 +299,16 @@ class WorkflowList(BaseModel):
 class WorkerPublic(BaseModel):
     id: str
     host: str | None
-    cpu: float | None = Field(description="CPU in use on the worker's host, percent.")
-    mem: float | None = Field(description="Memory in use on the worker's host, percent.")
+    cpu: float | None = Field(
+        description="The worker process's CPU, percent of one core (over 100 with several "
+        "slots busy)."
+    )
+    mem: float | None = Field(
+        description="The worker process's resident memory, percent of its host's memory."
+    )
+    rss_bytes: int | None = Field(None, description="The worker process's resident memory.")
+    host_cpu: float | None = Field(None, description="CPU in use on the whole host, percent.")
+    host_mem: float | None = Field(None, description="Memory in use on the whole host, percent.")
     queue_depth: int | None
     running: int | None
     slots: int | None = Field(description="Tasks the worker runs at once (--concurrency).")

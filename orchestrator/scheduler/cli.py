@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -11,6 +10,7 @@ import click
 
 import cdi
 from orchestrator.db.engine import make_engine, make_session_factory
+from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Journal
 from orchestrator.scheduler.scheduler import Scheduler, connect_redis
@@ -28,10 +28,14 @@ __all__ = ["scheduler_command"]
     help="Scheduler id; also its CDI container id. Several may run at once.",
 )
 @click.option("--log-level", default="INFO", show_default=True)
-def scheduler_command(scheduler_id: str, log_level: str) -> None:
+@log_format_option
+def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> None:
     """Run a scheduler: claim workflows, place tasks on workers, move CDI ownership."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    setup_logging(
+        log_level,
+        log_format,
+        process=scheduler_id,
+        text="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     tune_for_images()  # it decodes every input and encodes every result
     settings = load_settings()

@@ -23,16 +23,32 @@ workflows``: 91-98 % per worker at 2 MB before, 95-98 % after; docs/benchmarks.m
 The prefetch hides the round trip between a report and the next push; with short tasks it
 grows so large that nothing waits (``PREFETCH_S``). Tasks pinned by ``affinity`` are not
 held: they can run nowhere else.
+
+Capable workers only: a worker announces the task modules it loaded (the heartbeat's
+``tasks``, ``workflows.loader.TaskCatalog``), and a task goes only to a worker that loaded its
+module (``capable``). Workers need not all run the same code: one pool may load the GPU tasks,
+another the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["PREFETCH_S", "WorkerLoad", "choose_worker", "move_cost_s", "read_workers"]
+from workflows.loader import TaskCatalog
+
+__all__ = [
+    "PREFETCH_S",
+    "WorkerLoad",
+    "capable",
+    "choose_worker",
+    "loaded_modules",
+    "move_cost_s",
+    "read_workers",
+]
 
 HANDOFF_S = 0.0003  # one same-host CDI hand-off, measured with `cdiflow bench cdi`
 MEMORY_BANDWIDTH_BPS = 2e9
@@ -52,6 +68,7 @@ class WorkerLoad:
     in_flight: int  # instructions this scheduler sent that have not been reported yet
     started_at: float = 0.0  # when the worker process started: a change means it restarted
     slots: int = 1  # tasks the worker runs at once (its --concurrency)
+    modules: frozenset[str] = frozenset()  # the task modules it loaded
 
     @property
     def backlog(self) -> int:
@@ -90,11 +107,25 @@ def read_workers(
                 in_flight=in_flight.get(worker_id, 0),
                 started_at=float(fields.get("started_at", "0")),
                 slots=max(1, int(fields.get("slots", "1"))),
+                modules=loaded_modules(fields.get("tasks", "")),
             )
         except ValueError:
             load = WorkerLoad(worker_id, False, 0, 0, 0, 0, in_flight.get(worker_id, 0))
         loads.append(load)
     return loads
+
+
+@functools.lru_cache(maxsize=256)
+def loaded_modules(catalog_json: str) -> frozenset[str]:
+    """The modules a heartbeat's ``tasks`` says the worker loaded (the same text arrives with
+    every beat, so each distinct one is parsed once)."""
+    return frozenset(TaskCatalog.from_json(catalog_json).modules) if catalog_json else frozenset()
+
+
+def capable(workers: Sequence[WorkerLoad], module_path: str) -> list[WorkerLoad]:
+    """The workers that loaded the module of ``package.module:function``."""
+    module = module_path.partition(":")[0]
+    return [w for w in workers if module in w.modules]
 
 
 def move_cost_s(nbytes: int) -> float:

@@ -55,6 +55,7 @@ class RunState:
     avoid: frozenset[str] = frozenset()  # workers that lost the current step
     deadline: float = 0.0  # monotonic: when a silent in-flight task is presumed lost
     retry_at: float = 0.0  # monotonic: when a failed attempt is dispatched again
+    unrunnable_since: float = 0.0  # monotonic: since when no live worker can run the step
     cancelled: bool = False
     started: float = field(default_factory=time.monotonic)
 

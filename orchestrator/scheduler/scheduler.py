@@ -45,10 +45,11 @@ from orchestrator.db.models import (
 )
 from orchestrator.db.repository import workflows as repo
 from orchestrator.errors import OrchestratorError
+from orchestrator.logs import log_context
 from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.journal import Claimed, Finish, Handoff, Journal, Placement
-from orchestrator.scheduler.placement import choose_worker, read_workers
+from orchestrator.scheduler.placement import capable, choose_worker, read_workers
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
 from workflows import imagebuf
@@ -71,6 +72,9 @@ RELEASE_TASK = "workflows.image_tasks:noop"  # what a worker runs to hand an obj
 # round trip per workflow; the tick claims anyway every TICK_S).
 CLAIM_AGAIN_AT = 8
 BEATS_TTL_S = 0.5  # heartbeats are re-read at most this often (workers beat every 2 s)
+# A step no live worker can run (none loaded its module) fails its run after this long: time
+# for a worker being restarted with the code to come back, but no run stuck for good.
+UNRUNNABLE_AFTER_S = 30.0
 _MIN_WAIT_S = 0.01  # Redis reads a blocking timeout of 0 as "forever"
 REDIS_RETRY_S = 0.5  # after a Redis connection error, the loop waits this long and tries again
 
@@ -183,9 +187,14 @@ class Scheduler:
         """Place waiting runs, oldest first, while workers have room. A sweep tries one run per
         (task, policy, previous worker): the others like it would be refused the same way."""
         refused: set[tuple[str, str, str | None]] = set()
+        now = time.monotonic()
         for run in list(self._waiting.values()):
             if run.cancelled or self.runs.get(run.workflow_id) is not run:
                 self._waiting.pop(run.workflow_id, None)
+                continue
+            if run.unrunnable_since and now - run.unrunnable_since > UNRUNNABLE_AFTER_S:
+                self._waiting.pop(run.workflow_id, None)
+                self._guarded(functools.partial(self._fail, run, _unrunnable(run.current)))
                 continue
             like = (run.current.task, run.policy, run.last_worker)
             if like in refused:
@@ -257,10 +266,11 @@ class Scheduler:
     def _dispatch(self, run: RunState) -> None:
         if run.cancelled or run.workflow_id not in self.runs:
             return
-        placement = self._choose(run)
-        if placement is not None:
-            self._send(placement.worker, self._placed(run, placement))
-            self.journal.place(placement)
+        with log_context(workflow_id=str(run.workflow_id), step=run.current.ref):
+            placement = self._choose(run)
+            if placement is not None:
+                self._send(placement.worker, self._placed(run, placement))
+                self.journal.place(placement)
 
     def _send(self, worker: str, instruction: Instruction) -> None:
         """Push *before* the task run is recorded: the record overlaps the worker's run. Its
@@ -269,11 +279,17 @@ class Scheduler:
 
     def _choose(self, run: RunState) -> Placement | None:
         """Choose the worker for the current step and move the object to it: the task run to
-        record; ``None`` while no worker is alive."""
+        record; ``None`` while no worker that loaded the step's module is alive (or none has
+        room)."""
         step = run.current
         loads = self._workers()
+        able = capable(loads, step.module)
+        if not any(w.alive for w in able) and any(w.alive for w in loads):
+            run.unrunnable_since = run.unrunnable_since or time.monotonic()
+        else:
+            run.unrunnable_since = 0.0
         worker = choose_worker(
-            loads,
+            able,
             run.policy,
             run.last_worker,
             task_s=self._task_s[step.task],
@@ -313,6 +329,11 @@ class Scheduler:
         self._in_flight[worker] += 1
         return instruction
 
+    def _runs_next(self, run: RunState, worker: str) -> bool:
+        """Whether ``worker`` loaded the module of the step after the current one."""
+        module = run.steps[run.step + 1].module
+        return any(w.worker_id == worker for w in capable(self._workers(), module))
+
     def _transfer(self, run: RunState, worker: str) -> float:
         started = time.perf_counter_ns()
         self.cdi.use(run.key, check=False).transfer(worker)
@@ -339,7 +360,9 @@ class Scheduler:
             return Instruction(**common)
         if run.data_plane == "cdi":
             last = run.last_step
-            keep = run.policy == "affinity" and not last
+            # Kept only for a next step this worker can run: else the object comes back with
+            # the report, and goes on to a worker that loaded the next step's module.
+            keep = run.policy == "affinity" and not last and self._runs_next(run, worker)
             fetch = not run.key  # no object yet: the worker makes it from the S3 input
             return Instruction(
                 **common,
@@ -393,7 +416,8 @@ class Scheduler:
         except (ValueError, TypeError):
             log.warning("dropping an unreadable report: %.200s", text)
             return
-        self._guarded(lambda: self._on_report(report))
+        with log_context(workflow_id=report.workflow_id, task_run_id=report.task_run_id):
+            self._guarded(lambda: self._on_report(report))
 
     def _on_report(self, report: Report) -> None:
         run = self.runs.get(uuid.UUID(report.workflow_id))
@@ -664,7 +688,8 @@ class Scheduler:
             log.info("workflow %s had already ended (cancelled?)", workflow_id)
 
     def _fail(self, run: RunState, reason: str) -> None:
-        log.info("workflow %s failed: %s", run.workflow_id, reason)
+        log.info("workflow %s failed: %s", run.workflow_id, reason, extra={
+            "workflow_id": str(run.workflow_id)})  # fmt: skip
         self._release_object(run)
         self.runs.pop(run.workflow_id, None)
         # A user who cancelled meanwhile keeps their word: then nothing changes.
@@ -710,6 +735,15 @@ def _plan(claimed: Claimed) -> RunState:
         data=data if isinstance(data, dict) else {},
         result_format=str(given.get("result_format") or "png"),
         current_uri=image,
+    )
+
+
+def _unrunnable(step: StepSpec) -> str:
+    module = step.module.partition(":")[0]
+    return (
+        f"no live worker has loaded module {module!r} for task {step.task!r} (step "
+        f"{step.ref!r}) in {UNRUNNABLE_AFTER_S:g} s; start workers with the task code "
+        "(cdiflow up --tasks PATH, or cdiflow worker --tasks PATH) and retry the run"
     )
 
 

@@ -20,6 +20,7 @@ from cdi.errors import CDIError
 from cdi.minion.process import MinionChild
 from orchestrator.errors import StackError
 from orchestrator.keys import worker_key
+from orchestrator.logs import LOG_FORMAT_ENV
 from orchestrator.services import RunningServices, start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
@@ -35,6 +36,7 @@ from orchestrator.stack.defaults import (
 from orchestrator.stack.env import stack_environment
 from orchestrator.stack.state import DataDirLock, ProcessInfo
 from orchestrator.stack.supervision import Supervisor
+from workflows.loader import source_modules
 
 __all__ = ["Stack"]
 
@@ -76,9 +78,16 @@ class Stack:
         grace: float = 1.0,
         stop_timeout: float = 10.0,
         on_restart: Callable[[str], None] | None = None,
+        tasks: Sequence[str] = (),
+        log_format: str = "text",
     ) -> None:
         if workers < 0:
             raise StackError(f"workers must be 0 or more, not {workers}")
+        # The workers' task code (``cdiflow worker --tasks``); a path is made absolute here,
+        # where the caller's working directory is known.
+        self.tasks = [_absolute_source(source) for source in tasks]
+        self.log_format = log_format  # the API's, the scheduler's and the workers' logs
+        self.worker_metrics: dict[str, str] = {}  # worker id -> its /metrics URL
         folder = load_settings().data_dir if data_dir is None else Path(data_dir)
         self.data_dir = folder.expanduser().absolute()
         self.host = host
@@ -238,17 +247,20 @@ class Stack:
             rows.append(ProcessInfo.of("api", self._api.pid, self.api_url, self._api.log_path))
         for child in (self._scheduler, *self._workers.values()):
             if child is not None:
-                rows.append(ProcessInfo.of(child.name, child.pid, "", child.log_path))
+                address = self.worker_metrics.get(child.name, "")
+                rows.append(ProcessInfo.of(child.name, child.pid, address, child.log_path))
         return rows
 
     def environment(self) -> dict[str, str]:
         """The environment the stack's processes get (for launching another one alongside)."""
-        return stack_environment(
+        env = stack_environment(
             self.services,
             data_dir=self.data_dir,
             minion_socket=self.minion_socket,
             controller_url=self.controller_url,
         )
+        env[LOG_FORMAT_ENV] = self.log_format
+        return env
 
     def __enter__(self) -> Self:
         return self.start()
@@ -265,6 +277,11 @@ class Stack:
 
     def _check_can_start(self) -> None:
         """Refuse early, before starting anything, what would fail later."""
+        for source in self.tasks:
+            try:
+                source_modules(source)
+            except ValueError as exc:
+                raise StackError(f"--tasks: {exc}") from exc
         if not probes.port_is_free(self.host, self.port):
             raise StackError(
                 f"port {self.port} on {self.host} is already in use, so the API cannot listen "
@@ -307,7 +324,13 @@ class Stack:
         self._wait(scheduler, lambda: time.monotonic() - scheduler.started_at >= self.grace,
                    lambda: f"it to stay up for {self.grace:g}s")  # fmt: skip
 
-        self._workers = {wid: self._child(wid, "worker", env) for wid in self.worker_ids}
+        worker_env = {**env, "CDIFLOW_TASKS": os.pathsep.join(self.tasks)} if self.tasks else env
+        self._workers = {}
+        for wid in self.worker_ids:  # each serves its Prometheus metrics on a port of its own
+            port = probes.free_port()
+            self.worker_metrics[wid] = f"http://127.0.0.1:{port}/metrics"
+            own_env = {**worker_env, "CDIFLOW_WORKER_METRICS_PORT": str(port)}
+            self._workers[wid] = self._child(wid, "worker", own_env)
         for worker in self._workers.values():
             worker.start()
         client = redis.Redis.from_url(
@@ -373,6 +396,11 @@ class Stack:
     def _restarted(self, child: Child) -> None:
         if self._on_restart is not None:
             self._on_restart(child.name)
+
+
+def _absolute_source(source: str) -> str:
+    path = Path(source).expanduser()
+    return str(path.absolute()) if path.exists() else source
 
 
 def _guard(step: Callable[_P, object], *args: _P.args, **kwargs: _P.kwargs) -> None:

@@ -19,18 +19,21 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Final
 
 import redis
 
 from orchestrator import keys
 from orchestrator.errors import InvalidInstruction
+from orchestrator.logs import log_context
 from orchestrator.messages import Instruction, Report
 from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall, check_common
 from orchestrator.worker.heartbeat import Heartbeat
+from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.store_plane import StorePlane
+from workflows.loader import TaskCatalog
 
 __all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
 
@@ -67,8 +70,10 @@ class Worker:
         store_plane: StorePlane,
         concurrency: int = 1,
         heartbeat_interval_s: float = keys.HEARTBEAT_INTERVAL_S,
+        tasks: TaskCatalog | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.metrics: WorkerMetrics | None = None  # set to count task runs for Prometheus
         self.redis = redis_client  # bytes replies: LREM must match the raw instruction exactly
         self._report_and_ack = redis_client.register_script(_REPORT_AND_ACK)
         self._thread_local = threading.local()
@@ -92,6 +97,7 @@ class Worker:
             held=cdi_plane.held.usage,
             slots=concurrency,
             interval_s=heartbeat_interval_s,
+            tasks=tasks,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -197,25 +203,28 @@ class Worker:
             self._deliver(raw, None, None)
             return
         started_at = time.time()
-        try:
-            exe = self._execute(ins)
-        except Exception as exc:  # a bug of ours: still answer, so the run is not lost
-            log.exception("instruction %s crashed the worker's runner", ins.task_run_id)
-            exe = Execution(key=ins.key)
-            exe.fail(exc)
-        if exe.later is not None:
-            # The rest (a last task's store) waits for S3: the slot pops its next task meanwhile.
-            self._finishing.acquire()
-            self._finisher.submit(self._finish_later, raw, ins, exe, started_at)
-        else:
-            self._finish(raw, ins, exe, started_at)
+        with _about(ins):
+            try:
+                exe = self._execute(ins)
+            except Exception as exc:  # a bug of ours: still answer, so the run is not lost
+                log.exception("instruction %s crashed the worker's runner", ins.task_run_id)
+                exe = Execution(key=ins.key)
+                exe.fail(exc)
+            if exe.later is not None:
+                # The rest (a last task's store) waits for S3: the slot pops its next task
+                # meanwhile.
+                self._finishing.acquire()
+                self._finisher.submit(self._finish_later, raw, ins, exe, started_at)
+            else:
+                self._finish(raw, ins, exe, started_at)
 
     def _finish_later(
         self, raw: bytes, ins: Instruction, exe: Execution, started_at: float
     ) -> None:
         """A finisher thread's job: like a slot, a crash here stops the worker."""
         try:
-            self._finish(raw, ins, exe, started_at)
+            with _about(ins):
+                self._finish(raw, ins, exe, started_at)
         except BaseException:
             log.critical("finishing an instruction crashed; stopping the worker", exc_info=True)
             self.request_stop(1)
@@ -234,6 +243,8 @@ class Worker:
                 exe.fail(exc)
         report = exe.report(ins, self.worker_id, started_at, time.time())
         self._deliver(raw, ins.reply_to, report)
+        if self.metrics is not None:
+            self.metrics.observe(ins, report)
         _log_outcome(ins, report)  # after the delivery: the scheduler need not wait for a log line
         exit_code = exe.exit_code
         if exit_code:
@@ -325,6 +336,14 @@ _REPORT_AND_ACK = """
 redis.call('LPUSH', KEYS[2], ARGV[2])
 return redis.call('LREM', KEYS[1], 1, ARGV[1])
 """
+
+
+def _about(ins: Instruction) -> AbstractContextManager[None]:
+    """Every line logged while ``ins`` is handled names its workflow and task run."""
+    return log_context(
+        workflow_id=ins.workflow_id, task_run_id=ins.task_run_id, step=ins.ref,
+        attempt=ins.attempt,
+    )  # fmt: skip
 
 
 def _log_outcome(ins: Instruction, report: Report) -> None:

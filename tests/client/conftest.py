@@ -41,7 +41,8 @@ def stack_api() -> Iterator[StackApi]:
     folder = tempfile.mkdtemp(prefix="cdiflow-sdk-")
     os.chmod(folder, 0o755)
     try:
-        with Stack(folder, workers=2, port=free_port()) as stack:
+        # JSON logs here (the other suites' stacks log text): test_ops reads them.
+        with Stack(folder, workers=2, port=free_port(), log_format="json") as stack:
             target = StackApi(stack, stack.api_url, None)
             with target.client() as api:
                 nap = {"ref": "nap", "task": "sleep", "params": {"ms": 4_000}}

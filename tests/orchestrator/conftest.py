@@ -24,6 +24,8 @@ from starlette.exceptions import StarletteDeprecationWarning
 from orchestrator.controller import create_app
 from orchestrator.db import make_engine, make_session_factory
 from orchestrator.settings import Settings, load_settings
+from orchestrator.worker.cli import load_tasks
+from orchestrator.worker.heartbeat import Heartbeat
 
 # Starlette 1.x warns that its test client prefers httpx2 over httpx; both work. Importing it
 # here, once, keeps that warning (an error under filterwarnings=error) out of the run.
@@ -33,6 +35,9 @@ with warnings.catch_warnings():
 
 # Redis logical database reserved for the API tests (the stack itself uses 0).
 API_REDIS_DB = 9
+# The worker whose heartbeat ``task_worker`` keeps.
+TASK_WORKER = "api-tests-worker"
+TASK_MODULES = ("tests.orchestrator.flaky_tasks",)
 
 
 def _admin_connect(postgres_url: str) -> psycopg.Connection[tuple[object, ...]]:
@@ -110,3 +115,17 @@ def api_sessions(api_database_url: str, api_client: TestClient) -> Iterator[sess
     engine = make_engine(api_database_url)
     yield make_session_factory(engine)
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def task_worker(api_redis_url: str, api_redis: redis.Redis) -> Iterator[Heartbeat]:
+    """The heartbeat of a live worker that loaded the bundled tasks and ``TASK_MODULES``, as
+    ``cdiflow worker --tasks tests.orchestrator.flaky_tasks`` announces them (the worker's own
+    ``Heartbeat`` and loader, without its slots: these tests run no worker, and the API
+    registers only tasks a live worker loaded)."""
+    client = redis.Redis.from_url(api_redis_url)
+    beat = Heartbeat(client, TASK_WORKER, running=lambda: 0, tasks=load_tasks(TASK_MODULES))
+    beat.start()
+    yield beat
+    beat.stop()
+    client.close()

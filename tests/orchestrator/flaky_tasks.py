@@ -7,6 +7,7 @@ from PIL import Image
 from workflows.api import TaskContext, TaskResult, task
 
 
+@task
 def fail_first_attempt(img: Image.Image, ctx: TaskContext) -> None:
     """Fails on attempt 1, succeeds (image unchanged) from attempt 2 on."""
     if ctx.attempt == 1:
@@ -19,6 +20,7 @@ def echo_input(img: Image.Image | None, ctx: TaskContext) -> TaskResult:
     return TaskResult(output={"echo": dict(ctx.input), "had_image": img is not None})
 
 
+@task
 def scribble_then_fail(img: Image.Image, ctx: TaskContext) -> None:
     """Changes its input in place, then fails: the retry must still get the input unchanged."""
     img.paste((255, 0, 255), (0, 0, img.width, img.height))

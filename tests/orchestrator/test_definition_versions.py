@@ -6,7 +6,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+
+# Tasks are registered only when a live worker loaded them.
+pytestmark = pytest.mark.usefixtures("task_worker")
 
 CHAIN: list[dict[str, Any]] = [
     {"ref": "deblur", "task": "deblur"},

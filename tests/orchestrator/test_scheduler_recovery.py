@@ -26,6 +26,7 @@ from orchestrator import keys
 from orchestrator.db.engine import make_engine, make_session_factory
 from orchestrator.db.models import (
     Event,
+    TaskDefinition,
     TaskRun,
     TaskRunStatus,
     WorkflowDefinition,
@@ -33,9 +34,11 @@ from orchestrator.db.models import (
 )
 from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
+from orchestrator.scheduler import scheduler as scheduler_module
 from orchestrator.scheduler.journal import Journal
 from orchestrator.scheduler.scheduler import BEATS_TTL_S, Scheduler, connect_redis
 from orchestrator.settings import Settings
+from workflows.loader import load_sources
 
 WORKER = "worker-race"
 
@@ -60,6 +63,10 @@ def _beat(client: redis.Redis, started_at: float) -> None:
         "started_at": f"{started_at:.3f}",
         "held_images": "0",
         "held_bytes": "0",
+        "tasks": load_sources(()).to_json(),  # the bundled tasks only
+        "proc_cpu": "0.5",
+        "proc_rss": "104857600",
+        "proc_mem": "0.5",
     }
     assert tuple(fields) == keys.WORKER_FIELDS
     client.hset(keys.worker_key(WORKER), mapping=fields)  # type: ignore[arg-type]
@@ -321,3 +328,44 @@ def test_a_run_keeps_the_definition_version_it_was_started_with(
         instruction = Instruction.loads(raw)
         placed[instruction.workflow_id] = instruction.ref
     assert placed == {old.json()["id"]: "one", new.json()["id"]: "first"}
+
+
+def test_a_step_no_live_worker_loaded_waits_then_fails_its_run(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The only live worker loaded the bundled tasks alone: a step of another module is
+    never sent to it, and its run fails, saying why, once the grace has passed."""
+    _beat(api_redis, started_at=1000.0)
+    task, flow = f"gone_{uuid.uuid4().hex[:8]}", f"unrunnable_{uuid.uuid4().hex[:8]}"
+    with api_sessions() as session, session.begin():  # registered while such a worker lived
+        session.add(TaskDefinition(name=task, module="retired_tasks:fn", timeout_s=5, retries=0,
+                                   retry_backoff_s=0.5))  # fmt: skip
+    steps = [{"ref": "first", "task": "noop"}, {"ref": "then", "task": task,
+                                                "depends_on": ["first"]}]  # fmt: skip
+    assert api_client.put(f"/api/workflow-definitions/{flow}", json={"tasks": steps}).is_success
+    started = api_client.post("/api/workflows", json={"workflow": flow, "input": {"data": {}}})
+    run_id = started.json()["id"]
+    queue = keys.worker_queue_key(WORKER)
+
+    scheduler._claim()  # the first step (bundled) goes to the worker
+    raw = api_redis.rpop(queue)
+    assert isinstance(raw, bytes | str)
+    first = Instruction.loads(raw)
+    now = time.time()
+    done = Report(first.task_run_id, run_id, WORKER, "COMPLETED", now - 0.01, now)
+    api_redis.lpush(scheduler.reply_key, done.dumps())
+    scheduler._step()  # reads the report; the next step has nowhere to go, so it waits
+    assert api_redis.llen(queue) == 0
+    assert api_client.get(f"/api/workflows/{run_id}").json()["status"] == "RUNNING"
+
+    monkeypatch.setattr(scheduler_module, "UNRUNNABLE_AFTER_S", 0.0)
+    time.sleep(0.01)
+    scheduler._dispatch_waiting()
+    detail = api_client.get(f"/api/workflows/{run_id}").json()
+    assert detail["status"] == "FAILED" and api_redis.llen(queue) == 0
+    assert "no live worker has loaded module 'retired_tasks'" in detail["error"]
+    assert f"task {task!r} (step 'then')" in detail["error"]

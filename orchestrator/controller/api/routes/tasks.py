@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import redis
 from fastapi import APIRouter, Response
 
-from orchestrator.controller.api.deps import SessionDep
+from orchestrator.controller.api.deps import RedisDep, SessionDep
 from orchestrator.controller.schemas import TaskCreate, TaskPublic, error_responses
+from orchestrator.controller.task_check import SETTINGS, live_catalogs, runnable_settings
 from orchestrator.db import repository as repo
 from orchestrator.errors import InvalidRequest
 
 router = APIRouter(prefix="/tasks", tags=["tasks"])
 
 
-@router.post("", status_code=201, responses=error_responses(409))
-def create_task(body: TaskCreate, session: SessionDep, response: Response) -> TaskPublic:
-    """Register a task definition; 409 if the name is taken (``PUT`` replaces one)."""
+def _definition(body: TaskCreate, client: redis.Redis) -> dict[str, Any]:
+    """The definition to store: ``body``, checked against what the live workers loaded, its
+    settings left out taken from the function's ``@task``."""
+    spec = runnable_settings(body.module, live_catalogs(client))
+    given = body.model_dump(exclude={"description"})
+    return {**given, **{k: spec[k] for k in SETTINGS if given[k] is None}}
+
+
+@router.post("", status_code=201, responses=error_responses(409, 422))
+def create_task(
+    body: TaskCreate, session: SessionDep, client: RedisDep, response: Response
+) -> TaskPublic:
+    """Register a task definition; 409 if the name is taken (``PUT`` replaces one).
+
+    422 unless a live worker loaded the function (a ``@task`` in a module it was given with
+    ``--tasks``): the message says what the workers met (an import error, the module's tasks,
+    the modules they loaded). Settings left out come from the ``@task``.
+    """
     row = repo.create_task_definition(
-        session, body.model_dump(exclude={"description"}), description=body.description
+        session, _definition(body, client), description=body.description
     )
     session.commit()
     response.headers["Location"] = f"/api/tasks/{row.name}"
@@ -24,17 +43,19 @@ def create_task(body: TaskCreate, session: SessionDep, response: Response) -> Ta
 
 
 @router.put("/{name}", responses=error_responses(422))
-def save_task(name: str, body: TaskCreate, session: SessionDep, response: Response) -> TaskPublic:
+def save_task(
+    name: str, body: TaskCreate, session: SessionDep, client: RedisDep, response: Response
+) -> TaskPublic:
     """Register a task definition or replace the one of that name (201 when it is new).
 
-    Runs already claimed by a scheduler keep the settings they were claimed with. 422 when
-    the body names another task.
+    Runs already claimed by a scheduler keep the settings they were claimed with. 422 as for
+    ``POST``, or when the body names another task.
     """
     if body.name != name:
         problem = f"the body names task {body.name!r} but the path {name!r}"
         raise InvalidRequest(problem, [problem])
     row, created = repo.save_task_definition(
-        session, body.model_dump(exclude={"description"}), description=body.description
+        session, _definition(body, client), description=body.description
     )
     session.commit()
     if created:

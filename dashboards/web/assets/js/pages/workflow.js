@@ -98,11 +98,13 @@ export function mount(root, ctx) {
         h("div", { class: "crumbs" }, h("a", { href: "#/workflows" }, "Workflows"), " / ", mono(shortId(wf.id))),
         h("div", { class: "title-row" }, h("h1", { tabindex: -1 }, wf.workflow), statusPill(wf.status, { id: "wf-status" })),
       ),
+      // Only the action that applies: cancel while the run may still run, retry once it
+      // failed or was cancelled; a completed run offers neither.
       h(
         "div",
         { class: "actions" },
-        h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !canCancel || busy, title: canCancel ? "Stop this run" : "Only a pending or running workflow can be cancelled", onclick: cancel }, "Cancel run"),
-        h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !canRetry || busy, title: canRetry ? "Start a new run with the same input" : "Only a failed or cancelled workflow can be retried", onclick: retry }, "Retry"),
+        canCancel && h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: busy, title: "Stop this run", onclick: cancel }, "Cancel run"),
+        canRetry && h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: busy, title: "Start a new run with the same input", onclick: retry }, "Retry"),
       ),
     );
   }
