@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final
 
 import click
 
@@ -14,29 +17,104 @@ from workflows.errors import WorkflowsError
 
 __all__ = ["main"]
 
+# ``cdiflow bench <name>``: where each benchmark command lives. They are imported only when
+# called (or listed by ``cdiflow bench --help``): the harness and its dependencies (locust,
+# Ray, Celery, ...) are not the product's, and ``loadtest`` ships only with a source checkout.
+BENCH_COMMANDS: Final = {
+    "cdi": "cdi.bench.cli:bench_cdi_command",
+    "workflows": "loadtest.cli:bench_workflows_command",
+    "images": "loadtest.image_costs:bench_images_command",
+    "s3": "loadtest.s3_costs:bench_s3_command",
+    "idle": "loadtest.idle:bench_idle_command",
+}
 
-class _Lazy(click.Group):
-    """A group whose subcommands are imported when one is run (or help lists them), not when
-    ``cdiflow`` starts: the benchmarks and the stack pull in most of the project, and a client
-    command such as ``cdiflow run`` took two seconds to start when every import came first."""
 
-    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+# The product's own commands, imported when one runs (or help lists them). *Why:* the stack,
+# the scheduler and the workers pull in most of the project, and a client command such as
+# ``cdiflow run`` took two seconds to start when every import came first.
+COMMANDS: Final = {
+    "up": "orchestrator.stack.cli:up_command",
+    "down": "orchestrator.stack.cli:down_command",
+    "status": "orchestrator.stack.cli:status_command",
+    "scheduler": "orchestrator.scheduler.cli:scheduler_command",
+    "worker": "orchestrator.worker.cli:worker_command",
+    "run": "cdiflow.commands.workflows:run_command",
+    "workflows": "cdiflow.commands.workflows:workflows_group",
+    "tasks": "cdiflow.commands.definitions:tasks_group",
+    "definitions": "cdiflow.commands.definitions:definitions_group",
+}
+CDI_COMMANDS: Final = {
+    "controller": "cdi.controller.cli:controller_command",
+    "minion": "cdi.minion.cli:minion_command",
+}
+
+
+class _LazyCommands(click.Group):
+    """A group whose commands are imported when one is asked for (``lazy``: name to
+    ``module:attribute``), beside those added to it as usual."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.lazy = dict(lazy or {})  # name -> "module:attribute"
+        self._lazy = lazy
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *self.lazy})
+        return sorted({*super().list_commands(ctx), *self._lazy})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self.lazy and cmd_name not in self.commands:
-            module, attr = self.lazy[cmd_name].split(":")
-            command = getattr(importlib.import_module(module), attr)
-            assert isinstance(command, click.Command)
-            self.add_command(command, cmd_name)
-        return super().get_command(ctx, cmd_name)
+        target = self._lazy.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module_name, _, attribute = target.partition(":")
+        try:
+            module = _import_from_checkout(module_name)
+        except ModuleNotFoundError as exc:
+            return _unavailable(cmd_name, _missing(ctx.command_path, cmd_name, module_name, exc))
+        command: click.Command = getattr(module, attribute)
+        return command
 
 
-class _Commands(_Lazy):
+def _import_from_checkout(module_name: str) -> ModuleType:
+    """Import ``module_name``; a package of the source checkout this cdiflow runs from (the
+    benchmark harness, which an install does not map) is found there."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        package = module_name.partition(".")[0]
+        checkout = Path(__file__).resolve().parents[1]
+        if exc.name != package or not (checkout / package / "__init__.py").is_file():
+            raise
+        sys.path.insert(0, str(checkout))
+        return importlib.import_module(module_name)
+
+
+def _unavailable(name: str, why: str) -> click.Command:
+    """A command that says why it cannot run (listed in the help with that reason)."""
+
+    def refuse() -> None:
+        raise click.ClickException(why)
+
+    return click.Command(
+        name,
+        callback=refuse,
+        help=why,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+
+
+def _missing(group: str, command: str, module: str, exc: ModuleNotFoundError) -> str:
+    package = module.partition(".")[0]
+    if exc.name is not None and exc.name.partition(".")[0] == package:
+        return (
+            f"`{group} {command}` is part of the repository's benchmark harness "
+            f"({package}/), which an installed cdiflow does not include: run it from a "
+            "source checkout (`pip install -e '.[bench]'` there)"
+        )
+    return f"`{group} {command}` needs {exc.name!r}, which is not installed: " + (
+        "pip install 'cdiflow[bench]'" if group.endswith(" bench") else "reinstall cdiflow"
+    )
+
+
+class _Commands(_LazyCommands):
     """Our own errors (the documented trees of ``orchestrator``, ``cdi``, ``workflows`` and
     ``cdiflow.client``) end a command with their message, which says what to do, not with a
     traceback; anything else is a bug and keeps its traceback."""
@@ -50,48 +128,18 @@ class _Commands(_Lazy):
             raise click.ClickException(f"{exc}{more}") from exc
 
 
-@click.group(
-    cls=_Commands,
-    lazy={
-        "up": "orchestrator.stack.cli:up_command",
-        "down": "orchestrator.stack.cli:down_command",
-        "status": "orchestrator.stack.cli:status_command",
-        "scheduler": "orchestrator.scheduler.cli:scheduler_command",
-        "worker": "orchestrator.worker.cli:worker_command",
-        "run": "cdiflow.commands.workflows:run_command",
-        "workflows": "cdiflow.commands.workflows:workflows_group",
-        "tasks": "cdiflow.commands.definitions:tasks_group",
-        "definitions": "cdiflow.commands.definitions:definitions_group",
-    },
-)
+@click.group(cls=_Commands, lazy=COMMANDS)
 @click.version_option(package_name="cdiflow")
 def main() -> None:
     """cdiflow: a workflow orchestrator whose intermediate data moves as Container Data Items."""
 
 
-@main.group(
-    "cdi",
-    cls=_Lazy,
-    lazy={
-        "controller": "cdi.controller.cli:controller_command",
-        "minion": "cdi.minion.cli:minion_command",
-    },
-)
+@main.group("cdi", cls=_LazyCommands, lazy=CDI_COMMANDS)
 def cdi_group() -> None:
     """The CDI runtime: controller and per-host minion."""
 
 
-@main.group(
-    "bench",
-    cls=_Lazy,
-    lazy={
-        "cdi": "cdi.bench.cli:bench_cdi_command",
-        "workflows": "loadtest.cli:bench_workflows_command",
-        "images": "loadtest.image_costs:bench_images_command",
-        "s3": "loadtest.s3_costs:bench_s3_command",
-        "idle": "loadtest.idle:bench_idle_command",
-    },
-)
+@main.group("bench", cls=_LazyCommands, lazy=BENCH_COMMANDS)
 def bench_group() -> None:
     """Benchmarks that print a readable table (or JSON with --json)."""
 

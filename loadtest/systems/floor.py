@@ -30,8 +30,7 @@ from loadtest.pipeline_ops import FloorRun, floor_job, floor_s3_job
 from loadtest.plan import SEED, Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
-from loadtest.systems.procs import peer_env
-from loadtest.systems.services import BenchServices, clear_prefixes
+from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
 from workflows.memory import tune_for_images
 
 __all__ = ["FloorSystem"]
@@ -55,7 +54,7 @@ def _s3_job(uri: str, ops: list[str]) -> FloorRun:
 
 def _init_process(env: dict[str, str]) -> None:
     os.environ.update(env)  # S3 as the systems reach it, for ``pipeline_ops.task_store``
-    tune_for_images()  # the workers' and the scheduler's memory settings: the best case
+    tune_for_images()  # the workers' memory settings: the best case
 
 
 class FloorSystem(System):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import select
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,9 +27,8 @@ from loadtest.drive import read_records
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
-from loadtest.systems.procs import peer_env, spawn, stop_process
-from loadtest.systems.services import BenchServices, clear_prefixes
-from orchestrator.stack.probes import free_port
+from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
+from orchestrator.child_process import ChildProcess, free_port
 
 __all__ = ["RaySystem"]
 
@@ -47,8 +45,8 @@ class RaySystem(System):
         self.services = services
         self.ctx = ctx
         self.address = ""
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._driver: subprocess.Popen[bytes] | None = None
+        self._proc: ChildProcess | None = None
+        self._driver: ChildProcess | None = None
         self._temp: Path | None = None
 
     def start(self) -> None:
@@ -73,7 +71,7 @@ class RaySystem(System):
         ]
         log = self.ctx.folder / "ray-head.log"
         env = peer_env(self.services) | {"RAY_USAGE_STATS_ENABLED": "0"}
-        self._proc = spawn(argv, log, env)
+        self._proc = ChildProcess("ray head", argv, log_path=log, env=env).start()
         self.address = f"127.0.0.1:{port}"
         try:
             self._wait_ready(log, timeout=120)
@@ -93,27 +91,25 @@ class RaySystem(System):
 
     def stop(self) -> None:
         driver, self._driver = self._driver, None
-        if driver is not None and driver.stdin is not None:
-            driver.stdin.close()  # end of input: it shuts its Ray connection down and exits
-        stop_process(driver, grace_s=15)
+        if driver is not None:
+            if driver.stdin is not None:
+                driver.stdin.close()  # end of input: it shuts its Ray connection down and exits
+            driver.stop(15.0, sweep_group=True)
         proc, self._proc = self._proc, None
-        stop_process(proc, grace_s=30)
+        if proc is not None:
+            proc.stop(30.0, sweep_group=True)
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None
 
-    def _start_driver(self) -> subprocess.Popen[bytes]:
-        log = self.ctx.folder / "ray-driver.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as err:
-            return subprocess.Popen(
-                [sys.executable, "-m", "loadtest.systems.ray_driver", self.address],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=peer_env(self.services),
-                start_new_session=True,
-            )
+    def _start_driver(self) -> ChildProcess:
+        return ChildProcess(
+            "ray driver",
+            [sys.executable, "-m", "loadtest.systems.ray_driver", self.address],
+            log_path=self.ctx.folder / "ray-driver.log",
+            env=peer_env(self.services),
+            piped=True,  # it is handed each point on stdin and says "done" on stdout
+        ).start()
 
     def _drive(self, target_file: Path) -> str:
         """Hand the driver one point; ``""`` once it is done, else what went wrong."""
@@ -132,7 +128,7 @@ class RaySystem(System):
                 break
             if line.strip() == b"done":  # other lines: worker output Ray forwards
                 return ""
-        stop_process(driver, grace_s=10)  # stuck or dead: the next point gets a fresh one
+        driver.stop(10.0, sweep_group=True)  # stuck or dead: the next point gets a fresh one
         self._driver = None
         return f"the Ray driver did not finish the point (status {driver.returncode})"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import click
 
+from orchestrator.controller.api_server import serve
 from orchestrator.controller.app import create_app
-from orchestrator.controller.quiet_server import serve
 from orchestrator.db.migrate import migrate
 from orchestrator.errors import OrchestratorError
 from orchestrator.logs import log_format_option, setup_logging

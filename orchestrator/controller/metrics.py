@@ -36,7 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from cdi.controller.client import ControllerClient
 from cdi.errors import CDIError
-from orchestrator import keys
+from orchestrator.contract import keys
 from orchestrator.controller.api.deps import Resources
 
 __all__ = ["CACHE_S", "DURATION_BUCKETS_S", "StackCollector", "metrics_registry"]

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import redis
 
-from orchestrator import keys
+from orchestrator.contract import keys
 from orchestrator.errors import InvalidRequest
 from workflows.loader import TaskCatalog
 

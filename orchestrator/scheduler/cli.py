@@ -9,13 +9,12 @@ import socket
 import click
 
 import cdi
-from orchestrator.db.engine import make_engine, make_session_factory
+from orchestrator.db.engine import make_engine
+from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.journal import Journal
-from orchestrator.scheduler.scheduler import Scheduler, connect_redis
+from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.settings import load_settings
-from workflows.memory import tune_for_images
 
 __all__ = ["scheduler_command"]
 
@@ -37,7 +36,6 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
         process=scheduler_id,
         text="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    tune_for_images()  # it decodes every input and encodes every result
     settings = load_settings()
     if not settings.database_url or not settings.redis_url:
         raise click.UsageError("DATABASE_URL and REDIS_URL must be set (`cdiflow up` sets them)")
@@ -46,11 +44,10 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
     scheduler = Scheduler(
         scheduler_id,
         settings,
-        make_session_factory(engine),
+        SchedulerStore(engine),
         connect_redis(settings.redis_url),
         client,
         ObjectStore(settings),
-        journal=Journal(engine),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: scheduler.stop())

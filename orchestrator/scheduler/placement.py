@@ -38,6 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.contract.vocabulary import Policy
 from workflows.loader import TaskCatalog
 
 __all__ = [
@@ -134,7 +135,7 @@ def move_cost_s(nbytes: int) -> float:
 
 def choose_worker(
     workers: Sequence[WorkerLoad],
-    policy: str,
+    policy: Policy,
     previous: str | None,
     *,
     task_s: float,
@@ -151,7 +152,7 @@ def choose_worker(
     if not alive:
         return None
     current = next((w for w in alive if w.worker_id == previous), None)
-    if policy == "affinity" and current is not None:
+    if policy == Policy.AFFINITY and current is not None:
         return current.worker_id  # pinned: it can run nowhere else, so it queues there
     rng = rng or random.Random()
     free = [w for w in alive if w.has_room(task_s)]
@@ -159,7 +160,7 @@ def choose_worker(
     if free:
         best_score = min(w.score() for w in free)
         best = rng.choice([w for w in free if w.score() == best_score])
-    if current is None or policy != "auto":
+    if current is None or policy != Policy.AUTO:
         return best.worker_id if best else None
     # auto: stay unless waiting here costs more than moving to the best worker with room
     stay = current.worker_id if current.has_room(task_s) else None  # None: wait for it

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 import click
 
+from orchestrator.child_process import ChildProcess
 from orchestrator.errors import OrchestratorError
 from orchestrator.logs import LOG_FORMAT_ENV, LOG_FORMATS, setup_logging
 from orchestrator.stack.control import (
@@ -149,7 +149,8 @@ def up_command(
         click.echo(f"\nRunning in the background. Stop it with: cdiflow down --data-dir {folder}")
         return
     click.echo("\nPress Ctrl-C to stop.")
-    status = proc.wait()
+    proc.wait()
+    status = proc.returncode
     if status != 0:
         raise click.ClickException(f"the stack's supervisor exited with status {status}")
     click.echo("stack stopped")
@@ -263,7 +264,7 @@ def _summary(state: StackState, folder: Path) -> str:
     return f"{head}\n{format_table((state.supervisor, *state.processes), folder)}"
 
 
-def _forward_stop_signals(proc: subprocess.Popen[bytes]) -> threading.Event:
+def _forward_stop_signals(proc: ChildProcess) -> threading.Event:
     """Turn Ctrl-C, SIGTERM and SIGHUP into a SIGTERM for the supervisor, which stops the
     stack in order; we keep waiting for it. The returned event is set once one arrived."""
     requested = threading.Event()

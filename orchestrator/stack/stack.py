@@ -18,13 +18,13 @@ import redis
 from cdi.controller.process import ControllerChild
 from cdi.errors import CDIError
 from cdi.minion.process import MinionChild
+from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
+from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
-from orchestrator.keys import worker_key
 from orchestrator.logs import LOG_FORMAT_ENV
 from orchestrator.services import RunningServices, start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
-from orchestrator.stack.children import Child, RestartPolicy, describe_exit
 from orchestrator.stack.defaults import (
     API_COMMAND,
     DEFAULT_HOST,
@@ -34,6 +34,7 @@ from orchestrator.stack.defaults import (
     WORKER_COMMAND,
 )
 from orchestrator.stack.env import stack_environment
+from orchestrator.stack.restarts import RestartPolicy
 from orchestrator.stack.state import DataDirLock, ProcessInfo
 from orchestrator.stack.supervision import Supervisor
 from workflows.loader import source_modules
@@ -112,9 +113,9 @@ class Stack:
         self._lock = DataDirLock(self.data_dir)
         self._controller: ControllerChild | None = None
         self._minion: MinionChild | None = None
-        self._api: Child | None = None
-        self._scheduler: Child | None = None
-        self._workers: dict[str, Child] = {}
+        self._api: ChildProcess | None = None
+        self._scheduler: ChildProcess | None = None
+        self._workers: dict[str, ChildProcess] = {}
         self._supervisor: Supervisor | None = None
         self._running = False
 
@@ -282,7 +283,7 @@ class Stack:
                 source_modules(source)
             except ValueError as exc:
                 raise StackError(f"--tasks: {exc}") from exc
-        if not probes.port_is_free(self.host, self.port):
+        if not port_is_free(self.host, self.port):
             raise StackError(
                 f"port {self.port} on {self.host} is already in use, so the API cannot listen "
                 "there; stop what listens on it or choose another port with --port"
@@ -296,7 +297,7 @@ class Stack:
     def _start_all(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._services = self._given_services or start_services(self.data_dir)
-        self.controller_url = f"grpc://127.0.0.1:{probes.free_port()}"
+        self.controller_url = f"grpc://127.0.0.1:{free_port()}"
         self._controller = ControllerChild(
             self.controller_url, log_path=str(self.logs_dir / "cdi-controller.log")
         )
@@ -327,7 +328,7 @@ class Stack:
         worker_env = {**env, "CDIFLOW_TASKS": os.pathsep.join(self.tasks)} if self.tasks else env
         self._workers = {}
         for wid in self.worker_ids:  # each serves its Prometheus metrics on a port of its own
-            port = probes.free_port()
+            port = free_port()
             self.worker_metrics[wid] = f"http://127.0.0.1:{port}/metrics"
             own_env = {**worker_env, "CDIFLOW_WORKER_METRICS_PORT": str(port)}
             self._workers[wid] = self._child(wid, "worker", own_env)
@@ -345,7 +346,7 @@ class Stack:
         finally:
             client.close()
 
-    def _child(self, name: str, kind: str, env: dict[str, str]) -> Child:
+    def _child(self, name: str, kind: str, env: dict[str, str]) -> ChildProcess:
         values = {"{python}": sys.executable, "{id}": name,
                   "{host}": self.host, "{port}": str(self.port)}  # fmt: skip
         argv = []
@@ -353,9 +354,11 @@ class Stack:
             for placeholder, value in values.items():
                 arg = arg.replace(placeholder, value)
             argv.append(arg)
-        return Child(name, argv, env, self.logs_dir / f"{name}.log")
+        return ChildProcess(name, argv, env=env, log_path=self.logs_dir / f"{name}.log")
 
-    def _wait(self, child: Child, ready: Callable[[], bool], what: Callable[[], str]) -> None:
+    def _wait(
+        self, child: ChildProcess, ready: Callable[[], bool], what: Callable[[], str]
+    ) -> None:
         """Poll ``ready`` until true; raise with the log's tail if the child ends or stalls."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
@@ -373,7 +376,7 @@ class Stack:
                 )  # fmt: skip
             time.sleep(0.05)
 
-    def _wait_heartbeat(self, client: redis.Redis, worker: Child) -> None:
+    def _wait_heartbeat(self, client: redis.Redis, worker: ChildProcess) -> None:
         problem = ""
 
         def beating() -> bool:
@@ -387,13 +390,15 @@ class Stack:
         key = worker_key(worker.name)
         self._wait(worker, beating, lambda: f"its heartbeat {key} in Redis{problem}")
 
-    def _failed(self, child: Child, message: str) -> StackError:
-        text = f"{message}; see {child.log_path}"
+    def _failed(self, child: ChildProcess, message: str) -> StackError:
+        log_file = child.log_path
+        assert log_file is not None  # the stack's children all write a log of their own
+        text = f"{message}; see {log_file}"
         if tail := child.log_tail():
-            text += f"\n--- last lines of {child.log_path.name} ---\n{tail}"
-        return StackError(text, log_file=child.log_path)
+            text += f"\n--- last lines of {log_file.name} ---\n{tail}"
+        return StackError(text, log_file=log_file)
 
-    def _restarted(self, child: Child) -> None:
+    def _restarted(self, child: ChildProcess) -> None:
         if self._on_restart is not None:
             self._on_restart(child.name)
 

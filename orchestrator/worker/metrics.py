@@ -22,7 +22,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from orchestrator.messages import Instruction, Report
+from orchestrator.contract.messages import Instruction, Report
 
 __all__ = ["WorkerMetrics"]
 

@@ -1,4 +1,5 @@
-"""What the controller, scheduler and workers do to the database, as plain functions.
+"""What the API does to the database, as plain functions (the scheduler's statements are in
+``db.run_statements``, sent by ``db.scheduler_store``).
 
 Every function takes a ``Session`` and leaves committing to the caller; errors are the
 ``orchestrator.errors`` tree (``NotFound``, ``Conflict``, ``InvalidDefinition``).
@@ -23,26 +24,19 @@ from orchestrator.db.repository.definitions import (
 )
 from orchestrator.db.repository.workflows import (
     WorkflowFilter,
-    add_task_run,
     cancel_workflow,
-    claim_pending_workflows,
     create_workflow,
     definition_not_found,
     ended_among,
     events_after,
     get_workflow,
     list_workflows,
-    record_event,
-    record_handoff,
     retry_workflow,
-    set_workflow_status,
 )
 
 __all__ = [
     "WorkflowFilter",
-    "add_task_run",
     "cancel_workflow",
-    "claim_pending_workflows",
     "create_task_definition",
     "create_workflow",
     "create_workflow_definition",
@@ -59,13 +53,10 @@ __all__ = [
     "list_workflow_definition_versions",
     "list_workflow_definitions",
     "list_workflows",
-    "record_event",
-    "record_handoff",
     "retry_workflow",
     "save_task_definition",
     "save_workflow_definition",
     "seed_bundled_definitions",
-    "set_workflow_status",
     "task_names",
     "workflow_definition_names",
 ]

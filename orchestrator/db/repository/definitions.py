@@ -13,12 +13,12 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.db.models import (
     TaskDefinition,
     Workflow,
     WorkflowDefinition,
     WorkflowDefinitionVersion,
-    WorkflowStatus,
 )
 from orchestrator.errors import Conflict, InvalidDefinition, NotFound
 from workflows import definitions as bundled

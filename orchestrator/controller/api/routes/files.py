@@ -19,11 +19,11 @@ from fastapi import APIRouter, File, UploadFile
 from fastapi.responses import StreamingResponse
 from PIL import Image
 
+from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.controller.api.deps import SessionDep, SettingsDep, StoreDep
 from orchestrator.controller.api.routes.images import RESULT_LIMIT_FACTOR
 from orchestrator.controller.schemas import InputPublic, error_responses
 from orchestrator.db import repository as repo
-from orchestrator.db.models import WorkflowStatus
 from orchestrator.errors import (
     Conflict,
     InputMissing,
