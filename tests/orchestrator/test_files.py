@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.db.models import Workflow, WorkflowStatus
+from orchestrator.contract.vocabulary import WorkflowStatus
+from orchestrator.db.models import Workflow
 from orchestrator.objectstore import ObjectStore
 from orchestrator.services import RunningServices
 from orchestrator.settings import Settings, load_settings

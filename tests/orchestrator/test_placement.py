@@ -146,5 +146,5 @@ def test_a_task_goes_only_to_workers_that_loaded_its_module() -> None:
     assert capable(workers, "other:fn") == []
     # The least loaded worker (w1) cannot run it: the busier one that can gets it.
     able = capable(workers, "gpu_tasks:render")
-    assert choose_worker(able, "transfer", None, task_s=0.1, nbytes=0) == "w2"
+    assert choose_worker(able, Policy.TRANSFER, None, task_s=0.1, nbytes=0) == "w2"
     assert loaded_modules(gpu) == frozenset({"gpu_tasks", "workflows.image_tasks"})

@@ -327,7 +327,7 @@ def test_a_run_keeps_the_definition_version_it_was_started_with(
     new = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
     assert (old.json()["workflow_version"], new.json()["workflow_version"]) == (1, 2)
 
-    scheduler._claim()
+    scheduler.claims.claim()
     queue = keys.worker_queue_key(WORKER)
     placed = {}
     while isinstance(raw := api_redis.rpop(queue), bytes | str):
@@ -357,20 +357,21 @@ def test_a_step_no_live_worker_loaded_waits_then_fails_its_run(
     run_id = started.json()["id"]
     queue = keys.worker_queue_key(WORKER)
 
-    scheduler._claim()  # the first step (bundled) goes to the worker
+    scheduler.claims.claim()  # the first step (bundled) goes to the worker
     raw = api_redis.rpop(queue)
     assert isinstance(raw, bytes | str)
     first = Instruction.loads(raw)
     now = time.time()
-    done = Report(first.task_run_id, run_id, WORKER, "COMPLETED", now - 0.01, now)
+    done = Report(first.task_run_id, run_id, WORKER, TaskRunStatus.COMPLETED, now - 0.01, now)
     api_redis.lpush(scheduler.reply_key, done.dumps())
-    scheduler._step()  # reads the report; the next step has nowhere to go, so it waits
+    scheduler.step()  # reads the report; the next step has nowhere to go, so it waits
     assert api_redis.llen(queue) == 0
     assert api_client.get(f"/api/workflows/{run_id}").json()["status"] == "RUNNING"
 
-    monkeypatch.setattr(scheduler_module, "UNRUNNABLE_AFTER_S", 0.0)
+    assert [str(w) for w in scheduler.dispatch.waiting] == [run_id]
+    monkeypatch.setattr(dispatch_module, "UNRUNNABLE_AFTER_S", 0.0)
     time.sleep(0.01)
-    scheduler._dispatch_waiting()
+    scheduler._tick()  # the housekeeping that fails a run no worker can take
     detail = api_client.get(f"/api/workflows/{run_id}").json()
     assert detail["status"] == "FAILED" and api_redis.llen(queue) == 0
     assert "no live worker has loaded module 'retired_tasks'" in detail["error"]
