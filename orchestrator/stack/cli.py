@@ -24,6 +24,7 @@ import click
 from orchestrator.child_process import ChildProcess
 from orchestrator.errors import OrchestratorError
 from orchestrator.logs import LOG_FORMAT_ENV, LOG_FORMATS, setup_logging
+from orchestrator.stack.access import service_access
 from orchestrator.stack.control import (
     check_no_leftovers,
     failure_report,
@@ -65,6 +66,10 @@ def _stack_options(f: _F) -> _F:
     options = [
         click.option("--workers", "-w", type=click.IntRange(min=0), default=DEFAULT_WORKERS,
                      show_default=True, help="Number of worker processes."),
+        click.option("--hosts", type=click.IntRange(1, 16), default=1, show_default=True,
+                     help="CDI hosts on this machine, each a network namespace (as root; "
+                     "loopback addresses otherwise) with its own minion; workers are spread "
+                     "over them, objects cross between them."),
         click.option("--host", default=DEFAULT_HOST, show_default=True,
                      help="Address the REST API listens on."),
         click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT,
@@ -100,6 +105,7 @@ def _folder(data_dir: Path) -> Path:
 def up_command(
     data_dir: Path,
     workers: int,
+    hosts: int,
     host: str,
     port: int,
     api_command: str | None,
@@ -117,15 +123,14 @@ def up_command(
 
     folder = _folder(data_dir)
     try:  # refuse now, with a clear message, what the supervisor would refuse later
-        stack = Stack(
-            folder, workers=workers, host=host, port=port, tasks=tasks, log_format=log_format
-        )
+        stack = Stack(folder, workers=workers, hosts=hosts, host=host, port=port, tasks=tasks,
+                      log_format=log_format)  # fmt: skip
         stack.preflight()
         check_no_leftovers(folder)
     except OrchestratorError as exc:
         raise click.ClickException(str(exc)) from exc
-    options = ["--workers", str(workers), "--host", host, "--port", str(port),
-               "--log-format", log_format]  # fmt: skip
+    options = ["--workers", str(workers), "--hosts", str(hosts), "--host", host,
+               "--port", str(port), "--log-format", log_format]  # fmt: skip
     for source in stack.tasks:  # made absolute: the supervisor may not share our directory
         options += ["--tasks", source]
     for flag, value in (("--api-command", api_command), ("--scheduler-command", scheduler_command),
@@ -193,6 +198,8 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             report["supervisor"]["alive"] = running
             for row, proc in zip(report["processes"], state.processes, strict=True):
                 row["alive"] = proc.alive()
+            if (access := service_access(folder, state)) is not None:
+                report["credentials"] = access
         click.echo(json.dumps(report))
     elif state is None:
         click.echo(running_message(folder) if running else f"no stack runs from {folder}")
@@ -203,6 +210,8 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             click.echo(f"stale stack.json in {folder}: the supervisor (pid "
                        f"{state.supervisor.pid}) is gone; `cdiflow down` cleans up")  # fmt: skip
         click.echo(format_table((state.supervisor, *state.processes), folder, show_state=True))
+        if (access := service_access(folder, state)) is not None:
+            click.echo(_access_text(access))
     sys.exit(0 if running else 1)
 
 
@@ -213,6 +222,7 @@ def status_command(data_dir: Path, as_json: bool) -> None:
 def supervise_command(
     data_dir: Path,
     workers: int,
+    hosts: int,
     host: str,
     port: int,
     api_command: str | None,
@@ -241,6 +251,7 @@ def supervise_command(
         _folder(data_dir),
         log_file=log_file,
         workers=workers,
+        hosts=hosts,
         host=host,
         port=port,
         tasks=tasks,
@@ -262,6 +273,21 @@ for _command in (up_command, down_command, status_command, supervise_command):
 def _summary(state: StackState, folder: Path) -> str:
     head = f"cdiflow is up: API {state.api_url}  (data and logs in {folder})"
     return f"{head}\n{format_table((state.supervisor, *state.processes), folder)}"
+
+
+def _access_text(access: dict[str, Any]) -> str:
+    """The embedded services' credentials as lines (only their owner gets this far)."""
+    lines = [f"\ncredentials of the embedded services (from {access['file']}, yours only):"]
+    for label, key in (("DATABASE_URL", "database_url"), ("REDIS_URL", "redis_url")):
+        if key in access:
+            lines.append(f"  {label}={access[key]}")
+    if s3 := access.get("s3"):
+        lines += [
+            f"  S3_ENDPOINT_URL={s3['endpoint_url']}",
+            f"  AWS_ACCESS_KEY_ID={s3['access_key_id']}",
+            f"  AWS_SECRET_ACCESS_KEY={s3['secret_access_key']}",
+        ]
+    return "\n".join(lines)
 
 
 def _forward_stop_signals(proc: ChildProcess) -> threading.Event:
