@@ -116,6 +116,7 @@ class CdiflowBackend:
             user,
             connection_timeout=30.0,
             network_timeout=LONG_POLL_S + 30.0,
+            headers={"Authorization": f"Bearer {target.api_key}"},
         )
         self.target = target
         self.policy, self.plane = SYSTEM_MODES[target.system]
@@ -333,13 +334,14 @@ def _load_target(environment: Environment) -> Target:
 def _interactive_target(environment: Environment) -> Target:
     """A person's run against ``cdiflow up``: upload an image of the chosen size, go."""
     from cdi.minion.config import parse_bytes
-    from loadtest.webui import upload_sample  # not needed by headless runs
+    from loadtest.webui import api_key_of, upload_sample  # not needed by headless runs
 
     options = environment.parsed_options
     if options is None or not environment.host:
         raise RuntimeError("give the API address with --host, e.g. http://127.0.0.1:8000")
     size = parse_bytes(options.image_size)
     uri = upload_sample(Path(options.stack_dir), size)
+    api_key = api_key_of(Path(options.stack_dir))
     return Target(
         system=options.system,
         images=[(uri, size)],
@@ -348,17 +350,18 @@ def _interactive_target(environment: Environment) -> Target:
         rounds=0,
         records=options.records,
         api_url=environment.host,
-        workflow=_ensure_workflow(environment.host, options.tasks),
+        api_key=api_key,
+        workflow=_ensure_workflow(environment.host, api_key, options.tasks),
         poll_max_s=0.5,
     )
 
 
-def _ensure_workflow(api_url: str, tasks: int) -> str:
+def _ensure_workflow(api_url: str, api_key: str, tasks: int) -> str:
     if tasks == 3:
         return chain_workflow(3)
     from loadtest.rest import CdiflowApi
 
-    with CdiflowApi(api_url) as api:
+    with CdiflowApi(api_url, api_key) as api:
         return api.ensure_chain(tasks)
 
 

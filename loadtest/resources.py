@@ -36,6 +36,7 @@ _COMPONENTS: Final = (
     ("-m orchestrator.worker", "cdiflow workers"),
     ("-m cdi.minion", "cdi minion"),
     ("-m cdi.controller", "cdi controller"),
+    ("versitygw", "s3 (versitygw)"),
     ("moto.server", "s3 (moto)"),
     ("netem_proxy", "s3 link proxy"),
     ("redis-server", "redis"),

@@ -9,12 +9,13 @@ serialisation, signing and parsing in Python, holding the GIL) is most of a call
 of the CPU of the process making them.
 
 No library error leaves this module: a missing object or bucket is ``InputMissing``, an object
-over the limit ``InputTooLarge``, anything else ``StorageError`` naming the URI.
+over the limit ``InputTooLarge``, anything else ``StorageError`` naming the URI. A URI whose
+key no store can hold (``..``, control characters) is ``S3NotAllowed`` before any request;
+with ``enforce`` so is one outside the ``S3Policy`` (the workers' and the API's stores).
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -26,7 +27,8 @@ from obstore.auth.boto3 import Boto3CredentialProvider
 from obstore.exceptions import BaseError, NotFoundError
 from obstore.store import S3Store
 
-from orchestrator.errors import InputMissing, InputTooLarge, InvalidRequest, StorageError
+from orchestrator.errors import InputMissing, InputTooLarge, StorageError
+from orchestrator.s3policy import S3Policy, check_s3_uri
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
     from orchestrator.settings import Settings
 
 __all__ = ["ObjectStore", "parse_s3_uri"]
-
-_URI = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(.+)")
 
 # Like boto3's "standard" mode: a few attempts, not object_store's ten over three minutes, so
 # an endpoint that is down fails the task in seconds with a reason.
@@ -52,18 +52,22 @@ _FAILED: Final = (BaseError, OSError)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/key`` -> (bucket, key); ``InvalidRequest`` for anything else."""
-    match = _URI.fullmatch(uri) if isinstance(uri, str) else None
-    if match is None:
-        raise InvalidRequest(f"{uri!r} is not an S3 URI; write it as s3://bucket/key")
-    return match.group(1), match.group(2)
+    """``s3://bucket/key`` -> (bucket, key); ``S3NotAllowed`` (an ``InvalidRequest``) for
+    anything else, a ``..`` segment or a control character included."""
+    return check_s3_uri(uri)
 
 
 class ObjectStore:
     """Gets, puts and deletes whole objects, with the project's errors and size limits.
-    Thread-safe: one connection pool per bucket, shared by every thread."""
+    Thread-safe: one connection pool per bucket, shared by every thread.
 
-    def __init__(self, settings: Settings) -> None:
+    ``policy`` (from the settings) names where results and in-between images go; with
+    ``enforce`` every read and write outside it is refused (``S3NotAllowed``).
+    """
+
+    def __init__(self, settings: Settings, *, enforce: bool = False) -> None:
+        self.policy = S3Policy.from_settings(settings)
+        self.enforce = enforce
         endpoint = settings.s3_endpoint_url
         local = endpoint is not None and "127.0.0.1" in endpoint
         secret = settings.aws_secret_access_key
@@ -113,6 +117,8 @@ class ObjectStore:
 
     def get(self, uri: str, limit: int) -> bytes:
         bucket, key = parse_s3_uri(uri)
+        if self.enforce:
+            self.policy.check_read(uri)
         try:
             reply = obstore.get(self._store(bucket), key)
             size = int(reply.meta["size"])
@@ -131,6 +137,8 @@ class ObjectStore:
         response that must not hold the whole object. Errors as ``get``; one in the middle of
         the stream is a ``StorageError``."""
         bucket, key = parse_s3_uri(uri)
+        if self.enforce:
+            self.policy.check_read(uri)
         try:
             reply = obstore.get(self._store(bucket), key)
             size = int(reply.meta["size"])
@@ -150,8 +158,22 @@ class ObjectStore:
 
         return size, chunks()
 
-    def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+    def put(
+        self,
+        uri: str,
+        data: bytes,
+        content_type: str = "application/octet-stream",
+        *,
+        input_upload: bool = False,
+    ) -> None:
+        """Write ``data`` at ``uri``: with ``enforce``, under results or in-between images, or,
+        for an ``input_upload`` (an input a client sent through the API), under the inputs."""
         bucket, key = parse_s3_uri(uri)
+        if self.enforce:
+            if input_upload:
+                self.policy.check_input(uri)
+            else:
+                self.policy.check_write(uri)
         try:
             obstore.put(
                 self._store(bucket),
@@ -165,6 +187,8 @@ class ObjectStore:
 
     def delete(self, uri: str) -> None:
         bucket, key = parse_s3_uri(uri)
+        if self.enforce:
+            self.policy.check_write(uri)
         try:
             obstore.delete(self._store(bucket), key)
         except _FAILED as exc:

@@ -1,28 +1,32 @@
 """Loading the task code a worker is given, and saying what it loaded.
 
-A worker is started with task *sources* (``cdiflow worker --tasks SOURCE``), each one of:
+The operator deploys task code where the settings say tasks may come from
+(``workflows.sources.TaskSources``: the packages of ``CDIFLOW_TASK_PACKAGES`` and the folders of
+``CDIFLOW_TASK_PATHS``); ``cdiflow worker --tasks SOURCE`` and ``cdiflow up --tasks SOURCE``
+add to them (``with_sources``), each source one of:
 
-* a folder: it goes on ``sys.path`` and every module in it is imported (each ``*.py`` file
-  and each package, a folder with ``__init__.py``; names starting with ``_`` or ``.`` are
+* a folder: it joins the paths, and every module in it is imported (each ``*.py`` file and
+  each package, a folder with ``__init__.py``; names starting with ``_`` or ``.`` are
   skipped);
-* a ``.py`` file: its folder goes on ``sys.path`` and the file is imported as a module;
+* a ``.py`` file: its folder joins the paths (so its neighbours may hold tasks too), and the
+  file is imported as a module;
 * a module name (``mypackage.tasks``), for code installed in the worker's environment (an
-  image layer): it is imported.
+  image layer): it joins the packages, and is imported.
 
-Importing runs each ``@task`` decorator, so the tasks register themselves. ``load_sources``
-returns a ``TaskCatalog``: every module loaded with the tasks it registered (and their
-settings), and every module that failed with its error. The worker announces the catalog with
-its heartbeat; the API refuses to register a task no live worker loaded (with the import
-error a worker met) and fills the settings a registration leaves out from the ``@task``; the
-scheduler places a task only on a worker that loaded its module. The bundled tasks
-(``workflows.image_tasks``) are always in the catalog.
+A worker imports all of it when it starts (``load_deployed``): importing runs each ``@task``
+decorator, so the tasks register themselves. The result is a ``TaskCatalog``: every module
+loaded with the tasks it registered (and their settings), and every module that failed with
+its error. The worker announces the catalog with its heartbeat; the API refuses to register a
+task no live worker loaded (with the import error a worker met) and fills the settings a
+registration leaves out from the ``@task``; the scheduler places a task only on a worker that
+loaded its module. The bundled tasks (``workflows.image_tasks``) are always in the catalog.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
-import sys
 import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,10 +34,19 @@ from pathlib import Path
 from typing import Any, Final
 
 from workflows.api import registered_tasks
+from workflows.sources import TaskSources
 
-__all__ = ["BUNDLED_MODULE", "TaskCatalog", "load_sources", "source_modules"]
+__all__ = [
+    "BUNDLED_MODULE",
+    "TaskCatalog",
+    "deployed_modules",
+    "load_deployed",
+    "source_modules",
+    "with_sources",
+]
 
 BUNDLED_MODULE: Final = "workflows.image_tasks"
+_BUNDLED_PACKAGE: Final = "workflows"  # the bundled tasks stand for it: its other modules hold none
 
 
 @dataclass(frozen=True)
@@ -76,20 +89,11 @@ class TaskCatalog:
 
 
 def source_modules(source: str) -> tuple[list[str], Path | None]:
-    """The modules a source names, and the folder to put on ``sys.path`` (``None`` for a
+    """The modules a ``--tasks`` source names, and its folder for the paths (``None`` for a
     module name); ``ValueError`` for a source that is neither a path nor a module name."""
     path = Path(source).expanduser()
     if path.is_dir():
-        names = sorted(
-            child.stem if child.is_file() else child.name
-            for child in path.iterdir()
-            if not child.name.startswith(("_", "."))
-            and (
-                (child.is_file() and child.suffix == ".py")
-                or (child.is_dir() and (child / "__init__.py").is_file())
-            )
-        )
-        return names, path.resolve()
+        return _folder_modules(path), path.resolve()
     if path.is_file() and path.suffix == ".py":
         return [path.stem], path.resolve().parent
     if "/" not in source and _is_module_name(source):
@@ -99,21 +103,39 @@ def source_modules(source: str) -> tuple[list[str], Path | None]:
     )
 
 
-def load_sources(sources: Iterable[str]) -> TaskCatalog:
-    """Import the modules of every source (see the module's docstring); ``ValueError`` for a
-    source that names nothing. A module that fails to import is recorded, not raised: the
-    worker still runs what did load, and says what did not."""
-    wanted = [BUNDLED_MODULE]
+def with_sources(base: TaskSources, sources: Iterable[str]) -> TaskSources:
+    """``base`` and the task code ``sources`` name (see the module's docstring); ``ValueError``
+    for a source that names nothing. Empty entries (an empty variable) name nothing."""
+    packages, paths = list(base.packages), list(base.paths)
     for source in sources:
         if not source.strip():
-            continue  # an empty CDIFLOW_TASKS entry names nothing (not the current folder)
+            continue
         names, folder = source_modules(source)
-        if folder is not None and str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
-        wanted += names
+        if folder is None:
+            packages += [n for n in names if n not in packages]
+        elif folder not in paths:
+            paths.append(folder)
+    return dataclasses.replace(base, packages=tuple(packages), paths=tuple(paths))
+
+
+def deployed_modules(sources: TaskSources) -> list[str]:
+    """The modules a worker imports when it starts: the bundled tasks, each package other than
+    the bundled one, and every module in each folder, in that order, once each."""
+    names = [BUNDLED_MODULE]
+    names += [p for p in sources.packages if p != _BUNDLED_PACKAGE]
+    for folder in sources.paths:
+        names += _folder_modules(folder)
+    return list(dict.fromkeys(names))
+
+
+def load_deployed(sources: TaskSources) -> TaskCatalog:
+    """Import every module of ``sources`` (its folders put on ``sys.path`` first). A module
+    that fails to import is recorded, not raised: the worker still runs what did load, and
+    says what did not."""
+    sources.activate()
     errors: dict[str, str] = {}
     loaded: set[str] = set()
-    for name in dict.fromkeys(wanted):  # in order, once each
+    for name in deployed_modules(sources):
         try:
             importlib.import_module(name)
         except Exception as exc:  # the user's code: anything may come out of it
@@ -123,7 +145,7 @@ def load_sources(sources: Iterable[str]) -> TaskCatalog:
     modules: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in loaded}
     for spec in registered_tasks().values():
         module, _, attr = spec.module.partition(":")
-        if "<locals>" in attr or module not in sys.modules:
+        if "<locals>" in attr or not sources.allows(module):
             continue
         modules.setdefault(module, {})[attr] = {
             "name": spec.name,
@@ -133,6 +155,22 @@ def load_sources(sources: Iterable[str]) -> TaskCatalog:
             "needs_image": spec.needs_image,
         }
     return TaskCatalog(modules, errors)
+
+
+def _folder_modules(folder: Path) -> list[str]:
+    try:
+        children = list(folder.iterdir())
+    except OSError:
+        return []  # a folder that is not there (yet) holds no task
+    return sorted(
+        child.stem if child.is_file() else child.name
+        for child in children
+        if not child.name.startswith(("_", "."))
+        and (
+            (child.is_file() and child.suffix == ".py" and child.stem.isidentifier())
+            or (child.is_dir() and (child / "__init__.py").is_file() and child.name.isidentifier())
+        )
+    )
 
 
 def _is_module_name(text: str) -> bool:

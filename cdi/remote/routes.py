@@ -12,9 +12,11 @@ from cdi.errors import ControllerUnavailable, ObjectNotFound, TransferFailed, Un
 __all__ = ["RouteCache"]
 
 TTL_S = 5.0
-# A container's registration reaches the directory a moment after it happens (the minion's
-# reporter batches): a route that misses is asked again for this long before the transfer fails.
-REGISTRATION_LAG_S = 2.0
+# A container's registration, or a new object, reaches the directory a moment after it happens
+# (the minion's reporter batches for 0.2 s; a loaded machine can starve its thread for
+# seconds): a lookup that misses is asked again for this long before it fails. Only a miss
+# pays it — a transfer to a container, or a use() of a key, that no host has.
+REGISTRATION_LAG_S = 5.0
 
 
 class RouteCache:

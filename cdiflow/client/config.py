@@ -5,8 +5,8 @@ In order, first found wins:
 1. ``api_url=`` / ``api_key=`` given to the client;
 2. ``$CDIFLOW_API_URL`` / ``$CDIFLOW_API_KEY``;
 3. the stack ``cdiflow up`` runs from the data folder (``data_dir=``, else
-   ``$CDIFLOW_DATA_DIR``, else ``./.data``): its ``stack.json`` names the API's address and,
-   where the API requires a key, the key;
+   ``$CDIFLOW_DATA_DIR``, else ``./.data``): its ``stack.json`` names the API's address and
+   the file holding its admin key (``<data>/api-key``, readable by the stack's owner alone);
 4. ``http://127.0.0.1:8000`` without a key.
 """
 
@@ -82,9 +82,16 @@ def _local_stack(data_dir: str | Path | None) -> tuple[str, str] | None:
 
 
 def _stack_key(data_dir: str | Path | None) -> str | None:
+    """The admin key of the local stack, when this user may read its file."""
     raw = _read_stack(data_dir)
-    key = raw.get("api_key") if raw else None
-    return key if isinstance(key, str) and key else None
+    path = raw.get("api_key_file") if raw else None
+    if not isinstance(path, str) or not path:
+        return None  # the stack's key is configured (CDIFLOW_ADMIN_KEY): pass it yourself
+    try:
+        key = Path(path).read_text().strip()
+    except OSError:
+        return None  # not ours to read: the API will say a key is needed
+    return key or None
 
 
 def _checked(url: str, source: str) -> str:

@@ -84,7 +84,14 @@ class APIError(CdiflowError):
 
 
 class Unauthorized(APIError):
-    """401: the API wants an API key (``api_key=`` or ``$CDIFLOW_API_KEY``), or another one."""
+    """401: the API wants an API key (``api_key=`` or ``$CDIFLOW_API_KEY``; a local stack's is
+    found in its data folder), or another one."""
+
+    def __str__(self) -> str:
+        return (
+            f"{self.detail} (HTTP 401): pass an API key (api_key=, --api-key or "
+            "$CDIFLOW_API_KEY; `cdiflow status --json` shows a local stack's as api_key)"
+        )
 
 
 class Forbidden(APIError):

@@ -14,17 +14,23 @@ from typing import Any, Final
 
 import redis
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from orchestrator.errors import (
+    BadHost,
     ConfigError,
     Conflict,
+    Forbidden,
     InvalidRequest,
     NotFound,
     OrchestratorError,
     RequestTooLarge,
     ServiceError,
+    Unauthenticated,
 )
 
 __all__ = ["error_response", "install_error_handler", "status_for", "translate"]
@@ -33,6 +39,9 @@ log = logging.getLogger(__name__)
 
 # First match in the class's MRO wins, so a subclass may be given its own code.
 STATUS_BY_ERROR: Final[dict[type[OrchestratorError], int]] = {
+    BadHost: 400,
+    Unauthenticated: 401,
+    Forbidden: 403,
     NotFound: 404,
     Conflict: 409,
     RequestTooLarge: 413,
@@ -79,7 +88,9 @@ def error_response(exc: OrchestratorError) -> JSONResponse:
         body["known"] = exc.known
     if isinstance(exc, InvalidRequest) and exc.problems:
         body["problems"] = exc.problems
-    return JSONResponse(body, status_code=status_for(exc))
+    # RFC 6750: a 401 names the scheme the client should use.
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+    return JSONResponse(body, status_code=status_for(exc), headers=headers)
 
 
 async def _handle(request: Request, exc: Exception) -> JSONResponse:
@@ -92,7 +103,22 @@ async def _handle(request: Request, exc: Exception) -> JSONResponse:
     return error_response(translated)
 
 
+# Starlette's own refusals (a multipart body it cannot parse, an unknown path or method), by
+# status, in the same body as ours.
+_HTTP_CODES: Final = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
+
+
+async def _http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    if not isinstance(exc.detail, str):
+        return await http_exception_handler(request, exc)
+    body = {"detail": exc.detail, "code": _HTTP_CODES.get(exc.status_code, "http_error")}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
 def install_error_handler(app: FastAPI) -> None:
-    """Route every orchestrator and backend-unavailable error through one handler."""
+    """Route every orchestrator and backend-unavailable error through one handler, and give
+    Starlette's own refusals the same ``{detail, code}`` body."""
     for cls in (OrchestratorError, *_UNAVAILABLE):
         app.add_exception_handler(cls, _handle)
+    app.add_exception_handler(StarletteHTTPException, _http)

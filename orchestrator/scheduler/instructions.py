@@ -22,20 +22,21 @@ from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.runs import RunState, StepSpec
 from workflows import imagebuf
 
-__all__ = ["RELEASE_TASK", "instruction_for", "release_instruction", "result_key", "work_key"]
+__all__ = ["RELEASE_TASK", "instruction_for", "release_instruction", "result_uri", "work_uri"]
 
 RELEASE_TASK: Final = "workflows.image_tasks:noop"  # what a worker runs to hand an object back
 _BETWEEN_TASKS: Final = "png"  # lossless, so every plane computes the same pixels
 
 
-def result_key(run: RunState) -> str:
-    """Where the run's result goes in the bucket."""
-    return f"results/{run.workflow_id}{imagebuf.RESULT_FORMATS[run.result_format].extension}"
+def result_uri(objects: ObjectStore, run: RunState) -> str:
+    """Where the run's result goes: under the results prefix (``CDIFLOW_S3_RESULTS``)."""
+    name = f"{run.workflow_id}{imagebuf.RESULT_FORMATS[run.result_format].extension}"
+    return objects.policy.result_uri(name)
 
 
-def work_key(run: RunState, step: StepSpec) -> str:
-    """Where an object-store step's image goes in the bucket (its attempt's own)."""
-    return f"work/{run.workflow_id}/{step.ref}-{run.attempt}.{_BETWEEN_TASKS}"
+def work_uri(objects: ObjectStore, run: RunState, step: StepSpec) -> str:
+    """Where an object-store step's image goes (its attempt's own), under ``work/``."""
+    return objects.policy.work_uri(f"{run.workflow_id}/{step.ref}-{run.attempt}.{_BETWEEN_TASKS}")
 
 
 def instruction_for(
@@ -82,13 +83,13 @@ def instruction_for(
             return_to=scheduler_id,
             # The last task's worker stores the result: no copy into an object, no
             # hand-back, and the workflow ends with the report's own statement.
-            output_uri=objects.uri(result_key(run)) if last else "",
+            output_uri=result_uri(objects, run) if last else "",
             output_format=run.result_format if last else _BETWEEN_TASKS,
         )
     return Instruction(
         **common,
         input_uri=run.current_uri,
-        output_uri=objects.uri(result_key(run) if last else work_key(run, step)),
+        output_uri=result_uri(objects, run) if last else work_uri(objects, run, step),
         output_format=run.result_format if last else _BETWEEN_TASKS,
     )
 

@@ -16,6 +16,7 @@ from typing import ParamSpec, Self
 
 import redis
 
+from orchestrator.apikeys import ensure_key_file
 from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
@@ -37,7 +38,7 @@ from orchestrator.stack.restarts import RestartPolicy
 from orchestrator.stack.state import DataDirLock, ProcessInfo
 from orchestrator.stack.supervised import ServiceProcess
 from orchestrator.stack.supervision import Supervised, Supervisor
-from workflows.loader import source_modules
+from workflows.loader import with_sources
 
 __all__ = ["Stack"]
 
@@ -52,7 +53,7 @@ class Stack:
     """Services, CDI controller and minion, API, scheduler and workers, as child processes.
 
         with Stack("/tmp/data", workers=2, port=8001) as stack:
-            requests.post(f"{stack.api_url}/api/workflows", ...)
+            httpx.post(f"{stack.api_url}/api/workflows", headers=stack.auth_headers, ...)
 
     ``start()`` returns once every piece answers; any piece that exits on its own (an embedded
     service, the CDI controller or minion, the API, the scheduler, a worker) is restarted with
@@ -88,8 +89,9 @@ class Stack:
             raise StackError(f"workers must be 0 or more, not {workers}")
         if not 1 <= hosts <= 16:
             raise StackError(f"hosts must be between 1 and 16, not {hosts}")
-        # The workers' task code (``cdiflow worker --tasks``); a path is made absolute here,
-        # where the caller's working directory is known.
+        # Task code beside the settings' (``--tasks``), which the API and the workers get as
+        # CDIFLOW_TASK_PATHS and CDIFLOW_TASK_PACKAGES; a path is made absolute here, where the
+        # caller's working directory is known.
         self.tasks = [_absolute_source(source) for source in tasks]
         self.log_format = log_format  # the API's, the scheduler's and the workers' logs
         self.worker_metrics: dict[str, str] = {}  # worker id -> its /metrics URL
@@ -103,6 +105,10 @@ class Stack:
         self.hosts = hosts
         self.cdi = CdiRuntime(self.data_dir, self.data_dir / "logs", hosts)
         self.minion_socket = self.cdi.socket_of("host1")
+        # The admin key: the configured one (CDIFLOW_ADMIN_KEY[_FILE]), else <data>/api-key,
+        # made at the first start.
+        self.api_key = ""
+        self.api_key_file: Path | None = None
         self.scheduler_id = "scheduler-1"
         self.worker_ids = [f"worker-{n}" for n in range(1, workers + 1)]
         self.worker_host = {w: f"host{i % hosts + 1}" for i, w in enumerate(self.worker_ids)}
@@ -126,6 +132,13 @@ class Stack:
         self._running = False
 
     # -- public ---------------------------------------------------------------------------
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The header that makes a request to this stack's API its admin's (after start)."""
+        if not self.api_key:
+            raise StackError("the stack is not running; call start() first")
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
     def controller_url(self) -> str:
@@ -286,6 +299,10 @@ class Stack:
             controller_url=self.controller_url,
         )
         env[LOG_FORMAT_ENV] = self.log_format
+        if self.tasks:  # the API and the workers read where tasks may come from alike
+            sources = with_sources(load_settings().task_sources(), self.tasks)
+            env["CDIFLOW_TASK_PACKAGES"] = ",".join(sources.packages)
+            env["CDIFLOW_TASK_PATHS"] = os.pathsep.join(str(p) for p in sources.paths)
         return env
 
     def __enter__(self) -> Self:
@@ -303,11 +320,10 @@ class Stack:
 
     def _check_can_start(self) -> None:
         """Refuse early, before starting anything, what would fail later."""
-        for source in self.tasks:
-            try:
-                source_modules(source)
-            except ValueError as exc:
-                raise StackError(f"--tasks: {exc}") from exc
+        try:
+            with_sources(load_settings().task_sources(), self.tasks)
+        except ValueError as exc:
+            raise StackError(f"--tasks: {exc}") from exc
         if not port_is_free(self.host, self.port):
             raise StackError(
                 f"port {self.port} on {self.host} is already in use, so the API cannot listen "
@@ -325,7 +341,7 @@ class Stack:
         self.cdi.start()
         env = self.environment()
 
-        self._api = self._child("api", "api", env)
+        self._api = self._child("api", "api", env | self._admin_key())
         self._api.start()
         healthz = f"{self.api_url}/api/healthz"
         self._wait(self._api, lambda: probes.http_ok(healthz), lambda: f"GET {healthz} = 200")
@@ -342,8 +358,6 @@ class Stack:
             self.worker_metrics[wid] = f"http://127.0.0.1:{port}/metrics"
             own_env = self.environment(self.worker_host[wid])
             own_env["CDIFLOW_WORKER_METRICS_PORT"] = str(port)
-            if self.tasks:
-                own_env["CDIFLOW_TASKS"] = os.pathsep.join(self.tasks)
             self._workers[wid] = self._child(wid, "worker", own_env)
         for worker in self._workers.values():
             worker.start()
@@ -358,6 +372,18 @@ class Stack:
                 self._wait_heartbeat(client, worker)
         finally:
             client.close()
+
+    def _admin_key(self) -> dict[str, str]:
+        """Find or make the admin key; the variables that hand it to the API (and to it
+        alone: ``stack_environment`` keeps it from the other processes)."""
+        configured = load_settings()
+        if (key := configured.resolved_admin_key()) is not None:
+            self.api_key, self.api_key_file = key, configured.admin_key_file
+            if configured.admin_key_file is not None:
+                return {"CDIFLOW_ADMIN_KEY_FILE": str(configured.admin_key_file)}
+            return {"CDIFLOW_ADMIN_KEY": key}
+        self.api_key_file, self.api_key = ensure_key_file(self.data_dir)
+        return {"CDIFLOW_ADMIN_KEY_FILE": str(self.api_key_file)}
 
     def _child(self, name: str, kind: str, env: dict[str, str]) -> ChildProcess:
         values = {"{python}": sys.executable, "{id}": name,

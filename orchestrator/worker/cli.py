@@ -26,10 +26,11 @@ from orchestrator.worker.held import DEFAULT_HOLD_BYTES, HeldImages
 from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.store_plane import StorePlane
 from orchestrator.worker.worker import Worker
-from workflows.loader import TaskCatalog, load_sources
+from workflows.loader import TaskCatalog, load_deployed, with_sources
 from workflows.memory import tune_for_images
+from workflows.sources import TaskSources
 
-__all__ = ["load_tasks", "run_worker", "worker_command"]
+__all__ = ["load_tasks", "run_worker", "task_sources", "worker_command"]
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +71,13 @@ log = logging.getLogger(__name__)
 )
 @click.option(
     "--tasks",
-    "task_sources",
+    "extra_sources",
     multiple=True,
     type=click.Path(),  # a folder, a .py file, or a module name (not a path at all)
-    envvar="CDIFLOW_TASKS",
-    show_envvar=True,
     metavar="FOLDER|FILE.py|MODULE",
-    help="Task code to load, repeatable: a folder (its modules are imported), a .py file, or "
-    "an installed module. The bundled tasks are always loaded. In the environment variable, "
-    "separate several with ':'.",
+    help="Task code beside CDIFLOW_TASK_PATHS and CDIFLOW_TASK_PACKAGES, repeatable: a folder "
+    "(its modules), a .py file or an installed module. The worker imports all of it when it "
+    "starts and announces what loaded; the bundled tasks are always loaded.",
 )
 @click.option(
     "--metrics-port",
@@ -110,7 +109,7 @@ def worker_command(
     concurrency: int,
     access_timeout: float,
     hold_mib: int,
-    task_sources: tuple[str, ...],
+    extra_sources: tuple[str, ...],
     metrics_port: int,
     cdi_url: str | None,
     log_level: str,
@@ -131,7 +130,7 @@ def worker_command(
             access_timeout_s=access_timeout,
             hold_bytes=hold_mib * 2**20,
             cdi_url=cdi_url,
-            tasks=load_tasks(task_sources),
+            extra_sources=extra_sources,
             metrics_port=metrics_port,
         )
     except (OrchestratorError, cdi.CDIError) as exc:
@@ -141,14 +140,19 @@ def worker_command(
     ctx.exit(code)
 
 
-def load_tasks(sources: tuple[str, ...]) -> TaskCatalog:
-    """Import the task code of ``sources`` (``workflows.loader``) and log what loaded;
-    ``ConfigError`` for a source that names nothing. A module that fails to import is logged
-    and announced, not fatal: the worker runs what did load."""
+def task_sources(settings: Settings, extra: tuple[str, ...] = ()) -> TaskSources:
+    """Where tasks may come from: the settings' packages and folders, and ``extra`` (the
+    ``--tasks`` sources); ``ConfigError`` for a source that names nothing."""
     try:
-        catalog = load_sources(sources)
+        return with_sources(settings.task_sources(), extra)
     except ValueError as exc:
         raise ConfigError(f"--tasks: {exc}") from exc
+
+
+def load_tasks(sources: TaskSources) -> TaskCatalog:
+    """Import the task code of ``sources`` (``workflows.loader``) and log what loaded. A module
+    that fails to import is logged and announced, not fatal: the worker runs what did load."""
+    catalog = load_deployed(sources)
     for module, tasks in sorted(catalog.modules.items()):
         log.info("loaded task module %s: %s", module, ", ".join(sorted(tasks)) or "no @task")
     for module, error in sorted(catalog.errors.items()):
@@ -164,7 +168,7 @@ def run_worker(
     hold_bytes: int = DEFAULT_HOLD_BYTES,
     cdi_url: str | None = None,
     settings: Settings | None = None,
-    tasks: TaskCatalog | None = None,
+    extra_sources: tuple[str, ...] = (),
     metrics_port: int = 0,
 ) -> int:
     """Connect, run until SIGTERM/SIGINT (or a fatal task), clean up; return the exit code."""
@@ -174,12 +178,15 @@ def run_worker(
             "REDIS_URL is not set: a worker joins a running stack; set it to the stack's Redis "
             "(redis://host:6379/0)"
         )
+    sources = task_sources(settings, extra_sources)
+    sources.activate()  # deployed task folders import like installed packages
+    log.info("tasks may come from %s", sources.describe())
     redis_client = _connect_redis(settings.redis_url)
     try:
         client = _connect_cdi(cdi_url, worker_id)
         try:
             store_plane = StorePlane(
-                lambda: ObjectStore(settings),
+                lambda: ObjectStore(settings, enforce=True),  # only the policy's locations
                 max_input_bytes=settings.max_input_bytes,
                 max_pixels=settings.max_pixels,
             )
@@ -196,7 +203,8 @@ def run_worker(
                 ),
                 store_plane=store_plane,
                 concurrency=concurrency,
-                tasks=tasks or load_tasks(()),
+                sources=sources,
+                tasks=load_tasks(sources),
             )
             if metrics_port:
                 worker.metrics = WorkerMetrics(running=worker.running,

@@ -30,7 +30,8 @@ def test_the_api_metrics_describe_runs_tasks_workers_and_cdi(
 ) -> None:
     done = api.run("image_pipeline", photo, policy="transfer", timeout=120)
     with httpx.Client(base_url=stack_api.url, timeout=30) as http:
-        scraped = http.get("/metrics")
+        assert http.get("/metrics").status_code == 401  # Prometheus sends a key, as here
+        scraped = http.get("/metrics", headers=stack_api.headers())
     assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
     families = _samples(scraped.text)
 

@@ -5,7 +5,9 @@ second host has its task rerun with its object recovered across."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -121,14 +123,13 @@ def test_the_dashboard_shows_hosts_and_every_cross_host_move(harness: Harness, u
 
     sample = bundled_samples()["sunset.jpg"]
     image = harness.upload("in/hosts-dashboard.jpg", sample.read_bytes())
-    for _ in range(8):  # until a run crossed (placement decides where tasks go)
-        done = harness.wait(harness.start(image, "transfer"))
-        assert done["status"] == "COMPLETED", done["error"]
-        crossed = _crossed(harness, done)
-        if crossed:
-            break
-    else:
-        pytest.fail("no transfer run crossed between the hosts in eight runs")
+    # Four at once: host 1's worker has room for two, so placement sends some to host 2 (one
+    # at a time, each would stay on the scheduler's host, where moving costs nothing).
+    runs = [harness.wait(i) for i in [harness.start(image, "transfer") for _ in range(4)]]
+    assert all(r["status"] == "COMPLETED" for r in runs), [r["error"] for r in runs]
+    done = next((r for r in runs if _crossed(harness, r)), None)
+    assert done is not None, "no run crossed between the hosts"
+    crossed = _crossed(harness, done)
     # The API records both hosts of every hand-off.
     assert all(h["from_host"] and h["to_host"] for h in done["handoffs"]), done["handoffs"]
     page = ui.page
@@ -148,3 +149,36 @@ def test_the_dashboard_shows_hosts_and_every_cross_host_move(harness: Harness, u
     ui.open("#/data")
     for host in ("host1", "host2"):
         expect(page.locator(f"[data-minion={host}]")).to_have_count(1)
+
+
+def test_two_schedulers_on_two_hosts(harness: Harness) -> None:
+    """A second scheduler on host 2: each workflow is run by one of them, once, and objects
+    cross to and from either scheduler's host."""
+    second = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.scheduler", "--id", "scheduler-2"],
+        env=harness.stack.environment("host2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        sample = bundled_samples()["blue_sky.jpg"]
+        image = harness.upload("in/hosts-two.jpg", sample.read_bytes())
+        ids = [harness.start(image, policy) for policy in ("transfer", "auto") * 4]
+        finished = [harness.wait(i) for i in ids]
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=30)
+    for done in finished:
+        assert done["status"] == "COMPLETED", done["error"]
+        assert [r["ref"] for r in done["task_runs"]] == ["deblur", "denoise", "classify"]
+        assert_result_is_the_pipelines(harness, done, sample)
+    # Each scheduler's hand-offs name its own host.
+    for done in finished:
+        home = "host2" if done["claimed_by"] == "scheduler-2" else "host1"
+        for handoff in done["handoffs"]:
+            mine = (
+                handoff["from_host"]
+                if handoff["from_container"].startswith("scheduler")
+                else (handoff["to_host"])
+            )
+            assert mine == home, (done["claimed_by"], handoff)

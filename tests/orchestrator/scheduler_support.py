@@ -16,13 +16,18 @@ from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.settings import Settings
-from workflows.loader import load_sources
+from workflows.loader import load_deployed
+from workflows.sources import BUNDLED
 
 WORKER = "worker-race"
 
 
 class _NoCDI:
-    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise."""
+    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise.
+    Its ``host`` is the one thing placement reads of it (where the scheduler is), a name the
+    client knows without a call."""
+
+    host = "host1"
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a dataless workflow must not call cdi.{name}")
@@ -41,7 +46,7 @@ def beat(client: redis.Redis, started_at: float) -> None:
         "started_at": f"{started_at:.3f}",
         "held_images": "0",
         "held_bytes": "0",
-        "tasks": load_sources(()).to_json(),  # the bundled tasks only
+        "tasks": load_deployed(BUNDLED).to_json(),  # the bundled tasks only
         "proc_cpu": "0.5",
         "proc_rss": "104857600",
         "proc_mem": "0.5",

@@ -16,7 +16,8 @@ from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.db.models import Workflow
 from orchestrator.objectstore import ObjectStore
 from orchestrator.services import RunningServices
-from orchestrator.settings import Settings, load_settings
+from orchestrator.settings import Settings
+from tests.orchestrator.api_support import api_test_settings
 
 MAX_INPUT = 200_000
 MAX_PIXELS = 1_000_000
@@ -29,16 +30,17 @@ def api_settings(
     api_redis_url: str,
     service_stack: RunningServices,
 ) -> Settings:
-    """This module's app also reaches the session's S3 endpoint, with small limits."""
+    """This module's app reaches the session's S3 endpoint, with small limits."""
     data_dir: Path = tmp_path_factory.mktemp("files")
-    return load_settings(
-        data_dir=data_dir,
-        database_url=api_database_url,
-        redis_url=api_redis_url,
+    return api_test_settings(
+        data_dir,
+        api_database_url,
+        api_redis_url,
         s3_endpoint_url=service_stack.s3_endpoint_url,
         s3_bucket=service_stack.s3_bucket,
         aws_access_key_id=service_stack.aws_access_key_id,
         aws_secret_access_key=service_stack.aws_secret_access_key,
+        aws_region=service_stack.aws_region,
         max_input_bytes=MAX_INPUT,
         max_pixels=MAX_PIXELS,
     )
@@ -55,7 +57,7 @@ def test_an_upload_is_stored_and_described(api_client: TestClient, api_settings:
     reply = api_client.post("/api/inputs", files={"file": ("my photo.jpg", data, "image/jpeg")})
     assert reply.status_code == 201, reply.text
     body = reply.json()
-    assert body["uri"].startswith(f"s3://{api_settings.s3_bucket}/inputs/")
+    assert body["uri"].startswith(f"s3://{api_settings.s3_bucket}/uploads/")
     assert body["uri"].endswith("/my_photo.jpg")
     assert (body["format"], body["width"], body["height"]) == ("JPEG", 64, 48)
     assert (body["bytes"], body["content_type"]) == (len(data), "image/jpeg")

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from workflows.loader import BUNDLED_MODULE, TaskCatalog, load_sources, source_modules
+from workflows.loader import (
+    BUNDLED_MODULE,
+    TaskCatalog,
+    deployed_modules,
+    load_deployed,
+    source_modules,
+    with_sources,
+)
+from workflows.sources import BUNDLED, TaskSources
 
 TASK_CODE = """
 from workflows.api import TaskResult, task
@@ -46,7 +54,11 @@ def test_a_folder_is_imported_module_by_module(folder: tuple[Path, str]) -> None
     path, tag = folder
     names, on_path = source_modules(str(path))
     assert names == [f"broken_{tag}", f"good_{tag}", f"pkg_{tag}"] and on_path == path
-    catalog = load_sources([str(path)])
+    sources = with_sources(BUNDLED, [str(path)])
+    assert sources.paths == (path,) and sources.packages == BUNDLED.packages
+    assert deployed_modules(sources) == [BUNDLED_MODULE, f"broken_{tag}", f"good_{tag}",
+                                         f"pkg_{tag}"]  # fmt: skip
+    catalog = load_deployed(sources)
     assert catalog.modules[f"good_{tag}"] == {
         "invert": {"name": f"invert_{tag}", "timeout_s": 12.0, "retries": 3,
                    "retry_backoff_s": 0.25, "needs_image": True}}  # fmt: skip
@@ -65,16 +77,22 @@ def test_a_file_and_a_module_name_are_sources_too(folder: tuple[Path, str]) -> N
     assert source_modules(str(path / f"good_{tag}.py")) == ([f"good_{tag}"], path)
     assert source_modules("tests.orchestrator.flaky_tasks") == (
         ["tests.orchestrator.flaky_tasks"], None)  # fmt: skip
-    catalog = load_sources(["tests.orchestrator.flaky_tasks"])
+    sources = with_sources(BUNDLED, ["tests.orchestrator.flaky_tasks", ""])
+    assert sources.packages == ("workflows", "tests.orchestrator.flaky_tasks")
+    catalog = load_deployed(sources)
     assert "echo_input" in catalog.modules["tests.orchestrator.flaky_tasks"]
+    # A file's folder joins the paths (its neighbours may hold tasks too).
+    assert with_sources(TaskSources(), [str(path / f"good_{tag}.py")]).paths == (path,)
     for bad in ("no/such/folder", "not a module", "my-tasks", "3rd.party"):
         with pytest.raises(ValueError, match="neither a folder"):
             source_modules(bad)
+        with pytest.raises(ValueError, match="neither a folder"):
+            with_sources(BUNDLED, [bad])
 
 
 def test_a_catalog_travels_as_json_and_garbage_reads_as_empty(folder: tuple[Path, str]) -> None:
     path, _tag = folder
-    catalog = load_sources([str(path)])
+    catalog = load_deployed(with_sources(BUNDLED, [str(path)]))
     again = TaskCatalog.from_json(catalog.to_json())
     assert again.modules == catalog.modules and again.errors == catalog.errors
     for garbage in ("", "[]", '{"modules": 3}', "{"):

@@ -79,11 +79,12 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_store(request: Request) -> ObjectStore:
-    """The app's S3 client, made on first use (it is costly to build) and then shared."""
+    """The app's S3 client, made on first use (it is costly to build) and then shared; it
+    reads and writes only where the S3 policy lets cdiflow (``orchestrator.s3policy``)."""
     state = request.app.state
     store: ObjectStore | None = getattr(state, "object_store", None)
     if store is None:
-        store = state.object_store = ObjectStore(get_settings(request))
+        store = state.object_store = ObjectStore(get_settings(request), enforce=True)
     return store
 
 

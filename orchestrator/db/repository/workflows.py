@@ -13,7 +13,7 @@ has one definition.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -104,10 +104,10 @@ CREATE_STATEMENT = text(
     """
     WITH w AS (
         INSERT INTO workflows (id, definition, definition_version, status, policy, data_plane,
-                               input, retry_of)
+                               input, retry_of, started_by)
         SELECT CAST(:id AS uuid), d.name, coalesce(CAST(:version AS integer), d.version),
                'PENDING', CAST(:policy AS workflow_policy), CAST(:data_plane AS data_plane),
-               :input, CAST(:retry_of AS uuid)
+               :input, CAST(:retry_of AS uuid), CAST(:started_by AS varchar)
         FROM workflow_definitions d
         WHERE d.name = :definition AND d.deleted_at IS NULL
           AND (CAST(:version AS integer) IS NULL OR EXISTS (
@@ -139,10 +139,14 @@ def create_workflow(
     data_plane: DataPlane = DataPlane.CDI,
     retry_of: uuid.UUID | None = None,
     version: int | None = None,
+    started_by: str | None = None,
 ) -> Workflow:
     """A new PENDING run of ``definition`` (its current version, or ``version``); ``NotFound``
-    (listing the known names, or versions) if there is no such definition or version."""
-    params = create_params(definition, input, policy, data_plane, retry_of, version=version)
+    (listing the known names, or versions) if there is no such definition or version.
+    ``started_by``: the name of the API key that asked for it."""
+    params = create_params(
+        definition, input, policy, data_plane, retry_of, version=version, started_by=started_by
+    )
     query = select(Workflow).from_statement(CREATE_STATEMENT)
     created: Workflow | None = session.scalars(query, params).one_or_none()
     if created is None:
@@ -172,6 +176,7 @@ def create_params(
     workflow_id: uuid.UUID | None = None,
     *,
     version: int | None = None,
+    started_by: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``CREATE_STATEMENT``; ``workflow_id``: one the caller chose (it
     listens for the run's end already); ``version``: a version of the definition to run
@@ -181,6 +186,8 @@ def create_params(
         event["retry_of"] = str(retry_of)
     if version is not None:
         event["version"] = version
+    if started_by is not None:
+        event["by"] = started_by
     return {
         "id": workflow_id or uuid.uuid4(),
         "definition": definition,
@@ -189,6 +196,7 @@ def create_params(
         "data_plane": data_plane.value,
         "input": input,
         "retry_of": retry_of,
+        "started_by": started_by,
         "event": event,
     }
 
@@ -257,14 +265,16 @@ def list_workflows(
     return list(page), total
 
 
-def cancel_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
-    """PENDING or RUNNING → CANCELLED; ``Conflict`` if it has already finished.
+def cancel_workflow(session: Session, workflow_id: uuid.UUID, *, by: str | None = None) -> Workflow:
+    """PENDING or RUNNING → CANCELLED; ``Conflict`` if it has already finished. ``by``: the
+    name of the API key that asked, recorded in the run's error.
 
     The ending is the scheduler's own statement (``run_statements.FINISH``), so a cancel and a
     scheduler's end of the same run lock the same row and only the first one counts. The
     scheduler, woken by the caller, stops the work and cleans up its task runs.
     """
-    cancel = Finish(workflow_id, WorkflowStatus.CANCELLED, error="cancelled by request")
+    reason = f"cancelled by {by}" if by else "cancelled by request"
+    cancel = Finish(workflow_id, WorkflowStatus.CANCELLED, error=reason)
     ended = session.connection().exec_driver_sql(FINISH, finish_params(cancel)).scalar()
     workflow = get_workflow(session, workflow_id)
     if not ended:
@@ -275,10 +285,17 @@ def cancel_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
     return workflow
 
 
-def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
+def retry_workflow(
+    session: Session,
+    workflow_id: uuid.UUID,
+    *,
+    started_by: str | None = None,
+    check_input: Callable[[dict[str, Any]], None] | None = None,
+) -> Workflow:
     """A new PENDING run with the same definition version, input, policy and data plane as a
     FAILED or CANCELLED one (which stays as it is); ``Conflict`` for any other state, or when
-    the definition has been deleted since."""
+    the definition has been deleted since. ``check_input`` may refuse the old input (by
+    raising), e.g. one that a changed policy no longer allows."""
     old = get_workflow(session, workflow_id, lock=True)
     if old.status not in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED):
         raise Conflict(
@@ -290,6 +307,8 @@ def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
             f"workflow {old.definition!r} has been deleted, so run {workflow_id} cannot be "
             "retried; create the definition again and start a new run"
         )
+    if check_input is not None:
+        check_input(dict(old.input))
     return create_workflow(
         session,
         old.definition,
@@ -298,6 +317,7 @@ def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
         data_plane=old.data_plane,
         retry_of=old.id,
         version=old.definition_version,
+        started_by=started_by,
     )
 
 

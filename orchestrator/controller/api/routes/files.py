@@ -1,7 +1,9 @@
 """``/api/inputs`` and ``/api/workflows/{id}/result``: images in and out through the API.
 
-A client with no S3 credentials uploads its input here (``multipart/form-data``, one file)
-and gets the ``s3://`` URI to start a workflow with; it downloads a run's result the same way.
+A client with no S3 credentials uploads its input here (``multipart/form-data``, one file;
+an operator's key) and gets the ``s3://`` URI to start a workflow with, under the first of
+the S3 policy's input prefixes (``uploads/<random id>/<file name>``); it downloads a run's
+result the same way (any key).
 An upload is checked before it is stored: at most ``MAX_INPUT_BYTES``, an image file Pillow
 recognises in one of ``UPLOAD_FORMATS``, its header read and its pixel count within
 ``MAX_PIXELS`` (the workers' own limits, so an upload that passes does not fail its workflow
@@ -22,6 +24,7 @@ from PIL import Image
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.controller.api.deps import SessionDep, SettingsDep, StoreDep
 from orchestrator.controller.api.routes.images import RESULT_LIMIT_FACTOR
+from orchestrator.controller.auth import Operator
 from orchestrator.controller.schemas import InputPublic, error_responses
 from orchestrator.db import repository as repo
 from orchestrator.errors import (
@@ -36,7 +39,6 @@ from workflows.imagebuf import open_image
 
 router = APIRouter(tags=["files"])
 
-INPUT_PREFIX: Final = "inputs/"
 UPLOAD_FORMATS: Final = frozenset({"JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF"})
 # multipart framing around the file: boundaries and part headers
 UPLOAD_OVERHEAD: Final = 64 * 1024
@@ -56,13 +58,15 @@ def _safe_name(filename: str | None, fmt: str) -> str:
 
 
 @router.post("/inputs", status_code=201, responses=error_responses(413, 422, 503))
-def upload_input(file: Annotated[UploadFile, File()], settings: SettingsDep,
-                 store: StoreDep) -> InputPublic:  # fmt: skip
-    """Store an input image in the stack's S3 bucket; its ``uri`` starts a workflow.
+def upload_input(
+    file: Annotated[UploadFile, File()], settings: SettingsDep, store: StoreDep, principal: Operator
+) -> InputPublic:
+    """Store an input image in S3; its ``uri`` starts a workflow.
 
     413 over ``MAX_INPUT_BYTES``; 422 for a file that is not an image in a known format
     (JPEG, PNG, WebP, GIF, BMP, TIFF) or has more pixels than ``MAX_PIXELS``; 503 when S3
-    fails. The object is named ``inputs/<random id>/<file name>``: uploads never collide.
+    fails. The object is named ``uploads/<random id>/<file name>`` under the first input
+    prefix (``CDIFLOW_S3_INPUTS``; default the stack's bucket): uploads never collide.
     """
     data = file.file.read(settings.max_input_bytes + 1)
     if len(data) > settings.max_input_bytes:
@@ -83,9 +87,9 @@ def upload_input(file: Annotated[UploadFile, File()], settings: SettingsDep,
             f"{', '.join(sorted(UPLOAD_FORMATS))}"
         )
         raise InvalidRequest(problem, [problem])
-    uri = store.uri(f"{INPUT_PREFIX}{uuid.uuid4()}/{_safe_name(file.filename, fmt)}")
+    uri = store.policy.upload_uri(f"{uuid.uuid4()}/{_safe_name(file.filename, fmt)}")
     content_type = Image.MIME.get(fmt, "application/octet-stream")
-    store.put(uri, data, content_type)
+    store.put(uri, data, content_type, input_upload=True)
     width, height = image.size
     return InputPublic(
         uri=uri, bytes=len(data), format=fmt, width=width, height=height, content_type=content_type
@@ -113,6 +117,7 @@ def download_result(
     if row.result_uri is None:
         raise NotFound("result of workflow run (it completed without an image)", workflow_id)
     limit = settings.max_input_bytes * RESULT_LIMIT_FACTOR
+    store.policy.check_result(row.result_uri)
     try:
         size, chunks = store.stream(row.result_uri, limit)
     except InputMissing as exc:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response
 
 from orchestrator.controller.api.deps import SessionDep
+from orchestrator.controller.api.params import DefinitionName
+from orchestrator.controller.auth import Admin
 from orchestrator.controller.schemas import (
     WorkflowDefinitionCreate,
     WorkflowDefinitionPublic,
@@ -12,10 +16,13 @@ from orchestrator.controller.schemas import (
     WorkflowDefinitionVersionPublic,
     error_responses,
 )
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db import repository as repo
 from orchestrator.errors import InvalidRequest
 
-router = APIRouter(prefix="/workflow-definitions", tags=["workflow definitions"])
+router = APIRouter(
+    prefix="/workflow-definitions", tags=["workflow definitions"], route_class=StrictJsonRoute
+)
 
 
 def _location(name: str, response: Response) -> None:
@@ -24,7 +31,7 @@ def _location(name: str, response: Response) -> None:
 
 @router.post("", status_code=201, responses=error_responses(409, 422))
 def create_workflow_definition(
-    body: WorkflowDefinitionCreate, session: SessionDep, response: Response
+    body: WorkflowDefinitionCreate, session: SessionDep, response: Response, principal: Admin
 ) -> WorkflowDefinitionPublic:
     """Register a workflow definition (version 1).
 
@@ -39,7 +46,11 @@ def create_workflow_definition(
 
 @router.put("/{name}", responses=error_responses(422))
 def save_workflow_definition(
-    name: str, body: WorkflowDefinitionSave, session: SessionDep, response: Response
+    name: DefinitionName,
+    body: WorkflowDefinitionSave,
+    session: SessionDep,
+    response: Response,
+    principal: Admin,
 ) -> WorkflowDefinitionPublic:
     """Save a new version of a workflow definition (201 when it did not exist yet).
 
@@ -68,14 +79,14 @@ def list_workflow_definitions(session: SessionDep) -> list[WorkflowDefinitionPub
 
 
 @router.get("/{name}", responses=error_responses(404))
-def get_workflow_definition(name: str, session: SessionDep) -> WorkflowDefinitionPublic:
+def get_workflow_definition(name: DefinitionName, session: SessionDep) -> WorkflowDefinitionPublic:
     """One workflow definition at its current version; 404 (with the known names) if unknown."""
     return WorkflowDefinitionPublic.model_validate(repo.get_workflow_definition(session, name))
 
 
 @router.get("/{name}/versions", responses=error_responses(404))
 def list_workflow_definition_versions(
-    name: str, session: SessionDep
+    name: DefinitionName, session: SessionDep
 ) -> list[WorkflowDefinitionVersionPublic]:
     """Every version of a workflow definition, newest first."""
     rows = repo.list_workflow_definition_versions(session, name)
@@ -84,7 +95,7 @@ def list_workflow_definition_versions(
 
 @router.get("/{name}/versions/{version}", responses=error_responses(404))
 def get_workflow_definition_version(
-    name: str, version: int, session: SessionDep
+    name: DefinitionName, version: Annotated[int, Path(ge=1, le=2**31 - 1)], session: SessionDep
 ) -> WorkflowDefinitionVersionPublic:
     """One version of a workflow definition (also of a deleted one: runs on record name it)."""
     row = repo.get_workflow_definition_version(session, name, version)
@@ -92,7 +103,7 @@ def get_workflow_definition_version(
 
 
 @router.delete("/{name}", status_code=204, responses=error_responses(404, 409))
-def delete_workflow_definition(name: str, session: SessionDep) -> None:
+def delete_workflow_definition(name: DefinitionName, session: SessionDep, principal: Admin) -> None:
     """Delete a workflow definition; 409 while a pending or running run uses any version of
     it. Its versions stay readable for the runs on record; the name may be created again."""
     repo.delete_workflow_definition(session, name)
