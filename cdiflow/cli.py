@@ -10,6 +10,7 @@ from typing import Any, Final
 
 import click
 
+from apps.ar.errors import ARError
 from cdi.errors import CDIError
 from cdiflow.client.errors import CdiflowError
 from orchestrator.errors import OrchestratorError
@@ -27,6 +28,7 @@ BENCH_COMMANDS: Final = {
     "s3": "loadtest.s3_costs:bench_s3_command",
     "idle": "loadtest.idle:bench_idle_command",
     "chaos": "loadtest.chaos.cli:bench_chaos_command",
+    "ar": "apps.ar.cli:bench_ar_command",
 }
 
 
@@ -43,6 +45,7 @@ COMMANDS: Final = {
     "workflows": "cdiflow.commands.workflows:workflows_group",
     "tasks": "cdiflow.commands.definitions:tasks_group",
     "definitions": "cdiflow.commands.definitions:definitions_group",
+    "ar": "apps.ar.cli:ar_group",
 }
 CDI_COMMANDS: Final = {
     "controller": "cdi.controller.cli:controller_command",
@@ -116,14 +119,14 @@ def _missing(group: str, command: str, module: str, exc: ModuleNotFoundError) ->
 
 
 class _Commands(_LazyCommands):
-    """Our own errors (the documented trees of ``orchestrator``, ``cdi``, ``workflows`` and
-    ``cdiflow.client``) end a command with their message, which says what to do, not with a
-    traceback; anything else is a bug and keeps its traceback."""
+    """Our own errors (the documented trees of ``orchestrator``, ``cdi``, ``workflows``,
+    ``apps.ar`` and ``cdiflow.client``) end a command with their message, which says what to
+    do, not with a traceback; anything else is a bug and keeps its traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (OrchestratorError, CDIError, WorkflowsError, CdiflowError) as exc:
+        except (OrchestratorError, CDIError, WorkflowsError, ARError, CdiflowError) as exc:
             log_file = getattr(exc, "log_file", None)
             more = f" (log: {log_file})" if log_file else ""
             raise click.ClickException(f"{exc}{more}") from exc

@@ -229,7 +229,11 @@ class Dispatcher:
         return load.host if load is not None else ""
 
     def _route(self, run: RunState, loads: list[WorkerLoad]) -> Route:
-        """Where the run's object is, for pricing a move to another host."""
+        """Where the run's object is, for pricing a move to another host. A run with no CDI
+        object yet (dataless, object-store, or a first task, whose worker makes it) moves
+        nothing: no route, and no CDI call."""
+        if run.data_plane != DataPlane.CDI or not run.key or not run.owner:
+            return Route()
         hub = self.ctx.cdi.host
         if not run.owner or run.owner == self.ctx.id:
             return Route(hub, hub, self.link)

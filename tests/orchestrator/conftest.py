@@ -30,6 +30,7 @@ from orchestrator.db import make_engine, make_session_factory
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.services import RunningServices
+from orchestrator.services.postgres import create_database
 from orchestrator.settings import Settings
 from orchestrator.worker.cli import load_tasks
 from orchestrator.worker.heartbeat import Heartbeat
@@ -71,18 +72,11 @@ def make_database(
     created: list[str] = []
     admin_url = service_stack.admin_database_url
     assert admin_url is not None, "the session's Postgres is embedded"
-    owner = make_url(postgres_url).username or ""
 
     def make(label: str) -> str:
         name = f"cdiflow_{label}_{uuid.uuid4().hex[:8]}"
-        with _admin_connect(admin_url) as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                    sql.Identifier(name), sql.Identifier(owner)
-                )
-            )
         created.append(name)
-        return make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+        return create_database(postgres_url, name, admin_url=admin_url)
 
     yield make
     with _admin_connect(admin_url) as conn:

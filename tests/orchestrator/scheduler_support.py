@@ -23,11 +23,11 @@ WORKER = "worker-race"
 
 
 class _NoCDI:
-    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise.
-    Its ``host`` is the one thing placement reads of it (where the scheduler is), a name the
-    client knows without a call."""
+    """Dataless workflows move no objects, and the scheduler makes no object of a CDI run's
+    input: any call to the minion here is a bug in the test's premise. Which host the
+    minion is on (known without a call) is all it may read."""
 
-    host = "host1"
+    host = "test"
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a dataless workflow must not call cdi.{name}")
