@@ -224,11 +224,11 @@ def test_workflow_definition_lifecycle(api_client: TestClient, flow: str) -> Non
           {"ref": "b", "task": "noop", "depends_on": ["a"]}],
          ["dependency cycle", "a -> b -> a"]),
         ([], ["'tasks' is empty"]),
-        # a fork would run as a chain, its second branch on the first one's output
+        # a join must say which of its inputs is which
         ([{"ref": "a", "task": "noop"}, {"ref": "b1", "task": "noop", "depends_on": ["a"]},
           {"ref": "b2", "task": "noop", "depends_on": ["a"]},
           {"ref": "c", "task": "noop", "depends_on": ["b1", "b2"]}],
-         ["all depend on step 'a'", "depends on 2 steps", "not supported yet"]),
+         ["step 'c': depends on 2 steps", "names no 'inputs'", '"b1": "b1.image"']),
     ],
 )  # fmt: skip
 def test_workflow_definition_problems_are_named(

@@ -87,8 +87,9 @@ def test_order_of_a_diamond() -> None:
          "steps 'b1', 'b2' all depend on step 'a'"),
         # a join: one step reads two
         ([{"ref": "a", "task": "noop"}, {"ref": "b", "task": "noop"},
-          {"ref": "c", "task": "noop", "depends_on": ["a", "b"]}],
-         "step 'c': depends on 2 steps ('a', 'b')"),
+          {"ref": "c", "task": "noop", "depends_on": ["a", "b"],
+           "inputs": {"left": "a.image", "right": "b.image"}}],
+         "step 'c': 'inputs' is not supported yet"),
         # two independent starts
         ([{"ref": "a", "task": "noop"}, {"ref": "b", "task": "noop"}],
          "steps 'a', 'b' all start the workflow"),
@@ -149,7 +150,7 @@ def test_longer_cycle_behind_a_valid_step() -> None:
     problem = one_problem(
         workflow(
             {"ref": "start", "task": "noop"},
-            {"ref": "x", "task": "noop", "depends_on": ["start", "z"]},
+            {"ref": "x", "task": "noop", "depends_on": ["start", "z"], "inputs": {}},
             {"ref": "y", "task": "noop", "depends_on": ["x"]},
             {"ref": "z", "task": "noop", "depends_on": ["y"]},
         )
