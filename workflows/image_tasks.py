@@ -22,6 +22,7 @@ __all__ = [
     "classify_stats",
     "deblur",
     "denoise",
+    "hand_back",
     "noop",
     "reference_pipeline",
     "sleep",
@@ -131,6 +132,14 @@ def sleep(img: Image.Image | None, ctx: TaskContext) -> None:
     if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 <= ms < math.inf:
         raise ValueError(f"param 'ms' must be a finite number >= 0, got {ms!r}")
     time.sleep(ms / 1000.0)
+    return None
+
+
+@task(name="hand_back", timeout_s=30, retries=0, needs_image=False)
+def hand_back(ctx: TaskContext, **data: Any) -> None:
+    """Do nothing with whatever it is given. The scheduler sends it to take back what a worker
+    still has of a run that ended: the worker then hands the objects back and gives up its
+    shares, as after any task."""
     return None
 
 

@@ -463,12 +463,14 @@ def test_workflow_detail(api_client: TestClient, api_store: SchedulerStore) -> N
     run = _start(api_client, "image_pipeline")
     wid = uuid.UUID(run["id"])
     moved = Handoff("scheduler", "w1", 1024, 12.5)
-    first = Placement(api_store.next_task_run_id(), wid, "deblur", "deblur", 1, "w1", 999.0, moved)
-    api_store.place(first)
+    first = Placement(
+        api_store.next_task_run_id(), wid, "deblur", "deblur", 1, "w1", 999.0, (moved,)
+    )
+    api_store.place([first])
     failed = Report(first.task_run_id, str(wid), "w1", TaskRunStatus.FAILED, 1000.0, 1000.5,
                     error="worker died", bytes_in=1024)  # fmt: skip
     second = Placement(api_store.next_task_run_id(), wid, "deblur", "deblur", 2, "w2", 1001.0)
-    assert api_store.report(failed, None, second) is False  # placed the retry, ended nothing
+    assert api_store.report(failed, (), [second]) is False  # placed the retry, ended nothing
     detail = api_client.get(f"/api/workflows/{wid}").json()
     assert detail["id"] == run["id"] and detail["status"] == "PENDING"
     runs = detail["task_runs"]
@@ -508,10 +510,10 @@ def test_task_runs_within_a_window_come_page_by_page(
     for attempt, (ref, (started, finished)) in enumerate(spans.items(), start=1):
         task_run_id = api_store.next_task_run_id()
         placed = Placement(task_run_id, wid, ref, "noop", 1, f"w{attempt}", started)
-        api_store.place(placed)
+        api_store.place([placed])
         done = Report(placed.task_run_id, str(wid), f"w{attempt}", TaskRunStatus.COMPLETED,
                       started, finished, cpu_ms=1.5)  # fmt: skip
-        api_store.report(done, None, None)
+        api_store.report(done)
         ids[ref] = placed.task_run_id
     window = {
         "finished_after": datetime.fromtimestamp(now - 10, UTC).isoformat(),
