@@ -16,12 +16,18 @@ from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.settings import Settings
+from workflows.loader import load_deployed
+from workflows.sources import BUNDLED
 
 WORKER = "worker-race"
 
 
 class _NoCDI:
-    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise."""
+    """Dataless workflows move no objects, and the scheduler makes no object of a CDI run's
+    input: any call to the minion here is a bug in the test's premise. Which host the
+    minion is on (known without a call) is all it may read."""
+
+    host = "test"
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a dataless workflow must not call cdi.{name}")
@@ -40,6 +46,10 @@ def beat(client: redis.Redis, started_at: float) -> None:
         "started_at": f"{started_at:.3f}",
         "held_images": "0",
         "held_bytes": "0",
+        "tasks": load_deployed(BUNDLED).to_json(),  # the bundled tasks only
+        "proc_cpu": "0.5",
+        "proc_rss": "104857600",
+        "proc_mem": "0.5",
     }
     assert tuple(fields) == keys.WORKER_FIELDS
     client.hset(keys.worker_key(WORKER), mapping=fields)  # type: ignore[arg-type]
