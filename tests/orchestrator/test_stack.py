@@ -299,12 +299,8 @@ def test_restart_policy_backs_off_then_caps_restarts_per_minute() -> None:
 
 
 def _cli() -> list[str]:
-    """``cdiflow`` once the commands are mounted there, else the stack's own entry point."""
-    from cdiflow.cli import main
-
-    if "up" in main.commands:
-        return [sys.executable, "-m", "cdiflow"]
-    return [sys.executable, "-m", "orchestrator.stack"]
+    """``cdiflow``, as a user runs it."""
+    return [sys.executable, "-m", "cdiflow"]
 
 
 def _cli_env(**extra: str) -> dict[str, str]:
