@@ -356,16 +356,13 @@ class Scheduler:
                 output_uri=self.store.uri(_result_key(run)) if last else "",
                 output_format=run.result_format if last else "png",
             )
-        output = (
-            _result_key(run)
-            if run.last_step
-            else f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png"
-        )
         return Instruction(
             **common,
             input_uri=run.current_uri,
-            output_uri=self.store.uri(output),
-            output_format=run.result_format if run.last_step else "png",
+            output_uri=self.store.uri(_result_key(run))
+            if run.last_step
+            else self._output_uri_of(run, step),
+            output_format=run.result_format if run.last_step else run.intermediate_format,
         )
 
     def _workers(self) -> list[Any]:
@@ -462,7 +459,8 @@ class Scheduler:
             )
 
     def _output_uri_of(self, run: RunState, step: StepSpec) -> str:
-        return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}.png")
+        extension = imagebuf.RESULT_FORMATS[run.intermediate_format].extension
+        return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}{extension}")
 
     def _after_failure(self, run: RunState, reason: str, retryable: bool) -> None:
         step = run.current
@@ -708,9 +706,17 @@ def _plan(claimed: Claimed) -> RunState:
         steps,
         image,
         data=data if isinstance(data, dict) else {},
-        result_format=str(given.get("result_format") or "png"),
+        result_format=_format(given.get("result_format")),
+        intermediate_format=_format(given.get("intermediate_format")),
         current_uri=image,
     )
+
+
+def _format(given: Any) -> str:
+    """A stored input's image format; the API admits only known ones, and one it no longer
+    knows (a row written by a later version) falls back to lossless PNG."""
+    name = str(given or "png")
+    return name if name in imagebuf.RESULT_FORMATS else "png"
 
 
 def _completion(run: RunState, result_uri: str | None) -> Finish:
