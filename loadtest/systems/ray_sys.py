@@ -15,6 +15,7 @@ its stdin: Ray starts workers per job, so a driver per point would start cold wo
 
 from __future__ import annotations
 
+import json
 import select
 import shutil
 import subprocess
@@ -22,7 +23,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
+
+import psutil
 
 from loadtest.drive import read_records
 from loadtest.plan import Point
@@ -34,14 +37,24 @@ from orchestrator.stack.probes import free_port
 
 __all__ = ["RaySystem"]
 
-# The object store holds the decoded images in flight (a 4 MB JPEG is ~40 MB of pixels);
-# modest on this 2-core machine, and /dev/shm-backed. Ray's minimum is ~75 MB.
-OBJECT_STORE_BYTES: Final = 512 * 2**20
+# The object store holds the decoded images between tasks (a 4 MB JPEG is ~40 MB of pixels),
+# one per workflow in flight: it is sized for the run's points (``RunContext.in_flight_bytes``)
+# with room to spare, so nothing is spilled to disk (each point records what was), and never
+# below this nor above half the machine's memory.
+MIN_OBJECT_STORE_BYTES: Final = 512 * 2**20
+_HEADROOM: Final = 1.5
 _READY: Final = "Ray runtime started"
+
+
+def object_store_bytes(in_flight_bytes: int) -> int:
+    """Ray's ``--object-store-memory`` for a run holding ``in_flight_bytes`` of images."""
+    wanted = int(in_flight_bytes * _HEADROOM) + MIN_OBJECT_STORE_BYTES
+    return min(wanted, psutil.virtual_memory().total // 2)
 
 
 class RaySystem(System):
     name = "ray"
+    results_prefix = "ray/results/"
 
     def __init__(self, services: BenchServices, ctx: RunContext) -> None:
         self.services = services
@@ -50,6 +63,8 @@ class RaySystem(System):
         self._proc: subprocess.Popen[bytes] | None = None
         self._driver: subprocess.Popen[bytes] | None = None
         self._temp: Path | None = None
+        self._stats: dict[str, Any] = {}
+        self._stats_before: dict[str, Any] = {}
 
     def start(self) -> None:
         self._temp = Path(tempfile.mkdtemp(prefix="cdiflow-ray-"))
@@ -66,7 +81,7 @@ class RaySystem(System):
             f"--ray-client-server-port={free_port()}",
             f"--num-cpus={self.ctx.workers}",
             "--num-gpus=0",
-            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            f"--object-store-memory={object_store_bytes(self.ctx.in_flight_bytes)}",
             "--include-dashboard=false",
             "--disable-usage-stats",
             f"--temp-dir={self._temp}",
@@ -116,7 +131,8 @@ class RaySystem(System):
             )
 
     def _drive(self, target_file: Path) -> str:
-        """Hand the driver one point; ``""`` once it is done, else what went wrong."""
+        """Hand the driver one point; ``""`` once it is done (its object store's counters in
+        ``_stats``), else what went wrong."""
         if self._driver is None or self._driver.poll() is not None:
             self._driver = self._start_driver()
         driver = self._driver
@@ -130,7 +146,8 @@ class RaySystem(System):
             line = driver.stdout.readline()
             if not line:  # it exited
                 break
-            if line.strip() == b"done":  # other lines: worker output Ray forwards
+            if line.startswith(b"done "):  # other lines: worker output Ray forwards
+                self._note_stats(json.loads(line[5:]))
                 return ""
         stop_process(driver, grace_s=10)  # stuck or dead: the next point gets a fresh one
         self._driver = None
@@ -152,6 +169,20 @@ class RaySystem(System):
             WorkflowRecord(self.name, 0, point.tasks, 0.0, None, "MISSING", reason)
             for _ in range(max(0, missing))
         ]
+
+    def _note_stats(self, cumulative: dict[str, Any]) -> None:
+        """This point's share of the store's cumulative counters (the warm-up's included in
+        the first point: spilling then would be noted as well)."""
+        before = self._stats_before
+        self._stats = {
+            k: v - before.get(k, 0) if k.endswith(("spilled_bytes", "restored_bytes")) else v
+            for k, v in cumulative.items()
+        }
+        self._stats_before = cumulative
+
+    def point_stats(self) -> dict[str, Any]:
+        stats, self._stats = self._stats, {}
+        return stats
 
     def after_point(self) -> None:
         clear_prefixes(self.services.running, ("ray/",))

@@ -52,13 +52,20 @@ def _check(report: BenchReport, system: str) -> None:
     assert row["p50_latency_s"] > 0 and math.isfinite(row["throughput_wps"])
     # Its tasks measured their operations' CPU and passed the sum along to the result.
     assert row["ops_cpu_ms_per_workflow"] > 0, row
+    # Its stored results are the reference's pixels; its client noticed every end.
+    assert row["verified"]["ok"] and row["verified"]["matched"] == 4, row["verified"]
+    assert row["notice_p50_ms"] is not None, row
 
 
 @pytest.mark.timeout(600)
 def test_ray_completes_a_tiny_scenario_run(service_stack: RunningServices, tmp_path: Path) -> None:
     require("ray")
     before = _descendants()
-    _check(_run("ray", service_stack, tmp_path), "ray")
+    report = _run("ray", service_stack, tmp_path)
+    _check(report, "ray")
+    # Its object store said what it spilled to disk: nothing, at the size it was given.
+    stats = report.results[0].peer_stats
+    assert stats["spilled_bytes"] == 0 and stats["store_capacity_bytes"] > 0, stats
     assert _descendants() <= before, "Ray left processes behind"
 
 
