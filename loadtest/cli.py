@@ -93,8 +93,8 @@ def _sizes(text: str) -> tuple[int, ...]:
     "--systems",
     default=None,
     help="Comma-separated; default: floor,floor-s3,affinity,transfer,auto,object-store,celery,"
-    "ray,conductor (--quick: affinity,transfer,auto,object-store). floor-s3 is the floor plus "
-    "each workflow's S3 GET of its input and encode and PUT of its result.",
+    "ray,conductor,temporal (--quick: affinity,transfer,auto,object-store). floor-s3 is the "
+    "floor plus each workflow's S3 GET of its input and encode and PUT of its result.",
 )
 @click.option(
     "--s3-link",

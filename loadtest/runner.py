@@ -59,6 +59,7 @@ ALL_SYSTEMS: Final = (
     "celery",
     "ray",
     "conductor",
+    "temporal",
 )
 AVAILABLE: Final = ALL_SYSTEMS
 # Every system's workers and the floor's processes apply them (``pipeline_ops``).
@@ -168,6 +169,10 @@ def make_system(name: str, services: BenchServices, ctx: RunContext) -> System:
         from loadtest.systems.conductor_sys import ConductorSystem
 
         return ConductorSystem(services, ctx)
+    if name == "temporal":
+        from loadtest.systems.temporal_sys import TemporalSystem
+
+        return TemporalSystem(services, ctx)
     if name in ("affinity", "transfer", "auto", "object-store"):
         from loadtest.systems.cdiflow_sys import CdiflowSystem
 

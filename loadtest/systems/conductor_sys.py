@@ -7,8 +7,8 @@ The server's boot jar comes from Maven Central through ``mvn dependency:copy`` o
 and is kept in ``<data dir>/peers`` (``CDIFLOW_DATA_DIR``, default ``.data``). It runs on a
 free loopback port in the configuration its deployment guide recommends for production, on
 the run's own Postgres and Redis (cdiflow's): Postgres for executions, queues and the index
-(a database of its own), Redis for the workflow execution lock; asynchronous indexing, as
-the guide advises for throughput. It runs in a fresh temp folder removed at stop, with an
+(a database of its own), Redis for the workflow execution lock (asynchronous indexing, which
+the guide advises for throughput, is not supported by its Postgres index). It runs in a fresh temp folder removed at stop, with an
 environment stripped to PATH and HOME so nothing (its LLM integrations read API keys and AWS
 credentials) can lead it to another host. Startup takes ~20 s and ~500 MB; its JVM compiles
 the hot paths over the first hundreds of workflows, so the benchmark warms it until its
@@ -164,7 +164,6 @@ class ConductorSystem(System):
             "--conductor.indexing.enabled=true",
             "--conductor.indexing.type=postgres",
             "--conductor.elasticsearch.version=0",
-            "--conductor.app.asyncIndexingEnabled=true",
             "--conductor.app.workflowExecutionLockEnabled=true",
             "--conductor.workflow-execution-lock.type=redis",
             "--conductor.redis-lock.serverType=SINGLE",

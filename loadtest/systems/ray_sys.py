@@ -15,8 +15,6 @@ its stdin: Ray starts workers per job, so a driver per point would start cold wo
 
 from __future__ import annotations
 
-import json
-import select
 import shutil
 import subprocess
 import sys
@@ -27,10 +25,10 @@ from typing import Any, Final
 
 import psutil
 
-from loadtest.drive import read_records
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
+from loadtest.systems.driver_proc import DriverProcess
 from loadtest.systems.procs import peer_env, spawn, stop_process
 from loadtest.systems.services import BenchServices, clear_prefixes
 from orchestrator.stack.probes import free_port
@@ -61,7 +59,7 @@ class RaySystem(System):
         self.ctx = ctx
         self.address = ""
         self._proc: subprocess.Popen[bytes] | None = None
-        self._driver: subprocess.Popen[bytes] | None = None
+        self._driver: DriverProcess | None = None
         self._temp: Path | None = None
         self._stats: dict[str, Any] = {}
         self._stats_before: dict[str, Any] = {}
@@ -92,7 +90,12 @@ class RaySystem(System):
         self.address = f"127.0.0.1:{port}"
         try:
             self._wait_ready(log, timeout=120)
-            self._driver = self._start_driver()
+            self._driver = DriverProcess(
+                [sys.executable, "-m", "loadtest.systems.ray_driver", self.address],
+                peer_env(self.services),
+                self.ctx.folder / "ray-driver.log",
+            )
+            self._driver.start()
         except BaseException:
             self.stop()
             raise
@@ -108,67 +111,22 @@ class RaySystem(System):
 
     def stop(self) -> None:
         driver, self._driver = self._driver, None
-        if driver is not None and driver.stdin is not None:
-            driver.stdin.close()  # end of input: it shuts its Ray connection down and exits
-        stop_process(driver, grace_s=15)
+        if driver is not None:
+            driver.stop()
         proc, self._proc = self._proc, None
         stop_process(proc, grace_s=30)
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None
 
-    def _start_driver(self) -> subprocess.Popen[bytes]:
-        log = self.ctx.folder / "ray-driver.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as err:
-            return subprocess.Popen(
-                [sys.executable, "-m", "loadtest.systems.ray_driver", self.address],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=peer_env(self.services),
-                start_new_session=True,
-            )
-
-    def _drive(self, target_file: Path) -> str:
-        """Hand the driver one point; ``""`` once it is done (its object store's counters in
-        ``_stats``), else what went wrong."""
-        if self._driver is None or self._driver.poll() is not None:
-            self._driver = self._start_driver()
-        driver = self._driver
-        assert driver.stdin is not None and driver.stdout is not None
-        driver.stdin.write(f"{target_file}\n".encode())
-        driver.stdin.flush()
-        deadline = time.monotonic() + self.ctx.time_limit_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not select.select([driver.stdout], [], [], left)[0]:
-                break
-            line = driver.stdout.readline()
-            if not line:  # it exited
-                break
-            if line.startswith(b"done "):  # other lines: worker output Ray forwards
-                self._note_stats(json.loads(line[5:]))
-                return ""
-        stop_process(driver, grace_s=10)  # stuck or dead: the next point gets a fresh one
-        self._driver = None
-        return f"the Ray driver did not finish the point (status {driver.returncode})"
-
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
-        if self._proc is None:
+        if self._proc is None or self._driver is None:
             raise RuntimeError("ray is not started")
-        target, folder = self.point_target(point, inputs)
-        records_file = Path(target.records)
-        records_file.parent.mkdir(parents=True, exist_ok=True)
-        records_file.unlink(missing_ok=True)
-        target.write(folder / "target.json")
-        problem = self._drive(folder / "target.json")
-        records = read_records(records_file)
-        missing = point.workflows - len(records)
-        reason = f"{problem or 'not recorded'}; see {self.ctx.folder / 'ray-driver.log'}"
-        return records + [
-            WorkflowRecord(self.name, 0, point.tasks, 0.0, None, "MISSING", reason)
-            for _ in range(max(0, missing))
-        ]
+        self._driver.stats = {}
+        records = self._driver.run_point(self, point, inputs)
+        if self._driver.stats:
+            self._note_stats(self._driver.stats)
+        return records
 
     def _note_stats(self, cumulative: dict[str, Any]) -> None:
         """This point's share of the store's cumulative counters (the warm-up's included in

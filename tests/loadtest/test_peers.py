@@ -1,8 +1,10 @@
-"""A tiny run of each heavier peer: Ray (a local cluster) and Conductor (opt-in).
+"""A tiny run of each heavier peer: Ray (a local cluster), Temporal and Conductor (opt-in).
 
 Asserts completion, well-formed results and that nothing is left running, never timings.
-Conductor's server takes ~16 s and ~500 MB to start, so its test runs only with
-``CDIFLOW_TEST_CONDUCTOR=1``.
+Conductor's server takes ~20 s and ~500 MB to start, so its test runs only with
+``CDIFLOW_TEST_CONDUCTOR=1``. Temporal's CLI takes minutes to build on first use, so its
+test runs where it is built already (a benchmark run built it) or with
+``CDIFLOW_TEST_TEMPORAL=1``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 from loadtest.runner import BenchConfig, BenchReport, run_benchmark
 from orchestrator.services import RunningServices
+from orchestrator.settings import load_settings
 from tests.loadtest.conftest import require, unavailable
 
 
@@ -81,3 +84,24 @@ def test_conductor_completes_a_tiny_scenario_run(
     before = _descendants()
     _check(_run("conductor", service_stack, tmp_path, tasks=4), "conductor")
     assert _descendants() <= before, "Conductor left processes behind"
+
+
+@pytest.mark.timeout(3600)
+def test_temporal_completes_a_tiny_scenario_run(
+    service_stack: RunningServices, tmp_path: Path
+) -> None:
+    require("temporalio")
+    from loadtest.systems.temporal_sys import CLI_VERSION, temporal_cli
+
+    built = (load_settings().data_dir / "peers" / f"temporal-cli-{CLI_VERSION}").exists()
+    if not built and os.environ.get("CDIFLOW_TEST_TEMPORAL") != "1":
+        reason = "the Temporal CLI is not built yet (minutes): set CDIFLOW_TEST_TEMPORAL=1"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    try:
+        temporal_cli()
+    except RuntimeError as exc:  # no Go here, or the build failed
+        unavailable(f"temporal cannot run here: {exc}")
+    before = _descendants()
+    _check(_run("temporal", service_stack, tmp_path), "temporal")
+    assert _descendants() <= before, "Temporal left processes behind"
