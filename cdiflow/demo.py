@@ -17,13 +17,19 @@ import boto3
 import click
 import httpx
 
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
 from orchestrator.stack import Stack
 from orchestrator.stack.state import format_table
 from workflows.samples import bundled_samples
 
 __all__ = ["run_demo"]
 
-RUNS = [("affinity", "cdi"), ("transfer", "cdi"), ("auto", "cdi"), ("affinity", "object-store")]
+RUNS = [
+    (Policy.AFFINITY, DataPlane.CDI),
+    (Policy.TRANSFER, DataPlane.CDI),
+    (Policy.AUTO, DataPlane.CDI),
+    (Policy.AFFINITY, DataPlane.OBJECT_STORE),
+]
 
 
 def _s3(stack: Stack) -> Any:
@@ -69,7 +75,7 @@ def _wait(api: httpx.Client, ids: list[str], timeout_s: float) -> list[dict[str,
     while pending and time.monotonic() < deadline:
         for workflow_id in list(pending):
             body = api.get(f"/api/workflows/{workflow_id}").raise_for_status().json()
-            if body["status"] in ("COMPLETED", "FAILED", "CANCELLED"):
+            if WorkflowStatus(body["status"]).finished:
                 done[workflow_id] = body
                 pending.discard(workflow_id)
         time.sleep(0.05)
@@ -130,8 +136,8 @@ def run_demo(
         ]
         results_dir = _download_results(stack, workflows)
         report = {
-            "completed": sum(w["status"] == "COMPLETED" for w in workflows),
-            "failed": sum(w["status"] != "COMPLETED" for w in workflows),
+            "completed": sum(w["status"] == WorkflowStatus.COMPLETED for w in workflows),
+            "failed": sum(w["status"] != WorkflowStatus.COMPLETED for w in workflows),
             "api": stack.api_url,
             "docs": f"{stack.api_url}/docs",
             "results_dir": str(results_dir),

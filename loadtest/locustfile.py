@@ -160,7 +160,7 @@ def _outcome(body: dict[str, Any]) -> Outcome | None:
     if body["status"] not in FINISHED:
         return None
     stored = stamp(body["finished_at"]) if body["status"] == "COMPLETED" else None
-    # cdiflow's operations' CPU is read from Postgres for the whole point (every attempt's).
+    # cdiflow's operations' CPU is read for the whole point (every attempt's), from its API.
     return body["status"], stored, body.get("error") or "", None
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import httpx
@@ -36,6 +36,7 @@ def stamp(text: str) -> float:
 
 
 LONG_POLL_S = 55.0  # how long one request waits for a workflow's end (the API allows 60 s)
+TASK_RUNS_PAGE = 1000  # task runs per request (the API's largest page)
 
 
 def _body(workflow: str, image: str | None, system: str) -> dict[str, Any]:
@@ -107,6 +108,23 @@ class CdiflowApi:
                 if left <= 0:
                     raise TimeoutError(f"workflow {workflow_id} not finished in {timeout:g} s")
         return done
+
+    def task_runs_within(self, since: float, until: float) -> list[dict[str, Any]]:
+        """Every task run that ran, at least in part, within ``[since, until]`` (Unix s), as the
+        API lists them (``GET /api/task-runs``), page by page."""
+        params: dict[str, Any] = {
+            "finished_after": datetime.fromtimestamp(since, UTC).isoformat(),
+            "started_before": datetime.fromtimestamp(until, UTC).isoformat(),
+            "limit": TASK_RUNS_PAGE,
+        }
+        runs: list[dict[str, Any]] = []
+        while True:
+            reply = self._http.get("/api/task-runs", params=params)
+            page: list[dict[str, Any]] = reply.raise_for_status().json()
+            runs += page
+            if len(page) < TASK_RUNS_PAGE:
+                return runs
+            params["after_id"] = page[-1]["id"]
 
     def ensure_chain(self, tasks: int) -> str:
         """Register the n-task pipeline unless it exists; return its workflow name."""

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
-
-from sqlalchemy import func, select
 
 from loadtest.drive import run_locust
 from loadtest.images import chain_workflow
 from loadtest.plan import Point, poll_max_s
-from loadtest.rest import SYSTEM_MODES, CdiflowApi
+from loadtest.rest import SYSTEM_MODES, CdiflowApi, stamp
 from loadtest.stats import WorkflowRecord, busy_shares
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.services import BenchServices, clear_prefixes
-from orchestrator.db.engine import make_engine
-from orchestrator.db.models import TaskRun
 from orchestrator.stack import Stack
 from orchestrator.stack.probes import free_port
 
@@ -37,6 +32,7 @@ class CdiflowSystem(System):
         self.ctx = ctx
         self._stack: Stack | None = None
         self._chains: set[int] = set()
+        self._window_runs: tuple[tuple[float, float], list[dict[str, Any]]] | None = None
 
     def start(self) -> None:
         self._stack = Stack(
@@ -75,36 +71,26 @@ class CdiflowSystem(System):
         )
 
     def workers_busy(self, since: float, until: float) -> dict[str, float]:
-        query = select(TaskRun.worker_id, TaskRun.started_at, TaskRun.finished_at).where(
-            TaskRun.worker_id.is_not(None), *self._ran_within(since, until)
+        runs = (
+            (str(r["worker_id"]), stamp(r["started_at"]), stamp(r["finished_at"]))
+            for r in self._task_runs(since, until)
+            if r["worker_id"] and r["finished_at"]
         )
-        runs = ((str(w), s.timestamp(), f.timestamp()) for w, s, f in self._rows(query) if s and f)
         return busy_shares(runs, since, until)
 
     def ops_cpu_ms(
         self, records: Sequence[WorkflowRecord], since: float, until: float
     ) -> float | None:
         # Every attempt's own CPU time, as its worker measured it (``task_runs.cpu_ms``).
-        query = select(func.sum(TaskRun.cpu_ms)).where(*self._ran_within(since, until))
-        rows = self._rows(query)
-        return float(rows[0][0]) if rows and rows[0][0] is not None else None
+        spent = [r["cpu_ms"] for r in self._task_runs(since, until) if r["cpu_ms"] is not None]
+        return float(sum(spent)) if spent else None
 
-    @staticmethod
-    def _ran_within(since: float, until: float) -> tuple[Any, ...]:
-        edges = (datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC))
-        return (
-            TaskRun.started_at.is_not(None),
-            TaskRun.finished_at > edges[0],
-            TaskRun.started_at < edges[1],
-        )
-
-    def _rows(self, query: Any) -> list[Any]:
-        engine = make_engine(self.stack.services.database_url, pooled=False)
-        try:
-            with engine.connect() as conn:
-                return list(conn.execute(query).all())
-        finally:
-            engine.dispose()
+    def _task_runs(self, since: float, until: float) -> list[dict[str, Any]]:
+        """The task runs of ``[since, until]``, read once for both figures of a point."""
+        if self._window_runs is None or self._window_runs[0] != (since, until):
+            with CdiflowApi(self.stack.api_url) as api:
+                self._window_runs = ((since, until), api.task_runs_within(since, until))
+        return self._window_runs[1]
 
     def after_point(self) -> None:
         clear_prefixes(self.services.running, ("results/", "work/"))

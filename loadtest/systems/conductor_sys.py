@@ -8,13 +8,13 @@ and is kept in ``<data dir>/peers`` (``CDIFLOW_DATA_DIR``, default ``.data``). I
 free loopback port in the configuration its deployment guide recommends for production, on
 the run's own Postgres and Redis (cdiflow's): Postgres for executions, queues and the index
 (a database of its own), Redis for the workflow execution lock (asynchronous indexing, which
-the guide advises for throughput, is not supported by its Postgres index). It runs in a fresh temp folder removed at stop, with an
-environment stripped to PATH and HOME so nothing (its LLM integrations read API keys and AWS
-credentials) can lead it to another host. Startup takes ~20 s and ~500 MB; its JVM compiles
-the hot paths over the first hundreds of workflows, so the benchmark warms it until its
-throughput holds steady (``System.warm_until_steady``). Workflows are started and followed
-over its REST API by locust users (``conductor_client.ConductorBackend``), as the other
-peers are.
+the guide advises for throughput, is not supported by its Postgres index). It runs in a
+fresh temp folder removed at stop, with an environment stripped to PATH and HOME so nothing
+(its LLM integrations read API keys and AWS credentials) can lead it to another host.
+Startup takes ~20 s and ~500 MB; its JVM compiles the hot paths over the first hundreds of
+workflows, so the benchmark warms it until its throughput holds steady
+(``System.warm_until_steady``). Workflows are started and followed over its REST API by
+locust users (``conductor_client.ConductorBackend``), as the other peers are.
 """
 
 from __future__ import annotations

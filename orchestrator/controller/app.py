@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Final
 
 import redis
+import redis.asyncio
 from anyio import to_thread
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
@@ -34,10 +35,10 @@ from starlette.types import Scope
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
 from orchestrator.controller.finish_watch import FinishWatch
-from orchestrator.controller.hot_path import HotPath
 from orchestrator.controller.http_errors import install_error_handler
 from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit
 from orchestrator.db import make_engine, make_session_factory, migrate
+from orchestrator.db.async_run_store import AsyncRunStore
 from orchestrator.db.repository import ended_among, seed_bundled_definitions
 from orchestrator.errors import ConfigError, ServiceError
 from orchestrator.settings import Settings
@@ -168,8 +169,11 @@ def create_app(
             partial(open_resources, database_url, redis_url, migrate_on_start=migrate_on_start)
         )
         app.state.resources = resources
-        app.state.hot_path = hot = HotPath(resources.engine.url, redis_url)
-        await hot.open()
+        app.state.run_store = runs = AsyncRunStore(resources.engine.url)
+        app.state.async_redis = loop_redis = redis.asyncio.Redis.from_url(
+            redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=5
+        )
+        await runs.open()
         app.state.finish_watch = watch = FinishWatch(
             resources.redis, partial(_ended_among, resources)
         )
@@ -178,7 +182,8 @@ def create_app(
             yield
         finally:
             watch.close()
-            await hot.close()
+            await runs.close()
+            await loop_redis.aclose()
             resources.close()
 
     app = FastAPI(

@@ -28,7 +28,7 @@ from typing import Final, TypeVar
 
 import redis
 
-from orchestrator import keys
+from orchestrator.contract import keys
 
 __all__ = ["SWEEP_S", "EndedAmong", "FinishWatch"]
 

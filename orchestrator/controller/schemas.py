@@ -9,11 +9,25 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    WithJsonSchema,
+    field_validator,
+)
 
-from orchestrator.db.models import DataPlane, Policy, TaskRunStatus, WorkflowStatus
+from orchestrator.contract.vocabulary import (
+    CHOSEN_PLANES,
+    DataPlane,
+    Policy,
+    TaskRunStatus,
+    WorkflowStatus,
+)
 from workflows.definitions import MAX_BACKOFF_S, MAX_RETRIES, MAX_TIMEOUT_S
 from workflows.names import MODULE_PATH_RE, name_problem
 
@@ -33,6 +47,7 @@ __all__ = [
     "StepSchema",
     "TaskCreate",
     "TaskPublic",
+    "TaskRunInWorkflowPublic",
     "TaskRunPublic",
     "TaskTimingPublic",
     "WorkerPublic",
@@ -61,6 +76,21 @@ class _Input(BaseModel):
 
 class _Output(BaseModel):
     model_config = ConfigDict(from_attributes=True)
+
+
+def _chosen_plane(value: object) -> DataPlane:
+    if isinstance(value, str) and value in CHOSEN_PLANES:
+        return DataPlane(value)
+    listed = " or ".join(repr(plane.value) for plane in CHOSEN_PLANES)
+    raise ValueError(f"Input should be {listed} (a run without input.image moves no data)")
+
+
+# A plane a workflow may be started on (``DataPlane.NONE`` is a dataless run's, never chosen).
+ChosenPlane = Annotated[
+    DataPlane,
+    PlainValidator(_chosen_plane),
+    WithJsonSchema({"type": "string", "enum": [plane.value for plane in CHOSEN_PLANES]}),
+]
 
 
 def _checked_name(kind: str, value: str) -> str:
@@ -188,7 +218,7 @@ class WorkflowCreate(_Input):
     workflow: str = Field(examples=["image_pipeline"], description="Workflow definition name.")
     input: WorkflowInput
     policy: Policy = Field(Policy.AFFINITY, description="Where the tasks run.")
-    data_plane: DataPlane = Field(DataPlane.CDI, description="How data moves between tasks.")
+    data_plane: ChosenPlane = Field(DataPlane.CDI, description="How data moves between tasks.")
 
 
 class WorkflowPublic(_Output):
@@ -342,11 +372,15 @@ class StatsPublic(BaseModel):
     tasks: TaskTimingPublic
 
 
-class ActiveTaskRunPublic(TaskRunPublic):
-    """An unfinished task run with its workflow; ``status`` is RUNNING while a worker holds it
-    (``started_at`` stays empty until the worker reports)."""
+class TaskRunInWorkflowPublic(TaskRunPublic):
+    """A task run with its workflow's id, in a list across workflows."""
 
     workflow_id: uuid.UUID
+
+
+class ActiveTaskRunPublic(TaskRunInWorkflowPublic):
+    """An unfinished task run with its workflow; ``status`` is RUNNING while a worker holds it
+    (``started_at`` stays empty until the worker reports)."""
 
 
 class CdiObjectPublic(BaseModel):

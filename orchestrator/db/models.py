@@ -2,7 +2,8 @@
 
 Postgres is the source of truth: definitions, workflows, task runs (one row per attempt), CDI
 ownership hand-offs and an event log. Change a model only together with a new Alembic revision
-in ``orchestrator/db/migrations/versions`` (the tests compare the two).
+in ``orchestrator/db/migrations/versions`` (the tests compare the two). The status, policy and
+data plane columns are Postgres enums of ``orchestrator.contract.vocabulary``.
 """
 
 from __future__ import annotations
@@ -29,18 +30,16 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, WorkflowStatus
+
 __all__ = [
     "Base",
-    "DataPlane",
     "Event",
     "Handoff",
-    "Policy",
     "TaskDefinition",
     "TaskRun",
-    "TaskRunStatus",
     "Workflow",
     "WorkflowDefinition",
-    "WorkflowStatus",
 ]
 
 # Deterministic constraint names, so migrations can refer to them.
@@ -51,46 +50,6 @@ _NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-
-
-class WorkflowStatus(enum.StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def finished(self) -> bool:
-        """True for the terminal states, which never change again."""
-        return self in _FINISHED
-
-
-_FINISHED = frozenset({WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED})
-
-
-class TaskRunStatus(enum.StrEnum):
-    QUEUED = "QUEUED"
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    TIMED_OUT = "TIMED_OUT"
-    CANCELLED = "CANCELLED"
-
-
-class Policy(enum.StrEnum):
-    """Where a workflow's tasks run (ARCHITECTURE.md, "Policies")."""
-
-    AFFINITY = "affinity"  # every task on one worker, which keeps the CDI ownership
-    TRANSFER = "transfer"  # best worker per task; ownership moves each time
-    AUTO = "auto"  # move only when the cost model says moving beats waiting
-
-
-class DataPlane(enum.StrEnum):
-    """How data moves between tasks."""
-
-    CDI = "cdi"  # shared CDI objects, ownership handed over
-    OBJECT_STORE = "object-store"  # every task downloads from and uploads to S3
 
 
 def _enum(cls: type[enum.StrEnum], name: str) -> Enum:

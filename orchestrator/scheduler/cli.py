@@ -10,9 +10,9 @@ import socket
 import click
 
 import cdi
-from orchestrator.db.engine import make_engine, make_session_factory
+from orchestrator.db.engine import make_engine
+from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.journal import Journal
 from orchestrator.scheduler.scheduler import Scheduler, connect_redis
 from orchestrator.settings import load_settings
 from workflows.memory import tune_for_images
@@ -42,11 +42,10 @@ def scheduler_command(scheduler_id: str, log_level: str) -> None:
     scheduler = Scheduler(
         scheduler_id,
         settings,
-        make_session_factory(engine),
+        SchedulerStore(engine),
         connect_redis(settings.redis_url),
         client,
         ObjectStore(settings),
-        journal=Journal(engine),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: scheduler.stop())

@@ -32,6 +32,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.contract.vocabulary import Policy
+
 __all__ = ["PREFETCH_S", "WorkerLoad", "choose_worker", "move_cost_s", "read_workers"]
 
 HANDOFF_S = 0.0003  # one same-host CDI hand-off, measured with `cdiflow bench cdi`
@@ -103,7 +105,7 @@ def move_cost_s(nbytes: int) -> float:
 
 def choose_worker(
     workers: Sequence[WorkerLoad],
-    policy: str,
+    policy: Policy,
     previous: str | None,
     *,
     task_s: float,
@@ -120,7 +122,7 @@ def choose_worker(
     if not alive:
         return None
     current = next((w for w in alive if w.worker_id == previous), None)
-    if policy == "affinity" and current is not None:
+    if policy == Policy.AFFINITY and current is not None:
         return current.worker_id  # pinned: it can run nowhere else, so it queues there
     rng = rng or random.Random()
     free = [w for w in alive if w.has_room(task_s)]
@@ -128,7 +130,7 @@ def choose_worker(
     if free:
         best_score = min(w.score() for w in free)
         best = rng.choice([w for w in free if w.score() == best_score])
-    if current is None or policy != "auto":
+    if current is None or policy != Policy.AUTO:
         return best.worker_id if best else None
     # auto: stay unless waiting here costs more than moving to the best worker with room
     stay = current.worker_id if current.has_room(task_s) else None  # None: wait for it

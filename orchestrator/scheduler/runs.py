@@ -1,8 +1,8 @@
 """What the scheduler keeps in memory about each workflow it is running.
 
 All of it can be rebuilt from Postgres: a scheduler that restarts starts its RUNNING workflows
-again from their S3 input. ``data_plane`` is the workflow's, or ``"none"`` for a dataless one
-(started without an image).
+again from their S3 input. ``data_plane`` is the workflow's, or ``DataPlane.NONE`` for a
+dataless one (started without an image).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.messages import Instruction
+from orchestrator.contract.messages import Instruction
+from orchestrator.contract.vocabulary import DataPlane, Policy
 
 __all__ = ["RunState", "StepSpec"]
 
@@ -31,8 +32,8 @@ class StepSpec:
 @dataclass(eq=False)
 class RunState:
     workflow_id: uuid.UUID
-    policy: str
-    data_plane: str
+    policy: Policy
+    data_plane: DataPlane
     steps: list[StepSpec]
     input_uri: str
     data: dict[str, Any] = field(default_factory=dict)  # input.data, given to every task

@@ -25,29 +25,18 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session, sessionmaker
 
 import cdi
-from orchestrator import keys
-from orchestrator.announce import announce_finished
-from orchestrator.db.models import (
-    TaskDefinition,
-    TaskRun,
-    TaskRunStatus,
-    Workflow,
-    WorkflowDefinition,
-    WorkflowStatus,
-)
-from orchestrator.db.repository import workflows as repo
+from orchestrator.contract import announce_finished, keys, read_wake
+from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, WorkflowStatus
+from orchestrator.db.run_statements import Claimed, Finish, Handoff, Placement
+from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.errors import OrchestratorError
-from orchestrator.messages import Instruction, Report
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.journal import Claimed, Finish, Handoff, Journal, Placement
 from orchestrator.scheduler.placement import choose_worker, read_workers
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
@@ -89,20 +78,17 @@ class Scheduler:
         self,
         scheduler_id: str,
         settings: Settings,
-        sessions: sessionmaker[Session],
+        db: SchedulerStore,
         redis_client: redis.Redis,
         cdi_client: cdi.Client,
-        store: ObjectStore,
-        *,
-        journal: Journal,
+        objects: ObjectStore,
     ) -> None:
         self.id = scheduler_id
         self.settings = settings
-        self.sessions = sessions
+        self.db = db
         self.redis = redis_client
         self.cdi = cdi_client
-        self.store = store
-        self.journal = journal
+        self.objects = objects
         self.reply_key = keys.scheduler_reports_key(scheduler_id)
         self.runs: dict[uuid.UUID, RunState] = {}
         self._in_flight: dict[str, int] = defaultdict(int)
@@ -124,7 +110,7 @@ class Scheduler:
         self._resume_own_runs()
         while not self._stopping:
             self._step()
-        self.journal.close()
+        self.db.close()
         log.info("scheduler %s stopped", self.id)
 
     def _step(self) -> None:
@@ -196,16 +182,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ claiming
     def _on_wake(self, value: str) -> None:
-        cancel = value.startswith(keys.WAKE_CANCEL)
-        try:
-            workflow_id = uuid.UUID(value.removeprefix(keys.WAKE_CANCEL))
-        except ValueError:
-            self._claim()
-            return
-        run = self.runs.get(workflow_id)
+        wake = read_wake(value)
+        run = None if wake.workflow_id is None else self.runs.get(wake.workflow_id)
         if run is None:
             self._claim()  # a new or retried run (a cancelled PENDING one is simply not claimed)
-        elif cancel:
+        elif wake.cancel:
             self._check_cancelled(run)
         # else: a new run that an earlier claim already took, with others, in one batch
 
@@ -216,41 +197,24 @@ class Scheduler:
             self._backlog = True
             return
         want = min(CLAIM_BATCH, room)
-        claims = self.journal.claim(self.id, want, RECLAIM_AFTER_S)
+        claims = self.db.claim(self.id, want, RECLAIM_AFTER_S)
         self._backlog = len(claims) == want  # a full batch: more may be waiting
+        self._take(claims)
+
+    def _resume_own_runs(self) -> None:
+        """After a restart our CDI objects are gone: start our RUNNING workflows over."""
+        self._take(self.db.resume(self.id))
+
+    def _take(self, claims: list[Claimed]) -> None:
+        """Run claimed workflows; one that cannot run fails with the reason."""
         for claimed in claims:
             try:
                 run = _plan(claimed)
             except OrchestratorError as exc:
-                failed = Finish(claimed.id, "FAILED", error=str(exc))
-                self._ended(claimed.id, self.journal.finish(failed))
+                failed = Finish(claimed.id, WorkflowStatus.FAILED, error=str(exc))
+                self._ended(claimed.id, self.db.finish(failed))
                 continue
             self.runs[run.workflow_id] = run
-            self._dispatch(run)
-
-    def _resume_own_runs(self) -> None:
-        """After a restart our CDI objects are gone: start our RUNNING workflows over."""
-        with self.sessions() as session, session.begin():
-            mine = session.scalars(
-                select(Workflow).where(
-                    Workflow.status == WorkflowStatus.RUNNING, Workflow.claimed_by == self.id
-                )
-            ).all()
-            for workflow in mine:
-                session.execute(
-                    update(TaskRun)
-                    .where(
-                        TaskRun.workflow_id == workflow.id,
-                        TaskRun.status.in_([TaskRunStatus.QUEUED, TaskRunStatus.RUNNING]),
-                    )
-                    .values(status=TaskRunStatus.FAILED, error="the scheduler restarted")
-                )
-                run = _plan(_claimed_from_orm(session, workflow))
-                self.runs[run.workflow_id] = run
-                repo.record_event(
-                    session, "workflow.resumed", {"scheduler": self.id}, workflow_id=workflow.id
-                )
-        for run in list(self.runs.values()):
             self._dispatch(run)
 
     # ------------------------------------------------------------------ placement
@@ -260,7 +224,7 @@ class Scheduler:
         placement = self._choose(run)
         if placement is not None:
             self._send(placement.worker, self._placed(run, placement))
-            self.journal.place(placement)
+            self.db.place(placement)
 
     def _send(self, worker: str, instruction: Instruction) -> None:
         """Push *before* the task run is recorded: the record overlaps the worker's run. Its
@@ -286,13 +250,13 @@ class Scheduler:
             return None
         self._waiting.pop(run.workflow_id, None)
         handoff = None
-        if run.data_plane == "cdi" and run.key and run.owner != worker:
+        if run.data_plane == DataPlane.CDI and run.key and run.owner != worker:
             handoff = Handoff(self.id, worker, run.nbytes, self._transfer(run, worker))
         run.in_flight_worker_started = next(
             (w.started_at for w in loads if w.worker_id == worker), 0.0
         )
         return Placement(
-            self.journal.next_task_run_id(),
+            self.db.next_task_run_id(),
             run.workflow_id,
             step.ref,
             step.task,
@@ -335,11 +299,11 @@ class Scheduler:
             data=run.data,
             queued_at=placement.queued_at,
         )
-        if run.data_plane == "none":
+        if run.data_plane == DataPlane.NONE:
             return Instruction(**common)
-        if run.data_plane == "cdi":
+        if run.data_plane == DataPlane.CDI:
             last = run.last_step
-            keep = run.policy == "affinity" and not last
+            keep = run.policy == Policy.AFFINITY and not last
             fetch = not run.key  # no object yet: the worker makes it from the S3 input
             return Instruction(
                 **common,
@@ -353,13 +317,13 @@ class Scheduler:
                 return_to=self.id,
                 # The last task's worker stores the result: no copy into an object, no
                 # hand-back, and the workflow ends with the report's own statement.
-                output_uri=self.store.uri(_result_key(run)) if last else "",
+                output_uri=self.objects.uri(_result_key(run)) if last else "",
                 output_format=run.result_format if last else "png",
             )
         return Instruction(
             **common,
             input_uri=run.current_uri,
-            output_uri=self.store.uri(_result_key(run))
+            output_uri=self.objects.uri(_result_key(run))
             if run.last_step
             else self._output_uri_of(run, step),
             output_format=run.result_format if run.last_step else run.intermediate_format,
@@ -401,8 +365,8 @@ class Scheduler:
             return
         self._in_flight[run.in_flight_worker] -= 1
         run.in_flight = None
-        completed = report.status == "COMPLETED"
-        if run.data_plane == "cdi":
+        completed = report.status == TaskRunStatus.COMPLETED
+        if run.data_plane == DataPlane.CDI:
             run.key = "" if report.stored else report.key or run.key
             run.owner = report.worker_id if report.kept else self.id
             held = completed and report.held
@@ -421,13 +385,13 @@ class Scheduler:
             run_s = max(0.0, report.finished_at - report.started_at)
             self._task_s[step.task] = 0.8 * self._task_s[step.task] + 0.2 * run_s
             run.outputs[step.ref] = report.output
-            if run.data_plane == "cdi":
+            if run.data_plane == DataPlane.CDI:
                 # What the next hand-off moves: the new image, or the input a reader passes on.
                 run.nbytes = report.bytes_out or report.bytes_in or run.nbytes
-            if run.data_plane == "object-store":
+            if run.data_plane == DataPlane.OBJECT_STORE:
                 run.current_uri = self._output_uri_of(run, step)
         back = None
-        if report.kept is False and run.data_plane == "cdi" and report.key:
+        if report.kept is False and run.data_plane == DataPlane.CDI and report.key:
             back = Handoff(
                 report.worker_id, self.id, report.bytes_out or run.nbytes, report.return_us
             )
@@ -435,14 +399,16 @@ class Scheduler:
         if completed and not run.cancelled and not all_done:
             run.advance()
             placement = self._choose(run)
-        elif all_done and not run.cancelled and (run.data_plane != "cdi" or report.stored):
+        elif all_done and not run.cancelled and (run.data_plane != DataPlane.CDI or report.stored):
             # Nothing left to store (dataless, or the last task stored the result itself).
-            result = None if run.data_plane == "none" else self.store.uri(_result_key(run))
+            result = (
+                None if run.data_plane == DataPlane.NONE else self.objects.uri(_result_key(run))
+            )
             finish = _completion(run, result)
         if placement is not None:
             self._send(placement.worker, self._placed(run, placement))
         # One statement records the report and the next step's placement, or ends the workflow.
-        ended = self.journal.report(report, back, placement, finish)
+        ended = self.db.report(report, back, placement, finish)
         if not completed:
             self._after_failure(run, report.error or report.status, report.retryable)
         elif run.cancelled:
@@ -460,7 +426,7 @@ class Scheduler:
 
     def _output_uri_of(self, run: RunState, step: StepSpec) -> str:
         extension = imagebuf.RESULT_FORMATS[run.intermediate_format].extension
-        return self.store.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}{extension}")
+        return self.objects.uri(f"work/{run.workflow_id}/{step.ref}-{run.attempt}{extension}")
 
     def _after_failure(self, run: RunState, reason: str, retryable: bool) -> None:
         step = run.current
@@ -488,7 +454,7 @@ class Scheduler:
             dead = self._silence(run, loads, now)
             if dead is None or run.in_flight is None:
                 continue  # its report had arrived (or the next task is on a live worker)
-            if run.data_plane == "cdi" and not self._regain(run):
+            if run.data_plane == DataPlane.CDI and not self._regain(run):
                 continue  # the worker still holds the object: it is alive after all
             task_run_id = run.in_flight.task_run_id
             lost_text = run.in_flight.dumps()
@@ -504,20 +470,7 @@ class Scheduler:
                     f"; it held the image of step {run.steps[run.held_from].ref!r} on in memory, "
                     "so the workflow goes on from that step again"
                 )
-            with self.sessions() as session, session.begin():
-                task_run = session.get(TaskRun, task_run_id)
-                if task_run is not None and task_run.status in (
-                    TaskRunStatus.QUEUED,
-                    TaskRunStatus.RUNNING,
-                ):
-                    task_run.status = TaskRunStatus.FAILED
-                    task_run.error = reason
-                    repo.record_event(
-                        session,
-                        "task.lost",
-                        {"ref": task_run.ref, "reason": reason},
-                        workflow_id=run.workflow_id,
-                    )
+            self.db.task_run_lost(task_run_id, reason)
             # Withdraw this instruction wherever it still sits, so a restarted worker of the
             # same id does not run it too; other runs' instructions stay where they are.
             pipe = self.redis.pipeline(transaction=False)
@@ -597,9 +550,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ endings
     def _check_cancelled(self, run: RunState) -> None:
-        with self.sessions() as session:
-            status = session.scalar(select(Workflow.status).where(Workflow.id == run.workflow_id))
-        if status is WorkflowStatus.CANCELLED:
+        if self.db.status(run.workflow_id) is WorkflowStatus.CANCELLED:
             run.cancelled = True
             if run.in_flight is None:
                 self._cleanup_cancelled(run)
@@ -607,18 +558,11 @@ class Scheduler:
     def _cleanup_cancelled(self, run: RunState) -> None:
         self._release_object(run)
         self.runs.pop(run.workflow_id, None)
-        with self.sessions() as session, session.begin():
-            session.execute(
-                update(TaskRun)
-                .where(
-                    TaskRun.workflow_id == run.workflow_id, TaskRun.status == TaskRunStatus.QUEUED
-                )
-                .values(status=TaskRunStatus.CANCELLED)
-            )
+        self.db.unqueue(run.workflow_id)
 
     def _release_object(self, run: RunState) -> None:
         """Free a finished workflow's object; one a worker kept is first asked back."""
-        if run.data_plane != "cdi" or not run.key:
+        if run.data_plane != DataPlane.CDI or not run.key:
             return
         if run.owner == self.id:
             self._destroy(run.key)
@@ -633,7 +577,7 @@ class Scheduler:
             attempt=1,
             timeout_s=30,
             reply_to=self.reply_key,
-            data_plane="cdi",
+            data_plane=DataPlane.CDI,
             key=run.key,
             keep=False,
             return_to=self.id,
@@ -649,10 +593,6 @@ class Scheduler:
         except cdi.CDIError as exc:
             log.warning("could not destroy %s: %s", key, exc)
 
-    def _complete(self, run: RunState, result_uri: str | None) -> None:
-        self.runs.pop(run.workflow_id, None)
-        self._ended(run.workflow_id, self.journal.finish(_completion(run, result_uri)))
-
     def _ended(self, workflow_id: uuid.UUID, ended: bool) -> None:
         """After a workflow's end was written: wake who waits for it (``ended``), or note that
         it had ended already (a user cancelled it meanwhile)."""
@@ -667,7 +607,8 @@ class Scheduler:
         self.runs.pop(run.workflow_id, None)
         # A user who cancelled meanwhile keeps their word: then nothing changes.
         self._ended(
-            run.workflow_id, self.journal.finish(Finish(run.workflow_id, "FAILED", error=reason))
+            run.workflow_id,
+            self.db.finish(Finish(run.workflow_id, WorkflowStatus.FAILED, error=reason)),
         )
 
 
@@ -702,7 +643,7 @@ def _plan(claimed: Claimed) -> RunState:
     return RunState(
         claimed.id,
         claimed.policy,
-        claimed.data_plane if image else "none",  # no image: nothing to move
+        claimed.data_plane if image else DataPlane.NONE,  # no image: nothing to move
         steps,
         image,
         data=data if isinstance(data, dict) else {},
@@ -725,34 +666,11 @@ def _completion(run: RunState, result_uri: str | None) -> Finish:
     for ref_output in run.outputs.values():
         output.update(ref_output)
     output["tasks"] = run.outputs
-    return Finish(run.workflow_id, "COMPLETED", output=output, result_uri=result_uri)
+    return Finish(run.workflow_id, WorkflowStatus.COMPLETED, output=output, result_uri=result_uri)
 
 
 def _result_key(run: RunState) -> str:
     return f"results/{run.workflow_id}{imagebuf.RESULT_FORMATS[run.result_format].extension}"
-
-
-def _claimed_from_orm(session: Session, workflow: Workflow) -> Claimed:
-    """What ``Journal.claim`` returns, for a workflow this scheduler already holds."""
-    definition = session.get(WorkflowDefinition, workflow.definition)
-    task_defs = {
-        t.name: {
-            "module": t.module,
-            "timeout_s": t.timeout_s,
-            "retries": t.retries,
-            "retry_backoff_s": t.retry_backoff_s,
-        }
-        for t in session.scalars(select(TaskDefinition))
-    }
-    return Claimed(
-        id=workflow.id,
-        definition=workflow.definition,
-        input=dict(workflow.input or {}),
-        policy=str(workflow.policy),
-        data_plane=str(workflow.data_plane),
-        steps=None if definition is None else list(definition.tasks),
-        task_defs=task_defs,
-    )
 
 
 def _ordered(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -769,7 +687,3 @@ def _ordered(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
             done.add(step["ref"])
             pending.remove(step)
     return ordered
-
-
-def _utc(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, UTC)

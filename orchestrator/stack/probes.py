@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from orchestrator.keys import worker_key
+from orchestrator.contract.keys import worker_key
 
 __all__ = [
     "free_port",

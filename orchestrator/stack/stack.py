@@ -18,8 +18,8 @@ import redis
 from cdi.controller.process import ControllerChild
 from cdi.errors import CDIError
 from cdi.minion.process import MinionChild
+from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
-from orchestrator.keys import worker_key
 from orchestrator.services import RunningServices, start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes

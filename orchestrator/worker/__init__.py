@@ -2,7 +2,7 @@
 runs task functions on CDI objects (or S3 objects in the object-store plane).
 
 ``python -m orchestrator.worker --id worker-1`` (``cdiflow worker``); see ``worker.py`` for the
-loop and ``orchestrator.messages`` for the protocol it follows.
+loop and ``orchestrator.contract.messages`` for the protocol it follows.
 """
 
 from orchestrator.worker.worker import Worker, parse_instruction

@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from PIL import Image
 
 import cdi
+from orchestrator.contract.messages import Instruction
+from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 from orchestrator.errors import HeldImageLost, InputMissing, InvalidInstruction, WorkerError
-from orchestrator.messages import Instruction
 from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.execution import (
     EXIT_MINION_LOST,
@@ -106,7 +107,7 @@ class CdiPlane:
         except BaseException:
             self._release(entry)
             raise
-        if after.obj is not None and ins.output_uri and exe.status == "COMPLETED":
+        if after.obj is not None and ins.output_uri and exe.status == TaskRunStatus.COMPLETED:
             exe.later = functools.partial(self._conclude, ins, exe, after, entry)
         else:
             self._conclude(ins, exe, after, entry)
@@ -146,14 +147,14 @@ class CdiPlane:
             # an image that maps the input would pin the object.
             obj, view, source, new = after.obj, after.view, after.source, after.new
             after.obj = after.view = after.source = after.new = None
-            if obj is not None and ins.output_uri and exe.status == "COMPLETED":
+            if obj is not None and ins.output_uri and exe.status == TaskRunStatus.COMPLETED:
                 self._store_result(ins, new if new is not None else source, view, exe)
                 new = None
             # A new image that still maps the input (the task returned its input) is written,
             # not held: holding it would pin the object.
             pinned = view is not None and not _try_release(view)
             current = new if new is not None else source
-            done = exe.status == "COMPLETED" and not exe.stored
+            done = exe.status == TaskRunStatus.COMPLETED and not exe.stored
             if obj is not None and current is not None and done:
                 obj = self._hold_or_write(ins, obj, current, may_hold=not pinned, exe=exe)
             current = None
@@ -163,7 +164,7 @@ class CdiPlane:
             if exe.stored and obj is not None:
                 self._destroy_stored(obj, exe)
                 obj = None
-            if ins.held and exe.status != "COMPLETED":
+            if ins.held and exe.status != TaskRunStatus.COMPLETED:
                 if obj is not None and source is not None:
                     # The retry needs this task's input, which is only in our memory: write it.
                     obj = self._save_for_retry(ins, obj, source, exe)
@@ -367,7 +368,7 @@ class CdiPlane:
         exe.key = held.key
         # A worker about to exit gives everything back: what it kept would die with it. A
         # failed task gives it back too, so the scheduler can retry elsewhere or clean up.
-        if ins.keep and not exe.exit_code and exe.status == "COMPLETED":
+        if ins.keep and not exe.exit_code and exe.status == TaskRunStatus.COMPLETED:
             exe.kept = True
             return
         if not ins.return_to:
@@ -462,14 +463,14 @@ def _check(ins: Instruction) -> None:
                 f"instruction {ins.task_run_id}: output_uri with keep; the last task stores "
                 "the result and destroys the object, so there is nothing to keep"
             )
-        check_output(ins, "cdi")
+        check_output(ins, DataPlane.CDI)
     if ins.input_uri:
         if ins.held:
             raise InvalidInstruction(
                 f"instruction {ins.task_run_id}: input_uri with held; a task reads either the "
                 "input from S3 (the first) or an image held from the one before"
             )
-        check_uri(ins, "input_uri", ins.input_uri, "cdi")
+        check_uri(ins, "input_uri", ins.input_uri, DataPlane.CDI)
     if ins.output_key and ins.output_key == ins.key:
         raise InvalidInstruction(
             f"instruction {ins.task_run_id}: output_key equals key ({ins.key!r}); the output "

@@ -19,6 +19,8 @@ from typing import Any, Final
 from PIL import Image
 
 import cdi
+from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.errors import (
     InputMissing,
     InputTooLarge,
@@ -27,7 +29,6 @@ from orchestrator.errors import (
     TaskTimedOut,
     WorkerError,
 )
-from orchestrator.messages import Instruction, Report, ReportStatus
 from workflows.api import (
     TaskContext,
     TaskSpec,
@@ -65,7 +66,7 @@ def elapsed_ms(since: float) -> float:
 class Execution:
     """The outcome of one instruction, filled in by a data plane."""
 
-    status: ReportStatus = "COMPLETED"
+    status: TaskRunStatus = TaskRunStatus.COMPLETED
     output: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     retryable: bool = True
@@ -88,10 +89,11 @@ class Execution:
 
     def fail(self, exc: BaseException) -> None:
         """Record ``exc`` as this instruction's failure (the first failure wins)."""
-        if self.status != "COMPLETED":
+        if self.status != TaskRunStatus.COMPLETED:
             log.warning("a second failure after %r: %s", self.error, exc)
             return
-        self.status = "TIMED_OUT" if isinstance(exc, TaskTimedOut) else "FAILED"
+        timed_out = isinstance(exc, TaskTimedOut)
+        self.status = TaskRunStatus.TIMED_OUT if timed_out else TaskRunStatus.FAILED
         self.output = {}
         self.error = _describe(exc)
         if isinstance(exc, WorkerError):

@@ -17,7 +17,7 @@ import psutil
 import redis
 from redis.typing import EncodableT, FieldT
 
-from orchestrator import keys
+from orchestrator.contract import keys
 
 __all__ = ["Heartbeat"]
 

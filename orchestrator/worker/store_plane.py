@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 from PIL import Image
 
+from orchestrator.contract.messages import Instruction
+from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.errors import InvalidInstruction, InvalidRequest
-from orchestrator.messages import Instruction
 from orchestrator.objectstore import ObjectStore, parse_s3_uri
 from orchestrator.worker.execution import Execution, TaskCall, check_common, elapsed_ms
 from workflows.errors import InvalidImage
@@ -71,11 +72,11 @@ def put_image(store: ObjectStore, ins: Instruction, img: Image.Image, exe: Execu
 
 def _check(ins: Instruction) -> None:
     check_common(ins)
-    check_uri(ins, "input_uri", ins.input_uri, "object-store")
-    check_output(ins, "object-store")
+    check_uri(ins, "input_uri", ins.input_uri, DataPlane.OBJECT_STORE)
+    check_output(ins, DataPlane.OBJECT_STORE)
 
 
-def check_output(ins: Instruction, plane: str) -> None:
+def check_output(ins: Instruction, plane: DataPlane) -> None:
     """Raise ``InvalidInstruction`` unless ``output_uri`` and ``output_format`` are usable."""
     if ins.output_format not in RESULT_FORMATS:
         raise InvalidInstruction(
@@ -85,7 +86,7 @@ def check_output(ins: Instruction, plane: str) -> None:
     check_uri(ins, "output_uri", ins.output_uri, plane)
 
 
-def check_uri(ins: Instruction, name: str, uri: str, plane: str) -> None:
+def check_uri(ins: Instruction, name: str, uri: str, plane: DataPlane) -> None:
     """Raise ``InvalidInstruction`` unless ``uri`` (the instruction's ``name``) is an S3 URI."""
     try:
         parse_s3_uri(uri)

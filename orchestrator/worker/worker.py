@@ -24,12 +24,14 @@ from typing import Final
 
 import redis
 
-from orchestrator import keys
+from orchestrator.contract import keys
+from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 from orchestrator.errors import InvalidInstruction
-from orchestrator.messages import Instruction, Report
 from orchestrator.worker.cdi_plane import CdiPlane
-from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall, check_common
+from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall
 from orchestrator.worker.heartbeat import Heartbeat
+from orchestrator.worker.planes import plane_table
 from orchestrator.worker.store_plane import StorePlane
 
 __all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
@@ -75,6 +77,7 @@ class Worker:
         self._thread_clients: list[redis.Redis] = []
         self.cdi_plane = cdi_plane
         self.store_plane = store_plane
+        self._planes = plane_table(cdi_plane, store_plane)
         self.concurrency = concurrency
         self.queue_key = keys.worker_queue_key(worker_id)
         self.inflight_key = keys.worker_inflight_key(worker_id)
@@ -253,20 +256,18 @@ class Worker:
     def _execute(self, ins: Instruction) -> Execution:
         exe = Execution(key=ins.key if isinstance(ins.key, str) else "")
         with self._counted():
-            call = TaskCall(ins)
-            if ins.data_plane == "cdi":
-                self.cdi_plane.run(ins, call, exe)
-            elif ins.data_plane == "object-store":
-                self.store_plane.run(ins, call, exe)
-            elif ins.data_plane == "none":
-                _run_dataless(ins, call, exe)
-            else:
+            # The JSON may hold anything there: only a string can name a plane.
+            plane = self._planes.get(ins.data_plane) if isinstance(ins.data_plane, str) else None
+            if plane is None:
+                known = ", ".join(repr(p.value) for p in DataPlane)
                 exe.fail(
                     InvalidInstruction(
                         f"instruction {ins.task_run_id}: unknown data_plane "
-                        f"{ins.data_plane!r}; expected 'cdi', 'object-store' or 'none'"
+                        f"{ins.data_plane!r}; expected one of {known}"
                     )
                 )
+            else:
+                plane.run(ins, TaskCall(ins), exe)
         return exe
 
     @contextmanager
@@ -329,7 +330,7 @@ return redis.call('LREM', KEYS[1], 1, ARGV[1])
 
 def _log_outcome(ins: Instruction, report: Report) -> None:
     log.log(
-        logging.INFO if report.status == "COMPLETED" else logging.WARNING,
+        logging.INFO if report.status == TaskRunStatus.COMPLETED else logging.WARNING,
         "task run %s %s (workflow %s, attempt %s): %s in %.1f ms%s",
         ins.task_run_id,
         ins.task,
@@ -339,12 +340,3 @@ def _log_outcome(ins: Instruction, report: Report) -> None:
         (report.finished_at - report.started_at) * 1000,
         f": {report.error}" if report.error else "",
     )
-
-
-def _run_dataless(ins: Instruction, call: TaskCall, exe: Execution) -> None:
-    """A dataless workflow's task: no object, no S3, only the JSON output travels."""
-    try:
-        check_common(ins)
-        call.run_dataless(call.load(), exe)
-    except Exception as exc:
-        exe.fail(exc)

@@ -23,6 +23,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from orchestrator.controller import create_app
 from orchestrator.db import make_engine, make_session_factory
+from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.settings import Settings, load_settings
 
 # Starlette 1.x warns that its test client prefers httpx2 over httpx; both work. Importing it
@@ -109,4 +110,14 @@ def api_sessions(api_database_url: str, api_client: TestClient) -> Iterator[sess
     """Sessions on the module's database, once the app has migrated it."""
     engine = make_engine(api_database_url)
     yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def api_store(api_database_url: str, api_client: TestClient) -> Iterator[SchedulerStore]:
+    """The scheduler's statements on the module's database, once the app has migrated it."""
+    engine = make_engine(api_database_url, synchronous_commit=False)
+    store = SchedulerStore(engine)
+    yield store
+    store.close()
     engine.dispose()

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -18,16 +18,28 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
 from redis.typing import EncodableT, FieldT
-from sqlalchemy import make_url, text
+from sqlalchemy import Engine, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator import keys
-from orchestrator.controller import create_app, hot_path
-from orchestrator.db import Base, WorkflowStatus, make_engine, migrate
+from orchestrator.contract import keys
+from orchestrator.contract.messages import Report
+from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, WorkflowStatus
+from orchestrator.contract.wakeups import wake_message
+from orchestrator.controller import create_app
+from orchestrator.db import Base, async_run_store, make_engine, make_session_factory, migrate
 from orchestrator.db import repository as repo
 from orchestrator.db.migrate import head_revision
-from orchestrator.db.models import DataPlane, Policy
-from orchestrator.errors import ConfigError, Conflict
+from orchestrator.db.run_statements import (
+    CLAIM,
+    FINISH,
+    Finish,
+    Handoff,
+    Placement,
+    claimed_from_row,
+    finish_params,
+)
+from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.errors import ConfigError
 from orchestrator.services._process import free_port
 from orchestrator.settings import Settings
 
@@ -56,8 +68,16 @@ def _start(client: TestClient, workflow: str, **extra: Any) -> dict[str, Any]:
 
 
 def _set_status(sessions: sessionmaker[Session], workflow_id: str, status: WorkflowStatus) -> None:
+    """RUNNING as a claim leaves it; a finished status as a scheduler's ending writes it."""
     with sessions() as session:
-        repo.set_workflow_status(session, uuid.UUID(workflow_id), status, error="boom")
+        if status is WorkflowStatus.RUNNING:
+            session.execute(
+                text("UPDATE workflows SET status = 'RUNNING', started_at = now() WHERE id = :id"),
+                {"id": uuid.UUID(workflow_id)},
+            )
+        else:
+            end = Finish(uuid.UUID(workflow_id), status, error="boom")
+            assert session.connection().exec_driver_sql(FINISH, finish_params(end)).scalar()
         session.commit()
 
 
@@ -230,6 +250,7 @@ def test_unknown_workflow_lists_the_known_ones(api_client: TestClient) -> None:
     [
         ({"policy": "fastest"}, "'affinity', 'transfer' or 'auto'"),
         ({"data_plane": "nfs"}, "'cdi' or 'object-store'"),
+        ({"data_plane": "none"}, "'cdi' or 'object-store'"),  # a dataless run's, not a choice
         ({"input": {"image": "http://host/cat.png"}}, "not an S3 URI"),
         ({"input": {"image": "s3://cdiflow"}}, "not an S3 URI"),
         ({"input": {"image": "s3://cdiflow/"}}, "no object key"),
@@ -409,32 +430,76 @@ def test_list_rejects_bad_parameters(api_client: TestClient, params: dict[str, A
 # --- one workflow --------------------------------------------------------------------------
 
 
-def test_workflow_detail(api_client: TestClient, api_sessions: sessionmaker[Session]) -> None:
+def test_workflow_detail(api_client: TestClient, api_store: SchedulerStore) -> None:
+    """The detail shows every attempt and hand-off the scheduler's statements record."""
     run = _start(api_client, "image_pipeline")
     wid = uuid.UUID(run["id"])
-    with api_sessions() as session:
-        first = repo.add_task_run(session, wid, "deblur", "deblur", worker_id="w1")
-        first.bytes_in, first.run_ms, first.error = 1024, 2.5, "worker died"
-        repo.add_task_run(session, wid, "deblur", "deblur", attempt=2, worker_id="w2")
-        repo.record_handoff(session, wid, "scheduler", "w2", nbytes=1024, duration_us=12.5,
-                            task_run_id=first.id)  # fmt: skip
-        session.commit()
+    moved = Handoff("scheduler", "w1", 1024, 12.5)
+    first = Placement(api_store.next_task_run_id(), wid, "deblur", "deblur", 1, "w1", 999.0, moved)
+    api_store.place(first)
+    failed = Report(first.task_run_id, str(wid), "w1", TaskRunStatus.FAILED, 1000.0, 1000.5,
+                    error="worker died", bytes_in=1024)  # fmt: skip
+    second = Placement(api_store.next_task_run_id(), wid, "deblur", "deblur", 2, "w2", 1001.0)
+    assert api_store.report(failed, None, second) is False  # placed the retry, ended nothing
     detail = api_client.get(f"/api/workflows/{wid}").json()
     assert detail["id"] == run["id"] and detail["status"] == "PENDING"
     runs = detail["task_runs"]
     assert [(r["attempt"], r["worker_id"], r["status"]) for r in runs] == [
-        (1, "w1", "QUEUED"),
+        (1, "w1", "FAILED"),
         (2, "w2", "QUEUED"),
     ]
-    assert (runs[0]["bytes_in"], runs[0]["run_ms"], runs[0]["error"]) == (1024, 2.5, "worker died")
+    assert (runs[0]["bytes_in"], runs[0]["run_ms"], runs[0]["queue_wait_ms"]) == (
+        1024,
+        500.0,
+        1000.0,
+    )
+    assert runs[0]["error"] == "worker died"
     [handoff] = detail["handoffs"]
     assert (handoff["to_container"], handoff["bytes"], handoff["task_run_id"]) == (
-        "w2",
+        "w1",
         1024,
         runs[0]["id"],
     )
-    assert [e["kind"] for e in detail["events"]] == ["workflow.created"]
+    assert [e["kind"] for e in detail["events"]] == ["workflow.created", "task.failed"]
     assert api_client.get(f"/api/workflows/{wid}", params={"events": 0}).json()["events"] == []
+
+
+def test_task_runs_within_a_window_come_page_by_page(
+    api_client: TestClient, api_store: SchedulerStore
+) -> None:
+    """What ran, at least in part, between two moments, across workflows (a benchmark reads
+    each worker's busy time from it)."""
+    wid = uuid.UUID(_start(api_client, "noop_pipeline")["id"])
+    now = time.time()
+    spans = {
+        "before": (now - 30, now - 20),
+        "across": (now - 15, now - 5),
+        "inside": (now - 4, now - 3),
+    }
+    ids = {}
+    for attempt, (ref, (started, finished)) in enumerate(spans.items(), start=1):
+        task_run_id = api_store.next_task_run_id()
+        placed = Placement(task_run_id, wid, ref, "noop", 1, f"w{attempt}", started)
+        api_store.place(placed)
+        done = Report(placed.task_run_id, str(wid), f"w{attempt}", TaskRunStatus.COMPLETED,
+                      started, finished, cpu_ms=1.5)  # fmt: skip
+        api_store.report(done, None, None)
+        ids[ref] = placed.task_run_id
+    window = {
+        "finished_after": datetime.fromtimestamp(now - 10, UTC).isoformat(),
+        "started_before": datetime.fromtimestamp(now, UTC).isoformat(),
+    }
+    listed = api_client.get("/api/task-runs", params=window).json()
+    assert [(r["id"], r["workflow_id"], r["worker_id"], r["cpu_ms"]) for r in listed] == [
+        (ids["across"], str(wid), "w2", 1.5),
+        (ids["inside"], str(wid), "w3", 1.5),
+    ]
+    first = api_client.get("/api/task-runs", params={**window, "limit": 1}).json()
+    rest = api_client.get(
+        "/api/task-runs", params={**window, "limit": 1, "after_id": first[-1]["id"]}
+    ).json()
+    assert [r["id"] for r in first + rest] == [ids["across"], ids["inside"]]
+    assert api_client.get("/api/task-runs", params={"finished_after": "soon"}).status_code == 422
 
 
 def test_workflow_lookup_errors(api_client: TestClient) -> None:
@@ -464,20 +529,25 @@ def test_cancel(
     body = response.json()
     assert body["status"] == "CANCELLED" and body["finished_at"] is not None
     assert (body["started_at"] is not None) is (before is WorkflowStatus.RUNNING)
-    assert _woken(api_redis) == [f"{keys.WAKE_CANCEL}{run['id']}"]
+    assert _woken(api_redis) == [wake_message(uuid.UUID(run["id"]), cancel=True)]
     again = api_client.post(f"/api/workflows/{run['id']}/cancel")
     assert again.status_code == 409 and "already finished" in again.json()["detail"]
 
 
 @pytest.mark.parametrize("final", [WorkflowStatus.COMPLETED, WorkflowStatus.FAILED])
 def test_finished_runs_cannot_be_cancelled(
-    api_client: TestClient, api_sessions: sessionmaker[Session], final: WorkflowStatus
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_store: SchedulerStore,
+    final: WorkflowStatus,
 ) -> None:
     run = _start(api_client, "noop_pipeline")
     _set_status(api_sessions, run["id"], final)
     assert api_client.post(f"/api/workflows/{run['id']}/cancel").status_code == 409
-    with api_sessions() as session, pytest.raises(Conflict, match="already"):
-        repo.set_workflow_status(session, uuid.UUID(run["id"]), WorkflowStatus.RUNNING)
+    # Nor ended again by a scheduler: the first ending stands.
+    again = Finish(uuid.UUID(run["id"]), WorkflowStatus.FAILED, error="late")
+    assert api_store.finish(again) is False
+    assert api_client.get(f"/api/workflows/{run['id']}").json()["status"] == final
 
 
 @pytest.mark.parametrize("final", [WorkflowStatus.FAILED, WorkflowStatus.CANCELLED])
@@ -616,7 +686,7 @@ def test_a_start_after_postgres_dropped_idle_connections_succeeds(
         first = client.post("/api/workflows", json={"workflow": "noop_pipeline", "input": IMAGE})
         assert first.status_code == 201, first.text
         assert _drop_connections(database_url) >= 1
-        monkeypatch.setattr(hot_path, "CHECK_IDLE_S", 0.0)  # as if the API had waited
+        monkeypatch.setattr(async_run_store, "CHECK_IDLE_S", 0.0)  # as if the API had waited
         again = client.post("/api/workflows?wait_s=0.05", json={"workflow": "noop_pipeline",
                                                                 "input": IMAGE})  # fmt: skip
         assert again.status_code == 201, again.text
@@ -653,17 +723,17 @@ def test_a_start_sent_twice_inserts_its_run_once(
     with TestClient(create_app(settings)) as client:  # migrated and seeded
 
         async def start_twice() -> tuple[Any, Any]:
-            hot = hot_path.HotPath(make_url(database_url), settings.redis_url or "")
-            await hot.open()
+            runs = async_run_store.AsyncRunStore(make_url(database_url))
+            await runs.open()
             try:
                 workflow_id = uuid.uuid4()
                 start = functools.partial(
-                    hot.create, "noop_pipeline", IMAGE, policy=Policy.AFFINITY,
+                    runs.create, "noop_pipeline", IMAGE, policy=Policy.AFFINITY,
                     data_plane=DataPlane.CDI, workflow_id=workflow_id,
                 )  # fmt: skip
                 return await start(), await start()
             finally:
-                await hot.close()
+                await runs.close()
 
         first, second = asyncio.run(start_twice())
         assert first.id == second.id and first.created_at == second.created_at
@@ -675,27 +745,45 @@ def test_a_start_sent_twice_inserts_its_run_once(
 # --- the state layer -----------------------------------------------------------------------
 
 
-def test_concurrent_claims_never_overlap(
-    api_client: TestClient, api_sessions: sessionmaker[Session]
-) -> None:
-    for _ in range(30):
-        _start(api_client, "noop_pipeline")
-    with api_sessions() as session:
-        session.execute(text("UPDATE workflows SET claimed_by = NULL, claimed_at = NULL"))
-        pending = set(session.scalars(text("SELECT id FROM workflows WHERE status = 'PENDING'")))
+@pytest.fixture
+def claim_database(make_database: Callable[[str], str]) -> Iterator[Engine]:
+    """A database of its own (a claim takes every PENDING run it finds), seeded, with an
+    engine on it."""
+    url = make_database("claims")
+    migrate(url)
+    engine = make_engine(url)
+    with make_session_factory(engine)() as session:
+        repo.seed_bundled_definitions(session)
         session.commit()
+    yield engine
+    engine.dispose()
+
+
+def _pending_runs(engine: Engine, count: int) -> set[uuid.UUID]:
+    with make_session_factory(engine)() as session:
+        made = [repo.create_workflow(session, "noop_pipeline", {}) for _ in range(count)]
+        session.commit()
+        return {w.id for w in made}
+
+
+def test_concurrent_claims_never_overlap(claim_database: Engine) -> None:
+    """Two schedulers claim at the same moment, each holding its row locks a while before
+    it commits: ``SKIP LOCKED`` makes each skip the other's rows."""
+    pending = _pending_runs(claim_database, 30)
     claims: dict[str, list[uuid.UUID]] = {"s1": [], "s2": []}
     last_batch = {"s1": -1, "s2": -1}
     barrier = threading.Barrier(2)
+    dsn = claim_database.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
     def scheduler(name: str) -> None:
-        with api_sessions() as session:
+        with psycopg.connect(dsn) as conn:
             while True:
                 barrier.wait(timeout=30)  # both claim at the same moment, every round
-                batch = repo.claim_pending_workflows(session, name, 4)
-                time.sleep(0.02)  # hold the row locks while the other one claims
-                session.commit()
-                claims[name] += [w.id for w in batch]
+                with conn.transaction():
+                    params = {"me": name, "limit": 4, "reclaim_s": 60.0}
+                    batch = [claimed_from_row(r) for r in conn.execute(CLAIM, params)]
+                    time.sleep(0.02)  # hold the row locks while the other one claims
+                claims[name] += [c.id for c in batch]
                 last_batch[name] = len(batch)
                 barrier.wait(timeout=30)  # both rounds done: both read the same last_batch
                 if not any(last_batch.values()):
@@ -710,28 +798,27 @@ def test_concurrent_claims_never_overlap(
     s1, s2 = claims["s1"], claims["s2"]
     assert s1 and s2 and not set(s1) & set(s2)
     assert sorted(s1 + s2) == sorted(pending)  # every one claimed, exactly once
-    with api_sessions() as session:
-        query = text("SELECT id, claimed_by FROM workflows WHERE status = 'PENDING'")
-        owners = {wid: owner for wid, owner in session.execute(query)}
+    with claim_database.connect() as conn:
+        query = text("SELECT id, claimed_by FROM workflows WHERE status = 'RUNNING'")
+        owners = {wid: owner for wid, owner in conn.execute(query)}
     assert all(owners[w] == "s1" for w in s1) and all(owners[w] == "s2" for w in s2)
 
 
-def test_stale_claims_are_taken_over(
-    api_client: TestClient, api_sessions: sessionmaker[Session]
-) -> None:
-    run = uuid.UUID(_start(api_client, "noop_pipeline")["id"])
-    with api_sessions() as session:
-        assert run in [w.id for w in repo.claim_pending_workflows(session, "old", 1000)]
-        session.commit()
-        assert repo.claim_pending_workflows(session, "new", 1000) == []
-        session.execute(text("UPDATE workflows SET claimed_at = now() - interval '1 hour'"))
-        fresh = repo.claim_pending_workflows(session, "new", 1000, reclaim_after=timedelta(hours=2))
-        assert fresh == []
-        taken = repo.claim_pending_workflows(
-            session, "new", 1000, reclaim_after=timedelta(minutes=1)
+def test_stale_claims_are_taken_over(claim_database: Engine) -> None:
+    """A PENDING run whose claim is older than the reclaim time is claimed again."""
+    [run] = _pending_runs(claim_database, 1)
+    with claim_database.begin() as conn:
+        conn.execute(
+            text("UPDATE workflows SET claimed_by = 'old', claimed_at = now() - interval '1 hour'")
         )
-        assert run in [w.id for w in taken] and all(w.claimed_by == "new" for w in taken)
-        session.rollback()
+    store = SchedulerStore(claim_database)
+    try:
+        assert store.claim("new", 1000, reclaim_after_s=2 * 3600) == []
+        [taken] = store.claim("new", 1000, reclaim_after_s=60)
+        assert (taken.id, taken.definition, taken.policy) == (run, "noop_pipeline", "affinity")
+        assert store.status(run) is WorkflowStatus.RUNNING
+    finally:
+        store.close()
 
 
 def test_migrate_is_idempotent_and_matches_the_models(api_database_url: str) -> None:

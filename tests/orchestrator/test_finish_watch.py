@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 
 import redis
 
-from orchestrator import keys
+from orchestrator.contract import keys
 from orchestrator.controller.finish_watch import SWEEP_S, FinishWatch
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from orchestrator.contract.vocabulary import Policy
 from orchestrator.scheduler.placement import WorkerLoad, choose_worker, move_cost_s, read_workers
 
 
@@ -12,32 +13,37 @@ def load(worker_id: str, backlog: int = 0, alive: bool = True, cpu: float = 0.0)
 
 
 def test_no_live_worker_means_no_placement() -> None:
-    assert choose_worker([load("w1", alive=False)], "transfer", None, task_s=0.1, nbytes=0) is None
+    assert (
+        choose_worker([load("w1", alive=False)], Policy.TRANSFER, None, task_s=0.1, nbytes=0)
+        is None
+    )
 
 
 def test_transfer_picks_the_least_loaded_worker() -> None:
     workers = [load("w1", 3), load("w2", 0), load("w3", 1)]
-    assert choose_worker(workers, "transfer", "w1", task_s=0.1, nbytes=0) == "w2"
+    assert choose_worker(workers, Policy.TRANSFER, "w1", task_s=0.1, nbytes=0) == "w2"
 
 
 def test_cpu_breaks_ties() -> None:
     workers = [load("w1", 1, cpu=90.0), load("w2", 1, cpu=5.0)]
-    assert choose_worker(workers, "transfer", None, task_s=0.1, nbytes=0) == "w2"
+    assert choose_worker(workers, Policy.TRANSFER, None, task_s=0.1, nbytes=0) == "w2"
 
 
 def test_affinity_stays_while_its_worker_lives() -> None:
     workers = [load("w1", 9), load("w2", 0)]
-    assert choose_worker(workers, "affinity", "w1", task_s=0.1, nbytes=0) == "w1"
+    assert choose_worker(workers, Policy.AFFINITY, "w1", task_s=0.1, nbytes=0) == "w1"
     workers = [load("w1", 0, alive=False), load("w2", 0)]
-    assert choose_worker(workers, "affinity", "w1", task_s=0.1, nbytes=0) == "w2"
+    assert choose_worker(workers, Policy.AFFINITY, "w1", task_s=0.1, nbytes=0) == "w2"
 
 
 def test_auto_moves_only_when_waiting_costs_more_than_moving() -> None:
     busy_here = [load("w1", 4), load("w2", 0)]
-    assert choose_worker(busy_here, "auto", "w1", task_s=0.05, nbytes=1_000_000) == "w2"
+    assert choose_worker(busy_here, Policy.AUTO, "w1", task_s=0.05, nbytes=1_000_000) == "w2"
     slightly_busier = [load("w1", 1), load("w2", 0)]
     # one queued 0.1 ms task is cheaper than moving 10 MB
-    assert choose_worker(slightly_busier, "auto", "w1", task_s=0.0001, nbytes=10_000_000) == "w1"
+    assert (
+        choose_worker(slightly_busier, Policy.AUTO, "w1", task_s=0.0001, nbytes=10_000_000) == "w1"
+    )
     assert move_cost_s(10_000_000) > move_cost_s(0)
 
 
@@ -48,7 +54,8 @@ def test_in_flight_counts_when_heartbeats_lag() -> None:
     }
     loads = read_workers(beats, {"w1": 3}, dead_after_s=6, now=101)
     assert (
-        choose_worker(loads, "transfer", None, task_s=0.1, nbytes=0, rng=random.Random(1)) == "w2"
+        choose_worker(loads, Policy.TRANSFER, None, task_s=0.1, nbytes=0, rng=random.Random(1))
+        == "w2"
     )
 
 
@@ -77,31 +84,31 @@ def test_room_is_the_slots_plus_a_prefetch_that_grows_for_short_tasks() -> None:
 
 def test_transfer_waits_when_no_worker_has_room() -> None:
     assert (
-        choose_worker([busy("w1", 2), busy("w2", 1)], "transfer", "w1", task_s=0.4, nbytes=0)
+        choose_worker([busy("w1", 2), busy("w2", 1)], Policy.TRANSFER, "w1", task_s=0.4, nbytes=0)
         == "w2"
     )
     assert (
-        choose_worker([busy("w1", 2), busy("w2", 2)], "transfer", "w1", task_s=0.4, nbytes=0)
+        choose_worker([busy("w1", 2), busy("w2", 2)], Policy.TRANSFER, "w1", task_s=0.4, nbytes=0)
         is None
     )
 
 
 def test_affinity_binds_only_its_first_task_late() -> None:
     full = [busy("w1", 5), busy("w2", 5)]
-    assert choose_worker(full, "affinity", None, task_s=0.4, nbytes=0) is None
-    assert choose_worker(full, "affinity", "w1", task_s=0.4, nbytes=0) == "w1"  # pinned
+    assert choose_worker(full, Policy.AFFINITY, None, task_s=0.4, nbytes=0) is None
+    assert choose_worker(full, Policy.AFFINITY, "w1", task_s=0.4, nbytes=0) == "w1"  # pinned
 
 
 def test_auto_moves_to_a_worker_with_room_or_waits_for_its_own() -> None:
     # Same host: moving 26 MB costs ~13 ms, far less than waiting for a 0.4 s task.
     workers = [busy("w1", 2), busy("w2", 0)]
-    assert choose_worker(workers, "auto", "w1", task_s=0.4, nbytes=26_000_000) == "w2"
+    assert choose_worker(workers, Policy.AUTO, "w1", task_s=0.4, nbytes=26_000_000) == "w2"
     # Moving 4 GB (~2 s) costs more than waiting for the two 0.4 s tasks ahead: it waits.
-    assert choose_worker(workers, "auto", "w1", task_s=0.4, nbytes=4_000_000_000) is None
+    assert choose_worker(workers, Policy.AUTO, "w1", task_s=0.4, nbytes=4_000_000_000) is None
     # Its own worker has room and moving would not pay: it stays.
     assert (
         choose_worker(
-            [busy("w1", 1), busy("w2", 0)], "auto", "w1", task_s=0.4, nbytes=4_000_000_000
+            [busy("w1", 1), busy("w2", 0)], Policy.AUTO, "w1", task_s=0.4, nbytes=4_000_000_000
         )
         == "w1"
     )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import uuid
 
+from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.scheduler.runs import RunState, StepSpec
 
 
 def _run(*refs: str) -> RunState:
     steps = [StepSpec(ref, ref, f"m:{ref}", 30.0, 2, 0.1) for ref in refs]
-    return RunState(uuid.uuid4(), "affinity", "cdi", steps, "s3://b/in.jpg")
+    return RunState(uuid.uuid4(), Policy.AFFINITY, DataPlane.CDI, steps, "s3://b/in.jpg")
 
 
 def _complete(run: RunState, task_run_id: int, *, held: bool) -> None:

@@ -22,12 +22,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator import keys
-from orchestrator.db.engine import make_engine, make_session_factory
-from orchestrator.db.models import Event, TaskRun, TaskRunStatus, WorkflowDefinition
-from orchestrator.messages import Instruction, Report
+from orchestrator.contract import keys
+from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.vocabulary import TaskRunStatus
+from orchestrator.contract.wakeups import wake_message
+from orchestrator.db.engine import make_engine
+from orchestrator.db.models import Event, TaskRun, WorkflowDefinition
+from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.journal import Journal
 from orchestrator.scheduler.scheduler import BEATS_TTL_S, Scheduler, connect_redis
 from orchestrator.settings import Settings
 
@@ -67,17 +69,16 @@ def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Schedu
     own = Scheduler(
         f"scheduler-{uuid.uuid4().hex[:8]}",
         api_settings,
-        make_session_factory(engine),
+        SchedulerStore(engine),
         connect_redis(api_settings.redis_url),  # as the scheduler's command line makes it
         _NoCDI(),  # type: ignore[arg-type]
         ObjectStore(api_settings),
-        journal=Journal(engine),
     )
     try:
         yield own
     finally:
         own.stop()
-        own.journal.close()
+        own.db.close()
         own.redis.close()
         engine.dispose()
 
@@ -107,7 +108,7 @@ def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
         instruction.task_run_id,
         workflow_id,
         WORKER,
-        "TIMED_OUT",
+        TaskRunStatus.TIMED_OUT,
         now - 1.0,
         now,
         error="task 'noop1' timed out after 1 s",
@@ -154,7 +155,9 @@ def test_a_task_free_to_go_anywhere_waits_for_room_and_goes_when_a_report_frees_
 
     first = Instruction.loads(api_redis.rpop(queue))  # type: ignore[arg-type]
     now = time.time()
-    done = Report(first.task_run_id, first.workflow_id, WORKER, "COMPLETED", now - 0.5, now)
+    done = Report(
+        first.task_run_id, first.workflow_id, WORKER, TaskRunStatus.COMPLETED, now - 0.5, now
+    )
     api_redis.lpush(scheduler.reply_key, done.dumps())
     scheduler._step()
 
@@ -181,14 +184,16 @@ def test_a_waiting_task_of_a_cancelled_workflow_never_goes_out(
     cancelled = api_client.post(f"/api/workflows/{ids[2]}/cancel")
     assert cancelled.status_code == 200, cancelled.text
     api_redis.delete(keys.WAKE)  # only the cancel's own wake-up below, not the starts'
-    api_redis.lpush(keys.WAKE, f"{keys.WAKE_CANCEL}{ids[2]}")
+    api_redis.lpush(keys.WAKE, wake_message(uuid.UUID(ids[2]), cancel=True))
     scheduler._step()
     assert uuid.UUID(ids[2]) not in scheduler.runs
 
     queue = keys.worker_queue_key(WORKER)
     first = Instruction.loads(api_redis.rpop(queue))  # type: ignore[arg-type]
     now = time.time()
-    done = Report(first.task_run_id, first.workflow_id, WORKER, "COMPLETED", now - 0.5, now)
+    done = Report(
+        first.task_run_id, first.workflow_id, WORKER, TaskRunStatus.COMPLETED, now - 0.5, now
+    )
     api_redis.lpush(scheduler.reply_key, done.dumps())
     scheduler._step()  # a slot is free, but the only waiting run was cancelled
 

@@ -47,7 +47,7 @@ DEADLINE_S = 60.0
 # Stand-in worker: heartbeats into the hash the stack waits for, until it is killed.
 WORKER_STAND_IN = """
 import os, sys, time, redis
-from orchestrator.keys import worker_key
+from orchestrator.contract.keys import worker_key
 client = redis.Redis.from_url(os.environ["REDIS_URL"])
 started_at = time.time()
 while True:

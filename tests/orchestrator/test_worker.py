@@ -29,8 +29,8 @@ from PIL import Image, ImageFilter
 import cdi
 from cdi.minion.process import MinionChild
 from loadtest.netem_proxy import LinkSpec, NetemProxy
-from orchestrator import keys
-from orchestrator.messages import Instruction, Report
+from orchestrator.contract import keys
+from orchestrator.contract.messages import Instruction, Report
 from orchestrator.worker.worker import FINISH_AHEAD
 from workflows.imagebuf import decode_bytes, encode_image, read_image, required_size, write_image
 

@@ -1,24 +1,32 @@
-"""Dependencies the routes declare: a database session per request and the Redis client."""
+"""What the routes use: a database session per request, the Redis clients, the run store on
+the event loop."""
 
 from __future__ import annotations
 
-import logging
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated
 
 import redis
+import redis.asyncio
 from fastapi import Depends, Request
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator import keys
+from orchestrator.db.async_run_store import AsyncRunStore
 
-__all__ = ["RedisDep", "Resources", "SessionDep", "get_db", "get_redis", "wake_scheduler"]
-
-log = logging.getLogger(__name__)
+__all__ = [
+    "RedisDep",
+    "Resources",
+    "SessionDep",
+    "async_redis",
+    "get_db",
+    "get_redis",
+    "run_store",
+    "utc",
+]
 
 
 @dataclass(frozen=True)
@@ -62,14 +70,19 @@ SessionDep = Annotated[Session, Depends(get_db)]
 RedisDep = Annotated[redis.Redis, Depends(get_redis)]
 
 
-def wake_scheduler(client: redis.Redis, workflow_id: uuid.UUID, *, cancel: bool = False) -> None:
-    """Tell the scheduler a workflow was created, retried or (``cancel``) cancelled; call after
-    the commit.
+def run_store(request: Request) -> AsyncRunStore:
+    """The app's store for a workflow's start and reads on the event loop."""
+    store: AsyncRunStore = request.app.state.run_store
+    return store
 
-    A lost wake-up only delays the scheduler until its next poll of Postgres, so a Redis
-    failure here is logged rather than failing a request whose change is already committed.
-    """
-    try:
-        client.lpush(keys.WAKE, keys.wake_message(workflow_id, cancel=cancel))
-    except redis.RedisError as exc:
-        log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
+
+def async_redis(request: Request) -> redis.asyncio.Redis:
+    """The app's Redis client for the event loop (the new run's wake-up)."""
+    client: redis.asyncio.Redis = request.app.state.async_redis
+    return client
+
+
+def utc(moment: datetime) -> datetime:
+    """A moment from a query: one without a zone is read as UTC, not as the database
+    session's zone."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

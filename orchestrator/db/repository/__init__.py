@@ -1,4 +1,5 @@
-"""What the controller, scheduler and workers do to the database, as plain functions.
+"""What the API does to the database, as plain functions (the scheduler's statements are in
+``db.run_statements``, sent by ``db.scheduler_store``).
 
 Every function takes a ``Session`` and leaves committing to the caller; errors are the
 ``orchestrator.errors`` tree (``NotFound``, ``Conflict``, ``InvalidDefinition``).
@@ -18,24 +19,17 @@ from orchestrator.db.repository.definitions import (
 )
 from orchestrator.db.repository.workflows import (
     WorkflowFilter,
-    add_task_run,
     cancel_workflow,
-    claim_pending_workflows,
     create_workflow,
     ended_among,
     get_workflow,
     list_workflows,
-    record_event,
-    record_handoff,
     retry_workflow,
-    set_workflow_status,
 )
 
 __all__ = [
     "WorkflowFilter",
-    "add_task_run",
     "cancel_workflow",
-    "claim_pending_workflows",
     "create_task_definition",
     "create_workflow",
     "create_workflow_definition",
@@ -47,11 +41,8 @@ __all__ = [
     "list_task_definitions",
     "list_workflow_definitions",
     "list_workflows",
-    "record_event",
-    "record_handoff",
     "retry_workflow",
     "seed_bundled_definitions",
-    "set_workflow_status",
     "task_names",
     "workflow_definition_names",
 ]

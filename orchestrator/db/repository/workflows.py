@@ -1,8 +1,13 @@
-"""Workflow runs: create, list, cancel, retry, claim; task runs, hand-offs and events.
+"""Workflow runs as the API sees them: start, list, read, cancel, retry.
 
 Functions take the caller's ``Session`` and never commit: the caller owns the transaction.
-State changes lock the workflow row first, so the controller (cancel) and a scheduler
-(complete) cannot both move a workflow out of a state.
+A cancel ends a run with the scheduler's own ending statement, which locks the workflow row
+first, so the controller and a scheduler cannot both move a workflow out of a state.
+
+The statements a workflow's start and its detail run on (``CREATE_STATEMENT``,
+``DETAIL_STATEMENT``, ...) are also compiled once into psycopg's text (``..._SQL``) for the
+API's event loop (``db.async_run_store``) and the scheduler (``db.scheduler_store``), so each
+has one definition.
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, Final
 
 from sqlalchemy import (
     ColumnElement,
@@ -21,43 +26,37 @@ from sqlalchemy import (
     bindparam,
     cast,
     func,
-    or_,
     select,
     text,
-    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import ClauseElement
 
-from orchestrator.db.models import (
-    DataPlane,
-    Event,
-    Handoff,
-    Policy,
-    TaskRun,
-    Workflow,
-    WorkflowStatus,
-)
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.db.models import Event, Handoff, TaskRun, Workflow
 from orchestrator.db.repository.definitions import workflow_definition_names
+from orchestrator.db.run_statements import FINISH, Finish, finish_params
 from orchestrator.errors import Conflict, NotFound
 
 __all__ = [
+    "CREATE_SQL",
     "CREATE_STATEMENT",
+    "DETAIL_SQL",
     "DETAIL_STATEMENT",
+    "RECENT_EVENTS_SQL",
     "RECENT_EVENTS_STATEMENT",
+    "STATUS_SQL",
     "STATUS_STATEMENT",
     "WorkflowFilter",
-    "add_task_run",
     "cancel_workflow",
-    "claim_pending_workflows",
+    "create_params",
     "create_workflow",
     "ended_among",
     "get_workflow",
     "list_workflows",
-    "record_event",
-    "record_handoff",
     "retry_workflow",
-    "set_workflow_status",
 ]
 
 
@@ -91,24 +90,11 @@ class WorkflowFilter:
         return out
 
 
-def record_event(
-    session: Session,
-    kind: str,
-    data: dict[str, Any] | None = None,
-    *,
-    workflow_id: uuid.UUID | None = None,
-) -> Event:
-    """Append to the event log; ``kind`` like ``"workflow.created"``."""
-    event = Event(kind=kind, data=data or {}, workflow_id=workflow_id)
-    session.add(event)
-    return event
-
-
 # One statement (one round trip): the definition must exist, the run and its event are written
 # together. *Why:* starting workflows is the API's hottest write; the ORM took four round trips.
-# The API runs it on its event loop (``controller/hot_path.py``), compiled for psycopg. A run
-# whose id exists already is left as it is (no row returned, no event): a start sent again
-# after its connection dropped does nothing the second time.
+# The API runs it on its event loop (``CREATE_SQL``). A run whose id exists already is left as
+# it is (no row returned, no event): a start sent again after its connection dropped does
+# nothing the second time.
 CREATE_STATEMENT = text(
     """
     WITH w AS (
@@ -174,7 +160,8 @@ def create_params(
     }
 
 
-# What a long poll looks at before an announcement says the run has ended.
+# A run's status: what a long poll looks at before an announcement says the run has ended, and
+# what the scheduler looks at when a cancellation wakes it.
 STATUS_STATEMENT = select(Workflow.status).where(Workflow.id == bindparam("id"))
 
 
@@ -220,60 +207,22 @@ def list_workflows(
     return list(page), total
 
 
-def set_workflow_status(
-    session: Session,
-    workflow_id: uuid.UUID,
-    status: WorkflowStatus,
-    *,
-    error: str | None = None,
-    output: dict[str, Any] | None = None,
-    result_uri: str | None = None,
-) -> Workflow:
-    """Move a workflow to ``status``, stamping ``started_at`` (first RUNNING) and
-    ``finished_at`` (a finished state) with the database clock.
-
-    A finished workflow (COMPLETED, FAILED, CANCELLED) never changes again: ``Conflict``. That
-    is how a scheduler finishing a run learns that the user cancelled it meanwhile.
-    """
-    workflow = get_workflow(session, workflow_id, lock=True)
-    if workflow.status.finished:
-        raise Conflict(
-            f"workflow run {workflow_id} is already {workflow.status}; it cannot become {status}"
-        )
-    previous = workflow.status
-    workflow.status = status
-    if status is WorkflowStatus.RUNNING and workflow.started_at is None:
-        workflow.started_at = _db_now(session)
-    if status.finished:
-        workflow.finished_at = _db_now(session)
-    if error is not None:
-        workflow.error = error
-    if output is not None:
-        workflow.output = output
-    if result_uri is not None:
-        workflow.result_uri = result_uri
-    data: dict[str, Any] = {"from": previous, "to": status}
-    if error is not None:
-        data["error"] = error
-    record_event(session, f"workflow.{status.lower()}", data, workflow_id=workflow_id)
-    session.flush()
-    return workflow
-
-
 def cancel_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
     """PENDING or RUNNING → CANCELLED; ``Conflict`` if it has already finished.
 
-    The scheduler, woken by the caller, stops the work and cleans up its task runs.
+    The ending is the scheduler's own statement (``run_statements.FINISH``), so a cancel and a
+    scheduler's end of the same run lock the same row and only the first one counts. The
+    scheduler, woken by the caller, stops the work and cleans up its task runs.
     """
-    workflow = get_workflow(session, workflow_id, lock=True)
-    if workflow.status.finished:
+    cancel = Finish(workflow_id, WorkflowStatus.CANCELLED, error="cancelled by request")
+    ended = session.connection().exec_driver_sql(FINISH, finish_params(cancel)).scalar()
+    workflow = get_workflow(session, workflow_id)
+    if not ended:
         raise Conflict(
             f"workflow run {workflow_id} has already finished ({workflow.status}); "
             "only PENDING or RUNNING runs can be cancelled"
         )
-    return set_workflow_status(
-        session, workflow_id, WorkflowStatus.CANCELLED, error="cancelled by request"
-    )
+    return workflow
 
 
 def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
@@ -295,90 +244,10 @@ def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
     )
 
 
-def claim_pending_workflows(
-    session: Session,
-    scheduler_id: str,
-    limit: int,
-    *,
-    reclaim_after: timedelta | None = None,
-) -> list[Workflow]:
-    """Take up to ``limit`` PENDING workflows, oldest first, for scheduler ``scheduler_id``.
-
-    Unclaimed ones qualify, and with ``reclaim_after`` also those whose claim is older than
-    that (its scheduler presumably died before starting them). ``FOR UPDATE SKIP LOCKED`` makes
-    concurrent schedulers skip each other's rows instead of waiting, so no workflow is ever
-    returned to two of them. The rows stay locked until the caller commits.
-    """
-    if limit <= 0:
-        return []
-    unclaimed: ColumnElement[bool] = Workflow.claimed_by.is_(None)
-    if reclaim_after is not None:
-        stale = Workflow.claimed_at < func.now() - reclaim_after
-        unclaimed = or_(unclaimed, stale)
-    # A locking CTE is always materialised, so the LIMIT applies once (an IN (subquery) may
-    # be re-run per row by the planner and claim more than asked).
-    claimable = (
-        select(Workflow.id)
-        .where(Workflow.status == WorkflowStatus.PENDING, unclaimed)
-        .order_by(Workflow.created_at, Workflow.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .cte("claimable")
-    )
-    claimed = session.scalars(
-        update(Workflow)
-        .where(Workflow.id == claimable.c.id)
-        .values(claimed_by=scheduler_id, claimed_at=func.now())
-        .returning(Workflow),
-        execution_options={"populate_existing": True},
-    ).all()
-    return sorted(claimed, key=lambda w: (w.created_at, str(w.id)))
-
-
-def add_task_run(
-    session: Session,
-    workflow_id: uuid.UUID,
-    ref: str,
-    task: str,
-    *,
-    attempt: int = 1,
-    worker_id: str | None = None,
-) -> TaskRun:
-    """Record a QUEUED attempt of step ``ref``; ``(workflow_id, ref, attempt)`` is unique."""
-    run = TaskRun(workflow_id=workflow_id, ref=ref, task=task, attempt=attempt, worker_id=worker_id)
-    session.add(run)
-    session.flush()
-    return run
-
-
-def record_handoff(
-    session: Session,
-    workflow_id: uuid.UUID,
-    from_container: str,
-    to_container: str,
-    *,
-    nbytes: int,
-    duration_us: float,
-    task_run_id: int | None = None,
-) -> Handoff:
-    """Record one CDI ownership transfer made on behalf of a workflow."""
-    handoff = Handoff(
-        workflow_id=workflow_id,
-        task_run_id=task_run_id,
-        from_container=from_container,
-        to_container=to_container,
-        bytes=nbytes,
-        duration_us=duration_us,
-    )
-    session.add(handoff)
-    session.flush()
-    return handoff
-
-
 # The detail of a run is read as plain rows (attribute access by column name, which the API's
 # schemas read as they read ORM objects). *Why:* through an ORM session this read was 44 % of
 # the API's GIL-holding samples at 10 KB images; the rows are read-only and never modified.
-# The API runs these on its event loop (``controller/hot_path.py``), compiled for psycopg.
+# The API runs these on its event loop (``DETAIL_SQL``, ``RECENT_EVENTS_SQL``).
 RECENT_EVENTS_STATEMENT = (
     select(Event.__table__)
     .where(Event.workflow_id == bindparam("id"))
@@ -408,9 +277,14 @@ DETAIL_STATEMENT = select(
 ).where(Workflow.id == bindparam("id"))
 
 
-def _db_now(session: Session) -> datetime:
-    # The database clock (transaction start), like the created_at defaults, so the
-    # timestamps of one run never disagree because two hosts' clocks do.
-    now: datetime | None = session.scalar(select(func.now()))
-    assert now is not None
-    return now
+_PSYCOPG: Final = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
+
+
+def _psycopg_text(statement: ClauseElement) -> str:
+    return str(statement.compile(dialect=_PSYCOPG))
+
+
+CREATE_SQL: Final = _psycopg_text(CREATE_STATEMENT)
+STATUS_SQL: Final = _psycopg_text(STATUS_STATEMENT)
+DETAIL_SQL: Final = _psycopg_text(DETAIL_STATEMENT)
+RECENT_EVENTS_SQL: Final = _psycopg_text(RECENT_EVENTS_STATEMENT)

@@ -22,10 +22,11 @@ from typing import Annotated, Final, Literal
 from fastapi import APIRouter, Depends, Request, Response
 from PIL import Image
 
+from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.controller.api.deps import SessionDep
 from orchestrator.controller.schemas import ImagePublic, WorkflowImagesPublic, error_responses
 from orchestrator.db import repository as repo
-from orchestrator.db.models import Workflow, WorkflowStatus
+from orchestrator.db.models import Workflow
 from orchestrator.errors import (
     InputMissing,
     InputTooLarge,

@@ -1,28 +1,32 @@
-"""``/api/task-runs``: task runs across workflows, e.g. what each worker is doing now.
+"""``/api/task-runs``: task runs across workflows: what each worker is doing now, and what
+ran within a time window.
 
 Postgres holds a task run as QUEUED until its report arrives (the report carries its start and
 end), so "running now" comes from Redis: a worker moves the instruction it runs into its
-in-flight list and removes it only after reporting (``orchestrator.messages``).
+in-flight list and removes it only after reporting (``orchestrator.contract.messages``).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime
 from typing import Annotated
 
 import redis
 from fastapi import APIRouter, Query
-from sqlalchemy import select
 
-from orchestrator import keys
-from orchestrator.controller.api.deps import RedisDep, SessionDep
-from orchestrator.controller.schemas import ActiveTaskRunPublic, error_responses
-from orchestrator.db.models import TaskRun, TaskRunStatus
+from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import TaskRunStatus
+from orchestrator.controller.api.deps import RedisDep, SessionDep, utc
+from orchestrator.controller.schemas import (
+    ActiveTaskRunPublic,
+    TaskRunInWorkflowPublic,
+    error_responses,
+)
+from orchestrator.db.repository import task_runs as repo
 
 router = APIRouter(prefix="/task-runs", tags=["task runs"])
-
-_ACTIVE = (TaskRunStatus.QUEUED, TaskRunStatus.RUNNING)
 
 
 def in_flight(client: redis.Redis, workers: set[str]) -> set[int]:
@@ -52,12 +56,7 @@ def list_active_task_runs(
 ) -> list[ActiveTaskRunPublic]:
     """Unfinished task runs, oldest first: RUNNING while a worker holds the instruction in its
     in-flight list, QUEUED while it waits in a queue."""
-    query = select(TaskRun).where(TaskRun.status.in_(_ACTIVE))
-    if worker is not None:
-        query = query.where(TaskRun.worker_id == worker)
-    if workflow is not None:
-        query = query.where(TaskRun.workflow_id == workflow)
-    rows = list(session.scalars(query.order_by(TaskRun.queued_at, TaskRun.id).limit(limit)))
+    rows = repo.list_active_task_runs(session, worker=worker, workflow=workflow, limit=limit)
     running = in_flight(client, {r.worker_id for r in rows if r.worker_id})
     out = []
     for row in rows:
@@ -66,3 +65,31 @@ def list_active_task_runs(
             public.status = TaskRunStatus.RUNNING
         out.append(public)
     return out
+
+
+@router.get("", responses=error_responses(422))
+def list_task_runs_within(
+    session: SessionDep,
+    finished_after: Annotated[
+        datetime, Query(description="Only runs that finished after this moment.")
+    ],
+    started_before: Annotated[
+        datetime, Query(description="Only runs that started before this moment.")
+    ],
+    after_id: Annotated[
+        int, Query(ge=0, description="Only runs with a greater id: the last id of a page.")
+    ] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> list[TaskRunInWorkflowPublic]:
+    """Task runs that ran, at least in part, between ``finished_after`` and
+    ``started_before`` (e.g. each worker's busy time over a benchmark's window), by id. A page
+    shorter than ``limit`` is the last; otherwise ask again with ``after_id`` set to its last
+    id. A moment without a zone is UTC."""
+    rows = repo.list_task_runs_within(
+        session,
+        finished_after=utc(finished_after),
+        started_before=utc(started_before),
+        after_id=after_id,
+        limit=limit,
+    )
+    return [TaskRunInWorkflowPublic.model_validate(row) for row in rows]

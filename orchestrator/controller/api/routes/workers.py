@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from fastapi import APIRouter
 
-from orchestrator import keys
+from orchestrator.contract import keys
 from orchestrator.controller.api.deps import RedisDep
 from orchestrator.controller.schemas import WorkerPublic, error_responses
 

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from orchestrator.announce import announce_finished
-from orchestrator.controller.api.deps import RedisDep, Resources, SessionDep, wake_scheduler
+from orchestrator.contract import announce_finished, wake_scheduler, wake_scheduler_async
+from orchestrator.contract.vocabulary import Policy, WorkflowStatus
+from orchestrator.controller.api.deps import (
+    RedisDep,
+    Resources,
+    SessionDep,
+    async_redis,
+    run_store,
+    utc,
+)
 from orchestrator.controller.finish_watch import FinishWatch
-from orchestrator.controller.hot_path import HotPath
 from orchestrator.controller.schemas import (
     EventPublic,
     HandoffPublic,
@@ -24,7 +31,8 @@ from orchestrator.controller.schemas import (
     error_responses,
 )
 from orchestrator.db import repository as repo
-from orchestrator.db.models import Policy, Workflow, WorkflowStatus
+from orchestrator.db.async_run_store import AsyncRunStore
+from orchestrator.db.models import Workflow
 from orchestrator.errors import NotFound
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
@@ -35,13 +43,6 @@ MAX_WAIT_S = 60.0  # a long poll answers within this; clients ask again
 def _created(row: Workflow, response: Response) -> WorkflowPublic:
     response.headers["Location"] = f"/api/workflows/{row.id}"
     return WorkflowPublic.model_validate(row)
-
-
-def _aware(moment: datetime | None) -> datetime | None:
-    # A timestamp without a zone is read as UTC, not as the database session's zone.
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
 
 
 @router.post("", status_code=201, responses=error_responses(404))
@@ -65,7 +66,7 @@ async def start_workflow(
     answer is the run's detail (as ``GET /api/workflows/{id}``, without events) once it has
     ended: one request for a client that wants the result.
     """
-    hot: HotPath = request.app.state.hot_path
+    runs = run_store(request)
     if wait_s <= 0:
         row = await _create(request, body, uuid.uuid4())
         response.headers["Location"] = f"/api/workflows/{row.id}"
@@ -78,19 +79,18 @@ async def start_workflow(
         ended = await watch.until(
             woken,
             wait_s,
-            lambda announced: _detail(hot, row.id, 0, finished=True, announced=announced),
+            lambda announced: _detail(runs, row.id, 0, finished=True, announced=announced),
             look_first=False,
         )
     if ended is not None:
         return ended
-    detail = await _detail(hot, row.id, 0)
+    detail = await _detail(runs, row.id, 0)
     assert detail is not None
     return detail
 
 
 async def _create(request: Request, body: WorkflowCreate, workflow_id: uuid.UUID) -> Any:
-    hot: HotPath = request.app.state.hot_path
-    row = await hot.create(
+    row = await run_store(request).create(
         body.workflow,
         body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
         policy=body.policy,
@@ -101,7 +101,7 @@ async def _create(request: Request, body: WorkflowCreate, workflow_id: uuid.UUID
         resources: Resources = request.app.state.resources
         known = await run_in_threadpool(_workflow_definition_names, resources)
         raise NotFound("workflow", body.workflow, known=known)
-    await hot.wake_scheduler(row.id)
+    await wake_scheduler_async(async_redis(request), row.id)
     return row
 
 
@@ -130,8 +130,8 @@ def list_workflows(
         status=status,
         definition=workflow,
         policy=policy,
-        created_after=_aware(created_after),
-        created_before=_aware(created_before),
+        created_after=None if created_after is None else utc(created_after),
+        created_before=None if created_before is None else utc(created_before),
         id_prefix=q or None,
     )
     rows, total = repo.list_workflows(session, filters, limit=limit, offset=offset)
@@ -155,23 +155,25 @@ async def get_workflow(
     ] = 0.0,
 ) -> WorkflowDetail:
     """A run with its task runs (every attempt), CDI hand-offs and latest events."""
-    hot: HotPath = request.app.state.hot_path
+    runs = run_store(request)
     if wait_s > 0:
         watch: FinishWatch = request.app.state.finish_watch
         ended = await watch.wait(
             workflow_id,
             wait_s,
-            lambda announced: _detail(hot, workflow_id, events, finished=True, announced=announced),
+            lambda announced: _detail(
+                runs, workflow_id, events, finished=True, announced=announced
+            ),
         )
         if ended is not None:
             return ended
-    detail = await _detail(hot, workflow_id, events)
+    detail = await _detail(runs, workflow_id, events)
     assert detail is not None
     return detail
 
 
 async def _detail(
-    hot: HotPath,
+    runs: AsyncRunStore,
     workflow_id: uuid.UUID,
     events: int,
     *,
@@ -181,9 +183,9 @@ async def _detail(
     """The run's detail; with ``finished``, ``None`` while it runs. A look that no announcement
     prompted asks for the status alone first (one query); after an announcement the run has
     most likely ended, so the detail is loaded straight away."""
-    if finished and not announced and not (await hot.status(workflow_id)).finished:
+    if finished and not announced and not (await runs.status(workflow_id)).finished:
         return None
-    row, recent = await hot.detail(workflow_id, events)
+    row, recent = await runs.detail(workflow_id, events)
     if finished and not WorkflowStatus(row.status).finished:
         return None
     return WorkflowDetail(

@@ -1,13 +1,12 @@
-"""The API's hottest work, on its event loop: start a run, wake the scheduler, read the run.
+"""A workflow's start and its reads on the API's event loop, on an asyncio psycopg pool.
 
-Every start-and-wait request inserts a run, pushes a wake-up to the scheduler and, once the run
-has ended, reads its detail. Through SQLAlchemy in a worker thread each statement paid for a
-thread hop, the pool's pre-ping and SQLAlchemy's execution around psycopg; on an asyncio
-psycopg pool it pays for none of them, and the API's CPU per 10 KB workflow fell from
-2.77–3.10 ms to 1.90–2.08 (`cdiflow bench workflows`, docs/benchmarks.md, *Fifteenth round*).
-The SQL is the repository's own statements compiled once for psycopg, so each still has one
-definition. Everything else the API does stays on the synchronous engine in worker threads: it
-is not on a workflow's path.
+Every start-and-wait request inserts a run and, once the run has ended, reads its detail.
+Through SQLAlchemy in a worker thread each statement paid for a thread hop, the pool's
+pre-ping and SQLAlchemy's execution around psycopg; on an asyncio psycopg pool it pays for none
+of them (the API's CPU per 10 KB workflow: docs/benchmarks.md, *Fifteenth round*). The SQL is
+the repository's own statements compiled once for psycopg (``repository.workflows``), so each
+still has one definition. Everything else the API does stays on the synchronous engine in
+worker threads: it is not on a workflow's path.
 
 A connection idle for more than ``CHECK_IDLE_S`` is pinged before use (what ``pool_pre_ping``
 does for every use), so a Postgres restarted while the API waited costs no request; one in
@@ -28,46 +27,36 @@ from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
 import psycopg
-import redis
-import redis.asyncio
 from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy import URL
-from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
-from sqlalchemy.sql import ClauseElement
 
-from orchestrator import keys
-from orchestrator.db.models import DataPlane, Policy, WorkflowStatus
-from orchestrator.db.repository import workflows as repo
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.db.repository.workflows import (
+    CREATE_SQL,
+    DETAIL_SQL,
+    RECENT_EVENTS_SQL,
+    STATUS_SQL,
+    create_params,
+)
 from orchestrator.errors import NotFound, ServiceError
 
-__all__ = ["CHECK_IDLE_S", "HotPath"]
+__all__ = ["CHECK_IDLE_S", "AsyncRunStore"]
 
 log = logging.getLogger(__name__)
 
 CHECK_IDLE_S: Final = 2.0
 POOL_MAX: Final = 8  # statements in flight at once; the loop thread runs one at a time anyway
-_DIALECT: Final = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
-
-
-def _psycopg_sql(statement: ClauseElement) -> str:
-    return str(statement.compile(dialect=_DIALECT))
-
-
-_CREATE_SQL: Final = _psycopg_sql(repo.CREATE_STATEMENT)
-_STATUS_SQL: Final = _psycopg_sql(repo.STATUS_STATEMENT)
-_DETAIL_SQL: Final = _psycopg_sql(repo.DETAIL_STATEMENT)
-_EVENTS_SQL: Final = _psycopg_sql(repo.RECENT_EVENTS_STATEMENT)
 
 T = TypeVar("T")
 _Row = Any  # a named tuple: attributes by column name, as the API's schemas read rows
 
 
-class HotPath:
-    """An asyncio psycopg pool and Redis client for the API's per-workflow statements."""
+class AsyncRunStore:
+    """An asyncio psycopg pool for the API's per-workflow statements: start, status, detail."""
 
-    def __init__(self, database_url: URL, redis_url: str, *, max_size: int = POOL_MAX) -> None:
+    def __init__(self, database_url: URL, *, max_size: int = POOL_MAX) -> None:
         conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._returned: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float]
         self._returned = weakref.WeakKeyDictionary()
@@ -77,14 +66,11 @@ class HotPath:
             max_size=max_size,
             open=False,
             timeout=10.0,
-            name="api-hot-path",
+            name="api-runs",
             check=self._check_if_idle,
             # Autocommit: each statement is its own (durable) transaction, no BEGIN/COMMIT
             # round trips; prepared on the server at its second use, like the engine's.
             kwargs={"autocommit": True, "prepare_threshold": 1, "row_factory": namedtuple_row},
-        )
-        self._redis = redis.asyncio.Redis.from_url(
-            redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=5
         )
 
     async def open(self) -> None:
@@ -92,7 +78,6 @@ class HotPath:
 
     async def close(self) -> None:
         await self._pool.close()
-        await self._redis.aclose()
 
     # ------------------------------------------------------------------ statements
     async def create(
@@ -107,14 +92,14 @@ class HotPath:
         """Insert a PENDING run (and its event) in one statement and return it; a run with
         this id that exists already is returned as it is; ``None`` if ``definition`` does not
         exist."""
-        params = repo.create_params(definition, input, policy, data_plane, None, workflow_id)
+        params = create_params(definition, input, policy, data_plane, None, workflow_id)
         params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
 
         async def insert(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
-            cursor = await conn.execute(_CREATE_SQL, params)
+            cursor = await conn.execute(CREATE_SQL, params)
             row = await cursor.fetchone()
             if row is None:  # no such definition, or an earlier try committed this very run
-                cursor = await conn.execute(_DETAIL_SQL, {"id": workflow_id})
+                cursor = await conn.execute(DETAIL_SQL, {"id": workflow_id})
                 row = await cursor.fetchone()
             return row
 
@@ -125,7 +110,7 @@ class HotPath:
         ``NotFound`` if there is no such run."""
 
         async def read(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
-            cursor = await conn.execute(_STATUS_SQL, {"id": workflow_id})
+            cursor = await conn.execute(STATUS_SQL, {"id": workflow_id})
             return await cursor.fetchone()
 
         row = await self._twice(read)
@@ -138,25 +123,17 @@ class HotPath:
         ``events`` events, oldest first; ``NotFound`` if there is no such run."""
 
         async def read(conn: psycopg.AsyncConnection[_Row]) -> tuple[_Row, list[_Row]]:
-            cursor = await conn.execute(_DETAIL_SQL, {"id": workflow_id})
+            cursor = await conn.execute(DETAIL_SQL, {"id": workflow_id})
             row = await cursor.fetchone()
             if row is None:
                 raise NotFound("workflow run", workflow_id)
             recent: list[_Row] = []
             if events:
-                cursor = await conn.execute(_EVENTS_SQL, {"id": workflow_id, "limit": events})
+                cursor = await conn.execute(RECENT_EVENTS_SQL, {"id": workflow_id, "limit": events})
                 recent = list(reversed(await cursor.fetchall()))
             return row, recent
 
         return await self._twice(read)
-
-    async def wake_scheduler(self, workflow_id: uuid.UUID) -> None:
-        """``deps.wake_scheduler`` on the loop, for a new run: a lost wake-up only delays it
-        until a scheduler's next look at Postgres, so a Redis error is logged, not raised."""
-        try:
-            await self._redis.lpush(keys.WAKE, keys.wake_message(workflow_id))
-        except redis.RedisError as exc:
-            log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
 
     # ------------------------------------------------------------------ pool
     async def _twice(self, work: Callable[[psycopg.AsyncConnection[_Row]], Awaitable[T]]) -> T:

@@ -5,7 +5,7 @@ The scheduler LPUSHes an ``Instruction`` (JSON) onto the worker's own queue
 ``Report`` onto ``Instruction.reply_to`` and only then removes the instruction from its in-flight
 list (a reliable pop: an instruction popped by a worker that dies is still there to requeue).
 
-Data planes:
+Data planes (``DataPlane``):
 
 * ``cdi``: the image is a CDI object (``workflows.imagebuf`` layout) under ``key``, owned by the
   worker when it pops the instruction; for the workflow's first task, which names the S3 input
@@ -31,18 +31,22 @@ Data planes:
 
 Every instruction carries the workflow's ``input.data`` (``data``), given to the task as
 ``ctx.input``.
+
+Both messages are read strictly (``loads``): a field the reader does not know makes the message
+unreadable (docs/architecture.md, *Messages*). ``loads`` checks names, not types: a field's
+value is what the JSON held (a plain string where the field is an enum, which compares equal
+to its member), and the worker checks the values it acts on.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-__all__ = ["DataPlane", "Instruction", "Report", "ReportStatus"]
+from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 
-DataPlane = Literal["cdi", "object-store", "none"]
-ReportStatus = Literal["COMPLETED", "FAILED", "TIMED_OUT"]
+__all__ = ["Instruction", "Report"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class Report:
     task_run_id: int
     workflow_id: str
     worker_id: str
-    status: ReportStatus
+    status: TaskRunStatus  # COMPLETED, FAILED or TIMED_OUT
     started_at: float  # unix seconds
     finished_at: float
     output: dict[str, Any] = field(default_factory=dict)  # the task's JSON output

@@ -2,7 +2,8 @@
 
 Redis holds only what can be rebuilt from Postgres (wake-ups, queues, heartbeats), so losing it
 costs latency, never correctness. Build keys with the helpers below rather than formatting
-strings at the call site, so a rename happens here once.
+strings at the call site, so a rename happens here once. What goes on the wake-up list and the
+finish channel is written and read in ``contract.wakeups``.
 """
 
 from __future__ import annotations
@@ -14,31 +15,20 @@ __all__ = [
     "FINISHED",
     "HEARTBEAT_INTERVAL_S",
     "WAKE",
-    "WAKE_CANCEL",
     "WORKERS",
     "WORKER_DEAD_AFTER_S",
     "WORKER_FIELDS",
     "WORKER_PREFIX",
     "scheduler_reports_key",
-    "wake_message",
     "worker_inflight_key",
     "worker_key",
     "worker_queue_key",
 ]
 
-# List of workflow ids. The controller LPUSHes a workflow id after committing a change the
-# scheduler must act on (created, cancelled, retried); the scheduler BRPOPs it. A wake-up is a
-# hint only: the scheduler must also poll Postgres, since a push can be lost with Redis.
+# List of wake-ups (``contract.wakeups``): the controller LPUSHes one after committing a change
+# the scheduler must act on (created, cancelled, retried); the scheduler BRPOPs it. A wake-up is
+# a hint only: the scheduler also polls Postgres, since a push can be lost with Redis.
 WAKE: Final = "cdiflow:wake"
-# A wake-up names the workflow; a cancellation's is prefixed, so that the scheduler looks up a
-# run's status only when there may be something to stop (a bare id for a run it already claimed,
-# in a batch before its own wake-up came, needs nothing).
-WAKE_CANCEL: Final = "cancel:"
-
-
-def wake_message(workflow_id: object, *, cancel: bool = False) -> str:
-    """What to LPUSH on ``WAKE`` for ``workflow_id`` (created or retried; ``cancel``: cancelled)."""
-    return f"{WAKE_CANCEL if cancel else ''}{workflow_id}"
 
 
 # Pub/sub channel: a workflow id, published once the workflow's end (completed, failed,
@@ -95,5 +85,5 @@ EPOCH: Final = "cdiflow:epoch"
 
 def scheduler_reports_key(scheduler_id: str) -> str:
     """Reports of finished task runs for one scheduler, ``cdiflow:reports:<id>``: workers LPUSH
-    ``messages.Report`` JSON, the scheduler BRPOPs (it also pushes ``tick`` to wake itself)."""
+    ``contract.messages.Report`` JSON, the scheduler BRPOPs."""
     return f"cdiflow:reports:{scheduler_id}"

@@ -1,0 +1,43 @@
+"""What the controller, the scheduler and the workers agree on, and all they share besides the
+database (``orchestrator.db``).
+
+The roles never import each other. They meet in Postgres (the truth, through ``db``) and in
+Redis, through what this package defines:
+
+* ``keys``: every Redis key and the heartbeat's fields;
+* ``messages``: the ``Instruction`` a scheduler sends a worker and the ``Report`` it gets back;
+* ``wakeups``: the scheduler's wake-ups and the announcement that a workflow ended;
+* ``vocabulary``: the enums for statuses, policies and data planes, used by the tables, the
+  messages, the REST API and the code alike.
+"""
+
+from orchestrator.contract import keys
+from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.vocabulary import (
+    CHOSEN_PLANES,
+    DataPlane,
+    Policy,
+    TaskRunStatus,
+    WorkflowStatus,
+)
+from orchestrator.contract.wakeups import (
+    announce_finished,
+    read_wake,
+    wake_scheduler,
+    wake_scheduler_async,
+)
+
+__all__ = [
+    "CHOSEN_PLANES",
+    "DataPlane",
+    "Instruction",
+    "Policy",
+    "Report",
+    "TaskRunStatus",
+    "WorkflowStatus",
+    "announce_finished",
+    "keys",
+    "read_wake",
+    "wake_scheduler",
+    "wake_scheduler_async",
+]

@@ -1,0 +1,87 @@
+"""Hints over Redis that something in Postgres changed: the scheduler's wake-ups and the
+announcement that a workflow ended.
+
+Each is sent after the commit it points at, and each may be lost (Redis restarts, a process
+dies between its commit and its push): whoever listens also looks at Postgres now and then, so
+a lost hint costs latency only. A failure to send one is therefore logged, never raised.
+
+* Wake-ups (``keys.WAKE``, a list): a bare workflow id for a run to claim (created or
+  retried), ``cancel:<id>`` for a cancelled one. *Why two kinds:* a claim takes many runs at
+  once, so most wake-ups name a run already claimed; only a cancellation makes the scheduler
+  look up a run's status.
+* Finish announcements (``keys.FINISHED``, a pub/sub channel): a workflow id once its end is
+  committed, for the API's long polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Final, NamedTuple
+
+import redis
+import redis.asyncio
+
+from orchestrator.contract import keys
+
+__all__ = [
+    "Wake",
+    "announce_finished",
+    "read_wake",
+    "wake_message",
+    "wake_scheduler",
+    "wake_scheduler_async",
+]
+
+log = logging.getLogger(__name__)
+
+_CANCEL: Final = "cancel:"
+
+
+def wake_message(workflow_id: uuid.UUID, *, cancel: bool = False) -> str:
+    """What goes on ``keys.WAKE`` for ``workflow_id`` (created or retried; ``cancel``:
+    cancelled)."""
+    return f"{_CANCEL if cancel else ''}{workflow_id}"
+
+
+class Wake(NamedTuple):
+    """A wake-up as the scheduler reads it; ``workflow_id`` is None for one it cannot read
+    (then it simply looks for work)."""
+
+    workflow_id: uuid.UUID | None
+    cancel: bool
+
+
+def read_wake(message: str) -> Wake:
+    """The wake-up ``message`` (``wake_message``) says."""
+    cancel = message.startswith(_CANCEL)
+    try:
+        return Wake(uuid.UUID(message.removeprefix(_CANCEL)), cancel)
+    except ValueError:
+        return Wake(None, cancel)
+
+
+def wake_scheduler(client: redis.Redis, workflow_id: uuid.UUID, *, cancel: bool = False) -> None:
+    """Tell the schedulers ``workflow_id`` was created, retried or (``cancel``) cancelled."""
+    try:
+        client.lpush(keys.WAKE, wake_message(workflow_id, cancel=cancel))
+    except redis.RedisError as exc:
+        log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
+
+
+async def wake_scheduler_async(
+    client: redis.asyncio.Redis, workflow_id: uuid.UUID, *, cancel: bool = False
+) -> None:
+    """``wake_scheduler`` for a caller on an event loop."""
+    try:
+        await client.lpush(keys.WAKE, wake_message(workflow_id, cancel=cancel))
+    except redis.RedisError as exc:
+        log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
+
+
+def announce_finished(client: redis.Redis, workflow_id: uuid.UUID) -> None:
+    """Tell requests waiting on ``workflow_id`` that it ended."""
+    try:
+        client.publish(keys.FINISHED, str(workflow_id))
+    except redis.RedisError as exc:
+        log.warning("could not announce the end of workflow %s: %s", workflow_id, exc)

@@ -1,0 +1,342 @@
+"""The statements that carry a workflow run through its life: claim, place a step, record a
+report, end, and a scheduler's resumption after a restart. One SQL statement each.
+
+A task costs the scheduler a report to record and the next step to place. Through the ORM that
+was a ``BEGIN``, a ``SELECT``, an ``UPDATE``, two or three ``INSERT``s and a ``COMMIT`` — seven
+round trips and the unit of work's Python, most of a no-op workflow's latency on a 2-core
+machine. Here each event is one statement whose data-modifying CTEs do every write at once, so
+it is atomic without a transaction around it (``SchedulerStore`` sends them on an autocommit
+connection; see ``docs/architecture.md``, *Commits*). The ending (``FINISH``) is also how the
+API cancels a run, inside its request's transaction.
+
+The text is psycopg's (``%(name)s`` parameters): the scheduler's connection runs it as it is,
+and a SQLAlchemy connection through ``exec_driver_sql``. The dataclasses are what the
+statements take and return.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final, LiteralString
+
+from psycopg.types.json import Jsonb
+
+from orchestrator.contract.messages import Report
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+
+__all__ = [
+    "CLAIM",
+    "FINISH",
+    "LOST",
+    "PLACE",
+    "REPORT",
+    "RESERVE_IDS",
+    "RESUME",
+    "UNQUEUE",
+    "Claimed",
+    "Finish",
+    "Handoff",
+    "Placement",
+    "claimed_from_row",
+    "finish_params",
+    "placement_params",
+    "report_params",
+]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A workflow a scheduler holds (just claimed, or resumed), with what planning needs."""
+
+    id: uuid.UUID
+    definition: str
+    input: dict[str, Any]
+    policy: Policy
+    data_plane: DataPlane
+    steps: list[dict[str, Any]] | None  # the definition's steps; None if it is gone
+    task_defs: dict[str, dict[str, Any]]  # the definitions of the tasks those steps name
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A CDI ownership transfer to record beside a task run."""
+
+    from_container: str
+    to_container: str
+    nbytes: int
+    duration_us: float
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The end of a workflow: COMPLETED (with its output), FAILED or CANCELLED (with the
+    reason)."""
+
+    workflow_id: uuid.UUID
+    status: WorkflowStatus  # a finished one
+    output: dict[str, Any] | None = None
+    result_uri: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A QUEUED task run to record (and the hand-off that moved its object, if any); its id
+    was reserved with ``RESERVE_IDS`` and ``queued_at`` (epoch seconds) is when its
+    instruction was pushed."""
+
+    task_run_id: int
+    workflow_id: uuid.UUID
+    ref: str
+    task: str
+    attempt: int
+    worker: str
+    queued_at: float
+    handoff: Handoff | None = None
+
+
+# A held run and what planning it needs: its definition's steps and the tasks they name.
+# ``source`` is a CTE of workflow rows (id, definition, input, policy, data_plane, created_at).
+_PLAN_HEAD: Final[LiteralString] = """
+SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
+       (SELECT coalesce(jsonb_object_agg(t.name, jsonb_build_object(
+                    'module', t.module, 'timeout_s', t.timeout_s, 'retries', t.retries,
+                    'retry_backoff_s', t.retry_backoff_s)), '{}'::jsonb)
+        FROM task_definitions t
+        WHERE t.name IN (SELECT s ->> 'task' FROM jsonb_array_elements(d.tasks) s))
+FROM """
+_PLAN_TAIL: Final[LiteralString] = """ c LEFT JOIN workflow_definitions d ON d.name = c.definition
+ORDER BY c.created_at, c.id
+"""
+
+# Take up to ``limit`` PENDING workflows, oldest first, and mark them RUNNING.
+# ``FOR UPDATE SKIP LOCKED`` makes concurrent schedulers skip each other's rows, so no workflow
+# is claimed twice; a claim older than ``reclaim_s`` (its scheduler died) is taken over. A
+# locking CTE is always materialised, so the LIMIT applies once.
+CLAIM: Final[LiteralString] = (
+    """
+WITH claimable AS (
+    SELECT id FROM workflows
+    WHERE status = 'PENDING'
+      AND (claimed_by IS NULL OR claimed_at < now() - make_interval(secs => %(reclaim_s)s::float8))
+    ORDER BY created_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE workflows w
+    SET claimed_by = %(me)s, claimed_at = now(), status = 'RUNNING',
+        started_at = coalesce(w.started_at, now())
+    FROM claimable c WHERE w.id = c.id
+    RETURNING w.id, w.definition, w.input, w.policy, w.data_plane, w.created_at
+), ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT id, 'workflow.running', '{"from": "PENDING", "to": "RUNNING"}'::jsonb FROM claimed
+)"""
+    + _PLAN_HEAD
+    + "claimed"
+    + _PLAN_TAIL
+)
+
+# A restarted scheduler's RUNNING workflows (its CDI objects died with it): their open task
+# runs fail, and they start over.
+RESUME: Final[LiteralString] = (
+    """
+WITH mine AS (
+    SELECT id, definition, input, policy, data_plane, created_at FROM workflows
+    WHERE status = 'RUNNING' AND claimed_by = %(me)s
+    FOR UPDATE
+), failed AS (
+    UPDATE task_runs t SET status = 'FAILED', error = 'the scheduler restarted'
+    FROM mine m WHERE t.workflow_id = m.id AND t.status IN ('QUEUED', 'RUNNING')
+), ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT id, 'workflow.resumed', jsonb_build_object('scheduler', %(me)s::text) FROM mine
+)"""
+    + _PLAN_HEAD
+    + "mine"
+    + _PLAN_TAIL
+)
+
+# Task run ids reserved ahead, so that an instruction goes out before its task run is recorded.
+RESERVE_IDS: Final[LiteralString] = (
+    "SELECT nextval(pg_get_serial_sequence('task_runs', 'id')) FROM generate_series(1, %(n)s)"
+)
+
+# The next step's task run, and the hand-off that moved its object to the worker.
+_PLACE_CTES: Final[LiteralString] = """
+nxt AS (
+    INSERT INTO task_runs (id, workflow_id, ref, task, attempt, worker_id, status, queued_at)
+    SELECT %(p_id)s::bigint, %(p_workflow)s::uuid, %(p_ref)s::text, %(p_task)s::text,
+           %(p_attempt)s::int, %(p_worker)s::text, 'QUEUED', to_timestamp(%(p_queued)s::float8)
+    WHERE %(place)s::bool
+    RETURNING id, workflow_id
+), fwd AS (
+    INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
+                          duration_us)
+    SELECT workflow_id, id, %(f_from)s::text, %(f_to)s::text, %(f_bytes)s::bigint,
+           %(f_us)s::float8
+    FROM nxt WHERE %(f_moved)s::bool
+)
+"""
+
+PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES + "SELECT count(*) FROM nxt"
+
+# The end of a workflow, unless it has ended already (a user cancelled it meanwhile, or the
+# scheduler ended it before the cancel): then nothing changes and no row is counted.
+_FINISH_CTES: Final[LiteralString] = """
+fprev AS (
+    SELECT id, status FROM workflows WHERE id = %(fin_id)s::uuid AND %(finish)s::bool
+    FOR UPDATE
+), fin AS (
+    UPDATE workflows w
+    SET status = %(fin_status)s::workflow_status, finished_at = now(),
+        output = coalesce(%(fin_output)s::jsonb, w.output),
+        result_uri = coalesce(%(fin_result_uri)s::text, w.result_uri),
+        error = coalesce(%(fin_error)s::text, w.error)
+    FROM fprev p
+    WHERE w.id = p.id AND p.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
+    RETURNING w.id, p.status::text AS prev
+), fin_ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT id, %(fin_kind)s::text, jsonb_strip_nulls(jsonb_build_object(
+        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text))
+    FROM fin
+)
+"""
+
+FINISH: Final[LiteralString] = "WITH " + _FINISH_CTES + "SELECT count(*) FROM fin"
+
+# A worker's report on a task run (and the hand-back of its object), together with the next
+# step's placement or the end of the workflow.
+REPORT: Final[LiteralString] = (
+    """
+WITH rep AS (
+    UPDATE task_runs SET
+        status = %(status)s::task_run_status,
+        worker_id = %(worker)s,
+        started_at = to_timestamp(%(started)s::float8),
+        finished_at = to_timestamp(%(finished)s::float8),
+        queue_wait_ms = greatest(0.0,
+            (%(started)s::float8 - extract(epoch FROM queued_at)::float8) * 1000.0),
+        run_ms = %(run_ms)s,
+        cpu_ms = %(cpu_ms)s,
+        bytes_in = %(bytes_in)s,
+        bytes_out = %(bytes_out)s,
+        output = %(output)s,
+        error = %(error)s
+    WHERE id = %(task_run_id)s
+    RETURNING workflow_id, ref, attempt
+), ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT workflow_id, %(kind)s::text, jsonb_build_object(
+        'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text, 'error', %(error_text)s::text)
+    FROM rep
+), back AS (
+    INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
+                          duration_us)
+    SELECT workflow_id, %(task_run_id)s::bigint, %(b_from)s::text, %(b_to)s::text,
+           %(b_bytes)s::bigint, %(b_us)s::float8
+    FROM rep WHERE %(b_moved)s::bool
+),"""
+    + _PLACE_CTES
+    + ","
+    + _FINISH_CTES
+    + "SELECT count(*) FROM fin"  # every data-modifying CTE runs, read or not
+)
+
+# A task run whose worker died or went silent, unless its report came first.
+LOST: Final[LiteralString] = """
+WITH lost AS (
+    UPDATE task_runs SET status = 'FAILED', error = %(reason)s::text
+    WHERE id = %(id)s AND status IN ('QUEUED', 'RUNNING')
+    RETURNING workflow_id, ref
+)
+INSERT INTO events (workflow_id, kind, data)
+SELECT workflow_id, 'task.lost', jsonb_build_object('ref', ref, 'reason', %(reason)s::text)
+FROM lost
+"""
+
+# A cancelled run's task runs that no worker took.
+UNQUEUE: Final[LiteralString] = (
+    "UPDATE task_runs SET status = 'CANCELLED' WHERE workflow_id = %(id)s AND status = 'QUEUED'"
+)
+
+
+def claimed_from_row(row: tuple[Any, ...]) -> Claimed:
+    """A row of ``CLAIM`` or ``RESUME``."""
+    return Claimed(
+        id=row[0],
+        definition=row[1],
+        input=row[2] or {},
+        policy=Policy(row[3]),
+        data_plane=DataPlane(row[4]),
+        steps=row[5],
+        task_defs=row[6] or {},
+    )
+
+
+def report_params(
+    report: Report,
+    back: Handoff | None,
+    placement: Placement | None,
+    finish: Finish | None,
+) -> dict[str, Any]:
+    """The parameters of ``REPORT``."""
+    return {
+        "task_run_id": report.task_run_id,
+        "status": report.status,
+        "worker": report.worker_id,
+        "started": float(report.started_at),
+        "finished": float(report.finished_at),
+        "run_ms": max(0.0, (report.finished_at - report.started_at) * 1000.0),
+        "cpu_ms": report.cpu_ms,
+        "bytes_in": report.bytes_in,
+        "bytes_out": report.bytes_out,
+        "output": Jsonb(report.output) if report.output else None,
+        "error": report.error or None,
+        "error_text": report.error,
+        "kind": f"task.{report.status.lower()}",
+        **_handoff_params("b", back),
+        **placement_params(placement),
+        **finish_params(finish),
+    }
+
+
+def finish_params(finish: Finish | None) -> dict[str, Any]:
+    """The parameters of ``FINISH`` (and of the ending in ``REPORT``)."""
+    assert finish is None or finish.status.finished
+    return {
+        "finish": finish is not None,
+        "fin_id": finish.workflow_id if finish else None,
+        "fin_status": finish.status if finish else None,
+        "fin_kind": f"workflow.{finish.status.lower()}" if finish else None,
+        "fin_output": Jsonb(finish.output) if finish and finish.output is not None else None,
+        "fin_result_uri": finish.result_uri if finish else None,
+        "fin_error": finish.error if finish else None,
+    }
+
+
+def placement_params(placement: Placement | None) -> dict[str, Any]:
+    """The parameters of ``PLACE`` (and of the placement in ``REPORT``)."""
+    return {
+        "place": placement is not None,
+        "p_id": placement.task_run_id if placement else None,
+        "p_queued": placement.queued_at if placement else None,
+        "p_workflow": placement.workflow_id if placement else None,
+        "p_ref": placement.ref if placement else None,
+        "p_task": placement.task if placement else None,
+        "p_attempt": placement.attempt if placement else None,
+        "p_worker": placement.worker if placement else None,
+        **_handoff_params("f", placement.handoff if placement else None),
+    }
+
+
+def _handoff_params(prefix: str, handoff: Handoff | None) -> dict[str, Any]:
+    return {
+        f"{prefix}_moved": handoff is not None,
+        f"{prefix}_from": handoff.from_container if handoff else None,
+        f"{prefix}_to": handoff.to_container if handoff else None,
+        f"{prefix}_bytes": handoff.nbytes if handoff else None,
+        f"{prefix}_us": float(handoff.duration_us) if handoff else None,
+    }
