@@ -94,7 +94,8 @@ def _sizes(text: str) -> tuple[int, ...]:
     default=None,
     help="Comma-separated; default: floor,floor-s3,affinity,transfer,auto,object-store,celery,"
     "ray,conductor,temporal (--quick: affinity,transfer,auto,object-store). floor-s3 is the "
-    "floor plus each workflow's S3 GET of its input and encode and PUT of its result.",
+    "floor plus each workflow's S3 GET of its input and encode and PUT of its result; "
+    "conductor-redis is Conductor on Redis alone, without its search index.",
 )
 @click.option(
     "--s3-link",
@@ -326,12 +327,13 @@ def _scenarios(
     from loadtest.runner import (
         ALL_SYSTEMS,
         AVAILABLE,
+        DEFAULT_SYSTEMS,
         BenchConfig,
         median_over_rounds,
         run_benchmark,
     )
 
-    systems = chosen or AVAILABLE
+    systems = chosen or DEFAULT_SYSTEMS
     unknown = [s for s in systems if s not in ALL_SYSTEMS]
     if unknown:
         raise click.BadParameter(f"unknown system(s) {unknown}; choose from {ALL_SYSTEMS}")

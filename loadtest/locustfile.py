@@ -200,7 +200,11 @@ class CeleryBackend:
         return "COMPLETED", float(value["stored_at"]), "", float(value["ops_cpu_ms"])
 
 
-_BACKENDS: dict[str, Any] = {"celery": CeleryBackend, "conductor": ConductorBackend}
+_BACKENDS: dict[str, Any] = {
+    "celery": CeleryBackend,
+    "conductor": ConductorBackend,
+    "conductor-redis": ConductorBackend,
+}
 
 
 class WorkflowUser(User):

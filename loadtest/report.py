@@ -24,25 +24,25 @@ GOAL_NOOP_P50_MS = 10.0
 
 def quick_table(rows: Sequence[QuickRow]) -> str:
     lines = [
-        f"{'system':<13} {'workflow':<15} {'p50':>7} {'p99':>7} {'mean':>7} {'task run':>9} "
+        f"{'system':<16} {'workflow':<15} {'p50':>7} {'p99':>7} {'mean':>7} {'task run':>9} "
         f"{'(lat-run)/n':>11} {'burst p50':>10} {'burst':>11}",
-        f"{'':<13} {'':<15} {'ms':>7} {'ms':>7} {'ms':>7} {'ms (sum)':>9} {'ms':>11} "
+        f"{'':<16} {'':<15} {'ms':>7} {'ms':>7} {'ms':>7} {'ms (sum)':>9} {'ms':>11} "
         f"{'ms':>10} {'wf/s':>11}",
     ]
     for r in rows:
         lines.append(
-            f"{r.system:<13} {r.workflow:<15} {r.p50_latency_ms:>7.1f} {r.p99_latency_ms:>7.1f} "
+            f"{r.system:<16} {r.workflow:<15} {r.p50_latency_ms:>7.1f} {r.p99_latency_ms:>7.1f} "
             f"{r.mean_latency_ms:>7.1f} {r.p50_run_ms:>9.1f} {r.p50_overhead_per_task_ms:>11.1f} "
             f"{r.burst_p50_latency_ms:>10.1f} {r.throughput_wps:>6.1f} ({r.burst_completed})"
         )
     lines += [
         "",
         "where the time goes (p50 of each phase, ms; see loadtest.quick.phases_ms)",
-        f"{'system':<13} {'workflow':<15}" + "".join(f"{p:>9}" for p in PHASES),
+        f"{'system':<16} {'workflow':<15}" + "".join(f"{p:>9}" for p in PHASES),
     ]
     for r in rows:
         cells = "".join(f"{r.phases_p50_ms.get(p, float('nan')):>9.1f}" for p in PHASES)
-        lines.append(f"{r.system:<13} {r.workflow:<15}{cells}")
+        lines.append(f"{r.system:<16} {r.workflow:<15}{cells}")
     return "\n".join(lines)
 
 
@@ -58,7 +58,7 @@ def quick_goals(rows: Sequence[QuickRow]) -> str:
     for r in noop:
         wf_ok = r.p50_latency_ms <= GOAL_NOOP_P50_MS
         lines.append(
-            f"{r.system:<13} 3-task no-op p50 {r.p50_latency_ms:6.1f} ms "
+            f"{r.system:<16} 3-task no-op p50 {r.p50_latency_ms:6.1f} ms "
             f"(goal <= {GOAL_NOOP_P50_MS:g}: {'met' if wf_ok else 'NOT met'}); "
             f"(latency - run) / 3 tasks {r.p50_overhead_per_task_ms:.1f} ms "
             "(the fixed cost spread over 3 tasks)"
@@ -67,7 +67,7 @@ def quick_goals(rows: Sequence[QuickRow]) -> str:
             marginal_ok = r.marginal_ms_per_task <= GOAL_TASK_OVERHEAD_MS
             chains = ", ".join(f"{n} tasks {ms:.1f} ms" for n, ms in r.chain_p50_ms.items())
             lines.append(
-                f"{'':<13} overhead per task {r.marginal_ms_per_task:5.2f} ms "
+                f"{'':<16} overhead per task {r.marginal_ms_per_task:5.2f} ms "
                 f"(goal <= {GOAL_TASK_OVERHEAD_MS:g}: {'met' if marginal_ok else 'NOT met'}), "
                 f"the marginal cost of a task: no-op chains p50 {chains}"
             )
@@ -86,7 +86,7 @@ def scenario_table(results: Sequence[PointResult], *, rounds: bool = False) -> s
     the stored results passed their check (``loadtest.verify``)."""
     lines = [
         ("round " if rounds else "")
-        + f"{'scenario':<9}{'system':<13}{'size':>8}{'tasks':>6}{'conc':>6}{'load':>7}"
+        + f"{'scenario':<9}{'system':<16}{'size':>8}{'tasks':>6}{'conc':>6}{'load':>7}"
         f"{'done':>6}{'fail':>5}{'p50 s':>9}{'p95 s':>9}{'p99 s':>9}{'mean s':>9}{'wf/s':>8}"
         f"{'ovh p50 s':>10}{'x floor':>8}{'notice':>8}{'ok':>4}"
     ]
@@ -99,7 +99,7 @@ def scenario_table(results: Sequence[PointResult], *, rounds: bool = False) -> s
         ok = "-" if not r.verified else ("yes" if r.verified.get("ok") else "NO")
         lines.append(
             (f"{r.round:<6}" if rounds else "")
-            + f"{r.scenario:<9}{r.system:<13}{_size(r.size):>8}{r.tasks:>6}{r.concurrency:>6}"
+            + f"{r.scenario:<9}{r.system:<16}{_size(r.size):>8}{r.tasks:>6}{r.concurrency:>6}"
             f"{load:>7}{r.completed:>6}{r.failed:>5}{r.p50_latency_s:>9.3f}{p95:>9}"
             f"{r.p99_latency_s:>9.3f}{r.mean_latency_s:>9.3f}{r.throughput_wps:>8.2f}"
             f"{overhead:>10}{share:>8}{notice:>8}{ok:>4}"
@@ -140,7 +140,7 @@ def resources_table(results: Sequence[PointResult], top: int = 5) -> str:
         split = "" if ops is None else f" (operations {ops:.1f}, around them {total - ops:.1f})"
         shape = f"c{r.concurrency:<4}" if r.load is None else f"l{r.load:<4.2f}"
         lines.append(
-            f"{r.system:<13}{_size(r.size):>8} x{r.tasks:<3}{shape} "
+            f"{r.system:<16}{_size(r.size):>8} x{r.tasks:<3}{shape} "
             f"total {total:8.1f}{split}: " + ", ".join(parts)
         )
     return "\n".join(lines)

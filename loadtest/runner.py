@@ -41,6 +41,7 @@ from orchestrator.services import RunningServices
 __all__ = [
     "ALL_SYSTEMS",
     "AVAILABLE",
+    "DEFAULT_SYSTEMS",
     "BenchConfig",
     "BenchReport",
     "compare_to_floor",
@@ -60,8 +61,11 @@ ALL_SYSTEMS: Final = (
     "ray",
     "conductor",
     "temporal",
+    "conductor-redis",
 )
 AVAILABLE: Final = ALL_SYSTEMS
+# What a run measures unless told: every system but ``conductor-redis``, a variant of a peer.
+DEFAULT_SYSTEMS: Final = ALL_SYSTEMS[:-1]
 # Every system's workers and the floor's processes apply them (``pipeline_ops``).
 MEMORY_SETTINGS: Final = "workflows.memory.tune_for_images in every system's workers"
 
@@ -69,7 +73,7 @@ MEMORY_SETTINGS: Final = "workflows.memory.tune_for_images in every system's wor
 @dataclass(frozen=True)
 class BenchConfig:
     scenarios: tuple[str, ...]
-    systems: tuple[str, ...] = AVAILABLE
+    systems: tuple[str, ...] = DEFAULT_SYSTEMS
     sizes: tuple[int, ...] = DEFAULT_SIZES
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     tasks: tuple[int, ...] = DEFAULT_TASKS
@@ -165,10 +169,10 @@ def make_system(name: str, services: BenchServices, ctx: RunContext) -> System:
         from loadtest.systems.ray_sys import RaySystem
 
         return RaySystem(services, ctx)
-    if name == "conductor":
+    if name in ("conductor", "conductor-redis"):
         from loadtest.systems.conductor_sys import ConductorSystem
 
-        return ConductorSystem(services, ctx)
+        return ConductorSystem(services, ctx, name)
     if name == "temporal":
         from loadtest.systems.temporal_sys import TemporalSystem
 

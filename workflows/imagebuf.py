@@ -93,7 +93,7 @@ class ResultFormat:
 
 # ``png`` is lossless (the default: pixels exactly as the tasks left them); ``jpeg`` (quality
 # 90) is 20x faster to encode and 4x smaller, for photos that end their journey as photos;
-# ``raw`` is lossless too, the pixels as they are in an uncompressed TIFF: ~100x faster to
+# ``raw`` is lossless too, the pixels as they are in an uncompressed TIFF: ~70x faster to
 # encode than PNG and ~2x larger, for images that only travel between tasks over a fast link.
 RESULT_FORMATS: Final[dict[str, ResultFormat]] = {
     "png": ResultFormat("PNG", ".png", "image/png"),

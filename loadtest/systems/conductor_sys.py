@@ -8,7 +8,8 @@ and is kept in ``<data dir>/peers`` (``CDIFLOW_DATA_DIR``, default ``.data``). I
 free loopback port in the configuration its deployment guide recommends for production, on
 the run's own Postgres and Redis (cdiflow's): Postgres for executions, queues and the index
 (a database of its own), Redis for the workflow execution lock (asynchronous indexing, which
-the guide advises for throughput, is not supported by its Postgres index). It runs in a
+the guide advises for throughput, is not supported by its Postgres index); or, as
+``conductor-redis``, Redis for executions and queues too, with no index. It runs in a
 fresh temp folder removed at stop, with an environment stripped to PATH and HOME so nothing
 (its LLM integrations read API keys and AWS credentials) can lead it to another host.
 Startup takes ~20 s and ~500 MB; its JVM compiles the hot paths over the first hundreds of
@@ -99,12 +100,19 @@ def server_jar(peers: Path | None = None) -> Path:
 
 
 class ConductorSystem(System):
-    name = "conductor"
+    """``conductor``: the deployment guide's "PostgreSQL stack" (durable; indexed for search,
+    as cdiflow's runs are). ``conductor-redis``: executions and queues in Redis, no index
+    (the guide's high-throughput stack without its Elasticsearch; Redis as run here
+    snapshots, it does not sync each write)."""
+
     results_prefix = "conductor/results/"
     intermediates_via_s3 = True
     warm_until_steady = True  # a JIT: the first hundreds of workflows run slower
 
-    def __init__(self, services: BenchServices, ctx: RunContext) -> None:
+    def __init__(self, services: BenchServices, ctx: RunContext, name: str = "conductor") -> None:
+        if name not in ("conductor", "conductor-redis"):
+            raise ValueError(f"{name!r} is not a Conductor system (conductor, conductor-redis)")
+        self.name = name
         self.services = services
         self.ctx = ctx
         self.url = ""
@@ -150,11 +158,27 @@ class ConductorSystem(System):
         self._wait_healthy(log, timeout=180)
 
     def _persistence_flags(self) -> list[str]:
-        """Postgres (a database of its own on the run's server) and Redis (the run's, its
-        lock keys under a namespace of their own), as the deployment guide's "PostgreSQL
-        stack" recommends."""
+        """The run's Postgres (a database of its own) and Redis (the run's, every key under a
+        namespace of this server's), as the deployment guide recommends."""
         db = make_url(self.services.create_database(self.name))
         redis = urlsplit(self.services.running.redis_url)
+        lock = [
+            "--conductor.app.workflowExecutionLockEnabled=true",
+            "--conductor.workflow-execution-lock.type=redis",
+            "--conductor.redis-lock.serverType=SINGLE",
+            f"--conductor.redis-lock.serverAddress=redis://{redis.hostname}:{redis.port}",
+            f"--conductor.redis-lock.namespace=bench-{db.database}",
+        ]
+        if self.name == "conductor-redis":
+            return [
+                "--conductor.db.type=redis_standalone",
+                "--conductor.queue.type=redis_standalone",
+                f"--conductor.redis.hosts={redis.hostname}:{redis.port}:us-east-1c",
+                f"--conductor.redis.workflowNamespacePrefix={db.database}",
+                f"--conductor.redis.queueNamespacePrefix={db.database}_queues",
+                "--conductor.indexing.enabled=false",  # its index needs Postgres as the store
+                *lock,
+            ]
         return [
             "--conductor.db.type=postgres",
             "--conductor.queue.type=postgres",
@@ -164,11 +188,7 @@ class ConductorSystem(System):
             "--conductor.indexing.enabled=true",
             "--conductor.indexing.type=postgres",
             "--conductor.elasticsearch.version=0",
-            "--conductor.app.workflowExecutionLockEnabled=true",
-            "--conductor.workflow-execution-lock.type=redis",
-            "--conductor.redis-lock.serverType=SINGLE",
-            f"--conductor.redis-lock.serverAddress=redis://{redis.hostname}:{redis.port}",
-            f"--conductor.redis-lock.namespace=bench-{db.database}",
+            *lock,
         ]
 
     def _wait_healthy(self, log: Path, timeout: float) -> None:

@@ -188,7 +188,7 @@ class WorkflowInput(_Input):
     intermediate_format: Literal["png", "raw", "jpeg"] = Field(
         "png",
         description="object-store plane: how the images between tasks are stored: 'png' "
-        "(lossless, the default), 'raw' (lossless, an uncompressed TIFF: ~100x faster to "
+        "(lossless, the default), 'raw' (lossless, an uncompressed TIFF: ~70x faster to "
         "encode than PNG, ~2x larger) or 'jpeg' (quality 90, lossy: each task degrades the "
         "image). The cdi plane moves pixels and encodes nothing between tasks.",
     )

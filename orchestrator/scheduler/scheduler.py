@@ -66,8 +66,8 @@ REDIS_RETRY_S = 0.5  # after a Redis connection error, the loop waits this long 
 
 def connect_redis(url: str) -> redis.Redis:
     """The loop's Redis client: one connection, as the loop thread is its only user. *Why:*
-    redis-py's pool took a connection and gave it back around every command (redis-py 8.1;
-    the scheduler's CPU per workflow: docs/benchmarks.md, *Fifteenth round*). Unlike a pooled one,
+    redis-py's pool takes a connection and gives it back around every command (redis-py 8.1),
+    CPU the scheduler spends on every workflow. Unlike a pooled one,
     a lone connection that Redis dropped fails its next command (and then reconnects): the
     loop takes that as a Redis error and goes on."""
     return redis.Redis.from_url(url, decode_responses=True, single_connection_client=True)
