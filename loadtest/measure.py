@@ -133,6 +133,7 @@ class Measurement:
             f"p50 {result.p50_latency_s:.3f} s, {result.throughput_wps:.2f} wf/s"
             + (f", notice p50 {result.notice_p50_ms:.1f} ms" if result.notice_p50_ms else "")
             + (f", workers busy {_shares(busy)}" if busy else "")
+            + _spilled(result.peer_stats)
             + ("" if verified["ok"] else f", RESULTS WRONG: {verified['problems'][0]}")
             + (f", errors: {result.errors[0]}" if result.errors else "")
         )
@@ -141,3 +142,8 @@ class Measurement:
 
 def _shares(busy: dict[str, float]) -> str:
     return ", ".join(f"{worker} {share:.0%}" for worker, share in busy.items())
+
+
+def _spilled(stats: dict[str, Any]) -> str:
+    spilled = stats.get("spilled_bytes")
+    return "" if spilled is None else f", object store spilled {spilled / 2**20:.0f} MiB"

@@ -316,3 +316,25 @@ def test_what_exited_processes_measured_of_themselves_joins_their_component() ->
     assert used["locust (clients)"]["sys_ms_per_workflow"] == 10.0
     assert used["locust (clients)"]["peak_rss_mib"] == 64.0
     assert "benchmark driver" in used  # the processes still there are measured as before
+
+
+def test_rays_object_store_holds_the_images_a_point_keeps_in_flight(tmp_path: Path) -> None:
+    import psutil
+    from PIL import Image
+
+    from loadtest.images import sized_images
+    from loadtest.measure import in_flight_bytes
+    from loadtest.systems.ray_sys import MIN_OBJECT_STORE_BYTES, object_store_bytes
+
+    paths = sized_images(tmp_path, [10_000, 100_000])
+    pixels = {}
+    for size, path in paths.items():
+        with Image.open(path) as img:
+            pixels[size] = img.width * img.height * 3
+    points = [Point("1", (10_000,), 3, 10, 1), Point("2", (10_000, 100_000), 3, 50, 1)]
+    # The larger of 10 small images and 50 of the two sizes' mean.
+    expected = max(10 * pixels[10_000], int(50 * (pixels[10_000] + pixels[100_000]) / 2))
+    assert in_flight_bytes(points, paths) == expected
+    assert object_store_bytes(0) == MIN_OBJECT_STORE_BYTES
+    assert object_store_bytes(2**30) == int(1.5 * 2**30) + MIN_OBJECT_STORE_BYTES
+    assert object_store_bytes(2**50) == psutil.virtual_memory().total // 2  # never above half
