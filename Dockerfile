@@ -14,7 +14,6 @@ COPY cdi ./cdi
 COPY orchestrator ./orchestrator
 COPY workflows ./workflows
 COPY cdiflow ./cdiflow
-COPY loadtest ./loadtest
 COPY dashboards ./dashboards
 RUN pip install --no-cache-dir .
 ENTRYPOINT ["cdiflow"]

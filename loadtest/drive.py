@@ -8,17 +8,17 @@ output stays clean.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import IO, Final
 
+from loadtest import harness_env
 from loadtest.plan import Target
 from loadtest.stats import WorkflowRecord
+from orchestrator.child_process import ChildProcess
 
 __all__ = ["LOCUSTFILE", "read_records", "run_locust"]
 
@@ -71,24 +71,14 @@ def run_locust(
         "--only-summary",
         "WorkflowUser",
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = harness_env(os.environ) | {"PYTHONUNBUFFERED": "1"}
     out = progress if progress is not None else subprocess.DEVNULL
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True
-    )
+    locust = ChildProcess("locust", argv, stream=out, env=env).start()
     try:
-        status = proc.wait(time_limit_s + 60)
-    except subprocess.TimeoutExpired:
-        status = -1
+        ended = locust.wait(time_limit_s + 60)
+        status = locust.returncode if ended and locust.returncode is not None else -1
     finally:
-        if proc.poll() is None:  # still there: stop it by its PID (its own process group)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        locust.stop(15.0)  # still there: by its PID, then its whole process group
     records = read_records(records_file)
     missing = target.concurrency * target.rounds - len(records)
     reason = f"locust exited with status {status} before this workflow was recorded"

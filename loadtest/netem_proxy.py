@@ -19,13 +19,15 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
+
+from loadtest import harness_env
+from orchestrator.child_process import ChildProcess
 
 __all__ = ["LinkSpec", "NetemProxy", "serve"]
 
@@ -122,7 +124,7 @@ class NetemProxy:
         self.target = target
         self.link = link or LinkSpec()
         self.timeout = timeout
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: ChildProcess | None = None
         self.port = 0
 
     @property
@@ -136,7 +138,8 @@ class NetemProxy:
     def start(self) -> str:
         with tempfile.TemporaryDirectory(prefix="netem-") as folder:
             port_file = Path(folder) / "port"
-            self._proc = subprocess.Popen(
+            self._proc = ChildProcess(
+                "netem proxy",
                 [
                     sys.executable,
                     "-m",
@@ -150,8 +153,8 @@ class NetemProxy:
                     "--port-file",
                     str(port_file),
                 ],
-                stdin=subprocess.DEVNULL,
-            )
+                env=harness_env(os.environ),
+            ).start()
             deadline = time.monotonic() + self.timeout
             while not port_file.exists():
                 if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -163,14 +166,8 @@ class NetemProxy:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            proc.stop(5.0)
 
     def __enter__(self) -> Self:
         self.start()

@@ -36,9 +36,9 @@ from loadtest.images import make_jpeg
 from loadtest.rest import CdiflowApi, stamp
 from loadtest.stats import summarize
 from loadtest.systems.services import BenchServices, s3_client
+from orchestrator.child_process import free_port
 from orchestrator.services import RunningServices
 from orchestrator.stack import Stack
-from orchestrator.stack.probes import free_port
 
 __all__ = ["PHASES", "QuickRow", "phases_ms", "run_quick"]
 

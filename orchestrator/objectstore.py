@@ -1,11 +1,12 @@
-"""S3 access for the scheduler, the workers and the API, with errors a person can act on.
+"""S3 access for the workers and the API, with errors a person can act on (the scheduler only
+names where images go, ``ObjectStore.uri``, and connects to nothing).
 
 boto3 resolves the credentials and region (the whole AWS chain: environment, profiles, SSO,
 instance roles) unless the settings name a key; obstore (Rust's ``object_store``) carries the
 bytes. *Why not boto3 for the requests too:* botocore's request pipeline (event hooks,
 serialisation, signing and parsing in Python, holding the GIL) is most of a call's client CPU
-(``cdiflow bench s3``), and at 10 KB images the scheduler's two calls per workflow were the
-biggest share of its CPU.
+(``cdiflow bench s3``); at 10 KB images two calls a workflow through it were the biggest share
+of the CPU of the process making them.
 
 No library error leaves this module: a missing object or bucket is ``InputMissing``, an object
 over the limit ``InputTooLarge``, anything else ``StorageError`` naming the URI.

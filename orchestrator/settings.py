@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     max_input_bytes: int = Field(
         default=64 * 1024 * 1024,
         gt=0,
-        description="Largest workflow input (encoded image) the scheduler downloads; a larger "
+        description="Largest workflow input (encoded image) a worker downloads; a larger "
         "one fails its workflow with that reason.",
     )
     max_pixels: int = Field(

@@ -1,4 +1,4 @@
-"""Memory settings for processes that pass large images around (workers, the scheduler).
+"""Memory settings for processes that pass large images around (the workers).
 
 A 6.6-megapixel photo is a 26 MB image inside Pillow and a 20 MB buffer when written out, and
 every task allocates several of them: its copy of the input, the filters' results and

@@ -12,8 +12,8 @@ from loadtest.rest import SYSTEM_MODES, CdiflowApi, stamp
 from loadtest.stats import WorkflowRecord, busy_shares
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.services import BenchServices, clear_prefixes
+from orchestrator.child_process import free_port
 from orchestrator.stack import Stack
-from orchestrator.stack.probes import free_port
 
 __all__ = ["CdiflowSystem"]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
@@ -11,8 +10,8 @@ from loadtest.drive import run_locust
 from loadtest.plan import Point, poll_max_s
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
-from loadtest.systems.procs import peer_env, spawn, stop_process
-from loadtest.systems.services import BenchServices, clear_prefixes
+from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
+from orchestrator.child_process import ChildProcess
 
 __all__ = ["CelerySystem"]
 
@@ -27,7 +26,7 @@ class CelerySystem(System):
         self.ctx = ctx
         self.broker = services.redis_url()
         self.backend = services.redis_url()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: ChildProcess | None = None
 
     def _env(self) -> dict[str, str]:
         return dict(
@@ -56,7 +55,8 @@ class CelerySystem(System):
             "--without-mingle",
             "--without-heartbeat",
         ]
-        self._proc = spawn(argv, self.ctx.folder / "celery-worker.log", self._env())
+        log = self.ctx.folder / "celery-worker.log"
+        self._proc = ChildProcess("celery worker", argv, log_path=log, env=self._env()).start()
         try:
             self._wait_ready(timeout=60)
         except BaseException:
@@ -82,7 +82,8 @@ class CelerySystem(System):
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        stop_process(proc)  # SIGTERM is Celery's warm shutdown: the pool children end with it
+        if proc is not None:  # SIGTERM is Celery's warm shutdown: the pool children end with it
+            proc.stop(20.0, sweep_group=True)
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
         target, folder = self.point_target(

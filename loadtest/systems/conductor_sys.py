@@ -38,10 +38,9 @@ from loadtest.plan import Point, poll_max_s
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.conductor_client import task_definitions, workflow_definition, workflow_name
-from loadtest.systems.procs import peer_env, spawn, stop_process
-from loadtest.systems.services import BenchServices, clear_prefixes
+from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
+from orchestrator.child_process import ChildProcess, free_port
 from orchestrator.settings import load_settings
-from orchestrator.stack.probes import free_port
 
 __all__ = ["ARTIFACT", "ConductorSystem", "server_jar"]
 
@@ -116,8 +115,8 @@ class ConductorSystem(System):
         self.services = services
         self.ctx = ctx
         self.url = ""
-        self._server: subprocess.Popen[bytes] | None = None
-        self._workers: subprocess.Popen[bytes] | None = None
+        self._server: ChildProcess | None = None
+        self._workers: ChildProcess | None = None
         self._temp: Path | None = None
         self._chains: set[int] = set()
 
@@ -129,7 +128,9 @@ class ConductorSystem(System):
             argv = [sys.executable, "-m", "loadtest.systems.conductor_worker"]
             argv += [f"{self.url}/api", str(self.ctx.workers)]
             log = self.ctx.folder / "conductor-workers.log"
-            self._workers = spawn(argv, log, peer_env(self.services))
+            self._workers = ChildProcess(
+                "conductor workers", argv, log_path=log, env=peer_env(self.services)
+            ).start()
             time.sleep(2.0)  # the SDK spawns a process per task type; see they came up
             if self._workers.poll() is not None:
                 raise RuntimeError(f"the Conductor workers exited; see {log}")
@@ -153,7 +154,9 @@ class ConductorSystem(System):
         ]
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self._temp), "LANG": "C.UTF-8"}
         log = self.ctx.folder / "conductor-server.log"
-        self._server = spawn(argv, log, env, cwd=self._temp)
+        self._server = ChildProcess(
+            "conductor server", argv, log_path=log, env=env, cwd=self._temp
+        ).start()
         self.url = f"http://127.0.0.1:{port}"
         self._wait_healthy(log, timeout=180)
 
@@ -222,9 +225,11 @@ class ConductorSystem(System):
 
     def stop(self) -> None:
         workers, self._workers = self._workers, None
-        stop_process(workers, grace_s=20)
+        if workers is not None:
+            workers.stop(20.0, sweep_group=True)
         server, self._server = self._server, None
-        stop_process(server, grace_s=30)
+        if server is not None:
+            server.stop(30.0, sweep_group=True)
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None

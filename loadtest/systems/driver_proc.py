@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import select
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -21,36 +20,32 @@ from loadtest.drive import read_records
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, System
-from loadtest.systems.procs import stop_process
+from orchestrator.child_process import ChildProcess
 
 __all__ = ["DriverProcess"]
 
 
 class DriverProcess:
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
         self.argv = argv
         self.env = env
         self.log = log
         self.stats: dict[str, Any] = {}  # the last point's ``done`` JSON
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: ChildProcess | None = None
 
     def start(self) -> None:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as err:
-            self._proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=self.env,
-                start_new_session=True,
-            )
+        self._proc = ChildProcess(
+            self.name, self.argv, log_path=self.log, env=self.env, piped=True
+        ).start()
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.stdin is not None:
+        if proc is None:
+            return
+        if proc.stdin is not None:
             proc.stdin.close()  # end of input: it closes its connection and exits
-        stop_process(proc, grace_s=15)
+        proc.stop(15.0, sweep_group=True)
 
     def drive(self, target_file: Path, time_limit_s: float) -> str:
         """Hand the driver one point; ``""`` once it is done, else what went wrong."""

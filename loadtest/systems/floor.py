@@ -31,8 +31,7 @@ from loadtest.pipeline_ops import FloorRun, floor_job, floor_s3_job, prepare_wor
 from loadtest.plan import SEED, Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
-from loadtest.systems.procs import peer_env
-from loadtest.systems.services import BenchServices, clear_prefixes
+from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
 
 __all__ = ["FloorSystem"]
 

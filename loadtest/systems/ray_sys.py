@@ -16,7 +16,6 @@ its stdin: Ray starts workers per job, so a driver per point would start cold wo
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,9 +28,8 @@ from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.driver_proc import DriverProcess
-from loadtest.systems.procs import peer_env, spawn, stop_process
-from loadtest.systems.services import BenchServices, clear_prefixes
-from orchestrator.stack.probes import free_port
+from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
+from orchestrator.child_process import ChildProcess, free_port
 
 __all__ = ["RaySystem"]
 
@@ -58,7 +56,7 @@ class RaySystem(System):
         self.services = services
         self.ctx = ctx
         self.address = ""
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: ChildProcess | None = None
         self._driver: DriverProcess | None = None
         self._temp: Path | None = None
         self._stats: dict[str, Any] = {}
@@ -86,11 +84,12 @@ class RaySystem(System):
         ]
         log = self.ctx.folder / "ray-head.log"
         env = peer_env(self.services) | {"RAY_USAGE_STATS_ENABLED": "0"}
-        self._proc = spawn(argv, log, env)
+        self._proc = ChildProcess("ray head", argv, log_path=log, env=env).start()
         self.address = f"127.0.0.1:{port}"
         try:
             self._wait_ready(log, timeout=120)
             self._driver = DriverProcess(
+                "ray driver",
                 [sys.executable, "-m", "loadtest.systems.ray_driver", self.address],
                 peer_env(self.services),
                 self.ctx.folder / "ray-driver.log",
@@ -114,7 +113,8 @@ class RaySystem(System):
         if driver is not None:
             driver.stop()
         proc, self._proc = self._proc, None
-        stop_process(proc, grace_s=30)
+        if proc is not None:
+            proc.stop(30.0, sweep_group=True)
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None

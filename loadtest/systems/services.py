@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import uuid
 from pathlib import Path
 from types import TracebackType
@@ -22,11 +23,12 @@ from botocore.config import Config
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from loadtest import harness_env
 from loadtest.netem_proxy import LinkSpec, NetemProxy
 from orchestrator.services import RunningServices, resolve_services
 from orchestrator.settings import load_settings
 
-__all__ = ["LINKS", "BenchServices", "clear_prefixes", "s3_client"]
+__all__ = ["LINKS", "BenchServices", "clear_prefixes", "peer_env", "s3_client"]
 
 LINKS: Final = ("loopback", "regional")
 _REDIS_DBS: Final = 16
@@ -177,3 +179,19 @@ class BenchServices:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def peer_env(services: BenchServices) -> dict[str, str]:
+    """This environment plus S3 as the systems under test reach it (through the regional
+    link's proxy if there is one), for ``orchestrator.settings.load_settings``, and the
+    harness on ``PYTHONPATH`` (``loadtest.harness_env``)."""
+    running = services.running
+    env = harness_env(os.environ) | dict(
+        S3_ENDPOINT_URL=services.s3_url,
+        S3_BUCKET=running.s3_bucket,
+        AWS_REGION=running.aws_region,
+        PYTHONUNBUFFERED="1",
+    )
+    env["AWS_ACCESS_KEY_ID"] = running.aws_access_key_id or "testing"
+    env["AWS_SECRET_ACCESS_KEY"] = running.aws_secret_access_key or "testing"
+    return env

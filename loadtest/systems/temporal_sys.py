@@ -27,11 +27,10 @@ from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.driver_proc import DriverProcess
-from loadtest.systems.procs import peer_env, spawn, stop_process
-from loadtest.systems.services import BenchServices, clear_prefixes
+from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
 from loadtest.systems.temporal_app import PREFIX
+from orchestrator.child_process import ChildProcess, free_port
 from orchestrator.settings import load_settings
-from orchestrator.stack.probes import free_port
 
 __all__ = ["CLI_MODULE", "CLI_VERSION", "TemporalSystem", "temporal_cli"]
 
@@ -81,8 +80,8 @@ class TemporalSystem(System):
         self.services = services
         self.ctx = ctx
         self.address = ""
-        self._server: subprocess.Popen[bytes] | None = None
-        self._workers: list[subprocess.Popen[bytes]] = []
+        self._server: ChildProcess | None = None
+        self._workers: list[ChildProcess] = []
         self._driver: DriverProcess | None = None
         self._temp: Path | None = None
 
@@ -95,9 +94,11 @@ class TemporalSystem(System):
             for i in range(self.ctx.workers):
                 log = self.ctx.folder / f"temporal-worker-{i + 1}.log"
                 log.unlink(missing_ok=True)
-                self._workers.append(spawn(argv, log, env))
-                self._wait_for(log, "ready", self._workers[-1])
+                worker = ChildProcess(f"temporal worker {i + 1}", argv, log_path=log, env=env)
+                self._workers.append(worker.start())
+                self._wait_for(log, "ready", worker)
             self._driver = DriverProcess(
+                "temporal driver",
                 [sys.executable, "-m", "loadtest.systems.temporal_driver", self.address],
                 env,
                 self.ctx.folder / "temporal-driver.log",
@@ -129,7 +130,9 @@ class TemporalSystem(System):
         ]
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self._temp), "LANG": "C.UTF-8"}
         log = self.ctx.folder / "temporal-server.log"
-        self._server = spawn(argv, log, env, cwd=self._temp)
+        self._server = ChildProcess(
+            "temporal server", argv, log_path=log, env=env, cwd=self._temp
+        ).start()
         self.address = f"127.0.0.1:{port}"
         health = [str(cli), "operator", "cluster", "health", f"--address={self.address}"]
         deadline = time.monotonic() + _READY_S
@@ -145,7 +148,7 @@ class TemporalSystem(System):
                 raise RuntimeError(f"the Temporal server was not serving in {_READY_S:g} s")
             time.sleep(0.5)
 
-    def _wait_for(self, log: Path, word: str, proc: subprocess.Popen[bytes]) -> None:
+    def _wait_for(self, log: Path, word: str, proc: ChildProcess) -> None:
         deadline = time.monotonic() + _READY_S
         while word not in (log.read_text(errors="replace") if log.exists() else ""):
             if proc.poll() is not None:
@@ -160,9 +163,10 @@ class TemporalSystem(System):
             driver.stop()
         workers, self._workers = self._workers, []
         for proc in workers:
-            stop_process(proc, grace_s=15)
+            proc.stop(15.0, sweep_group=True)
         server, self._server = self._server, None
-        stop_process(server, grace_s=30)
+        if server is not None:
+            server.stop(30.0, sweep_group=True)
         if self._temp is not None:
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None

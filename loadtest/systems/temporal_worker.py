@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from loadtest.systems.temporal_app import TASK_QUEUE, BenchChain, image_step
 
@@ -38,6 +39,11 @@ async def _serve(address: str) -> None:
             activities=[image_step],
             activity_executor=pool,
             max_concurrent_activities=1,
+            # The harness's package resolves paths on import, which the sandbox forbids; the
+            # workflow itself only awaits its activities in turn (deterministic).
+            workflow_runner=SandboxedWorkflowRunner(
+                restrictions=SandboxRestrictions.default.with_passthrough_modules("loadtest")
+            ),
         )
         async with worker:
             print("ready", flush=True)

@@ -11,8 +11,8 @@ import logging
 
 import click
 
+from orchestrator.controller.api_server import serve
 from orchestrator.controller.app import create_app
-from orchestrator.controller.quiet_server import serve
 from orchestrator.db.migrate import migrate
 from orchestrator.errors import OrchestratorError
 from orchestrator.settings import load_settings

@@ -13,9 +13,8 @@ import cdi
 from orchestrator.db.engine import make_engine
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.scheduler import Scheduler, connect_redis
+from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.settings import load_settings
-from workflows.memory import tune_for_images
 
 __all__ = ["scheduler_command"]
 
@@ -33,7 +32,6 @@ def scheduler_command(scheduler_id: str, log_level: str) -> None:
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    tune_for_images()  # it decodes every input and encodes every result
     settings = load_settings()
     if not settings.database_url or not settings.redis_url:
         raise click.UsageError("DATABASE_URL and REDIS_URL must be set (`cdiflow up` sets them)")

@@ -3,11 +3,15 @@
 All of it can be rebuilt from Postgres: a scheduler that restarts starts its RUNNING workflows
 again from their S3 input. ``data_plane`` is the workflow's, or ``DataPlane.NONE`` for a
 dataless one (started without an image).
+
+A run has one current step (``RunState.current``) and at most one task out at a worker
+(``RunState.in_flight``, an ``InFlight``), as its steps run one after another. The paths that
+send and report a task find it through ``RunState.flight`` by its task run id, so runs whose
+ready steps go out side by side will keep one ``InFlight`` per step.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +19,7 @@ from typing import Any
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane, Policy
 
-__all__ = ["RunState", "StepSpec"]
+__all__ = ["InFlight", "RunState", "StepSpec"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,20 @@ class StepSpec:
     retries: int
     retry_backoff_s: float
     params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A task that went out to a worker and has not been reported yet."""
+
+    instruction: Instruction
+    worker: str
+    worker_started: float  # the worker's start time when it went out: a change means a restart
+    deadline: float  # monotonic: when a silent task is presumed lost
+
+    @property
+    def task_run_id(self) -> int:
+        return self.instruction.task_run_id
 
 
 @dataclass(eq=False)
@@ -51,14 +69,10 @@ class RunState:
     current_uri: str = ""  # object-store: where the current image is
     last_worker: str | None = None
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    in_flight: Instruction | None = None
-    in_flight_worker: str = ""
-    in_flight_worker_started: float = 0.0  # the worker's start time when we dispatched
+    in_flight: InFlight | None = None
     avoid: frozenset[str] = frozenset()  # workers that lost the current step
-    deadline: float = 0.0  # monotonic: when a silent in-flight task is presumed lost
     retry_at: float = 0.0  # monotonic: when a failed attempt is dispatched again
     cancelled: bool = False
-    started: float = field(default_factory=time.monotonic)
 
     @property
     def current(self) -> StepSpec:
@@ -67,6 +81,11 @@ class RunState:
     @property
     def last_step(self) -> bool:
         return self.step == len(self.steps) - 1
+
+    def flight(self, task_run_id: int) -> InFlight | None:
+        """The task out at a worker under ``task_run_id``, if this run has it."""
+        flight = self.in_flight
+        return flight if flight is not None and flight.task_run_id == task_run_id else None
 
     def advance(self) -> None:
         """Make the next step current, at its first attempt not yet made (a step recomputed

@@ -7,47 +7,24 @@ import atexit
 import logging
 import os
 import re
-import shlex
 import signal
-import socket
-import subprocess
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
+from orchestrator.child_process import ChildProcess, free_port, log_tail, port_is_free
 from orchestrator.errors import ServiceError
 from orchestrator.services._unprivileged import RunAs
 
-__all__ = ["HOST", "ManagedService", "free_port", "port_is_free"]
+__all__ = ["HOST", "ManagedService"]
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"  # embedded services are for this machine only
 _PORT_ATTEMPTS = 3  # a free port can be taken between probing it and the child binding it
 _PORT_IN_USE = re.compile(r"address already in use|is in use by another program", re.IGNORECASE)
-_TAIL_LINES = 15
-
-
-def port_is_free(port: int) -> bool:
-    """Whether a server could bind ``HOST:port`` now (SO_REUSEADDR, as servers set it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port() -> int:
-    """A TCP port on ``HOST`` that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class _PortTaken(Exception):
@@ -58,8 +35,8 @@ class ManagedService(abc.ABC):
     """One embedded service: ``start()`` waits until it answers, ``stop()`` ends it by PID.
 
     Subclasses give the command line and a readiness probe. Output goes to
-    ``<data_dir>/logs/<name>.log``; the child runs in its own session so a Ctrl-C meant for
-    the parent does not reach it, and a forced stop can kill its whole process group.
+    ``<data_dir>/logs/<name>.log``; the child is a ``ChildProcess`` (a session of its own, a
+    forced stop kills its whole process group).
     """
 
     name: ClassVar[str]
@@ -78,8 +55,8 @@ class ManagedService(abc.ABC):
         self.stop_timeout = stop_timeout
         self._fixed_port = port
         self._port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_offset = 0
+        self._proc: ChildProcess | None = None
+        self._log_offset = 0  # where the output worth showing on a failure starts
         self._run_as: RunAs | None = None  # set by subclasses that must not run as root
 
     # -- public ---------------------------------------------------------------------------
@@ -101,11 +78,11 @@ class ManagedService(abc.ABC):
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self.running and self._proc else None
+        return self._proc.pid if self._proc is not None and self._proc.running else None
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._proc is not None and self._proc.running
 
     def start(self) -> Self:
         """Start the child and block until it answers; idempotent."""
@@ -133,20 +110,10 @@ class ManagedService(abc.ABC):
         if proc is None:
             return
         if proc.poll() is not None:
-            log.warning("%s (pid %d) had exited with status %s; see %s",
+            log.warning("%s (pid %s) had exited with status %s; see %s",
                         self.name, proc.pid, proc.returncode, self.log_file)  # fmt: skip
             return
-        proc.send_signal(self.stop_signal)
-        try:
-            proc.wait(self.stop_timeout)
-        except subprocess.TimeoutExpired:
-            log.warning(
-                "%s (pid %d) ignored %s for %.0fs; killing it",
-                self.name, proc.pid, self.stop_signal.name, self.stop_timeout,
-            )  # fmt: skip
-            os.killpg(proc.pid, signal.SIGKILL)  # the group id is the child's PID (own session)
-            proc.wait()
-        log.info("%s stopped (pid %d)", self.name, proc.pid)
+        proc.stop(self.stop_timeout, sig=self.stop_signal)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -192,7 +159,7 @@ class ManagedService(abc.ABC):
 
     def _start(self) -> None:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        if self._fixed_port and not port_is_free(self._fixed_port):
+        if self._fixed_port and not port_is_free(HOST, self._fixed_port):
             # Checked first: the readiness probe would take whatever listens there for our child.
             raise self._error(
                 f"port {self._fixed_port} on {HOST} is already in use; stop what listens there "
@@ -202,7 +169,7 @@ class ManagedService(abc.ABC):
         self._prepare()
         attempts = 1 if self._fixed_port else _PORT_ATTEMPTS
         for attempt in range(1, attempts + 1):
-            self._launch(self._fixed_port or free_port())
+            self._launch(self._fixed_port or free_port(HOST))
             try:
                 self._wait_ready()
                 break
@@ -214,25 +181,17 @@ class ManagedService(abc.ABC):
 
     def _launch(self, port: int) -> None:
         self._port = port
-        cmd = self._command(port)
         who = self._run_as
-        with self.log_file.open("ab") as out:
-            self._log_offset = out.tell()
-            stamp = datetime.now(UTC).isoformat(timespec="seconds")
-            out.write(f"--- {stamp} cdiflow starts: {shlex.join(cmd)}\n".encode())
-            out.flush()
-            self._proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self._cwd(),
-                env=self._env(),
-                start_new_session=True,
-                user=who.uid if who else None,
-                group=who.gid if who else None,
-                extra_groups=[] if who else None,  # [] drops root's supplementary groups too
-            )
+        self._proc = ChildProcess(
+            self.name,
+            self._command(port),
+            log_path=self.log_file,
+            env=self._env(),
+            cwd=self._cwd(),
+            user=who.uid if who else None,
+            group=who.gid if who else None,
+        ).start()
+        self._log_offset = self._proc.log_offset
         atexit.register(self.stop)  # a parent that forgets stop() must not leak the child
 
     def _wait_ready(self) -> None:
@@ -257,11 +216,4 @@ class ManagedService(abc.ABC):
             delay = min(delay * 1.5, 0.25)
 
     def _log_tail(self) -> str:
-        try:
-            with self.log_file.open("rb") as f:
-                f.seek(self._log_offset)
-                data = f.read()
-        except OSError:
-            return ""
-        lines = data.decode(errors="replace").splitlines()
-        return "\n".join(lines[-_TAIL_LINES:])
+        return log_tail(self.log_file, self._log_offset)

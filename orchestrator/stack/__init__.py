@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.stack.children import RestartPolicy
 from orchestrator.stack.defaults import (
     API_COMMAND,
     DEFAULT_HOST,
@@ -27,6 +26,7 @@ from orchestrator.stack.defaults import (
     SCHEDULER_COMMAND,
     WORKER_COMMAND,
 )
+from orchestrator.stack.restarts import RestartPolicy
 from orchestrator.stack.state import ProcessInfo, StackState, read_state
 
 if TYPE_CHECKING:

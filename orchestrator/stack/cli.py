@@ -12,7 +12,6 @@ import json
 import logging
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Any, TypeVar
 
 import click
 
+from orchestrator.child_process import ChildProcess
 from orchestrator.errors import OrchestratorError
 from orchestrator.stack.control import (
     check_no_leftovers,
@@ -133,7 +133,8 @@ def up_command(
         click.echo(f"\nRunning in the background. Stop it with: cdiflow down --data-dir {folder}")
         return
     click.echo("\nPress Ctrl-C to stop.")
-    status = proc.wait()
+    proc.wait()
+    status = proc.returncode
     if status != 0:
         raise click.ClickException(f"the stack's supervisor exited with status {status}")
     click.echo("stack stopped")
@@ -235,7 +236,7 @@ def _summary(state: StackState, folder: Path) -> str:
     return f"{head}\n{format_table((state.supervisor, *state.processes), folder)}"
 
 
-def _forward_stop_signals(proc: subprocess.Popen[bytes]) -> threading.Event:
+def _forward_stop_signals(proc: ChildProcess) -> threading.Event:
     """Turn Ctrl-C, SIGTERM and SIGHUP into a SIGTERM for the supervisor, which stops the
     stack in order; we keep waiting for it. The returned event is set once one arrived."""
     requested = threading.Event()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -13,8 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from orchestrator.child_process import ChildProcess, describe_exit, log_tail
 from orchestrator.errors import StackError
-from orchestrator.stack.children import describe_exit, log_tail
 from orchestrator.stack.state import ProcessInfo, StackState, read_state, remove_state
 
 __all__ = [
@@ -37,10 +36,9 @@ def supervisor_log(data_dir: Path) -> Path:
     return data_dir / "logs" / "stack.log"
 
 
-def launch_supervisor(
-    data_dir: Path, options: Sequence[str], *, detach: bool
-) -> subprocess.Popen[bytes]:
-    """Start ``python -m orchestrator.stack supervise`` in a session of its own.
+def launch_supervisor(data_dir: Path, options: Sequence[str], *, detach: bool) -> ChildProcess:
+    """Start ``python -m orchestrator.stack supervise`` in a session of its own (so a detached
+    one outlives the ``cdiflow up`` that started it).
 
     ``options`` are the ``supervise`` options (``--workers 2 --port 8001 ...``). Detached, its
     output goes to ``supervisor_log``; otherwise it shares the caller's terminal.
@@ -48,22 +46,13 @@ def launch_supervisor(
     argv = [sys.executable, "-m", "orchestrator.stack", "supervise", "--data-dir", str(data_dir)]
     argv += options
     if not detach:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        return ChildProcess("stack supervisor", argv).start()
     log_file = supervisor_log(data_dir)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("ab") as out:
-        return subprocess.Popen(
-            [*argv, "--log-file", str(log_file)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # outlives the `cdiflow up` that started it
-        )
+    argv += ["--log-file", str(log_file)]
+    return ChildProcess("stack supervisor", argv, log_path=log_file).start()
 
 
-def wait_until_up(
-    proc: subprocess.Popen[bytes], data_dir: Path, timeout: float
-) -> StackState | None:
+def wait_until_up(proc: ChildProcess, data_dir: Path, timeout: float) -> StackState | None:
     """The stack's state once ``proc`` has published it; ``None`` if ``proc`` exited first.
 
     Raises ``StackError`` after ``timeout`` seconds, having stopped ``proc`` (and so its stack).
@@ -84,7 +73,7 @@ def wait_until_up(
     return None
 
 
-def failure_report(proc: subprocess.Popen[bytes], data_dir: Path) -> str:
+def failure_report(proc: ChildProcess, data_dir: Path) -> str:
     """Why a detached supervisor exited before its stack was up."""
     status = describe_exit(proc.returncode if proc.returncode is not None else 1)
     text = f"the stack did not start (supervisor exited with {status})"

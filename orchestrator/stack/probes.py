@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 from urllib.parse import urlsplit, urlunsplit
@@ -12,10 +11,8 @@ import redis
 from orchestrator.contract.keys import worker_key
 
 __all__ = [
-    "free_port",
     "hide_password",
     "http_ok",
-    "port_is_free",
     "url_host",
     "worker_heartbeat",
 ]
@@ -23,26 +20,6 @@ __all__ = [
 # A worker start stamped this long before its launch is a previous run's (stamps may be
 # rounded to the second).
 _CLOCK_SLACK_S = 1.0
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a server could bind ``host:port`` now (with SO_REUSEADDR, as uvicorn does)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (another process may take it before we do)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def url_host(host: str) -> str:

@@ -18,12 +18,12 @@ import redis
 from cdi.controller.process import ControllerChild
 from cdi.errors import CDIError
 from cdi.minion.process import MinionChild
+from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
 from orchestrator.services import RunningServices, start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
-from orchestrator.stack.children import Child, RestartPolicy, describe_exit
 from orchestrator.stack.defaults import (
     API_COMMAND,
     DEFAULT_HOST,
@@ -33,6 +33,7 @@ from orchestrator.stack.defaults import (
     WORKER_COMMAND,
 )
 from orchestrator.stack.env import stack_environment
+from orchestrator.stack.restarts import RestartPolicy
 from orchestrator.stack.state import DataDirLock, ProcessInfo
 from orchestrator.stack.supervision import Supervisor
 
@@ -103,9 +104,9 @@ class Stack:
         self._lock = DataDirLock(self.data_dir)
         self._controller: ControllerChild | None = None
         self._minion: MinionChild | None = None
-        self._api: Child | None = None
-        self._scheduler: Child | None = None
-        self._workers: dict[str, Child] = {}
+        self._api: ChildProcess | None = None
+        self._scheduler: ChildProcess | None = None
+        self._workers: dict[str, ChildProcess] = {}
         self._supervisor: Supervisor | None = None
         self._running = False
 
@@ -265,7 +266,7 @@ class Stack:
 
     def _check_can_start(self) -> None:
         """Refuse early, before starting anything, what would fail later."""
-        if not probes.port_is_free(self.host, self.port):
+        if not port_is_free(self.host, self.port):
             raise StackError(
                 f"port {self.port} on {self.host} is already in use, so the API cannot listen "
                 "there; stop what listens on it or choose another port with --port"
@@ -279,7 +280,7 @@ class Stack:
     def _start_all(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._services = self._given_services or start_services(self.data_dir)
-        self.controller_url = f"grpc://127.0.0.1:{probes.free_port()}"
+        self.controller_url = f"grpc://127.0.0.1:{free_port()}"
         self._controller = ControllerChild(
             self.controller_url, log_path=str(self.logs_dir / "cdi-controller.log")
         )
@@ -322,7 +323,7 @@ class Stack:
         finally:
             client.close()
 
-    def _child(self, name: str, kind: str, env: dict[str, str]) -> Child:
+    def _child(self, name: str, kind: str, env: dict[str, str]) -> ChildProcess:
         values = {"{python}": sys.executable, "{id}": name,
                   "{host}": self.host, "{port}": str(self.port)}  # fmt: skip
         argv = []
@@ -330,9 +331,11 @@ class Stack:
             for placeholder, value in values.items():
                 arg = arg.replace(placeholder, value)
             argv.append(arg)
-        return Child(name, argv, env, self.logs_dir / f"{name}.log")
+        return ChildProcess(name, argv, env=env, log_path=self.logs_dir / f"{name}.log")
 
-    def _wait(self, child: Child, ready: Callable[[], bool], what: Callable[[], str]) -> None:
+    def _wait(
+        self, child: ChildProcess, ready: Callable[[], bool], what: Callable[[], str]
+    ) -> None:
         """Poll ``ready`` until true; raise with the log's tail if the child ends or stalls."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
@@ -350,7 +353,7 @@ class Stack:
                 )  # fmt: skip
             time.sleep(0.05)
 
-    def _wait_heartbeat(self, client: redis.Redis, worker: Child) -> None:
+    def _wait_heartbeat(self, client: redis.Redis, worker: ChildProcess) -> None:
         problem = ""
 
         def beating() -> bool:
@@ -364,13 +367,15 @@ class Stack:
         key = worker_key(worker.name)
         self._wait(worker, beating, lambda: f"its heartbeat {key} in Redis{problem}")
 
-    def _failed(self, child: Child, message: str) -> StackError:
-        text = f"{message}; see {child.log_path}"
+    def _failed(self, child: ChildProcess, message: str) -> StackError:
+        log_file = child.log_path
+        assert log_file is not None  # the stack's children all write a log of their own
+        text = f"{message}; see {log_file}"
         if tail := child.log_tail():
-            text += f"\n--- last lines of {child.log_path.name} ---\n{tail}"
-        return StackError(text, log_file=child.log_path)
+            text += f"\n--- last lines of {log_file.name} ---\n{tail}"
+        return StackError(text, log_file=log_file)
 
-    def _restarted(self, child: Child) -> None:
+    def _restarted(self, child: ChildProcess) -> None:
         if self._on_restart is not None:
             self._on_restart(child.name)
 

@@ -9,7 +9,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from orchestrator.stack.children import Child, RestartPolicy, describe_exit
+from orchestrator.child_process import ChildProcess, describe_exit
+from orchestrator.stack.restarts import RestartPolicy
 
 __all__ = ["Supervisor"]
 
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Watch:
-    child: Child
+    child: ChildProcess
     recent: deque[float] = field(default_factory=deque)  # monotonic times of restarts
     quick_crashes: int = 0
     restart_at: float | None = None  # set while a restart is pending
@@ -36,10 +37,10 @@ class Supervisor:
 
     def __init__(
         self,
-        children: Iterable[Child],
+        children: Iterable[ChildProcess],
         policy: RestartPolicy,
         *,
-        on_restart: Callable[[Child], None] | None = None,
+        on_restart: Callable[[ChildProcess], None] | None = None,
         interval: float = 0.5,
     ) -> None:
         self.policy = policy

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from orchestrator.stack import Stack
-from orchestrator.stack.children import RestartPolicy
+from orchestrator.stack.restarts import RestartPolicy
 from tests.dashboard.support import Harness, free_port
 
 

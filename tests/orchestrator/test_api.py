@@ -21,6 +21,7 @@ from redis.typing import EncodableT, FieldT
 from sqlalchemy import Engine, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from orchestrator.child_process import free_port
 from orchestrator.contract import keys
 from orchestrator.contract.messages import Report
 from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, WorkflowStatus
@@ -40,7 +41,6 @@ from orchestrator.db.run_statements import (
 )
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.errors import ConfigError
-from orchestrator.services._process import free_port
 from orchestrator.settings import Settings
 
 IMAGE = {"image": "s3://cdiflow/images/cat.png"}

@@ -30,7 +30,8 @@ from orchestrator.db.engine import make_engine
 from orchestrator.db.models import Event, TaskRun, WorkflowDefinition
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
-from orchestrator.scheduler.scheduler import BEATS_TTL_S, Scheduler, connect_redis
+from orchestrator.scheduler.dispatch import BEATS_TTL_S
+from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.settings import Settings
 
 WORKER = "worker-race"
@@ -96,7 +97,7 @@ def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
     assert started.status_code == 201, started.text
     workflow_id = started.json()["id"]
 
-    scheduler._claim()  # takes the run and pushes its first task to the only live worker
+    scheduler.claims.claim()  # takes the run and pushes its first task to the only live worker
     raw = api_redis.rpop(keys.worker_queue_key(WORKER))
     assert isinstance(raw, bytes | str), "the first task was not placed on the live worker"
     instruction = Instruction.loads(raw)
@@ -117,7 +118,7 @@ def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
     _beat(api_redis, started_at=2000.0)
     time.sleep(BEATS_TTL_S * 2)  # the scheduler re-reads heartbeats at most this often
 
-    scheduler._check_in_flight()
+    scheduler.recovery.check_in_flight()
 
     with api_sessions() as session:
         run = session.get(TaskRun, instruction.task_run_id)
@@ -142,13 +143,14 @@ def test_a_task_free_to_go_anywhere_waits_for_room_and_goes_when_a_report_frees_
     take a second, the worker gets its running task plus one queued; a third run waits in the
     scheduler, with no task run recorded, until a report frees the slot."""
     ids = _start_one_task_runs(api_client, api_redis, 3)
-    scheduler._task_s["noop"] = 1.0  # as if measured: prefetch one task behind the running one
+    # As if measured: prefetch one task behind the running one.
+    scheduler.dispatch.task_s["noop"] = 1.0
 
-    scheduler._claim()
+    scheduler.claims.claim()
     queue = keys.worker_queue_key(WORKER)
     pushed = [Instruction.loads(raw) for raw in api_redis.lrange(queue, 0, -1)]
     assert sorted(i.workflow_id for i in pushed) == sorted(ids[:2])
-    assert [str(w) for w in scheduler._waiting] == [ids[2]]
+    assert [str(w) for w in scheduler.dispatch.waiting] == [ids[2]]
     with api_sessions() as session:
         held = session.scalars(select(TaskRun).where(TaskRun.workflow_id == uuid.UUID(ids[2])))
         assert held.all() == [], "a waiting task must not be recorded as queued at a worker"
@@ -159,9 +161,9 @@ def test_a_task_free_to_go_anywhere_waits_for_room_and_goes_when_a_report_frees_
         first.task_run_id, first.workflow_id, WORKER, TaskRunStatus.COMPLETED, now - 0.5, now
     )
     api_redis.lpush(scheduler.reply_key, done.dumps())
-    scheduler._step()
+    scheduler.step()
 
-    assert not scheduler._waiting
+    assert not scheduler.dispatch.waiting
     queued = {Instruction.loads(raw).workflow_id for raw in api_redis.lrange(queue, 0, -1)}
     assert queued == {ids[1], ids[2]}
     with api_sessions() as session:
@@ -177,15 +179,15 @@ def test_a_waiting_task_of_a_cancelled_workflow_never_goes_out(
     api_redis: redis.Redis,
 ) -> None:
     ids = _start_one_task_runs(api_client, api_redis, 3)
-    scheduler._task_s["noop"] = 1.0
-    scheduler._claim()
-    assert [str(w) for w in scheduler._waiting] == [ids[2]]
+    scheduler.dispatch.task_s["noop"] = 1.0
+    scheduler.claims.claim()
+    assert [str(w) for w in scheduler.dispatch.waiting] == [ids[2]]
 
     cancelled = api_client.post(f"/api/workflows/{ids[2]}/cancel")
     assert cancelled.status_code == 200, cancelled.text
     api_redis.delete(keys.WAKE)  # only the cancel's own wake-up below, not the starts'
     api_redis.lpush(keys.WAKE, wake_message(uuid.UUID(ids[2]), cancel=True))
-    scheduler._step()
+    scheduler.step()
     assert uuid.UUID(ids[2]) not in scheduler.runs
 
     queue = keys.worker_queue_key(WORKER)
@@ -195,10 +197,10 @@ def test_a_waiting_task_of_a_cancelled_workflow_never_goes_out(
         first.task_run_id, first.workflow_id, WORKER, TaskRunStatus.COMPLETED, now - 0.5, now
     )
     api_redis.lpush(scheduler.reply_key, done.dumps())
-    scheduler._step()  # a slot is free, but the only waiting run was cancelled
+    scheduler.step()  # a slot is free, but the only waiting run was cancelled
 
     queued = [Instruction.loads(raw).workflow_id for raw in api_redis.lrange(queue, 0, -1)]
-    assert queued == [ids[1]] and not scheduler._waiting
+    assert queued == [ids[1]] and not scheduler.dispatch.waiting
     assert api_client.get(f"/api/workflows/{ids[2]}").json()["status"] == "CANCELLED"
 
 
@@ -229,7 +231,7 @@ def test_a_cdi_workflows_first_task_goes_out_naming_its_s3_input_and_no_object_i
     assert started.status_code == 201, started.text
     workflow_id = started.json()["id"]
 
-    scheduler._claim()
+    scheduler.claims.claim()
     raw = api_redis.rpop(keys.worker_queue_key(WORKER))
     assert isinstance(raw, bytes | str), "the first task was not pushed to the only live worker"
     first = Instruction.loads(raw)
@@ -252,8 +254,8 @@ def test_the_loop_goes_on_after_redis_drops_its_connection(
     _beat(api_redis, started_at=1000.0)
     assert scheduler.redis.ping()
     assert api_redis.client_kill_filter(_id=str(scheduler.redis.client_id())) == 1
-    with caplog.at_level("WARNING", logger="orchestrator.scheduler.scheduler"):
-        scheduler._step()  # the read on the dropped connection
+    with caplog.at_level("WARNING", logger="orchestrator.scheduler.loop"):
+        scheduler.step()  # the read on the dropped connection
     assert "Redis failed the loop's read" in caplog.text
 
     started = api_client.post(
@@ -263,7 +265,7 @@ def test_the_loop_goes_on_after_redis_drops_its_connection(
     queue = keys.worker_queue_key(WORKER)
     deadline = time.monotonic() + 10
     while api_redis.llen(queue) == 0 and time.monotonic() < deadline:
-        scheduler._step()  # reconnects, reads the wake-up, claims and places the first task
+        scheduler.step()  # reconnects, reads the wake-up, claims and places the first task
     raw = api_redis.rpop(queue)
     assert isinstance(raw, bytes | str), "the new run's first task was never placed"
     assert Instruction.loads(raw).workflow_id == started.json()["id"]
@@ -292,7 +294,7 @@ def test_a_stored_definition_that_is_not_a_chain_fails_its_run_with_the_reason(
         )
     started = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
     assert started.status_code == 201, started.text
-    scheduler._claim()
+    scheduler.claims.claim()
     detail = api_client.get(f"/api/workflows/{started.json()['id']}").json()
     assert detail["status"] == "FAILED"
     assert "cannot run" in detail["error"] and "all depend on step 'a'" in detail["error"]

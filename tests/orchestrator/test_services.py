@@ -18,6 +18,7 @@ import redis
 from pydantic import SecretStr
 from sqlalchemy import create_engine, text
 
+from orchestrator.child_process import free_port
 from orchestrator.errors import ServiceError
 from orchestrator.services import (
     ManagedService,
@@ -26,7 +27,6 @@ from orchestrator.services import (
     resolve_services,
     start_services,
 )
-from orchestrator.services._process import free_port
 from orchestrator.services.s3 import ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY
 from orchestrator.settings import Settings, load_settings
 

@@ -11,19 +11,19 @@ import time
 import httpx
 import pytest
 
-from orchestrator.stack.probes import free_port
+from orchestrator.child_process import free_port
 
 # A tick of a minute: only the wake-up on the signal can stop the server in time.
 _SCRIPT = """
 import sys
 from fastapi import FastAPI
-import orchestrator.controller.quiet_server as quiet
-quiet.TICK_S = 60.0
+import orchestrator.controller.api_server as server
+server.TICK_S = 60.0
 app = FastAPI()
 @app.get("/ping")
 def ping() -> dict[str, str]:
     return {"pong": "yes"}
-quiet.serve(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="info")
+server.serve(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="info")
 """
 
 

@@ -1,0 +1,221 @@
+"""A process started as a child: in a session of its own, its output appended to a log file,
+stopped by its PID, and its process group killed if it outstays the stop; and the free ports
+such a child may listen on.
+
+One helper for every child the orchestrator or its harness starts: the embedded services
+(``orchestrator.services``), the stack's API, scheduler and workers (``orchestrator.stack``)
+and the load tests' peers (``loadtest.systems``). *Why a session of its own:* a Ctrl-C meant
+for the parent does not reach the child, so the parent stops its children in order, and a
+forced stop can kill the child's whole group (what it started too) by the child's PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, Final
+
+__all__ = ["ChildProcess", "describe_exit", "free_port", "log_tail", "port_is_free"]
+
+log = logging.getLogger(__name__)
+
+_TAIL_LINES: Final = 15
+
+
+class ChildProcess:
+    """``argv`` as a child process, its output appended to ``log_path``.
+
+    Without a ``log_path`` its output goes to ``stream`` (a file or ``subprocess.DEVNULL``;
+    ``None``: the parent's own stdout and stderr). ``env`` and ``cwd`` default to the
+    parent's; ``user`` and ``group`` run it under another uid and gid (and without the
+    parent's supplementary groups). ``piped``: the parent talks to it through ``stdin`` and
+    ``stdout``, and only its stderr goes to the log. ``start`` may be called again once it has
+    exited, which launches it anew.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path | None = None,
+        stream: IO[Any] | int | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        user: int | None = None,
+        group: int | None = None,
+        piped: bool = False,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.stream = stream
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self.user, self.group = user, group
+        self.piped = piped
+        self.started_at = 0.0  # monotonic time of the latest launch
+        self.launched_at = 0.0  # wall-clock time of the latest launch
+        self.log_offset = 0  # where the latest launch's output starts in the log
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._asked: int = signal.SIGTERM  # the signal that asked it to stop
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode if self._proc is not None else None
+
+    @property
+    def stdin(self) -> IO[bytes] | None:
+        """Where to write to a ``piped`` child."""
+        return self._proc.stdin if self._proc is not None else None
+
+    @property
+    def stdout(self) -> IO[bytes] | None:
+        """What a ``piped`` child writes."""
+        return self._proc.stdout if self._proc is not None else None
+
+    def poll(self) -> int | None:
+        """Exit status once the process has ended (negative: killed by that signal)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def start(self) -> ChildProcess:
+        """Launch (or relaunch) the process; returns at once. ``OSError`` if it cannot."""
+        if self.log_path is None:
+            self._launch(self.stream)
+        else:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("ab") as out:
+                self.log_offset = out.tell()
+                stamp = datetime.now(UTC).isoformat(timespec="seconds")
+                out.write(f"--- {stamp} cdiflow starts: {shlex.join(self.argv)}\n".encode())
+                out.flush()
+                self._launch(out)
+        assert self._proc is not None
+        log.debug("%s started (pid %d): %s", self.name, self._proc.pid, shlex.join(self.argv))
+        return self
+
+    def _launch(self, out: IO[Any] | int | None) -> None:
+        self.launched_at = time.time()
+        self.started_at = time.monotonic()
+        self._proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE if self.piped else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if self.piped else out,
+            stderr=out if self.piped or out is None else subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+            user=self.user,
+            group=self.group,
+            extra_groups=[] if self.user is not None else None,
+        )
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the process by its PID, if it still runs."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(sig)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the process ended (and was reaped) within ``timeout`` seconds (``None``:
+        however long it takes)."""
+        if self._proc is None:
+            return True
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def stop(
+        self, timeout: float = 10.0, *, sig: int = signal.SIGTERM, sweep_group: bool = False
+    ) -> None:
+        """``sig`` by PID, then SIGKILL to its process group after ``timeout``; idempotent.
+        ``sweep_group``: kill the group even when the process itself ended in time, for what
+        it started and left behind."""
+        self._asked = sig
+        self.send_signal(sig)
+        self.finish(timeout, sweep_group=sweep_group)
+
+    def finish(self, timeout: float, *, sweep_group: bool = False) -> None:
+        """Wait for a process already asked to stop; SIGKILL its group if it outstays."""
+        proc = self._proc
+        if proc is None:
+            return
+        ended = self.wait(timeout)
+        if not ended:
+            name = signal.Signals(self._asked).name
+            log.warning("%s (pid %d) ignored %s for %.0fs; killing it",
+                        self.name, proc.pid, name, timeout)  # fmt: skip
+        if not ended or sweep_group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its group id is its PID (own session)
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        log.info("%s stopped (pid %d)", self.name, proc.pid)
+
+    def log_tail(self, lines: int = _TAIL_LINES) -> str:
+        """The last lines this launch wrote to its log ("" without one)."""
+        if self.log_path is None:
+            return ""
+        return log_tail(self.log_path, self.log_offset, lines)
+
+
+def log_tail(path: Path, offset: int = 0, lines: int = _TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``path`` after byte ``offset`` ("" if unreadable)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def describe_exit(status: int) -> str:
+    """``"status 3"`` or ``"SIGKILL"`` for a Popen return code."""
+    if status < 0:
+        try:
+            return signal.Signals(-status).name
+        except ValueError:
+            return f"signal {-status}"
+    return f"status {status}"
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could bind ``host:port`` now (with SO_REUSEADDR, as servers set it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (another process may take it before a child
+    binds it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -1,0 +1,37 @@
+"""What every part of one scheduler works with."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import redis
+
+import cdi
+from orchestrator.contract import keys
+from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.objectstore import ObjectStore
+from orchestrator.scheduler.runs import RunState
+
+__all__ = ["SchedulerContext"]
+
+
+@dataclass(frozen=True)
+class SchedulerContext:
+    """One scheduler's identity, connections and runs, shared by its loop's collaborators.
+
+    ``id`` is also its CDI container id (the recovery container of the runs' objects);
+    ``runs`` holds the workflows it runs, by id, and only the loop thread touches it.
+    """
+
+    id: str
+    db: SchedulerStore
+    redis: redis.Redis
+    cdi: cdi.Client
+    objects: ObjectStore  # where results and object-store images go in S3
+    runs: dict[uuid.UUID, RunState] = field(default_factory=dict)
+
+    @property
+    def reply_key(self) -> str:
+        """The list workers push this scheduler's reports onto."""
+        return keys.scheduler_reports_key(self.id)

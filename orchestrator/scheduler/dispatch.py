@@ -1,0 +1,167 @@
+"""Placing a run's current step: pick the worker, move the object there, send the instruction,
+record the task run.
+
+The worker is chosen from live loads (``placement.choose_worker``): heartbeats, re-read at
+most every ``BEATS_TTL_S`` (workers beat every 2 s, so reading them per placement only cost
+round trips), plus this scheduler's own count of instructions out at each worker, which is
+always current. A step that may go to any worker but finds none with room waits here
+(``waiting``, oldest first) until a report frees a slot (late binding, ``placement``).
+
+*Send, then record:* an instruction is pushed before its task run is recorded, so the record
+overlaps the worker's run; its report waits in the scheduler's list until the loop thread,
+the one recording, reads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import time
+import uuid
+from collections import defaultdict
+from typing import Final
+
+from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import DataPlane
+from orchestrator.db.run_statements import Handoff, Placement
+from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.guarded import guarded
+from orchestrator.scheduler.instructions import instruction_for
+from orchestrator.scheduler.placement import WorkerLoad, choose_worker, read_workers
+from orchestrator.scheduler.runs import InFlight, RunState
+
+__all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "Dispatcher"]
+
+BEATS_TTL_S: Final = 0.5  # heartbeats are re-read at most this often (workers beat every 2 s)
+LOST_GRACE_S: Final = 5.0  # beyond a task's timeout before its silent worker is presumed gone
+_FIRST_GUESS_S: Final = 0.05  # a task's expected run time before one has been measured
+
+
+class Dispatcher:
+    """Sends runs' steps to workers and keeps what placement needs to know about them."""
+
+    def __init__(self, ctx: SchedulerContext) -> None:
+        self.ctx = ctx
+        # Runs whose current step waits for a worker (none alive, or none with room), oldest
+        # first.
+        self.waiting: dict[uuid.UUID, RunState] = {}
+        self.task_s: dict[str, float] = defaultdict(lambda: _FIRST_GUESS_S)  # EWMA per task
+        self._in_flight: dict[str, int] = defaultdict(int)  # instructions out, per worker
+        self._rng = random.Random()
+        self._beats: dict[str, dict[str, str]] = {}
+        self._beats_read = -math.inf  # monotonic time of the last heartbeat read
+        self._loads: dict[str, WorkerLoad] = {}  # as the latest choice saw them
+
+    # ------------------------------------------------------------------ placing
+    def dispatch(self, run: RunState) -> None:
+        """Place the run's current step now, or leave it waiting for a worker with room."""
+        if run.cancelled or run.workflow_id not in self.ctx.runs:
+            return
+        placement = self.choose(run)
+        if placement is not None:
+            self.send(run, placement)
+            self.ctx.db.place(placement)
+
+    def dispatch_waiting(self) -> None:
+        """Place waiting runs, oldest first, while workers have room. A sweep tries one run per
+        (task, policy, previous worker): the others like it would be refused the same way."""
+        refused: set[tuple[str, str, str | None]] = set()
+        for run in list(self.waiting.values()):
+            if run.cancelled or self.ctx.runs.get(run.workflow_id) is not run:
+                self.waiting.pop(run.workflow_id, None)
+                continue
+            like = (run.current.task, run.policy, run.last_worker)
+            if like in refused:
+                continue
+            guarded(functools.partial(self.dispatch, run))
+            if run.workflow_id in self.waiting:
+                refused.add(like)
+
+    def choose(self, run: RunState) -> Placement | None:
+        """Choose the worker for the current step and move the object to it: the task run to
+        record; ``None`` while no worker may take it (the run then waits)."""
+        step = run.current
+        loads = self.loads()
+        worker = choose_worker(
+            loads,
+            run.policy,
+            run.last_worker,
+            task_s=self.task_s[step.task],
+            nbytes=run.nbytes,
+            rng=self._rng,
+            avoid=run.avoid,
+        )
+        if worker is None:
+            self.waiting.setdefault(run.workflow_id, run)
+            return None
+        self.waiting.pop(run.workflow_id, None)
+        self._loads = {w.worker_id: w for w in loads}
+        handoff = None
+        if run.data_plane == DataPlane.CDI and run.key and run.owner != worker:
+            handoff = Handoff(self.ctx.id, worker, run.nbytes, self._transfer(run, worker))
+        return Placement(
+            self.ctx.db.next_task_run_id(),
+            run.workflow_id,
+            step.ref,
+            step.task,
+            run.attempt,
+            worker,
+            time.time(),
+            handoff,
+        )
+
+    def send(self, run: RunState, placement: Placement) -> None:
+        """Push the instruction for ``placement`` (before its task run is recorded) and note
+        it as the run's task in flight."""
+        step, worker = run.current, placement.worker
+        instruction = instruction_for(
+            run,
+            placement.task_run_id,
+            placement.queued_at,
+            scheduler_id=self.ctx.id,
+            reply_to=self.ctx.reply_key,
+            objects=self.ctx.objects,
+        )
+        load = self._loads.get(worker)
+        run.in_flight = InFlight(
+            instruction,
+            worker,
+            worker_started=load.started_at if load is not None else 0.0,
+            deadline=time.monotonic() + step.timeout_s + LOST_GRACE_S,
+        )
+        run.attempts[step.ref] = run.attempt  # a recomputed step's attempts go on from here
+        run.last_worker = worker
+        self._in_flight[worker] += 1
+        self.ctx.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
+
+    def _transfer(self, run: RunState, worker: str) -> float:
+        started = time.perf_counter_ns()
+        self.ctx.cdi.use(run.key, check=False).transfer(worker)
+        run.owner = worker
+        return (time.perf_counter_ns() - started) / 1000
+
+    # ------------------------------------------------------------------ what comes back
+    def returned(self, flight: InFlight) -> None:
+        """A task out at a worker was reported, or given up as lost."""
+        self._in_flight[flight.worker] -= 1
+
+    def ran(self, task: str, run_s: float) -> None:
+        """A task of ``task`` took ``run_s``: the running mean late binding plans with."""
+        self.task_s[task] = 0.8 * self.task_s[task] + 0.2 * run_s
+
+    def loads(self) -> list[WorkerLoad]:
+        """Live worker loads: the latest heartbeats and this scheduler's in-flight counts."""
+        now = time.monotonic()
+        if now - self._beats_read >= BEATS_TTL_S:
+            ids = sorted(str(i) for i in self.ctx.redis.smembers(keys.WORKERS))
+            pipe = self.ctx.redis.pipeline(transaction=False)
+            for worker_id in ids:
+                pipe.hgetall(keys.worker_key(worker_id))
+            self._beats = {
+                w: {str(k): str(v) for k, v in h.items()}
+                for w, h in zip(ids, pipe.execute(), strict=True)
+                if h
+            }
+            self._beats_read = now
+        return read_workers(self._beats, self._in_flight, keys.WORKER_DEAD_AFTER_S)

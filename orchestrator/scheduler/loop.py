@@ -1,0 +1,156 @@
+"""The scheduler: turns wake-ups and worker reports into placements (paper section V-D).
+
+One thread runs the loop and is the only one writing this scheduler's task runs to Postgres.
+Each turn waits for a worker's report or a wake-up on Redis (until the next tick is due),
+hands it to the collaborator whose job it is, and then does what that made possible:
+
+* ``claims.Claims``: which workflows to run (claimed, or resumed after a restart);
+* ``dispatch.Dispatcher``: where a run's step goes, and sending it there;
+* ``reports.Reports``: what a report means for its run (the next step, the end, a retry);
+* ``recovery.Recovery``: tasks lost with their workers, and a Redis that lost its data;
+* ``endings.Endings``: completion, failure and cancellation, and freeing a run's object.
+
+They share the runs in memory (``runs``: ``RunState`` by workflow id) and the database
+through ``db.scheduler_store``. The scheduler touches no image: the first task's worker
+fetches the input from S3, and the last task's worker stores the result.
+
+Ownership of a workflow's CDI object: the first task's worker creates it from the input, with
+the scheduler as its recovery container, and the scheduler transfers it to the worker of each
+later task that runs elsewhere. Under ``affinity`` the worker keeps it until the last task;
+otherwise it hands it back with its report. A worker that dies hands it back too, by the
+minion's recovery rule, so a retry always starts from an intact object (or, if it died while
+making it, from the input in S3 again). Under ``affinity`` the worker may also hold a task's
+new image in memory instead of writing it (``Instruction.hold``); if that image is lost, the
+run goes back to the first step whose image was held and recomputes it from the object
+(``RunState.follow_held``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Final
+
+import redis
+
+import cdi
+from orchestrator.contract import keys, read_wake
+from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.objectstore import ObjectStore
+from orchestrator.scheduler.claims import Claims
+from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.dispatch import Dispatcher
+from orchestrator.scheduler.endings import Endings
+from orchestrator.scheduler.guarded import guarded
+from orchestrator.scheduler.recovery import Recovery
+from orchestrator.scheduler.reports import Reports
+from orchestrator.settings import Settings
+
+__all__ = ["REDIS_RETRY_S", "TICK_S", "Scheduler", "connect_redis"]
+
+log = logging.getLogger(__name__)
+
+# Housekeeping: claims a wake-up missed, lost workers, a Redis that lost its data, runs waiting
+# for room. *Why 1 s, not less:* each tick costs a claim statement and Redis round trips even
+# when nothing happens (4 ticks a second were the idle scheduler's whole CPU); new workflows
+# and reports wake the loop at once, and a retry that falls due brings the tick forward.
+TICK_S: Final = 1.0
+_MIN_WAIT_S: Final = 0.01  # Redis reads a blocking timeout of 0 as "forever"
+REDIS_RETRY_S: Final = 0.5  # after a Redis connection error, the loop waits this long
+
+
+def connect_redis(url: str) -> redis.Redis:
+    """The loop's Redis client: one connection, as the loop thread is its only user. *Why:*
+    redis-py's pool takes a connection and gives it back around every command (redis-py 8.1),
+    CPU the scheduler spends on every workflow. Unlike a pooled one, a lone connection that
+    Redis dropped fails its next command (and then reconnects): the loop takes that as a
+    Redis error and goes on."""
+    return redis.Redis.from_url(url, decode_responses=True, single_connection_client=True)
+
+
+class Scheduler:
+    """One scheduler's loop and its collaborators."""
+
+    def __init__(
+        self,
+        scheduler_id: str,
+        settings: Settings,
+        db: SchedulerStore,
+        redis_client: redis.Redis,
+        cdi_client: cdi.Client,
+        objects: ObjectStore,
+    ) -> None:
+        self.ctx = ctx = SchedulerContext(scheduler_id, db, redis_client, cdi_client, objects)
+        self.id, self.db, self.redis, self.runs = ctx.id, ctx.db, ctx.redis, ctx.runs
+        self.reply_key = ctx.reply_key
+        self.endings = Endings(ctx)
+        self.dispatch = Dispatcher(ctx)
+        self.reports = Reports(ctx, self.dispatch, self.endings, wake_at=self._tick_by)
+        self.recovery = Recovery(ctx, self.dispatch, self.reports)
+        self.claims = Claims(ctx, settings, self.dispatch, self.endings)
+        self._stopping = False
+        self._next_tick = 0.0  # monotonic
+
+    def run_forever(self) -> None:
+        log.info("scheduler %s started", self.id)
+        self.claims.resume()
+        while not self._stopping:
+            self.step()
+        self.db.close()
+        log.info("scheduler %s stopped", self.id)
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def step(self) -> None:
+        """One turn of the loop: a report or wake-up (waiting for one until the next tick is
+        due), then whatever it made possible."""
+        wait_s = max(_MIN_WAIT_S, self._next_tick - time.monotonic())
+        try:
+            popped = self.redis.brpop([self.reply_key, keys.WAKE], timeout=wait_s)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Redis restarted or dropped our connection: the next command reconnects. What
+            # it lost is noticed by the tick's epoch check; what a wake-up missed, by its claim.
+            log.warning(
+                "Redis failed the loop's read (%s); trying again in %g s", exc, REDIS_RETRY_S
+            )
+            time.sleep(REDIS_RETRY_S)
+            popped = None
+        if popped is not None:
+            key, value = str(popped[0]), str(popped[1])
+            if key == self.reply_key:
+                self.reports.read(value)
+            else:
+                self._on_wake(value)
+            if self.dispatch.waiting:
+                self.dispatch.dispatch_waiting()  # a report may have freed a slot
+        if self.claims.due():
+            guarded(self.claims.claim)  # runs ended: take the next ones waiting
+        if time.monotonic() >= self._next_tick:
+            self._next_tick = time.monotonic() + TICK_S
+            self._tick()
+
+    def _on_wake(self, value: str) -> None:
+        wake = read_wake(value)
+        run = None if wake.workflow_id is None else self.runs.get(wake.workflow_id)
+        if run is None:
+            self.claims.claim()  # a new or retried run (a cancelled PENDING one is not claimed)
+        elif wake.cancel:
+            self.endings.check_cancelled(run)
+        # else: a new run that an earlier claim already took, with others, in one batch
+
+    def _tick(self) -> None:
+        guarded(self.recovery.check_redis_epoch)
+        guarded(self.claims.claim)
+        guarded(self.recovery.check_in_flight)
+        now = time.monotonic()
+        for run in list(self.runs.values()):
+            if run.retry_at and run.retry_at <= now:
+                run.retry_at = 0.0
+                guarded(functools.partial(self.dispatch.dispatch, run))
+        self.dispatch.dispatch_waiting()
+
+    def _tick_by(self, moment: float) -> None:
+        """Bring the next tick forward to ``moment`` (monotonic) if it is later."""
+        self._next_tick = min(self._next_tick, moment)

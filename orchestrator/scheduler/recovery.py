@@ -1,0 +1,161 @@
+"""What the scheduler notices on its tick when something failed outside it: a worker that died
+or went silent with a task, and a Redis that lost its data.
+
+*Lost workers.* A worker whose heartbeat is older than ``keys.WORKER_DEAD_AFTER_S``, or that
+restarted (a new ``started_at``), or a task past its timeout plus ``LOST_GRACE_S``: the
+scheduler waits for the run's object to come back by the minion's recovery rule (if the worker
+still holds it, it is alive after all), drops what it may have half-written, records the task
+run as lost and retries the step elsewhere. Before it declares anything lost it reads the
+reports already waiting: a worker whose task overran its timeout reports TIMED_OUT and exits,
+and its restart could otherwise be seen before its report.
+
+*Redis data loss.* Redis holds only what can be rebuilt; when its ``keys.EPOCH`` token changes,
+the scheduler sends again every instruction it has out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+
+import cdi
+from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import DataPlane
+from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.dispatch import LOST_GRACE_S, Dispatcher
+from orchestrator.scheduler.placement import WorkerLoad
+from orchestrator.scheduler.reports import Reports
+from orchestrator.scheduler.runs import InFlight, RunState
+
+__all__ = ["Recovery"]
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    """Finds the tasks lost with their workers, and what Redis lost."""
+
+    def __init__(self, ctx: SchedulerContext, dispatch: Dispatcher, reports: Reports) -> None:
+        self.ctx = ctx
+        self.dispatch = dispatch
+        self.reports = reports
+        self._redis_epoch: str | None = None
+
+    # ------------------------------------------------------------------ lost workers
+    def check_in_flight(self) -> None:
+        """A task whose worker went silent: take the object back and retry elsewhere."""
+        now = time.monotonic()
+        loads = {w.worker_id: w for w in self.dispatch.loads()}
+        suspects = [r for r in self.ctx.runs.values() if _silence(r, loads, now) is not None]
+        if suspects:
+            # A worker that reports and then exits (a task overran its timeout) is restarted
+            # before this loop may have read the report: read what has arrived first, or
+            # the attempt would be recorded as lost instead of with its own outcome.
+            self._take_arrived_reports()
+        for run in suspects:
+            dead = _silence(run, loads, now)
+            flight = run.in_flight
+            if dead is None or flight is None:
+                continue  # its report had arrived (or the next task is on a live worker)
+            if run.data_plane == DataPlane.CDI and not self._regain(run, flight):
+                continue  # the worker still holds the object: it is alive after all
+            self._give_up(run, flight, dead)
+
+    def _give_up(self, run: RunState, flight: InFlight, dead: bool) -> None:
+        """Record the task as lost, withdraw its instruction, and retry the step elsewhere."""
+        self.dispatch.returned(flight)
+        run.in_flight = None
+        reason = (
+            f"worker {flight.worker} died"
+            if dead
+            else f"no report within {run.current.timeout_s + LOST_GRACE_S:.0f} s"
+        )
+        if run.held:
+            reason += (
+                f"; it held the image of step {run.steps[run.held_from].ref!r} on in memory, "
+                "so the workflow goes on from that step again"
+            )
+        self.ctx.db.task_run_lost(flight.task_run_id, reason)
+        # Withdraw this instruction wherever it still sits, so a restarted worker of the
+        # same id does not run it too; other runs' instructions stay where they are.
+        lost_text = flight.instruction.dumps()
+        pipe = self.ctx.redis.pipeline(transaction=False)
+        pipe.lrem(keys.worker_queue_key(flight.worker), 0, lost_text)
+        pipe.lrem(keys.worker_inflight_key(flight.worker), 0, lost_text)
+        pipe.execute()
+        run.avoid = run.avoid | {flight.worker}
+        run.last_worker = None
+        if run.held:
+            run.rewind()  # the image it held died with it: recompute it from the object
+        self.reports.after_failure(run, reason, retryable=True)
+
+    def _take_arrived_reports(self) -> None:
+        """Handle every report already waiting on our list, without blocking."""
+        while (text := self.ctx.redis.rpop(self.ctx.reply_key)) is not None:
+            self.reports.read(str(text))
+
+    def _regain(self, run: RunState, flight: InFlight) -> bool:
+        """Wait briefly for the object to come back by the minion's recovery rule; False while
+        the worker still holds it (then it is alive after all). An object the worker was
+        making from the S3 input may be half-written: it is dropped like a half-written output,
+        and the retry fetches the input again."""
+        lost = flight.instruction
+        fetched = lost.key if lost.input_uri else ""
+        try:
+            with self.ctx.cdi.use(fetched or run.key).view(timeout=2):
+                pass
+        except cdi.AccessTimeout:
+            return False
+        except cdi.ObjectNotFound:
+            pass
+        if fetched:
+            self._drop_orphan(fetched)
+        else:
+            run.owner = self.ctx.id
+        if lost.output_key:
+            self._drop_orphan(lost.output_key)
+        return True
+
+    def _drop_orphan(self, key: str) -> None:
+        """A half-written object of a dead worker (its output, or the object it was making from
+        the input) came back to us too: destroy it."""
+        try:
+            orphan = self.ctx.cdi.use(key)
+            orphan.access(timeout=1).release()
+            orphan.destroy()
+        except cdi.CDIError:
+            pass  # it never got created, or is already gone
+
+    # ------------------------------------------------------------------ Redis data loss
+    def check_redis_epoch(self) -> None:
+        """Redis holds only what can be rebuilt: if it lost everything, push what we sent."""
+        raw = self.ctx.redis.get(keys.EPOCH)
+        if raw is None:
+            self.ctx.redis.set(keys.EPOCH, uuid.uuid4().hex, nx=True)
+            raw = self.ctx.redis.get(keys.EPOCH)
+        epoch = str(raw)
+        if self._redis_epoch is not None and epoch != self._redis_epoch:
+            log.warning("Redis lost its data; re-sending in-flight instructions")
+            for run in self.ctx.runs.values():
+                flight = run.in_flight
+                if flight is not None:
+                    self.ctx.redis.lpush(
+                        keys.worker_queue_key(flight.worker), flight.instruction.dumps()
+                    )
+        self._redis_epoch = epoch
+
+
+def _silence(run: RunState, loads: Mapping[str, WorkerLoad], now: float) -> bool | None:
+    """For a run with a task in flight whose worker is gone (True) or overdue (False); None
+    while it may still report."""
+    flight = run.in_flight
+    if flight is None:
+        return None
+    worker = loads.get(flight.worker)
+    restarted = worker is not None and worker.started_at != flight.worker_started
+    dead = worker is None or not worker.alive or restarted
+    if not dead and now < flight.deadline:
+        return None
+    return dead

@@ -1,0 +1,39 @@
+"""How the stack restarts its own processes (scheduler, workers) when they exit unasked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["RestartPolicy"]
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How the stack restarts a scheduler or worker that exits without being asked to."""
+
+    max_per_minute: int = 5
+    """Restarts of one process allowed in any 60 s window; beyond that the next one waits."""
+
+    initial_backoff: float = 0.5
+    """Seconds before restarting after a crash; doubles with each further quick crash."""
+
+    max_backoff: float = 30.0
+    """Ceiling of the back-off, in seconds."""
+
+    stable_after: float = 60.0
+    """A process that ran this long had a good run: its back-off starts over. Workers exit on
+    purpose after a task timeout, so a long-lived worker exiting is restarted promptly."""
+
+    def delay(self, now: float, recent: Sequence[float], quick_crashes: int) -> float:
+        """Seconds to wait before the next restart.
+
+        ``recent`` holds the monotonic times of the restarts in the last minute, oldest first;
+        ``quick_crashes`` counts exits in a row that came before ``stable_after`` (>= 1).
+        """
+        backoff = min(self.initial_backoff * 2.0 ** max(quick_crashes - 1, 0), self.max_backoff)
+        if len(recent) < self.max_per_minute:
+            return backoff
+        # Window full: wait until the restart that fills it is a minute old.
+        oldest = recent[len(recent) - self.max_per_minute]
+        return max(backoff, oldest + 60.0 - now)
