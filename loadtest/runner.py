@@ -195,7 +195,8 @@ def _upload(services: BenchServices, paths: dict[int, Path]) -> dict[int, str]:
 
 
 def compare_to_floor(results: list[PointResult]) -> list[PointResult]:
-    """Each result with its overhead over, and throughput share of, the same point's floor."""
+    """Each result with its overhead over, and throughput share of, the same point's floor
+    (an open-loop row: its latency against the floor's at the same load, no share)."""
 
     def key(r: PointResult) -> tuple[Any, ...]:
         return (r.round, r.scenario, r.size, r.tasks, r.concurrency, r.load)
@@ -208,6 +209,8 @@ def compare_to_floor(results: list[PointResult]) -> list[PointResult]:
             out.append(r)
             continue
         share = r.throughput_wps / floor.throughput_wps if floor.throughput_wps else None
+        if r.load is not None:  # an open loop runs at the rate it is given, not its own
+            share = None
         out.append(
             dataclasses.replace(
                 r,

@@ -122,8 +122,7 @@ class TemporalSystem(System):
             f"--metrics-port={free_port()}",
             f"--db-filename={self._temp / 'temporal.db'}",
             # One fsync a commit, as cdiflow's and Conductor's Postgres (synchronous_commit
-            # on): SQLite's default rollback journal syncs several times a commit and ran
-            # at a third of WAL's throughput here.
+            # on); SQLite's default rollback journal syncs several times a commit.
             "--sqlite-pragma=journal_mode=wal",
             "--sqlite-pragma=synchronous=full",
             "--log-level=warn",

@@ -338,3 +338,16 @@ def test_rays_object_store_holds_the_images_a_point_keeps_in_flight(tmp_path: Pa
     assert object_store_bytes(0) == MIN_OBJECT_STORE_BYTES
     assert object_store_bytes(2**30) == int(1.5 * 2**30) + MIN_OBJECT_STORE_BYTES
     assert object_store_bytes(2**50) == psutil.virtual_memory().total // 2  # never above half
+
+
+def test_an_open_loop_row_is_set_against_the_floors_latency_at_the_same_load() -> None:
+    def row(system: str, p50: float, tput: float, load: float | None) -> PointResult:
+        return PointResult(system, "1", 10_000, 3, 10, 10, 0, p50, p50, p50, tput, load=load)
+
+    rows = compare_to_floor(
+        [row("floor", 0.1, 50.0, None), row("floor", 0.05, 25.0, 0.5),
+         row("affinity", 0.3, 20.0, None), row("affinity", 0.2, 10.0, 0.5)]
+    )  # fmt: skip
+    closed, opened = rows[2], rows[3]
+    assert closed.throughput_vs_floor == 0.4 and closed.overhead_p50_s == 0.2
+    assert opened.throughput_vs_floor is None and opened.overhead_p50_s == 0.15
