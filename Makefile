@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint typecheck bench browser proto clean native
+.PHONY: demo test check lint typecheck bench browser kustomize proto clean native s3server
 
 # The native minion (Rust). Rust comes with rustup, often outside a non-login shell's PATH.
 CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
@@ -25,7 +25,20 @@ $(NATIVE_MINION): $(NATIVE_SOURCES)
 	  "$(CARGO)" build --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; \
 	else echo "cargo not found: the CDI minion will run as Python (install Rust to build $(NATIVE_MINION))"; fi
 
-demo: $(STAMP) native
+# The embedded S3 endpoint: Versity's S3 gateway, built with Go into the venv (keep the version
+# in step with orchestrator/services/s3.py). Without Go the build is skipped with a note: the
+# stack then needs S3_ENDPOINT_URL.
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+VERSITYGW := $(BIN)/versitygw
+VERSITYGW_MODULE := github.com/versity/versitygw/cmd/versitygw@v1.8.0
+s3server: $(VERSITYGW)
+$(VERSITYGW): | $(STAMP)
+	@if [ -x "$(GO)" ]; then \
+	  echo "building versitygw (the embedded S3 endpoint) with Go"; \
+	  GOBIN="$(abspath $(BIN))" GOFLAGS=-modcacherw "$(GO)" install $(VERSITYGW_MODULE); \
+	else echo "go not found: no embedded S3 endpoint (install Go, or set S3_ENDPOINT_URL)"; fi
+
+demo: $(STAMP) native s3server
 	$(BIN)/cdiflow demo
 
 # The dashboard tests drive Debian's Chromium (no browser download): install it when missing.
@@ -34,7 +47,16 @@ browser:
 	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 	    else echo "chromium is missing: the browser tests will be skipped (run as root, or apt-get install chromium)"; fi; }
 
-test: $(STAMP) native browser
+# The Kubernetes manifests are rendered by kustomize in the tests: kubectl's or kustomize's own
+# when installed, else kustomize built from its Go module (skipped with a note without Go).
+KUSTOMIZE_VERSION ?= v5.5.0
+kustomize:
+	@command -v kustomize >/dev/null 2>&1 || command -v kubectl >/dev/null 2>&1 || \
+	  [ -x "$(HOME)/go/bin/kustomize" ] || \
+	  { if [ -x "$(GO)" ]; then "$(GO)" install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION); \
+	    else echo "neither kustomize, kubectl nor go: the manifest rendering test will be skipped"; fi; }
+
+test: $(STAMP) native s3server browser kustomize
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; fi
@@ -56,7 +78,7 @@ typecheck: $(STAMP)
 BENCH_OUT ?= .data/bench-results
 BENCH := $(BIN)/cdiflow bench
 PLOTS := --plots docs/images/bench
-bench: $(STAMP) native
+bench: $(STAMP) native s3server
 	mkdir -p $(BENCH_OUT)
 	$(BENCH) cdi --repeat 300 --backends tcp,grpc,cdi-shm,relay --json > $(BENCH_OUT)/cdi.json
 	$(BENCH) images --size 2MB --json > $(BENCH_OUT)/images.json

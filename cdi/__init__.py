@@ -30,6 +30,7 @@ from cdi.errors import (
     ObjectNotFound,
     OutOfMemory,
     ProtocolError,
+    TransferFailed,
     UnknownContainer,
 )
 from cdi.protocol import Isolation
@@ -55,6 +56,7 @@ __all__ = [
     "ObjectNotFound",
     "OutOfMemory",
     "ProtocolError",
+    "TransferFailed",
     "UnknownContainer",
     "connect",
 ]

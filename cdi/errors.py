@@ -20,7 +20,9 @@ catch ``CDIError`` (or a branch of it) and get a message a person can act on.
     │   ├── NotOwner                the caller does not own the object  (also PermissionError)
     │   └── BufferInUse             views of the data are still alive at transfer/destroy
     ├── OutOfMemory                 the minion cannot hold another object of that size (paper: -1)
-    └── AccessTimeout               ``access(timeout=)`` expired        (also TimeoutError)
+    ├── AccessTimeout               ``access(timeout=)`` expired        (also TimeoutError)
+    └── TransferFailed              a cross-host transfer did not happen; the caller still owns
+                                    the object (``in_doubt``: the other host did not say)
 
 Each class carries a stable ``code`` string, which is what travels on the wire between minion and
 client; ``error_from_code`` turns it back into the class.
@@ -46,6 +48,7 @@ __all__ = [
     "ObjectNotFound",
     "OutOfMemory",
     "ProtocolError",
+    "TransferFailed",
     "UnknownContainer",
     "error_from_code",
 ]
@@ -159,6 +162,21 @@ class AccessTimeout(CDIError, TimeoutError):
     code = "access_timeout"
 
 
+class TransferFailed(CDIError):
+    """A transfer to a container on another host did not happen.
+
+    The object is back with the caller, intact, unless the message says the outcome is in
+    doubt: then the other host took the bytes but did not answer, and this host's gateway holds
+    the object until it does (it comes back to the caller if the other host did not keep it)."""
+
+    code = "transfer_failed"
+
+    def __init__(self, message: str, *, in_doubt: bool = False, xfer: str = "") -> None:
+        super().__init__(message)
+        self.in_doubt = in_doubt
+        self.xfer = xfer
+
+
 _BY_CODE: dict[str, type[CDIError]] = {
     cls.code: cls
     for cls in (
@@ -180,6 +198,7 @@ _BY_CODE: dict[str, type[CDIError]] = {
         BufferInUse,
         OutOfMemory,
         AccessTimeout,
+        TransferFailed,
     )
 }
 

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from cdi.errors import ConfigError
 
-__all__ = ["default_socket_path", "resolve_socket_path"]
+__all__ = ["default_socket_path", "gateway_socket_path", "resolve_socket_path"]
 
 
 def default_socket_path() -> str:
@@ -39,3 +39,8 @@ def resolve_socket_path(url: str | None = None) -> str:
     if not path.startswith("/"):
         raise ConfigError(f"CDI URL {url!r} must name an absolute socket path")
     return path
+
+
+def gateway_socket_path(minion_socket: str) -> str:
+    """The Unix socket of the host's gateway: beside the minion's, in the directory pods mount."""
+    return f"{minion_socket}.gateway"

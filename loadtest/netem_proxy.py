@@ -93,9 +93,9 @@ async def _handle(
     except OSError:
         client_w.close()
         return
-    # No delay for the TCP handshake: the embedded S3 (moto's werkzeug server) closes the
-    # connection after every response, so charging it would make each request pay two round
-    # trips, where a kept-alive client of a real regional endpoint pays one.
+    # No delay for the TCP handshake: an S3 endpoint that closes the connection after every
+    # response (moto's werkzeug server does) would make each request pay two round trips,
+    # where a kept-alive client of a real regional endpoint pays one.
     pumps = [_pump(client_r, server_w, link), _pump(server_r, client_w, link)]
     with contextlib.suppress(OSError, asyncio.IncompleteReadError):
         await asyncio.gather(*pumps)

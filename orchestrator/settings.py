@@ -69,8 +69,8 @@ class Settings(BaseSettings):
     )
     aws_access_key_id: str | None = Field(
         default=None,
-        description="S3 access key. Unset: 'testing' on the embedded endpoint, boto3's default "
-        "credential chain (profile, IAM role) on a configured one.",
+        description="S3 access key of a configured endpoint; unset: boto3's default credential "
+        "chain (profile, IAM role). The embedded endpoint uses its own generated keys.",
     )
     aws_secret_access_key: SecretStr | None = Field(
         default=None,

@@ -21,7 +21,8 @@ from orchestrator.settings import load_settings
 
 @pytest.fixture(scope="session")
 def service_stack() -> Iterator[RunningServices]:
-    """The session's embedded Postgres, Redis and S3 (bucket ``cdiflow``, keys testing/testing)."""
+    """The session's embedded Postgres, Redis and S3 (bucket ``cdiflow``), each with the
+    passwords and keys generated for its folder (in the URLs and ``aws_*`` fields)."""
     data_dir = Path(tempfile.mkdtemp(prefix="cdiflow-test-"))
     try:
         settings = load_settings(
@@ -57,3 +58,10 @@ def redis_url(service_stack: RunningServices) -> str:
 def s3_endpoint(service_stack: RunningServices) -> str:
     """``http://127.0.0.1:PORT`` of the session's S3 endpoint."""
     return service_stack.s3_endpoint_url
+
+
+@pytest.fixture(scope="session")
+def s3_keys(service_stack: RunningServices) -> tuple[str, str]:
+    """The access key id and secret the session's S3 endpoint checks."""
+    assert service_stack.aws_access_key_id and service_stack.aws_secret_access_key
+    return service_stack.aws_access_key_id, service_stack.aws_secret_access_key

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+from orchestrator.settings import Settings
 
 K8S = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
 
@@ -87,3 +93,113 @@ def test_container_commands_are_accepted_by_our_cli() -> None:
             [*clean, "--help"], capture_output=True, text=True, timeout=60, check=False
         )
         assert done.returncode == 0, f"{container['name']}: {argv}: {done.stderr}"
+
+
+# -- rendered and validated; every flag and variable checked against the code ------------------
+
+KUBERNETES_VERSION = "1.30.0"  # the oldest release the manifests promise to work on
+SOURCES = [Path(__file__).resolve().parents[1] / p for p in ("cdi", "orchestrator", "cdiflow")]
+
+
+def _renderer() -> list[str] | None:
+    """``kustomize build`` or ``kubectl kustomize``, whichever is installed."""
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    go_bin = Path.home() / "go" / "bin" / "kustomize"
+    return [str(go_bin), "build"] if go_bin.exists() else None
+
+
+def test_manifests_render_with_kustomize_and_validate_against_the_kubernetes_schemas() -> None:
+    import kubernetes_validate
+
+    renderer = _renderer()
+    if renderer is None:
+        reason = "neither kustomize nor kubectl is installed (`make kustomize` builds it with go)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    done = subprocess.run([*renderer, str(K8S)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rendered = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert {(d["kind"], d["metadata"]["name"]) for d in rendered} == {
+        (d["kind"], d["metadata"]["name"]) for d in documents()
+    }
+    for doc in rendered:
+        try:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {exc}") from None
+
+
+def _help(argv: list[str]) -> str:
+    if argv[0] == "cdiflow":
+        argv = [sys.executable, "-m", "cdiflow", *argv[1:]]
+    elif argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    command = []  # the program and its subcommands: everything before the first --option
+    for arg in argv:
+        if arg.startswith("--"):
+            break
+        command.append(arg)
+    done = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _full_argv(container: dict[str, Any]) -> list[str]:
+    """The command line with every option, those the shell adds included (``--host``)."""
+    command = container.get("command", ["cdiflow"])
+    args = container.get("args", [])
+    if command[:2] == ["sh", "-c"]:
+        script = command[2].replace('"$@"', shlex.join(args)).replace("exec ", "", 1)
+        return shlex.split(script)
+    return [*command, *args]
+
+
+def test_every_flag_the_manifests_pass_is_one_the_command_takes() -> None:
+    for container in containers():
+        argv = _full_argv(container)
+        flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+        page = _help(argv)
+        for flag in flags:
+            assert re.search(rf"(^|[\s,]){re.escape(flag)}\b", page), (
+                f"{container['name']}: {flag} is not an option of {argv[:3]}"
+            )
+
+
+def test_every_environment_variable_the_manifests_set_is_read_by_the_code() -> None:
+    code = "\n".join(
+        p.read_text() for root in SOURCES for p in root.rglob("*.py") if "proto" not in p.parts
+    )
+    settings = {field.upper() for field in Settings.model_fields}  # pydantic-settings reads them
+    for container in containers():
+        uses = " ".join(_full_argv(container)) + " ".join(
+            str(e.get("value", "")) for e in container.get("env", [])
+        )
+        names = [e["name"] for e in container.get("env", [])]
+        for ref in container.get("envFrom", []):
+            source = ref.get("configMapRef") or ref.get("secretRef") or {}
+            names += _config_keys(source.get("name", ""))
+        for name in names:
+            read = name in settings or re.search(rf"[\"']{name}[\"']|envvar=\"{name}\"", code)
+            # Or the pod passes it on itself ($NODE_NAME in the command, $(POD_IP) in a value).
+            passed_on = f"${name}" in uses or f"$({name})" in uses
+            assert read or passed_on, f"{container['name']}: nothing reads {name}"
+
+
+def _config_keys(name: str) -> list[str]:
+    for doc in documents():
+        if doc["kind"] in ("ConfigMap", "Secret") and doc["metadata"]["name"] == name:
+            return list((doc.get("data") or doc.get("stringData") or {}).keys())
+    return []
+
+
+def test_the_minion_serves_transfers_on_its_pod_ip() -> None:
+    [minion] = [c for c in containers() if c["name"] == "cdi-minion"]
+    env = {e["name"]: e for e in minion["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    port = env["CDI_RPC_LISTEN"]["value"].rsplit(":", 1)[1]
+    assert env["CDI_RPC_ADVERTISE"]["value"] == f"$(POD_IP):{port}"
+    assert [p["containerPort"] for p in minion["ports"]] == [int(port)]

@@ -1,7 +1,9 @@
-"""``cdiflow bench cdi``: the paper's Table I on this machine, TCP vs gRPC vs CDI-SHM."""
+"""``cdiflow bench cdi``: the paper's Table I on this machine, TCP vs gRPC vs CDI-SHM; with
+``--hosts 2`` its Table II between two hosts (network namespaces) on this machine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -11,10 +13,16 @@ import click
 
 from cdi.bench.handoff import BACKENDS, DEFAULT_BACKENDS, HandoffConfig, measure
 from cdi.bench.stats import Result, format_size, render_table, summarize
+from cdi.hosts import HostNetwork
 from cdi.minion.config import parse_bytes
 from cdi.minion.process import MinionChild
+from cdi.remote.cluster import LocalCluster
 
-__all__ = ["bench_cdi_command", "run_handoff_benchmark"]
+__all__ = ["CROSS_HOST_BACKENDS", "bench_cdi_command", "run_handoff_benchmark"]
+
+# Between hosts only these make sense: CDI-SHM needs one host's memory. cdi-rdma would join
+# them where its data path exists (cdi.remote.rdma: not built).
+CROSS_HOST_BACKENDS = ("tcp", "grpc", "grpc-stream", "cdi-rpc")
 
 
 def run_handoff_benchmark(
@@ -28,27 +36,43 @@ def run_handoff_benchmark(
     gap_us: int,
     minion: str | None = None,
     progress: bool = False,
+    network: HostNetwork | None = None,
 ) -> list[Result]:
     """Measure every backend at every size in one run, against a minion started for it
-    (``minion``: ``native`` or ``python``; ``None`` chooses as ``cdiflow cdi minion`` does)."""
+    (``minion``: ``native`` or ``python``; ``None`` chooses as ``cdiflow cdi minion`` does).
+    ``network``: the sender runs on its first host, the receiver on its second, and CDI-RPC
+    between a minion on each (with a controller; ``cdi.remote.cluster``)."""
     results = []
     impl = ("--impl", minion) if minion else ()
-    with tempfile.TemporaryDirectory(prefix="cdi-bench-") as folder:
-        socket_path = str(Path(folder) / "minion.sock")
-        with MinionChild(socket_path, "--busy-poll-us", str(busy_poll_us), *impl):
-            for size in sizes:
-                for backend in backends:
-                    config = HandoffConfig(
-                        size=size,
-                        repeat=repeat,
-                        read_all=read_all,
-                        minion_socket=socket_path,
-                        spin_us=spin_us,
-                        gap_s=gap_us / 1e6,
-                    )
-                    if progress:
-                        click.echo(f"  {backend:<8} {format_size(size):>7} ...", err=True)
-                    results.append(summarize(backend, size, measure(backend, config)))
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdi-bench-")))
+        sockets = ["", ""]
+        if network is not None and "cdi-rpc" in backends:
+            cluster = LocalCluster.start(
+                2, folder / "hosts", "--busy-poll-us", str(busy_poll_us), *impl, network=network
+            )
+            stack.callback(cluster.close, False)
+            sockets = [m.socket_path for m in cluster.minions]
+        elif network is None:
+            sockets[0] = str(folder / "minion.sock")
+            stack.enter_context(MinionChild(sockets[0], "--busy-poll-us", str(busy_poll_us), *impl))
+        hosts = (network.hosts[0], network.hosts[1]) if network else (None, None)
+        for size in sizes:
+            for backend in backends:
+                config = HandoffConfig(
+                    size=size,
+                    repeat=repeat,
+                    read_all=read_all,
+                    minion_socket=sockets[0],
+                    receiver_minion_socket=sockets[1],
+                    spin_us=spin_us,
+                    gap_s=gap_us / 1e6,
+                    sender_host=hosts[0],
+                    receiver_host=hosts[1],
+                )
+                if progress:
+                    click.echo(f"  {backend:<11} {format_size(size):>7} ...", err=True)
+                results.append(summarize(backend, size, measure(backend, config)))
     return results
 
 
@@ -103,6 +127,14 @@ def run_handoff_benchmark(
     default=None,
     help="Which minion serves CDI-SHM (default: as `cdiflow cdi minion`, native when built).",
 )
+@click.option(
+    "--hosts",
+    type=click.IntRange(1, 2),
+    default=1,
+    show_default=True,
+    help="2: sender and receiver on two hosts (network namespaces, as root; else two loopback "
+    f"addresses); backends {', '.join(CROSS_HOST_BACKENDS)}.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON results on stdout.")
 def bench_cdi_command(
     sizes: str,
@@ -113,32 +145,54 @@ def bench_cdi_command(
     busy_poll_us: int,
     gap_us: int,
     minion: str | None,
+    hosts: int,
     as_json: bool,
 ) -> None:
     """Hand-off latency of a payload between two processes: raw TCP, gRPC and CDI-SHM."""
     size_list = [parse_bytes(s) for s in sizes.split(",") if s.strip()]
     chosen = [b.strip() for b in backends.split(",") if b.strip()]
-    unknown = [b for b in chosen if b not in BACKENDS]
+    allowed = CROSS_HOST_BACKENDS if hosts == 2 else tuple(BACKENDS)
+    if hosts == 2 and backends == ",".join(DEFAULT_BACKENDS):
+        chosen = list(CROSS_HOST_BACKENDS)
+    unknown = [b for b in chosen if b not in allowed]
     if unknown:
-        raise click.BadParameter(f"unknown backend(s) {unknown}; choose from {list(BACKENDS)}")
+        where = "between two hosts" if hosts == 2 else "on one host"
+        raise click.BadParameter(
+            f"unknown backend(s) {unknown} {where}; choose from {list(allowed)}"
+        )
     if any(s <= 0 for s in size_list):
         raise click.BadParameter("sizes must be positive")
-    results = run_handoff_benchmark(
-        size_list,
-        chosen,
-        repeat=repeat,
-        read_all=read_all,
-        spin_us=spin_us,
-        busy_poll_us=busy_poll_us,
-        gap_us=gap_us,
-        minion=minion,
-        progress=not as_json,
-    )
+    network = HostNetwork.create(2) if hosts == 2 else None
+    try:
+        if network is not None and network.kind == "loopback" and not as_json:
+            click.echo(
+                f"no network namespaces ({network.reason}): two loopback addresses", err=True
+            )
+        results = run_handoff_benchmark(
+            size_list,
+            chosen,
+            repeat=repeat,
+            read_all=read_all,
+            spin_us=spin_us,
+            busy_poll_us=busy_poll_us,
+            gap_us=gap_us,
+            minion=minion,
+            progress=not as_json,
+            network=network,
+        )
+    finally:
+        if network is not None:
+            network.close()
     if as_json:
-        json.dump({"results": [r.as_dict() for r in results]}, sys.stdout)
+        report: dict[str, object] = {"results": [r.as_dict() for r in results]}
+        if network is not None:
+            report["hosts"] = {"count": 2, "kind": network.kind, "reason": network.reason}
+        json.dump(report, sys.stdout)
         sys.stdout.write("\n")
         return
     what = "hand-off + reading every byte" if read_all else "hand-off (receiver holds the data)"
     served = f"{minion} minion" if minion else "minion as `cdiflow cdi minion` chooses"
-    click.echo(f"\n{what}, {repeat} rounds each, {served}; lower is better\n")
-    click.echo(render_table(results, baseline="tcp", subject="cdi-shm"))
+    where = f"between two hosts ({network.kind})" if network else "on one host"
+    click.echo(f"\n{what} {where}, {repeat} rounds each, {served}; lower is better\n")
+    subject = chosen[-1] if network else "cdi-shm"
+    click.echo(render_table(results, baseline="tcp", subject=subject))

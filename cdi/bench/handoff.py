@@ -1,4 +1,8 @@
-"""Hand-off latency of a payload from one process to another: TCP, gRPC and CDI-SHM.
+"""Hand-off latency of a payload from one process to another: TCP, gRPC, CDI-SHM and CDI-RPC.
+
+With ``hosts`` set (``cdiflow bench cdi --hosts 2``) the sender runs on the first host and the
+receiver on the second (``cdi.hosts``: two network namespaces), and the receivers listen on the
+second host's address: TCP and gRPC then cross a real (virtual) link.
 
 The clock starts when the sender has the bytes in its buffer (or object) and stops when the
 receiver can read them: for TCP, when the last byte is in the receiver's buffer; for gRPC, when
@@ -30,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from cdi.hosts import Host
+
 __all__ = ["BACKENDS", "DEFAULT_BACKENDS", "HandoffConfig", "measure"]
 
 _STAMP = struct.Struct("!q")
@@ -37,6 +43,7 @@ _GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 256 << 20),
     ("grpc.max_receive_message_length", 256 << 20),
 ]
+GRPC_CHUNK = 1 << 20  # grpc-stream: one message per MiB (the largest that measured fastest)
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,16 @@ class HandoffConfig:
     gap_s: float = 0.001
     read_all: bool = False
     minion_socket: str = ""
+    receiver_minion_socket: str = ""
+    """CDI-RPC: the receiver's host's minion (the sender's is ``minion_socket``)."""
     spin_us: int = 2000
+    sender_host: Host | None = None
+    receiver_host: Host | None = None
+    """Both set: run each end on its host; the receiver listens on its host's address."""
+
+    @property
+    def listen_address(self) -> str:
+        return self.receiver_host.address if self.receiver_host else "127.0.0.1"
 
 
 def touch_all(buffer: memoryview | bytes | bytearray) -> int:
@@ -64,7 +80,7 @@ def _payload(size: int) -> bytes:
 
 # ---------------------------------------------------------------------------------- TCP
 def _tcp_receiver(config: HandoffConfig, control: Connection) -> None:
-    server = socket.create_server(("127.0.0.1", 0))
+    server = socket.create_server((config.listen_address, 0))
     control.send(server.getsockname()[1])
     conn, _ = server.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -86,7 +102,7 @@ def _tcp_receiver(config: HandoffConfig, control: Connection) -> None:
 
 def _tcp_sender(config: HandoffConfig, control: Connection) -> list[int]:
     port = control.recv()
-    conn = socket.create_connection(("127.0.0.1", port))
+    conn = socket.create_connection((config.listen_address, port))
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     payload = _payload(config.size)[: config.size]
     samples = []
@@ -112,41 +128,38 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
 
 
 # ---------------------------------------------------------------------------------- gRPC
-def _grpc_receiver(config: HandoffConfig, control: Connection) -> None:
+def _grpc_serve(config: HandoffConfig, control: Connection, method: str, handler: Any) -> None:
+    """Serve ``bench.Handoff/<method>`` until the sender says it is done."""
     from concurrent import futures
 
     import grpc
 
-    def handoff(request: bytes, context: Any) -> bytes:
-        if config.read_all:
-            touch_all(request)
-        return _STAMP.pack(time.perf_counter_ns())
-
-    handler = grpc.method_handlers_generic_handler(
-        "bench.Handoff",
-        {"Send": grpc.unary_unary_rpc_method_handler(handoff)},  # bytes in, bytes out
-    )
+    handlers = grpc.method_handlers_generic_handler("bench.Handoff", {method: handler})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1), options=_GRPC_OPTIONS)
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
+    server.add_generic_rpc_handlers((handlers,))
+    port = server.add_insecure_port(f"{config.listen_address}:0")
     server.start()
     control.send(port)
     control.recv()  # the sender says when it is done
     server.stop(grace=None)
 
 
-def _grpc_sender(config: HandoffConfig, control: Connection) -> list[int]:
+def _grpc_rounds(
+    config: HandoffConfig, control: Connection, method: str, message: Callable[[bytes], Any]
+) -> list[int]:
+    """Time ``bench.Handoff/<method>`` calls carrying ``message(payload)``."""
     import grpc
 
     port = control.recv()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=_GRPC_OPTIONS)
-    send = channel.unary_unary("/bench.Handoff/Send")
+    channel = grpc.insecure_channel(f"{config.listen_address}:{port}", options=_GRPC_OPTIONS)
+    path = f"/bench.Handoff/{method}"
+    send = channel.unary_unary(path) if method == "Send" else channel.stream_unary(path)
     payload = _payload(config.size)[: config.size]
     samples = []
     for i in range(config.warmup + config.repeat):
         time.sleep(config.gap_s)
         start = time.perf_counter_ns()
-        (stamp,) = _STAMP.unpack(send(payload, timeout=30))
+        (stamp,) = _STAMP.unpack(send(message(payload), timeout=30))
         if i >= config.warmup:
             samples.append(stamp - start)
     channel.close()
@@ -154,13 +167,57 @@ def _grpc_sender(config: HandoffConfig, control: Connection) -> list[int]:
     return samples
 
 
+def _grpc_receiver(config: HandoffConfig, control: Connection) -> None:
+    import grpc
+
+    def handoff(request: bytes, context: Any) -> bytes:
+        if config.read_all:
+            touch_all(request)
+        return _STAMP.pack(time.perf_counter_ns())
+
+    # bytes in, bytes out
+    _grpc_serve(config, control, "Send", grpc.unary_unary_rpc_method_handler(handoff))
+
+
+def _grpc_sender(config: HandoffConfig, control: Connection) -> list[int]:
+    return _grpc_rounds(config, control, "Send", lambda payload: payload)
+
+
+def _grpc_stream_receiver(config: HandoffConfig, control: Connection) -> None:
+    import grpc
+
+    buffer = bytearray(config.size)
+
+    def handoff(chunks: Any, context: Any) -> bytes:
+        got = 0
+        for chunk in chunks:  # bytes, GRPC_CHUNK at most: land them in one buffer
+            buffer[got : got + len(chunk)] = chunk
+            got += len(chunk)
+        if config.read_all:
+            touch_all(buffer)
+        return _STAMP.pack(time.perf_counter_ns())
+
+    _grpc_serve(config, control, "Stream", grpc.stream_unary_rpc_method_handler(handoff))
+
+
+def _chunks(payload: bytes) -> Any:
+    view = memoryview(payload)
+    for offset in range(0, len(payload), GRPC_CHUNK):
+        yield bytes(view[offset : offset + GRPC_CHUNK])  # gRPC sends bytes, not views
+
+
+def _grpc_stream_sender(config: HandoffConfig, control: Connection) -> list[int]:
+    return _grpc_rounds(config, control, "Stream", _chunks)
+
+
 # ---------------------------------------------------------------------------------- CDI-SHM
 def _cdi_receiver(config: HandoffConfig, control: Connection) -> None:
     import cdi
 
-    client = cdi.connect(config.minion_socket, "bench-receiver", spin_us=config.spin_us)
+    socket_path = config.receiver_minion_socket or config.minion_socket
+    client = cdi.connect(socket_path, "bench-receiver", spin_us=config.spin_us)
     control.send("registered")
-    obj = client.use(control.recv())
+    obj = client.use(control.recv(), check=False)  # on another host: access waits for it
     stamps = []
     for _ in range(config.warmup + config.repeat):
         view = obj.access(timeout=30)
@@ -252,10 +309,27 @@ Receiver = Callable[[HandoffConfig, Connection], None]
 BACKENDS: dict[str, tuple[Sender, Receiver]] = {
     "tcp": (_tcp_sender, _tcp_receiver),
     "grpc": (_grpc_sender, _grpc_receiver),
+    "grpc-stream": (_grpc_stream_sender, _grpc_stream_receiver),
     "cdi-shm": (_cdi_sender, _cdi_receiver),
+    # The same code between two hosts: the minions' gateways carry the object across.
+    "cdi-rpc": (_cdi_sender, _cdi_receiver),
     "relay": (_relay_sender, _relay_receiver),
 }
 DEFAULT_BACKENDS = ("tcp", "grpc", "cdi-shm")  # the paper's table; add relay for the floor
+
+
+def _on_host(
+    end: Callable[[HandoffConfig, Connection], Any],
+    host: Host,
+    config: HandoffConfig,
+    control: Connection,
+    result: Connection | None,
+) -> None:
+    """Run one end of a hand-off on ``host`` (a spawned process enters its namespace first)."""
+    host.enter()
+    value = end(config, control)
+    if result is not None:
+        result.send(value)
 
 
 def measure(backend: str, config: HandoffConfig) -> list[int]:
@@ -263,10 +337,33 @@ def measure(backend: str, config: HandoffConfig) -> list[int]:
     sender, receiver = BACKENDS[backend]
     context = multiprocessing.get_context("spawn")
     mine, theirs = context.Pipe()
-    process = context.Process(target=receiver, args=(config, theirs), daemon=True)
+    if config.receiver_host is not None:
+        args: tuple[Any, ...] = (receiver, config.receiver_host, config, theirs, None)
+        process = context.Process(target=_on_host, args=args, daemon=True)
+    else:
+        process = context.Process(target=receiver, args=(config, theirs), daemon=True)
     process.start()
     try:
-        return sender(config, mine)
+        if config.sender_host is None:
+            return sender(config, mine)
+        # The sender leaves this process too, for its own host: it sends its samples back.
+        samples, out = context.Pipe()
+        args = (sender, config.sender_host, config, mine, out)
+        remote = context.Process(target=_on_host, args=args, daemon=True)
+        remote.start()
+        try:
+            while not samples.poll(1.0):
+                if not remote.is_alive():
+                    raise RuntimeError(f"the {backend} sender died (exit {remote.exitcode})")
+            got: list[int] = samples.recv()
+            return got
+        finally:
+            remote.join(timeout=30)
+            if remote.is_alive():
+                remote.kill()
+                remote.join()
+            samples.close()
+            out.close()
     finally:
         process.join(timeout=30)
         if process.is_alive():

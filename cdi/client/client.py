@@ -14,6 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -25,8 +26,17 @@ import numpy.typing as npt
 from cdi import protocol
 from cdi.client.connection import MinionConnection
 from cdi.client.exports import exports_of
+from cdi.client.gateway_link import GatewayLink
 from cdi.client.mapcache import MappingCache
-from cdi.errors import BufferInUse, InvalidArgument, NotRegistered, ObjectNotFound, ProtocolError
+from cdi.errors import (
+    AccessTimeout,
+    BufferInUse,
+    InvalidArgument,
+    NotRegistered,
+    ObjectNotFound,
+    ProtocolError,
+    UnknownContainer,
+)
 from cdi.protocol import Isolation, Op
 from cdi.url import resolve_socket_path
 
@@ -118,6 +128,11 @@ class Client:
         self.container_id: str | None = None
         self.host: str | None = None
         self.max_object: int | None = None
+        # Cross-host: a transfer to a container of another host, or an access of an object on
+        # its way here, goes through the gateway beside the minion when one runs.
+        self.forwarding = True
+        self._gateway = GatewayLink(self.socket_path)
+        self._forward_lock = threading.Lock()
 
     # ------------------------------------------------------------- lifecycle
     def register(self, container_id: str | int) -> Client:
@@ -140,6 +155,7 @@ class Client:
                 with suppress(BufferError):
                     mapping.mm.close()
             self._maps.clear()
+        self._gateway.close()
         self._conn.close()
 
     def __enter__(self) -> Client:
@@ -214,9 +230,49 @@ class Client:
             raise NotRegistered("call register(container_id) before using objects")
 
     def _size_of(self, key: str) -> int:
-        """The object's size, from the minion; ``ObjectNotFound`` if there is none."""
-        reply, _ = self._conn.call(Op.USE, key=key)
+        """The object's size, from the minion (or, for an object on another host, the
+        directory through the gateway); ``ObjectNotFound`` if there is none."""
+        try:
+            reply, _ = self._conn.call(Op.USE, key=key)
+        except ObjectNotFound:
+            if not self._crosses_hosts():
+                raise
+            reply = self._gateway.call("locate", key=key)
         return int(reply["size"])
+
+    def _crosses_hosts(self) -> bool:
+        return self.forwarding and self._gateway.present
+
+    def _forward(self, key: str, to: str, detach: bool) -> None:
+        """Send ``key`` to ``to`` on another host: hand it to our gateway slot (a same-host
+        transfer), which sends it and answers once ``to`` owns it — or gives it back to us
+        and says why not."""
+        with self._forward_lock:
+            slot = self._gateway.reserve()
+            self._give_up(key, Op.TRANSFER, detach, to=slot)
+            self._gateway.call("forward", key=key, to=to, **{"from": self.container_id})
+
+    def _grant_arriving(self, key: str, timeout: float | None, populate: bool) -> _Mapping:
+        """``access``: our grant of ``key``; if no such key is here but a gateway is, wait for
+        it to arrive from another host (``ObjectNotFound`` if no host has it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            since = time.monotonic()
+            try:
+                return self._grant(key, Op.ACCESS, timeout, populate)
+            except ObjectNotFound:
+                if not self._crosses_hosts():
+                    raise
+            wait = 10.0 if deadline is None else deadline - time.monotonic()
+            if wait <= 0:
+                raise AccessTimeout(f"{key!r} did not arrive from another host before the timeout")
+            try:
+                self._gateway.await_arrival(key, min(wait, 10.0), since)
+            except AccessTimeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+            if deadline is not None:
+                timeout = max(0.0, deadline - time.monotonic())
 
     def _cached_segment(self, key: str) -> int | None:
         """The segment id of our cached mapping of ``key``, to tell the minion we have it."""
@@ -389,6 +445,13 @@ class CDIObject:
         return self._size
 
     @property
+    def isolation(self) -> str:
+        """``cooperative`` or ``strict``, as far as this process knows (it maps the object)."""
+        mapping = self.client._maps.get(self.key)
+        strict = mapping is not None and not mapping.cacheable
+        return str(Isolation.STRICT if strict else Isolation.COOPERATIVE)
+
+    @property
     def owned(self) -> bool:
         """True while this process holds the object's memory (it owns it)."""
         return self.key in self.client._maps
@@ -405,7 +468,7 @@ class CDIObject:
             raise InvalidArgument(f"timeout must not be negative, got {timeout}")
         mapping = self.client._maps.get(self.key)
         if mapping is None:
-            mapping = self.client._grant(self.key, Op.ACCESS, timeout, populate)
+            mapping = self.client._grant_arriving(self.key, timeout, populate)
         self._size = mapping.size
         return mapping.view()
 
@@ -460,7 +523,12 @@ class CDIObject:
         to = protocol.check_container_id(container_id)
         if to == self.client.container_id and self.owned:
             return  # already ours: nothing to hand over
-        self.client._give_up(self.key, Op.TRANSFER, detach, to=to)
+        try:
+            self.client._give_up(self.key, Op.TRANSFER, detach, to=to)
+        except UnknownContainer:
+            if not self.client._crosses_hosts():
+                raise
+            self.client._forward(self.key, to, detach)  # ``to`` is on another host
 
     def copy(self, new_key: str) -> CDIObject:
         """A new, independent object with the same bytes, owned by this container."""

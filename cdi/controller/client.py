@@ -17,6 +17,7 @@ from cdi.controller.models import (
     MinionInfo,
     ObjectInfo,
     ObjectRecord,
+    Route,
 )
 from cdi.controller.validation import check_container_record, check_object_record
 from cdi.errors import (
@@ -37,6 +38,7 @@ __all__ = [
     "ControllerClient",
     "MinionInfo",
     "ObjectInfo",
+    "Route",
     "parse_controller_url",
 ]
 
@@ -151,6 +153,14 @@ class ControllerClient:
             "LookupContainer", request, timeout, not_found=UnknownContainer
         )
         return convert.container_info_from_pb(reply)
+
+    def route_container(self, container_id: str, *, timeout: float | None = None) -> Route:
+        """Where a transfer to ``container_id`` goes; raise ``UnknownContainer``."""
+        request = pb.LookupContainerRequest(container_id=container_id)
+        reply: pb.Route = self._invoke(
+            "RouteContainer", request, timeout, not_found=UnknownContainer
+        )
+        return convert.route_from_pb(reply)
 
     def list_containers(
         self, host: str | None = None, *, timeout: float | None = None

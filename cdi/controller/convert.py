@@ -9,6 +9,7 @@ from cdi.controller.models import (
     MinionInfo,
     ObjectInfo,
     ObjectRecord,
+    Route,
 )
 from cdi.proto import cdi_pb2 as pb
 
@@ -115,6 +116,23 @@ def container_info_from_pb(msg: pb.ContainerInfo) -> ContainerInfo:
         pid=msg.pid,
         uid=msg.uid,
         registered_at=msg.registered_at,
+    )
+
+
+def route_to_pb(route: Route) -> pb.Route:
+    """Model → wire."""
+    return pb.Route(
+        container_id=route.container_id,
+        host=route.host,
+        rpc_address=route.rpc_address,
+        alive=route.alive,
+    )
+
+
+def route_from_pb(msg: pb.Route) -> Route:
+    """Wire → model."""
+    return Route(
+        container_id=msg.container_id, host=msg.host, rpc_address=msg.rpc_address, alive=msg.alive
     )
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "MinionInfo",
     "ObjectInfo",
     "ObjectRecord",
+    "Route",
 ]
 
 
@@ -77,6 +78,16 @@ class ObjectInfo:
     generation: int
     created_at: float
     updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a container lives: its host and the transfer address of that host's minion."""
+
+    container_id: str
+    host: str
+    rpc_address: str
+    alive: bool
 
 
 @dataclass(frozen=True, slots=True)

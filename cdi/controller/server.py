@@ -95,6 +95,13 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         info = _answer(context, lambda: self._state.lookup_container(request.container_id))
         return convert.container_info_to_pb(info)
 
+    def RouteContainer(
+        self, request: pb.LookupContainerRequest, context: grpc.ServicerContext
+    ) -> pb.Route:
+        """Where a transfer to a container goes."""
+        route = _answer(context, lambda: self._state.route(request.container_id))
+        return convert.route_to_pb(route)
+
     def ListContainers(
         self, request: pb.ListContainersRequest, context: grpc.ServicerContext
     ) -> pb.ListContainersResponse:

@@ -20,6 +20,7 @@ from cdi.controller.models import (
     MinionInfo,
     ObjectInfo,
     ObjectRecord,
+    Route,
 )
 from cdi.controller.validation import (
     check_container_id,
@@ -156,6 +157,19 @@ class ControllerState:
             raise UnknownContainer(f"no container is registered as {container_id!r}")
         return info
 
+    def route(self, container_id: str) -> Route:
+        """Where a transfer to ``container_id`` goes; raise ``UnknownContainer``.
+
+        Looked up by a minion whose own containers do not include the new owner."""
+        check_container_id(container_id)
+        with self._lock:
+            info = self._containers.get(container_id)
+            minion = self._minions.get(info.host) if info is not None else None
+            alive = minion is not None and self._alive(minion, self._monotonic())
+        if info is None or minion is None:
+            raise UnknownContainer(f"no container is registered as {container_id!r} on any host")
+        return Route(container_id, info.host, minion.rpc_address, alive)
+
     def list_containers(self, host: str = "") -> list[ContainerInfo]:
         """All containers, or those on ``host``, sorted by id."""
         if host:
@@ -203,7 +217,7 @@ class ControllerState:
                     registered_at=m.registered_at,
                     last_heartbeat=m.last_heartbeat,
                     heartbeat_s=m.heartbeat_s,
-                    alive=mono - m.last_seen <= MISSED_HEARTBEATS * m.heartbeat_s,
+                    alive=self._alive(m, mono),
                     containers=len(self._containers_by_host.get(m.host, ())),
                     objects=len(self._objects_by_host.get(m.host, ())),
                 )
@@ -212,6 +226,10 @@ class ControllerState:
         return sorted(result, key=lambda m: m.host)
 
     # -- helpers; the caller holds the lock -------------------------------------------------
+
+    @staticmethod
+    def _alive(minion: _Minion, monotonic_now: float) -> bool:
+        return monotonic_now - minion.last_seen <= MISSED_HEARTBEATS * minion.heartbeat_s
 
     def _upsert_container(self, host: str, record: ContainerRecord, now: float) -> None:
         previous = self._containers.get(record.container_id)
@@ -238,7 +256,10 @@ class ControllerState:
     def _upsert_object(self, host: str, record: ObjectRecord, now: float) -> None:
         previous = self._objects.get(record.key)
         if previous is not None and previous.host != host:
-            # The object's home moved (cross-host transfer).
+            # The object's home moved (cross-host transfer), which carries its generation on:
+            # a report from the former home that was still lingering is older, and ignored.
+            if record.generation < previous.generation:
+                return
             self._objects_by_host[previous.host].discard(record.key)
         created_at = record.created_at or (previous.created_at if previous else now)
         self._objects[record.key] = ObjectInfo(

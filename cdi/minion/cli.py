@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,10 +15,12 @@ from cdi.minion import native
 from cdi.minion.config import MinionConfig, parse_bytes
 from cdi.minion.server import Minion
 from cdi.protocol import Isolation
+from cdi.remote.transport import TRANSPORTS
 from cdi.url import default_socket_path
 
 if TYPE_CHECKING:
     from cdi.controller.reporter import DirectoryReporter
+    from cdi.remote.gateway import Gateway
 
 __all__ = ["IMPLEMENTATIONS", "build_minion", "choose_binary", "minion_command"]
 
@@ -47,7 +50,7 @@ def reporter_factory(config: MinionConfig) -> Callable[[], DirectoryReporter] | 
     def make() -> DirectoryReporter:
         from cdi.controller.reporter import GrpcDirectoryReporter
 
-        return GrpcDirectoryReporter(url, config.host, config.socket_path)
+        return GrpcDirectoryReporter(url, config.host, config.socket_path, config.rpc_address)
 
     return make
 
@@ -139,17 +142,80 @@ def choose_binary(implementation: str) -> str | None:
     envvar="CDI_MINION_IMPL",
     help="native: the Rust binary; python: this process; auto: native when it is built.",
 )
+@click.option(
+    "--rpc-listen",
+    default=None,
+    envvar="CDI_RPC_LISTEN",
+    help="host:port on which this host's gateway takes objects from other hosts (needs "
+    "--controller); omit for one host.",
+)
+@click.option(
+    "--rpc-advertise",
+    default=None,
+    envvar="CDI_RPC_ADVERTISE",
+    help="host:port other hosts dial, when not --rpc-listen (e.g. listening on 0.0.0.0).",
+)
+@click.option(
+    "--transport",
+    type=click.Choice(TRANSPORTS),
+    default="auto",
+    show_default=True,
+    envvar="CDI_TRANSPORT",
+    help="How objects cross between hosts: tcp; rdma refuses, saying why (no data path yet).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
-def minion_command(implementation: str, log_level: str, **options: Any) -> None:
+def minion_command(
+    implementation: str,
+    log_level: str,
+    rpc_listen: str | None,
+    rpc_advertise: str | None,
+    transport: str,
+    **options: Any,
+) -> None:
     """Run this host's CDI minion: it holds every object's memory and enforces ownership."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         config = _config(**options)
         binary = choose_binary(implementation)
+        gateway = _gateway(config, rpc_listen, rpc_advertise, transport)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
-    if binary is not None:
-        sys.exit(native.run_native(binary, config, reporter_factory(config)))
-    minion = build_minion(config)
-    minion.install_signal_handlers()
-    minion.serve_forever()
+    if gateway is not None:
+        config.rpc_address = gateway.address
+    try:
+        if binary is not None:
+            sys.exit(native.run_native(binary, config, reporter_factory(config), gateway))
+        minion = build_minion(config)
+        minion.install_signal_handlers()
+        minion.bind()
+        if gateway is not None:  # it registers with the minion: the loop must be running
+            threading.Thread(target=gateway.start, name="cdi-gateway-start", daemon=True).start()
+        minion.serve_forever()
+    finally:
+        if gateway is not None:
+            gateway.close()
+
+
+def _gateway(
+    config: MinionConfig, listen: str | None, advertise: str | None, transport: str
+) -> Gateway | None:
+    """This host's gateway for transfers between hosts, bound but not started; ``None``
+    without ``--rpc-listen``."""
+    if not listen:
+        if transport == "rdma":
+            raise ConfigError("--transport rdma needs --rpc-listen (a host's transfer address)")
+        return None
+    if not config.controller_url:
+        raise ConfigError("--rpc-listen needs --controller: other hosts are found through it")
+    from cdi.remote.gateway import Gateway, GatewayConfig
+
+    return Gateway(
+        GatewayConfig(
+            minion_socket=config.socket_path,
+            host=config.host,
+            controller_url=config.controller_url,
+            listen=listen,
+            advertise=advertise or "",
+            transport=transport,
+        )
+    )

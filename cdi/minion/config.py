@@ -66,6 +66,9 @@ class MinionConfig:
     """Object size -> number of segments to allocate at start-up."""
     controller_url: str | None = None
     """``grpc://host:port`` of the CDI controller; ``None`` runs the minion on its own."""
+    rpc_address: str = ""
+    """Where other hosts' gateways reach this host's (``host:port``); empty: no transfers
+    between hosts. Reported to the controller, whose directory routes transfers by it."""
     busy_poll_us: int = 1000
     """After a container starts waiting in ``access()``, poll (burning CPU) this long before
     sleeping, so the hand-off does not pay a process wake-up; 0 disables."""

@@ -18,9 +18,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
@@ -80,8 +81,19 @@ def native_argv(binary: str, config: MinionConfig) -> list[str]:
     return argv
 
 
+class Companion(Protocol):
+    """Something that runs beside the binary in this process (the cross-host gateway)."""
+
+    def start(self, timeout: float = ...) -> object: ...
+
+    def close(self) -> None: ...
+
+
 def run_native(
-    binary: str, config: MinionConfig, make_reporter: Callable[[], DirectoryReporter] | None
+    binary: str,
+    config: MinionConfig,
+    make_reporter: Callable[[], DirectoryReporter] | None,
+    companion: Companion | None = None,
 ) -> int:
     """Run the binary until it exits; returns its exit code.
 
@@ -91,6 +103,7 @@ def run_native(
     after the fork, so the child is forked from a process without threads."""
     argv = native_argv(binary, config)
     if make_reporter is None:
+        assert companion is None, "a gateway needs a controller, hence a reporter"
         sys.stdout.flush()
         sys.stderr.flush()
         os.execv(binary, argv)
@@ -112,6 +125,9 @@ def run_native(
     forward = _forwarder(child)
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if companion is not None:
+            # In a thread: it waits for the binary to answer, while we relay its events.
+            threading.Thread(target=companion.start, name="cdi-companion", daemon=True).start()
         with os.fdopen(read_end, "rb", buffering=0) as events:
             relay_events(events.read, reporter)
         return child.wait()

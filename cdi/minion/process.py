@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from cdi.child import ChildProcess
@@ -16,10 +17,18 @@ __all__ = ["MinionChild"]
 class MinionChild(ChildProcess):
     """``python -m cdi.minion`` in a child process; ``start()`` returns once it answers."""
 
-    def __init__(self, socket_path: str, *args: str, log_path: str | None = None) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        *args: str,
+        log_path: str | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+    ) -> None:
+        """``wrap``: run the command through it (``Host.wrap``: on another host)."""
         self.socket_path = socket_path
+        argv = [sys.executable, "-m", "cdi.minion", "--socket", socket_path, *args]
         super().__init__(
-            [sys.executable, "-m", "cdi.minion", "--socket", socket_path, *args],
+            wrap(argv) if wrap else argv,
             log_path or str(Path(socket_path).with_suffix(".log")),
             self._answers,
             "minion",

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63\x64i/proto/cdi.proto\x12\x06\x63\x64i.v1\"X\n\x0f\x43ontainerRecord\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0b\n\x03uid\x18\x03 \x01(\r\x12\x15\n\rregistered_at\x18\x04 \x01(\x01\"t\n\x0cObjectRecord\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x12\n\nupdated_at\x18\x06 \x01(\x01\"\xb8\x01\n\x15RegisterMinionRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x13\n\x0bsocket_path\x18\x02 \x01(\t\x12\x13\n\x0brpc_address\x18\x03 \x01(\t\x12\x13\n\x0bheartbeat_s\x18\x04 \x01(\x01\x12+\n\ncontainers\x18\x05 \x03(\x0b\x32\x17.cdi.v1.ContainerRecord\x12%\n\x07objects\x18\x06 \x03(\x0b\x32\x14.cdi.v1.ObjectRecord\"\'\n\x16RegisterMinionResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\"\xca\x01\n\x14ReportChangesRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12\x32\n\x11upsert_containers\x18\x03 \x03(\x0b\x32\x17.cdi.v1.ContainerRecord\x12\x1a\n\x12removed_containers\x18\x04 \x03(\t\x12,\n\x0eupsert_objects\x18\x05 \x03(\x0b\x32\x14.cdi.v1.ObjectRecord\x12\x17\n\x0fremoved_objects\x18\x06 \x03(\t\"?\n\x15ReportChangesResponse\x12\x17\n\x0fresync_required\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\t\"d\n\rContainerInfo\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x0b\n\x03uid\x18\x04 \x01(\r\x12\x15\n\rregistered_at\x18\x05 \x01(\x01\"\x80\x01\n\nObjectInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x12\n\ngeneration\x18\x05 \x01(\x04\x12\x12\n\ncreated_at\x18\x06 \x01(\x01\x12\x12\n\nupdated_at\x18\x07 \x01(\x01\"\xbc\x01\n\nMinionInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x13\n\x0bsocket_path\x18\x02 \x01(\t\x12\x13\n\x0brpc_address\x18\x03 \x01(\t\x12\x15\n\rregistered_at\x18\x04 \x01(\x01\x12\x16\n\x0elast_heartbeat\x18\x05 \x01(\x01\x12\x13\n\x0bheartbeat_s\x18\x06 \x01(\x01\x12\r\n\x05\x61live\x18\x07 \x01(\x08\x12\x12\n\ncontainers\x18\x08 \x01(\r\x12\x0f\n\x07objects\x18\t \x01(\r\".\n\x16LookupContainerRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"%\n\x15ListContainersRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\"C\n\x16ListContainersResponse\x12)\n\ncontainers\x18\x01 \x03(\x0b\x32\x15.cdi.v1.ContainerInfo\"\"\n\x13LookupObjectRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"1\n\x12ListObjectsRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\":\n\x13ListObjectsResponse\x12#\n\x07objects\x18\x01 \x03(\x0b\x32\x12.cdi.v1.ObjectInfo\"\x14\n\x12ListMinionsRequest\"I\n\x13ListMinionsResponse\x12#\n\x07minions\x18\x01 \x03(\x0b\x32\x12.cdi.v1.MinionInfo\x12\r\n\x05\x65poch\x18\x02 \x01(\t2\x97\x04\n\nController\x12O\n\x0eRegisterMinion\x12\x1d.cdi.v1.RegisterMinionRequest\x1a\x1e.cdi.v1.RegisterMinionResponse\x12L\n\rReportChanges\x12\x1c.cdi.v1.ReportChangesRequest\x1a\x1d.cdi.v1.ReportChangesResponse\x12H\n\x0fLookupContainer\x12\x1e.cdi.v1.LookupContainerRequest\x1a\x15.cdi.v1.ContainerInfo\x12O\n\x0eListContainers\x12\x1d.cdi.v1.ListContainersRequest\x1a\x1e.cdi.v1.ListContainersResponse\x12?\n\x0cLookupObject\x12\x1b.cdi.v1.LookupObjectRequest\x1a\x12.cdi.v1.ObjectInfo\x12\x46\n\x0bListObjects\x12\x1a.cdi.v1.ListObjectsRequest\x1a\x1b.cdi.v1.ListObjectsResponse\x12\x46\n\x0bListMinions\x12\x1a.cdi.v1.ListMinionsRequest\x1a\x1b.cdi.v1.ListMinionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63\x64i/proto/cdi.proto\x12\x06\x63\x64i.v1\"X\n\x0f\x43ontainerRecord\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0b\n\x03uid\x18\x03 \x01(\r\x12\x15\n\rregistered_at\x18\x04 \x01(\x01\"t\n\x0cObjectRecord\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x12\n\nupdated_at\x18\x06 \x01(\x01\"\xb8\x01\n\x15RegisterMinionRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x13\n\x0bsocket_path\x18\x02 \x01(\t\x12\x13\n\x0brpc_address\x18\x03 \x01(\t\x12\x13\n\x0bheartbeat_s\x18\x04 \x01(\x01\x12+\n\ncontainers\x18\x05 \x03(\x0b\x32\x17.cdi.v1.ContainerRecord\x12%\n\x07objects\x18\x06 \x03(\x0b\x32\x14.cdi.v1.ObjectRecord\"\'\n\x16RegisterMinionResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\"\xca\x01\n\x14ReportChangesRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12\x32\n\x11upsert_containers\x18\x03 \x03(\x0b\x32\x17.cdi.v1.ContainerRecord\x12\x1a\n\x12removed_containers\x18\x04 \x03(\t\x12,\n\x0eupsert_objects\x18\x05 \x03(\x0b\x32\x14.cdi.v1.ObjectRecord\x12\x17\n\x0fremoved_objects\x18\x06 \x03(\t\"?\n\x15ReportChangesResponse\x12\x17\n\x0fresync_required\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\t\"d\n\rContainerInfo\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\x0b\n\x03uid\x18\x04 \x01(\r\x12\x15\n\rregistered_at\x18\x05 \x01(\x01\"\x80\x01\n\nObjectInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x12\n\ngeneration\x18\x05 \x01(\x04\x12\x12\n\ncreated_at\x18\x06 \x01(\x01\x12\x12\n\nupdated_at\x18\x07 \x01(\x01\"O\n\x05Route\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x13\n\x0brpc_address\x18\x03 \x01(\t\x12\r\n\x05\x61live\x18\x04 \x01(\x08\"\xbc\x01\n\nMinionInfo\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x13\n\x0bsocket_path\x18\x02 \x01(\t\x12\x13\n\x0brpc_address\x18\x03 \x01(\t\x12\x15\n\rregistered_at\x18\x04 \x01(\x01\x12\x16\n\x0elast_heartbeat\x18\x05 \x01(\x01\x12\x13\n\x0bheartbeat_s\x18\x06 \x01(\x01\x12\r\n\x05\x61live\x18\x07 \x01(\x08\x12\x12\n\ncontainers\x18\x08 \x01(\r\x12\x0f\n\x07objects\x18\t \x01(\r\".\n\x16LookupContainerRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"%\n\x15ListContainersRequest\x12\x0c\n\x04host\x18\x01 \x01(\t\"C\n\x16ListContainersResponse\x12)\n\ncontainers\x18\x01 \x03(\x0b\x32\x15.cdi.v1.ContainerInfo\"\"\n\x13LookupObjectRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"1\n\x12ListObjectsRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\":\n\x13ListObjectsResponse\x12#\n\x07objects\x18\x01 \x03(\x0b\x32\x12.cdi.v1.ObjectInfo\"\x14\n\x12ListMinionsRequest\"I\n\x13ListMinionsResponse\x12#\n\x07minions\x18\x01 \x03(\x0b\x32\x12.cdi.v1.MinionInfo\x12\r\n\x05\x65poch\x18\x02 \x01(\t2\xd8\x04\n\nController\x12O\n\x0eRegisterMinion\x12\x1d.cdi.v1.RegisterMinionRequest\x1a\x1e.cdi.v1.RegisterMinionResponse\x12L\n\rReportChanges\x12\x1c.cdi.v1.ReportChangesRequest\x1a\x1d.cdi.v1.ReportChangesResponse\x12H\n\x0fLookupContainer\x12\x1e.cdi.v1.LookupContainerRequest\x1a\x15.cdi.v1.ContainerInfo\x12?\n\x0eRouteContainer\x12\x1e.cdi.v1.LookupContainerRequest\x1a\r.cdi.v1.Route\x12O\n\x0eListContainers\x12\x1d.cdi.v1.ListContainersRequest\x1a\x1e.cdi.v1.ListContainersResponse\x12?\n\x0cLookupObject\x12\x1b.cdi.v1.LookupObjectRequest\x1a\x12.cdi.v1.ObjectInfo\x12\x46\n\x0bListObjects\x12\x1a.cdi.v1.ListObjectsRequest\x1a\x1b.cdi.v1.ListObjectsResponse\x12\x46\n\x0bListMinions\x12\x1a.cdi.v1.ListMinionsRequest\x1a\x1b.cdi.v1.ListMinionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,24 +47,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTAINERINFO']._serialized_end=837
   _globals['_OBJECTINFO']._serialized_start=840
   _globals['_OBJECTINFO']._serialized_end=968
-  _globals['_MINIONINFO']._serialized_start=971
-  _globals['_MINIONINFO']._serialized_end=1159
-  _globals['_LOOKUPCONTAINERREQUEST']._serialized_start=1161
-  _globals['_LOOKUPCONTAINERREQUEST']._serialized_end=1207
-  _globals['_LISTCONTAINERSREQUEST']._serialized_start=1209
-  _globals['_LISTCONTAINERSREQUEST']._serialized_end=1246
-  _globals['_LISTCONTAINERSRESPONSE']._serialized_start=1248
-  _globals['_LISTCONTAINERSRESPONSE']._serialized_end=1315
-  _globals['_LOOKUPOBJECTREQUEST']._serialized_start=1317
-  _globals['_LOOKUPOBJECTREQUEST']._serialized_end=1351
-  _globals['_LISTOBJECTSREQUEST']._serialized_start=1353
-  _globals['_LISTOBJECTSREQUEST']._serialized_end=1402
-  _globals['_LISTOBJECTSRESPONSE']._serialized_start=1404
-  _globals['_LISTOBJECTSRESPONSE']._serialized_end=1462
-  _globals['_LISTMINIONSREQUEST']._serialized_start=1464
-  _globals['_LISTMINIONSREQUEST']._serialized_end=1484
-  _globals['_LISTMINIONSRESPONSE']._serialized_start=1486
-  _globals['_LISTMINIONSRESPONSE']._serialized_end=1559
-  _globals['_CONTROLLER']._serialized_start=1562
-  _globals['_CONTROLLER']._serialized_end=2097
+  _globals['_ROUTE']._serialized_start=970
+  _globals['_ROUTE']._serialized_end=1049
+  _globals['_MINIONINFO']._serialized_start=1052
+  _globals['_MINIONINFO']._serialized_end=1240
+  _globals['_LOOKUPCONTAINERREQUEST']._serialized_start=1242
+  _globals['_LOOKUPCONTAINERREQUEST']._serialized_end=1288
+  _globals['_LISTCONTAINERSREQUEST']._serialized_start=1290
+  _globals['_LISTCONTAINERSREQUEST']._serialized_end=1327
+  _globals['_LISTCONTAINERSRESPONSE']._serialized_start=1329
+  _globals['_LISTCONTAINERSRESPONSE']._serialized_end=1396
+  _globals['_LOOKUPOBJECTREQUEST']._serialized_start=1398
+  _globals['_LOOKUPOBJECTREQUEST']._serialized_end=1432
+  _globals['_LISTOBJECTSREQUEST']._serialized_start=1434
+  _globals['_LISTOBJECTSREQUEST']._serialized_end=1483
+  _globals['_LISTOBJECTSRESPONSE']._serialized_start=1485
+  _globals['_LISTOBJECTSRESPONSE']._serialized_end=1543
+  _globals['_LISTMINIONSREQUEST']._serialized_start=1545
+  _globals['_LISTMINIONSREQUEST']._serialized_end=1565
+  _globals['_LISTMINIONSRESPONSE']._serialized_start=1567
+  _globals['_LISTMINIONSRESPONSE']._serialized_end=1640
+  _globals['_CONTROLLER']._serialized_start=1643
+  _globals['_CONTROLLER']._serialized_end=2243
 # @@protoc_insertion_point(module_scope)

@@ -112,6 +112,18 @@ class ObjectInfo(_message.Message):
     updated_at: float
     def __init__(self, key: _Optional[str] = ..., host: _Optional[str] = ..., size: _Optional[int] = ..., owner: _Optional[str] = ..., generation: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
 
+class Route(_message.Message):
+    __slots__ = ("container_id", "host", "rpc_address", "alive")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    RPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    host: str
+    rpc_address: str
+    alive: bool
+    def __init__(self, container_id: _Optional[str] = ..., host: _Optional[str] = ..., rpc_address: _Optional[str] = ..., alive: _Optional[bool] = ...) -> None: ...
+
 class MinionInfo(_message.Message):
     __slots__ = ("host", "socket_path", "rpc_address", "registered_at", "last_heartbeat", "heartbeat_s", "alive", "containers", "objects")
     HOST_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class ControllerStub:
                 request_serializer=cdi_dot_proto_dot_cdi__pb2.LookupContainerRequest.SerializeToString,
                 response_deserializer=cdi_dot_proto_dot_cdi__pb2.ContainerInfo.FromString,
                 _registered_method=True)
+        self.RouteContainer = channel.unary_unary(
+                '/cdi.v1.Controller/RouteContainer',
+                request_serializer=cdi_dot_proto_dot_cdi__pb2.LookupContainerRequest.SerializeToString,
+                response_deserializer=cdi_dot_proto_dot_cdi__pb2.Route.FromString,
+                _registered_method=True)
         self.ListContainers = channel.unary_unary(
                 '/cdi.v1.Controller/ListContainers',
                 request_serializer=cdi_dot_proto_dot_cdi__pb2.ListContainersRequest.SerializeToString,
@@ -94,6 +99,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RouteContainer(self, request, context):
+        """Where a cross-host transfer to a container goes: its host and that minion's RPC address.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListContainers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -135,6 +147,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.LookupContainer,
                     request_deserializer=cdi_dot_proto_dot_cdi__pb2.LookupContainerRequest.FromString,
                     response_serializer=cdi_dot_proto_dot_cdi__pb2.ContainerInfo.SerializeToString,
+            ),
+            'RouteContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.RouteContainer,
+                    request_deserializer=cdi_dot_proto_dot_cdi__pb2.LookupContainerRequest.FromString,
+                    response_serializer=cdi_dot_proto_dot_cdi__pb2.Route.SerializeToString,
             ),
             'ListContainers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListContainers,
@@ -238,6 +255,33 @@ class Controller:
             '/cdi.v1.Controller/LookupContainer',
             cdi_dot_proto_dot_cdi__pb2.LookupContainerRequest.SerializeToString,
             cdi_dot_proto_dot_cdi__pb2.ContainerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RouteContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cdi.v1.Controller/RouteContainer',
+            cdi_dot_proto_dot_cdi__pb2.LookupContainerRequest.SerializeToString,
+            cdi_dot_proto_dot_cdi__pb2.Route.FromString,
             options,
             channel_credentials,
             insecure,

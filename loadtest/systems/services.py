@@ -46,7 +46,7 @@ def s3_client(services: RunningServices) -> Any:
 
 
 def clear_prefixes(services: RunningServices, prefixes: tuple[str, ...]) -> int:
-    """Delete every object under ``prefixes`` (results pile up in the embedded S3's memory)."""
+    """Delete every object under ``prefixes`` (results pile up in the embedded S3's data folder)."""
     s3, deleted = s3_client(services), 0
     for prefix in prefixes:
         pages = s3.get_paginator("list_objects_v2").paginate(

@@ -8,12 +8,16 @@ finish channel is written and read in ``contract.wakeups``.
 
 from __future__ import annotations
 
+import re
+import uuid
 from typing import Final
 
 __all__ = [
     "EPOCH",
     "FINISHED",
     "HEARTBEAT_INTERVAL_S",
+    "SCHEDULERS",
+    "SCHEDULER_STALE_S",
     "WAKE",
     "WORKERS",
     "WORKER_DEAD_AFTER_S",
@@ -23,6 +27,7 @@ __all__ = [
     "worker_inflight_key",
     "worker_key",
     "worker_queue_key",
+    "workflow_of_object",
 ]
 
 # List of wake-ups (``contract.wakeups``): the controller LPUSHes one after committing a change
@@ -83,7 +88,28 @@ def worker_inflight_key(worker_id: str) -> str:
 EPOCH: Final = "cdiflow:epoch"
 
 
+# Hash: scheduler id -> unix seconds (float) of its loop's latest housekeeping tick, written
+# every tick (about once a second); ``/api/readyz`` calls a scheduler whose stamp is older than
+# SCHEDULER_STALE_S stalled or gone.
+SCHEDULERS: Final = "cdiflow:schedulers"
+SCHEDULER_STALE_S: Final = 10.0
+
+
 def scheduler_reports_key(scheduler_id: str) -> str:
     """Reports of finished task runs for one scheduler, ``cdiflow:reports:<id>``: workers LPUSH
     ``contract.messages.Report`` JSON, the scheduler BRPOPs."""
     return f"cdiflow:reports:{scheduler_id}"
+
+
+# CDI objects (not Redis keys, but named here too): a workflow's objects are
+# "wf-<workflow id>-<generation>", or "wf-<workflow id>-<token>-<generation>" once the scheduler
+# drove the run again (``scheduler.runs.RunState.next_object_key``).
+_OBJECT_KEY: Final = re.compile(
+    r"wf-([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})(?:-[0-9a-f]{6})?-\d+"
+)
+
+
+def workflow_of_object(key: str) -> uuid.UUID | None:
+    """The workflow a CDI object belongs to, when its key follows the scheduler's naming."""
+    match = _OBJECT_KEY.fullmatch(key)
+    return uuid.UUID(match[1]) if match else None

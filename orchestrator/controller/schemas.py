@@ -36,13 +36,15 @@ __all__ = [
     "CdiDirectoryPublic",
     "CdiMinionPublic",
     "CdiObjectPublic",
+    "CheckPublic",
     "ErrorPublic",
     "EventPublic",
     "HandoffPublic",
-    "HealthPublic",
     "ImagePublic",
     "LatencyPublic",
+    "LivenessPublic",
     "MinutePublic",
+    "ReadinessPublic",
     "StatsPublic",
     "StepSchema",
     "TaskCreate",
@@ -267,6 +269,8 @@ class HandoffPublic(_Output):
     bytes: int
     duration_us: float
     at: datetime
+    from_host: str | None = None
+    to_host: str | None = None
 
 
 class EventPublic(_Output):
@@ -311,10 +315,20 @@ class WorkerPublic(BaseModel):
     alive: bool
 
 
-class HealthPublic(BaseModel):
-    status: str = Field(description="'ok' when every dependency answers, else 'unavailable'.")
-    database: str
-    redis: str
+class LivenessPublic(BaseModel):
+    status: str = Field(description="'ok': this API process serves requests.")
+
+
+class CheckPublic(BaseModel):
+    ok: bool = Field(description="False: this part keeps workflows from running.")
+    detail: str = Field(description="What was seen: 'ok', or why it is unavailable.")
+
+
+class ReadinessPublic(BaseModel):
+    status: str = Field(description="'ok' when every part answers, else 'unavailable'.")
+    checks: dict[str, CheckPublic] = Field(
+        description="postgres, redis, minion, scheduler and s3, each with its answer."
+    )
 
 
 class ErrorPublic(BaseModel):

@@ -182,6 +182,10 @@ class Handoff(Base):
     to_container: Mapped[str] = mapped_column(String(128))
     bytes: Mapped[int] = mapped_column(BigInteger)
     duration_us: Mapped[float] = mapped_column(Double)
+    # The CDI hosts of the two containers (null where unknown): different ones mean the
+    # object's bytes crossed between hosts.
+    from_host: Mapped[str | None] = mapped_column(String(128))
+    to_host: Mapped[str | None] = mapped_column(String(128))
     at: Mapped[datetime] = mapped_column(server_default=_now())
 
 

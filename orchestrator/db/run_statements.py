@@ -17,7 +17,7 @@ statements take and return.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, LiteralString
 
 from psycopg.types.json import Jsonb
@@ -56,6 +56,9 @@ class Claimed:
     data_plane: DataPlane
     steps: list[dict[str, Any]] | None  # the definition's steps; None if it is gone
     task_defs: dict[str, dict[str, Any]]  # the definitions of the tasks those steps name
+    # The last attempt Postgres has of each step (empty for a run never placed): a run that
+    # ran before (resumed, taken over) goes on from there, never repeating an attempt number.
+    attempts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Handoff:
     to_container: str
     nbytes: int
     duration_us: float
+    from_host: str = ""  # the containers' CDI hosts ("": unknown)
+    to_host: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,9 @@ class Placement:
     handoff: Handoff | None = None
 
 
-# A held run and what planning it needs: its definition's steps and the tasks they name.
+# A held run and what planning it needs: its definition's steps and the tasks they name, and
+# the last attempt of each step already recorded (one probe of the (workflow_id, ref, attempt)
+# key's index; none for a new run).
 # ``source`` is a CTE of workflow rows (id, definition, input, policy, data_plane, created_at).
 _PLAN_HEAD: Final[LiteralString] = """
 SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
@@ -104,7 +111,10 @@ SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
                     'module', t.module, 'timeout_s', t.timeout_s, 'retries', t.retries,
                     'retry_backoff_s', t.retry_backoff_s)), '{}'::jsonb)
         FROM task_definitions t
-        WHERE t.name IN (SELECT s ->> 'task' FROM jsonb_array_elements(d.tasks) s))
+        WHERE t.name IN (SELECT s ->> 'task' FROM jsonb_array_elements(d.tasks) s)),
+       (SELECT coalesce(jsonb_object_agg(a.ref, a.n), '{}'::jsonb)
+        FROM (SELECT ref, max(attempt) AS n FROM task_runs r WHERE r.workflow_id = c.id
+              GROUP BY ref) a)
 FROM """
 _PLAN_TAIL: Final[LiteralString] = """ c LEFT JOIN workflow_definitions d ON d.name = c.definition
 ORDER BY c.created_at, c.id
@@ -138,20 +148,23 @@ WITH claimable AS (
     + _PLAN_TAIL
 )
 
-# A restarted scheduler's RUNNING workflows (its CDI objects died with it): their open task
-# runs fail, and they start over.
+# A scheduler's RUNNING workflows that it runs no more in memory (it restarted; a write of its
+# was lost; it took them over from a dead scheduler): their open task runs fail with the
+# reason, and they start over from their input.
 RESUME: Final[LiteralString] = (
     """
 WITH mine AS (
     SELECT id, definition, input, policy, data_plane, created_at FROM workflows
-    WHERE status = 'RUNNING' AND claimed_by = %(me)s
+    WHERE status = 'RUNNING' AND claimed_by = %(me)s AND NOT (id = ANY(%(running)s::uuid[]))
     FOR UPDATE
 ), failed AS (
-    UPDATE task_runs t SET status = 'FAILED', error = 'the scheduler restarted'
+    UPDATE task_runs t SET status = 'FAILED', error = %(reason)s::text
     FROM mine m WHERE t.workflow_id = m.id AND t.status IN ('QUEUED', 'RUNNING')
 ), ev AS (
     INSERT INTO events (workflow_id, kind, data)
-    SELECT id, 'workflow.resumed', jsonb_build_object('scheduler', %(me)s::text) FROM mine
+    SELECT id, 'workflow.resumed',
+           jsonb_build_object('scheduler', %(me)s::text, 'reason', %(reason)s::text)
+    FROM mine
 )"""
     + _PLAN_HEAD
     + "mine"
@@ -173,9 +186,9 @@ nxt AS (
     RETURNING id, workflow_id
 ), fwd AS (
     INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
-                          duration_us)
+                          duration_us, from_host, to_host)
     SELECT workflow_id, id, %(f_from)s::text, %(f_to)s::text, %(f_bytes)s::bigint,
-           %(f_us)s::float8
+           %(f_us)s::float8, %(f_from_host)s::text, %(f_to_host)s::text
     FROM nxt WHERE %(f_moved)s::bool
 )
 """
@@ -234,9 +247,9 @@ WITH rep AS (
     FROM rep
 ), back AS (
     INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
-                          duration_us)
+                          duration_us, from_host, to_host)
     SELECT workflow_id, %(task_run_id)s::bigint, %(b_from)s::text, %(b_to)s::text,
-           %(b_bytes)s::bigint, %(b_us)s::float8
+           %(b_bytes)s::bigint, %(b_us)s::float8, %(b_from_host)s::text, %(b_to_host)s::text
     FROM rep WHERE %(b_moved)s::bool
 ),"""
     + _PLACE_CTES
@@ -257,6 +270,22 @@ SELECT workflow_id, 'task.lost', jsonb_build_object('ref', ref, 'reason', %(reas
 FROM lost
 """
 
+# A run driven again from its input (``scheduler.redrive``): its open task runs fail with the
+# reason, and the event says why.
+REDRIVEN: Final[LiteralString] = """
+WITH closed AS (
+    UPDATE task_runs SET status = 'FAILED', error = %(reason)s::text
+    WHERE workflow_id = %(id)s AND status IN ('QUEUED', 'RUNNING')
+)
+INSERT INTO events (workflow_id, kind, data)
+VALUES (%(id)s, 'workflow.redriven', jsonb_build_object('reason', %(reason)s::text))
+"""
+
+# The status of each of a set of runs (those not found are missing).
+STATUSES: Final[LiteralString] = (
+    "SELECT id, status::text FROM workflows WHERE id = ANY(%(ids)s::uuid[])"
+)
+
 # A cancelled run's task runs that no worker took.
 UNQUEUE: Final[LiteralString] = (
     "UPDATE task_runs SET status = 'CANCELLED' WHERE workflow_id = %(id)s AND status = 'QUEUED'"
@@ -273,6 +302,7 @@ def claimed_from_row(row: tuple[Any, ...]) -> Claimed:
         data_plane=DataPlane(row[4]),
         steps=row[5],
         task_defs=row[6] or {},
+        attempts={str(k): int(v) for k, v in (row[7] or {}).items()},
     )
 
 
@@ -339,4 +369,6 @@ def _handoff_params(prefix: str, handoff: Handoff | None) -> dict[str, Any]:
         f"{prefix}_to": handoff.to_container if handoff else None,
         f"{prefix}_bytes": handoff.nbytes if handoff else None,
         f"{prefix}_us": float(handoff.duration_us) if handoff else None,
+        f"{prefix}_from_host": (handoff.from_host or None) if handoff else None,
+        f"{prefix}_to_host": (handoff.to_host or None) if handoff else None,
     }

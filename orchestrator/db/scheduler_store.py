@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
+from collections.abc import Collection
 from typing import Any, Final, LiteralString
 
 import psycopg
@@ -56,9 +57,13 @@ class SchedulerStore:
         params = {"me": scheduler_id, "limit": limit, "reclaim_s": reclaim_after_s}
         return [sql.claimed_from_row(row) for row in self._run(sql.CLAIM, params)]
 
-    def resume(self, scheduler_id: str) -> list[Claimed]:
-        """This scheduler's RUNNING workflows after a restart, their open task runs failed."""
-        return [sql.claimed_from_row(row) for row in self._run(sql.RESUME, {"me": scheduler_id})]
+    def resume(
+        self, scheduler_id: str, reason: str, running: Collection[uuid.UUID] = ()
+    ) -> list[Claimed]:
+        """This scheduler's RUNNING workflows but those it runs (``running``), their open task
+        runs failed with ``reason``."""
+        params = {"me": scheduler_id, "reason": reason, "running": list(running)}
+        return [sql.claimed_from_row(row) for row in self._run(sql.RESUME, params)]
 
     def next_task_run_id(self) -> int:
         """A task run id nobody else gets (reserved from the table's sequence in blocks)."""
@@ -92,6 +97,15 @@ class SchedulerStore:
     def task_run_lost(self, task_run_id: int, reason: str) -> None:
         """Fail a task run whose worker died or went silent, unless its report came first."""
         self._run(sql.LOST, {"id": task_run_id, "reason": reason})
+
+    def redriven(self, workflow_id: uuid.UUID, reason: str) -> None:
+        """A run driven again from its input: its open task runs fail with ``reason``."""
+        self._run(sql.REDRIVEN, {"id": workflow_id, "reason": reason})
+
+    def statuses(self, ids: Collection[uuid.UUID]) -> dict[uuid.UUID, WorkflowStatus]:
+        """The status of each of ``ids`` that exists."""
+        rows = self._run(sql.STATUSES, {"ids": list(ids)})
+        return {row[0]: WorkflowStatus(row[1]) for row in rows}
 
     def status(self, workflow_id: uuid.UUID) -> WorkflowStatus | None:
         """A run's status (None if there is no such run)."""

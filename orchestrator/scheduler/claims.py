@@ -1,5 +1,7 @@
-"""Which workflows this scheduler runs: PENDING ones it claims, and after a restart its own
-RUNNING ones, which start over (their CDI objects died with the old process).
+"""Which workflows this scheduler runs: PENDING ones it claims, and its own RUNNING ones that no
+run in memory stands for (after a restart, a resync with Postgres, or a take-over from a dead
+scheduler), which start over from their input (their CDI objects are gone or not trusted),
+every step's attempts going on from the last one Postgres has (``Claimed.attempts``).
 
 Several schedulers may run: a claim takes rows with ``SKIP LOCKED`` (``run_statements.CLAIM``),
 so none is claimed twice, and takes at most ``CLAIM_BATCH`` while fewer than
@@ -9,6 +11,8 @@ so none is claimed twice, and takes at most ``CLAIM_BATCH`` while fewer than
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any, Final
 
 from orchestrator.contract.vocabulary import DataPlane, WorkflowStatus
@@ -17,6 +21,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings
+from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
 from workflows import imagebuf
@@ -29,6 +34,8 @@ RECLAIM_AFTER_S: Final = 60.0  # a claim older than this without progress is tak
 # With a backlog, claim again once this many runs have ended (a claim per run would cost a
 # round trip per workflow; the tick claims anyway).
 CLAIM_AGAIN_AT: Final = 8
+
+log = logging.getLogger(__name__)
 
 
 class Claims:
@@ -63,9 +70,12 @@ class Claims:
         self.backlog = len(claims) == want  # a full batch: more may be waiting
         self._start(claims)
 
-    def resume(self) -> None:
-        """After a restart our CDI objects are gone: start our RUNNING workflows over."""
-        self._start(self.ctx.db.resume(self.ctx.id))
+    def resume(self, reason: str) -> None:
+        """Start over our RUNNING workflows that no run in memory stands for, saying why."""
+        claims = self.ctx.db.resume(self.ctx.id, reason, running=list(self.ctx.runs))
+        if claims:
+            log.warning("resuming %d workflow(s) from their input: %s", len(claims), reason)
+        self._start(claims)
 
     def _start(self, claims: list[Claimed]) -> None:
         for claimed in claims:
@@ -76,7 +86,7 @@ class Claims:
                 self.endings.ended(claimed.id, self.ctx.db.finish(failed))
                 continue
             self.ctx.runs[run.workflow_id] = run
-            self.dispatch.dispatch(run)
+            guarded(functools.partial(self.dispatch.dispatch, run), self.ctx.faults)
 
 
 def plan(claimed: Claimed) -> RunState:
@@ -107,7 +117,7 @@ def plan(claimed: Claimed) -> RunState:
     given = claimed.input
     image = str(given.get("image") or "")
     data = given.get("data")
-    return RunState(
+    run = RunState(
         claimed.id,
         claimed.policy,
         claimed.data_plane if image else DataPlane.NONE,  # no image: nothing to move
@@ -118,6 +128,8 @@ def plan(claimed: Claimed) -> RunState:
         intermediate_format=_format(given.get("intermediate_format")),
         current_uri=image,
     )
+    # A run that was placed before goes on from its last attempts, under fresh object keys.
+    return run.again(claimed.attempts) if claimed.attempts else run
 
 
 def _format(given: Any) -> str:

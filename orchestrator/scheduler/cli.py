@@ -6,17 +6,24 @@ import logging
 import os
 import signal
 import socket
+import time
 
 import click
 
 import cdi
 from orchestrator.db.engine import make_engine
+from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.loop import Scheduler, connect_redis
+from orchestrator.scheduler.minion_link import MinionLink
 from orchestrator.settings import load_settings
 
 __all__ = ["scheduler_command"]
+
+# A scheduler restarted with its stack's minion (which restarts too) waits this long for it,
+# rather than exiting at once into the supervisor's growing back-off.
+MINION_WAIT_S = 30.0
 
 
 @click.command("scheduler")
@@ -36,19 +43,33 @@ def scheduler_command(scheduler_id: str, log_level: str) -> None:
     if not settings.database_url or not settings.redis_url:
         raise click.UsageError("DATABASE_URL and REDIS_URL must be set (`cdiflow up` sets them)")
     engine = make_engine(settings.database_url, synchronous_commit=False)
-    client = cdi.connect(os.environ.get("CDI_URL"), scheduler_id)
+    link = _connect_minion(os.environ.get("CDI_URL"), scheduler_id)
     scheduler = Scheduler(
         scheduler_id,
         settings,
         SchedulerStore(engine),
         connect_redis(settings.redis_url),
-        client,
+        link,
         ObjectStore(settings),
+        liveness=SchedulerLiveness(engine, scheduler_id),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: scheduler.stop())
     try:
         scheduler.run_forever()
     finally:
-        client.close()
+        link.close()
         engine.dispose()
+
+
+def _connect_minion(url: str | None, scheduler_id: str) -> MinionLink:
+    """The minion link, waiting up to ``MINION_WAIT_S`` for a minion that is (re)starting."""
+    deadline = time.monotonic() + MINION_WAIT_S
+    while True:
+        try:
+            return MinionLink(url, scheduler_id)
+        except (cdi.MinionUnavailable, cdi.ContainerExists) as exc:
+            # ContainerExists: the minion has not yet noticed our previous process is gone.
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"{exc}; start this host's CDI minion") from exc
+            time.sleep(0.2)

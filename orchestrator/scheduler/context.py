@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-import cdi
 from orchestrator.contract import keys
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
+from orchestrator.scheduler.guarded import Faults
+from orchestrator.scheduler.minion_link import MinionLink
 from orchestrator.scheduler.runs import RunState
 
 __all__ = ["SchedulerContext"]
@@ -21,15 +22,17 @@ class SchedulerContext:
     """One scheduler's identity, connections and runs, shared by its loop's collaborators.
 
     ``id`` is also its CDI container id (the recovery container of the runs' objects);
-    ``runs`` holds the workflows it runs, by id, and only the loop thread touches it.
+    ``runs`` holds the workflows it runs, by id, and only the loop thread touches it;
+    ``faults`` what steps that raised said about Postgres and the minion (``guarded``).
     """
 
     id: str
     db: SchedulerStore
     redis: redis.Redis
-    cdi: cdi.Client
+    cdi: MinionLink
     objects: ObjectStore  # where results and object-store images go in S3
     runs: dict[uuid.UUID, RunState] = field(default_factory=dict)
+    faults: Faults = field(default_factory=Faults)
 
     @property
     def reply_key(self) -> str:

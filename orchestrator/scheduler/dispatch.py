@@ -9,26 +9,33 @@ always current. A step that may go to any worker but finds none with room waits 
 
 *Send, then record:* an instruction is pushed before its task run is recorded, so the record
 overlaps the worker's run; its report waits in the scheduler's list until the loop thread,
-the one recording, reads it.
+the one recording, reads it. An instruction Redis does not take goes to ``unsent`` (the loop
+places the run again, ``redrive.Redrive.unsent``); a worker gone from the minion when its
+object is moved there is avoided and the step placed elsewhere.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import random
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Final
 
+import redis
+
+import cdi
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.db.run_statements import Handoff, Placement
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import instruction_for
-from orchestrator.scheduler.placement import WorkerLoad, choose_worker, read_workers
+from orchestrator.scheduler.placement import Link, Route, WorkerLoad, choose_worker, read_workers
 from orchestrator.scheduler.runs import InFlight, RunState
 
 __all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "Dispatcher"]
@@ -36,6 +43,13 @@ __all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "Dispatcher"]
 BEATS_TTL_S: Final = 0.5  # heartbeats are re-read at most this often (workers beat every 2 s)
 LOST_GRACE_S: Final = 5.0  # beyond a task's timeout before its silent worker is presumed gone
 _FIRST_GUESS_S: Final = 0.05  # a task's expected run time before one has been measured
+_GONE_RETRY_S: Final = 0.2  # a step whose worker vanished at the hand-off is placed again after
+
+log = logging.getLogger(__name__)
+
+# What to do with a run whose instruction Redis did not take: (run, worker, whether its object
+# had been moved to that worker, the error).
+Unsent = Callable[[RunState, str, bool, Exception], None]
 
 
 class Dispatcher:
@@ -52,6 +66,8 @@ class Dispatcher:
         self._beats: dict[str, dict[str, str]] = {}
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
         self._loads: dict[str, WorkerLoad] = {}  # as the latest choice saw them
+        self.link = Link.from_env()  # what crossing to another host costs; learnt as it goes
+        self.unsent: Unsent | None = None  # set by the loop (redrive)
 
     # ------------------------------------------------------------------ placing
     def dispatch(self, run: RunState) -> None:
@@ -59,8 +75,7 @@ class Dispatcher:
         if run.cancelled or run.workflow_id not in self.ctx.runs:
             return
         placement = self.choose(run)
-        if placement is not None:
-            self.send(run, placement)
+        if placement is not None and self.send(run, placement):
             self.ctx.db.place(placement)
 
     def dispatch_waiting(self) -> None:
@@ -74,7 +89,7 @@ class Dispatcher:
             like = (run.current.task, run.policy, run.last_worker)
             if like in refused:
                 continue
-            guarded(functools.partial(self.dispatch, run))
+            guarded(functools.partial(self.dispatch, run), self.ctx.faults)
             if run.workflow_id in self.waiting:
                 refused.add(like)
 
@@ -91,6 +106,7 @@ class Dispatcher:
             nbytes=run.nbytes,
             rng=self._rng,
             avoid=run.avoid,
+            route=self._route(run, loads),
         )
         if worker is None:
             self.waiting.setdefault(run.workflow_id, run)
@@ -99,7 +115,20 @@ class Dispatcher:
         self._loads = {w.worker_id: w for w in loads}
         handoff = None
         if run.data_plane == DataPlane.CDI and run.key and run.owner != worker:
-            handoff = Handoff(self.ctx.id, worker, run.nbytes, self._transfer(run, worker))
+            try:
+                took_us = self._transfer(run, worker)
+            except cdi.UnknownContainer:
+                # It died after its last heartbeat (on this host or another, whose gateway
+                # says so): the object is still ours; go elsewhere.
+                log.warning("worker %s is gone from the minion; placing %s elsewhere",
+                            worker, run.workflow_id)  # fmt: skip
+                run.avoid = run.avoid | {worker}
+                run.retry_at = time.monotonic() + _GONE_RETRY_S
+                return None
+            handoff = Handoff(
+                self.ctx.id, worker, run.nbytes, took_us, self.ctx.cdi.host,
+                self.host_of(worker),
+            )  # fmt: skip
         return Placement(
             self.ctx.db.next_task_run_id(),
             run.workflow_id,
@@ -111,9 +140,10 @@ class Dispatcher:
             handoff,
         )
 
-    def send(self, run: RunState, placement: Placement) -> None:
+    def send(self, run: RunState, placement: Placement) -> bool:
         """Push the instruction for ``placement`` (before its task run is recorded) and note
-        it as the run's task in flight."""
+        it as the run's task in flight; False (the run handed to ``unsent``) when Redis did
+        not take it."""
         step, worker = run.current, placement.worker
         instruction = instruction_for(
             run,
@@ -133,13 +163,37 @@ class Dispatcher:
         run.attempts[step.ref] = run.attempt  # a recomputed step's attempts go on from here
         run.last_worker = worker
         self._in_flight[worker] += 1
-        self.ctx.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
+        try:
+            self.ctx.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
+        except redis.RedisError as exc:
+            if self.unsent is None:
+                raise
+            self.unsent(run, worker, placement.handoff is not None, exc)
+            return False
+        return True
 
     def _transfer(self, run: RunState, worker: str) -> float:
         started = time.perf_counter_ns()
         self.ctx.cdi.use(run.key, check=False).transfer(worker)
         run.owner = worker
-        return (time.perf_counter_ns() - started) / 1000
+        took_us = (time.perf_counter_ns() - started) / 1000
+        load = self._loads.get(worker)
+        if load is not None and load.host and load.host != self.ctx.cdi.host:
+            self.link.observe(run.nbytes, took_us / 1e6)  # it crossed: learn the link
+        return took_us
+
+    def host_of(self, worker: str) -> str:
+        """The CDI host of ``worker`` as its latest heartbeat said ("" if unknown)."""
+        load = self._loads.get(worker)
+        return load.host if load is not None else ""
+
+    def _route(self, run: RunState, loads: list[WorkerLoad]) -> Route:
+        """Where the run's object is, for pricing a move to another host."""
+        hub = self.ctx.cdi.host
+        if not run.owner or run.owner == self.ctx.id:
+            return Route(hub, hub, self.link)
+        holder = next((w for w in loads if w.worker_id == run.owner), None)
+        return Route(holder.host if holder is not None else hub, hub, self.link)
 
     # ------------------------------------------------------------------ what comes back
     def returned(self, flight: InFlight) -> None:

@@ -4,6 +4,9 @@
 An ending is written with one statement (``SchedulerStore.finish``, or with the last report),
 which changes nothing if the run has ended already: a user who cancelled meanwhile keeps their
 word. Once written, requests waiting on the run are told (``contract.announce_finished``).
+
+An object a worker keeps is asked back with a no-op instruction; one Redis does not take now
+waits in ``outbox`` and goes at the next tick, so no object is left behind by a Redis outage.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import logging
 import uuid
 from typing import Any
 
+import redis
+
 import cdi
 from orchestrator.contract import announce_finished, keys
+from orchestrator.contract.messages import Report
 from orchestrator.contract.vocabulary import DataPlane, WorkflowStatus
 from orchestrator.db.run_statements import Finish
 from orchestrator.scheduler.context import SchedulerContext
@@ -30,6 +36,7 @@ class Endings:
 
     def __init__(self, ctx: SchedulerContext) -> None:
         self.ctx = ctx
+        self.outbox: list[tuple[str, str]] = []  # (worker queue, message) not sent yet
 
     def ended(self, workflow_id: uuid.UUID, ended: bool) -> None:
         """After a workflow's end was written: wake who waits for it (``ended``), or note that
@@ -77,8 +84,34 @@ class Endings:
             return
         # A worker holds it (affinity): a no-op instruction makes it hand the object back; the
         # report then arrives for a workflow we no longer track, and is destroyed (``Reports``).
-        give_back = release_instruction(run, scheduler_id=self.ctx.id, reply_to=self.ctx.reply_key)
-        self.ctx.redis.lpush(keys.worker_queue_key(run.owner), give_back.dumps())
+        self.ask_back(str(run.workflow_id), run.key, run.owner)
+
+    def ask_back(self, workflow_id: str, key: str, worker: str) -> None:
+        """Send ``worker`` the no-op that makes it hand object ``key`` back to us."""
+        ctx = self.ctx
+        give_back = release_instruction(
+            workflow_id, key, scheduler_id=ctx.id, reply_to=ctx.reply_key
+        )
+        queue = keys.worker_queue_key(worker)
+        try:
+            ctx.redis.lpush(queue, give_back.dumps())
+        except redis.RedisError:
+            self.outbox.append((queue, give_back.dumps()))
+
+    def flush_outbox(self) -> None:
+        """Send what Redis did not take before (a Redis error leaves the rest for later)."""
+        while self.outbox:
+            queue, message = self.outbox[0]
+            self.ctx.redis.lpush(queue, message)
+            self.outbox.pop(0)
+
+    def drop_stale(self, report: Report) -> None:
+        """The object a report of an abandoned attempt (or an ended run) names: destroyed when
+        it came back to us, asked back from the worker that kept it."""
+        if report.kept:
+            self.ask_back(report.workflow_id, report.key, report.worker_id)
+        else:
+            self.destroy(report.key)
 
     def destroy(self, key: str) -> None:
         try:

@@ -93,18 +93,20 @@ def instruction_for(
     )
 
 
-def release_instruction(run: RunState, *, scheduler_id: str, reply_to: str) -> Instruction:
-    """A no-op that makes the worker holding the run's object (affinity) hand it back."""
+def release_instruction(
+    workflow_id: str, key: str, *, scheduler_id: str, reply_to: str
+) -> Instruction:
+    """A no-op that makes the worker holding object ``key`` of a workflow hand it back."""
     return Instruction(
         task_run_id=0,
-        workflow_id=str(run.workflow_id),
+        workflow_id=workflow_id,
         ref="release",
         task=RELEASE_TASK,
         attempt=1,
         timeout_s=30,
         reply_to=reply_to,
         data_plane=DataPlane.CDI,
-        key=run.key,
+        key=key,
         keep=False,
         return_to=scheduler_id,
         queued_at=time.time(),

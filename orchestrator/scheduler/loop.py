@@ -8,7 +8,15 @@ hands it to the collaborator whose job it is, and then does what that made possi
 * ``dispatch.Dispatcher``: where a run's step goes, and sending it there;
 * ``reports.Reports``: what a report means for its run (the next step, the end, a retry);
 * ``recovery.Recovery``: tasks lost with their workers, and a Redis that lost its data;
-* ``endings.Endings``: completion, failure and cancellation, and freeing a run's object.
+* ``endings.Endings``: completion, failure and cancellation, and freeing a run's object;
+* ``redrive.Redrive``: a run the scheduler can no longer trust (a step raised, the minion
+  restarted, Postgres failed a statement) driven again from its input;
+* ``orphans.OrphanObjects``: objects of our workflows that no run names any more.
+
+Whatever raises in a step leaves no workflow stuck (``guarded`` notes what failed; the tick
+acts on it). The scheduler's liveness lock and the lease of the reconciler live in Postgres
+(``db.scheduler_liveness``): as lease holder, a scheduler takes over the RUNNING workflows of
+schedulers that died; every tick it stamps ``keys.SCHEDULERS`` for ``/api/readyz``.
 
 They share the runs in memory (``runs``: ``RunState`` by workflow id) and the database
 through ``db.scheduler_store``. The scheduler touches no image: the first task's worker
@@ -27,23 +35,30 @@ run goes back to the first step whose image was held and recomputes it from the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
 from typing import Final
 
+import psycopg
 import redis
 
-import cdi
 from orchestrator.contract import keys, read_wake
+from orchestrator.contract.vocabulary import DataPlane
+from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.errors import ServiceError
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.claims import Claims
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.guarded import guarded
+from orchestrator.scheduler.minion_link import MinionLink
+from orchestrator.scheduler.orphans import OrphanObjects
 from orchestrator.scheduler.recovery import Recovery
+from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.reports import Reports
 from orchestrator.settings import Settings
 
@@ -58,6 +73,7 @@ log = logging.getLogger(__name__)
 TICK_S: Final = 1.0
 _MIN_WAIT_S: Final = 0.01  # Redis reads a blocking timeout of 0 as "forever"
 REDIS_RETRY_S: Final = 0.5  # after a Redis connection error, the loop waits this long
+RECONCILE_S: Final = 5.0  # how often to reconcile with Postgres and look for left objects
 
 
 def connect_redis(url: str) -> redis.Redis:
@@ -78,27 +94,52 @@ class Scheduler:
         settings: Settings,
         db: SchedulerStore,
         redis_client: redis.Redis,
-        cdi_client: cdi.Client,
+        cdi_client: MinionLink,
         objects: ObjectStore,
+        *,
+        liveness: SchedulerLiveness | None = None,
     ) -> None:
         self.ctx = ctx = SchedulerContext(scheduler_id, db, redis_client, cdi_client, objects)
         self.id, self.db, self.redis, self.runs = ctx.id, ctx.db, ctx.redis, ctx.runs
         self.reply_key = ctx.reply_key
+        self.liveness = liveness
         self.endings = Endings(ctx)
         self.dispatch = Dispatcher(ctx)
         self.reports = Reports(ctx, self.dispatch, self.endings, wake_at=self._tick_by)
-        self.recovery = Recovery(ctx, self.dispatch, self.reports)
+        self.redrive = Redrive(ctx, self.dispatch, self.endings)
+        self.dispatch.unsent = self.redrive.unsent
+        self.recovery = Recovery(ctx, self.dispatch, self.reports, self.redrive)
         self.claims = Claims(ctx, settings, self.dispatch, self.endings)
+        self.redrive.claims = self.claims
+        self.orphans = OrphanObjects(ctx, self.endings)
         self._stopping = False
         self._next_tick = 0.0  # monotonic
+        self._reconcile_at = 0.0  # monotonic
 
     def run_forever(self) -> None:
         log.info("scheduler %s started", self.id)
-        self.claims.resume()
+        self.start_up()
         while not self._stopping:
             self.step()
         self.db.close()
+        if self.liveness is not None:
+            self.liveness.close()
+        with contextlib.suppress(redis.RedisError):
+            self.redis.hdel(keys.SCHEDULERS, self.id)  # gone on purpose, not stalled
         log.info("scheduler %s stopped", self.id)
+
+    def start_up(self) -> None:
+        """Take the liveness lock, then resume our RUNNING workflows; while Postgres does not
+        answer, wait for it (a stack may be restarting it right now)."""
+        while not self._stopping:
+            try:
+                if self.liveness is not None:
+                    self.liveness.start()
+                self.claims.resume("the scheduler restarted")
+                return
+            except (psycopg.OperationalError, ServiceError) as exc:
+                log.warning("Postgres does not answer yet (%s); trying again", exc)
+                time.sleep(REDIS_RETRY_S)
 
     def stop(self) -> None:
         self._stopping = True
@@ -126,7 +167,7 @@ class Scheduler:
             if self.dispatch.waiting:
                 self.dispatch.dispatch_waiting()  # a report may have freed a slot
         if self.claims.due():
-            guarded(self.claims.claim)  # runs ended: take the next ones waiting
+            guarded(self.claims.claim, self.ctx.faults)  # runs ended: take the next ones waiting
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + TICK_S
             self._tick()
@@ -141,15 +182,50 @@ class Scheduler:
         # else: a new run that an earlier claim already took, with others, in one batch
 
     def _tick(self) -> None:
-        guarded(self.recovery.check_redis_epoch)
-        guarded(self.claims.claim)
-        guarded(self.recovery.check_in_flight)
+        faults = self.ctx.faults
+        if faults.postgres:
+            guarded(self.redrive.resync, faults)
+            if faults.postgres:
+                return  # Postgres is still away: nothing else can be recorded
+        guarded(self._check_minion, faults)
+        guarded(self._beat, faults)
+        guarded(self.endings.flush_outbox, faults)
+        guarded(self.recovery.check_redis_epoch, faults)
+        guarded(self.claims.claim, faults)
+        guarded(self.recovery.check_in_flight, faults)
         now = time.monotonic()
         for run in list(self.runs.values()):
             if run.retry_at and run.retry_at <= now:
                 run.retry_at = 0.0
-                guarded(functools.partial(self.dispatch.dispatch, run))
+                guarded(functools.partial(self.dispatch.dispatch, run), faults)
         self.dispatch.dispatch_waiting()
+        self.redrive.sweep()
+        if now >= self._reconcile_at:
+            self._reconcile_at = now + RECONCILE_S
+            guarded(self._reconcile, faults)
+            guarded(self.orphans.sweep, faults)
+
+    def _beat(self) -> None:
+        """Say that the loop turns (``/api/readyz`` reads it)."""
+        self.redis.hset(keys.SCHEDULERS, self.id, f"{time.time():.3f}")
+
+    def _check_minion(self) -> None:
+        """While any run keeps an object in the minion (or a call found it gone), ask whether
+        the minion is still the one we know; if it restarted, its objects are gone."""
+        faults = self.ctx.faults
+        if not faults.minion and not any(r.data_plane == DataPlane.CDI for r in self.runs.values()):
+            return
+        restarted = self.ctx.cdi.check()
+        faults.minion = False
+        if restarted:
+            self.redrive.minion_restarted()
+
+    def _reconcile(self) -> None:
+        """Take over what dead schedulers left (as lease holder), and resume our RUNNING
+        workflows that no run in memory stands for (taken over, or a write of ours lost)."""
+        if self.liveness is not None and self.liveness.tick(self.claims.room()):
+            self.claims.resume("its scheduler stopped")
+        self.claims.resume("it was RUNNING with nothing under way")
 
     def _tick_by(self, moment: float) -> None:
         """Bring the next tick forward to ``moment`` (monotonic) if it is later."""

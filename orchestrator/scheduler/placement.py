@@ -11,7 +11,15 @@ Policies:
 * ``auto``: stay on the previous task's worker unless its expected wait exceeds the best worker's
   expected wait plus the cost of moving. Expected wait = (queued + running + in flight) x the
   mean run time of that task; moving costs two hand-offs plus the bytes at memory bandwidth (an
-  allowance for caches gone cold; zero-copy on one host, a real copy across hosts).
+  allowance for caches gone cold; zero-copy on one host), and for every host boundary the
+  object crosses on its way (through the scheduler, which holds it between tasks), the bytes
+  over the link's bandwidth plus its round trip (``Link``, learnt from the scheduler's own
+  cross-host transfers).
+
+Hosts: each worker's heartbeat names its CDI host. Under ``transfer`` (and for ``auto``'s
+"best" worker) workers are compared by expected wait plus what moving the object to them costs,
+so of two equally loaded workers the one on the object's host wins, and a worker on another
+host wins when its queue is shorter by more than the crossing costs.
 
 Late binding: a task that is free to go anywhere (every task under ``transfer`` and ``auto``,
 the first under ``affinity``) is sent only to a worker with *room*: fewer of this scheduler's
@@ -27,6 +35,8 @@ held: they can run nowhere else.
 
 from __future__ import annotations
 
+import itertools
+import os
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -34,13 +44,52 @@ from dataclasses import dataclass
 
 from orchestrator.contract.vocabulary import Policy
 
-__all__ = ["PREFETCH_S", "WorkerLoad", "choose_worker", "move_cost_s", "read_workers"]
+__all__ = [
+    "PREFETCH_S",
+    "Link",
+    "Route",
+    "WorkerLoad",
+    "choose_worker",
+    "move_cost_s",
+    "read_workers",
+]
 
 HANDOFF_S = 0.0003  # one same-host CDI hand-off, measured with `cdiflow bench cdi`
 MEMORY_BANDWIDTH_BPS = 2e9
 # Work queued at a worker beyond its running tasks: at least one task, else this many seconds
 # of the task being placed (a report-to-push round trip is ~1-2 ms, a 10 KB task ~1-3 ms).
 PREFETCH_S = 0.1
+
+
+@dataclass
+class Link:
+    """What crossing between two hosts costs: bandwidth and round trip.
+
+    Starts from ``CDIFLOW_LINK_MBIT`` (default 1000) and ``CDIFLOW_LINK_RTT_MS`` (0.5) and
+    learns from each cross-host transfer the scheduler makes: a small one (< 64 KB) is mostly
+    round trip, a large one (>= 1 MB) mostly bandwidth; each moves its estimate a fifth of the
+    way."""
+
+    bytes_per_s: float = 125e6
+    rtt_s: float = 0.0005
+
+    @classmethod
+    def from_env(cls) -> Link:
+        return cls(
+            float(os.environ.get("CDIFLOW_LINK_MBIT", "1000")) * 1e6 / 8,
+            float(os.environ.get("CDIFLOW_LINK_RTT_MS", "0.5")) / 1000,
+        )
+
+    def cost_s(self, nbytes: int) -> float:
+        return self.rtt_s + nbytes / self.bytes_per_s
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if nbytes < 64_000:
+            self.rtt_s = 0.8 * self.rtt_s + 0.2 * seconds
+        elif nbytes >= 1_000_000 and seconds > self.rtt_s:
+            self.bytes_per_s = 0.8 * self.bytes_per_s + 0.2 * nbytes / (seconds - self.rtt_s)
 
 
 @dataclass(frozen=True)
@@ -54,6 +103,7 @@ class WorkerLoad:
     in_flight: int  # instructions this scheduler sent that have not been reported yet
     started_at: float = 0.0  # when the worker process started: a change means it restarted
     slots: int = 1  # tasks the worker runs at once (its --concurrency)
+    host: str = ""  # its CDI host; "" when unknown (then it is taken to share the object's)
 
     @property
     def backlog(self) -> int:
@@ -92,6 +142,7 @@ def read_workers(
                 in_flight=in_flight.get(worker_id, 0),
                 started_at=float(fields.get("started_at", "0")),
                 slots=max(1, int(fields.get("slots", "1"))),
+                host=fields.get("host", ""),
             )
         except ValueError:
             load = WorkerLoad(worker_id, False, 0, 0, 0, 0, in_flight.get(worker_id, 0))
@@ -99,8 +150,28 @@ def read_workers(
     return loads
 
 
-def move_cost_s(nbytes: int) -> float:
-    return 2 * HANDOFF_S + nbytes / MEMORY_BANDWIDTH_BPS
+def move_cost_s(nbytes: int, crossings: int = 0, link: Link | None = None) -> float:
+    """Moving an object of ``nbytes`` to another worker, crossing ``crossings`` host
+    boundaries on the way."""
+    crossing = crossings * (link or Link()).cost_s(nbytes) if crossings else 0.0
+    return 2 * HANDOFF_S + nbytes / MEMORY_BANDWIDTH_BPS + crossing
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where the object is and who holds it between tasks, for pricing a move: ``here`` the
+    host the object is on now, ``hub`` the scheduler's host (an object moving between workers
+    passes through the scheduler)."""
+
+    here: str = ""
+    hub: str = ""
+    link: Link | None = None
+
+    def crossings(self, to: str) -> int:
+        if not to or not self.hub:
+            return 0
+        via = [h for h in (self.here, self.hub, to) if h]
+        return sum(1 for a, b in itertools.pairwise(via) if a != b)
 
 
 def choose_worker(
@@ -112,10 +183,12 @@ def choose_worker(
     nbytes: int,
     rng: random.Random | None = None,
     avoid: frozenset[str] = frozenset(),
+    route: Route | None = None,
 ) -> str | None:
     """The worker for the next task, or ``None`` when no worker is alive or none that may take
     it has room (the task then waits). Workers in ``avoid`` (one that just lost this task) are
-    used only when no other is alive."""
+    used only when no other is alive. ``route``: where the object is, to price crossing hosts
+    (none: one host)."""
     alive = [w for w in workers if w.alive and w.worker_id not in avoid] or [
         w for w in workers if w.alive
     ]
@@ -125,11 +198,19 @@ def choose_worker(
     if policy == Policy.AFFINITY and current is not None:
         return current.worker_id  # pinned: it can run nowhere else, so it queues there
     rng = rng or random.Random()
+    route = route or Route()
+
+    def crossing_s(w: WorkerLoad) -> float:
+        crossings = route.crossings(w.host)
+        return crossings * (route.link or Link()).cost_s(nbytes) if crossings else 0.0
+
     free = [w for w in alive if w.has_room(task_s)]
     best = None
     if free:
-        best_score = min(w.score() for w in free)
-        best = rng.choice([w for w in free if w.score() == best_score])
+        # Load first, as on one host; what reaching a worker's host costs is added in seconds.
+        ranked = {w.worker_id: w.score() + crossing_s(w) / max(task_s, 1e-6) for w in free}
+        best_score = min(ranked.values())
+        best = rng.choice([w for w in free if ranked[w.worker_id] == best_score])
     if current is None or policy != Policy.AUTO:
         return best.worker_id if best else None
     # auto: stay unless waiting here costs more than moving to the best worker with room
@@ -137,5 +218,6 @@ def choose_worker(
     if best is None or best is current:
         return stay
     wait_here = current.backlog * task_s
-    wait_there = best.backlog * task_s + move_cost_s(nbytes)
+    moving = Route(current.host, route.hub, route.link).crossings(best.host)
+    wait_there = best.backlog * task_s + move_cost_s(nbytes, moving, route.link)
     return stay if wait_here <= wait_there else best.worker_id

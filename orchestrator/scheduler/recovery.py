@@ -7,14 +7,19 @@ scheduler waits for the run's object to come back by the minion's recovery rule 
 still holds it, it is alive after all), drops what it may have half-written, records the task
 run as lost and retries the step elsewhere. Before it declares anything lost it reads the
 reports already waiting: a worker whose task overran its timeout reports TIMED_OUT and exits,
-and its restart could otherwise be seen before its report.
+and its restart could otherwise be seen before its report. A task past its deadline on a live
+worker that still holds the object (its report, or the instruction, may have been lost) is
+sent once more; a worker answers a repeat with its report, not a second run. If that brings
+nothing either, the run is driven again from its input (``redrive``).
 
 *Redis data loss.* Redis holds only what can be rebuilt; when its ``keys.EPOCH`` token changes,
-the scheduler sends again every instruction it has out.
+the scheduler sends again every instruction it has out, and presumes no worker dead for a
+heartbeat's lifetime (their heartbeats went with the data and come back within it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -26,6 +31,7 @@ from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import LOST_GRACE_S, Dispatcher
 from orchestrator.scheduler.placement import WorkerLoad
+from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.reports import Reports
 from orchestrator.scheduler.runs import InFlight, RunState
 
@@ -37,31 +43,55 @@ log = logging.getLogger(__name__)
 class Recovery:
     """Finds the tasks lost with their workers, and what Redis lost."""
 
-    def __init__(self, ctx: SchedulerContext, dispatch: Dispatcher, reports: Reports) -> None:
+    def __init__(
+        self, ctx: SchedulerContext, dispatch: Dispatcher, reports: Reports, redrive: Redrive
+    ) -> None:
         self.ctx = ctx
         self.dispatch = dispatch
         self.reports = reports
+        self.redrive = redrive
         self._redis_epoch: str | None = None
+        self._beats_grace_until = 0.0  # monotonic: Redis lost its data, heartbeats come back
 
     # ------------------------------------------------------------------ lost workers
     def check_in_flight(self) -> None:
         """A task whose worker went silent: take the object back and retry elsewhere."""
         now = time.monotonic()
         loads = {w.worker_id: w for w in self.dispatch.loads()}
-        suspects = [r for r in self.ctx.runs.values() if _silence(r, loads, now) is not None]
+        grace = now < self._beats_grace_until
+        suspects = [r for r in self.ctx.runs.values() if _silence(r, loads, now, grace) is not None]
         if suspects:
             # A worker that reports and then exits (a task overran its timeout) is restarted
             # before this loop may have read the report: read what has arrived first, or
             # the attempt would be recorded as lost instead of with its own outcome.
             self._take_arrived_reports()
         for run in suspects:
-            dead = _silence(run, loads, now)
+            dead = _silence(run, loads, now, grace)
             flight = run.in_flight
             if dead is None or flight is None:
                 continue  # its report had arrived (or the next task is on a live worker)
             if run.data_plane == DataPlane.CDI and not self._regain(run, flight):
-                continue  # the worker still holds the object: it is alive after all
+                # The worker still holds the object: it is alive after all. If it is overdue,
+                # its report (or our instruction) may have been lost.
+                if not dead:
+                    self._overdue(run, flight, now)
+                continue
             self._give_up(run, flight, dead)
+
+    def _overdue(self, run: RunState, flight: InFlight, now: float) -> None:
+        """No report past the deadline from a live worker that keeps the run's object: send
+        the instruction once more; if that brings nothing either, drive the run again."""
+        if flight.resent:
+            self.redrive.run(
+                run, f"worker {flight.worker} sent no report for task run "
+                f"{flight.task_run_id}, even when asked again",
+            )  # fmt: skip
+            return
+        deadline = now + run.current.timeout_s + LOST_GRACE_S
+        run.in_flight = dataclasses.replace(flight, resent=True, deadline=deadline)
+        log.warning("no report for task run %s from %s in time; sending it again",
+                    flight.task_run_id, flight.worker)  # fmt: skip
+        self.ctx.redis.lpush(keys.worker_queue_key(flight.worker), flight.instruction.dumps())
 
     def _give_up(self, run: RunState, flight: InFlight, dead: bool) -> None:
         """Record the task as lost, withdraw its instruction, and retry the step elsewhere."""
@@ -138,6 +168,7 @@ class Recovery:
         epoch = str(raw)
         if self._redis_epoch is not None and epoch != self._redis_epoch:
             log.warning("Redis lost its data; re-sending in-flight instructions")
+            self._beats_grace_until = time.monotonic() + keys.WORKER_DEAD_AFTER_S
             for run in self.ctx.runs.values():
                 flight = run.in_flight
                 if flight is not None:
@@ -147,11 +178,15 @@ class Recovery:
         self._redis_epoch = epoch
 
 
-def _silence(run: RunState, loads: Mapping[str, WorkerLoad], now: float) -> bool | None:
+def _silence(
+    run: RunState, loads: Mapping[str, WorkerLoad], now: float, grace: bool = False
+) -> bool | None:
     """For a run with a task in flight whose worker is gone (True) or overdue (False); None
-    while it may still report."""
+    while it may still report (``grace``: a worker with no heartbeat may still be alive)."""
     flight = run.in_flight
     if flight is None:
+        return None
+    if grace and flight.worker not in loads:
         return None
     worker = loads.get(flight.worker)
     restarted = worker is not None and worker.started_at != flight.worker_started

@@ -14,6 +14,9 @@ import time
 import uuid
 from collections.abc import Callable
 
+import redis
+
+import cdi
 from orchestrator.contract.messages import Report
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 from orchestrator.db.run_statements import Finish, Handoff, Placement
@@ -52,15 +55,16 @@ class Reports:
         except (ValueError, TypeError):
             log.warning("dropping an unreadable report: %.200s", text)
             return
-        guarded(lambda: self.handle(report))
+        guarded(lambda: self.handle(report), self.ctx.faults)
 
     def handle(self, report: Report) -> None:
         run = self.ctx.runs.get(uuid.UUID(report.workflow_id))
         flight = run.flight(report.task_run_id) if run is not None else None
         if run is None or flight is None:
             log.info("stale report for task run %s", report.task_run_id)
-            if report.key and not report.kept and run is None:
-                self.endings.destroy(report.key)  # its run is over: the object came back to die
+            if report.key and (run is None or report.key != run.key):
+                # Its run is over, or was driven again: the object is nobody's any more.
+                self.endings.drop_stale(report)
             return
         self.dispatch.returned(flight)
         run.in_flight = None
@@ -80,19 +84,29 @@ class Reports:
         back = None
         if report.kept is False and run.data_plane == DataPlane.CDI and report.key:
             back = Handoff(
-                report.worker_id, self.ctx.id, report.bytes_out or run.nbytes, report.return_us
+                report.worker_id,
+                self.ctx.id,
+                report.bytes_out or run.nbytes,
+                report.return_us,
+                self.dispatch.host_of(report.worker_id),
+                self.ctx.cdi.host,
             )
         placement: Placement | None = None
         finish: Finish | None = None
         if completed and not run.cancelled and not all_done:
             run.advance()
-            placement = self.dispatch.choose(run)
+            try:
+                placement = self.dispatch.choose(run)
+            except (redis.RedisError, cdi.CDIError) as exc:  # the tick's sweep places it later
+                log.warning("workflow %s: could not place step %r now: %s",
+                            run.workflow_id, run.current.ref, exc)  # fmt: skip
+                self.ctx.faults.minion |= isinstance(exc, cdi.MinionUnavailable)
         elif all_done and not run.cancelled and (run.data_plane != DataPlane.CDI or report.stored):
             # Nothing left to store (dataless, or the last task stored the result itself).
             dataless = run.data_plane == DataPlane.NONE
             finish = completion(run, None if dataless else self.ctx.objects.uri(result_key(run)))
-        if placement is not None:
-            self.dispatch.send(run, placement)
+        if placement is not None and not self.dispatch.send(run, placement):
+            placement = None  # Redis did not take it: the run goes on from ``unsent``
         # One statement records the report and the next step's placement, or ends the workflow.
         ended = self.ctx.db.report(report, back, placement, finish)
         if not completed:

@@ -1,8 +1,9 @@
 """What the scheduler keeps in memory about each workflow it is running.
 
 All of it can be rebuilt from Postgres: a scheduler that restarts starts its RUNNING workflows
-again from their S3 input. ``data_plane`` is the workflow's, or ``DataPlane.NONE`` for a
-dataless one (started without an image).
+again from their S3 input, and so does one that can no longer trust a run's state (``again``).
+``data_plane`` is the workflow's, or ``DataPlane.NONE`` for a dataless one (started without
+an image).
 
 A run has one current step (``RunState.current``) and at most one task out at a worker
 (``RunState.in_flight``, an ``InFlight``), as its steps run one after another. The paths that
@@ -12,6 +13,8 @@ ready steps go out side by side will keep one ``InFlight`` per step.
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +44,7 @@ class InFlight:
     worker: str
     worker_started: float  # the worker's start time when it went out: a change means a restart
     deadline: float  # monotonic: when a silent task is presumed lost
+    resent: bool = False  # sent once more after its deadline (no report came)
 
     @property
     def task_run_id(self) -> int:
@@ -73,6 +77,10 @@ class RunState:
     avoid: frozenset[str] = frozenset()  # workers that lost the current step
     retry_at: float = 0.0  # monotonic: when a failed attempt is dispatched again
     cancelled: bool = False
+    # Object keys are "<key_prefix>-<generation>"; a run driven again gets a new prefix, so its
+    # keys never meet objects an earlier drive may have left (in a worker that kept one).
+    key_prefix: str = ""
+    drives: int = 1  # how many times the run was driven from its input (resumes included)
 
     @property
     def current(self) -> StepSpec:
@@ -117,4 +125,30 @@ class RunState:
 
     def next_object_key(self) -> str:
         self.generation += 1
-        return f"wf-{self.workflow_id}-{self.generation}"
+        return f"{self.key_prefix or f'wf-{self.workflow_id}'}-{self.generation}"
+
+    def again(self, attempts: dict[str, int] | None = None) -> RunState:
+        """The same workflow driven again from its input: first step, no object, every step's
+        attempts going on from ``attempts`` (default: what this run placed), so no attempt
+        number is used twice."""
+        placed = dict(self.attempts if attempts is None else attempts)
+        return dataclasses.replace(
+            self,
+            step=0,
+            attempt=placed.get(self.steps[0].ref, 0) + 1,
+            key="",
+            generation=0,
+            owner="",
+            held="",
+            held_from=0,
+            attempts=placed,
+            nbytes=0,
+            current_uri=self.input_uri,
+            last_worker=None,
+            outputs={},
+            in_flight=None,
+            avoid=frozenset(),
+            retry_at=0.0,
+            key_prefix=f"wf-{self.workflow_id}-{secrets.token_hex(3)}",
+            drives=self.drives + 1,
+        )

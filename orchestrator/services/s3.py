@@ -1,18 +1,21 @@
-"""Embedded S3: moto's server (``python -m moto.server``) as a child process on 127.0.0.1.
+"""Embedded S3: Versity's S3 gateway (``versitygw``) over a folder, as a child process.
 
-moto keeps objects in memory, so they do not survive a restart of the stack, unlike Postgres;
-objects larger than a few MB spill to temporary files, which we keep under ``<data_dir>/s3``.
+Objects are files under ``<data_dir>/s3/<bucket>/`` (their metadata in extended attributes),
+so they outlive ``cdiflow down`` / ``up`` like the Postgres data. The gateway checks every
+request's signature against the access key and secret in ``<data_dir>/credentials.json``,
+which it gets through its environment (readable by its own user only), not its command line.
+*Why versitygw:* see ``docs/architecture.md``, *Embedded services* (figures from
+``cdiflow bench s3 --server ...``). ``make`` builds the binary with Go into ``.venv/bin``.
 """
 
 from __future__ import annotations
 
 import os
-import socket
+import shutil
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -20,23 +23,41 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from orchestrator.errors import ServiceError
 from orchestrator.services._process import HOST, ManagedService
+from orchestrator.services.credentials import ServiceCredentials
 
 __all__ = [
-    "ACCESS_KEY_ID",
     "REGION",
-    "SECRET_ACCESS_KEY",
+    "VERSITYGW_MODULE",
     "S3Service",
     "check_s3",
+    "find_versitygw",
 ]
 
-# moto accepts any credentials; these are the conventional dummy ones.
-ACCESS_KEY_ID = "testing"
-SECRET_ACCESS_KEY = "testing"
 REGION = "us-east-1"
+# What `make` builds (pinned: the on-disk layout is the gateway's).
+VERSITYGW_MODULE = "github.com/versity/versitygw/cmd/versitygw@v1.8.0"
+
+
+def find_versitygw() -> Path:
+    """The ``versitygw`` binary: ``$CDIFLOW_VERSITYGW``, beside Python (the venv), or on PATH."""
+    explicit = os.environ.get("CDIFLOW_VERSITYGW")
+    candidates = [Path(explicit)] if explicit else []
+    candidates.append(Path(sys.executable).parent / "versitygw")
+    if on_path := shutil.which("versitygw"):
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise ServiceError(
+        "no versitygw binary for the embedded S3 endpoint: run `make` (it builds one with Go: "
+        f"GOBIN=$PWD/.venv/bin go install {VERSITYGW_MODULE}), put versitygw on PATH or name "
+        "it in CDIFLOW_VERSITYGW, or set S3_ENDPOINT_URL to an existing S3 endpoint",
+        service="s3",
+    )
 
 
 class S3Service(ManagedService):
-    """An S3-compatible endpoint with ``bucket`` created on start; any credentials work."""
+    """An S3-compatible endpoint with ``bucket`` created on start; it checks credentials."""
 
     name = "s3"
 
@@ -46,64 +67,92 @@ class S3Service(ManagedService):
         *,
         port: int | None = None,
         bucket: str = "cdiflow",
+        credentials: ServiceCredentials | None = None,
+        executable: Path | None = None,
         start_timeout: float = 30.0,
         stop_timeout: float = 10.0,
     ) -> None:
         super().__init__(
             data_dir, port=port, start_timeout=start_timeout, stop_timeout=stop_timeout
         )
+        creds = credentials or ServiceCredentials.load_or_create(self.data_dir)
+        self.access_key_id = creds.s3_access_key_id
+        self._secret = creds.s3_secret_access_key
         self.bucket = bucket
         self.workdir = self.data_dir / "s3"
+        self._executable = executable
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    @property
+    def secret_access_key(self) -> str:
+        return self._secret
+
     def _prepare(self) -> None:
+        if self._executable is None:
+            self._executable = find_versitygw()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.chmod(0o700)
 
     def _command(self, port: int) -> list[str]:
-        # The running interpreter, so it works without the venv being activated.
-        return [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)]
-
-    def _cwd(self) -> Path:
-        return self.workdir
+        assert self._executable is not None
+        return [
+            str(self._executable),
+            "--port", f"{HOST}:{port}",
+            "--region", REGION,
+            "--keep-alive",  # its default closes every connection after one request
+            "--quiet",  # no line per request in the log
+            "posix",
+            "--file-perms", "0600",
+            "--dir-perms", "0700",
+            str(self.workdir),
+        ]  # fmt: skip
 
     def _env(self) -> Mapping[str, str]:
-        return {**os.environ, "TMPDIR": str(self.workdir)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ROOT_", "VGW_"))}
+        env["ROOT_ACCESS_KEY_ID"] = self.access_key_id
+        env["ROOT_SECRET_ACCESS_KEY"] = self._secret
+        return env
 
     def _probe(self) -> bool:
-        # moto binds its socket only once the app is loaded, so accepting means serving.
+        client = self._client(timeout=1)
         try:
-            with socket.create_connection((HOST, self._port or 0), timeout=1):
-                return True
-        except OSError:
+            client.list_buckets()
+        except (BotoCoreError, ClientError):
             return False
+        finally:
+            client.close()
+        return True
 
     def _after_ready(self) -> None:
-        # Unsigned path-style PUT: moto needs no signature, and this avoids a boto3 client here.
-        request = urllib.request.Request(f"{self.url}/{self.bucket}", method="PUT")
+        client = self._client(timeout=10)
         try:
-            with urllib.request.urlopen(request, timeout=10):
-                pass
-        except urllib.error.HTTPError as exc:
-            if exc.code != 409:  # 409: the bucket exists already
+            client.create_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
                 raise self._error(f"could not create bucket {self.bucket!r}: {exc}") from exc
-        except OSError as exc:
+        except BotoCoreError as exc:
             raise self._error(f"could not create bucket {self.bucket!r}: {exc}") from exc
+        finally:
+            client.close()
+
+    def _client(self, timeout: float) -> Any:
+        return _s3_client(
+            f"http://{HOST}:{self._port}", REGION, self.access_key_id, self._secret, timeout
+        )
 
 
-def check_s3(
-    endpoint_url: str,
-    bucket: str,
-    *,
+def _s3_client(
+    endpoint_url: str | None,
     region: str,
     access_key_id: str | None,
     secret_access_key: str | None,
-    timeout: float = 5.0,
-) -> None:
-    """Raise ``ServiceError`` unless ``bucket`` at ``endpoint_url`` answers HeadBucket."""
-    client = boto3.client(
+    timeout: float,
+) -> Any:
+    return boto3.client(
         "s3",
         endpoint_url=endpoint_url,
         region_name=region,
@@ -115,6 +164,19 @@ def check_s3(
             retries={"max_attempts": 1, "mode": "standard"},
         ),
     )
+
+
+def check_s3(
+    endpoint_url: str | None,
+    bucket: str,
+    *,
+    region: str,
+    access_key_id: str | None,
+    secret_access_key: str | None,
+    timeout: float = 5.0,
+) -> None:
+    """Raise ``ServiceError`` unless ``bucket`` at ``endpoint_url`` answers HeadBucket."""
+    client = _s3_client(endpoint_url, region, access_key_id, secret_access_key, timeout)
     where = f"S3_ENDPOINT_URL={endpoint_url}"
     try:
         client.head_bucket(Bucket=bucket)

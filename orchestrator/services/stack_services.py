@@ -13,9 +13,10 @@ from typing import Self
 
 from orchestrator.errors import ServiceError
 from orchestrator.services._process import ManagedService
+from orchestrator.services.credentials import ServiceCredentials
 from orchestrator.services.postgres import PostgresService, check_postgres
 from orchestrator.services.redis_server import RedisService, check_redis
-from orchestrator.services.s3 import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Service, check_s3
+from orchestrator.services.s3 import S3Service, check_s3
 from orchestrator.settings import Settings, load_settings
 
 __all__ = ["RunningServices", "resolve_services", "start_services"]
@@ -39,6 +40,8 @@ class RunningServices:
     aws_secret_access_key: str | None = field(repr=False)
     data_dir: Path
     embedded: tuple[ManagedService, ...] = ()  # started by us; stop() ends them
+    admin_database_url: str | None = field(default=None, repr=False)
+    """The embedded Postgres's superuser (creating databases); None for a configured one."""
 
     def stop(self) -> None:
         """Stop the embedded services (configured ones are left alone); idempotent."""
@@ -78,19 +81,21 @@ def resolve_services(
     data_dir = settings.data_dir
     secret = settings.aws_secret_access_key
     secret_key = secret.get_secret_value() if secret is not None else None
+    embedding = not (settings.database_url and settings.redis_url and settings.s3_endpoint_url)
+    creds = ServiceCredentials.load_or_create(data_dir) if embedding else None
 
     def database() -> _Resolved:
         if settings.database_url:
             check_postgres(settings.database_url, check_timeout)
             return settings.database_url, None
-        service = PostgresService(data_dir, durable=durable).start()
+        service = PostgresService(data_dir, durable=durable, credentials=creds).start()
         return service.url, service
 
     def redis() -> _Resolved:
         if settings.redis_url:
             check_redis(settings.redis_url, check_timeout)
             return settings.redis_url, None
-        service = RedisService(data_dir).start()
+        service = RedisService(data_dir, credentials=creds).start()
         return service.url, service
 
     def object_store() -> _Resolved:
@@ -104,12 +109,13 @@ def resolve_services(
                 timeout=check_timeout,
             )
             return settings.s3_endpoint_url, None
-        service = S3Service(data_dir, bucket=settings.s3_bucket).start()
+        service = S3Service(data_dir, bucket=settings.s3_bucket, credentials=creds).start()
         return service.url, service
 
     results = _run_all({"postgres": database, "redis": redis, "s3": object_store})
     embedded = tuple(service for _, service in results.values() if service is not None)
-    s3_embedded = results["s3"][1] is not None
+    s3_service = results["s3"][1]
+    pg_service = results["postgres"][1]
     log.info(
         "services ready in %.2fs (embedded: %s)",
         time.monotonic() - began, ", ".join(s.name for s in embedded) or "none",
@@ -120,11 +126,21 @@ def resolve_services(
         s3_endpoint_url=results["s3"][0],
         s3_bucket=settings.s3_bucket,
         aws_region=settings.aws_region,
-        # moto takes any key; a configured endpoint gets boto3's default chain when unset.
-        aws_access_key_id=settings.aws_access_key_id or (ACCESS_KEY_ID if s3_embedded else None),
-        aws_secret_access_key=secret_key or (SECRET_ACCESS_KEY if s3_embedded else None),
+        # The embedded endpoint checks its own keys; a configured one gets the keys set, or
+        # boto3's default chain when none are.
+        aws_access_key_id=(
+            s3_service.access_key_id
+            if isinstance(s3_service, S3Service)
+            else settings.aws_access_key_id
+        ),
+        aws_secret_access_key=(
+            s3_service.secret_access_key if isinstance(s3_service, S3Service) else secret_key
+        ),
         data_dir=data_dir,
         embedded=embedded,
+        admin_database_url=(
+            pg_service.admin_url if isinstance(pg_service, PostgresService) else None
+        ),
     )
 
 

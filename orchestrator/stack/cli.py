@@ -24,6 +24,7 @@ import click
 
 from orchestrator.child_process import ChildProcess
 from orchestrator.errors import OrchestratorError
+from orchestrator.stack.access import service_access
 from orchestrator.stack.control import (
     check_no_leftovers,
     failure_report,
@@ -65,6 +66,10 @@ def _stack_options(f: _F) -> _F:
     options = [
         click.option("--workers", "-w", type=click.IntRange(min=0), default=DEFAULT_WORKERS,
                      show_default=True, help="Number of worker processes."),
+        click.option("--hosts", type=click.IntRange(1, 16), default=1, show_default=True,
+                     help="CDI hosts on this machine, each a network namespace (as root; "
+                     "loopback addresses otherwise) with its own minion; workers are spread "
+                     "over them, objects cross between them."),
         click.option("--host", default=DEFAULT_HOST, show_default=True,
                      help="Address the REST API listens on."),
         click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT,
@@ -92,6 +97,7 @@ def _folder(data_dir: Path) -> Path:
 def up_command(
     data_dir: Path,
     workers: int,
+    hosts: int,
     host: str,
     port: int,
     api_command: str | None,
@@ -107,11 +113,20 @@ def up_command(
 
     folder = _folder(data_dir)
     try:  # refuse now, with a clear message, what the supervisor would refuse later
-        Stack(folder, workers=workers, host=host, port=port).preflight()
+        Stack(folder, workers=workers, hosts=hosts, host=host, port=port).preflight()
         check_no_leftovers(folder)
     except OrchestratorError as exc:
         raise click.ClickException(str(exc)) from exc
-    options = ["--workers", str(workers), "--host", host, "--port", str(port)]
+    options = [
+        "--workers",
+        str(workers),
+        "--hosts",
+        str(hosts),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     for flag, value in (("--api-command", api_command), ("--scheduler-command", scheduler_command),
                         ("--worker-command", worker_command)):  # fmt: skip
         if value is not None:
@@ -177,6 +192,8 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             report["supervisor"]["alive"] = running
             for row, proc in zip(report["processes"], state.processes, strict=True):
                 row["alive"] = proc.alive()
+            if (access := service_access(folder, state)) is not None:
+                report["credentials"] = access
         click.echo(json.dumps(report))
     elif state is None:
         click.echo(running_message(folder) if running else f"no stack runs from {folder}")
@@ -187,6 +204,8 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             click.echo(f"stale stack.json in {folder}: the supervisor (pid "
                        f"{state.supervisor.pid}) is gone; `cdiflow down` cleans up")  # fmt: skip
         click.echo(format_table((state.supervisor, *state.processes), folder, show_state=True))
+        if (access := service_access(folder, state)) is not None:
+            click.echo(_access_text(access))
     sys.exit(0 if running else 1)
 
 
@@ -197,6 +216,7 @@ def status_command(data_dir: Path, as_json: bool) -> None:
 def supervise_command(
     data_dir: Path,
     workers: int,
+    hosts: int,
     host: str,
     port: int,
     api_command: str | None,
@@ -217,7 +237,13 @@ def supervise_command(
     }
     overrides = {key: shlex.split(value) for key, value in commands.items() if value}
     status = run_supervisor(
-        _folder(data_dir), log_file=log_file, workers=workers, host=host, port=port, **overrides
+        _folder(data_dir),
+        log_file=log_file,
+        workers=workers,
+        hosts=hosts,
+        host=host,
+        port=port,
+        **overrides,
     )
     sys.exit(status)
 
@@ -234,6 +260,21 @@ for _command in (up_command, down_command, status_command, supervise_command):
 def _summary(state: StackState, folder: Path) -> str:
     head = f"cdiflow is up: API {state.api_url}  (data and logs in {folder})"
     return f"{head}\n{format_table((state.supervisor, *state.processes), folder)}"
+
+
+def _access_text(access: dict[str, Any]) -> str:
+    """The embedded services' credentials as lines (only their owner gets this far)."""
+    lines = [f"\ncredentials of the embedded services (from {access['file']}, yours only):"]
+    for label, key in (("DATABASE_URL", "database_url"), ("REDIS_URL", "redis_url")):
+        if key in access:
+            lines.append(f"  {label}={access[key]}")
+    if s3 := access.get("s3"):
+        lines += [
+            f"  S3_ENDPOINT_URL={s3['endpoint_url']}",
+            f"  AWS_ACCESS_KEY_ID={s3['access_key_id']}",
+            f"  AWS_SECRET_ACCESS_KEY={s3['secret_access_key']}",
+        ]
+    return "\n".join(lines)
 
 
 def _forward_stop_signals(proc: ChildProcess) -> threading.Event:

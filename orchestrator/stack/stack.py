@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import signal
@@ -15,15 +16,13 @@ from typing import ParamSpec, Self
 
 import redis
 
-from cdi.controller.process import ControllerChild
-from cdi.errors import CDIError
-from cdi.minion.process import MinionChild
-from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
+from orchestrator.child_process import ChildProcess, describe_exit, port_is_free
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
 from orchestrator.services import RunningServices, start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
+from orchestrator.stack.cdi_runtime import CdiRuntime
 from orchestrator.stack.defaults import (
     API_COMMAND,
     DEFAULT_HOST,
@@ -35,7 +34,8 @@ from orchestrator.stack.defaults import (
 from orchestrator.stack.env import stack_environment
 from orchestrator.stack.restarts import RestartPolicy
 from orchestrator.stack.state import DataDirLock, ProcessInfo
-from orchestrator.stack.supervision import Supervisor
+from orchestrator.stack.supervised import ServiceProcess
+from orchestrator.stack.supervision import Supervised, Supervisor
 
 __all__ = ["Stack"]
 
@@ -52,8 +52,9 @@ class Stack:
         with Stack("/tmp/data", workers=2, port=8001) as stack:
             requests.post(f"{stack.api_url}/api/workflows", ...)
 
-    ``start()`` returns once every piece answers; scheduler and workers that exit on their own
-    are restarted (see ``RestartPolicy``). ``stop()`` ends everything in reverse order, by PID.
+    ``start()`` returns once every piece answers; any piece that exits on its own (an embedded
+    service, the CDI controller or minion, the API, the scheduler, a worker) is restarted with
+    a back-off (see ``RestartPolicy``). ``stop()`` ends everything in reverse order, by PID.
     One stack per data folder (``StackRunning`` otherwise). Pass ``services`` to use running
     services instead of starting them (they are then left running).
 
@@ -66,6 +67,7 @@ class Stack:
         data_dir: Path | str | None = None,
         *,
         workers: int = DEFAULT_WORKERS,
+        hosts: int = 1,
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
         api_command: Sequence[str] = API_COMMAND,
@@ -80,15 +82,21 @@ class Stack:
     ) -> None:
         if workers < 0:
             raise StackError(f"workers must be 0 or more, not {workers}")
+        if not 1 <= hosts <= 16:
+            raise StackError(f"hosts must be between 1 and 16, not {hosts}")
         folder = load_settings().data_dir if data_dir is None else Path(data_dir)
         self.data_dir = folder.expanduser().absolute()
         self.host = host
         self.port = port
         self.api_url = f"http://{probes.url_host(host)}:{port}"
-        self.minion_socket = str(self.data_dir / "cdi" / "minion.sock")
-        self.controller_url = ""  # a free port is picked at start
+        # Several hosts: a minion with a gateway per host (cdi.remote.cluster); the scheduler
+        # and the API use host 1's, worker n host ((n - 1) mod hosts) + 1's.
+        self.hosts = hosts
+        self.cdi = CdiRuntime(self.data_dir, self.data_dir / "logs", hosts)
+        self.minion_socket = self.cdi.socket_of("host1")
         self.scheduler_id = "scheduler-1"
         self.worker_ids = [f"worker-{n}" for n in range(1, workers + 1)]
+        self.worker_host = {w: f"host{i % hosts + 1}" for i, w in enumerate(self.worker_ids)}
         self.ready_timeout = ready_timeout
         self.grace = grace
         self.stop_timeout = stop_timeout
@@ -102,8 +110,6 @@ class Stack:
         self._given_services = services
         self._services: RunningServices | None = None
         self._lock = DataDirLock(self.data_dir)
-        self._controller: ControllerChild | None = None
-        self._minion: MinionChild | None = None
         self._api: ChildProcess | None = None
         self._scheduler: ChildProcess | None = None
         self._workers: dict[str, ChildProcess] = {}
@@ -111,6 +117,10 @@ class Stack:
         self._running = False
 
     # -- public ---------------------------------------------------------------------------
+
+    @property
+    def controller_url(self) -> str:
+        return self.cdi.controller_url
 
     @property
     def logs_dir(self) -> Path:
@@ -155,8 +165,7 @@ class Stack:
         except BaseException:  # includes Ctrl-C: never leave a child behind
             self.stop()
             raise
-        supervised = [c for c in (self._scheduler, *self._workers.values()) if c is not None]
-        self._supervisor = Supervisor(supervised, self._policy, on_restart=self._restarted)
+        self._supervisor = Supervisor(self._supervised(), self._policy, on_change=self._restarted)
         self._supervisor.start()
         log.info("stack ready in %.1fs: API %s, data %s",
                  time.monotonic() - began, self.api_url, self.data_dir)  # fmt: skip
@@ -177,19 +186,11 @@ class Stack:
         for child in (self._scheduler, self._api):
             if child is not None:
                 _guard(child.stop, self.stop_timeout)
-        if self._minion is not None:
-            _guard(self._minion.stop, self.stop_timeout)
-            log.info("cdi-minion stopped")
-        socket_path = Path(self.minion_socket)
-        if socket_path.is_socket():  # a minion that was killed cannot remove its socket
-            _guard(socket_path.unlink, missing_ok=True)
-        if self._controller is not None:
-            _guard(self._controller.stop, self.stop_timeout)
-            log.info("cdi-controller stopped")
+        _guard(self.cdi.stop, self.stop_timeout)
         if self._services is not None and self._given_services is None:
             _guard(self._services.stop)
         self._workers.clear()
-        self._api = self._scheduler = self._minion = self._controller = None
+        self._api = self._scheduler = None
         self._services = None
         self._running = False
         atexit.unregister(self.stop)
@@ -212,8 +213,17 @@ class Stack:
         return next((p.pid for p in self.processes() if p.name == name), None)
 
     def restarts(self, name: str) -> int:
-        """How many times the scheduler or a worker was restarted."""
+        """How many times the piece of that row name was restarted."""
         return self._supervisor.restarts(name) if self._supervisor is not None else 0
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to a piece by its row name (``postgres``, ``cdi-minion``, ``api``, a
+        worker, ...); the supervisor restarts it. Returns the PID."""
+        pid = self.pid_of(name)
+        if pid is None:
+            raise StackError(f"no running process {name!r} in this stack (a configured service?)")
+        os.kill(pid, sig)
+        return pid
 
     def processes(self) -> list[ProcessInfo]:
         """Every piece in start order: services, controller, minion, API, scheduler, workers."""
@@ -225,29 +235,44 @@ class Stack:
             for name, url in urls.items():
                 shown = probes.hide_password(url)
                 if (service := embedded.get(name)) is not None:
-                    rows.append(ProcessInfo.of(name, service.pid, shown, service.log_file))
+                    rows.append(self._row(name, service.pid, shown, service.log_file))
                 else:
                     rows.append(ProcessInfo(name, None, shown))  # configured, not ours
-        for name, cdi_child, address in (
-            ("cdi-controller", self._controller, self.controller_url),
-            ("cdi-minion", self._minion, f"unix://{self.minion_socket}"),
-        ):
-            if cdi_child is not None and cdi_child.process is not None:
-                log_file = Path(cdi_child.log_path)
-                rows.append(ProcessInfo.of(name, cdi_child.pid, address, log_file))
+        for cdi_child, address in self.cdi.processes:
+            if cdi_child.pid is not None:
+                rows.append(self._row(cdi_child.name, cdi_child.pid, address, cdi_child.log_path))
         if self._api is not None:
-            rows.append(ProcessInfo.of("api", self._api.pid, self.api_url, self._api.log_path))
+            rows.append(self._row("api", self._api.pid, self.api_url, self._api.log_path))
         for child in (self._scheduler, *self._workers.values()):
             if child is not None:
-                rows.append(ProcessInfo.of(child.name, child.pid, "", child.log_path))
+                rows.append(self._row(child.name, child.pid, "", child.log_path))
         return rows
 
-    def environment(self) -> dict[str, str]:
-        """The environment the stack's processes get (for launching another one alongside)."""
+    def _row(self, name: str, pid: int | None, address: str, log_path: Path | None) -> ProcessInfo:
+        row = ProcessInfo.of(name, pid, address, log_path)
+        supervisor = self._supervisor
+        if supervisor is None or name not in supervisor.names():
+            return row
+        return dataclasses.replace(
+            row, restarts=supervisor.restarts(name), restarting=supervisor.restarting(name)
+        )
+
+    def _supervised(self) -> list[Supervised]:
+        """What the supervisor restarts: our services (not given ones), then every process."""
+        pieces: list[Supervised] = []
+        if self._given_services is None and self._services is not None:
+            pieces += [ServiceProcess(service) for service in self._services.embedded]
+        pieces += [p for p, _ in self.cdi.processes]
+        pieces += [c for c in (self._api, self._scheduler, *self._workers.values()) if c]
+        return pieces
+
+    def environment(self, host: str = "host1") -> dict[str, str]:
+        """The environment the stack's processes on ``host`` get (for launching another one
+        alongside)."""
         return stack_environment(
             self.services,
             data_dir=self.data_dir,
-            minion_socket=self.minion_socket,
+            minion_socket=self.cdi.socket_of(host),
             controller_url=self.controller_url,
         )
 
@@ -280,21 +305,7 @@ class Stack:
     def _start_all(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self._services = self._given_services or start_services(self.data_dir)
-        self.controller_url = f"grpc://127.0.0.1:{free_port()}"
-        self._controller = ControllerChild(
-            self.controller_url, log_path=str(self.logs_dir / "cdi-controller.log")
-        )
-        self._minion = MinionChild(
-            self.minion_socket,
-            "--controller",
-            self.controller_url,
-            log_path=str(self.logs_dir / "cdi-minion.log"),
-        )
-        for what, cdi_child in (("CDI controller", self._controller), ("minion", self._minion)):
-            try:
-                cdi_child.start()
-            except CDIError as exc:
-                raise StackError(f"{what}: {exc}", log_file=Path(cdi_child.log_path)) from exc
+        self.cdi.start()
         env = self.environment()
 
         self._api = self._child("api", "api", env)
@@ -308,7 +319,10 @@ class Stack:
         self._wait(scheduler, lambda: time.monotonic() - scheduler.started_at >= self.grace,
                    lambda: f"it to stay up for {self.grace:g}s")  # fmt: skip
 
-        self._workers = {wid: self._child(wid, "worker", env) for wid in self.worker_ids}
+        self._workers = {
+            wid: self._child(wid, "worker", self.environment(self.worker_host[wid]))
+            for wid in self.worker_ids
+        }
         for worker in self._workers.values():
             worker.start()
         client = redis.Redis.from_url(
@@ -375,7 +389,7 @@ class Stack:
             text += f"\n--- last lines of {log_file.name} ---\n{tail}"
         return StackError(text, log_file=log_file)
 
-    def _restarted(self, child: ChildProcess) -> None:
+    def _restarted(self, child: Supervised) -> None:
         if self._on_restart is not None:
             self._on_restart(child.name)
 

@@ -45,6 +45,8 @@ class ProcessInfo:
     address: str = ""
     log: str = ""
     create_time: float | None = None  # psutil's start time, to recognise the PID later
+    restarts: int = 0  # by the stack's supervisor, since the stack started
+    restarting: bool = False  # it exited and the supervisor is bringing it back
 
     @classmethod
     def of(cls, name: str, pid: int | None, address: str = "", log: Path | None = None) -> Self:
@@ -215,15 +217,18 @@ def format_table(
     show_state: bool = False,
 ) -> str:
     """A plain-text table: name, pid, [state,] address, log (relative to ``data_dir``)."""
-    header = ["NAME", "PID", *(["STATE"] if show_state else []), "ADDRESS", "LOG"]
+    header = ["NAME", "PID", *(["STATE", "RESTARTS"] if show_state else []), "ADDRESS", "LOG"]
     rows = [header]
     for proc in processes:
         state = ("running" if proc.alive() else "gone") if proc.pid is not None else "external"
+        if proc.restarting or (state == "gone" and proc.restarts):
+            state = "restarting"
         log = proc.log
         if log and Path(log).is_relative_to(data_dir):
             log = str(Path(log).relative_to(data_dir))
         pid = str(proc.pid) if proc.pid is not None else "-"
-        rows.append([proc.name, pid, *([state] if show_state else []), proc.address or "-", log])
+        shown = [state, str(proc.restarts)] if show_state else []
+        rows.append([proc.name, pid, *shown, proc.address or "-", log])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(line.rstrip() for line in lines)

@@ -1,4 +1,10 @@
-"""A thread that restarts the scheduler and workers when they exit on their own."""
+"""A thread that restarts the stack's processes when they exit on their own.
+
+Every piece is supervised the same way: the embedded Postgres, Redis and S3 endpoint, the CDI
+controller and minion, the API, the scheduler and the workers. A restart of a service waits
+until it answers again (Postgres may replay its log first), so each runs on a thread of its
+own: a slow one never holds up the others.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +14,47 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
-from orchestrator.child_process import ChildProcess, describe_exit
+from orchestrator.child_process import describe_exit
 from orchestrator.stack.restarts import RestartPolicy
 
-__all__ = ["Supervisor"]
+__all__ = ["Supervised", "Supervisor"]
 
 log = logging.getLogger(__name__)
 
 
+class Supervised(Protocol):
+    """What the supervisor needs of a process: a ``ChildProcess``, a service, a CDI process."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def log_path(self) -> Path | None: ...
+
+    @property
+    def started_at(self) -> float:
+        """Monotonic time of the latest launch."""
+
+    def poll(self) -> int | None:
+        """None while it runs; its exit status once it ended."""
+
+    def start(self) -> object:
+        """Launch it again (a service returns once it answers); raise if it cannot."""
+
+
 @dataclass
 class _Watch:
-    child: ChildProcess
+    child: Supervised
     recent: deque[float] = field(default_factory=deque)  # monotonic times of restarts
     quick_crashes: int = 0
     restart_at: float | None = None  # set while a restart is pending
+    restarting: bool = False  # a restart runs on its own thread
     restarts: int = 0  # since the stack started
 
 
@@ -32,38 +64,54 @@ class Supervisor:
     Polling (not SIGCHLD) keeps signal handling with the main thread, which may be a CLI.
     Every ``interval`` (0.5 s: a restart waits at least 0.5 s of back-off anyway, and each look
     wakes the process holding the stack, the benchmark's driver among them).
-    ``on_restart`` runs on the supervisor thread after each relaunch (the new PID is known).
+    ``on_change`` runs when a child's exit is noticed and after each relaunch (the new PID is
+    known), so that what ``cdiflow status`` shows follows.
     """
 
     def __init__(
         self,
-        children: Iterable[ChildProcess],
+        children: Iterable[Supervised],
         policy: RestartPolicy,
         *,
-        on_restart: Callable[[ChildProcess], None] | None = None,
+        on_change: Callable[[Supervised], None] | None = None,
         interval: float = 0.5,
     ) -> None:
         self.policy = policy
-        self.on_restart = on_restart
+        self.on_change = on_change
         self.interval = interval
         self._watches = {child.name: _Watch(child) for child in children}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._restarters: list[threading.Thread] = []
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="cdiflow-supervisor", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop restarting (the children keep running); returns once the thread has ended."""
+        """Stop restarting (the children keep running); returns once every thread has ended,
+        restarts under way included."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        with self._lock:
+            restarters, self._restarters = self._restarters, []
+        for thread in restarters:
+            thread.join()
+
+    def names(self) -> list[str]:
+        return list(self._watches)
 
     def restarts(self, name: str) -> int:
         """How many times ``name`` was restarted."""
         return self._watches[name].restarts
+
+    def restarting(self, name: str) -> bool:
+        """Whether ``name`` has exited and waits for (or is in) its restart."""
+        watch = self._watches[name]
+        return watch.restarting or watch.restart_at is not None
 
     def _run(self) -> None:
         while not self._stopping.wait(self.interval):
@@ -75,40 +123,73 @@ class Supervisor:
 
     def _check(self, watch: _Watch, now: float) -> None:
         child = watch.child
+        if watch.restarting:
+            return
         if watch.restart_at is None:
             status = child.poll()
             if status is None:
                 return
-            ran = now - child.started_at
-            watch.quick_crashes = 1 if ran >= self.policy.stable_after else watch.quick_crashes + 1
-            while watch.recent and watch.recent[0] <= now - 60.0:
-                watch.recent.popleft()
-            delay = self.policy.delay(now, watch.recent, watch.quick_crashes)
-            watch.restart_at = now + delay
-            level = logging.WARNING
-            if len(watch.recent) >= self.policy.max_per_minute:
-                level = logging.ERROR
-                log.error("%s restarted %d times in the last minute; holding off",
-                          child.name, len(watch.recent))  # fmt: skip
-            log.log(
-                level,
-                "%s (pid %s) exited with %s after %.1fs; restarting in %.1fs (log %s)",
-                child.name, child.pid, describe_exit(status), ran, delay, child.log_path,
-            )  # fmt: skip
+            self._schedule(watch, now, status)
+            self._changed(child)
             return
         if now < watch.restart_at or self._stopping.is_set():
             return
         watch.restart_at = None
         watch.recent.append(now)
+        watch.restarting = True
+        thread = threading.Thread(
+            target=self._restart, args=(watch,), name=f"restart-{child.name}", daemon=True
+        )
+        with self._lock:
+            self._restarters = [t for t in self._restarters if t.is_alive()]
+            self._restarters.append(thread)
+        thread.start()
+
+    def _schedule(self, watch: _Watch, now: float, status: int) -> None:
+        child = watch.child
+        ran = now - child.started_at
+        watch.quick_crashes = 1 if ran >= self.policy.stable_after else watch.quick_crashes + 1
+        while watch.recent and watch.recent[0] <= now - 60.0:
+            watch.recent.popleft()
+        delay = self.policy.delay(now, watch.recent, watch.quick_crashes)
+        watch.restart_at = now + delay
+        level = logging.WARNING
+        if len(watch.recent) >= self.policy.max_per_minute:
+            level = logging.ERROR
+            log.error("%s restarted %d times in the last minute; holding off",
+                      child.name, len(watch.recent))  # fmt: skip
+        log.log(
+            level,
+            "%s (pid %s) exited with %s after %.1fs; restarting in %.1fs (log %s)",
+            child.name, child.pid, describe_exit(status), ran, delay, child.log_path,
+        )  # fmt: skip
+
+    def _restart(self, watch: _Watch) -> None:
+        child = watch.child
         try:
-            child.start()
-        except OSError:
-            # Counts as a quick crash: the next check finds it ended and backs off further.
-            log.exception("could not restart %s", child.name)
-            watch.quick_crashes += 1
-            watch.restart_at = now + self.policy.delay(now, watch.recent, watch.quick_crashes)
+            if self._stopping.is_set():
+                return
+            began = time.monotonic()
+            try:
+                child.start()
+            except Exception as exc:
+                # Counts as a quick crash: back off further before the next try.
+                log.error("could not restart %s: %s", child.name, exc)
+                now = time.monotonic()
+                watch.quick_crashes += 1
+                watch.restart_at = now + self.policy.delay(now, watch.recent, watch.quick_crashes)
+                return
+            watch.restarts += 1
+            log.warning("%s restarted (pid %s) in %.1fs",
+                        child.name, child.pid, time.monotonic() - began)  # fmt: skip
+        finally:
+            watch.restarting = False
+        self._changed(child)
+
+    def _changed(self, child: Supervised) -> None:
+        if self.on_change is None:
             return
-        watch.restarts += 1
-        log.info("%s restarted (pid %s)", child.name, child.pid)
-        if self.on_restart is not None:
-            self.on_restart(child)
+        try:
+            self.on_change(child)
+        except Exception:
+            log.exception("recording the change of %s failed", child.name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -156,20 +157,44 @@ def run_worker(
         redis_client.close()
 
 
-def _connect_redis(url: str) -> redis.Redis:
+# A worker restarted with its stack's Redis or minion (both restart too) waits this long for
+# them, rather than exiting at once into the supervisor's growing back-off.
+CONNECT_WAIT_S = 30.0
+
+
+def _connect_redis(url: str, wait_s: float = CONNECT_WAIT_S) -> redis.Redis:
     client = redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            client.ping()
+            return client
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            problem: redis.RedisError = exc
+        except redis.RedisError as exc:
+            problem = exc
         client.close()
         raise ServiceError(
-            f"cannot reach Redis at REDIS_URL: {exc}; check the stack is up and the URL is right",
+            f"cannot reach Redis at REDIS_URL: {problem}; check the stack is up and the URL "
+            "(and its password) is right",
             service="redis",
-        ) from exc
-    return client
+        ) from problem
 
 
-def _connect_cdi(url: str | None, worker_id: str) -> cdi.Client:
+def _connect_cdi(url: str | None, worker_id: str, wait_s: float = CONNECT_WAIT_S) -> cdi.Client:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return cdi.connect(url, worker_id)
+        except (cdi.MinionUnavailable, cdi.ContainerExists):
+            # Restarting: the minion may not answer yet, or not yet have noticed that our
+            # previous process (same id) is gone.
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
     try:
         return cdi.connect(url, worker_id)
     except cdi.MinionUnavailable as exc:

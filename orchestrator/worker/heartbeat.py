@@ -38,7 +38,10 @@ class Heartbeat:
         held: Callable[[], tuple[int, int]] = lambda: (0, 0),
         slots: int = 1,
         interval_s: float = keys.HEARTBEAT_INTERVAL_S,
+        host: str | None = None,
     ) -> None:
+        """``host``: the CDI host the worker's minion serves (what placement prices moves
+        between); the machine's name when it has none."""
         self.client = client
         self.worker_id = worker_id
         self.key = keys.worker_key(worker_id)
@@ -47,7 +50,7 @@ class Heartbeat:
         self._running = running
         self._held = held  # (images, bytes) held between tasks
         self.slots = slots
-        self.host = socket.gethostname()
+        self.host = host or socket.gethostname()
         self.started_at = time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -5,7 +5,9 @@ Each slot (``concurrency`` of them) BLMOVEs one instruction from ``keys.worker_q
 the ``Report`` onto ``reply_to`` and LREMs the instruction from the in-flight list. What waits
 only for S3 (a last task's store, ``Execution.later``) is finished and reported by a thread of
 its own, while the slot goes on to its next instruction. A worker
-killed mid-task therefore leaves the instruction in flight for the scheduler to requeue.
+killed mid-task therefore leaves the instruction in flight for the scheduler to requeue. An
+instruction sent again (``repeats``) is never run twice: a repeat of one that finished gets its
+report again, a repeat of one that runs now is dropped.
 
 Nothing an instruction does can end the loop, except what Python cannot recover from inside
 the process: a task that overran its timeout (its thread cannot be killed) or a lost CDI
@@ -32,6 +34,7 @@ from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall
 from orchestrator.worker.heartbeat import Heartbeat
 from orchestrator.worker.planes import plane_table
+from orchestrator.worker.repeats import RUNNING, Repeats
 from orchestrator.worker.store_plane import StorePlane
 
 __all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
@@ -85,6 +88,7 @@ class Worker:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running = 0
+        self._repeats = Repeats()
         # Finishes instructions whose rest waits for S3 (``Execution.later``).
         self._finisher = ThreadPoolExecutor(concurrency * FINISH_AHEAD, thread_name_prefix="finish")
         self._finishing = threading.BoundedSemaphore(concurrency * FINISH_AHEAD)
@@ -95,6 +99,7 @@ class Worker:
             held=cdi_plane.held.usage,
             slots=concurrency,
             interval_s=heartbeat_interval_s,
+            host=cdi_plane.client.host,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -199,6 +204,15 @@ class Worker:
             log.error("dropping an unusable instruction %.300r: %s", raw, exc)
             self._deliver(raw, None, None)
             return
+        earlier = self._repeats.begin(ins)
+        if earlier == RUNNING:
+            log.warning("task run %s was sent again while it runs; dropped", ins.task_run_id)
+            self._deliver(raw, None, None)
+            return
+        if isinstance(earlier, Report):
+            log.warning("task run %s was sent again; sending its report again", ins.task_run_id)
+            self._deliver(raw, ins.reply_to, earlier)
+            return
         started_at = time.time()
         try:
             exe = self._execute(ins)
@@ -236,6 +250,7 @@ class Worker:
                 log.exception("instruction %s crashed while finishing", ins.task_run_id)
                 exe.fail(exc)
         report = exe.report(ins, self.worker_id, started_at, time.time())
+        self._repeats.finish(ins, report)
         self._deliver(raw, ins.reply_to, report)
         _log_outcome(ins, report)  # after the delivery: the scheduler need not wait for a log line
         exit_code = exe.exit_code

@@ -137,6 +137,7 @@ def test_the_cdi_directory_answers_503_when_the_controller_does_not(
 def test_object_keys_name_their_workflow() -> None:
     run_id = "0713b3ce-4d6e-4df7-9993-d54c0a16afd0"
     assert str(workflow_of(f"wf-{run_id}-2")) == run_id
+    assert str(workflow_of(f"wf-{run_id}-a1b2c3-2")) == run_id  # a run driven again
     for key in ("frame-1", f"wf-{run_id}", f"wf-{run_id}-x", f"xwf-{run_id}-1"):
         assert workflow_of(key) is None
 

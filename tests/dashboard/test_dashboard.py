@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -503,3 +504,32 @@ def test_a_killed_worker_is_shown_as_gone_then_back(ui: UI, harness: Harness) ->
     # The supervisor restarts it under the same id; the dashboard notices without a reload.
     expect(page.locator("[data-tile=workers]")).to_have_text("2 / 2", timeout=90_000)
     ui.assert_clean()
+
+
+def test_readiness_names_a_stalled_scheduler_then_recovers(ui: UI, harness: Harness) -> None:
+    """The panel under the live indicator shows /api/readyz: every part ready; a scheduler
+    whose loop stops turning (SIGSTOP: alive to the supervisor, silent to everyone else) is
+    named, and the panel is ready again once it goes on."""
+    ui.allow("503")  # the browser logs the API's 503 while the scheduler is stalled
+    page = ui.page
+    ui.open("#/")
+    ready = page.locator("#ready")
+    expect(ready).to_have_attribute("data-state", "ready", timeout=20_000)
+    expect(page.locator("#ready-text")).to_have_text("All parts ready")
+    scheduler = harness.stack.pid_of(harness.stack.scheduler_id)
+    assert scheduler is not None
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        expect(ready).to_have_attribute("data-state", "degraded", timeout=30_000)
+        expect(page.locator("#ready-text")).to_have_text("Not ready: Scheduler")
+        page.locator("#ready summary").click()
+        expect(page.locator("#ready-checks [data-check=scheduler]")).to_have_attribute(
+            "data-ok", "false"
+        )
+        expect(page.locator("#ready-checks [data-check=postgres]")).to_have_attribute(
+            "data-ok", "true"
+        )
+        ui.shot("readiness-degraded", full_page=False)
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    expect(ready).to_have_attribute("data-state", "ready", timeout=30_000)

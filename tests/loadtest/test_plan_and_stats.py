@@ -241,6 +241,13 @@ def test_the_time_a_client_took_to_notice_is_summarised() -> None:
         ("postgres: cdiflow bench_x 127.0.0.1(5000) idle", "postgres"),
         ("python -m celery -A loadtest.systems.celery_app worker", "celery workers"),
         ("java -Xmx768m -jar /d/conductor-server-3.32.3-boot.jar", "conductor server"),
+        (
+            "java -jar /d/conductor-server-3.32.3-boot.jar --conductor.db.type=postgres "
+            "--spring.datasource.url=jdbc:postgresql://127.0.0.1:5432/x",
+            "conductor server",
+        ),
+        ("/d/temporal server start-dev --headless --db-filename=/t/temporal.db", "temporal server"),
+        ("python -m loadtest.systems.temporal_worker 127.0.0.1:7233", "temporal workers"),
         ("ray::_step", "ray"),
         ("python -m locust -f loadtest/locustfile.py --headless", "locust (clients)"),
         # The benchmark's own command line names systems; it must not be taken for them.

@@ -24,7 +24,10 @@ from starlette.exceptions import StarletteDeprecationWarning
 from orchestrator.controller import create_app
 from orchestrator.db import make_engine, make_session_factory
 from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.scheduler.loop import Scheduler
+from orchestrator.services import RunningServices
 from orchestrator.settings import Settings, load_settings
+from tests.orchestrator.scheduler_support import close_scheduler, make_scheduler
 
 # Starlette 1.x warns that its test client prefers httpx2 over httpx; both work. Importing it
 # here, once, keeps that warning (an error under filterwarnings=error) out of the run.
@@ -49,19 +52,29 @@ def _admin_connect(postgres_url: str) -> psycopg.Connection[tuple[object, ...]]:
 
 
 @pytest.fixture(scope="session")
-def make_database(postgres_url: str) -> Iterator[Callable[[str], str]]:
-    """A factory of empty databases on the session's server; all are dropped at the end."""
+def make_database(
+    postgres_url: str, service_stack: RunningServices
+) -> Iterator[Callable[[str], str]]:
+    """A factory of empty databases on the session's server, each owned by the role the
+    orchestrator uses (which may not create databases itself); all are dropped at the end."""
     created: list[str] = []
+    admin_url = service_stack.admin_database_url
+    assert admin_url is not None, "the session's Postgres is embedded"
+    owner = make_url(postgres_url).username or ""
 
     def make(label: str) -> str:
         name = f"cdiflow_{label}_{uuid.uuid4().hex[:8]}"
-        with _admin_connect(postgres_url) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        with _admin_connect(admin_url) as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(name), sql.Identifier(owner)
+                )
+            )
         created.append(name)
         return make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
 
     yield make
-    with _admin_connect(postgres_url) as conn:
+    with _admin_connect(admin_url) as conn:
         for name in created:
             drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
             conn.execute(drop.format(sql.Identifier(name)))
@@ -91,11 +104,24 @@ def api_redis(api_redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture(scope="module")
 def api_settings(
-    tmp_path_factory: pytest.TempPathFactory, api_database_url: str, api_redis_url: str
+    tmp_path_factory: pytest.TempPathFactory,
+    api_database_url: str,
+    api_redis_url: str,
+    service_stack: RunningServices,
 ) -> Settings:
-    """Settings naming the module's database and Redis (the environment cannot override)."""
+    """Settings naming the module's database and Redis and the session's S3 endpoint (the
+    environment cannot override)."""
     data_dir: Path = tmp_path_factory.mktemp("controller")
-    return load_settings(data_dir=data_dir, database_url=api_database_url, redis_url=api_redis_url)
+    return load_settings(
+        data_dir=data_dir,
+        database_url=api_database_url,
+        redis_url=api_redis_url,
+        s3_endpoint_url=service_stack.s3_endpoint_url,
+        s3_bucket=service_stack.s3_bucket,
+        aws_access_key_id=service_stack.aws_access_key_id,
+        aws_secret_access_key=service_stack.aws_secret_access_key,
+        aws_region=service_stack.aws_region,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +137,16 @@ def api_sessions(api_database_url: str, api_client: TestClient) -> Iterator[sess
     engine = make_engine(api_database_url)
     yield make_session_factory(engine)
     engine.dispose()
+
+
+@pytest.fixture
+def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Scheduler]:
+    """A scheduler on the module's database and Redis, driven by hand (no CDI: dataless)."""
+    own = make_scheduler(api_settings)
+    try:
+        yield own
+    finally:
+        close_scheduler(own)
 
 
 @pytest.fixture(scope="module")

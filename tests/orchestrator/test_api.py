@@ -91,10 +91,33 @@ def _woken(client: redis.Redis) -> list[str]:
 def test_healthz_and_docs(api_client: TestClient) -> None:
     health = api_client.get("/api/healthz")
     assert health.status_code == 200
-    assert health.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+    assert health.json() == {"status": "ok"}
     assert api_client.get("/docs").status_code == 200
     paths = api_client.get("/api/openapi.json").json()["paths"]
     assert {"/api/tasks", "/api/workflows/{workflow_id}/retry", "/api/workers"} <= set(paths)
+
+
+def test_readyz_names_each_part_and_what_is_missing(
+    api_client: TestClient, api_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CDI_URL", raising=False)
+    api_redis.delete(keys.SCHEDULERS)
+    missing = api_client.get("/api/readyz")
+    assert missing.status_code == 503
+    checks = missing.json()["checks"]
+    assert set(checks) == {"postgres", "redis", "minion", "scheduler", "s3"}
+    assert checks["scheduler"]["ok"] is False and "no scheduler" in checks["scheduler"]["detail"]
+    assert all(checks[name]["ok"] for name in ("postgres", "redis", "minion", "s3"))
+
+    api_redis.hset(keys.SCHEDULERS, "scheduler-stalled", f"{time.time() - 60:.3f}")
+    stalled = api_client.get("/api/readyz").json()["checks"]["scheduler"]
+    assert not stalled["ok"] and "scheduler-stalled" in stalled["detail"]
+
+    api_redis.hset(keys.SCHEDULERS, "scheduler-live", f"{time.time():.3f}")
+    ready = api_client.get("/api/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"]["scheduler"] == {"ok": True, "detail": "ok (scheduler-live)"}
+    api_redis.delete(keys.SCHEDULERS)
 
 
 def test_bundled_definitions_are_seeded_once(
@@ -648,9 +671,12 @@ def test_bodies_over_one_mebibyte_are_refused(api_client: TestClient) -> None:
 def test_redis_down(api_settings: Settings) -> None:
     dead = api_settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
     with TestClient(create_app(dead)) as client:
-        health = client.get("/api/healthz")
-        assert health.status_code == 503
-        assert health.json()["database"] == "ok" and "unavailable" in health.json()["redis"]
+        assert client.get("/api/healthz").status_code == 200  # the process itself lives
+        ready = client.get("/api/readyz")
+        assert ready.status_code == 503
+        checks = ready.json()["checks"]
+        assert checks["postgres"] == {"ok": True, "detail": "ok"}
+        assert not checks["redis"]["ok"] and "unavailable" in checks["redis"]["detail"]
         workers = client.get("/api/workers")
         assert workers.status_code == 503 and workers.json()["code"] == "service"
         # The run is committed in Postgres; the lost wake-up only delays the scheduler's poll.

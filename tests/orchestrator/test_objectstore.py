@@ -15,20 +15,22 @@ from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
 
 
-def _settings(tmp_path: Path, endpoint: str, bucket: str = "cdiflow") -> Settings:
+def _settings(
+    tmp_path: Path, endpoint: str, keys: tuple[str, str], bucket: str = "cdiflow"
+) -> Settings:
     return load_settings(
         data_dir=tmp_path,
         s3_endpoint_url=endpoint,
         s3_bucket=bucket,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
+        aws_access_key_id=keys[0],
+        aws_secret_access_key=keys[1],
         aws_region="us-east-1",
     )
 
 
 @pytest.fixture
-def store(tmp_path: Path, s3_endpoint: str) -> ObjectStore:
-    return ObjectStore(_settings(tmp_path, s3_endpoint))
+def store(tmp_path: Path, s3_endpoint: str, s3_keys: tuple[str, str]) -> ObjectStore:
+    return ObjectStore(_settings(tmp_path, s3_endpoint, s3_keys))
 
 
 def test_put_get_delete_round_trip(store: ObjectStore) -> None:
@@ -62,7 +64,7 @@ def test_an_endpoint_that_is_down_fails_fast_with_the_uri(tmp_path: Path) -> Non
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    store = ObjectStore(_settings(tmp_path, f"http://127.0.0.1:{port}"))
+    store = ObjectStore(_settings(tmp_path, f"http://127.0.0.1:{port}", ("any", "key")))
     with pytest.raises(StorageError, match=r"cannot read s3://cdiflow/x\.png"):
         store.get(store.uri("x.png"), limit=10)
     with pytest.raises(StorageError, match=r"cannot write s3://cdiflow/y\.png"):

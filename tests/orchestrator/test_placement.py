@@ -5,7 +5,14 @@ from __future__ import annotations
 import random
 
 from orchestrator.contract.vocabulary import Policy
-from orchestrator.scheduler.placement import WorkerLoad, choose_worker, move_cost_s, read_workers
+from orchestrator.scheduler.placement import (
+    Link,
+    Route,
+    WorkerLoad,
+    choose_worker,
+    move_cost_s,
+    read_workers,
+)
 
 
 def load(worker_id: str, backlog: int = 0, alive: bool = True, cpu: float = 0.0) -> WorkerLoad:
@@ -122,3 +129,62 @@ def test_slots_come_from_the_heartbeat() -> None:
     }
     loads = {w.worker_id: w for w in read_workers(beats, {}, dead_after_s=6, now=101)}
     assert (loads["w1"].slots, loads["w2"].slots, loads["w3"].slots) == (4, 1, 1)
+
+
+# -- hosts ------------------------------------------------------------------------------------
+
+
+def on(worker_id: str, host: str, backlog: int = 0) -> WorkerLoad:
+    return WorkerLoad(worker_id, True, 0.0, 10.0, backlog, 0, 0, host=host)
+
+
+def test_an_equal_worker_on_the_objects_host_wins_over_one_across() -> None:
+    here = Route("h1", "h1", Link(bytes_per_s=125e6, rtt_s=0.0005))
+    workers = [on("far", "h2"), on("near", "h1")]
+    for seed in range(20):  # no tie to break at random: the crossing decides
+        rng = random.Random(seed)
+        assert (
+            choose_worker(workers, Policy.TRANSFER, None, task_s=0.1, nbytes=2_000_000,
+                          rng=rng, route=here)
+            == "near"
+        )  # fmt: skip
+
+
+def test_a_worker_across_wins_when_its_queue_is_shorter_by_more_than_the_crossing() -> None:
+    link = Link(bytes_per_s=125e6, rtt_s=0.0005)  # 2 MB: ~16.5 ms to cross
+    here = Route("h1", "h1", link)
+    busy_near = [on("far", "h2", backlog=0), on("near", "h1", backlog=1)]
+    assert choose_worker(busy_near, Policy.TRANSFER, None, task_s=0.4, nbytes=2_000_000,
+                         route=here) == "far"  # fmt: skip
+    # A slow link: crossing costs more than waiting for one short task.
+    slow = Route("h1", "h1", Link(bytes_per_s=1e6, rtt_s=0.05))
+    assert choose_worker(busy_near, Policy.TRANSFER, None, task_s=0.4, nbytes=2_000_000,
+                         route=slow) == "near"  # fmt: skip
+
+
+def test_auto_stays_rather_than_cross_a_slow_link() -> None:
+    slow = Route("h1", "h1", Link(bytes_per_s=1e6, rtt_s=0.05))
+    workers = [on("w1", "h1", backlog=2), on("w2", "h2", backlog=0)]
+    # On one host w2 would win (2 tasks of 0.1 s against a zero-copy move) ...
+    assert choose_worker(workers, Policy.AUTO, "w1", task_s=0.1, nbytes=2_000_000) == "w2"
+    # ... across a 1 MB/s link the 2 MB would take 2 s: staying is cheaper.
+    assert choose_worker(workers, Policy.AUTO, "w1", task_s=0.1, nbytes=2_000_000,
+                         route=slow) == "w1"  # fmt: skip
+
+
+def test_crossings_count_the_hosts_the_object_passes() -> None:
+    assert Route("h1", "h1").crossings("h1") == 0
+    assert Route("h1", "h1").crossings("h2") == 1
+    assert Route("h2", "h1").crossings("h2") == 2  # from a worker on h2, via the scheduler on h1
+    assert Route("h2", "h1").crossings("h1") == 1
+    assert Route("", "").crossings("h2") == 0  # one host, hosts unknown
+    assert move_cost_s(2_000_000, 2, Link(125e6, 0.0005)) > move_cost_s(2_000_000)
+
+
+def test_the_link_learns_from_transfers() -> None:
+    link = Link(bytes_per_s=125e6, rtt_s=0.0005)
+    for _ in range(30):
+        link.observe(10_000, 0.002)  # small: round trip
+        link.observe(10_000_000, 0.102)  # large: 100 MB/s after the round trip
+    assert 0.0019 < link.rtt_s < 0.0021
+    assert 95e6 < link.bytes_per_s < 105e6

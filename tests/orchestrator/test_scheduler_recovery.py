@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -26,62 +24,10 @@ from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.contract.wakeups import wake_message
-from orchestrator.db.engine import make_engine
 from orchestrator.db.models import Event, TaskRun, WorkflowDefinition
-from orchestrator.db.scheduler_store import SchedulerStore
-from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.dispatch import BEATS_TTL_S
-from orchestrator.scheduler.loop import Scheduler, connect_redis
-from orchestrator.settings import Settings
-
-WORKER = "worker-race"
-
-
-class _NoCDI:
-    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise AssertionError(f"a dataless workflow must not call cdi.{name}")
-
-
-def _beat(client: redis.Redis, started_at: float) -> None:
-    """A live worker's heartbeat, as ``orchestrator.worker.heartbeat`` writes it."""
-    fields = {
-        "cpu": "1.0",
-        "mem": "10.0",
-        "queue_depth": "0",
-        "running": "0",
-        "slots": "1",
-        "host": "test",
-        "last_heartbeat": f"{time.time():.3f}",
-        "started_at": f"{started_at:.3f}",
-        "held_images": "0",
-        "held_bytes": "0",
-    }
-    assert tuple(fields) == keys.WORKER_FIELDS
-    client.hset(keys.worker_key(WORKER), mapping=fields)  # type: ignore[arg-type]
-    client.sadd(keys.WORKERS, WORKER)
-
-
-@pytest.fixture
-def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Scheduler]:
-    assert api_settings.database_url and api_settings.redis_url
-    engine = make_engine(api_settings.database_url, synchronous_commit=False)
-    own = Scheduler(
-        f"scheduler-{uuid.uuid4().hex[:8]}",
-        api_settings,
-        SchedulerStore(engine),
-        connect_redis(api_settings.redis_url),  # as the scheduler's command line makes it
-        _NoCDI(),  # type: ignore[arg-type]
-        ObjectStore(api_settings),
-    )
-    try:
-        yield own
-    finally:
-        own.stop()
-        own.db.close()
-        own.redis.close()
-        engine.dispose()
+from orchestrator.scheduler.loop import Scheduler
+from tests.orchestrator.scheduler_support import WORKER, beat
 
 
 def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
@@ -90,7 +36,7 @@ def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
     api_sessions: sessionmaker[Session],
     api_redis: redis.Redis,
 ) -> None:
-    _beat(api_redis, started_at=1000.0)
+    beat(api_redis, started_at=1000.0)
     started = api_client.post(
         "/api/workflows", json={"workflow": "noop_pipeline", "input": {"data": {"n": 1}}}
     )
@@ -115,7 +61,7 @@ def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
         error="task 'noop1' timed out after 1 s",
     )
     api_redis.lpush(scheduler.reply_key, report.dumps())
-    _beat(api_redis, started_at=2000.0)
+    beat(api_redis, started_at=2000.0)
     time.sleep(BEATS_TTL_S * 2)  # the scheduler re-reads heartbeats at most this often
 
     scheduler.recovery.check_in_flight()
@@ -207,7 +153,7 @@ def test_a_waiting_task_of_a_cancelled_workflow_never_goes_out(
 def _start_one_task_runs(api_client: TestClient, api_redis: redis.Redis, count: int) -> list[str]:
     """A live one-slot worker with an empty queue, and ``count`` started workflows of one no-op
     task each under ``transfer`` (every task free to go anywhere); their ids, oldest first."""
-    _beat(api_redis, started_at=1000.0)
+    beat(api_redis, started_at=1000.0)
     api_redis.delete(keys.worker_queue_key(WORKER))  # what earlier tests left for this worker
     name = f"one_noop_{uuid.uuid4().hex[:8]}"
     registered = api_client.post(
@@ -223,7 +169,7 @@ def test_a_cdi_workflows_first_task_goes_out_naming_its_s3_input_and_no_object_i
 ) -> None:
     """The scheduler touches no image: the first task's worker makes the object from the
     input. Any CDI call would fail this test (``_NoCDI``)."""
-    _beat(api_redis, started_at=1000.0)
+    beat(api_redis, started_at=1000.0)
     api_redis.delete(keys.worker_queue_key(WORKER))
     image = "s3://cdiflow/images/any.jpg"
     body = {"workflow": "image_pipeline", "input": {"image": image}, "policy": "affinity"}
@@ -251,7 +197,7 @@ def test_the_loop_goes_on_after_redis_drops_its_connection(
 ) -> None:
     """The loop's client keeps one connection; when Redis drops it (a restart, a failover) the
     next read fails, and the loop waits a moment and goes on instead of stopping."""
-    _beat(api_redis, started_at=1000.0)
+    beat(api_redis, started_at=1000.0)
     assert scheduler.redis.ping()
     assert api_redis.client_kill_filter(_id=str(scheduler.redis.client_id())) == 1
     with caplog.at_level("WARNING", logger="orchestrator.scheduler.loop"):
@@ -279,7 +225,7 @@ def test_a_stored_definition_that_is_not_a_chain_fails_its_run_with_the_reason(
 ) -> None:
     """A fork stored before the API refused forks would run as a chain, its second branch on
     the first one's output: the scheduler fails such a run instead, saying why."""
-    _beat(api_redis, started_at=1000.0)
+    beat(api_redis, started_at=1000.0)
     name = f"fork_{uuid.uuid4().hex[:8]}"
     with api_sessions() as session, session.begin():
         session.add(

@@ -1,4 +1,5 @@
-"""The embedded services really work, configured URLs win, and Postgres data persists."""
+"""The embedded services really work, configured URLs win, Postgres and S3 data persist, and
+each refuses a client without its generated credentials."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from orchestrator.services import (
     resolve_services,
     start_services,
 )
-from orchestrator.services.s3 import ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY
+from orchestrator.services.s3 import REGION
 from orchestrator.settings import Settings, load_settings
 
 _URL_ENV = ("DATABASE_URL", "REDIS_URL", "S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
@@ -41,8 +42,8 @@ def _settings(data_dir: Path, **overrides: Any) -> Settings:
         "database_url": None,
         "redis_url": None,
         "s3_endpoint_url": None,
-        "aws_access_key_id": ACCESS_KEY_ID,
-        "aws_secret_access_key": SecretStr(SECRET_ACCESS_KEY),
+        "aws_access_key_id": None,
+        "aws_secret_access_key": None,
         "aws_region": REGION,
     }
     return load_settings(**(values | overrides))
@@ -50,10 +51,13 @@ def _settings(data_dir: Path, **overrides: Any) -> Settings:
 
 def _configured(stack: RunningServices, data_dir: Path, **overrides: Any) -> Settings:
     """Settings pointing at the session's services, as production points at managed ones."""
+    assert stack.aws_secret_access_key is not None
     urls = {
         "database_url": stack.database_url,
         "redis_url": stack.redis_url,
         "s3_endpoint_url": stack.s3_endpoint_url,
+        "aws_access_key_id": stack.aws_access_key_id,
+        "aws_secret_access_key": SecretStr(stack.aws_secret_access_key),
     }
     return _settings(data_dir, **(urls | overrides))
 
@@ -87,14 +91,18 @@ def test_redis_lpush_brpop(redis_url: str) -> None:
         assert client.config_get("appendonly") == {"appendonly": "no"}
 
 
-def test_s3_put_get(service_stack: RunningServices) -> None:
-    client = boto3.client(
+def _s3(services: RunningServices, secret: str | None = None) -> Any:
+    return boto3.client(
         "s3",
-        endpoint_url=service_stack.s3_endpoint_url,
-        region_name=service_stack.aws_region,
-        aws_access_key_id=service_stack.aws_access_key_id,
-        aws_secret_access_key=service_stack.aws_secret_access_key,
+        endpoint_url=services.s3_endpoint_url,
+        region_name=services.aws_region,
+        aws_access_key_id=services.aws_access_key_id,
+        aws_secret_access_key=secret or services.aws_secret_access_key,
     )
+
+
+def test_s3_put_get(service_stack: RunningServices) -> None:
+    client = _s3(service_stack)
     key = f"objects/{uuid.uuid4().hex}"
     client.put_object(Bucket=service_stack.s3_bucket, Key=key, Body=b"\x00payload\xff")
     got = client.get_object(Bucket=service_stack.s3_bucket, Key=key)
@@ -170,6 +178,9 @@ def test_restarted_stack_keeps_postgres_data(
             conn.execute(text("CREATE TABLE kept (note text)"))
             conn.execute(text("INSERT INTO kept VALUES ('still here')"))
         engine.dispose()
+        client = _s3(first)
+        client.put_object(Bucket=first.s3_bucket, Key="kept/object", Body=b"\x00kept\xff")
+        client.close()
         pids = [s.pid for s in first.embedded]
     assert not _processes_using(data_dir, pids)
 
@@ -178,6 +189,11 @@ def test_restarted_stack_keeps_postgres_data(
         with engine.connect() as conn:
             assert conn.execute(text("SELECT note FROM kept")).scalar_one() == "still here"
         engine.dispose()
+        client = _s3(second)
+        got = client.get_object(Bucket=second.s3_bucket, Key="kept/object")
+        assert got["Body"].read() == b"\x00kept\xff"
+        client.close()
+        assert second.aws_access_key_id == first.aws_access_key_id  # the same generated keys
     assert not _processes_using(data_dir, [s.pid for s in second.embedded])
     for name in ("postgres.log", "redis.log", "s3.log"):
         assert (data_dir / "logs" / name).stat().st_size > 0

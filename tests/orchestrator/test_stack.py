@@ -393,8 +393,8 @@ def _configured_env(services: RunningServices, database_url: str, redis_db: int)
         DATABASE_URL=database_url,
         REDIS_URL=_redis_db(services.redis_url, redis_db),
         S3_ENDPOINT_URL=services.s3_endpoint_url,
-        AWS_ACCESS_KEY_ID=services.aws_access_key_id or "testing",
-        AWS_SECRET_ACCESS_KEY=services.aws_secret_access_key or "testing",
+        AWS_ACCESS_KEY_ID=services.aws_access_key_id or "",
+        AWS_SECRET_ACCESS_KEY=services.aws_secret_access_key or "",
     )
 
 

@@ -172,7 +172,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(redis_url: str, s3_endpoint: str) -> Iterator[Stack]:
+def stack(redis_url: str, s3_endpoint: str, s3_keys: tuple[str, str]) -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="cdiflow-worker-test-") as name:
         os.chmod(name, 0o755)  # the minion's socket folder, traversable like in production
         tmp = Path(name)
@@ -185,7 +185,7 @@ def stack(redis_url: str, s3_endpoint: str) -> Iterator[Stack]:
         env |= {
             "CDI_URL": f"unix://{minion.socket_path}", "REDIS_URL": db_url,
             "S3_ENDPOINT_URL": s3_endpoint, "S3_BUCKET": BUCKET, "AWS_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_ACCESS_KEY_ID": s3_keys[0], "AWS_SECRET_ACCESS_KEY": s3_keys[1],
             "CDIFLOW_DATA_DIR": str(tmp / "data"),
         }  # fmt: skip
         running = Stack(env, r, sched, tmp)
@@ -213,9 +213,9 @@ def worker(stack: Stack) -> WorkerProcess:
 
 
 @pytest.fixture(scope="module")
-def s3(s3_endpoint: str) -> Any:
+def s3(s3_endpoint: str, s3_keys: tuple[str, str]) -> Any:
     return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+                        aws_access_key_id=s3_keys[0], aws_secret_access_key=s3_keys[1])  # fmt: skip
 
 
 def _picture(width: int = 64, height: int = 48) -> Image.Image:
@@ -791,3 +791,20 @@ def test_a_worker_whose_redis_connections_drop_runs_the_next_task(
     stack.take(key)
     since = worker.log_path.read_text(errors="replace")[logged:]
     assert "cannot pop" in since, since  # the slot did see its connection go
+
+
+def test_an_instruction_sent_again_is_answered_with_its_report_not_run_twice(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    """A scheduler sends an instruction again when its report may be lost (Redis lost its
+    data): the first run handed the object on, so running it again would fail or compute on
+    the wrong input. The worker answers the repeat with the report it sent."""
+    key = stack.put(worker, _picture())
+    ins, raw = stack.send(worker, task="deblur", key=key, output_key=f"{key}-1")
+    first = stack.report(ins, worker)
+    assert first.status == "COMPLETED", first.error
+    stack.redis.lpush(keys.worker_queue_key(worker.worker_id), raw)  # the same, again
+    again = stack.report(ins, worker)
+    assert again == first
+    assert stack.redis.llen(keys.worker_inflight_key(worker.worker_id)) == 0
+    stack.take(f"{key}-1")  # one output object, made once

@@ -2,6 +2,7 @@
 
 import { h } from "./dom.js";
 import { onHealth } from "./live.js";
+import { readinessPanel } from "./ready.js";
 import { agoSeconds } from "./format.js";
 import { empty } from "./components.js";
 import * as overview from "./pages/overview.js";
@@ -151,5 +152,6 @@ function shortcuts() {
 
 window.addEventListener("hashchange", route);
 liveIndicator();
+readinessPanel();
 shortcuts();
 route();

@@ -8,7 +8,6 @@ heartbeat; that is fine for watching ownership move. Any CDI failure answers 503
 from __future__ import annotations
 
 import os
-import re
 import time
 import uuid
 from typing import Final
@@ -17,6 +16,7 @@ from fastapi import APIRouter
 
 from cdi.controller.client import ControllerClient
 from cdi.errors import CDIError
+from orchestrator.contract import keys
 from orchestrator.controller.schemas import (
     CdiDirectoryPublic,
     CdiMinionPublic,
@@ -30,14 +30,11 @@ router = APIRouter(prefix="/cdi", tags=["cdi"])
 CONTROLLER_URL_ENV: Final = "CDI_CONTROLLER_URL"
 # The directory is for watching; a slow controller must not hold a request for long.
 _TIMEOUT_S: Final = 2.0
-# The scheduler names a workflow's objects "wf-<workflow id>-<generation>" (scheduler/runs.py).
-_WORKFLOW_KEY: Final = re.compile(r"wf-([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})-\d+")
 
 
 def workflow_of(key: str) -> uuid.UUID | None:
     """The workflow an object key belongs to, when it follows the scheduler's naming."""
-    match = _WORKFLOW_KEY.fullmatch(key)
-    return uuid.UUID(match[1]) if match else None
+    return keys.workflow_of_object(key)
 
 
 def _controller_url() -> str:

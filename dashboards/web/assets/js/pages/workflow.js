@@ -160,26 +160,32 @@ export function mount(root, ctx) {
     const t0 = Date.parse(wf.created_at);
     const moved = list.reduce((a, x) => a + x.bytes, 0);
     const spent = list.reduce((a, x) => a + x.duration_us, 0);
+    // Two known, different hosts: the bytes were copied to another host's minion.
+    const crosses = (x) => Boolean(x.from_host && x.to_host && x.from_host !== x.to_host);
+    const crossed = list.filter(crosses);
+    const hostOf = (host) => (host ? h("span", { class: "muted", title: `CDI host ${host}` }, ` @${host}`) : "");
     render(
       regions.handoffs,
       h(
         "div",
         { class: "summary", style: "padding:0 16px" },
         h("span", {}, h("b", { id: "handoff-count" }, list.length), ` hand-off${list.length === 1 ? "" : "s"}`),
-        h("span", {}, h("b", {}, bytes(moved)), " handed over by ownership, not copied"),
+        crossed.length
+          ? h("span", {}, h("b", { id: "handoff-crossings" }, crossed.length), ` crossed between hosts (${bytes(crossed.reduce((a, x) => a + x.bytes, 0))} copied)`)
+          : h("span", {}, h("b", {}, bytes(moved)), " handed over by ownership, not copied"),
         h("span", {}, h("b", {}, micros(spent)), " spent in transfers"),
       ),
       table(
         [
           { label: "#", cls: "num muted", cell: (x) => String(list.indexOf(x) + 1) },
           { label: "At", cls: "num nowrap", cell: (x) => h("span", { title: dateTime(x.at) }, `+${duration(Date.parse(x.at) - t0)}`) },
-          { label: "From → To", cls: "nowrap", cell: (x) => h("span", { class: "handoff-pair" }, containerChip(x.from_container), " → ", containerChip(x.to_container)) },
+          { label: "From → To", cls: "nowrap", cell: (x) => h("span", { class: "handoff-pair" }, containerChip(x.from_container), hostOf(x.from_host), crosses(x) ? " ⇒ " : " → ", containerChip(x.to_container), hostOf(x.to_host)) },
           { label: "Bytes", align: "right", cls: "num", cell: (x) => h("span", { title: `${x.bytes.toLocaleString()} bytes` }, bytes(x.bytes)) },
           { label: "Transfer time", align: "right", cls: "num", cell: (x) => micros(x.duration_us) },
           { label: "For step", cell: (x) => (x.task_run_id && refOf.get(x.task_run_id)) || h("span", { class: "muted" }, "—") },
         ],
         list,
-        { rowAttrs: (x) => ({ "data-handoff": x.id }), caption: "CDI ownership hand-offs", cls: "handoffs" },
+        { rowAttrs: (x) => ({ "data-handoff": x.id, "data-crosses-hosts": crosses(x) ? "yes" : "no" }), caption: "CDI ownership hand-offs", cls: "handoffs" },
       ),
     );
   }

@@ -1,0 +1,205 @@
+"""What the chaos runs put through a stack: image workflows under every policy, each result
+checked against the same operations run here (by the hash of its pixels).
+
+The pipeline naps between its image steps so that workflows are in flight when a fault
+strikes: ``deblur -> nap -> denoise -> classify``. Its result equals the bundled
+``reference_pipeline`` of the input, whatever ran where and however often.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from loadtest.systems.services import s3_client
+from orchestrator.stack import Stack
+from workflows.image_tasks import reference_pipeline
+
+__all__ = ["PIPELINE", "Started", "Workload", "pixels_digest"]
+
+PIPELINE: Final = "chaos_pipeline"
+NAP_TASK: Final = "chaos_nap"
+# (policy, data plane) in turn: the three CDI policies and the Conductor-style plane.
+MIX: Final = (
+    ("affinity", "cdi"),
+    ("transfer", "cdi"),
+    ("auto", "cdi"),
+    ("affinity", "object-store"),
+)
+FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def pixels_digest(img: Image.Image) -> str:
+    """What identifies a result: its size, mode and every pixel."""
+    arr = np.asarray(img)
+    return hashlib.sha256(f"{img.mode}{arr.shape}".encode() + arr.tobytes()).hexdigest()
+
+
+@dataclass
+class Started:
+    """A workflow this run started, and what it must end with."""
+
+    id: str
+    input_key: str
+    policy: str
+    plane: str
+    started_at: float  # unix seconds (client clock = server clock: one machine)
+    probe: bool = False  # started after a fault, to time the recovery
+    status: str = "PENDING"
+    finished_at: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Workload:
+    """Inputs in the stack's S3 bucket, the pipeline registered, and its expected results."""
+
+    def __init__(self, stack: Stack, *, images: int = 4, nap_ms: int = 300) -> None:
+        self.stack = stack
+        self.nap_ms = nap_ms
+        self.bucket = stack.services.s3_bucket
+        self.s3 = s3_client(stack.services)
+        self.api = api_client(stack)
+        self.expected: dict[str, tuple[str, str]] = {}  # input key -> (digest, label)
+        self._mix = itertools.cycle(MIX)
+        self._inputs = itertools.cycle(self._upload(images))
+        self._register()
+
+    def close(self) -> None:
+        self.api.close()
+        self.s3.close()
+
+    def reconnect(self, stack: Stack) -> None:
+        """Follow a stack started again on the same data folder (``down`` + ``up``)."""
+        self.stack = stack
+        self.api.close()
+        self.api = api_client(stack)
+        self.s3.close()
+        self.s3 = s3_client(stack.services)  # the embedded endpoint came back on another port
+
+    # ------------------------------------------------------------------ set-up
+    def _upload(self, count: int) -> list[str]:
+        keys = []
+        for n in range(count):
+            rng = np.random.default_rng(n)
+            h, w = 96 + 16 * n, 128 + 8 * n
+            ys, xs = np.mgrid[0:h, 0:w]
+            base = np.stack([xs * (3 + n), ys * 5, (xs + ys) * 2], axis=-1) % 256
+            noise = rng.integers(0, 40, size=(h, w, 3))
+            img = Image.fromarray(((base + noise) % 256).astype(np.uint8), "RGB")
+            out = io.BytesIO()
+            img.save(out, "PNG")
+            key = f"chaos/in/{uuid.uuid4().hex}-{n}.png"
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=out.getvalue())
+            result, label = reference_pipeline(img)
+            self.expected[key] = (pixels_digest(result), label)
+            keys.append(key)
+        return keys
+
+    def _register(self) -> None:
+        for path, body in (
+            ("/api/tasks", {"name": NAP_TASK, "module": "workflows.image_tasks:sleep",
+                            "timeout_s": 20, "retries": 3, "retry_backoff_s": 0.2}),
+            ("/api/workflow-definitions", {"name": PIPELINE, "tasks": [
+                {"ref": "deblur", "task": "deblur"},
+                {"ref": "nap", "task": NAP_TASK, "depends_on": ["deblur"],
+                 "params": {"ms": self.nap_ms}},
+                {"ref": "denoise", "task": "denoise", "depends_on": ["nap"]},
+                {"ref": "classify", "task": "classify", "depends_on": ["denoise"]},
+            ]}),
+        ):  # fmt: skip
+            reply = self.api.post(path, json=body)
+            if reply.status_code not in (201, 409):  # 409: registered by an earlier case
+                raise RuntimeError(f"POST {path}: {reply.status_code} {reply.text}")
+
+    # ------------------------------------------------------------------ runs
+    def start(self, *, probe: bool = False, deadline_s: float = 60.0) -> Started:
+        """Start one workflow (the next policy and input in turn); retries while the API
+        cannot take it (a fault may be under way)."""
+        policy, plane = ("affinity", "cdi") if probe else next(self._mix)
+        key = next(self._inputs)
+        body = {
+            "workflow": PIPELINE,
+            "input": {"image": f"s3://{self.bucket}/{key}"},
+            "policy": policy,
+            "data_plane": plane,
+        }
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                reply = self.api.post("/api/workflows", json=body)
+                if reply.status_code == 201:
+                    started = Started(reply.json()["id"], key, policy, plane, time.time(), probe)
+                    return started
+                problem = f"{reply.status_code} {reply.text[:200]}"
+            except httpx.HTTPError as exc:
+                problem = str(exc)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the API took no workflow for {deadline_s:g} s: {problem}")
+            time.sleep(0.2)
+
+    def refresh(self, runs: dict[str, Started]) -> None:
+        """Read the status of every run not yet finished: one page of the newest runs, and
+        any run older than that page on its own."""
+        waiting = [r for r in runs.values() if r.status not in FINISHED and r.status != "LOST"]
+        if not waiting:
+            return
+        try:
+            reply = self.api.get("/api/workflows", params={"workflow": PIPELINE, "limit": 200})
+        except httpx.HTTPError:
+            return  # the API is away now: look again later
+        if reply.status_code != 200:
+            return
+        rows = {item["id"]: item for item in reply.json()["items"]}
+        for run in waiting:
+            row = rows.get(run.id) or self._one(run.id)
+            if row is None:
+                continue
+            run.status = row["status"]
+            run.detail = row
+            if row.get("finished_at"):
+                run.finished_at = datetime.fromisoformat(row["finished_at"]).timestamp()
+
+    def _one(self, workflow_id: str) -> dict[str, Any] | None:
+        try:
+            reply = self.api.get(f"/api/workflows/{workflow_id}")
+        except httpx.HTTPError:
+            return None
+        if reply.status_code == 404:
+            return {"status": "LOST", "finished_at": None}
+        return reply.json() if reply.status_code == 200 else None
+
+    def verdict(self, run: Started) -> str:
+        """``ok`` (completed with the right pixels and label, or failed saying why), else
+        what is wrong: ``wrong``, ``lost`` (no such workflow, or its result is gone),
+        ``stuck`` (not finished)."""
+        if run.status == "LOST":
+            return "lost"
+        if run.status not in FINISHED:
+            return "stuck"
+        if run.status != "COMPLETED":
+            return "ok" if run.detail.get("error") else "wrong"
+        uri = str(run.detail.get("result_uri") or "")
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        try:
+            data = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except Exception:
+            return "lost"
+        digest, label = self.expected[run.input_key]
+        got = pixels_digest(Image.open(io.BytesIO(data)))
+        output = run.detail.get("output") or {}
+        return "ok" if got == digest and output.get("label") == label else "wrong"
+
+
+def api_client(stack: Stack) -> httpx.Client:
+    """The one place the chaos runs make their API client."""
+    return httpx.Client(base_url=stack.api_url, timeout=30)

@@ -1,0 +1,78 @@
+"""The scheduler's connection to its host's CDI minion, made again when the minion restarts.
+
+A minion that restarts comes back empty: every object it held is gone. ``epoch`` counts the
+connections made, so the scheduler knows when that happened and drives the workflows whose
+images were there again from their input in S3 (``recovery.Recovery.minion_restarted``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import cdi
+
+__all__ = ["MinionLink"]
+
+log = logging.getLogger(__name__)
+
+
+class MinionLink:
+    """``use`` like a ``cdi.Client``; ``check`` notices a restarted minion and reconnects."""
+
+    def __init__(
+        self,
+        url: str | None,
+        container_id: str,
+        *,
+        connect: Callable[[str | None, str], cdi.Client] = cdi.connect,
+    ) -> None:
+        self._url = url
+        self._id = container_id
+        self._connect = connect
+        self._client: cdi.Client | None = connect(url, container_id)
+        self.epoch = 1
+
+    def use(self, key: str, *, check: bool = True) -> cdi.CDIObject:
+        return self._live().use(key, check=check)
+
+    def list_objects(self) -> list[dict[str, Any]]:
+        return self._live().list_objects()
+
+    @property
+    def host(self) -> str:
+        """The CDI host of our minion ("" while it is away)."""
+        return (self._client.host or "") if self._client is not None else ""
+
+    def check(self) -> bool:
+        """Ask the minion whether it is there; reconnect if it went away. True when a new
+        connection was made (the objects of earlier ones are gone). ``cdi.MinionUnavailable``
+        while no minion answers yet."""
+        if self._client is not None:
+            try:
+                self._client.stat()
+                return False
+            except cdi.MinionUnavailable as exc:
+                log.warning("lost the CDI minion (%s); connecting again", exc)
+                self._drop()
+        self._client = self._connect(self._url, self._id)
+        self.epoch += 1
+        log.warning("connected to the CDI minion again (epoch %d): its objects are gone",
+                    self.epoch)  # fmt: skip
+        return True
+
+    def close(self) -> None:
+        self._drop()
+
+    def _live(self) -> cdi.Client:
+        if self._client is None:
+            raise cdi.MinionUnavailable("the CDI minion went away; waiting for it to come back")
+        return self._client
+
+    def _drop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(cdi.CDIError, OSError):
+                client.close()

@@ -1,0 +1,74 @@
+"""Objects in the minion that no run stands for any more, found and freed.
+
+Each workflow's objects are named ``wf-<workflow id>-...`` (``RunState.next_object_key``). A
+run driven again, or a fault that took its messages with it (Redis lost a report naming an
+object a worker kept), can leave such an object behind: owned by a worker, or by us, and
+referenced by nothing. Every ``RECONCILE_S`` the scheduler lists the minion's objects; one
+whose workflow is ours (in memory, or ended) and that none of our runs names, seen so twice in
+a row, is destroyed when it is ours or asked back from the worker that holds it. *Why twice:*
+an object in transit (handed back with a report not read yet) is named by nothing for a moment.
+Objects of workflows another scheduler runs are left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import DataPlane, WorkflowStatus
+from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.endings import Endings
+
+__all__ = ["OrphanObjects"]
+
+log = logging.getLogger(__name__)
+
+
+class OrphanObjects:
+    """Finds the objects of our workflows that nothing names, and frees them."""
+
+    def __init__(self, ctx: SchedulerContext, endings: Endings) -> None:
+        self.ctx = ctx
+        self.endings = endings
+        self._suspects: set[str] = set()  # keys found orphaned at the last sweep
+
+    def sweep(self) -> None:
+        """One look at the minion's objects (skipped while no CDI run was seen)."""
+        ctx = self.ctx
+        if not self._suspects and not any(r.data_plane == DataPlane.CDI for r in ctx.runs.values()):
+            return
+        named: set[str] = set()
+        for run in ctx.runs.values():
+            named.add(run.key)
+            if run.in_flight is not None:
+                sent = run.in_flight.instruction
+                named.update((sent.key, sent.output_key))
+        found: dict[str, tuple[uuid.UUID, str]] = {}
+        for obj in ctx.cdi.list_objects():
+            key = str(obj.get("key", ""))
+            workflow_id = keys.workflow_of_object(key)
+            if workflow_id is not None and key not in named:
+                found[key] = (workflow_id, str(obj.get("owner", "")))
+        orphans = self._ours(found)
+        act = orphans & self._suspects
+        self._suspects = orphans - act
+        for key in sorted(act):
+            workflow_id, owner = found[key]
+            log.warning("object %s of workflow %s is left over (owner %s); freeing it",
+                        key, workflow_id, owner)  # fmt: skip
+            if owner == ctx.id:
+                self.endings.destroy(key)
+            elif owner:
+                self.endings.ask_back(str(workflow_id), key, owner)
+
+    def _ours(self, found: dict[str, tuple[uuid.UUID, str]]) -> set[str]:
+        """The keys whose workflow this scheduler runs in memory, or that has ended."""
+        runs = self.ctx.runs
+        others = {w for w, _ in found.values() if w not in runs}
+        ended: set[uuid.UUID] = set()
+        if others:
+            statuses = self.ctx.db.statuses(others)
+            running = WorkflowStatus.RUNNING, WorkflowStatus.PENDING
+            ended = {w for w in others if statuses.get(w, WorkflowStatus.FAILED) not in running}
+        return {key for key, (w, _) in found.items() if w in runs or w in ended}

@@ -1,0 +1,112 @@
+"""The stack's CDI runtime: a controller and one minion, or a minion with a gateway per host."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from cdi.controller.process import ControllerChild
+from cdi.errors import CDIError
+from cdi.minion.process import MinionChild
+from cdi.remote.cluster import LocalCluster
+from orchestrator.child_process import free_port
+from orchestrator.errors import StackError
+from orchestrator.stack.supervised import CdiProcess
+
+__all__ = ["CdiRuntime"]
+
+log = logging.getLogger(__name__)
+
+
+class CdiRuntime:
+    """``hosts`` 1: a controller and a minion on this machine. More: each host a network
+    namespace (or a loopback address) with its minion and gateway (``cdi.remote.cluster``);
+    host ``n``'s minion socket is ``<data>/cdi/host<n>/minion.sock``. Its processes are
+    ``CdiProcess``es, which the stack's supervisor restarts."""
+
+    def __init__(self, data_dir: Path, logs_dir: Path, hosts: int) -> None:
+        self.hosts = hosts
+        self.folder = data_dir / "cdi"
+        self.logs_dir = logs_dir
+        self.controller_url = ""  # a free port is picked at start
+        self.controller: CdiProcess | None = None
+        self.minions: list[CdiProcess] = []
+        self._cluster: LocalCluster | None = None
+
+    def socket_of(self, host: str = "host1") -> str:
+        """The minion socket of ``host`` (``host1``, ...)."""
+        if self.hosts == 1:
+            return str(self.folder / "minion.sock")
+        return str(self.folder / host / "minion.sock")
+
+    @property
+    def processes(self) -> list[tuple[CdiProcess, str]]:
+        """The controller and each minion, with the address it serves."""
+        found = [(self.controller, self.controller_url)] if self.controller else []
+        for n, minion in enumerate(self.minions, 1):
+            found.append((minion, f"unix://{self.socket_of(f'host{n}')}"))
+        return found
+
+    def start(self) -> None:
+        if self.hosts > 1:
+            self._start_hosts()
+            return
+        self.controller_url = f"grpc://127.0.0.1:{free_port()}"
+        self.controller = CdiProcess(
+            "cdi-controller",
+            ControllerChild(self.controller_url, str(self.logs_dir / "cdi-controller.log")),
+        )
+        minion = CdiProcess(
+            "cdi-minion",
+            MinionChild(
+                self.socket_of(),
+                "--controller",
+                self.controller_url,
+                log_path=str(self.logs_dir / "cdi-minion.log"),
+            ),
+        )
+        self.minions = [minion]
+        for what, child in (("CDI controller", self.controller), ("minion", minion)):
+            try:
+                child.start()
+            except CDIError as exc:
+                raise StackError(f"{what}: {exc}", log_file=child.log_path) from exc
+
+    def _start_hosts(self) -> None:
+        try:
+            cluster = LocalCluster.start(self.hosts, self.folder, logs=self.logs_dir)
+        except CDIError as exc:
+            raise StackError(f"CDI hosts: {exc}", log_file=self.logs_dir) from exc
+        if cluster.network.kind == "loopback":
+            log.warning("hosts on loopback addresses: %s", cluster.network.reason)
+        self._cluster = cluster
+        self.controller_url = cluster.controller_url
+        self.controller = _running(CdiProcess("cdi-controller", cluster.controller))
+        self.minions = [
+            _running(CdiProcess(f"cdi-minion-{host.name}", minion))
+            for host, minion in zip(cluster.network.hosts, cluster.minions, strict=True)
+        ]
+
+    def stop(self, timeout: float) -> None:
+        """Minions, then the controller (and the hosts' namespaces)."""
+        try:
+            for minion in self.minions:
+                minion.stop(timeout)
+            if self.controller is not None:
+                self.controller.stop(timeout)
+            if self._cluster is not None:
+                self._cluster.network.close()
+            log.info("cdi controller and minions stopped")
+        finally:
+            for n in range(1, self.hosts + 1):
+                socket_path = Path(self.socket_of(f"host{n}"))
+                if socket_path.is_socket():  # a minion that was killed cannot remove its socket
+                    socket_path.unlink(missing_ok=True)
+            self.controller, self.minions, self._cluster = None, [], None
+
+
+def _running(process: CdiProcess) -> CdiProcess:
+    """A ``CdiProcess`` over a child the cluster has started already."""
+    process.started_at = time.monotonic()
+    return process

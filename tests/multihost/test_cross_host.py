@@ -1,0 +1,202 @@
+"""Cross-host CDI: the same application code moves an object to a container on another host."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import cdi
+from cdi.controller.client import ControllerClient
+from cdi.remote.cluster import LocalCluster
+
+Unique = Callable[[str], str]
+
+
+@pytest.fixture
+def pair(cluster: LocalCluster, unique: Unique) -> Iterator[tuple[cdi.Client, cdi.Client]]:
+    """A container on each host."""
+    a = cdi.connect(cluster.minions[0].socket_path, unique("a"))
+    b = cdi.connect(cluster.minions[1].socket_path, unique("b"))
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def cid(client: cdi.Client) -> str:
+    assert client.container_id is not None
+    return client.container_id
+
+
+def _filled(client: cdi.Client, key: str, size: int) -> tuple[cdi.CDIObject, str]:
+    data = os.urandom(size)
+    obj = client.create(key, size)
+    obj.write(data)
+    return obj, hashlib.sha256(data).hexdigest()
+
+
+def _digest(view: memoryview) -> str:
+    return hashlib.sha256(view).hexdigest()
+
+
+def test_an_object_crosses_and_comes_back_intact(
+    cluster: LocalCluster, pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    a, b = pair
+    assert a.host != b.host
+    key = unique("k")
+    obj, digest = _filled(a, key, 3_000_001)
+    view = obj.access()
+    obj.transfer(cid(b))  # the same call as on one host
+    with pytest.raises(ValueError):
+        view[0]  # the sender's views are revoked
+    with pytest.raises(cdi.ObjectNotFound):
+        obj.read()  # its home moved: nothing of it is left on the sender's host
+    theirs = b.use(key)
+    assert theirs.size == 3_000_001
+    with theirs.view(timeout=10) as got:
+        assert _digest(got) == digest
+    theirs.transfer(cid(a))
+    with a.use(key, check=False).view(timeout=10) as back:
+        assert _digest(back) == digest
+    a.use(key).destroy()
+
+
+def test_the_receivers_access_blocks_until_the_bytes_have_landed(
+    pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    a, b = pair
+    key = unique("k")
+    obj, digest = _filled(a, key, 8_000_000)
+    seen: list[str] = []
+
+    def receive() -> None:
+        handle = b.use(key)  # it lives on the other host: found through the directory
+        with handle.view(timeout=20) as got:
+            seen.append(_digest(got))
+
+    waiter = threading.Thread(target=receive)
+    waiter.start()
+    time.sleep(0.5)
+    assert not seen, "the receiver got the object before it was sent"
+    obj.transfer(cid(b))
+    waiter.join(20)
+    assert seen == [digest]
+    b.use(key).destroy()
+
+
+def test_the_directory_moves_the_home(
+    cluster: LocalCluster, pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    a, b = pair
+    key = unique("k")
+    obj, _ = _filled(a, key, 10_000)
+    obj.transfer(cid(b))
+    with ControllerClient(cluster.controller_url) as directory:
+        deadline = time.monotonic() + 10
+        while (entry := _entry(directory, key)) is None or entry[:2] != (b.host, cid(b)):
+            assert time.monotonic() < deadline, f"directory still says {entry}"
+            time.sleep(0.05)
+    b.use(key).destroy()
+
+
+def _entry(directory: ControllerClient, key: str) -> tuple[str, str] | None:
+    try:
+        info = directory.lookup_object(key)
+    except cdi.ObjectNotFound:
+        return None
+    return info.host, info.owner
+
+
+def test_copy_resize_and_destroy_on_the_objects_new_host(
+    pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    a, b = pair
+    key = unique("k")
+    obj, digest = _filled(a, key, 200_000)
+    obj.transfer(cid(b))
+    theirs = b.use(key)
+    theirs.access(timeout=10).release()
+    copy = theirs.copy(unique("copy"))
+    assert _digest(copy.access()) == digest
+    theirs.resize(100)
+    assert theirs.size == 100
+    copy.destroy()
+    theirs.destroy()
+    with pytest.raises(cdi.ObjectNotFound):
+        b.use(key)
+
+
+def test_a_transfer_to_nobody_fails_and_the_sender_keeps_the_object(
+    pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    a, _ = pair
+    key = unique("k")
+    obj, digest = _filled(a, key, 50_000)
+    with pytest.raises(cdi.UnknownContainer, match="on any host"):
+        obj.transfer(unique("ghost"))
+    assert _digest(obj.access()) == digest
+    obj.destroy()
+
+
+def test_a_refusal_on_the_other_host_leaves_the_object_with_its_owner(
+    pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    a, b = pair
+    key = unique("k")
+    b.create(key, 10)  # the other host already has that key
+    obj, digest = _filled(a, key, 70_000)
+    with pytest.raises(cdi.KeyExists):
+        obj.transfer(cid(b))
+    assert _digest(obj.access()) == digest
+    obj.destroy()
+    b.use(key).destroy()
+
+
+def test_a_non_owner_cannot_send_an_object_across(
+    cluster: LocalCluster, pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    a, b = pair
+    key = unique("k")
+    obj, _ = _filled(a, key, 1000)
+    intruder = cdi.connect(cluster.minions[0].socket_path, unique("intruder"))
+    with intruder, pytest.raises(cdi.NotOwner):
+        intruder.use(key).transfer(cid(b))
+    obj.destroy()
+
+
+def test_an_object_sent_straight_back_while_its_sender_finishes(
+    pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    """The receiver bounces the object back at once: it may reach the sender's host before
+    the sender's gateway has dropped its outgoing copy (same key), and must wait for it."""
+    a, b = pair
+    key = unique("k")
+    obj, digest = _filled(a, key, 20_000)
+    rounds = 100
+    failures: list[BaseException] = []
+
+    def bounce() -> None:
+        theirs = b.use(key, check=False)
+        try:
+            for _ in range(rounds):
+                theirs.access(timeout=20).release()
+                theirs.transfer(cid(a))
+        except BaseException as exc:
+            failures.append(exc)
+
+    bouncer = threading.Thread(target=bounce)
+    bouncer.start()
+    for _ in range(rounds):
+        obj.transfer(cid(b))
+        obj.access(timeout=20).release()
+    bouncer.join(30)
+    assert not failures, failures
+    assert _digest(obj.access()) == digest
+    obj.destroy()

@@ -1,0 +1,184 @@
+"""The whole stack on two hosts (`cdiflow up --hosts 2`): the image pipeline under every policy
+gives what it gives on one host, objects cross between the hosts, and a worker killed on the
+second host has its task rerun with its object recovered across."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import cdi
+from orchestrator.stack import Stack
+from tests.dashboard.test_dashboard import UI, browser, ui
+from tests.orchestrator.test_e2e import (
+    MAX_ACTIVE,
+    Harness,
+    assert_result_is_the_pipelines,
+    free_port,
+    napping,
+    wait_for,
+)
+from workflows.samples import bundled_samples
+
+__all__ = ["browser", "napping", "ui"]  # fixtures this module uses
+
+OPEN = ("QUEUED", "RUNNING")  # a task run not reported yet
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[Harness]:
+    folder = tempfile.mkdtemp(prefix="cdiflow-hosts-")
+    os.chmod(folder, 0o755)
+    os.environ["MAX_ACTIVE_WORKFLOWS"] = str(MAX_ACTIVE)
+    try:
+        with Stack(folder, workers=2, hosts=2, port=free_port()) as stack:
+            assert stack.worker_host == {"worker-1": "host1", "worker-2": "host2"}
+            h = Harness(stack)
+            yield h
+            h.api.close()
+            for host in ("host1", "host2"):  # every workflow finished: no object anywhere
+                with cdi.Client(stack.cdi.socket_of(host)) as probe:
+                    wait_for(_empty(probe), f"{host}'s minion to hold no object", timeout=30)
+    finally:
+        os.environ.pop("MAX_ACTIVE_WORKFLOWS", None)
+        subprocess.run(["rm", "-rf", folder], check=False)
+
+
+def _empty(probe: cdi.Client) -> Callable[[], bool]:
+    return lambda: not probe.list_objects()
+
+
+def _crossed(harness: Harness, done: dict[str, Any]) -> list[dict[str, Any]]:
+    """The workflow's hand-offs whose two containers are on different hosts."""
+    where = {**harness.stack.worker_host, harness.stack.scheduler_id: "host1"}
+    return [h for h in done["handoffs"] if where[h["from_container"]] != where[h["to_container"]]]
+
+
+@pytest.mark.parametrize(
+    ("policy", "plane"),
+    [("affinity", "cdi"), ("transfer", "cdi"), ("auto", "cdi"), ("affinity", "object-store")],
+)
+def test_every_policy_gives_the_one_host_result(harness: Harness, policy: str, plane: str) -> None:
+    sample = bundled_samples()["green_field.jpg"]
+    image = harness.upload(f"in/hosts-{policy}-{plane}.jpg", sample.read_bytes())
+    done = harness.wait(harness.start(image, policy, plane))
+    assert done["status"] == "COMPLETED", done["error"]
+    assert_result_is_the_pipelines(harness, done, sample)
+
+
+def test_transfer_moves_objects_between_hosts(harness: Harness) -> None:
+    """Under transfer every task goes back to the scheduler (host 1) and on: the workflows that
+    ran a task on worker-2 moved their object to host 2 and back."""
+    sample = bundled_samples()["sunset.jpg"]
+    image = harness.upload("in/hosts-crossing.jpg", sample.read_bytes())
+    ids = [harness.start(image, "transfer") for _ in range(4)]
+    done = [harness.wait(i) for i in ids]
+    assert all(d["status"] == "COMPLETED" for d in done), [d["error"] for d in done]
+    for d in done:
+        assert_result_is_the_pipelines(harness, d, sample)
+    crossed = [h for d in done for h in _crossed(harness, d)]
+    ran_on_host2 = [d for d in done if any(r["worker_id"] == "worker-2" for r in d["task_runs"])]
+    assert ran_on_host2, "no task ran on host 2"
+    assert crossed, "no hand-off crossed between the hosts"
+
+
+def test_a_worker_killed_on_the_second_host_has_its_task_rerun(
+    harness: Harness, napping: str
+) -> None:
+    """The victim holds the object on host 2; its death sends the object back across to the
+    scheduler, its recovery container, and the task reruns. Three runs at once: host 1's
+    worker takes two (one running, one queued), so one nap runs on host 2."""
+    sample = bundled_samples()["night.jpg"]
+    image = harness.upload("in/hosts-kill.jpg", sample.read_bytes())
+    ids = [harness.start(image, "transfer", workflow=napping) for _ in range(3)]
+
+    def napping_on_host2() -> str | None:
+        beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+        for run_id in ids:
+            naps = [r for r in harness.get(run_id)["task_runs"] if r["ref"] == "nap"]
+            if naps and naps[-1]["worker_id"] == "worker-2" and naps[-1]["status"] in OPEN:
+                return run_id if beats.get("worker-2", {}).get("running", 0) >= 1 else None
+        return None
+
+    victim_run = wait_for(napping_on_host2, "a nap running on host 2's worker", timeout=90)
+    harness.stack.kill_worker("worker-2")
+    done = {run_id: harness.wait(run_id, timeout=180) for run_id in ids}
+    for body in done.values():
+        assert body["status"] == "COMPLETED", body["error"]
+        assert_result_is_the_pipelines(harness, body, sample)
+    naps = [r for r in done[victim_run]["task_runs"] if r["ref"] == "nap"]
+    assert naps[0]["status"] == "FAILED" and naps[0]["worker_id"] == "worker-2", naps
+    assert naps[-1]["status"] == "COMPLETED"
+
+
+def test_the_dashboard_shows_hosts_and_every_cross_host_move(harness: Harness, ui: UI) -> None:
+    from playwright.sync_api import expect
+
+    sample = bundled_samples()["sunset.jpg"]
+    image = harness.upload("in/hosts-dashboard.jpg", sample.read_bytes())
+    # Four at once: host 1's worker has room for two, so placement sends some to host 2 (one
+    # at a time, each would stay on the scheduler's host, where moving costs nothing).
+    runs = [harness.wait(i) for i in [harness.start(image, "transfer") for _ in range(4)]]
+    assert all(r["status"] == "COMPLETED" for r in runs), [r["error"] for r in runs]
+    done = next((r for r in runs if _crossed(harness, r)), None)
+    assert done is not None, "no run crossed between the hosts"
+    crossed = _crossed(harness, done)
+    # The API records both hosts of every hand-off.
+    assert all(h["from_host"] and h["to_host"] for h in done["handoffs"]), done["handoffs"]
+    page = ui.page
+    ui.open(f"#/workflows/{done['id']}")
+    expect(page.locator("table.handoffs tbody tr")).to_have_count(len(done["handoffs"]))
+    expect(page.locator("tr[data-crosses-hosts=yes]")).to_have_count(len(crossed))
+    expect(page.locator("#handoff-crossings")).to_have_text(str(len(crossed)))
+    for row in page.locator("tr[data-crosses-hosts=yes]").all():
+        assert "@host1" in row.inner_text() and "@host2" in row.inner_text()
+    ui.shot("multihost-workflow")
+    # Which worker is where: each worker's card names its host.
+    ui.open("#/workers")
+    for worker, host in harness.stack.worker_host.items():
+        card = page.locator(".worker-head", has_text=worker)
+        expect(card).to_contain_text(f"on {host}")
+    # The hosts themselves: a minion per host on the data page.
+    ui.open("#/data")
+    for host in ("host1", "host2"):
+        expect(page.locator(f"[data-minion={host}]")).to_have_count(1)
+
+
+def test_two_schedulers_on_two_hosts(harness: Harness) -> None:
+    """A second scheduler on host 2: each workflow is run by one of them, once, and objects
+    cross to and from either scheduler's host."""
+    second = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.scheduler", "--id", "scheduler-2"],
+        env=harness.stack.environment("host2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        sample = bundled_samples()["blue_sky.jpg"]
+        image = harness.upload("in/hosts-two.jpg", sample.read_bytes())
+        ids = [harness.start(image, policy) for policy in ("transfer", "auto") * 4]
+        finished = [harness.wait(i) for i in ids]
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=30)
+    for done in finished:
+        assert done["status"] == "COMPLETED", done["error"]
+        assert [r["ref"] for r in done["task_runs"]] == ["deblur", "denoise", "classify"]
+        assert_result_is_the_pipelines(harness, done, sample)
+    # Each scheduler's hand-offs name its own host.
+    for done in finished:
+        home = "host2" if done["claimed_by"] == "scheduler-2" else "host1"
+        for handoff in done["handoffs"]:
+            mine = (
+                handoff["from_host"]
+                if handoff["from_container"].startswith("scheduler")
+                else (handoff["to_host"])
+            )
+            assert mine == home, (done["claimed_by"], handoff)

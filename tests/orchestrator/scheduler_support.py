@@ -1,0 +1,78 @@
+"""The scheduler driven by hand in tests: a real one on the API tests' Postgres and Redis, with a
+worker's heartbeat written by the test (``tests/orchestrator/test_scheduler_*.py``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from orchestrator.contract import keys
+from orchestrator.db.engine import make_engine
+from orchestrator.db.scheduler_liveness import SchedulerLiveness
+from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.objectstore import ObjectStore
+from orchestrator.scheduler.loop import Scheduler, connect_redis
+from orchestrator.settings import Settings
+
+WORKER = "worker-race"
+
+
+class _NoCDI:
+    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"a dataless workflow must not call cdi.{name}")
+
+
+def beat(client: redis.Redis, started_at: float) -> None:
+    """A live worker's heartbeat, as ``orchestrator.worker.heartbeat`` writes it."""
+    fields = {
+        "cpu": "1.0",
+        "mem": "10.0",
+        "queue_depth": "0",
+        "running": "0",
+        "slots": "1",
+        "host": "test",
+        "last_heartbeat": f"{time.time():.3f}",
+        "started_at": f"{started_at:.3f}",
+        "held_images": "0",
+        "held_bytes": "0",
+    }
+    assert tuple(fields) == keys.WORKER_FIELDS
+    client.hset(keys.worker_key(WORKER), mapping=fields)  # type: ignore[arg-type]
+    client.sadd(keys.WORKERS, WORKER)
+
+
+def make_scheduler(
+    settings: Settings,
+    scheduler_id: str | None = None,
+    *,
+    cdi: Any = None,
+    reconciled: bool = False,
+) -> Scheduler:
+    """A scheduler as the command line makes it (``close_scheduler`` ends it)."""
+    assert settings.database_url and settings.redis_url
+    engine = make_engine(settings.database_url, synchronous_commit=False)
+    name = scheduler_id or f"scheduler-{uuid.uuid4().hex[:8]}"
+    return Scheduler(
+        name,
+        settings,
+        SchedulerStore(engine),
+        connect_redis(settings.redis_url),
+        cdi if cdi is not None else _NoCDI(),  # type: ignore[arg-type]
+        ObjectStore(settings),
+        liveness=SchedulerLiveness(engine, name, dead_after_s=0.0) if reconciled else None,
+    )
+
+
+def close_scheduler(own: Scheduler) -> None:
+    """Stop the scheduler and close its connections, as its process ending would."""
+    own.stop()
+    own.db.close()
+    if own.liveness is not None:
+        own.liveness.close()
+    own.redis.close()
+    own.db._engine.dispose()
