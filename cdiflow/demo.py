@@ -117,7 +117,7 @@ def run_demo(
             click.echo(f"stack up (data in {stack.data_dir}):")
             click.echo(format_table(stack.processes(), stack.data_dir))
         images = _upload_samples(stack)
-        with httpx.Client(base_url=stack.api_url, timeout=30) as api:
+        with httpx.Client(base_url=stack.api_url, timeout=30, headers=stack.auth_headers) as api:
             started: list[tuple[str, str, str, str]] = []
             for policy, plane in RUNS:
                 for image in images:

@@ -18,9 +18,12 @@ __all__ = ["LONG_POLL_S", "OPEN_LOOP_CONNECTIONS", "http_session"]
 OPEN_LOOP_CONNECTIONS: Final = 1000
 
 
-def http_session(user: Any, base_url: str, *, open_loop: bool) -> FastHttpSession:
+def http_session(
+    user: Any, base_url: str, *, open_loop: bool, headers: dict[str, str] | None = None
+) -> FastHttpSession:
     """A session for waits of up to ``LONG_POLL_S`` (geventhttpclient's default network
-    timeout is 5 s) and, in an open loop, as many requests at once as workflows in flight."""
+    timeout is 5 s) and, in an open loop, as many requests at once as workflows in flight;
+    ``headers`` go with every request (cdiflow's API key)."""
     return FastHttpSession(
         base_url,
         user.environment.events.request,
@@ -28,4 +31,5 @@ def http_session(user: Any, base_url: str, *, open_loop: bool) -> FastHttpSessio
         connection_timeout=30.0,
         network_timeout=LONG_POLL_S + 30.0,
         concurrency=OPEN_LOOP_CONNECTIONS if open_loop else 10,
+        headers=headers or {},
     )

@@ -118,7 +118,12 @@ class CdiflowBackend:
     long_poll = True
 
     def __init__(self, user: User, target: Target) -> None:
-        self.http = http_session(user, target.api_url, open_loop=bool(target.arrival_rate))
+        self.http = http_session(
+            user,
+            target.api_url,
+            open_loop=bool(target.arrival_rate),
+            headers={"Authorization": f"Bearer {target.api_key}"},
+        )
         self.target = target
         self.policy, self.plane = SYSTEM_MODES[target.system]
         self._ended: dict[str, Outcome] = {}  # answered by the start itself
@@ -372,13 +377,14 @@ def _load_target(environment: Environment) -> Target:
 def _interactive_target(environment: Environment) -> Target:
     """A person's run against ``cdiflow up``: upload an image of the chosen size, go."""
     from cdi.minion.config import parse_bytes
-    from loadtest.webui import upload_sample  # not needed by headless runs
+    from loadtest.webui import api_key_of, upload_sample  # not needed by headless runs
 
     options = environment.parsed_options
     if options is None or not environment.host:
         raise RuntimeError("give the API address with --host, e.g. http://127.0.0.1:8000")
     size = parse_bytes(options.image_size)
     uri = upload_sample(Path(options.stack_dir), size)
+    api_key = api_key_of(Path(options.stack_dir))
     return Target(
         system=options.system,
         images=[(uri, size)],
@@ -387,17 +393,18 @@ def _interactive_target(environment: Environment) -> Target:
         rounds=0,
         records=options.records,
         api_url=environment.host,
-        workflow=_ensure_workflow(environment.host, options.tasks),
+        api_key=api_key,
+        workflow=_ensure_workflow(environment.host, api_key, options.tasks),
         poll_max_s=0.5,
     )
 
 
-def _ensure_workflow(api_url: str, tasks: int) -> str:
+def _ensure_workflow(api_url: str, api_key: str, tasks: int) -> str:
     if tasks == 3:
         return chain_workflow(3)
     from loadtest.rest import CdiflowApi
 
-    with CdiflowApi(api_url) as api:
+    with CdiflowApi(api_url, api_key) as api:
         return api.ensure_chain(tasks)
 
 

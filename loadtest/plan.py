@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -120,6 +121,7 @@ class Target:
     rounds: int  # workflows per user; 0: until locust stops the run (web UI)
     records: str  # JSON-lines file, one WorkflowRecord per workflow
     api_url: str = ""  # cdiflow
+    api_key: str = ""  # cdiflow: the key the users send (the file is written mode 0600)
     workflow: str = ""  # cdiflow workflow name
     celery_broker: str = ""
     celery_backend: str = ""
@@ -134,7 +136,10 @@ class Target:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1))
+        # Private: it may hold an API key.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(asdict(self), indent=1))
 
     @classmethod
     def read(cls, path: Path) -> Target:

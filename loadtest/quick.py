@@ -208,7 +208,7 @@ def run_quick(
         stack = Stack(
             folder / "stack", workers=workers, port=free_port(), services=shared.for_system("quick")
         )
-        with stack, CdiflowApi(stack.api_url) as api:
+        with stack, CdiflowApi(stack.api_url, stack.api_key) as api:
             for workflow in workflows:
                 given = None if workflow in DATALESS else image
                 for system in systems:

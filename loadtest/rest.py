@@ -50,11 +50,17 @@ def _body(workflow: str, image: str | None, system: str) -> dict[str, Any]:
 
 
 class CdiflowApi:
-    """``start``, ``detail`` and ``wait`` over one HTTP connection pool (thread-safe)."""
+    """``start``, ``detail`` and ``wait`` over one HTTP connection pool (thread-safe), with
+    ``api_key`` (an operator's to run workflows; an admin's to register pipelines too)."""
 
-    def __init__(self, base_url: str, timeout: float = 60.0) -> None:
+    def __init__(self, base_url: str, api_key: str, timeout: float = 60.0) -> None:
         limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, limits=limits)
+        self._http = httpx.Client(
+            base_url=base_url,
+            timeout=timeout,
+            limits=limits,
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
 
     def close(self) -> None:
         self._http.close()

@@ -1,7 +1,9 @@
-"""For a person running ``locust`` with its web UI against ``cdiflow up``: find the stack's S3.
+"""For a person running ``locust`` with its web UI against ``cdiflow up``: find the stack's S3
+and its API key.
 
 The embedded S3 endpoint's address is in ``<data dir>/stack.json`` (the ``s3`` row); an
-endpoint configured with ``S3_ENDPOINT_URL`` is used as configured.
+endpoint configured with ``S3_ENDPOINT_URL`` is used as configured. The key is
+``CDIFLOW_API_KEY`` when set, else the stack's admin key file.
 """
 
 from __future__ import annotations
@@ -12,9 +14,24 @@ from pathlib import Path
 import boto3
 
 from loadtest.images import sized_images
+from orchestrator.apikeys import read_key_file
 from orchestrator.stack.state import read_state
 
-__all__ = ["upload_sample"]
+__all__ = ["api_key_of", "upload_sample"]
+
+
+def api_key_of(stack_dir: Path) -> str:
+    """The key the users send: ``CDIFLOW_API_KEY``, else the stack's admin key."""
+    configured = os.environ.get("CDIFLOW_API_KEY")
+    if configured:
+        return configured
+    state = read_state(stack_dir.expanduser().absolute())
+    if state is None or not state.api_key_file:
+        raise RuntimeError(
+            f"no API key: set CDIFLOW_API_KEY, or run against a stack started with `cdiflow up "
+            f"--data-dir {stack_dir}`"
+        )
+    return read_key_file(Path(state.api_key_file))
 
 
 def _s3_endpoint(stack_dir: Path) -> str:

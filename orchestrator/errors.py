@@ -6,13 +6,18 @@ what failed, why, and what to change (an environment variable, a log file to rea
     OrchestratorError
     ├── ConfigError       a setting or environment value is not usable      (also ValueError)
     ├── ServiceError      Postgres, Redis or S3 failed to start or is unreachable
+    ├── BadHost           a request for a host name the API does not serve (HTTP 400)
+    ├── Unauthenticated   a request without a valid API key (HTTP 401)
+    ├── Forbidden         a key whose role may not do what it asked (HTTP 403)
     ├── NotFound          no task, workflow definition or workflow by that name or id
     │                     (also LookupError)
     ├── Conflict          the request clashes with the current state: a name already taken,
     │                     a workflow already finished, a task still used by a workflow
     ├── InvalidRequest    well-formed but unacceptable content; carries ``problems``
     │   │                 (also ValueError)
-    │   └── InvalidDefinition   a task or workflow definition with problems
+    │   ├── InvalidDefinition   a task or workflow definition with problems
+    │   └── S3NotAllowed        an S3 URI outside what the operator allows, or a key that
+    │                           no store can hold (``..``, control characters)
     ├── RequestTooLarge   a request body over the API's size limit
     ├── DataError         a workflow's data cannot be had or stored
     │   ├── InputMissing      the input object does not exist in S3
@@ -37,9 +42,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = [
+    "BadHost",
     "ConfigError",
     "Conflict",
     "DataError",
+    "Forbidden",
     "HeldImageLost",
     "InputMissing",
     "InputTooLarge",
@@ -49,11 +56,13 @@ __all__ = [
     "NotFound",
     "OrchestratorError",
     "RequestTooLarge",
+    "S3NotAllowed",
     "ServiceError",
     "StackError",
     "StackRunning",
     "StorageError",
     "TaskTimedOut",
+    "Unauthenticated",
     "WorkerError",
 ]
 
@@ -83,6 +92,24 @@ class ServiceError(OrchestratorError):
         super().__init__(message)
         self.service = service
         self.log_file = log_file
+
+
+class BadHost(OrchestratorError):
+    """The request's Host header names a host this API is not configured to serve."""
+
+    code = "bad_host"
+
+
+class Unauthenticated(OrchestratorError):
+    """The request carries no API key, or one the API does not know (revoked, mistyped)."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(OrchestratorError):
+    """The request's key is valid but its role may not do what was asked."""
+
+    code = "forbidden"
 
 
 class NotFound(OrchestratorError, LookupError):
@@ -127,6 +154,12 @@ class InvalidDefinition(InvalidRequest):
     def __init__(self, problems: Sequence[str], what: str = "definition") -> None:
         listed = "; ".join(problems)
         super().__init__(f"invalid {what} ({len(problems)} problem(s)): {listed}", problems)
+
+
+class S3NotAllowed(InvalidRequest):
+    """An S3 URI this installation may not read or write, or one no store can hold."""
+
+    code = "s3_not_allowed"
 
 
 class RequestTooLarge(OrchestratorError):

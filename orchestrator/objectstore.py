@@ -9,12 +9,13 @@ serialisation, signing and parsing in Python, holding the GIL) is most of a call
 of the CPU of the process making them.
 
 No library error leaves this module: a missing object or bucket is ``InputMissing``, an object
-over the limit ``InputTooLarge``, anything else ``StorageError`` naming the URI.
+over the limit ``InputTooLarge``, anything else ``StorageError`` naming the URI. A URI whose
+key no store can hold (``..``, control characters) is ``S3NotAllowed`` before any request;
+with ``enforce`` so is one outside the ``S3Policy`` (the workers' and the API's stores).
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
@@ -25,7 +26,8 @@ from obstore.auth.boto3 import Boto3CredentialProvider
 from obstore.exceptions import BaseError, NotFoundError
 from obstore.store import S3Store
 
-from orchestrator.errors import InputMissing, InputTooLarge, InvalidRequest, StorageError
+from orchestrator.errors import InputMissing, InputTooLarge, StorageError
+from orchestrator.s3policy import S3Policy, check_s3_uri
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config
@@ -33,8 +35,6 @@ if TYPE_CHECKING:
     from orchestrator.settings import Settings
 
 __all__ = ["ObjectStore", "parse_s3_uri"]
-
-_URI = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(.+)")
 
 # Like boto3's "standard" mode: a few attempts, not object_store's ten over three minutes, so
 # an endpoint that is down fails the task in seconds with a reason.
@@ -51,18 +51,22 @@ _FAILED: Final = (BaseError, OSError)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/key`` -> (bucket, key); ``InvalidRequest`` for anything else."""
-    match = _URI.fullmatch(uri) if isinstance(uri, str) else None
-    if match is None:
-        raise InvalidRequest(f"{uri!r} is not an S3 URI; write it as s3://bucket/key")
-    return match.group(1), match.group(2)
+    """``s3://bucket/key`` -> (bucket, key); ``S3NotAllowed`` (an ``InvalidRequest``) for
+    anything else, a ``..`` segment or a control character included."""
+    return check_s3_uri(uri)
 
 
 class ObjectStore:
     """Gets, puts and deletes whole objects, with the project's errors and size limits.
-    Thread-safe: one connection pool per bucket, shared by every thread."""
+    Thread-safe: one connection pool per bucket, shared by every thread.
 
-    def __init__(self, settings: Settings) -> None:
+    ``policy`` (from the settings) names where results and in-between images go; with
+    ``enforce`` every read and write outside it is refused (``S3NotAllowed``).
+    """
+
+    def __init__(self, settings: Settings, *, enforce: bool = False) -> None:
+        self.policy = S3Policy.from_settings(settings)
+        self.enforce = enforce
         endpoint = settings.s3_endpoint_url
         local = endpoint is not None and "127.0.0.1" in endpoint
         secret = settings.aws_secret_access_key
@@ -112,6 +116,8 @@ class ObjectStore:
 
     def get(self, uri: str, limit: int) -> bytes:
         bucket, key = parse_s3_uri(uri)
+        if self.enforce:
+            self.policy.check_read(uri)
         try:
             reply = obstore.get(self._store(bucket), key)
             size = int(reply.meta["size"])
@@ -127,6 +133,8 @@ class ObjectStore:
 
     def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
         bucket, key = parse_s3_uri(uri)
+        if self.enforce:
+            self.policy.check_write(uri)
         try:
             obstore.put(
                 self._store(bucket),
@@ -140,6 +148,8 @@ class ObjectStore:
 
     def delete(self, uri: str) -> None:
         bucket, key = parse_s3_uri(uri)
+        if self.enforce:
+            self.policy.check_write(uri)
         try:
             obstore.delete(self._store(bucket), key)
         except _FAILED as exc:

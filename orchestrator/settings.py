@@ -10,23 +10,40 @@ validation error into ``ConfigError`` naming the environment variable to fix.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Final
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from orchestrator.apikeys import KEY_RE, MIN_KEY_LENGTH, read_key_file
 from orchestrator.errors import ConfigError
+from workflows.sources import TaskSources
 
 __all__ = ["Settings", "load_settings"]
 
 # Schemes SQLAlchemy would map to psycopg2 (not installed); we rewrite them to psycopg 3.
 _PLAIN_POSTGRES_SCHEMES = {"postgres", "postgresql"}
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_HOST_NAME = re.compile(r"(\*\.)?[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*\.?")
+_PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_S3_PREFIX = re.compile(r"s3://([^/]+)/(.*)", re.S)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "::1")
+_GENERATE_KEY = "python -c 'import secrets; print(\"cdf_\" + secrets.token_urlsafe(32))'"
 
 
 class Settings(BaseSettings):
@@ -93,6 +110,52 @@ class Settings(BaseSettings):
         gt=0,
         description="Largest decoded image, in pixels (a guard against decompression bombs).",
     )
+    admin_key: SecretStr | None = Field(
+        default=None,
+        validation_alias="CDIFLOW_ADMIN_KEY",
+        description="The API's admin key (at least 32 characters); the API stores its digest as "
+        "the key named 'admin' at start-up. `cdiflow up` makes one in <data>/api-key.",
+    )
+    admin_key_file: Path | None = Field(
+        default=None,
+        validation_alias="CDIFLOW_ADMIN_KEY_FILE",
+        description="A file (mode 0600) holding the admin key, instead of CDIFLOW_ADMIN_KEY.",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default=list(LOOPBACK_HOSTS),
+        validation_alias="CDIFLOW_ALLOWED_HOSTS",
+        description="Comma-separated host names the API answers to (the Host header, without "
+        "port); '*.example.com' matches its subdomains. Others get 400 (DNS rebinding).",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        validation_alias="CDIFLOW_CORS_ORIGINS",
+        description="Comma-separated origins (https://app.example.com) whose pages may call the "
+        "API from a browser; empty (the default): none.",
+    )
+    task_packages: Annotated[list[str], NoDecode] = Field(
+        default=["workflows"],
+        validation_alias="CDIFLOW_TASK_PACKAGES",
+        description="Comma-separated packages (and their submodules) tasks may be loaded from.",
+    )
+    task_paths: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        validation_alias="CDIFLOW_TASK_PATHS",
+        description="Folders of deployed task modules, separated by ':' like PYTHONPATH: "
+        "workers import from them, and their top-level modules may hold tasks.",
+    )
+    s3_inputs: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        validation_alias="CDIFLOW_S3_INPUTS",
+        description="Comma-separated S3 prefixes (s3://bucket/ or s3://bucket/path/) workflow "
+        "inputs may come from; empty (the default): the whole S3_BUCKET.",
+    )
+    s3_results: str | None = Field(
+        default=None,
+        validation_alias="CDIFLOW_S3_RESULTS",
+        description="S3 prefix results are stored under; unset: s3://<S3_BUCKET>/results/.",
+    )
+
     max_active_workflows: int = Field(
         default=64,
         gt=0,
@@ -166,12 +229,124 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("admin_key")
+    @classmethod
+    def _key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not KEY_RE.fullmatch(value.get_secret_value()):
+            raise ValueError(
+                f"not a usable key: use {MIN_KEY_LENGTH}-256 letters, digits or ._~+/=- "
+                f"(make one with {_GENERATE_KEY})"
+            )
+        return value
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: Any) -> list[str]:
+        hosts = [h.lower().removeprefix("[").removesuffix("]") for h in _listed(value)]
+        for host in hosts:
+            if host == "*" or _HOST_NAME.fullmatch(host) or _is_ip(host):
+                continue
+            raise ValueError(
+                f"{host!r} is not a host name or address (give names without port or scheme, "
+                "e.g. cdiflow.example.com,*.internal.example.com,10.0.0.5)"
+            )
+        if not hosts:
+            raise ValueError("name at least one host, e.g. localhost")
+        return hosts
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: Any) -> list[str]:
+        origins = [o.rstrip("/") for o in _listed(value)]
+        for origin in origins:
+            parts = urlsplit(origin)
+            if parts.scheme not in {"http", "https"} or not parts.hostname or parts.path:
+                raise ValueError(
+                    f"{origin!r} is not an origin; name each one as scheme://host[:port], "
+                    "e.g. https://app.example.com ('*' is not accepted)"
+                )
+        return origins
+
+    @field_validator("task_packages", mode="before")
+    @classmethod
+    def _packages(cls, value: Any) -> list[str]:
+        packages = _listed(value)
+        for package in packages:
+            if not _PACKAGE.fullmatch(package):
+                raise ValueError(f"{package!r} is not a package name such as mycompany.tasks")
+        return packages
+
+    @field_validator("task_paths", mode="before")
+    @classmethod
+    def _paths(cls, value: Any) -> list[Path]:
+        if isinstance(value, str | Path):
+            value = str(value).split(os.pathsep)
+        parts = list(value or [])
+        return [Path(p).expanduser().absolute() for p in parts if str(p).strip()]
+
+    @field_validator("s3_inputs", mode="before")
+    @classmethod
+    def _inputs(cls, value: Any) -> list[str]:
+        return [_s3_prefix(p) for p in _listed(value)]
+
+    @field_validator("s3_results")
+    @classmethod
+    def _results(cls, value: str | None) -> str | None:
+        return None if value is None else _s3_prefix(value)
+
+    @model_validator(mode="after")
+    def _one_admin_key(self) -> Settings:
+        if self.admin_key is not None and self.admin_key_file is not None:
+            raise ValueError("set CDIFLOW_ADMIN_KEY or CDIFLOW_ADMIN_KEY_FILE, not both")
+        return self
+
+    def task_sources(self) -> TaskSources:
+        """Where tasks may be loaded from (``task_packages`` and ``task_paths``)."""
+        return TaskSources(tuple(self.task_packages), tuple(self.task_paths))
+
+    def resolved_admin_key(self) -> str | None:
+        """The admin key from ``admin_key`` or ``admin_key_file`` (``ConfigError`` if that
+        file is unusable), or ``None`` when neither is set."""
+        if self.admin_key is not None:
+            return self.admin_key.get_secret_value()
+        if self.admin_key_file is not None:
+            return read_key_file(self.admin_key_file)
+        return None
+
     @field_validator("aws_region")
     @classmethod
     def _region(cls, value: str) -> str:
         if not value or any(ch.isspace() for ch in value):
             raise ValueError("expected a region name such as us-east-1")
         return value
+
+
+def _listed(value: Any) -> list[str]:
+    """A comma-separated string (from the environment) or a list, as stripped non-empty items."""
+    items = value.split(",") if isinstance(value, str) else list(value or [])
+    return [str(item).strip() for item in items if str(item).strip()]
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _s3_prefix(value: str) -> str:
+    """``s3://bucket/`` or ``s3://bucket/path/``, checked, with the trailing slash a prefix of
+    whole path segments needs (``results`` must not match ``results-old/``)."""
+    match = _S3_PREFIX.fullmatch(value.strip())
+    if match is None or not _BUCKET_NAME.fullmatch(match[1]) or ".." in match[1]:
+        raise ValueError(f"{value!r} is not an S3 prefix such as s3://bucket/ or s3://bucket/in/")
+    key = match[2]
+    if _CONTROL.search(key) or any(part in ("", ".", "..") for part in key.split("/")[:-1]):
+        raise ValueError(f"{value!r}: the path may not hold empty, '.' or '..' segments")
+    if key and not key.endswith("/"):
+        key += "/"
+    return f"s3://{match[1]}/{key}"
 
 
 def _env_name(field: str) -> str:

@@ -95,6 +95,62 @@ def test_container_commands_are_accepted_by_our_cli() -> None:
         assert done.returncode == 0, f"{container['name']}: {argv}: {done.stderr}"
 
 
+def _pods() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (d["metadata"]["name"], d["spec"]["template"]["spec"])
+        for d in documents()
+        if d["kind"] in ("Deployment", "DaemonSet")
+    ]
+
+
+def test_every_pod_runs_unprivileged() -> None:
+    """Non-root, no privilege escalation, no capability (the minion's init container may
+    chown its socket directory and nothing else), a read-only root, no API token."""
+    for name, spec in _pods():
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] >= 10000, name
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert spec["automountServiceAccountToken"] is False, name
+        assert not spec.get("hostPID") and not spec.get("hostNetwork"), name
+        for container in spec["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, (name, container["name"])
+            assert ctx["readOnlyRootFilesystem"] is True, (name, container["name"])
+            assert ctx["capabilities"] == {"drop": ["ALL"]}, (name, container["name"])
+        for init in spec.get("initContainers", []):
+            assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+
+
+def test_only_the_api_gets_the_admin_key_and_it_checks_hosts() -> None:
+    docs = documents()
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    assert "cdiflow-api" in config["CDIFLOW_ALLOWED_HOSTS"]
+    [key_secret] = [d for d in docs if d["metadata"]["name"] == "cdiflow-api-key"]
+    assert "CDIFLOW_ADMIN_KEY" in key_secret["stringData"]
+    for name, spec in _pods():
+        refs = {r["secretRef"]["name"] for c in spec["containers"] for r in c.get("envFrom", [])
+                if "secretRef" in r}  # fmt: skip
+        assert ("cdiflow-api-key" in refs) == (name == "cdiflow-api"), name
+    api = dict(_pods())["cdiflow-api"]["containers"][0]
+    probe = api["readinessProbe"]["httpGet"]
+    assert {"name": "Host", "value": "localhost"} in probe["httpHeaders"]
+    assert "localhost" in config["CDIFLOW_ALLOWED_HOSTS"]
+
+
+def test_network_policies_deny_by_default() -> None:
+    policies = {d["metadata"]["name"]: d["spec"] for d in documents()
+                if d["kind"] == "NetworkPolicy"}  # fmt: skip
+    assert policies["default-deny-ingress"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    controller = policies["cdi-controller-ingress"]["ingress"][0]
+    allowed = controller["from"][0]["podSelector"]["matchExpressions"][0]["values"]
+    assert "cdiflow-api" in allowed and controller["ports"] == [{"port": 50051, "protocol": "TCP"}]
+    gateway = policies["cdi-minion-gateway-ingress"]["ingress"][0]
+    assert gateway["from"] == [{"podSelector": {"matchLabels": {"app": "cdi-minion"}}}]
+    [minion] = [c for c in containers() if c["name"] == "cdi-minion"]
+    assert gateway["ports"] == [{"port": p["containerPort"], "protocol": "TCP"}
+                                for p in minion["ports"]]  # fmt: skip
+
+
 # -- rendered and validated; every flag and variable checked against the code ------------------
 
 KUBERNETES_VERSION = "1.30.0"  # the oldest release the manifests promise to work on

@@ -33,6 +33,7 @@ the result back into the same buffer; ``run_task_on_image`` is the compute half 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import time
@@ -54,11 +55,13 @@ from workflows.errors import (
     ResultTooLarge,
     TaskFailed,
     TaskLoadError,
+    TaskNotAllowed,
     TaskNotFound,
     WorkflowsError,
 )
 from workflows.imagebuf import ImageHeader, normalize_mode, read_image, required_size, write_image
 from workflows.names import MODULE_PATH_RE
+from workflows.sources import BUNDLED, TaskSources
 
 __all__ = [
     "TaskContext",
@@ -68,6 +71,7 @@ __all__ = [
     "TaskSpec",
     "load_task",
     "registered_tasks",
+    "registration_problem",
     "run_task",
     "run_task_on_image",
     "run_task_without_image",
@@ -229,13 +233,14 @@ def _ensure_builtins() -> None:
     importlib.import_module(_BUILTIN_MODULE)
 
 
-def load_task(path: str) -> TaskSpec:
+def load_task(path: str, sources: TaskSources = BUNDLED) -> TaskSpec:
     """Find a task by registered name (``"deblur"``) or module path (``"pkg.mod:function"``).
 
-    Loading by module path imports that module, which runs its code: take paths only from
-    trusted workflow definitions. A function without ``@task`` is accepted with default
-    settings. Raises ``TaskNotFound`` (no such name, module or attribute) or ``TaskLoadError``
-    (the module raised while importing, or the attribute is not callable).
+    Loading by module path imports that module, which runs its code: so the module must be one
+    ``sources`` allows (checked before importing), and the function must carry ``@task``.
+    A registered name names code this process has imported already. Raises ``TaskNotAllowed``
+    (a module outside ``sources``, a function without ``@task``), ``TaskNotFound`` (no such
+    name, module or attribute) or ``TaskLoadError`` (the module raised while importing).
     """
     if ":" not in path:
         _ensure_builtins()
@@ -251,6 +256,8 @@ def load_task(path: str) -> TaskSpec:
         raise TaskNotFound(
             f"{path!r} is not a task module path; expected 'package.module:function'"
         )
+    if (problem := sources.problem(path)) is not None:
+        raise TaskNotAllowed(problem)
     module_name, attr = path.split(":", 1)
     module = _import(module_name, path)
     obj: Any = module
@@ -262,12 +269,53 @@ def load_task(path: str) -> TaskSpec:
             hint = f"; tasks registered there: {', '.join(here)}" if here else ""
             raise TaskNotFound(f"module {module_name!r} has no attribute {attr!r}{hint}")
         obj = getattr(obj, part)
+    return _marked(obj, path, sources)
+
+
+def registration_problem(path: str, sources: TaskSources) -> str | None:
+    """Why a task definition naming ``path`` must be refused, or ``None``.
+
+    ``path`` must be in ``sources``. When this process can import its module (the API has the
+    same code as the workers, as in one-machine stacks), it must also name an ``@task``
+    function there. A module only the workers have, or one that fails to import here, is left
+    to the workers, which check everything again before they run anything.
+    """
+    if (problem := sources.problem(path)) is not None:
+        return problem
+    module = path.split(":", 1)[0]
+    try:
+        here = importlib.util.find_spec(module) is not None
+    except Exception:  # a parent package that is missing or raises: not deployed here
+        here = False
+    if not here:
+        return None
+    try:
+        load_task(path, sources)
+    except (TaskNotAllowed, TaskNotFound, DuplicateTask) as exc:
+        return str(exc)
+    except WorkflowsError:
+        return None  # it raised while importing here; the workers may have what it needs
+    return None
+
+
+def _marked(obj: Any, path: str, sources: TaskSources) -> TaskSpec:
+    """The spec ``@task`` put on ``obj``; ``TaskNotAllowed`` for anything else. *Why so
+    strict:* a callable that merely exists (``builtins:print``, ``os:system``, a helper an
+    allowed module imported) must never run as a task."""
     spec = getattr(obj, _SPEC_ATTR, None)
-    if isinstance(spec, TaskSpec):
-        return spec
-    if not callable(obj):
-        raise TaskLoadError(f"{path!r} is a {type(obj).__name__}, not a task function")
-    return TaskSpec(name=attr.rsplit(".", 1)[-1], fn=obj, module=path)
+    if not isinstance(spec, TaskSpec) or spec.fn is not obj:
+        kind = "function" if callable(obj) else type(obj).__name__
+        raise TaskNotAllowed(
+            f"{path!r} is a {kind} without @task; only functions decorated with "
+            "@task (from workflows.api import task) may run as tasks"
+        )
+    defined_in = spec.module.split(":", 1)[0]
+    if not sources.allows(defined_in):  # reached through an allowed module's import
+        raise TaskNotAllowed(
+            f"{path!r} is the task {spec.module}, whose module is not in a package tasks may "
+            f"come from ({sources.describe()})"
+        )
+    return spec
 
 
 def _import(module_name: str, path: str) -> ModuleType:

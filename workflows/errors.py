@@ -10,10 +10,11 @@ Callers catch ``WorkflowsError`` (or a branch of it) and get a message a person 
     ├── InvalidDefinition       a workflow or task definition with problems; carries the
     │                           full ``problems`` list                      (also ValueError)
     └── TaskError               a problem with one task
-        ├── TaskLoadError       the task's module exists but cannot be used (import raised,
-        │   │                   the attribute is not callable)
-        │   └── TaskNotFound    no registered task, module or attribute by that name
-        │                                                                   (also LookupError)
+        ├── TaskLoadError       the task's module exists but cannot be used (import raised)
+        │   ├── TaskNotFound    no registered task, module or attribute by that name
+        │   │                                                               (also LookupError)
+        │   └── TaskNotAllowed  a module outside the deployed task packages, or a callable
+        │                       without ``@task`` (``builtins:print``, ``os:system``)
         ├── DuplicateTask       two different functions registered under one name
         ├── NeedsImage          a task that needs pixels in a workflow started without an image
         ├── InvalidTaskResult   the function returned something other than a ``TaskResult``,
@@ -41,6 +42,7 @@ __all__ = [
     "TaskError",
     "TaskFailed",
     "TaskLoadError",
+    "TaskNotAllowed",
     "TaskNotFound",
     "WorkflowsError",
     "error_from_code",
@@ -116,6 +118,13 @@ class TaskNotFound(TaskLoadError, LookupError):
     code = "task_not_found"
 
 
+class TaskNotAllowed(TaskLoadError):
+    """The task path names a module the operator did not deploy tasks in, or a callable that
+    is not an ``@task`` function; a retry cannot help."""
+
+    code = "task_not_allowed"
+
+
 class DuplicateTask(TaskError):
     """A different function is already registered under that task name."""
 
@@ -154,6 +163,7 @@ _BY_CODE: dict[str, type[WorkflowsError]] = {
         TaskError,
         TaskLoadError,
         TaskNotFound,
+        TaskNotAllowed,
         DuplicateTask,
         InvalidTaskResult,
         TaskFailed,

@@ -56,13 +56,14 @@ class CdiflowSystem(System):
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
         if point.tasks not in self._chains:
-            with CdiflowApi(self.stack.api_url) as api:
+            with CdiflowApi(self.stack.api_url, self.stack.api_key) as api:
                 api.ensure_chain(point.tasks)
             self._chains.add(point.tasks)
         target, folder = self.point_target(
             point,
             inputs,
             api_url=self.stack.api_url,
+            api_key=self.stack.api_key,
             workflow=chain_workflow(point.tasks),
             poll_max_s=poll_max_s(point.concurrency),
         )
@@ -88,7 +89,7 @@ class CdiflowSystem(System):
     def _task_runs(self, since: float, until: float) -> list[dict[str, Any]]:
         """The task runs of ``[since, until]``, read once for both figures of a point."""
         if self._window_runs is None or self._window_runs[0] != (since, until):
-            with CdiflowApi(self.stack.api_url) as api:
+            with CdiflowApi(self.stack.api_url, self.stack.api_key) as api:
                 self._window_runs = ((since, until), api.task_runs_within(since, until))
         return self._window_runs[1]
 

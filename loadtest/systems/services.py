@@ -142,18 +142,25 @@ class BenchServices:
         return urlunsplit(urlsplit(self.running.redis_url)._replace(path=f"/{index}"))
 
     def create_database(self, label: str) -> str:
-        """An empty database on the run's Postgres; returns its URL."""
+        """An empty database on the run's Postgres, owned by the run's role; returns its URL.
+        Made through the superuser's URL where the Postgres is embedded (its ``cdiflow`` role
+        may not create databases), else through the role's own."""
         url = make_url(self.running.database_url)
+        admin = make_url(self.running.admin_database_url or self.running.database_url)
         name = f"bench_{label.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
         with psycopg.connect(
-            host=url.host,
-            port=url.port,
-            user=url.username,
-            password=url.password,
-            dbname=url.database,
+            host=admin.host,
+            port=admin.port,
+            user=admin.username,
+            password=admin.password,
+            dbname=admin.database,
             autocommit=True,
         ) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(name), sql.Identifier(url.username or "")
+                )
+            )
         return url.set(database=name).render_as_string(hide_password=False)
 
     def for_system(self, label: str) -> RunningServices:

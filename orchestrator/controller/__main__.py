@@ -19,6 +19,8 @@ from orchestrator.settings import load_settings
 
 __all__ = ["controller_command"]
 
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
 
 @click.command("controller")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -36,7 +38,9 @@ def controller_command(host: str, port: int, log_level: str) -> None:
     )
     try:
         settings = load_settings()
-        app = create_app(settings, migrate_on_start=False)  # refuses missing URLs first
+        # A server bound to one address answers to it; a wildcard adds nothing.
+        listen = [] if host in _WILDCARDS else [host.strip("[]").lower()]
+        app = create_app(settings, migrate_on_start=False, extra_hosts=listen)  # checks first
         assert settings.database_url is not None  # create_app checked it
         migrate(settings.database_url)
     except OrchestratorError as exc:

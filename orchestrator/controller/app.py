@@ -8,14 +8,19 @@ The REST API is under ``/api``, its docs at ``/docs`` and the web dashboard (sta
 
 Start-up migrates the database to the newest revision (under an advisory lock, so several
 controllers may start together), seeds the bundled task and workflow definitions that are
-absent, and opens the Postgres pool and the Redis client; shutdown closes them.
+absent, installs the configured admin key (``CDIFLOW_ADMIN_KEY``), and opens the Postgres pool
+and the Redis client; shutdown closes them.
+
+Every request must name an allowed host (``hosts.AllowedHosts``); every ``/api`` route but
+``/api/healthz`` needs an API key (``auth``). Browsers on other origins may call the API only
+when ``CDIFLOW_CORS_ORIGINS`` names them.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from importlib import metadata
@@ -26,6 +31,7 @@ import redis
 import redis.asyncio
 from anyio import to_thread
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.responses import Response
@@ -34,13 +40,20 @@ from starlette.types import Scope
 
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
+from orchestrator.controller.auth import KeyCache
 from orchestrator.controller.finish_watch import FinishWatch
+from orchestrator.controller.hosts import AllowedHosts
 from orchestrator.controller.http_errors import install_error_handler
 from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit
 from orchestrator.db import make_engine, make_session_factory, migrate
 from orchestrator.db.async_run_store import AsyncRunStore
-from orchestrator.db.repository import ended_among, seed_bundled_definitions
+from orchestrator.db.repository import (
+    ended_among,
+    install_configured_key,
+    seed_bundled_definitions,
+)
 from orchestrator.errors import ConfigError, ServiceError
+from orchestrator.s3policy import S3Policy
 from orchestrator.settings import Settings
 
 __all__ = ["create_app", "dashboard_dir", "open_resources"]
@@ -48,9 +61,10 @@ __all__ = ["create_app", "dashboard_dir", "open_resources"]
 log = logging.getLogger(__name__)
 
 # The dashboard talks only to this origin: no CDN, nothing inline but styles set from scripts.
+# blob: images are the thumbnails it fetches with its key (an <img src> cannot send one).
 _DASHBOARD_CSP: Final = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; "
+    "img-src 'self' data: blob:; connect-src 'self'; base-uri 'none'; form-action 'self'; "
     "frame-ancestors 'none'"
 )
 
@@ -103,9 +117,10 @@ def _mount_dashboard(app: FastAPI) -> None:
 
 
 def open_resources(
-    database_url: str, redis_url: str, *, migrate_on_start: bool = True
+    database_url: str, redis_url: str, admin_key: str, *, migrate_on_start: bool = True
 ) -> Resources:
-    """Migrate, seed and connect: everything the app needs before its first request.
+    """Migrate, seed, install ``admin_key`` and connect: everything the app needs before its
+    first request.
 
     Raises ``ServiceError`` when Postgres cannot be migrated or seeded.
     """
@@ -116,6 +131,7 @@ def open_resources(
     try:
         with sessions() as session:
             added = seed_bundled_definitions(session)
+            install_configured_key(session, admin_key)
             session.commit()
     except SQLAlchemyError as exc:
         engine.dispose()
@@ -141,11 +157,14 @@ def create_app(
     *,
     migrate_on_start: bool = True,
     max_body_bytes: int = MAX_BODY_BYTES,
+    extra_hosts: Sequence[str] = (),
 ) -> FastAPI:
     """The REST API under ``/api``, with OpenAPI docs at ``/docs`` and the dashboard at ``/``.
 
     ``settings`` must name the database and Redis (``cdiflow up`` fills them in after starting
-    the embedded services); ``ConfigError`` otherwise. Nothing connects until start-up.
+    the embedded services) and an admin key; ``ConfigError`` otherwise. Nothing connects until
+    start-up. ``extra_hosts`` are allowed besides ``settings.allowed_hosts`` (the address the
+    server listens on).
     """
     if not settings.database_url or not settings.redis_url:
         missing = [
@@ -161,12 +180,25 @@ def create_app(
             "`cdiflow up`, which starts embedded services"
         )
     database_url, redis_url = settings.database_url, settings.redis_url
+    admin_key = settings.resolved_admin_key()
+    if admin_key is None:
+        raise ConfigError(
+            "the API needs an admin key: set CDIFLOW_ADMIN_KEY (or CDIFLOW_ADMIN_KEY_FILE, a "
+            "file of mode 0600) to a random string of 32 characters or more; `cdiflow up` makes "
+            "one in <data>/api-key"
+        )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Migrations and seeding block: keep them off the event loop.
         resources = await to_thread.run_sync(
-            partial(open_resources, database_url, redis_url, migrate_on_start=migrate_on_start)
+            partial(
+                open_resources,
+                database_url,
+                redis_url,
+                admin_key,
+                migrate_on_start=migrate_on_start,
+            )
         )
         app.state.resources = resources
         app.state.run_store = runs = AsyncRunStore(resources.engine.url)
@@ -196,8 +228,20 @@ def create_app(
         openapi_url="/api/openapi.json",
     )
     app.state.settings = settings  # for routes that need more than the database and Redis
+    app.state.key_cache = KeyCache()
+    app.state.s3_policy = S3Policy.from_settings(settings)
     app.include_router(api_router, prefix="/api")
     _mount_dashboard(app)
     install_error_handler(app)
+    # The last added runs first: the host check, then CORS, then the body limit.
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+            max_age=600,
+        )
+    app.add_middleware(AllowedHosts, hosts=[*settings.allowed_hosts, *extra_hosts])
     return app

@@ -18,13 +18,16 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
 from orchestrator.errors import (
+    BadHost,
     ConfigError,
     Conflict,
+    Forbidden,
     InvalidRequest,
     NotFound,
     OrchestratorError,
     RequestTooLarge,
     ServiceError,
+    Unauthenticated,
 )
 
 __all__ = ["error_response", "install_error_handler", "status_for", "translate"]
@@ -33,6 +36,9 @@ log = logging.getLogger(__name__)
 
 # First match in the class's MRO wins, so a subclass may be given its own code.
 STATUS_BY_ERROR: Final[dict[type[OrchestratorError], int]] = {
+    BadHost: 400,
+    Unauthenticated: 401,
+    Forbidden: 403,
     NotFound: 404,
     Conflict: 409,
     RequestTooLarge: 413,
@@ -79,7 +85,9 @@ def error_response(exc: OrchestratorError) -> JSONResponse:
         body["known"] = exc.known
     if isinstance(exc, InvalidRequest) and exc.problems:
         body["problems"] = exc.problems
-    return JSONResponse(body, status_code=status_for(exc))
+    # RFC 6750: a 401 names the scheme the client should use.
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+    return JSONResponse(body, status_code=status_for(exc), headers=headers)
 
 
 async def _handle(request: Request, exc: Exception) -> JSONResponse:

@@ -6,7 +6,6 @@ bounds come from ``workflows`` so the API and the validator never disagree.
 
 from __future__ import annotations
 
-import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
@@ -21,6 +20,7 @@ from pydantic import (
     field_validator,
 )
 
+from orchestrator.apikeys import ADMIN_KEY_NAME, Role
 from orchestrator.contract.vocabulary import (
     CHOSEN_PLANES,
     DataPlane,
@@ -28,8 +28,9 @@ from orchestrator.contract.vocabulary import (
     TaskRunStatus,
     WorkflowStatus,
 )
+from orchestrator.s3policy import check_s3_uri
 from workflows.definitions import MAX_BACKOFF_S, MAX_RETRIES, MAX_TIMEOUT_S
-from workflows.names import MODULE_PATH_RE, name_problem
+from workflows.names import MODULE_PATH_RE, NAME_RE, name_problem
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -39,8 +40,13 @@ __all__ = [
     "CheckPublic",
     "ErrorPublic",
     "EventPublic",
+    "FieldErrorPublic",
     "HandoffPublic",
+    "IdentityPublic",
     "ImagePublic",
+    "KeyCreate",
+    "KeyCreated",
+    "KeyPublic",
     "LatencyPublic",
     "LivenessPublic",
     "MinutePublic",
@@ -52,6 +58,7 @@ __all__ = [
     "TaskRunInWorkflowPublic",
     "TaskRunPublic",
     "TaskTimingPublic",
+    "ValidationErrorPublic",
     "WorkerPublic",
     "WorkflowCreate",
     "WorkflowDefinitionCreate",
@@ -65,15 +72,16 @@ __all__ = [
 ]
 
 MAX_STEPS: Final = 200
+# Documented in the schema (clients and the fuzzer see the rule); checked by the validators,
+# whose messages say more than a pattern mismatch would.
+_NAME_RULE: Final[dict[str, Any]] = {"pattern": f"^{NAME_RE.pattern}$", "maxLength": 64}
+_MODULE_RULE: Final[dict[str, Any]] = {"pattern": f"^{MODULE_PATH_RE.pattern}$"}
 MAX_DESCRIPTION: Final = 2000
-# s3://bucket/key: bucket per the S3 naming rules, key non-empty without control characters.
-_S3_URI: Final = re.compile(r"s3://(?P<bucket>[^/]*)/(?P<key>.*)", re.S)
-_BUCKET: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not ignored
+    # A misspelt field is an error, not ignored; NaN and infinities are no numbers here.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class _Output(BaseModel):
@@ -106,8 +114,11 @@ def _checked_name(kind: str, value: str) -> str:
 
 
 class TaskCreate(_Input):
-    name: str = Field(examples=["sharpen"], description="Letters, digits, '_', '-'.")
+    name: str = Field(
+        examples=["sharpen"], description="Letters, digits, '_', '-'.", json_schema_extra=_NAME_RULE
+    )
     module: str = Field(
+        json_schema_extra=_MODULE_RULE,
         max_length=255,
         examples=["workflows.image_tasks:deblur"],
         description="Where the function lives: 'package.module:function'.",
@@ -148,14 +159,18 @@ class TaskPublic(_Output):
 
 
 class StepSchema(_Input):
-    ref: str = Field(description="Name of the step inside the workflow.")
-    task: str = Field(description="Name of a registered task definition.")
+    ref: str = Field(
+        description="Name of the step inside the workflow.", json_schema_extra=_NAME_RULE
+    )
+    task: str = Field(
+        description="Name of a registered task definition.", json_schema_extra=_NAME_RULE
+    )
     depends_on: list[str] = Field(default_factory=list, description="Refs that finish first.")
     params: dict[str, Any] = Field(default_factory=dict, description="Given to the task.")
 
 
 class WorkflowDefinitionCreate(_Input):
-    name: str = Field(examples=["image_pipeline"])
+    name: str = Field(examples=["image_pipeline"], json_schema_extra=_NAME_RULE)
     description: str = Field("", max_length=MAX_DESCRIPTION)
     tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
 
@@ -198,29 +213,25 @@ class WorkflowInput(_Input):
     @field_validator("image")
     @classmethod
     def _s3_uri(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        match = _S3_URI.fullmatch(value)
-        if match is None:
-            raise ValueError(f"{value!r} is not an S3 URI; expected s3://bucket/path/to/image")
-        bucket, key = match["bucket"], match["key"]
-        if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-            raise ValueError(
-                f"{bucket!r} is not a valid S3 bucket name (3-63 lowercase letters, digits, "
-                "'.' or '-', starting and ending with a letter or digit)"
-            )
-        if not key:
-            raise ValueError(f"{value!r} names a bucket but no object key")
-        if len(key.encode()) > 1024 or _CONTROL.search(key):
-            raise ValueError("the object key must be at most 1024 bytes, without control chars")
+        if value is not None:
+            check_s3_uri(value)  # S3NotAllowed is a ValueError: a 422 naming the problem
         return value
 
 
 class WorkflowCreate(_Input):
-    workflow: str = Field(examples=["image_pipeline"], description="Workflow definition name.")
+    workflow: str = Field(
+        examples=["image_pipeline"],
+        description="Workflow definition name.",
+        json_schema_extra=_NAME_RULE,
+    )
     input: WorkflowInput
     policy: Policy = Field(Policy.AFFINITY, description="Where the tasks run.")
     data_plane: ChosenPlane = Field(DataPlane.CDI, description="How data moves between tasks.")
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, value: str) -> str:
+        return _checked_name("workflow", value)
 
 
 class WorkflowPublic(_Output):
@@ -240,6 +251,7 @@ class WorkflowPublic(_Output):
     finished_at: datetime | None
     claimed_by: str | None
     claimed_at: datetime | None
+    started_by: str | None = Field(description="Name of the API key that started the run.")
 
 
 class TaskRunPublic(_Output):
@@ -293,6 +305,50 @@ class WorkflowList(BaseModel):
     offset: int
 
 
+# --- API keys -----------------------------------------------------------------------------
+
+
+class KeyCreate(_Input):
+    name: str = Field(
+        examples=["ci-runner"],
+        description="Letters, digits, '_', '-'; unique.",
+        json_schema_extra=_NAME_RULE,
+    )
+    role: Role = Field(
+        Role.VIEWER,
+        description="viewer: read everything; operator: also start, cancel and retry "
+        "workflows; admin: also register tasks and definitions and manage keys.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value == ADMIN_KEY_NAME:
+            raise ValueError(f"{value!r} is the name of the configured admin key; pick another")
+        return _checked_name("key", value)
+
+
+class KeyPublic(_Output):
+    id: uuid.UUID
+    name: str
+    role: Role
+    configured: bool = Field(description="The admin key from the API's settings (not revocable).")
+    created_by: str | None = Field(description="Name of the key that issued it.")
+    created_at: datetime
+
+
+class KeyCreated(KeyPublic):
+    key: str = Field(description="The key itself: shown this once; the API keeps a digest.")
+
+
+class IdentityPublic(BaseModel):
+    """The key a request was made with."""
+
+    id: uuid.UUID
+    name: str
+    role: Role
+
+
 # --- workers and health -------------------------------------------------------------------
 
 
@@ -340,9 +396,29 @@ class ErrorPublic(BaseModel):
     problems: list[str] | None = Field(None, description="Every problem, with a 422.")
 
 
+class FieldErrorPublic(BaseModel):
+    """One problem FastAPI found in a request's shape (a field, a parameter, the JSON)."""
+
+    loc: list[str | int] = Field(description="Where: 'body', 'query', 'path', then names.")
+    msg: str
+    type: str
+    input: Any = None
+    ctx: dict[str, Any] | None = Field(None, description="e.g. 'error': why the JSON is refused.")
+
+
+class ValidationErrorPublic(BaseModel):
+    """A request whose shape is wrong: every problem, where it is."""
+
+    detail: list[FieldErrorPublic]
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` documenting the ``ErrorPublic`` body for ``statuses``."""
-    return {status: {"model": ErrorPublic} for status in statuses}
+    """OpenAPI ``responses`` documenting the ``ErrorPublic`` body for ``statuses``; a 422 is
+    either that or FastAPI's list of field problems (``ValidationErrorPublic``)."""
+    return {
+        status: {"model": ErrorPublic | ValidationErrorPublic if status == 422 else ErrorPublic}
+        for status in statuses
+    }
 
 
 # --- dashboard: statistics, active task runs, CDI objects, images ------------------------

@@ -33,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy import URL
 
 from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.db.repository.api_keys import KEY_BY_HASH_SQL
 from orchestrator.db.repository.workflows import (
     CREATE_SQL,
     DETAIL_SQL,
@@ -54,7 +55,8 @@ _Row = Any  # a named tuple: attributes by column name, as the API's schemas rea
 
 
 class AsyncRunStore:
-    """An asyncio psycopg pool for the API's per-workflow statements: start, status, detail."""
+    """An asyncio psycopg pool for the API's per-request statements: a run's start, status
+    and detail, and the API key a request came with."""
 
     def __init__(self, database_url: URL, *, max_size: int = POOL_MAX) -> None:
         conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -88,11 +90,14 @@ class AsyncRunStore:
         policy: Policy,
         data_plane: DataPlane,
         workflow_id: uuid.UUID,
+        started_by: str | None = None,
     ) -> _Row | None:
         """Insert a PENDING run (and its event) in one statement and return it; a run with
         this id that exists already is returned as it is; ``None`` if ``definition`` does not
-        exist."""
-        params = create_params(definition, input, policy, data_plane, None, workflow_id)
+        exist. ``started_by``: the name of the API key that asked."""
+        params = create_params(
+            definition, input, policy, data_plane, None, workflow_id, started_by=started_by
+        )
         params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
 
         async def insert(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
@@ -132,6 +137,15 @@ class AsyncRunStore:
                 cursor = await conn.execute(RECENT_EVENTS_SQL, {"id": workflow_id, "limit": events})
                 recent = list(reversed(await cursor.fetchall()))
             return row, recent
+
+        return await self._twice(read)
+
+    async def api_key(self, key_hash: str) -> _Row | None:
+        """The key (``id``, ``name``, ``role``) whose digest is ``key_hash``, or ``None``."""
+
+        async def read(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
+            cursor = await conn.execute(KEY_BY_HASH_SQL, {"key_hash": key_hash})
+            return await cursor.fetchone()
 
         return await self._twice(read)
 

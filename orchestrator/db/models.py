@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Double,
     Enum,
@@ -25,14 +26,17 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from orchestrator.apikeys import Role
 from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, WorkflowStatus
 
 __all__ = [
+    "ApiKey",
     "Base",
     "Event",
     "Handoff",
@@ -133,6 +137,8 @@ class Workflow(Base):
     finished_at: Mapped[datetime | None]
     claimed_by: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[datetime | None]
+    # The name of the API key that started the run (or retried it into being).
+    started_by: Mapped[str | None] = mapped_column(String(64))
 
 
 class TaskRun(Base):
@@ -206,3 +212,22 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(64))
     data: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     at: Mapped[datetime] = mapped_column(server_default=_now())
+
+
+class ApiKey(Base):
+    """A key the REST API accepts: only its SHA-256 digest is stored (``orchestrator.apikeys``).
+
+    ``configured`` marks the admin key that comes from the API's settings
+    (``CDIFLOW_ADMIN_KEY``): every API start writes its digest again, so it cannot be revoked
+    through the API, only by changing that setting.
+    """
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[Role] = mapped_column(_enum(Role, "api_key_role"))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    configured: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    created_by: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(server_default=_now())

@@ -6,7 +6,7 @@ go in S3.
   when the step may run again (a lost held image is recomputed), and for the last step the
   result's ``output_uri``: its worker stores the result and the workflow ends with the report.
 * ``object-store``: the previous step's output (or the input) as ``input_uri`` and where this
-  step's goes (``work_key``, in the run's ``intermediate_format``; the last step's is the
+  step's goes (``work_uri``, in the run's ``intermediate_format``; the last step's is the
   result).
 * ``none``: a dataless run's step carries only its parameters and the workflow's data.
 """
@@ -22,22 +22,24 @@ from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.runs import RunState, StepSpec
 from workflows import imagebuf
 
-__all__ = ["RELEASE_TASK", "instruction_for", "release_instruction", "result_key", "work_key"]
+__all__ = ["RELEASE_TASK", "instruction_for", "release_instruction", "result_uri", "work_uri"]
 
 RELEASE_TASK: Final = "workflows.image_tasks:noop"  # what a worker runs to hand an object back
 # The cdi plane's objects hold pixels; a format names only what its last step stores.
 _BETWEEN_TASKS: Final = "png"
 
 
-def result_key(run: RunState) -> str:
-    """Where the run's result goes in the bucket."""
-    return f"results/{run.workflow_id}{imagebuf.RESULT_FORMATS[run.result_format].extension}"
+def result_uri(objects: ObjectStore, run: RunState) -> str:
+    """Where the run's result goes: under the results prefix (``CDIFLOW_S3_RESULTS``)."""
+    name = f"{run.workflow_id}{imagebuf.RESULT_FORMATS[run.result_format].extension}"
+    return objects.policy.result_uri(name)
 
 
-def work_key(run: RunState, step: StepSpec) -> str:
-    """Where an object-store step's image goes in the bucket (its attempt's own)."""
+def work_uri(objects: ObjectStore, run: RunState, step: StepSpec) -> str:
+    """Where an object-store step's image goes (its attempt's own), under ``work/``, in the
+    run's ``intermediate_format``."""
     extension = imagebuf.RESULT_FORMATS[run.intermediate_format].extension
-    return f"work/{run.workflow_id}/{step.ref}-{run.attempt}{extension}"
+    return objects.policy.work_uri(f"{run.workflow_id}/{step.ref}-{run.attempt}{extension}")
 
 
 def instruction_for(
@@ -82,13 +84,13 @@ def instruction_for(
             return_to=scheduler_id,
             # The last task's worker stores the result: no copy into an object, no
             # hand-back, and the workflow ends with the report's own statement.
-            output_uri=objects.uri(result_key(run)) if last else "",
+            output_uri=result_uri(objects, run) if last else "",
             output_format=run.result_format if last else _BETWEEN_TASKS,
         )
     return Instruction(
         **common,
         input_uri=run.current_uri,
-        output_uri=objects.uri(result_key(run) if last else work_key(run, step)),
+        output_uri=result_uri(objects, run) if last else work_uri(objects, run, step),
         output_format=run.result_format if last else run.intermediate_format,
     )
 

@@ -24,7 +24,7 @@ from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings, completion
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.instructions import result_key, work_key
+from orchestrator.scheduler.instructions import result_uri, work_uri
 from orchestrator.scheduler.runs import RunState
 
 __all__ = ["Reports"]
@@ -80,7 +80,7 @@ class Reports:
                 # What the next hand-off moves: the new image, or the input a reader passes on.
                 run.nbytes = report.bytes_out or report.bytes_in or run.nbytes
             if run.data_plane == DataPlane.OBJECT_STORE:
-                run.current_uri = self.ctx.objects.uri(work_key(run, step))
+                run.current_uri = work_uri(self.ctx.objects, run, step)
         back = None
         if report.kept is False and run.data_plane == DataPlane.CDI and report.key:
             back = Handoff(
@@ -104,7 +104,7 @@ class Reports:
         elif all_done and not run.cancelled and (run.data_plane != DataPlane.CDI or report.stored):
             # Nothing left to store (dataless, or the last task stored the result itself).
             dataless = run.data_plane == DataPlane.NONE
-            finish = completion(run, None if dataless else self.ctx.objects.uri(result_key(run)))
+            finish = completion(run, None if dataless else result_uri(self.ctx.objects, run))
         if placement is not None and not self.dispatch.send(run, placement):
             placement = None  # Redis did not take it: the run goes on from ``unsent``
         # One statement records the report and the next step's placement, or ends the workflow.

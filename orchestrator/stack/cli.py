@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import click
 
+from orchestrator.apikeys import read_key_file
 from orchestrator.child_process import ChildProcess
 from orchestrator.errors import OrchestratorError
 from orchestrator.stack.access import service_access
@@ -192,6 +193,7 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             report["supervisor"]["alive"] = running
             for row, proc in zip(report["processes"], state.processes, strict=True):
                 row["alive"] = proc.alive()
+            report |= _api_key(state)
             if (access := service_access(folder, state)) is not None:
                 report["credentials"] = access
         click.echo(json.dumps(report))
@@ -259,7 +261,27 @@ for _command in (up_command, down_command, status_command, supervise_command):
 
 def _summary(state: StackState, folder: Path) -> str:
     head = f"cdiflow is up: API {state.api_url}  (data and logs in {folder})"
-    return f"{head}\n{format_table((state.supervisor, *state.processes), folder)}"
+    table = format_table((state.supervisor, *state.processes), folder)
+    if state.api_key_file:
+        key = (
+            f"\nThe API needs a key. The admin key is in {state.api_key_file} (readable by you "
+            f'alone); use it as\n  curl -H "Authorization: Bearer $(cat {state.api_key_file})" '
+            f"{state.api_url}/api/workflows\nand sign in to the dashboard ({state.api_url}/) "
+            "with it. `cdiflow status --json` shows it as api_key."
+        )
+    else:
+        key = "\nThe API needs a key: the admin key is the one configured (CDIFLOW_ADMIN_KEY)."
+    return f"{head}\n{table}\n{key}"
+
+
+def _api_key(state: StackState) -> dict[str, str]:
+    """``api_key`` for whoever may read the key file (its owner), else why it is missing."""
+    if not state.api_key_file:
+        return {"api_key_error": "the stack uses a configured admin key (CDIFLOW_ADMIN_KEY)"}
+    try:
+        return {"api_key": read_key_file(Path(state.api_key_file))}
+    except OrchestratorError as exc:
+        return {"api_key_error": str(exc)}
 
 
 def _access_text(access: dict[str, Any]) -> str:

@@ -63,6 +63,7 @@ def run_supervisor(data_dir: Path, *, log_file: Path | None = None, **stack_args
             controller_url=stack.controller_url,
             minion_socket=stack.minion_socket,
             processes=tuple(stack.processes()),
+            api_key_file=str(stack.api_key_file or ""),
         )
         with publishing:
             write_state(stack.data_dir, state)

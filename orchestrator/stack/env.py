@@ -8,7 +8,9 @@ from pathlib import Path
 
 from orchestrator.services import RunningServices
 
-__all__ = ["stack_environment"]
+__all__ = ["ADMIN_KEY_VARIABLES", "stack_environment"]
+
+ADMIN_KEY_VARIABLES = ("CDIFLOW_ADMIN_KEY", "CDIFLOW_ADMIN_KEY_FILE")
 
 
 def stack_environment(
@@ -24,8 +26,11 @@ def stack_environment(
     The service names are ``Settings`` fields upper-cased, so ``load_settings()`` in a child
     finds the services this stack resolved (embedded or configured) rather than starting its
     own; CDI_URL and CDI_CONTROLLER_URL point at this stack's minion and CDI controller.
+    The admin key is left out: the stack gives it to the API alone.
     """
     env = dict(os.environ if base is None else base)
+    for name in ADMIN_KEY_VARIABLES:
+        env.pop(name, None)
     env.update(
         CDIFLOW_DATA_DIR=str(data_dir),
         DATABASE_URL=services.database_url,

@@ -16,6 +16,7 @@ from typing import ParamSpec, Self
 
 import redis
 
+from orchestrator.apikeys import ensure_key_file
 from orchestrator.child_process import ChildProcess, describe_exit, port_is_free
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
@@ -50,7 +51,7 @@ class Stack:
     """Services, CDI controller and minion, API, scheduler and workers, as child processes.
 
         with Stack("/tmp/data", workers=2, port=8001) as stack:
-            requests.post(f"{stack.api_url}/api/workflows", ...)
+            httpx.post(f"{stack.api_url}/api/workflows", headers=stack.auth_headers, ...)
 
     ``start()`` returns once every piece answers; any piece that exits on its own (an embedded
     service, the CDI controller or minion, the API, the scheduler, a worker) is restarted with
@@ -94,6 +95,10 @@ class Stack:
         self.hosts = hosts
         self.cdi = CdiRuntime(self.data_dir, self.data_dir / "logs", hosts)
         self.minion_socket = self.cdi.socket_of("host1")
+        # The admin key: the configured one (CDIFLOW_ADMIN_KEY[_FILE]), else <data>/api-key,
+        # made at the first start.
+        self.api_key = ""
+        self.api_key_file: Path | None = None
         self.scheduler_id = "scheduler-1"
         self.worker_ids = [f"worker-{n}" for n in range(1, workers + 1)]
         self.worker_host = {w: f"host{i % hosts + 1}" for i, w in enumerate(self.worker_ids)}
@@ -117,6 +122,13 @@ class Stack:
         self._running = False
 
     # -- public ---------------------------------------------------------------------------
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The header that makes a request to this stack's API its admin's (after start)."""
+        if not self.api_key:
+            raise StackError("the stack is not running; call start() first")
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
     def controller_url(self) -> str:
@@ -308,7 +320,7 @@ class Stack:
         self.cdi.start()
         env = self.environment()
 
-        self._api = self._child("api", "api", env)
+        self._api = self._child("api", "api", env | self._admin_key())
         self._api.start()
         healthz = f"{self.api_url}/api/healthz"
         self._wait(self._api, lambda: probes.http_ok(healthz), lambda: f"GET {healthz} = 200")
@@ -336,6 +348,18 @@ class Stack:
                 self._wait_heartbeat(client, worker)
         finally:
             client.close()
+
+    def _admin_key(self) -> dict[str, str]:
+        """Find or make the admin key; the variables that hand it to the API (and to it
+        alone: ``stack_environment`` keeps it from the other processes)."""
+        configured = load_settings()
+        if (key := configured.resolved_admin_key()) is not None:
+            self.api_key, self.api_key_file = key, configured.admin_key_file
+            if configured.admin_key_file is not None:
+                return {"CDIFLOW_ADMIN_KEY_FILE": str(configured.admin_key_file)}
+            return {"CDIFLOW_ADMIN_KEY": key}
+        self.api_key_file, self.api_key = ensure_key_file(self.data_dir)
+        return {"CDIFLOW_ADMIN_KEY_FILE": str(self.api_key_file)}
 
     def _child(self, name: str, kind: str, env: dict[str, str]) -> ChildProcess:
         values = {"{python}": sys.executable, "{id}": name,

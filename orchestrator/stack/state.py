@@ -81,6 +81,7 @@ class StackState:
     controller_url: str
     minion_socket: str
     processes: tuple[ProcessInfo, ...] = field(default_factory=tuple)  # in start order
+    api_key_file: str = ""  # where the admin key is (never the key itself); "": configured
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -96,6 +97,7 @@ class StackState:
             controller_url=raw["controller_url"],
             minion_socket=raw["minion_socket"],
             processes=tuple(ProcessInfo(**p) for p in raw["processes"]),
+            api_key_file=raw.get("api_key_file", ""),
         )
 
 

@@ -125,12 +125,15 @@ def run_worker(
             "REDIS_URL is not set: a worker joins a running stack; set it to the stack's Redis "
             "(redis://host:6379/0)"
         )
+    sources = settings.task_sources()
+    sources.activate()  # deployed task folders import like installed packages
+    log.info("tasks may come from %s", sources.describe())
     redis_client = _connect_redis(settings.redis_url)
     try:
         client = _connect_cdi(cdi_url, worker_id)
         try:
             store_plane = StorePlane(
-                lambda: ObjectStore(settings),
+                lambda: ObjectStore(settings, enforce=True),  # only the policy's locations
                 max_input_bytes=settings.max_input_bytes,
                 max_pixels=settings.max_pixels,
             )
@@ -147,6 +150,7 @@ def run_worker(
                 ),
                 store_plane=store_plane,
                 concurrency=concurrency,
+                sources=sources,
             )
             with _stop_on_signals(worker):
                 return worker.run()

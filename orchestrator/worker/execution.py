@@ -25,6 +25,7 @@ from orchestrator.errors import (
     InputMissing,
     InputTooLarge,
     InvalidInstruction,
+    InvalidRequest,
     OrchestratorError,
     TaskTimedOut,
     WorkerError,
@@ -36,7 +37,14 @@ from workflows.api import (
     run_task_on_image,
     run_task_without_image,
 )
-from workflows.errors import InvalidImage, NeedsImage, TaskNotFound, WorkflowsError
+from workflows.errors import (
+    InvalidImage,
+    NeedsImage,
+    TaskNotAllowed,
+    TaskNotFound,
+    WorkflowsError,
+)
+from workflows.sources import BUNDLED, TaskSources
 
 __all__ = [
     "EXIT_MINION_LOST",
@@ -54,7 +62,15 @@ EXIT_TASK_TIMEOUT: Final = 3  # a task thread still runs and Python cannot kill 
 EXIT_MINION_LOST: Final = 4  # the CDI minion went away: every object of ours went with it
 
 # A retry cannot fix these: the same input or instruction fails the same way.
-_PERMANENT: Final = (InvalidImage, NeedsImage, TaskNotFound, InputMissing, InputTooLarge)
+_PERMANENT: Final = (
+    InvalidImage,
+    NeedsImage,
+    TaskNotFound,
+    TaskNotAllowed,
+    InputMissing,
+    InputTooLarge,
+    InvalidRequest,  # e.g. an S3 URI outside the policy, or a key no store can hold
+)
 
 
 def elapsed_ms(since: float) -> float:
@@ -169,12 +185,14 @@ def check_common(ins: Instruction) -> None:
 
 @dataclass(frozen=True)
 class TaskCall:
-    """Loads the instruction's task and runs it in a thread of its own, under its timeout."""
+    """Loads the instruction's task (only from ``sources``, whatever the instruction says)
+    and runs it in a thread of its own, under its timeout."""
 
     ins: Instruction
+    sources: TaskSources = BUNDLED
 
     def load(self) -> TaskSpec:
-        return load_task(self.ins.task)
+        return load_task(self.ins.task, self.sources)
 
     def run(self, spec: TaskSpec, img: Image.Image, exe: Execution) -> Image.Image | None:
         """Run the task on ``img``; store its output and compute time in ``exe``.

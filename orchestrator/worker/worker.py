@@ -36,6 +36,7 @@ from orchestrator.worker.heartbeat import Heartbeat
 from orchestrator.worker.planes import plane_table
 from orchestrator.worker.repeats import RUNNING, Repeats
 from orchestrator.worker.store_plane import StorePlane
+from workflows.sources import BUNDLED, TaskSources
 
 __all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
 
@@ -72,8 +73,10 @@ class Worker:
         store_plane: StorePlane,
         concurrency: int = 1,
         heartbeat_interval_s: float = keys.HEARTBEAT_INTERVAL_S,
+        sources: TaskSources = BUNDLED,
     ) -> None:
         self.worker_id = worker_id
+        self.sources = sources  # where tasks may be loaded from
         self.redis = redis_client  # bytes replies: LREM must match the raw instruction exactly
         self._report_and_ack = redis_client.register_script(_REPORT_AND_ACK)
         self._thread_local = threading.local()
@@ -282,7 +285,7 @@ class Worker:
                     )
                 )
             else:
-                plane.run(ins, TaskCall(ins), exe)
+                plane.run(ins, TaskCall(ins, self.sources), exe)
         return exe
 
     @contextmanager

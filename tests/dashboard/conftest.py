@@ -32,7 +32,9 @@ def harness() -> Iterator[Harness]:
                 aws_access_key_id=services.aws_access_key_id,
                 aws_secret_access_key=services.aws_secret_access_key,
             )
-            with httpx.Client(base_url=stack.api_url, timeout=30) as api:
+            with httpx.Client(
+                base_url=stack.api_url, timeout=30, headers=stack.auth_headers
+            ) as api:
                 yield Harness(stack, api, s3, services.s3_bucket)
     finally:
         subprocess.run(["rm", "-rf", folder], check=False)

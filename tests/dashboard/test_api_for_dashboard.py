@@ -14,6 +14,8 @@ from PIL import Image
 
 from orchestrator.controller.api.routes.cdi import cdi_directory, workflow_of
 from orchestrator.controller.api.routes.images import THUMBNAIL_EDGE
+from orchestrator.db import make_engine, make_session_factory
+from orchestrator.db import repository as repo
 from orchestrator.errors import ServiceError
 from tests.dashboard.support import Harness, sample, wait_for
 
@@ -184,3 +186,67 @@ def test_images_say_why_there_is_no_picture(harness: Harness) -> None:
     unknown = "00000000-0000-4000-8000-000000000000"
     assert harness.api.get(f"/api/workflows/{unknown}/images").status_code == 404
     assert harness.api.get(f"/api/workflows/{unknown}/images/sideways").status_code == 422
+
+
+# --- S3 by policy: what a caller may make cdiflow read ----------------------------------------
+
+
+def _stored_run(harness: Harness, image: str) -> str:
+    """A run whose input no API call would accept now (stored before the policy, or by other
+    means): the scheduler picks it up like any other."""
+    engine = make_engine(harness.stack.services.database_url, pooled=False)
+    try:
+        with make_session_factory(engine)() as session:
+            row = repo.create_workflow(session, "image_pipeline", {"image": image})
+            session.commit()
+            return str(row.id)
+    finally:
+        engine.dispose()
+
+
+def test_an_input_outside_the_s3_policy_is_refused_and_never_read(harness: Harness) -> None:
+    """The confused deputy: a bucket the caller cannot reach, read with cdiflow's keys."""
+    harness.s3.create_bucket(Bucket="private-other")
+    harness.s3.put_object(Bucket="private-other", Key="secret.jpg", Body=sample("night.jpg"))
+    secret = "s3://private-other/secret.jpg"
+    body = {"workflow": "image_pipeline", "input": {"image": secret}}
+    refused = harness.api.post("/api/workflows", json=body)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["code"] == "s3_not_allowed"
+    assert "CDIFLOW_S3_INPUTS" in refused.json()["detail"]
+
+    stored = _stored_run(harness, secret)
+    images = harness.api.get(f"/api/workflows/{stored}/images").json()
+    assert not images["input"]["available"] and "outside" in images["input"]["problem"]
+    thumbnail = harness.api.get(f"/api/workflows/{stored}/images/input")
+    assert thumbnail.status_code == 422 and "outside" in thumbnail.json()["detail"]
+    done = harness.wait(stored)  # the worker refuses the read too, and no retry asks again
+    assert done["status"] == "FAILED" and "outside" in done["error"], done["error"]
+    assert [r["attempt"] for r in done["task_runs"]] == [1]
+    retry = harness.api.post(f"/api/workflows/{stored}/retry")
+    assert retry.status_code == 422 and retry.json()["code"] == "s3_not_allowed"
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("in/../secret.jpg", "'..' segment"),
+        ("./x.jpg", "'.' or '..' segment"),
+        ("in//x.jpg", "empty segment"),
+        ("in/x\x00.jpg", "NUL character"),  # refused with the body, before the URI
+        ("in/x\n.jpg", "control character"),
+    ],
+)
+def test_an_s3_key_no_store_can_hold_is_a_422_not_a_retry(
+    harness: Harness, key: str, says: str
+) -> None:
+    uri = f"s3://{harness.bucket}/{key}"
+    body = {"workflow": "image_pipeline", "input": {"image": uri}}
+    refused = harness.api.post("/api/workflows", json=body)
+    assert refused.status_code == 422, refused.text
+    assert says in str(refused.json()["detail"])
+    if "\x00" in key:
+        return  # Postgres cannot store it at all, so no run can hold it
+    done = harness.wait(_stored_run(harness, uri))
+    assert done["status"] == "FAILED" and says in done["error"], done["error"]
+    assert [r["attempt"] for r in done["task_runs"]] == [1]  # failed for good, not retried

@@ -55,6 +55,7 @@ CHROMIUM_ARGS: Final = [
     "--disable-sync",
 ]
 SCREENSHOTS: Final = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+KEY_ITEM: Final = "cdiflow.apiKey"  # where the dashboard keeps the key (sessionStorage)
 
 
 # --- the browser ------------------------------------------------------------------------------
@@ -98,9 +99,26 @@ class UI:
         return path
 
 
+def _signed_in_as(key: str) -> str:
+    """A page script that keeps ``key`` in the tab's session, as the sign-in form does."""
+    return f"sessionStorage.setItem({json.dumps(KEY_ITEM)}, {json.dumps(key)})"
+
+
 @pytest.fixture
 def ui(browser: Browser, harness: Harness) -> Iterator[UI]:
+    """A page signed in with the stack's admin key (the sign-in itself is tested below)."""
+    yield from _ui(browser, harness, harness.stack.api_key)
+
+
+@pytest.fixture
+def anonymous_ui(browser: Browser, harness: Harness) -> Iterator[UI]:
+    yield from _ui(browser, harness, None)
+
+
+def _ui(browser: Browser, harness: Harness, key: str | None) -> Iterator[UI]:
     context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="light")
+    if key is not None:
+        context.add_init_script(_signed_in_as(key))
     page = context.new_page()
     view = UI(page, harness.stack.api_url)
     page.on("console", lambda m: view.errors.append(m.text) if m.type == "error" else None)
@@ -146,6 +164,58 @@ def test_start_a_workflow_and_watch_it_complete_without_reloading(ui: UI, harnes
     row = page.locator(f"tr[data-id='{run_id}']")
     expect(row).to_have_attribute("data-status", "COMPLETED")
     ui.assert_clean()
+
+
+def test_sign_in_with_a_key_and_out_again(anonymous_ui: UI, harness: Harness) -> None:
+    """Without a key the dashboard asks for one and asks the API for nothing else; a wrong
+    key is refused with the reason; the right one shows who is signed in."""
+    ui, page = anonymous_ui, anonymous_ui.page
+    ui.allow(r"status of 401")  # the browser logs the refused key's request
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url) if "/api/" in r.url else None)
+    ui.open("#/workflows")
+    dialog = page.locator("#signin")
+    expect(dialog).to_be_visible()
+    assert requests == []  # nothing asked without a key
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_visible()  # no way around it
+    dialog.get_by_label("API key").fill("cdf_" + "x" * 43)
+    dialog.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#signin-error")).to_contain_text("does not accept this key")
+    dialog.get_by_label("API key").fill(harness.stack.api_key)
+    dialog.get_by_role("button", name="Sign in").click()
+    expect(dialog).to_be_hidden()
+    expect(page.locator("#who-name")).to_have_text("admin")
+    expect(page.locator("#who-role")).to_have_text("admin")
+    expect(page.locator("#workflow-table")).to_be_visible()
+    assert page.evaluate(f"sessionStorage.getItem({json.dumps(KEY_ITEM)})") == harness.stack.api_key
+    ui.shot("signed-in")
+    page.locator("#sign-out").click()
+    expect(dialog).to_be_visible()
+    assert page.evaluate(f"sessionStorage.getItem({json.dumps(KEY_ITEM)})") is None
+    ui.assert_clean()
+
+
+def test_a_viewer_sees_runs_and_who_started_them_but_cannot_act(
+    browser: Browser, harness: Harness, napping: str
+) -> None:
+    reply = harness.api.post("/api/keys", json={"name": "ui-viewer", "role": "viewer"})
+    assert reply.status_code == 201, reply.text
+    run_id = harness.start(napping, harness.upload("ui/viewer.jpg", sample("night.jpg")))
+    for view in _ui(browser, harness, reply.json()["key"]):
+        page = view.page
+        view.open("#/workflows")
+        expect(page.locator("#who-role")).to_have_text("viewer")
+        expect(page.locator("#start-workflow")).to_be_disabled()
+        expect(page.locator(f"tr[data-id='{run_id}']")).to_be_visible()
+        headers = page.locator("table.workflows thead th").all_text_contents()
+        row = page.locator(f"tr[data-id='{run_id}'] td").nth(headers.index("Started by"))
+        expect(row).to_have_text("admin")
+        view.open(f"#/workflows/{run_id}")
+        expect(page.locator("#wf-started-by")).to_have_text("admin")
+        expect(page.locator("#cancel")).to_be_disabled()
+        expect(page.locator("#cancel")).to_have_attribute("title", re.compile("role operator"))
+    harness.api.post(f"/api/workflows/{run_id}/cancel")
 
 
 def test_a_dataless_run_starts_from_the_form_with_no_image(ui: UI, harness: Harness) -> None:

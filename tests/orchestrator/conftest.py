@@ -3,6 +3,9 @@
 Each test module gets its own database (created on the session's server, dropped at the end)
 and the API tests use their own Redis logical database, so other suites sharing the servers
 (a scheduler claiming workflows, a test popping the wake list) neither see nor disturb them.
+
+``api_client`` sends the app's admin key with every request, as a client of the real API must;
+``keyed_client`` makes clients of any app with a key of one's choosing (``None``: no key).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 import redis
+from fastapi import FastAPI
 from psycopg import sql
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,7 +30,8 @@ from orchestrator.db import make_engine, make_session_factory
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.services import RunningServices
-from orchestrator.settings import Settings, load_settings
+from orchestrator.settings import Settings
+from tests.orchestrator.api_support import admin_key_of, api_test_settings, keyed_client
 from tests.orchestrator.scheduler_support import close_scheduler, make_scheduler
 
 # Starlette 1.x warns that its test client prefers httpx2 over httpx; both work. Importing it
@@ -112,10 +117,10 @@ def api_settings(
     """Settings naming the module's database and Redis and the session's S3 endpoint (the
     environment cannot override)."""
     data_dir: Path = tmp_path_factory.mktemp("controller")
-    return load_settings(
-        data_dir=data_dir,
-        database_url=api_database_url,
-        redis_url=api_redis_url,
+    return api_test_settings(
+        data_dir,
+        api_database_url,
+        api_redis_url,
         s3_endpoint_url=service_stack.s3_endpoint_url,
         s3_bucket=service_stack.s3_bucket,
         aws_access_key_id=service_stack.aws_access_key_id,
@@ -125,9 +130,17 @@ def api_settings(
 
 
 @pytest.fixture(scope="module")
-def api_client(api_settings: Settings, api_redis: redis.Redis) -> Iterator[TestClient]:
-    """The real app, started (migrated, seeded) once per module."""
-    with TestClient(create_app(api_settings)) as client:
+def api_app(api_settings: Settings) -> FastAPI:
+    """The real app of this module (started by ``api_client``)."""
+    return create_app(api_settings)
+
+
+@pytest.fixture(scope="module")
+def api_client(
+    api_app: FastAPI, api_settings: Settings, api_redis: redis.Redis
+) -> Iterator[TestClient]:
+    """The real app, started (migrated, seeded) once per module; requests carry its admin key."""
+    with keyed_client(api_app, admin_key_of(api_settings)) as client:
         yield client
 
 

@@ -1,12 +1,16 @@
-"""A user task module the end-to-end tests register by module path (workers import it)."""
+"""A user task module the end-to-end and worker tests register by module path (workers import
+it: the tests deploy the ``tests`` package with ``CDIFLOW_TASK_PACKAGES``)."""
 
 from __future__ import annotations
+
+import os
 
 from PIL import Image
 
 from workflows.api import TaskContext, TaskResult, task
 
 
+@task(name="fail_first_attempt")
 def fail_first_attempt(img: Image.Image, ctx: TaskContext) -> None:
     """Fails on attempt 1, succeeds (image unchanged) from attempt 2 on."""
     if ctx.attempt == 1:
@@ -19,7 +23,16 @@ def echo_input(img: Image.Image | None, ctx: TaskContext) -> TaskResult:
     return TaskResult(output={"echo": dict(ctx.input), "had_image": img is not None})
 
 
+@task(name="scribble_then_fail")
 def scribble_then_fail(img: Image.Image, ctx: TaskContext) -> None:
     """Changes its input in place, then fails: the retry must still get the input unchanged."""
     img.paste((255, 0, 255), (0, 0, img.width, img.height))
     raise RuntimeError("failed after scribbling on its input")
+
+
+def not_a_task(img: Image.Image | None, ctx: TaskContext) -> None:
+    """A function of a deployed module without ``@task``: it must never run as a task."""
+    raise AssertionError("an undecorated function ran as a task")
+
+
+shell = os.system  # a callable this module happens to hold

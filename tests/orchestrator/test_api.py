@@ -42,6 +42,7 @@ from orchestrator.db.run_statements import (
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.errors import ConfigError
 from orchestrator.settings import Settings
+from tests.orchestrator.api_support import admin_key_of, keyed_client
 
 IMAGE = {"image": "s3://cdiflow/images/cat.png"}
 
@@ -142,14 +143,15 @@ def test_create_app_needs_database_and_redis(tmp_path: Any) -> None:
 
 def test_task_lifecycle(api_client: TestClient) -> None:
     name = _unique("sharpen")
-    body = {"name": name, "module": "pkg.mod:fn", "timeout_s": 5, "retries": 1,
+    module = "tests.orchestrator.flaky_tasks:echo_input"
+    body = {"name": name, "module": module, "timeout_s": 5, "retries": 1,
             "description": "sharpens"}  # fmt: skip
     created = api_client.post("/api/tasks", json=body)
     assert created.status_code == 201
     assert created.headers["location"] == f"/api/tasks/{name}"
     assert created.json()["retry_backoff_s"] == 0.5
     got = api_client.get(f"/api/tasks/{name}").json()
-    assert (got["module"], got["timeout_s"], got["description"]) == ("pkg.mod:fn", 5, "sharpens")
+    assert (got["module"], got["timeout_s"], got["description"]) == (module, 5, "sharpens")
     assert name in {t["name"] for t in api_client.get("/api/tasks").json()}
     again = api_client.post("/api/tasks", json=body)
     assert again.status_code == 409 and "already exists" in again.json()["detail"]
@@ -670,7 +672,7 @@ def test_bodies_over_one_mebibyte_are_refused(api_client: TestClient) -> None:
 
 def test_redis_down(api_settings: Settings) -> None:
     dead = api_settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
-    with TestClient(create_app(dead)) as client:
+    with keyed_client(create_app(dead), admin_key_of(dead)) as client:
         assert client.get("/api/healthz").status_code == 200  # the process itself lives
         ready = client.get("/api/readyz")
         assert ready.status_code == 503
@@ -708,7 +710,7 @@ def test_a_start_after_postgres_dropped_idle_connections_succeeds(
     waited costs no request."""
     database_url = make_database("api_dropped")
     settings = api_settings.model_copy(update={"database_url": database_url})
-    with TestClient(create_app(settings)) as client:
+    with keyed_client(create_app(settings), admin_key_of(settings)) as client:
         first = client.post("/api/workflows", json={"workflow": "noop_pipeline", "input": IMAGE})
         assert first.status_code == 201, first.text
         assert _drop_connections(database_url) >= 1
@@ -727,7 +729,7 @@ def test_a_connection_dropped_in_steady_use_costs_no_request(
     database_url = make_database("api_steady")
     settings = api_settings.model_copy(update={"database_url": database_url})
     body = {"workflow": "noop_pipeline", "input": IMAGE}
-    with TestClient(create_app(settings)) as client:
+    with keyed_client(create_app(settings), admin_key_of(settings)) as client:
         started = client.post("/api/workflows", json=body)
         assert started.status_code == 201
         assert _drop_connections(database_url) >= 1
@@ -746,7 +748,8 @@ def test_a_start_sent_twice_inserts_its_run_once(
     committed: it finds the run instead of inserting it (and its event) again."""
     database_url = make_database("api_twice")
     settings = api_settings.model_copy(update={"database_url": database_url})
-    with TestClient(create_app(settings)) as client:  # migrated and seeded
+    # migrated and seeded
+    with keyed_client(create_app(settings), admin_key_of(settings)) as client:
 
         async def start_twice() -> tuple[Any, Any]:
             runs = async_run_store.AsyncRunStore(make_url(database_url))

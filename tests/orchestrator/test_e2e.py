@@ -30,6 +30,7 @@ from workflows.samples import bundled_samples
 MAX_INPUT_BYTES = 3_000_000
 MAX_ACTIVE = 4  # workflows the scheduler runs at once; the rest wait PENDING
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
+TASK_PACKAGES = "workflows,tests.orchestrator"
 
 
 def free_port() -> int:
@@ -42,7 +43,7 @@ def free_port() -> int:
 class Harness:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
-        self.api = httpx.Client(base_url=stack.api_url, timeout=30)
+        self.api = httpx.Client(base_url=stack.api_url, timeout=30, headers=stack.auth_headers)
         services = stack.services
         self.bucket = services.s3_bucket
         self.s3: Any = boto3.client(
@@ -114,6 +115,7 @@ def harness() -> Iterator[Harness]:
     previous = os.environ.get("MAX_INPUT_BYTES")
     os.environ["MAX_INPUT_BYTES"] = str(MAX_INPUT_BYTES)  # the stack's processes inherit it
     os.environ["MAX_ACTIVE_WORKFLOWS"] = str(MAX_ACTIVE)
+    os.environ["CDIFLOW_TASK_PACKAGES"] = TASK_PACKAGES  # the tests' own tasks are deployed
     try:
         with Stack(folder, workers=2, port=free_port()) as stack:
             h = Harness(stack)
@@ -132,6 +134,7 @@ def harness() -> Iterator[Harness]:
                 assert stat["used_segments"] == 0
     finally:
         os.environ.pop("MAX_ACTIVE_WORKFLOWS", None)
+        os.environ.pop("CDIFLOW_TASK_PACKAGES", None)
         if previous is None:
             os.environ.pop("MAX_INPUT_BYTES", None)
         else:

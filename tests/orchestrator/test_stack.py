@@ -17,10 +17,12 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -177,6 +179,10 @@ def test_every_process_gets_the_stack_environment(stack: Stack) -> None:
         env = psutil.Process(pid).environ()
         assert {key: env.get(key) for key in expected} == expected, name
         assert (stack.data_dir / "logs" / f"{name}.log").is_file()
+        # The admin key goes to the API alone; no task code runs there.
+        key_file = env.get("CDIFLOW_ADMIN_KEY_FILE")
+        assert key_file == (str(stack.data_dir / "api-key") if name == "api" else None), name
+        assert "CDIFLOW_ADMIN_KEY" not in env
     assert stack.controller_url.startswith("grpc://127.0.0.1:")
     assert Path(stack.minion_socket) == stack.data_dir / "cdi" / "minion.sock"
     assert Path(stack.minion_socket).is_socket()
@@ -318,6 +324,15 @@ def _stand_in_options() -> list[str]:
     return options
 
 
+def _http_status(url: str, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*_cli(), *args], env=env, capture_output=True, text=True, timeout=300, check=False
@@ -365,6 +380,15 @@ def test_cli_up_detach_status_down(short_dir: Path) -> None:
         report = json.loads(_run("status", "--json", *folder, env=env).stdout)
         assert report["running"] is True
         assert all(p["alive"] for p in report["processes"])
+        # The admin key: made at the first start, private to its owner, shown to them by
+        # `status --json`, announced (not printed) by `up`; the API takes it and nothing less.
+        key_file = short_dir / "api-key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        assert report["api_key"] == key_file.read_text().strip()
+        assert report["api_url"] == f"http://127.0.0.1:{port}"
+        assert str(key_file) in up.stdout and report["api_key"] not in up.stdout
+        assert _http_status(f"{report['api_url']}/api/whoami", report["api_key"]) == 200
+        assert _http_status(f"{report['api_url']}/api/whoami", None) == 401
 
         # The supervisor restarts a killed worker and republishes its new PID.
         worker = procs[-1]

@@ -187,6 +187,9 @@ def stack(redis_url: str, s3_endpoint: str, s3_keys: tuple[str, str]) -> Iterato
             "S3_ENDPOINT_URL": s3_endpoint, "S3_BUCKET": BUCKET, "AWS_REGION": "us-east-1",
             "AWS_ACCESS_KEY_ID": s3_keys[0], "AWS_SECRET_ACCESS_KEY": s3_keys[1],
             "CDIFLOW_DATA_DIR": str(tmp / "data"),
+            "CDIFLOW_TASK_PACKAGES": "workflows,tests.orchestrator",
+            # The tests' results and in-between images go under worker-test/.
+            "CDIFLOW_S3_RESULTS": f"s3://{BUCKET}/worker-test/",
         }  # fmt: skip
         running = Stack(env, r, sched, tmp)
         try:
@@ -476,14 +479,17 @@ def test_a_last_task_that_only_reads_stores_its_input_as_asked(
 
 
 def test_a_result_s3_refuses_fails_the_task_and_keeps_its_input_for_the_retry(
-    stack: Stack, worker: WorkerProcess
+    stack: Stack,
 ) -> None:
+    # Results go to a bucket that does not exist: the policy allows it, S3 refuses it.
+    bucket = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
+    worker = stack.start_worker(env={"CDIFLOW_S3_RESULTS": f"s3://{bucket}/"})
     img = _picture()
     key = stack.put(worker, img)
     common = {"workflow_id": str(uuid.uuid4()), "key": key}
     first = stack.run(worker, task="deblur", output_key=f"{key}-1", keep=True, hold=True, **common)
     assert first.held, first.error
-    nowhere = f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/result.png"
+    nowhere = f"s3://{bucket}/result.png"
     last = stack.run(worker, task="denoise", output_key=f"{key}-2", held=str(first.task_run_id),
                      output_uri=nowhere, **common)  # fmt: skip
     assert (last.status, last.stored, last.retryable) == ("FAILED", False, True)
@@ -493,6 +499,29 @@ def test_a_result_s3_refuses_fails_the_task_and_keeps_its_input_for_the_retry(
     assert _same_pixels(stack.take_image(f"{key}-2"), _unsharp(img))
     with pytest.raises(cdi.ObjectNotFound):
         stack.sched.use(key)
+
+
+@pytest.mark.parametrize(
+    ("field", "uri"),
+    [
+        ("output_uri", "s3://cdiflow/elsewhere/result.png"),  # outside the results prefix
+        ("output_uri", "s3://someone-else/result.png"),
+        ("input_uri", "s3://someone-else/secret.png"),  # outside the inputs
+        ("input_uri", "s3://cdiflow/in/../secret.png"),
+    ],
+)
+def test_a_worker_reads_and_writes_s3_only_within_the_policy(
+    stack: Stack, worker: WorkerProcess, s3: Any, field: str, uri: str
+) -> None:
+    """Whatever an instruction names (a forged one, a run stored before the policy): refused
+    before the request, and for good."""
+    prefix = f"worker-test/{uuid.uuid4().hex}"
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/in.png", Body=encode_image(_picture(8, 8), "PNG"))
+    fields = {"input_uri": f"s3://{BUCKET}/{prefix}/in.png",
+              "output_uri": f"s3://{BUCKET}/{prefix}/out.png"} | {field: uri}  # fmt: skip
+    report = stack.run(worker, task="noop", data_plane="object-store", **fields)
+    assert (report.status, report.retryable) == ("FAILED", False), report.error
+    assert uri in report.error or "'..' segment" in report.error, report.error
 
 
 def test_a_slow_result_store_does_not_hold_up_the_workers_next_task(
@@ -635,6 +664,31 @@ def test_an_unknown_task_fails_and_hands_input_back(stack: Stack, worker: Worker
     assert (report.status, report.retryable) == ("FAILED", False)
     assert "no-such-task" in report.error
     assert _same_pixels(stack.take_image(key), img)
+
+
+@pytest.mark.parametrize(
+    ("task", "says"),
+    [
+        ("builtins:print", "not in a package tasks may come from"),
+        ("builtins:exec", "not in a package tasks may come from"),
+        ("os:system", "not in a package tasks may come from"),
+        ("subprocess:run", "not in a package tasks may come from"),
+        ("tests.orchestrator.flaky_tasks:not_a_task", "without @task"),
+        ("tests.orchestrator.flaky_tasks:shell", "without @task"),
+    ],
+)
+def test_a_worker_runs_no_callable_but_deployed_task_functions(
+    stack: Stack, worker: WorkerProcess, task: str, says: str
+) -> None:
+    """An instruction naming any other callable (a stale definition, a forged instruction)
+    fails for good without running it, and the input comes back intact."""
+    img = _picture(8, 8)
+    key = stack.put(worker, img)
+    report = stack.run(worker, task=task, key=key, output_key=f"{key}-out")
+    assert (report.status, report.retryable) == ("FAILED", False), report.error
+    assert says in report.error and task in report.error
+    assert _same_pixels(stack.take_image(key), img)
+    assert "ran as a task" not in worker.log()
 
 
 def test_poison_messages_do_not_stop_the_loop(stack: Stack, worker: WorkerProcess) -> None:

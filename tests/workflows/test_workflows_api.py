@@ -33,11 +33,13 @@ from workflows.errors import (
     ResultTooLarge,
     TaskFailed,
     TaskLoadError,
+    TaskNotAllowed,
     TaskNotFound,
     WorkflowsError,
     error_from_code,
 )
 from workflows.imagebuf import read_header, read_image, required_size, write_image
+from workflows.sources import TaskSources
 
 
 @pytest.fixture(autouse=True)
@@ -177,28 +179,31 @@ def test_load_user_task_by_module_path(user_modules: Path) -> None:
             return None
         """,
     )
-    spec = load_task("acme.tasks:invert")
+    deployed = TaskSources(paths=(user_modules,))
+    spec = load_task("acme.tasks:invert", deployed)
     assert (spec.name, spec.timeout_s, spec.retries) == ("acme-invert", 7, 3)
     assert load_task("acme-invert") is spec  # importing registered it by name too
-    plain = load_task("acme.tasks:plain")  # undecorated: default settings
-    assert (plain.name, plain.timeout_s, plain.retries) == ("plain", 30.0, 0)
+    with pytest.raises(TaskNotAllowed, match="function without @task"):
+        load_task("acme.tasks:plain", deployed)  # undecorated: not a task
+    with pytest.raises(TaskNotAllowed, match="not in a package tasks may come from"):
+        load_task("acme.tasks:invert")  # the folder is not deployed for the default sources
 
 
 def test_missing_module(user_modules: Path) -> None:
     with pytest.raises(TaskNotFound, match="no module named 'nosuchpkg'"):
-        load_task("nosuchpkg.tasks:fn")
+        load_task("nosuchpkg.tasks:fn", TaskSources(packages=("nosuchpkg",)))
 
 
 def test_missing_attribute(user_modules: Path) -> None:
     write_module(user_modules, "acme2.tasks", "def real(img, ctx):\n    return None\n")
     with pytest.raises(TaskNotFound, match="has no attribute 'fake'"):
-        load_task("acme2.tasks:fake")
+        load_task("acme2.tasks:fake", TaskSources(paths=(user_modules,)))
 
 
 def test_module_that_raises_on_import(user_modules: Path) -> None:
     write_module(user_modules, "acme3", "raise RuntimeError('boom at import')\n")
     with pytest.raises(TaskLoadError, match="RuntimeError: boom at import") as info:
-        load_task("acme3:fn")
+        load_task("acme3:fn", TaskSources(paths=(user_modules,)))
     assert not isinstance(info.value, TaskNotFound)
     assert isinstance(info.value.__cause__, RuntimeError)
 
@@ -206,14 +211,14 @@ def test_module_that_raises_on_import(user_modules: Path) -> None:
 def test_module_with_missing_dependency(user_modules: Path) -> None:
     write_module(user_modules, "acme4", "import not_installed_dep\n")
     with pytest.raises(TaskLoadError, match="not_installed_dep") as info:
-        load_task("acme4:fn")
+        load_task("acme4:fn", TaskSources(paths=(user_modules,)))
     assert not isinstance(info.value, TaskNotFound)  # the module exists; its dependency doesn't
 
 
 def test_attribute_that_is_not_callable(user_modules: Path) -> None:
     write_module(user_modules, "acme5", "SETTING = 3\n")
-    with pytest.raises(TaskLoadError, match="is a int, not a task function"):
-        load_task("acme5:SETTING")
+    with pytest.raises(TaskNotAllowed, match="is a int without @task"):
+        load_task("acme5:SETTING", TaskSources(paths=(user_modules,)))
 
 
 @pytest.mark.parametrize("path", ["pkg.mod:", ":fn", "pkg mod:fn", "a:b:c", "pkg..mod:fn"])

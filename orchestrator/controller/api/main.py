@@ -1,13 +1,19 @@
-"""The ``/api`` router: every resource's routes in one place."""
+"""The ``/api`` router: every resource's routes in one place, each behind an API key.
+
+Every router but ``health`` needs a key of any role (``require_viewer``); routes that change
+state ask for a higher role themselves (``auth.Operator``, ``auth.Admin``). ``/api/healthz``
+stays open: probes and load balancers ask it, and it tells nothing but "up".
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from orchestrator.controller.api.routes import (
     cdi,
     health,
     images,
+    keys,
     stats,
     task_runs,
     tasks,
@@ -15,15 +21,27 @@ from orchestrator.controller.api.routes import (
     workflow_definitions,
     workflows,
 )
+from orchestrator.controller.auth import require_viewer
+from orchestrator.controller.schemas import error_responses
 
-api_router = APIRouter()
-api_router.include_router(tasks.router)
-api_router.include_router(workflow_definitions.router)
-api_router.include_router(workflows.router)
-api_router.include_router(workers.router)
+# Any route may refuse a Host (400) or a request's shape (422); a keyed one a key (401, 403).
+api_router = APIRouter(responses=error_responses(400, 422))
+
+
+def _keyed(router: APIRouter) -> None:
+    api_router.include_router(
+        router, dependencies=[Depends(require_viewer)], responses=error_responses(401, 403)
+    )
+
+
+_keyed(tasks.router)
+_keyed(workflow_definitions.router)
+_keyed(workflows.router)
+_keyed(workers.router)
+_keyed(keys.router)
 api_router.include_router(health.router)
 # For the dashboard (dashboards/web): figures, live activity, CDI directory, thumbnails.
-api_router.include_router(stats.router)
-api_router.include_router(task_runs.router)
-api_router.include_router(cdi.router)
-api_router.include_router(images.router)
+_keyed(stats.router)
+_keyed(task_runs.router)
+_keyed(cdi.router)
+_keyed(images.router)

@@ -5,6 +5,12 @@ Every function takes a ``Session`` and leaves committing to the caller; errors a
 ``orchestrator.errors`` tree (``NotFound``, ``Conflict``, ``InvalidDefinition``).
 """
 
+from orchestrator.db.repository.api_keys import (
+    create_api_key,
+    delete_api_key,
+    install_configured_key,
+    list_api_keys,
+)
 from orchestrator.db.repository.definitions import (
     create_task_definition,
     create_workflow_definition,
@@ -30,14 +36,18 @@ from orchestrator.db.repository.workflows import (
 __all__ = [
     "WorkflowFilter",
     "cancel_workflow",
+    "create_api_key",
     "create_task_definition",
     "create_workflow",
     "create_workflow_definition",
+    "delete_api_key",
     "delete_task_definition",
     "ended_among",
     "get_task_definition",
     "get_workflow",
     "get_workflow_definition",
+    "install_configured_key",
+    "list_api_keys",
     "list_task_definitions",
     "list_workflow_definitions",
     "list_workflows",

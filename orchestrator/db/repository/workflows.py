@@ -13,7 +13,7 @@ has one definition.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -98,9 +98,11 @@ class WorkflowFilter:
 CREATE_STATEMENT = text(
     """
     WITH w AS (
-        INSERT INTO workflows (id, definition, status, policy, data_plane, input, retry_of)
+        INSERT INTO workflows
+            (id, definition, status, policy, data_plane, input, retry_of, started_by)
         SELECT CAST(:id AS uuid), d.name, 'PENDING', CAST(:policy AS workflow_policy),
-               CAST(:data_plane AS data_plane), :input, CAST(:retry_of AS uuid)
+               CAST(:data_plane AS data_plane), :input, CAST(:retry_of AS uuid),
+               CAST(:started_by AS varchar)
         FROM workflow_definitions d WHERE d.name = :definition
         ON CONFLICT (id) DO NOTHING
         RETURNING *
@@ -126,9 +128,11 @@ def create_workflow(
     policy: Policy = Policy.AFFINITY,
     data_plane: DataPlane = DataPlane.CDI,
     retry_of: uuid.UUID | None = None,
+    started_by: str | None = None,
 ) -> Workflow:
-    """A new PENDING run of ``definition``; ``NotFound`` (listing known names) if unknown."""
-    params = create_params(definition, input, policy, data_plane, retry_of)
+    """A new PENDING run of ``definition``; ``NotFound`` (listing known names) if unknown.
+    ``started_by``: the name of the API key that asked for it."""
+    params = create_params(definition, input, policy, data_plane, retry_of, started_by=started_by)
     query = select(Workflow).from_statement(CREATE_STATEMENT)
     created: Workflow | None = session.scalars(query, params).one_or_none()
     if created is None:
@@ -143,12 +147,16 @@ def create_params(
     data_plane: DataPlane,
     retry_of: uuid.UUID | None,
     workflow_id: uuid.UUID | None = None,
+    *,
+    started_by: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``CREATE_STATEMENT``; ``workflow_id``: one the caller chose (it
     listens for the run's end already)."""
     event: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
     if retry_of is not None:
         event["retry_of"] = str(retry_of)
+    if started_by is not None:
+        event["by"] = started_by
     return {
         "id": workflow_id or uuid.uuid4(),
         "definition": definition,
@@ -156,6 +164,7 @@ def create_params(
         "data_plane": data_plane.value,
         "input": input,
         "retry_of": retry_of,
+        "started_by": started_by,
         "event": event,
     }
 
@@ -207,14 +216,16 @@ def list_workflows(
     return list(page), total
 
 
-def cancel_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
-    """PENDING or RUNNING → CANCELLED; ``Conflict`` if it has already finished.
+def cancel_workflow(session: Session, workflow_id: uuid.UUID, *, by: str | None = None) -> Workflow:
+    """PENDING or RUNNING → CANCELLED; ``Conflict`` if it has already finished. ``by``: the
+    name of the API key that asked, recorded in the run's error.
 
     The ending is the scheduler's own statement (``run_statements.FINISH``), so a cancel and a
     scheduler's end of the same run lock the same row and only the first one counts. The
     scheduler, woken by the caller, stops the work and cleans up its task runs.
     """
-    cancel = Finish(workflow_id, WorkflowStatus.CANCELLED, error="cancelled by request")
+    reason = f"cancelled by {by}" if by else "cancelled by request"
+    cancel = Finish(workflow_id, WorkflowStatus.CANCELLED, error=reason)
     ended = session.connection().exec_driver_sql(FINISH, finish_params(cancel)).scalar()
     workflow = get_workflow(session, workflow_id)
     if not ended:
@@ -225,15 +236,24 @@ def cancel_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
     return workflow
 
 
-def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
+def retry_workflow(
+    session: Session,
+    workflow_id: uuid.UUID,
+    *,
+    started_by: str | None = None,
+    check_input: Callable[[dict[str, Any]], None] | None = None,
+) -> Workflow:
     """A new PENDING run with the same definition, input, policy and data plane as a FAILED
-    or CANCELLED one (which stays as it is); ``Conflict`` for any other state."""
+    or CANCELLED one (which stays as it is); ``Conflict`` for any other state. ``check_input``
+    may refuse the old input (by raising), e.g. one that a changed policy no longer allows."""
     old = get_workflow(session, workflow_id, lock=True)
     if old.status not in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED):
         raise Conflict(
             f"workflow run {workflow_id} is {old.status}; only FAILED or CANCELLED runs can be "
             "retried"
         )
+    if check_input is not None:
+        check_input(dict(old.input))
     return create_workflow(
         session,
         old.definition,
@@ -241,6 +261,7 @@ def retry_workflow(session: Session, workflow_id: uuid.UUID) -> Workflow:
         policy=old.policy,
         data_plane=old.data_plane,
         retry_of=old.id,
+        started_by=started_by,
     )
 
 

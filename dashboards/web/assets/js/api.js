@@ -1,4 +1,48 @@
-// The REST API, same origin. Errors carry the API's own words (detail, problems, known).
+// The REST API, same origin, with the signed-in API key. Errors carry the API's own words
+// (detail, problems, known). The key lives in sessionStorage: it stays while the tab is open
+// and leaves with it, and no cookie carries it to the API behind the user's back.
+
+const KEY_ITEM = "cdiflow.apiKey";
+const ROLES = ["viewer", "operator", "admin"];
+let identity = null; // {id, name, role} of the signed-in key
+const signedOut = new Set();
+
+export function apiKey() {
+  return sessionStorage.getItem(KEY_ITEM);
+}
+
+/** Remember `key` for this tab after the API accepted it; `who` is /api/whoami's answer. */
+export function signIn(key, who) {
+  sessionStorage.setItem(KEY_ITEM, key);
+  identity = who;
+}
+
+/** Forget the key; `reason` says why when it was not the user's choice. */
+export function signOut(reason = "") {
+  sessionStorage.removeItem(KEY_ITEM);
+  identity = null;
+  for (const listener of signedOut) listener(reason);
+}
+
+const REFUSED = "The API no longer accepts the key you signed in with (it was revoked?); sign in again.";
+
+/** Called with a reason when the key is dropped (signed out, or refused): the shell asks for one. */
+export function onSignedOut(listener) {
+  signedOut.add(listener);
+}
+
+export function whoAmI() {
+  return identity;
+}
+
+export function setIdentity(who) {
+  identity = who;
+}
+
+/** Whether the signed-in key's role may do what `needed` ("operator", "admin") may. */
+export function allowed(needed) {
+  return identity !== null && ROLES.indexOf(identity.role) >= ROLES.indexOf(needed);
+}
 
 export class ApiError extends Error {
   constructor(status, body, fallback) {
@@ -14,6 +58,8 @@ export class ApiError extends Error {
     if (body && Array.isArray(body.detail)) {
       return body.detail.map((e) => {
         const where = (e.loc || []).filter((p) => p !== "body").join(".");
+        // A body that is not strict JSON: the reason is in ctx.error, the place is an offset.
+        if (e.type === "json_invalid") return `${e.msg}: ${e.ctx?.error ?? "not JSON"}`;
         return where ? `${where}: ${e.msg}` : e.msg;
       });
     }
@@ -28,8 +74,13 @@ export class ApiError extends Error {
   }
 }
 
-async function call(method, path, body) {
-  const init = { method, headers: { Accept: "application/json" } };
+function headers(extra = {}) {
+  const key = apiKey();
+  return key ? { ...extra, Authorization: `Bearer ${key}` } : extra;
+}
+
+async function call(method, path, body, key) {
+  const init = { method, headers: key ? { Accept: "application/json", Authorization: `Bearer ${key}` } : headers({ Accept: "application/json" }) };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = typeof body === "string" ? body : JSON.stringify(body);
@@ -49,6 +100,7 @@ async function call(method, path, body) {
       data = null;
     }
   }
+  if (response.status === 401 && !key && apiKey()) signOut(REFUSED); // revoked while in use
   if (!response.ok) throw new ApiError(response.status, data, `${method} ${path}: HTTP ${response.status}`);
   return data;
 }
@@ -56,7 +108,25 @@ async function call(method, path, body) {
 export const api = {
   get: (path) => call("GET", path),
   post: (path, body) => call("POST", path, body),
+  /** GET with a key that is not (yet) the signed-in one: how the sign-in checks it. */
+  getWith: (path, key) => call("GET", path, undefined, key),
 };
+
+/**
+ * An image the API serves (a thumbnail) as an object URL: an <img src> cannot send the key.
+ * The caller revokes it (URL.revokeObjectURL) when the image goes.
+ */
+export async function imageUrl(path) {
+  let response;
+  try {
+    response = await fetch(path, { headers: headers() });
+  } catch (err) {
+    throw new ApiError(0, null, `the API is unreachable (${err.message})`);
+  }
+  if (response.status === 401 && apiKey()) signOut(REFUSED);
+  if (!response.ok) throw new ApiError(response.status, null, `GET ${path}: HTTP ${response.status}`);
+  return URL.createObjectURL(await response.blob());
+}
 
 export function query(params) {
   const q = new URLSearchParams();

@@ -1,6 +1,8 @@
-// The dashboard shell: hash routes, navigation state, the live indicator, keyboard shortcuts.
+// The dashboard shell: sign-in, hash routes, navigation state, the live indicator, keyboard
+// shortcuts.
 
 import { h } from "./dom.js";
+import { api, ApiError, apiKey, onSignedOut, setIdentity, signIn, signOut, whoAmI } from "./api.js";
 import { onHealth } from "./live.js";
 import { readinessPanel } from "./ready.js";
 import { agoSeconds } from "./format.js";
@@ -52,9 +54,7 @@ export function replaceQuery(params) {
   mountedHash = location.hash;
 }
 
-function route() {
-  mountedHash = location.hash;
-  const { path, query } = parseHash();
+function leavePage() {
   if (unmount) {
     try {
       unmount();
@@ -63,6 +63,13 @@ function route() {
     }
     unmount = null;
   }
+}
+
+function route() {
+  mountedHash = location.hash;
+  const { path, query } = parseHash();
+  leavePage();
+  if (!apiKey()) return; // the sign-in dialog is open; nothing is asked of the API without a key
   const found = ROUTES.map((r) => ({ r, m: r.pattern.exec(path) })).find((x) => x.m);
   for (const link of document.querySelectorAll("[data-nav]")) {
     if (found && link.dataset.nav === found.r.nav) link.setAttribute("aria-current", "page");
@@ -150,8 +157,86 @@ function shortcuts() {
   });
 }
 
+// --- sign-in ---------------------------------------------------------------------------------
+
+const signinDialog = document.getElementById("signin");
+const signinKey = document.getElementById("signin-key");
+const signinError = document.getElementById("signin-error");
+
+function showWho() {
+  const who = whoAmI();
+  const box = document.getElementById("who");
+  box.hidden = !who;
+  if (!who) return;
+  document.getElementById("who-name").textContent = who.name;
+  document.getElementById("who-role").textContent = who.role;
+  box.title = `Signed in with the API key "${who.name}" (role ${who.role})`;
+}
+
+function askForKey(message = "") {
+  leavePage();
+  showWho();
+  main.replaceChildren(h("div", { class: "page" }, h("h1", { tabindex: -1 }, "Sign in"), empty("This cdiflow needs an API key", "Enter one to see its workflows.")));
+  signinError.hidden = !message;
+  signinError.textContent = message;
+  signinKey.value = "";
+  if (!signinDialog.open) signinDialog.showModal();
+  signinKey.focus();
+}
+
+async function submitKey(event) {
+  event.preventDefault();
+  const key = signinKey.value.trim();
+  if (!key) {
+    signinError.hidden = false;
+    signinError.textContent = "Enter an API key.";
+    return;
+  }
+  const button = document.getElementById("signin-submit");
+  button.disabled = true;
+  try {
+    signIn(key, await api.getWith("/api/whoami", key));
+  } catch (err) {
+    if (!(err instanceof ApiError)) throw err;
+    signinError.hidden = false;
+    signinError.textContent = err.status === 401 ? "The API does not accept this key: it is mistyped or was revoked." : err.message;
+    signinKey.focus();
+    return;
+  } finally {
+    button.disabled = false;
+  }
+  signinDialog.close();
+  showWho();
+  route();
+}
+
+/** With a key kept from earlier in this tab: check it, then show the page. */
+async function resume() {
+  try {
+    setIdentity(await api.get("/api/whoami"));
+  } catch (err) {
+    if (!(err instanceof ApiError)) throw err;
+    if (err.status === 401) return; // onSignedOut asks for a key
+    setTimeout(resume, 3000); // the API is away: show the pages (they say so), ask again later
+    if (!unmount) route();
+    return;
+  }
+  showWho();
+  route();
+}
+
+// No way around it: Esc is refused, and where the browser closes the dialog anyway it opens again.
+signinDialog.addEventListener("cancel", (event) => event.preventDefault());
+signinDialog.addEventListener("close", () => {
+  if (!apiKey()) signinDialog.showModal();
+});
+document.getElementById("signin-form").addEventListener("submit", submitKey);
+document.getElementById("sign-out").addEventListener("click", () => signOut());
+onSignedOut((reason) => askForKey(reason));
+
 window.addEventListener("hashchange", route);
 liveIndicator();
 readinessPanel();
 shortcuts();
-route();
+if (apiKey()) resume();
+else askForKey();

@@ -23,9 +23,10 @@ from orchestrator.controller.schemas import (
     CdiObjectPublic,
     error_responses,
 )
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.errors import ServiceError
 
-router = APIRouter(prefix="/cdi", tags=["cdi"])
+router = APIRouter(prefix="/cdi", tags=["cdi"], route_class=StrictJsonRoute)
 
 CONTROLLER_URL_ENV: Final = "CDI_CONTROLLER_URL"
 # The directory is for watching; a slow controller must not hold a request for long.

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-import threading
-import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
@@ -25,6 +22,8 @@ from PIL import Image
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.controller.api.deps import SessionDep
 from orchestrator.controller.schemas import ImagePublic, WorkflowImagesPublic, error_responses
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.controller.ttl_cache import TtlCache
 from orchestrator.db import repository as repo
 from orchestrator.db.models import Workflow
 from orchestrator.errors import (
@@ -32,6 +31,7 @@ from orchestrator.errors import (
     InputTooLarge,
     InvalidRequest,
     NotFound,
+    S3NotAllowed,
     ServiceError,
     StorageError,
 )
@@ -40,7 +40,7 @@ from orchestrator.settings import Settings, load_settings
 from workflows.errors import InvalidImage
 from workflows.imagebuf import decode_bytes
 
-router = APIRouter(prefix="/workflows", tags=["workflows"])
+router = APIRouter(prefix="/workflows", tags=["workflows"], route_class=StrictJsonRoute)
 
 Role = Literal["input", "result"]
 
@@ -69,30 +69,11 @@ class Preview:
         return '"' + hashlib.sha1(self.thumbnail, usedforsecurity=False).hexdigest() + '"'
 
 
-class PreviewCache:
-    """Least-recently-used previews by URI, each kept for ``ttl`` seconds; thread-safe."""
+class PreviewCache(TtlCache[Preview]):
+    """Previews by URI: the most recent ``entries``, each for ``ttl`` seconds; thread-safe."""
 
     def __init__(self, entries: int = _CACHE_ENTRIES, ttl: float = _CACHE_TTL_S) -> None:
-        self._entries = entries
-        self._ttl = ttl
-        self._items: OrderedDict[str, tuple[float, Preview]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, uri: str) -> Preview | None:
-        with self._lock:
-            item = self._items.get(uri)
-            if item is None or time.monotonic() - item[0] > self._ttl:
-                self._items.pop(uri, None)
-                return None
-            self._items.move_to_end(uri)
-            return item[1]
-
-    def put(self, uri: str, preview: Preview) -> None:
-        with self._lock:
-            self._items[uri] = (time.monotonic(), preview)
-            self._items.move_to_end(uri)
-            while len(self._items) > self._entries:
-                self._items.popitem(last=False)
+        super().__init__(entries, ttl)
 
 
 @dataclass
@@ -149,7 +130,7 @@ def get_previews(request: Request) -> Previews:
     previews: Previews | None = getattr(state, "previews", None)
     if previews is None:
         settings: Settings = getattr(state, "settings", None) or load_settings()
-        previews = Previews(settings, ObjectStore(settings), PreviewCache())
+        previews = Previews(settings, ObjectStore(settings, enforce=True), PreviewCache())
         state.previews = previews
     return previews
 
@@ -162,6 +143,16 @@ def _uri_of(row: Workflow, role: Role) -> str | None:
         image = row.input.get("image")
         return image if isinstance(image, str) else None
     return row.result_uri
+
+
+def _check_policy(uri: str, role: Role, previews: Previews) -> None:
+    """``S3NotAllowed`` for an image outside the S3 policy (a row stored before the policy
+    changed, or written by other means): the API shows nothing it could not have fetched."""
+    policy = previews.store.policy
+    if role == "input":
+        policy.check_input(uri)
+    else:
+        policy.check_result(uri)
 
 
 def _absent_result(row: Workflow) -> str:
@@ -177,6 +168,11 @@ def _describe(row: Workflow, role: Role, previews: Previews) -> ImagePublic:
     if uri is None:
         problem = _absent_result(row) if role == "result" else "the workflow names no input"
         return ImagePublic(role=role, uri=None, available=False, problem=problem, format=None,
+                           width=None, height=None, bytes=None, thumbnail_url=None)  # fmt: skip
+    try:
+        _check_policy(uri, role, previews)
+    except S3NotAllowed as exc:
+        return ImagePublic(role=role, uri=uri, available=False, problem=str(exc), format=None,
                            width=None, height=None, bytes=None, thumbnail_url=None)  # fmt: skip
     preview = previews.of(uri, role)
     url = f"/api/workflows/{row.id}/images/{role}" if preview.problem is None else None
@@ -220,6 +216,7 @@ def thumbnail(
     uri = _uri_of(row, role)
     if uri is None:
         raise NotFound(f"{role} image of workflow", workflow_id)
+    _check_policy(uri, role, previews)
     preview = previews.of(uri, role)
     if preview.failure == "missing":
         raise NotFound("image", uri)

@@ -16,9 +16,10 @@ from orchestrator.controller.schemas import (
     StatsPublic,
     TaskTimingPublic,
 )
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db.repository import stats
 
-router = APIRouter(prefix="/stats", tags=["stats"])
+router = APIRouter(prefix="/stats", tags=["stats"], route_class=StrictJsonRoute)
 
 
 @router.get("")

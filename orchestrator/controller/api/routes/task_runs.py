@@ -19,14 +19,16 @@ from fastapi import APIRouter, Query
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.controller.api.deps import RedisDep, SessionDep, utc
+from orchestrator.controller.api.params import MAX_OFFSET, WorkerFilter
 from orchestrator.controller.schemas import (
     ActiveTaskRunPublic,
     TaskRunInWorkflowPublic,
     error_responses,
 )
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db.repository import task_runs as repo
 
-router = APIRouter(prefix="/task-runs", tags=["task runs"])
+router = APIRouter(prefix="/task-runs", tags=["task runs"], route_class=StrictJsonRoute)
 
 
 def in_flight(client: redis.Redis, workers: set[str]) -> set[int]:
@@ -50,7 +52,7 @@ def in_flight(client: redis.Redis, workers: set[str]) -> set[int]:
 def list_active_task_runs(
     session: SessionDep,
     client: RedisDep,
-    worker: Annotated[str | None, Query(description="Only this worker's runs.")] = None,
+    worker: WorkerFilter = None,
     workflow: Annotated[uuid.UUID | None, Query(description="Only this workflow's runs.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[ActiveTaskRunPublic]:
@@ -77,7 +79,10 @@ def list_task_runs_within(
         datetime, Query(description="Only runs that started before this moment.")
     ],
     after_id: Annotated[
-        int, Query(ge=0, description="Only runs with a greater id: the last id of a page.")
+        int,
+        Query(
+            ge=0, le=MAX_OFFSET, description="Only runs with a greater id: the last id of a page."
+        ),
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[TaskRunInWorkflowPublic]:

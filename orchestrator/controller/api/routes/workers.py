@@ -11,8 +11,9 @@ from fastapi import APIRouter
 from orchestrator.contract import keys
 from orchestrator.controller.api.deps import RedisDep
 from orchestrator.controller.schemas import WorkerPublic, error_responses
+from orchestrator.controller.strict_json import StrictJsonRoute
 
-router = APIRouter(prefix="/workers", tags=["workers"])
+router = APIRouter(prefix="/workers", tags=["workers"], route_class=StrictJsonRoute)
 
 
 def _number(fields: Mapping[str, str], name: str) -> float | None:

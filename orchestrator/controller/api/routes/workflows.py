@@ -19,6 +19,8 @@ from orchestrator.controller.api.deps import (
     run_store,
     utc,
 )
+from orchestrator.controller.api.params import MAX_OFFSET, NameFilter
+from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.schemas import (
     EventPublic,
@@ -30,12 +32,14 @@ from orchestrator.controller.schemas import (
     WorkflowPublic,
     error_responses,
 )
+from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db import repository as repo
 from orchestrator.db.async_run_store import AsyncRunStore
 from orchestrator.db.models import Workflow
 from orchestrator.errors import NotFound
+from orchestrator.s3policy import S3Policy
 
-router = APIRouter(prefix="/workflows", tags=["workflows"])
+router = APIRouter(prefix="/workflows", tags=["workflows"], route_class=StrictJsonRoute)
 
 MAX_WAIT_S = 60.0  # a long poll answers within this; clients ask again
 
@@ -45,11 +49,12 @@ def _created(row: Workflow, response: Response) -> WorkflowPublic:
     return WorkflowPublic.model_validate(row)
 
 
-@router.post("", status_code=201, responses=error_responses(404))
+@router.post("", status_code=201, responses=error_responses(404, 422))
 async def start_workflow(
     body: WorkflowCreate,
     request: Request,
     response: Response,
+    principal: Operator,
     wait_s: Annotated[
         float,
         Query(
@@ -68,13 +73,13 @@ async def start_workflow(
     """
     runs = run_store(request)
     if wait_s <= 0:
-        row = await _create(request, body, uuid.uuid4())
+        row = await _create(request, body, uuid.uuid4(), principal.name)
         response.headers["Location"] = f"/api/workflows/{row.id}"
         return WorkflowPublic.model_validate(row)
     watch: FinishWatch = request.app.state.finish_watch
     workflow_id = uuid.uuid4()
     with watch.listen(workflow_id) as woken:  # before the run exists: no announcement is missed
-        row = await _create(request, body, workflow_id)
+        row = await _create(request, body, workflow_id, principal.name)
         response.headers["Location"] = f"/api/workflows/{row.id}"
         ended = await watch.until(
             woken,
@@ -89,13 +94,19 @@ async def start_workflow(
     return detail
 
 
-async def _create(request: Request, body: WorkflowCreate, workflow_id: uuid.UUID) -> Any:
+async def _create(
+    request: Request, body: WorkflowCreate, workflow_id: uuid.UUID, started_by: str
+) -> Any:
+    if body.input.image is not None:
+        policy: S3Policy = request.app.state.s3_policy
+        policy.check_input(body.input.image)  # 422 outside CDIFLOW_S3_INPUTS
     row = await run_store(request).create(
         body.workflow,
         body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
         policy=body.policy,
         data_plane=body.data_plane,
         workflow_id=workflow_id,
+        started_by=started_by,
     )
     if row is None:
         resources: Resources = request.app.state.resources
@@ -114,7 +125,7 @@ def _workflow_definition_names(resources: Resources) -> list[str]:
 def list_workflows(
     session: SessionDep,
     status: WorkflowStatus | None = None,
-    workflow: Annotated[str | None, Query(description="Workflow definition name.")] = None,
+    workflow: NameFilter = None,
     policy: Policy | None = None,
     created_after: Annotated[datetime | None, Query(description="Inclusive.")] = None,
     created_before: Annotated[datetime | None, Query(description="Exclusive.")] = None,
@@ -123,7 +134,7 @@ def list_workflows(
         Query(max_length=36, pattern=r"^[0-9a-fA-F-]*$", description="Leading part of the id."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> WorkflowList:
     """Workflow runs, newest first, one page at a time; ``total`` counts every match."""
     filters = repo.WorkflowFilter(
@@ -198,22 +209,34 @@ async def _detail(
 
 @router.post("/{workflow_id}/cancel", responses=error_responses(404, 409))
 def cancel_workflow(
-    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep
+    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep, principal: Operator
 ) -> WorkflowPublic:
     """PENDING or RUNNING → CANCELLED; 409 if the run has already finished."""
-    row = repo.cancel_workflow(session, workflow_id)
+    row = repo.cancel_workflow(session, workflow_id, by=principal.name)
     session.commit()
     wake_scheduler(client, row.id, cancel=True)
     announce_finished(client, row.id)
     return WorkflowPublic.model_validate(row)
 
 
-@router.post("/{workflow_id}/retry", status_code=201, responses=error_responses(404, 409))
+@router.post("/{workflow_id}/retry", status_code=201, responses=error_responses(404, 409, 422))
 def retry_workflow(
-    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep, response: Response
+    workflow_id: uuid.UUID,
+    session: SessionDep,
+    client: RedisDep,
+    request: Request,
+    response: Response,
+    principal: Operator,
 ) -> WorkflowPublic:
-    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise."""
-    row = repo.retry_workflow(session, workflow_id)
+    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise, 422
+    when the input now lies outside the S3 policy."""
+    policy: S3Policy = request.app.state.s3_policy
+
+    def check(given: dict[str, Any]) -> None:
+        if isinstance(image := given.get("image"), str):
+            policy.check_input(image)
+
+    row = repo.retry_workflow(session, workflow_id, started_by=principal.name, check_input=check)
     session.commit()
     wake_scheduler(client, row.id)
     return _created(row, response)

@@ -1,7 +1,7 @@
 // Pieces shared by several pages: workflow table columns, worker status, the start dialog.
 
 import { h } from "../dom.js";
-import { api, ApiError } from "../api.js";
+import { allowed, api, ApiError } from "../api.js";
 import { field, mono, statusPill, toast, errorBox } from "../components.js";
 import { ago, between, dateTime, duration, shortId } from "../format.js";
 
@@ -31,7 +31,14 @@ export const WORKFLOW_COLUMNS = {
   created: { label: "Created", cell: (w) => h("time", { datetime: w.created_at, title: dateTime(w.created_at), class: "nowrap" }, ago(w.created_at)) },
   duration: { label: "Duration", align: "right", cls: "num nowrap", cell: (w) => duration(workflowDuration(w)) },
   outcome: { label: "Outcome", cls: "outcome", cell: (w) => outcome(w) },
+  startedBy: { label: "Started by", cls: "nowrap", cell: (w) => w.started_by || "—" },
 };
+
+/** Attributes that disable a control the signed-in key's role may not use, saying why. */
+export function needsRole(role, attrs = {}) {
+  if (allowed(role)) return attrs;
+  return { ...attrs, disabled: true, title: `Needs an API key with the role ${role} or higher` };
+}
 
 /** Whole-row click for tables whose first cell holds the real link (keyboard uses that). */
 export function clickableRow(w, navigate) {

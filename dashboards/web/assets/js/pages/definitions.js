@@ -8,6 +8,7 @@ import { taskGraph } from "../graph.js";
 import { card, empty, errorBox, mono, table, toast } from "../components.js";
 import { dateTime, duration, plural } from "../format.js";
 import { errorOffset, lineColumn } from "../jsonpos.js";
+import { needsRole } from "./common.js";
 
 const TEMPLATES = {
   workflow: {
@@ -58,7 +59,7 @@ export function mount(root, ctx) {
     { class: "segmented", role: "group", "aria-label": "Kind of definition" },
     ["workflow", "task"].map((k) => h("button", { type: "button", "data-kind": k, "aria-pressed": String(k === kind), onclick: () => setKind(k) }, k === "workflow" ? "Workflow" : "Task")),
   );
-  const submit = h("button", { type: "submit", class: "btn btn-primary", id: "def-submit" }, "Register");
+  const submit = h("button", needsRole("admin", { type: "submit", class: "btn btn-primary", id: "def-submit" }), "Register");
   const editorForm = h(
     "form",
     { class: "editor", onsubmit: register, "aria-label": "Register a definition" },

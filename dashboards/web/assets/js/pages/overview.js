@@ -6,7 +6,7 @@ import { poll } from "../live.js";
 import { barChart, legend, lineChart } from "../charts.js";
 import { card, empty, errorBox, statusPill, table, statusWord, WORKFLOW_STATUSES, meter } from "../components.js";
 import { bytes, duration, percent, plural } from "../format.js";
-import { WORKFLOW_COLUMNS, clickableRow, startWorkflowDialog, workerState } from "./common.js";
+import { WORKFLOW_COLUMNS, clickableRow, needsRole, startWorkflowDialog, workerState } from "./common.js";
 
 const WINDOWS = [
   [15, "15 min"],
@@ -46,7 +46,7 @@ export function mount(root, ctx) {
         "div",
         { class: "page-head" },
         h("div", {}, h("h1", { tabindex: -1 }, "Overview"), h("p", { class: "sub" }, "Workflows, workers and CDI data across the cluster, live.")),
-        h("div", { class: "actions" }, switcher, h("button", { type: "button", class: "btn btn-primary", onclick: () => startWorkflowDialog(ctx.navigate) }, "Start workflow")),
+        h("div", { class: "actions" }, switcher, h("button", needsRole("operator", { type: "button", class: "btn btn-primary", onclick: () => startWorkflowDialog(ctx.navigate) }), "Start workflow")),
       ),
       problems,
       tiles,
@@ -170,7 +170,7 @@ export function mount(root, ctx) {
       recent,
       list.items.length
         ? table([c.id, c.workflow, c.status, c.policy, c.created, c.duration], list.items, { rowAttrs: (w) => clickableRow(w, ctx.navigate), caption: "Recent workflows" })
-        : empty("No workflows yet", "Start one to see it here.", h("button", { type: "button", class: "btn btn-primary", onclick: () => startWorkflowDialog(ctx.navigate) }, "Start workflow")),
+        : empty("No workflows yet", "Start one to see it here.", h("button", needsRole("operator", { type: "button", class: "btn btn-primary", onclick: () => startWorkflowDialog(ctx.navigate) }), "Start workflow")),
     );
   }
 

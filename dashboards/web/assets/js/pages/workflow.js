@@ -2,7 +2,7 @@
 // the cancel and retry buttons.
 
 import { h, render } from "../dom.js";
-import { api, ApiError } from "../api.js";
+import { allowed, api, ApiError, imageUrl } from "../api.js";
 import { poll } from "../live.js";
 import { taskGraph } from "../graph.js";
 import { gantt, timelineLegend } from "../gantt.js";
@@ -88,8 +88,10 @@ export function mount(root, ctx) {
   }
 
   function renderHead(wf) {
-    const canCancel = wf.status === "PENDING" || wf.status === "RUNNING";
-    const canRetry = wf.status === "FAILED" || wf.status === "CANCELLED";
+    const operator = allowed("operator");
+    const roleHint = "Needs an API key with the role operator or higher";
+    const canCancel = operator && (wf.status === "PENDING" || wf.status === "RUNNING");
+    const canRetry = operator && (wf.status === "FAILED" || wf.status === "CANCELLED");
     render(
       regions.head,
       h(
@@ -101,8 +103,8 @@ export function mount(root, ctx) {
       h(
         "div",
         { class: "actions" },
-        h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !canCancel || busy, title: canCancel ? "Stop this run" : "Only a pending or running workflow can be cancelled", onclick: cancel }, "Cancel run"),
-        h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !canRetry || busy, title: canRetry ? "Start a new run with the same input" : "Only a failed or cancelled workflow can be retried", onclick: retry }, "Retry"),
+        h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !canCancel || busy, title: !operator ? roleHint : canCancel ? "Stop this run" : "Only a pending or running workflow can be cancelled", onclick: cancel }, "Cancel run"),
+        h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !canRetry || busy, title: !operator ? roleHint : canRetry ? "Start a new run with the same input" : "Only a failed or cancelled workflow can be retried", onclick: retry }, "Retry"),
       ),
     );
   }
@@ -117,6 +119,7 @@ export function mount(root, ctx) {
         ["Created", dateTime(wf.created_at)],
         ["Waited", duration(between(wf.created_at, wf.started_at || wf.finished_at))],
         ["Ran for", duration(workflowDuration(wf))],
+        ["Started by", h("span", { id: "wf-started-by" }, wf.started_by || "—")],
         ["Scheduler", wf.claimed_by || "—"],
         ["Input", mono(wf.input?.image ?? "—", { title: wf.input?.image })],
         wf.retry_of && ["Retry of", h("a", { href: `#/workflows/${wf.retry_of}`, class: "mono" }, shortId(wf.retry_of))],
@@ -235,10 +238,30 @@ export function mount(root, ctx) {
     );
   }
 
+  // Thumbnails come through fetch with the key, as object URLs freed when replaced or left.
+  let objectUrls = [];
+  function freeImages() {
+    for (const url of objectUrls) URL.revokeObjectURL(url);
+    objectUrls = [];
+  }
+
+  function thumbnail(image, title) {
+    const img = h("img", { alt: `${title} image of the run`, width: image.width, height: image.height });
+    imageUrl(image.thumbnail_url).then(
+      (url) => {
+        objectUrls.push(url);
+        img.src = url;
+      },
+      (err) => {
+        if (!(err instanceof ApiError)) throw err;
+        img.replaceWith(h("p", { class: "empty-text" }, `The preview failed to load: ${err.message}`));
+      },
+    );
+    return img;
+  }
+
   function imageBox(image, title) {
-    const frame = image.available
-      ? h("img", { src: image.thumbnail_url, alt: `${title} image of the run`, loading: "lazy", width: image.width, height: image.height })
-      : h("p", { class: "empty-text" }, image.problem || "No image");
+    const frame = image.available ? thumbnail(image, title) : h("p", { class: "empty-text" }, image.problem || "No image");
     const caption = image.available ? [image.format, `${image.width}×${image.height}`, bytes(image.bytes)].filter(Boolean).join(" · ") : "";
     return h(
       "figure",
@@ -249,6 +272,7 @@ export function mount(root, ctx) {
   }
 
   function renderImages(wf, images) {
+    freeImages();
     render(
       regions.images,
       h("div", { class: "images" }, imageBox(images.input, "Input"), h("span", { class: "arrow", "aria-hidden": "true" }, "→"), imageBox(images.result, "Result")),
@@ -290,5 +314,8 @@ export function mount(root, ctx) {
     }
     render(regions.alert, errorBox(err.message, err.problems));
   });
-  return stop;
+  return () => {
+    stop();
+    freeImages();
+  };
 }

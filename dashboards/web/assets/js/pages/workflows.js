@@ -4,7 +4,7 @@ import { h, render, s } from "../dom.js";
 import { api, query } from "../api.js";
 import { poll } from "../live.js";
 import { card, empty, errorBox, field, table, WORKFLOW_STATUSES, statusWord } from "../components.js";
-import { WORKFLOW_COLUMNS, clickableRow, startWorkflowDialog } from "./common.js";
+import { WORKFLOW_COLUMNS, clickableRow, needsRole, startWorkflowDialog } from "./common.js";
 
 const RANGES = [
   ["", "Any time"],
@@ -97,7 +97,7 @@ export function mount(root, ctx) {
         "div",
         { class: "page-head" },
         h("div", {}, h("h1", { tabindex: -1 }, "Workflows"), h("p", { class: "sub" }, count)),
-        h("div", { class: "actions" }, h("button", { type: "button", class: "btn btn-primary", id: "start-workflow", onclick: () => startWorkflowDialog(ctx.navigate) }, "Start workflow")),
+        h("div", { class: "actions" }, h("button", needsRole("operator", { type: "button", class: "btn btn-primary", id: "start-workflow", onclick: () => startWorkflowDialog(ctx.navigate) }), "Start workflow")),
       ),
       h("div", { class: "card", style: "padding:14px 16px" }, form, custom),
       problems,
@@ -204,14 +204,14 @@ export function mount(root, ctx) {
     render(
       results,
       list.items.length
-        ? table([c.id, c.workflow, c.status, c.policy, c.plane, c.created, c.duration, c.outcome], list.items, {
+        ? table([c.id, c.workflow, c.status, c.policy, c.plane, c.created, c.startedBy, c.duration, c.outcome], list.items, {
             rowAttrs: (w) => clickableRow(w, ctx.navigate),
             caption: "Workflows",
             cls: "workflows",
           })
         : filtered()
           ? empty("No workflows match these filters", "Widen the time range or clear a filter.", h("button", { type: "button", class: "btn", onclick: clearAll, "data-key": "empty-clear" }, "Clear filters"))
-          : empty("No workflows yet", "Start one from here or with POST /api/workflows.", h("button", { type: "button", class: "btn btn-primary", onclick: () => startWorkflowDialog(ctx.navigate) }, "Start workflow")),
+          : empty("No workflows yet", "Start one from here or with POST /api/workflows.", h("button", needsRole("operator", { type: "button", class: "btn btn-primary", onclick: () => startWorkflowDialog(ctx.navigate) }), "Start workflow")),
       h(
         "nav",
         { class: "pager", "aria-label": "Pages" },
