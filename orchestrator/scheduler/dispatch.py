@@ -188,7 +188,10 @@ class Dispatcher:
         return load.host if load is not None else ""
 
     def _route(self, run: RunState, loads: list[WorkerLoad]) -> Route:
-        """Where the run's object is, for pricing a move to another host."""
+        """Where the run's object is, for pricing a move to another host; a run that moves no
+        object (dataless, or on the object-store plane) has nothing to price and asks no minion."""
+        if run.data_plane != DataPlane.CDI:
+            return Route(link=self.link)
         hub = self.ctx.cdi.host
         if not run.owner or run.owner == self.ctx.id:
             return Route(hub, hub, self.link)

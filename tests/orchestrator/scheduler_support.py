@@ -21,7 +21,11 @@ WORKER = "worker-race"
 
 
 class _NoCDI:
-    """Dataless workflows move no objects: any CDI call here is a bug in the test's premise."""
+    """Dataless workflows move no objects, and the scheduler makes no object of a CDI run's
+    input: any call to the minion here is a bug in the test's premise. Which host the
+    minion is on (known without a call) is all it may read."""
+
+    host = "test"
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"a dataless workflow must not call cdi.{name}")
