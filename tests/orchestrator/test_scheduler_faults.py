@@ -12,6 +12,7 @@ leaves a workflow RUNNING with nothing under way.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -25,6 +26,7 @@ from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.db.models import Event, TaskRun
+from orchestrator.db.scheduler_liveness import LIVENESS_CLASS, alive_schedulers_sql
 from orchestrator.errors import ServiceError
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.loop import Scheduler
@@ -187,6 +189,7 @@ def test_a_dead_schedulers_workflows_go_to_a_live_one_and_a_live_ones_stay(
         dying.claims.claim()
         assert uuid.UUID(orphan) in dying.runs and uuid.UUID(kept) in alive.runs
         close_scheduler(dying)  # its connections close: its lock is gone
+        _until_its_lock_is_gone(api_sessions, dying.id)
 
         for each in (alive, survivor):  # whoever holds the lease takes over; once
             each._reconcile()
@@ -200,3 +203,17 @@ def test_a_dead_schedulers_workflows_go_to_a_live_one_and_a_live_ones_stay(
     finally:
         close_scheduler(alive)
         close_scheduler(survivor)
+
+
+def _until_its_lock_is_gone(sessions: sessionmaker[Session], scheduler_id: str) -> None:
+    """Postgres drops a closed connection's locks once its backend has seen the close, a moment
+    after the client closed it: wait for that, as a dead process's lock is gone by then."""
+    held = "SELECT " + alive_schedulers_sql("%(who)s")
+    deadline = time.monotonic() + 10
+    while True:
+        with sessions() as session:
+            params = {"who": scheduler_id, "cls": LIVENESS_CLASS}
+            if not session.connection().exec_driver_sql(held, params).scalar():
+                return
+        assert time.monotonic() < deadline, f"{scheduler_id}'s liveness lock stayed held"
+        time.sleep(0.02)
