@@ -201,5 +201,6 @@ class Workload:
 
 
 def api_client(stack: Stack) -> httpx.Client:
-    """The one place the chaos runs make their API client."""
-    return httpx.Client(base_url=stack.api_url, timeout=30)
+    """The one place the chaos runs make their API client (as the stack's admin: it registers
+    the pipeline too)."""
+    return httpx.Client(base_url=stack.api_url, timeout=30, headers=stack.auth_headers)
