@@ -18,6 +18,7 @@ catch ``CDIError`` (or a branch of it) and get a message a person can act on.
     │   ├── KeyExists               ``create``/``copy`` onto a key that exists      (paper: 0)
     │   ├── ObjectNotFound          no object with that key (or it was destroyed)  (paper: 0)
     │   ├── NotOwner                the caller does not own the object  (also PermissionError)
+    │   ├── ObjectShared            readers hold it: no write, transfer, resize or destroy yet
     │   └── BufferInUse             views of the data are still alive at transfer/destroy
     ├── OutOfMemory                 the minion cannot hold another object of that size (paper: -1)
     ├── AccessTimeout               ``access(timeout=)`` expired        (also TimeoutError)
@@ -46,6 +47,7 @@ __all__ = [
     "NotRegistered",
     "ObjectError",
     "ObjectNotFound",
+    "ObjectShared",
     "OutOfMemory",
     "ProtocolError",
     "TransferFailed",
@@ -144,6 +146,13 @@ class NotOwner(ObjectError, PermissionError):
     code = "not_owner"
 
 
+class ObjectShared(ObjectError):
+    """Readers hold a share of the object: nobody writes, transfers, resizes or destroys it
+    until every reader has released it (``access(timeout=)`` waits for that)."""
+
+    code = "shared"
+
+
 class BufferInUse(ObjectError):
     """Views of the object's memory are still referenced, so it cannot be unmapped yet."""
 
@@ -195,6 +204,7 @@ _BY_CODE: dict[str, type[CDIError]] = {
         KeyExists,
         ObjectNotFound,
         NotOwner,
+        ObjectShared,
         BufferInUse,
         OutOfMemory,
         AccessTimeout,

@@ -1,4 +1,5 @@
-"""The minion's wire protocol and the validation both ends share.
+"""The minion's wire protocol (``cdi/PROTOCOL.md``, which is binding) and the validation both
+ends share.
 
 Transport: a Unix ``SOCK_SEQPACKET`` socket, so every message keeps its boundaries and a file
 descriptor rides with the message it belongs to (``SCM_RIGHTS``). Each message is one msgpack map.
@@ -34,6 +35,7 @@ __all__ = [
     "Op",
     "Receiver",
     "check_container_id",
+    "check_container_ids",
     "check_key",
     "check_segment_ids",
     "check_size",
@@ -44,10 +46,11 @@ __all__ = [
     "unpack",
 ]
 
-# Largest message either side sends; keys and ids are short, so 64 KiB leaves room for listings.
+# Largest message either side sends: requests are small; a `list` of a busy host is not.
 MAX_MESSAGE = 1 << 20
 MAX_KEY_LENGTH = 256
 MAX_OFFERED_SEGMENTS = 64  # segment ids a create may name as already mapped by the caller
+MAX_READERS = 64  # containers one share may name
 PAGE = mmap.PAGESIZE
 
 _NAME = re.compile(r"[A-Za-z0-9_.:/@+=-]+")  # whole string: fullmatch (``$`` allows a "\n")
@@ -72,6 +75,9 @@ class Op(StrEnum):
     RESIZE = "resize"
     DESTROY = "destroy"
     SET_RECOVERY = "set_recovery"
+    SHARE = "share"
+    READ = "read"
+    RELEASE = "release"
     STAT = "stat"
     LIST = "list"
 
@@ -122,6 +128,13 @@ def check_key(key: object) -> str:
 def check_container_id(container_id: object) -> str:
     """Return the container id as a string (integers are accepted), else raise."""
     return _check_name(container_id, "container id")
+
+
+def check_container_ids(value: object) -> list[str]:
+    """The container ids a ``share`` names: a list of 1 to ``MAX_READERS`` ids."""
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_READERS:
+        raise InvalidArgument(f"readers must be a list of 1 to {MAX_READERS} container ids")
+    return [check_container_id(item) for item in value]
 
 
 def check_size(size: object, limit: int) -> int:

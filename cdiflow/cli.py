@@ -10,13 +10,10 @@ from typing import Any, Final
 
 import click
 
-from cdi.controller.cli import controller_command
+from apps.ar.errors import ARError
 from cdi.errors import CDIError
-from cdi.minion.cli import minion_command
+from cdiflow.client.errors import CdiflowError
 from orchestrator.errors import OrchestratorError
-from orchestrator.scheduler.cli import scheduler_command
-from orchestrator.stack.cli import down_command, status_command, up_command
-from orchestrator.worker.cli import worker_command
 from workflows.errors import WorkflowsError
 
 __all__ = ["main"]
@@ -31,42 +28,51 @@ BENCH_COMMANDS: Final = {
     "s3": "loadtest.s3_costs:bench_s3_command",
     "idle": "loadtest.idle:bench_idle_command",
     "chaos": "loadtest.chaos.cli:bench_chaos_command",
+    "ar": "apps.ar.cli:bench_ar_command",
 }
 
 
-class _Commands(click.Group):
-    """Our own errors (the documented trees of ``orchestrator``, ``cdi`` and ``workflows``) end a
-    command with their message, which says what to do, not with a traceback; anything else is
-    a bug and keeps its traceback."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (OrchestratorError, CDIError, WorkflowsError) as exc:
-            log_file = getattr(exc, "log_file", None)
-            more = f" (log: {log_file})" if log_file else ""
-            raise click.ClickException(f"{exc}{more}") from exc
+# The product's own commands, imported when one runs (or help lists them). *Why:* the stack,
+# the scheduler and the workers pull in most of the project, and a client command such as
+# ``cdiflow run`` took two seconds to start when every import came first.
+COMMANDS: Final = {
+    "up": "orchestrator.stack.cli:up_command",
+    "down": "orchestrator.stack.cli:down_command",
+    "status": "orchestrator.stack.cli:status_command",
+    "scheduler": "orchestrator.scheduler.cli:scheduler_command",
+    "worker": "orchestrator.worker.cli:worker_command",
+    "run": "cdiflow.commands.workflows:run_command",
+    "workflows": "cdiflow.commands.workflows:workflows_group",
+    "tasks": "cdiflow.commands.definitions:tasks_group",
+    "definitions": "cdiflow.commands.definitions:definitions_group",
+    "ar": "apps.ar.cli:ar_group",
+}
+CDI_COMMANDS: Final = {
+    "controller": "cdi.controller.cli:controller_command",
+    "minion": "cdi.minion.cli:minion_command",
+}
 
 
 class _LazyCommands(click.Group):
-    """A group whose commands are imported when one is asked for (``module:attribute``)."""
+    """A group whose commands are imported when one is asked for (``lazy``: name to
+    ``module:attribute``), beside those added to it as usual."""
 
     def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lazy = lazy
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(self._lazy)
+        return sorted({*super().list_commands(ctx), *self._lazy})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = self._lazy.get(cmd_name)
         if target is None:
-            return None
+            return super().get_command(ctx, cmd_name)
         module_name, _, attribute = target.partition(":")
         try:
             module = _import_from_checkout(module_name)
         except ModuleNotFoundError as exc:
-            return _unavailable(cmd_name, _missing(cmd_name, module_name, exc))
+            return _unavailable(cmd_name, _missing(ctx.command_path, cmd_name, module_name, exc))
         command: click.Command = getattr(module, attribute)
         return command
 
@@ -99,40 +105,42 @@ def _unavailable(name: str, why: str) -> click.Command:
     )
 
 
-def _missing(command: str, module: str, exc: ModuleNotFoundError) -> str:
+def _missing(group: str, command: str, module: str, exc: ModuleNotFoundError) -> str:
     package = module.partition(".")[0]
     if exc.name is not None and exc.name.partition(".")[0] == package:
         return (
-            f"`cdiflow bench {command}` is part of the repository's benchmark harness "
+            f"`{group} {command}` is part of the repository's benchmark harness "
             f"({package}/), which an installed cdiflow does not include: run it from a "
             "source checkout (`pip install -e '.[bench]'` there)"
         )
-    return (
-        f"`cdiflow bench {command}` needs {exc.name!r}, which is not installed: "
-        "pip install 'cdiflow[bench]'"
+    return f"`{group} {command}` needs {exc.name!r}, which is not installed: " + (
+        "pip install 'cdiflow[bench]'" if group.endswith(" bench") else "reinstall cdiflow"
     )
 
 
-@click.group(cls=_Commands)
+class _Commands(_LazyCommands):
+    """Our own errors (the documented trees of ``orchestrator``, ``cdi``, ``workflows``,
+    ``apps.ar`` and ``cdiflow.client``) end a command with their message, which says what to
+    do, not with a traceback; anything else is a bug and keeps its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (OrchestratorError, CDIError, WorkflowsError, ARError, CdiflowError) as exc:
+            log_file = getattr(exc, "log_file", None)
+            more = f" (log: {log_file})" if log_file else ""
+            raise click.ClickException(f"{exc}{more}") from exc
+
+
+@click.group(cls=_Commands, lazy=COMMANDS)
 @click.version_option(package_name="cdiflow")
 def main() -> None:
     """cdiflow: a workflow orchestrator whose intermediate data moves as Container Data Items."""
 
 
-@main.group("cdi")
+@main.group("cdi", cls=_LazyCommands, lazy=CDI_COMMANDS)
 def cdi_group() -> None:
     """The CDI runtime: controller and per-host minion."""
-
-
-cdi_group.add_command(controller_command)
-cdi_group.add_command(minion_command)
-
-
-main.add_command(up_command)
-main.add_command(down_command)
-main.add_command(status_command)
-main.add_command(scheduler_command)
-main.add_command(worker_command)
 
 
 @main.group("bench", cls=_LazyCommands, lazy=BENCH_COMMANDS)

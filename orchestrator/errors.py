@@ -163,14 +163,19 @@ class S3NotAllowed(InvalidRequest):
 
 
 class RequestTooLarge(OrchestratorError):
-    """A request body is larger than ``limit`` bytes."""
+    """A request body (or the ``what`` it carries) is larger than ``limit`` bytes."""
 
     code = "request_too_large"
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        *,
+        what: str = "request body",
+        advice: str = "send a smaller body (pass large data by S3 URI, not inline)",
+    ) -> None:
         super().__init__(
-            f"request body is larger than the {limit}-byte limit ({limit / 2**20:g} MiB); "
-            "send a smaller body (pass large data by S3 URI, not inline)"
+            f"{what} is larger than the {limit}-byte limit ({limit / 2**20:.4g} MiB); {advice}"
         )
         self.limit = limit
 

@@ -17,6 +17,7 @@ with ``enforce`` so is one outside the ``S3Policy`` (the workers' and the API's 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -131,10 +132,48 @@ class ObjectStore:
         except _FAILED as exc:
             raise StorageError(f"cannot read {uri}: {_reason(exc)}") from exc
 
-    def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> None:
+    def stream(self, uri: str, limit: int, chunk: int = 1 << 20) -> tuple[int, Iterator[bytes]]:
+        """``(size, chunks)`` of the object at ``uri``, read as the chunks are taken, for a
+        response that must not hold the whole object. Errors as ``get``; one in the middle of
+        the stream is a ``StorageError``."""
         bucket, key = parse_s3_uri(uri)
         if self.enforce:
-            self.policy.check_write(uri)
+            self.policy.check_read(uri)
+        try:
+            reply = obstore.get(self._store(bucket), key)
+            size = int(reply.meta["size"])
+        except _MISSING as exc:
+            raise InputMissing(f"{uri} does not exist") from exc
+        except _FAILED as exc:
+            raise StorageError(f"cannot read {uri}: {_reason(exc)}") from exc
+        if size > limit:
+            raise InputTooLarge(f"{uri} is {size} bytes; the limit is {limit}")
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                for part in reply.stream(min_chunk_size=chunk):
+                    yield bytes(part)
+            except _FAILED as exc:
+                raise StorageError(f"reading {uri} failed midway: {_reason(exc)}") from exc
+
+        return size, chunks()
+
+    def put(
+        self,
+        uri: str,
+        data: bytes,
+        content_type: str = "application/octet-stream",
+        *,
+        input_upload: bool = False,
+    ) -> None:
+        """Write ``data`` at ``uri``: with ``enforce``, under results or in-between images, or,
+        for an ``input_upload`` (an input a client sent through the API), under the inputs."""
+        bucket, key = parse_s3_uri(uri)
+        if self.enforce:
+            if input_upload:
+                self.policy.check_input(uri)
+            else:
+                self.policy.check_write(uri)
         try:
             obstore.put(
                 self._store(bucket),

@@ -34,6 +34,7 @@ _BUCKET: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 MAX_KEY_BYTES: Final = 1024
 WORK_PREFIX: Final = "work/"
+UPLOAD_PREFIX: Final = "uploads/"
 
 
 def check_s3_uri(uri: str) -> tuple[str, str]:
@@ -118,6 +119,11 @@ class S3Policy:
                 f"{uri} is outside the S3 locations this cdiflow writes to "
                 f"({self.results}, {self.work})"
             )
+
+    def upload_uri(self, name: str) -> str:
+        """Where an input a client uploads through the API goes: under the first inputs
+        prefix, so a workflow may read it."""
+        return f"{self.inputs[0]}{UPLOAD_PREFIX}{name}"
 
     def result_uri(self, name: str) -> str:
         return self.results + name

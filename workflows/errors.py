@@ -5,6 +5,8 @@ Callers catch ``WorkflowsError`` (or a branch of it) and get a message a person 
     WorkflowsError
     ├── InvalidImage            bytes that are not a usable image, a bad buffer header,
     │                           or a decompression bomb                     (also ValueError)
+    ├── InvalidVideo            a file that is not a readable video, a frame of the wrong
+    │                           size for its video, a bad frame message     (also ValueError)
     ├── ResultTooLarge          a task's result image does not fit the buffer; carries
     │                           ``needed``/``available`` bytes and the computed result
     ├── InvalidDefinition       a workflow or task definition with problems; carries the
@@ -37,6 +39,7 @@ __all__ = [
     "InvalidDefinition",
     "InvalidImage",
     "InvalidTaskResult",
+    "InvalidVideo",
     "NeedsImage",
     "ResultTooLarge",
     "TaskError",
@@ -59,6 +62,12 @@ class InvalidImage(WorkflowsError, ValueError):
     """The bytes or buffer do not hold an image this package can use."""
 
     code = "invalid_image"
+
+
+class InvalidVideo(WorkflowsError, ValueError):
+    """The file is not a video this package can read, or a frame does not fit its video."""
+
+    code = "invalid_video"
 
 
 class ResultTooLarge(WorkflowsError):
@@ -160,6 +169,7 @@ _BY_CODE: dict[str, type[WorkflowsError]] = {
     for cls in (
         WorkflowsError,
         InvalidImage,
+        InvalidVideo,
         TaskError,
         TaskLoadError,
         TaskNotFound,

@@ -15,28 +15,17 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import suppress
 from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 from cdi import protocol
 from cdi.client.connection import MinionConnection
-from cdi.client.exports import exports_of
 from cdi.client.gateway_link import GatewayLink
+from cdi.client.handle import CDIObject
 from cdi.client.mapcache import MappingCache
-from cdi.errors import (
-    AccessTimeout,
-    BufferInUse,
-    InvalidArgument,
-    NotRegistered,
-    ObjectNotFound,
-    ProtocolError,
-    UnknownContainer,
-)
+from cdi.client.mapping import Mapping
+from cdi.client.reading import ReadMappings
+from cdi.errors import AccessTimeout, BufferInUse, NotRegistered, ObjectNotFound, ProtocolError
 from cdi.protocol import Isolation, Op
 from cdi.url import resolve_socket_path
 
@@ -44,57 +33,6 @@ __all__ = ["DEFAULT_CACHE_BYTES", "CDIObject", "Client", "connect"]
 
 DEFAULT_CACHE_BYTES = 256 << 20
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages fault in on first touch
-
-
-@dataclass(eq=False)
-class _Mapping:
-    """This process's mapping of an object's segment, and the views it handed out."""
-
-    mm: mmap.mmap
-    size: int
-    capacity: int
-    generation: int
-    segment: int | None
-    """The minion's id of the memory this maps (a memfd): a cached mapping is reused only for
-    the same id."""
-    cacheable: bool
-    """Cooperative objects only: a strict object's old segment is truncated on transfer."""
-    views: list[memoryview] = field(default_factory=list)
-
-    def view(self) -> memoryview:
-        base = memoryview(self.mm)
-        view = base[: self.size]
-        self.views.extend((view, base))
-        return view
-
-    def revoke(self, key: str) -> None:
-        """Release every view we handed out; refuse if anything else still holds the buffer."""
-        try:
-            for view in self.views:
-                view.release()
-        except BufferError as exc:
-            raise _in_use(key) from exc
-        self.views.clear()
-        exports = exports_of(self.mm)
-        if exports is None:
-            self.close(key)  # this interpreter hides the count: find out by closing
-        elif exports:
-            raise _in_use(key)
-
-    def close(self, key: str) -> None:
-        if self.mm.closed:
-            return
-        try:
-            self.mm.close()
-        except BufferError as exc:
-            raise _in_use(key) from exc
-
-
-def _in_use(key: str) -> BufferInUse:
-    return BufferInUse(
-        f"views of {key!r} (a memoryview slice or a NumPy array) are still referenced; drop "
-        "them, or use `with obj.view() as buf:`, before transfer, resize or destroy"
-    )
 
 
 class Client:
@@ -116,15 +54,16 @@ class Client:
         if spin_us is None:
             spin_us = int(os.environ.get("CDI_SPIN_US", "200"))
         self._conn = MinionConnection(self.socket_path, timeout, spin_us=spin_us)
-        self._maps: dict[str, _Mapping] = {}
+        self._maps: dict[str, Mapping] = {}
         # Mappings of cooperative objects we gave away or destroyed (see mapcache). When the
         # object comes back, or a new one lives in the same segment, the minion sends no fd and
         # we neither mmap nor fault the pages in again. No view of a cached mapping exists: it is
         # usable again only after the minion grants an object in its segment to us.
         if cache_bytes is None:
             cache_bytes = int(os.environ.get("CDI_MAP_CACHE_BYTES", str(DEFAULT_CACHE_BYTES)))
-        self._cache: MappingCache[_Mapping] = MappingCache(cache_bytes)
+        self._cache: MappingCache[Mapping] = MappingCache(cache_bytes)
         self._maps_lock = threading.Lock()
+        self._reads = ReadMappings(self._conn)
         self.container_id: str | None = None
         self.host: str | None = None
         self.max_object: int | None = None
@@ -155,6 +94,7 @@ class Client:
                 with suppress(BufferError):
                     mapping.mm.close()
             self._maps.clear()
+        self._reads.close()
         self._gateway.close()
         self._conn.close()
 
@@ -252,7 +192,7 @@ class Client:
             self._give_up(key, Op.TRANSFER, detach, to=slot)
             self._gateway.call("forward", key=key, to=to, **{"from": self.container_id})
 
-    def _grant_arriving(self, key: str, timeout: float | None, populate: bool) -> _Mapping:
+    def _grant_arriving(self, key: str, timeout: float | None, populate: bool) -> Mapping:
         """``access``: our grant of ``key``; if no such key is here but a gateway is, wait for
         it to arrive from another host (``ObjectNotFound`` if no host has it)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -286,7 +226,7 @@ class Client:
         timeout: float | None = None,
         populate: bool = False,
         **args: Any,
-    ) -> _Mapping:
+    ) -> Mapping:
         """Ask for ``key``'s memory (``access``) and map it, reusing our cached mapping when the
         minion says it is of the same segment (then it sends no fd)."""
         have = self._cached_segment(key)
@@ -302,7 +242,7 @@ class Client:
             raise
         return self._map(key, reply, fd, populate)
 
-    def _reuse(self, key: str, reply: dict[str, Any]) -> _Mapping | None:
+    def _reuse(self, key: str, reply: dict[str, Any]) -> Mapping | None:
         """Take a cached mapping of the granted segment — ours of ``key``, or of an earlier
         object in the same segment — and make it ``key``'s; ``None`` if we have none."""
         segment, capacity = reply.get("segment"), reply["capacity"]
@@ -319,7 +259,7 @@ class Client:
 
     def _map(
         self, key: str, reply: dict[str, Any], fd: int | None, populate: bool = False
-    ) -> _Mapping:
+    ) -> Mapping:
         """Make the memory of a grant ``key``'s mapping: a cached one if we still map the
         segment (then an fd sent anyway is closed unused), else a new ``mmap`` of ``fd``."""
         mapping = self._reuse(key, reply)
@@ -338,7 +278,7 @@ class Client:
             mm = mmap.mmap(fd, reply["capacity"], flags, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)  # the mapping is all we keep: no fd to re-map once ownership is gone
-        mapping = _Mapping(
+        mapping = Mapping(
             mm,
             reply["size"],
             reply["capacity"],
@@ -349,7 +289,7 @@ class Client:
         self._install(key, mapping)
         return mapping
 
-    def _install(self, key: str, mapping: _Mapping) -> None:
+    def _install(self, key: str, mapping: Mapping) -> None:
         """Make ``mapping`` the one we own ``key`` through; unmap any earlier one of ``key``."""
         with self._maps_lock:
             old = self._maps.pop(key, None)
@@ -365,7 +305,7 @@ class Client:
         if mapping is not None:
             mapping.close(key)
 
-    def _keep(self, key: str, mapping: _Mapping) -> None:
+    def _keep(self, key: str, mapping: Mapping) -> None:
         """Cache the mapping of an object we gave away or destroyed (its views are already
         revoked), or unmap it; evict the least recently used mappings beyond the budget."""
         with self._maps_lock:
@@ -381,7 +321,7 @@ class Client:
         for old_key, old in evicted:
             old.close(old_key)
 
-    def _revoke(self, key: str, detach: bool = False) -> _Mapping | None:
+    def _revoke(self, key: str, detach: bool = False) -> Mapping | None:
         """Take back our views of ``key`` and forget its mapping; the caller unmaps it.
 
         ``detach``: if views are still referenced, forget the mapping anyway and leave it to
@@ -400,11 +340,40 @@ class Client:
             del self._maps[key]
             return mapping
 
+    def _share(self, key: str, readers: list[str]) -> list[str]:
+        """Share ``key``: revoke our views (``BufferInUse`` first if one is held), send, then
+        keep our mapping for the object's return to us alone (cached, as after a transfer)."""
+        self._require_registered()
+        mapping = self._revoke(key)
+        try:
+            reply, _ = self._conn.call(Op.SHARE, key=key, readers=readers)
+        except BaseException:
+            if mapping is not None:
+                self._install(key, mapping)  # nothing was shared: still ours alone
+            raise
+        if mapping is not None:
+            self._keep(key, mapping)
+        return list(reply["readers"])
+
+    def _read(self, key: str, timeout: float | None) -> memoryview:
+        """A read-only view of ``key``: of our own mapping while we own it alone, else of a
+        read-only mapping the minion grants once we may read."""
+        self._require_registered()
+        mapping = self._maps.get(key)
+        if mapping is not None:
+            return mapping.read_view()
+        return self._reads.read(key, timeout).read_view()
+
+    def _release(self, key: str) -> bool:
+        self._require_registered()
+        return self._reads.release(key)
+
     def _give_up(self, key: str, op: Op, detach: bool = False, **args: Any) -> dict[str, Any]:
         """Run an operation that ends our ownership: revoke our views (no code of ours can touch
         the bytes any more), send, then unmap — or, after a transfer of a cooperative object,
         keep the mapping for the object's return. Unmapping 10 MB costs ~0.5 ms, which the new
         owner must not wait for."""
+        self._reads.drop(key)  # what we read while we had shared it
         mapping = self._revoke(key, detach)
         # A destroyed object's segment goes back to the minion's pool: a later object of ours
         # may get it, and then this mapping serves it without an mmap or page faults.
@@ -420,136 +389,6 @@ class Client:
         if not keep:
             self._drop_cached(key)
         return reply
-
-
-class CDIObject:
-    """A handle on one CDI object; only the owner's operations succeed, others get ``NotOwner``."""
-
-    def __init__(self, client: Client, key: str, size: int | None) -> None:
-        self.client = client
-        self.key = key
-        self._size = size  # None: not asked yet (``use(key, check=False)``)
-
-    def __repr__(self) -> str:
-        mapping = self.client._maps.get(self.key)
-        size = mapping.size if mapping is not None else self._size  # no round trip in a repr
-        return f"CDIObject(key={self.key!r}, size={size})"
-
-    @property
-    def size(self) -> int:
-        mapping = self.client._maps.get(self.key)
-        if mapping is not None:
-            return mapping.size
-        if self._size is None:
-            self._size = self.client._size_of(self.key)
-        return self._size
-
-    @property
-    def isolation(self) -> str:
-        """``cooperative`` or ``strict``, as far as this process knows (it maps the object)."""
-        mapping = self.client._maps.get(self.key)
-        strict = mapping is not None and not mapping.cacheable
-        return str(Isolation.STRICT if strict else Isolation.COOPERATIVE)
-
-    @property
-    def owned(self) -> bool:
-        """True while this process holds the object's memory (it owns it)."""
-        return self.key in self.client._maps
-
-    def access(self, timeout: float | None = None, *, populate: bool = False) -> memoryview:
-        """Block until this container owns the object; return a writable view of its bytes.
-
-        ``timeout`` (seconds) raises ``AccessTimeout`` when ownership has not arrived by then.
-        The view is revoked (released) when the object is transferred, resized or destroyed.
-        ``populate``: if this process maps the object now, map every page at once (for a
-        caller about to read it all; it delays the return by ~0.1 ms a MB).
-        """
-        if timeout is not None and timeout < 0:
-            raise InvalidArgument(f"timeout must not be negative, got {timeout}")
-        mapping = self.client._maps.get(self.key)
-        if mapping is None:
-            mapping = self.client._grant_arriving(self.key, timeout, populate)
-        self._size = mapping.size
-        return mapping.view()
-
-    def _owned_mapping(self) -> _Mapping:
-        """Our mapping if we own the object now; ``NotOwner`` at once otherwise (no waiting)."""
-        mapping = self.client._maps.get(self.key)
-        if mapping is None:
-            mapping = self.client._grant(self.key, Op.ACCESS, wait=False)
-        return mapping
-
-    @contextmanager
-    def view(self, timeout: float | None = None, *, populate: bool = False) -> Iterator[memoryview]:
-        """``with obj.view() as buf:`` — the view is released on exit."""
-        buf = self.access(timeout, populate=populate)
-        try:
-            yield buf
-        finally:
-            buf.release()
-
-    def numpy(
-        self,
-        dtype: npt.DTypeLike = np.uint8,
-        shape: tuple[int, ...] | None = None,
-        timeout: float | None = None,
-    ) -> npt.NDArray[Any]:
-        """A zero-copy NumPy array over the object's bytes (drop it before ``transfer``)."""
-        array = np.frombuffer(self.access(timeout), dtype=dtype)
-        return array.reshape(shape) if shape is not None else array
-
-    def write(self, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
-        """Copy ``data`` into the object at ``offset``; ``NotOwner`` unless we own it now."""
-        mapping = self._owned_mapping()
-        end = offset + len(data)
-        if offset < 0 or end > mapping.size:
-            raise InvalidArgument(
-                f"writing {len(data)} bytes at {offset} overflows the object's {mapping.size} bytes"
-            )
-        mapping.mm[offset:end] = data
-
-    def read(self) -> bytes:
-        """A copy of the object's bytes; ``NotOwner`` unless we own it now."""
-        mapping = self._owned_mapping()
-        return mapping.mm[: mapping.size]
-
-    def transfer(self, container_id: str | int, *, detach: bool = False) -> None:
-        """Hand ownership to ``container_id`` in one atomic step; our views are revoked first.
-
-        A view still referenced raises ``BufferInUse`` and nothing moves, unless ``detach``:
-        then, for a cooperative object, the view is left mapped — reading it afterwards shows
-        whatever the new owner writes — and unmapped when it is dropped. For a process that is
-        about to exit with a thread it cannot stop still reading the object."""
-        to = protocol.check_container_id(container_id)
-        if to == self.client.container_id and self.owned:
-            return  # already ours: nothing to hand over
-        try:
-            self.client._give_up(self.key, Op.TRANSFER, detach, to=to)
-        except UnknownContainer:
-            if not self.client._crosses_hosts():
-                raise
-            self.client._forward(self.key, to, detach)  # ``to`` is on another host
-
-    def copy(self, new_key: str) -> CDIObject:
-        """A new, independent object with the same bytes, owned by this container."""
-        new_key = protocol.check_key(new_key)
-        reply, fd = self.client._conn.call(Op.COPY, key=self.key, new_key=new_key)
-        self.client._map(new_key, reply, fd)
-        return CDIObject(self.client, new_key, reply["size"])
-
-    def resize(self, new_size: int) -> None:
-        """Change the object's size (the owner only); bytes up to the smaller size are kept."""
-        reply = self.client._give_up(self.key, Op.RESIZE, size=new_size)
-        self._size = reply["size"]
-
-    def destroy(self) -> None:
-        """Free the object (the owner only)."""
-        self.client._give_up(self.key, Op.DESTROY)
-
-    def set_recovery(self, container_id: str | int) -> None:
-        """Who gets the object back if its owner dies (default: its creator)."""
-        cid = protocol.check_container_id(container_id)
-        self.client._conn.call(Op.SET_RECOVERY, key=self.key, container=cid)
 
 
 def connect(

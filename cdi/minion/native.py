@@ -1,8 +1,8 @@
 """Run the native minion (``cdi/minion-native``, Rust) with a :class:`MinionConfig`.
 
-The native binary serves the same wire protocol as :mod:`cdi.minion.server` with the same
-operations, codes and messages; it exists because the minion sits on every hand-off and an
-interpreter spends most of a hand-off's microseconds (see docs/architecture.md). Configuration and
+The native binary serves ``cdi/PROTOCOL.md`` like :mod:`cdi.minion.server`; it exists because
+the minion sits on every hand-off and an interpreter spends most of a hand-off's microseconds (see
+docs/architecture.md). Configuration and
 the controller's directory stay in Python: this module turns a validated config into the binary's
 arguments, and, when a controller is configured, reads the binary's object events from a pipe and
 forwards them to the directory reporter (so the binary needs no gRPC stack).

@@ -5,12 +5,12 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from cdi.minion.segments import Segment
 from cdi.protocol import Isolation
 
-__all__ = ["Connection", "StoredObject"]
+__all__ = ["Connection", "StoredObject", "Waiter"]
 
 
 @dataclass(eq=False)
@@ -31,6 +31,15 @@ class Connection:
     objects recovered, once the request in hand is answered."""
 
 
+class Waiter(NamedTuple):
+    """A deferred request: an ``access`` (waits to own the object alone) or a ``read`` (waits
+    until the caller may read it)."""
+
+    conn: Connection
+    request_id: int
+    read: bool
+
+
 @dataclass(eq=False)
 class StoredObject:
     """One CDI object: its memory, who owns it, and who gets it back if the owner dies."""
@@ -45,8 +54,22 @@ class StoredObject:
     generation: int = 1
     writers: set[int] = field(default_factory=set)
     """Uids of every process that has owned the object (and so could write its memory)."""
+    readers: list[str] = field(default_factory=list)
+    """Containers holding a read share, in the order granted: while any does, nobody writes,
+    transfers, resizes or destroys the object."""
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.readers)
+
+    def readable_by(self, container: str | None) -> bool:
+        """Whether ``container`` may read the object now: its owner, or a reader of a share."""
+        return container == self.owner or container in self.readers
+
+    def touch(self) -> None:
+        self.updated_at = time.time()
 
     def grant_fields(self) -> dict[str, Any]:
         return {
@@ -79,6 +102,8 @@ class StoredObject:
             "isolation": str(self.isolation),
             "generation": self.generation,
             "host": host,
+            "readers": list(self.readers),
+            "segment": self.segment.id,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }

@@ -55,12 +55,16 @@ class Segment:
     """Bytes from the start that earlier objects may have written (the rest is zeros)."""
     writers: set[int] = field(default_factory=set)
     """Uids of the processes that owned those objects: who may have written the dirty bytes."""
+    _read_only: int | None = field(default=None, repr=False)
 
     @classmethod
     def allocate(cls, capacity: int, *, sealed: bool) -> Segment:
         flags = os.MFD_CLOEXEC | (os.MFD_ALLOW_SEALING if sealed else 0)
         fd = os.memfd_create("cdi-segment", flags)
         try:
+            # Only the minion's uid may open the memory by name (/proc/<pid>/fd/<n>): a reader
+            # given a read-only fd cannot reopen it writable through /proc/self/fd.
+            os.fchmod(fd, 0o600)
             os.ftruncate(fd, capacity)
             os.posix_fallocate(fd, 0, capacity)  # allocate the pages now, not on first touch
             if sealed:
@@ -73,6 +77,13 @@ class Segment:
         addr = ctypes.addressof(probe)
         del probe  # drop the buffer export at once so the mapping can be closed later
         return cls(fd=fd, capacity=capacity, sealed=sealed, _mm=mm, _addr=addr)
+
+    def read_only_fd(self) -> int:
+        """A read-only fd of this memory for readers of a shared object: it cannot be mapped
+        writable (EACCES), written or truncated. Opened once, through /proc/self/fd, and kept."""
+        if self._read_only is None:
+            self._read_only = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+        return self._read_only
 
     def intact(self, length: int) -> bool:
         """True if the file still spans ``length`` bytes (an unsealed owner may have shrunk it)."""
@@ -134,6 +145,9 @@ class Segment:
         if truncate and not self.sealed:
             os.ftruncate(self.fd, 0)
         os.close(self.fd)
+        if self._read_only is not None:
+            os.close(self._read_only)
+            self._read_only = None
 
 
 class SegmentPool:

@@ -201,6 +201,5 @@ class Workload:
 
 
 def api_client(stack: Stack) -> httpx.Client:
-    """The one place the chaos runs make their API client (as the stack's admin: it registers
-    the pipeline too)."""
+    """The one place the chaos runs make their API client (as the stack's admin)."""
     return httpx.Client(base_url=stack.api_url, timeout=30, headers=stack.auth_headers)

@@ -18,14 +18,12 @@ from typing import Any, Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import boto3
-import psycopg
 from botocore.config import Config
-from psycopg import sql
-from sqlalchemy.engine import make_url
 
 from loadtest import harness_env
 from loadtest.netem_proxy import LinkSpec, NetemProxy
 from orchestrator.services import RunningServices, resolve_services
+from orchestrator.services.postgres import create_database
 from orchestrator.settings import load_settings
 
 __all__ = ["LINKS", "BenchServices", "clear_prefixes", "peer_env", "s3_client"]
@@ -142,23 +140,10 @@ class BenchServices:
         return urlunsplit(urlsplit(self.running.redis_url)._replace(path=f"/{index}"))
 
     def create_database(self, label: str) -> str:
-        """An empty database on the run's Postgres, owned by the role cdiflow connects as;
-        returns its URL. An embedded Postgres's role may not create databases: its superuser
-        does (a configured Postgres's role must be allowed to)."""
-        url = make_url(self.running.database_url)
-        admin = make_url(self.running.admin_database_url or self.running.database_url)
+        """An empty database on the run's Postgres; returns its URL."""
         name = f"bench_{label.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
-        with psycopg.connect(
-            host=admin.host,
-            port=admin.port,
-            user=admin.username,
-            password=admin.password,
-            dbname=admin.database,
-            autocommit=True,
-        ) as conn:
-            create = sql.SQL("CREATE DATABASE {} OWNER {}")
-            conn.execute(create.format(sql.Identifier(name), sql.Identifier(url.username or "")))
-        return url.set(database=name).render_as_string(hide_password=False)
+        running = self.running
+        return create_database(running.database_url, name, admin_url=running.admin_database_url)
 
     def for_system(self, label: str) -> RunningServices:
         """Services for one cdiflow stack: its own database and Redis db, the run's S3 link.

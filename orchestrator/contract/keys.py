@@ -47,7 +47,12 @@ WORKERS: Final = "cdiflow:workers"
 WORKER_PREFIX: Final = "cdiflow:worker:"
 
 # Fields of the heartbeat hash, all written as strings by the worker:
-#   cpu, mem         percent in use on the worker's host (floats, 0-100)
+#   cpu, mem         percent in use on the worker's host (floats, 0-100): placement's
+#                    tie-breaker, as a busy host slows every worker on it
+#   proc_cpu         the worker process's own CPU, percent of one core (float; may pass 100
+#                    with several slots)
+#   proc_rss         the worker process's resident memory, bytes (int)
+#   proc_mem         that memory as a percent of its host's (float)
 #   queue_depth      instructions waiting in the worker's queue (int)
 #   running          tasks running now (int)
 #   slots            tasks the worker runs at once, its --concurrency (int)
@@ -56,9 +61,11 @@ WORKER_PREFIX: Final = "cdiflow:worker:"
 #   started_at       unix seconds (float) the worker process started
 #   held_images      images held in memory between a workflow's tasks (int)
 #   held_bytes       bytes those images take (int)
+#   tasks            the task code the worker loaded: ``workflows.loader.TaskCatalog`` JSON
+#                    (modules with their @task settings, and modules that failed to import)
 WORKER_FIELDS: Final = (
     "cpu", "mem", "queue_depth", "running", "slots", "host", "last_heartbeat", "started_at",
-    "held_images", "held_bytes",
+    "held_images", "held_bytes", "tasks", "proc_cpu", "proc_rss", "proc_mem",
 )  # fmt: skip
 
 # Workers refresh their hash this often; one silent for WORKER_DEAD_AFTER_S is presumed dead.

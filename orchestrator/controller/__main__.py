@@ -7,14 +7,13 @@ instead of a half-started server; the app then skips its own start-up migration.
 
 from __future__ import annotations
 
-import logging
-
 import click
 
 from orchestrator.controller.api_server import serve
 from orchestrator.controller.app import create_app
 from orchestrator.db.migrate import migrate
 from orchestrator.errors import OrchestratorError
+from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.settings import load_settings
 
 __all__ = ["controller_command"]
@@ -31,10 +30,14 @@ _WILDCARDS = ("", "0.0.0.0", "::", "[::]")
     default="INFO",
     show_default=True,
 )
-def controller_command(host: str, port: int, log_level: str) -> None:
+@log_format_option
+def controller_command(host: str, port: int, log_level: str, log_format: str) -> None:
     """Serve the cdiflow REST API (and the dashboard) over HTTP."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    setup_logging(
+        log_level,
+        log_format,
+        process="api",
+        text="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         settings = load_settings()
@@ -46,7 +49,15 @@ def controller_command(host: str, port: int, log_level: str) -> None:
     except OrchestratorError as exc:
         raise click.ClickException(str(exc)) from exc
     # A bounded graceful shutdown: an idle keep-alive client must not hold up `cdiflow down`.
-    serve(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+    # log_config=None: uvicorn's loggers go through the handler set up above (text or JSON).
+    serve(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        log_config=None,
+        timeout_graceful_shutdown=5,
+    )
 
 
 if __name__ == "__main__":

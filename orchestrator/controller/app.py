@@ -3,8 +3,9 @@
     app = create_app(load_settings())     # settings with DATABASE_URL and REDIS_URL resolved
     uvicorn.run(app, host="0.0.0.0", port=8000)
 
-The REST API is under ``/api``, its docs at ``/docs`` and the web dashboard (static files from
-``dashboards/web``) at ``/``, with its assets under ``/assets``.
+The REST API is under ``/api``, its docs at ``/docs`` (Swagger UI) and ``/redoc``, the web
+dashboard (static files from ``dashboards/web``) at ``/`` with its assets under ``/assets``,
+and Prometheus metrics at ``/metrics``.
 
 Start-up migrates the database to the newest revision (under an advisory lock, so several
 controllers may start together), seeds the bundled task and workflow definitions that are
@@ -30,9 +31,11 @@ from typing import Final
 import redis
 import redis.asyncio
 from anyio import to_thread
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
@@ -40,11 +43,13 @@ from starlette.types import Scope
 
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
-from orchestrator.controller.auth import KeyCache
+from orchestrator.controller.api.routes.files import upload_limit
+from orchestrator.controller.auth import KeyCache, Viewer
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hosts import AllowedHosts
 from orchestrator.controller.http_errors import install_error_handler
-from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit
+from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit, PathLimit
+from orchestrator.controller.metrics import StackCollector, metrics_registry
 from orchestrator.db import make_engine, make_session_factory, migrate
 from orchestrator.db.async_run_store import AsyncRunStore
 from orchestrator.db.repository import (
@@ -74,6 +79,16 @@ def _version() -> str:
         return metadata.version("cdiflow")
     except metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+# The API docs load nothing from elsewhere: ReDoc's footer shows its maker's logo from a CDN,
+# which this refuses before any request (the image hides itself); both pages run an inline
+# script that starts them, and ReDoc's search runs in a worker made from a blob.
+_DOCS_CSP: Final = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; worker-src 'self' blob:; connect-src 'self'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+)
 
 
 def dashboard_dir() -> Path | None:
@@ -114,6 +129,52 @@ def _mount_dashboard(app: FastAPI) -> None:
         return FileResponse(index, media_type="text/html", headers=headers)
 
     app.mount("/assets", _Assets(directory=root / "assets"), name="assets")
+
+
+def _mount_docs(app: FastAPI) -> None:
+    """Swagger UI at ``/docs`` and ReDoc at ``/redoc``, their scripts and styles served from
+    the ``fastapi-offline`` package: FastAPI's own pages load them from a CDN, and were blank
+    on a machine without internet access."""
+    import fastapi_offline
+
+    assets = Path(fastapi_offline.__file__).resolve().parent / "static"
+    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
+    openapi_url = app.openapi_url or "/api/openapi.json"
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        page = get_swagger_ui_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} API",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon.png",
+            # No badge from validator.swagger.io: the spec is ours, and the page stays local.
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+        page.headers["Content-Security-Policy"] = _DOCS_CSP
+        return page
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        page = get_redoc_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} API",
+            redoc_js_url="/docs-assets/redoc.standalone.js",
+            redoc_favicon_url="/docs-assets/favicon.png",
+            with_google_fonts=False,
+        )
+        page.headers["Content-Security-Policy"] = _DOCS_CSP
+        return page
+
+
+def _mount_metrics(app: FastAPI) -> None:
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(request: Request, principal: Viewer) -> Response:
+        """Prometheus's text format (``orchestrator.controller.metrics``), for a key of any
+        role (Prometheus sends one: ``authorization: {credentials: <key>}``)."""
+        registry: CollectorRegistry = request.app.state.metrics
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def open_resources(
@@ -210,6 +271,7 @@ def create_app(
             resources.redis, partial(_ended_among, resources)
         )
         watch.start()
+        app.state.metrics = metrics_registry(StackCollector(resources))
         try:
             yield
         finally:
@@ -223,7 +285,7 @@ def create_app(
         version=_version(),
         summary="Workflow orchestrator whose tasks hand data over as Container Data Items.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served by _mount_docs, without a CDN
         redoc_url=None,
         openapi_url="/api/openapi.json",
     )
@@ -231,15 +293,22 @@ def create_app(
     app.state.key_cache = KeyCache()
     app.state.s3_policy = S3Policy.from_settings(settings)
     app.include_router(api_router, prefix="/api")
+    _mount_docs(app)
+    _mount_metrics(app)
     _mount_dashboard(app)
     install_error_handler(app)
+    upload = PathLimit(
+        upload_limit(settings.max_input_bytes),
+        what="an upload",
+        advice="an input image is at most MAX_INPUT_BYTES; send a smaller image",
+    )
     # The last added runs first: the host check, then CORS, then the body limit.
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, paths={"/api/inputs": upload})
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "DELETE"],
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
             allow_headers=["Authorization", "Content-Type"],
             max_age=600,
         )

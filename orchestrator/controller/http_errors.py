@@ -14,8 +14,11 @@ from typing import Any, Final
 
 import redis
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from orchestrator.errors import (
     BadHost,
@@ -100,7 +103,22 @@ async def _handle(request: Request, exc: Exception) -> JSONResponse:
     return error_response(translated)
 
 
+# Starlette's own refusals (a multipart body it cannot parse, an unknown path or method), by
+# status, in the same body as ours.
+_HTTP_CODES: Final = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
+
+
+async def _http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    if not isinstance(exc.detail, str):
+        return await http_exception_handler(request, exc)
+    body = {"detail": exc.detail, "code": _HTTP_CODES.get(exc.status_code, "http_error")}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
 def install_error_handler(app: FastAPI) -> None:
-    """Route every orchestrator and backend-unavailable error through one handler."""
+    """Route every orchestrator and backend-unavailable error through one handler, and give
+    Starlette's own refusals the same ``{detail, code}`` body."""
     for cls in (OrchestratorError, *_UNAVAILABLE):
         app.add_exception_handler(cls, _handle)
+    app.add_exception_handler(StarletteHTTPException, _http)

@@ -39,11 +39,13 @@ __all__ = [
     "CdiObjectPublic",
     "CheckPublic",
     "ErrorPublic",
+    "EventPage",
     "EventPublic",
     "FieldErrorPublic",
     "HandoffPublic",
     "IdentityPublic",
     "ImagePublic",
+    "InputPublic",
     "KeyCreate",
     "KeyCreated",
     "KeyPublic",
@@ -63,6 +65,8 @@ __all__ = [
     "WorkflowCreate",
     "WorkflowDefinitionCreate",
     "WorkflowDefinitionPublic",
+    "WorkflowDefinitionSave",
+    "WorkflowDefinitionVersionPublic",
     "WorkflowDetail",
     "WorkflowImagesPublic",
     "WorkflowInput",
@@ -123,9 +127,15 @@ class TaskCreate(_Input):
         examples=["workflows.image_tasks:deblur"],
         description="Where the function lives: 'package.module:function'.",
     )
-    timeout_s: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S)
-    retries: int = Field(0, ge=0, le=MAX_RETRIES)
-    retry_backoff_s: float = Field(0.5, ge=0, le=MAX_BACKOFF_S)
+    timeout_s: float | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_S, description="Default: the function's @task setting."
+    )
+    retries: int | None = Field(
+        None, ge=0, le=MAX_RETRIES, description="Default: the function's @task setting."
+    )
+    retry_backoff_s: float | None = Field(
+        None, ge=0, le=MAX_BACKOFF_S, description="Default: the function's @task setting."
+    )
     description: str = Field("", max_length=MAX_DESCRIPTION)
 
     @field_validator("name")
@@ -175,12 +185,31 @@ class WorkflowDefinitionCreate(_Input):
     tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
 
 
+class WorkflowDefinitionSave(_Input):
+    """A new version of a workflow definition (``PUT``): the name comes from the path."""
+
+    name: str | None = Field(
+        None, description="Optional; must match the path when given.", json_schema_extra=_NAME_RULE
+    )
+    description: str = Field("", max_length=MAX_DESCRIPTION)
+    tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
+
+
 class WorkflowDefinitionPublic(_Output):
     name: str
+    version: int = Field(description="The current version; new runs run it.")
     description: str
     tasks: list[StepSchema]
     created_at: datetime
-    updated_at: datetime
+    updated_at: datetime = Field(description="When the current version was saved.")
+
+
+class WorkflowDefinitionVersionPublic(_Output):
+    name: str
+    version: int
+    description: str
+    tasks: list[StepSchema]
+    created_at: datetime
 
 
 # --- workflow runs ------------------------------------------------------------------------
@@ -219,6 +248,12 @@ class WorkflowCreate(_Input):
     input: WorkflowInput
     policy: Policy = Field(Policy.AFFINITY, description="Where the tasks run.")
     data_plane: ChosenPlane = Field(DataPlane.CDI, description="How data moves between tasks.")
+    version: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="A version of the definition to run; default: its current one.",
+    )
 
     @field_validator("workflow")
     @classmethod
@@ -230,6 +265,10 @@ class WorkflowPublic(_Output):
     id: uuid.UUID
     # The ORM calls it ``definition``; the API says ``workflow``, as in the create body.
     workflow: str = Field(validation_alias=AliasChoices("workflow", "definition"))
+    workflow_version: int = Field(
+        validation_alias=AliasChoices("workflow_version", "definition_version"),
+        description="The version of the definition this run runs.",
+    )
     status: WorkflowStatus
     policy: Policy
     data_plane: DataPlane
@@ -290,6 +329,14 @@ class WorkflowDetail(WorkflowPublic):
     events: list[EventPublic] = Field(description="The latest events, oldest first.")
 
 
+class EventPage(BaseModel):
+    """A run's events after a given one, and its status when they were read: a client that
+    follows a run stops once the run has finished and a page comes back short."""
+
+    status: WorkflowStatus
+    events: list[EventPublic] = Field(description="Oldest first.")
+
+
 class WorkflowList(BaseModel):
     items: list[WorkflowPublic]
     total: int = Field(description="Workflows matching the filters, over all pages.")
@@ -347,8 +394,16 @@ class IdentityPublic(BaseModel):
 class WorkerPublic(BaseModel):
     id: str
     host: str | None
-    cpu: float | None = Field(description="CPU in use on the worker's host, percent.")
-    mem: float | None = Field(description="Memory in use on the worker's host, percent.")
+    cpu: float | None = Field(
+        description="The worker process's CPU, percent of one core (over 100 with several "
+        "slots busy)."
+    )
+    mem: float | None = Field(
+        description="The worker process's resident memory, percent of its host's memory."
+    )
+    rss_bytes: int | None = Field(None, description="The worker process's resident memory.")
+    host_cpu: float | None = Field(None, description="CPU in use on the whole host, percent.")
+    host_mem: float | None = Field(None, description="Memory in use on the whole host, percent.")
     queue_depth: int | None
     running: int | None
     slots: int | None = Field(description="Tasks the worker runs at once (--concurrency).")
@@ -506,6 +561,17 @@ class ImagePublic(BaseModel):
     height: int | None
     bytes: int | None
     thumbnail_url: str | None = Field(description="A downscaled JPEG; only when available.")
+
+
+class InputPublic(BaseModel):
+    """An uploaded input image, stored in the stack's S3 bucket."""
+
+    uri: str = Field(description="Start a workflow with it: input.image.")
+    bytes: int
+    format: str = Field(description="As Pillow names it: JPEG, PNG, ...")
+    width: int
+    height: int
+    content_type: str
 
 
 class WorkflowImagesPublic(BaseModel):

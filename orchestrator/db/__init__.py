@@ -25,6 +25,7 @@ from orchestrator.db.models import (
     TaskRun,
     Workflow,
     WorkflowDefinition,
+    WorkflowDefinitionVersion,
 )
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "TaskRun",
     "Workflow",
     "WorkflowDefinition",
+    "WorkflowDefinitionVersion",
     "make_engine",
     "make_session_factory",
     "migrate",

@@ -90,13 +90,22 @@ class AsyncRunStore:
         policy: Policy,
         data_plane: DataPlane,
         workflow_id: uuid.UUID,
+        version: int | None = None,
         started_by: str | None = None,
     ) -> _Row | None:
         """Insert a PENDING run (and its event) in one statement and return it; a run with
-        this id that exists already is returned as it is; ``None`` if ``definition`` does not
-        exist. ``started_by``: the name of the API key that asked."""
+        this id that exists already is returned as it is; ``None`` if ``definition`` (or that
+        ``version`` of it) does not exist. ``started_by``: the name of the API key that
+        asked."""
         params = create_params(
-            definition, input, policy, data_plane, None, workflow_id, started_by=started_by
+            definition,
+            input,
+            policy,
+            data_plane,
+            None,
+            workflow_id,
+            version=version,
+            started_by=started_by,
         )
         params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
 

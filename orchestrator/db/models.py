@@ -44,6 +44,7 @@ __all__ = [
     "TaskRun",
     "Workflow",
     "WorkflowDefinition",
+    "WorkflowDefinitionVersion",
 ]
 
 # Deterministic constraint names, so migrations can refer to them.
@@ -90,15 +91,44 @@ class TaskDefinition(Base):
 
 
 class WorkflowDefinition(Base):
-    """A named DAG of steps: ``tasks`` is ``[{"ref", "task", "depends_on": [...]}, ...]``."""
+    """A named DAG of steps: ``tasks`` is ``[{"ref", "task", "depends_on": [...]}, ...]``.
+
+    The row holds the current version (``version``, with its ``description`` and ``tasks``);
+    every version, the current one included, is kept in ``WorkflowDefinitionVersion``. A
+    deleted definition keeps its row and versions (``deleted_at`` is set), so the runs on
+    record still say what they ran; it takes no new runs until it is created again.
+    """
 
     __tablename__ = "workflow_definitions"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
     tasks: Mapped[list[dict[str, Any]]]
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(server_default=_now(), onupdate=_now())
+    deleted_at: Mapped[datetime | None]
+
+
+class WorkflowDefinitionVersion(Base):
+    """One version of a workflow definition, never changed once written.
+
+    A run records the version it was started with (``Workflow.definition_version``) and the
+    scheduler runs that version's steps, so saving a new version leaves running workflows as
+    they are.
+    """
+
+    __tablename__ = "workflow_definition_versions"
+
+    name: Mapped[str] = mapped_column(
+        String(64),
+        ForeignKey("workflow_definitions.name", ondelete="CASCADE"),
+        primary_key=True,
+    )
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    tasks: Mapped[list[dict[str, Any]]]
+    created_at: Mapped[datetime] = mapped_column(server_default=_now())
 
 
 class Workflow(Base):
@@ -120,6 +150,9 @@ class Workflow(Base):
     definition: Mapped[str] = mapped_column(
         String(64), ForeignKey("workflow_definitions.name", ondelete="RESTRICT")
     )
+    # The version of the definition this run runs. No foreign key to the versions table:
+    # versions are never deleted, and a start (the API's hottest write) would pay for the check.
+    definition_version: Mapped[int] = mapped_column(Integer)
     status: Mapped[WorkflowStatus] = mapped_column(
         _enum(WorkflowStatus, "workflow_status"), default=WorkflowStatus.PENDING
     )

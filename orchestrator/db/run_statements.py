@@ -101,10 +101,12 @@ class Placement:
     handoff: Handoff | None = None
 
 
-# A held run and what planning it needs: its definition's steps and the tasks they name, and
-# the last attempt of each step already recorded (one probe of the (workflow_id, ref, attempt)
-# key's index; none for a new run).
-# ``source`` is a CTE of workflow rows (id, definition, input, policy, data_plane, created_at).
+# A held run and what planning it needs: the steps of its definition's version (the one it was
+# started with: a version saved since changes no run already started) and the tasks they name,
+# and the last attempt of each step already recorded (one probe of the (workflow_id, ref,
+# attempt) key's index; none for a new run).
+# ``source`` is a CTE of workflow rows (id, definition, definition_version, input, policy,
+# data_plane, created_at).
 _PLAN_HEAD: Final[LiteralString] = """
 SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
        (SELECT coalesce(jsonb_object_agg(t.name, jsonb_build_object(
@@ -116,7 +118,8 @@ SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
         FROM (SELECT ref, max(attempt) AS n FROM task_runs r WHERE r.workflow_id = c.id
               GROUP BY ref) a)
 FROM """
-_PLAN_TAIL: Final[LiteralString] = """ c LEFT JOIN workflow_definitions d ON d.name = c.definition
+_PLAN_TAIL: Final[LiteralString] = """ c LEFT JOIN workflow_definition_versions d
+    ON d.name = c.definition AND d.version = c.definition_version
 ORDER BY c.created_at, c.id
 """
 
@@ -138,7 +141,8 @@ WITH claimable AS (
     SET claimed_by = %(me)s, claimed_at = now(), status = 'RUNNING',
         started_at = coalesce(w.started_at, now())
     FROM claimable c WHERE w.id = c.id
-    RETURNING w.id, w.definition, w.input, w.policy, w.data_plane, w.created_at
+    RETURNING w.id, w.definition, w.definition_version, w.input, w.policy, w.data_plane,
+              w.created_at
 ), ev AS (
     INSERT INTO events (workflow_id, kind, data)
     SELECT id, 'workflow.running', '{"from": "PENDING", "to": "RUNNING"}'::jsonb FROM claimed
@@ -154,7 +158,8 @@ WITH claimable AS (
 RESUME: Final[LiteralString] = (
     """
 WITH mine AS (
-    SELECT id, definition, input, policy, data_plane, created_at FROM workflows
+    SELECT id, definition, definition_version, input, policy, data_plane, created_at
+    FROM workflows
     WHERE status = 'RUNNING' AND claimed_by = %(me)s AND NOT (id = ANY(%(running)s::uuid[]))
     FOR UPDATE
 ), failed AS (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -14,6 +13,7 @@ import cdi
 from orchestrator.db.engine import make_engine
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.scheduler.minion_link import MinionLink
@@ -34,10 +34,14 @@ MINION_WAIT_S = 30.0
     help="Scheduler id; also its CDI container id. Several may run at once.",
 )
 @click.option("--log-level", default="INFO", show_default=True)
-def scheduler_command(scheduler_id: str, log_level: str) -> None:
+@log_format_option
+def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> None:
     """Run a scheduler: claim workflows, place tasks on workers, move CDI ownership."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    setup_logging(
+        log_level,
+        log_format,
+        process=scheduler_id,
+        text="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     settings = load_settings()
     if not settings.database_url or not settings.redis_url:

@@ -4,8 +4,11 @@ record the task run.
 The worker is chosen from live loads (``placement.choose_worker``): heartbeats, re-read at
 most every ``BEATS_TTL_S`` (workers beat every 2 s, so reading them per placement only cost
 round trips), plus this scheduler's own count of instructions out at each worker, which is
-always current. A step that may go to any worker but finds none with room waits here
-(``waiting``, oldest first) until a report frees a slot (late binding, ``placement``).
+always current. A step goes only to a worker that loaded its task's module
+(``placement.capable``). A step that may go to any worker but finds none with room waits here
+(``waiting``, oldest first) until a report frees a slot (late binding, ``placement``); one
+that no live worker can run waits too, and ``unrunnable`` names it once it has waited
+``UNRUNNABLE_AFTER_S`` (the loop then fails its run).
 
 *Send, then record:* an instruction is pushed before its task run is recorded, so the record
 overlaps the worker's run; its report waits in the scheduler's list until the loop thread,
@@ -32,15 +35,26 @@ import cdi
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.db.run_statements import Handoff, Placement
+from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import instruction_for
-from orchestrator.scheduler.placement import Link, Route, WorkerLoad, choose_worker, read_workers
-from orchestrator.scheduler.runs import InFlight, RunState
+from orchestrator.scheduler.placement import (
+    Link,
+    Route,
+    WorkerLoad,
+    capable,
+    choose_worker,
+    read_workers,
+)
+from orchestrator.scheduler.runs import InFlight, RunState, StepSpec
 
-__all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "Dispatcher"]
+__all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "UNRUNNABLE_AFTER_S", "Dispatcher"]
 
 BEATS_TTL_S: Final = 0.5  # heartbeats are re-read at most this often (workers beat every 2 s)
+# A step no live worker can run (none loaded its module) fails its run after this long: time
+# for a worker being restarted with the code to come back, but no run stuck for good.
+UNRUNNABLE_AFTER_S = 30.0
 LOST_GRACE_S: Final = 5.0  # beyond a task's timeout before its silent worker is presumed gone
 _FIRST_GUESS_S: Final = 0.05  # a task's expected run time before one has been measured
 _GONE_RETRY_S: Final = 0.2  # a step whose worker vanished at the hand-off is placed again after
@@ -74,9 +88,23 @@ class Dispatcher:
         """Place the run's current step now, or leave it waiting for a worker with room."""
         if run.cancelled or run.workflow_id not in self.ctx.runs:
             return
-        placement = self.choose(run)
-        if placement is not None and self.send(run, placement):
-            self.ctx.db.place(placement)
+        with log_context(workflow_id=str(run.workflow_id), step=run.current.ref):
+            placement = self.choose(run)
+            if placement is not None and self.send(run, placement):
+                self.ctx.db.place(placement)
+
+    def unrunnable(self) -> list[tuple[RunState, str]]:
+        """The waiting runs whose step no live worker has been able to run for longer than
+        ``UNRUNNABLE_AFTER_S`` (some worker lives, none loaded the module), each with why;
+        they no longer wait."""
+        now = time.monotonic()
+        stuck = []
+        for run in list(self.waiting.values()):
+            since = run.unrunnable_since
+            if since and now - since > UNRUNNABLE_AFTER_S and not run.cancelled:
+                self.waiting.pop(run.workflow_id, None)
+                stuck.append((run, _unrunnable(run.current)))
+        return stuck
 
     def dispatch_waiting(self) -> None:
         """Place waiting runs, oldest first, while workers have room. A sweep tries one run per
@@ -98,8 +126,13 @@ class Dispatcher:
         record; ``None`` while no worker may take it (the run then waits)."""
         step = run.current
         loads = self.loads()
+        able = capable(loads, step.module)
+        if not any(w.alive for w in able) and any(w.alive for w in loads):
+            run.unrunnable_since = run.unrunnable_since or time.monotonic()
+        else:
+            run.unrunnable_since = 0.0
         worker = choose_worker(
-            loads,
+            able,
             run.policy,
             run.last_worker,
             task_s=self.task_s[step.task],
@@ -152,6 +185,7 @@ class Dispatcher:
             scheduler_id=self.ctx.id,
             reply_to=self.ctx.reply_key,
             objects=self.ctx.objects,
+            runs_next=self._runs_next(run, worker),
         )
         load = self._loads.get(worker)
         run.in_flight = InFlight(
@@ -172,6 +206,13 @@ class Dispatcher:
             return False
         return True
 
+    def _runs_next(self, run: RunState, worker: str) -> bool:
+        """Whether ``worker`` loaded the module of the step after the current one."""
+        if run.last_step:
+            return False
+        load = self._loads.get(worker)
+        return load is not None and bool(capable([load], run.steps[run.step + 1].module))
+
     def _transfer(self, run: RunState, worker: str) -> float:
         started = time.perf_counter_ns()
         self.ctx.cdi.use(run.key, check=False).transfer(worker)
@@ -188,10 +229,11 @@ class Dispatcher:
         return load.host if load is not None else ""
 
     def _route(self, run: RunState, loads: list[WorkerLoad]) -> Route:
-        """Where the run's object is, for pricing a move to another host; a run that moves no
-        object (dataless, or on the object-store plane) has nothing to price and asks no minion."""
-        if run.data_plane != DataPlane.CDI:
-            return Route(link=self.link)
+        """Where the run's object is, for pricing a move to another host. A run with no CDI
+        object yet (dataless, object-store, or a first task, whose worker makes it) moves
+        nothing: no route, and no CDI call."""
+        if run.data_plane != DataPlane.CDI or not run.key or not run.owner:
+            return Route()
         hub = self.ctx.cdi.host
         if not run.owner or run.owner == self.ctx.id:
             return Route(hub, hub, self.link)
@@ -222,3 +264,12 @@ class Dispatcher:
             }
             self._beats_read = now
         return read_workers(self._beats, self._in_flight, keys.WORKER_DEAD_AFTER_S)
+
+
+def _unrunnable(step: StepSpec) -> str:
+    module = step.module.partition(":")[0]
+    return (
+        f"no live worker has loaded module {module!r} for task {step.task!r} (step "
+        f"{step.ref!r}) in {UNRUNNABLE_AFTER_S:g} s; start workers with the task code "
+        "(cdiflow up --tasks PATH, or cdiflow worker --tasks PATH) and retry the run"
+    )

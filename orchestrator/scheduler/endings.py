@@ -54,7 +54,8 @@ class Endings:
 
     def fail(self, run: RunState, reason: str) -> None:
         """End the run as FAILED (unless it had ended already) and free its object."""
-        log.info("workflow %s failed: %s", run.workflow_id, reason)
+        log.info("workflow %s failed: %s", run.workflow_id, reason,
+                 extra={"workflow_id": str(run.workflow_id)})  # fmt: skip
         self.release_object(run)
         self.ctx.runs.pop(run.workflow_id, None)
         failed = Finish(run.workflow_id, WorkflowStatus.FAILED, error=reason)

@@ -2,7 +2,8 @@
 go in S3.
 
 * ``cdi``: the object ``key`` (made by the first task's worker from ``input_uri``), a fresh
-  ``output_key`` for a new image, ``keep`` under ``affinity`` but for the last step, ``hold``
+  ``output_key`` for a new image, ``keep`` under ``affinity`` but for the last step (and a
+  next step the worker did not load: the object then comes back and moves on), ``hold``
   when the step may run again (a lost held image is recomputed), and for the last step the
   result's ``output_uri``: its worker stores the result and the workflow ends with the report.
 * ``object-store``: the previous step's output (or the input) as ``input_uri`` and where this
@@ -46,8 +47,10 @@ def instruction_for(
     scheduler_id: str,
     reply_to: str,
     objects: ObjectStore,
+    runs_next: bool = True,
 ) -> Instruction:
-    """The instruction for the run's current step, recorded as task run ``task_run_id``."""
+    """The instruction for the run's current step, recorded as task run ``task_run_id``;
+    ``runs_next``: whether its worker loaded the next step's module too."""
     step = run.current
     common: dict[str, Any] = dict(
         task_run_id=task_run_id,
@@ -66,7 +69,7 @@ def instruction_for(
     if run.data_plane == DataPlane.NONE:
         return Instruction(**common)
     if run.data_plane == DataPlane.CDI:
-        keep = run.policy == Policy.AFFINITY and not last
+        keep = run.policy == Policy.AFFINITY and not last and runs_next
         fetch = not run.key  # no object yet: the worker makes it from the S3 input
         return Instruction(
             **common,

@@ -199,6 +199,8 @@ class Scheduler:
                 run.retry_at = 0.0
                 guarded(functools.partial(self.dispatch.dispatch, run), faults)
         self.dispatch.dispatch_waiting()
+        for run, reason in self.dispatch.unrunnable():
+            guarded(functools.partial(self.endings.fail, run, reason), faults)
         self.redrive.sweep()
         if now >= self._reconcile_at:
             self._reconcile_at = now + RECONCILE_S

@@ -31,10 +31,16 @@ workflows``: 91-98 % per worker at 2 MB before, 95-98 % after; docs/benchmarks.m
 The prefetch hides the round trip between a report and the next push; with short tasks it
 grows so large that nothing waits (``PREFETCH_S``). Tasks pinned by ``affinity`` are not
 held: they can run nowhere else.
+
+Capable workers only: a worker announces the task modules it loaded (the heartbeat's
+``tasks``, ``workflows.loader.TaskCatalog``), and a task goes only to a worker that loaded its
+module (``capable``). Workers need not all run the same code: one pool may load the GPU tasks,
+another the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
@@ -43,13 +49,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.contract.vocabulary import Policy
+from workflows.loader import TaskCatalog
 
 __all__ = [
     "PREFETCH_S",
     "Link",
     "Route",
     "WorkerLoad",
+    "capable",
     "choose_worker",
+    "loaded_modules",
     "move_cost_s",
     "read_workers",
 ]
@@ -104,6 +113,7 @@ class WorkerLoad:
     started_at: float = 0.0  # when the worker process started: a change means it restarted
     slots: int = 1  # tasks the worker runs at once (its --concurrency)
     host: str = ""  # its CDI host; "" when unknown (then it is taken to share the object's)
+    modules: frozenset[str] = frozenset()  # the task modules it loaded
 
     @property
     def backlog(self) -> int:
@@ -143,11 +153,25 @@ def read_workers(
                 started_at=float(fields.get("started_at", "0")),
                 slots=max(1, int(fields.get("slots", "1"))),
                 host=fields.get("host", ""),
+                modules=loaded_modules(fields.get("tasks", "")),
             )
         except ValueError:
             load = WorkerLoad(worker_id, False, 0, 0, 0, 0, in_flight.get(worker_id, 0))
         loads.append(load)
     return loads
+
+
+@functools.lru_cache(maxsize=256)
+def loaded_modules(catalog_json: str) -> frozenset[str]:
+    """The modules a heartbeat's ``tasks`` says the worker loaded (the same text arrives with
+    every beat, so each distinct one is parsed once)."""
+    return frozenset(TaskCatalog.from_json(catalog_json).modules) if catalog_json else frozenset()
+
+
+def capable(workers: Sequence[WorkerLoad], module_path: str) -> list[WorkerLoad]:
+    """The workers that loaded the module of ``package.module:function``."""
+    module = module_path.partition(":")[0]
+    return [w for w in workers if module in w.modules]
 
 
 def move_cost_s(nbytes: int, crossings: int = 0, link: Link | None = None) -> float:

@@ -20,6 +20,7 @@ import cdi
 from orchestrator.contract.messages import Report
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 from orchestrator.db.run_statements import Finish, Handoff, Placement
+from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings, completion
@@ -55,7 +56,8 @@ class Reports:
         except (ValueError, TypeError):
             log.warning("dropping an unreadable report: %.200s", text)
             return
-        guarded(lambda: self.handle(report), self.ctx.faults)
+        with log_context(workflow_id=report.workflow_id, task_run_id=report.task_run_id):
+            guarded(lambda: self.handle(report), self.ctx.faults)
 
     def handle(self, report: Report) -> None:
         run = self.ctx.runs.get(uuid.UUID(report.workflow_id))

@@ -75,6 +75,7 @@ class RunState:
     in_flight: InFlight | None = None
     avoid: frozenset[str] = frozenset()  # workers that lost the current step
     retry_at: float = 0.0  # monotonic: when a failed attempt is dispatched again
+    unrunnable_since: float = 0.0  # monotonic: since when no live worker can run the step
     cancelled: bool = False
     # Object keys are "<key_prefix>-<generation>"; a run driven again gets a new prefix, so its
     # keys never meet objects an earlier drive may have left (in a worker that kept one).

@@ -47,7 +47,7 @@ from orchestrator.services._unprivileged import (
 )
 from orchestrator.services.credentials import ServiceCredentials
 
-__all__ = ["PostgresService", "check_postgres", "find_postgres_bin_dir"]
+__all__ = ["PostgresService", "check_postgres", "create_database", "find_postgres_bin_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +281,26 @@ def check_postgres(url: str, timeout: float = 5.0) -> None:
         ) from exc
     finally:
         engine.dispose()
+
+
+def create_database(database_url: str, name: str, *, admin_url: str | None = None) -> str:
+    """Create database ``name`` owned by ``database_url``'s role and return its URL.
+
+    ``admin_url`` (the embedded server's superuser, ``RunningServices.admin_database_url``)
+    creates it when given: the role cdiflow connects as may not create databases. Without one
+    the role itself must be allowed to (a configured server)."""
+    url = make_url(database_url)
+    creator = make_url(admin_url) if admin_url else url
+    with psycopg.connect(
+        host=creator.host, port=creator.port, user=creator.username,
+        password=creator.password, dbname=creator.database, autocommit=True,
+    ) as conn:  # fmt: skip
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(name), sql.Identifier(url.username or "")
+            )
+        )
+    return url.set(database=name).render_as_string(hide_password=False)
 
 
 def _trusts(hba: Path) -> bool:

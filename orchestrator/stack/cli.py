@@ -9,7 +9,6 @@ the process ``up`` starts (in a session of its own) to run the stack.
 from __future__ import annotations
 
 import json
-import logging
 import shlex
 import signal
 import sys
@@ -25,6 +24,7 @@ import click
 from orchestrator.apikeys import read_key_file
 from orchestrator.child_process import ChildProcess
 from orchestrator.errors import OrchestratorError
+from orchestrator.logs import LOG_FORMAT_ENV, LOG_FORMATS, setup_logging
 from orchestrator.stack.access import service_access
 from orchestrator.stack.control import (
     check_no_leftovers,
@@ -79,6 +79,14 @@ def _stack_options(f: _F) -> _F:
         click.option("--scheduler-command", hidden=True,
                      help=_COMMAND_HELP.format(what="scheduler")),
         click.option("--worker-command", hidden=True, help=_COMMAND_HELP.format(what="worker")),
+        click.option("--tasks", "tasks", multiple=True, type=click.Path(),
+                     metavar="FOLDER|FILE.py|MODULE",
+                     help="Your task code, loaded by every worker (repeatable): a folder, a .py "
+                     "file or an installed module; see `cdiflow worker --help`."),
+        click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text",
+                     show_default=True, envvar=LOG_FORMAT_ENV,
+                     help="The API's, scheduler's and workers' logs: text, or one JSON object "
+                     "a line with the workflow and task ids."),
     ]  # fmt: skip
     for option in reversed(options):
         f = option(f)
@@ -104,6 +112,8 @@ def up_command(
     api_command: str | None,
     scheduler_command: str | None,
     worker_command: str | None,
+    tasks: tuple[str, ...],
+    log_format: str,
     detach: bool,
     timeout: float,
 ) -> None:
@@ -114,20 +124,16 @@ def up_command(
 
     folder = _folder(data_dir)
     try:  # refuse now, with a clear message, what the supervisor would refuse later
-        Stack(folder, workers=workers, hosts=hosts, host=host, port=port).preflight()
+        stack = Stack(folder, workers=workers, hosts=hosts, host=host, port=port, tasks=tasks,
+                      log_format=log_format)  # fmt: skip
+        stack.preflight()
         check_no_leftovers(folder)
     except OrchestratorError as exc:
         raise click.ClickException(str(exc)) from exc
-    options = [
-        "--workers",
-        str(workers),
-        "--hosts",
-        str(hosts),
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
+    options = ["--workers", str(workers), "--hosts", str(hosts), "--host", host,
+               "--port", str(port), "--log-format", log_format]  # fmt: skip
+    for source in stack.tasks:  # made absolute: the supervisor may not share our directory
+        options += ["--tasks", source]
     for flag, value in (("--api-command", api_command), ("--scheduler-command", scheduler_command),
                         ("--worker-command", worker_command)):  # fmt: skip
         if value is not None:
@@ -224,13 +230,18 @@ def supervise_command(
     api_command: str | None,
     scheduler_command: str | None,
     worker_command: str | None,
+    tasks: tuple[str, ...],
+    log_format: str,
     log_file: Path | None,
 ) -> None:
     """Run the stack in this process until SIGTERM/SIGINT (what `up` starts)."""
     from orchestrator.stack.daemon import run_supervisor
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    setup_logging(
+        "INFO",
+        log_format,
+        process="supervisor",
+        text="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     commands = {
         "api_command": api_command,
@@ -245,6 +256,8 @@ def supervise_command(
         hosts=hosts,
         host=host,
         port=port,
+        tasks=tasks,
+        log_format=log_format,
         **overrides,
     )
     sys.exit(status)

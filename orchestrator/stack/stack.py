@@ -17,9 +17,10 @@ from typing import ParamSpec, Self
 import redis
 
 from orchestrator.apikeys import ensure_key_file
-from orchestrator.child_process import ChildProcess, describe_exit, port_is_free
+from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
+from orchestrator.logs import LOG_FORMAT_ENV
 from orchestrator.services import RunningServices, start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
@@ -37,6 +38,7 @@ from orchestrator.stack.restarts import RestartPolicy
 from orchestrator.stack.state import DataDirLock, ProcessInfo
 from orchestrator.stack.supervised import ServiceProcess
 from orchestrator.stack.supervision import Supervised, Supervisor
+from workflows.loader import with_sources
 
 __all__ = ["Stack"]
 
@@ -80,11 +82,19 @@ class Stack:
         grace: float = 1.0,
         stop_timeout: float = 10.0,
         on_restart: Callable[[str], None] | None = None,
+        tasks: Sequence[str] = (),
+        log_format: str = "text",
     ) -> None:
         if workers < 0:
             raise StackError(f"workers must be 0 or more, not {workers}")
         if not 1 <= hosts <= 16:
             raise StackError(f"hosts must be between 1 and 16, not {hosts}")
+        # Task code beside the settings' (``--tasks``), which the API and the workers get as
+        # CDIFLOW_TASK_PATHS and CDIFLOW_TASK_PACKAGES; a path is made absolute here, where the
+        # caller's working directory is known.
+        self.tasks = [_absolute_source(source) for source in tasks]
+        self.log_format = log_format  # the API's, the scheduler's and the workers' logs
+        self.worker_metrics: dict[str, str] = {}  # worker id -> its /metrics URL
         folder = load_settings().data_dir if data_dir is None else Path(data_dir)
         self.data_dir = folder.expanduser().absolute()
         self.host = host
@@ -257,7 +267,8 @@ class Stack:
             rows.append(self._row("api", self._api.pid, self.api_url, self._api.log_path))
         for child in (self._scheduler, *self._workers.values()):
             if child is not None:
-                rows.append(self._row(child.name, child.pid, "", child.log_path))
+                address = self.worker_metrics.get(child.name, "")
+                rows.append(self._row(child.name, child.pid, address, child.log_path))
         return rows
 
     def _row(self, name: str, pid: int | None, address: str, log_path: Path | None) -> ProcessInfo:
@@ -281,12 +292,18 @@ class Stack:
     def environment(self, host: str = "host1") -> dict[str, str]:
         """The environment the stack's processes on ``host`` get (for launching another one
         alongside)."""
-        return stack_environment(
+        env = stack_environment(
             self.services,
             data_dir=self.data_dir,
             minion_socket=self.cdi.socket_of(host),
             controller_url=self.controller_url,
         )
+        env[LOG_FORMAT_ENV] = self.log_format
+        if self.tasks:  # the API and the workers read where tasks may come from alike
+            sources = with_sources(load_settings().task_sources(), self.tasks)
+            env["CDIFLOW_TASK_PACKAGES"] = ",".join(sources.packages)
+            env["CDIFLOW_TASK_PATHS"] = os.pathsep.join(str(p) for p in sources.paths)
+        return env
 
     def __enter__(self) -> Self:
         return self.start()
@@ -303,6 +320,10 @@ class Stack:
 
     def _check_can_start(self) -> None:
         """Refuse early, before starting anything, what would fail later."""
+        try:
+            with_sources(load_settings().task_sources(), self.tasks)
+        except ValueError as exc:
+            raise StackError(f"--tasks: {exc}") from exc
         if not port_is_free(self.host, self.port):
             raise StackError(
                 f"port {self.port} on {self.host} is already in use, so the API cannot listen "
@@ -331,10 +352,13 @@ class Stack:
         self._wait(scheduler, lambda: time.monotonic() - scheduler.started_at >= self.grace,
                    lambda: f"it to stay up for {self.grace:g}s")  # fmt: skip
 
-        self._workers = {
-            wid: self._child(wid, "worker", self.environment(self.worker_host[wid]))
-            for wid in self.worker_ids
-        }
+        self._workers = {}
+        for wid in self.worker_ids:  # each serves its Prometheus metrics on a port of its own
+            port = free_port()
+            self.worker_metrics[wid] = f"http://127.0.0.1:{port}/metrics"
+            own_env = self.environment(self.worker_host[wid])
+            own_env["CDIFLOW_WORKER_METRICS_PORT"] = str(port)
+            self._workers[wid] = self._child(wid, "worker", own_env)
         for worker in self._workers.values():
             worker.start()
         client = redis.Redis.from_url(
@@ -416,6 +440,11 @@ class Stack:
     def _restarted(self, child: Supervised) -> None:
         if self._on_restart is not None:
             self._on_restart(child.name)
+
+
+def _absolute_source(source: str) -> str:
+    path = Path(source).expanduser()
+    return str(path.absolute()) if path.exists() else source
 
 
 def _guard(step: Callable[_P, object], *args: _P.args, **kwargs: _P.kwargs) -> None:

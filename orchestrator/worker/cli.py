@@ -18,15 +18,19 @@ import redis
 
 import cdi
 from orchestrator.errors import ConfigError, OrchestratorError, ServiceError
+from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
 from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.held import DEFAULT_HOLD_BYTES, HeldImages
+from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.store_plane import StorePlane
 from orchestrator.worker.worker import Worker
+from workflows.loader import TaskCatalog, load_deployed, with_sources
 from workflows.memory import tune_for_images
+from workflows.sources import TaskSources
 
-__all__ = ["run_worker", "worker_command"]
+__all__ = ["load_tasks", "run_worker", "task_sources", "worker_command"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,25 @@ log = logging.getLogger(__name__)
     "written to a CDI object; 0 writes every new image.",
 )
 @click.option(
+    "--tasks",
+    "extra_sources",
+    multiple=True,
+    type=click.Path(),  # a folder, a .py file, or a module name (not a path at all)
+    metavar="FOLDER|FILE.py|MODULE",
+    help="Task code beside CDIFLOW_TASK_PATHS and CDIFLOW_TASK_PACKAGES, repeatable: a folder "
+    "(its modules), a .py file or an installed module. The worker imports all of it when it "
+    "starts and announces what loaded; the bundled tasks are always loaded.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    envvar="CDIFLOW_WORKER_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on this port (/metrics); 0: none.",
+)
+@click.option(
     "--cdi-url",
     envvar="CDI_URL",
     show_envvar=True,
@@ -78,6 +101,7 @@ log = logging.getLogger(__name__)
     default="INFO",
     show_default=True,
 )
+@log_format_option
 @click.pass_context
 def worker_command(
     ctx: click.Context,
@@ -85,13 +109,18 @@ def worker_command(
     concurrency: int,
     access_timeout: float,
     hold_mib: int,
+    extra_sources: tuple[str, ...],
+    metrics_port: int,
     cdi_url: str | None,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Run a worker: pop task instructions from Redis and run them on CDI (or S3) data."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format=f"%(asctime)s %(levelname)s {worker_id} %(name)s [%(threadName)s] %(message)s",
+    setup_logging(
+        log_level,
+        log_format,
+        process=worker_id,
+        text=f"%(asctime)s %(levelname)s {worker_id} %(name)s [%(threadName)s] %(message)s",
     )
     tune_for_images()  # tasks churn through large image buffers
     try:
@@ -101,12 +130,34 @@ def worker_command(
             access_timeout_s=access_timeout,
             hold_bytes=hold_mib * 2**20,
             cdi_url=cdi_url,
+            extra_sources=extra_sources,
+            metrics_port=metrics_port,
         )
     except (OrchestratorError, cdi.CDIError) as exc:
         raise click.ClickException(str(exc)) from exc
     except redis.RedisError as exc:  # Redis went away between the ping and the first beat
         raise click.ClickException(f"Redis (REDIS_URL) failed: {exc}") from exc
     ctx.exit(code)
+
+
+def task_sources(settings: Settings, extra: tuple[str, ...] = ()) -> TaskSources:
+    """Where tasks may come from: the settings' packages and folders, and ``extra`` (the
+    ``--tasks`` sources); ``ConfigError`` for a source that names nothing."""
+    try:
+        return with_sources(settings.task_sources(), extra)
+    except ValueError as exc:
+        raise ConfigError(f"--tasks: {exc}") from exc
+
+
+def load_tasks(sources: TaskSources) -> TaskCatalog:
+    """Import the task code of ``sources`` (``workflows.loader``) and log what loaded. A module
+    that fails to import is logged and announced, not fatal: the worker runs what did load."""
+    catalog = load_deployed(sources)
+    for module, tasks in sorted(catalog.modules.items()):
+        log.info("loaded task module %s: %s", module, ", ".join(sorted(tasks)) or "no @task")
+    for module, error in sorted(catalog.errors.items()):
+        log.error("could not load task module %s: %s", module, error)
+    return catalog
 
 
 def run_worker(
@@ -117,6 +168,8 @@ def run_worker(
     hold_bytes: int = DEFAULT_HOLD_BYTES,
     cdi_url: str | None = None,
     settings: Settings | None = None,
+    extra_sources: tuple[str, ...] = (),
+    metrics_port: int = 0,
 ) -> int:
     """Connect, run until SIGTERM/SIGINT (or a fatal task), clean up; return the exit code."""
     settings = settings or load_settings()
@@ -125,7 +178,7 @@ def run_worker(
             "REDIS_URL is not set: a worker joins a running stack; set it to the stack's Redis "
             "(redis://host:6379/0)"
         )
-    sources = settings.task_sources()
+    sources = task_sources(settings, extra_sources)
     sources.activate()  # deployed task folders import like installed packages
     log.info("tasks may come from %s", sources.describe())
     redis_client = _connect_redis(settings.redis_url)
@@ -151,7 +204,19 @@ def run_worker(
                 store_plane=store_plane,
                 concurrency=concurrency,
                 sources=sources,
+                tasks=load_tasks(sources),
             )
+            if metrics_port:
+                worker.metrics = WorkerMetrics(running=worker.running,
+                                               held=worker.cdi_plane.held.usage)  # fmt: skip
+                try:
+                    worker.metrics.serve(metrics_port)
+                except OSError as exc:
+                    raise ConfigError(
+                        f"--metrics-port {metrics_port}: cannot listen there ({exc}); choose "
+                        "another port"
+                    ) from exc
+                log.info("metrics on :%d/metrics", metrics_port)
             with _stop_on_signals(worker):
                 return worker.run()
         finally:

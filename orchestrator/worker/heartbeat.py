@@ -18,6 +18,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from orchestrator.contract import keys
+from workflows.loader import TaskCatalog
 
 __all__ = ["Heartbeat"]
 
@@ -39,6 +40,7 @@ class Heartbeat:
         slots: int = 1,
         interval_s: float = keys.HEARTBEAT_INTERVAL_S,
         host: str | None = None,
+        tasks: TaskCatalog | None = None,
     ) -> None:
         """``host``: the CDI host the worker's minion serves (what placement prices moves
         between); the machine's name when it has none."""
@@ -50,11 +52,16 @@ class Heartbeat:
         self._running = running
         self._held = held  # (images, bytes) held between tasks
         self.slots = slots
+        # Written with every beat: a Redis that lost its data learns it again within one.
+        self.tasks = (tasks or TaskCatalog()).to_json()
         self.host = host or socket.gethostname()
         self.started_at = time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        psutil.cpu_percent(interval=None)  # prime it: the first reading compares with nothing
+        self._process = psutil.Process()
+        self._host_memory = psutil.virtual_memory().total
+        psutil.cpu_percent(interval=None)  # prime them: the first reading compares with nothing
+        self._process.cpu_percent(interval=None)
 
     def fields(self) -> dict[str, str]:
         """The ``keys.WORKER_FIELDS`` as strings, read now."""
@@ -69,6 +76,13 @@ class Heartbeat:
             "started_at": f"{self.started_at:.3f}",
         }
         values["held_images"], values["held_bytes"] = (str(n) for n in self._held())
+        values["tasks"] = self.tasks
+        # The process's own figures: on a shared host, the host's say nothing of this worker.
+        with self._process.oneshot():
+            values["proc_cpu"] = f"{self._process.cpu_percent(interval=None):.1f}"
+            rss = self._process.memory_info().rss
+            values["proc_rss"] = str(rss)
+            values["proc_mem"] = f"{100.0 * rss / self._host_memory:.1f}"
         assert tuple(values) == keys.WORKER_FIELDS, "keep in step with keys.WORKER_FIELDS"
         return values
 

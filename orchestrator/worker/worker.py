@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Final
 
 import redis
@@ -30,12 +30,15 @@ from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 from orchestrator.errors import InvalidInstruction
+from orchestrator.logs import log_context
 from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall
 from orchestrator.worker.heartbeat import Heartbeat
+from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.planes import plane_table
 from orchestrator.worker.repeats import RUNNING, Repeats
 from orchestrator.worker.store_plane import StorePlane
+from workflows.loader import TaskCatalog
 from workflows.sources import BUNDLED, TaskSources
 
 __all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
@@ -74,9 +77,11 @@ class Worker:
         concurrency: int = 1,
         heartbeat_interval_s: float = keys.HEARTBEAT_INTERVAL_S,
         sources: TaskSources = BUNDLED,
+        tasks: TaskCatalog | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.sources = sources  # where tasks may be loaded from
+        self.metrics: WorkerMetrics | None = None  # set to count task runs for Prometheus
         self.redis = redis_client  # bytes replies: LREM must match the raw instruction exactly
         self._report_and_ack = redis_client.register_script(_REPORT_AND_ACK)
         self._thread_local = threading.local()
@@ -103,6 +108,7 @@ class Worker:
             slots=concurrency,
             interval_s=heartbeat_interval_s,
             host=cdi_plane.client.host,
+            tasks=tasks,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -217,25 +223,28 @@ class Worker:
             self._deliver(raw, ins.reply_to, earlier)
             return
         started_at = time.time()
-        try:
-            exe = self._execute(ins)
-        except Exception as exc:  # a bug of ours: still answer, so the run is not lost
-            log.exception("instruction %s crashed the worker's runner", ins.task_run_id)
-            exe = Execution(key=ins.key)
-            exe.fail(exc)
-        if exe.later is not None:
-            # The rest (a last task's store) waits for S3: the slot pops its next task meanwhile.
-            self._finishing.acquire()
-            self._finisher.submit(self._finish_later, raw, ins, exe, started_at)
-        else:
-            self._finish(raw, ins, exe, started_at)
+        with _about(ins):
+            try:
+                exe = self._execute(ins)
+            except Exception as exc:  # a bug of ours: still answer, so the run is not lost
+                log.exception("instruction %s crashed the worker's runner", ins.task_run_id)
+                exe = Execution(key=ins.key)
+                exe.fail(exc)
+            if exe.later is not None:
+                # The rest (a last task's store) waits for S3: the slot pops its next task
+                # meanwhile.
+                self._finishing.acquire()
+                self._finisher.submit(self._finish_later, raw, ins, exe, started_at)
+            else:
+                self._finish(raw, ins, exe, started_at)
 
     def _finish_later(
         self, raw: bytes, ins: Instruction, exe: Execution, started_at: float
     ) -> None:
         """A finisher thread's job: like a slot, a crash here stops the worker."""
         try:
-            self._finish(raw, ins, exe, started_at)
+            with _about(ins):
+                self._finish(raw, ins, exe, started_at)
         except BaseException:
             log.critical("finishing an instruction crashed; stopping the worker", exc_info=True)
             self.request_stop(1)
@@ -255,6 +264,8 @@ class Worker:
         report = exe.report(ins, self.worker_id, started_at, time.time())
         self._repeats.finish(ins, report)
         self._deliver(raw, ins.reply_to, report)
+        if self.metrics is not None:
+            self.metrics.observe(ins, report)
         _log_outcome(ins, report)  # after the delivery: the scheduler need not wait for a log line
         exit_code = exe.exit_code
         if exit_code:
@@ -344,6 +355,14 @@ _REPORT_AND_ACK = """
 redis.call('LPUSH', KEYS[2], ARGV[2])
 return redis.call('LREM', KEYS[1], 1, ARGV[1])
 """
+
+
+def _about(ins: Instruction) -> AbstractContextManager[None]:
+    """Every line logged while ``ins`` is handled names its workflow and task run."""
+    return log_context(
+        workflow_id=ins.workflow_id, task_run_id=ins.task_run_id, step=ins.ref,
+        attempt=ins.attempt,
+    )  # fmt: skip
 
 
 def _log_outcome(ins: Instruction, report: Report) -> None:

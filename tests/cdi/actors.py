@@ -8,6 +8,8 @@ root, because the interpreter's own files are not readable by other uids on this
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import json
 import mmap
 import os
@@ -74,7 +76,7 @@ def intruder(
     client = cdi.connect(socket_path, cid)
     handle = client.use(key)
     try:
-        handle.read()
+        handle.read(timeout=0)
         result["minion_read"] = "allowed"
     except cdi.NotOwner:
         result["minion_read"] = "not_owner"
@@ -118,11 +120,69 @@ def holder(socket_path: str, cid: str, key: str) -> None:
     sys.stdin.readline()
 
 
+def _attempt(what: Callable[[], object]) -> str:
+    """What happened when we tried: ``done``, or the error's errno name (``EACCES``...)."""
+    try:
+        what()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc))
+    except (TypeError, ValueError) as exc:  # a read-only buffer refuses in Python first
+        return type(exc).__name__
+    return "done"
+
+
+def reader(socket_path: str, cid: str, key: str, uid: int) -> None:
+    """A reader of a share that tries every way to write: through the library's view and
+    NumPy array, and behind its back with the fd the minion sent."""
+    if uid:
+        drop_to(uid)
+    client = cdi.connect(socket_path, cid)
+    emit(ready=True, pid=os.getpid())
+    obj = client.use(key, check=False)
+    view = obj.read(timeout=30)
+    result: dict[str, Any] = {"uid": os.getuid(), "seen": bytes(view[:6]).hex()}
+
+    def into_view() -> None:
+        view[0] = 0x58
+
+    result["view"] = _attempt(into_view)
+    array = obj.numpy(readonly=True)
+    result["numpy_writeable"] = bool(array.flags.writeable)
+    del array
+    reply, fd = client._conn.call(Op.READ, key=key)  # the fd itself, as a cheat would
+    assert fd is not None
+    size = reply["capacity"]
+    result["mmap_write"] = _attempt(
+        lambda: mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    )
+    result["write"] = _attempt(lambda: os.pwrite(fd, b"X", 0))
+    result["truncate"] = _attempt(lambda: os.ftruncate(fd, 0))
+    result["reopen"] = _attempt(lambda: os.close(os.open(f"/proc/self/fd/{fd}", os.O_RDWR)))
+    result["seal"] = _attempt(lambda: fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long
+    )  # fmt: skip
+    address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    protected = libc.mprotect(ctypes.c_void_p(address), size, mmap.PROT_READ | mmap.PROT_WRITE)
+    result["mprotect"] = "done" if protected == 0 else errno.errorcode[ctypes.get_errno()]
+    libc.munmap(ctypes.c_void_p(address), size)
+    os.close(fd)
+    emit(**result)
+    sys.stdin.readline()
+    view.release()
+    emit(released=obj.release())
+    sys.stdin.readline()
+    client.close()
+
+
 ROLES: dict[str, Callable[..., None]] = {
     "owner": owner,
     "intruder": intruder,
     "stale_reader": stale_reader,
     "holder": holder,
+    "reader": reader,
 }
 
 if __name__ == "__main__":

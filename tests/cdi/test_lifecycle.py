@@ -53,7 +53,7 @@ def test_recovery_can_name_another_container(minion: MinionProcess, unique: Uniq
     doomed = minion.client(unique("doomed"))
     obj.transfer(doomed.container_id or "")
     doomed.close()  # the owner goes away
-    assert rescuer.use(obj.key).read() == bytes(10)
+    assert bytes(rescuer.use(obj.key).read()) == bytes(10)
     rescuer.use(obj.key).destroy()
 
 
@@ -76,7 +76,7 @@ def test_released_memory_is_zeroed_and_reused(minion: MinionProcess, unique: Uni
     reuses = int(str(minion.stat()["reuses"]))
     second = a.create(unique("k"), 300_000)  # same size class: a warm segment, no allocation
     assert int(str(minion.stat()["reuses"])) == reuses + 1
-    assert second.read()[:24] == bytes(24)
+    assert bytes(second.read()[:24]) == bytes(24)
     second.destroy()
 
 
@@ -92,7 +92,7 @@ def test_a_creator_that_overwrites_skips_zeroing_its_own_uids_bytes(
     zeroed = int(str(minion.stat()["zeroed_bytes"]))
     second = a.create(unique("k"), size, zeroed=False)
     assert int(str(minion.stat()["zeroed_bytes"])) == zeroed  # no pass over the memory
-    assert second.read()[:17] == b"our own old bytes"
+    assert bytes(second.read()[:17]) == b"our own old bytes"
     second.write(b"x" * size)
     second.destroy()
     # A smaller object of the same class: the old bytes beyond its size are zeroed anyway, or
@@ -104,7 +104,7 @@ def test_a_creator_that_overwrites_skips_zeroing_its_own_uids_bytes(
     assert raw[34 * 4096 : size] == bytes(6 * 4096)
     smaller.destroy()
     third = a.create(unique("k"), size)  # the default: zeros, whoever wrote before
-    assert third.read() == bytes(size)
+    assert bytes(third.read()) == bytes(size)
     third.destroy()
     with pytest.raises(cdi.InvalidArgument, match="zeroed must be true or false"):
         a._conn.call(Op.CREATE, key=unique("k"), size=10, zeroed="no")

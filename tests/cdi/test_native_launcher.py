@@ -19,6 +19,7 @@ import pytest
 from cdi.minion import native
 from cdi.minion.config import MinionConfig
 from cdi.protocol import Isolation
+from tests.cdi.conftest import require_native
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -124,8 +125,7 @@ def test_asking_for_a_missing_binary_is_a_clear_usage_error(tmp_path: Path) -> N
 def test_the_binary_stops_when_its_relay_dies(tmp_path: Path) -> None:
     """With a controller, a Python parent relays events; if it is killed, the minion goes too
     (and removes its socket) instead of serving on as an orphan nobody reports for."""
-    if native.find_binary() is None:
-        pytest.skip(f"the native minion is not built: {native.build_hint()}")
+    require_native()
     socket_path = tmp_path / "m.sock"
     relay = subprocess.Popen(
         [sys.executable, "-m", "cdi.minion", "--impl", "native", "--socket", str(socket_path),

@@ -237,6 +237,41 @@ def test_a_dataless_run_starts_from_the_form_with_no_image(ui: UI, harness: Harn
     ui.assert_clean()
 
 
+# For every task run bar on the timeline: is its middle covered by a "holds the data" band
+# on the same lane?
+_RUNS_ON_HELD_LANES: Final = """() => {
+  const lane = (el) => Math.floor(Number(el.getAttribute("y")) / 46);
+  const bands = [...document.querySelectorAll(".gantt rect.held")];
+  return [...document.querySelectorAll(".gantt g.seg-run rect")].map((bar) => {
+    const mid = Number(bar.getAttribute("x")) + Number(bar.getAttribute("width")) / 2;
+    return bands.some((b) => lane(b) === lane(bar) && Number(b.getAttribute("x")) <= mid
+      && mid <= Number(b.getAttribute("x")) + Number(b.getAttribute("width")));
+  });
+}"""
+
+
+def test_hand_offs_written_together_are_read_in_the_order_they_happened(ui: UI) -> None:
+    """A report's hand-back and the next step's hand-over share a time stamp and come with
+    ids in either order: the timeline follows the object from owner to owner."""
+    ui.open("")
+    owners = ui.page.evaluate("""async () => {
+      const { ownership } = await import("/assets/js/gantt.js");
+      const at = (s) => `2026-01-01T00:00:0${s}.000Z`;
+      const handoffs = [
+        // Each hand-over got a lower id than the hand-back written with it.
+        { id: 1, at: at(1), from_container: "scheduler-1", to_container: "worker-2" },
+        { id: 2, at: at(1), from_container: "worker-1", to_container: "scheduler-1" },
+        { id: 3, at: at(2), from_container: "scheduler-1", to_container: "worker-1" },
+        { id: 4, at: at(2), from_container: "worker-2", to_container: "scheduler-1" },
+      ];
+      const runs = [{ worker_id: "worker-1", started_at: at(0), queued_at: at(0) }];
+      return ownership(handoffs, Date.parse(at(3)), runs)
+        .filter((b) => b.to > b.from).map((b) => b.owner);
+    }""")
+    assert owners == ["worker-1", "worker-2", "worker-1"]
+    ui.assert_clean()
+
+
 def _ms(stamp: str) -> datetime:
     """An API timestamp cut to whole milliseconds, as the page's ``Date.parse`` reads it."""
     moment = datetime.fromisoformat(stamp)
@@ -266,6 +301,9 @@ def test_detail_page_shows_the_timeline_and_every_handoff(
     handoffs = done["handoffs"]
     assert handoffs, "a CDI run hands its object over"
     expect(page.locator(".gantt .handoff")).to_have_count(len(handoffs))
+    # "Holds the data" sits on the lane of the worker running each task, mid-run.
+    covered = page.evaluate(_RUNS_ON_HELD_LANES)
+    assert covered and all(covered), covered
 
     # The hand-off table: every transfer, from → to, in order, with its size.
     table = page.locator("table.handoffs tbody tr")
@@ -305,7 +343,7 @@ def test_a_failed_run_shows_its_reason(ui: UI, harness: Harness) -> None:
     unavailable = page.locator("figure[data-image=input][data-available=false]")
     expect(unavailable).to_contain_text("does not exist")  # a reason, not a broken image
     expect(page.locator("#retry")).to_be_enabled()
-    expect(page.locator("#cancel")).to_be_disabled()
+    expect(page.locator("#cancel")).to_have_count(0)  # a finished run cannot be cancelled
     ui.assert_clean()
 
 
@@ -318,9 +356,11 @@ def test_cancel_and_retry_buttons_call_the_api(ui: UI, harness: Harness, napping
     nap = page.locator(".dag .node[data-ref=nap]")  # the worker holds it: running, live
     expect(nap).to_have_attribute("data-status", "RUNNING", timeout=30_000)
     expect(page.locator(".gantt .seg-run.st-running")).to_have_count(1)
+    expect(page.locator("#retry")).to_have_count(0)  # a running run cannot be retried
     page.get_by_role("button", name="Cancel run").click()
     expect(status).to_have_attribute("data-status", "CANCELLED", timeout=30_000)
     assert harness.wait(run_id)["status"] == "CANCELLED"
+    expect(page.locator("#cancel")).to_have_count(0)
 
     page.get_by_role("button", name="Retry").click()
     expect(page).not_to_have_url(re.compile(run_id))
@@ -328,6 +368,8 @@ def test_cancel_and_retry_buttons_call_the_api(ui: UI, harness: Harness, napping
     assert harness.get(retried)["retry_of"] == run_id
     expect(page.locator("#wf-status")).to_have_attribute("data-status", "COMPLETED", timeout=90_000)
     expect(page.locator("#wf-meta")).to_contain_text(run_id[:8])  # "Retry of" links back
+    # Completed: neither action applies, so neither button shows.
+    expect(page.locator(".page-head .actions button")).to_have_count(0)
     ui.assert_clean()
 
 
@@ -475,7 +517,7 @@ def test_a_bad_definition_shows_the_apis_errors(ui: UI, harness: Harness) -> Non
 
     # Not JSON: caught in the page, with where.
     editor.fill('{"name": "broken",\n  "tasks": [}')
-    page.get_by_role("button", name="Register").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     expect(errors).to_contain_text("Not valid JSON at line 2")
 
     # Valid JSON, bad definition: the API's own problems, each listed.
@@ -491,7 +533,7 @@ def test_a_bad_definition_shows_the_apis_errors(ui: UI, harness: Harness) -> Non
     problems = reply.json()["problems"]
     assert len(problems) >= 2
     editor.fill(json.dumps(bad, indent=2))
-    page.get_by_role("button", name="Register").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     expect(errors.locator("li")).to_have_count(len(problems))
     for problem in problems:
         expect(errors).to_contain_text(problem)
@@ -500,7 +542,7 @@ def test_a_bad_definition_shows_the_apis_errors(ui: UI, harness: Harness) -> Non
 
     # A body the schema refuses (FastAPI's own 422 shape) reads the same way.
     editor.fill('{"name": "no_ref", "tasks": [{"task": "deblur"}]}')
-    page.get_by_role("button", name="Register").click()
+    page.get_by_role("button", name="Save", exact=True).click()
     expect(errors).to_contain_text("tasks.0.ref: Field required")
 
     # A good one registers and appears in the list, selected.
@@ -509,10 +551,26 @@ def test_a_bad_definition_shows_the_apis_errors(ui: UI, harness: Harness) -> Non
     expect(page.locator("#def-preview svg")).to_be_visible()
     good = '{"name": "ui_pipeline", "tasks": [{"ref": "d", "task": "deblur"}]}'
     editor.fill(good)
-    page.get_by_role("button", name="Register").click()
-    expect(errors).to_contain_text("Registered workflow ui_pipeline")
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(errors).to_contain_text("Saved workflow ui_pipeline, version 1")
     expect(page.locator("[data-def=ui_pipeline]")).to_have_attribute("aria-current", "true")
     assert harness.api.get("/api/workflow-definitions/ui_pipeline").status_code == 200
+
+    # Saved again, changed: a new version, listed beside the first; saved unchanged: none.
+    page.locator("#def-edit").click()
+    expect(editor).to_have_value(re.compile(r'"ref": "d"'))
+    editor.fill(
+        '{"name": "ui_pipeline", "tasks": [{"ref": "d", "task": "deblur"},'
+        ' {"ref": "c", "task": "classify", "depends_on": ["d"]}]}'
+    )
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(errors).to_contain_text("Saved workflow ui_pipeline, version 2")
+    page.locator("#def-versions-box summary").click()
+    expect(page.locator("#def-versions tr[data-version]")).to_have_count(2)
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(errors).to_contain_text("Unchanged: workflow ui_pipeline, version 2")
+    versions = harness.api.get("/api/workflow-definitions/ui_pipeline/versions").json()
+    assert [v["version"] for v in versions] == [2, 1]
     unexpected_422 = [e for e in ui.errors if "422" in e]
     assert len(unexpected_422) == 2, ui.errors  # exactly the two refused registrations
     ui.assert_clean()
@@ -551,6 +609,15 @@ def test_workers_page_shows_live_metrics(ui: UI, harness: Harness, napping: str)
         expect(card).to_contain_text("Last heartbeat at")
         held = re.compile(r"^(none|\d+ · [\d.]+ [KMG]?B)$")  # a count, or none
         expect(card.locator("[data-stat=held]")).to_have_text(held)
+        # The worker process's own CPU and memory; the host's on a line of its own.
+        expect(card.locator("[data-metric=cpu]")).to_have_text(re.compile(r"^\d+%$"))
+        expect(card.locator("[data-metric=memory]")).to_have_text(re.compile(r"^[\d.]+ [KMG]?B$"))
+        expect(card.locator("[data-host-load]")).to_contain_text("Host: ")
+    beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+    for worker_id in harness.stack.worker_ids:
+        beat = beats[worker_id]
+        assert beat["rss_bytes"] > 10 * 2**20 and beat["cpu"] is not None  # a Python process
+        assert beat["mem"] < beat["host_mem"]  # its own share, not the host's
     ui.shot("workers", full_page=False)
     assert harness.wait(run_id)["status"] == "COMPLETED"
     expect(busy).to_have_count(0)

@@ -30,9 +30,13 @@ from orchestrator.db import make_engine, make_session_factory
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.services import RunningServices
+from orchestrator.services.postgres import create_database
 from orchestrator.settings import Settings
+from orchestrator.worker.cli import load_tasks
+from orchestrator.worker.heartbeat import Heartbeat
 from tests.orchestrator.api_support import admin_key_of, api_test_settings, keyed_client
 from tests.orchestrator.scheduler_support import close_scheduler, make_scheduler
+from workflows.sources import TaskSources
 
 # Starlette 1.x warns that its test client prefers httpx2 over httpx; both work. Importing it
 # here, once, keeps that warning (an error under filterwarnings=error) out of the run.
@@ -42,6 +46,9 @@ with warnings.catch_warnings():
 
 # Redis logical database reserved for the API tests (the stack itself uses 0).
 API_REDIS_DB = 9
+# The worker whose heartbeat ``task_worker`` keeps.
+TASK_WORKER = "api-tests-worker"
+TASK_MODULES = ("tests.orchestrator.flaky_tasks",)
 
 
 def _admin_connect(postgres_url: str) -> psycopg.Connection[tuple[object, ...]]:
@@ -65,18 +72,11 @@ def make_database(
     created: list[str] = []
     admin_url = service_stack.admin_database_url
     assert admin_url is not None, "the session's Postgres is embedded"
-    owner = make_url(postgres_url).username or ""
 
     def make(label: str) -> str:
         name = f"cdiflow_{label}_{uuid.uuid4().hex[:8]}"
-        with _admin_connect(admin_url) as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                    sql.Identifier(name), sql.Identifier(owner)
-                )
-            )
         created.append(name)
-        return make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+        return create_database(postgres_url, name, admin_url=admin_url)
 
     yield make
     with _admin_connect(admin_url) as conn:
@@ -170,3 +170,18 @@ def api_store(api_database_url: str, api_client: TestClient) -> Iterator[Schedul
     yield store
     store.close()
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def task_worker(api_redis_url: str, api_redis: redis.Redis) -> Iterator[Heartbeat]:
+    """The heartbeat of a live worker that loaded the bundled tasks and ``TASK_MODULES``, as
+    ``cdiflow worker --tasks tests.orchestrator.flaky_tasks`` announces them (the worker's own
+    ``Heartbeat`` and loader, without its slots: these tests run no worker, and the API
+    registers only tasks a live worker loaded)."""
+    client = redis.Redis.from_url(api_redis_url)
+    sources = TaskSources(packages=("workflows", *TASK_MODULES))
+    beat = Heartbeat(client, TASK_WORKER, running=lambda: 0, tasks=load_tasks(sources))
+    beat.start()
+    yield beat
+    beat.stop()
+    client.close()

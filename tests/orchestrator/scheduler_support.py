@@ -16,6 +16,8 @@ from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.settings import Settings
+from workflows.loader import load_deployed
+from workflows.sources import BUNDLED
 
 WORKER = "worker-race"
 
@@ -44,6 +46,10 @@ def beat(client: redis.Redis, started_at: float) -> None:
         "started_at": f"{started_at:.3f}",
         "held_images": "0",
         "held_bytes": "0",
+        "tasks": load_deployed(BUNDLED).to_json(),  # the bundled tasks only
+        "proc_cpu": "0.5",
+        "proc_rss": "104857600",
+        "proc_mem": "0.5",
     }
     assert tuple(fields) == keys.WORKER_FIELDS
     client.hset(keys.worker_key(WORKER), mapping=fields)  # type: ignore[arg-type]

@@ -44,6 +44,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.settings import Settings
 from tests.orchestrator.api_support import admin_key_of, keyed_client
 
+# Tasks are registered only when a live worker loaded them.
+pytestmark = pytest.mark.usefixtures("task_worker")
+
 IMAGE = {"image": "s3://cdiflow/images/cat.png"}
 
 
@@ -147,9 +150,9 @@ def test_task_lifecycle(api_client: TestClient) -> None:
     body = {"name": name, "module": module, "timeout_s": 5, "retries": 1,
             "description": "sharpens"}  # fmt: skip
     created = api_client.post("/api/tasks", json=body)
-    assert created.status_code == 201
+    assert created.status_code == 201, created.text
     assert created.headers["location"] == f"/api/tasks/{name}"
-    assert created.json()["retry_backoff_s"] == 0.5
+    assert created.json()["retry_backoff_s"] == 0.5  # left out: the @task's
     got = api_client.get(f"/api/tasks/{name}").json()
     assert (got["module"], got["timeout_s"], got["description"]) == (module, 5, "sharpens")
     assert name in {t["name"] for t in api_client.get("/api/tasks").json()}
@@ -617,9 +620,10 @@ def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis)
     fresh, stale, garbled, gone = (_unique(w) for w in ("fresh", "stale", "garbled", "gone"))
     silent_for = 3.5 * keys.HEARTBEAT_INTERVAL_S  # past the 3-interval limit
     beats: dict[str, dict[FieldT, EncodableT]] = {
-        fresh: {"cpu": "12.5", "mem": "40", "queue_depth": "3", "running": "1", "slots": "2",
+        fresh: {"cpu": "97.5", "mem": "40", "queue_depth": "3", "running": "1", "slots": "2",
                 "host": "h1", "held_images": "2", "held_bytes": "52428800",
-                "last_heartbeat": now - 1, "started_at": now - 60},
+                "last_heartbeat": now - 1, "started_at": now - 60, "proc_cpu": "12.5",
+                "proc_rss": "104857600", "proc_mem": "1.3"},
         stale: {"cpu": "1", "host": "h2", "last_heartbeat": now - silent_for},
         garbled: {"cpu": "lots", "queue_depth": "nan", "last_heartbeat": now},
     }  # fmt: skip
@@ -633,6 +637,10 @@ def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis)
         3,
         "h1",
     )
+    # The process's own CPU and memory; the host's beside them.
+    assert (listed[fresh]["mem"], listed[fresh]["rss_bytes"]) == (1.3, 104857600)
+    assert (listed[fresh]["host_cpu"], listed[fresh]["host_mem"]) == (97.5, 40)
+    assert listed[stale]["cpu"] is None and listed[stale]["host_cpu"] == 1
     assert listed[fresh]["slots"] == 2 and listed[stale]["slots"] is None
     assert (listed[fresh]["held_images"], listed[fresh]["held_bytes"]) == (2, 52428800)
     assert listed[stale]["held_images"] is None  # an older worker's heartbeat has no such field

@@ -12,7 +12,13 @@ import redis
 from fastapi.testclient import TestClient
 
 from orchestrator.controller import create_app
+from orchestrator.worker.cli import load_tasks
+from orchestrator.worker.heartbeat import Heartbeat
 from tests.orchestrator.api_support import admin_key_of, api_test_settings, keyed_client
+from workflows.sources import TaskSources
+
+# A task is registered only when a live worker loaded it too (``controller.task_check``).
+pytestmark = pytest.mark.usefixtures("task_worker")
 
 
 def _task(module: str) -> dict[str, str]:
@@ -67,6 +73,11 @@ def test_a_task_folder_deploys_what_the_api_cannot_import_yet(
         tmp_path, api_database_url, api_redis_url, task_packages="workflows", task_paths=folder
     )
     sys.path.insert(0, str(folder))
+    shop_worker = Heartbeat(  # a worker given the folder: it loads shop.py
+        redis.Redis.from_url(api_redis_url), "shop-worker", running=lambda: 0,
+        tasks=load_tasks(TaskSources(packages=("workflows",), paths=(folder,))),
+    )  # fmt: skip
+    shop_worker.start()
     try:
         with keyed_client(create_app(settings), admin_key_of(settings)) as client:
             assert client.post("/api/tasks", json=_task("shop:fn")).status_code == 201
@@ -75,5 +86,7 @@ def test_a_task_folder_deploys_what_the_api_cannot_import_yet(
             outside = client.post("/api/tasks", json=_task("tests.orchestrator.flaky_tasks:fn"))
             assert outside.status_code == 422 and str(folder) in outside.text
     finally:
-        sys.path.remove(str(folder))
+        shop_worker.stop()
+        shop_worker.client.close()
+        sys.path[:] = [p for p in sys.path if p != str(folder)]
         sys.modules.pop("shop", None)

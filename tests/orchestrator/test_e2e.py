@@ -30,6 +30,7 @@ from workflows.samples import bundled_samples
 MAX_INPUT_BYTES = 3_000_000
 MAX_ACTIVE = 4  # workflows the scheduler runs at once; the rest wait PENDING
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
+FLAKY_TASKS = "tests.orchestrator.flaky_tasks"  # the workers load it (--tasks)
 TASK_PACKAGES = "workflows,tests.orchestrator"
 
 
@@ -117,7 +118,7 @@ def harness() -> Iterator[Harness]:
     os.environ["MAX_ACTIVE_WORKFLOWS"] = str(MAX_ACTIVE)
     os.environ["CDIFLOW_TASK_PACKAGES"] = TASK_PACKAGES  # the tests' own tasks are deployed
     try:
-        with Stack(folder, workers=2, port=free_port()) as stack:
+        with Stack(folder, workers=2, port=free_port(), tasks=[FLAKY_TASKS]) as stack:
             h = Harness(stack)
             yield h
             h.api.close()

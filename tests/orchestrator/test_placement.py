@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 from orchestrator.contract.vocabulary import Policy
@@ -9,7 +10,9 @@ from orchestrator.scheduler.placement import (
     Link,
     Route,
     WorkerLoad,
+    capable,
     choose_worker,
+    loaded_modules,
     move_cost_s,
     read_workers,
 )
@@ -129,6 +132,24 @@ def test_slots_come_from_the_heartbeat() -> None:
     }
     loads = {w.worker_id: w for w in read_workers(beats, {}, dead_after_s=6, now=101)}
     assert (loads["w1"].slots, loads["w2"].slots, loads["w3"].slots) == (4, 1, 1)
+
+
+def test_a_task_goes_only_to_workers_that_loaded_its_module() -> None:
+    gpu = json.dumps({"modules": {"gpu_tasks": {}, "workflows.image_tasks": {}}, "errors": {}})
+    plain = json.dumps({"modules": {"workflows.image_tasks": {}}, "errors": {}})
+    beats = {
+        "w1": {"last_heartbeat": "100", "queue_depth": "0", "tasks": plain},
+        "w2": {"last_heartbeat": "100", "queue_depth": "5", "tasks": gpu},
+        "w3": {"last_heartbeat": "100", "queue_depth": "0", "tasks": "not json"},
+    }
+    workers = read_workers(beats, {}, dead_after_s=6, now=101)
+    assert [w.worker_id for w in capable(workers, "gpu_tasks:render")] == ["w2"]
+    assert {w.worker_id for w in capable(workers, "workflows.image_tasks:deblur")} == {"w1", "w2"}
+    assert capable(workers, "other:fn") == []
+    # The least loaded worker (w1) cannot run it: the busier one that can gets it.
+    able = capable(workers, "gpu_tasks:render")
+    assert choose_worker(able, Policy.TRANSFER, None, task_s=0.1, nbytes=0) == "w2"
+    assert loaded_modules(gpu) == frozenset({"gpu_tasks", "workflows.image_tasks"})
 
 
 # -- hosts ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import pytest
 import redis
@@ -24,7 +25,14 @@ from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.contract.wakeups import wake_message
-from orchestrator.db.models import Event, TaskRun, WorkflowDefinition
+from orchestrator.db.models import (
+    Event,
+    TaskDefinition,
+    TaskRun,
+    WorkflowDefinition,
+    WorkflowDefinitionVersion,
+)
+from orchestrator.scheduler import dispatch as dispatch_module
 from orchestrator.scheduler.dispatch import BEATS_TTL_S
 from orchestrator.scheduler.loop import Scheduler
 from tests.orchestrator.scheduler_support import WORKER, beat
@@ -227,17 +235,15 @@ def test_a_stored_definition_that_is_not_a_chain_fails_its_run_with_the_reason(
     the first one's output: the scheduler fails such a run instead, saying why."""
     beat(api_redis, started_at=1000.0)
     name = f"fork_{uuid.uuid4().hex[:8]}"
+    steps: list[dict[str, Any]] = [
+        {"ref": "a", "task": "noop"},
+        {"ref": "b1", "task": "noop", "depends_on": ["a"]},
+        {"ref": "b2", "task": "noop", "depends_on": ["a"]},
+    ]
     with api_sessions() as session, session.begin():
-        session.add(
-            WorkflowDefinition(
-                name=name,
-                tasks=[
-                    {"ref": "a", "task": "noop"},
-                    {"ref": "b1", "task": "noop", "depends_on": ["a"]},
-                    {"ref": "b2", "task": "noop", "depends_on": ["a"]},
-                ],
-            )
-        )
+        session.add(WorkflowDefinition(name=name, tasks=steps, version=1))
+        session.flush()
+        session.add(WorkflowDefinitionVersion(name=name, version=1, tasks=steps))
     started = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
     assert started.status_code == 201, started.text
     scheduler.claims.claim()
@@ -245,3 +251,70 @@ def test_a_stored_definition_that_is_not_a_chain_fails_its_run_with_the_reason(
     assert detail["status"] == "FAILED"
     assert "cannot run" in detail["error"] and "all depend on step 'a'" in detail["error"]
     assert detail["task_runs"] == []  # nothing ran
+
+
+def test_a_run_keeps_the_definition_version_it_was_started_with(
+    scheduler: Scheduler, api_client: TestClient, api_redis: redis.Redis
+) -> None:
+    """A new version saved while a run waits does not change what that run executes."""
+    beat(api_redis, started_at=1000.0)
+    name = f"versioned_{uuid.uuid4().hex[:8]}"
+    first = {"tasks": [{"ref": "one", "task": "noop"}]}
+    assert api_client.put(f"/api/workflow-definitions/{name}", json=first).status_code == 201
+    old = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
+    second = {"tasks": [{"ref": "first", "task": "noop"}, {"ref": "then", "task": "noop",
+                                                           "depends_on": ["first"]}]}  # fmt: skip
+    saved = api_client.put(f"/api/workflow-definitions/{name}", json=second)
+    assert saved.status_code == 200 and saved.json()["version"] == 2, saved.text
+    new = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
+    assert (old.json()["workflow_version"], new.json()["workflow_version"]) == (1, 2)
+
+    scheduler.claims.claim()
+    queue = keys.worker_queue_key(WORKER)
+    placed = {}
+    while isinstance(raw := api_redis.rpop(queue), bytes | str):
+        instruction = Instruction.loads(raw)
+        placed[instruction.workflow_id] = instruction.ref
+    assert placed == {old.json()["id"]: "one", new.json()["id"]: "first"}
+
+
+def test_a_step_no_live_worker_loaded_waits_then_fails_its_run(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The only live worker loaded the bundled tasks alone: a step of another module is
+    never sent to it, and its run fails, saying why, once the grace has passed."""
+    beat(api_redis, started_at=1000.0)
+    task, flow = f"gone_{uuid.uuid4().hex[:8]}", f"unrunnable_{uuid.uuid4().hex[:8]}"
+    with api_sessions() as session, session.begin():  # registered while such a worker lived
+        session.add(TaskDefinition(name=task, module="retired_tasks:fn", timeout_s=5, retries=0,
+                                   retry_backoff_s=0.5))  # fmt: skip
+    steps = [{"ref": "first", "task": "noop"}, {"ref": "then", "task": task,
+                                                "depends_on": ["first"]}]  # fmt: skip
+    assert api_client.put(f"/api/workflow-definitions/{flow}", json={"tasks": steps}).is_success
+    started = api_client.post("/api/workflows", json={"workflow": flow, "input": {"data": {}}})
+    run_id = started.json()["id"]
+    queue = keys.worker_queue_key(WORKER)
+
+    scheduler.claims.claim()  # the first step (bundled) goes to the worker
+    raw = api_redis.rpop(queue)
+    assert isinstance(raw, bytes | str)
+    first = Instruction.loads(raw)
+    now = time.time()
+    done = Report(first.task_run_id, run_id, WORKER, TaskRunStatus.COMPLETED, now - 0.01, now)
+    api_redis.lpush(scheduler.reply_key, done.dumps())
+    scheduler.step()  # reads the report; the next step has nowhere to go, so it waits
+    assert api_redis.llen(queue) == 0
+    assert api_client.get(f"/api/workflows/{run_id}").json()["status"] == "RUNNING"
+
+    assert [str(w) for w in scheduler.dispatch.waiting] == [run_id]
+    monkeypatch.setattr(dispatch_module, "UNRUNNABLE_AFTER_S", 0.0)
+    time.sleep(0.01)
+    scheduler._tick()  # the housekeeping that fails a run no worker can take
+    detail = api_client.get(f"/api/workflows/{run_id}").json()
+    assert detail["status"] == "FAILED" and api_redis.llen(queue) == 0
+    assert "no live worker has loaded module 'retired_tasks'" in detail["error"]
+    assert f"task {task!r} (step 'then')" in detail["error"]

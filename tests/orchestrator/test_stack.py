@@ -30,8 +30,10 @@ from typing import TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 import psutil
+import psycopg
 import pytest
 import redis
+from sqlalchemy.engine import make_url
 
 from orchestrator.errors import StackError, StackRunning
 from orchestrator.services import RunningServices
@@ -297,12 +299,8 @@ def test_restart_policy_backs_off_then_caps_restarts_per_minute() -> None:
 
 
 def _cli() -> list[str]:
-    """``cdiflow`` once the commands are mounted there, else the stack's own entry point."""
-    from cdiflow.cli import main
-
-    if "up" in main.commands:
-        return [sys.executable, "-m", "cdiflow"]
-    return [sys.executable, "-m", "orchestrator.stack"]
+    """``cdiflow``, as a user runs it."""
+    return [sys.executable, "-m", "cdiflow"]
 
 
 def _cli_env(**extra: str) -> dict[str, str]:
@@ -389,6 +387,23 @@ def test_cli_up_detach_status_down(short_dir: Path) -> None:
         assert str(key_file) in up.stdout and report["api_key"] not in up.stdout
         assert _http_status(f"{report['api_url']}/api/whoami", report["api_key"]) == 200
         assert _http_status(f"{report['api_url']}/api/whoami", None) == 401
+        # The folder's owner is shown what a client needs, and it lets the client in.
+        database_url = report["credentials"]["database_url"]
+        assert _postgres_answers(database_url)
+        assert "credentials of the embedded services" in status.stdout
+
+        # The supervisor restarts a killed Postgres on its port: the same URL answers again.
+        postgres = procs[1]
+        assert postgres.name == "postgres" and postgres.pid is not None
+        os.kill(postgres.pid, signal.SIGKILL)
+        _eventually(
+            lambda: (row := _pids(short_dir)[1]).pid != postgres.pid and row.restarts == 1,
+            "stack.json shows Postgres restarted",
+        )
+        _eventually(lambda: _postgres_answers(database_url), "Postgres answers again")
+        table = _run("status", *folder, env=env).stdout.splitlines()
+        row = next(line.split() for line in table if line.startswith("postgres "))
+        assert row[2:4] == ["running", "1"]  # STATE, RESTARTS
 
         # The supervisor restarts a killed worker and republishes its new PID.
         worker = procs[-1]
@@ -408,6 +423,15 @@ def test_cli_up_detach_status_down(short_dir: Path) -> None:
         assert read_state(short_dir) is None
         assert not (short_dir / "cdi" / "minion.sock").exists()
         assert _run("status", *folder, env=env).returncode == 1
+
+
+def _postgres_answers(url: str) -> bool:
+    try:
+        with psycopg.connect(make_url(url).set(drivername="postgresql").render_as_string(
+            hide_password=False), connect_timeout=3) as conn:  # fmt: skip
+            return conn.execute("SELECT 1").fetchone() == (1,)
+    except psycopg.Error:
+        return False
 
 
 def _configured_env(services: RunningServices, database_url: str, redis_db: int) -> dict[str, str]:

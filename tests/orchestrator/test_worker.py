@@ -119,7 +119,7 @@ class Stack:
         """Wait until ``key`` is the scheduler's again; return its bytes and destroy it."""
         obj = self.sched.use(key)
         obj.access(timeout=DEADLINE_S).release()
-        data = obj.read()
+        data = bytes(obj.read())
         obj.destroy()
         return data
 

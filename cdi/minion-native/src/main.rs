@@ -1,17 +1,20 @@
-//! `cdi-minion`: the CDI per-host minion, a native port of `cdi/minion` with the same wire
-//! protocol, operations, error codes and messages. It exists because the minion sits on every
-//! hand-off and an interpreter spent most of a hand-off's microseconds.
+//! `cdi-minion`: the CDI per-host minion in Rust. It serves `cdi/PROTOCOL.md`, like the Python
+//! minion (`cdi/minion/`); it exists because the minion sits on every hand-off and an
+//! interpreter spent most of a hand-off's microseconds.
 
 mod args;
 mod events;
 mod log;
 mod msgpack;
 mod objects;
+mod ops;
 mod protocol;
-mod pyrepr;
-mod pyrepr_table;
+mod recovery;
+mod registry;
+mod replies;
 mod segments;
 mod server;
+mod sharing;
 mod sys;
 
 use std::sync::atomic::Ordering;

@@ -1,22 +1,15 @@
-//! MessagePack as the Python minion sees it, on top of `rmpv` (decoding) and `rmp` (encoding).
+//! MessagePack for the minion: requests decoded with `rmpv`, replies written with `rmp`.
 //!
-//! `unpack` decodes with rmpv, then maps its values to what msgpack-python's
-//! `unpackb(data, raw=False, strict_map_key=True)` hands the Python minion: one `Int` for every
-//! int, a float32 as a double, ext type -1 as a `Timestamp`. What that call refuses is refused
-//! here too (the minion answers `undecodable message: <text>`, with rmpv's text or ours, not
-//! msgpack-python's): bytes left after the value, a str that is not UTF-8, a map key other than
-//! str or bytes, a malformed timestamp, more than 1024 nested arrays and maps. One exception:
-//! rmpv reads the reserved byte 0xc1 as nil where msgpack-python refuses the message.
+//! `unpack` decodes one message and refuses what `cdi/PROTOCOL.md` calls undecodable: bytes
+//! left after the value, a str that is not UTF-8, a map key that is neither str nor bin. Ints
+//! become one `Int` (any msgpack int fits an i128); extension types stay opaque (no field of
+//! the protocol holds one).
 //!
 //! Limits on hostile input: a message is at most `MAX_MESSAGE` (1 MiB) bytes; rmpv never
 //! reserves memory for the length a header announces (it grows each array and map as items
 //! actually decode, msgpack-rust issue 151), so a message decodes to at most one value per byte;
-//! its recursion is bounded by `read_value_ref_with_max_depth` (see `RMPV_DEPTH`), and so is
-//! ours (conversion, `repr`, drop), since we only ever walk what rmpv accepted.
-//!
-//! `Enc` writes with rmp's smallest-form functions, which are the forms of msgpack-python's
-//! `Packer(use_bin_type=True)`: the smallest int (unsigned if non-negative), str8 for 32..=255
-//! bytes, bin for bytes, floats as float64.
+//! its recursion is bounded by `read_value_ref_with_max_depth` (`MAX_DEPTH`), and so is ours
+//! (conversion, drop), since we only ever walk what rmpv accepted.
 
 use std::fmt;
 use std::mem::{align_of, size_of};
@@ -34,20 +27,16 @@ pub enum Value<'a> {
     Str(&'a str),
     Bin(&'a [u8]),
     Array(Vec<Value<'a>>),
-    /// Entries in wire order, duplicates included; see `get` for Python's dict semantics.
+    /// Entries in wire order, duplicates included; `get` takes the last.
     Map(Vec<(Value<'a>, Value<'a>)>),
     Ext(i8, &'a [u8]),
-    Timestamp {
-        seconds: i64,
-        nanoseconds: u32,
-    },
 }
 
 pub static NIL: Value<'static> = Value::Nil;
 
-/// Every msgpack int (-2^63 ..= 2^64-1), as one Python int: an `i128` stored at 8-byte
-/// alignment, so that `Value` has the layout of rmpv's `ValueRef` and `convert` turns rmpv's
-/// arrays and maps into ours in place instead of allocating a second tree for every request.
+/// Every msgpack int (-2^63 ..= 2^64-1): an `i128` stored at 8-byte alignment, so that `Value`
+/// has the layout of rmpv's `ValueRef` and `convert` turns rmpv's arrays and maps into ours in
+/// place instead of allocating a second tree for every request.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(C, packed(8))]
 pub struct Int(i128);
@@ -83,7 +72,7 @@ impl fmt::Debug for Int {
 }
 
 impl<'a> Value<'a> {
-    /// `dict.get(name)` on a decoded map: the last entry with that str key wins, as in Python.
+    /// A field of a decoded map: the last entry with that str key, as `cdi/PROTOCOL.md` says.
     pub fn get<'v>(entries: &'v [(Value<'a>, Value<'a>)], name: &str) -> Option<&'v Value<'a>> {
         entries
             .iter()
@@ -91,20 +80,36 @@ impl<'a> Value<'a> {
             .find(|(k, _)| matches!(k, Value::Str(s) if *s == name))
             .map(|(_, v)| v)
     }
+
+    /// A field that is absent or nil is `None` (the protocol treats them alike).
+    pub fn field<'v>(entries: &'v [(Value<'a>, Value<'a>)], name: &str) -> Option<&'v Value<'a>> {
+        Self::get(entries, name).filter(|v| !matches!(v, Value::Nil))
+    }
+
+    /// The MessagePack type's name, for error messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Value::Nil => "nil",
+            Value::Bool(_) => "boolean",
+            Value::Int(_) => "integer",
+            Value::Float(_) => "float",
+            Value::Str(_) => "string",
+            Value::Bin(_) => "binary",
+            Value::Array(_) => "array",
+            Value::Map(_) => "map",
+            Value::Ext(..) => "extension",
+        }
+    }
 }
 
-/// Open containers msgpack-python's unpacker allows (its stack size).
-const MAX_OPEN: usize = 1024;
-
-/// The depth budget given to rmpv. It spends one unit per value plus one per array or map
-/// (two per container) and up to three on a leaf (a str: value, str, bytes), so `MAX_OPEN`
-/// containers around any leaf fit; the exact `MAX_OPEN` rule is checked in `convert`.
-const RMPV_DEPTH: usize = 2 * MAX_OPEN + 3;
+/// rmpv's depth budget: it spends about two units per nested array or map, so this refuses
+/// messages nested some 1,000 levels deep (no request nests more than two).
+const MAX_DEPTH: usize = 2048;
 
 /// Decode one message; `Err` holds why it is refused.
 pub fn unpack(data: &[u8]) -> Result<Value<'_>, String> {
     let mut rest = data;
-    let value = rmpv::decode::read_value_ref_with_max_depth(&mut rest, RMPV_DEPTH)
+    let value = rmpv::decode::read_value_ref_with_max_depth(&mut rest, MAX_DEPTH)
         .map_err(|err| err.to_string())?;
     if !rest.is_empty() {
         return Err(format!(
@@ -112,18 +117,11 @@ pub fn unpack(data: &[u8]) -> Result<Value<'_>, String> {
             rest.len()
         ));
     }
-    convert(value, 0)
+    convert(value)
 }
 
-/// rmpv's value as msgpack-python decodes it; `open` counts the enclosing arrays and maps.
-fn convert(value: ValueRef<'_>, open: usize) -> Result<Value<'_>, String> {
-    let container = |open: usize| {
-        if open < MAX_OPEN {
-            Ok(open + 1)
-        } else {
-            Err(format!("more than {MAX_OPEN} nested arrays and maps"))
-        }
-    };
+/// rmpv's value as ours, refusing a str that is not UTF-8 and a map key that is not str or bin.
+fn convert(value: ValueRef<'_>) -> Result<Value<'_>, String> {
     Ok(match value {
         ValueRef::Nil => Value::Nil,
         ValueRef::Boolean(b) => Value::Bool(b),
@@ -141,50 +139,19 @@ fn convert(value: ValueRef<'_>, open: usize) -> Result<Value<'_>, String> {
         ValueRef::Binary(b) => Value::Bin(b),
         // Collected in place: each Vec of rmpv's becomes ours, no new allocation.
         ValueRef::Array(items) => {
-            let open = container(open)?;
-            let items = items.into_iter().map(|item| convert(item, open));
-            Value::Array(items.collect::<Result<_, _>>()?)
+            Value::Array(items.into_iter().map(convert).collect::<Result<_, _>>()?)
         }
         ValueRef::Map(entries) => {
-            let open = container(open)?;
             let entries = entries.into_iter().map(|(key, value)| {
-                let key = convert(key, open)?;
+                let key = convert(key)?;
                 if !matches!(key, Value::Str(_) | Value::Bin(_)) {
-                    return Err(format!(
-                        "{} is not allowed for map key when strict_map_key=True",
-                        crate::pyrepr::type_name(&key)
-                    ));
+                    return Err(format!("a map key must be a string, not {}", key.kind()));
                 }
-                Ok((key, convert(value, open)?))
+                Ok((key, convert(value)?))
             });
             Value::Map(entries.collect::<Result<_, _>>()?)
         }
-        ValueRef::Ext(-1, data) => timestamp(data)?,
         ValueRef::Ext(code, data) => Value::Ext(code, data),
-    })
-}
-
-/// The msgpack timestamp extension (type -1) in its three forms, as msgpack-python reads it.
-fn timestamp(data: &[u8]) -> Result<Value<'static>, String> {
-    let (seconds, nanoseconds) = if let Ok(secs) = <[u8; 4]>::try_from(data) {
-        (u32::from_be_bytes(secs).into(), 0)
-    } else if let Ok(both) = <[u8; 8]>::try_from(data) {
-        let both = u64::from_be_bytes(both);
-        ((both & ((1 << 34) - 1)) as i64, (both >> 34) as u32)
-    } else if let Ok([n0, n1, n2, n3, secs @ ..]) = <[u8; 12]>::try_from(data) {
-        (
-            i64::from_be_bytes(secs),
-            u32::from_be_bytes([n0, n1, n2, n3]),
-        )
-    } else {
-        return Err(format!("invalid timestamp data (length {})", data.len()));
-    };
-    if nanoseconds > 999_999_999 {
-        return Err("timestamp nanoseconds above 999999999".to_owned());
-    }
-    Ok(Value::Timestamp {
-        seconds,
-        nanoseconds,
     })
 }
 
@@ -193,14 +160,10 @@ fn written<T, E: std::fmt::Debug>(result: Result<T, E>) {
     result.expect("writing to a Vec cannot fail");
 }
 
-/// Appends msgpack to a reused buffer, in msgpack-python's `Packer(use_bin_type=True)` forms.
+/// Appends msgpack to a reused buffer, each value in its smallest form.
 pub struct Enc<'b>(pub &'b mut Vec<u8>);
 
 impl Enc<'_> {
-    pub fn nil(&mut self) {
-        written(encode::write_nil(self.0));
-    }
-
     pub fn bool(&mut self, value: bool) {
         written(encode::write_bool(self.0, value));
     }
@@ -209,7 +172,7 @@ impl Enc<'_> {
         written(encode::write_uint(self.0, value));
     }
 
-    /// Any int a message can carry; non-negative ones in the unsigned forms, as Python packs.
+    /// Any int a message can carry; non-negative ones in the unsigned forms.
     pub fn int(&mut self, value: i128) {
         match u64::try_from(value) {
             Ok(value) => self.uint(value),
@@ -225,10 +188,6 @@ impl Enc<'_> {
         written(encode::write_str(self.0, value));
     }
 
-    pub fn bin(&mut self, value: &[u8]) {
-        written(encode::write_bin(self.0, value));
-    }
-
     pub fn array(&mut self, len: usize) {
         written(encode::write_array_len(self.0, len as u32));
     }
@@ -236,72 +195,6 @@ impl Enc<'_> {
     pub fn map(&mut self, len: usize) {
         written(encode::write_map_len(self.0, len as u32));
     }
-
-    pub fn ext(&mut self, code: i8, data: &[u8]) {
-        written(encode::write_ext_meta(self.0, data.len() as u32, code));
-        self.0.extend_from_slice(data);
-    }
-
-    /// A decoded value as Python packs it back after the round trip: maps without duplicate
-    /// keys (dict semantics), floats as float64, timestamps in their smallest form.
-    pub fn value(&mut self, value: &Value) {
-        match value {
-            Value::Nil => self.nil(),
-            Value::Bool(b) => self.bool(*b),
-            Value::Int(i) => self.int(i.get()),
-            Value::Float(f) => self.float(*f),
-            Value::Str(s) => self.str(s),
-            Value::Bin(b) => self.bin(b),
-            Value::Array(items) => {
-                self.array(items.len());
-                for item in items {
-                    self.value(item);
-                }
-            }
-            Value::Map(entries) => {
-                let unique = dict_entries(entries);
-                self.map(unique.len());
-                for (key, value) in unique {
-                    self.value(key);
-                    self.value(value);
-                }
-            }
-            Value::Ext(code, data) => self.ext(*code, data),
-            Value::Timestamp {
-                seconds,
-                nanoseconds,
-            } => {
-                let (seconds, nanoseconds) = (*seconds, *nanoseconds);
-                if seconds >> 34 == 0 {
-                    let both = (nanoseconds as u64) << 34 | seconds as u64;
-                    if both >> 32 == 0 {
-                        self.ext(-1, &(both as u32).to_be_bytes());
-                    } else {
-                        self.ext(-1, &both.to_be_bytes());
-                    }
-                } else {
-                    let mut data = [0u8; 12];
-                    data[..4].copy_from_slice(&nanoseconds.to_be_bytes());
-                    data[4..].copy_from_slice(&seconds.to_be_bytes());
-                    self.ext(-1, &data);
-                }
-            }
-        }
-    }
-}
-
-/// The entries of the dict Python builds from a map: first position, last value per key.
-pub fn dict_entries<'v, 'a>(
-    entries: &'v [(Value<'a>, Value<'a>)],
-) -> Vec<(&'v Value<'a>, &'v Value<'a>)> {
-    let mut unique: Vec<(&Value, &Value)> = Vec::with_capacity(entries.len());
-    for (key, value) in entries {
-        match unique.iter_mut().find(|(k, _)| *k == key) {
-            Some(slot) => slot.1 = value,
-            None => unique.push((key, value)),
-        }
-    }
-    unique
 }
 
 #[cfg(test)]
@@ -319,7 +212,7 @@ mod tests {
     }
 
     #[test]
-    fn what_msgpack_python_refuses_is_refused() {
+    fn undecodable_messages_are_refused() {
         for data in [
             &b"\x81\xa2id"[..],           // truncated
             b"\xa5ab",                    // str shorter than announced
@@ -334,100 +227,42 @@ mod tests {
             "1 bytes of extra data after the value"
         );
         assert_eq!(
-            refused(b"\xc1\xc1"),
-            "1 bytes of extra data after the value"
-        );
-        assert_eq!(
             refused(b"\x81\x01\x02"),
-            "int is not allowed for map key when strict_map_key=True"
-        );
-        assert_eq!(
-            refused(b"\x91\x81\x91\x01\x02"),
-            "list is not allowed for map key when strict_map_key=True"
-        );
-        assert_eq!(
-            refused(b"\x81\xd4\x05\x01\x01"),
-            "ExtType is not allowed for map key when strict_map_key=True"
+            "a map key must be a string, not integer"
         );
         assert!(refused(b"\x81\xa1k\xa2\xff\xfe").starts_with("str is not UTF-8: "));
-        assert_eq!(
-            refused(b"\xd5\xff\x00\x01"),
-            "invalid timestamp data (length 2)"
-        );
-        assert_eq!(
-            refused(b"\xd7\xff\xff\xff\xff\xfc\x00\x00\x00\x05"),
-            "timestamp nanoseconds above 999999999"
-        );
     }
 
     #[test]
-    fn the_reserved_byte_reads_as_nil() {
-        // The one refusal of msgpack-python this module does not repeat (rmpv's reading).
-        assert_eq!(unpack(b"\xc1"), Ok(Value::Nil));
-    }
-
-    #[test]
-    fn nesting_stops_at_1024_open_containers() {
-        for leaf in [&b"\x01"[..], b"\xa3abc", b"\xd4\x05\x01", b"\xc4\x01x"] {
-            assert!(unpack(&nested(1024, leaf)).is_ok(), "{leaf:?}");
-            assert!(unpack(&nested(1025, leaf)).is_err(), "{leaf:?}");
-        }
-        assert!(unpack(&nested(1023, b"\x90")).is_ok());
-        assert!(unpack(&nested(1023, b"\x80")).is_ok());
-        assert!(unpack(&nested(1024, b"\x90")).is_err());
-        // Far deeper than the limit: refused by rmpv before any deep recursion.
+    fn deep_nesting_is_refused_without_deep_recursion() {
+        assert!(unpack(&nested(900, b"\x01")).is_ok());
+        assert!(unpack(&nested(1100, b"\x01")).is_err());
         assert!(unpack(&nested(1 << 20, b"\x01")).is_err());
-        let mut in_map = b"\x81\xa1k".to_vec();
-        in_map.extend(nested(1023, b"\x01"));
-        assert!(unpack(&in_map).is_ok());
-        in_map.insert(3, 0x91);
-        assert!(unpack(&in_map).is_err());
     }
 
     #[test]
-    fn values_round_trip_as_python_repacks_them() {
-        let data = b"\x85\xa2op\xa4stat\xa2id\xcd\x01\x00\xa1f\xca\x3f\x80\x00\x00\xa2op\xa4list\xa1t\xc7\x0c\xff\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x05";
+    fn values_decode_and_fields_read_the_last_entry() {
+        let data = b"\x84\xa2op\xa4stat\xa2id\xcd\x01\x00\xa1f\xca\x3f\x80\x00\x00\xa2op\xa4list";
         let value = unpack(data).unwrap();
         let Value::Map(entries) = &value else {
             panic!()
         };
         assert_eq!(Value::get(entries, "op"), Some(&Value::Str("list")));
         assert_eq!(Value::get(entries, "id"), Some(&Value::Int(256.into())));
-        let mut out = Vec::new();
-        Enc(&mut out).value(&value);
-        // One "op" (the last value in the first place), a float64, a 32-bit timestamp.
-        assert_eq!(
-            out,
-            b"\x84\xa2op\xa4list\xa2id\xcd\x01\x00\xa1f\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00\xa1t\xd6\xff\x00\x00\x00\x05"
-        );
-    }
-
-    #[test]
-    fn values_decode_as_msgpack_python_decodes_them() {
-        let data = b"\x9a\xc0\xc3\xcf\xff\xff\xff\xff\xff\xff\xff\xff\xd3\x80\x00\x00\x00\x00\x00\x00\x00\xff\xa2\xc3\xa9\xc4\x01\x00\xd4\x05\x07\xd6\xff\x00\x00\x00\x01\xc7\x0c\xff\x00\x00\x00\x07\xff\xff\xff\xff\xff\xff\xff\xfe";
+        assert_eq!(Value::get(entries, "f"), Some(&Value::Float(1.0)));
+        let data = b"\x97\xc0\xc3\xcf\xff\xff\xff\xff\xff\xff\xff\xff\xd3\x80\x00\x00\x00\x00\x00\x00\x00\xa2\xc3\xa9\xc4\x01\x00\xd4\x05\x07";
         let expected = Value::Array(vec![
             Value::Nil,
             Value::Bool(true),
             Value::Int(i128::from(u64::MAX).into()),
             Value::Int(i128::from(i64::MIN).into()),
-            Value::Int((-1).into()),
             Value::Str("é"),
             Value::Bin(b"\x00"),
             Value::Ext(5, b"\x07"),
-            Value::Timestamp {
-                seconds: 1,
-                nanoseconds: 0,
-            },
-            Value::Timestamp {
-                seconds: -2,
-                nanoseconds: 7,
-            },
         ]);
-        assert_eq!(unpack(data), Ok(expected.clone()));
-        // And back: each in the form msgpack-python packs it.
-        let mut out = Vec::new();
-        Enc(&mut out).value(&expected);
-        assert_eq!(out, data);
+        assert_eq!(unpack(data), Ok(expected));
+        let entries = [(Value::Str("a"), Value::Nil)];
+        assert_eq!(Value::field(&entries, "a"), None);
     }
 
     #[test]
@@ -457,15 +292,13 @@ mod tests {
         let mut enc = Enc(&mut out);
         enc.str(&"s".repeat(31));
         enc.str(&"s".repeat(32));
-        enc.bin(b"");
         enc.array(16);
         enc.map(15);
-        enc.ext(1, &[0; 3]);
         let mut expected = vec![0xbf];
         expected.extend_from_slice(&[b's'; 31]);
         expected.extend_from_slice(&[0xd9, 32]);
         expected.extend_from_slice(&[b's'; 32]);
-        expected.extend_from_slice(b"\xc4\x00\xdc\x00\x10\x8f\xc7\x03\x01\x00\x00\x00");
+        expected.extend_from_slice(b"\xdc\x00\x10\x8f");
         assert_eq!(out, expected);
     }
 }

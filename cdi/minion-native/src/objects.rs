@@ -1,4 +1,4 @@
-//! What a minion knows about its connections and objects (`cdi/minion/objects.py`).
+//! What a minion knows about its connections and objects.
 
 use std::os::fd::RawFd;
 use std::rc::Rc;
@@ -6,31 +6,11 @@ use std::rc::Rc;
 use crate::protocol::Isolation;
 use crate::segments::{Segment, UidSet};
 
-/// A request id as the client sent it. Python accepts any int, bools included (`True == 1`
-/// as a dict key), and echoes the id back in the type it came in.
-#[derive(Clone, Copy, Debug)]
-pub enum RequestId {
-    Int(i128),
-    Bool(bool),
-}
+/// A request id: any msgpack integer.
+pub type RequestId = i128;
 
-impl RequestId {
-    fn number(self) -> i128 {
-        match self {
-            RequestId::Int(i) => i,
-            RequestId::Bool(b) => b as i128,
-        }
-    }
-}
-
-impl PartialEq for RequestId {
-    fn eq(&self, other: &Self) -> bool {
-        self.number() == other.number()
-    }
-}
-
-/// A small dict keyed by request id, in insertion order (Python dict semantics: updating a
-/// key keeps its place).
+/// A small map keyed by request id, in insertion order (a connection has a request or two
+/// deferred at a time).
 #[derive(Debug)]
 pub struct ByRequest<T>(Vec<(RequestId, T)>);
 
@@ -96,15 +76,35 @@ pub struct StoredObject {
     pub writers: UidSet,
     pub created_at: f64,
     pub updated_at: f64,
-    /// Creation order: Python's dict keeps it, and `list` and recovery follow it.
+    /// Containers holding a read share, in the order they were granted: while any does, nobody
+    /// writes, transfers, resizes or destroys the object.
+    pub readers: Vec<Rc<str>>,
+    /// Creation order: `list` and recovery follow it.
     pub order: u64,
 }
 
+/// A deferred request: an `access` (waits to own the object) or a `read` (waits for a share).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Waiter {
+    pub token: u64,
+    pub id: RequestId,
+    pub read: bool,
+}
+
 impl StoredObject {
+    pub fn shared(&self) -> bool {
+        !self.readers.is_empty()
+    }
+
+    /// Whether `container` may read the object now: its owner, or a reader of a share.
+    pub fn readable_by(&self, container: &str) -> bool {
+        *self.owner == *container || self.readers.iter().any(|r| **r == *container)
+    }
+
     /// The fd to send with a grant: none if the caller still maps this very segment (it says
     /// so in `have`). Strict objects always send it, as before caching existed.
     pub fn grant_fd(&self, have: Option<i128>) -> Option<RawFd> {
-        if have == Some(self.segment.id as i128) && self.isolation == Isolation::Cooperative {
+        if have == Some(i128::from(self.segment.id)) && self.isolation == Isolation::Cooperative {
             None
         } else {
             Some(self.segment.fd)

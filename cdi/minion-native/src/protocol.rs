@@ -1,19 +1,19 @@
-//! The wire protocol's vocabulary and the argument validation of `cdi/protocol.py`.
+//! The wire protocol's vocabulary and argument validation (`cdi/PROTOCOL.md`).
 //!
-//! Every error carries the code string of its class in `cdi/errors.py` and the message the
-//! Python minion would send, word for word: clients turn codes back into exceptions and tests
-//! match on the messages.
+//! Every error carries one of the protocol's codes, which clients turn back into exceptions
+//! (`cdi/errors.py`); the message is for people and free in its wording.
 
 use std::borrow::Cow;
 
 use crate::msgpack::Value;
-use crate::pyrepr::{repr_str, type_name};
 
 /// Largest message either side sends; a request beyond it is refused, not truncated.
 pub const MAX_MESSAGE: usize = 1 << 20;
 pub const MAX_KEY_LENGTH: usize = 256;
 /// Segment ids a `create` may name as already mapped by the caller.
 pub const MAX_OFFERED_SEGMENTS: usize = 64;
+/// Containers one `share` may name.
+pub const MAX_READERS: usize = 64;
 
 /// An error reply: `{"ok": false, "code": code, "msg": msg}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,8 +22,8 @@ pub struct CdiError {
     pub msg: String,
 }
 
-/// Why a request failed: a CDI error, or a bug (Python: any other exception), which is logged
-/// and answered as `cdi_error` "internal minion error: ...".
+/// Why a request failed: a CDI error, or a bug, which is logged and answered as `cdi_error`
+/// "internal minion error: ...".
 #[derive(Debug)]
 pub enum Failure {
     Cdi(CdiError),
@@ -33,6 +33,16 @@ pub enum Failure {
 impl From<CdiError> for Failure {
     fn from(err: CdiError) -> Self {
         Failure::Cdi(err)
+    }
+}
+
+impl CdiError {
+    /// A bug, answered as `cdi_error`.
+    pub fn internal(text: impl std::fmt::Display) -> Self {
+        CdiError {
+            code: "cdi_error",
+            msg: format!("internal minion error: {text}"),
+        }
     }
 }
 
@@ -56,6 +66,7 @@ error_kinds! {
     not_found => "not_found",
     not_owner => "not_owner",
     out_of_memory => "out_of_memory",
+    shared => "shared",
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +81,9 @@ pub enum Op {
     Resize,
     Destroy,
     SetRecovery,
+    Share,
+    Read,
+    Release,
     Stat,
     List,
 }
@@ -87,6 +101,9 @@ impl Op {
             "resize" => Op::Resize,
             "destroy" => Op::Destroy,
             "set_recovery" => Op::SetRecovery,
+            "share" => Op::Share,
+            "read" => Op::Read,
+            "release" => Op::Release,
             "stat" => Op::Stat,
             "list" => Op::List,
             _ => return None,
@@ -123,8 +140,7 @@ impl Isolation {
     }
 }
 
-/// Python's `re.match(r"^[A-Za-z0-9_.:/@+=-]+$", value)`. Its `$` also matches before one
-/// trailing newline, so "name\n" passes; kept for parity (reported as a bug of the Python side).
+/// Letters, digits and `_ . : / @ + = -`, one or more.
 fn matches_name_pattern(value: &str) -> bool {
     !value.is_empty()
         && value
@@ -140,7 +156,7 @@ fn check_name<'v>(value: &Value<'v>, what: &str) -> Result<Cow<'v, str>, CdiErro
         other => {
             return Err(CdiError::invalid_argument(format!(
                 "{what} must be a string, got {}",
-                type_name(other)
+                other.kind()
             )))
         }
     };
@@ -150,7 +166,7 @@ fn check_name<'v>(value: &Value<'v>, what: &str) -> Result<Cow<'v, str>, CdiErro
         )));
     }
     if text.len() > MAX_KEY_LENGTH {
-        let chars = text.chars().count(); // Python counts code points, not bytes
+        let chars = text.chars().count(); // the limit is in characters
         if chars > MAX_KEY_LENGTH {
             return Err(CdiError::invalid_argument(format!(
                 "{what} is {chars} characters long; the limit is {MAX_KEY_LENGTH}"
@@ -159,8 +175,7 @@ fn check_name<'v>(value: &Value<'v>, what: &str) -> Result<Cow<'v, str>, CdiErro
     }
     if !matches_name_pattern(&text) {
         return Err(CdiError::invalid_argument(format!(
-            "{what} {} has characters outside letters, digits and _ . : / @ + = -",
-            repr_str(&text)
+            "{what} {text:?} has characters outside letters, digits and _ . : / @ + = -"
         )));
     }
     Ok(text)
@@ -176,12 +191,24 @@ pub fn check_container_id<'v>(value: &Value<'v>) -> Result<Cow<'v, str>, CdiErro
     check_name(value, "container id")
 }
 
+/// The container ids a `share` names: a non-empty array of at most `MAX_READERS` ids.
+pub fn check_container_ids<'v>(value: &Value<'v>) -> Result<Vec<Cow<'v, str>>, CdiError> {
+    match value {
+        Value::Array(items) if !items.is_empty() && items.len() <= MAX_READERS => {
+            items.iter().map(check_container_id).collect()
+        }
+        _ => Err(CdiError::invalid_argument(format!(
+            "readers must be a list of 1 to {MAX_READERS} container ids"
+        ))),
+    }
+}
+
 /// An int in `[0, limit]`, else `InvalidArgument`.
 pub fn check_size(size: &Value, limit: u64) -> Result<u64, CdiError> {
     let Value::Int(size) = *size else {
         return Err(CdiError::invalid_argument(format!(
             "size must be an integer number of bytes, got {}",
-            type_name(size)
+            size.kind()
         )));
     };
     let size = size.get();
@@ -201,7 +228,7 @@ pub fn check_size(size: &Value, limit: u64) -> Result<u64, CdiError> {
 /// The segment ids a `create` names as mapped by the caller (`have`); empty if absent.
 pub fn check_segment_ids(value: Option<&Value>) -> Result<Vec<i128>, CdiError> {
     match value {
-        None | Some(Value::Nil) => Ok(Vec::new()),
+        None => Ok(Vec::new()),
         Some(Value::Array(items))
             if items.len() <= MAX_OFFERED_SEGMENTS
                 && items.iter().all(|i| matches!(i, Value::Int(_))) =>
@@ -221,8 +248,9 @@ pub fn check_segment_ids(value: Option<&Value>) -> Result<Vec<i128>, CdiError> {
 }
 
 /// A size rounded up to its segment class: whole pages, then 4 steps per power of two (<= 25%
-/// waste). The formula of `cdi.protocol.size_class`, which clients use too; u128 so that any
-/// u64 size has a class (one beyond the memory limit is refused later, with its size named).
+/// waste). Clients compute it too (`cdi.protocol.size_class`), to offer the segments they
+/// still map of the class a `create` needs; u128 so that any u64 size has a class (one beyond
+/// the memory limit is refused later, with its size named).
 pub fn size_class(size: u64, page: u64) -> u128 {
     let (size, page) = (size as u128, page as u128);
     let pages = size.div_ceil(page).max(1);
@@ -238,7 +266,8 @@ pub fn size_class(size: u64, page: u64) -> u128 {
 mod tests {
     use super::*;
 
-    /// `cdi.protocol.size_class`, transcribed with Python's floor-division idioms.
+    /// `cdi.protocol.size_class`, transcribed with its floor-division idioms: a client names
+    /// segments by the class it computes, so both must agree.
     fn python_size_class(size: u64, page: u64) -> u128 {
         let (size, page) = (size as i128, page as i128);
         let pages = std::cmp::max(1, -((-size).div_euclid(page)));
@@ -276,7 +305,7 @@ mod tests {
     }
 
     #[test]
-    fn names_are_checked_as_in_python() {
+    fn names_are_checked() {
         let err = |v: Value, what: &str| check_name(&v, what).unwrap_err().msg;
         assert_eq!(err(Value::Str(""), "key"), "key must not be empty");
         assert_eq!(
@@ -285,25 +314,25 @@ mod tests {
         );
         assert_eq!(
             err(Value::Str("has space"), "key"),
-            "key 'has space' has characters outside letters, digits and _ . : / @ + = -"
+            "key \"has space\" has characters outside letters, digits and _ . : / @ + = -"
         );
         assert_eq!(
             err(Value::Int(42.into()), "key"),
-            "key must be a string, got int"
+            "key must be a string, got integer"
         );
         assert_eq!(
             err(Value::Bool(true), "container id"),
-            "container id must be a string, got bool"
+            "container id must be a string, got boolean"
         );
         assert_eq!(check_container_id(&Value::Int((-7).into())).unwrap(), "-7");
         assert_eq!(
             check_key(&Value::Str("a-Z_0.9:/@+=")).unwrap(),
             "a-Z_0.9:/@+="
         );
-        assert!(check_key(&Value::Str("trailing\n")).is_err()); // the whole name, as fullmatch
+        assert!(check_key(&Value::Str("trailing\n")).is_err());
         assert!(check_key(&Value::Str("two\n\n")).is_err());
         assert!(check_key(&Value::Str("\n")).is_err());
-        // 256 two-byte characters are within the limit: Python counts characters.
+        // 256 two-byte characters are within the length limit, which counts characters.
         assert!(check_key(&Value::Str(&"é".repeat(256)))
             .unwrap_err()
             .msg
@@ -311,11 +340,11 @@ mod tests {
     }
 
     #[test]
-    fn sizes_and_segment_ids_are_checked_as_in_python() {
+    fn sizes_and_segment_ids_are_checked() {
         assert_eq!(check_size(&Value::Int(5.into()), 10), Ok(5));
         assert_eq!(
             check_size(&Value::Bool(true), 10).unwrap_err().msg,
-            "size must be an integer number of bytes, got bool"
+            "size must be an integer number of bytes, got boolean"
         );
         assert_eq!(
             check_size(&Value::Int((-1).into()), 10).unwrap_err().msg,

@@ -61,6 +61,8 @@ pub struct Segment {
     dirty: u64,
     /// Uids of the processes that owned those objects: who may have written the dirty bytes.
     writers: UidSet,
+    /// A read-only descriptor of the same memory, opened on a reader's first grant.
+    read_only: Option<RawFd>,
 }
 
 impl Segment {
@@ -84,6 +86,7 @@ impl Segment {
                 id,
                 dirty: 0,
                 writers: UidSet::default(),
+                read_only: None,
             }),
             Err(code) => {
                 sys::close(fd);
@@ -101,7 +104,9 @@ impl Segment {
         let length = libc::off_t::try_from(capacity).map_err(|_| libc::EFBIG)?;
         // SAFETY: fd is the memfd just created; the calls take plain integers.
         unsafe {
-            if libc::ftruncate(fd, length) != 0 {
+            // Only the minion's uid may open the memory by name (/proc/<pid>/fd/<n>): a reader
+            // given a read-only fd cannot reopen it writable through /proc/self/fd.
+            if libc::fchmod(fd, 0o600) != 0 || libc::ftruncate(fd, length) != 0 {
                 return Err(sys::errno());
             }
             loop {
@@ -128,6 +133,26 @@ impl Segment {
             }
             Ok(addr.cast())
         }
+    }
+
+    /// A read-only fd of this memory for readers of a shared object: it cannot be mapped
+    /// writable (EACCES), written or truncated. Opened once, through /proc/self/fd, and kept.
+    pub fn read_only_fd(&mut self) -> Result<RawFd, Failure> {
+        if let Some(fd) = self.read_only {
+            return Ok(fd);
+        }
+        let path = format!("/proc/self/fd/{}\0", self.fd);
+        // SAFETY: path is NUL-terminated.
+        let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(Failure::Internal(format!(
+                "cannot open a read-only descriptor of segment {}: {}",
+                self.id,
+                sys::last_os_error_text()
+            )));
+        }
+        self.read_only = Some(fd);
+        Ok(fd)
     }
 
     /// True if the file still spans `length` bytes (an unsealed owner may have shrunk it).
@@ -222,6 +247,9 @@ impl Drop for Segment {
         // released exactly once, here.
         unsafe { libc::munmap(self.addr.cast(), self.capacity as usize) };
         sys::close(self.fd);
+        if let Some(fd) = self.read_only {
+            sys::close(fd);
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 """What the routes use: a database session per request, the Redis clients, the run store on
-the event loop."""
+the event loop, the settings and the S3 client."""
 
 from __future__ import annotations
 
@@ -16,14 +16,20 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.db.async_run_store import AsyncRunStore
+from orchestrator.objectstore import ObjectStore
+from orchestrator.settings import Settings, load_settings
 
 __all__ = [
     "RedisDep",
     "Resources",
     "SessionDep",
+    "SettingsDep",
+    "StoreDep",
     "async_redis",
     "get_db",
     "get_redis",
+    "get_settings",
+    "get_store",
     "run_store",
     "utc",
 ]
@@ -66,8 +72,26 @@ def get_redis(request: Request) -> redis.Redis:
     return _resources(request).redis
 
 
+def get_settings(request: Request) -> Settings:
+    """The settings the app was made with (from the environment for an app made without)."""
+    settings: Settings | None = getattr(request.app.state, "settings", None)
+    return settings or load_settings()
+
+
+def get_store(request: Request) -> ObjectStore:
+    """The app's S3 client, made on first use (it is costly to build) and then shared; it
+    reads and writes only where the S3 policy lets cdiflow (``orchestrator.s3policy``)."""
+    state = request.app.state
+    store: ObjectStore | None = getattr(state, "object_store", None)
+    if store is None:
+        store = state.object_store = ObjectStore(get_settings(request), enforce=True)
+    return store
+
+
 SessionDep = Annotated[Session, Depends(get_db)]
 RedisDep = Annotated[redis.Redis, Depends(get_redis)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[ObjectStore, Depends(get_store)]
 
 
 def run_store(request: Request) -> AsyncRunStore:

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends
 
 from orchestrator.controller.api.routes import (
     cdi,
+    files,
     health,
     images,
     keys,
@@ -37,6 +38,7 @@ def _keyed(router: APIRouter) -> None:
 _keyed(tasks.router)
 _keyed(workflow_definitions.router)
 _keyed(workflows.router)
+_keyed(files.router)
 _keyed(workers.router)
 _keyed(keys.router)
 api_router.include_router(health.router)

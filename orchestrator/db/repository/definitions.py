@@ -1,4 +1,5 @@
-"""Task and workflow definitions: create, read, delete, and seed the bundled ones.
+"""Task and workflow definitions: create, save new versions, read, delete, and seed the
+bundled ones.
 
 Functions take the caller's ``Session`` and never commit: the caller owns the transaction.
 """
@@ -8,11 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from orchestrator.db.models import TaskDefinition, WorkflowDefinition
+from orchestrator.contract.vocabulary import WorkflowStatus
+from orchestrator.db.models import (
+    TaskDefinition,
+    Workflow,
+    WorkflowDefinition,
+    WorkflowDefinitionVersion,
+)
 from orchestrator.errors import Conflict, InvalidDefinition, NotFound
 from workflows import definitions as bundled
 from workflows.errors import InvalidDefinition as WorkflowsInvalidDefinition
@@ -21,10 +28,15 @@ __all__ = [
     "create_task_definition",
     "create_workflow_definition",
     "delete_task_definition",
+    "delete_workflow_definition",
     "get_task_definition",
     "get_workflow_definition",
+    "get_workflow_definition_version",
     "list_task_definitions",
+    "list_workflow_definition_versions",
     "list_workflow_definitions",
+    "save_task_definition",
+    "save_workflow_definition",
     "seed_bundled_definitions",
     "task_names",
     "workflow_definition_names",
@@ -63,10 +75,7 @@ def create_task_definition(
 
     Raises ``InvalidDefinition`` listing every problem, ``Conflict`` if the name is taken.
     """
-    try:
-        task = bundled.parse_task_definition(dict(definition))
-    except WorkflowsInvalidDefinition as exc:
-        raise InvalidDefinition(exc.problems, "task definition") from exc
+    task = _parsed_task(definition)
     row: TaskDefinition | None = session.scalar(
         insert(TaskDefinition)
         .values(**task.to_dict(), description=description)
@@ -74,19 +83,70 @@ def create_task_definition(
         .returning(TaskDefinition)
     )
     if row is None:
-        raise Conflict(f"task {task.name!r} already exists; delete it first to redefine it")
+        raise Conflict(
+            f"task {task.name!r} already exists; replace it with PUT /api/tasks/{task.name}"
+        )
     return row
 
 
+def save_task_definition(
+    session: Session, definition: Mapping[str, Any], *, description: str = ""
+) -> tuple[TaskDefinition, bool]:
+    """Store a task definition, replacing the one of that name if any; ``(row, created)``.
+
+    Runs already claimed keep the settings they were claimed with. Raises
+    ``InvalidDefinition`` listing every problem.
+    """
+    task = _parsed_task(definition)
+    values = {**task.to_dict(), "description": description}
+    existed = session.get(TaskDefinition, task.name, with_for_update=True) is not None
+    statement = insert(TaskDefinition).values(**values)
+    changes: dict[str, Any] = {k: statement.excluded[k] for k in values if k != "name"}
+    row = session.scalar(
+        statement.on_conflict_do_update(
+            index_elements=[TaskDefinition.name], set_={**changes, "updated_at": func.now()}
+        )
+        .returning(TaskDefinition)
+        .execution_options(populate_existing=True)
+    )
+    assert row is not None
+    return row, not existed
+
+
+def _parsed_task(definition: Mapping[str, Any]) -> bundled.TaskDefinition:
+    try:
+        return bundled.parse_task_definition(dict(definition))
+    except WorkflowsInvalidDefinition as exc:
+        raise InvalidDefinition(exc.problems, "task definition") from exc
+
+
 def delete_task_definition(session: Session, name: str) -> None:
-    """Delete a task definition; ``Conflict`` if a workflow definition still uses it."""
+    """Delete a task definition; ``Conflict`` if the current version of a workflow definition
+    uses it, or a pending or running run's version does (older versions may name tasks that
+    are gone: a retry of such a run fails, saying which task is missing)."""
     task = session.get(TaskDefinition, name, with_for_update=True)
     if task is None:
         raise NotFound("task", name)
+    uses = WorkflowDefinitionVersion.tasks.contains([{"task": name}])
+    active = session.scalar(
+        select(func.count())
+        .select_from(Workflow)
+        .join(
+            WorkflowDefinitionVersion,
+            (WorkflowDefinitionVersion.name == Workflow.definition)
+            & (WorkflowDefinitionVersion.version == Workflow.definition_version),
+        )
+        .where(Workflow.status.in_([WorkflowStatus.PENDING, WorkflowStatus.RUNNING]), uses)
+    )
+    if active:
+        raise Conflict(
+            f"task {name!r} is used by {active} pending or running run(s); cancel them or wait "
+            "until they end, then delete it"
+        )
     users = list(
         session.scalars(
             select(WorkflowDefinition.name)
-            .where(WorkflowDefinition.tasks.contains([{"task": name}]))
+            .where(WorkflowDefinition.tasks.contains([{"task": name}]), _live())
             .order_by(WorkflowDefinition.name)
         )
     )
@@ -100,46 +160,161 @@ def delete_task_definition(session: Session, name: str) -> None:
 
 
 def list_workflow_definitions(session: Session) -> list[WorkflowDefinition]:
-    """Every workflow definition, by name."""
-    return list(session.scalars(select(WorkflowDefinition).order_by(WorkflowDefinition.name)))
+    """Every workflow definition that is not deleted, by name (each at its current version)."""
+    query = select(WorkflowDefinition).where(_live()).order_by(WorkflowDefinition.name)
+    return list(session.scalars(query))
 
 
 def workflow_definition_names(session: Session) -> list[str]:
-    """Names of every workflow definition, sorted."""
-    query = select(WorkflowDefinition.name).order_by(WorkflowDefinition.name)
+    """Names of every workflow definition that is not deleted, sorted."""
+    query = select(WorkflowDefinition.name).where(_live()).order_by(WorkflowDefinition.name)
     return list(session.scalars(query))
 
 
 def get_workflow_definition(session: Session, name: str) -> WorkflowDefinition:
-    """The workflow definition called ``name``; ``NotFound`` lists the known names."""
+    """The workflow definition called ``name`` at its current version; ``NotFound`` lists the
+    known names (a deleted definition is not found)."""
     found = session.get(WorkflowDefinition, name)
-    if found is None:
+    if found is None or found.deleted_at is not None:
         raise NotFound("workflow", name, known=workflow_definition_names(session))
     return found
 
 
+def list_workflow_definition_versions(
+    session: Session, name: str
+) -> list[WorkflowDefinitionVersion]:
+    """Every version of a (not deleted) workflow definition, newest first; ``NotFound``."""
+    get_workflow_definition(session, name)
+    query = (
+        select(WorkflowDefinitionVersion)
+        .where(WorkflowDefinitionVersion.name == name)
+        .order_by(WorkflowDefinitionVersion.version.desc())
+    )
+    return list(session.scalars(query))
+
+
+def get_workflow_definition_version(
+    session: Session, name: str, version: int
+) -> WorkflowDefinitionVersion:
+    """One version of a workflow definition, also of a deleted one (runs on record name it);
+    ``NotFound`` says which versions exist."""
+    found = session.get(WorkflowDefinitionVersion, (name, version))
+    if found is None:
+        versions = [str(v) for v in _version_numbers(session, name)]
+        raise NotFound(f"version {version} of workflow", name, known=versions)
+    return found
+
+
 def create_workflow_definition(session: Session, data: Mapping[str, Any]) -> WorkflowDefinition:
-    """Validate ``data`` against the registered tasks and store it.
+    """Validate ``data`` against the registered tasks and store it as a new definition.
 
     Raises ``InvalidDefinition`` listing every problem (unknown task, duplicate ref, unknown
-    dependency, cycle, ...) and ``Conflict`` if the name is taken.
+    dependency, cycle, ...) and ``Conflict`` if a definition of that name exists (``save``
+    stores a new version of it). A deleted definition's name may be created again: its
+    versions go on from where they stopped.
     """
+    parsed = _parsed_workflow(session, data)
+    row = session.get(WorkflowDefinition, parsed.name, with_for_update=True)
+    if row is not None and row.deleted_at is None:
+        raise Conflict(
+            f"workflow {parsed.name!r} already exists; save a new version of it with "
+            f"PUT /api/workflow-definitions/{parsed.name}, or pick another name"
+        )
+    row, _changed = _store_version(session, row, parsed)
+    return row
+
+
+def save_workflow_definition(
+    session: Session, data: Mapping[str, Any]
+) -> tuple[WorkflowDefinition, bool]:
+    """Store ``data`` as the definition's new current version, creating the definition when
+    there is none; ``(row, changed)``. Steps and description equal to the current version's
+    store nothing (``changed`` is False), so applying the same file twice is harmless.
+
+    Runs already started keep the version they were started with. Raises
+    ``InvalidDefinition`` as ``create_workflow_definition`` does.
+    """
+    parsed = _parsed_workflow(session, data)
+    row = session.get(WorkflowDefinition, parsed.name, with_for_update=True)
+    return _store_version(session, row, parsed)
+
+
+def delete_workflow_definition(session: Session, name: str) -> None:
+    """Delete a workflow definition: it takes no new runs and leaves the lists; its versions
+    stay, for the runs on record. ``Conflict`` while a PENDING or RUNNING run uses any of
+    its versions (cancel them or wait); ``NotFound`` if there is none."""
+    row = session.get(WorkflowDefinition, name, with_for_update=True)
+    if row is None or row.deleted_at is not None:
+        raise NotFound("workflow", name, known=workflow_definition_names(session))
+    # The row lock comes first: a start waits for it (see CREATE_STATEMENT), so no new run
+    # can slip in between this count and the delete.
+    active = session.execute(
+        select(Workflow.definition_version, func.count())
+        .where(
+            Workflow.definition == name,
+            Workflow.status.in_([WorkflowStatus.PENDING, WorkflowStatus.RUNNING]),
+        )
+        .group_by(Workflow.definition_version)
+        .order_by(Workflow.definition_version)
+    ).all()
+    if active:
+        runs = sum(count for _version, count in active)
+        versions = ", ".join(str(version) for version, _count in active)
+        raise Conflict(
+            f"workflow {name!r} has {runs} pending or running run(s) (version(s) {versions}); "
+            "cancel them or wait until they end, then delete it"
+        )
+    row.deleted_at = func.now()
+    session.flush()
+
+
+def _live() -> ColumnElement[bool]:
+    return WorkflowDefinition.deleted_at.is_(None)
+
+
+def _version_numbers(session: Session, name: str) -> list[int]:
+    query = (
+        select(WorkflowDefinitionVersion.version)
+        .where(WorkflowDefinitionVersion.name == name)
+        .order_by(WorkflowDefinitionVersion.version)
+    )
+    return list(session.scalars(query))
+
+
+def _parsed_workflow(session: Session, data: Mapping[str, Any]) -> bundled.WorkflowDefinition:
     known = task_names(session, lock=True)
     try:
-        parsed = bundled.parse_workflow(dict(data), known)
+        return bundled.parse_workflow(dict(data), known)
     except WorkflowsInvalidDefinition as exc:
         name = data.get("name")
         raise InvalidDefinition(exc.problems, f"workflow {name!r}" if name else "workflow") from exc
-    as_dict = parsed.to_dict()
-    row: WorkflowDefinition | None = session.scalar(
-        insert(WorkflowDefinition)
-        .values(name=parsed.name, description=parsed.description, tasks=as_dict["tasks"])
-        .on_conflict_do_nothing(index_elements=[WorkflowDefinition.name])
-        .returning(WorkflowDefinition)
-    )
+
+
+def _store_version(
+    session: Session, row: WorkflowDefinition | None, parsed: bundled.WorkflowDefinition
+) -> tuple[WorkflowDefinition, bool]:
+    """Make ``parsed`` the current version of ``row`` (locked by the caller; ``None``: a new
+    definition, version 1); ``(row, changed)``."""
+    tasks = parsed.to_dict()["tasks"]
     if row is None:
-        raise Conflict(f"workflow {parsed.name!r} already exists; pick another name")
-    return row
+        row = WorkflowDefinition(
+            name=parsed.name, description=parsed.description, tasks=tasks, version=1
+        )
+        session.add(row)
+    elif row.deleted_at is None and row.tasks == tasks and row.description == parsed.description:
+        return row, False
+    else:
+        row.version = max(_version_numbers(session, parsed.name), default=0) + 1
+        row.tasks, row.description, row.deleted_at = tasks, parsed.description, None
+    session.flush()
+    session.add(
+        WorkflowDefinitionVersion(
+            name=row.name, version=row.version, description=row.description, tasks=row.tasks
+        )
+    )
+    session.flush()
+    session.refresh(row)
+    return row, True
 
 
 def seed_bundled_definitions(session: Session) -> list[str]:
@@ -149,22 +324,28 @@ def seed_bundled_definitions(session: Session) -> list[str]:
     A definition a user has changed under a bundled name is left as it is.
     """
     tasks = [bundled.parse_task_definition(t).to_dict() for t in bundled.TASK_DEFINITIONS]
-    added = list(
-        session.scalars(
-            insert(TaskDefinition)
-            .values(tasks)
-            .on_conflict_do_nothing(index_elements=[TaskDefinition.name])
-            .returning(TaskDefinition.name)
-        )
-    )
+    added = _insert_absent(session, TaskDefinition, tasks)
     known = task_names(session)
     flows = [bundled.parse_workflow(w, known) for w in bundled.bundled_workflows().values()]
     rows = [{"name": w.name, "description": w.description, "tasks": w.to_dict()["tasks"]}
             for w in flows]  # fmt: skip
-    added += session.scalars(
-        insert(WorkflowDefinition)
+    flows_added = _insert_absent(session, WorkflowDefinition, rows)
+    versions = [{**r, "version": 1} for r in rows if r["name"] in flows_added]
+    if versions:
+        session.execute(insert(WorkflowDefinitionVersion).values(versions))
+    return added + flows_added
+
+
+def _insert_absent(
+    session: Session,
+    model: type[TaskDefinition] | type[WorkflowDefinition],
+    rows: list[dict[str, Any]],
+) -> list[str]:
+    """Insert the rows whose name is not taken; the names inserted."""
+    statement = (
+        insert(model)
         .values(rows)
-        .on_conflict_do_nothing(index_elements=[WorkflowDefinition.name])
-        .returning(WorkflowDefinition.name)
+        .on_conflict_do_nothing(index_elements=[model.name])
+        .returning(model.name)
     )
-    return added
+    return list(session.scalars(statement))

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 
 from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
-from orchestrator.db.models import Event, Handoff, TaskRun, Workflow
+from orchestrator.db.models import Event, Handoff, TaskRun, Workflow, WorkflowDefinitionVersion
 from orchestrator.db.repository.definitions import workflow_definition_names
 from orchestrator.db.run_statements import FINISH, Finish, finish_params
 from orchestrator.errors import Conflict, NotFound
@@ -53,7 +53,9 @@ __all__ = [
     "cancel_workflow",
     "create_params",
     "create_workflow",
+    "definition_not_found",
     "ended_among",
+    "events_after",
     "get_workflow",
     "list_workflows",
     "retry_workflow",
@@ -94,16 +96,24 @@ class WorkflowFilter:
 # together. *Why:* starting workflows is the API's hottest write; the ORM took four round trips.
 # The API runs it on its event loop (``CREATE_SQL``). A run whose id exists already is left as
 # it is (no row returned, no event): a start sent again after its connection dropped does
-# nothing the second time.
+# nothing the second time. The run records the definition's current version, or ``:version``
+# when one is asked for (it must exist). The definition's row is share-locked (``FOR KEY
+# SHARE``, which the foreign key's check takes anyway): a delete, which locks it first, then
+# counts this run or refuses it.
 CREATE_STATEMENT = text(
     """
     WITH w AS (
-        INSERT INTO workflows
-            (id, definition, status, policy, data_plane, input, retry_of, started_by)
-        SELECT CAST(:id AS uuid), d.name, 'PENDING', CAST(:policy AS workflow_policy),
-               CAST(:data_plane AS data_plane), :input, CAST(:retry_of AS uuid),
-               CAST(:started_by AS varchar)
-        FROM workflow_definitions d WHERE d.name = :definition
+        INSERT INTO workflows (id, definition, definition_version, status, policy, data_plane,
+                               input, retry_of, started_by)
+        SELECT CAST(:id AS uuid), d.name, coalesce(CAST(:version AS integer), d.version),
+               'PENDING', CAST(:policy AS workflow_policy), CAST(:data_plane AS data_plane),
+               :input, CAST(:retry_of AS uuid), CAST(:started_by AS varchar)
+        FROM workflow_definitions d
+        WHERE d.name = :definition AND d.deleted_at IS NULL
+          AND (CAST(:version AS integer) IS NULL OR EXISTS (
+                SELECT 1 FROM workflow_definition_versions v
+                WHERE v.name = d.name AND v.version = CAST(:version AS integer)))
+        FOR KEY SHARE OF d
         ON CONFLICT (id) DO NOTHING
         RETURNING *
     ), ev AS (
@@ -128,16 +138,33 @@ def create_workflow(
     policy: Policy = Policy.AFFINITY,
     data_plane: DataPlane = DataPlane.CDI,
     retry_of: uuid.UUID | None = None,
+    version: int | None = None,
     started_by: str | None = None,
 ) -> Workflow:
-    """A new PENDING run of ``definition``; ``NotFound`` (listing known names) if unknown.
+    """A new PENDING run of ``definition`` (its current version, or ``version``); ``NotFound``
+    (listing the known names, or versions) if there is no such definition or version.
     ``started_by``: the name of the API key that asked for it."""
-    params = create_params(definition, input, policy, data_plane, retry_of, started_by=started_by)
+    params = create_params(
+        definition, input, policy, data_plane, retry_of, version=version, started_by=started_by
+    )
     query = select(Workflow).from_statement(CREATE_STATEMENT)
     created: Workflow | None = session.scalars(query, params).one_or_none()
     if created is None:
-        raise NotFound("workflow", definition, known=workflow_definition_names(session))
+        raise definition_not_found(session, definition, version)
     return created
+
+
+def definition_not_found(session: Session, definition: str, version: int | None) -> NotFound:
+    """Why ``CREATE_STATEMENT`` made no run: no such (live) definition, or no such version."""
+    names = workflow_definition_names(session)
+    if version is None or definition not in names:
+        return NotFound("workflow", definition, known=names)
+    versions = session.scalars(
+        select(WorkflowDefinitionVersion.version)
+        .where(WorkflowDefinitionVersion.name == definition)
+        .order_by(WorkflowDefinitionVersion.version)
+    )
+    return NotFound(f"version {version} of workflow", definition, known=[str(v) for v in versions])
 
 
 def create_params(
@@ -148,18 +175,23 @@ def create_params(
     retry_of: uuid.UUID | None,
     workflow_id: uuid.UUID | None = None,
     *,
+    version: int | None = None,
     started_by: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``CREATE_STATEMENT``; ``workflow_id``: one the caller chose (it
-    listens for the run's end already)."""
+    listens for the run's end already); ``version``: a version of the definition to run
+    instead of its current one."""
     event: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
     if retry_of is not None:
         event["retry_of"] = str(retry_of)
+    if version is not None:
+        event["version"] = version
     if started_by is not None:
         event["by"] = started_by
     return {
         "id": workflow_id or uuid.uuid4(),
         "definition": definition,
+        "version": version,
         "policy": policy.value,
         "data_plane": data_plane.value,
         "input": input,
@@ -194,6 +226,23 @@ def get_workflow(session: Session, workflow_id: uuid.UUID, *, lock: bool = False
     if found is None:
         raise NotFound("workflow run", workflow_id)
     return found
+
+
+def events_after(
+    session: Session, workflow_id: uuid.UUID, after: int, limit: int
+) -> tuple[WorkflowStatus, list[Event]]:
+    """The run's status and up to ``limit`` of its events with an id above ``after``, oldest
+    first (what a client following the run asks for); ``NotFound`` if there is no such run."""
+    status = session.scalar(select(Workflow.status).where(Workflow.id == workflow_id))
+    if status is None:
+        raise NotFound("workflow run", workflow_id)
+    events = session.scalars(
+        select(Event)
+        .where(Event.workflow_id == workflow_id, Event.id > after)
+        .order_by(Event.id)
+        .limit(limit)
+    )
+    return status, list(events)
 
 
 def list_workflows(
@@ -243,14 +292,20 @@ def retry_workflow(
     started_by: str | None = None,
     check_input: Callable[[dict[str, Any]], None] | None = None,
 ) -> Workflow:
-    """A new PENDING run with the same definition, input, policy and data plane as a FAILED
-    or CANCELLED one (which stays as it is); ``Conflict`` for any other state. ``check_input``
-    may refuse the old input (by raising), e.g. one that a changed policy no longer allows."""
+    """A new PENDING run with the same definition version, input, policy and data plane as a
+    FAILED or CANCELLED one (which stays as it is); ``Conflict`` for any other state, or when
+    the definition has been deleted since. ``check_input`` may refuse the old input (by
+    raising), e.g. one that a changed policy no longer allows."""
     old = get_workflow(session, workflow_id, lock=True)
     if old.status not in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED):
         raise Conflict(
             f"workflow run {workflow_id} is {old.status}; only FAILED or CANCELLED runs can be "
             "retried"
+        )
+    if old.definition not in workflow_definition_names(session):
+        raise Conflict(
+            f"workflow {old.definition!r} has been deleted, so run {workflow_id} cannot be "
+            "retried; create the definition again and start a new run"
         )
     if check_input is not None:
         check_input(dict(old.input))
@@ -261,6 +316,7 @@ def retry_workflow(
         policy=old.policy,
         data_plane=old.data_plane,
         retry_of=old.id,
+        version=old.definition_version,
         started_by=started_by,
     )
 

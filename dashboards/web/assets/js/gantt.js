@@ -23,14 +23,39 @@ function lanesOf(workflow, runs, handoffs) {
   return lanes;
 }
 
-/** Intervals [{owner, from, to}] during which each container owned the workflow's object. */
-export function ownership(handoffs, end) {
-  const sorted = [...handoffs].sort((a, b) => ms(a.at) - ms(b.at) || a.id - b.id);
-  return sorted.map((x, i) => ({
-    owner: x.to_container,
-    from: ms(x.at),
-    to: i + 1 < sorted.length ? ms(sorted[i + 1].at) : end,
-  }));
+/**
+ * Hand-offs in the order they happened, the object starting with ``owner``. Several can share
+ * a time stamp (a report's hand-back and the next step's hand-over are written by one
+ * statement, whose ids come in either order), so among equal times each next one is the
+ * hand-off from the container that owns the object by then.
+ */
+export function inOrder(handoffs, owner = null) {
+  const left = [...handoffs].sort((a, b) => ms(a.at) - ms(b.at) || a.id - b.id);
+  const ordered = [];
+  while (left.length) {
+    const at = ms(left[0].at);
+    const i = left.findIndex((x) => ms(x.at) === at && x.from_container === owner);
+    const [next] = left.splice(i >= 0 ? i : 0, 1);
+    ordered.push(next);
+    owner = next.to_container;
+  }
+  return ordered;
+}
+
+/**
+ * Intervals [{owner, from, to}] during which each container held the workflow's data, from
+ * ``end`` (the run's end, or now). Before the first hand-off the data is with the worker that
+ * made it from the input: the first task run's worker, from that run's start.
+ */
+export function ownership(handoffs, end, runs = []) {
+  const first = [...runs].filter((r) => r.worker_id && (r.started_at || r.queued_at)).sort((a, b) => ms(a.started_at || a.queued_at) - ms(b.started_at || b.queued_at))[0];
+  const sorted = inOrder(handoffs, first ? first.worker_id : null);
+  const bands = [];
+  if (first && (!sorted.length || sorted[0].from_container === first.worker_id)) {
+    bands.push({ owner: first.worker_id, from: ms(first.started_at || first.queued_at), to: sorted.length ? ms(sorted[0].at) : end });
+  }
+  sorted.forEach((x, i) => bands.push({ owner: x.to_container, from: ms(x.at), to: i + 1 < sorted.length ? ms(sorted[i + 1].at) : end }));
+  return bands;
 }
 
 export function timelineLegend() {
@@ -115,8 +140,10 @@ export function gantt(workflow, runs, handoffs, { width, now = Date.now() }) {
   }
   const finished = ms(workflow.finished_at);
 
-  // Which container held the data, as a thin band at the foot of its lane.
-  for (const band of ownership(handoffs, finished || now)) {
+  // Which container held the data, as a thin band at the foot of its lane (a run with an
+  // input image has data; a dataless one moves none).
+  const hasData = workflow.data_plane === "cdi" && Boolean(workflow.input?.image);
+  for (const band of hasData ? ownership(handoffs, finished || now, runs) : []) {
     if (!lanes.includes(band.owner) || !(band.to > band.from)) continue;
     svg.append(
       s("rect", { class: "held", x: x(band.from), y: laneY(band.owner) + LANE_H - 11, width: Math.max(1.5, x(band.to) - x(band.from)), height: 5, rx: 2 }, s("title", {}, `${band.owner} owned the data for ${duration(band.to - band.from)}`)),

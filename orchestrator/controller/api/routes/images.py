@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from PIL import Image
 
 from orchestrator.contract.vocabulary import WorkflowStatus
-from orchestrator.controller.api.deps import SessionDep
+from orchestrator.controller.api.deps import SessionDep, get_settings, get_store
 from orchestrator.controller.schemas import ImagePublic, WorkflowImagesPublic, error_responses
 from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.controller.ttl_cache import TtlCache
@@ -36,7 +36,7 @@ from orchestrator.errors import (
     StorageError,
 )
 from orchestrator.objectstore import ObjectStore
-from orchestrator.settings import Settings, load_settings
+from orchestrator.settings import Settings
 from workflows.errors import InvalidImage
 from workflows.imagebuf import decode_bytes
 
@@ -48,7 +48,7 @@ THUMBNAIL_EDGE: Final = 480  # px, longest side: sharp at 240 CSS px on a 2x scr
 _CACHE_ENTRIES: Final = 128  # ~30 KB each
 _CACHE_TTL_S: Final = 600.0
 # A result is the same picture re-encoded (PNG), so it may be several times the input.
-_RESULT_LIMIT_FACTOR: Final = 8
+RESULT_LIMIT_FACTOR: Final = 8
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Previews:
             return cached
         limit = self.settings.max_input_bytes
         if role == "result":
-            limit *= _RESULT_LIMIT_FACTOR
+            limit *= RESULT_LIMIT_FACTOR
         try:
             data = self.store.get(uri, limit)
         except InputMissing:
@@ -125,12 +125,11 @@ def _thumbnail(data: bytes, max_pixels: int) -> Preview:
 
 
 def get_previews(request: Request) -> Previews:
-    """The app's ``Previews``, made on first use (the S3 client is costly to build)."""
+    """The app's ``Previews``, made on first use."""
     state = request.app.state
     previews: Previews | None = getattr(state, "previews", None)
     if previews is None:
-        settings: Settings = getattr(state, "settings", None) or load_settings()
-        previews = Previews(settings, ObjectStore(settings, enforce=True), PreviewCache())
+        previews = Previews(get_settings(request), get_store(request), PreviewCache())
         state.previews = previews
     return previews
 

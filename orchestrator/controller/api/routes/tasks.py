@@ -2,37 +2,88 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import redis
 from fastapi import APIRouter, Request, Response
 
-from orchestrator.controller.api.deps import SessionDep
+from orchestrator.controller.api.deps import RedisDep, SessionDep
 from orchestrator.controller.api.params import TaskName
 from orchestrator.controller.auth import Admin
 from orchestrator.controller.schemas import TaskCreate, TaskPublic, error_responses
 from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.controller.task_check import SETTINGS, live_catalogs, runnable_settings
 from orchestrator.db import repository as repo
-from orchestrator.errors import InvalidDefinition
+from orchestrator.errors import InvalidDefinition, InvalidRequest
 from orchestrator.settings import Settings
 from workflows.api import registration_problem
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=StrictJsonRoute)
 
 
-@router.post("", status_code=201, responses=error_responses(409, 422))
-def create_task(
-    body: TaskCreate, session: SessionDep, request: Request, response: Response, principal: Admin
-) -> TaskPublic:
-    """Register a task definition; 409 if the name is taken. 422 when ``module`` is outside
-    the packages tasks may come from (``CDIFLOW_TASK_PACKAGES``, ``CDIFLOW_TASK_PATHS``) or,
-    where the API can import it, is not a function decorated with ``@task``."""
+def _definition(body: TaskCreate, request: Request, client: redis.Redis) -> dict[str, Any]:
+    """The definition to store: ``body``, once its module is allowed (a deployed package or
+    folder, a ``@task`` where the API can import it) and a live worker loaded it, with the
+    settings it leaves out taken from the function's ``@task``."""
     settings: Settings = request.app.state.settings
     problem = registration_problem(body.module, settings.task_sources())
     if problem is not None:
         raise InvalidDefinition([problem], "task definition")
+    spec = runnable_settings(body.module, live_catalogs(client))
+    given = body.model_dump(exclude={"description"})
+    return {**given, **{k: spec[k] for k in SETTINGS if given[k] is None}}
+
+
+@router.post("", status_code=201, responses=error_responses(409, 422))
+def create_task(
+    body: TaskCreate,
+    session: SessionDep,
+    client: RedisDep,
+    request: Request,
+    response: Response,
+    principal: Admin,
+) -> TaskPublic:
+    """Register a task definition; 409 if the name is taken (``PUT`` replaces one).
+
+    422 when ``module`` is outside the packages tasks may come from
+    (``CDIFLOW_TASK_PACKAGES``, ``CDIFLOW_TASK_PATHS``), is not a function decorated with
+    ``@task`` (where the API can import it), or no live worker loaded it: then the message
+    says what the workers met (an import error, the module's tasks, the modules they loaded).
+    Settings left out come from the ``@task``.
+    """
     row = repo.create_task_definition(
-        session, body.model_dump(exclude={"description"}), description=body.description
+        session, _definition(body, request, client), description=body.description
     )
     session.commit()
     response.headers["Location"] = f"/api/tasks/{row.name}"
+    return TaskPublic.model_validate(row)
+
+
+@router.put("/{name}", responses=error_responses(422))
+def save_task(
+    name: TaskName,
+    body: TaskCreate,
+    session: SessionDep,
+    client: RedisDep,
+    request: Request,
+    response: Response,
+    principal: Admin,
+) -> TaskPublic:
+    """Register a task definition or replace the one of that name (201 when it is new).
+
+    Runs already claimed by a scheduler keep the settings they were claimed with. 422 as for
+    ``POST``, or when the body names another task.
+    """
+    if body.name != name:
+        problem = f"the body names task {body.name!r} but the path {name!r}"
+        raise InvalidRequest(problem, [problem])
+    row, created = repo.save_task_definition(
+        session, _definition(body, request, client), description=body.description
+    )
+    session.commit()
+    if created:
+        response.status_code = 201
+        response.headers["Location"] = f"/api/tasks/{row.name}"
     return TaskPublic.model_validate(row)
 
 

@@ -41,8 +41,11 @@ def worker_status(worker_id: str, fields: Mapping[str, str], now: float) -> Work
     return WorkerPublic(
         id=worker_id,
         host=fields.get("host") or None,
-        cpu=_number(fields, "cpu"),
-        mem=_number(fields, "mem"),
+        cpu=_number(fields, "proc_cpu"),
+        mem=_number(fields, "proc_mem"),
+        rss_bytes=_count(fields, "proc_rss"),
+        host_cpu=_number(fields, "cpu"),
+        host_mem=_number(fields, "mem"),
         queue_depth=_count(fields, "queue_depth"),
         running=_count(fields, "running"),
         slots=_count(fields, "slots"),

@@ -23,6 +23,7 @@ from orchestrator.controller.api.params import MAX_OFFSET, NameFilter
 from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.schemas import (
+    EventPage,
     EventPublic,
     HandoffPublic,
     TaskRunPublic,
@@ -67,7 +68,8 @@ async def start_workflow(
 ) -> WorkflowDetail | WorkflowPublic:
     """Start a run of a workflow definition (status PENDING) and wake the scheduler.
 
-    404 (listing the known workflows) if the definition does not exist. With ``wait_s`` the
+    404 (listing the known workflows, or versions) if the definition (or the ``version`` of
+    it asked for) does not exist. With ``wait_s`` the
     answer is the run's detail (as ``GET /api/workflows/{id}``, without events) once it has
     ended: one request for a client that wants the result.
     """
@@ -106,19 +108,19 @@ async def _create(
         policy=body.policy,
         data_plane=body.data_plane,
         workflow_id=workflow_id,
+        version=body.version,
         started_by=started_by,
     )
     if row is None:
         resources: Resources = request.app.state.resources
-        known = await run_in_threadpool(_workflow_definition_names, resources)
-        raise NotFound("workflow", body.workflow, known=known)
+        raise await run_in_threadpool(_not_found, resources, body.workflow, body.version)
     await wake_scheduler_async(async_redis(request), row.id)
     return row
 
 
-def _workflow_definition_names(resources: Resources) -> list[str]:
+def _not_found(resources: Resources, workflow: str, version: int | None) -> NotFound:
     with resources.sessions() as session:
-        return repo.workflow_definition_names(session)
+        return repo.definition_not_found(session, workflow, version)
 
 
 @router.get("")
@@ -205,6 +207,21 @@ async def _detail(
         handoffs=[HandoffPublic.model_validate(h) for h in row.handoffs_json],
         events=[EventPublic.model_validate(e) for e in recent],
     )
+
+
+@router.get("/{workflow_id}/events", responses=error_responses(404))
+def workflow_events(
+    workflow_id: uuid.UUID,
+    session: SessionDep,
+    after: Annotated[
+        int, Query(ge=0, le=2**63 - 1, description="Only events with a larger id.")
+    ] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+) -> EventPage:
+    """The run's events after event ``after``, oldest first, with the run's status: follow a
+    run by asking again with the last id seen, until it has finished and a page is short."""
+    status, rows = repo.events_after(session, workflow_id, after, limit)
+    return EventPage(status=status, events=[EventPublic.model_validate(e) for e in rows])
 
 
 @router.post("/{workflow_id}/cancel", responses=error_responses(404, 409))

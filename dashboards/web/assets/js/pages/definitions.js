@@ -1,5 +1,6 @@
-// Definitions: workflow DAGs and task definitions; register a new one from a JSON editor with
-// the API's validation errors shown beside it.
+// Definitions: workflow DAGs and task definitions; save one from a JSON editor with the API's
+// validation errors shown beside it. Saving a workflow under a name that exists makes a new
+// version of it (runs already started keep theirs); its versions are listed with it.
 
 import { h, render } from "../dom.js";
 import { api, ApiError } from "../api.js";
@@ -59,17 +60,17 @@ export function mount(root, ctx) {
     { class: "segmented", role: "group", "aria-label": "Kind of definition" },
     ["workflow", "task"].map((k) => h("button", { type: "button", "data-kind": k, "aria-pressed": String(k === kind), onclick: () => setKind(k) }, k === "workflow" ? "Workflow" : "Task")),
   );
-  const submit = h("button", needsRole("admin", { type: "submit", class: "btn btn-primary", id: "def-submit" }), "Register");
+  const submit = h("button", needsRole("admin", { type: "submit", class: "btn btn-primary", id: "def-submit" }), "Save");
   const editorForm = h(
     "form",
-    { class: "editor", onsubmit: register, "aria-label": "Register a definition" },
+    { class: "editor", onsubmit: save, "aria-label": "Save a definition" },
     h("div", { class: "editor-bar" }, kindSwitch, h("div", { class: "card-actions" }, h("button", { type: "button", class: "btn", onclick: format }, "Format"), h("button", { type: "button", class: "btn", onclick: () => setKind(kind, true) }, "Reset"), submit)),
     textarea,
-    h("p", { class: "hint", id: "def-help" }, "The API checks names, modules, unknown tasks, duplicate refs, dependencies and cycles; every problem it finds is listed here."),
+    h("p", { class: "hint", id: "def-help" }, "The API checks names, modules, unknown tasks, duplicate refs, dependencies and cycles; every problem it finds is listed here. A workflow saved under a name that exists becomes its next version."),
     errors,
     preview,
   );
-  const editorCard = card("Register a definition", editorForm, { id: "card-editor", subtitle: "JSON, as POST /api/workflow-definitions or /api/tasks takes it" });
+  const editorCard = card("Save a definition", editorForm, { id: "card-editor", subtitle: "JSON, as PUT /api/workflow-definitions/{name} or /api/tasks/{name} takes it" });
 
   function setKind(next, reset = false) {
     const changed = next !== kind;
@@ -109,28 +110,37 @@ export function mount(root, ctx) {
   }
   textarea.addEventListener("input", livePreview);
 
-  async function register(event) {
+  async function save(event) {
     event.preventDefault();
     const parsed = parse();
-    if (parsed.error) {
+    const name = parsed.value && typeof parsed.value.name === "string" ? parsed.value.name.trim() : "";
+    if (parsed.error || !name) {
       textarea.setAttribute("aria-invalid", "true");
-      render(errors, errorBox(parsed.error));
+      render(errors, errorBox(parsed.error || `A ${kind} needs a "name".`));
       textarea.focus();
       return;
     }
     submit.disabled = true;
     try {
-      const created = await api.post(ENDPOINT[kind], parsed.value);
+      const before = kind === "workflow" ? flows.find((f) => f.name === name) : null;
+      const saved = await api.put(`${ENDPOINT[kind]}/${encodeURIComponent(name)}`, parsed.value);
       textarea.removeAttribute("aria-invalid");
-      render(errors, h("div", { class: "alert alert-info", role: "status" }, `Registered ${kind} `, mono(created.name), "."));
-      toast(`Registered ${kind} ${created.name}`, "success");
-      if (kind === "workflow") selected = created.name;
+      let what = `Saved ${kind} `;
+      let after = ".";
+      if (kind === "workflow") {
+        what = before && before.version === saved.version ? `Unchanged: workflow ` : `Saved workflow `;
+        after = `, version ${saved.version}.`;
+      }
+      render(errors, h("div", { class: "alert alert-info", role: "status" }, what, mono(saved.name), after));
+      toast(`${what}${saved.name}${after}`, "success");
+      if (kind === "workflow") selected = saved.name;
+      versionsOf = null;
       lastSnapshot = "";
       stop.now();
     } catch (err) {
       if (!(err instanceof ApiError)) throw err;
       textarea.setAttribute("aria-invalid", "true");
-      const title = err.status === 409 ? "The API refused it: the name is taken" : err.status === 422 ? "The API found problems" : "The API refused it";
+      const title = err.status === 422 ? "The API found problems" : "The API refused it";
       const problems = err.problems;
       const count = problems.length ? `: ${problems.length} problem${problems.length === 1 ? "" : "s"}` : ` — ${err.message}`;
       render(errors, errorBox(`${title}${count}`, problems));
@@ -177,9 +187,49 @@ export function mount(root, ctx) {
 
   function choose(name) {
     selected = name;
+    versionsOf = null;
     ctx.replaceQuery({ name });
     renderList();
     renderDetail();
+  }
+
+  // The selected workflow's versions, loaded when its detail is shown.
+  let versionsOf = null;
+  const versionList = h("div", { id: "def-versions" });
+
+  async function loadVersions(flow) {
+    const name = flow.name;
+    const key = `${name}@${flow.version}`;
+    versionsOf = key;
+    render(versionList, h("p", { class: "loading" }, "Loading versions…"));
+    try {
+      const versions = await api.get(`/api/workflow-definitions/${encodeURIComponent(name)}/versions`);
+      if (versionsOf !== key) return;
+      render(
+        versionList,
+        table(
+          [
+            { label: "Version", align: "right", cls: "num", cell: (v) => h("b", {}, String(v.version)) },
+            { label: "Saved", cls: "nowrap", cell: (v) => dateTime(v.created_at) },
+            { label: "Steps", cell: (v) => v.tasks.map((t) => t.ref).join(" → ") },
+            { label: "", cell: (v) => h("button", { type: "button", class: "btn btn-small", "data-edit-version": v.version, onclick: () => edit(v) }, "Edit") },
+          ],
+          versions,
+          { caption: `Versions of ${name}`, rowAttrs: (v) => ({ "data-version": v.version }) },
+        ),
+      );
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      render(versionList, errorBox(err.message));
+    }
+  }
+
+  /** Load a definition into the editor, to save it (changed) as the next version. */
+  function edit(flow) {
+    setKind("workflow");
+    textarea.value = JSON.stringify({ name: flow.name, description: flow.description, tasks: flow.tasks }, null, 2);
+    livePreview();
+    textarea.focus();
   }
 
   function renderDetail() {
@@ -198,11 +248,13 @@ export function mount(root, ctx) {
           flow.description && h("p", { style: "margin:0", class: "muted" }, flow.description),
           h("div", { class: "dag-scroll" }, taskGraph(flow.tasks, {}, { label: `Graph of ${flow.name}`, plain: true })),
           h("details", {}, h("summary", {}, "JSON"), h("pre", { class: "json" }, JSON.stringify({ name: flow.name, description: flow.description, tasks: flow.tasks }, null, 2))),
-          h("p", { class: "hint", style: "margin:0" }, `Registered ${dateTime(flow.created_at)} · `, h("a", { href: `#/workflows?workflow=${encodeURIComponent(flow.name)}` }, "Runs of this workflow →")),
+          h("details", { id: "def-versions-box" }, h("summary", {}, `Versions (${flow.version})`), versionList),
+          h("p", { class: "hint", style: "margin:0" }, `Version ${flow.version} saved ${dateTime(flow.updated_at)} · first registered ${dateTime(flow.created_at)} · `, h("a", { href: `#/workflows?workflow=${encodeURIComponent(flow.name)}` }, "Runs of this workflow →")),
         ),
-        { id: "card-def-detail", subtitle: "Workflow definition" },
+        { id: "card-def-detail", subtitle: `Workflow definition · version ${flow.version}`, actions: h("button", { type: "button", class: "btn", id: "def-edit", onclick: () => edit(flow) }, "Edit") },
       ),
     );
+    if (versionsOf !== `${flow.name}@${flow.version}`) loadVersions(flow);
   }
 
   function renderTasks() {

@@ -1,5 +1,6 @@
-// Workers: live CPU and memory (with a short history), queue depth, the images held between
-// tasks, the task running now and the last heartbeat. A worker that stopped heartbeating is shown as gone.
+// Workers: each worker process's own CPU and memory (with a short history; its host's beside
+// them), queue depth, the images held between tasks, the task running now and the last
+// heartbeat. A worker that stopped heartbeating is shown as gone.
 
 import { h, render } from "../dom.js";
 import { api } from "../api.js";
@@ -41,9 +42,9 @@ export function mount(root, ctx) {
     return item;
   }
 
-  function metric(name, value, series, id) {
+  function metric(name, value, series, id, shown = percent(value), title = null) {
     return [
-      h("div", { class: "metric" }, h("span", {}, name), meter(value, `${name} of ${id}`), h("span", { class: "val" }, percent(value))),
+      h("div", { class: "metric", title }, h("span", {}, name), meter(value, `${name} of ${id}`), h("span", { class: "val", "data-metric": name.toLowerCase() }, shown)),
       h("div", { class: "metric" }, h("span"), h("div", { class: "metric-spark" }, sparkline(series, { width: 200, height: 26, label: `${name} history of ${id}` }))),
     ];
   }
@@ -64,8 +65,9 @@ export function mount(root, ctx) {
           { class: "gone-note", role: "status" },
           w.heartbeat_age_s === null ? "No heartbeat on record — the worker is gone." : `No heartbeat for ${duration(w.heartbeat_age_s * 1000)} — presumed dead. Its tasks are retried elsewhere.`,
         ),
-      ...metric("CPU", w.cpu, item.cpu, w.id),
-      ...metric("Memory", w.mem, item.mem, w.id),
+      ...metric("CPU", w.cpu, item.cpu, w.id, percent(w.cpu), "The worker process's CPU, percent of one core"),
+      ...metric("Memory", w.mem, item.mem, w.id, w.rss_bytes === null || w.rss_bytes === undefined ? percent(w.mem) : bytes(w.rss_bytes), "The worker process's resident memory (the bar: its share of the host's)"),
+      w.host_cpu !== null && w.host_cpu !== undefined && h("div", { class: "muted host-load", "data-host-load": "" }, `Host: ${percent(w.host_cpu)} CPU, ${percent(w.host_mem)} memory in use`),
       h(
         "div",
         { class: "worker-stats" },

@@ -90,8 +90,8 @@ export function mount(root, ctx) {
   function renderHead(wf) {
     const operator = allowed("operator");
     const roleHint = "Needs an API key with the role operator or higher";
-    const canCancel = operator && (wf.status === "PENDING" || wf.status === "RUNNING");
-    const canRetry = operator && (wf.status === "FAILED" || wf.status === "CANCELLED");
+    const cancels = wf.status === "PENDING" || wf.status === "RUNNING";
+    const retries = wf.status === "FAILED" || wf.status === "CANCELLED";
     render(
       regions.head,
       h(
@@ -100,11 +100,14 @@ export function mount(root, ctx) {
         h("div", { class: "crumbs" }, h("a", { href: "#/workflows" }, "Workflows"), " / ", mono(shortId(wf.id))),
         h("div", { class: "title-row" }, h("h1", { tabindex: -1 }, wf.workflow), statusPill(wf.status, { id: "wf-status" })),
       ),
+      // Only the action that applies: cancel while the run may still run, retry once it
+      // failed or was cancelled; a completed run offers neither. Without the role, the
+      // button is there but disabled, saying which role it needs.
       h(
         "div",
         { class: "actions" },
-        h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !canCancel || busy, title: !operator ? roleHint : canCancel ? "Stop this run" : "Only a pending or running workflow can be cancelled", onclick: cancel }, "Cancel run"),
-        h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !canRetry || busy, title: !operator ? roleHint : canRetry ? "Start a new run with the same input" : "Only a failed or cancelled workflow can be retried", onclick: retry }, "Retry"),
+        cancels && h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !operator || busy, title: operator ? "Stop this run" : roleHint, onclick: cancel }, "Cancel run"),
+        retries && h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !operator || busy, title: operator ? "Start a new run with the same input" : roleHint, onclick: retry }, "Retry"),
       ),
     );
   }

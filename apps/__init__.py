@@ -1,0 +1,1 @@
+"""Applications bundled with cdiflow that use the CDI runtime directly (``apps.ar``)."""

@@ -1,0 +1,249 @@
+"""Run the roles as processes, wire them together, collect what they measured.
+
+Each role is a program of its own, ``python -m apps.ar.role_process``, as each is a container
+in the paper, with a socket pair to this process. Not ``multiprocessing``'s spawn: that
+imports the parent's main module in every child, and under the ``cdiflow`` command that is
+the whole orchestrator, in every role's memory.
+
+The conversation: this process sends the run's configuration; every role says ``ready``
+with its address; this process sends each the others' addresses; every role says
+``connected``; this process says ``go`` to the receivers first and the extractor last; each
+role answers ``done`` with its figures. A role that raises sends its traceback instead; one
+that dies closes its end of the pair. Either stops every other role (they see their pipe
+close, or their peers go) and raises ``RoleFailed``.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import psutil
+
+from apps.ar.config import RunConfig
+from apps.ar.errors import RoleFailed
+from apps.ar.links import Peers, backend
+from apps.ar.roles import RoleStats, peak_rss
+
+__all__ = ["PipelineResult", "run_floor", "run_pipeline", "run_pool"]
+
+_MB = 1e6
+
+
+@dataclass
+class _Role:
+    name: str
+    index: int
+    process: subprocess.Popen[bytes]
+    conn: Connection
+
+    @property
+    def label(self) -> str:
+        return (
+            self.name if self.name in ("extractor", "combinator") else f"{self.name} {self.index}"
+        )
+
+
+@dataclass
+class PipelineResult:
+    """One run's figures: each role's, and the minion's when one served it."""
+
+    config: RunConfig
+    roles: list[RoleStats]
+    minion_cpu_s: float | None = None
+    minion_peak_rss: int | None = None
+
+    def of(self, role: str) -> list[RoleStats]:
+        return [r for r in self.roles if r.role == role]
+
+    @property
+    def frames(self) -> int:
+        """Frames that came out (the combinator's, or all the references' together)."""
+        out = self.of("combinator") or self.of("floor") or self.of("pool")
+        return sum(r.frames for r in out)
+
+    @property
+    def seconds(self) -> float:
+        """From the first ``go`` to the last role's end."""
+        return (max(r.end_ns for r in self.roles) - min(r.go_ns for r in self.roles)) / 1e9
+
+    @property
+    def fps(self) -> float:
+        return self.frames / self.seconds
+
+    @property
+    def latency_ms_p50(self) -> float:
+        latencies = [ns for r in self.roles for ns in r.latencies_ns]
+        return statistics.median(latencies) / 1e6
+
+    def cpu_ms_per_frame(self) -> dict[str, float]:
+        """CPU per output frame by role: all detectors (or pool workers) together."""
+        totals: dict[str, float] = {}
+        for r in self.roles:
+            totals[r.role] = totals.get(r.role, 0.0) + r.cpu_s
+        if self.minion_cpu_s is not None:
+            totals["minion"] = self.minion_cpu_s
+        return {role: 1000 * cpu / self.frames for role, cpu in totals.items()}
+
+    def cpu_ms_per_frame_outside_compute(self) -> float:
+        """CPU per frame of every role outside the application's own work (decode, detect,
+        draw, encode, each timed on its thread), the minion's included: moving frames,
+        measured without the floor. Unlike a difference of totals it does not carry the
+        detectors' run-to-run noise, but it misses what moving costs the work itself
+        (caches a copy has flushed)."""
+        outside = sum(r.cpu_s - r.compute_s for r in self.roles) + (self.minion_cpu_s or 0.0)
+        return 1000 * outside / self.frames
+
+    def peak_rss_mb(self) -> dict[str, float]:
+        """Peak resident memory by role: the largest of the detectors (or pool workers)."""
+        peaks: dict[str, int] = {}
+        for r in self.roles:
+            peaks[r.role] = max(peaks.get(r.role, 0), r.peak_rss)
+        if self.minion_peak_rss is not None:
+            peaks["minion"] = self.minion_peak_rss
+        return {role: peak / _MB for role, peak in peaks.items()}
+
+    def detector_growth_mb(self) -> float | None:
+        """How far the largest detector's memory grew past the process with its code loaded:
+        its frame buffers (mapped objects included) and the detector's working memory."""
+        growth = [r.peak_rss - r.base_rss for r in self.of("detector")]
+        return max(growth) / _MB if growth else None
+
+    def boxes(self) -> list[list[list[float]]]:
+        """The boxes of every output frame, in order (pipeline and floor runs)."""
+        (out,) = self.of("combinator") or self.of("floor")
+        return out.boxes
+
+
+def _start(name: str, index: int, config: RunConfig) -> _Role:
+    mine, theirs = socket.socketpair()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "apps.ar.role_process", str(theirs.fileno()), name, str(index)],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        theirs.close()
+    role = _Role(name, index, process, Connection(mine.detach()))
+    _send(role, config)
+    return role
+
+
+def _send(role: _Role, message: Any) -> None:
+    try:
+        role.conn.send(message)
+    except OSError:
+        raise RoleFailed(
+            role.label, f"the process ended (exit status {role.process.poll()})"
+        ) from None
+
+
+def _receive(role: _Role) -> tuple[str, Any]:
+    """The role's next message; its end of the pipe closing means it died."""
+    try:
+        kind, payload = role.conn.recv()
+    except (EOFError, ConnectionError):
+        try:
+            status = role.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            status = None
+        raise RoleFailed(role.label, f"the process ended (exit status {status})") from None
+    if kind == "error":
+        raise RoleFailed(role.label, payload)
+    return kind, payload
+
+
+def _gather(roles: list[_Role], expect: str, timeout: float) -> list[Any]:
+    """Every role's next message, which must be ``expect``; the first failure raises."""
+    answers: dict[int, Any] = {}
+    pending = {role.conn.fileno(): i for i, role in enumerate(roles)}
+    while pending:
+        ready = wait(list(pending), timeout)
+        if not ready:
+            raise RoleFailed(roles[min(pending.values())].label, f"no answer within {timeout} s")
+        for fd in ready:
+            i = pending.pop(fd)  # type: ignore[arg-type]
+            kind, payload = _receive(roles[i])
+            if kind != expect:
+                raise RoleFailed(roles[i].label, f"said {kind!r} where {expect!r} was due")
+            answers[i] = payload
+    return [answers[i] for i in range(len(roles))]
+
+
+@contextmanager
+def _processes(wanted: list[tuple[str, int]], config: RunConfig) -> Iterator[list[_Role]]:
+    roles: list[_Role] = []
+    try:
+        for name, index in wanted:
+            roles.append(_start(name, index, config))
+        yield roles
+    finally:
+        for role in roles:
+            role.conn.close()  # a role still waiting for its next word ends on its own
+        for role in roles:
+            try:
+                role.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                role.process.kill()  # our own child, by its handle
+                role.process.wait()
+
+
+def _converse(
+    wanted: list[tuple[str, int]], config: RunConfig, minion_pid: int | None, setup_s: float
+) -> PipelineResult:
+    with _processes(wanted, config) as roles:
+        addresses = _gather(roles, "ready", setup_s)
+        by_name = {(r.name, r.index): a for r, a in zip(roles, addresses, strict=True)}
+        peers = Peers(
+            [by_name.get(("detector", k), "") for k in range(config.detectors)],
+            by_name.get(("combinator", 0), ""),
+        )
+        for role in roles:
+            _send(role, peers)
+        _gather(roles, "connected", setup_s)
+        minion = psutil.Process(minion_pid) if minion_pid else None
+        minion_cpu = _cpu(minion)
+        for role in sorted(roles, key=lambda r: r.name == "extractor"):
+            _send(role, "go")
+        stats: list[RoleStats] = _gather(roles, "done", config.timeout_s * 4)
+        result = PipelineResult(config, stats)
+        if minion is not None:
+            result.minion_cpu_s = _cpu(minion) - minion_cpu
+            result.minion_peak_rss = peak_rss(minion.pid)
+        return result
+
+
+def _cpu(process: psutil.Process | None) -> float:
+    if process is None:
+        return 0.0
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def run_pipeline(
+    config: RunConfig, minion_pid: int | None = None, setup_s: float = 60.0
+) -> PipelineResult:
+    """Run the extractor, ``config.detectors`` detectors and the combinator over
+    ``config.backend``; ``minion_pid``: the minion serving a CDI backend, whose CPU and peak
+    memory count as a role's."""
+    backend(config.backend)  # an unavailable backend fails here, before any process starts
+    wanted = [("combinator", 0), *(("detector", k) for k in range(config.detectors))]
+    return _converse([*wanted, ("extractor", 0)], config, minion_pid, setup_s)
+
+
+def run_floor(config: RunConfig, setup_s: float = 60.0) -> PipelineResult:
+    """The whole application in one process: the floor any version's CPU is measured against."""
+    return _converse([("floor", 0)], config, None, setup_s)
+
+
+def run_pool(config: RunConfig, setup_s: float = 120.0) -> PipelineResult:
+    """Detection alone in ``config.detectors`` processes, on frames each already holds."""
+    return _converse([("pool", k) for k in range(config.detectors)], config, None, setup_s)

@@ -1,0 +1,73 @@
+"""A process's mapping of an object's segment, and the views of it the client handed out."""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass, field
+
+from cdi.client.exports import exports_of
+from cdi.errors import BufferInUse
+
+__all__ = ["Mapping", "in_use"]
+
+
+@dataclass(eq=False)
+class Mapping:
+    """This process's mapping of an object's segment, and the views it handed out."""
+
+    mm: mmap.mmap
+    size: int
+    capacity: int
+    generation: int
+    segment: int | None
+    """The minion's id of the memory this maps (a memfd): a cached mapping is reused only for
+    the same id."""
+    cacheable: bool
+    """Cooperative objects only: a strict object's old segment is truncated on transfer."""
+    writable: bool = True
+    """False for a reader's mapping of a shared object (read-only fd, ``PROT_READ``)."""
+    views: list[memoryview] = field(default_factory=list)
+
+    def view(self) -> memoryview:
+        """The object's bytes (read-only if the mapping is); revoked with the mapping."""
+        base = memoryview(self.mm)
+        view = base[: self.size]
+        self.views.extend((view, base))
+        return view
+
+    def read_view(self) -> memoryview:
+        """The object's bytes, read-only; revoked with the mapping."""
+        base = memoryview(self.mm)
+        view = base[: self.size].toreadonly()
+        self.views.extend((view, base))
+        return view
+
+    def revoke(self, key: str) -> None:
+        """Release every view we handed out; refuse if anything else still holds the buffer."""
+        try:
+            for view in self.views:
+                view.release()
+        except BufferError as exc:
+            raise in_use(key) from exc
+        self.views.clear()
+        exports = exports_of(self.mm)
+        if exports is None:
+            self.close(key)  # this interpreter hides the count: find out by closing
+        elif exports:
+            raise in_use(key)
+
+    def close(self, key: str) -> None:
+        if self.mm.closed:
+            return
+        try:
+            self.mm.close()
+        except BufferError as exc:
+            raise in_use(key) from exc
+
+
+def in_use(key: str) -> BufferInUse:
+    return BufferInUse(
+        f"views of {key!r} (a memoryview slice or a NumPy array) are still referenced; drop "
+        "them, or use `with obj.view() as buf:`, before transfer, share, resize, destroy or "
+        "release"
+    )

@@ -1,0 +1,327 @@
+//! The minion's operations, one function each, as `cdi/PROTOCOL.md` defines them.
+//!
+//! Each takes the registry, the caller's connection token and the decoded request, and answers
+//! a reply body with at most one fd, or `None` when the reply is deferred (a waiting `access`).
+
+use std::os::fd::RawFd;
+use std::rc::Rc;
+
+use crate::msgpack::{Value, NIL};
+use crate::objects::{RequestId, Waiter};
+use crate::protocol::{
+    check_container_id, check_key, check_segment_ids, check_size, CdiError, Failure, Isolation, Op,
+};
+use crate::registry::{vanished, Entries, ObjectSpec, Registry};
+use crate::replies::Body;
+use crate::sharing;
+
+/// What an operation answers: a body and at most one fd; `None` defers the reply (`access`).
+pub type Reply = Option<(Body, Option<RawFd>)>;
+
+pub fn arg<'v, 'a>(request: Entries<'v, 'a>, name: &str) -> &'v Value<'a> {
+    Value::get(request, name).unwrap_or(&NIL)
+}
+
+/// An optional boolean field: absent or nil gives `default`.
+pub fn optional_bool(request: Entries, name: &str, default: bool) -> Result<bool, CdiError> {
+    match Value::field(request, name) {
+        None => Ok(default),
+        Some(Value::Bool(value)) => Ok(*value),
+        Some(other) => Err(CdiError::invalid_argument(format!(
+            "{name} must be true or false, got {}",
+            other.kind()
+        ))),
+    }
+}
+
+/// An optional integer field.
+fn optional_int(request: Entries, name: &str) -> Result<Option<i128>, CdiError> {
+    match Value::field(request, name) {
+        None => Ok(None),
+        Some(Value::Int(value)) => Ok(Some(value.get())),
+        Some(other) => Err(CdiError::invalid_argument(format!(
+            "{name} must be an integer, got {}",
+            other.kind()
+        ))),
+    }
+}
+
+/// Check registration and run the operation `op` names.
+pub fn dispatch(
+    reg: &mut Registry,
+    token: u64,
+    id: RequestId,
+    request: Entries,
+) -> Result<Reply, Failure> {
+    let op = match Value::get(request, "op") {
+        Some(Value::Str(name)) => Op::parse(name)
+            .ok_or_else(|| CdiError::protocol(format!("unknown operation {name:?}")))?,
+        other => {
+            let kind = other.map_or("nothing", Value::kind);
+            return Err(
+                CdiError::protocol(format!("op must name an operation, got {kind}")).into(),
+            );
+        }
+    };
+    let registered = reg.conns.get(&token).is_some_and(|c| c.container.is_some());
+    if !registered && !op.is_open() {
+        return Err(CdiError::not_registered("register(container_id) before using objects").into());
+    }
+    match op {
+        Op::Register => register(reg, token, request),
+        Op::Create => create(reg, token, request),
+        Op::Use => use_(reg, request),
+        Op::Copy => copy(reg, token, request),
+        Op::Access => access(reg, token, id, request),
+        Op::Cancel => cancel(reg, token, request),
+        Op::Transfer => transfer(reg, token, request),
+        Op::Resize => resize(reg, token, request),
+        Op::Destroy => destroy(reg, token, request),
+        Op::SetRecovery => set_recovery(reg, token, request),
+        Op::Share => sharing::share(reg, token, request),
+        Op::Read => sharing::read(reg, token, id, request),
+        Op::Release => sharing::release(reg, token, request),
+        Op::Stat => Ok(Some((Body::Stat, None))),
+        Op::List => Ok(Some((Body::List, None))),
+    }
+}
+
+fn register(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+    let cid = check_container_id(arg(request, "container"))?;
+    let conn = reg.conns.get(&token).ok_or_else(vanished)?;
+    if let Some(current) = &conn.container {
+        let current = &**current;
+        return Err(CdiError::protocol(format!(
+            "this connection is already registered as {current:?}"
+        ))
+        .into());
+    }
+    if let Some(other) = reg.containers.get(&*cid).and_then(|t| reg.conns.get(t)) {
+        return Err(CdiError::container_exists(format!(
+            "container id {cid:?} is in use by a live process (pid {})",
+            other.pid
+        ))
+        .into());
+    }
+    let uid = conn.uid;
+    match reg.bound_uid.get(&*cid) {
+        Some(&bound) if bound != uid && uid != 0 => {
+            return Err(CdiError::container_exists(format!(
+                "container id {cid:?} belongs to uid {bound}, not {uid}"
+            ))
+            .into());
+        }
+        Some(_) => {}
+        None => {
+            reg.bound_uid.insert(Rc::from(&*cid), uid);
+        }
+    }
+    reg.register(token, Rc::from(&*cid));
+    Ok(Some((Body::Registered, None)))
+}
+
+fn create(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+    let key = check_key(arg(request, "key"))?;
+    let size = check_size(arg(request, "size"), reg.config.max_object)?;
+    let isolation = isolation(reg, request)?;
+    let recovery = match Value::field(request, "recovery") {
+        Some(value) => Rc::from(&*check_container_id(value)?),
+        None => reg.container_of(token)?,
+    };
+    let have = check_segment_ids(Value::field(request, "have"))?;
+    let zeroed = optional_bool(request, "zeroed", true)?;
+    if reg.objects.contains_key(&*key) {
+        return Err(
+            CdiError::key_exists(format!("an object with key {key:?} already exists")).into(),
+        );
+    }
+    let spec = ObjectSpec {
+        key: &key,
+        size,
+        isolation,
+        recovery,
+        prefer: &have,
+        zeroed,
+    };
+    let obj = reg.new_object(token, spec)?;
+    // No fd if the creator still maps the segment it got (a pooled one it used before).
+    let segment = i128::from(obj.segment.id);
+    let reply = (
+        Body::grant(&obj),
+        obj.grant_fd(have.contains(&segment).then_some(segment)),
+    );
+    reg.insert(obj);
+    Ok(Some(reply))
+}
+
+fn isolation(reg: &Registry, request: Entries) -> Result<Isolation, Failure> {
+    match Value::field(request, "isolation") {
+        None => Ok(reg.config.isolation),
+        Some(Value::Str(name)) if Isolation::parse(name).is_some() => {
+            Ok(Isolation::parse(name).unwrap_or(reg.config.isolation))
+        }
+        Some(other) => Err(CdiError::invalid_argument(format!(
+            "isolation must be 'cooperative' or 'strict', got {}",
+            match other {
+                Value::Str(name) => format!("{name:?}"),
+                other => other.kind().to_owned(),
+            }
+        ))
+        .into()),
+    }
+}
+
+fn use_(reg: &Registry, request: Entries) -> Result<Reply, Failure> {
+    let obj = reg.lookup(request)?;
+    let body = Body::Use {
+        size: obj.size,
+        owner: obj.owner.clone(),
+        isolation: obj.isolation,
+    };
+    Ok(Some((body, None)))
+}
+
+fn access(
+    reg: &mut Registry,
+    token: u64,
+    id: RequestId,
+    request: Entries,
+) -> Result<Reply, Failure> {
+    let obj = reg.lookup(request)?;
+    let have = optional_int(request, "have")?;
+    let wait = optional_bool(request, "wait", true)?;
+    let container = reg.conns.get(&token).and_then(|c| c.container.as_ref());
+    let owner = container == Some(&obj.owner);
+    if owner && !obj.shared() {
+        return Ok(Some((Body::grant(obj), obj.grant_fd(have))));
+    }
+    if !wait {
+        return Err(if owner {
+            sharing::shared_error(obj)
+        } else {
+            let who = container.map_or("(none)", |c| &**c);
+            CdiError::not_owner(format!("container {who} does not own {:?}", &*obj.key))
+        }
+        .into());
+    }
+    if Value::field(request, "id").is_none() {
+        return Err(
+            CdiError::protocol("a request that waits needs a request id to answer it by").into(),
+        );
+    }
+    let key = obj.key.clone();
+    let waiter = Waiter {
+        token,
+        id,
+        read: false,
+    };
+    reg.wait(waiter, key, have);
+    Ok(None)
+}
+
+fn cancel(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+    let Some(Value::Int(reference)) = Value::field(request, "ref") else {
+        return Err(CdiError::invalid_argument("ref must be the id of an access").into());
+    };
+    let cancelled = reg.cancel(token, reference.get());
+    Ok(Some((Body::Cancelled(cancelled), None)))
+}
+
+fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+    let key = sharing::owned_alone(reg, token, request)?;
+    let to = Value::get(request, "to");
+    // Registered ids passed check_container_id: a hit needs no validation.
+    let hit = match to {
+        Some(Value::Str(name)) => reg.containers.get_key_value(&**name),
+        _ => None,
+    };
+    let to = match hit {
+        Some((cid, _)) => cid.clone(),
+        None => {
+            let name = check_container_id(to.unwrap_or(&NIL))?;
+            match reg.containers.get_key_value(&*name) {
+                Some((cid, _)) => cid.clone(),
+                None => {
+                    return Err(CdiError::unknown_container(format!(
+                        "no live container {name:?} is registered with this minion"
+                    ))
+                    .into())
+                }
+            }
+        }
+    };
+    if reg.objects.get(&key).is_some_and(|o| o.owner != to) {
+        reg.set_owner(&key, to)?;
+    }
+    let generation = reg.objects.get(&key).ok_or_else(vanished)?.generation;
+    Ok(Some((Body::Generation(generation), None)))
+}
+
+fn copy(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+    let key = reg.owned(token, request)?;
+    let new_key = check_key(arg(request, "new_key"))?;
+    if reg.objects.contains_key(&*new_key) {
+        return Err(
+            CdiError::key_exists(format!("an object with key {new_key:?} already exists")).into(),
+        );
+    }
+    let (size, isolation) = {
+        let obj = reg.objects.get(&key).ok_or_else(vanished)?;
+        (obj.size, obj.isolation)
+    };
+    let recovery = reg.container_of(token)?;
+    // Not zeroed: the copy overwrites its bytes (another uid's old bytes are zeroed anyway).
+    let spec = ObjectSpec {
+        key: &new_key,
+        size,
+        isolation,
+        recovery,
+        prefer: &[],
+        zeroed: false,
+    };
+    let mut new = reg.new_object(token, spec)?;
+    if let Some(obj) = reg.objects.get(&key) {
+        new.segment.copy_from(&obj.segment, size);
+    }
+    let reply = (Body::grant(&new), Some(new.segment.fd));
+    reg.insert(new);
+    Ok(Some(reply))
+}
+
+fn resize(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+    let key = sharing::owned_alone(reg, token, request)?;
+    let size = check_size(arg(request, "size"), reg.config.max_object)?;
+    let obj = reg.objects.get_mut(&key).ok_or_else(vanished)?;
+    if size > obj.segment.capacity {
+        let cooperative = obj.isolation == Isolation::Cooperative;
+        let mut bigger = reg.pool.acquire(size, cooperative, &[], None, true)?;
+        bigger.copy_from(&obj.segment, obj.size);
+        let old = std::mem::replace(&mut obj.segment, bigger);
+        if cooperative {
+            reg.pool.release(old, obj.size, &obj.writers);
+        } else {
+            reg.pool.discard(old);
+        }
+    } else if size > obj.size {
+        obj.segment.zero(size, obj.size); // growth reads as zeros, not old bytes
+    }
+    obj.size = size;
+    obj.generation += 1;
+    obj.updated_at = crate::sys::unix_time();
+    let body = Body::grant(obj);
+    reg.changed(&key);
+    Ok(Some((body, None)))
+}
+
+fn destroy(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+    let key = sharing::owned_alone(reg, token, request)?;
+    reg.remove(&key);
+    Ok(Some((Body::Empty, None)))
+}
+
+fn set_recovery(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+    let key = reg.owned(token, request)?;
+    let recovery: Rc<str> = Rc::from(&*check_container_id(arg(request, "container"))?);
+    reg.objects.get_mut(&key).ok_or_else(vanished)?.recovery = recovery.clone();
+    Ok(Some((Body::Recovery(recovery), None)))
+}

@@ -1,0 +1,378 @@
+//! What a minion holds and every change of an object's owner.
+//!
+//! The registry knows the connections, the registered containers, the objects and the deferred
+//! `access` requests. It never touches a socket: a grant or a refusal it owes a waiting
+//! container goes to `outbox`, which the loop sends before the reply to the request in hand
+//! (so a new owner hears of its object before the old owner hears the transfer is done).
+
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+
+use crate::args::Config;
+use crate::events::EventSink;
+use crate::log;
+use crate::msgpack::{Value, NIL};
+use crate::objects::{Connection, RequestId, StoredObject, Waiter};
+use crate::protocol::{check_key, CdiError, Failure, Isolation};
+use crate::recovery;
+use crate::replies::Body;
+use crate::segments::{SegmentPool, UidSet};
+use crate::sys;
+
+pub type Entries<'v, 'a> = &'v [(Value<'a>, Value<'a>)];
+
+/// A message owed to a connection: its token, the request id, the body, at most one fd.
+pub type Outgoing = (u64, RequestId, Body, Option<RawFd>);
+
+/// What a new object is to be.
+pub struct ObjectSpec<'a> {
+    pub key: &'a str,
+    pub size: u64,
+    pub isolation: Isolation,
+    /// Who gets it if its owner's connection closes.
+    pub recovery: Rc<str>,
+    /// Segment ids the creator still maps: one of them is taken when idle.
+    pub prefer: &'a [i128],
+    /// False: the creator overwrites `size` bytes, so its own uid's old bytes may stay.
+    pub zeroed: bool,
+}
+
+pub fn vanished() -> Failure {
+    Failure::Internal("object vanished during the operation".to_owned())
+}
+
+pub struct Registry {
+    pub config: Config,
+    pub pool: SegmentPool,
+    pub objects: HashMap<Rc<str>, StoredObject>,
+    next_order: u64,
+    /// Registered container id -> its connection's token.
+    pub containers: HashMap<Rc<str>, u64>,
+    pub bound_uid: HashMap<Rc<str>, u32>,
+    /// key -> deferred `access` and `read` requests. Lists emptied by a cancel stay until the
+    /// next grant (they keep the busy-poll going).
+    pub waiters: HashMap<Rc<str>, Vec<Waiter>>,
+    pub conns: HashMap<u64, Connection>,
+    next_registration: u64,
+    pub outbox: Vec<Outgoing>,
+    pub events: Option<EventSink>,
+    /// Monotonic ns until which the loop polls instead of sleeping (a container waits).
+    pub spin_until: u64,
+}
+
+impl Registry {
+    pub fn new(config: Config, events: Option<EventSink>) -> Registry {
+        Registry {
+            pool: SegmentPool::new(config.memory_limit, config.idle_limit, sys::page_size()),
+            config,
+            objects: HashMap::new(),
+            next_order: 0,
+            containers: HashMap::new(),
+            bound_uid: HashMap::new(),
+            waiters: HashMap::new(),
+            conns: HashMap::new(),
+            next_registration: 0,
+            outbox: Vec::new(),
+            events,
+            spin_until: 0,
+        }
+    }
+
+    // ------------------------------------------------------------------ lookups
+    pub fn container_of(&self, token: u64) -> Result<Rc<str>, Failure> {
+        self.conns
+            .get(&token)
+            .and_then(|c| c.container.clone())
+            .ok_or_else(|| Failure::Internal("connection is not registered".to_owned()))
+    }
+
+    pub fn lookup(&self, request: Entries) -> Result<&StoredObject, Failure> {
+        let key = Value::get(request, "key");
+        // Every stored key passed check_key when it was created: a hit needs no validation.
+        if let Some(Value::Str(key)) = key {
+            if let Some(obj) = self.objects.get(&**key) {
+                return Ok(obj);
+            }
+        }
+        let key = check_key(key.unwrap_or(&NIL))?;
+        Err(CdiError::not_found(format!("no object with key {key:?}")).into())
+    }
+
+    /// The key of the requested object if the caller's container owns it, else `NotOwner`.
+    pub fn owned(&self, token: u64, request: Entries) -> Result<Rc<str>, Failure> {
+        let obj = self.lookup(request)?;
+        let container = self.conns.get(&token).and_then(|c| c.container.as_ref());
+        if container != Some(&obj.owner) {
+            let who = container.map_or("(none)", |c| &**c);
+            return Err(CdiError::not_owner(format!(
+                "container {who} does not own {:?}",
+                &*obj.key
+            ))
+            .into());
+        }
+        Ok(obj.key.clone())
+    }
+
+    // ------------------------------------------------------------------ objects
+    /// A new object owned by the caller (not yet inserted).
+    pub fn new_object(&mut self, token: u64, spec: ObjectSpec) -> Result<StoredObject, Failure> {
+        let ObjectSpec {
+            key,
+            size,
+            isolation,
+            recovery,
+            prefer,
+            zeroed,
+        } = spec;
+        let owner = self.container_of(token)?;
+        let uid = self.conns.get(&token).map_or(0, |c| c.uid);
+        let cooperative = isolation == Isolation::Cooperative;
+        let prefer = if cooperative { prefer } else { &[] };
+        let segment = self
+            .pool
+            .acquire(size, cooperative, prefer, Some(uid), zeroed)?;
+        let now = sys::unix_time();
+        self.next_order += 1;
+        Ok(StoredObject {
+            key: Rc::from(key),
+            size,
+            segment,
+            creator: owner.clone(),
+            owner,
+            recovery,
+            isolation,
+            generation: 1,
+            writers: UidSet::of(uid),
+            readers: Vec::new(),
+            created_at: now,
+            updated_at: now,
+            order: self.next_order,
+        })
+    }
+
+    pub fn insert(&mut self, obj: StoredObject) -> Rc<str> {
+        let key = obj.key.clone();
+        self.objects.insert(key.clone(), obj);
+        self.changed(&key);
+        key
+    }
+
+    /// Make `owner` the owner. A strict object moves to a fresh segment first, unless it is
+    /// shared: readers map it then, and it moves when the share ends.
+    pub fn set_owner(&mut self, key: &Rc<str>, owner: Rc<str>) -> Result<(), Failure> {
+        let obj = self.objects.get_mut(key).ok_or_else(vanished)?;
+        if obj.isolation == Isolation::Strict && owner != obj.owner && !obj.shared() {
+            move_to_fresh_segment(&mut self.pool, obj)?;
+        }
+        if let Some(conn) = self.containers.get(&owner).and_then(|t| self.conns.get(t)) {
+            obj.writers.add(conn.uid);
+        }
+        obj.owner = owner;
+        obj.generation += 1;
+        self.grant_waiters(key); // first: the new owner is waiting; bookkeeping can follow
+        if let Some(obj) = self.objects.get_mut(key) {
+            obj.updated_at = sys::unix_time();
+        }
+        self.changed(key);
+        Ok(())
+    }
+
+    /// Answer the deferred requests of `key` that can be granted now: an `access` of its
+    /// owner while nobody reads it, a `read` of its owner or of a reader of its share.
+    pub fn grant_waiters(&mut self, key: &Rc<str>) {
+        let Some(waiters) = self.waiters.get_mut(key) else {
+            return;
+        };
+        if waiters.is_empty() {
+            return;
+        }
+        let waiters = std::mem::take(waiters);
+        let Some(obj) = self.objects.get_mut(key) else {
+            return;
+        };
+        let mut keep = Vec::new();
+        for waiter in waiters {
+            let conn = self.conns.get_mut(&waiter.token);
+            let granted = conn.as_ref().is_some_and(|conn| {
+                let Some(container) = conn.container.as_deref() else {
+                    return false;
+                };
+                !conn.doomed
+                    && if waiter.read {
+                        obj.readable_by(container)
+                    } else {
+                        *obj.owner == *container && !obj.shared()
+                    }
+            });
+            let Some(conn) = conn.filter(|_| granted) else {
+                keep.push(waiter);
+                continue;
+            };
+            conn.waiting.pop(waiter.id);
+            let have = conn.have.pop(waiter.id);
+            let fd = if waiter.read {
+                obj.writers.add(conn.uid);
+                match obj.segment.read_only_fd() {
+                    Ok(fd) => Some(fd),
+                    Err(Failure::Cdi(err)) => {
+                        self.outbox
+                            .push((waiter.token, waiter.id, Body::Error(err), None));
+                        continue;
+                    }
+                    Err(Failure::Internal(text)) => {
+                        log::error(format_args!("{text}"));
+                        let err = CdiError::internal(text);
+                        self.outbox
+                            .push((waiter.token, waiter.id, Body::Error(err), None));
+                        continue;
+                    }
+                }
+            } else {
+                obj.grant_fd(have)
+            };
+            self.outbox
+                .push((waiter.token, waiter.id, Body::grant(obj), fd));
+        }
+        if keep.is_empty() {
+            self.waiters.remove(key);
+        } else {
+            self.waiters.insert(key.clone(), keep);
+        }
+    }
+
+    pub fn remove(&mut self, key: &Rc<str>) {
+        let Some(obj) = self.objects.remove(key) else {
+            return;
+        };
+        let StoredObject {
+            segment,
+            size,
+            writers,
+            isolation,
+            ..
+        } = obj;
+        match isolation {
+            Isolation::Strict => self.pool.discard(segment),
+            Isolation::Cooperative => self.pool.release(segment, size, &writers),
+        }
+        let destroyed = CdiError::not_found(format!("{:?} was destroyed", &**key));
+        for waiter in self.waiters.remove(key).unwrap_or_default() {
+            if let Some(conn) = self.conns.get_mut(&waiter.token) {
+                conn.waiting.pop(waiter.id);
+                conn.have.pop(waiter.id);
+            }
+            let body = Body::Error(destroyed.clone());
+            self.outbox.push((waiter.token, waiter.id, body, None));
+        }
+        if let Some(sink) = self.events.as_mut() {
+            sink.removed(key);
+        }
+    }
+
+    pub fn changed(&mut self, key: &str) {
+        if let (Some(sink), Some(obj)) = (self.events.as_mut(), self.objects.get(key)) {
+            sink.changed(&obj.key, obj.size, &obj.owner, obj.generation);
+        }
+    }
+
+    // ------------------------------------------------------------------ containers
+    pub fn register(&mut self, token: u64, cid: Rc<str>) {
+        self.next_registration += 1;
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        conn.container = Some(cid.clone());
+        conn.registered = self.next_registration;
+        let (pid, uid) = (conn.pid, conn.uid);
+        self.containers.insert(cid.clone(), token);
+        if let Some(sink) = self.events.as_mut() {
+            sink.registered(&cid, pid, uid);
+        }
+    }
+
+    /// Defer an `access` (until the connection's container owns `key` and nobody reads it) or
+    /// a `read` (until it may read it).
+    pub fn wait(&mut self, waiter: Waiter, key: Rc<str>, have: Option<i128>) {
+        let Waiter { token, id, .. } = waiter;
+        let budget = self.config.busy_poll_us.saturating_mul(1000);
+        self.spin_until = sys::monotonic_ns().saturating_add(budget);
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.waiting.insert(id, key.clone());
+            if let Some(have) = have {
+                conn.have.insert(id, have);
+            }
+        }
+        self.waiters.entry(key).or_default().push(waiter);
+    }
+
+    /// Withdraw a deferred access; whether one was waiting.
+    pub fn cancel(&mut self, token: u64, id: RequestId) -> bool {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return false;
+        };
+        let Some(key) = conn.waiting.pop(id) else {
+            return false;
+        };
+        conn.have.pop(id);
+        if let Some(waiters) = self.waiters.get_mut(&key) {
+            waiters.retain(|w| !(w.token == token && w.id == id));
+        }
+        true
+    }
+
+    /// A connection closed: forget it and its deferred accesses; its objects go to their
+    /// recovery containers (`reclaim`) or stay for the minion's shutdown. Returns its fd.
+    pub fn disconnect(&mut self, token: u64, reclaim: bool) -> Option<RawFd> {
+        let mut conn = self.conns.remove(&token)?;
+        for (id, key) in conn.waiting.take() {
+            if let Some(waiters) = self.waiters.get_mut(&key) {
+                waiters.retain(|w| !(w.token == token && w.id == id));
+            }
+        }
+        conn.have.clear();
+        if let Some(cid) = conn.container.take() {
+            if self.containers.get(&cid) == Some(&token) {
+                self.containers.remove(&cid);
+                if let Some(sink) = self.events.as_mut() {
+                    sink.gone(&cid);
+                }
+                if reclaim {
+                    recovery::recover_objects_of(self, &cid);
+                    recovery::release_shares_of(self, &cid);
+                }
+            }
+        }
+        Some(conn.fd)
+    }
+
+    /// Registered connections' tokens in registration order (closed in it at shutdown).
+    pub fn registered_tokens(&self) -> Vec<u64> {
+        let mut registered: Vec<(u64, u64)> = self
+            .containers
+            .values()
+            .filter_map(|t| self.conns.get(t).map(|conn| (conn.registered, *t)))
+            .collect();
+        registered.sort_unstable();
+        registered.into_iter().map(|(_, t)| t).collect()
+    }
+}
+
+/// Strict isolation: copy into a new segment and truncate the one the old owner mapped.
+pub fn move_to_fresh_segment(
+    pool: &mut SegmentPool,
+    obj: &mut StoredObject,
+) -> Result<(), Failure> {
+    let mut fresh = pool.acquire(obj.size, false, &[], None, true)?;
+    if obj.segment.intact(obj.size) {
+        fresh.copy_from(&obj.segment, obj.size);
+    } else {
+        log::warning(format_args!(
+            "segment of {} was shrunk by its owner; its data is lost",
+            obj.key
+        ));
+    }
+    let old = std::mem::replace(&mut obj.segment, fresh);
+    pool.discard(old);
+    Ok(())
+}

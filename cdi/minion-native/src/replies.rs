@@ -1,0 +1,220 @@
+//! Reply bodies and their encoding, with the fields `cdi/PROTOCOL.md` lists for each operation.
+
+use std::rc::Rc;
+
+use crate::msgpack::Enc;
+use crate::objects::{RequestId, StoredObject};
+use crate::protocol::{CdiError, Isolation};
+use crate::registry::Registry;
+
+/// What a successful operation answers (besides `id` and `ok`), or an error.
+#[derive(Debug)]
+pub enum Body {
+    Grant {
+        size: u64,
+        capacity: u64,
+        generation: u64,
+        isolation: Isolation,
+        segment: u64,
+    },
+    Registered,
+    Use {
+        size: u64,
+        owner: Rc<str>,
+        isolation: Isolation,
+    },
+    Cancelled(bool),
+    Generation(u64),
+    Empty,
+    Recovery(Rc<str>),
+    Readers(Vec<Rc<str>>),
+    Released {
+        released: bool,
+        readers: usize,
+    },
+    Stat,
+    List,
+    Error(CdiError),
+}
+
+impl Body {
+    /// The grant fields of an object: what a client maps, and how.
+    pub fn grant(obj: &StoredObject) -> Body {
+        Body::Grant {
+            size: obj.size,
+            capacity: obj.segment.capacity,
+            generation: obj.generation,
+            isolation: obj.isolation,
+            segment: obj.segment.id,
+        }
+    }
+}
+
+/// Write the reply `{"id": id, "ok": …, …body}` into `out`.
+pub fn encode(out: &mut Vec<u8>, reg: &Registry, body: &Body, id: RequestId) {
+    let mut enc = Enc(out);
+    if let Body::Error(err) = body {
+        enc.map(4);
+        enc.str("id");
+        enc.int(id);
+        enc.str("ok");
+        enc.bool(false);
+        enc.str("code");
+        enc.str(err.code);
+        enc.str("msg");
+        enc.str(&err.msg);
+        return;
+    }
+    let fields = match body {
+        Body::Grant { .. } => 5,
+        Body::Registered => 4,
+        Body::Use { .. } => 3,
+        Body::Stat => 11,
+        Body::Released { .. } => 2,
+        Body::Empty => 0,
+        _ => 1,
+    };
+    enc.map(fields + 2);
+    enc.str("id");
+    enc.int(id);
+    enc.str("ok");
+    enc.bool(true);
+    match body {
+        Body::Grant {
+            size,
+            capacity,
+            generation,
+            isolation,
+            segment,
+        } => {
+            enc.str("size");
+            enc.uint(*size);
+            enc.str("capacity");
+            enc.uint(*capacity);
+            enc.str("generation");
+            enc.uint(*generation);
+            enc.str("isolation");
+            enc.str(isolation.as_str());
+            enc.str("segment");
+            enc.uint(*segment);
+        }
+        Body::Registered => {
+            enc.str("host");
+            enc.str(&reg.config.host);
+            enc.str("minion_pid");
+            enc.uint(u64::from(std::process::id()));
+            enc.str("max_object");
+            enc.uint(reg.config.max_object);
+            enc.str("isolation");
+            enc.str(reg.config.isolation.as_str());
+        }
+        Body::Use {
+            size,
+            owner,
+            isolation,
+        } => {
+            enc.str("size");
+            enc.uint(*size);
+            enc.str("owner");
+            enc.str(owner);
+            enc.str("isolation");
+            enc.str(isolation.as_str());
+        }
+        Body::Cancelled(cancelled) => {
+            enc.str("cancelled");
+            enc.bool(*cancelled);
+        }
+        Body::Generation(generation) => {
+            enc.str("generation");
+            enc.uint(*generation);
+        }
+        Body::Recovery(recovery) => {
+            enc.str("recovery");
+            enc.str(recovery);
+        }
+        Body::Readers(readers) => {
+            enc.str("readers");
+            enc.array(readers.len());
+            for reader in readers {
+                enc.str(reader);
+            }
+        }
+        Body::Released { released, readers } => {
+            enc.str("released");
+            enc.bool(*released);
+            enc.str("readers");
+            enc.uint(*readers as u64);
+        }
+        Body::Stat => encode_stat(&mut enc, reg),
+        Body::List => encode_list(&mut enc, reg),
+        Body::Empty | Body::Error(_) => {}
+    }
+}
+
+fn encode_stat(enc: &mut Enc, reg: &Registry) {
+    let pool = &reg.pool;
+    enc.str("host");
+    enc.str(&reg.config.host);
+    enc.str("objects");
+    enc.uint(reg.objects.len() as u64);
+    let mut containers: Vec<&str> = reg.containers.keys().map(|c| &**c).collect();
+    containers.sort_unstable();
+    enc.str("containers");
+    enc.array(containers.len());
+    for container in containers {
+        enc.str(container);
+    }
+    let waiters = reg.waiters.values().map(|w| w.len() as u64).sum();
+    for (name, value) in [
+        ("used_bytes", pool.used_bytes),
+        ("used_segments", pool.used_segments),
+        ("idle_bytes", pool.idle_bytes),
+        ("allocations", pool.allocations),
+        ("reuses", pool.reuses),
+        ("zeroed_bytes", pool.zeroed_bytes),
+        ("waiters", waiters),
+        ("memory_limit", pool.memory_limit),
+    ] {
+        enc.str(name);
+        enc.uint(value);
+    }
+}
+
+fn encode_list(enc: &mut Enc, reg: &Registry) {
+    let mut objects: Vec<&StoredObject> = reg.objects.values().collect();
+    objects.sort_unstable_by_key(|o| o.order);
+    enc.str("objects");
+    enc.array(objects.len());
+    for o in objects {
+        enc.map(13);
+        for (name, text) in [
+            ("key", &*o.key),
+            ("owner", &*o.owner),
+            ("creator", &*o.creator),
+            ("recovery", &*o.recovery),
+            ("isolation", o.isolation.as_str()),
+            ("host", &*reg.config.host),
+        ] {
+            enc.str(name);
+            enc.str(text);
+        }
+        for (name, value) in [
+            ("size", o.size),
+            ("capacity", o.segment.capacity),
+            ("generation", o.generation),
+            ("segment", o.segment.id),
+        ] {
+            enc.str(name);
+            enc.uint(value);
+        }
+        enc.str("readers");
+        enc.array(o.readers.len());
+        for reader in &o.readers {
+            enc.str(reader);
+        }
+        enc.str("created_at");
+        enc.float(o.created_at);
+        enc.str("updated_at");
+        enc.float(o.updated_at);
+    }
+}

@@ -1,0 +1,2 @@
+"""The ``cdiflow`` commands that talk to a running stack's API through ``cdiflow.client``:
+``run``, ``workflows``, ``tasks`` and ``definitions``."""

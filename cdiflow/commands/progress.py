@@ -1,0 +1,64 @@
+"""The progress display of a run being waited for: a line for each step that ends, from the
+run's events, then the outcome."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+import click
+
+from cdiflow.client import Client, Event, WorkflowDetail
+
+__all__ = ["follow", "outcome"]
+
+_MARKS = {"task.completed": "done", "task.failed": "FAILED", "task.timed_out": "TIMED OUT",
+          "task.cancelled": "cancelled"}  # fmt: skip
+
+
+def follow(api: Client, workflow_id: str, *, timeout: float | None) -> WorkflowDetail:
+    """Print each step's end as it happens; the run's detail once it has finished (the
+    client's ``WaitTimeout`` if ``timeout`` passes first)."""
+    began = time.monotonic()
+    created: datetime | None = None
+    for event in api.events(workflow_id, follow=True):
+        created = created or event.at  # the first event is the run's creation
+        line = describe(event, (event.at - created).total_seconds())
+        if line:
+            click.echo(line)
+        if timeout is not None and time.monotonic() - began > timeout:
+            break
+    left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
+    return api.wait(workflow_id, left)
+
+
+def describe(event: Event, since_start_s: float) -> str | None:
+    """One line for an event worth showing (``since_start_s`` after the run was created), or
+    ``None``."""
+    data: dict[str, Any] = event.data
+    at = f"{since_start_s:6.2f}s"
+    if event.kind in _MARKS:
+        attempt = f", attempt {data['attempt']}" if data.get("attempt", 1) != 1 else ""
+        error = f": {data['error']}" if data.get("error") else ""
+        return f"  {at}  {data.get('ref', '?'):<16} {_MARKS[event.kind]:<9} on " \
+               f"{data.get('worker') or '-'}{attempt}{error}"  # fmt: skip
+    if event.kind == "workflow.running":
+        return f"  {at}  claimed by a scheduler"
+    return None
+
+
+def outcome(run: WorkflowDetail) -> str:
+    """The last lines: status, time taken, output and result."""
+    took = ""
+    if run.finished_at is not None:
+        took = f" in {(run.finished_at - run.created_at).total_seconds():.2f} s"
+    lines = [f"{run.status}{took}: {run.workflow} v{run.workflow_version}, run {run.id}"]
+    if run.error:
+        lines.append(f"error: {run.error}")
+    shown = {k: v for k, v in (run.output or {}).items() if k != "tasks"}
+    if shown:
+        lines.append("output: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    if run.result_uri:
+        lines.append(f"result: {run.result_uri}")
+    return "\n".join(lines)

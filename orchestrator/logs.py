@@ -1,0 +1,89 @@
+"""Logging for the orchestrator's processes: plain text, or one JSON object a line.
+
+``setup_logging(level, "json", process=...)`` makes every line a JSON object (``time``,
+``level``, ``logger``, ``message``, ``process``, and any field a line carries), for log
+shippers that index fields. Code handling a workflow wraps its work in ``log_context(...)``:
+every line logged inside it, by any module, carries the workflow id (and the task run, step
+and attempt), so one query finds everything that happened to a run across the scheduler and
+the workers. In text the ids stay in the messages, as they always were.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from types import MappingProxyType
+from typing import Any, Final
+
+import click
+from pythonjsonlogger.json import JsonFormatter
+
+__all__ = ["LOG_FORMATS", "log_context", "log_format_option", "setup_logging"]
+
+LOG_FORMATS: Final = ("text", "json")
+LOG_FORMAT_ENV: Final = "CDIFLOW_LOG_FORMAT"
+
+_NOTHING: Final[Mapping[str, Any]] = MappingProxyType({})
+_CONTEXT: ContextVar[Mapping[str, Any]] = ContextVar("cdiflow_log_context", default=_NOTHING)
+# An access log line of the API names a run in its path: /api/workflows/<id>[/...]
+_RUN_IN_PATH: Final = re.compile(r"/api/workflows/([0-9a-f]{8}-[0-9a-f-]{27})")
+
+
+@contextmanager
+def log_context(**fields: Any) -> Iterator[None]:
+    """Every line logged inside (in this thread or task) carries ``fields``."""
+    token = _CONTEXT.set({**_CONTEXT.get(), **fields})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+class _ContextFields(logging.Filter):
+    """Puts the ``log_context`` fields on each record (a field the record has wins)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in _CONTEXT.get().items():
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        if not hasattr(record, "workflow_id") and record.name == "uvicorn.access":
+            found = _RUN_IN_PATH.search(str(record.args))
+            if found:
+                record.workflow_id = found[1]
+        return True
+
+
+def setup_logging(level: str, log_format: str, *, process: str, text: str) -> None:
+    """Log to standard error at ``level``: as ``text`` (a ``logging`` format string) or, for
+    ``log_format="json"``, one JSON object a line naming ``process``."""
+    handler = logging.StreamHandler()
+    handler.addFilter(_ContextFields())
+    if log_format == "json":
+        handler.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s",
+                rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+                static_fields={"process": process},
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter(text))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def log_format_option(f: Any) -> Any:
+    """``--log-format text|json`` (``$CDIFLOW_LOG_FORMAT``)."""
+    return click.option(
+        "--log-format",
+        type=click.Choice(LOG_FORMATS),
+        default="text",
+        show_default=True,
+        envvar=LOG_FORMAT_ENV,
+        show_envvar=True,
+        help="text, or one JSON object a line carrying the workflow and task ids.",
+    )(f)

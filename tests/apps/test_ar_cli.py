@@ -1,0 +1,123 @@
+"""``cdiflow bench ar`` and ``cdiflow ar``: the documented JSON, a readable table, clear
+refusals (their output is checked, never their timings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from apps.ar.config import RunConfig
+from apps.ar.errors import PartsMissing
+from cdiflow.cli import main
+from tests.cdi.test_bench_and_demo import run_cli
+
+ROW_KEYS = {
+    "backend",
+    "detectors",
+    "fps",
+    "latency_ms_p50",
+    "cpu_ms_per_frame",
+    "cpu_ms_per_frame_moving",
+    "peak_rss_mb",
+}
+
+
+def test_bench_ar_prints_the_documented_json_and_plots(tmp_path: Path) -> None:
+    done = run_cli(
+        "bench", "ar", "--frames", "6", "--detectors", "1", "--backends", "tcp,cdi-shm",
+        "--data-dir", str(tmp_path), "--plots", str(tmp_path / "plots"), "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    rows = {(r["backend"], r["detectors"]): r for r in doc["results"]}
+    assert set(rows) == {("floor", 1), ("pool", 1), ("tcp", 1), ("cdi-shm", 1)}
+    for row in rows.values():
+        assert set(row) == ROW_KEYS
+        assert row["fps"] > 0 and row["latency_ms_p50"] > 0
+        assert all(v > 0 for v in row["peak_rss_mb"].values())
+    assert rows[("floor", 1)]["cpu_ms_per_frame_moving"] == 0.0
+    assert rows[("pool", 1)]["cpu_ms_per_frame_moving"] is None
+    assert set(rows[("tcp", 1)]["cpu_ms_per_frame"]) == {"extractor", "detector", "combinator"}
+    assert set(rows[("cdi-shm", 1)]["peak_rss_mb"]) == {
+        "extractor", "detector", "combinator", "minion",
+    }  # fmt: skip
+    cdi_cpu = sum(rows[("cdi-shm", 1)]["cpu_ms_per_frame"].values())
+    floor_cpu = rows[("floor", 1)]["cpu_ms_per_frame"]["floor"]
+    assert rows[("cdi-shm", 1)]["cpu_ms_per_frame_moving"] == cdi_cpu - floor_cpu
+    assert doc["video"]["frames"] == 6 and doc["video"]["width"] == 1280
+    assert [g["detectors"] for g in doc["goals"]] == [1]
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {
+        "ar-cpu.png", "ar-memory.png", "ar-fps.png", "ar-moving.png",
+    }  # fmt: skip
+
+
+def cli(*args: str) -> Result:
+    """The command in this process: refusals come before any role process starts."""
+    return CliRunner().invoke(main, list(args))
+
+
+def test_bench_ar_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    done = cli("bench", "ar", "--backends", "carrier-pigeon")
+    assert done.exit_code == 2 and "unknown backend" in done.output
+    done = cli("bench", "ar", "--backends", "cdi-rpc", "--video", str(tmp_path / "none.mp4"))
+    assert done.exit_code == 2 and "does not exist" in done.output
+    done = cli("bench", "ar", "--backends", "cdi-rpc", "--data-dir", str(tmp_path))
+    assert done.exit_code == 1 and "starts its roles on one host only" in done.output
+    assert done.exc_info is not None and done.exc_info[0] is SystemExit  # no traceback
+    done = cli("bench", "ar", "--detectors", "0")
+    assert done.exit_code == 2 and "detector counts must be 1 to 16" in done.output
+    done = cli("bench", "ar", "--option", "cache")
+    assert done.exit_code == 2 and "key=value" in done.output
+
+
+def test_ar_run_writes_the_labelled_video_and_its_boxes(tmp_path: Path) -> None:
+    video = tmp_path / "in.mp4"
+    done = run_cli("ar", "sample", str(video), "--frames", "4", "--size", "640x360")
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "out.mp4"
+    done = run_cli(
+        "ar", "run", str(video), "--out", str(out), "--detectors", "2", "--json"
+    )  # cdi-shm with a minion of its own
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["frames"] == 4 and report["backend"] == "cdi-shm"
+    assert out.stat().st_size > 0
+    boxes = json.loads(Path(report["boxes"]).read_text())["frames"]
+    assert len(boxes) == 4
+
+
+def test_ar_run_refuses_a_video_that_is_too_small(tmp_path: Path) -> None:
+    video = tmp_path / "tiny.mp4"
+    assert cli("ar", "sample", str(video), "--frames", "2", "--size", "64x64").exit_code == 0
+    done = cli("ar", "run", str(video), "--out", str(tmp_path / "o.mp4"), "--backend", "tcp")
+    assert done.exit_code == 1 and "too small for the people detector" in done.output
+    done = cli("ar", "sample", str(video), "--size", "big")
+    assert done.exit_code == 2 and "write e.g. 1280x720" in done.output
+
+
+def test_without_pyav_or_opencv_the_commands_say_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from apps.ar import parts
+
+    monkeypatch.setattr(parts, "find_spec", lambda name: None if name == "av" else object())
+    with pytest.raises(PartsMissing, match=r"needs PyAV: pip install 'cdiflow\[ar\]'"):
+        parts.require_parts()
+
+
+def test_roles_can_be_placed_on_minions_of_their_own() -> None:
+    config = RunConfig(
+        backend="cdi-shm",
+        video="in.mp4",
+        width=1280,
+        height=720,
+        minion="/run/a.sock",
+        placement={"detector": "/run/b.sock", "detector-3": "/run/c.sock"},
+    )
+    assert config.minion_for("extractor") == "/run/a.sock"
+    assert config.minion_for("detector", 0) == "/run/b.sock"
+    assert config.minion_for("detector", 3) == "/run/c.sock"
+    assert config.minion_for("combinator") == "/run/a.sock"

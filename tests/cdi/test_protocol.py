@@ -1,0 +1,394 @@
+"""Conformance: each minion against ``cdi/PROTOCOL.md``, over raw sockets.
+
+The operation table and the error codes are read from the document (``tests/cdi/wire.py``), so
+what is checked here is the text itself: every operation answers its listed fields with their
+types and its fd rule, every field of the wrong type is ``invalid_argument``, every error
+condition the document names gives its code, and random requests get well-formed replies.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from cdi.errors import CDIError, error_from_code
+from cdi.protocol import Op
+from tests.cdi.conftest import MinionProcess, start_minion, stop_minion
+from tests.cdi.wire import ERROR_CODES, SPEC, Peer, problems_with
+
+Unique = Callable[[str], str]
+LIMITS = ("--memory-limit", str(8 << 20), "--max-object", str(4 << 20))
+
+
+@pytest.fixture(scope="module")
+def small(shared_dir: Path) -> Iterator[MinionProcess]:
+    """A minion with an 8 MB memory limit, so ``out_of_memory`` is reachable."""
+    directory = shared_dir / "protocol"
+    directory.mkdir()
+    running = start_minion(directory, *LIMITS)
+    try:
+        yield running
+    finally:
+        stop_minion(running)
+
+
+@pytest.fixture
+def peers(small: MinionProcess) -> Iterator[Callable[[], Peer]]:
+    opened: list[Peer] = []
+
+    def open_peer() -> Peer:
+        peer = Peer(small.socket_path)
+        opened.append(peer)
+        return peer
+
+    yield open_peer
+    for peer in opened:
+        peer.close()
+
+
+def registered(open_peer: Callable[[], Peer], unique: Unique) -> tuple[Peer, str]:
+    peer = open_peer()
+    cid = unique("c")
+    reply, _ = peer.call("register", container=cid)
+    assert reply["ok"], reply
+    return peer, cid
+
+
+def checked(peer: Peer, op: str, **fields: Any) -> tuple[dict[str, Any], bool]:
+    reply, fd = peer.call(op, **fields)
+    assert problems_with(op, reply, fd) == [], (op, fields, reply)
+    return reply, fd
+
+
+def waiting(peer: Peer, count: int) -> None:
+    """Until the minion holds ``count`` deferred accesses (sent on other connections)."""
+    deadline = time.monotonic() + 10
+    while peer.call("stat")[0]["waiters"] != count:
+        assert time.monotonic() < deadline, "the access never started waiting"
+        time.sleep(0.005)
+
+
+def test_the_document_covers_every_operation_and_code() -> None:
+    assert set(SPEC) == {str(op) for op in Op}
+    for code in ERROR_CODES:
+        error = error_from_code(code, "x")
+        assert error.code == code, f"{code} has no class in cdi/errors.py"
+        assert type(error) is not CDIError or code == CDIError.code
+
+
+def test_every_operation_answers_its_fields(peers: Callable[[], Peer], unique: Unique) -> None:
+    a, a_id = registered(peers, unique)
+    b, b_id = registered(peers, unique)
+    anonymous = peers()
+    checked(anonymous, "stat")
+    checked(anonymous, "list")
+    key = unique("k")
+    grant, fd = checked(a, "create", key=key, size=5000, isolation="cooperative", zeroed=False)
+    assert fd and (grant["size"], grant["generation"], grant["isolation"]) == (
+        5000,
+        1,
+        "cooperative",
+    )
+    assert grant["capacity"] >= 5000 and grant["capacity"] % os.sysconf("SC_PAGESIZE") == 0
+    again, fd = checked(a, "access", key=key, have=grant["segment"])
+    assert not fd, "access with have naming the object's segment sends no fd"
+    assert again == {**grant, "id": again["id"]}
+    _, fd = checked(a, "access", key=key)
+    assert fd
+    used, _ = checked(b, "use", key=key)
+    assert (used["size"], used["owner"], used["isolation"]) == (5000, a_id, "cooperative")
+    checked(a, "set_recovery", key=key, container=b_id)
+    copy_key = unique("copy")
+    copied, fd = checked(a, "copy", key=key, new_key=copy_key)
+    assert fd and copied["generation"] == 1 and copied["segment"] != grant["segment"]
+    resized, _ = checked(a, "resize", key=copy_key, size=20000)
+    assert resized["size"] == 20000 and resized["generation"] == 2
+    listed, _ = checked(a, "list")
+    mine = [o for o in listed["objects"] if o["key"] in (key, copy_key)]
+    assert [o["key"] for o in mine] == [key, copy_key]  # creation order
+    item = SPEC["list"]  # the item fields are in the prose; check their types here
+    assert item.reply[0].name == "objects"
+    for name, kind in {
+        "key": str, "size": int, "capacity": int, "owner": str, "creator": str,
+        "recovery": str, "isolation": str, "generation": int, "host": str,
+        "readers": list, "segment": int, "created_at": float, "updated_at": float,
+    }.items():  # fmt: skip
+        assert all(type(o[name]) is kind for o in mine), name
+    assert mine[0]["recovery"] == b_id
+    stat, _ = checked(a, "stat")
+    assert a_id in stat["containers"] and b_id in stat["containers"]
+    # A deferred access is answered, before the reply to the transfer, with a grant and its fd.
+    b.send({"op": "access", "id": 77, "key": key})
+    waiting(anonymous, 1)
+    moved, _ = checked(a, "transfer", key=key, to=b_id)
+    assert moved["generation"] == 2
+    (granted, grant_fd), *rest = b.pending()
+    assert not rest and granted["id"] == 77 and grant_fd is not None
+    os.close(grant_fd)
+    assert problems_with("access", granted, True) == []
+    assert granted["generation"] == 2
+    # A share: the reader's deferred read is answered; the owner's writes wait for the release.
+    c, c_id = registered(peers, unique)
+    c.send({"op": "read", "id": 80, "key": key})
+    waiting(anonymous, 1)
+    shared, _ = checked(b, "share", key=key, readers=[c_id, c_id])
+    assert shared["readers"] == [c_id]
+    (read_grant, read_fd), *rest = c.pending()
+    assert not rest and read_grant["id"] == 80 and read_fd is not None
+    os.close(read_fd)
+    assert problems_with("read", read_grant, True) == []
+    _, fd = checked(b, "read", key=key)  # the owner reads too, without a share
+    assert fd
+    _, fd = checked(c, "read", key=key)
+    assert fd
+    b.send({"op": "access", "id": 81, "key": key})
+    waiting(anonymous, 1)  # the owner's access waits while c reads
+    released, _ = checked(c, "release", key=key)
+    assert (released["released"], released["readers"]) == (True, 0)
+    (owned, owned_fd), *rest = b.pending()
+    assert (
+        not rest
+        and owned["id"] == 81
+        and problems_with("access", owned, owned_fd is not None) == []
+    )
+    if owned_fd is not None:
+        os.close(owned_fd)
+    released, _ = checked(c, "release", key=key)
+    assert (released["released"], released["readers"]) == (False, 0)
+    cancelled, _ = checked(b, "cancel", ref=12345)
+    assert cancelled["cancelled"] is False
+    a.send({"op": "access", "id": 78, "key": key})
+    cancelled, _ = checked(a, "cancel", ref=78)
+    assert cancelled["cancelled"] is True
+    for peer, k in ((b, key), (a, copy_key)):
+        gone, _ = checked(peer, "destroy", key=k)
+        assert set(gone) >= {"id", "ok"}
+
+
+# Values of the wrong type (or out of range) for each field type of the table.
+WRONG: dict[str, list[Any]] = {
+    "key": [42, "has space", "", "x" * 257, True],
+    "cid": [2.5, "bad id", True, [1]],
+    "int": ["10", True, 2.5],
+    "str": [5, "loose"],
+    "bool": ["yes", 1],
+    "[int]": ["x", [1.5], [True], list(range(65))],
+    "[cid]": ["p0", [], [2.5], ["bad id"], [f"c{i}" for i in range(65)]],
+}
+
+
+def _field_cases() -> list[tuple[str, str, Any]]:
+    cases = []
+    for op in SPEC.values():
+        for field in op.request:
+            cases += [(op.name, field.name, wrong) for wrong in WRONG[field.type]]
+    return cases
+
+
+@pytest.mark.parametrize(("op", "field", "wrong"), _field_cases())
+def test_a_field_of_the_wrong_type_is_invalid_argument(
+    peers: Callable[[], Peer], unique: Unique, op: str, field: str, wrong: Any
+) -> None:
+    if op == "register":
+        peer = peers()
+        base: dict[str, Any] = {"container": unique("c")}
+    else:
+        peer, cid = registered(peers, unique)
+        key = unique("k")
+        assert peer.call("create", key=key, size=10)[0]["ok"]
+        bases: dict[str, dict[str, Any]] = {
+            "create": {"key": unique("new"), "size": 10},
+            "use": {"key": key},
+            "access": {"key": key},
+            "cancel": {"ref": 5},
+            "transfer": {"key": key, "to": cid},
+            "copy": {"key": key, "new_key": unique("copy")},
+            "resize": {"key": key, "size": 10},
+            "destroy": {"key": key},
+            "set_recovery": {"key": key, "container": cid},
+            "share": {"key": key, "readers": [registered(peers, unique)[1]]},
+            "read": {"key": key},
+            "release": {"key": key},
+        }
+        base = bases[op]
+    reply, fd = peer.call(op, **{**base, field: wrong})
+    assert problems_with(op, reply, fd) == []
+    assert (reply["ok"], reply.get("code")) == (False, "invalid_argument"), reply
+    assert peer.call("stat")[0]["ok"]  # and the connection goes on
+
+
+def test_each_documented_error_condition_gives_its_code(
+    peers: Callable[[], Peer], unique: Unique
+) -> None:
+    a, a_id = registered(peers, unique)
+    b, b_id = registered(peers, unique)
+    key = unique("k")
+    assert a.call("create", key=key, size=100)[0]["ok"]
+
+    def code(peer: Peer, message: dict[str, Any] | bytes) -> tuple[str | None, int]:
+        peer.send(message)
+        reply, fd = peer.receive()
+        assert fd is None
+        return reply.get("code"), reply["id"]
+
+    anonymous = peers()
+    big = msgpack.packb({"op": "stat", "id": 5, "pad": "x" * (1 << 20)})
+    if os.geteuid() == 0:  # a send buffer that takes a message over 1 MiB (SO_SNDBUFFORCE)
+        anonymous.sock.setsockopt(socket.SOL_SOCKET, 32, 4 << 20)
+    else:
+        big = b"\xc1"  # the kernel refuses to send it: the limit is not reachable here
+    for junk in (b"\xc1 not msgpack", msgpack.packb([1, 2]), b"\x81\x01\x02", b"\xa2\xff\xfe",
+                 msgpack.packb({"op": "stat", "id": 1}) + b"\x00", big,
+                 msgpack.packb({"op": "stat", "id": "x"}),
+                 msgpack.packb({"op": "stat", "id": True}),
+                 msgpack.packb({"op": "stat", "id": 2.5})):  # fmt: skip
+        assert code(anonymous, junk) == ("protocol", 0), junk[:40]
+    assert code(anonymous, {"op": "explode", "id": 3}) == ("protocol", 3)
+    assert code(anonymous, {"op": 5, "id": 4}) == ("protocol", 4)
+    assert code(anonymous, {"id": 5}) == ("protocol", 5)
+    assert code(anonymous, {"op": "stat", "id": None})[0] is None  # nil id: absent, so 0
+    assert code(anonymous, {"op": "create", "id": 6, "key": unique("k"), "size": 1}) == (
+        "not_registered", 6)  # fmt: skip
+    assert code(a, {"op": "register", "id": 7, "container": unique("c")}) == ("protocol", 7)
+    assert code(b, {"op": "access", "key": key}) == ("protocol", 0)  # would wait: needs an id
+    assert code(peers(), {"op": "register", "id": 8, "container": a_id}) == (
+        "container_exists", 8)  # fmt: skip
+    assert code(a, {"op": "transfer", "id": 9, "key": key, "to": unique("nobody")}) == (
+        "unknown_container", 9)  # fmt: skip
+    assert code(a, {"op": "create", "id": 10, "key": key, "size": 1}) == ("key_exists", 10)
+    assert code(a, {"op": "copy", "id": 11, "key": key, "new_key": key}) == ("key_exists", 11)
+    missing = unique("missing")
+    for op in ("use", "access", "transfer", "copy", "resize", "destroy", "set_recovery"):
+        assert code(b, {"op": op, "id": 12, "key": missing})[0] == "not_found", op
+    for op, extra in (
+        ("transfer", {"to": b_id}),
+        ("copy", {"new_key": unique("c")}),
+        ("resize", {"size": 5}),
+        ("destroy", {}),
+        ("set_recovery", {"container": b_id}),
+        ("access", {"wait": False}),
+    ):
+        assert code(b, {"op": op, "id": 13, "key": key, **extra}) == ("not_owner", 13), op
+    assert code(a, {"op": "create", "id": 14, "key": unique("k"), "size": 5 << 20}) == (
+        "invalid_argument", 14)  # beyond max_object  # fmt: skip
+    held = []
+    for _ in range(3):
+        held_key = unique("big")
+        reply, _ = a.call("create", key=held_key, size=4 << 20)
+        if not reply["ok"]:
+            assert reply["code"] == "out_of_memory"
+            break
+        held.append(held_key)
+    else:
+        raise AssertionError("three 4 MB objects fit an 8 MB minion")
+    # While shared: the owner's writes, transfer, resize and destroy are refused with shared.
+    assert code(a, {"op": "share", "id": 16, "key": key, "readers": [a_id]}) == (
+        "invalid_argument", 16)  # fmt: skip
+    assert code(a, {"op": "share", "id": 16, "key": key, "readers": [unique("x")]}) == (
+        "unknown_container", 16)  # fmt: skip
+    assert code(b, {"op": "share", "id": 16, "key": key, "readers": [a_id]}) == ("not_owner", 16)
+    assert code(b, {"op": "read", "id": 16, "key": key, "wait": False}) == ("not_owner", 16)
+    assert code(b, {"op": "read", "key": key}) == ("protocol", 0)  # would wait: needs an id
+    assert a.call("share", key=key, readers=[b_id])[0]["ok"]
+    for op, extra in (
+        ("transfer", {"to": b_id}),
+        ("resize", {"size": 5}),
+        ("destroy", {}),
+        ("access", {"wait": False}),
+    ):
+        assert code(a, {"op": op, "id": 17, "key": key, **extra}) == ("shared", 17), op
+    assert b.call("release", key=key)[0]["released"] is True
+    # A deferred access whose object is destroyed is answered not_found.
+    b.send({"op": "access", "id": 15, "key": key})
+    waiting(anonymous, 1)
+    assert a.call("destroy", key=key)[0]["ok"]
+    (refused, refused_fd), *rest = b.pending()
+    assert not rest and refused_fd is None and (refused["id"], refused["code"]) == (15, "not_found")
+    for held_key in held:
+        assert a.call("destroy", key=held_key)[0]["ok"]
+
+
+def random_message(rng: random.Random, keys: list[str], ids: list[Any]) -> dict[str, Any]:
+    """A request built from the protocol's vocabulary and from junk."""
+
+    def value() -> Any:
+        return rng.choice([
+            None, True, False, 0, 1, -1, 7, 2**40, 2.5, "", "a", "x y", rng.choice(keys),
+            b"raw", [], [1, 2], {"k": 1}, rng.randrange(1, 30), 4096, 10_000,
+        ])  # fmt: skip
+
+    op = rng.choice([*SPEC, "bogus"])
+    if rng.random() < 0.5 and op in SPEC:  # a well-formed one, to build up state
+        clean: dict[str, Any] = {"op": op, "key": rng.choice(keys), "to": rng.choice(ids)}
+        clean.update(
+            size=rng.choice([0, 100, 4096, 10_000, 300_000]),
+            new_key=rng.choice(keys),
+            container=rng.choice(ids),
+            ref=rng.randrange(1, 30),
+            wait=rng.random() < 0.7,
+            readers=[rng.choice(ids) for _ in range(rng.randrange(1, 3))],
+        )
+        required = [f.name for f in SPEC[op].request if not f.optional or f.name == "wait"]
+        return {name: clean[name] for name in ("op", *required)}
+    message: dict[str, Any] = {"op": op}
+    for field in ("key", "size", "to", "new_key", "container", "recovery", "isolation",
+                  "have", "zeroed", "wait", "ref"):  # fmt: skip
+        if rng.random() < 0.45:
+            message[field] = value()
+    if rng.random() < 0.6:
+        message["key"] = rng.choice(keys)
+    if message["op"] in ("create", "resize") and rng.random() < 0.7:
+        message["size"] = rng.choice([0, 1, 100, 4096, 10_000, 300_000, 3 << 20])
+    if message["op"] == "transfer" and rng.random() < 0.7:
+        message["to"] = rng.choice(ids)
+    if message["op"] == "register":
+        message["container"] = rng.choice([*ids, "bad id"])
+    if rng.random() < 0.1:
+        message["isolation"] = rng.choice(["strict", "cooperative", None])
+    return message
+
+
+def test_random_requests_get_well_formed_replies(small: MinionProcess) -> None:
+    rng = random.Random(20240601)
+    keys = ["k1", "k2", "k3", "k4", "nope"]
+    ids = ["p0", "p1", "p2", 3]
+    conns = [Peer(small.socket_path) for _ in range(3)]
+    sent: dict[tuple[int, int], str] = {}  # (connection, request id) -> op
+    try:
+        for step in range(1, 700):
+            index = rng.randrange(3)
+            if rng.random() < 0.02:
+                conns[index].close()  # its objects go to recovery or are reclaimed
+                conns[index] = Peer(small.socket_path)
+                continue
+            message = random_message(rng, keys, ids)
+            message["id"] = step
+            sent[(index, step)] = str(message["op"])
+            conns[index].send(message)
+            conns[index].send({"op": "stat", "id": -step})  # replies in order: a marker
+            replies: list[tuple[int, dict[str, Any], int | None]] = []
+            while True:  # the caller's first: whatever its request sent others is out then
+                reply, fd = conns[index].receive()
+                replies.append((index, reply, fd))
+                if reply["id"] == -step:
+                    break
+            for number, peer in enumerate(conns):
+                if number != index:
+                    replies += [(number, reply, fd) for reply, fd in peer.pending()]
+            for number, reply, fd in replies:
+                if fd is not None:
+                    os.close(fd)
+                op = "stat" if reply["id"] < 0 else sent.get((number, reply["id"]), "?")
+                assert problems_with(op, reply, fd is not None) == [], (step, message, reply)
+        assert conns[0].call("stat")[0]["ok"]  # still serving
+    finally:
+        for peer in conns:
+            peer.close()

@@ -1,0 +1,144 @@
+"""Every API command of ``cdiflow`` (``run``, ``workflows``, ``tasks``, ``definitions``)
+against a real stack, as a person types them."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from PIL import Image
+
+from cdiflow.cli import main
+from tests.client.conftest import SLEEPER, StackApi, unique
+
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+@pytest.fixture
+def cdiflow(stack_api: StackApi) -> CliRunnerCommand:
+    return CliRunnerCommand(stack_api)
+
+
+class CliRunnerCommand:
+    """``cdiflow ...`` pointed at the test stack."""
+
+    def __init__(self, stack_api: StackApi) -> None:
+        self.stack_api = stack_api
+
+    def __call__(self, *args: str | Path, code: int = 0) -> Result:
+        command, *rest = (str(a) for a in args)
+        groups = {"workflows", "tasks", "definitions"}
+        head = [command, rest.pop(0)] if command in groups and rest else [command]
+        result = CliRunner().invoke(main, [*head, *rest, *self.stack_api.cli_args()])
+        assert result.exit_code == code, (result.output, result.exception)
+        return result
+
+
+def test_run_waits_showing_each_step_and_saves_the_result(
+    cdiflow: CliRunnerCommand, photo: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "result.png"
+    result = cdiflow("run", "image_pipeline", "--input", photo, "--policy", "transfer",
+                     "--out", out)  # fmt: skip
+    text = result.output
+    assert f"uploading {photo}" in text and re.search(f"run {UUID}", text)
+    for step in ("deblur", "denoise", "classify"):
+        assert re.search(rf"\d+\.\d\ds  {step} +done +on worker-\d", text), text
+    assert "COMPLETED in" in text and "label=warm" in text and f"saved the result to {out}" in text
+    with Image.open(out) as image, Image.open(photo) as original:
+        assert (image.format, image.size) == ("PNG", original.size)
+
+
+def test_run_without_waiting_then_show_events_result_and_list(
+    cdiflow: CliRunnerCommand, photo: Path, tmp_path: Path
+) -> None:
+    started = cdiflow("run", "image_pipeline", "-i", photo, "--format", "jpeg")
+    run_id = re.search(f"run ({UUID})", started.output)
+    assert run_id, started.output
+    shown = cdiflow("workflows", "show", run_id[1], "--wait")
+    assert "COMPLETED" in shown.output and re.search(r"classify +1 +COMPLETED", shown.output)
+    events = [json.loads(line) for line in cdiflow("workflows", "events", run_id[1]).output
+              .splitlines()]  # fmt: skip
+    assert events[0]["kind"] == "workflow.created"
+    out = tmp_path / "r.jpg"
+    saved = cdiflow("workflows", "result", run_id[1], "-o", out)
+    assert f"to {out}" in saved.output and out.read_bytes()[:2] == b"\xff\xd8"
+    listed = cdiflow("workflows", "list", "--workflow", "image_pipeline", "--json")
+    assert run_id[1] in {w["id"] for w in json.loads(listed.output)["items"]}
+    table = cdiflow("workflows", "list", "--status", "completed", "--limit", "3")
+    assert table.output.startswith("ID ") and "image_pipeline v1" in table.output
+
+
+def test_cancel_and_retry(cdiflow: CliRunnerCommand) -> None:
+    started = json.loads(cdiflow("run", SLEEPER, "--json").output)
+    cancelled = cdiflow("workflows", "cancel", started["id"])
+    assert f"run {started['id']} is CANCELLED" in cancelled.output
+    again = cdiflow("workflows", "cancel", started["id"], code=1)
+    assert "already finished" in again.output
+    retried = cdiflow("workflows", "retry", started["id"])
+    new_id = re.search(f"as run ({UUID})", retried.output)
+    assert new_id, retried.output
+    cdiflow("workflows", "cancel", new_id[1])
+
+
+def test_tasks_and_definitions(cdiflow: CliRunnerCommand, tmp_path: Path) -> None:
+    task = unique("cli_deblur")
+    registered = cdiflow("tasks", "register", "workflows.image_tasks:deblur", "--name", task,
+                         "--timeout-s", "7")  # fmt: skip
+    assert f"registered task {task}" in registered.output and "timeout 7 s" in registered.output
+    assert task in cdiflow("tasks", "list").output
+
+    flow = unique("cli_flow")
+    path = tmp_path / "flow.yaml"
+    path.write_text(f"name: {flow}\ntasks:\n  - ref: d\n    task: {task}\n")
+    assert f"{flow}: created, version 1" in cdiflow("definitions", "apply", path).output
+    assert f"{flow}: unchanged, version 1" in cdiflow("definitions", "apply", path).output
+    as_json = tmp_path / "flow.json"
+    as_json.write_text(
+        json.dumps(
+            {
+                "name": flow,
+                "tasks": [
+                    {"ref": "d", "task": task},
+                    {"ref": "c", "task": "classify", "depends_on": ["d"]},
+                ],
+            }
+        )
+    )
+    assert f"{flow}: saved, version 2" in cdiflow("definitions", "apply", as_json).output
+    versions = cdiflow("definitions", "versions", flow).output
+    assert re.search(r"2 .* d -> c", versions) and re.search(r"1 .* d\n", versions + "\n")
+    first = json.loads(cdiflow("definitions", "show", flow, "--version", "1").output)
+    assert first == {"name": flow, "version": 1, "description": "", "tasks": [
+        {"ref": "d", "task": task, "depends_on": [], "params": {}}]}  # fmt: skip
+    assert flow in cdiflow("definitions", "list").output
+
+    refused = cdiflow("tasks", "delete", task, code=1)
+    assert "used by workflow definition" in refused.output
+    assert "deleted workflow definition" in cdiflow("definitions", "delete", flow).output
+    assert f"deleted task {task}" in cdiflow("tasks", "delete", task).output
+
+
+def test_mistakes_get_a_message_and_a_failing_status(
+    cdiflow: CliRunnerCommand, photo: Path, tmp_path: Path
+) -> None:
+    unknown = cdiflow("run", "no_such_flow", "-i", photo, code=1)
+    assert "workflow 'no_such_flow' not found; known:" in unknown.output
+    assert "uploading" not in unknown.output  # refused before the upload
+    failed = cdiflow("run", "image_pipeline", "-i", "s3://cdiflow/none.jpg", "--wait", code=1)
+    assert "FAILED" in failed.output and "does not exist" in failed.output
+    missing = cdiflow("run", "image_pipeline", "-i", tmp_path / "nope.jpg", code=2)
+    assert "is not a file" in missing.output
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    assert "is not valid yaml" in cdiflow("definitions", "apply", broken, code=2).output
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": unique("bad"), "tasks": [{"ref": "a", "task": "nope"}]}))
+    assert "nope" in cdiflow("definitions", "apply", bad, code=1).output
+    assert "not a workflow run id" in cdiflow("workflows", "show", "abc", code=1).output
+    nobody = str(uuid.uuid4())
+    assert "not found" in cdiflow("workflows", "show", nobody, code=1).output
