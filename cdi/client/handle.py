@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from cdi import protocol
 from cdi.client.mapping import Mapping
-from cdi.errors import InvalidArgument, ObjectShared
+from cdi.errors import InvalidArgument, ObjectShared, UnknownContainer
 from cdi.protocol import Isolation, Op
 
 if TYPE_CHECKING:
@@ -83,7 +83,8 @@ class CDIObject:
             if timeout == 0:
                 mapping = self.client._grant(self.key, Op.ACCESS, populate=populate, wait=False)
             else:
-                mapping = self.client._grant(self.key, Op.ACCESS, timeout, populate)
+                # An object on its way from another host: wait for it to arrive.
+                mapping = self.client._grant_arriving(self.key, timeout, populate)
         self._size = mapping.size
         return mapping.view()
 
@@ -142,7 +143,15 @@ class CDIObject:
         to = protocol.check_container_id(container_id)
         if to == self.client.container_id and self.owned:
             return  # already ours: nothing to hand over
-        self._alone(lambda: self.client._give_up(self.key, Op.TRANSFER, detach, to=to), timeout)
+        self._alone(lambda: self._hand_over(to, detach), timeout)
+
+    def _hand_over(self, to: str, detach: bool) -> None:
+        try:
+            self.client._give_up(self.key, Op.TRANSFER, detach, to=to)
+        except UnknownContainer:
+            if not self.client._crosses_hosts():
+                raise
+            self.client._forward(self.key, to, detach)  # ``to`` is on another host
 
     def copy(self, new_key: str) -> CDIObject:
         """A new, independent object with the same bytes, owned by this container."""

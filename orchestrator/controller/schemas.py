@@ -225,10 +225,18 @@ class WorkflowInput(_Input):
     data: dict[str, Any] = Field(
         default_factory=dict, description="JSON given to every task as ctx.input."
     )
-    result_format: Literal["png", "jpeg"] = Field(
+    result_format: Literal["png", "jpeg", "raw"] = Field(
         "png",
-        description="How the result image is stored: 'png' (lossless, the default) or 'jpeg' "
-        "(quality 90: ~20x faster to encode and ~4x smaller, for photos).",
+        description="How the result image is stored: 'png' (lossless, the default), 'jpeg' "
+        "(quality 90: ~20x faster to encode and ~4x smaller, for photos) or 'raw' (lossless, "
+        "an uncompressed TIFF: the fastest to encode, the largest).",
+    )
+    intermediate_format: Literal["png", "raw", "jpeg"] = Field(
+        "png",
+        description="object-store plane: how the images between tasks are stored: 'png' "
+        "(lossless, the default), 'raw' (lossless, an uncompressed TIFF: ~70x faster to "
+        "encode than PNG, ~2x larger) or 'jpeg' (quality 90, lossy: each task degrades the "
+        "image). The cdi plane moves pixels and encodes nothing between tasks.",
     )
 
     @field_validator("image")

@@ -24,6 +24,7 @@ from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import Settings
+from workflows import imagebuf
 from workflows.definitions import chain_problems
 
 __all__ = ["CLAIM_AGAIN_AT", "CLAIM_BATCH", "RECLAIM_AFTER_S", "Claims", "plan"]
@@ -123,11 +124,19 @@ def plan(claimed: Claimed) -> RunState:
         steps,
         image,
         data=data if isinstance(data, dict) else {},
-        result_format=str(given.get("result_format") or "png"),
+        result_format=_format(given.get("result_format")),
+        intermediate_format=_format(given.get("intermediate_format")),
         current_uri=image,
     )
     # A run that was placed before goes on from its last attempts, under fresh object keys.
     return run.again(claimed.attempts) if claimed.attempts else run
+
+
+def _format(given: Any) -> str:
+    """A stored input's image format; the API admits only known ones, and one it no longer
+    knows (a row written by a later version) falls back to lossless PNG."""
+    name = str(given or "png")
+    return name if name in imagebuf.RESULT_FORMATS else "png"
 
 
 def _ordered(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:

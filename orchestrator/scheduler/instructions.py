@@ -7,7 +7,8 @@ go in S3.
   when the step may run again (a lost held image is recomputed), and for the last step the
   result's ``output_uri``: its worker stores the result and the workflow ends with the report.
 * ``object-store``: the previous step's output (or the input) as ``input_uri`` and where this
-  step's goes (``work_key``; the last step's is the result).
+  step's goes (``work_uri``, in the run's ``intermediate_format``; the last step's is the
+  result).
 * ``none``: a dataless run's step carries only its parameters and the workflow's data.
 """
 
@@ -25,7 +26,8 @@ from workflows import imagebuf
 __all__ = ["RELEASE_TASK", "instruction_for", "release_instruction", "result_uri", "work_uri"]
 
 RELEASE_TASK: Final = "workflows.image_tasks:noop"  # what a worker runs to hand an object back
-_BETWEEN_TASKS: Final = "png"  # lossless, so every plane computes the same pixels
+# The cdi plane's objects hold pixels; a format names only what its last step stores.
+_BETWEEN_TASKS: Final = "png"
 
 
 def result_uri(objects: ObjectStore, run: RunState) -> str:
@@ -35,8 +37,10 @@ def result_uri(objects: ObjectStore, run: RunState) -> str:
 
 
 def work_uri(objects: ObjectStore, run: RunState, step: StepSpec) -> str:
-    """Where an object-store step's image goes (its attempt's own), under ``work/``."""
-    return objects.policy.work_uri(f"{run.workflow_id}/{step.ref}-{run.attempt}.{_BETWEEN_TASKS}")
+    """Where an object-store step's image goes (its attempt's own), under ``work/``, in the
+    run's ``intermediate_format``."""
+    extension = imagebuf.RESULT_FORMATS[run.intermediate_format].extension
+    return objects.policy.work_uri(f"{run.workflow_id}/{step.ref}-{run.attempt}{extension}")
 
 
 def instruction_for(
@@ -90,7 +94,7 @@ def instruction_for(
         **common,
         input_uri=run.current_uri,
         output_uri=result_uri(objects, run) if last else work_uri(objects, run, step),
-        output_format=run.result_format if last else _BETWEEN_TASKS,
+        output_format=run.result_format if last else run.intermediate_format,
     )
 
 

@@ -27,7 +27,7 @@ instructions in flight there than its slots plus a short prefetch (``has_room``)
 waits in the scheduler, which places it when a report frees a slot. *Why:* a task pushed into a
 worker's queue is bound to that worker; with long tasks (2 MB images: ~0.4 s) one worker then
 idled while the other had a backlog of bound tasks (``workers_busy`` of ``cdiflow bench
-workflows``: 91-98 % per worker at 2 MB before, 95-98 % after; docs/benchmarks.md).
+workflows`` shows each worker's busy share).
 The prefetch hides the round trip between a report and the next push; with short tasks it
 grows so large that nothing waits (``PREFETCH_S``). Tasks pinned by ``affinity`` are not
 held: they can run nowhere else.

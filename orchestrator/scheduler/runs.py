@@ -60,6 +60,7 @@ class RunState:
     input_uri: str
     data: dict[str, Any] = field(default_factory=dict)  # input.data, given to every task
     result_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS
+    intermediate_format: str = "png"  # object-store: how images between tasks are stored
     step: int = 0
     attempt: int = 1
     key: str = ""  # cdi: the object holding the current image
