@@ -73,15 +73,31 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy .
 
-# The full set (hours on 2 cores: scenario 2 runs 500 concurrent workflows per system).
+# The set docs/benchmarks.md reports (hours on 2 cores: run it on a quiet machine, first field
+# of /proc/loadavg below 1.0). JSON in $(BENCH_OUT), plots in docs/images/bench.
 BENCH_OUT ?= .data/bench-results
+BENCH := $(BIN)/cdiflow bench
+PLOTS := --plots docs/images/bench
 bench: $(STAMP) native s3server
 	mkdir -p $(BENCH_OUT)
-	$(BIN)/cdiflow bench cdi --json > $(BENCH_OUT)/cdi.json
-	$(BIN)/cdiflow bench idle --json > $(BENCH_OUT)/idle.json
-	$(BIN)/cdiflow bench workflows --quick --json $(BENCH_OUT)/quick.json
-	$(BIN)/cdiflow bench workflows --scenario all --json $(BENCH_OUT)/loopback.json --plots $(BENCH_OUT)/plots
-	$(BIN)/cdiflow bench workflows --scenario 1 --s3-link regional --json $(BENCH_OUT)/regional.json --plots $(BENCH_OUT)/plots
+	$(BENCH) cdi --repeat 300 --backends tcp,grpc,cdi-shm,relay --json > $(BENCH_OUT)/cdi.json
+	$(BENCH) images --size 2MB --json > $(BENCH_OUT)/images.json
+	$(BENCH) s3 --sizes 10KB,2MB --json > $(BENCH_OUT)/s3.json
+	$(BENCH) idle --seconds 40 --json > $(BENCH_OUT)/idle.json
+	$(BENCH) workflows --quick --json $(BENCH_OUT)/quick.json
+	$(BENCH) workflows --scenario 1 --sizes 10KB,100KB,500KB,2MB --workflows 60 --rounds 3 \
+	  --json $(BENCH_OUT)/scenario1.json $(PLOTS)
+	$(BENCH) workflows --scenario 1 --sizes 10KB --workflows 300 --rounds 3 \
+	  --systems floor,affinity,transfer,auto,celery,ray,conductor,temporal --json $(BENCH_OUT)/goals-10KB.json
+	$(BENCH) workflows --scenario 1 --sizes 2MB --workflows 150 --rounds 3 \
+	  --systems floor,floor-s3,affinity,auto,object-store,celery,ray,conductor,temporal \
+	  --json $(BENCH_OUT)/goals-2MB.json
+	$(BENCH) workflows --scenario 1 --sizes 10KB,2MB --workflows 60 --open-loop 0.5,0.8,0.95 \
+	  --systems floor-s3,affinity,object-store,celery,ray,conductor,temporal --json $(BENCH_OUT)/open-loop.json
+	$(BENCH) workflows --scenario 2 --workflows 60 --json $(BENCH_OUT)/scenario2.json $(PLOTS)
+	$(BENCH) workflows --scenario 3 --workflows 60 --rounds 3 --json $(BENCH_OUT)/scenario3.json $(PLOTS)
+	$(BENCH) workflows --scenario 1 --s3-link regional --sizes 10KB,100KB,500KB,2MB --workflows 60 \
+	  --rounds 3 --json $(BENCH_OUT)/regional.json $(PLOTS)
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. cdi/proto/cdi.proto

@@ -40,6 +40,16 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise click.BadParameter("open loop: write shares such as 0.5,0.8,0.95") from exc
+    if not values or any(not 0 < v <= 2 for v in values):
+        raise click.BadParameter("open loop: give at least one share, each above 0 and <= 2")
+    return values
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         values = tuple(parse_bytes(v) for v in text.split(",") if v.strip())
@@ -83,8 +93,9 @@ def _sizes(text: str) -> tuple[int, ...]:
     "--systems",
     default=None,
     help="Comma-separated; default: floor,floor-s3,affinity,transfer,auto,object-store,celery,"
-    "ray,conductor (--quick: affinity,transfer,auto,object-store). floor-s3 is the floor plus "
-    "each workflow's S3 GET of its input and encode and PUT of its result.",
+    "ray,conductor,temporal (--quick: affinity,transfer,auto,object-store). floor-s3 is the "
+    "floor plus each workflow's S3 GET of its input and encode and PUT of its result; "
+    "conductor-redis is Conductor on Redis alone, without its search index.",
 )
 @click.option(
     "--s3-link",
@@ -92,6 +103,23 @@ def _sizes(text: str) -> tuple[int, ...]:
     default="loopback",
     show_default=True,
     help="regional: S3 behind a proxy adding ~10 ms RTT, 100 MB/s.",
+)
+@click.option(
+    "--intermediate",
+    type=click.Choice(["raw", "png", "jpeg"]),
+    default="raw",
+    show_default=True,
+    help="How the systems that pass images through S3 between tasks (object-store, celery, "
+    "conductor, temporal) store them: raw (an uncompressed TIFF, lossless), png (lossless) "
+    "or jpeg (quality 90, lossy).",
+)
+@click.option(
+    "--open-loop",
+    "open_loop",
+    default=None,
+    metavar="SHARES",
+    help="After each point, run it again as an open loop (workflows started at a fixed "
+    "rate) at these shares of the system's closed-loop throughput there, e.g. 0.5,0.8,0.95.",
 )
 @click.option(
     "--workflows",
@@ -158,6 +186,8 @@ def bench_workflows_command(
     tasks: str,
     systems: str | None,
     s3_link: str,
+    intermediate: str,
+    open_loop: str | None,
     min_workflows: int,
     workers: int,
     rounds: int,
@@ -190,6 +220,8 @@ def bench_workflows_command(
             _ints(concurrency, "concurrency"),
             _ints(tasks, "tasks"),
             s3_link,
+            intermediate,
+            _shares(open_loop) if open_loop else (),
             min_workflows,
             workers,
             rounds,
@@ -210,6 +242,11 @@ def bench_workflows_command(
         else:
             json_file.write_text(text + "\n")
             echo(f"results: {json_file}")
+    if payload.get("result_problems"):
+        # After the figures are out, so the reader sees what the wrong results came with.
+        raise click.ClickException(
+            "stored results failed their check:\n" + "\n".join(payload["result_problems"])
+        )
 
 
 @contextlib.contextmanager
@@ -276,6 +313,8 @@ def _scenarios(
     concurrency: tuple[int, ...],
     tasks: tuple[int, ...],
     link: str,
+    intermediate: str,
+    loads: tuple[float, ...],
     min_workflows: int,
     workers: int,
     rounds: int,
@@ -284,16 +323,17 @@ def _scenarios(
     echo: Callable[[str], None],
     out: IO[str],
 ) -> dict[str, Any]:
-    from loadtest.report import resources_table, scenario_table
+    from loadtest.report import resources_table, result_problems, scenario_table
     from loadtest.runner import (
         ALL_SYSTEMS,
         AVAILABLE,
+        DEFAULT_SYSTEMS,
         BenchConfig,
         median_over_rounds,
         run_benchmark,
     )
 
-    systems = chosen or AVAILABLE
+    systems = chosen or DEFAULT_SYSTEMS
     unknown = [s for s in systems if s not in ALL_SYSTEMS]
     if unknown:
         raise click.BadParameter(f"unknown system(s) {unknown}; choose from {ALL_SYSTEMS}")
@@ -311,6 +351,8 @@ def _scenarios(
         min_workflows=min_workflows,
         data_dir=data_dir,
         rounds=rounds,
+        intermediate=intermediate,
+        loads=loads,
     )
     with one_run_per_folder(data_dir):
         report = run_benchmark(config, progress=None if quiet else sys.stderr, echo=echo)
@@ -320,4 +362,14 @@ def _scenarios(
         click.echo(f"\nmedian of {rounds} rounds (each ratio to its own round's floor)", file=out)
         click.echo(scenario_table(medians), file=out)
     click.echo("\n" + resources_table(report.results), file=out)
-    return report.as_dict()
+    problems = result_problems(report.results)
+    click.echo(
+        "\nstored results: "
+        + (
+            "every point's passed their check"
+            if not problems
+            else f"{len(problems)} point(s) FAILED"
+        ),
+        file=out,
+    )
+    return {**report.as_dict(), "result_problems": problems}

@@ -22,8 +22,10 @@ from loadtest.images import make_jpeg
 from loadtest.pipeline_ops import apply_op
 from workflows.imagebuf import (
     JPEG_RESULT_QUALITY,
+    RESULT_FORMATS,
     decode_bytes,
     decode_into,
+    encode_image,
     map_image,
     normalize_mode,
     open_image,
@@ -70,6 +72,7 @@ def measure_image_costs(size: int, repeat: int) -> dict[str, Any]:
     png_6 = _encoded(img, format="PNG", compress_level=6)
     png_1 = _encoded(img, format="PNG", compress_level=1)
     jpeg = _encoded(img, format="JPEG", quality=JPEG_RESULT_QUALITY)
+    raw = encode_image(img, RESULT_FORMATS["raw"].pillow)
     packed = img.tobytes()
     nbytes = required_size(img.width, img.height, img.mode)
     segment = os.memfd_create("image-costs", os.MFD_CLOEXEC)
@@ -88,6 +91,11 @@ def measure_image_costs(size: int, repeat: int) -> dict[str, Any]:
         f"encode jpeg q{JPEG_RESULT_QUALITY}": lambda: _encoded(
             img, format="JPEG", quality=JPEG_RESULT_QUALITY
         ),
+        # The load tests' intermediate formats, written and read back: how images travel
+        # between tasks through S3 (``--intermediate``).
+        "encode raw (uncompressed tiff)": lambda: encode_image(img, RESULT_FORMATS["raw"].pillow),
+        "decode raw": lambda: decode_bytes(raw),
+        "decode png level 1": lambda: decode_bytes(png_1),
         "write into cdi buffer": lambda: write_image(view, img),
         "write into a fresh mapping": lambda: _write_fresh_mapping(segment, nbytes, img, False),
         "... mapped with MAP_POPULATE": lambda: _write_fresh_mapping(segment, nbytes, img, True),
@@ -109,7 +117,12 @@ def measure_image_costs(size: int, repeat: int) -> dict[str, Any]:
         "height": img.height,
         "repeat": repeat,
         "ms": results,
-        "encoded_bytes": {"png level 6": len(png_6), "png level 1": len(png_1), "jpeg": len(jpeg)},
+        "encoded_bytes": {
+            "png level 6": len(png_6),
+            "png level 1": len(png_1),
+            "jpeg": len(jpeg),
+            "raw": len(raw),
+        },
     }
 
 

@@ -19,6 +19,15 @@ from the system's own stamp) and one JSON line in the target's ``records`` file.
 is a cdiflow policy (``affinity``, ``transfer``, ``auto``, ``object-store``: the REST API) or
 ``celery`` (a chain through the Redis broker; needs the benchmark's Celery workers) or
 ``conductor`` (Conductor's REST API; needs the benchmark's server and workers).
+
+Every client learns of a workflow's end the way its system tells one, without polling where
+the system offers that: cdiflow's long poll, Celery's result backend (``get()``: a Redis
+subscription), Conductor's synchronous ``execute`` (the server waits for the end); each
+record says when the client noticed (``noticed_at``).
+
+A closed loop (``concurrency`` users, each starting its next workflow when the last ended)
+unless the target has an ``arrival_rate``: then one user starts ``rounds`` workflows at that
+fixed rate (an open loop), each followed in a greenlet of its own.
 """
 
 from __future__ import annotations
@@ -37,12 +46,13 @@ from argparse import ArgumentParser
 from pathlib import Path
 from typing import Any, Protocol
 
+import gevent.pool  # type: ignore[import-untyped]
 from locust import User, events, task
-from locust.contrib.fasthttp import FastHttpSession
 from locust.env import Environment
 from locust.exception import StopUser
 
 from loadtest.images import chain_ops, chain_workflow
+from loadtest.locust_http import LONG_POLL_S, http_session
 from loadtest.pipeline_ops import RESULT_FORMAT
 from loadtest.plan import Target, client_usage_path
 from loadtest.rest import FINISHED, SYSTEM_MODES, stamp
@@ -80,7 +90,6 @@ def _arguments(parser: ArgumentParser) -> None:
 
 
 _hooks: Any = events  # locust's event hooks are untyped
-LONG_POLL_S = 55.0  # how long one request waits for a workflow's end (the API allows 60 s)
 _hooks.init_command_line_parser.add_listener(_arguments)
 
 
@@ -109,13 +118,10 @@ class CdiflowBackend:
     long_poll = True
 
     def __init__(self, user: User, target: Target) -> None:
-        # geventhttpclient's default network timeout (5 s) is shorter than a long poll.
-        self.http = FastHttpSession(
-            target.api_url,
-            user.environment.events.request,
+        self.http = http_session(
             user,
-            connection_timeout=30.0,
-            network_timeout=LONG_POLL_S + 30.0,
+            target.api_url,
+            open_loop=bool(target.arrival_rate),
             headers={"Authorization": f"Bearer {target.api_key}"},
         )
         self.target = target
@@ -125,7 +131,11 @@ class CdiflowBackend:
     def start(self, uri: str) -> str:
         body = {
             "workflow": self.target.workflow,
-            "input": {"image": uri, "result_format": RESULT_FORMAT},
+            "input": {
+                "image": uri,
+                "result_format": RESULT_FORMAT,
+                "intermediate_format": self.target.intermediate,
+            },
             "policy": self.policy,
             "data_plane": self.plane,
         }
@@ -160,9 +170,11 @@ def _outcome(body: dict[str, Any]) -> Outcome | None:
 
 
 class CeleryBackend:
-    """A Celery chain per workflow; completion is read from the Redis result backend."""
+    """A Celery chain per workflow; its end comes from the Redis result backend, as Celery's
+    documentation has a client wait for a result: ``AsyncResult.get()``, which subscribes to
+    the result's channel (under gevent, Celery's gevent drainer) instead of polling."""
 
-    long_poll = False
+    long_poll = True
 
     def __init__(self, user: User, target: Target) -> None:
         os.environ["LOADTEST_CELERY_BROKER"] = target.celery_broker
@@ -171,24 +183,33 @@ class CeleryBackend:
 
         self.app = celery_app
         self.ops = chain_ops(target.tasks)
+        self.intermediate = target.intermediate
 
     def start(self, uri: str) -> Any:
-        handle = self.app.workflow_signature(self.ops, uuid.uuid4().hex, uri).apply_async()
+        signature = self.app.workflow_signature(self.ops, uuid.uuid4().hex, uri, self.intermediate)
+        handle = signature.apply_async()
         # Celery's AsyncResult.__del__ touches gevent locals; collected in a greenlet that
         # locust is killing, it fails noisily. Kept alive here, it is never collected there.
         _celery_results.append(handle)
         return handle
 
     def poll(self, handle: Any) -> Outcome | None:
-        if not handle.ready():
+        from celery.exceptions import TimeoutError as ResultTimeout  # type: ignore[import-untyped]
+
+        try:
+            value = handle.get(timeout=LONG_POLL_S, propagate=False, disable_sync_subtasks=False)
+        except ResultTimeout:
             return None
         if not handle.successful():
-            return "FAILED", None, f"{type(handle.result).__name__}: {handle.result}", None
-        value = handle.get(disable_sync_subtasks=False)
+            return "FAILED", None, f"{type(value).__name__}: {value}", None
         return "COMPLETED", float(value["stored_at"]), "", float(value["ops_cpu_ms"])
 
 
-_BACKENDS: dict[str, Any] = {"celery": CeleryBackend, "conductor": ConductorBackend}
+_BACKENDS: dict[str, Any] = {
+    "celery": CeleryBackend,
+    "conductor": ConductorBackend,
+    "conductor-redis": ConductorBackend,
+}
 
 
 class WorkflowUser(User):
@@ -209,16 +230,37 @@ class WorkflowUser(User):
         target = self.target
         if target.rounds and self.done >= target.rounds:
             raise StopUser()
+        if target.arrival_rate:
+            self._open_loop(target.arrival_rate, target.rounds)
+            raise StopUser()
+        self.done += 1
+        self._one_workflow()
+
+    def _open_loop(self, rate: float, count: int) -> None:
+        """``count`` workflows started ``1 / rate`` seconds apart, whatever the system's pace;
+        each followed in its own greenlet."""
+        followers = gevent.pool.Group()
+        began = time.time()
+        for i in range(count):
+            delay = began + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            self.done += 1
+            followers.spawn(self._one_workflow)
+        followers.join()
+
+    def _one_workflow(self) -> None:
+        target = self.target
         uri, size = self.rng.choice(target.images)
         _note_first_start()
         submitted = time.time()
-        self.done += 1
         try:
             handle = self.backend.start(uri)
         except Exception as exc:  # the system refused (or never answered) the start
             outcome: Outcome = ("REFUSED", None, f"{type(exc).__name__}: {exc}", None)
         else:
             outcome = self._follow(handle, submitted)
+        noticed = time.time()
         status, stored_at, error, ops_cpu_ms = outcome
         self._record(
             WorkflowRecord(
@@ -230,6 +272,7 @@ class WorkflowUser(User):
                 status=status,
                 error=error,
                 ops_cpu_ms=ops_cpu_ms,
+                noticed_at=noticed if status == "COMPLETED" else None,
             )
         )
 

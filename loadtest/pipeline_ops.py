@@ -1,9 +1,10 @@
-"""The benchmark's image operations outside cdiflow: the floor, and the Celery/Ray tasks.
+"""The benchmark's image operations outside cdiflow: the floor, and the peers' tasks.
 
 Every system runs the very functions cdiflow's workers run (``workflows.image_tasks``) through
 ``run_task_on_image``, so pixels and labels are identical and only the orchestration differs.
-The systems that move images through S3 (Celery, like cdiflow's object-store plane) store
-PNG, lossless, as cdiflow does.
+The systems that move images through S3 between tasks (cdiflow's object-store plane, Celery,
+Conductor, Temporal) store them in the run's intermediate format (``INTERMEDIATE_FORMATS``;
+``raw``, an uncompressed TIFF, by default: the cheapest lossless way).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from orchestrator.settings import Settings, load_settings
 from workflows import image_tasks
 from workflows.api import TaskContext, TaskFunction, run_task_on_image
 from workflows.imagebuf import RESULT_FORMATS, decode_bytes, encode_image, normalize_mode
+from workflows.memory import tune_for_images
 
 __all__ = [
+    "DEFAULT_INTERMEDIATE",
+    "INTERMEDIATE_FORMATS",
     "OPS",
     "RESULT_FORMAT",
     "FloorRun",
@@ -28,6 +32,8 @@ __all__ = [
     "floor_job",
     "floor_s3_job",
     "load_image",
+    "prepare_worker_process",
+    "s3_step",
     "store_step",
     "task_store",
     "timed_op",
@@ -36,10 +42,16 @@ __all__ = [
 # Every system stores its result image in this format (``workflows.imagebuf.RESULT_FORMATS``).
 # *Why JPEG:* photos in, photos out; a lossless PNG of a 6.5-megapixel result costs more CPU
 # than the three image tasks (0.48 s against 0.66 s, `cdiflow bench images`), which would bury
-# every system's
-# orchestration under an encode the floor does not do. Images between tasks (object-store
-# plane, Celery, Conductor) stay lossless PNG, as a pipeline that must not degrade them would.
+# every system's orchestration under an encode the floor does not do.
 RESULT_FORMAT: Final = "jpeg"
+
+# How the systems that pass images through S3 store them between tasks. *Why raw by default:*
+# a PNG of a 6.6-megapixel photo costs more CPU than the three operations; a peer's users
+# would not pay that to pass pixels along, and neither does the headline comparison. ``jpeg``
+# is lossy (its pixels differ from everyone else's; results are verified against their own
+# reference); ``png`` is what a pipeline that archives every step might choose.
+INTERMEDIATE_FORMATS: Final = ("raw", "png", "jpeg")
+DEFAULT_INTERMEDIATE: Final = "raw"
 
 OPS: Final[dict[str, TaskFunction]] = {
     "deblur": image_tasks.deblur,
@@ -84,13 +96,55 @@ def load_image(uri: str) -> Image.Image:
     return decode_bytes(task_store().get(uri, limits.max_input_bytes), limits.max_pixels)
 
 
-def store_step(store: ObjectStore, key_base: str, img: Image.Image, *, last: bool) -> str:
-    """Store one step's image at ``key_base`` + extension: lossless between tasks, the
-    benchmark's result format for the last; its S3 URI."""
-    fmt = RESULT_FORMATS[RESULT_FORMAT if last else "png"]
+@functools.cache
+def prepare_worker_process() -> dict[str, bool]:
+    """The image memory settings of cdiflow's workers and the floor
+    (``workflows.memory.tune_for_images``), once per process: every peer's task calls this
+    first, so every system's workers run with the same settings."""
+    return tune_for_images()
+
+
+def store_step(
+    store: ObjectStore,
+    key_base: str,
+    img: Image.Image,
+    *,
+    last: bool,
+    intermediate: str = DEFAULT_INTERMEDIATE,
+) -> str:
+    """Store one step's image at ``key_base`` + extension: in ``intermediate`` between
+    tasks, the benchmark's result format for the last; its S3 URI."""
+    fmt = RESULT_FORMATS[RESULT_FORMAT if last else intermediate]
     uri = store.uri(key_base + fmt.extension)
     store.put(uri, encode_image(img, fmt.pillow), fmt.content_type)
     return uri
+
+
+def s3_step(
+    prefix: str,
+    op: str,
+    source: str,
+    *,
+    workflow_id: str,
+    step: int,
+    last: bool,
+    intermediate: str = DEFAULT_INTERMEDIATE,
+    carried: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One task of a peer that passes images through S3 (Celery, Conductor, Temporal), as
+    cdiflow's object-store plane runs one: GET ``source`` and decode it, run ``op``, encode
+    the image and PUT it under ``prefix`` (``results/<workflow>`` for the last step, else
+    ``work/<workflow>/<step>``). Returns what the next step is given (``carried``): the
+    output URI, the task outputs so far, the operations' CPU so far and ``stored_at``, the
+    moment the PUT returned (the last step's is the workflow's "result stored")."""
+    prepare_worker_process()
+    before = carried or {}
+    cpu_so_far = float(before.get("ops_cpu_ms") or 0.0)
+    img, output, cpu_ms = timed_op(op, load_image(source), workflow_id, cpu_so_far)
+    key = f"{prefix}results/{workflow_id}" if last else f"{prefix}work/{workflow_id}/{step}"
+    uri = store_step(task_store(), key, img, last=last, intermediate=intermediate)
+    outputs = {**(before.get("outputs") or {}), **output}
+    return {"uri": uri, "outputs": outputs, "stored_at": time.time(), "ops_cpu_ms": cpu_ms}
 
 
 class FloorRun(NamedTuple):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from loadtest.images import SCENARIO2_SIZES
+from loadtest.pipeline_ops import DEFAULT_INTERMEDIATE
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -44,8 +45,12 @@ class Point:
     scenario: str
     sizes: tuple[int, ...]  # the images drawn from (one size: every workflow gets it)
     tasks: int
-    concurrency: int
+    concurrency: int  # closed loop: workflows in flight (an open-loop point keeps its own)
     rounds: int
+    # Workflows started per second, whatever the system's pace (an open loop of
+    # ``workflows`` of them); 0: the closed loop.
+    arrival_rate: float = 0.0
+    load: float | None = None  # open loop: the rate as a share of the closed loop's throughput
 
     @property
     def size(self) -> int | None:
@@ -57,7 +62,8 @@ class Point:
 
     def label(self) -> str:
         size = f"{self.size / 1000:g}KB" if self.size else "mixed"
-        return f"s{self.scenario} {size} x{self.tasks} c{self.concurrency}"
+        shape = f"r{self.arrival_rate:.3g}" if self.arrival_rate else f"c{self.concurrency}"
+        return f"s{self.scenario} {size} x{self.tasks} {shape}"
 
 
 def _rounds(concurrency: int, min_workflows: int) -> int:
@@ -92,13 +98,14 @@ def plan_points(
 
 
 def poll_max_s(concurrency: int) -> float:
-    """Longest wait between two polls of one workflow: 1 s, longer past 100 users.
+    """Longest pause between two status polls of one workflow: 1 s, longer past 100 users.
 
-    A status GET costs cdiflow's API ~6 ms of CPU on this machine, and the API shares the
-    two cores with the workflows: ten users polling every 50 ms would take more than half of
-    them. So the interval grows from 50 ms to this cap, keeping the whole crowd under ~100
-    polls a second. Latency never depends on it (it is the system's own "stored" stamp);
-    a closed-loop user starts its next workflow up to one interval late.
+    Clients wait for a workflow's end the way its system tells them (a long poll, a
+    subscription, a synchronous start); they poll only after such a wait failed, or, for
+    Conductor, once a workflow outlived the start's wait. Polls take the CPU the workflows
+    need on two cores, so the pause grows from 50 ms to this cap, keeping the whole crowd
+    under ~100 polls a second. Latency never depends on it (it is the system's own "stored"
+    stamp); how late a client noticed is recorded (``WorkflowRecord.noticed_at``).
     """
     return min(5.0, max(1.0, concurrency / 100))
 
@@ -122,6 +129,10 @@ class Target:
     poll_first_s: float = 0.05
     poll_max_s: float = 1.0
     timeout_s: float = 900.0  # one workflow; past it the record says TIMEOUT
+    intermediate: str = DEFAULT_INTERMEDIATE  # how S3-passing systems store images between tasks
+    # Workflows started per second (an open loop: ``rounds`` of them, ``concurrency`` 1);
+    # 0: the closed loop (``concurrency`` users, ``rounds`` each).
+    arrival_rate: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def write(self, path: Path) -> None:

@@ -35,7 +35,11 @@ def write_plots(results: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for scenario, (x_field, x_label, log_x) in _AXES.items():
-        rows = [r for r in results if r["scenario"] == scenario and r["completed"]]
+        rows = [
+            r
+            for r in results
+            if r["scenario"] == scenario and r["completed"] and r.get("load") is None
+        ]  # the closed loop's rows: an open loop's throughput is the rate it was given
         if not rows:
             continue
         links = sorted({r["link"] for r in rows if r["link"] != "none"}) or ["none"]

@@ -22,6 +22,8 @@ from typing import IO, Any, Final
 import psutil
 
 from loadtest.images import SCENARIO2_SIZES, sized_images
+from loadtest.measure import Measurement, in_flight_bytes
+from loadtest.pipeline_ops import DEFAULT_INTERMEDIATE
 from loadtest.plan import (
     DEFAULT_CONCURRENCY,
     DEFAULT_SIZES,
@@ -30,15 +32,16 @@ from loadtest.plan import (
     Point,
     plan_points,
 )
-from loadtest.resources import ResourceMeter
-from loadtest.stats import PointResult, summarize_point, window
+from loadtest.stats import PointResult
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.services import BenchServices, s3_client
+from loadtest.verify import ReferenceBook
 from orchestrator.services import RunningServices
 
 __all__ = [
     "ALL_SYSTEMS",
     "AVAILABLE",
+    "DEFAULT_SYSTEMS",
     "BenchConfig",
     "BenchReport",
     "compare_to_floor",
@@ -57,14 +60,20 @@ ALL_SYSTEMS: Final = (
     "celery",
     "ray",
     "conductor",
+    "temporal",
+    "conductor-redis",
 )
 AVAILABLE: Final = ALL_SYSTEMS
+# What a run measures unless told: every system but ``conductor-redis``, a variant of a peer.
+DEFAULT_SYSTEMS: Final = ALL_SYSTEMS[:-1]
+# Every system's workers and the floor's processes apply them (``pipeline_ops``).
+MEMORY_SETTINGS: Final = "workflows.memory.tune_for_images in every system's workers"
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     scenarios: tuple[str, ...]
-    systems: tuple[str, ...] = AVAILABLE
+    systems: tuple[str, ...] = DEFAULT_SYSTEMS
     sizes: tuple[int, ...] = DEFAULT_SIZES
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     tasks: tuple[int, ...] = DEFAULT_TASKS
@@ -76,6 +85,10 @@ class BenchConfig:
     data_dir: Path = Path(".data/bench")
     time_limit_s: float = 1800.0
     rounds: int = 1  # passes over every system, in turn; ratios use the same pass's floor
+    intermediate: str = DEFAULT_INTERMEDIATE  # images between tasks, where they pass via S3
+    # Open loop: after each closed-loop point, the same point at these shares of the
+    # system's closed-loop throughput (a fixed arrival rate); empty: closed loop only.
+    loads: tuple[float, ...] = ()
 
     def points(self) -> list[Point]:
         return [
@@ -156,10 +169,14 @@ def make_system(name: str, services: BenchServices, ctx: RunContext) -> System:
         from loadtest.systems.ray_sys import RaySystem
 
         return RaySystem(services, ctx)
-    if name == "conductor":
+    if name in ("conductor", "conductor-redis"):
         from loadtest.systems.conductor_sys import ConductorSystem
 
-        return ConductorSystem(services, ctx)
+        return ConductorSystem(services, ctx, name)
+    if name == "temporal":
+        from loadtest.systems.temporal_sys import TemporalSystem
+
+        return TemporalSystem(services, ctx)
     if name in ("affinity", "transfer", "auto", "object-store"):
         from loadtest.systems.cdiflow_sys import CdiflowSystem
 
@@ -178,10 +195,11 @@ def _upload(services: BenchServices, paths: dict[int, Path]) -> dict[int, str]:
 
 
 def compare_to_floor(results: list[PointResult]) -> list[PointResult]:
-    """Each result with its overhead over, and throughput share of, the same point's floor."""
+    """Each result with its overhead over, and throughput share of, the same point's floor
+    (an open-loop row: its latency against the floor's at the same load, no share)."""
 
     def key(r: PointResult) -> tuple[Any, ...]:
-        return (r.round, r.scenario, r.size, r.tasks, r.concurrency)
+        return (r.round, r.scenario, r.size, r.tasks, r.concurrency, r.load)
 
     floors = {key(r): r for r in results if r.system == "floor" and r.completed}
     out = []
@@ -191,6 +209,8 @@ def compare_to_floor(results: list[PointResult]) -> list[PointResult]:
             out.append(r)
             continue
         share = r.throughput_wps / floor.throughput_wps if floor.throughput_wps else None
+        if r.load is not None:  # an open loop runs at the rate it is given, not its own
+            share = None
         out.append(
             dataclasses.replace(
                 r,
@@ -208,7 +228,8 @@ def median_over_rounds(results: list[PointResult]) -> list[PointResult]:
     rows)."""
     groups: dict[tuple[Any, ...], list[PointResult]] = {}
     for r in results:
-        groups.setdefault((r.system, r.scenario, r.size, r.tasks, r.concurrency), []).append(r)
+        key = (r.system, r.scenario, r.size, r.tasks, r.concurrency, r.load)
+        groups.setdefault(key, []).append(r)
 
     def median(values: list[float | None]) -> float | None:
         present = [v for v in values if v is not None]
@@ -226,6 +247,10 @@ def median_over_rounds(results: list[PointResult]) -> list[PointResult]:
                 mean_latency_s=median([r.mean_latency_s for r in rows]) or 0.0,
                 p50_latency_s=median([r.p50_latency_s for r in rows]) or 0.0,
                 p99_latency_s=median([r.p99_latency_s for r in rows]) or 0.0,
+                p95_latency_s=median([r.p95_latency_s for r in rows]),
+                notice_p50_ms=median([r.notice_p50_ms for r in rows]),
+                notice_mean_ms=median([r.notice_mean_ms for r in rows]),
+                arrival_rate_wps=median([r.arrival_rate_wps for r in rows]),
                 throughput_wps=median([r.throughput_wps for r in rows]) or 0.0,
                 overhead_p50_s=median([r.overhead_p50_s for r in rows]),
                 throughput_vs_floor=median([r.throughput_vs_floor for r in rows]),
@@ -233,6 +258,8 @@ def median_over_rounds(results: list[PointResult]) -> list[PointResult]:
                 errors=[],
                 resources={},
                 workers_busy={},
+                verified={"ok": all(r.verified.get("ok", True) for r in rows)},
+                peer_stats={},
             )
         )
     return out
@@ -247,8 +274,9 @@ def run_benchmark(
     redis_db_from: int = 1,
 ) -> BenchReport:
     """Every system over every point of ``config``; raises nothing for failed workflows (they
-    are counted), only for a system that cannot start. ``services``: use these (tests) rather
-    than starting embedded ones, the systems taking Redis databases from ``redis_db_from`` up."""
+    are counted) nor for results that fail their check (``PointResult.verified``), only for
+    a system that cannot start. ``services``: use these (tests) rather than starting embedded
+    ones, the systems taking Redis databases from ``redis_db_from`` up."""
     folder = config.data_dir.absolute()
     points = config.points()
     sizes = sorted({s for p in points for s in p.sizes})
@@ -264,55 +292,31 @@ def run_benchmark(
     )
     with shared:
         inputs = Inputs(_upload(shared, paths), {s: paths[s] for s in sizes})
-        ctx = RunContext(folder / "runs", config.workers, progress, config.time_limit_s)
-        meter = ResourceMeter()
+        ctx = RunContext(
+            folder / "runs",
+            config.workers,
+            progress,
+            config.time_limit_s,
+            intermediate=config.intermediate,
+            in_flight_bytes=in_flight_bytes(points, paths),
+        )
+        measure = Measurement(shared, inputs, ReferenceBook(paths), config.link, echo)
         passes = [(n, name) for n in range(1, config.rounds + 1) for name in config.systems]
         for round_no, name in passes:
             echo(f"== {name}: starting" + (f" (round {round_no})" if config.rounds > 1 else ""))
             began = time.monotonic()
             with make_system(name, shared, ctx) as system:
-                # As the points will run: the largest images, as many in flight. *Why:* the
-                # first workflows import modules, fill pools and grow every process's memory
-                # to its working size; four small ones left part of that to the first point.
-                warm = Point("warm-up", (max(sizes),), 3, config.parallel, 1)
-                system.run_point(warm, inputs)
-                system.after_point()
+                measure.warm_up(system, max(sizes), min(sizes), config.parallel)
                 echo(f"   started and warmed up in {time.monotonic() - began:.1f} s")
                 for point in points:
-                    meter.start()
-                    records = system.run_point(point, inputs)
-                    used = meter.stop(len(records), system.client_usage())
-                    result = summarize_point(
-                        records,
-                        system=name,
-                        scenario=point.scenario,
-                        size=point.size,
-                        tasks=point.tasks,
-                        concurrency=point.concurrency,
-                        link="none" if name == "floor" else config.link,
-                    )
-                    span = window(records)
-                    busy = system.workers_busy(*span) if span else {}
-                    ops = system.ops_cpu_ms(records, *span) if span else None
-                    result = dataclasses.replace(
-                        result,
-                        resources=used,
-                        round=round_no,
-                        workers_busy=busy,
-                        ops_cpu_ms_per_workflow=(
-                            round(ops / result.completed, 2)
-                            if ops is not None and result.completed
-                            else None
-                        ),
-                    )
-                    results.append(result)
-                    echo(
-                        f"   {point.label():<24} {result.completed}/{point.workflows} done, "
-                        f"p50 {result.p50_latency_s:.3f} s, {result.throughput_wps:.2f} wf/s"
-                        + (f", workers busy {_shares(busy)}" if busy else "")
-                        + (f", errors: {result.errors[0]}" if result.errors else "")
-                    )
-                    system.after_point()
+                    closed = measure.point(system, point, round_no)
+                    results.append(closed)
+                    for load in config.loads:
+                        if not closed.completed or not closed.throughput_wps:
+                            break  # no pace to take a share of
+                        rate = round(load * closed.throughput_wps, 4)
+                        opened = dataclasses.replace(point, arrival_rate=rate, load=load)
+                        results.append(measure.point(system, opened, round_no))
     after = machine_state()
     machine = {
         **before,
@@ -322,8 +326,5 @@ def run_benchmark(
     config_dict = {
         k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()
     }
+    config_dict["memory_settings"] = MEMORY_SETTINGS
     return BenchReport(compare_to_floor(results), config_dict, machine)
-
-
-def _shares(busy: dict[str, float]) -> str:
-    return ", ".join(f"{worker} {share:.0%}" for worker, share in busy.items())

@@ -31,6 +31,7 @@ class Summary:
     mean: float
     p50: float
     p99: float
+    p95: float = float("nan")
 
 
 def summarize(values: Iterable[float]) -> Summary:
@@ -42,6 +43,7 @@ def summarize(values: Iterable[float]) -> Summary:
         statistics.fmean(ordered),
         percentile(ordered, 0.50),
         percentile(ordered, 0.99),
+        percentile(ordered, 0.95),
     )
 
 
@@ -57,10 +59,19 @@ class WorkflowRecord:
     status: str  # COMPLETED, FAILED, ...
     error: str = ""
     ops_cpu_ms: float | None = None  # CPU time of its operations, where the system reports it
+    # When the client learned the workflow had ended (its clock): ``noticed_at - stored_at``
+    # is what the system's way of telling a client (long poll, subscription, poll) costs.
+    noticed_at: float | None = None
 
     @property
     def latency_s(self) -> float | None:
         return None if self.stored_at is None else self.stored_at - self.submitted_at
+
+    @property
+    def notice_s(self) -> float | None:
+        if self.stored_at is None or self.noticed_at is None:
+            return None
+        return self.noticed_at - self.stored_at
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +112,19 @@ class PointResult:
     # when a workflow did not say); the
     # rest of ``resources`` is what the system spends around them.
     ops_cpu_ms_per_workflow: float | None = None
+    p95_latency_s: float | None = None
+    # How long after "result stored" the client learned of the end (ms, over completed
+    # workflows): the cost of the system's way of telling a client.
+    notice_p50_ms: float | None = None
+    notice_mean_ms: float | None = None
+    # Open loop: the fixed rate workflows were started at, and that rate as a share of the
+    # same system's closed-loop throughput at the point; None for the closed loop.
+    arrival_rate_wps: float | None = None
+    load: float | None = None
+    # loadtest.verify.verify_point: results stored = completed, each the reference's pixels.
+    verified: dict[str, Any] = field(default_factory=dict)
+    # What the system says of itself (Ray: bytes its object store spilled).
+    peer_stats: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,6 +179,7 @@ def summarize_point(
     if span is not None:
         throughput = len(done) / (span[1] - span[0]) if span[1] > span[0] else float("inf")
     errors = sorted({r.error[:200] for r in records if r.status != "COMPLETED" and r.error})
+    notice = summarize(r.notice_s * 1000 for r in done if r.notice_s is not None)
     return PointResult(
         system=system,
         scenario=scenario,
@@ -169,4 +194,7 @@ def summarize_point(
         throughput_wps=round(throughput, 3),
         link=link,
         errors=errors[:5],
+        p95_latency_s=round(latency.p95, 4) if latency.n else None,
+        notice_p50_ms=round(notice.p50, 2) if notice.n else None,
+        notice_mean_ms=round(notice.mean, 2) if notice.n else None,
     )

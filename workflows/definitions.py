@@ -33,6 +33,7 @@ from workflows.names import MODULE_PATH_RE, name_problem
 from workflows.steps import Shape, edges, graph_problems, step_problems, topological
 
 __all__ = [
+    "FORK_JOIN_PIPELINE",
     "IMAGE_PIPELINE",
     "NOOP_PIPELINE",
     "TASK_DEFINITIONS",
@@ -251,28 +252,21 @@ def validate_workflow(
         if isinstance(step, Mapping) and step.get("workflow") == name and name is not None:
             problems.append(f"tasks[{i}]: workflow {name!r} may not run itself")
     problems += graph_problems(shapes)
-    if not problems:
-        problems += chain_problems(steps)
     return problems
 
 
 def chain_problems(steps: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Why stored steps are not what the scheduler runs yet (one chain of task steps on one
-    image); empty if they are.
-
-    *Why refused:* until branches run side by side, each on the data it names, a fork would
-    run its second branch on the first branch's output and a join would see one input: wrong
-    results with no warning.
-    """
-    hint = "; parallel branches and joins are not supported yet: make the steps one chain"
+    """Why steps are not one chain of task steps on one image (what the ``object-store``
+    plane carries: one image from step to step); empty if they are."""
+    hint = "; the object-store plane runs one chain of steps: start the run on the cdi plane"
     listed = list(steps)
     problems = [
-        f"step {s['ref']!r}: {field!r} is not supported yet"
+        f"step {s['ref']!r}: {field!r} needs the cdi plane"
         for s in listed
         for field in ("inputs", "for_each", "switch", "workflow")
         if s.get(field) is not None
     ]
-    graph = {s["ref"]: list(s.get("depends_on") or []) for s in listed}
+    graph = {s["ref"]: _after(s) for s in listed}
     roots = [ref for ref, deps in graph.items() if not deps]
     problems += [
         f"step {ref!r}: depends on {len(deps)} steps ({', '.join(map(repr, deps))}){hint}"
@@ -296,6 +290,18 @@ def chain_problems(steps: Iterable[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
+def _after(step: Mapping[str, Any]) -> list[str]:
+    """The steps ``step`` follows: its ``depends_on`` and the steps its inputs read."""
+    after = list(step.get("depends_on") or [])
+    given = step.get("inputs") or {}
+    texts = [t for v in given.values() for t in (v if isinstance(v, list) else [v])]
+    for text in texts:
+        ref = str(text).split(".", 1)[0]
+        if ref != "input" and ref not in after:
+            after.append(ref)
+    return after
+
+
 def parse_workflow(
     data: Any, known_tasks: Iterable[str], known_workflows: Iterable[str] | None = None
 ) -> WorkflowDefinition:
@@ -317,6 +323,8 @@ TASK_DEFINITIONS: Final[list[dict[str, Any]]] = [
      "timeout_s": 30.0, "retries": 2, "retry_backoff_s": 0.5},
     {"name": "classify", "module": "workflows.image_tasks:classify",
      "timeout_s": 30.0, "retries": 2, "retry_backoff_s": 0.5},
+    {"name": "blend", "module": "workflows.image_tasks:blend",
+     "timeout_s": 30.0, "retries": 2, "retry_backoff_s": 0.5},
     {"name": "noop", "module": "workflows.image_tasks:noop",
      "timeout_s": 10.0, "retries": 0, "retry_backoff_s": 0.5},
     {"name": "sleep", "module": "workflows.image_tasks:sleep",
@@ -334,6 +342,19 @@ IMAGE_PIPELINE: Final[dict[str, Any]] = {
     ],
 }
 
+FORK_JOIN_PIPELINE: Final[dict[str, Any]] = {
+    "name": "fork_join_pipeline",
+    "description": "Sharpen and smooth the image side by side, blend the two, then label the "
+    "blend: two branches on two workers, joined by a step that reads both.",
+    "tasks": [
+        {"ref": "sharpen", "task": "deblur"},
+        {"ref": "smooth", "task": "denoise"},
+        {"ref": "blend", "task": "blend",
+         "inputs": {"sharp": "sharpen.image", "smooth": "smooth.image"}},
+        {"ref": "classify", "task": "classify", "depends_on": ["blend"]},
+    ],
+}  # fmt: skip
+
 NOOP_PIPELINE: Final[dict[str, Any]] = {
     "name": "noop_pipeline",
     "description": "Three chained no-op tasks: measures orchestration and data-movement "
@@ -348,7 +369,8 @@ NOOP_PIPELINE: Final[dict[str, Any]] = {
 
 def bundled_workflows() -> dict[str, dict[str, Any]]:
     """The bundled workflow definitions by name (deep copies: safe to modify)."""
-    return {d["name"]: copy.deepcopy(d) for d in (IMAGE_PIPELINE, NOOP_PIPELINE)}
+    bundled = (IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE)
+    return {d["name"]: copy.deepcopy(d) for d in bundled}
 
 
 def bundled_task_definitions() -> list[dict[str, Any]]:

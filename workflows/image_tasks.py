@@ -1,4 +1,5 @@
-"""The bundled image tasks: ``deblur``, ``denoise``, ``classify``, and ``noop``/``sleep``.
+"""The bundled image tasks: ``deblur``, ``denoise``, ``classify``, ``blend`` (a join of two
+images), and ``noop``/``sleep``.
 
 Each is a thin wrapper over one Pillow operation, so tests can compare it pixel for pixel with
 the same operation applied directly.
@@ -18,6 +19,7 @@ from workflows.imagebuf import normalize_mode
 __all__ = [
     "CLASSIFY_THRESHOLDS",
     "LABELS",
+    "blend",
     "classify",
     "classify_stats",
     "deblur",
@@ -114,6 +116,15 @@ def classify(img: Image.Image, ctx: TaskContext) -> TaskResult:
         "mean_rgb": [round(c, 2) for c in rgb],
     }
     return TaskResult(image=None, output=output)
+
+
+@task(name="blend", timeout_s=30, retries=2)
+def blend(sharp: Image.Image, smooth: Image.Image, ctx: TaskContext) -> TaskResult:
+    """Join two images of one size into their average (``Image.blend``, half each; ``smooth``
+    in ``sharp``'s mode): the join of ``fork_join_pipeline``."""
+    if smooth.size != sharp.size:
+        raise ValueError(f"blend needs two images of one size, got {sharp.size} and {smooth.size}")
+    return TaskResult(image=Image.blend(sharp, smooth.convert(sharp.mode), 0.5))
 
 
 # --- benchmark tasks -----------------------------------------------------------------------

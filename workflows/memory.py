@@ -6,7 +6,7 @@ temporaries, the bytes it writes back. By default Pillow frees its memory blocks
 glibc serves each of those sizes from a fresh ``mmap`` and returns it on free, so every pass
 first touches new pages, which the kernel must zero: ~0.8 ms per MB on our VMs. Keeping freed
 memory for reuse lets a pass reuse what the last one freed (tests/workflows/test_memory.py
-counts the faults); docs/benchmarks.md has the CPU per 2 MB workflow before and after.
+counts the faults; ``cdiflow bench workflows`` shows them per workflow).
 
 Costs: a process keeps up to ``PILLOW_BLOCKS`` x 16 MB of Pillow blocks and up to
 ``TRIM_THRESHOLD`` of freed heap resident between tasks. ``CDIFLOW_MEMORY_TUNING=0`` turns this

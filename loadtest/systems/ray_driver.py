@@ -3,16 +3,18 @@
     python -m loadtest.systems.ray_driver ADDRESS     # then one TARGET.json path a line
 
 For each point it runs the closed loop (``concurrency`` workflows in flight, each user
-``rounds`` of them, images drawn as locust users draw them) and writes one
-``WorkflowRecord`` JSON line per workflow to the target's ``records`` file. A child process
-so the benchmark never imports Ray nor becomes a Ray driver itself.
+``rounds`` of them, images drawn as locust users draw them) or the open loop (``rounds``
+workflows started at the target's ``arrival_rate``) and writes one ``WorkflowRecord`` JSON
+line per workflow to the target's ``records`` file. It learns of each end from
+``ray.wait`` (no polling). After the point it answers ``done`` and, on the same line, the JSON of
+what the object store says of itself (``store_stats``). A child process so the benchmark never
+imports Ray nor becomes a Ray driver itself.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 import ray
 
+from loadtest.arrivals import Arrivals
 from loadtest.images import chain_ops
 from loadtest.plan import Target
 from loadtest.stats import WorkflowRecord
@@ -29,16 +32,14 @@ __all__ = ["main", "run_point"]
 
 
 def run_point(target: Target) -> None:
-    """The closed loop of one point; records are appended as workflows end."""
+    """One point; records are appended as workflows end."""
     ops = chain_ops(target.tasks)
-    users = [random.Random(target.seed * 100_003 + i) for i in range(target.concurrency)]
-    left = {i: target.rounds for i in range(target.concurrency)}
+    arrivals = Arrivals(target.concurrency, target.rounds, target.arrival_rate, target.seed)
     in_flight: dict[ray.ObjectRef[dict[str, Any]], tuple[int, int, float]] = {}
     with open(target.records, "a") as out:
 
         def submit(user: int) -> None:
-            left[user] -= 1
-            uri, size = users[user].choice(target.images)
+            uri, size = arrivals.take(user).choice(target.images)
             submitted = time.time()
             in_flight[submit_chain(ops, uri)] = (user, size, submitted)
 
@@ -52,18 +53,18 @@ def run_point(target: Target) -> None:
                     stored, ops_cpu_ms = float(value["stored_at"]), float(value["ops_cpu_ms"])
                 except Exception as exc:
                     status, error = "FAILED", f"{type(exc).__name__}: {exc}"
+            noticed = time.time() if status == "COMPLETED" else None
             rec = WorkflowRecord(
-                "ray", size, target.tasks, submitted, stored, status, error, ops_cpu_ms
+                "ray", size, target.tasks, submitted, stored, status, error, ops_cpu_ms, noticed
             )
             out.write(json.dumps(rec.as_dict()) + "\n")
             out.flush()
-            if left[user] > 0:
+            if arrivals.again(user):
                 submit(user)
 
-        for user in range(target.concurrency):
-            submit(user)
-        while in_flight:
-            done, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+        def wait_some(due: float | None) -> None:
+            # At most a second: workflows past their timeout are cancelled in between.
+            done, _ = ray.wait(list(in_flight), num_returns=1, timeout=min(1.0, due or 1.0))
             for ref in done:
                 record(ref, "COMPLETED")
             now = time.time()
@@ -72,16 +73,34 @@ def run_point(target: Target) -> None:
                     ray.cancel(ref, force=True)
                     record(ref, "TIMEOUT", f"not finished after {target.timeout_s:g} s")
 
+        arrivals.drive(submit, lambda: bool(in_flight), wait_some)
+
+
+def store_stats(address: str) -> dict[str, int]:
+    """The object store's own counters, as ``ray memory --stats-only`` reads them (cumulative
+    since the cluster started): bytes spilled to disk and restored, and bytes that did not
+    fit and were allocated outside shared memory."""
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    state = get_state_from_address(address)  # type: ignore[no-untyped-call]
+    stats = get_memory_info_reply(state).store_stats  # type: ignore[no-untyped-call]
+    return {
+        "spilled_bytes": int(stats.spilled_bytes_total),
+        "restored_bytes": int(stats.restored_bytes_total),
+        "fallback_bytes": int(stats.object_store_bytes_fallback),
+        "store_capacity_bytes": int(stats.object_store_bytes_avail),
+    }
+
 
 def main(argv: list[str]) -> int:
-    """Connect once, then run each target file named on stdin, answering ``done`` on
-    stdout: one Ray job for every point, so its workers (and their imports) are warm."""
+    """Connect once, then run each target file named on stdin, answering ``done {stats}``
+    on stdout: one Ray job for every point, so its workers (and their imports) are warm."""
     (address,) = argv
     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
     try:
         for line in sys.stdin:
             run_point(Target.read(Path(line.strip())))
-            print("done", flush=True)
+            print(f"done {json.dumps(store_stats(address))}", flush=True)
     finally:
         ray.shutdown()
     return 0

@@ -15,39 +15,52 @@ its stdin: Ray starts workers per job, so a driver per point would start cold wo
 
 from __future__ import annotations
 
-import select
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from loadtest.drive import read_records
+import psutil
+
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
+from loadtest.systems.driver_proc import DriverProcess
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
 from orchestrator.child_process import ChildProcess, free_port
 
 __all__ = ["RaySystem"]
 
-# The object store holds the decoded images in flight (a 4 MB JPEG is ~40 MB of pixels);
-# modest on this 2-core machine, and /dev/shm-backed. Ray's minimum is ~75 MB.
-OBJECT_STORE_BYTES: Final = 512 * 2**20
+# The object store holds the decoded images between tasks (a 4 MB JPEG is ~40 MB of pixels),
+# one per workflow in flight: it is sized for the run's points (``RunContext.in_flight_bytes``)
+# with room to spare, so nothing is spilled to disk (each point records what was), and never
+# below this nor above half the machine's memory.
+MIN_OBJECT_STORE_BYTES: Final = 512 * 2**20
+_HEADROOM: Final = 1.5
 _READY: Final = "Ray runtime started"
+
+
+def object_store_bytes(in_flight_bytes: int) -> int:
+    """Ray's ``--object-store-memory`` for a run holding ``in_flight_bytes`` of images."""
+    wanted = int(in_flight_bytes * _HEADROOM) + MIN_OBJECT_STORE_BYTES
+    return min(wanted, psutil.virtual_memory().total // 2)
 
 
 class RaySystem(System):
     name = "ray"
+    results_prefix = "ray/results/"
 
     def __init__(self, services: BenchServices, ctx: RunContext) -> None:
         self.services = services
         self.ctx = ctx
         self.address = ""
         self._proc: ChildProcess | None = None
-        self._driver: ChildProcess | None = None
+        self._driver: DriverProcess | None = None
         self._temp: Path | None = None
+        self._stats: dict[str, Any] = {}
+        self._stats_before: dict[str, Any] = {}
 
     def start(self) -> None:
         self._temp = Path(tempfile.mkdtemp(prefix="cdiflow-ray-"))
@@ -64,7 +77,7 @@ class RaySystem(System):
             f"--ray-client-server-port={free_port()}",
             f"--num-cpus={self.ctx.workers}",
             "--num-gpus=0",
-            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            f"--object-store-memory={object_store_bytes(self.ctx.in_flight_bytes)}",
             "--include-dashboard=false",
             "--disable-usage-stats",
             f"--temp-dir={self._temp}",
@@ -75,7 +88,13 @@ class RaySystem(System):
         self.address = f"127.0.0.1:{port}"
         try:
             self._wait_ready(log, timeout=120)
-            self._driver = self._start_driver()
+            self._driver = DriverProcess(
+                "ray driver",
+                [sys.executable, "-m", "loadtest.systems.ray_driver", self.address],
+                peer_env(self.services),
+                self.ctx.folder / "ray-driver.log",
+            )
+            self._driver.start()
         except BaseException:
             self.stop()
             raise
@@ -92,9 +111,7 @@ class RaySystem(System):
     def stop(self) -> None:
         driver, self._driver = self._driver, None
         if driver is not None:
-            if driver.stdin is not None:
-                driver.stdin.close()  # end of input: it shuts its Ray connection down and exits
-            driver.stop(15.0, sweep_group=True)
+            driver.stop()
         proc, self._proc = self._proc, None
         if proc is not None:
             proc.stop(30.0, sweep_group=True)
@@ -102,52 +119,28 @@ class RaySystem(System):
             shutil.rmtree(self._temp, ignore_errors=True)
             self._temp = None
 
-    def _start_driver(self) -> ChildProcess:
-        return ChildProcess(
-            "ray driver",
-            [sys.executable, "-m", "loadtest.systems.ray_driver", self.address],
-            log_path=self.ctx.folder / "ray-driver.log",
-            env=peer_env(self.services),
-            piped=True,  # it is handed each point on stdin and says "done" on stdout
-        ).start()
-
-    def _drive(self, target_file: Path) -> str:
-        """Hand the driver one point; ``""`` once it is done, else what went wrong."""
-        if self._driver is None or self._driver.poll() is not None:
-            self._driver = self._start_driver()
-        driver = self._driver
-        assert driver.stdin is not None and driver.stdout is not None
-        driver.stdin.write(f"{target_file}\n".encode())
-        driver.stdin.flush()
-        deadline = time.monotonic() + self.ctx.time_limit_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not select.select([driver.stdout], [], [], left)[0]:
-                break
-            line = driver.stdout.readline()
-            if not line:  # it exited
-                break
-            if line.strip() == b"done":  # other lines: worker output Ray forwards
-                return ""
-        driver.stop(10.0, sweep_group=True)  # stuck or dead: the next point gets a fresh one
-        self._driver = None
-        return f"the Ray driver did not finish the point (status {driver.returncode})"
-
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
-        if self._proc is None:
+        if self._proc is None or self._driver is None:
             raise RuntimeError("ray is not started")
-        target, folder = self.point_target(point, inputs)
-        records_file = Path(target.records)
-        records_file.parent.mkdir(parents=True, exist_ok=True)
-        records_file.unlink(missing_ok=True)
-        target.write(folder / "target.json")
-        problem = self._drive(folder / "target.json")
-        records = read_records(records_file)
-        missing = point.workflows - len(records)
-        reason = f"{problem or 'not recorded'}; see {self.ctx.folder / 'ray-driver.log'}"
-        return records + [
-            WorkflowRecord(self.name, 0, point.tasks, 0.0, None, "MISSING", reason)
-            for _ in range(max(0, missing))
-        ]
+        self._driver.stats = {}
+        records = self._driver.run_point(self, point, inputs)
+        if self._driver.stats:
+            self._note_stats(self._driver.stats)
+        return records
+
+    def _note_stats(self, cumulative: dict[str, Any]) -> None:
+        """This point's share of the store's cumulative counters (the warm-up's included in
+        the first point: spilling then would be noted as well)."""
+        before = self._stats_before
+        self._stats = {
+            k: v - before.get(k, 0) if k.endswith(("spilled_bytes", "restored_bytes")) else v
+            for k, v in cumulative.items()
+        }
+        self._stats_before = cumulative
+
+    def point_stats(self) -> dict[str, Any]:
+        stats, self._stats = self._stats, {}
+        return stats
 
     def after_point(self) -> None:
         clear_prefixes(self.services.running, ("ray/",))

@@ -18,7 +18,13 @@ import numpy as np
 import ray
 from PIL import Image
 
-from loadtest.pipeline_ops import load_image, store_step, task_store, timed_op
+from loadtest.pipeline_ops import (
+    load_image,
+    prepare_worker_process,
+    store_step,
+    task_store,
+    timed_op,
+)
 
 __all__ = ["PREFIX", "image_step", "submit_chain"]
 
@@ -29,6 +35,7 @@ def _step(
     source: str | dict[str, Any], op: str, workflow_id: str, step: int, last: bool
 ) -> dict[str, Any]:
     """``source``: the input URI (first step) or the previous step's value."""
+    prepare_worker_process()
     if isinstance(source, str):
         img = load_image(source)
         outputs: dict[str, Any] = {}

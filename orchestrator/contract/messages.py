@@ -85,7 +85,7 @@ class Instruction:
     # object-store plane (and the cdi plane's first task: input_uri; last: output_uri, format)
     input_uri: str = ""
     output_uri: str = ""
-    output_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS (lossless between tasks)
+    output_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS
     queued_at: float = 0.0  # unix seconds when the scheduler pushed it
     # named data (``cdi`` and ``none`` planes)
     chain: bool = True  # the step named no inputs: its first parameter takes the image

@@ -258,10 +258,18 @@ class WorkflowInput(_Input):
     data: dict[str, Any] = Field(
         default_factory=dict, description="JSON given to every task as ctx.input."
     )
-    result_format: Literal["png", "jpeg"] = Field(
+    result_format: Literal["png", "jpeg", "raw"] = Field(
         "png",
-        description="How the result image is stored: 'png' (lossless, the default) or 'jpeg' "
-        "(quality 90: ~20x faster to encode and ~4x smaller, for photos).",
+        description="How the result image is stored: 'png' (lossless, the default), 'jpeg' "
+        "(quality 90: ~20x faster to encode and ~4x smaller, for photos) or 'raw' (lossless, "
+        "an uncompressed TIFF: the fastest to encode, the largest).",
+    )
+    intermediate_format: Literal["png", "raw", "jpeg"] = Field(
+        "png",
+        description="object-store plane: how the images between tasks are stored: 'png' "
+        "(lossless, the default), 'raw' (lossless, an uncompressed TIFF: ~70x faster to "
+        "encode than PNG, ~2x larger) or 'jpeg' (quality 90, lossy: each task degrades the "
+        "image). The cdi plane moves pixels and encodes nothing between tasks.",
     )
 
     @field_validator("image")
@@ -335,6 +343,12 @@ class TaskRunPublic(_Output):
     bytes_out: int | None
     error: str | None
     output: dict[str, Any] | None
+    data: dict[str, Any] | None = Field(
+        None,
+        description='The named data it read and made: {"reads": {name: datum}, "made": '
+        '{name: datum}}, a datum {"key", "kind"} (a CDI object), {"value"} or '
+        '{"items": [...]}; "results": the S3 URIs of what it stored.',
+    )
 
 
 class HandoffPublic(_Output):
@@ -347,6 +361,10 @@ class HandoffPublic(_Output):
     at: datetime
     from_host: str | None = None
     to_host: str | None = None
+    datum: str | None = Field(None, description='What moved: "<step run>.<output>".')
+    mode: str | None = Field(
+        None, description="transfer (ownership), share (read-only) or copy (another host)."
+    )
 
 
 class EventPublic(_Output):

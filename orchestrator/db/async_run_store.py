@@ -3,7 +3,7 @@
 Every start-and-wait request inserts a run and, once the run has ended, reads its detail.
 Through SQLAlchemy in a worker thread each statement paid for a thread hop, the pool's
 pre-ping and SQLAlchemy's execution around psycopg; on an asyncio psycopg pool it pays for none
-of them (the API's CPU per 10 KB workflow: docs/benchmarks.md, *Fifteenth round*). The SQL is
+of them (measured as the API's CPU per 10 KB workflow in the load tests). The SQL is
 the repository's own statements compiled once for psycopg (``repository.workflows``), so each
 still has one definition. Everything else the API does stays on the synchronous engine in
 worker threads: it is not on a workflow's path.

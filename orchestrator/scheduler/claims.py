@@ -29,6 +29,7 @@ from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import RELEASE_TASK
 from orchestrator.scheduler.runs import DEFAULT_MAX_PARALLEL, RunState, StepSpec
 from orchestrator.settings import Settings
+from workflows import imagebuf
 from workflows.binding import IMAGE
 from workflows.errors import InvalidDefinition
 from workflows.graph import Graph, Node, build_graph
@@ -168,11 +169,19 @@ def plan(
         specs,
         image,
         data=data if isinstance(data, dict) else {},
-        result_format=str(given.get("result_format") or "png"),
+        result_format=_format(given.get("result_format")),
+        intermediate_format=_format(given.get("intermediate_format")),
         max_parallel=max_parallel,
     )
     # A run that was placed before goes on from its last attempts, under fresh object keys.
     return run.again(claimed.attempts) if claimed.attempts else run
+
+
+def _format(given: Any) -> str:
+    """A stored input's image format; the API admits only known ones, and one it no longer
+    knows (a row written by a later version) falls back to lossless PNG."""
+    name = str(given or "png")
+    return name if name in imagebuf.RESULT_FORMATS else "png"
 
 
 def _sub_names(steps: list[dict[str, Any]]) -> set[str]:

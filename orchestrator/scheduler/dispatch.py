@@ -83,6 +83,7 @@ class Dispatcher:
         self.waiting: dict[tuple[uuid.UUID, str], Waiting] = {}
         self.task_s: dict[str, float] = defaultdict(lambda: _FIRST_GUESS_S)  # EWMA per task
         self._in_flight: dict[str, int] = defaultdict(int)  # instructions out, per worker
+        self._reported_at: dict[str, float] = {}  # unix time of each worker's latest report
         self._rng = random.Random()
         self._beats: dict[str, dict[str, str]] = {}
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
@@ -163,10 +164,11 @@ class Dispatcher:
         else:
             step.unrunnable_since = 0.0
         nbytes, near = self._where(run, step)
+        policy = _policy(run)
         worker = choose_worker(
             able,
-            run.policy,
-            run.home if run.policy == Policy.AFFINITY else near,
+            policy,
+            run.home if policy == Policy.AFFINITY else near,
             task_s=self.task_s[spec.task],
             nbytes=nbytes,
             rng=self._rng,
@@ -364,6 +366,7 @@ class Dispatcher:
     def returned(self, flight: InFlight) -> None:
         """A task out at a worker was reported, or given up as lost."""
         self._in_flight[flight.worker] -= 1
+        self._reported_at[flight.worker] = time.time()
 
     def ran(self, task: str, run_s: float) -> None:
         """A task of ``task`` took ``run_s``: the running mean late binding plans with."""
@@ -383,7 +386,20 @@ class Dispatcher:
                 if h
             }
             self._beats_read = now
-        return read_workers(self._beats, self._in_flight, keys.WORKER_DEAD_AFTER_S)
+        return read_workers(
+            self._beats, self._in_flight, keys.WORKER_DEAD_AFTER_S, reported_at=self._reported_at
+        )
+
+
+def _policy(run: RunState) -> Policy:
+    """The policy a step is placed by. *Why affinity is transfer beyond a chain:* pinning
+    every step to one worker would run parallel branches one after another, and so would
+    ``auto`` while the branches' run times are not measured yet (a task's first guess is
+    short, so waiting looks cheaper than moving); each of a graph's steps goes to the
+    least-loaded worker with room, so branches start together."""
+    if run.policy == Policy.AFFINITY and not run.graph.is_chain:
+        return Policy.TRANSFER
+    return run.policy
 
 
 def _unrunnable(step: StepSpec) -> str:

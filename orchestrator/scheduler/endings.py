@@ -36,7 +36,6 @@ from orchestrator.scheduler.data import Mode, Obj
 from orchestrator.scheduler.instructions import release_instruction
 from orchestrator.scheduler.progress import Moves
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun
-from workflows.kinds import Kind
 
 __all__ = ["Endings", "completion", "ended_rows"]
 
@@ -186,18 +185,13 @@ class Endings:
         they came back to us, taken back from the worker that kept them."""
         keys_named = [report.key] if report.key else []
         keys_named += report.returned
-        kept: list[str] = []
         for described in report.objects.values():
-            for key in _keys(described):
-                (kept if report.kept else keys_named).append(key)
+            keys_named += _keys(described)  # named outputs always come back to us
         if report.key and report.kept:
             keys_named.remove(report.key)
-            kept.append(report.key)
+            self.ask_back(report.workflow_id, report.worker_id, report.key)
         for key in keys_named:
             self.destroy(key)
-        if kept:
-            owned = [Obj(k, Kind.IMAGE, 0, report.worker_id) for k in kept[1:]]
-            self.ask_back(report.workflow_id, report.worker_id, kept[0], owned=owned)
 
     def destroy(self, key: str) -> None:
         """Destroy an object of ours, waiting briefly for one on its way back to us."""

@@ -11,7 +11,8 @@ in S3.
   ``outputs``, and a step whose outputs are the run's results stores them itself
   (``output_uri`` for its image, ``store_prefix`` for the rest): the run ends with its report.
 * ``object-store``: the previous step's output (or the input) as ``input_uri`` and where this
-  step's goes (``work_key``; the last step's is the result): single-image chains only.
+  step's goes (``work_uri``, in the run's ``intermediate_format``; the last step's is the
+  result): single-image chains only.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ __all__ = [
 ]
 
 RELEASE_TASK: Final = "workflows.image_tasks:hand_back"  # what makes a worker hand objects back
-_BETWEEN_TASKS: Final = "png"  # lossless, so every plane computes the same pixels
+# The cdi plane's objects hold pixels; a format names only what its last step stores.
+_BETWEEN_TASKS: Final = "png"
 
 
 def result_uri(objects: ObjectStore, run: RunState) -> str:
@@ -55,8 +57,10 @@ def result_stem(objects: ObjectStore, run: RunState, step: StepRun) -> str:
 
 
 def work_uri(objects: ObjectStore, run: RunState, step: StepRun) -> str:
-    """Where an object-store step's image goes (its attempt's own), under ``work/``."""
-    name = f"{run.workflow_id}/{step.id}-{step.attempt}.{_BETWEEN_TASKS}"
+    """Where an object-store step's image goes (its attempt's own), under ``work/``, in the
+    run's ``intermediate_format``."""
+    extension = imagebuf.RESULT_FORMATS[run.intermediate_format].extension
+    name = f"{run.workflow_id}/{step.id}-{step.attempt}{extension}"
     return objects.policy.work_uri(name)
 
 
@@ -97,7 +101,7 @@ def instruction_for(
             **common,
             input_uri=object_store_uri,
             output_uri=result_uri(objects, run) if sink else work_uri(objects, run, step),
-            output_format=run.result_format if sink else _BETWEEN_TASKS,
+            output_format=run.result_format if sink else run.intermediate_format,
         )
     lane = _image_lane(step.reads.get(IMAGE), modes)
     inputs = {
@@ -204,8 +208,10 @@ def release_instruction(
 def affinity_keeps(run: RunState, step: StepRun) -> bool:
     """Under ``affinity``, whether the worker keeps what ``step`` makes: every datum it makes
     that a step reads is read by exactly one step, which does not fan out (the scheduler
-    shares objects with several readers, so it must own those)."""
-    if run.policy != Policy.AFFINITY or step.node.ref in run.graph.sinks:
+    shares objects with several readers, so it must own those). Only along a chain: in a
+    graph every object comes back to the scheduler, which alone moves objects between the
+    workers its steps are spread over."""
+    if run.policy != Policy.AFFINITY or not run.graph.is_chain or step.node.ref in run.graph.sinks:
         return False
     for name in run.graph.read_outputs(step.node.ref):
         readers = run.graph.readers(step.node.ref, name)

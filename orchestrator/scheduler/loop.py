@@ -77,10 +77,10 @@ RECONCILE_S: Final = 5.0  # how often to reconcile with Postgres and look for le
 
 def connect_redis(url: str) -> redis.Redis:
     """The loop's Redis client: one connection, as the loop thread is its only user. *Why:*
-    redis-py's pool took a connection and gave it back around every command (redis-py 8.1;
-    the scheduler's CPU per workflow: docs/benchmarks.md, *Fifteenth round*). Unlike a pooled
-    one, a lone connection that Redis dropped fails its next command (and then reconnects):
-    the loop takes that as a Redis error and goes on."""
+    redis-py's pool takes a connection and gives it back around every command (redis-py 8.1),
+    CPU the scheduler spends on every workflow. Unlike a pooled one, a lone connection that
+    Redis dropped fails its next command (and then reconnects): the loop takes that as a
+    Redis error and goes on."""
     return redis.Redis.from_url(url, decode_responses=True, single_connection_client=True)
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 
 import redis
 
+import cdi
 from orchestrator.contract import keys
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
@@ -120,7 +121,15 @@ class Redrive:
                 continue
             log.warning("workflow %s had nothing under way; placing %s again",
                         run.workflow_id, ", ".join(s.id for s in ready))  # fmt: skip
-            guarded(lambda run=run: self.dispatch.dispatch(run), ctx.faults)  # type: ignore[misc]
+            guarded(lambda run=run: self._place_again(run), ctx.faults)  # type: ignore[misc]
+
+    def _place_again(self, run: RunState) -> None:
+        """Place ``run``'s ready steps; an object not where the run had it (not ours, or gone)
+        cannot be fixed by trying again: the run is driven again from its input (or fails)."""
+        try:
+            self.dispatch.dispatch(run)
+        except (cdi.NotOwner, cdi.ObjectNotFound) as exc:
+            self.run(run, f"an object of the run is not where the scheduler had it ({exc})")
 
     def resync(self) -> None:
         """Postgres failed a statement: forget every run and resume our RUNNING workflows from

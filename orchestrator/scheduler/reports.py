@@ -116,8 +116,10 @@ class Reports:
             self.endings.quiet(run)
 
     def _place(self, run: RunState, moves: progress.Moves) -> list[Placement]:
+        """Place what became ready and what the run's parallelism held back until now (this
+        report brought one of its step runs back), in the run's order."""
         try:
-            return self.dispatch.place(run, moves.ready)
+            return self.dispatch.place(run)
         except (redis.RedisError, cdi.CDIError) as exc:  # the tick's sweep places them later
             log.warning("workflow %s: could not place %s now: %s", run.workflow_id,
                         ", ".join(s.id for s in moves.ready), exc)  # fmt: skip
@@ -164,7 +166,7 @@ class Reports:
         back = []
         keys = [report.key] if report.key and not report.kept else []
         keys += report.returned
-        keys += [k for k in _written_keys(report) if not report.kept]
+        keys += _written_keys(report)  # named outputs always come back (``named_data``)
         for key in keys:
             obj = run.objects.get(key)
             nbytes = obj.nbytes if obj is not None else report.bytes_out
@@ -188,11 +190,13 @@ class Reports:
             if obj is None:
                 continue
             if mode is Mode.READ:
+                # Reads of it by this worker still on the way besides this one.
+                others = obj.readers.get(worker, 0) - 1
                 if completed:
-                    shared.append(key)
+                    shared.append(key)  # this read ends in ``read_done``, below
                 else:
                     obj.read_failed(worker)
-                if key in report.released and obj.readers.get(worker):
+                if key in report.released and others > 0:
                     self._share_again(obj, worker)
             elif key in report.returned or (key == report.key and not report.kept):
                 obj.owner = self.ctx.id
@@ -243,7 +247,7 @@ class Reports:
         elif IMAGE in step.reads and not report.key and not ins.output_key:
             made[IMAGE] = step.reads[IMAGE]  # read through a share, passed on unchanged
         for name, described in report.objects.items():
-            made[name] = self._registered(run, step, name, described, owner, worker)
+            made[name] = self._registered(run, step, name, described, self.ctx.id, worker)
         return made
 
     def _image(

@@ -102,6 +102,7 @@ class RunState:
     input_uri: str
     data: dict[str, Any] = field(default_factory=dict)  # input.data, given to every task
     result_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS
+    intermediate_format: str = "png"  # object-store: how images between tasks are stored
     max_parallel: int = DEFAULT_MAX_PARALLEL
     steps: dict[str, StepRun] = field(default_factory=dict)  # step run id -> its state
     made: dict[str, dict[str, Datum]] = field(default_factory=dict)  # step run -> outputs
@@ -172,6 +173,7 @@ class RunState:
             self.input_uri,
             data=self.data,
             result_format=self.result_format,
+            intermediate_format=self.intermediate_format,
             max_parallel=self.max_parallel,
             attempts=placed,
             key_prefix=f"wf-{self.workflow_id}-{secrets.token_hex(3)}",

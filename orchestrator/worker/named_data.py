@@ -12,9 +12,10 @@ the object again with a worker that still has reads of it to come.
 
 *Outputs* the task returned besides ``image``: each that a later step reads
 (``Instruction.outputs``) is written into a fresh object (a list output into one per element,
-``<key>.<i>``), created with ``return_to`` as recovery container and then kept (``keep``) or
-handed to ``return_to``; at a step whose outputs are the run's results (``store_prefix``) each
-is stored in S3 instead. What no step reads is dropped.
+``<key>.<i>``), created with ``return_to`` as recovery container and then handed to it (the
+scheduler moves them on; only the chain's image stays with a worker under ``keep``); at a step
+whose outputs are the run's results (``store_prefix``) each is stored in S3 instead. What no
+step reads is dropped.
 """
 
 from __future__ import annotations
@@ -226,8 +227,10 @@ class NamedData:
         return {"key": key, "kind": str(kind), "nbytes": size}
 
     def settle(self, ins: Instruction, made: list[cdi.CDIObject], exe: Execution) -> None:
-        """Keep the written outputs (``keep``) or hand them to ``return_to``."""
-        if ins.keep or not ins.return_to:
+        """Hand the written outputs to ``return_to``. *Why never kept:* the report's ``kept``
+        speaks for the chain's image alone, and the scheduler alone moves objects between the
+        workers of a graph."""
+        if not ins.return_to:
             return
         for obj in made:
             try:

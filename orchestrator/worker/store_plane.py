@@ -1,8 +1,8 @@
 """The ``object-store`` data plane: GET the input from S3, run, PUT the output (the baseline).
 
 The output is PUT even when the task left the image unchanged, so the next task always finds
-its input at the previous task's ``output_uri``. PNG keeps every plane's pixels identical.
-"""
+its input at the previous task's ``output_uri``, in the workflow's ``intermediate_format``
+(``png`` or ``raw`` keep every plane's pixels identical; ``jpeg`` does not)."""
 
 from __future__ import annotations
 

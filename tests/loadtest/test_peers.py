@@ -1,8 +1,10 @@
-"""A tiny run of each heavier peer: Ray (a local cluster) and Conductor (opt-in).
+"""A tiny run of each heavier peer: Ray (a local cluster), Temporal and Conductor (opt-in).
 
 Asserts completion, well-formed results and that nothing is left running, never timings.
-Conductor's server takes ~16 s and ~500 MB to start, so its test runs only with
-``CDIFLOW_TEST_CONDUCTOR=1``.
+Conductor's server takes ~20 s and ~500 MB to start, so its test runs only with
+``CDIFLOW_TEST_CONDUCTOR=1``. Temporal's CLI takes minutes to build on first use, so its
+test runs where it is built already (a benchmark run built it) or with
+``CDIFLOW_TEST_TEMPORAL=1``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 from loadtest.runner import BenchConfig, BenchReport, run_benchmark
 from orchestrator.services import RunningServices
+from orchestrator.settings import load_settings
 from tests.loadtest.conftest import require, unavailable
 
 
@@ -52,13 +55,20 @@ def _check(report: BenchReport, system: str) -> None:
     assert row["p50_latency_s"] > 0 and math.isfinite(row["throughput_wps"])
     # Its tasks measured their operations' CPU and passed the sum along to the result.
     assert row["ops_cpu_ms_per_workflow"] > 0, row
+    # Its stored results are the reference's pixels; its client noticed every end.
+    assert row["verified"]["ok"] and row["verified"]["matched"] == 4, row["verified"]
+    assert row["notice_p50_ms"] is not None, row
 
 
 @pytest.mark.timeout(600)
 def test_ray_completes_a_tiny_scenario_run(service_stack: RunningServices, tmp_path: Path) -> None:
     require("ray")
     before = _descendants()
-    _check(_run("ray", service_stack, tmp_path), "ray")
+    report = _run("ray", service_stack, tmp_path)
+    _check(report, "ray")
+    # Its object store said what it spilled to disk: nothing, at the size it was given.
+    stats = report.results[0].peer_stats
+    assert stats["spilled_bytes"] == 0 and stats["store_capacity_bytes"] > 0, stats
     assert _descendants() <= before, "Ray left processes behind"
 
 
@@ -74,3 +84,24 @@ def test_conductor_completes_a_tiny_scenario_run(
     before = _descendants()
     _check(_run("conductor", service_stack, tmp_path, tasks=4), "conductor")
     assert _descendants() <= before, "Conductor left processes behind"
+
+
+@pytest.mark.timeout(3600)
+def test_temporal_completes_a_tiny_scenario_run(
+    service_stack: RunningServices, tmp_path: Path
+) -> None:
+    require("temporalio")
+    from loadtest.systems.temporal_sys import CLI_VERSION, temporal_cli
+
+    built = (load_settings().data_dir / "peers" / f"temporal-cli-{CLI_VERSION}").exists()
+    if not built and os.environ.get("CDIFLOW_TEST_TEMPORAL") != "1":
+        reason = "the Temporal CLI is not built yet (minutes): set CDIFLOW_TEST_TEMPORAL=1"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    try:
+        temporal_cli()
+    except RuntimeError as exc:  # no Go here, or the build failed
+        unavailable(f"temporal cannot run here: {exc}")
+    before = _descendants()
+    _check(_run("temporal", service_stack, tmp_path), "temporal")
+    assert _descendants() <= before, "Temporal left processes behind"

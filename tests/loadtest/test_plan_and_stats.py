@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from cdiflow.cli import main
+from loadtest.arrivals import Arrivals
 from loadtest.cli import bench_workflows_command
 from loadtest.image_costs import bench_images_command, measure_image_costs
 from loadtest.images import chain_definition, chain_ops, chain_workflow, make_jpeg
@@ -170,6 +171,9 @@ def test_plots_are_written_for_each_scenario_present(tmp_path: Path) -> None:
         (["--scenario", "1", "--sizes", "10XB"], "cannot read"),
         (["--scenario", "2", "--concurrency", "0"], "each 1 or more"),
         (["--quick", "--systems", "celery"], "--quick measures"),
+        (["--scenario", "1", "--open-loop", "half"], "shares such as"),
+        (["--scenario", "1", "--open-loop", "0.5,0"], "each above 0"),
+        (["--scenario", "1", "--intermediate", "gif"], "'gif' is not one of"),
     ],
 )
 def test_the_command_refuses_bad_options_before_starting_anything(
@@ -183,6 +187,50 @@ def test_the_command_refuses_bad_options_before_starting_anything(
 def test_a_point_point_label_names_its_configuration() -> None:
     assert Point("2", (1, 2), 3, 50, 1).label() == "s2 mixed x3 c50"
     assert json.dumps(Point("1", (10_000,), 3, 10, 3).label()) == '"s1 10KB x3 c10"'
+    assert Point("1", (10_000,), 3, 10, 3, arrival_rate=12.5).label() == "s1 10KB x3 r12.5"
+
+
+def test_a_closed_loop_starts_each_users_next_workflow_when_its_last_ends() -> None:
+    arrivals = Arrivals(3, 2, 0.0, seed=1)
+    assert arrivals.initial() == [0, 1, 2] and arrivals.due_in() is None
+    for user in arrivals.initial():
+        arrivals.take(user)
+    assert arrivals.again(1)
+    arrivals.take(1)
+    assert not arrivals.again(1) and arrivals.again(0)
+    # Users draw as locust's users draw: the same generator per user and seed.
+    assert arrivals.rngs[2].random() == Arrivals(3, 2, 0.0, seed=1).rngs[2].random()
+
+
+def test_an_open_loop_starts_workflows_at_its_rate_whatever_ends() -> None:
+    arrivals = Arrivals(1, 3, 10.0, seed=1)
+    assert arrivals.initial() == []
+    due = arrivals.due_in()
+    assert due is not None and due <= 0  # the first start is due at once
+    arrivals.take(0)
+    due = arrivals.due_in()
+    assert due is not None and 0.05 < due <= 0.1  # the next 1 / rate after the first
+    assert not arrivals.again(0)  # an end starts nothing in an open loop
+    arrivals.take(0)
+    arrivals.take(0)
+    assert arrivals.due_in() is None  # all three started
+
+
+def test_the_time_a_client_took_to_notice_is_summarised() -> None:
+    records = [
+        WorkflowRecord("celery", 10_000, 3, 100.0, 101.0, "COMPLETED", noticed_at=101.002),
+        WorkflowRecord("celery", 10_000, 3, 100.0, 102.0, "COMPLETED", noticed_at=102.004),
+        WorkflowRecord("celery", 10_000, 3, 100.0, 101.5, "COMPLETED", noticed_at=101.503),
+        WorkflowRecord("celery", 10_000, 3, 100.0, None, "FAILED"),
+    ]
+    assert records[0].notice_s == pytest.approx(0.002, abs=1e-9) and records[3].notice_s is None
+    result = summarize_point(
+        records, system="celery", scenario="1", size=10_000, tasks=3, concurrency=2,
+        link="loopback",
+    )  # fmt: skip
+    assert result.notice_p50_ms == pytest.approx(3.0, abs=0.01)
+    assert result.notice_mean_ms == pytest.approx(3.0, abs=0.01)
+    assert result.p95_latency_s == 2.0
 
 
 @pytest.mark.parametrize(
@@ -193,6 +241,13 @@ def test_a_point_point_label_names_its_configuration() -> None:
         ("postgres: cdiflow bench_x 127.0.0.1(5000) idle", "postgres"),
         ("python -m celery -A loadtest.systems.celery_app worker", "celery workers"),
         ("java -Xmx768m -jar /d/conductor-server-3.32.3-boot.jar", "conductor server"),
+        (
+            "java -jar /d/conductor-server-3.32.3-boot.jar --conductor.db.type=postgres "
+            "--spring.datasource.url=jdbc:postgresql://127.0.0.1:5432/x",
+            "conductor server",
+        ),
+        ("/d/temporal server start-dev --headless --db-filename=/t/temporal.db", "temporal server"),
+        ("python -m loadtest.systems.temporal_worker 127.0.0.1:7233", "temporal workers"),
         ("ray::_step", "ray"),
         ("python -m locust -f loadtest/locustfile.py --headless", "locust (clients)"),
         # The benchmark's own command line names systems; it must not be taken for them.
@@ -268,3 +323,38 @@ def test_what_exited_processes_measured_of_themselves_joins_their_component() ->
     assert used["locust (clients)"]["sys_ms_per_workflow"] == 10.0
     assert used["locust (clients)"]["peak_rss_mib"] == 64.0
     assert "benchmark driver" in used  # the processes still there are measured as before
+
+
+def test_rays_object_store_holds_the_images_a_point_keeps_in_flight(tmp_path: Path) -> None:
+    import psutil
+    from PIL import Image
+
+    from loadtest.images import sized_images
+    from loadtest.measure import in_flight_bytes
+    from loadtest.systems.ray_sys import MIN_OBJECT_STORE_BYTES, object_store_bytes
+
+    paths = sized_images(tmp_path, [10_000, 100_000])
+    pixels = {}
+    for size, path in paths.items():
+        with Image.open(path) as img:
+            pixels[size] = img.width * img.height * 3
+    points = [Point("1", (10_000,), 3, 10, 1), Point("2", (10_000, 100_000), 3, 50, 1)]
+    # The larger of 10 small images and 50 of the two sizes' mean.
+    expected = max(10 * pixels[10_000], int(50 * (pixels[10_000] + pixels[100_000]) / 2))
+    assert in_flight_bytes(points, paths) == expected
+    assert object_store_bytes(0) == MIN_OBJECT_STORE_BYTES
+    assert object_store_bytes(2**30) == int(1.5 * 2**30) + MIN_OBJECT_STORE_BYTES
+    assert object_store_bytes(2**50) == psutil.virtual_memory().total // 2  # never above half
+
+
+def test_an_open_loop_row_is_set_against_the_floors_latency_at_the_same_load() -> None:
+    def row(system: str, p50: float, tput: float, load: float | None) -> PointResult:
+        return PointResult(system, "1", 10_000, 3, 10, 10, 0, p50, p50, p50, tput, load=load)
+
+    rows = compare_to_floor(
+        [row("floor", 0.1, 50.0, None), row("floor", 0.05, 25.0, 0.5),
+         row("affinity", 0.3, 20.0, None), row("affinity", 0.2, 10.0, 0.5)]
+    )  # fmt: skip
+    closed, opened = rows[2], rows[3]
+    assert closed.throughput_vs_floor == 0.4 and closed.overhead_p50_s == 0.2
+    assert opened.throughput_vs_floor is None and opened.overhead_p50_s == 0.15

@@ -72,10 +72,26 @@ def test_every_cheap_system_completes_a_tiny_scenario_run(
         min_workflows=2,
         data_dir=tmp_path,
         time_limit_s=240,
+        loads=(0.5,),
     )
     report = run_benchmark(config, services=service_stack, redis_db_from=1)
-    rows = report.as_dict()["results"]
+    every = report.as_dict()["results"]
     json.dumps(report.as_dict())  # the --json payload serialises
+    # Each system's closed-loop point, then the same point as an open loop at half its pace.
+    assert [(r["system"], r["load"]) for r in every] == [
+        (s, x) for s in SYSTEMS for x in (None, 0.5)
+    ]
+    for closed, opened in zip(every[::2], every[1::2], strict=True):
+        assert opened["arrival_rate_wps"] == pytest.approx(0.5 * closed["throughput_wps"], 0.01)
+        assert (opened["completed"], opened["failed"]) == (2, 0), opened
+    rows = every[::2]
+    # Every system's results were read back and are the reference's pixels (the floor stores
+    # none), and every client noticed each end.
+    for row in every:
+        assert row["verified"]["ok"], row["verified"]
+        assert row["notice_p50_ms"] is not None and row["notice_p50_ms"] >= 0, row
+        if row["system"] != "floor":
+            assert row["verified"]["matched"] == row["completed"] == 2, row["verified"]
     assert [r["system"] for r in rows] == list(SYSTEMS)
     for row in rows:
         assert row.keys() >= RESULT_FIELDS

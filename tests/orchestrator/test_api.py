@@ -295,6 +295,18 @@ def test_start_validation(api_client: TestClient, change: dict[str, Any], says: 
     assert says in response.text
 
 
+def test_a_graph_on_the_object_store_plane_is_refused_saying_to_use_the_cdi_plane(
+    api_client: TestClient,
+) -> None:
+    """The object-store plane carries one image from step to step: a fork cannot run on it."""
+    body = {"workflow": "fork_join_pipeline", "input": IMAGE, "data_plane": "object-store"}
+    response = api_client.post("/api/workflows", json=body)
+    assert response.status_code == 422, response.text
+    assert "start the run on the cdi plane" in response.text
+    assert "steps 'sharpen', 'smooth' all start the workflow" in response.text
+    assert _start(api_client, "fork_join_pipeline")["data_plane"] == "cdi"
+
+
 def test_start_without_image_is_dataless(api_client: TestClient) -> None:
     """No image: a dataless run, stored with exactly what was given (no nulls)."""
     body = {"workflow": "noop_pipeline", "input": {"data": {"order": 42}}}

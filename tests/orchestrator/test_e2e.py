@@ -203,6 +203,31 @@ def test_a_jpeg_result_is_the_jpeg_of_the_same_pixels(harness: Harness, plane: s
     assert np.array_equal(result, np.asarray(Image.open(io.BytesIO(reference))))
 
 
+def test_the_object_store_plane_stores_intermediates_in_the_format_asked(
+    harness: Harness,
+) -> None:
+    """intermediate_format=raw keeps the images between tasks lossless (the result is the
+    pipeline's to the pixel); jpeg degrades them (same size, other pixels)."""
+    sample = bundled_samples()["green_field.jpg"]
+    image = harness.upload("in/intermediate.jpg", sample.read_bytes())
+    pixels, label = expected(sample)
+    results = {}
+    for fmt in ("raw", "jpeg"):
+        body = {"workflow": "image_pipeline", "input": {"image": image, "intermediate_format": fmt},
+                "policy": "transfer", "data_plane": "object-store"}  # fmt: skip
+        reply = harness.api.post("/api/workflows", json=body)
+        assert reply.status_code == 201, reply.text
+        done = harness.wait(reply.json()["id"])
+        assert done["status"] == "COMPLETED", done["error"]
+        assert done["result_uri"].endswith(".png") and done["output"]["label"] == label
+        results[fmt] = np.asarray(Image.open(io.BytesIO(harness.download(done["result_uri"]))))
+    assert np.array_equal(results["raw"], pixels)
+    assert results["jpeg"].shape == pixels.shape and not np.array_equal(results["jpeg"], pixels)
+    bad = {"workflow": "image_pipeline", "input": {"image": image, "intermediate_format": "gif"}}
+    reply = harness.api.post("/api/workflows", json=bad)
+    assert reply.status_code == 422 and "intermediate_format" in reply.text, reply.text
+
+
 def _half_a_jpeg() -> bytes:
     out = io.BytesIO()
     noise = np.random.default_rng(7).integers(0, 256, (120, 160, 3), dtype=np.uint8)

@@ -191,9 +191,15 @@ def test_a_dead_schedulers_workflows_go_to_a_live_one_and_a_live_ones_stay(
         close_scheduler(dying)  # its connections close: its lock is gone
         _until_its_lock_is_gone(api_sessions, dying.id)
 
-        for each in (alive, survivor):  # whoever holds the lease takes over; once
-            each._reconcile()
-        holders = [each for each in (alive, survivor) if uuid.UUID(orphan) in each.runs]
+        # Whoever holds the lease takes it over, once: as soon as Postgres has seen the dead
+        # one's connection close (its backend ends a moment after the client).
+        deadline = time.monotonic() + 10
+        holders: list[Scheduler] = []
+        while not holders and time.monotonic() < deadline:
+            for each in (alive, survivor):
+                each._reconcile()
+            holders = [each for each in (alive, survivor) if uuid.UUID(orphan) in each.runs]
+            time.sleep(0.1)
         assert len(holders) == 1, "the dead scheduler's workflow was taken over once"
         step = holders[0].runs[uuid.UUID(orphan)].steps["noop1"]
         assert step.attempt == 2  # placed or waiting for room

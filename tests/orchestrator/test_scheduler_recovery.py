@@ -280,6 +280,60 @@ def test_a_forks_branches_go_out_together_and_its_join_waits_for_both(
     assert sorted(r["ref"] for r in detail["task_runs"]) == ["a", "b1", "b2", "c"]
 
 
+def test_a_fan_out_goes_out_no_more_than_the_runs_parallelism_at_once(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+) -> None:
+    """Five elements, at most two out at once: each report lets the next one go; the join
+    gets every element's output, in order."""
+    beat(api_redis, started_at=1000.0)
+    queue = keys.worker_queue_key(WORKER)
+    api_redis.delete(queue)
+    name = _store_definition(api_sessions, [
+        {"ref": "split", "task": "noop"},
+        {"ref": "each", "task": "noop", "inputs": {"x": "split.items"}, "for_each": "x"},
+        {"ref": "join", "task": "noop", "inputs": {"all": "each.n"}},
+    ])  # fmt: skip
+    started = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
+    assert started.status_code == 201, started.text
+    scheduler.claims.claim()
+    run = scheduler.runs[uuid.UUID(started.json()["id"])]
+    run.max_parallel = 2
+
+    def popped() -> list[Instruction]:
+        raws = [str(raw) for raw in reversed(api_redis.lrange(queue, 0, -1))]
+        return [Instruction.loads(raw) for raw in raws if api_redis.lrem(queue, 1, raw)]
+
+    def report(ins: Instruction, output: dict[str, Any]) -> None:
+        now = time.time()
+        done = Report(ins.task_run_id, ins.workflow_id, WORKER, TaskRunStatus.COMPLETED, now,
+                      now, output=output)  # fmt: skip
+        api_redis.lpush(scheduler.reply_key, done.dumps())
+        scheduler.step()
+
+    [split] = popped()
+    report(split, {"items": [10, 20, 30, 40, 50]})
+    out = popped()
+    assert [i.ref for i in out] == ["each[0]", "each[1]"]
+    assert [i.inputs["x"] for i in out] == [{"value": 10}, {"value": 20}]
+    sent, join = [i.ref for i in out], None
+    while out:
+        ins = out.pop(0)
+        report(ins, {"n": ins.inputs["x"]["value"] + 1})
+        for new in popped():
+            if new.ref == "join":
+                join = new
+            else:
+                out.append(new)
+                sent.append(new.ref)
+        assert len(out) <= 2, [i.ref for i in out]  # never more than two out
+    assert sent == [f"each[{i}]" for i in range(5)]
+    assert join is not None
+    assert join.inputs["all"] == {"items": [{"value": n} for n in (11, 21, 31, 41, 51)]}
+
+
 def test_a_stored_definition_that_cannot_run_fails_its_run_with_the_reason(
     scheduler: Scheduler,
     api_client: TestClient,

@@ -14,6 +14,7 @@ from workflows.errors import InvalidImage, ResultTooLarge
 from workflows.imagebuf import (
     HEADER_SIZE,
     MAGIC,
+    RESULT_FORMATS,
     ImageHeader,
     decode_bytes,
     decode_into,
@@ -269,10 +270,19 @@ def test_normalize_float_in_unit_range() -> None:
 # --- decode / encode ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fmt", ["PNG", "TIFF"])
 @pytest.mark.parametrize("mode", ["L", "RGB", "RGBA"])
-def test_png_decode_is_lossless(mode: str) -> None:
+def test_lossless_formats_decode_to_the_same_pixels(mode: str, fmt: str) -> None:
     img = random_image(mode)
-    assert decode_bytes(encode_image(img, "PNG")).tobytes() == img.tobytes()
+    assert decode_bytes(encode_image(img, fmt)).tobytes() == img.tobytes()
+
+
+def test_raw_is_an_uncompressed_tiff() -> None:
+    img = random_image("RGB", (64, 48))
+    data = encode_image(img, RESULT_FORMATS["raw"].pillow)
+    with Image.open(io.BytesIO(data)) as opened:
+        assert opened.format == "TIFF" and opened.info.get("compression") == "raw"
+    assert len(data) >= 64 * 48 * 3  # every pixel, none compressed away
 
 
 def test_jpeg_round_trip_is_close() -> None:
