@@ -83,7 +83,20 @@ def _diamond(harness: Harness, name: str, left: str = "nap_blur", ms: int = 1500
 
 def _start(harness: Harness, workflow: str, sample: str, policy: str = "transfer") -> str:
     image = harness.upload(f"in/{workflow}-{sample}", bundled_samples()[sample].read_bytes())
+    _two_idle_workers(harness)
     return harness.start(image, policy, workflow=workflow)
+
+
+def _two_idle_workers(harness: Harness) -> None:
+    """Wait until both workers beat as alive and idle (the previous test's, or a restarted
+    worker's, may not yet): branches can only overlap on two workers placement sees free."""
+
+    def ready() -> bool:
+        workers = harness.api.get("/api/workers").json()
+        alive = [w for w in workers if w["alive"] and w["heartbeat_age_s"] < 2.5]
+        return len(alive) == 2 and not any(w["running"] or w["queue_depth"] for w in alive)
+
+    wait_for(ready, "two live, idle workers", timeout=30)
 
 
 def _no_object_left(harness: Harness, workflow_id: str) -> None:
