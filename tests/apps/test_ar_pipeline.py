@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 
@@ -19,8 +18,8 @@ from apps.ar.config import RunConfig
 from apps.ar.errors import RoleFailed
 from apps.ar.launch import PipelineResult, run_floor, run_pipeline
 from cdi.minion.process import MinionChild
+from tests.apps.ar_checks import assert_like_reference, config_for
 from workflows.ar.sample import SampleVideo, make_sample_video
-from workflows.ar.video import probe, read_frames
 
 FRAMES = 12
 
@@ -41,16 +40,7 @@ def minion() -> Iterator[MinionChild]:
 
 @pytest.fixture(scope="module")
 def base(video: Path, minion: MinionChild) -> RunConfig:
-    info = probe(video)
-    return RunConfig(
-        backend="floor",
-        video=str(video),
-        width=info.width,
-        height=info.height,
-        detectors=2,
-        minion=minion.socket_path,
-        timeout_s=20,
-    )
+    return config_for(video, minion=minion.socket_path)
 
 
 @pytest.fixture(scope="module")
@@ -79,19 +69,9 @@ def test_every_backend_gives_the_reference_video_frame_by_frame(
 ) -> None:
     out = tmp_path / f"{backend}.mp4"
     config = replace(base, backend=backend, output=str(out), run_id=f"ar-{backend}")
-    result = run_pipeline(config, minion_pid=minion.pid if backend == "cdi-shm" else None)
+    result = run_pipeline(config, [minion.pid] if backend == "cdi-shm" else ())
 
-    assert result.frames == FRAMES
-    assert result.boxes() == reference.boxes()  # the same boxes, frame by frame
-    assert sum(len(boxes) for boxes in result.boxes()) >= 2 * FRAMES  # people were found
-    assert [r.frames for r in result.of("detector")] == [FRAMES // 2, FRAMES // 2]
-    # Decodable, and the same pixels as the reference's output: the detectors drew the same
-    # boxes and the encoder is deterministic.
-    assert reference.config.output is not None
-    produced = list(read_frames(out))
-    expected = list(read_frames(reference.config.output))
-    assert len(produced) == FRAMES
-    assert all(np.array_equal(a, b) for a, b in zip(produced, expected, strict=True))
+    assert_like_reference(result, reference, out, FRAMES)
     assert set(result.cpu_ms_per_frame()) >= {"extractor", "detector", "combinator"}
     assert result.fps > 0 and result.latency_ms_p50 > 0
     if backend == "cdi-shm":
