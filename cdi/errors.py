@@ -13,7 +13,8 @@ catch ``CDIError`` (or a branch of it) and get a message a person can act on.
     ├── NotRegistered               an operation before ``register``
     ├── ContainerError
     │   ├── UnknownContainer        a transfer to a container nobody registered
-    │   └── ContainerExists         a live container already uses that id
+    │   ├── ContainerExists         a live container already uses that id
+    │   └── NameNotAllowed          that id is reserved for another uid (also PermissionError)
     ├── ObjectError
     │   ├── KeyExists               ``create``/``copy`` onto a key that exists      (paper: 0)
     │   ├── ObjectNotFound          no object with that key (or it was destroyed)  (paper: 0)
@@ -43,6 +44,7 @@ __all__ = [
     "InvalidArgument",
     "KeyExists",
     "MinionUnavailable",
+    "NameNotAllowed",
     "NotOwner",
     "NotRegistered",
     "ObjectError",
@@ -120,6 +122,12 @@ class ContainerExists(ContainerError):
     """A live container is already registered under that id."""
 
     code = "container_exists"
+
+
+class NameNotAllowed(ContainerError, PermissionError):
+    """The minion's configuration reserves that container id for another uid (``--names``)."""
+
+    code = "name_not_allowed"
 
 
 class ObjectError(CDIError):
@@ -200,6 +208,7 @@ _BY_CODE: dict[str, type[CDIError]] = {
         ContainerError,
         UnknownContainer,
         ContainerExists,
+        NameNotAllowed,
         ObjectError,
         KeyExists,
         ObjectNotFound,

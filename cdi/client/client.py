@@ -15,17 +15,16 @@ import mmap
 import os
 import threading
 import time
-from contextlib import suppress
 from typing import Any
 
 from cdi import protocol
 from cdi.client.connection import MinionConnection
 from cdi.client.gateway_link import GatewayLink
 from cdi.client.handle import CDIObject
-from cdi.client.mapcache import MappingCache
 from cdi.client.mapping import Mapping
+from cdi.client.owned import OwnedMappings
 from cdi.client.reading import ReadMappings
-from cdi.errors import AccessTimeout, BufferInUse, NotRegistered, ObjectNotFound, ProtocolError
+from cdi.errors import AccessTimeout, NotRegistered, ObjectNotFound, ProtocolError
 from cdi.protocol import Isolation, Op
 from cdi.url import resolve_socket_path
 
@@ -54,15 +53,11 @@ class Client:
         if spin_us is None:
             spin_us = int(os.environ.get("CDI_SPIN_US", "200"))
         self._conn = MinionConnection(self.socket_path, timeout, spin_us=spin_us)
-        self._maps: dict[str, Mapping] = {}
-        # Mappings of cooperative objects we gave away or destroyed (see mapcache). When the
-        # object comes back, or a new one lives in the same segment, the minion sends no fd and
-        # we neither mmap nor fault the pages in again. No view of a cached mapping exists: it is
-        # usable again only after the minion grants an object in its segment to us.
         if cache_bytes is None:
             cache_bytes = int(os.environ.get("CDI_MAP_CACHE_BYTES", str(DEFAULT_CACHE_BYTES)))
-        self._cache: MappingCache[Mapping] = MappingCache(cache_bytes)
-        self._maps_lock = threading.Lock()
+        self._owned = OwnedMappings(cache_bytes)
+        self._maps = self._owned.maps  # key -> our mapping of an object we own alone
+        self._cache = self._owned.cache  # mappings kept for the objects' return (see owned)
         self._reads = ReadMappings(self._conn)
         self.container_id: str | None = None
         self.host: str | None = None
@@ -85,15 +80,7 @@ class Client:
 
     def close(self) -> None:
         """Unmap everything and disconnect (objects we still own go to their recovery container)."""
-        with self._maps_lock:
-            for mapping in [*self._maps.values(), *self._cache.clear()]:
-                for view in mapping.views:
-                    # The caller may still hold an export; then the mapping dies with it.
-                    with suppress(BufferError):
-                        view.release()
-                with suppress(BufferError):
-                    mapping.mm.close()
-            self._maps.clear()
+        self._owned.close()
         self._reads.close()
         self._gateway.close()
         self._conn.close()
@@ -128,8 +115,7 @@ class Client:
         key = protocol.check_key(key)
         args: dict[str, Any] = {"key": key, "size": size}
         if type(size) is int and size >= 0:
-            with self._maps_lock:
-                offer = self._cache.segments_of_capacity(protocol.size_class(size))
+            offer = self._owned.offer(protocol.size_class(size))
             if offer:
                 args["have"] = offer  # the minion reuses one of these if it is free: no fd
         if isolation is not None:
@@ -214,11 +200,6 @@ class Client:
             if deadline is not None:
                 timeout = max(0.0, deadline - time.monotonic())
 
-    def _cached_segment(self, key: str) -> int | None:
-        """The segment id of our cached mapping of ``key``, to tell the minion we have it."""
-        mapping = self._cache.get(key)
-        return mapping.segment if mapping is not None else None
-
     def _grant(
         self,
         key: str,
@@ -229,7 +210,7 @@ class Client:
     ) -> Mapping:
         """Ask for ``key``'s memory (``access``) and map it, reusing our cached mapping when the
         minion says it is of the same segment (then it sends no fd)."""
-        have = self._cached_segment(key)
+        have = self._owned.cached_segment(key)
         if have is not None:
             args["have"] = have
         try:
@@ -238,31 +219,16 @@ class Client:
             else:
                 reply, fd = self._conn.call(op, key=key, **args)
         except ObjectNotFound:
-            self._drop_cached(key)
+            self._owned.drop_cached(key)
             raise
         return self._map(key, reply, fd, populate)
-
-    def _reuse(self, key: str, reply: dict[str, Any]) -> Mapping | None:
-        """Take a cached mapping of the granted segment — ours of ``key``, or of an earlier
-        object in the same segment — and make it ``key``'s; ``None`` if we have none."""
-        segment, capacity = reply.get("segment"), reply["capacity"]
-        if type(segment) is not int or reply.get("isolation") != Isolation.COOPERATIVE:
-            return None
-        with self._maps_lock:
-            mapping = self._cache.pop_segment(segment, capacity)
-            if mapping is None or mapping.mm.closed:
-                return None
-            mapping.size = reply["size"]
-            mapping.generation = reply["generation"]
-        self._install(key, mapping)
-        return mapping
 
     def _map(
         self, key: str, reply: dict[str, Any], fd: int | None, populate: bool = False
     ) -> Mapping:
         """Make the memory of a grant ``key``'s mapping: a cached one if we still map the
         segment (then an fd sent anyway is closed unused), else a new ``mmap`` of ``fd``."""
-        mapping = self._reuse(key, reply)
+        mapping = self._owned.reuse(key, reply)
         if mapping is not None:
             if fd is not None:
                 os.close(fd)
@@ -286,108 +252,32 @@ class Client:
             reply.get("segment"),
             reply.get("isolation", Isolation.COOPERATIVE) == Isolation.COOPERATIVE,
         )
-        self._install(key, mapping)
+        self._owned.install(key, mapping)
         return mapping
-
-    def _install(self, key: str, mapping: Mapping) -> None:
-        """Make ``mapping`` the one we own ``key`` through; unmap any earlier one of ``key``."""
-        with self._maps_lock:
-            old = self._maps.pop(key, None)
-            self._maps[key] = mapping
-            stale = self._cache.pop(key)
-        for gone in (old, stale):
-            if gone is not None and gone is not mapping:
-                gone.close(key)
-
-    def _drop_cached(self, key: str) -> None:
-        with self._maps_lock:
-            mapping = self._cache.pop(key)
-        if mapping is not None:
-            mapping.close(key)
-
-    def _keep(self, key: str, mapping: Mapping) -> None:
-        """Cache the mapping of an object we gave away or destroyed (its views are already
-        revoked), or unmap it; evict the least recently used mappings beyond the budget."""
-        with self._maps_lock:
-            if (
-                mapping.cacheable
-                and not mapping.mm.closed
-                and self._cache.fits(mapping)
-                and key not in self._maps
-            ):
-                evicted = self._cache.put(key, mapping)
-            else:
-                evicted = [(key, mapping)]
-        for old_key, old in evicted:
-            old.close(old_key)
-
-    def _revoke(self, key: str, detach: bool = False) -> Mapping | None:
-        """Take back our views of ``key`` and forget its mapping; the caller unmaps it.
-
-        ``detach``: if views are still referenced, forget the mapping anyway and leave it to
-        them (it is unmapped when the last goes); cooperative objects only."""
-        with self._maps_lock:
-            mapping = self._maps.get(key)
-            if mapping is None:
-                return None
-            try:
-                mapping.revoke(key)
-            except BufferInUse:
-                if not (detach and mapping.cacheable):
-                    raise
-                del self._maps[key]
-                return None
-            del self._maps[key]
-            return mapping
-
-    def _share(self, key: str, readers: list[str]) -> list[str]:
-        """Share ``key``: revoke our views (``BufferInUse`` first if one is held), send, then
-        keep our mapping for the object's return to us alone (cached, as after a transfer)."""
-        self._require_registered()
-        mapping = self._revoke(key)
-        try:
-            reply, _ = self._conn.call(Op.SHARE, key=key, readers=readers)
-        except BaseException:
-            if mapping is not None:
-                self._install(key, mapping)  # nothing was shared: still ours alone
-            raise
-        if mapping is not None:
-            self._keep(key, mapping)
-        return list(reply["readers"])
-
-    def _read(self, key: str, timeout: float | None) -> memoryview:
-        """A read-only view of ``key``: of our own mapping while we own it alone, else of a
-        read-only mapping the minion grants once we may read."""
-        self._require_registered()
-        mapping = self._maps.get(key)
-        if mapping is not None:
-            return mapping.read_view()
-        return self._reads.read(key, timeout).read_view()
-
-    def _release(self, key: str) -> bool:
-        self._require_registered()
-        return self._reads.release(key)
 
     def _give_up(self, key: str, op: Op, detach: bool = False, **args: Any) -> dict[str, Any]:
         """Run an operation that ends our ownership: revoke our views (no code of ours can touch
-        the bytes any more), send, then unmap — or, after a transfer of a cooperative object,
-        keep the mapping for the object's return. Unmapping 10 MB costs ~0.5 ms, which the new
-        owner must not wait for."""
+        the bytes any more), send, then unmap — or, after a transfer or destroy of a cooperative
+        object whose memory only our uid was ever handed (the minion says ``keep_mapping``),
+        keep the mapping for the object's return, or for a later object of ours in the same
+        segment: the minion's pool gives that segment to our uid only. Unmapping 10 MB costs
+        ~0.5 ms, which the new owner must not wait for: it happens after the reply."""
         self._reads.drop(key)  # what we read while we had shared it
-        mapping = self._revoke(key, detach)
-        # A destroyed object's segment goes back to the minion's pool: a later object of ours
-        # may get it, and then this mapping serves it without an mmap or page faults.
+        mapping = self._owned.revoke(key, detach)
         keep = op is Op.TRANSFER or op is Op.DESTROY
+        reply: dict[str, Any] | None = None
         try:
             reply, _ = self._conn.call(op, key=key, **args)
         finally:
+            if reply is not None and reply.get("keep_mapping") is False:
+                keep = False  # another uid was handed this memory: never map it again
             if mapping is not None:
                 if keep:
-                    self._keep(key, mapping)
+                    self._owned.keep(key, mapping)
                 else:
                     mapping.close(key)
         if not keep:
-            self._drop_cached(key)
+            self._owned.drop_cached(key)
         return reply
 
 

@@ -197,7 +197,18 @@ class CDIObject:
         nothing is shared). Until every reader has released its share, nobody writes the
         object, we included. Returns every container that holds a share now."""
         ids = [protocol.check_container_id(r) for r in readers]
-        return self.client._share(self.key, ids)
+        client = self.client
+        client._require_registered()
+        mapping = client._owned.revoke(self.key)
+        try:
+            reply, _ = client._conn.call(Op.SHARE, key=self.key, readers=ids)
+        except BaseException:
+            if mapping is not None:
+                client._owned.install(self.key, mapping)  # nothing was shared: still ours alone
+            raise
+        if mapping is not None:
+            client._owned.keep(self.key, mapping)  # for the object's return to us alone
+        return list(reply["readers"])
 
     def read(self, timeout: float | None = None) -> memoryview:
         """A read-only view of the object's bytes, for its owner or a reader of a share.
@@ -207,14 +218,18 @@ class CDIObject:
         once. A copy of the bytes: ``bytes(obj.read())``. A reader's mapping is read-only in the
         kernel: no write through it can succeed. The view is revoked by ``release()``."""
         _check_timeout(timeout)
-        view = self.client._read(self.key, timeout)
-        self._size = view.nbytes
-        return view
+        self.client._require_registered()
+        mapping = self.client._maps.get(self.key)  # ours alone: read through our own mapping
+        if mapping is None:
+            mapping = self.client._reads.read(self.key, timeout)
+        self._size = mapping.size
+        return mapping.read_view()
 
     def release(self) -> bool:
         """Give up our share (a reader) and unmap what ``read()`` mapped; whether we held a
         share. When the last reader releases, the owner may write again."""
-        return self.client._release(self.key)
+        self.client._require_registered()
+        return self.client._reads.release(self.key)
 
     @contextmanager
     def reading(self, timeout: float | None = None) -> Iterator[memoryview]:

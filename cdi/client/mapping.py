@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from cdi.client.exports import exports_of
@@ -55,6 +56,15 @@ class Mapping:
             self.close(key)  # this interpreter hides the count: find out by closing
         elif exports:
             raise in_use(key)
+
+    def close_quietly(self) -> None:
+        """Release our views and unmap; a view the caller still holds keeps the memory mapped
+        until it is dropped."""
+        for view in self.views:
+            with suppress(BufferError):
+                view.release()
+        with suppress(BufferError):
+            self.mm.close()
 
     def close(self, key: str) -> None:
         if self.mm.closed:

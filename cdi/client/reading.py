@@ -5,7 +5,6 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from contextlib import suppress
 
 from cdi.client.connection import MinionConnection
 from cdi.client.mapping import Mapping
@@ -74,8 +73,4 @@ class ReadMappings:
         with self._lock:
             mappings, self._maps = list(self._maps.values()), {}
         for mapping in mappings:
-            for view in mapping.views:
-                with suppress(BufferError):
-                    view.release()
-            with suppress(BufferError):
-                mapping.mm.close()
+            mapping.close_quietly()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import grp
 import logging
 import sys
 import threading
@@ -13,6 +14,7 @@ import click
 from cdi.errors import ConfigError
 from cdi.minion import native
 from cdi.minion.config import MinionConfig, parse_bytes
+from cdi.minion.names import parse_names
 from cdi.minion.server import Minion
 from cdi.protocol import Isolation
 from cdi.remote.transport import TRANSPORTS
@@ -64,6 +66,8 @@ def _config(
     isolation: str,
     prewarm: str,
     busy_poll_us: int,
+    names: str,
+    socket_group: str | None,
 ) -> MinionConfig:
     """The command's options, checked: ``ConfigError`` says what is wrong."""
     extra: dict[str, Any] = {}
@@ -78,8 +82,20 @@ def _config(
         controller_url=controller_url,
         prewarm=_prewarm(prewarm),
         busy_poll_us=busy_poll_us,
+        names=parse_names(names),
+        socket_group=_group(socket_group) if socket_group else None,
         **extra,
     )
+
+
+def _group(name: str) -> int:
+    """A group name or number as a gid."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ConfigError(f"--socket-group {name!r}: no such group on this machine") from None
 
 
 def build_minion(config: MinionConfig) -> Minion:
@@ -126,6 +142,20 @@ def choose_binary(implementation: str) -> str | None:
     help="Default isolation of new objects.",
 )
 @click.option("--prewarm", default="", help="Warm segments at start, e.g. 1MB:4,10MB:2.")
+@click.option(
+    "--names",
+    default="",
+    envvar="CDI_MINION_NAMES",
+    help="Which uid may register which container ids, e.g. 'worker-*=10004,sched-*=cdiflow' "
+    "(first match decides; ids no rule names: the minion's own uid only).",
+)
+@click.option(
+    "--socket-group",
+    default=None,
+    envvar="CDI_SOCKET_GROUP",
+    help="Group (name or gid) whose members may connect to the socket (mode 0660); default: "
+    "the minion's own group.",
+)
 @click.option(
     "--busy-poll-us",
     default=1000,

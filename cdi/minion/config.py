@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from cdi.errors import ConfigError
+from cdi.minion.names import NameRule
 from cdi.protocol import Isolation
 from cdi.url import default_socket_path
 
@@ -72,8 +73,14 @@ class MinionConfig:
     busy_poll_us: int = 1000
     """After a container starts waiting in ``access()``, poll (burning CPU) this long before
     sleeping, so the hand-off does not pay a process wake-up; 0 disables."""
-    socket_mode: int = 0o666
-    """Permissions of the socket file: any local uid may connect; ownership is enforced inside."""
+    socket_mode: int = 0o660
+    """Permissions of the socket file: the minion's uid and the socket's group connect."""
+    socket_group: int | None = None
+    """Group of the socket file (``--socket-group``): the containers' processes join it. None:
+    the minion's own group."""
+    names: tuple[NameRule, ...] = ()
+    """Which uid may register which container ids (``--names``, see ``cdi.minion.names``);
+    an id no rule matches may be registered only by the minion's own uid."""
 
     def __post_init__(self) -> None:
         if self.memory_limit <= 0:

@@ -76,6 +76,10 @@ def native_argv(binary: str, config: MinionConfig) -> list[str]:
         "--socket-mode",
         f"{config.socket_mode:o}",
     ]
+    if config.socket_group is not None:
+        argv += ["--socket-group", str(config.socket_group)]
+    if config.names:
+        argv += ["--names", ",".join(str(rule) for rule in config.names)]
     if config.prewarm:
         argv += ["--prewarm", ",".join(f"{size}:{n}" for size, n in config.prewarm.items())]
     return argv

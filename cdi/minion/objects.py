@@ -26,6 +26,9 @@ class Connection:
     """Deferred ``access`` requests: request id -> key."""
     have: dict[int, int] = field(default_factory=dict)
     """Deferred ``access`` requests whose caller still maps a segment: request id -> its id."""
+    pidfd: int | None = None
+    """The registered process (SO_PEERPIDFD): its exit ends the connection even while a child
+    it forked without exec keeps the socket open."""
     doomed: bool = False
     """A send to it failed (or it is closed): it gets nothing more and is closed, with its
     objects recovered, once the request in hand is answered."""
@@ -52,8 +55,9 @@ class StoredObject:
     recovery: str
     isolation: Isolation
     generation: int = 1
-    writers: set[int] = field(default_factory=set)
-    """Uids of every process that has owned the object (and so could write its memory)."""
+    uids: set[int] = field(default_factory=set)
+    """Uids of every container that created, owned or was granted a share of the object:
+    besides the minion's own uid and root, only they see it in ``use`` and ``list``."""
     readers: list[str] = field(default_factory=list)
     """Containers holding a read share, in the order granted: while any does, nobody writes,
     transfers, resizes or destroys the object."""

@@ -16,11 +16,13 @@ from cdi.errors import (
     ContainerExists,
     InvalidArgument,
     KeyExists,
+    NameNotAllowed,
     NotOwner,
     ProtocolError,
     UnknownContainer,
 )
 from cdi.minion.fields import Reply, optional_bool, optional_int, waiting_id
+from cdi.minion.names import uid_for
 from cdi.minion.objects import Connection, Waiter
 from cdi.minion.registry import Registry, shared_error
 from cdi.minion.sharing import Sharing
@@ -62,14 +64,16 @@ class Operations:
         cid = protocol.check_container_id(request.get("container"))
         if conn.container is not None:
             raise ProtocolError(f"this connection is already registered as {conn.container!r}")
+        allowed = uid_for(self.config.names, cid, os.geteuid())
+        if conn.uid != allowed:
+            raise NameNotAllowed(
+                f"container id {cid!r} is reserved for uid {allowed} by the minion's "
+                f"configuration (--names), not uid {conn.uid}"
+            )
         if cid in reg.containers:
             raise ContainerExists(
                 f"container id {cid!r} is in use by a live process (pid {reg.containers[cid].pid})"
             )
-        bound = reg.bound_uid.get(cid)
-        if bound is not None and bound != conn.uid and conn.uid != 0:
-            raise ContainerExists(f"container id {cid!r} belongs to uid {bound}, not {conn.uid}")
-        reg.bound_uid.setdefault(cid, conn.uid)
         reg.register(conn, cid)
         return (
             {
@@ -109,13 +113,13 @@ class Operations:
         raise InvalidArgument(f"isolation must be 'cooperative' or 'strict', got {value!r}")
 
     def use(self, conn: Connection, request: dict[str, Any]) -> Reply:
-        obj = self.registry.get(request)
+        obj = self.registry.get(request, conn)
         return ({"size": obj.size, "owner": obj.owner, "isolation": str(obj.isolation)}, None)
 
     def access(self, conn: Connection, request: dict[str, Any]) -> Reply:
-        obj = self.registry.get(request)
         have = optional_int(request, "have")
         wait = optional_bool(request, "wait", True)
+        obj = self.registry.get(request, conn, waiting=wait)
         owner = obj.owner == conn.container
         if owner and not obj.readers:
             return (obj.grant_fields(), obj.grant_fd(have))
@@ -143,7 +147,10 @@ class Operations:
             raise UnknownContainer(f"no live container {to!r} is registered with this minion")
         if to != obj.owner:
             reg.set_owner(obj, to)
-        return ({"generation": obj.generation}, None)
+        # The sender may keep its mapping for reuse only if no other uid was ever handed this
+        # memory (the receiver included): else it unmaps, and the segment is never reused.
+        keep = obj.isolation is Isolation.COOPERATIVE and reg.pool.returns_to(obj.segment, conn.uid)
+        return ({"generation": obj.generation, "keep_mapping": keep}, None)
 
     def copy(self, conn: Connection, request: dict[str, Any]) -> Reply:
         reg = self.registry
@@ -162,12 +169,14 @@ class Operations:
         obj = reg.owned_alone(conn, request)
         size = protocol.check_size(request.get("size"), self.config.max_object)
         if size > obj.segment.capacity:
-            bigger = reg.pool.acquire(size, sealed=obj.isolation is Isolation.COOPERATIVE)
+            bigger = reg.pool.acquire(
+                size, sealed=obj.isolation is Isolation.COOPERATIVE, uid=conn.uid
+            )
             bigger.copy_from(obj.segment, obj.size)
             if obj.isolation is Isolation.STRICT:
                 reg.pool.discard(obj.segment)
             else:
-                reg.pool.release(obj.segment, obj.size, obj.writers)
+                reg.pool.release(obj.segment, obj.size)
             obj.segment = bigger
         elif size > obj.size:
             obj.segment.zero(size, start=obj.size)  # growth reads as zeros, not old bytes
@@ -178,8 +187,13 @@ class Operations:
         return (obj.grant_fields(), None)
 
     def destroy(self, conn: Connection, request: dict[str, Any]) -> Reply:
-        self.registry.remove(self.registry.owned_alone(conn, request))
-        return ({}, None)
+        obj = self.registry.owned_alone(conn, request)
+        # Cached only if the segment goes back to our uid's pool (nobody else was handed it).
+        keep = obj.isolation is Isolation.COOPERATIVE and self.registry.pool.returns_to(
+            obj.segment, conn.uid
+        )
+        self.registry.remove(obj)
+        return ({"keep_mapping": keep}, None)
 
     def set_recovery(self, conn: Connection, request: dict[str, Any]) -> Reply:
         obj = self.registry.owned(conn, request)
@@ -193,7 +207,11 @@ class Operations:
             {
                 "host": self.config.host,
                 "objects": len(reg.objects),
-                "containers": sorted(reg.containers),
+                "containers": sorted(
+                    cid
+                    for cid, other in reg.containers.items()
+                    if conn.uid in reg.operators or other.uid == conn.uid
+                ),
                 "used_bytes": pool.used_bytes,
                 "used_segments": pool.used_segments,
                 "idle_bytes": pool.idle_bytes,
@@ -207,5 +225,7 @@ class Operations:
         )
 
     def list(self, conn: Connection, request: dict[str, Any]) -> Reply:
+        reg = self.registry
         host = self.config.host
-        return ({"objects": [o.describe(host) for o in self.registry.objects.values()]}, None)
+        seen = [o.describe(host) for o in reg.objects.values() if reg.visible(conn, o)]
+        return ({"objects": seen}, None)

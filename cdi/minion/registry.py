@@ -9,6 +9,7 @@ before the old owner hears that the transfer is done).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
@@ -49,23 +50,46 @@ class Registry:
         self.pool = SegmentPool(config.memory_limit, config.idle_limit)
         self.objects: dict[str, StoredObject] = {}
         self.containers: dict[str, Connection] = {}
-        self.bound_uid: dict[str, int] = {}
+        self.operators = frozenset({0, os.geteuid()})  # see every object and container
         self.waiters: dict[str, list[Waiter]] = defaultdict(list)
         self.outbox: list[Outgoing] = []
         self.spin_until = 0  # perf_counter_ns until which the loop polls (a container waits)
 
     # ----------------------------------------------------------------- lookups
-    def get(self, request: dict[str, Any]) -> StoredObject:
+    def get(
+        self, request: dict[str, Any], conn: Connection, *, waiting: bool = False
+    ) -> StoredObject:
+        """The requested object, if ``conn`` may see it (``waiting``: or may wait for it: an
+        access or read that waits is answered when it is granted, so it is deferred even
+        for an object the caller cannot see yet)."""
         key = request.get("key")
         # Every stored key passed check_key when it was created: a hit needs no validation.
         obj = self.objects.get(key) if type(key) is str else None
-        if obj is None:
+        if obj is None or not (waiting or self.visible(conn, obj)):
             key = protocol.check_key(key)
             raise ObjectNotFound(f"no object with key {key!r}")
         return obj
 
+    def visible(self, conn: Connection, obj: StoredObject) -> bool:
+        """Whether ``conn`` may see ``obj``: the minion's uid and root see everything, others
+        the objects their uid created, owned or read, or whose recovery container they are."""
+        uid = conn.uid
+        return (
+            uid in obj.uids
+            or uid in self.operators
+            or conn.container == obj.recovery
+            or conn.container in obj.readers
+        )
+
+    def hand(self, obj: StoredObject, conn: Connection | None) -> None:
+        """Record that ``conn``'s uid is handed ``obj``'s memory (owner or reader): it sees
+        the object, and its segment never serves another uid."""
+        if conn is not None:
+            obj.uids.add(conn.uid)
+            obj.segment.uids.add(conn.uid)
+
     def owned(self, conn: Connection, request: dict[str, Any]) -> StoredObject:
-        obj = self.get(request)
+        obj = self.get(request, conn)
         if obj.owner != conn.container:
             raise NotOwner(f"container {conn.container} does not own {obj.key!r}")
         return obj
@@ -105,7 +129,7 @@ class Registry:
             creator=conn.container,
             recovery=recovery,
             isolation=isolation,
-            writers={conn.uid},
+            uids={conn.uid},
         )
         self.objects[key] = obj
         self.changed(obj)
@@ -117,9 +141,7 @@ class Registry:
         if obj.isolation is Isolation.STRICT and owner != obj.owner and not obj.readers:
             self.move_to_fresh_segment(obj)
         obj.owner = owner
-        owner_conn = self.containers.get(owner)
-        if owner_conn is not None:
-            obj.writers.add(owner_conn.uid)
+        self.hand(obj, self.containers.get(owner))
         obj.generation += 1
         self.grant_waiters(obj)  # first: the new owner is waiting; bookkeeping can follow
         obj.updated_at = time.time()
@@ -127,7 +149,8 @@ class Registry:
 
     def move_to_fresh_segment(self, obj: StoredObject) -> None:
         """Strict isolation: copy into a new segment and truncate the one the old owner mapped."""
-        fresh = self.pool.acquire(obj.size, sealed=False)
+        owner = self.containers.get(obj.owner)
+        fresh = self.pool.acquire(obj.size, sealed=False, uid=owner.uid if owner else None)
         if obj.segment.intact(obj.size):
             fresh.copy_from(obj.segment, obj.size)
         else:
@@ -155,7 +178,7 @@ class Registry:
             have = conn.have.pop(request_id, None)
             fd: int | None = obj.grant_fd(have)
             if reading:
-                obj.writers.add(conn.uid)
+                self.hand(obj, conn)
                 fd = obj.segment.read_only_fd()
             self.outbox.append((conn, request_id, obj.grant_fields(), fd))
         if keep:
@@ -168,7 +191,7 @@ class Registry:
         if obj.isolation is Isolation.STRICT:
             self.pool.discard(obj.segment)
         else:
-            self.pool.release(obj.segment, obj.size, obj.writers)
+            self.pool.release(obj.segment, obj.size)
         for conn, request_id, _ in self.waiters.pop(obj.key, []):
             conn.waiting.pop(request_id, None)
             conn.have.pop(request_id, None)

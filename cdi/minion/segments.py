@@ -53,8 +53,10 @@ class Segment:
     """Unique for the minion's life: a client that cached a mapping names the memory by it."""
     dirty: int = 0
     """Bytes from the start that earlier objects may have written (the rest is zeros)."""
-    writers: set[int] = field(default_factory=set)
-    """Uids of the processes that owned those objects: who may have written the dirty bytes."""
+    uids: set[int] = field(default_factory=set)
+    """Every uid whose processes were ever handed this memory (as owners or readers). Only a
+    segment of one uid goes back to the pool, and only to that uid: Linux cannot take back a
+    mapping, so memory one uid may still map never serves another."""
     _read_only: int | None = field(default=None, repr=False)
 
     @classmethod
@@ -151,20 +153,25 @@ class Segment:
 
 
 class SegmentPool:
-    """Hands out segments by size class and keeps released ones warm for reuse.
+    """Hands out segments by size class and keeps released ones warm for reuse, per uid.
 
     ``memory_limit`` caps all segment bytes (in use and idle); ``idle_limit`` caps what idle
-    segments may keep. A segment is zeroed when it is handed out again, not when it is
-    released, and only if it must be: if the new owner asked for zeros, or if any process that
-    owned an object in it ran under another uid. A process could read the memory of processes of
-    its own uid anyway (``/proc/<pid>/mem``), so skipping the zeroing for them hides nothing,
-    and a creator about to overwrite every byte (an image) saves a pass over the memory.
+    segments may keep. A released segment that one uid alone was handed is kept for that uid
+    only; one handed to several uids is closed (a process may still map it: Linux cannot
+    revoke a mapping, so its pages must never hold another object). A segment is zeroed when it
+    is handed out again, not when it is released, and only as far as it must be: all of it if
+    the new owner asked for zeros, else the old bytes beyond the new object's size (the creator
+    overwrites its size, not the slack the next owner maps too). Its old bytes are its own
+    uid's: a process can read the memory of processes of its own uid anyway
+    (``/proc/<pid>/mem``), so leaving them to a creator about to overwrite them (an image)
+    hides nothing and saves a pass over the memory.
     """
 
     def __init__(self, memory_limit: int, idle_limit: int) -> None:
         self.memory_limit = memory_limit
         self.idle_limit = idle_limit
-        self._idle: dict[tuple[int, bool], list[Segment]] = defaultdict(list)
+        self._idle: dict[tuple[int, bool, int | None], list[Segment]] = defaultdict(list)
+        self.retired = 0  # released segments closed because several uids were handed them
         self.idle_bytes = 0
         self.used_bytes = 0
         self.used_segments = 0
@@ -181,55 +188,63 @@ class SegmentPool:
         uid: int | None = None,
         zeroed: bool = True,
     ) -> Segment:
-        """A segment for ``size`` bytes: an idle one of its class if any — one of ``prefer``
-        (segment ids the caller still maps) when possible — else a new one.
+        """A segment for ``size`` bytes, to be handed to a process of ``uid``: an idle one of
+        its class that only ``uid`` (or nobody) was handed, if any — one of ``prefer`` (segment
+        ids the caller still maps) when possible — else a new one.
 
-        ``uid``: the process that will own it. ``zeroed=False``: that process will overwrite
-        the first ``size`` bytes, so old bytes of its own uid may stay there (never another
-        uid's, and never beyond ``size``)."""
+        ``zeroed=False``: that process will overwrite the first ``size`` bytes, so old bytes
+        of its own uid may stay there (never beyond ``size``)."""
         capacity = size_class(size)
-        bucket = self._idle.get((capacity, sealed))
+        bucket = self._idle.get((capacity, sealed, uid)) or self._idle.get((capacity, sealed, None))
         if bucket:
             segment = bucket.pop(_preferred_index(bucket, prefer))
             self.idle_bytes -= capacity
             self.reuses += 1
-            self._scrub(segment, size, uid, zeroed)
+            self._scrub(segment, size, zeroed)
         else:
             self._make_room(capacity)
             segment = Segment.allocate(capacity, sealed=sealed)
             self.allocations += 1
+        if uid is not None:
+            segment.uids.add(uid)
         self.used_bytes += capacity
         self.used_segments += 1
         return segment
 
-    def _scrub(self, segment: Segment, size: int, uid: int | None, zeroed: bool) -> None:
-        """Zero what the new owner must not see: everything old if it asked for zeros or if
-        another uid wrote it; else the old bytes beyond ``size`` only (the owner overwrites
-        the rest, and the slack up to the capacity would otherwise travel with the object to
-        whoever gets it next)."""
+    def _scrub(self, segment: Segment, size: int, zeroed: bool) -> None:
+        """Zero what the new owner must not see: everything old if it asked for zeros, else
+        the old bytes beyond ``size`` only (the owner overwrites the rest, and the slack up to
+        the capacity would otherwise travel with the object to whoever gets it next)."""
         if not segment.dirty:
             return
-        keep = 0 if zeroed or not segment.writers <= {uid} else min(size, segment.dirty)
+        keep = 0 if zeroed else min(size, segment.dirty)
         if segment.dirty > keep:
             segment.zero(segment.dirty, start=keep)
             self.zeroed_bytes += segment.dirty - keep
         segment.dirty = keep
-        if not keep:
-            segment.writers.clear()
 
-    def release(self, segment: Segment, used: int, writers: set[int]) -> None:
-        """Return a segment whose object is gone; ``used`` bytes of it may hold data written by
-        processes of the ``writers`` uids."""
+    @staticmethod
+    def returns_to(segment: Segment, uid: int) -> bool:
+        """Whether only ``uid`` was handed ``segment``, so a mapping of it that a process of
+        ``uid`` keeps can only ever serve that uid's objects again."""
+        return segment.sealed and segment.uids <= {uid}
+
+    def release(self, segment: Segment, used: int) -> None:
+        """Return a segment whose object is gone; ``used`` bytes of it may hold its data."""
         self._forget(segment)
         if not segment.sealed or not segment.intact(segment.capacity):
             segment.close(truncate=True)
+            return
+        if len(segment.uids) > 1:
+            self.retired += 1
+            segment.close()  # sealed: it cannot be truncated; nobody gets it again
             return
         if self.idle_bytes + segment.capacity > self.idle_limit:
             segment.close()
             return
         segment.dirty = max(segment.dirty, min(used, segment.capacity))
-        segment.writers |= writers
-        self._idle[(segment.capacity, segment.sealed)].append(segment)
+        owner = next(iter(segment.uids), None)
+        self._idle[(segment.capacity, segment.sealed, owner)].append(segment)
         self.idle_bytes += segment.capacity
 
     def discard(self, segment: Segment) -> None:
@@ -242,7 +257,7 @@ class SegmentPool:
         warm = [self.acquire(size, sealed=sealed) for _ in range(count)]
         for segment in warm:
             self._forget(segment)
-            self._idle[(segment.capacity, sealed)].append(segment)
+            self._idle[(segment.capacity, sealed, None)].append(segment)
             self.idle_bytes += segment.capacity
 
     def close(self) -> None:
@@ -260,7 +275,7 @@ class SegmentPool:
         if self.used_bytes + self.idle_bytes + capacity <= self.memory_limit:
             return
         # Give back idle segments, largest first, before refusing.
-        for key in sorted(self._idle, reverse=True):
+        for key in sorted(self._idle, key=lambda k: k[0], reverse=True):
             bucket = self._idle[key]
             while bucket and self.used_bytes + self.idle_bytes + capacity > self.memory_limit:
                 bucket.pop().close()

@@ -43,17 +43,20 @@ class Sharing:
         if not obj.readers and obj.isolation is Isolation.STRICT:
             # The owner's mapping is of the old segment, which is truncated: it cannot write on.
             reg.move_to_fresh_segment(obj)
-        obj.readers.extend(r for r in readers if r not in obj.readers)
+        for reader in readers:
+            if reader not in obj.readers:
+                obj.readers.append(reader)
+                obj.uids.add(reg.containers[reader].uid)  # it sees the object now
         reg.grant_waiters(obj)
         return ({"readers": list(obj.readers)}, None)
 
     def read(self, conn: Connection, request: dict[str, Any]) -> Reply:
         reg = self.registry
-        obj = reg.get(request)
         wait = optional_bool(request, "wait", True)
+        obj = reg.get(request, conn, waiting=wait)
         if obj.readable_by(conn.container):
             fd = obj.segment.read_only_fd()
-            obj.writers.add(conn.uid)
+            reg.hand(obj, conn)
             return (obj.grant_fields(), fd)
         if not wait:
             raise NotOwner(
@@ -64,7 +67,7 @@ class Sharing:
 
     def release(self, conn: Connection, request: dict[str, Any]) -> Reply:
         reg = self.registry
-        obj = reg.get(request)
+        obj = reg.get(request, conn)
         assert conn.container is not None
         released = reg.release_share(obj, conn.container)
         return ({"released": released, "readers": len(obj.readers)}, None)

@@ -19,6 +19,7 @@ from typing import Any
 
 import cdi
 from cdi.protocol import Op
+from tests.cdi.conftest import SOCKET_GROUP
 
 PR_SET_DUMPABLE = 4
 
@@ -27,9 +28,10 @@ def emit(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def drop_to(uid: int) -> None:
-    """Become ``uid`` for good (no way back to root), and stay an ordinary ptrace target."""
-    os.setgroups([])
+def drop_to(uid: int, *, join_socket_group: bool = True) -> None:
+    """Become ``uid`` for good (no way back to root), and stay an ordinary ptrace target; a
+    member of the test minions' socket group unless told otherwise."""
+    os.setgroups([SOCKET_GROUP] if join_socket_group else [])
     os.setgid(uid)
     os.setuid(uid)
     # A uid change makes the kernel hide /proc/<pid> behind root; undo that so the test shows
@@ -74,12 +76,17 @@ def intruder(
     drop_to(uid)
     result: dict[str, Any] = {"uid": os.getuid()}
     client = cdi.connect(socket_path, cid)
-    handle = client.use(key)
-    try:
-        handle.read(timeout=0)
-        result["minion_read"] = "allowed"
-    except cdi.NotOwner:
-        result["minion_read"] = "not_owner"
+    handle = client.use(key, check=False)  # another uid's object: it does not see it
+    attempts: dict[str, Callable[[], object]] = {
+        "minion_read": lambda: handle.read(timeout=0),
+        "minion_access": lambda: handle.access(timeout=0),
+    }
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            result[what] = "allowed"
+        except cdi.CDIError as exc:
+            result[what] = exc.code
     # Reach for the memory behind the minion's back: the owner's and the minion's fds and maps.
     result["owner_fds"] = _try_open(f"/proc/{owner_pid}/fd")
     result["owner_maps"] = _try_open(f"/proc/{owner_pid}/map_files")
@@ -177,12 +184,112 @@ def reader(socket_path: str, cid: str, key: str, uid: int) -> None:
     client.close()
 
 
+def squatter(socket_path: str, uid: int, *names: str) -> None:
+    """Tries to register each of ``names``: the code of each refusal, or ``registered``."""
+    drop_to(uid)
+    outcomes = {}
+    for name in names:
+        try:
+            cdi.connect(socket_path, name).close()
+            outcomes[name] = "registered"
+        except cdi.CDIError as exc:
+            outcomes[name] = exc.code
+    emit(uid=os.getuid(), outcomes=outcomes)
+
+
+def outsider(socket_path: str, uid: int) -> None:
+    """A uid outside the socket's group tries to connect."""
+    drop_to(uid, join_socket_group=False)
+    try:
+        cdi.Client(socket_path).close()
+        emit(uid=os.getuid(), connect="connected")
+    except cdi.MinionUnavailable as exc:
+        emit(uid=os.getuid(), connect="refused", why=str(exc))
+
+
+def snoop(socket_path: str, cid: str, key: str, uid: int) -> None:
+    """Another uid looks for an object that is not its own, and at the containers."""
+    drop_to(uid)
+    client = cdi.connect(socket_path, cid)
+    mine = client.create(f"{cid}-own", 16)
+    result: dict[str, Any] = {"listed": [o["key"] for o in client.list_objects()]}
+    try:
+        client.use(key)
+        result["use"] = "found"
+    except cdi.ObjectNotFound:
+        result["use"] = "not_found"
+    try:
+        client.use(key, check=False).destroy()
+        result["destroy"] = "done"
+    except cdi.CDIError as exc:
+        result["destroy"] = exc.code
+    result["containers"] = client.stat()["containers"]
+    mine.destroy()
+    emit(**result)
+    client.close()
+
+
+def fd_keeper(socket_path: str, cid: str, key: str, uid: int) -> None:
+    """Creates an object behind the library's back, keeps the fd it was given (mapped),
+    destroys the object, and later reads what that memory holds."""
+    drop_to(uid)
+    client = cdi.connect(socket_path, cid)
+    reply, fd = client._conn.call(Op.CREATE, key=key, size=4096)
+    assert fd is not None
+    kept = mmap.mmap(fd, reply["capacity"], mmap.MAP_SHARED, mmap.PROT_READ)
+    os.close(fd)
+    client._conn.call(Op.DESTROY, key=key)
+    emit(segment=reply["segment"])
+    sys.stdin.readline()
+    emit(kept=kept[:64].hex())
+    kept.close()
+    client.close()
+
+
+def cache_keeper(socket_path: str, cid: str, key: str, to: str, uid: int) -> None:
+    """Through the library: destroys one object (its mapping may stay cached: the memory can
+    only serve this uid again), transfers another to a container of another uid (its mapping
+    must go), then shows what every mapping it still caches holds."""
+    drop_to(uid)
+    client = cdi.connect(socket_path, cid)
+    first = client.create(f"{key}-a", 4096)
+    second = client.create(f"{key}-b", 4096)
+    first.write(b"first")
+    second.write(b"second")
+    first.destroy()
+    emit(cached_after_destroy=list(client._cache))
+    second.transfer(to)
+    emit(cached_after_transfer=list(client._cache))
+    sys.stdin.readline()
+    emit(seen=[client._cache.get(k).mm[:64].hex() for k in client._cache])  # type: ignore[union-attr]
+    client.close()
+
+
+def forking_owner(socket_path: str, cid: str, key: str) -> None:
+    """Waits for an object, then forks a child without exec (which keeps the socket open and
+    sleeps) and dies: the minion must notice the death of the process, not of the socket."""
+    client = cdi.connect(socket_path, cid)
+    client.use(key, check=False).access(timeout=30).release()
+    child = os.fork()
+    if child == 0:
+        sys.stdin.readline()  # the child holds the socket until the test lets it go
+        os._exit(0)
+    emit(child=child)
+    os._exit(0)
+
+
 ROLES: dict[str, Callable[..., None]] = {
     "owner": owner,
     "intruder": intruder,
     "stale_reader": stale_reader,
     "holder": holder,
     "reader": reader,
+    "squatter": squatter,
+    "outsider": outsider,
+    "snoop": snoop,
+    "fd_keeper": fd_keeper,
+    "cache_keeper": cache_keeper,
+    "forking_owner": forking_owner,
 }
 
 if __name__ == "__main__":

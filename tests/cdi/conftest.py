@@ -18,6 +18,19 @@ from cdi.minion.process import MinionChild
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Processes the tests run under other uids (tests/cdi/actors.py): their container ids are
+# reserved for them by the minions' --names rules, and they join the sockets' group.
+OWNER_UID, INTRUDER_UID, OUTSIDER_UID = 1001, 1002, 1003
+SOCKET_GROUP = 1100
+
+
+def as_uid(uid: int, name: str) -> str:
+    """A container id the test minions reserve for ``uid``."""
+    return f"uid{uid}-{name}"
+
+
+TEST_NAMES = ",".join(f"{as_uid(uid, '*')}={uid}" for uid in (OWNER_UID, INTRUDER_UID))
+
 
 @dataclass
 class MinionProcess:
@@ -76,8 +89,13 @@ def minion_impl(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def start_minion(directory: Path, *extra: str) -> MinionProcess:
-    """Start a real minion with its socket in ``directory``; wait until it answers."""
-    return MinionProcess(MinionChild(str(directory / "minion.sock"), *extra).start())
+    """Start a real minion with its socket in ``directory``; wait until it answers. Ids
+    ``uid1001-*``, ``uid1002-*`` are those uids'; as root (who may give the socket any group),
+    the socket belongs to ``SOCKET_GROUP``, which the actors under those uids join."""
+    access: tuple[str, ...] = ("--names", TEST_NAMES)
+    if os.geteuid() == 0:
+        access += ("--socket-group", str(SOCKET_GROUP))
+    return MinionProcess(MinionChild(str(directory / "minion.sock"), *access, *extra).start())
 
 
 def stop_minion(minion: MinionProcess) -> None:

@@ -47,6 +47,31 @@ def test_object_of_a_killed_owner_returns_to_its_recovery_container(
     obj.destroy()
 
 
+def test_an_owner_that_forked_and_died_is_noticed_by_its_process(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    """The owner forks a child without exec (which keeps the socket open) and dies: its object
+    comes back to the recovery container at once, while the child still lives."""
+    creator = minion.client(unique("creator"))
+    obj = creator.create(unique("k"), 100)
+    owner_id = unique("forker")
+    forker = actor("forking_owner", minion.socket_path, owner_id, obj.key)
+    child = 0
+    try:
+        wait_for(lambda: owner_id in minion.stat()["containers"], "the owner to register")
+        obj.transfer(owner_id)
+        child = int(str(read_json(forker)["child"]))
+        assert forker.wait(10) == 0  # the owner is gone; its child holds the socket
+        obj.access(timeout=10).release()  # recovered although the socket is still open
+        assert os.path.exists(f"/proc/{child}"), "the child should still be alive"
+        assert owner_id not in minion.stat()["containers"]
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+        forker.communicate(timeout=30)
+    obj.destroy()
+
+
 def test_recovery_can_name_another_container(minion: MinionProcess, unique: Unique) -> None:
     creator, rescuer = minion.client(unique("creator")), minion.client(unique("rescuer"))
     obj = creator.create(unique("k"), 10, recovery=rescuer.container_id)

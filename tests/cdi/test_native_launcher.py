@@ -18,6 +18,7 @@ import pytest
 
 from cdi.minion import native
 from cdi.minion.config import MinionConfig
+from cdi.minion.names import parse_names
 from cdi.protocol import Isolation
 from tests.cdi.conftest import require_native
 
@@ -93,6 +94,8 @@ def test_argv_carries_the_resolved_config(tmp_path: Path) -> None:
         isolation=Isolation.STRICT,
         prewarm={4096: 2, 1_000_000: 1},
         busy_poll_us=0,
+        socket_group=1100,
+        names=parse_names("worker-*=1001,sched=0"),
     )
     argv = native.native_argv("/bin/cdi-minion", config)
     pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
@@ -104,7 +107,9 @@ def test_argv_carries_the_resolved_config(tmp_path: Path) -> None:
         "--idle-limit": str((1 << 30) // 4),
         "--isolation": "strict",
         "--busy-poll-us": "0",
-        "--socket-mode": "666",
+        "--socket-mode": "660",
+        "--socket-group": "1100",
+        "--names": "worker-*=1001,sched=0",
         "--prewarm": "4096:2,1000000:1",
     }
 

@@ -187,7 +187,7 @@ def test_two_concurrent_transfers_cannot_both_succeed(
     # requests without waiting for the first reply: the minion must order them.
     sock = owner._conn._sock
     assert sock is not None
-    mapping = owner._revoke(obj.key)
+    mapping = owner._owned.revoke(obj.key)
     assert mapping is not None
     mapping.close(obj.key)
     for request_id, to in ((9001, b.container_id), (9002, c.container_id)):

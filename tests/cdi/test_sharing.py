@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import cdi
-from tests.cdi.conftest import MinionProcess, start_minion, stop_minion
-from tests.cdi.test_isolation import INTRUDER_UID, actor, finish, read_json
+from tests.cdi.conftest import INTRUDER_UID, MinionProcess, as_uid, start_minion, stop_minion
+from tests.cdi.test_isolation import actor, finish, read_json
 from tests.cdi.test_lifecycle import wait_for
 
 Unique = Callable[[str], str]
@@ -171,7 +171,7 @@ def test_a_reader_never_writes_even_behind_the_librarys_back(
         owner = running.client(unique("owner"))
         obj = owner.create(unique("k"), 8192)
         obj.write(b"secret")
-        reader_id = unique("reader")
+        reader_id = as_uid(INTRUDER_UID, unique("reader"))
         reading = actor("reader", running.socket_path, reader_id, obj.key, str(INTRUDER_UID))
         assert read_json(reading)["ready"]
         wait_for(lambda: reader_id in running.stat()["containers"], "the reader to register")

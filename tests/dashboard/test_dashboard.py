@@ -237,12 +237,15 @@ def test_a_dataless_run_starts_from_the_form_with_no_image(ui: UI, harness: Harn
     ui.assert_clean()
 
 
-# For every task run bar on the timeline: is its middle covered by a "holds the data" band
-# on the same lane?
+# For every task run bar longer than a quarter of the timeline (the nap): is its middle covered
+# by a "holds the data" band on the same lane?
 _RUNS_ON_HELD_LANES: Final = """() => {
   const lane = (el) => Math.floor(Number(el.getAttribute("y")) / 46);
   const bands = [...document.querySelectorAll(".gantt rect.held")];
-  return [...document.querySelectorAll(".gantt g.seg-run rect")].map((bar) => {
+  const axis = document.querySelector(".gantt").viewBox.baseVal.width;
+  const runs = [...document.querySelectorAll(".gantt g.seg-run rect")];
+  const long = runs.filter((bar) => Number(bar.getAttribute("width")) > axis / 4);
+  return long.map((bar) => {
     const mid = Number(bar.getAttribute("x")) + Number(bar.getAttribute("width")) / 2;
     return bands.some((b) => lane(b) === lane(bar) && Number(b.getAttribute("x")) <= mid
       && mid <= Number(b.getAttribute("x")) + Number(b.getAttribute("width")));
@@ -301,9 +304,11 @@ def test_detail_page_shows_the_timeline_and_every_handoff(
     handoffs = done["handoffs"]
     assert handoffs, "a CDI run hands its object over"
     expect(page.locator(".gantt .handoff")).to_have_count(len(handoffs))
-    # "Holds the data" sits on the lane of the worker running each task, mid-run.
+    # "Holds the data" sits on the lane of the worker running the nap, mid-run. (Only the long
+    # run: a hand-off is stamped when the scheduler records it, after the instruction went out,
+    # so a task of a few milliseconds may be over before its hand-over's stamp.)
     covered = page.evaluate(_RUNS_ON_HELD_LANES)
-    assert covered and all(covered), covered
+    assert covered == [True], covered
 
     # The hand-off table: every transfer, from → to, in order, with its size.
     table = page.locator("table.handoffs tbody tr")

@@ -23,6 +23,11 @@ pub struct Config {
     pub isolation: Isolation,
     pub busy_poll_us: u64,
     pub socket_mode: u32,
+    /// Group of the socket file; None: the minion's own.
+    pub socket_group: Option<u32>,
+    /// Which uid may register which container ids; the first rule that matches decides, an
+    /// id no rule matches is the minion's own uid's.
+    pub names: Vec<NameRule>,
     /// Object size -> segments to allocate at start, in the order given.
     pub prewarm: Vec<(u64, u64)>,
     pub events_fd: Option<i32>,
@@ -58,6 +63,13 @@ struct Cli {
     /// Socket permissions in octal, e.g. 666
     #[arg(long, value_name = "OCTAL", allow_hyphen_values = true, value_parser = mode)]
     socket_mode: u32,
+    /// Group (gid) of the socket file
+    #[arg(long, value_name = "GID", allow_hyphen_values = true, value_parser = whole_u32)]
+    socket_group: Option<u32>,
+    /// Which uid may register which container ids: PATTERN=UID[,PATTERN=UID...], a pattern
+    /// being an id or a prefix ending in *
+    #[arg(long, value_name = "PATTERN=UID[,...]", allow_hyphen_values = true, value_parser = names)]
+    names: Option<Names>,
     /// Segments to allocate at start
     #[arg(long, value_name = "BYTES:COUNT[,BYTES:COUNT...]", allow_hyphen_values = true,
           value_parser = prewarm)]
@@ -70,6 +82,48 @@ struct Cli {
 /// Wrapped so that clap takes the whole list as one value instead of one per item.
 #[derive(Clone, Debug)]
 struct Prewarm(Vec<(u64, u64)>);
+
+#[derive(Clone, Debug)]
+struct Names(Vec<NameRule>);
+
+/// A container id, or a prefix ending in `*`, and the one uid that may register it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NameRule {
+    pattern: String,
+    pub uid: u32,
+}
+
+impl NameRule {
+    pub fn matches(&self, name: &str) -> bool {
+        match self.pattern.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == self.pattern,
+        }
+    }
+}
+
+/// "PATTERN=UID[,PATTERN=UID...]" (the wrapper resolves user names to uids before us).
+fn names(spec: &str) -> Result<Names, String> {
+    let mut rules = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let parsed = part
+            .split_once('=')
+            .filter(|(pattern, _)| !pattern.is_empty())
+            .and_then(|(pattern, uid)| Some((pattern, whole_u32(uid).ok()?)));
+        let Some((pattern, uid)) = parsed else {
+            return Err(format!("{part:?}: write PATTERN=UID, e.g. worker-*=10004"));
+        };
+        rules.push(NameRule {
+            pattern: pattern.to_owned(),
+            uid,
+        });
+    }
+    Ok(Names(rules))
+}
+
+fn whole_u32(text: &str) -> Result<u32, String> {
+    u32::try_from(whole(text)?).map_err(|_| "too large".to_owned())
+}
 
 /// Parse a whole command line (program name first); `--help` comes back as an error of kind
 /// `DisplayHelp`, whose `exit()` prints it and exits 0 (every other error: stderr, status 2).
@@ -98,6 +152,8 @@ where
         isolation: cli.isolation,
         busy_poll_us: cli.busy_poll_us,
         socket_mode: cli.socket_mode,
+        socket_group: cli.socket_group,
+        names: cli.names.map_or_else(Vec::new, |n| n.0),
         prewarm: cli.prewarm.map_or_else(Vec::new, |p| p.0),
         events_fd: cli.events_fd,
     })
@@ -222,6 +278,15 @@ mod tests {
         assert_eq!((config.busy_poll_us, config.socket_mode), (1000, 0o666));
         assert_eq!(config.prewarm, vec![(4096, 3), (10000, 1)]);
         assert_eq!(config.events_fd, Some(7));
+        assert_eq!((config.socket_group, config.names.len()), (None, 0));
+        let named = run(&format!(
+            "{BASE} --socket-group 1100 --names worker-*=1001,sched=1002"
+        ))
+        .unwrap();
+        assert_eq!(named.socket_group, Some(1100));
+        assert!(named.names[0].matches("worker-7") && !named.names[0].matches("sched"));
+        assert!(named.names[1].matches("sched") && !named.names[1].matches("sched-2"));
+        assert_eq!((named.names[0].uid, named.names[1].uid), (1001, 1002));
         let inline = run(&BASE.replace("--host h1", "--host=h=2")).unwrap();
         assert_eq!(inline.host, "h=2");
         assert_eq!(
@@ -283,6 +348,9 @@ mod tests {
             "must be positive",
         );
         invalid(&format!("{BASE} --prewarm 10:x"), "BYTES:COUNT");
+        invalid(&format!("{BASE} --names worker"), "PATTERN=UID");
+        invalid(&format!("{BASE} --names =5"), "PATTERN=UID");
+        invalid(&format!("{BASE} --names w=alice"), "PATTERN=UID");
         invalid(&format!("{BASE} --events-fd -1"), "file descriptor");
         invalid(
             &BASE.replace("/tmp/m", &format!("/{}", "d".repeat(120))),

@@ -3,7 +3,9 @@
 //! interpreter spent most of a hand-off's microseconds.
 
 mod args;
+mod epoll;
 mod events;
+mod listener;
 mod log;
 mod msgpack;
 mod objects;

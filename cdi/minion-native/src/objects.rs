@@ -57,6 +57,9 @@ pub struct Connection {
     pub waiting: ByRequest<Rc<str>>,
     /// Deferred `access` requests whose caller still maps a segment: request id -> its id.
     pub have: ByRequest<i128>,
+    /// The registered process (SO_PEERPIDFD): its exit ends the connection even while a child
+    /// it forked without exec keeps the socket open.
+    pub pidfd: Option<RawFd>,
     /// A send to it failed: it gets nothing more and is closed once the request in hand is done.
     pub doomed: bool,
 }
@@ -72,8 +75,9 @@ pub struct StoredObject {
     pub recovery: Rc<str>,
     pub isolation: Isolation,
     pub generation: u64,
-    /// Uids of every process that has owned the object (and so could write its memory).
-    pub writers: UidSet,
+    /// Uids of every container that created, owned or was granted a share of the object:
+    /// besides the minion's own uid and root, only they see it in `use` and `list`.
+    pub uids: UidSet,
     pub created_at: f64,
     pub updated_at: f64,
     /// Containers holding a read share, in the order they were granted: while any does, nobody

@@ -4,15 +4,18 @@
 //! a reply body with at most one fd, or `None` when the reply is deferred (a waiting `access`).
 
 use std::os::fd::RawFd;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 
-use crate::msgpack::{Value, NIL};
-use crate::objects::{RequestId, Waiter};
+use crate::log;
+use crate::msgpack::{unpack, Value, NIL};
+use crate::objects::{RequestId, StoredObject, Waiter};
 use crate::protocol::{
     check_container_id, check_key, check_segment_ids, check_size, CdiError, Failure, Isolation, Op,
 };
 use crate::registry::{vanished, Entries, ObjectSpec, Registry};
 use crate::replies::Body;
+use crate::segments::SegmentPool;
 use crate::sharing;
 
 /// What an operation answers: a body and at most one fd; `None` defers the reply (`access`).
@@ -46,8 +49,41 @@ fn optional_int(request: Entries, name: &str) -> Result<Option<i128>, CdiError> 
     }
 }
 
+/// One message from the connection `token`: decode it, check its id, run its operation. The
+/// reply to send (with the id to send it under), or `None` when it is deferred.
+pub fn answer(reg: &mut Registry, token: u64, message: &[u8]) -> (RequestId, Reply) {
+    let refused = |err| (0, Some((Body::Error(err), None)));
+    let request = match unpack(message) {
+        Ok(Value::Map(entries)) => entries,
+        Ok(_) => return refused(CdiError::protocol("a message must be a map")),
+        Err(text) => return refused(CdiError::protocol(format!("undecodable message: {text}"))),
+    };
+    let id = match Value::field(&request, "id") {
+        None => 0,
+        Some(Value::Int(i)) => i.get(),
+        Some(_) => return refused(CdiError::protocol("request id must be an integer")),
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(|| dispatch(reg, token, id, &request)));
+    let text = match outcome {
+        Ok(Ok(reply)) => return (id, reply),
+        Ok(Err(Failure::Cdi(err))) => return (id, Some((Body::Error(err), None))),
+        Ok(Err(Failure::Internal(text))) => text,
+        Err(panic) => panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".to_owned()),
+    };
+    // A bug must not take the whole host's objects down: log it, tell the caller.
+    let pid = reg.conns.get(&token).map_or(0, |c| c.pid);
+    log::error(format_args!(
+        "minion failed on a request from pid {pid}: {text}"
+    ));
+    (id, Some((Body::Error(CdiError::internal(text)), None)))
+}
+
 /// Check registration and run the operation `op` names.
-pub fn dispatch(
+fn dispatch(
     reg: &mut Registry,
     token: u64,
     id: RequestId,
@@ -70,7 +106,7 @@ pub fn dispatch(
     match op {
         Op::Register => register(reg, token, request),
         Op::Create => create(reg, token, request),
-        Op::Use => use_(reg, request),
+        Op::Use => use_(reg, token, request),
         Op::Copy => copy(reg, token, request),
         Op::Access => access(reg, token, id, request),
         Op::Cancel => cancel(reg, token, request),
@@ -96,25 +132,26 @@ fn register(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
         ))
         .into());
     }
+    let allowed = reg
+        .config
+        .names
+        .iter()
+        .find(|rule| rule.matches(&cid))
+        .map_or(reg.own_uid, |rule| rule.uid);
+    if conn.uid != allowed {
+        return Err(CdiError::name_not_allowed(format!(
+            "container id {cid:?} is reserved for uid {allowed} by the minion's configuration \
+             (--names), not uid {}",
+            conn.uid
+        ))
+        .into());
+    }
     if let Some(other) = reg.containers.get(&*cid).and_then(|t| reg.conns.get(t)) {
         return Err(CdiError::container_exists(format!(
             "container id {cid:?} is in use by a live process (pid {})",
             other.pid
         ))
         .into());
-    }
-    let uid = conn.uid;
-    match reg.bound_uid.get(&*cid) {
-        Some(&bound) if bound != uid && uid != 0 => {
-            return Err(CdiError::container_exists(format!(
-                "container id {cid:?} belongs to uid {bound}, not {uid}"
-            ))
-            .into());
-        }
-        Some(_) => {}
-        None => {
-            reg.bound_uid.insert(Rc::from(&*cid), uid);
-        }
     }
     reg.register(token, Rc::from(&*cid));
     Ok(Some((Body::Registered, None)))
@@ -171,8 +208,8 @@ fn isolation(reg: &Registry, request: Entries) -> Result<Isolation, Failure> {
     }
 }
 
-fn use_(reg: &Registry, request: Entries) -> Result<Reply, Failure> {
-    let obj = reg.lookup(request)?;
+fn use_(reg: &Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+    let obj = reg.lookup(request, token, false)?;
     let body = Body::Use {
         size: obj.size,
         owner: obj.owner.clone(),
@@ -187,9 +224,9 @@ fn access(
     id: RequestId,
     request: Entries,
 ) -> Result<Reply, Failure> {
-    let obj = reg.lookup(request)?;
     let have = optional_int(request, "have")?;
     let wait = optional_bool(request, "wait", true)?;
+    let obj = reg.lookup(request, token, wait)?;
     let container = reg.conns.get(&token).and_then(|c| c.container.as_ref());
     let owner = container == Some(&obj.owner);
     if owner && !obj.shared() {
@@ -253,8 +290,14 @@ fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
     if reg.objects.get(&key).is_some_and(|o| o.owner != to) {
         reg.set_owner(&key, to)?;
     }
-    let generation = reg.objects.get(&key).ok_or_else(vanished)?.generation;
-    Ok(Some((Body::Generation(generation), None)))
+    let obj = reg.objects.get(&key).ok_or_else(vanished)?;
+    // The sender may keep its mapping for reuse only if no other uid was ever handed this
+    // memory (the receiver included): else it unmaps, and the segment is never reused.
+    let body = Body::Transferred {
+        generation: obj.generation,
+        keep_mapping: keeps_mapping(reg, token, obj),
+    };
+    Ok(Some((body, None)))
 }
 
 fn copy(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
@@ -298,7 +341,7 @@ fn resize(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
         bigger.copy_from(&obj.segment, obj.size);
         let old = std::mem::replace(&mut obj.segment, bigger);
         if cooperative {
-            reg.pool.release(old, obj.size, &obj.writers);
+            reg.pool.release(old, obj.size);
         } else {
             reg.pool.discard(old);
         }
@@ -315,8 +358,19 @@ fn resize(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
 
 fn destroy(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
     let key = sharing::owned_alone(reg, token, request)?;
+    // Cached only if the segment goes back to our uid's pool (nobody else was handed it).
+    let obj = reg.objects.get(&key).ok_or_else(vanished)?;
+    let keep_mapping = keeps_mapping(reg, token, obj);
     reg.remove(&key);
-    Ok(Some((Body::Empty, None)))
+    Ok(Some((Body::Destroyed { keep_mapping }, None)))
+}
+
+/// Whether the caller may keep its mapping of `obj`'s memory once the object is no longer
+/// its: only if nobody of another uid was ever handed it (it then serves only our uid again).
+fn keeps_mapping(reg: &Registry, token: u64, obj: &StoredObject) -> bool {
+    let uid = reg.conns.get(&token).map(|c| c.uid);
+    obj.isolation == Isolation::Cooperative
+        && uid.is_some_and(|uid| SegmentPool::returns_to(&obj.segment, uid))
 }
 
 fn set_recovery(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {

@@ -67,6 +67,7 @@ error_kinds! {
     not_owner => "not_owner",
     out_of_memory => "out_of_memory",
     shared => "shared",
+    name_not_allowed => "name_not_allowed",
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -49,7 +49,10 @@ pub struct Registry {
     next_order: u64,
     /// Registered container id -> its connection's token.
     pub containers: HashMap<Rc<str>, u64>,
-    pub bound_uid: HashMap<Rc<str>, u32>,
+    /// The minion's effective uid.
+    pub own_uid: u32,
+    /// Connections that registered in the request in hand: the loop watches their processes.
+    pub registered_now: Vec<u64>,
     /// key -> deferred `access` and `read` requests. Lists emptied by a cancel stay until the
     /// next grant (they keep the busy-poll going).
     pub waiters: HashMap<Rc<str>, Vec<Waiter>>,
@@ -69,7 +72,9 @@ impl Registry {
             objects: HashMap::new(),
             next_order: 0,
             containers: HashMap::new(),
-            bound_uid: HashMap::new(),
+            // SAFETY: geteuid cannot fail.
+            own_uid: unsafe { libc::geteuid() },
+            registered_now: Vec::new(),
             waiters: HashMap::new(),
             conns: HashMap::new(),
             next_registration: 0,
@@ -87,21 +92,49 @@ impl Registry {
             .ok_or_else(|| Failure::Internal("connection is not registered".to_owned()))
     }
 
-    pub fn lookup(&self, request: Entries) -> Result<&StoredObject, Failure> {
+    /// The requested object, if the connection may see it (`waiting`: or may wait for it: an
+    /// access or read that waits is answered when granted, so it is deferred even for an
+    /// object the caller cannot see yet).
+    pub fn lookup(
+        &self,
+        request: Entries,
+        token: u64,
+        waiting: bool,
+    ) -> Result<&StoredObject, Failure> {
         let key = Value::get(request, "key");
         // Every stored key passed check_key when it was created: a hit needs no validation.
         if let Some(Value::Str(key)) = key {
             if let Some(obj) = self.objects.get(&**key) {
-                return Ok(obj);
+                if waiting || self.visible(token, obj) {
+                    return Ok(obj);
+                }
             }
         }
         let key = check_key(key.unwrap_or(&NIL))?;
         Err(CdiError::not_found(format!("no object with key {key:?}")).into())
     }
 
+    /// Whether the connection may see `obj`: the minion's uid and root see everything, others
+    /// the objects their uid created, owned or read, or whose recovery container they are.
+    pub fn visible(&self, token: u64, obj: &StoredObject) -> bool {
+        let Some(conn) = self.conns.get(&token) else {
+            return false;
+        };
+        let container = conn.container.as_deref();
+        obj.uids.contains(conn.uid)
+            || self.is_operator(conn.uid)
+            || container
+                .is_some_and(|c| *obj.recovery == *c || obj.readers.iter().any(|r| **r == *c))
+    }
+
+    /// The minion's own uid and root: they see every object and container.
+    pub fn is_operator(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.own_uid
+    }
+
     /// The key of the requested object if the caller's container owns it, else `NotOwner`.
     pub fn owned(&self, token: u64, request: Entries) -> Result<Rc<str>, Failure> {
-        let obj = self.lookup(request)?;
+        let obj = self.lookup(request, token, false)?;
         let container = self.conns.get(&token).and_then(|c| c.container.as_ref());
         if container != Some(&obj.owner) {
             let who = container.map_or("(none)", |c| &**c);
@@ -143,7 +176,7 @@ impl Registry {
             recovery,
             isolation,
             generation: 1,
-            writers: UidSet::of(uid),
+            uids: UidSet::of(uid),
             readers: Vec::new(),
             created_at: now,
             updated_at: now,
@@ -166,7 +199,8 @@ impl Registry {
             move_to_fresh_segment(&mut self.pool, obj)?;
         }
         if let Some(conn) = self.containers.get(&owner).and_then(|t| self.conns.get(t)) {
-            obj.writers.add(conn.uid);
+            obj.uids.add(conn.uid);
+            obj.segment.uids.add(conn.uid);
         }
         obj.owner = owner;
         obj.generation += 1;
@@ -212,7 +246,8 @@ impl Registry {
             conn.waiting.pop(waiter.id);
             let have = conn.have.pop(waiter.id);
             let fd = if waiter.read {
-                obj.writers.add(conn.uid);
+                obj.uids.add(conn.uid);
+                obj.segment.uids.add(conn.uid);
                 match obj.segment.read_only_fd() {
                     Ok(fd) => Some(fd),
                     Err(Failure::Cdi(err)) => {
@@ -248,13 +283,12 @@ impl Registry {
         let StoredObject {
             segment,
             size,
-            writers,
             isolation,
             ..
         } = obj;
         match isolation {
             Isolation::Strict => self.pool.discard(segment),
-            Isolation::Cooperative => self.pool.release(segment, size, &writers),
+            Isolation::Cooperative => self.pool.release(segment, size),
         }
         let destroyed = CdiError::not_found(format!("{:?} was destroyed", &**key));
         for waiter in self.waiters.remove(key).unwrap_or_default() {
@@ -286,6 +320,7 @@ impl Registry {
         conn.registered = self.next_registration;
         let (pid, uid) = (conn.pid, conn.uid);
         self.containers.insert(cid.clone(), token);
+        self.registered_now.push(token);
         if let Some(sink) = self.events.as_mut() {
             sink.registered(&cid, pid, uid);
         }

@@ -24,8 +24,13 @@ pub enum Body {
         isolation: Isolation,
     },
     Cancelled(bool),
-    Generation(u64),
-    Empty,
+    Transferred {
+        generation: u64,
+        keep_mapping: bool,
+    },
+    Destroyed {
+        keep_mapping: bool,
+    },
     Recovery(Rc<str>),
     Readers(Vec<Rc<str>>),
     Released {
@@ -50,8 +55,8 @@ impl Body {
     }
 }
 
-/// Write the reply `{"id": id, "ok": …, …body}` into `out`.
-pub fn encode(out: &mut Vec<u8>, reg: &Registry, body: &Body, id: RequestId) {
+/// Write the reply `{"id": id, "ok": …, …body}` to the connection `token` into `out`.
+pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: RequestId) {
     let mut enc = Enc(out);
     if let Body::Error(err) = body {
         enc.map(4);
@@ -70,8 +75,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, body: &Body, id: RequestId) {
         Body::Registered => 4,
         Body::Use { .. } => 3,
         Body::Stat => 11,
-        Body::Released { .. } => 2,
-        Body::Empty => 0,
+        Body::Released { .. } | Body::Transferred { .. } => 2,
         _ => 1,
     };
     enc.map(fields + 2);
@@ -124,9 +128,18 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, body: &Body, id: RequestId) {
             enc.str("cancelled");
             enc.bool(*cancelled);
         }
-        Body::Generation(generation) => {
+        Body::Transferred {
+            generation,
+            keep_mapping,
+        } => {
             enc.str("generation");
             enc.uint(*generation);
+            enc.str("keep_mapping");
+            enc.bool(*keep_mapping);
+        }
+        Body::Destroyed { keep_mapping } => {
+            enc.str("keep_mapping");
+            enc.bool(*keep_mapping);
         }
         Body::Recovery(recovery) => {
             enc.str("recovery");
@@ -145,19 +158,28 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, body: &Body, id: RequestId) {
             enc.str("readers");
             enc.uint(*readers as u64);
         }
-        Body::Stat => encode_stat(&mut enc, reg),
-        Body::List => encode_list(&mut enc, reg),
-        Body::Empty | Body::Error(_) => {}
+        Body::Stat => encode_stat(&mut enc, reg, token),
+        Body::List => encode_list(&mut enc, reg, token),
+        Body::Error(_) => {}
     }
 }
 
-fn encode_stat(enc: &mut Enc, reg: &Registry) {
+/// The counters, and the containers the caller may see: all for the minion's uid and root,
+/// else those of its own uid.
+fn encode_stat(enc: &mut Enc, reg: &Registry, token: u64) {
     let pool = &reg.pool;
     enc.str("host");
     enc.str(&reg.config.host);
     enc.str("objects");
     enc.uint(reg.objects.len() as u64);
-    let mut containers: Vec<&str> = reg.containers.keys().map(|c| &**c).collect();
+    let uid = reg.conns.get(&token).map(|c| c.uid);
+    let all = uid.is_some_and(|uid| reg.is_operator(uid));
+    let mut containers: Vec<&str> = reg
+        .containers
+        .iter()
+        .filter(|(_, t)| all || reg.conns.get(t).map(|c| c.uid) == uid)
+        .map(|(c, _)| &**c)
+        .collect();
     containers.sort_unstable();
     enc.str("containers");
     enc.array(containers.len());
@@ -180,8 +202,13 @@ fn encode_stat(enc: &mut Enc, reg: &Registry) {
     }
 }
 
-fn encode_list(enc: &mut Enc, reg: &Registry) {
-    let mut objects: Vec<&StoredObject> = reg.objects.values().collect();
+/// The objects the caller may see, in creation order.
+fn encode_list(enc: &mut Enc, reg: &Registry, token: u64) {
+    let mut objects: Vec<&StoredObject> = reg
+        .objects
+        .values()
+        .filter(|o| reg.visible(token, o))
+        .collect();
     objects.sort_unstable_by_key(|o| o.order);
     enc.str("objects");
     enc.array(objects.len());

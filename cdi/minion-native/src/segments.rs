@@ -17,7 +17,7 @@ use std::os::fd::RawFd;
 use crate::protocol::{size_class, CdiError, Failure};
 use crate::sys;
 
-/// Uids of the processes that owned an object (and so could write its memory); a handful.
+/// A handful of uids.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UidSet(Vec<u32>);
 
@@ -32,19 +32,21 @@ impl UidSet {
         }
     }
 
-    pub fn extend(&mut self, other: &UidSet) {
-        for &uid in &other.0 {
-            self.add(uid);
-        }
+    pub fn contains(&self, uid: u32) -> bool {
+        self.0.contains(&uid)
     }
 
-    /// `writers <= {uid}` in Python (with `uid=None` only the empty set passes).
-    fn within(&self, uid: Option<u32>) -> bool {
-        self.0.iter().all(|&w| Some(w) == uid)
+    /// Whether no uid but `uid` is in the set.
+    pub fn within(&self, uid: u32) -> bool {
+        self.0.iter().all(|&u| u == uid)
     }
 
-    fn clear(&mut self) {
-        self.0.clear();
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn only(&self) -> Option<u32> {
+        self.0.first().copied()
     }
 }
 
@@ -59,8 +61,10 @@ pub struct Segment {
     pub id: u64,
     /// Bytes from the start that earlier objects may have written (the rest is zeros).
     dirty: u64,
-    /// Uids of the processes that owned those objects: who may have written the dirty bytes.
-    writers: UidSet,
+    /// Every uid whose processes were ever handed this memory (as owners or readers). Only a
+    /// segment of one uid goes back to the pool, and only to that uid: Linux cannot take back
+    /// a mapping, so memory one uid may still map never serves another.
+    pub uids: UidSet,
     /// A read-only descriptor of the same memory, opened on a reader's first grant.
     read_only: Option<RawFd>,
 }
@@ -85,7 +89,7 @@ impl Segment {
                 addr,
                 id,
                 dirty: 0,
-                writers: UidSet::default(),
+                uids: UidSet::default(),
                 read_only: None,
             }),
             Err(code) => {
@@ -253,17 +257,20 @@ impl Drop for Segment {
     }
 }
 
-/// Hands out segments by size class and keeps released ones warm for reuse.
+/// Hands out segments by size class and keeps released ones warm for reuse, per uid.
 ///
 /// `memory_limit` caps all segment bytes (in use and idle); `idle_limit` caps what idle
-/// segments keep. A segment is zeroed when it is handed out again, not when released, and only
-/// if it must be: if the new owner asked for zeros, or if a process of another uid owned an
-/// object in it (a process can read its own uid's memory anyway, via /proc/<pid>/mem).
+/// segments keep. A released segment that one uid alone was handed is kept for that uid only;
+/// one handed to several uids is closed (a process may still map it: Linux cannot revoke a
+/// mapping, so its pages must never hold another object). A segment is zeroed when it is
+/// handed out again, as far as it must be: all of it if the new owner asked for zeros, else the
+/// old bytes beyond the new object's size. The rest are its own uid's bytes, which a process of
+/// that uid could read anyway (/proc/<pid>/mem).
 pub struct SegmentPool {
     pub memory_limit: u64,
     idle_limit: u64,
     page: u64,
-    idle: BTreeMap<(u64, bool), Vec<Segment>>,
+    idle: BTreeMap<(u64, bool, Option<u32>), Vec<Segment>>,
     next_id: u64,
     pub idle_bytes: u64,
     pub used_bytes: u64,
@@ -271,6 +278,8 @@ pub struct SegmentPool {
     pub allocations: u64,
     pub reuses: u64,
     pub zeroed_bytes: u64,
+    /// Released segments closed because several uids were handed them.
+    pub retired: u64,
 }
 
 impl SegmentPool {
@@ -287,13 +296,14 @@ impl SegmentPool {
             allocations: 0,
             reuses: 0,
             zeroed_bytes: 0,
+            retired: 0,
         }
     }
 
-    /// A segment for `size` bytes: an idle one of its class if any (one of `prefer`, segment
-    /// ids the caller still maps, when possible), else a new one. `uid`: who will own it;
-    /// `zeroed=false`: that process overwrites the first `size` bytes, so old bytes of its own
-    /// uid may stay there (never another uid's, never beyond `size`).
+    /// A segment for `size` bytes, to be handed to a process of `uid`: an idle one of its class
+    /// that only `uid` (or nobody) was handed, if any (one of `prefer`, segment ids the caller
+    /// still maps, when possible), else a new one. `zeroed=false`: that process overwrites the
+    /// first `size` bytes, so its own old bytes may stay there (never beyond `size`).
     pub fn acquire(
         &mut self,
         size: u64,
@@ -303,16 +313,22 @@ impl SegmentPool {
         zeroed: bool,
     ) -> Result<Segment, Failure> {
         let class = size_class(size, self.page);
-        let reused = u64::try_from(class)
-            .ok()
-            .and_then(|capacity| self.idle.get_mut(&(capacity, sealed)))
-            .filter(|bucket| !bucket.is_empty())
-            .map(|bucket| bucket.remove(preferred_index(bucket, prefer)));
-        let segment = match reused {
+        let mut reused = None;
+        if let Ok(capacity) = u64::try_from(class) {
+            for owner in [uid, None] {
+                if let Some(bucket) = self.idle.get_mut(&(capacity, sealed, owner)) {
+                    if !bucket.is_empty() {
+                        reused = Some(bucket.remove(preferred_index(bucket, prefer)));
+                        break;
+                    }
+                }
+            }
+        }
+        let mut segment = match reused {
             Some(mut segment) => {
                 self.idle_bytes -= segment.capacity;
                 self.reuses += 1;
-                self.scrub(&mut segment, size, uid, zeroed);
+                self.scrub(&mut segment, size, zeroed);
                 segment
             }
             None => {
@@ -323,39 +339,45 @@ impl SegmentPool {
                 segment
             }
         };
+        if let Some(uid) = uid {
+            segment.uids.add(uid);
+        }
         self.used_bytes += segment.capacity;
         self.used_segments += 1;
         Ok(segment)
     }
 
-    /// Zero what the new owner must not see: everything old if it asked for zeros or if another
-    /// uid wrote it; else only the old bytes beyond `size` (the owner overwrites the rest, and
-    /// the slack would otherwise travel with the object to whoever gets it next).
-    fn scrub(&mut self, segment: &mut Segment, size: u64, uid: Option<u32>, zeroed: bool) {
+    /// Zero what the new owner must not see: everything old if it asked for zeros, else only
+    /// the old bytes beyond `size` (the owner overwrites the rest, and the slack would
+    /// otherwise travel with the object to whoever gets it next).
+    fn scrub(&mut self, segment: &mut Segment, size: u64, zeroed: bool) {
         if segment.dirty == 0 {
             return;
         }
-        let keep = if zeroed || !segment.writers.within(uid) {
-            0
-        } else {
-            size.min(segment.dirty)
-        };
+        let keep = if zeroed { 0 } else { size.min(segment.dirty) };
         if segment.dirty > keep {
             segment.zero(segment.dirty, keep);
             self.zeroed_bytes += segment.dirty - keep;
         }
         segment.dirty = keep;
-        if keep == 0 {
-            segment.writers.clear();
-        }
     }
 
-    /// Return a segment whose object is gone; `used` bytes of it may hold data written by
-    /// processes of the `writers` uids.
-    pub fn release(&mut self, mut segment: Segment, used: u64, writers: &UidSet) {
+    /// Whether only `uid` was handed `segment`, so a mapping of it that a process of `uid`
+    /// keeps can only ever serve that uid's objects again.
+    pub fn returns_to(segment: &Segment, uid: u32) -> bool {
+        segment.sealed && segment.uids.within(uid)
+    }
+
+    /// Return a segment whose object is gone; `used` bytes of it may hold its data.
+    pub fn release(&mut self, mut segment: Segment, used: u64) {
         self.forget(&segment);
         if !segment.sealed || !segment.intact(segment.capacity) {
             segment.close(true);
+            return;
+        }
+        if segment.uids.len() > 1 {
+            self.retired += 1;
+            segment.close(false); // sealed: it cannot be truncated; nobody gets it again
             return;
         }
         if self.idle_bytes + segment.capacity > self.idle_limit {
@@ -363,10 +385,9 @@ impl SegmentPool {
             return;
         }
         segment.dirty = segment.dirty.max(used.min(segment.capacity));
-        segment.writers.extend(writers);
         self.idle_bytes += segment.capacity;
         self.idle
-            .entry((segment.capacity, segment.sealed))
+            .entry((segment.capacity, segment.sealed, segment.uids.only()))
             .or_default()
             .push(segment);
     }
@@ -387,7 +408,7 @@ impl SegmentPool {
             self.forget(&segment);
             self.idle_bytes += segment.capacity;
             self.idle
-                .entry((segment.capacity, true))
+                .entry((segment.capacity, true, None))
                 .or_default()
                 .push(segment);
         }
@@ -409,7 +430,7 @@ impl SegmentPool {
     fn make_room(&mut self, class: u128) -> Result<u64, CdiError> {
         let (used, limit) = (self.used_bytes as u128, self.memory_limit as u128);
         if used + self.idle_bytes as u128 + class > limit {
-            for (&(capacity, _), bucket) in self.idle.iter_mut().rev() {
+            for (&(capacity, _, _), bucket) in self.idle.iter_mut().rev() {
                 while !bucket.is_empty() && used + self.idle_bytes as u128 + class > limit {
                     bucket.pop();
                     self.idle_bytes -= capacity;
@@ -453,25 +474,34 @@ mod tests {
     }
 
     #[test]
-    fn released_segments_are_reused_and_scrubbed_by_uid() {
+    fn released_segments_serve_their_own_uid_only() {
         let mut pool = SegmentPool::new(1 << 30, 1 << 28, PAGE);
         let first = pool.acquire(10_000, true, &[], Some(1000), true).unwrap();
         assert_eq!((first.capacity, first.id), (12_288, 1));
         write(&first, b"secret");
-        pool.release(first, 10_000, &UidSet::of(1000));
-        // Same uid, no zeros asked: the old bytes stay, nothing is zeroed.
+        pool.release(first, 10_000);
+        // Another uid never gets it: a new segment.
+        let other = pool.acquire(9_000, true, &[], Some(1001), false).unwrap();
+        assert_eq!((other.id, pool.reuses), (2, 0));
+        assert_eq!(bytes(&other, 6), [0; 6]);
+        // Same uid, no zeros asked: the old bytes stay within the size, beyond it are zeroed.
         let again = pool.acquire(9_000, true, &[], Some(1000), false).unwrap();
         assert_eq!((again.id, pool.reuses, pool.zeroed_bytes), (1, 1, 1_000));
         assert_eq!(bytes(&again, 6), b"secret");
-        pool.release(again, 9_000, &UidSet::of(1000));
-        // Another uid: everything old is zeroed even though it did not ask.
-        let other = pool.acquire(9_000, true, &[], Some(1001), false).unwrap();
-        assert_eq!(bytes(&other, 6), [0; 6]);
-        assert_eq!(pool.zeroed_bytes, 1_000 + 9_000);
-        pool.discard(other);
+        // Handed to a second uid (a transfer, a reader): retired, never pooled again.
+        let mut shared = again;
+        shared.uids.add(1001);
+        assert!(!SegmentPool::returns_to(&shared, 1000));
+        pool.release(shared, 9_000);
+        assert_eq!((pool.retired, pool.idle_bytes), (1, 0));
+        pool.release(other, 9_000);
+        assert_eq!(pool.idle_bytes, 12_288);
+        let back = pool.acquire(9_000, true, &[], Some(1001), true).unwrap();
+        assert_eq!(back.id, 2);
+        pool.discard(back);
         assert_eq!(
             (pool.used_bytes, pool.used_segments, pool.allocations),
-            (0, 0, 1)
+            (0, 0, 2)
         );
     }
 
@@ -481,8 +511,8 @@ mod tests {
         let a = pool.acquire(1, true, &[], None, true).unwrap();
         let b = pool.acquire(1, true, &[], None, true).unwrap();
         let (a_id, b_id) = (a.id, b.id);
-        pool.release(a, 1, &UidSet::of(0));
-        pool.release(b, 1, &UidSet::of(0));
+        pool.release(a, 1);
+        pool.release(b, 1);
         assert_eq!(
             pool.acquire(1, true, &[a_id as i128], None, true)
                 .unwrap()

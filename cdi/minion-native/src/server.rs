@@ -12,18 +12,17 @@
 //! request in hand is answered, so no operation ever runs inside another.
 
 use std::os::fd::RawFd;
-use std::os::unix::ffi::OsStrExt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use crate::args::Config;
+use crate::epoll::Epoll;
 use crate::events::EventSink;
+use crate::listener::{Accepted, Listener};
 use crate::log;
-use crate::msgpack::{unpack, Value};
 use crate::objects::{ByRequest, Connection, RequestId};
-use crate::ops::dispatch;
+use crate::ops::answer;
 use crate::protocol::{CdiError, Failure, MAX_MESSAGE};
-use crate::registry::{Entries, Registry};
+use crate::registry::Registry;
 use crate::replies::{encode, Body};
 use crate::sys;
 
@@ -37,27 +36,28 @@ const LISTENER: u64 = 0;
 const WAKE: u64 = 1;
 const EVENTS: u64 = 2;
 const FIRST_CONNECTION: u64 = 16;
+/// Marks the token of a registered process's pidfd: its connection's token with this bit set.
+const PROCESS: u64 = 1 << 62;
 const MAX_EVENTS: usize = 256;
 
 pub struct Minion {
     registry: Registry,
     next_connection: u64,
     doomed: Vec<u64>,
-    epoll: RawFd,
-    listener: RawFd,
+    epoll: Epoll,
+    listener: Option<Listener>,
     wake: (RawFd, RawFd),
-    spare_fd: RawFd,
     events_watched: bool,
     out: Vec<u8>,
 }
 
 impl Minion {
     pub fn new(config: Config, events: Option<EventSink>) -> Result<Minion, String> {
-        // SAFETY: plain syscalls; results are checked.
-        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        let epoll = Epoll::new()?;
         let mut pipe = [-1; 2];
+        // SAFETY: a plain system call; the result is checked.
         let piped = unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
-        if epoll < 0 || piped != 0 {
+        if piped != 0 {
             return Err(format!(
                 "cannot set up the event loop: {}",
                 sys::last_os_error_text()
@@ -69,69 +69,20 @@ impl Minion {
             next_connection: FIRST_CONNECTION,
             doomed: Vec::new(),
             epoll,
-            listener: -1,
+            listener: None,
             wake: (pipe[0], pipe[1]),
-            spare_fd: open_spare(),
             events_watched: false,
             out: Vec::with_capacity(4096),
         })
     }
 
     // ------------------------------------------------------------------ lifecycle
-    /// Create the socket (replacing a stale one), listen, prewarm. On error the socket file,
-    /// if this call created it, is removed again.
+    /// Listen, prewarm, watch. On error the socket file, if this call created it, is removed.
     pub fn bind(&mut self) -> Result<(), String> {
-        let path = self.registry.config.socket_path.clone();
-        let shown = path.display();
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-        }
-        let raw = path.as_os_str().as_bytes();
-        let (addr, len) = sys::unix_address(raw)
-            .ok_or_else(|| format!("socket path {shown} is longer than Unix sockets allow"))?;
-        if path.exists() {
-            let probe =
-                sys::seqpacket_socket().map_err(|e| format!("cannot probe {shown}: {e}"))?;
-            // SAFETY: addr/len describe a valid sockaddr_un.
-            let answered =
-                unsafe { libc::connect(probe, (&addr as *const libc::sockaddr_un).cast(), len) }
-                    == 0;
-            sys::close(probe);
-            if answered {
-                return Err(format!("another minion is already listening on {shown}"));
-            }
-            // A stale socket left by a minion that died.
-            std::fs::remove_file(&path).map_err(|e| format!("cannot remove {shown}: {e}"))?;
-        }
+        let config = &self.registry.config;
         let listener =
-            sys::seqpacket_socket().map_err(|e| format!("cannot listen on {shown}: {e}"))?;
-        self.listener = listener;
-        // SAFETY: addr/len describe a valid sockaddr_un; listener is our socket.
-        if unsafe { libc::bind(listener, (&addr as *const libc::sockaddr_un).cast(), len) } != 0 {
-            return Err(format!(
-                "cannot listen on {shown}: {}",
-                sys::last_os_error_text()
-            ));
-        }
+            Listener::bind(&config.socket_path, config.socket_mode, config.socket_group)?;
         let started = (|| {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(
-                &path,
-                std::fs::Permissions::from_mode(self.registry.config.socket_mode),
-            )
-            .map_err(|e| format!("cannot chmod {shown}: {e}"))?;
-            // SAFETY: listener is a bound socket; O_NONBLOCK takes plain flags.
-            unsafe {
-                if libc::listen(listener, 256) != 0 {
-                    return Err(format!(
-                        "cannot listen on {shown}: {}",
-                        sys::last_os_error_text()
-                    ));
-                }
-                let flags = libc::fcntl(listener, libc::F_GETFL);
-                libc::fcntl(listener, libc::F_SETFL, flags | libc::O_NONBLOCK);
-            }
             for (size, count) in self.registry.config.prewarm.clone() {
                 self.registry
                     .pool
@@ -145,35 +96,20 @@ impl Minion {
                         }
                     })?;
             }
-            self.watch(listener, LISTENER, libc::EPOLLIN)?;
-            self.watch(self.wake.0, WAKE, libc::EPOLLIN)
+            self.epoll.watch(listener.fd, LISTENER, libc::EPOLLIN)?;
+            self.epoll.watch(self.wake.0, WAKE, libc::EPOLLIN)
         })();
         if let Err(err) = started {
-            let _ = std::fs::remove_file(&path);
+            listener.close();
             return Err(err);
         }
+        self.listener = Some(listener);
         log::info(format_args!(
-            "minion for host {} listening on {shown}",
-            self.registry.config.host
+            "minion for host {} listening on {}",
+            self.registry.config.host,
+            self.registry.config.socket_path.display()
         ));
         Ok(())
-    }
-
-    fn watch(&self, fd: RawFd, token: u64, events: libc::c_int) -> Result<(), String> {
-        let mut event = libc::epoll_event {
-            events: events as u32,
-            u64: token,
-        };
-        // SAFETY: event is a valid epoll_event; fd is open.
-        if unsafe { libc::epoll_ctl(self.epoll, libc::EPOLL_CTL_ADD, fd, &mut event) } != 0 {
-            return Err(format!("epoll_ctl: {}", sys::last_os_error_text()));
-        }
-        Ok(())
-    }
-
-    fn unwatch(&self, fd: RawFd) {
-        // SAFETY: removing an fd from our epoll set; a null event is allowed since 2.6.9.
-        unsafe { libc::epoll_ctl(self.epoll, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
     }
 
     pub fn serve_forever(&mut self) {
@@ -184,15 +120,7 @@ impl Minion {
             // budget: waking a sleeping process costs ~40 us on a VM, the hand-off ~10.
             let spinning =
                 !self.registry.waiters.is_empty() && sys::monotonic_ns() < self.registry.spin_until;
-            // SAFETY: ready holds MAX_EVENTS entries.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll,
-                    ready.as_mut_ptr(),
-                    MAX_EVENTS as libc::c_int,
-                    if spinning { 0 } else { -1 },
-                )
-            };
+            let n = self.epoll.wait(&mut ready, if spinning { 0 } else { -1 });
             if n < 0 {
                 if sys::errno() == libc::EINTR {
                     continue;
@@ -207,10 +135,12 @@ impl Minion {
                 sys::sched_yield(); // polling: let a runnable container on this core go first
             }
             for event in &ready[..n as usize] {
-                match event.u64 {
+                let token = event.u64; // a copy: epoll_event is packed
+                match token {
                     LISTENER => self.accept(),
                     WAKE => self.drain_wake_pipe(),
                     EVENTS => {} // flushed below
+                    token if token & PROCESS != 0 => self.on_exit(token & !PROCESS),
                     token => self.on_readable(token, &mut buffer),
                 }
             }
@@ -233,11 +163,9 @@ impl Minion {
         }
         self.registry.objects.clear(); // dropping a segment unmaps and closes it
         self.registry.pool.close();
-        if self.listener >= 0 {
-            self.unwatch(self.listener);
-            sys::close(self.listener);
-            self.listener = -1;
-            let _ = std::fs::remove_file(&self.registry.config.socket_path);
+        if let Some(listener) = self.listener.take() {
+            self.epoll.unwatch(listener.fd);
+            listener.close();
         }
         if let Some(sink) = self.registry.events.as_mut() {
             sink.drain(1000);
@@ -248,31 +176,13 @@ impl Minion {
 
     // ------------------------------------------------------------------ I/O
     fn accept(&mut self) {
-        // SAFETY: accept4 with null address pointers.
-        let fd = unsafe {
-            libc::accept4(
-                self.listener,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let code = sys::errno();
-            if matches!(code, libc::EMFILE | libc::ENFILE) {
-                self.shed_connection(code);
-            } else if !matches!(code, libc::EAGAIN | libc::EINTR | libc::ECONNABORTED) {
-                log::warning(format_args!("accept failed: {}", sys::os_error_text(code)));
-            }
-            return;
-        }
-        let Some((pid, uid, gid)) = sys::peer_credentials(fd) else {
-            sys::close(fd);
+        let Some(accepted) = self.listener.as_mut().and_then(Listener::accept) else {
             return;
         };
+        let Accepted { fd, pid, uid, gid } = accepted;
         let token = self.next_connection;
         self.next_connection += 1;
-        if self.watch(fd, token, libc::EPOLLIN).is_err() {
+        if self.epoll.watch(fd, token, libc::EPOLLIN).is_err() {
             sys::close(fd);
             return;
         }
@@ -285,36 +195,12 @@ impl Minion {
                 gid,
                 container: None,
                 registered: 0,
+                pidfd: None,
                 waiting: ByRequest::default(),
                 have: ByRequest::default(),
                 doomed: false,
             },
         );
-    }
-
-    /// Out of fds: accept the waiting connection with a spare fd and close it at once, so the
-    /// client hears about it and the listener stops reporting readable.
-    fn shed_connection(&mut self, code: i32) {
-        log::warning(format_args!(
-            "refusing a connection: {} (one fd per connection and per segment)",
-            sys::os_error_text(code)
-        ));
-        if self.spare_fd >= 0 {
-            sys::close(self.spare_fd);
-            // SAFETY: as in accept.
-            let fd = unsafe {
-                libc::accept4(
-                    self.listener,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC,
-                )
-            };
-            if fd >= 0 {
-                sys::close(fd);
-            }
-            self.spare_fd = open_spare();
-        }
     }
 
     fn on_readable(&mut self, token: u64, buffer: &mut [u8]) {
@@ -335,51 +221,16 @@ impl Minion {
             let err = CdiError::protocol(format!("message larger than {} bytes", buffer.len()));
             self.send(token, 0, &Body::Error(err), None);
         } else {
-            match unpack(&buffer[..n as usize]) {
-                Ok(Value::Map(entries)) => self.serve(token, &entries),
-                Ok(_) => {
-                    let err = CdiError::protocol("a message must be a map");
-                    self.send(token, 0, &Body::Error(err), None);
-                }
-                Err(text) => {
-                    let err = CdiError::protocol(format!("undecodable message: {text}"));
-                    self.send(token, 0, &Body::Error(err), None);
-                }
+            let (id, reply) = answer(&mut self.registry, token, &buffer[..n as usize]);
+            for token in std::mem::take(&mut self.registry.registered_now) {
+                self.watch_process(token);
+            }
+            self.flush_outbox(); // first: a new owner waits for its grant; the ack can follow
+            if let Some((body, fd)) = reply {
+                self.send(token, id, &body, fd);
             }
         }
         self.settle();
-    }
-
-    /// One decoded request: check its id, run the operation, send what it owes waiting
-    /// containers, then its reply.
-    fn serve(&mut self, token: u64, request: Entries) {
-        let id = match Value::field(request, "id") {
-            None => 0,
-            Some(Value::Int(i)) => i.get(),
-            Some(_) => {
-                let err = CdiError::protocol("request id must be an integer");
-                return self.send(token, 0, &Body::Error(err), None);
-            }
-        };
-        let registry = &mut self.registry;
-        let outcome = catch_unwind(AssertUnwindSafe(|| dispatch(registry, token, id, request)));
-        let reply = match outcome {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(Failure::Cdi(err))) => Some((Body::Error(err), None)),
-            Ok(Err(Failure::Internal(text))) => Some(self.internal_error(token, &text)),
-            Err(panic) => {
-                let text = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "panic".to_owned());
-                Some(self.internal_error(token, &text))
-            }
-        };
-        self.flush_outbox(); // first: a new owner waits for its grant; the caller's ack can follow
-        if let Some((body, fd)) = reply {
-            self.send(token, id, &body, fd);
-        }
     }
 
     /// Send what the registry owes waiting containers (grants, refusals); after a grant, yield
@@ -399,19 +250,6 @@ impl Minion {
         }
     }
 
-    /// A bug must not take the whole host's objects down: log it, tell the caller.
-    fn internal_error(&self, token: u64, text: &str) -> (Body, Option<RawFd>) {
-        let pid = self.registry.conns.get(&token).map_or(0, |c| c.pid);
-        log::error(format_args!(
-            "minion failed on a request from pid {pid}: {text}"
-        ));
-        let err = CdiError {
-            code: "cdi_error",
-            msg: format!("internal minion error: {text}"),
-        };
-        (Body::Error(err), None)
-    }
-
     fn send(&mut self, token: u64, id: RequestId, body: &Body, fd: Option<RawFd>) {
         let Some(conn) = self.registry.conns.get(&token) else {
             return;
@@ -422,7 +260,7 @@ impl Minion {
         let (sock, pid) = (conn.fd, conn.pid);
         let mut out = std::mem::take(&mut self.out);
         out.clear();
-        encode(&mut out, &self.registry, body, id);
+        encode(&mut out, &self.registry, token, body, id);
         let sent = sys::send_message(sock, &out, fd);
         self.out = out;
         if let Err(code) = sent {
@@ -457,12 +295,55 @@ impl Minion {
     /// Stop watching and close a connection; the registry forgets it (recovering its objects
     /// if `reclaim`).
     fn close(&mut self, token: u64, reclaim: bool) {
-        let Some(fd) = self.registry.conns.get(&token).map(|c| c.fd) else {
+        let Some((fd, pidfd)) = self.registry.conns.get(&token).map(|c| (c.fd, c.pidfd)) else {
             return;
         };
-        self.unwatch(fd);
+        self.epoll.unwatch(fd);
         sys::close(fd);
+        if let Some(pidfd) = pidfd {
+            self.epoll.unwatch(pidfd);
+            sys::close(pidfd);
+        }
         self.registry.disconnect(token, reclaim);
+    }
+
+    /// Watch the registered process itself (a pidfd), not only its socket: an owner that
+    /// forked a child without exec and died has its objects recovered at once, although the
+    /// child still holds the socket. The pidfd comes from the socket (SO_PEERPIDFD: the
+    /// connecting process, with no pid reuse race), else from its pid; with neither (a peer in
+    /// another pid namespace has pid 0), the socket's closing is what tells.
+    fn watch_process(&mut self, token: u64) {
+        let Some(conn) = self.registry.conns.get(&token) else {
+            return;
+        };
+        let (sock, pid) = (conn.fd, conn.pid);
+        let Some(pidfd) = sys::peer_pidfd(sock, pid) else {
+            log::info(format_args!(
+                "pid {pid}: no pidfd; its socket tells when it goes"
+            ));
+            return;
+        };
+        if self
+            .epoll
+            .watch(pidfd, token | PROCESS, libc::EPOLLIN)
+            .is_err()
+        {
+            sys::close(pidfd);
+            return;
+        }
+        if let Some(conn) = self.registry.conns.get_mut(&token) {
+            conn.pidfd = Some(pidfd);
+        }
+    }
+
+    /// The registered process exited: its connection closes, its objects are recovered.
+    fn on_exit(&mut self, token: u64) {
+        if let Some(conn) = self.registry.conns.get(&token) {
+            log::info(format_args!("process {} exited", conn.pid));
+        }
+        self.close(token, true);
+        self.flush_outbox();
+        self.settle();
     }
 
     fn flush_events(&mut self) {
@@ -474,16 +355,10 @@ impl Minion {
         if want != self.events_watched {
             self.events_watched = want;
             if want {
-                let _ = self.watch(fd, EVENTS, libc::EPOLLOUT);
+                let _ = self.epoll.watch(fd, EVENTS, libc::EPOLLOUT);
             } else {
-                self.unwatch(fd);
+                self.epoll.unwatch(fd);
             }
         }
     }
-}
-
-/// An fd kept open to give up when the process runs out of them (see `shed_connection`).
-fn open_spare() -> RawFd {
-    // SAFETY: a NUL-terminated literal path.
-    unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) }
 }

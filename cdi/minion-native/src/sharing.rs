@@ -65,6 +65,8 @@ pub fn share(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, 
     }
     for reader in readers {
         if !obj.readers.contains(&reader) {
+            let uid = reg.containers.get(&reader).and_then(|t| reg.conns.get(t));
+            obj.uids.add(uid.map_or(reg.own_uid, |c| c.uid)); // it sees the object now
             obj.readers.push(reader);
         }
     }
@@ -79,14 +81,15 @@ pub fn read(
     id: RequestId,
     request: Entries,
 ) -> Result<Reply, Failure> {
-    let key = reg.lookup(request)?.key.clone();
     let wait = optional_bool(request, "wait", true)?;
+    let key = reg.lookup(request, token, wait)?.key.clone();
     let container = reg.container_of(token)?;
     let obj = reg.objects.get_mut(&key).ok_or_else(vanished)?;
     if obj.readable_by(&container) {
         let fd = obj.segment.read_only_fd()?;
         if let Some(conn) = reg.conns.get(&token) {
-            obj.writers.add(conn.uid);
+            obj.uids.add(conn.uid);
+            obj.segment.uids.add(conn.uid);
         }
         return Ok(Some((Body::grant(obj), Some(fd))));
     }
@@ -112,7 +115,7 @@ pub fn read(
 }
 
 pub fn release(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
-    let key = reg.lookup(request)?.key.clone();
+    let key = reg.lookup(request, token, false)?.key.clone();
     let container = reg.container_of(token)?;
     let released = recovery::release_share(reg, &key, &container);
     let readers = reg.objects.get(&key).map_or(0, |o| o.readers.len());

@@ -128,6 +128,34 @@ pub fn peer_credentials(sock: RawFd) -> Option<(i32, u32, u32)> {
     (rc == 0).then_some((cred.pid, cred.uid, cred.gid))
 }
 
+/// A pidfd (close-on-exec) of a Unix socket's peer: SO_PEERPIDFD (Linux 6.5), else
+/// pidfd_open of its pid; `None` if neither works (the peer is gone, or has pid 0: in another
+/// pid namespace).
+pub fn peer_pidfd(sock: RawFd, pid: i32) -> Option<RawFd> {
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut pidfd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: pidfd and len are valid out-pointers of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut pidfd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 && pidfd >= 0 {
+        return Some(pidfd);
+    }
+    if pid <= 0 {
+        return None;
+    }
+    // SAFETY: a plain system call; PIDFD_NONBLOCK is not needed, the loop only polls it.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    (fd >= 0).then_some(fd as RawFd)
+}
+
 pub fn unix_address(path: &[u8]) -> Option<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain data.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
