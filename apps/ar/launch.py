@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -227,19 +227,27 @@ def _converse(
         return result
 
 
+def _family(process: psutil.Process) -> list[psutil.Process]:
+    return [process, *process.children(recursive=True)]
+
+
 def _cpu(processes: list[psutil.Process]) -> float:
     """CPU time of ``processes`` and of their children, seconds (children live as long as
-    their parents here: a child that ended meanwhile is not counted)."""
+    their parents here; one that ended meanwhile is not counted)."""
     total = 0.0
-    for process in processes:
-        for one in [process, *process.children(recursive=True)]:
+    for one in (one for process in processes for one in _family(process)):
+        with suppress(psutil.NoSuchProcess):
             times = one.cpu_times()
             total += times.user + times.system
     return total
 
 
 def _peak_rss_with_children(process: psutil.Process) -> int:
-    return sum(peak_rss(one.pid) for one in [process, *process.children(recursive=True)])
+    total = 0
+    for one in _family(process):
+        with suppress(FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+            total += peak_rss(one.pid)
+    return total
 
 
 def run_pipeline(
