@@ -4,13 +4,11 @@ CDI, a generated video; the output checked frame by frame against the single-pro
 from __future__ import annotations
 
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
 import pytest
 
 import cdi
@@ -18,7 +16,7 @@ from apps.ar.config import RunConfig
 from apps.ar.errors import RoleFailed
 from apps.ar.launch import PipelineResult, run_floor, run_pipeline
 from cdi.minion.process import MinionChild
-from tests.apps.ar_checks import assert_like_reference, config_for
+from tests.apps.ar_checks import assert_like_reference, config_for, kill_a_detector_mid_run
 from workflows.ar.sample import SampleVideo, make_sample_video
 
 FRAMES = 12
@@ -85,32 +83,9 @@ def test_a_detector_killed_mid_run_fails_the_run_and_frees_the_ring(
     long_video = video.with_name("long.mp4")
     make_sample_video(long_video, SampleVideo(frames=60))
     config = replace(base, backend="cdi-shm", video=str(long_video), run_id="ar-kill", timeout_s=5)
-    outcome: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            run_pipeline(config)
-        except BaseException as exc:
-            outcome.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    victim = None
-    deadline = time.monotonic() + 60
-    while victim is None and time.monotonic() < deadline:
-        for child in psutil.Process().children():
-            if child.cmdline()[-2:] == ["detector", "1"]:
-                victim = child
-        time.sleep(0.1)
-    assert victim is not None, "no detector process appeared"
-    while not _flowing(minion, "ar-kill-combinator") and time.monotonic() < deadline:
-        time.sleep(0.05)  # until frames reach the combinator: the run is under way
-    victim.kill()
-    runner.join(timeout=90)
-    assert not runner.is_alive()
-    assert outcome and isinstance(outcome[0], RoleFailed), outcome
-    assert outcome[0].role == "detector 1" and "exit status -9" in str(outcome[0])
-    assert not [c for c in psutil.Process().children() if "apps.ar.role_process" in c.cmdline()]
+    # Until frames reach the combinator: the run is under way.
+    failed = kill_a_detector_mid_run(config, (), lambda: _flowing(minion, "ar-kill-combinator"))
+    assert failed.role == "detector 1" and "exit status -9" in str(failed)
     deadline = time.monotonic() + 5
     while _objects(minion) and time.monotonic() < deadline:
         time.sleep(0.1)

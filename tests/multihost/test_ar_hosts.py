@@ -16,9 +16,10 @@ import pytest
 import cdi
 from apps.ar.config import RunConfig
 from apps.ar.launch import PipelineResult, run_floor, run_pipeline
+from apps.ar.links.cdi_link import combinator_id
 from apps.ar.runtime import prepare
 from cdi.hosts import HostNetwork
-from tests.apps.ar_checks import assert_like_reference, config_for
+from tests.apps.ar_checks import assert_like_reference, config_for, kill_a_detector_mid_run
 from tests.cdi.test_bench_and_demo import run_cli
 from workflows.ar.sample import SampleVideo, make_sample_video
 
@@ -48,12 +49,20 @@ def _namespace(host_namespace: str | None) -> int:
     return os.stat(path).st_ino
 
 
-def _objects_left(sockets: list[str]) -> list[str]:
-    left = []
+def _objects(sockets: list[str]) -> list[dict[str, object]]:
+    found = []
     for socket_path in sockets:
         with cdi.Client(socket_path) as probe_client:
-            left += [o["key"] for o in probe_client.list_objects()]
-    return left
+            found += probe_client.list_objects()
+    return found
+
+
+def _objects_left(sockets: list[str], within_s: float = 10) -> list[object]:
+    """The objects still on the minions of ``sockets`` after at most ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while _objects(sockets) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [o["key"] for o in _objects(sockets)]
 
 
 @pytest.mark.parametrize("backend", ["tcp", "rest", "grpc", "cdi-rpc"])
@@ -72,9 +81,6 @@ def test_frames_cross_hosts_and_the_output_is_the_reference_frame_by_frame(
         if backend == "cdi-rpc":
             sockets = sorted({ready.config.minion_for(role) for role in ("extractor", "detector")})
             assert len(sockets) == 2  # a minion on each host
-            deadline = time.monotonic() + 10
-            while _objects_left(sockets) and time.monotonic() < deadline:
-                time.sleep(0.1)
             assert _objects_left(sockets) == []  # the ring came home and was freed
 
     assert_like_reference(result, reference, out, FRAMES)
@@ -88,6 +94,29 @@ def test_frames_cross_hosts_and_the_output_is_the_reference_frame_by_frame(
         # The runtime of both hosts (minions, gateways, the controller) counts as a role.
         assert result.minion_cpu_s is not None and result.minion_cpu_s > 0
         assert "minion" in result.peak_rss_mb()
+
+
+def test_a_detector_killed_on_the_other_host_fails_the_run_and_frees_the_ring(
+    network: HostNetwork, base: RunConfig, tmp_path: Path
+) -> None:
+    video = make_sample_video(tmp_path / "long.mp4", SampleVideo(frames=60))
+    config = replace(
+        base, backend="cdi-rpc", video=str(video), run_id="ar-hosts-kill", timeout_s=5, depth=1
+    )
+    with prepare(config, network, ("--busy-poll-us", "0")) as ready:
+        sockets = sorted({ready.config.minion_for(role) for role in ("extractor", "detector")})
+        combinator = combinator_id(ready.config)
+
+        def under_way() -> bool:  # frames have crossed back to the combinator
+            return any(o["owner"] == combinator for o in _objects(sockets))
+
+        failed = kill_a_detector_mid_run(ready.config, ready.runtime_pids, under_way)
+        assert failed.role == "detector 1" and "exit status -9" in str(failed)
+        # The dead detector's objects went back across the link by the recovery rule, and
+        # every object of the ring is gone from both hosts: the first host's gateway, their
+        # recovery container there, finds the extractor gone and reclaims them, waiting a
+        # registration lag (5 s) per object for the container to appear elsewhere first.
+        assert _objects_left(sockets, within_s=30) == []
 
 
 def test_bench_ar_across_hosts_prints_cdi_rpc_rows(tmp_path: Path) -> None:
