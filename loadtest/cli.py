@@ -280,7 +280,7 @@ def _quick(
     out: IO[str],
 ) -> dict[str, Any]:
     from loadtest.quick import QUICK_SYSTEMS, run_quick
-    from loadtest.report import quick_goals, quick_table
+    from loadtest.report import graphs_goals, graphs_table, quick_goals, quick_table
     from loadtest.runner import machine_state
 
     unknown = [s for s in chosen or () if s not in QUICK_SYSTEMS]
@@ -288,7 +288,7 @@ def _quick(
         raise click.BadParameter(f"--quick measures {', '.join(QUICK_SYSTEMS)}; not {unknown}")
     machine = machine_state()
     with one_run_per_folder(data_dir):
-        rows = run_quick(
+        report = run_quick(
             repeat=repeat,
             burst=burst,
             workers=workers,
@@ -301,9 +301,12 @@ def _quick(
         f", then {burst} at once (throughput)\n",
         file=out,
     )
-    click.echo(quick_table(rows), file=out)
-    click.echo("\n" + quick_goals(rows), file=out)
-    return {"results": [r.as_dict() for r in rows], "machine": machine}
+    click.echo(quick_table(report.rows), file=out)
+    if report.graphs or report.tiles:
+        click.echo("\n" + graphs_table(report.graphs, report.tiles), file=out)
+    goals = [quick_goals(report.rows), graphs_goals(report.graphs, report.tiles)]
+    click.echo("\n" + "\n".join(g for g in goals if g), file=out)
+    return {**report.as_dict(), "machine": machine}
 
 
 def _scenarios(

@@ -33,6 +33,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from loadtest.images import make_jpeg
+from loadtest.quick_graphs import (
+    GRAPH_SYSTEMS,
+    TILE_BYTES,
+    GraphRow,
+    TileRow,
+    measure_graphs,
+    measure_tiles,
+)
 from loadtest.rest import CdiflowApi, stamp
 from loadtest.stats import summarize
 from loadtest.systems.services import BenchServices, s3_client
@@ -40,7 +48,7 @@ from orchestrator.child_process import free_port
 from orchestrator.services import RunningServices
 from orchestrator.stack import Stack
 
-__all__ = ["PHASES", "QuickRow", "phases_ms", "run_quick"]
+__all__ = ["PHASES", "QuickReport", "QuickRow", "phases_ms", "run_quick"]
 
 QUICK_SYSTEMS: Final = ("affinity", "transfer", "auto", "object-store")
 WORKFLOWS: Final = ("noop_pipeline", "image_pipeline")
@@ -73,6 +81,23 @@ class QuickRow:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class QuickReport:
+    """The per-policy rows, and for the systems that run graphs their fork/join and fan-out
+    rows and the tiled fan-out beside its process-pool floor (``loadtest.quick_graphs``)."""
+
+    rows: list[QuickRow]
+    graphs: list[GraphRow] = field(default_factory=list)
+    tiles: list[TileRow] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "results": [r.as_dict() for r in self.rows],
+            "graphs": [g.as_dict() for g in self.graphs],
+            "tiles": [t.as_dict() for t in self.tiles],
+        }
 
 
 def phases_ms(detail: dict[str, Any]) -> dict[str, float]:
@@ -190,14 +215,18 @@ def run_quick(
     progress: Callable[[str], None] = lambda _: None,
     services: RunningServices | None = None,
     redis_db_from: int = 1,
-) -> list[QuickRow]:
-    """Start one stack, measure every (system, workflow), stop the stack.
+    graphs: bool = True,
+    tile_bytes: int = TILE_BYTES,
+) -> QuickReport:
+    """Start one stack, measure every (system, workflow), then (``graphs``) the fork/join,
+    fan-out and tiled fan-out rows of the graph-running systems, stop the stack.
 
     ``services``: use these (tests) instead of starting embedded ones; the stack takes a fresh
     database on them and Redis database ``redis_db_from``.
     """
     folder = data_dir or Path(tempfile.mkdtemp(prefix="cdiflow-quick-"))
     rows: list[QuickRow] = []
+    report = QuickReport(rows)
     shared = BenchServices(folder / "services", given=services, first_redis_db=redis_db_from)
     with shared:
         progress(f"services up; starting the stack ({workers} workers)")
@@ -218,4 +247,13 @@ def run_quick(
                     size = 0 if given is None else len(image_bytes)
                     rows.append(_measure(api, system, workflow, given, size, repeat, burst))
                     progress(f"  {system:<13} {workflow:<15} {time.monotonic() - began:5.1f} s")
-    return rows
+            graph_systems = [s for s in systems if s in GRAPH_SYSTEMS] if graphs else []
+            if graph_systems:
+                report.graphs = measure_graphs(api, graph_systems, repeat, progress)
+                tile = make_jpeg(tile_bytes)
+                key = "bench/quick-tiles.jpg"
+                s3_client(shared.running).put_object(Bucket=bucket, Key=key, Body=tile)
+                report.tiles = measure_tiles(
+                    api, graph_systems, f"s3://{bucket}/{key}", tile, workers, repeat, progress
+                )
+    return report

@@ -6,11 +6,15 @@ from collections.abc import Sequence
 
 from cdi.bench.stats import format_size
 from loadtest.quick import PHASES, QuickRow
+from loadtest.quick_graphs import GraphRow, TileRow
 from loadtest.stats import PointResult
 
 __all__ = [
     "GOAL_NOOP_P50_MS",
+    "GOAL_SHARE_OF_FLOOR",
     "GOAL_TASK_OVERHEAD_MS",
+    "graphs_goals",
+    "graphs_table",
     "quick_goals",
     "quick_table",
     "resources_table",
@@ -20,6 +24,7 @@ __all__ = [
 
 GOAL_TASK_OVERHEAD_MS = 2.0
 GOAL_NOOP_P50_MS = 10.0
+GOAL_SHARE_OF_FLOOR = 0.9  # a tiled fan-out against the same tiles in a process pool
 
 
 def quick_table(rows: Sequence[QuickRow]) -> str:
@@ -59,7 +64,7 @@ def quick_goals(rows: Sequence[QuickRow]) -> str:
         wf_ok = r.p50_latency_ms <= GOAL_NOOP_P50_MS
         lines.append(
             f"{r.system:<16} 3-task no-op p50 {r.p50_latency_ms:6.1f} ms "
-            f"(goal <= {GOAL_NOOP_P50_MS:g}: {'met' if wf_ok else 'NOT met'}); "
+            f"(goal <= {GOAL_NOOP_P50_MS:g}: {_verdict(wf_ok)}); "
             f"(latency - run) / 3 tasks {r.p50_overhead_per_task_ms:.1f} ms "
             "(the fixed cost spread over 3 tasks)"
         )
@@ -68,10 +73,69 @@ def quick_goals(rows: Sequence[QuickRow]) -> str:
             chains = ", ".join(f"{n} tasks {ms:.1f} ms" for n, ms in r.chain_p50_ms.items())
             lines.append(
                 f"{'':<16} overhead per task {r.marginal_ms_per_task:5.2f} ms "
-                f"(goal <= {GOAL_TASK_OVERHEAD_MS:g}: {'met' if marginal_ok else 'NOT met'}), "
+                f"(goal <= {GOAL_TASK_OVERHEAD_MS:g}: {_verdict(marginal_ok)}), "
                 f"the marginal cost of a task: no-op chains p50 {chains}"
             )
     return "\n".join(lines)
+
+
+def graphs_table(graphs: Sequence[GraphRow], tiles: Sequence[TileRow]) -> str:
+    """p50 latency of each no-op fork/join width and fan-out size, the marginal cost of a
+    branch and of an element; the tiled fan-out beside its process-pool floor."""
+    if not graphs and not tiles:
+        return ""
+    lines = ["graphs: no-op fork/joins by width and fan-outs by elements (p50 ms)"]
+    for g in graphs:
+        forks = ", ".join(f"{w}: {ms:.1f}" for w, ms in g.fork_join_p50_ms.items())
+        fans = ", ".join(f"{n}: {ms:.1f}" for n, ms in g.fan_out_p50_ms.items())
+        per = ", ".join(f"{n}: {ms:.2f}" for n, ms in g.per_element_ms.items())
+        lines.append(
+            f"{g.system:<16} fork/join {forks}; per branch {g.per_branch_ms:.2f} ms\n"
+            f"{'':<16} fan-out {fans}; per element {per} ms"
+        )
+    if tiles:
+        lines += [
+            "",
+            f"{'system':<16} {'image':>8} {'tiles':>6} {'fan-out':>8} {'tile run':>9} "
+            f"{'latency':>8} {'floor':>7} {'x floor':>8}",
+            f"{'':<16} {'':>8} {'':>6} {'ms':>8} {'ms (sum)':>9} {'ms':>8} {'ms':>7} {'':>8}",
+        ]
+        for t in tiles:
+            lines.append(
+                f"{t.system:<16} {_megabytes(t.image_bytes):>8} {t.tiles:>6} "
+                f"{t.fan_out_p50_ms:>8.1f} {t.tile_run_p50_ms:>9.1f} {t.latency_p50_ms:>8.1f} "
+                f"{t.floor_p50_ms:>7.1f} {t.share_of_floor:>8.2f}"
+            )
+    return "\n".join(lines)
+
+
+def graphs_goals(graphs: Sequence[GraphRow], tiles: Sequence[TileRow]) -> str:
+    """One line per graph goal and system: met or not, with the figure."""
+
+    lines = []
+    for g in graphs:
+        per = ", ".join(f"{ms:.2f} ms at {n}" for n, ms in g.per_element_ms.items())
+        worst = max([g.per_branch_ms, *g.per_element_ms.values()])
+        lines.append(
+            f"{g.system:<16} overhead per extra branch {g.per_branch_ms:.2f} ms, per fan-out "
+            f"element {per} (goal <= {GOAL_TASK_OVERHEAD_MS:g}: "
+            f"{_verdict(worst <= GOAL_TASK_OVERHEAD_MS)})"
+        )
+    for t in tiles:
+        lines.append(
+            f"{t.system:<16} {t.tiles}-tile fan-out of {_megabytes(t.image_bytes)} on "
+            f"{t.workers} workers {t.share_of_floor:.2f} x the process pool's floor (goal >= "
+            f"{GOAL_SHARE_OF_FLOOR:g}: {_verdict(t.share_of_floor >= GOAL_SHARE_OF_FLOOR)})"
+        )
+    return "\n".join(lines)
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
 
 
 def _size(size: int | None) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import httpx
 
-from loadtest.images import chain_definition, chain_workflow
+from loadtest.images import chain_definition
 from loadtest.pipeline_ops import RESULT_FORMAT
 
 __all__ = ["FINISHED", "SYSTEM_MODES", "CdiflowApi", "stamp"]
@@ -134,7 +134,7 @@ class CdiflowApi:
 
     def ensure_chain(self, tasks: int) -> str:
         """Register the n-task pipeline unless it exists; return its workflow name."""
-        return self._ensure(chain_workflow(tasks), chain_definition(tasks))
+        return self.ensure_definition(chain_definition(tasks))
 
     def ensure_noop_chain(self, tasks: int) -> str:
         """Register ``noop_chain_<n>`` (n no-op steps in a row) unless it exists."""
@@ -143,12 +143,26 @@ class CdiflowApi:
             {"ref": f"noop{i}", "task": "noop", "depends_on": [f"noop{i - 1}"] if i else []}
             for i in range(tasks)
         ]
-        return self._ensure(name, {"name": name, "tasks": steps})
+        return self.ensure_definition({"name": name, "tasks": steps})
 
-    def _ensure(self, name: str, definition: dict[str, Any]) -> str:
+    def ensure_definition(self, definition: dict[str, Any]) -> str:
+        """Register a workflow definition unless one of its name exists; return the name."""
+        name = str(definition["name"])
         if self._http.get(f"/api/workflow-definitions/{name}").status_code == 200:
             return name
         reply = self._http.post("/api/workflow-definitions", json=definition)
         if reply.status_code not in (201, 409):  # 409: registered meanwhile
-            reply.raise_for_status()
+            raise RuntimeError(f"definition {name!r} refused ({reply.status_code}): {reply.text}")
         return name
+
+    def ensure_task(self, name: str, module: str, timeout: float = 30.0) -> None:
+        """Register (or replace) task ``name`` as ``module``; while no live worker has
+        announced it yet (422), ask again, for up to ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._http.put(f"/api/tasks/{name}", json={"name": name, "module": module})
+            if reply.is_success:
+                return
+            if reply.status_code != 422 or time.monotonic() > deadline:
+                raise RuntimeError(f"task {name!r} refused ({reply.status_code}): {reply.text}")
+            time.sleep(0.5)

@@ -3,6 +3,8 @@
 * ``workflows.api``          ``@task``, ``TaskContext``, ``TaskResult``, ``load_task``, ``run_task``
 * ``workflows.imagebuf``     decoded image <-> flat buffer layout; decode/encode of image files
 * ``workflows.image_tasks``  ``deblur``, ``denoise``, ``classify``, ``noop``, ``sleep``
+* ``workflows.fanout_tasks`` ``tiles``, ``blur_tile``, ``stitch``; no-ops ``spread``, ``pass_item``,
+  ``gather``
 * ``workflows.definitions``  workflow/task definition shapes, validation, bundled pipelines
 * ``workflows.samples``      synthetic sample images
 * ``workflows.errors``       the exception tree (``WorkflowsError``)

@@ -19,7 +19,8 @@ loaded with the tasks it registered (and their settings), and every module that 
 its error. The worker announces the catalog with its heartbeat; the API refuses to register a
 task no live worker loaded (with the import error a worker met) and fills the settings a
 registration leaves out from the ``@task``; the scheduler places a task only on a worker that
-loaded its module. The bundled tasks (``workflows.image_tasks``) are always in the catalog.
+loaded its module. The bundled tasks (``workflows.image_tasks``, ``workflows.fanout_tasks``)
+are always in the catalog.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from workflows.api import registered_tasks
 from workflows.sources import TaskSources
 
 __all__ = [
-    "BUNDLED_MODULE",
+    "BUNDLED_MODULES",
     "TaskCatalog",
     "deployed_modules",
     "load_deployed",
@@ -45,8 +46,8 @@ __all__ = [
     "with_sources",
 ]
 
-BUNDLED_MODULE: Final = "workflows.image_tasks"
-_BUNDLED_PACKAGE: Final = "workflows"  # the bundled tasks stand for it: its other modules hold none
+BUNDLED_MODULES: Final = ("workflows.image_tasks", "workflows.fanout_tasks")
+_BUNDLED_PACKAGE: Final = "workflows"  # its task modules are the bundled ones above
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def with_sources(base: TaskSources, sources: Iterable[str]) -> TaskSources:
 def deployed_modules(sources: TaskSources) -> list[str]:
     """The modules a worker imports when it starts: the bundled tasks, each package other than
     the bundled one, and every module in each folder, in that order, once each."""
-    names = [BUNDLED_MODULE]
+    names = list(BUNDLED_MODULES)
     names += [p for p in sources.packages if p != _BUNDLED_PACKAGE]
     for folder in sources.paths:
         names += _folder_modules(folder)

@@ -18,7 +18,15 @@ import pytest
 
 from loadtest.idle import idle_table, measure_idle
 from loadtest.quick import run_quick
-from loadtest.report import quick_goals, quick_table, resources_table, scenario_table
+from loadtest.quick_graphs import FAN_SIZES, FORK_WIDTHS
+from loadtest.report import (
+    graphs_goals,
+    graphs_table,
+    quick_goals,
+    quick_table,
+    resources_table,
+    scenario_table,
+)
 from loadtest.runner import BenchConfig, run_benchmark
 from loadtest.systems.services import s3_client
 from orchestrator.services import RunningServices
@@ -143,7 +151,7 @@ def test_quick_measures_each_policy_on_one_stack(
     service_stack: RunningServices, tmp_path: Path
 ) -> None:
     before = _descendants()
-    rows = run_quick(
+    report = run_quick(
         repeat=2,
         burst=2,
         warmup=1,
@@ -151,7 +159,9 @@ def test_quick_measures_each_policy_on_one_stack(
         data_dir=tmp_path,
         services=service_stack,
         redis_db_from=5,
+        tile_bytes=200_000,
     )
+    rows = report.rows
     assert [(r.system, r.workflow) for r in rows] == [
         ("affinity", "noop_pipeline"),
         ("object-store", "noop_pipeline"),
@@ -168,6 +178,26 @@ def test_quick_measures_each_policy_on_one_stack(
         assert all(ms > 0 for ms in r.chain_p50_ms.values())
     assert "noop_pipeline" in quick_table(rows)
     assert "the marginal cost of a task" in quick_goals(rows)
+    # Graphs run on the CDI planes only: one fork/join and fan-out row, one tiled fan-out row.
+    [graph] = report.graphs
+    assert graph.system == "affinity" and graph.n == 2
+    assert list(graph.fork_join_p50_ms) == list(FORK_WIDTHS)
+    assert list(graph.fan_out_p50_ms) == list(FAN_SIZES)
+    assert all(ms > 0 for ms in [*graph.fork_join_p50_ms.values(), *graph.fan_out_p50_ms.values()])
+    assert set(graph.per_element_ms) == {16, 256}
+    one = graph.fan_out_p50_ms[1]
+    assert graph.per_element_ms[256] == round((graph.fan_out_p50_ms[256] - one) / 255, 3)
+    [tiled] = report.tiles
+    assert (tiled.system, tiled.tiles, tiled.workers, tiled.n) == ("affinity", 16, 2, 2)
+    assert 0 < tiled.fan_out_p50_ms < tiled.latency_p50_ms and tiled.tile_run_p50_ms > 0
+    assert tiled.floor_p50_ms > 0 and tiled.pixels > 0
+    assert tiled.share_of_floor == pytest.approx(
+        tiled.floor_p50_ms / tiled.fan_out_p50_ms, rel=0.01
+    )
+    assert set(report.as_dict()) == {"results", "graphs", "tiles"}
+    assert "per branch" in graphs_table(report.graphs, report.tiles)
+    goals = graphs_goals(report.graphs, report.tiles)
+    assert "per extra branch" in goals and "process pool's floor" in goals
     assert _descendants() <= before
 
 

@@ -81,33 +81,3 @@ def scale(values: npt.NDArray[np.float64], ctx: TaskContext) -> dict[str, Any]:
     """The array times ``params.by``, and its sum."""
     scaled = values * float(ctx.params.get("by", 1))
     return {"values": scaled, "total": float(scaled.sum())}
-
-
-def _boxes(n: int, width: int, height: int) -> list[tuple[int, int, int, int]]:
-    """An n x n grid over the image, row by row."""
-    return [(c * width // n, r * height // n, (c + 1) * width // n, (r + 1) * height // n)
-            for r in range(n) for c in range(n)]  # fmt: skip
-
-
-@task(name="tiles")
-def tiles(image: Image.Image, ctx: TaskContext) -> dict[str, Any]:
-    """The image cut into ``params.n`` x ``params.n`` tiles (a list output), and the grid."""
-    n = int(ctx.params.get("n", 4))
-    cut = [image.crop(box) for box in _boxes(n, image.width, image.height)]
-    return {"tiles": cut, "grid": [n, image.width, image.height]}
-
-
-@task(name="blur_tile")
-def blur_tile(tile: Image.Image, ctx: TaskContext) -> dict[str, Any]:
-    """One tile, blurred (run once per tile)."""
-    return {"tile": tile.filter(ImageFilter.GaussianBlur(2))}
-
-
-@task(name="stitch")
-def stitch(tiles: list[Image.Image], grid: list[int], ctx: TaskContext) -> Image.Image:
-    """The tiles put back in their places, in order."""
-    n, width, height = grid
-    canvas = Image.new(tiles[0].mode, (width, height))
-    for tile, box in zip(tiles, _boxes(n, width, height), strict=True):
-        canvas.paste(tile, box[:2])
-    return canvas

@@ -23,7 +23,7 @@ import cdi
 from orchestrator.stack import Stack
 from tests.orchestrator import graph_tasks
 from tests.orchestrator.test_e2e import Harness, free_port, wait_for
-from workflows import imagebuf
+from workflows import fanout_tasks, imagebuf
 from workflows.api import TaskContext
 from workflows.image_tasks import deblur, denoise, reference_pipeline
 from workflows.samples import bundled_samples
@@ -36,9 +36,9 @@ TASKS: dict[str, dict[str, Any]] = {
     "fail_branch": {"retries": 0},
     "ramp": {"retries": 0},
     "scale": {"retries": 0},
-    "tiles": {"retries": 0},
-    "blur_tile": {"retries": 1},
-    "stitch": {"retries": 0},
+    "tiles": {"retries": 0, "module": "workflows.fanout_tasks:tiles"},
+    "blur_tile": {"retries": 1, "module": "workflows.fanout_tasks:blur_tile"},
+    "stitch": {"retries": 0, "module": "workflows.fanout_tasks:stitch"},
 }
 
 
@@ -302,9 +302,9 @@ def test_a_fan_out_of_16_tiles_joins_back_to_the_same_pixels_as_in_one_process(
     assert len({r["worker_id"] for r in blurs}) == 2  # spread over both workers
     ctx = TaskContext("local", params={"n": 4})
     image = imagebuf.decode_bytes(bundled_samples()[sample].read_bytes())
-    cut = graph_tasks.tiles(image, ctx)
-    blurred = [graph_tasks.blur_tile(t, ctx)["tile"] for t in cut["tiles"]]
-    expected = graph_tasks.stitch(blurred, cut["grid"], ctx)
+    cut = fanout_tasks.tiles(image, ctx)
+    blurred = [fanout_tasks.blur_tile(t, ctx)["tile"] for t in cut["tiles"]]
+    expected = fanout_tasks.stitch(blurred, cut["grid"], ctx)
     result = Image.open(io.BytesIO(harness.download(done["result_uri"])))
     assert _pixels_sha(result) == _pixels_sha(expected)
     _no_object_left(harness, workflow_id)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workflows.loader import (
-    BUNDLED_MODULE,
+    BUNDLED_MODULES,
     TaskCatalog,
     deployed_modules,
     load_deployed,
@@ -56,14 +56,15 @@ def test_a_folder_is_imported_module_by_module(folder: tuple[Path, str]) -> None
     assert names == [f"broken_{tag}", f"good_{tag}", f"pkg_{tag}"] and on_path == path
     sources = with_sources(BUNDLED, [str(path)])
     assert sources.paths == (path,) and sources.packages == BUNDLED.packages
-    assert deployed_modules(sources) == [BUNDLED_MODULE, f"broken_{tag}", f"good_{tag}",
+    assert deployed_modules(sources) == [*BUNDLED_MODULES, f"broken_{tag}", f"good_{tag}",
                                          f"pkg_{tag}"]  # fmt: skip
     catalog = load_deployed(sources)
     assert catalog.modules[f"good_{tag}"] == {
         "invert": {"name": f"invert_{tag}", "timeout_s": 12.0, "retries": 3,
                    "retry_backoff_s": 0.25, "needs_image": True}}  # fmt: skip
     assert catalog.modules[f"pkg_{tag}"] == {}  # loaded, no @task in it
-    assert BUNDLED_MODULE in catalog.modules and "deblur" in catalog.modules[BUNDLED_MODULE]
+    bundled, fanout = BUNDLED_MODULES
+    assert "deblur" in catalog.modules[bundled] and "blur_tile" in catalog.modules[fanout]
     error = catalog.errors[f"broken_{tag}"]
     assert error.startswith("ModuleNotFoundError: No module named 'no_such_dependency_xyz'")
     assert f"broken_{tag}.py, line 1" in error
