@@ -59,6 +59,7 @@ from orchestrator.worker.execution import (
     TaskCall,
     check_common,
     elapsed_ms,
+    read_input_file,
 )
 from orchestrator.worker.held import Held, HeldImages
 from orchestrator.worker.input_fetch import fetch_into_object
@@ -107,6 +108,10 @@ class CdiPlane:
         self.max_pixels = max_pixels
         self.named = NamedData(client, access_timeout_s, store)
 
+    def read_file(self, uri: str) -> bytes:
+        """A file a task names (``TaskContext.read_file``)."""
+        return read_input_file(self.store(), uri, self.max_input_bytes)
+
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
         """Run ``ins``; a last task's result is stored by ``exe.later``, which the worker calls
         once the slot has moved on: S3's round trips need not hold up its next task."""
@@ -145,7 +150,7 @@ class CdiPlane:
             self.named.open(ins, after.opened)
             exe.bytes_in += after.opened.nbytes
             inputs.update(after.opened.values)
-            produced = call.run(spec, inputs, exe)  # it empties ``inputs``
+            produced = call.run(spec, inputs, exe, self.read_file)  # it empties ``inputs``
             if isinstance(produced.objects.get(IMAGE), Image.Image):
                 after.new = produced.objects.pop(IMAGE)
             after.objects = produced.objects
