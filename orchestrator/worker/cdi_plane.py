@@ -51,7 +51,7 @@ from PIL import Image
 import cdi
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
-from orchestrator.errors import HeldImageLost, InputMissing, InvalidInstruction, WorkerError
+from orchestrator.errors import HeldImageLost, InvalidInstruction, ObjectGone, WorkerError
 from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.execution import (
     EXIT_MINION_LOST,
@@ -160,7 +160,7 @@ class CdiPlane:
             after.new = None
             after.objects = {}
             lane_missing = after.view is None and after.source is None
-            if isinstance(exc, InputMissing) and ins.key and lane_missing:
+            if isinstance(exc, ObjectGone) and ins.key and lane_missing:
                 after.obj = None  # nothing to keep or hand back
             elif after.obj is None and ins.key and not ins.input_uri:
                 after.obj = self._find(ins.key)  # a failed fetch leaves no object
@@ -276,7 +276,7 @@ class CdiPlane:
         try:
             return obj.access(timeout=self.access_timeout_s, populate=True)  # read in full
         except cdi.ObjectNotFound as exc:
-            raise InputMissing(
+            raise ObjectGone(
                 f"CDI object {obj.key!r} does not exist (destroyed, or its owner died with no "
                 "recovery container); the scheduler must start this task from its input again"
             ) from exc

@@ -24,6 +24,7 @@ from orchestrator.errors import (
     InputTooLarge,
     InvalidInstruction,
     InvalidRequest,
+    ObjectGone,
     OrchestratorError,
     TaskTimedOut,
     WorkerError,
@@ -88,6 +89,7 @@ class Execution:
     kept: bool = False
     held: bool = False
     held_lost: bool = False
+    objects_gone: bool = False
     stored: bool = False
     bytes_in: int = 0
     bytes_out: int = 0
@@ -116,6 +118,7 @@ class Execution:
         self.objects = {}
         self.results = {}
         self.error = _describe(exc)
+        self.objects_gone = isinstance(exc, ObjectGone)
         if isinstance(exc, WorkerError):
             self.retryable = exc.retryable
         else:
@@ -148,6 +151,7 @@ class Execution:
             kept=self.kept,
             held=self.held,
             held_lost=self.held_lost,
+            objects_gone=self.objects_gone,
             stored=self.stored,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
