@@ -20,7 +20,9 @@ its error. The worker announces the catalog with its heartbeat; the API refuses 
 task no live worker loaded (with the import error a worker met) and fills the settings a
 registration leaves out from the ``@task``; the scheduler places a task only on a worker that
 loaded its module. The bundled tasks (``workflows.image_tasks``, ``workflows.fanout_tasks``)
-are always in the catalog.
+are always in the catalog; the AR application's (``workflows.ar.tasks``) are when the optional
+``ar`` dependencies are installed (otherwise the catalog records why that module did not
+import).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from workflows.api import registered_tasks
 from workflows.sources import TaskSources
 
 __all__ = [
+    "BUNDLED_MODULE",
     "BUNDLED_MODULES",
     "TaskCatalog",
     "deployed_modules",
@@ -46,7 +49,8 @@ __all__ = [
     "with_sources",
 ]
 
-BUNDLED_MODULES: Final = ("workflows.image_tasks", "workflows.fanout_tasks")
+BUNDLED_MODULE: Final = "workflows.image_tasks"
+BUNDLED_MODULES: Final = (BUNDLED_MODULE, "workflows.fanout_tasks", "workflows.ar.tasks")
 _BUNDLED_PACKAGE: Final = "workflows"  # its task modules are the bundled ones above
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from workflows.loader import (
+    BUNDLED_MODULE,
     BUNDLED_MODULES,
     TaskCatalog,
     deployed_modules,
@@ -63,8 +64,8 @@ def test_a_folder_is_imported_module_by_module(folder: tuple[Path, str]) -> None
         "invert": {"name": f"invert_{tag}", "timeout_s": 12.0, "retries": 3,
                    "retry_backoff_s": 0.25, "needs_image": True}}  # fmt: skip
     assert catalog.modules[f"pkg_{tag}"] == {}  # loaded, no @task in it
-    bundled, fanout = BUNDLED_MODULES
-    assert "deblur" in catalog.modules[bundled] and "blur_tile" in catalog.modules[fanout]
+    assert BUNDLED_MODULE in catalog.modules and "deblur" in catalog.modules[BUNDLED_MODULE]
+    assert "blur_tile" in catalog.modules["workflows.fanout_tasks"]
     error = catalog.errors[f"broken_{tag}"]
     assert error.startswith("ModuleNotFoundError: No module named 'no_such_dependency_xyz'")
     assert f"broken_{tag}.py, line 1" in error
