@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cdi.controller.process import ControllerChild
 from cdi.errors import CDIError
+from cdi.hosts import Host, HostNetwork
 from cdi.minion.process import MinionChild
 from cdi.remote.cluster import LocalCluster
 from orchestrator.child_process import free_port
@@ -25,8 +26,12 @@ class CdiRuntime:
     host ``n``'s minion socket is ``<data>/cdi/host<n>/minion.sock``. Its processes are
     ``CdiProcess``es, which the stack's supervisor restarts."""
 
-    def __init__(self, data_dir: Path, logs_dir: Path, hosts: int) -> None:
+    def __init__(
+        self, data_dir: Path, logs_dir: Path, hosts: int, network: HostNetwork | None = None
+    ) -> None:
+        """``network``: the hosts to use (left in place at stop), instead of making them."""
         self.hosts = hosts
+        self.network = network
         self.folder = data_dir / "cdi"
         self.logs_dir = logs_dir
         self.controller_url = ""  # a free port is picked at start
@@ -39,6 +44,20 @@ class CdiRuntime:
         if self.hosts == 1:
             return str(self.folder / "minion.sock")
         return str(self.folder / host / "minion.sock")
+
+    def host_of(self, host: str) -> Host | None:
+        """``host`` as a network namespace its processes can run in, with the services'
+        connections carried there (an emulated link: ``HostNetwork.emulate_link``); ``None``
+        where processes stay in the root namespace and reach their minion by its socket."""
+        network = self._cluster.network if self._cluster is not None else None
+        if network is None or network.kind != "netns" or network.link is None:
+            return None
+        return next((h for h in network.hosts if h.name == host), None)
+
+    def reachable(self, url: str) -> str:
+        """``url`` (a service on this machine's loopback) as a host's processes reach it."""
+        network = self._cluster.network if self._cluster is not None else None
+        return network.reachable(url) if network is not None else url
 
     @property
     def processes(self) -> list[tuple[CdiProcess, str]]:
@@ -75,7 +94,9 @@ class CdiRuntime:
 
     def _start_hosts(self) -> None:
         try:
-            cluster = LocalCluster.start(self.hosts, self.folder, logs=self.logs_dir)
+            cluster = LocalCluster.start(
+                self.hosts, self.folder, logs=self.logs_dir, network=self.network
+            )
         except CDIError as exc:
             raise StackError(f"CDI hosts: {exc}", log_file=self.logs_dir) from exc
         if cluster.network.kind == "loopback":
@@ -95,7 +116,7 @@ class CdiRuntime:
                 minion.stop(timeout)
             if self.controller is not None:
                 self.controller.stop(timeout)
-            if self._cluster is not None:
+            if self._cluster is not None and self._cluster.network is not self.network:
                 self._cluster.network.close()
             log.info("cdi controller and minions stopped")
         finally:
