@@ -212,15 +212,25 @@ class HostNetwork:
             raise ConfigError("emulating a link needs the `nft` command (apt-get install nftables)")
         if self._emulator is not None:
             raise ConfigError("this network emulates a link already")
-        self.shape(link.mbit)
-        for host in self.hosts:
-            assert host.namespace is not None
-            subprocess.run(
-                ["ip", "netns", "exec", host.namespace, "nft", "-f", "-"],
-                input=rules(host.address, self._subnet).encode(),
-                check=True, capture_output=True, timeout=30,
-            )  # fmt: skip
-        self._emulator = LinkEmulator(self, link, folder, near).start()
+        if link.mbit is not None:
+            self.shape(link.mbit)
+        try:
+            for host in self.hosts:
+                assert host.namespace is not None
+                subprocess.run(
+                    ["ip", "netns", "exec", host.namespace, "nft", "-f", "-"],
+                    input=rules(host.address, self._subnet, self.gateway, link).encode(),
+                    check=True, capture_output=True, timeout=30,
+                )  # fmt: skip
+            self._emulator = LinkEmulator(self, link, folder, near).start()
+        except BaseException:
+            # Rules that turn connections to an emulator that is not there would cut the
+            # hosts off: none stays.
+            for host in self.hosts:
+                assert host.namespace is not None
+                subprocess.run(["ip", "netns", "exec", host.namespace, "nft", "delete", "table",
+                                "ip", "cdilink"], capture_output=True, timeout=30)  # fmt: skip
+            raise
 
     def close(self) -> None:
         """Remove the veth pairs, the namespaces and the bridge.

@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_LINK",
     "MARK",
     "PORT",
+    "SERVICES_ONLY",
     "Link",
     "LinkEmulator",
     "on_own_thread",
@@ -69,32 +70,39 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Link:
-    """The link between two hosts: bandwidth (``tbf``) and round trip (this module)."""
+    """The link between two hosts: bandwidth (``tbf``; ``None``: the veth's own) and round
+    trip (this module; 0: none added, and connections between hosts are left alone)."""
 
-    mbit: float = 1000.0
+    mbit: float | None = 1000.0
     rtt_ms: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.mbit <= 0 or self.rtt_ms < 0:
+        if (self.mbit is not None and self.mbit <= 0) or self.rtt_ms < 0:
             raise ValueError(f"a link needs a bandwidth > 0 and a round trip >= 0, not {self}")
 
     def describe(self) -> str:
-        return f"{self.mbit:g} Mbit/s, {self.rtt_ms:g} ms round trip"
+        rate = "unshaped" if self.mbit is None else f"{self.mbit:g} Mbit/s"
+        return f"{rate}, {self.rtt_ms:g} ms round trip"
 
 
 DEFAULT_LINK: Final = Link()
+# No link emulated: only the hosts' connections to the services on the root namespace's
+# loopback are carried (``cdiflow up --hosts``, whose workers run on their hosts).
+SERVICES_ONLY: Final = Link(mbit=None, rtt_ms=0.0)
 
 
-def rules(own_address: str, subnet: str, port: int = PORT) -> str:
+def rules(own_address: str, subnet: str, gateway: str, link: Link, port: int = PORT) -> str:
     """The ``nft`` script for one host's namespace: its TCP to ``subnet`` (other hosts and
-    the bridge), but not to itself, goes to the emulator on ``port``."""
+    the bridge), but not to itself, goes to the emulator on ``port``; with no round trip to
+    add, only its TCP to the bridge's address (the services)."""
+    to = subnet if link.rtt_ms > 0 else gateway
     return (
         "table ip cdilink {\n"
         " chain output {\n"
         "  type nat hook output priority -100; policy accept;\n"
         f"  meta mark {MARK} return\n"
         f"  ip daddr {own_address} return\n"
-        f"  ip daddr {subnet} meta l4proto tcp redirect to :{port}\n"
+        f"  ip daddr {to} meta l4proto tcp redirect to :{port}\n"
         " }\n"
         "}\n"
     )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from pathlib import Path
 
 from cdi.controller.process import ControllerChild
 from cdi.errors import CDIError
 from cdi.hosts import Host, HostNetwork
+from cdi.link_emulator import SERVICES_ONLY, Link
 from cdi.minion.process import MinionChild
 from cdi.remote.cluster import LocalCluster
 from orchestrator.child_process import free_port
@@ -27,11 +29,19 @@ class CdiRuntime:
     ``CdiProcess``es, which the stack's supervisor restarts."""
 
     def __init__(
-        self, data_dir: Path, logs_dir: Path, hosts: int, network: HostNetwork | None = None
+        self,
+        data_dir: Path,
+        logs_dir: Path,
+        hosts: int,
+        network: HostNetwork | None = None,
+        link: Link | None = SERVICES_ONLY,
     ) -> None:
-        """``network``: the hosts to use (left in place at stop), instead of making them."""
+        """``network``: the hosts to use (left in place at stop), instead of making them;
+        else the hosts made get ``link`` (``None``: none, and the orchestrator's processes
+        all stay in the root namespace)."""
         self.hosts = hosts
         self.network = network
+        self.link = link
         self.folder = data_dir / "cdi"
         self.logs_dir = logs_dir
         self.controller_url = ""  # a free port is picked at start
@@ -94,10 +104,16 @@ class CdiRuntime:
 
     def _start_hosts(self) -> None:
         try:
+            network = self.network or self._make_hosts()
+        except CDIError as exc:
+            raise StackError(f"CDI hosts: {exc}", log_file=self.logs_dir) from exc
+        try:
             cluster = LocalCluster.start(
-                self.hosts, self.folder, logs=self.logs_dir, network=self.network
+                self.hosts, self.folder, logs=self.logs_dir, network=network
             )
         except CDIError as exc:
+            if network is not self.network:
+                network.close()
             raise StackError(f"CDI hosts: {exc}", log_file=self.logs_dir) from exc
         if cluster.network.kind == "loopback":
             log.warning("hosts on loopback addresses: %s", cluster.network.reason)
@@ -108,6 +124,18 @@ class CdiRuntime:
             _running(CdiProcess(f"cdi-minion-{host.name}", minion))
             for host, minion in zip(cluster.network.hosts, cluster.minions, strict=True)
         ]
+
+    def _make_hosts(self) -> HostNetwork:
+        """The hosts, with ``link`` where it can be had (namespaces and ``nft``): then each
+        worker runs on its host (``host_of``); else they all stay in the root namespace."""
+        network = HostNetwork.create(self.hosts)
+        if network.kind != "netns" or self.link is None:
+            return network
+        try:
+            network.emulate_link(self.link, str(self.folder / "link"))
+        except (CDIError, OSError, subprocess.SubprocessError) as exc:
+            log.warning("workers stay in the root namespace (no link between the hosts: %s)", exc)
+        return network
 
     def stop(self, timeout: float) -> None:
         """Minions, then the controller (and the hosts' namespaces)."""

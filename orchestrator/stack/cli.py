@@ -70,7 +70,8 @@ def _stack_options(f: _F) -> _F:
         click.option("--hosts", type=click.IntRange(1, 16), default=1, show_default=True,
                      help="CDI hosts on this machine, each a network namespace (as root; "
                      "loopback addresses otherwise) with its own minion; workers are spread "
-                     "over them, objects cross between them."),
+                     "over them and run in their host's namespace (with `nft`), objects cross "
+                     "between them."),
         click.option("--host", default=DEFAULT_HOST, show_default=True,
                      help="Address the REST API listens on."),
         click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT,

@@ -17,6 +17,7 @@ from typing import ParamSpec, Self
 import redis
 
 from cdi.hosts import HostNetwork
+from cdi.link_emulator import SERVICES_ONLY, Link
 from orchestrator.apikeys import ensure_key_file
 from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
 from orchestrator.contract.keys import worker_key
@@ -86,6 +87,7 @@ class Stack:
         tasks: Sequence[str] = (),
         log_format: str = "text",
         network: HostNetwork | None = None,
+        link: Link | None = SERVICES_ONLY,
     ) -> None:
         if workers < 0:
             raise StackError(f"workers must be 0 or more, not {workers}")
@@ -105,7 +107,9 @@ class Stack:
         # Several hosts: a minion with a gateway per host (cdi.remote.cluster); the scheduler
         # and the API use host 1's, worker n host ((n - 1) mod hosts) + 1's.
         self.hosts = hosts
-        self.cdi = CdiRuntime(self.data_dir, self.data_dir / "logs", hosts, network)
+        # Several hosts: each worker on its host (in its namespace), reaching the services
+        # through the link (``CdiRuntime``), unless ``link`` is None or no link can be had.
+        self.cdi = CdiRuntime(self.data_dir, self.data_dir / "logs", hosts, network, link)
         self.minion_socket = self.cdi.socket_of("host1")
         # The admin key: the configured one (CDIFLOW_ADMIN_KEY[_FILE]), else <data>/api-key,
         # made at the first start.

@@ -110,6 +110,7 @@ def test_bench_workflows_runs_transfer_across_two_hosts(service_stack: RunningSe
     (row,) = report.as_dict()["results"]
     assert (row["completed"], row["failed"]) == (4, 0) and row["verified"]["ok"], row
     assert row["workers_busy"].get("worker-2", 0) > 0, row["workers_busy"]
+    assert "host link emulator" in row["resources"], row["resources"]  # metered, as S3's proxy
     link = report.machine["host_link"]
     assert link["stated"] == "1000 Mbit/s, 0.5 ms round trip"
     assert link["measured"]["rtt_ms"] >= 0.5 and 0 < link["measured"]["mbit"] <= 1050

@@ -61,6 +61,22 @@ def _crossed(harness: Harness, done: dict[str, Any]) -> list[dict[str, Any]]:
     return [h for h in done["handoffs"] if where[h["from_container"]] != where[h["to_container"]]]
 
 
+def test_each_worker_runs_in_its_hosts_namespace(harness: Harness) -> None:
+    """Its Postgres, Redis and S3 connections leave its host, through the link emulator."""
+    stack = harness.stack
+    for worker_id, host in stack.worker_host.items():
+        where = stack.cdi.host_of(host)
+        if where is None:
+            pytest.skip("no link between the hosts here (no namespaces or no nft): workers "
+                        "stay in the root namespace")  # fmt: skip
+        pid = stack.pid_of(worker_id)
+        assert pid is not None and where.namespace is not None
+        inside = os.stat(f"/proc/{pid}/ns/net").st_ino
+        assert inside == os.stat(f"/run/netns/{where.namespace}").st_ino, worker_id
+        assert inside != os.stat("/proc/self/ns/net").st_ino
+        assert stack.worker_metrics[worker_id].startswith(f"http://{where.address}:")
+
+
 @pytest.mark.parametrize(
     ("policy", "plane"),
     [("affinity", "cdi"), ("transfer", "cdi"), ("auto", "cdi"), ("affinity", "object-store")],
