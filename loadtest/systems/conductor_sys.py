@@ -142,11 +142,15 @@ class ConductorSystem(System):
             f"--conductor.redis-lock.serverAddress=redis://{redis.hostname}:{redis.port}",
             f"--conductor.redis-lock.namespace=bench-{db.database}",
         ]
+        if redis.password:
+            lock.append(f"--conductor.redis-lock.serverPassword={redis.password}")
         if self.name == "conductor-redis":
             return [
                 "--conductor.db.type=redis_standalone",
                 "--conductor.queue.type=redis_standalone",
-                f"--conductor.redis.hosts={redis.hostname}:{redis.port}:us-east-1c",
+                # host:port:rack[:password], the dyno host format Conductor parses
+                f"--conductor.redis.hosts={redis.hostname}:{redis.port}:us-east-1c"
+                + (f":{redis.password}" if redis.password else ""),
                 f"--conductor.redis.workflowNamespacePrefix={db.database}",
                 f"--conductor.redis.queueNamespacePrefix={db.database}_queues",
                 "--conductor.indexing.enabled=false",  # its index needs Postgres as the store
