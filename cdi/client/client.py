@@ -205,6 +205,7 @@ class Client:
         try:
             reply = self._give_up(key, Op.TRANSFER, detach, to=to, via=via)
         except UnknownContainer:  # the slot is gone too (a gateway restarted): reserve anew
+            self._gateway.close()
             self._forward(key, to, detach)
             return
         if reply.get("to") == via:  # in our slot: the gateway sends it to ``to``'s host
