@@ -53,8 +53,9 @@ def object_store_bytes(in_flight_bytes: int) -> int:
 
 
 def _share(workers: int, hosts: int) -> list[int]:
-    """``workers`` CPUs over ``hosts`` nodes, as cdiflow's workers are (round robin)."""
-    return [len(range(n, workers, hosts)) or 1 for n in range(hosts)]
+    """``workers`` CPUs over ``hosts`` nodes, as cdiflow's workers are (round robin): a
+    host with none gets no node."""
+    return [len(range(n, workers, hosts)) for n in range(hosts)]
 
 
 def _on(host: Host | None, argv: list[str]) -> list[str]:
@@ -85,7 +86,7 @@ class RaySystem(System):
         # Several hosts: the head on host 1 and a worker node on each other host, the CPUs
         # (workers) shared out; the driver on host 1, where Ray wants a node of its own.
         cpus = _share(self.ctx.workers, len(network.hosts) if network is not None else 1)
-        store = object_store_bytes(self.ctx.in_flight_bytes) // len(cpus)
+        store = object_store_bytes(self.ctx.in_flight_bytes) // sum(1 for c in cpus if c)
         argv = [
             *self._ray_start(cpus[0], store, address),
             "--head",
@@ -100,6 +101,8 @@ class RaySystem(System):
         try:
             self._wait_ready(self._proc, log, timeout=120)
             for n, host in enumerate(network.hosts[1:] if network is not None else [], 1):
+                if not cpus[n]:
+                    continue
                 node_log = self.ctx.folder / f"ray-node-{host.name}.log"
                 node_argv = [*self._ray_start(cpus[n], store, host.address),
                              f"--address={self.address}"]  # fmt: skip
