@@ -16,6 +16,9 @@ how a host reaches Postgres, Redis and S3 listening on loopback. Services count 
 ``near`` (host 1): its connections to them pay no delay. Connections between the processes
 of one host, and those opened from the root namespace, are not touched.
 
+*Known difference from a wire:* the caller's connect always succeeds (the kernel hands it to
+this process); a connection the far end refuses reaches the caller as a reset right after.
+
 Run by ``LinkEmulator`` as a child process: ``python -m cdi.link_emulator --spec FILE``.
 Each connection costs four threads (a reader and a writer per direction): sleeps of a quarter
 millisecond need ``nanosleep``, not an event loop's millisecond timer.
@@ -234,6 +237,9 @@ class _Emulator:
                 time.sleep(2 * delay)  # the handshake's round trip
             onward = self._dial(address, port) if to_services else self._dial_host(address, port)
         except OSError:
+            # Reset, not closed: the nearest this side of an accepted connect comes to the
+            # refusal the caller would have had without the emulator.
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             client.close()
             return
         for sock in (client, onward):
