@@ -115,3 +115,13 @@ def test_bench_workflows_runs_transfer_across_two_hosts(service_stack: RunningSe
     assert link["stated"] == "1000 Mbit/s, 0.5 ms round trip"
     assert link["measured"]["rtt_ms"] >= 0.5 and 0 < link["measured"]["mbit"] <= 1050
     assert _namespaces() == before
+
+
+def test_up_gives_the_hosts_the_link_asked_for() -> None:
+    from cdi.link_emulator import SERVICES_ONLY
+    from orchestrator.stack.cli import _link
+
+    assert _link(None, None) is SERVICES_ONLY
+    assert _link(1000.0, None) == Link(mbit=1000.0, rtt_ms=0.0)
+    assert _link(None, 0.5) == Link(mbit=None, rtt_ms=0.5)
+    assert SERVICES_ONLY.describe() == "unshaped, 0 ms round trip"
