@@ -197,6 +197,11 @@ class HostNetwork:
         return urlunsplit(parts._replace(netloc="@".join([*netloc[:-1], where])))
 
     @property
+    def emulator(self) -> LinkEmulator | None:
+        """The process that emulates the link (``emulate_link``), if any."""
+        return self._emulator
+
+    @property
     def link(self) -> Link | None:
         """The emulated link between the hosts (``emulate_link``), if any."""
         return self._emulator.link if self._emulator is not None else None

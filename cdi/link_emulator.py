@@ -306,19 +306,26 @@ class LinkEmulator:
         self._ready.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "cdi.link_emulator", "--spec", str(self._spec),
                 "--ready-file", str(self._ready)]  # fmt: skip
-        self._child = ChildProcess(argv, str(base / "link-emulator.log"), self._ready.exists,
-                                   "link emulator")  # fmt: skip
+        self.child = ChildProcess(argv, str(base / "link-emulator.log"), self._answers,
+                                  "link emulator")  # fmt: skip
+
+    def _answers(self) -> bool:
+        """Serving: its ready file names it (not a former life that was killed)."""
+        try:
+            return self._ready.read_text() == str(self.child.pid)
+        except OSError:
+            return False
 
     @property
     def pid(self) -> int:
-        return self._child.pid
+        return self.child.pid
 
     def start(self) -> LinkEmulator:
-        self._child.start()
+        self.child.start()
         return self
 
     def stop(self) -> None:
-        self._child.stop(5.0)
+        self.child.stop(5.0)
         self._ready.unlink(missing_ok=True)
 
 

@@ -47,6 +47,7 @@ class CdiRuntime:
         self.controller_url = ""  # a free port is picked at start
         self.controller: CdiProcess | None = None
         self.minions: list[CdiProcess] = []
+        self.emulator: CdiProcess | None = None  # the link between the hosts, if we made one
         self._cluster: LocalCluster | None = None
 
     def socket_of(self, host: str = "host1") -> str:
@@ -73,6 +74,8 @@ class CdiRuntime:
     def processes(self) -> list[tuple[CdiProcess, str]]:
         """The controller and each minion, with the address it serves."""
         found = [(self.controller, self.controller_url)] if self.controller else []
+        if self.emulator is not None:
+            found.append((self.emulator, "between the hosts"))
         for n, minion in enumerate(self.minions, 1):
             found.append((minion, f"unix://{self.socket_of(f'host{n}')}"))
         return found
@@ -120,6 +123,9 @@ class CdiRuntime:
         self._cluster = cluster
         self.controller_url = cluster.controller_url
         self.controller = _running(CdiProcess("cdi-controller", cluster.controller))
+        if network is not self.network and network.emulator is not None:
+            # Ours to supervise: the workers on the hosts reach the services through it.
+            self.emulator = _running(CdiProcess("link-emulator", network.emulator.child))
         self.minions = [
             _running(CdiProcess(f"cdi-minion-{host.name}", minion))
             for host, minion in zip(cluster.network.hosts, cluster.minions, strict=True)
@@ -153,6 +159,7 @@ class CdiRuntime:
                 if socket_path.is_socket():  # a minion that was killed cannot remove its socket
                     socket_path.unlink(missing_ok=True)
             self.controller, self.minions, self._cluster = None, [], None
+            self.emulator = None
 
 
 def _running(process: CdiProcess) -> CdiProcess:

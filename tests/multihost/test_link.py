@@ -48,7 +48,8 @@ def test_the_link_adds_its_round_trip_caps_its_bandwidth_and_goes_away(tmp_path:
     with HostNetwork.create(2, fallback=False) as net:
         plain = probe(net, net.hosts[0], net.hosts[1])
         net.emulate_link(Link(mbit=200, rtt_ms=4), str(tmp_path))
-        emulator = psutil.Process(net._emulator.pid)  # type: ignore[union-attr]
+        assert net.emulator is not None
+        emulator = psutil.Process(net.emulator.pid)
         there = probe(net, net.hosts[0], net.hosts[1])
         back = probe(net, net.hosts[1], net.hosts[0])
         # A request and its answer wait half the round trip each way; tbf caps the rate.

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -198,3 +199,31 @@ def test_two_schedulers_on_two_hosts(harness: Harness) -> None:
                 else (handoff["to_host"])
             )
             assert mine == home, (done["claimed_by"], handoff)
+
+
+def test_a_killed_link_emulator_is_restarted_and_the_hosts_workers_go_on(
+    harness: Harness,
+) -> None:
+    """The workers on the hosts reach Redis, Postgres and S3 through it: killed, it comes back
+    (the supervisor), the workers reconnect, and workflows complete. Last in this module."""
+    stack = harness.stack
+    if stack.cdi.emulator is None:
+        pytest.skip("no link between the hosts here (no namespaces or no nft)")
+    before = stack.restarts("link-emulator")
+    killed_at = time.time()
+    stack.kill("link-emulator")
+    wait_for(lambda: stack.restarts("link-emulator") > before, "the emulator's restart", 60)
+    sample = bundled_samples()["sunset.jpg"]
+    image = harness.upload("in/hosts-after-link.jpg", sample.read_bytes())
+    done = [harness.wait(harness.start(image, "transfer"), timeout=180) for _ in range(3)]
+    for body in done:
+        assert body["status"] == "COMPLETED", body["error"]
+        assert_result_is_the_pipelines(harness, body, sample)
+
+    def both_beat_since() -> bool:
+        beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+        return all(
+            beats.get(w, {}).get("last_heartbeat", 0) > killed_at for w in ("worker-1", "worker-2")
+        )
+
+    wait_for(both_beat_since, "both workers' heartbeats since the kill", 60)
