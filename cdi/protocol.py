@@ -180,12 +180,14 @@ class Receiver:
     """Receives messages (and at most one fd) into one reused buffer.
 
     ``recvmsg(1 MiB)`` allocates a fresh megabyte per call (~30 us); reusing a buffer does not.
+    The buffer is an anonymous mapping, not a ``bytearray`` (which zeroes, so holds, every
+    page): only the pages messages reach become resident, a few KB for most clients.
     """
 
     _ANC = socket.CMSG_SPACE(array.array("i").itemsize)
 
     def __init__(self) -> None:
-        self._buf = bytearray(MAX_MESSAGE)
+        self._buf = mmap.mmap(-1, MAX_MESSAGE)
         self._view = memoryview(self._buf)
 
     def receive(

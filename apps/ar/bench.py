@@ -3,13 +3,17 @@
 For every detector count it runs detection alone in a process pool (``pool``, the fps
 goal's reference) and the pipeline over each backend, after one ``floor`` run (the whole
 application in one process). ``cdi-shm`` gets a minion of its own per run, so its CPU and
-peak memory are that run's. With ``rounds`` > 1 the whole set runs again in turn and each
-figure is the median of its rounds; every moving cost is taken against its own round's
-floor, as the machine may drift between rounds.
+peak memory are that run's. Across two hosts (``hosts=2``: the paper's multi-host figures)
+the pipelines run spread over them (``apps.ar.runtime``) and ``cdi-rpc`` gets a cluster of
+its own per run, minions and gateways on both hosts; ``floor`` and ``pool`` stay one process
+and N processes on the launcher's host, as they move nothing. With ``rounds`` > 1 the whole
+set runs again in turn and each figure is the median of its rounds; every moving cost is
+taken against its own round's floor, as the machine may drift between rounds.
 
 Each row: ``fps`` frames out per second, from the first role's start to the last one's end;
 ``latency_ms_p50`` from the start of a frame's decode to the end of its encode;
-``cpu_ms_per_frame`` CPU per frame by role (all detectors together; the minion's for CDI);
+``cpu_ms_per_frame`` CPU per frame by role (all detectors together; for CDI the runtime's as
+``minion``: minion and gateway of every host, and the controller across hosts);
 ``cpu_ms_per_frame_moving`` all roles' CPU per frame minus the floor's; ``peak_rss_mb`` peak
 resident memory by role (the largest detector). Shared memory counts in every process that
 touched it (a CDI object in the extractor's, a detector's, the combinator's): resident
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +32,8 @@ from typing import Any
 from apps.ar.config import RunConfig
 from apps.ar.launch import PipelineResult, run_floor, run_pipeline, run_pool
 from apps.ar.links import backend
-from cdi.minion.process import MinionChild
+from apps.ar.runtime import HOST_OF_ROLE, prepare
+from cdi.hosts import HostNetwork
 from workflows.ar.sample import SampleVideo, make_sample_video
 from workflows.ar.video import probe
 
@@ -44,6 +48,8 @@ class BenchPlan:
     frames: int | None = None
     rounds: int = 1
     depth: int = 2
+    hosts: int = 1
+    """2: the pipelines across two hosts (``run_bench`` is given their network)."""
     minion: str | None = None
     """``native`` or ``python``; ``None`` as ``cdiflow cdi minion`` chooses."""
     busy_poll_us: int = 0
@@ -80,6 +86,7 @@ def _row(name: str, result: PipelineResult, floor_cpu: float | None) -> dict[str
 def _one_round(
     plan: BenchPlan,
     base: RunConfig,
+    network: HostNetwork | None,
     progress: Callable[[str], None],
 ) -> list[dict[str, Any]]:
     progress("floor: the whole application in one process")
@@ -92,18 +99,14 @@ def _one_round(
         for name in plan.backends:
             progress(f"{name}: {count} detector(s)")
             config = replace(base, backend=name, detectors=count, run_id=f"ar{os.getpid()}-{count}")
-            rows.append(_row(name, _run_backend(plan, config), floor_cpu))
+            rows.append(_row(name, _run_backend(plan, config, network), floor_cpu))
     return rows
 
 
-def _run_backend(plan: BenchPlan, config: RunConfig) -> PipelineResult:
-    if not backend(config.backend).needs_minion:
-        return run_pipeline(config)
+def _run_backend(plan: BenchPlan, config: RunConfig, network: HostNetwork | None) -> PipelineResult:
     impl = ("--impl", plan.minion) if plan.minion else ()
-    with tempfile.TemporaryDirectory(prefix="ar-bench-") as folder:
-        socket_path = str(Path(folder) / "minion.sock")
-        with MinionChild(socket_path, "--busy-poll-us", str(plan.busy_poll_us), *impl) as minion:
-            return run_pipeline(replace(config, minion=socket_path), minion_pid=minion.pid)
+    with prepare(config, network, ("--busy-poll-us", str(plan.busy_poll_us), *impl)) as ready:
+        return run_pipeline(ready.config, ready.runtime_pids)
 
 
 def _median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -134,16 +137,17 @@ def _split_extras(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dic
 
 
 def _goals(rows: list[dict[str, Any]], frame_mb: float) -> list[dict[str, Any]]:
-    """CDI-SHM against its goals, per detector count, from this run's rows: moving costs as a
+    """CDI (CDI-SHM, or CDI-RPC across hosts) against its goals, per detector count, from this
+    run's rows: moving costs as a
     share of gRPC's and TCP's, fps as a share of the pool's, and how much more a detector's
     memory grew than a TCP detector's, which holds one frame buffer (frames; the detector's own
     working memory is in both and cancels)."""
     by = {(r["backend"], r["detectors"]): r for r in rows}
     goals = []
     for (name, count), row in by.items():
-        if name != "cdi-shm":
+        if not name.startswith("cdi-"):
             continue
-        goal: dict[str, Any] = {"detectors": count}
+        goal: dict[str, Any] = {"backend": name, "detectors": count}
         for other in ("grpc", "tcp"):
             if (other, count) in by and by[(other, count)]["cpu_ms_per_frame_moving"]:
                 theirs = by[(other, count)]["cpu_ms_per_frame_moving"]
@@ -159,11 +163,16 @@ def _goals(rows: list[dict[str, Any]], frame_mb: float) -> list[dict[str, Any]]:
 
 
 def run_bench(
-    plan: BenchPlan, progress: Callable[[str], None] = lambda line: None
+    plan: BenchPlan,
+    network: HostNetwork | None = None,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-    """Run ``plan``; the JSON document ``cdiflow bench ar --json`` prints."""
+    """Run ``plan`` (across hosts: on ``network``'s first two); the JSON document ``cdiflow
+    bench ar --json`` prints."""
+    if (network is not None) != (plan.hosts == 2):
+        raise ValueError("a plan across two hosts needs their network, and only it does")
     for name in plan.backends:
-        backend(name)  # an unavailable backend fails before anything runs
+        backend(name, plan.hosts)  # an unavailable backend fails before anything runs
     info = probe(plan.video)
     base = RunConfig(
         backend="floor",
@@ -178,10 +187,18 @@ def run_bench(
     for number in range(plan.rounds):
         if plan.rounds > 1:
             progress(f"round {number + 1} of {plan.rounds}")
-        rounds.append(_one_round(plan, base, progress))
+        rounds.append(_one_round(plan, base, network, progress))
     rows = _median_rows(rounds)
     results, extras = _split_extras(rows)
     frames = plan.frames or info.frames
+    hosts: dict[str, Any] = {"count": 1}
+    if network is not None:
+        hosts = {
+            "count": 2,
+            "kind": network.kind,
+            "reason": network.reason,
+            "placement": {role: network.hosts[i].name for role, i in HOST_OF_ROLE.items()},
+        }
     return {
         "results": results,
         "video": {
@@ -192,6 +209,7 @@ def run_bench(
             "frame_mb": info.frame_bytes / 1e6,
             "message_mb": base.message_size / 1e6,
         },
+        "hosts": hosts,
         "rounds": plan.rounds,
         "depth": plan.depth,
         "goals": _goals(rows, info.frame_bytes / 1e6),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +18,9 @@ from typing import Any
 import click
 
 from apps.ar.config import MAX_DETECTORS, RunConfig
-from apps.ar.links import BACKENDS, DEFAULT_BACKENDS, backend
+from apps.ar.links import BACKENDS, backend, backends_for
 from apps.ar.parts import require_parts
+from cdi.hosts import HostNetwork
 
 __all__ = ["ar_group", "bench_ar_command"]
 
@@ -74,19 +74,24 @@ def sample_command(out: Path, frames: int, size: str) -> None:
     click.echo(f"wrote {make_sample_video(out, sample)}")
 
 
-@contextmanager
-def _minion_for(name: str, url: str | None) -> Iterator[tuple[str, int | None]]:
-    """The minion a CDI backend uses: ``url`` (or ``$CDI_URL``), else one started here."""
-    url = url or os.environ.get("CDI_URL")
-    if not backend(name).needs_minion or url:
-        yield url or "", None
-        return
-    from cdi.minion.process import MinionChild
+_HOSTS_HELP = (
+    "2: extractor and combinator on one host, the detectors on another (network namespaces, "
+    "as root; else two loopback addresses)"
+)
 
-    with tempfile.TemporaryDirectory(prefix="ar-minion-") as folder:
-        socket_path = str(Path(folder) / "minion.sock")
-        with MinionChild(socket_path, "--busy-poll-us", "0") as minion:
-            yield socket_path, minion.pid
+
+@contextmanager
+def _network(hosts: int, quiet: bool) -> Iterator[HostNetwork | None]:
+    """Two hosts for a run across hosts (removed on exit); ``None`` for one."""
+    if hosts == 1:
+        yield None
+        return
+    with HostNetwork.create(2) as network:
+        if network.kind == "loopback" and not quiet:
+            click.echo(
+                f"no network namespaces ({network.reason}): two loopback addresses", err=True
+            )
+        yield network
 
 
 @ar_group.command("run")
@@ -96,6 +101,7 @@ def _minion_for(name: str, url: str | None) -> Iterator[tuple[str, int | None]]:
 @click.option("--detectors", default=5, show_default=True, type=click.IntRange(1, MAX_DETECTORS))
 @click.option("--depth", default=2, show_default=True, type=click.IntRange(1, 8))
 @click.option("--frames", default=None, type=click.IntRange(1), help="Stop after this many.")
+@click.option("--hosts", default=1, show_default=True, type=click.IntRange(1, 2), help=_HOSTS_HELP)
 @click.option("--minion", default=None, help="CDI minion socket (default $CDI_URL, else own).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def run_command(
@@ -105,38 +111,50 @@ def run_command(
     detectors: int,
     depth: int,
     frames: int | None,
+    hosts: int,
     minion: str | None,
     as_json: bool,
 ) -> None:
     """Run the extractor, DETECTORS detectors and the combinator on VIDEO (default: the
     generated sample) and write the labelled video to --out, its boxes beside it."""
     _backends(name)
+    backend(name, hosts)
+    if hosts == 2 and minion:
+        raise click.BadParameter(
+            "names one host's minion; across hosts each host gets a minion of its own",
+            param_hint="--minion",
+        )
     require_parts()
     from apps.ar.bench import sample_for_bench
     from apps.ar.launch import run_pipeline
+    from apps.ar.runtime import prepare
     from workflows.ar.video import probe
 
     if video is None:
         video = str(sample_for_bench(Path(".data/ar"), 75))
     info = probe(video)
-    with _minion_for(name, minion) as (socket_path, minion_pid):
-        config = RunConfig(
-            backend=name,
-            video=video,
-            width=info.width,
-            height=info.height,
-            detectors=detectors,
-            depth=depth,
-            frames=frames,
-            output=output,
-            minion=socket_path,
-            run_id=f"ar{os.getpid()}",
-        )
-        result = run_pipeline(config, minion_pid=minion_pid)
+    config = RunConfig(
+        backend=name,
+        video=video,
+        width=info.width,
+        height=info.height,
+        detectors=detectors,
+        depth=depth,
+        frames=frames,
+        output=output,
+        minion=(minion or os.environ.get("CDI_URL", "")) if hosts == 1 else "",
+        run_id=f"ar{os.getpid()}",
+    )
+    with (
+        _network(hosts, as_json) as network,
+        prepare(config, network, ("--busy-poll-us", "0")) as ready,
+    ):
+        result = run_pipeline(ready.config, ready.runtime_pids)
     boxes_path = Path(output).with_suffix(".boxes.json")
     boxes_path.write_text(json.dumps({"frames": result.boxes()}) + "\n")
     report: dict[str, Any] = {
         "backend": name,
+        "hosts": hosts,
         "detectors": detectors,
         "frames": result.frames,
         "fps": result.fps,
@@ -151,14 +169,19 @@ def run_command(
         return
     found = sum(len(frame) for frame in result.boxes())
     click.echo(
-        f"{result.frames} frames through {detectors} detector(s) over {name}: "
+        f"{result.frames} frames through {detectors} detector(s) over {name}"
+        f"{' across two hosts' if hosts == 2 else ''}: "
         f"{result.fps:.1f} fps, latency p50 {result.latency_ms_p50:.0f} ms, "
         f"{found} people boxed\nvideo: {output}\nboxes: {boxes_path}"
     )
 
 
 @click.command("ar")
-@click.option("--backends", default=",".join(DEFAULT_BACKENDS), show_default=True)
+@click.option(
+    "--backends",
+    default=None,
+    help=f"Default: {','.join(backends_for(1))}; with --hosts 2: {','.join(backends_for(2))}.",
+)
 @click.option("--detectors", "counts", default="1,2,3,4,5", show_default=True)
 @click.option("--frames", default=150, show_default=True, type=click.IntRange(1, 100_000))
 @click.option(
@@ -169,6 +192,7 @@ def run_command(
 )
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 20))
 @click.option("--depth", default=2, show_default=True, type=click.IntRange(1, 8))
+@click.option("--hosts", default=1, show_default=True, type=click.IntRange(1, 2), help=_HOSTS_HELP)
 @click.option("--minion", type=click.Choice(["native", "python"]), default=None)
 @click.option("--busy-poll-us", default=0, show_default=True, type=click.IntRange(0, 10**6))
 @click.option("--option", "pairs", multiple=True, help="Backend option key=value (cache=0).")
@@ -176,12 +200,13 @@ def run_command(
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON results on stdout.")
 @click.option("--plots", default=None, type=click.Path(file_okay=False), help="PNG folder.")
 def bench_ar_command(
-    backends: str,
+    backends: str | None,
     counts: str,
     frames: int,
     video: str | None,
     rounds: int,
     depth: int,
+    hosts: int,
     minion: str | None,
     busy_poll_us: int,
     pairs: tuple[str, ...],
@@ -189,11 +214,13 @@ def bench_ar_command(
     as_json: bool,
     plots: str | None,
 ) -> None:
-    """The AR application over TCP, REST, gRPC and CDI-SHM: fps, latency, CPU and memory by
-    role, against the whole application in one process (floor) and detection alone in a pool."""
-    chosen, detector_counts = _backends(backends), _counts(counts)
+    """The AR application over TCP, REST, gRPC and CDI-SHM (--hosts 2: CDI-RPC, across two
+    hosts): fps, latency, CPU and memory by role, against the whole application in one process
+    (floor) and detection alone in a pool."""
+    chosen = _backends(backends) if backends else list(backends_for(hosts))
+    detector_counts = _counts(counts)
     for name in chosen:
-        backend(name)  # one that cannot run here says so before the sample video is made
+        backend(name, hosts)  # one that cannot run here says so before the video is made
     require_parts()
     from apps.ar.bench import BenchPlan, run_bench, sample_for_bench
     from apps.ar.report import render_table, write_plots
@@ -207,11 +234,13 @@ def bench_ar_command(
         frames=frames if video else None,
         rounds=rounds,
         depth=depth,
+        hosts=hosts,
         minion=minion,
         busy_poll_us=busy_poll_us,
         options=_options(pairs),
     )
-    doc = run_bench(plan, progress=lambda line: click.echo(f"  {line} ...", err=True))
+    with _network(hosts, as_json) as network:
+        doc = run_bench(plan, network, progress=lambda line: click.echo(f"  {line} ...", err=True))
     if plots:
         for path in write_plots(doc, Path(plots)):
             click.echo(f"plot: {path}", err=True)

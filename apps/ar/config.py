@@ -1,15 +1,34 @@
-"""What one run of the AR application is: its video, backend, detectors and ring."""
+"""What one run of the AR application is: its video, backend, detectors, ring, and where each
+role runs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from apps.ar.errors import BadRunConfig
+from cdi.hosts import Host
 from workflows.ar import framebuf
 
-__all__ = ["MAX_DETECTORS", "RunConfig"]
+__all__ = ["LOOPBACK", "MAX_DETECTORS", "RunConfig", "Site"]
 
 MAX_DETECTORS = 16
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where one role runs: a host, and the CDI minion it talks to there."""
+
+    host: Host | None = None
+    """``None``: the launcher's own host, whose servers listen on loopback."""
+    minion: str = ""
+    """The socket of the minion on ``host`` (``""``: ``RunConfig.minion``)."""
+
+    @property
+    def address(self) -> str:
+        """The address the role's servers listen on (TCP, REST, gRPC): its host's own, so a
+        frame to a role on another host crosses the link between them."""
+        return self.host.address if self.host is not None else LOOPBACK
 
 
 @dataclass(frozen=True)
@@ -33,12 +52,13 @@ class RunConfig:
     frames: int | None = None
     """Stop after this many frames (``None``: the whole video)."""
     minion: str = ""
-    """The CDI minion's socket (``cdi-shm``)."""
-    placement: dict[str, str] = field(default_factory=dict)
-    """A minion per role where roles run on several hosts: ``"extractor"``, ``"combinator"``,
-    ``"detector"`` (all detectors) or ``"detector-K"`` to a socket; a role not named uses
-    ``minion``. The application code is the same on every host; cross-host hand-offs are the
-    runtime's (CDI-RPC through the minions' gateways)."""
+    """The CDI minion's socket where every role runs on one host (``cdi-shm``)."""
+    placement: dict[str, Site] = field(default_factory=dict)
+    """Where roles run when they run on several hosts: ``"extractor"``, ``"combinator"``,
+    ``"detector"`` (all detectors) or ``"detector-K"`` to a ``Site``; a role not named runs
+    on the launcher's host with ``minion``. The application code is the same on every host:
+    TCP, REST and gRPC listen on the site's address, and CDI hands an object to a container
+    of another host through the minions' gateways (CDI-RPC)."""
     run_id: str = "ar"
     """Prefix of container ids and object keys, unique per run on a minion."""
     timeout_s: float = 60.0
@@ -72,9 +92,24 @@ class RunConfig:
         """Frames in flight at most: CDI objects in the ring, queue slots elsewhere."""
         return self.detectors * self.depth
 
+    def site(self, role: str, index: int = 0) -> Site:
+        """Where the role ``role`` (detector ``index``) runs."""
+        return self.placement.get(f"{role}-{index}", self.placement.get(role, Site()))
+
     def minion_for(self, role: str, index: int = 0) -> str:
         """The minion socket the role ``role`` (detector ``index``) talks to."""
-        return self.placement.get(f"{role}-{index}", self.placement.get(role, self.minion))
+        return self.site(role, index).minion or self.minion
+
+    def address_for(self, role: str, index: int = 0) -> str:
+        """The address the role ``role`` (detector ``index``) listens on."""
+        return self.site(role, index).address
+
+    @property
+    def hosts(self) -> int:
+        """How many hosts the roles run on."""
+        roles = [("extractor", 0), ("combinator", 0)]
+        roles += [("detector", k) for k in range(self.detectors)]
+        return len({self.site(role, k).host for role, k in roles})
 
     def detector_of(self, seq: int) -> int:
         """Frames go round the detectors in turn: frame ``seq`` to detector ``seq % N``."""

@@ -1,9 +1,10 @@
 """Run the roles as processes, wire them together, collect what they measured.
 
 Each role is a program of its own, ``python -m apps.ar.role_process``, as each is a container
-in the paper, with a socket pair to this process. Not ``multiprocessing``'s spawn: that
-imports the parent's main module in every child, and under the ``cdiflow`` command that is
-the whole orchestrator, in every role's memory.
+in the paper, with a socket pair to this process; a role placed on another host is started
+inside that host's network namespace (``Host.wrap``), the socket pair passed down to it.
+Not ``multiprocessing``'s spawn: that imports the parent's main module in every child, and
+under the ``cdiflow`` command that is the whole orchestrator, in every role's memory.
 
 The conversation: this process sends the run's configuration; every role says ``ready``
 with its address; this process sends each the others' addresses; every role says
@@ -19,8 +20,8 @@ import socket
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -53,12 +54,15 @@ class _Role:
 
 @dataclass
 class PipelineResult:
-    """One run's figures: each role's, and the minion's when one served it."""
+    """One run's figures: each role's, and the CDI runtime's when one served it (as the
+    ``minion`` role: its minions and their gateways, across hosts the controller too)."""
 
     config: RunConfig
     roles: list[RoleStats]
     minion_cpu_s: float | None = None
     minion_peak_rss: int | None = None
+    """The largest of the runtime's processes (each with its children: a native minion under
+    the Python process that runs its gateway)."""
 
     def of(self, role: str) -> list[RoleStats]:
         return [r for r in self.roles if r.role == role]
@@ -124,9 +128,11 @@ class PipelineResult:
 
 def _start(name: str, index: int, config: RunConfig) -> _Role:
     mine, theirs = socket.socketpair()
+    argv = [sys.executable, "-m", "apps.ar.role_process", str(theirs.fileno()), name, str(index)]
+    host = config.site(name, index).host
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "apps.ar.role_process", str(theirs.fileno()), name, str(index)],
+            host.wrap(argv) if host is not None else argv,
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
         )
@@ -197,7 +203,7 @@ def _processes(wanted: list[tuple[str, int]], config: RunConfig) -> Iterator[lis
 
 
 def _converse(
-    wanted: list[tuple[str, int]], config: RunConfig, minion_pid: int | None, setup_s: float
+    wanted: list[tuple[str, int]], config: RunConfig, runtime_pids: Sequence[int], setup_s: float
 ) -> PipelineResult:
     with _processes(wanted, config) as roles:
         addresses = _gather(roles, "ready", setup_s)
@@ -209,41 +215,59 @@ def _converse(
         for role in roles:
             _send(role, peers)
         _gather(roles, "connected", setup_s)
-        minion = psutil.Process(minion_pid) if minion_pid else None
-        minion_cpu = _cpu(minion)
+        runtime = [psutil.Process(pid) for pid in runtime_pids]
+        runtime_cpu = _cpu(runtime)
         for role in sorted(roles, key=lambda r: r.name == "extractor"):
             _send(role, "go")
         stats: list[RoleStats] = _gather(roles, "done", config.timeout_s * 4)
         result = PipelineResult(config, stats)
-        if minion is not None:
-            result.minion_cpu_s = _cpu(minion) - minion_cpu
-            result.minion_peak_rss = peak_rss(minion.pid)
+        if runtime:
+            result.minion_cpu_s = _cpu(runtime) - runtime_cpu
+            result.minion_peak_rss = max(_peak_rss_with_children(p) for p in runtime)
         return result
 
 
-def _cpu(process: psutil.Process | None) -> float:
-    if process is None:
-        return 0.0
-    times = process.cpu_times()
-    return float(times.user + times.system)
+def _family(process: psutil.Process) -> list[psutil.Process]:
+    return [process, *process.children(recursive=True)]
+
+
+def _cpu(processes: list[psutil.Process]) -> float:
+    """CPU time of ``processes`` and of their children, seconds (children live as long as
+    their parents here; one that ended meanwhile is not counted)."""
+    total = 0.0
+    for one in (one for process in processes for one in _family(process)):
+        with suppress(psutil.NoSuchProcess):
+            times = one.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def _peak_rss_with_children(process: psutil.Process) -> int:
+    total = 0
+    for one in _family(process):
+        with suppress(FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+            total += peak_rss(one.pid)
+    return total
 
 
 def run_pipeline(
-    config: RunConfig, minion_pid: int | None = None, setup_s: float = 60.0
+    config: RunConfig, runtime_pids: Sequence[int] = (), setup_s: float = 60.0
 ) -> PipelineResult:
     """Run the extractor, ``config.detectors`` detectors and the combinator over
-    ``config.backend``; ``minion_pid``: the minion serving a CDI backend, whose CPU and peak
-    memory count as a role's."""
-    backend(config.backend)  # an unavailable backend fails here, before any process starts
+    ``config.backend``, each on its host (``config.placement``); ``runtime_pids``: the CDI
+    runtime serving a CDI backend (``apps.ar.runtime``), whose CPU and peak memory count as
+    the ``minion`` role's."""
+    # An unavailable backend fails here, before any process starts.
+    backend(config.backend, config.hosts)
     wanted = [("combinator", 0), *(("detector", k) for k in range(config.detectors))]
-    return _converse([*wanted, ("extractor", 0)], config, minion_pid, setup_s)
+    return _converse([*wanted, ("extractor", 0)], config, runtime_pids, setup_s)
 
 
 def run_floor(config: RunConfig, setup_s: float = 60.0) -> PipelineResult:
     """The whole application in one process: the floor any version's CPU is measured against."""
-    return _converse([("floor", 0)], config, None, setup_s)
+    return _converse([("floor", 0)], config, (), setup_s)
 
 
 def run_pool(config: RunConfig, setup_s: float = 120.0) -> PipelineResult:
     """Detection alone in ``config.detectors`` processes, on frames each already holds."""
-    return _converse([("pool", k) for k in range(config.detectors)], config, None, setup_s)
+    return _converse([("pool", k) for k in range(config.detectors)], config, (), setup_s)

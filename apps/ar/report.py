@@ -1,8 +1,8 @@
 """The readable table of ``cdiflow bench ar``, and its figures (``--plots``).
 
 The figures follow the paper's Figs. 3-6 (CPU and memory of each container, per version of
-the application), with what a single run can add: how each version scales with the number
-of detectors, against detection alone in a pool.
+the application: Figs. 5-6 on one host, 3-4 across hosts), with what a single run can add:
+how each version scales with the number of detectors, against detection alone in a pool.
 """
 
 from __future__ import annotations
@@ -20,12 +20,20 @@ def _cells(values: dict[str, float], digits: int) -> str:
     return " ".join(f"{role[:4]} {values[role]:.{digits}f}" for role in _ROLES if role in values)
 
 
+def _where(doc: dict[str, Any]) -> str:
+    """Where the pipelines ran, in words."""
+    hosts = doc["hosts"]
+    if hosts["count"] == 1:
+        return "one host"
+    return "two hosts" + (" (loopback addresses)" if hosts["kind"] == "loopback" else "")
+
+
 def render_table(doc: dict[str, Any]) -> str:
     video = doc["video"]
     lines = [
         f"video {video['width']}x{video['height']}, {video['frames']} frames "
         f"({video['frame_mb']:.2f} MB a frame); {doc['depth']} frame(s) in flight per "
-        f"detector; {doc['rounds']} round(s), medians",
+        f"detector; pipelines on {_where(doc)}; {doc['rounds']} round(s), medians",
         "",
         f"{'backend':<9}{'N':>3}{'fps':>7}{'p50 ms':>8}{'moving':>8}"
         f"  {'CPU ms/frame by role':<46}peak RSS MB by role",
@@ -46,8 +54,12 @@ def render_table(doc: dict[str, Any]) -> str:
         )
         lines.append(f"CPU ms/frame outside decode, detect, draw, encode: {outside}")
     for goal in doc["goals"]:
-        parts = [f"{key} {value:.2f}" for key, value in goal.items() if key != "detectors"]
-        lines.append(f"cdi-shm, {goal['detectors']} detector(s): {', '.join(parts)}")
+        parts = [
+            f"{key} {value:.2f}"
+            for key, value in goal.items()
+            if key not in ("backend", "detectors")
+        ]
+        lines.append(f"{goal['backend']}, {goal['detectors']} detector(s): {', '.join(parts)}")
     return "\n".join(lines)
 
 
@@ -79,7 +91,7 @@ def write_plots(doc: dict[str, Any], folder: Path) -> list[Path]:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(at_most))])
         ax.set_xticklabels([r["backend"] for r in at_most])
         ax.set_ylabel(unit)
-        ax.set_title(f"AR application, {most} detectors: {unit} by role")
+        ax.set_title(f"AR application on {_where(doc)}, {most} detectors: {unit} by role")
         ax.legend(fontsize="small")
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()
@@ -100,7 +112,7 @@ def write_plots(doc: dict[str, Any], folder: Path) -> list[Path]:
         ax.set_xlabel("detectors")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(unit)
-        ax.set_title(f"AR application: {unit}, by detectors")
+        ax.set_title(f"AR application on {_where(doc)}: {unit}, by detectors")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
         fig.tight_layout()

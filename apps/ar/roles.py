@@ -9,6 +9,7 @@ too), its peak RSS, and for the combinator each frame's latency and boxes.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 import traceback
@@ -62,6 +63,8 @@ class RoleStats:
     and draw, encode): what the floor does too. The rest of ``cpu_s`` is moving frames."""
     latencies_ns: list[int] = field(default_factory=list)
     boxes: list[list[list[float]]] = field(default_factory=list)
+    network_namespace: int = 0
+    """The inode of the process's network namespace: which host it ran on."""
 
 
 def extract(end: ExtractorEnd, config: RunConfig, stats: RoleStats) -> None:
@@ -204,6 +207,7 @@ def role_main(role: str, index: int, config: RunConfig, control: Connection) -> 
             stats.end_ns = time.perf_counter_ns()
             stats.cpu_s = time.process_time() - cpu
             stats.peak_rss = peak_rss()
+            stats.network_namespace = os.stat("/proc/self/ns/net").st_ino
         control.send(("done", stats))
     except BaseException:
         with suppress(OSError):  # the launcher may be gone: then nobody is listening

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from apps.ar.config import RunConfig
+from apps.ar.config import RunConfig, Site
 from apps.ar.errors import PartsMissing
+from cdi.hosts import Host
 from cdiflow.cli import main
 from tests.cdi.test_bench_and_demo import run_cli
 
@@ -48,7 +49,8 @@ def test_bench_ar_prints_the_documented_json_and_plots(tmp_path: Path) -> None:
     floor_cpu = rows[("floor", 1)]["cpu_ms_per_frame"]["floor"]
     assert rows[("cdi-shm", 1)]["cpu_ms_per_frame_moving"] == cdi_cpu - floor_cpu
     assert doc["video"]["frames"] == 6 and doc["video"]["width"] == 1280
-    assert [g["detectors"] for g in doc["goals"]] == [1]
+    assert doc["hosts"] == {"count": 1}
+    assert [(g["backend"], g["detectors"]) for g in doc["goals"]] == [("cdi-shm", 1)]
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {
         "ar-cpu.png", "ar-memory.png", "ar-fps.png", "ar-moving.png",
     }  # fmt: skip
@@ -65,8 +67,15 @@ def test_bench_ar_refuses_what_it_cannot_run(tmp_path: Path) -> None:
     done = cli("bench", "ar", "--backends", "cdi-rpc", "--video", str(tmp_path / "none.mp4"))
     assert done.exit_code == 2 and "does not exist" in done.output
     done = cli("bench", "ar", "--backends", "cdi-rpc", "--data-dir", str(tmp_path))
-    assert done.exit_code == 1 and "starts its roles on one host only" in done.output
+    assert done.exit_code == 1 and "cdi-rpc moves frames between hosts: run it with --hosts 2" in (
+        done.output
+    )
     assert done.exc_info is not None and done.exc_info[0] is SystemExit  # no traceback
+    done = cli("bench", "ar", "--hosts", "2", "--backends", "tcp,cdi-shm")
+    assert done.exit_code == 1 and "cdi-shm moves frames on one host only" in done.output
+    assert "between hosts use tcp, rest, grpc, cdi-rpc" in done.output
+    done = cli("bench", "ar", "--hosts", "3")
+    assert done.exit_code == 2 and "--hosts" in done.output
     done = cli("bench", "ar", "--detectors", "0")
     assert done.exit_code == 2 and "detector counts must be 1 to 16" in done.output
     done = cli("bench", "ar", "--option", "cache")
@@ -108,16 +117,37 @@ def test_without_pyav_or_opencv_the_commands_say_what_to_install(
         parts.require_parts()
 
 
-def test_roles_can_be_placed_on_minions_of_their_own() -> None:
+def test_ar_run_refuses_a_backend_on_the_wrong_number_of_hosts(tmp_path: Path) -> None:
+    video, out = str(tmp_path / "in.mp4"), str(tmp_path / "out.mp4")
+    assert cli("ar", "sample", video, "--frames", "2", "--size", "640x360").exit_code == 0
+    done = cli("ar", "run", video, "--out", out, "--backend", "cdi-rpc")
+    assert done.exit_code == 1 and "run it with --hosts 2" in done.output
+    done = cli("ar", "run", video, "--out", out, "--hosts", "2")  # cdi-shm, the default
+    assert done.exit_code == 1 and "cdi-shm moves frames on one host only" in done.output
+    done = cli("ar", "run", video, "--out", out, "--backend", "cdi-rpc", "--hosts", "2",
+               "--minion", "/run/x.sock")  # fmt: skip
+    assert done.exit_code == 2 and "each host gets a minion of its own" in done.output
+
+
+def test_roles_can_be_placed_on_hosts_and_minions_of_their_own() -> None:
+    there = Host("host2", "10.0.0.3", "ns2")
     config = RunConfig(
-        backend="cdi-shm",
+        backend="cdi-rpc",
         video="in.mp4",
         width=1280,
         height=720,
+        detectors=4,
         minion="/run/a.sock",
-        placement={"detector": "/run/b.sock", "detector-3": "/run/c.sock"},
+        placement={
+            "detector": Site(there, "/run/b.sock"),
+            "detector-3": Site(minion="/run/c.sock"),
+        },
     )
     assert config.minion_for("extractor") == "/run/a.sock"
     assert config.minion_for("detector", 0) == "/run/b.sock"
     assert config.minion_for("detector", 3) == "/run/c.sock"
     assert config.minion_for("combinator") == "/run/a.sock"
+    assert config.address_for("detector", 1) == "10.0.0.3"
+    assert config.address_for("detector", 3) == config.address_for("extractor") == "127.0.0.1"
+    assert config.hosts == 2
+    assert RunConfig(backend="tcp", video="in.mp4", width=1280, height=720).hosts == 1

@@ -4,14 +4,11 @@ CDI, a generated video; the output checked frame by frame against the single-pro
 from __future__ import annotations
 
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import psutil
 import pytest
 
 import cdi
@@ -19,8 +16,8 @@ from apps.ar.config import RunConfig
 from apps.ar.errors import RoleFailed
 from apps.ar.launch import PipelineResult, run_floor, run_pipeline
 from cdi.minion.process import MinionChild
+from tests.apps.ar_checks import assert_like_reference, config_for, kill_a_detector_mid_run
 from workflows.ar.sample import SampleVideo, make_sample_video
-from workflows.ar.video import probe, read_frames
 
 FRAMES = 12
 
@@ -41,16 +38,7 @@ def minion() -> Iterator[MinionChild]:
 
 @pytest.fixture(scope="module")
 def base(video: Path, minion: MinionChild) -> RunConfig:
-    info = probe(video)
-    return RunConfig(
-        backend="floor",
-        video=str(video),
-        width=info.width,
-        height=info.height,
-        detectors=2,
-        minion=minion.socket_path,
-        timeout_s=20,
-    )
+    return config_for(video, minion=minion.socket_path)
 
 
 @pytest.fixture(scope="module")
@@ -79,19 +67,9 @@ def test_every_backend_gives_the_reference_video_frame_by_frame(
 ) -> None:
     out = tmp_path / f"{backend}.mp4"
     config = replace(base, backend=backend, output=str(out), run_id=f"ar-{backend}")
-    result = run_pipeline(config, minion_pid=minion.pid if backend == "cdi-shm" else None)
+    result = run_pipeline(config, [minion.pid] if backend == "cdi-shm" else ())
 
-    assert result.frames == FRAMES
-    assert result.boxes() == reference.boxes()  # the same boxes, frame by frame
-    assert sum(len(boxes) for boxes in result.boxes()) >= 2 * FRAMES  # people were found
-    assert [r.frames for r in result.of("detector")] == [FRAMES // 2, FRAMES // 2]
-    # Decodable, and the same pixels as the reference's output: the detectors drew the same
-    # boxes and the encoder is deterministic.
-    assert reference.config.output is not None
-    produced = list(read_frames(out))
-    expected = list(read_frames(reference.config.output))
-    assert len(produced) == FRAMES
-    assert all(np.array_equal(a, b) for a, b in zip(produced, expected, strict=True))
+    assert_like_reference(result, reference, out, FRAMES)
     assert set(result.cpu_ms_per_frame()) >= {"extractor", "detector", "combinator"}
     assert result.fps > 0 and result.latency_ms_p50 > 0
     if backend == "cdi-shm":
@@ -105,32 +83,9 @@ def test_a_detector_killed_mid_run_fails_the_run_and_frees_the_ring(
     long_video = video.with_name("long.mp4")
     make_sample_video(long_video, SampleVideo(frames=60))
     config = replace(base, backend="cdi-shm", video=str(long_video), run_id="ar-kill", timeout_s=5)
-    outcome: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            run_pipeline(config)
-        except BaseException as exc:
-            outcome.append(exc)
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    victim = None
-    deadline = time.monotonic() + 60
-    while victim is None and time.monotonic() < deadline:
-        for child in psutil.Process().children():
-            if child.cmdline()[-2:] == ["detector", "1"]:
-                victim = child
-        time.sleep(0.1)
-    assert victim is not None, "no detector process appeared"
-    while not _flowing(minion, "ar-kill-combinator") and time.monotonic() < deadline:
-        time.sleep(0.05)  # until frames reach the combinator: the run is under way
-    victim.kill()
-    runner.join(timeout=90)
-    assert not runner.is_alive()
-    assert outcome and isinstance(outcome[0], RoleFailed), outcome
-    assert outcome[0].role == "detector 1" and "exit status -9" in str(outcome[0])
-    assert not [c for c in psutil.Process().children() if "apps.ar.role_process" in c.cmdline()]
+    # Until frames reach the combinator: the run is under way.
+    failed = kill_a_detector_mid_run(config, (), lambda: _flowing(minion, "ar-kill-combinator"))
+    assert failed.role == "detector 1" and "exit status -9" in str(failed)
     deadline = time.monotonic() + 5
     while _objects(minion) and time.monotonic() < deadline:
         time.sleep(0.1)

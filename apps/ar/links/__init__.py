@@ -16,11 +16,10 @@ waits for every object to come back, then frees them). Views returned by ``slot`
 ``receive`` are valid until the next ``send``/``forward``/``release``; a caller drops every
 NumPy array over them first.
 
-``BACKENDS`` maps each name to its module's ``Backend``. ``cdi-rpc`` (frames crossing hosts
-through CDI-RPC) is the same code as ``cdi-shm`` with the roles placed on several minions
-(``RunConfig.placement``); it is listed as unavailable while the launcher starts every role
-on this host: running roles on the hosts of ``cdi.hosts`` (and TCP, REST and gRPC across
-them, for the paper's multi-host figures) is what is left.
+``BACKENDS`` maps each name to its module's ``Backend``. ``cdi-shm`` and ``cdi-rpc`` are the
+same code: CDI objects between roles on one host, or on two (``RunConfig.placement``), where
+the runtime hands an object to another host's container through the minions' gateways.
+TCP, REST and gRPC run on one host or across hosts alike, listening on each role's address.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from apps.ar.errors import BackendUnavailable
 
 __all__ = [
     "BACKENDS",
+    "CROSS_HOST_BACKENDS",
     "DEFAULT_BACKENDS",
     "Backend",
     "CombinatorEnd",
@@ -41,6 +41,7 @@ __all__ = [
     "ExtractorEnd",
     "Peers",
     "backend",
+    "backends_for",
 ]
 
 
@@ -85,6 +86,8 @@ class Backend:
     open_detector: Callable[[RunConfig, int], DetectorEnd]
     open_combinator: Callable[[RunConfig], CombinatorEnd]
     needs_minion: bool = False
+    hosts: tuple[int, ...] = (1, 2)
+    """How many hosts its roles may run on."""
 
 
 def _load(name: str) -> Backend:
@@ -105,18 +108,31 @@ def _load(name: str) -> Backend:
 
         return cdi_link.BACKEND
     if name == "cdi-rpc":
-        raise BackendUnavailable(
-            "cdi-rpc moves frames between hosts, and this application starts its roles on one "
-            "host only (cdiflow bench cdi --hosts 2 measures CDI-RPC itself); "
-            "use cdi-shm (one host)"
-        )
+        from apps.ar.links import cdi_link
+
+        return cdi_link.CROSS_HOST_BACKEND
     raise BackendUnavailable(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
 
 
 BACKENDS = ("tcp", "rest", "grpc", "cdi-shm", "cdi-rpc")
 DEFAULT_BACKENDS = ("tcp", "rest", "grpc", "cdi-shm")
+CROSS_HOST_BACKENDS = ("tcp", "rest", "grpc", "cdi-rpc")
 
 
-def backend(name: str) -> Backend:
-    """The backend called ``name``; ``BackendUnavailable`` says why one cannot run."""
-    return _load(name)
+def backend(name: str, hosts: int | None = None) -> Backend:
+    """The backend called ``name``; ``BackendUnavailable`` says why one cannot run (on
+    ``hosts`` hosts, when given)."""
+    found = _load(name)
+    if hosts is not None and hosts not in found.hosts:
+        if found.hosts == (2,):
+            raise BackendUnavailable(f"{name} moves frames between hosts: run it with --hosts 2")
+        raise BackendUnavailable(
+            f"{name} moves frames on one host only; between hosts use "
+            f"{', '.join(CROSS_HOST_BACKENDS)}"
+        )
+    return found
+
+
+def backends_for(hosts: int) -> tuple[str, ...]:
+    """The backends that run on ``hosts`` hosts, in the order of the comparison."""
+    return DEFAULT_BACKENDS if hosts == 1 else CROSS_HOST_BACKENDS

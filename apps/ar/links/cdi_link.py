@@ -10,8 +10,10 @@ transfers it back to the extractor for reuse. No byte of a frame is copied betwe
 
 Roles find each other by name: container ids and keys derive from ``config.run_id``, so
 there is nothing to connect. Each role talks to the minion ``config.minion_for`` names: one
-for all on one host; roles spread over hosts (``placement``) are the same code, and moving an
-object between their minions is the runtime's business (``cdi-rpc``). The objects' creator
+for all on one host (``cdi-shm``). ``cdi-rpc`` is this same code with the roles on two hosts
+(``placement``), each on its host's minion: a transfer to a container of the other host goes
+through the two minions' gateways, which carry the bytes over TCP into a new object there,
+and the receiver's ``access`` returns once every byte has landed. The objects' creator
 (the extractor) is their recovery container: a role that dies hands its objects back, and
 the others time out.
 
@@ -31,7 +33,14 @@ from apps.ar.config import RunConfig
 from apps.ar.errors import BadRunConfig
 from apps.ar.links import Backend, Peers
 
-__all__ = ["BACKEND", "combinator_id", "detector_id", "extractor_id", "object_key"]
+__all__ = [
+    "BACKEND",
+    "CROSS_HOST_BACKEND",
+    "combinator_id",
+    "detector_id",
+    "extractor_id",
+    "object_key",
+]
 
 
 def extractor_id(config: RunConfig) -> str:
@@ -53,14 +62,14 @@ def object_key(config: RunConfig, index: int) -> str:
 def _detector_cache_bytes(config: RunConfig) -> int | None:
     choice = config.options.get("cache", "1")
     if choice not in ("0", "1"):
-        raise BadRunConfig(f"cdi-shm option cache must be 0 or 1, got {choice!r}")
+        raise BadRunConfig(f"{config.backend} option cache must be 0 or 1, got {choice!r}")
     return None if choice == "1" else 0  # None: the client's default budget
 
 
 def _spin_us(config: RunConfig) -> int:
     text = config.options.get("spin_us", "0")
     if not text.isdigit():
-        raise BadRunConfig(f"cdi-shm option spin_us must be a whole number, got {text!r}")
+        raise BadRunConfig(f"{config.backend} option spin_us must be a whole number, got {text!r}")
     return int(text)
 
 
@@ -181,4 +190,7 @@ class _Combinator:
         self._client.close()
 
 
-BACKEND = Backend("cdi-shm", _Extractor, _Detector, _Combinator, needs_minion=True)
+BACKEND = Backend("cdi-shm", _Extractor, _Detector, _Combinator, needs_minion=True, hosts=(1,))
+CROSS_HOST_BACKEND = Backend(
+    "cdi-rpc", _Extractor, _Detector, _Combinator, needs_minion=True, hosts=(2,)
+)

@@ -31,7 +31,7 @@ def _options(config: RunConfig) -> list[tuple[str, int]]:
 class _FrameServer:
     """A gRPC server whose one method hands each request to ``accept`` (which may wait)."""
 
-    def __init__(self, config: RunConfig, accept: Callable[[Message], None]) -> None:
+    def __init__(self, config: RunConfig, address: str, accept: Callable[[Message], None]) -> None:
         def put(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
                 accept(request)
@@ -48,9 +48,9 @@ class _FrameServer:
         pool = futures.ThreadPoolExecutor(max_workers=config.detectors + 2)
         self._server = grpc.server(pool, options=_options(config))
         self._server.add_generic_rpc_handlers((handler,))
-        port = self._server.add_insecure_port("127.0.0.1:0")
+        port = self._server.add_insecure_port(f"{address}:0")
         self._server.start()
-        self.address = f"127.0.0.1:{port}"
+        self.address = f"{address}:{port}"
 
     def close(self) -> None:
         self._server.stop(grace=None)

@@ -34,10 +34,12 @@ class _FrameServer:
     """An HTTP server in a thread of its own that hands each ``POST /frames`` body to
     ``accept`` (which may wait, holding the answer back)."""
 
-    def __init__(self, config: RunConfig, accept: Callable[[bytearray], None]) -> None:
+    def __init__(
+        self, config: RunConfig, address: str, accept: Callable[[bytearray], None]
+    ) -> None:
         self._size = config.message_size
         self._accept = accept
-        self._socket = socket.create_server(("127.0.0.1", 0))
+        self._socket = socket.create_server((address, 0))
         host, port = self._socket.getsockname()[:2]
         self.address = f"{host}:{port}"
         settings = uvicorn.Config(

@@ -1,7 +1,8 @@
 """The roles' ends for backends whose receivers are servers (REST, gRPC).
 
-Such a backend brings two things: a *server* that hands every frame message it is sent to a
-callback (which may wait, holding the sender's call back) and tells its ``address``, and a
+Such a backend brings two things: a *server*, listening on the address it is given, that
+hands every frame message it is sent to a callback (which may wait, holding the sender's call
+back) and tells its ``address``, and a
 *caller* that sends a message to one server and returns once that server has queued it.
 The ends are the same for both: the extractor calls detector ``seq % N``; a detector's server
 queues into its ``Inbox``, the detector takes from it and calls the combinator; the
@@ -35,7 +36,7 @@ class Caller(Protocol):
     def close(self) -> None: ...
 
 
-ServerFactory = Callable[[RunConfig, Callable[[Message], None]], Server]
+ServerFactory = Callable[[RunConfig, str, Callable[[Message], None]], Server]
 CallerFactory = Callable[[str, RunConfig], Caller]
 
 
@@ -66,7 +67,7 @@ def served_backend(name: str, server: ServerFactory, caller: CallerFactory) -> B
         def __init__(self, config: RunConfig, index: int) -> None:
             self.config = config
             self._inbox: Inbox[Message] = Inbox(config.depth, config.timeout_s)
-            self._server = server(config, self._inbox.put)
+            self._server = server(config, config.address_for("detector", index), self._inbox.put)
             self.address = self._server.address
             self._caller: Caller | None = None
             self._current: memoryview | None = None
@@ -97,7 +98,7 @@ def served_backend(name: str, server: ServerFactory, caller: CallerFactory) -> B
         def __init__(self, config: RunConfig) -> None:
             self.config = config
             self._frames: Reorder[Message] = Reorder(config.ring, config.timeout_s)
-            self._server = server(config, self._keep)
+            self._server = server(config, config.address_for("combinator"), self._keep)
             self.address = self._server.address
 
         def _keep(self, message: Message) -> None:

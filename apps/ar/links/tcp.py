@@ -1,8 +1,9 @@
-"""Frames over raw TCP on loopback: one connection per hop, fixed-size messages.
+"""Frames over raw TCP: one connection per hop, fixed-size messages.
 
 Every message is ``config.message_size`` bytes (an end message too), so a receiver reads
 exactly that many into a buffer it reuses and needs no framing. Detectors listen for the
 extractor; the combinator listens for the detectors, each of which first says its index.
+Each listens on its host's address (loopback when every role runs on one host).
 
 The combinator reads frame ``seq`` from detector ``seq % N``'s connection: each detector
 sends its frames in order, so the stream is ordered without a buffer. A detector answers each
@@ -26,8 +27,8 @@ _INDEX = struct.Struct("!I")
 _CREDIT = b"+"
 
 
-def _listen() -> socket.socket:
-    return socket.create_server(("127.0.0.1", 0))
+def _listen(address: str) -> socket.socket:
+    return socket.create_server((address, 0))
 
 
 def _address(server: socket.socket) -> str:
@@ -100,7 +101,7 @@ class _Detector:
     def __init__(self, config: RunConfig, index: int) -> None:
         self.config = config
         self.index = index
-        self._server = _listen()
+        self._server = _listen(config.address_for("detector", index))
         self.address = _address(self._server)
         self._buffer = memoryview(bytearray(config.message_size))
         self._inbound: socket.socket | None = None
@@ -130,7 +131,7 @@ class _Detector:
 class _Combinator:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
-        self._server = _listen()
+        self._server = _listen(config.address_for("combinator"))
         self.address = _address(self._server)
         self._buffer = memoryview(bytearray(config.message_size))
         self._conns: dict[int, socket.socket] = {}
