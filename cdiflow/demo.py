@@ -3,7 +3,9 @@
 Starts the stack (embedded Postgres, Redis, S3 endpoint, CDI controller and minion, REST API,
 scheduler, two workers), uploads the bundled sample photos, runs ``image_pipeline`` on each with
 the ``affinity``, ``transfer`` and ``auto`` policies and once in Orkes style (the object-store
-data plane), and prints a summary: status, label, latency, where the result is.
+data plane), and ``fork_join_pipeline`` (two branches side by side, then a join), and prints a
+summary: status, label, latency, where the result is. ``--json`` also lists every run's task
+runs (ref, worker, started, finished), so anyone can see the branches overlap.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ from workflows.samples import bundled_samples
 
 __all__ = ["run_demo"]
 
+PIPELINE = "image_pipeline"
+FORK_JOIN = "fork_join_pipeline"
 RUNS = [
-    (Policy.AFFINITY, DataPlane.CDI),
-    (Policy.TRANSFER, DataPlane.CDI),
-    (Policy.AUTO, DataPlane.CDI),
-    (Policy.AFFINITY, DataPlane.OBJECT_STORE),
+    (PIPELINE, Policy.AFFINITY, DataPlane.CDI),
+    (PIPELINE, Policy.TRANSFER, DataPlane.CDI),
+    (PIPELINE, Policy.AUTO, DataPlane.CDI),
+    (PIPELINE, Policy.AFFINITY, DataPlane.OBJECT_STORE),
+    (FORK_JOIN, Policy.TRANSFER, DataPlane.CDI),
 ]
 
 
@@ -62,7 +67,7 @@ def _download_results(stack: Stack, workflows: list[dict[str, Any]]) -> Path:
         if w["result"]:
             bucket, key = w["result"].removeprefix("s3://").split("/", 1)
             stem = w["input"].rsplit("/", 1)[-1].rsplit(".", 1)[0]
-            path = folder / f"{stem}-{w['policy']}-{w['data_plane']}.png"
+            path = folder / f"{stem}-{w['workflow']}-{w['policy']}-{w['data_plane']}.png"
             path.write_bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
             w["result_file"] = str(path)
     return folder
@@ -85,6 +90,7 @@ def _wait(api: httpx.Client, ids: list[str], timeout_s: float) -> list[dict[str,
 
 
 def _summary(body: dict[str, Any], policy: str, plane: str, image: str) -> dict[str, Any]:
+    """One run as the demo reports it."""
     output = body.get("output") or {}
     latency = None
     if body.get("started_at") and body.get("finished_at"):
@@ -96,6 +102,7 @@ def _summary(body: dict[str, Any], policy: str, plane: str, image: str) -> dict[
     runs = body.get("task_runs", [])
     return {
         "id": body["id"],
+        "workflow": body["workflow"],
         "policy": policy,
         "data_plane": plane,
         "input": image,
@@ -106,6 +113,16 @@ def _summary(body: dict[str, Any], policy: str, plane: str, image: str) -> dict[
         "handoffs": len(body.get("handoffs", [])),
         "result": body.get("result_uri"),
         "error": body.get("error"),
+        "task_runs": [
+            {
+                "ref": r["ref"],
+                "status": r["status"],
+                "worker": r.get("worker_id"),
+                "started": r.get("started_at"),
+                "finished": r.get("finished_at"),
+            }
+            for r in runs
+        ],
     }
 
 
@@ -119,17 +136,23 @@ def run_demo(
         images = _upload_samples(stack)
         with httpx.Client(base_url=stack.api_url, timeout=30, headers=stack.auth_headers) as api:
             started: list[tuple[str, str, str, str]] = []
-            for policy, plane in RUNS:
-                for image in images:
-                    body = {
-                        "workflow": "image_pipeline",
-                        "input": {"image": image},
-                        "policy": policy,
-                        "data_plane": plane,
-                    }
-                    reply = api.post("/api/workflows", json=body).raise_for_status().json()
-                    started.append((reply["id"], policy, plane, image))
+
+            def start(workflow: str, policy: str, plane: str, image: str) -> str:
+                body = {"workflow": workflow, "input": {"image": image}, "policy": policy,
+                        "data_plane": plane}  # fmt: skip
+                run_id: str = api.post("/api/workflows", json=body).raise_for_status().json()["id"]
+                started.append((run_id, policy, plane, image))
+                return run_id
+
+            # The pipelines all at once; then each fork/join alone, so its two branches find
+            # both workers free and overlap (in a burst they would queue behind the others).
+            for workflow, policy, plane in RUNS:
+                for image in images if workflow == PIPELINE else ():
+                    start(workflow, policy, plane, image)
             finished = _wait(api, [s[0] for s in started], timeout_s=300)
+            for workflow, policy, plane in RUNS:
+                for image in images if workflow != PIPELINE else ():
+                    finished += _wait(api, [start(workflow, policy, plane, image)], timeout_s=120)
         workflows = [
             _summary(body, policy, plane, image)
             for body, (_, policy, plane, image) in zip(finished, started, strict=True)
@@ -153,13 +176,14 @@ def run_demo(
 
 def _print(report: dict[str, Any]) -> None:
     click.echo(
-        f"\n{'policy':<9} {'plane':<13} {'input':<16} {'status':<10} {'label':<7} "
-        f"{'latency':>8}  result"
+        f"\n{'workflow':<19} {'policy':<9} {'plane':<13} {'input':<16} {'status':<10} "
+        f"{'label':<7} {'latency':>8}  result"
     )
     for w in report["workflows"]:
         latency = f"{w['latency_s'] * 1000:.0f} ms" if w["latency_s"] is not None else "-"
         click.echo(
-            f"{w['policy']:<9} {w['data_plane']:<13} {w['input'].rsplit('/', 1)[-1]:<16} "
+            f"{w['workflow']:<19} {w['policy']:<9} {w['data_plane']:<13} "
+            f"{w['input'].rsplit('/', 1)[-1]:<16} "
             f"{w['status']:<10} {w['label'] or '-':<7} {latency:>8}  "
             f"{w['result'] or w['error']}"
         )

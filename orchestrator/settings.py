@@ -164,6 +164,15 @@ class Settings(BaseSettings):
         "worker slots keeps every worker busy without holding a whole burst in RAM.",
     )
 
+    max_parallel_tasks: int = Field(
+        default=16,
+        gt=0,
+        le=4096,
+        description="Step runs of one workflow out at workers at once (parallel branches and "
+        "the elements of a fan-out), so one workflow cannot flood the pool; the rest wait in "
+        "the scheduler and go out as these come back.",
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _absolute_dir(cls, value: Path) -> Path:

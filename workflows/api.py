@@ -11,30 +11,46 @@ A task is a plain function::
         ctx.logger.info("sharpening %dx%d", *img.size)
         return TaskResult(image=img.filter(ImageFilter.UnsharpMask(radius=radius)))
 
-The contract, identical in shared-buffer mode and object-store mode:
+or, with named data of any kind::
 
-* ``img`` is a private copy in mode ``L``, ``RGB`` or ``RGBA``. Changing it in place does
-  nothing unless it is returned.
-* Return ``None`` (image unchanged, no output), a new ``PIL.Image.Image``, or a
-  ``TaskResult(image=..., output={...})``. ``output`` must be a JSON-serialisable dict with
-  string keys; it is recorded as the task's result (e.g. a classification).
+    @task
+    def spectrum(frame: np.ndarray, ctx: TaskContext) -> dict[str, Any]:
+        power = np.abs(np.fft.rfft2(frame)) ** 2
+        return {"power": power, "peak": float(power.max())}
+
+The contract, identical on every data plane:
+
+* Parameters get the step's named inputs by name (``"inputs": {"frame": "decode.frames"}``),
+  ``ctx`` the context. A step that names no inputs reads the single-image chain's ``image``
+  (the step before it, or the workflow's input image), which goes to the first parameter:
+  the signature ``f(img, ctx)`` (``workflows.binding``).
+* Inputs are read-only views of the data (images in mode ``L``, ``RGB`` or ``RGBA``; NumPy
+  arrays; bytes as a ``memoryview``; JSON). Changing one in place does nothing unless it is
+  returned; copy one to keep it beyond the call.
+* Return ``None`` (image unchanged, no output), a new ``PIL.Image.Image``, a
+  ``TaskResult(image=..., output={...}, outputs={...})`` or a dict of named outputs. Named
+  outputs are images, NumPy arrays, bytes, JSON, or lists of them (a list output: a later
+  step can run once per element, ``for_each``). ``output`` must be a JSON-serialisable dict
+  with string keys; it is recorded as the task's result (e.g. a classification), and a later
+  step reads any of its keys as ``"<ref>.<key>"``. A step that read an ``image`` and returns
+  none passes its input image on as its own.
 * Raise any exception to fail; the runner retries up to ``retries`` times after
   ``retry_backoff_s``, so a task must be safe to run again on the same input.
 * ``ctx.params`` holds the step's parameters from the workflow definition (read-only);
   ``ctx.input`` the workflow's ``input.data`` (read-only JSON, ``{}`` when none was given).
-* A workflow started without an image is *dataless*: nothing is downloaded or moved, and its
-  tasks get ``img=None``. Only tasks registered with ``@task(needs_image=False)`` may run in
-  one; any other fails the workflow with a reason (e.g. ``deblur`` needs pixels).
+* A workflow started without an image is *dataless*: nothing is downloaded, and a step that
+  names no inputs gets ``img=None``. Only tasks registered with ``@task(needs_image=False)``
+  may take that; any other fails the workflow with a reason (e.g. ``deblur`` needs pixels).
 
-``run_task`` runs a task on an image stored in a buffer (see ``workflows.imagebuf``) and writes
-the result back into the same buffer; ``run_task_on_image`` is the compute half alone.
+``run_task_with_inputs`` runs a task on named inputs; ``run_task_on_image`` on one image (the
+compute half of ``run_task``, which runs a task on an image stored in a buffer, see
+``workflows.imagebuf``, and writes the result back into the same buffer).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -45,13 +61,12 @@ from typing import Any, Final, TypeAlias, TypeVar, overload
 
 from PIL import Image
 
+from workflows.binding import IMAGE, Produced, Signature, bind, produced_from, signature_of
 from workflows.definitions import task_definition_problems
 from workflows.errors import (
     DuplicateTask,
     InvalidDefinition,
-    InvalidImage,
     InvalidTaskResult,
-    NeedsImage,
     ResultTooLarge,
     TaskFailed,
     TaskLoadError,
@@ -59,11 +74,12 @@ from workflows.errors import (
     TaskNotFound,
     WorkflowsError,
 )
-from workflows.imagebuf import ImageHeader, normalize_mode, read_image, required_size, write_image
+from workflows.imagebuf import ImageHeader, read_image, write_image
 from workflows.names import MODULE_PATH_RE
 from workflows.sources import BUNDLED, TaskSources
 
 __all__ = [
+    "Produced",
     "TaskContext",
     "TaskFunction",
     "TaskOutcome",
@@ -74,6 +90,7 @@ __all__ = [
     "registration_problem",
     "run_task",
     "run_task_on_image",
+    "run_task_with_inputs",
     "run_task_without_image",
     "task",
 ]
@@ -108,13 +125,16 @@ class TaskContext:
 
 @dataclass(frozen=True)
 class TaskResult:
-    """What a task returns: a new image (or ``None`` to keep the input) and/or an output."""
+    """What a task returns: a new image (or ``None`` to keep the input), a JSON output, and
+    named outputs of any kind (``workflows.binding``)."""
 
     image: Image.Image | None = None
     output: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)
 
 
-TaskFunction: TypeAlias = Callable[[Image.Image, TaskContext], TaskResult | Image.Image | None]
+# Parameters by name (``workflows.binding``); the classic ``f(img, ctx)`` is one such function.
+TaskFunction: TypeAlias = Callable[..., Any]
 F = TypeVar("F", bound=TaskFunction)
 
 
@@ -129,6 +149,11 @@ class TaskSpec:
     retries: int = 0
     retry_backoff_s: float = 0.5
     needs_image: bool = True  # False: may run in a dataless workflow, with img=None
+    signature: Signature | None = None  # how to call ``fn`` (None: read when it is called)
+
+    @property
+    def call_signature(self) -> Signature:
+        return self.signature if self.signature is not None else signature_of(self.fn)
 
     def to_definition(self) -> dict[str, Any]:
         """This spec as a task definition dict (the JSON shape the REST API accepts)."""
@@ -208,6 +233,7 @@ def task(
             retries=retries,
             retry_backoff_s=float(retry_backoff_s),
             needs_image=bool(needs_image),
+            signature=signature_of(func),
         )
         existing = _REGISTRY.get(spec.name)
         if existing is not None and existing.module != spec.module:
@@ -336,18 +362,28 @@ def _import(module_name: str, path: str) -> ModuleType:
         ) from exc
 
 
-def run_task_on_image(
-    fn: TaskFunction | TaskSpec, img: Image.Image, ctx: TaskContext
-) -> tuple[Image.Image | None, dict[str, Any]]:
-    """Run a task on an image: ``(new image or None if unchanged, output)``; writes nothing.
+def run_task_with_inputs(
+    fn: TaskFunction | TaskSpec,
+    inputs: Mapping[str, Any],
+    ctx: TaskContext,
+    *,
+    chain: bool = True,
+) -> Produced:
+    """Run a task on named ``inputs``: what it produced; writes nothing.
 
-    The returned image is already in a storable mode, so ``required_size`` of it is the exact
-    buffer size the write-back needs. A raising task becomes ``TaskFailed`` (the original is
-    ``__cause__``); an unusable return value becomes ``InvalidTaskResult``.
+    ``chain``: the step names no inputs and reads the single-image chain's ``image`` (absent
+    in a run started without one). Images produced are already in a storable mode, so
+    ``required_size`` of one is the exact buffer size its write needs. A raising task becomes
+    ``TaskFailed`` (the original is ``__cause__``); inputs the function cannot take become
+    ``InputsMismatch`` and an unusable return value ``InvalidTaskResult``.
     """
-    func = fn.fn if isinstance(fn, TaskSpec) else fn
+    if isinstance(fn, TaskSpec):
+        func, sig, needs_image = fn.fn, fn.call_signature, fn.needs_image
+    else:
+        func, sig, needs_image = fn, signature_of(fn), False
+    args, kwargs = bind(sig, inputs, ctx, task=ctx.task_name, needs_image=needs_image, chain=chain)
     try:
-        result = func(img, ctx)
+        result = func(*args, **kwargs)
     except Exception as exc:
         raise TaskFailed(
             f"task {ctx.task_name!r} (workflow {ctx.workflow_id or '-'}, attempt {ctx.attempt}) "
@@ -355,66 +391,40 @@ def run_task_on_image(
             task=ctx.task_name,
             attempt=ctx.attempt,
         ) from exc
-    if result is None:
-        return None, {}
-    if isinstance(result, Image.Image):
-        return _check_image(result, ctx), {}
-    if isinstance(result, TaskResult):
-        new = None if result.image is None else _check_image(result.image, ctx)
-        return new, _check_output(result.output, ctx)
-    raise InvalidTaskResult(
-        f"task {ctx.task_name!r} returned {type(result).__name__}; return None, a PIL image "
-        "or a TaskResult"
-    )
+    return produced_from(result, ctx.task_name)
+
+
+def run_task_on_image(
+    fn: TaskFunction | TaskSpec, img: Image.Image, ctx: TaskContext
+) -> tuple[Image.Image | None, dict[str, Any]]:
+    """Run a task on an image: ``(new image or None if unchanged, output)``; writes nothing.
+    Named outputs other than ``image`` are refused (``InvalidTaskResult``): use
+    ``run_task_with_inputs`` for those."""
+    produced = run_task_with_inputs(fn, {IMAGE: img}, ctx)
+    _only_image(produced, ctx)
+    return produced.image, produced.output
 
 
 def run_task_without_image(spec: TaskSpec, ctx: TaskContext) -> dict[str, Any]:
     """Run a task of a dataless workflow (``img=None``): its output; the task must not need
     pixels (``NeedsImage``) nor return an image (``InvalidTaskResult``)."""
-    if spec.needs_image:
-        raise NeedsImage(
-            f"task {spec.name!r} needs an input image, but workflow {ctx.workflow_id or '-'} was "
-            "started without one; start it with input.image = 's3://bucket/key', or use tasks "
-            "registered with @task(needs_image=False)"
-        )
-    # A needs_image=False task takes ``Image | None`` by its contract; the alias says Image.
-    new, output = run_task_on_image(spec, None, ctx)  # type: ignore[arg-type]
-    if new is not None:
+    produced = run_task_with_inputs(spec, {}, ctx)
+    if produced.image is not None:
         raise InvalidTaskResult(
             f"task {spec.name!r} returned an image in a dataless workflow (started without an "
             "image): there is nowhere to keep it; return None or TaskResult(output=...)"
         )
-    return output
+    _only_image(produced, ctx)
+    return produced.output
 
 
-def _check_image(img: Any, ctx: TaskContext) -> Image.Image:
-    if not isinstance(img, Image.Image):
+def _only_image(produced: Produced, ctx: TaskContext) -> None:
+    others = sorted(name for name in produced.objects if name != IMAGE)
+    if others:
         raise InvalidTaskResult(
-            f"task {ctx.task_name!r} returned TaskResult.image of type {type(img).__name__}; "
-            "expected a PIL image or None"
+            f"task {ctx.task_name!r} returned named outputs ({', '.join(others)}) where only an "
+            "image and a JSON output can go"
         )
-    try:
-        checked = normalize_mode(img)
-        required_size(checked.width, checked.height, checked.mode)
-    except InvalidImage as exc:
-        raise InvalidTaskResult(
-            f"task {ctx.task_name!r} returned an unusable image: {exc}"
-        ) from exc
-    return checked
-
-
-def _check_output(output: Any, ctx: TaskContext) -> dict[str, Any]:
-    if not isinstance(output, dict) or not all(isinstance(k, str) for k in output):
-        raise InvalidTaskResult(
-            f"task {ctx.task_name!r} returned an output that is not a dict with string keys"
-        )
-    try:
-        json.dumps(output, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidTaskResult(
-            f"task {ctx.task_name!r} returned an output that is not JSON-serialisable: {exc}"
-        ) from exc
-    return dict(output)
 
 
 def run_task(fn: TaskFunction | TaskSpec, buf: memoryview, ctx: TaskContext) -> TaskOutcome:

@@ -10,7 +10,9 @@ A workflow definition (also the REST API's request body)::
 
 ``ref`` names a step inside the workflow, ``task`` names a task definition, ``depends_on``
 lists refs that must finish first and the optional ``params`` object reaches the task as
-``ctx.params``. A task definition::
+``ctx.params``. Steps may also fork and join, read named data (``inputs``), run once per
+element of a list (``for_each``), choose a branch (``switch``) or run another definition
+(``workflow``): ``workflows.steps`` says how. A task definition::
 
     {"name": "deblur", "module": "workflows.image_tasks:deblur",
      "timeout_s": 30, "retries": 2, "retry_backoff_s": 0.5}
@@ -22,15 +24,16 @@ tells a user all there is to fix. Names follow ``workflows.names.NAME_RE``.
 from __future__ import annotations
 
 import copy
-import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from workflows.errors import InvalidDefinition
 from workflows.names import MODULE_PATH_RE, name_problem
+from workflows.steps import Shape, edges, graph_problems, step_problems, topological
 
 __all__ = [
+    "FORK_JOIN_PIPELINE",
     "IMAGE_PIPELINE",
     "NOOP_PIPELINE",
     "TASK_DEFINITIONS",
@@ -52,7 +55,6 @@ MAX_RETRIES: Final = 10
 MAX_BACKOFF_S: Final = 3600.0
 
 _WORKFLOW_KEYS: Final = frozenset({"name", "description", "tasks"})
-_STEP_KEYS: Final = frozenset({"ref", "task", "depends_on", "params"})
 _TASK_KEYS: Final = frozenset({"name", "module", "timeout_s", "retries", "retry_backoff_s"})
 
 
@@ -76,18 +78,55 @@ class TaskDefinition:
 
 @dataclass(frozen=True)
 class Step:
+    """One step of a workflow definition (``workflows.steps``): a task, a switch or a
+    sub-workflow. ``inputs`` None reads the single-image chain's image."""
+
     ref: str
-    task: str
+    task: str | None = None
     depends_on: tuple[str, ...] = ()
     params: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Mapping[str, str | list[str]] | None = None
+    for_each: str | None = None
+    switch: str | None = None
+    cases: Mapping[str, list[str]] = field(default_factory=dict)
+    default: tuple[str, ...] = ()
+    workflow: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ref": self.ref, "task": self.task}
+        out: dict[str, Any] = {"ref": self.ref}
+        for kind in ("task", "switch", "workflow"):
+            if getattr(self, kind) is not None:
+                out[kind] = getattr(self, kind)
         if self.depends_on:
             out["depends_on"] = list(self.depends_on)
         if self.params:
             out["params"] = copy.deepcopy(dict(self.params))
+        if self.inputs is not None:
+            out["inputs"] = copy.deepcopy(dict(self.inputs))
+        if self.for_each is not None:
+            out["for_each"] = self.for_each
+        if self.cases:
+            out["cases"] = copy.deepcopy(dict(self.cases))
+        if self.default:
+            out["default"] = list(self.default)
         return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Step:
+        """A step from its (validated) JSON shape."""
+        inputs = data.get("inputs")
+        return cls(
+            ref=data["ref"],
+            task=data.get("task"),
+            depends_on=tuple(data.get("depends_on", ())),
+            params=copy.deepcopy(dict(data.get("params", {}))),
+            inputs=None if inputs is None else copy.deepcopy(dict(inputs)),
+            for_each=data.get("for_each"),
+            switch=data.get("switch"),
+            cases=copy.deepcopy(dict(data.get("cases", {}))),
+            default=tuple(data.get("default", ())),
+            workflow=data.get("workflow"),
+        )
 
 
 @dataclass(frozen=True)
@@ -104,22 +143,18 @@ class WorkflowDefinition:
         }
 
     def order(self) -> list[str]:
-        """Step refs in an order where every step comes after its dependencies."""
-        done: set[str] = set()
-        out: list[str] = []
-        pending = list(self.tasks)
-        while pending:  # a validated definition makes progress on every pass
-            ready = [s for s in pending if done.issuperset(s.depends_on)]
-            if not ready:
-                stuck = ", ".join(s.ref for s in pending)
-                raise InvalidDefinition(
-                    [f"steps {stuck} wait on a cycle or an unknown step"], f"workflow {self.name!r}"
-                )
-            for s in ready:
-                out.append(s.ref)
-                done.add(s.ref)
-            pending = [s for s in pending if s.ref not in done]
-        return out
+        """Step refs in an order where every step comes after those it needs first."""
+        shapes: dict[str, Shape] = {}
+        for i, step in enumerate(self.tasks):
+            step_problems(i, step.to_dict(), set(), set(), shapes)
+        graph = edges(shapes)
+        for step in self.tasks:
+            if step.ref in step.depends_on:  # edges() leaves it out: it is its own problem
+                graph.setdefault(step.ref, []).append(step.ref)
+        try:
+            return topological(graph)
+        except ValueError as exc:
+            raise InvalidDefinition([str(exc)], f"workflow {self.name!r}") from None
 
 
 def _is_number(value: Any) -> bool:
@@ -180,22 +215,26 @@ def parse_task_definition(data: Any) -> TaskDefinition:
 
 
 def validate_workflow(
-    defn: Mapping[str, Any] | WorkflowDefinition, known_tasks: Iterable[str]
+    defn: Mapping[str, Any] | WorkflowDefinition,
+    known_tasks: Iterable[str],
+    known_workflows: Iterable[str] | None = None,
 ) -> list[str]:
     """Every problem with a workflow definition; an empty list means it is valid.
 
-    Checks: shape and field types, unknown fields, bad names, empty task list, unknown task,
-    duplicate ref, unknown or repeated dependency, self-dependency, dependency cycles, and that
-    the steps form one chain (``_not_a_chain``).
+    Checks: shape and field types, unknown fields, bad names, empty task list, unknown task
+    (and, when ``known_workflows`` is given, unknown sub-workflow), duplicate ref, unknown
+    steps named anywhere, self-dependency, dependency cycles, inputs the default cannot tell
+    (``workflows.steps``).
     """
     data: Any = defn.to_dict() if isinstance(defn, WorkflowDefinition) else defn
     if not isinstance(data, Mapping):
         return [f"workflow definition must be an object, got {type(data).__name__}"]
     known = set(known_tasks)
     problems = _unknown_keys("workflow", data, _WORKFLOW_KEYS)
+    name = data.get("name")
     if "name" not in data:
         problems.append("workflow: missing 'name'")
-    elif (p := name_problem("workflow", data["name"])) is not None:
+    elif (p := name_problem("workflow", name)) is not None:
         problems.append(p)
     if not isinstance(data.get("description", ""), str):
         problems.append("workflow: 'description' must be a string")
@@ -206,37 +245,30 @@ def validate_workflow(
     if not steps:
         problems.append("workflow: 'tasks' is empty; a workflow needs at least one step")
         return problems
-    graph: dict[str, list[str]] = {}
+    workflows = None if known_workflows is None else set(known_workflows) | {name}
+    shapes: dict[str, Shape] = {}
     for i, step in enumerate(steps):
-        problems += _step_problems(i, step, known, graph)
-    for ref, deps in graph.items():
-        problems += [
-            f"step {ref!r}: depends on unknown step {dep!r}" for dep in deps if dep not in graph
-        ]
-    cycles = _cycles(graph)
-    problems += [
-        f"dependency cycle: {' -> '.join(c)} (each step depends on the next)" for c in cycles
-    ]
-    if not cycles and all(d in graph for deps in graph.values() for d in deps):
-        problems += _not_a_chain(graph)
+        problems += step_problems(i, step, known, workflows, shapes)
+        if isinstance(step, Mapping) and step.get("workflow") == name and name is not None:
+            problems.append(f"tasks[{i}]: workflow {name!r} may not run itself")
+    problems += graph_problems(shapes)
     return problems
 
 
 def chain_problems(steps: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Why stored steps (``[{"ref", "depends_on"}, ...]``) are not one chain; empty if they are."""
-    return _not_a_chain({s["ref"]: list(s.get("depends_on") or []) for s in steps})
-
-
-def _not_a_chain(graph: Mapping[str, list[str]]) -> list[str]:
-    """Problems that make a valid DAG other than a single chain of steps.
-
-    *Why refused:* steps run one after another, each on the image the step before it left, so
-    a fork would run its second branch on the first branch's output and a join would see one
-    input: wrong results with no warning. Parallel branches are not supported yet.
-    """
-    hint = "; parallel branches and joins are not supported yet: make the steps one chain"
-    roots = [ref for ref, deps in graph.items() if not deps]
+    """Why steps are not one chain of task steps on one image (what the ``object-store``
+    plane carries: one image from step to step); empty if they are."""
+    hint = "; the object-store plane runs one chain of steps: start the run on the cdi plane"
+    listed = list(steps)
     problems = [
+        f"step {s['ref']!r}: {field!r} needs the cdi plane"
+        for s in listed
+        for field in ("inputs", "for_each", "switch", "workflow")
+        if s.get(field) is not None
+    ]
+    graph = {s["ref"]: _after(s) for s in listed}
+    roots = [ref for ref, deps in graph.items() if not deps]
+    problems += [
         f"step {ref!r}: depends on {len(deps)} steps ({', '.join(map(repr, deps))}){hint}"
         for ref, deps in graph.items()
         if len(deps) > 1
@@ -258,87 +290,27 @@ def _not_a_chain(graph: Mapping[str, list[str]]) -> list[str]:
     return problems
 
 
-def _step_problems(i: int, step: Any, known: set[str], graph: dict[str, list[str]]) -> list[str]:
-    """Problems local to ``tasks[i]``; records its ref and dependencies in ``graph``."""
-    where = f"tasks[{i}]"
-    if not isinstance(step, Mapping):
-        return [f"{where}: must be an object, got {type(step).__name__}"]
-    problems = _unknown_keys(where, step, _STEP_KEYS)
-    ref = step.get("ref")
-    if ref is None:
-        problems.append(f"{where}: missing 'ref'")
-    elif (p := name_problem("step", ref)) is not None:
-        problems.append(f"{where}: {p}")
-        ref = None
-    elif ref in graph:
-        problems.append(f"{where}: duplicate ref {ref!r}")
-        ref = None
-    task = step.get("task")
-    if task is None:
-        problems.append(f"{where}: missing 'task'")
-    elif (p := name_problem("task", task)) is not None:
-        problems.append(f"{where}: {p}")
-    elif task not in known:
-        close = difflib.get_close_matches(task, sorted(known), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        listed = ", ".join(sorted(known)) or "none"
-        problems.append(f"{where}: unknown task {task!r} (known: {listed}){hint}")
-    deps = step.get("depends_on", [])
-    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-        problems.append(f"{where}: 'depends_on' must be a list of step refs")
-        deps = []
-    if len(set(deps)) != len(deps):
-        problems.append(f"{where}: 'depends_on' lists a step more than once")
-    if ref is not None and ref in deps:
-        problems.append(f"{where}: step {ref!r} depends on itself")
-    if not isinstance(step.get("params", {}), Mapping):
-        problems.append(f"{where}: 'params' must be an object")
-    if ref is not None:
-        graph[ref] = [d for d in dict.fromkeys(deps) if d != ref]
-    return problems
+def _after(step: Mapping[str, Any]) -> list[str]:
+    """The steps ``step`` follows: its ``depends_on`` and the steps its inputs read."""
+    after = list(step.get("depends_on") or [])
+    given = step.get("inputs") or {}
+    texts = [t for v in given.values() for t in (v if isinstance(v, list) else [v])]
+    for text in texts:
+        ref = str(text).split(".", 1)[0]
+        if ref != "input" and ref not in after:
+            after.append(ref)
+    return after
 
 
-def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
-    """One cycle (as a closed path) per back edge found by an iterative depth-first search."""
-    state: dict[str, int] = {}  # absent: unvisited, 1: on the current path, 2: finished
-    found: list[list[str]] = []
-    for root in graph:
-        if root in state:
-            continue
-        path: list[str] = [root]
-        iters = [iter(graph[root])]
-        state[root] = 1
-        while iters:
-            dep = next(iters[-1], None)
-            if dep is None:
-                state[path.pop()] = 2
-                iters.pop()
-            elif dep not in graph or state.get(dep) == 2:
-                continue
-            elif state.get(dep) == 1:
-                found.append([*path[path.index(dep) :], dep])
-            else:
-                state[dep] = 1
-                path.append(dep)
-                iters.append(iter(graph[dep]))
-    return found
-
-
-def parse_workflow(data: Any, known_tasks: Iterable[str]) -> WorkflowDefinition:
+def parse_workflow(
+    data: Any, known_tasks: Iterable[str], known_workflows: Iterable[str] | None = None
+) -> WorkflowDefinition:
     """A validated ``WorkflowDefinition``; raises ``InvalidDefinition`` listing every problem."""
-    problems = validate_workflow(data, known_tasks)
+    problems = validate_workflow(data, known_tasks, known_workflows)
     if problems:
         name = data.get("name") if isinstance(data, Mapping) else None
         raise InvalidDefinition(problems, f"workflow {name!r}" if name else "workflow")
-    steps = tuple(
-        Step(
-            ref=s["ref"],
-            task=s["task"],
-            depends_on=tuple(s.get("depends_on", ())),
-            params=copy.deepcopy(dict(s.get("params", {}))),
-        )
-        for s in data["tasks"]
-    )
+    steps = tuple(Step.from_dict(s) for s in data["tasks"])
     return WorkflowDefinition(data["name"], data.get("description", ""), steps)
 
 
@@ -350,6 +322,8 @@ TASK_DEFINITIONS: Final[list[dict[str, Any]]] = [
     {"name": "denoise", "module": "workflows.image_tasks:denoise",
      "timeout_s": 30.0, "retries": 2, "retry_backoff_s": 0.5},
     {"name": "classify", "module": "workflows.image_tasks:classify",
+     "timeout_s": 30.0, "retries": 2, "retry_backoff_s": 0.5},
+    {"name": "blend", "module": "workflows.image_tasks:blend",
      "timeout_s": 30.0, "retries": 2, "retry_backoff_s": 0.5},
     {"name": "noop", "module": "workflows.image_tasks:noop",
      "timeout_s": 10.0, "retries": 0, "retry_backoff_s": 0.5},
@@ -368,6 +342,19 @@ IMAGE_PIPELINE: Final[dict[str, Any]] = {
     ],
 }
 
+FORK_JOIN_PIPELINE: Final[dict[str, Any]] = {
+    "name": "fork_join_pipeline",
+    "description": "Sharpen and smooth the image side by side, blend the two, then label the "
+    "blend: two branches on two workers, joined by a step that reads both.",
+    "tasks": [
+        {"ref": "sharpen", "task": "deblur"},
+        {"ref": "smooth", "task": "denoise"},
+        {"ref": "blend", "task": "blend",
+         "inputs": {"sharp": "sharpen.image", "smooth": "smooth.image"}},
+        {"ref": "classify", "task": "classify", "depends_on": ["blend"]},
+    ],
+}  # fmt: skip
+
 NOOP_PIPELINE: Final[dict[str, Any]] = {
     "name": "noop_pipeline",
     "description": "Three chained no-op tasks: measures orchestration and data-movement "
@@ -382,7 +369,8 @@ NOOP_PIPELINE: Final[dict[str, Any]] = {
 
 def bundled_workflows() -> dict[str, dict[str, Any]]:
     """The bundled workflow definitions by name (deep copies: safe to modify)."""
-    return {d["name"]: copy.deepcopy(d) for d in (IMAGE_PIPELINE, NOOP_PIPELINE)}
+    bundled = (IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE)
+    return {d["name"]: copy.deepcopy(d) for d in bundled}
 
 
 def bundled_task_definitions() -> list[dict[str, Any]]:

@@ -7,6 +7,8 @@ Callers catch ``WorkflowsError`` (or a branch of it) and get a message a person 
     │                           or a decompression bomb                     (also ValueError)
     ├── InvalidVideo            a file that is not a readable video, a frame of the wrong
     │                           size for its video, a bad frame message     (also ValueError)
+    ├── InvalidData             a value no data kind can carry (image, array, bytes, JSON),
+    │                           or an object that does not hold its kind    (also ValueError)
     ├── ResultTooLarge          a task's result image does not fit the buffer; carries
     │                           ``needed``/``available`` bytes and the computed result
     ├── InvalidDefinition       a workflow or task definition with problems; carries the
@@ -19,6 +21,7 @@ Callers catch ``WorkflowsError`` (or a branch of it) and get a message a person 
         │                       without ``@task`` (``builtins:print``, ``os:system``)
         ├── DuplicateTask       two different functions registered under one name
         ├── NeedsImage          a task that needs pixels in a workflow started without an image
+        ├── InputsMismatch      a step's named inputs do not fit its function's parameters
         ├── InvalidTaskResult   the function returned something other than a ``TaskResult``,
         │                       an image or ``None``, or an output that is not JSON
         └── TaskFailed          the task function raised; the original is ``__cause__``
@@ -36,6 +39,8 @@ from typing import Any
 
 __all__ = [
     "DuplicateTask",
+    "InputsMismatch",
+    "InvalidData",
     "InvalidDefinition",
     "InvalidImage",
     "InvalidTaskResult",
@@ -68,6 +73,12 @@ class InvalidVideo(WorkflowsError, ValueError):
     """The file is not a video this package can read, or a frame does not fit its video."""
 
     code = "invalid_video"
+
+
+class InvalidData(WorkflowsError, ValueError):
+    """A value none of the data kinds can carry, or an object that does not hold its kind."""
+
+    code = "invalid_data"
 
 
 class ResultTooLarge(WorkflowsError):
@@ -146,6 +157,13 @@ class NeedsImage(TaskError):
     code = "needs_image"
 
 
+class InputsMismatch(TaskError):
+    """A step's named inputs do not fit its function's parameters (a required parameter has
+    no input, or an input no parameter); a retry cannot help."""
+
+    code = "inputs_mismatch"
+
+
 class InvalidTaskResult(TaskError):
     """A task function returned something the runner cannot use."""
 
@@ -170,11 +188,13 @@ _BY_CODE: dict[str, type[WorkflowsError]] = {
         WorkflowsError,
         InvalidImage,
         InvalidVideo,
+        InvalidData,
         TaskError,
         TaskLoadError,
         TaskNotFound,
         TaskNotAllowed,
         DuplicateTask,
+        InputsMismatch,
         InvalidTaskResult,
         TaskFailed,
     )

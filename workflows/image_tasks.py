@@ -1,4 +1,5 @@
-"""The bundled image tasks: ``deblur``, ``denoise``, ``classify``, and ``noop``/``sleep``.
+"""The bundled image tasks: ``deblur``, ``denoise``, ``classify``, ``blend`` (a join of two
+images), and ``noop``/``sleep``.
 
 Each is a thin wrapper over one Pillow operation, so tests can compare it pixel for pixel with
 the same operation applied directly.
@@ -18,10 +19,12 @@ from workflows.imagebuf import normalize_mode
 __all__ = [
     "CLASSIFY_THRESHOLDS",
     "LABELS",
+    "blend",
     "classify",
     "classify_stats",
     "deblur",
     "denoise",
+    "hand_back",
     "noop",
     "reference_pipeline",
     "sleep",
@@ -115,6 +118,15 @@ def classify(img: Image.Image, ctx: TaskContext) -> TaskResult:
     return TaskResult(image=None, output=output)
 
 
+@task(name="blend", timeout_s=30, retries=2)
+def blend(sharp: Image.Image, smooth: Image.Image, ctx: TaskContext) -> TaskResult:
+    """Join two images of one size into their average (``Image.blend``, half each; ``smooth``
+    in ``sharp``'s mode): the join of ``fork_join_pipeline``."""
+    if smooth.size != sharp.size:
+        raise ValueError(f"blend needs two images of one size, got {sharp.size} and {smooth.size}")
+    return TaskResult(image=Image.blend(sharp, smooth.convert(sharp.mode), 0.5))
+
+
 # --- benchmark tasks -----------------------------------------------------------------------
 
 
@@ -131,6 +143,14 @@ def sleep(img: Image.Image | None, ctx: TaskContext) -> None:
     if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 <= ms < math.inf:
         raise ValueError(f"param 'ms' must be a finite number >= 0, got {ms!r}")
     time.sleep(ms / 1000.0)
+    return None
+
+
+@task(name="hand_back", timeout_s=30, retries=0, needs_image=False)
+def hand_back(ctx: TaskContext, **data: Any) -> None:
+    """Do nothing with whatever it is given. The scheduler sends it to take back what a worker
+    still has of a run that ended: the worker then hands the objects back and gives up its
+    shares, as after any task."""
     return None
 
 

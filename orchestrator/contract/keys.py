@@ -110,9 +110,10 @@ def scheduler_reports_key(scheduler_id: str) -> str:
 
 # CDI objects (not Redis keys, but named here too): a workflow's objects are
 # "wf-<workflow id>-<generation>", or "wf-<workflow id>-<token>-<generation>" once the scheduler
-# drove the run again (``scheduler.runs.RunState.next_object_key``).
+# drove the run again (``scheduler.runs.RunState.next_object_key``); a named output adds
+# ".<output>" (and a list's element ".<i>"), a copy for a reader on another host ".copy".
 _OBJECT_KEY: Final = re.compile(
-    r"wf-([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})(?:-[0-9a-f]{6})?-\d+"
+    r"wf-([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})(?:-[0-9a-f]{6})?-\d+(?:\.[A-Za-z0-9_.-]+)?"
 )
 
 

@@ -26,8 +26,20 @@ Data planes (``DataPlane``):
 * ``object-store``: like Conductor/Orkes users do, the worker GETs ``input_uri`` from S3, decodes,
   runs the task, encodes (PNG, lossless, so every plane computes the same pixels) and PUTs
   ``output_uri``.
-* ``none``: a dataless workflow (started without an image): no object, no S3; the task runs
-  with ``img=None`` and only its JSON output travels, in the report.
+* ``none``: a workflow started without an image: nothing is fetched; steps that name no inputs
+  run with ``img=None``. Named data (below) moves as on the ``cdi`` plane.
+
+*Named data* (``cdi`` and ``none`` planes). The fields above describe the step's ``image``: the
+single-image chain's datum, with its fast paths (fetched by the first task's worker, held in
+memory, stored by the last). Every other input is in ``inputs`` — by parameter name, an object
+``{"key", "kind", "mode"}`` (``own``: the worker owns it and destroys it after the task, or
+hands it back to ``return_to`` on failure; ``read``: a read-only share it releases), an inline
+``{"value"}`` or a list ``{"items": [...]}`` — and so is an ``image`` read through a share.
+``outputs`` names, by output name, the key of each object output a later step reads (a list
+output's elements are ``<key>.<i>``); what no step reads is not written. A step whose outputs
+are the run's results has ``store_prefix``: each object output goes to
+``<store_prefix><name><ext>`` (its ``image`` to ``output_uri``). ``chain`` says the step named
+no inputs (``workflows.binding``); ``discard_image`` that no step reads its image.
 
 Every instruction carries the workflow's ``input.data`` (``data``), given to the task as
 ``ctx.input``.
@@ -75,6 +87,12 @@ class Instruction:
     output_uri: str = ""
     output_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS
     queued_at: float = 0.0  # unix seconds when the scheduler pushed it
+    # named data (``cdi`` and ``none`` planes)
+    chain: bool = True  # the step named no inputs: its first parameter takes the image
+    inputs: dict[str, Any] = field(default_factory=dict)  # name -> object, value or items
+    outputs: dict[str, str] = field(default_factory=dict)  # output name -> key of its object
+    store_prefix: str = ""  # the step's outputs are results: stored under this S3 prefix
+    discard_image: bool = False  # no step reads its image: destroy it, do not pass it on
 
     def dumps(self) -> str:
         return _dumps(self)
@@ -109,6 +127,11 @@ class Report:
     cpu_ms: float | None = None  # the task function's own CPU (its thread); None: it never ran
     write_ms: float = 0.0
     return_us: float = 0.0  # cdi plane: how long handing the object back took
+    # named data
+    objects: dict[str, Any] = field(default_factory=dict)  # output -> {key, kind, nbytes}|items
+    results: dict[str, Any] = field(default_factory=dict)  # output -> S3 URI(s) it was stored at
+    released: list[str] = field(default_factory=list)  # shared objects it gave up reading
+    returned: list[str] = field(default_factory=list)  # owned inputs it handed back
 
     def dumps(self) -> str:
         return _dumps(self)

@@ -37,8 +37,8 @@ _FINISHED: Final = frozenset(
 
 class TaskRunStatus(enum.StrEnum):
     """Where one attempt of one step stands. A worker's report ends it as COMPLETED, FAILED
-    or TIMED_OUT; the scheduler marks a lost one FAILED and a cancelled run's queued ones
-    CANCELLED."""
+    or TIMED_OUT; the scheduler marks a lost one FAILED, a cancelled run's queued ones
+    CANCELLED, a step on a branch a switch did not choose SKIPPED, and a switch COMPLETED."""
 
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
@@ -46,6 +46,7 @@ class TaskRunStatus(enum.StrEnum):
     FAILED = "FAILED"
     TIMED_OUT = "TIMED_OUT"
     CANCELLED = "CANCELLED"
+    SKIPPED = "SKIPPED"
 
 
 class Policy(enum.StrEnum):

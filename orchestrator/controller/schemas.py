@@ -16,8 +16,10 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    SerializerFunctionWrapHandler,
     WithJsonSchema,
     field_validator,
+    model_serializer,
 )
 
 from orchestrator.apikeys import ADMIN_KEY_NAME, Role
@@ -169,14 +171,45 @@ class TaskPublic(_Output):
 
 
 class StepSchema(_Input):
+    """One step: a task (``task``), a switch (``switch``) or a sub-workflow (``workflow``)."""
+
     ref: str = Field(
         description="Name of the step inside the workflow.", json_schema_extra=_NAME_RULE
     )
-    task: str = Field(
-        description="Name of a registered task definition.", json_schema_extra=_NAME_RULE
+    task: str | None = Field(
+        None, description="Name of a registered task definition.", json_schema_extra=_NAME_RULE
     )
     depends_on: list[str] = Field(default_factory=list, description="Refs that finish first.")
     params: dict[str, Any] = Field(default_factory=dict, description="Given to the task.")
+    inputs: dict[str, str | list[str]] | None = Field(
+        None,
+        description='Parameter name -> "<ref>.<output>" or "input.<name>" (or a list: the '
+        "first whose step ran). Default: the image of the one step it depends on, or the "
+        "workflow's input image.",
+    )
+    for_each: str | None = Field(
+        None, description="One of its inputs, a list: the step runs once per element."
+    )
+    switch: str | None = Field(
+        None, description='"<ref>.<output>": the value that chooses among the cases.'
+    )
+    cases: dict[str, list[str]] | None = Field(
+        None, description="Switch: value -> the refs of the steps it runs."
+    )
+    default: list[str] | None = Field(
+        None, description="Switch: the refs it runs when no case matches."
+    )
+    workflow: str | None = Field(
+        None,
+        description="Name of another workflow definition this step runs.",
+        json_schema_extra=_NAME_RULE,
+    )
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A step is one of three kinds: the fields of the others are left out, not null.
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if value is not None}
 
 
 class WorkflowDefinitionCreate(_Input):
@@ -310,6 +343,12 @@ class TaskRunPublic(_Output):
     bytes_out: int | None
     error: str | None
     output: dict[str, Any] | None
+    data: dict[str, Any] | None = Field(
+        None,
+        description='The named data it read and made: {"reads": {name: datum}, "made": '
+        '{name: datum}}, a datum {"key", "kind"} (a CDI object), {"value"} or '
+        '{"items": [...]}; "results": the S3 URIs of what it stored.',
+    )
 
 
 class HandoffPublic(_Output):
@@ -322,6 +361,10 @@ class HandoffPublic(_Output):
     at: datetime
     from_host: str | None = None
     to_host: str | None = None
+    datum: str | None = Field(None, description='What moved: "<step run>.<output>".')
+    mode: str | None = Field(
+        None, description="transfer (ownership), share (read-only) or copy (another host)."
+    )
 
 
 class EventPublic(_Output):

@@ -185,7 +185,8 @@ class TaskRun(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     workflow_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"))
-    ref: Mapped[str] = mapped_column(String(64))
+    # A step's ref; a sub-workflow's step is "<ref>/<its ref>", a fan-out's element "<ref>[i]".
+    ref: Mapped[str] = mapped_column(String(255))
     task: Mapped[str] = mapped_column(String(64))
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     status: Mapped[TaskRunStatus] = mapped_column(
@@ -204,6 +205,9 @@ class TaskRun(Base):
     bytes_out: Mapped[int | None] = mapped_column(BigInteger)
     error: Mapped[str | None] = mapped_column(Text)
     output: Mapped[dict[str, Any] | None]
+    # The named data it read and made: {"reads": {name: datum}, "made": {name: datum}}, each
+    # datum {"key", "kind"} (an object), {"value"} or {"items": [...]}; results their "uri".
+    data: Mapped[dict[str, Any] | None]
 
 
 class Handoff(Base):
@@ -225,6 +229,10 @@ class Handoff(Base):
     # object's bytes crossed between hosts.
     from_host: Mapped[str | None] = mapped_column(String(128))
     to_host: Mapped[str | None] = mapped_column(String(128))
+    # Which datum ("<step>.<output>") moved, and how: "transfer" (ownership), "share" (a
+    # read-only share: the owner keeps it) or "copy" (a reader on another host gets its own).
+    datum: Mapped[str | None] = mapped_column(String(255))
+    mode: Mapped[str | None] = mapped_column(String(16))
     at: Mapped[datetime] = mapped_column(server_default=_now())
 
 

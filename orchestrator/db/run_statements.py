@@ -17,13 +17,14 @@ statements take and return.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, LiteralString
 
 from psycopg.types.json import Jsonb
 
 from orchestrator.contract.messages import Report
-from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, WorkflowStatus
 
 __all__ = [
     "CLAIM",
@@ -63,7 +64,8 @@ class Claimed:
 
 @dataclass(frozen=True)
 class Handoff:
-    """A CDI ownership transfer to record beside a task run."""
+    """A CDI hand-off to record beside a task run: a transfer of ownership, a read-only share,
+    or a copy for a reader on another host."""
 
     from_container: str
     to_container: str
@@ -71,6 +73,10 @@ class Handoff:
     duration_us: float
     from_host: str = ""  # the containers' CDI hosts ("": unknown)
     to_host: str = ""
+    datum: str = ""  # "<step run>.<output>" that moved
+    mode: str = "transfer"  # transfer, share or copy
+    task_run_id: int | None = None  # default: the task run it is recorded with
+    workflow_id: uuid.UUID | None = None  # default: that task run's workflow
 
 
 @dataclass(frozen=True)
@@ -87,18 +93,22 @@ class Finish:
 
 @dataclass(frozen=True)
 class Placement:
-    """A QUEUED task run to record (and the hand-off that moved its object, if any); its id
-    was reserved with ``RESERVE_IDS`` and ``queued_at`` (epoch seconds) is when its
-    instruction was pushed."""
+    """A task run to record: QUEUED (and the hand-offs that moved its objects), or one that
+    ended without a worker: SKIPPED, or a switch COMPLETED with its choice as ``output``. Its
+    id was reserved with ``RESERVE_IDS``; ``queued_at`` (epoch seconds) is when its
+    instruction was pushed (or when it ended)."""
 
     task_run_id: int
     workflow_id: uuid.UUID
     ref: str
     task: str
     attempt: int
-    worker: str
+    worker: str | None
     queued_at: float
-    handoff: Handoff | None = None
+    handoffs: tuple[Handoff, ...] = ()
+    status: TaskRunStatus = TaskRunStatus.QUEUED
+    output: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None  # what it reads: {"reads": {name: datum}}
 
 
 # A held run and what planning it needs: the steps of its definition's version (the one it was
@@ -181,20 +191,34 @@ RESERVE_IDS: Final[LiteralString] = (
     "SELECT nextval(pg_get_serial_sequence('task_runs', 'id')) FROM generate_series(1, %(n)s)"
 )
 
-# The next step's task run, and the hand-off that moved its object to the worker.
+# Task runs placed (or ended without a worker: skipped, a switch), and every hand-off: those
+# that moved the placed runs' objects and those that came back with a report. Arrays, one
+# element a row, so a report that starts several steps is still one statement.
 _PLACE_CTES: Final[LiteralString] = """
 nxt AS (
-    INSERT INTO task_runs (id, workflow_id, ref, task, attempt, worker_id, status, queued_at)
-    SELECT %(p_id)s::bigint, %(p_workflow)s::uuid, %(p_ref)s::text, %(p_task)s::text,
-           %(p_attempt)s::int, %(p_worker)s::text, 'QUEUED', to_timestamp(%(p_queued)s::float8)
-    WHERE %(place)s::bool
-    RETURNING id, workflow_id
-), fwd AS (
+    INSERT INTO task_runs (id, workflow_id, ref, task, attempt, worker_id, status, queued_at,
+                           started_at, finished_at, output, data)
+    SELECT p.id, p.workflow, p.ref, p.task, p.attempt, p.worker, p.status::task_run_status,
+           to_timestamp(p.queued),
+           CASE WHEN p.status <> 'QUEUED' THEN to_timestamp(p.queued) END,
+           CASE WHEN p.status <> 'QUEUED' THEN to_timestamp(p.queued) END,
+           p.output, p.data
+    FROM unnest(%(p_ids)s::bigint[], %(p_workflows)s::uuid[], %(p_refs)s::text[],
+                %(p_tasks)s::text[], %(p_attempts)s::int[], %(p_workers)s::text[],
+                %(p_statuses)s::text[], %(p_queued)s::float8[], %(p_outputs)s::jsonb[],
+                %(p_data)s::jsonb[])
+         AS p(id, workflow, ref, task, attempt, worker, status, queued, output, data)
+    RETURNING id
+), moved AS (
     INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
-                          duration_us, from_host, to_host)
-    SELECT workflow_id, id, %(f_from)s::text, %(f_to)s::text, %(f_bytes)s::bigint,
-           %(f_us)s::float8, %(f_from_host)s::text, %(f_to_host)s::text
-    FROM nxt WHERE %(f_moved)s::bool
+                          duration_us, from_host, to_host, datum, mode)
+    SELECT h.workflow, h.run, h.src, h.dst, h.nbytes, h.us, h.src_host, h.dst_host, h.datum,
+           h.mode
+    FROM unnest(%(h_workflows)s::uuid[], %(h_runs)s::bigint[], %(h_from)s::text[],
+                %(h_to)s::text[], %(h_bytes)s::bigint[], %(h_us)s::float8[],
+                %(h_from_hosts)s::text[], %(h_to_hosts)s::text[], %(h_datums)s::text[],
+                %(h_modes)s::text[])
+         AS h(workflow, run, src, dst, nbytes, us, src_host, dst_host, datum, mode)
 )
 """
 
@@ -225,8 +249,8 @@ fprev AS (
 
 FINISH: Final[LiteralString] = "WITH " + _FINISH_CTES + "SELECT count(*) FROM fin"
 
-# A worker's report on a task run (and the hand-back of its object), together with the next
-# step's placement or the end of the workflow.
+# A worker's report on a task run (and the hand-back of its objects), together with the next
+# steps' placements or the end of the workflow.
 REPORT: Final[LiteralString] = (
     """
 WITH rep AS (
@@ -242,7 +266,9 @@ WITH rep AS (
         bytes_in = %(bytes_in)s,
         bytes_out = %(bytes_out)s,
         output = %(output)s,
-        error = %(error)s
+        error = %(error)s,
+        data = CASE WHEN %(data)s::jsonb IS NULL THEN data
+                    ELSE coalesce(data, '{}'::jsonb) || %(data)s::jsonb END
     WHERE id = %(task_run_id)s
     RETURNING workflow_id, ref, attempt
 ), ev AS (
@@ -250,12 +276,6 @@ WITH rep AS (
     SELECT workflow_id, %(kind)s::text, jsonb_build_object(
         'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text, 'error', %(error_text)s::text)
     FROM rep
-), back AS (
-    INSERT INTO handoffs (workflow_id, task_run_id, from_container, to_container, bytes,
-                          duration_us, from_host, to_host)
-    SELECT workflow_id, %(task_run_id)s::bigint, %(b_from)s::text, %(b_to)s::text,
-           %(b_bytes)s::bigint, %(b_us)s::float8, %(b_from_host)s::text, %(b_to_host)s::text
-    FROM rep WHERE %(b_moved)s::bool
 ),"""
     + _PLACE_CTES
     + ","
@@ -286,6 +306,16 @@ INSERT INTO events (workflow_id, kind, data)
 VALUES (%(id)s, 'workflow.redriven', jsonb_build_object('reason', %(reason)s::text))
 """
 
+# The current steps of the definitions a sub-workflow step runs, and the tasks they name.
+SUB_DEFINITIONS: Final[LiteralString] = (
+    "SELECT name, tasks FROM workflow_definitions "
+    "WHERE name = ANY(%(names)s::text[]) AND deleted_at IS NULL"
+)
+TASK_DEFINITIONS: Final[LiteralString] = (
+    "SELECT name, module, timeout_s, retries, retry_backoff_s FROM task_definitions "
+    "WHERE name = ANY(%(names)s::text[])"
+)
+
 # The status of each of a set of runs (those not found are missing).
 STATUSES: Final[LiteralString] = (
     "SELECT id, status::text FROM workflows WHERE id = ANY(%(ids)s::uuid[])"
@@ -313,11 +343,21 @@ def claimed_from_row(row: tuple[Any, ...]) -> Claimed:
 
 def report_params(
     report: Report,
-    back: Handoff | None,
-    placement: Placement | None,
+    back: Sequence[Handoff],
+    placements: Sequence[Placement],
     finish: Finish | None,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The parameters of ``REPORT``."""
+    """The parameters of ``REPORT``; ``data`` what the task run made (merged into its
+    ``data``)."""
+    moved = [
+        replace(
+            h,
+            task_run_id=h.task_run_id or report.task_run_id,
+            workflow_id=h.workflow_id or uuid.UUID(report.workflow_id),
+        )
+        for h in back
+    ]
     return {
         "task_run_id": report.task_run_id,
         "status": report.status,
@@ -332,8 +372,8 @@ def report_params(
         "error": report.error or None,
         "error_text": report.error,
         "kind": f"task.{report.status.lower()}",
-        **_handoff_params("b", back),
-        **placement_params(placement),
+        "data": Jsonb(data) if data else None,
+        **placement_params(placements, moved),
         **finish_params(finish),
     }
 
@@ -352,28 +392,34 @@ def finish_params(finish: Finish | None) -> dict[str, Any]:
     }
 
 
-def placement_params(placement: Placement | None) -> dict[str, Any]:
-    """The parameters of ``PLACE`` (and of the placement in ``REPORT``)."""
+def placement_params(
+    placements: Sequence[Placement], handoffs: Sequence[Handoff] = ()
+) -> dict[str, Any]:
+    """The parameters of ``PLACE`` (and of the placements in ``REPORT``): the rows, and every
+    hand-off (``handoffs`` besides those of the placements, which name their task run)."""
+    rows = list(placements)
+    moved = [*handoffs, *(replace(h, task_run_id=p.task_run_id) for p in rows for h in p.handoffs)]
+    workflows = {p.task_run_id: p.workflow_id for p in rows}
+    default = rows[0].workflow_id if rows else None
     return {
-        "place": placement is not None,
-        "p_id": placement.task_run_id if placement else None,
-        "p_queued": placement.queued_at if placement else None,
-        "p_workflow": placement.workflow_id if placement else None,
-        "p_ref": placement.ref if placement else None,
-        "p_task": placement.task if placement else None,
-        "p_attempt": placement.attempt if placement else None,
-        "p_worker": placement.worker if placement else None,
-        **_handoff_params("f", placement.handoff if placement else None),
-    }
-
-
-def _handoff_params(prefix: str, handoff: Handoff | None) -> dict[str, Any]:
-    return {
-        f"{prefix}_moved": handoff is not None,
-        f"{prefix}_from": handoff.from_container if handoff else None,
-        f"{prefix}_to": handoff.to_container if handoff else None,
-        f"{prefix}_bytes": handoff.nbytes if handoff else None,
-        f"{prefix}_us": float(handoff.duration_us) if handoff else None,
-        f"{prefix}_from_host": (handoff.from_host or None) if handoff else None,
-        f"{prefix}_to_host": (handoff.to_host or None) if handoff else None,
+        "p_ids": [p.task_run_id for p in rows],
+        "p_workflows": [p.workflow_id for p in rows],
+        "p_refs": [p.ref for p in rows],
+        "p_tasks": [p.task for p in rows],
+        "p_attempts": [p.attempt for p in rows],
+        "p_workers": [p.worker for p in rows],
+        "p_statuses": [str(p.status) for p in rows],
+        "p_queued": [float(p.queued_at) for p in rows],
+        "p_outputs": [None if p.output is None else Jsonb(p.output) for p in rows],
+        "p_data": [None if p.data is None else Jsonb(p.data) for p in rows],
+        "h_workflows": [h.workflow_id or workflows.get(h.task_run_id or 0, default) for h in moved],
+        "h_runs": [h.task_run_id for h in moved],
+        "h_from": [h.from_container for h in moved],
+        "h_to": [h.to_container for h in moved],
+        "h_bytes": [h.nbytes for h in moved],
+        "h_us": [float(h.duration_us) for h in moved],
+        "h_from_hosts": [h.from_host or None for h in moved],
+        "h_to_hosts": [h.to_host or None for h in moved],
+        "h_datums": [h.datum or None for h in moved],
+        "h_modes": [h.mode or None for h in moved],
     }

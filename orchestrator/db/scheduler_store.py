@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any, Final, LiteralString
 
 import psycopg
@@ -65,27 +65,49 @@ class SchedulerStore:
         params = {"me": scheduler_id, "reason": reason, "running": list(running)}
         return [sql.claimed_from_row(row) for row in self._run(sql.RESUME, params)]
 
+    def definitions(
+        self, names: Collection[str]
+    ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+        """The current steps of the (not deleted) workflow definitions ``names``, and the
+        definitions of the tasks those steps name (a sub-workflow step's; a rare path, so two
+        plain queries)."""
+        found = {
+            str(row[0]): list(row[1])
+            for row in self._run(sql.SUB_DEFINITIONS, {"names": list(names)})
+        }
+        wanted = {str(s["task"]) for steps in found.values() for s in steps if s.get("task")}
+        rows = self._run(sql.TASK_DEFINITIONS, {"names": sorted(wanted)})
+        tasks: dict[str, dict[str, Any]] = {
+            str(r[0]): {"module": r[1], "timeout_s": r[2], "retries": r[3], "retry_backoff_s": r[4]}
+            for r in rows
+        }
+        return found, tasks
+
     def next_task_run_id(self) -> int:
         """A task run id nobody else gets (reserved from the table's sequence in blocks)."""
         if not self._ids:
             self._ids.extend(int(row[0]) for row in self._run(sql.RESERVE_IDS, {"n": ID_BLOCK}))
         return self._ids.popleft()
 
-    def place(self, placement: Placement) -> None:
-        """Record a QUEUED task run."""
-        self._run(sql.PLACE, sql.placement_params(placement))
+    def place(self, placements: Sequence[Placement]) -> None:
+        """Record task runs: QUEUED ones (with the hand-offs that moved their objects), or
+        ones that ended without a worker (skipped, a switch)."""
+        if placements:
+            self._run(sql.PLACE, sql.placement_params(placements))
 
     def report(
         self,
         report: Report,
-        back: Handoff | None,
-        placement: Placement | None,
+        back: Sequence[Handoff] = (),
+        placements: Sequence[Placement] = (),
         finish: Finish | None = None,
+        data: dict[str, Any] | None = None,
     ) -> bool:
-        """Record ``report`` (and the hand-back of its object), place the next step or end the
-        workflow, in one transaction; whether ``finish`` ended the workflow (False: it had
-        ended already)."""
-        rows = self._run(sql.REPORT, sql.report_params(report, back, placement, finish))
+        """Record ``report`` (its hand-backs, and ``data``: the named data it made), place the
+        next steps or end the workflow, in one transaction; whether ``finish`` ended the
+        workflow (False: it had ended already)."""
+        params = sql.report_params(report, back, placements, finish, data)
+        rows = self._run(sql.REPORT, params)
         return bool(rows[0][0])
 
     def finish(self, finish: Finish) -> bool:

@@ -6,26 +6,34 @@ every step's attempts going on from the last one Postgres has (``Claimed.attempt
 Several schedulers may run: a claim takes rows with ``SKIP LOCKED`` (``run_statements.CLAIM``),
 so none is claimed twice, and takes at most ``CLAIM_BATCH`` while fewer than
 ``max_active_workflows`` are this scheduler's. A claimed workflow becomes a ``RunState``
-(``plan``); one that cannot run (its definition gone, or not a chain) fails with the reason.
+(``plan``: its graph, sub-workflows inlined at their current versions); one that cannot run
+(its definition or a task gone, a sub-workflow missing) fails with the reason.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Final
 
 from orchestrator.contract.vocabulary import DataPlane, WorkflowStatus
 from orchestrator.db.run_statements import Claimed, Finish
 from orchestrator.errors import OrchestratorError
+from orchestrator.scheduler import progress
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
-from orchestrator.scheduler.endings import Endings
+from orchestrator.scheduler.endings import Endings, ended_rows
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.runs import RunState, StepSpec
+from orchestrator.scheduler.instructions import RELEASE_TASK
+from orchestrator.scheduler.runs import DEFAULT_MAX_PARALLEL, RunState, StepSpec
 from orchestrator.settings import Settings
 from workflows import imagebuf
-from workflows.definitions import chain_problems
+from workflows.binding import IMAGE
+from workflows.errors import InvalidDefinition
+from workflows.graph import Graph, Node, build_graph
+from workflows.steps import INPUT, DataRef
 
 __all__ = ["CLAIM_AGAIN_AT", "CLAIM_BATCH", "RECLAIM_AFTER_S", "Claims", "plan"]
 
@@ -80,53 +88,90 @@ class Claims:
     def _start(self, claims: list[Claimed]) -> None:
         for claimed in claims:
             try:
-                run = plan(claimed)
+                run = plan(claimed, self.ctx.db.definitions, self.settings.max_parallel_tasks)
             except OrchestratorError as exc:
                 failed = Finish(claimed.id, WorkflowStatus.FAILED, error=str(exc))
                 self.endings.ended(claimed.id, self.ctx.db.finish(failed))
                 continue
             self.ctx.runs[run.workflow_id] = run
-            guarded(functools.partial(self.dispatch.dispatch, run), self.ctx.faults)
+            guarded(lambda run=run: self.start(run), self.ctx.faults)  # type: ignore[misc]
+
+    def start(self, run: RunState, delay: float = 0.0) -> None:
+        """Start a run at its first steps (after ``delay`` seconds: the tick places them)."""
+        moves = progress.settle(run)
+        if moves.failure:
+            self.endings.fail(run, moves.failure)
+            return
+        for step in moves.ready:
+            step.retry_at = time.monotonic() + delay if delay else 0.0
+        placed = self.dispatch.place(run, moves.ready) if not delay else []
+        self.ctx.db.place([*placed, *ended_rows(self.ctx.db, run, moves)])
+        self.endings.free(run, moves.freed)
 
 
-def plan(claimed: Claimed) -> RunState:
-    """The in-memory run of a claimed workflow; ``OrchestratorError`` if it cannot run."""
+def plan(
+    claimed: Claimed,
+    subs: Callable[[set[str]], tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]],
+    max_parallel: int = DEFAULT_MAX_PARALLEL,
+) -> RunState:
+    """The in-memory run of a claimed workflow; ``OrchestratorError`` if it cannot run.
+    ``subs(names)`` gives the current steps of other definitions and the tasks they name (for
+    sub-workflow steps)."""
     if claimed.steps is None:
         raise OrchestratorError(f"workflow definition {claimed.definition!r} is gone")
-    # A definition stored before forks and joins were refused would run as a wrong chain.
-    if problems := chain_problems(claimed.steps):
+    definitions: dict[str, list[dict[str, Any]]] = {}
+    task_defs = dict(claimed.task_defs)
+    wanted = _sub_names(claimed.steps)
+    while wanted - set(definitions):
+        found, tasks = subs(wanted - set(definitions))
+        missing = wanted - set(definitions) - set(found)
+        definitions.update(found)
+        definitions.update({name: [] for name in missing})  # reported by ``build_graph``
+        task_defs.update(tasks)
+        wanted |= {n for steps in found.values() for n in _sub_names(steps)}
+    try:
+        graph = build_graph(claimed.steps, lambda name: definitions.get(name) or None)
+    except (InvalidDefinition, ValueError) as exc:
         raise OrchestratorError(
-            f"workflow definition {claimed.definition!r} cannot run: {'; '.join(problems)}"
-        )
-    steps = []
-    for step in _ordered(claimed.steps):
-        spec = claimed.task_defs.get(step["task"])
-        if spec is None:
-            raise OrchestratorError(f"task {step['task']!r} of step {step['ref']!r} is gone")
-        steps.append(
-            StepSpec(
-                step["ref"],
-                step["task"],
-                str(spec["module"]),
-                float(spec["timeout_s"]),
-                int(spec["retries"]),
-                float(spec["retry_backoff_s"]),
-                step.get("params") or {},
-            )
-        )
+            f"workflow definition {claimed.definition!r} cannot run: {exc}"
+        ) from None
+    graph = with_input_fetch(graph)
     given = claimed.input
     image = str(given.get("image") or "")
+    plane = claimed.data_plane if image else DataPlane.NONE  # no image: nothing to fetch
+    if plane == DataPlane.OBJECT_STORE and not graph.is_chain:
+        raise OrchestratorError(
+            f"workflow definition {claimed.definition!r} is not one chain of steps: the "
+            "object-store plane carries one image from step to step; start it on the cdi plane"
+        )
+    specs = {}
+    for ref, node in graph.nodes.items():
+        if node.task is None:
+            continue
+        spec = FETCH_TASK if ref == INPUT else task_defs.get(node.task)
+        if spec is None:
+            raise OrchestratorError(f"task {node.task!r} of step {ref!r} is gone")
+        specs[ref] = StepSpec(
+            ref,
+            node.task,
+            str(spec["module"]),
+            float(spec["timeout_s"]),
+            int(spec["retries"]),
+            float(spec["retry_backoff_s"]),
+            dict(node.params),
+        )
     data = given.get("data")
     run = RunState(
         claimed.id,
         claimed.policy,
-        claimed.data_plane if image else DataPlane.NONE,  # no image: nothing to move
-        steps,
+        plane,
+        graph,
+        specs,
         image,
         data=data if isinstance(data, dict) else {},
         result_format=_format(given.get("result_format")),
         intermediate_format=_format(given.get("intermediate_format")),
-        current_uri=image,
+        max_parallel=max_parallel,
     )
     # A run that was placed before goes on from its last attempts, under fresh object keys.
     return run.again(claimed.attempts) if claimed.attempts else run
@@ -139,17 +184,32 @@ def _format(given: Any) -> str:
     return name if name in imagebuf.RESULT_FORMATS else "png"
 
 
-def _ordered(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Steps in an order that respects ``depends_on`` (they run one after another)."""
-    done: set[str] = set()
-    ordered: list[dict[str, Any]] = []
-    pending = list(steps)
-    while pending:
-        ready = [s for s in pending if set(s.get("depends_on") or []) <= done]
-        if not ready:
-            raise OrchestratorError("the workflow definition has a dependency cycle")
-        for step in ready:
-            ordered.append(step)
-            done.add(step["ref"])
-            pending.remove(step)
-    return ordered
+def _sub_names(steps: list[dict[str, Any]]) -> set[str]:
+    return {str(s["workflow"]) for s in steps if s.get("workflow") is not None}
+
+
+# The step that fetches the run's input image when several steps read it (``with_input_fetch``):
+# the worker makes the object from S3, runs a no-op on it and hands it back to be shared.
+FETCH_TASK: Final[dict[str, Any]] = {
+    "module": RELEASE_TASK, "timeout_s": 60.0, "retries": 2, "retry_backoff_s": 0.5,
+}  # fmt: skip
+
+
+def with_input_fetch(graph: Graph) -> Graph:
+    """``graph`` with a step of its own that fetches the input image (ref ``input``) when the
+    image is read other than by one step as its ``image`` (the single reader fetches it
+    itself, as the first step of a chain does)."""
+    want = DataRef(INPUT, IMAGE)
+    reads = [(n, name) for n in graph.nodes.values() for name, alts in n.inputs.items()
+             if want in alts]  # fmt: skip
+    if not reads:
+        return graph
+    node, name = reads[0]
+    if len(reads) == 1 and name == IMAGE and node.for_each is None and len(node.inputs[name]) == 1:
+        return graph
+    fetch = Node(INPUT, INPUT, inputs={IMAGE: (want,)}, chain=True)
+    nodes = {INPUT: fetch}
+    for ref, n in graph.nodes.items():
+        reads_input = any(want in alts for alts in n.inputs.values())
+        nodes[ref] = replace(n, after=n.after | {INPUT}) if reads_input else n
+    return Graph(nodes)

@@ -1,20 +1,26 @@
-"""Placing a run's current step: pick the worker, move the object there, send the instruction,
-record the task run.
+"""Placing step runs: pick the worker, move the objects they read there, send the
+instruction, record the task run.
 
-The worker is chosen from live loads (``placement.choose_worker``): heartbeats, re-read at
-most every ``BEATS_TTL_S`` (workers beat every 2 s, so reading them per placement only cost
-round trips), plus this scheduler's own count of instructions out at each worker, which is
-always current. A step goes only to a worker that loaded its task's module
-(``placement.capable``). A step that may go to any worker but finds none with room waits here
-(``waiting``, oldest first) until a report frees a slot (late binding, ``placement``); one
-that no live worker can run waits too, and ``unrunnable`` names it once it has waited
+A run's ready step runs go out at once, as many as workers have room for and the run's
+parallelism allows (``RunState.max_parallel``): each is placed by ``placement.choose_worker``
+(one function of the step, where its data is and the live workers), from heartbeats re-read
+at most every ``BEATS_TTL_S`` plus this scheduler's own count of instructions out at each
+worker, which is always current. A step goes only to a worker that loaded its task's module
+(``placement.capable``). One that may go to any worker but finds none with room waits here
+(``waiting``, oldest first) until a report frees a slot (late binding); one that no live
+worker can run waits too, and ``unrunnable`` names it once it has waited
 ``UNRUNNABLE_AFTER_S`` (the loop then fails its run).
 
+*The objects it reads* (``moves``): the last read of an object, with nobody reading it now,
+takes it — transferred to the worker, as along a chain; a read while others are to come gets
+a read-only share, the scheduler keeping the object; a worker on another host, which a share
+cannot reach, gets its own copy.
+
 *Send, then record:* an instruction is pushed before its task run is recorded, so the record
-overlaps the worker's run; its report waits in the scheduler's list until the loop thread,
-the one recording, reads it. An instruction Redis does not take goes to ``unsent`` (the loop
-places the run again, ``redrive.Redrive.unsent``); a worker gone from the minion when its
-object is moved there is avoided and the step placed elsewhere.
+overlaps the worker's run; its report waits in the scheduler's list until the loop thread, the
+one recording, reads it. An instruction Redis does not take goes to ``unsent`` (the loop places
+the run again, ``redrive.Redrive.unsent``); a worker gone from the minion when an object is
+moved there is avoided and the step placed elsewhere.
 """
 
 from __future__ import annotations
@@ -33,12 +39,13 @@ import redis
 
 import cdi
 from orchestrator.contract import keys
-from orchestrator.contract.vocabulary import DataPlane
+from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.db.run_statements import Handoff, Placement
 from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.data import Datum, Mode, Obj
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.instructions import instruction_for
+from orchestrator.scheduler.instructions import affinity_keeps, instruction_for, work_uri
 from orchestrator.scheduler.placement import (
     Link,
     Route,
@@ -47,7 +54,7 @@ from orchestrator.scheduler.placement import (
     choose_worker,
     read_workers,
 )
-from orchestrator.scheduler.runs import InFlight, RunState, StepSpec
+from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun, StepSpec
 
 __all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "UNRUNNABLE_AFTER_S", "Dispatcher"]
 
@@ -61,9 +68,10 @@ _GONE_RETRY_S: Final = 0.2  # a step whose worker vanished at the hand-off is pl
 
 log = logging.getLogger(__name__)
 
-# What to do with a run whose instruction Redis did not take: (run, worker, whether its object
-# had been moved to that worker, the error).
-Unsent = Callable[[RunState, str, bool, Exception], None]
+# What to do with a run whose instruction Redis did not take: (run, its step run, the worker,
+# whether objects had been moved to that worker, the error).
+Unsent = Callable[[RunState, StepRun, str, bool, Exception], None]
+Waiting = tuple[RunState, StepRun]
 
 
 class Dispatcher:
@@ -71,11 +79,11 @@ class Dispatcher:
 
     def __init__(self, ctx: SchedulerContext) -> None:
         self.ctx = ctx
-        # Runs whose current step waits for a worker (none alive, or none with room), oldest
-        # first.
-        self.waiting: dict[uuid.UUID, RunState] = {}
+        # Step runs that wait for a worker (none alive, or none with room), oldest first.
+        self.waiting: dict[tuple[uuid.UUID, str], Waiting] = {}
         self.task_s: dict[str, float] = defaultdict(lambda: _FIRST_GUESS_S)  # EWMA per task
         self._in_flight: dict[str, int] = defaultdict(int)  # instructions out, per worker
+        self._reported_at: dict[str, float] = {}  # unix time of each worker's latest report
         self._rng = random.Random()
         self._beats: dict[str, dict[str, str]] = {}
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
@@ -85,13 +93,29 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ placing
     def dispatch(self, run: RunState) -> None:
-        """Place the run's current step now, or leave it waiting for a worker with room."""
+        """Place the run's ready step runs now (those no worker has room for wait)."""
+        placed = self.place(run)
+        if placed:
+            self.ctx.db.place(placed)
+
+    def place(self, run: RunState, steps: list[StepRun] | None = None) -> list[Placement]:
+        """Choose, move and send each of ``steps`` (default: every ready one) while the run's
+        parallelism allows; the task runs to record."""
         if run.cancelled or run.workflow_id not in self.ctx.runs:
-            return
-        with log_context(workflow_id=str(run.workflow_id), step=run.current.ref):
-            placement = self.choose(run)
-            if placement is not None and self.send(run, placement):
-                self.ctx.db.place(placement)
+            return []
+        now = time.monotonic()
+        ready = steps if steps is not None else list(run.steps.values())
+        placed = []
+        for step in ready:
+            if step.phase is not Phase.READY or step.retry_at > now:
+                continue
+            if run.busy >= run.max_parallel:
+                break  # the rest go out as these come back
+            with log_context(workflow_id=str(run.workflow_id), step=step.id):
+                placement = self.choose(run, step)
+                if placement is not None and self.send(run, step, placement):
+                    placed.append(placement)
+        return placed
 
     def unrunnable(self) -> list[tuple[RunState, str]]:
         """The waiting runs whose step no live worker has been able to run for longer than
@@ -99,151 +123,250 @@ class Dispatcher:
         they no longer wait."""
         now = time.monotonic()
         stuck = []
-        for run in list(self.waiting.values()):
-            since = run.unrunnable_since
+        for ident, (run, step) in list(self.waiting.items()):
+            since = step.unrunnable_since
             if since and now - since > UNRUNNABLE_AFTER_S and not run.cancelled:
-                self.waiting.pop(run.workflow_id, None)
-                stuck.append((run, _unrunnable(run.current)))
+                self.waiting.pop(ident, None)
+                stuck.append((run, _unrunnable(step.current)))
         return stuck
 
     def dispatch_waiting(self) -> None:
-        """Place waiting runs, oldest first, while workers have room. A sweep tries one run per
-        (task, policy, previous worker): the others like it would be refused the same way."""
+        """Place waiting step runs, oldest first, while workers have room. A sweep tries one
+        per (task, policy, previous worker): the others like it would be refused the same way."""
         refused: set[tuple[str, str, str | None]] = set()
-        for run in list(self.waiting.values()):
+        for ident, (run, step) in list(self.waiting.items()):
             if run.cancelled or self.ctx.runs.get(run.workflow_id) is not run:
-                self.waiting.pop(run.workflow_id, None)
+                self.waiting.pop(ident, None)
                 continue
-            like = (run.current.task, run.policy, run.last_worker)
+            if step.phase is not Phase.READY:
+                self.waiting.pop(ident, None)
+                continue
+            like = (step.current.task, run.policy, step.last_worker)
             if like in refused:
                 continue
-            guarded(functools.partial(self.dispatch, run), self.ctx.faults)
-            if run.workflow_id in self.waiting:
+            guarded(functools.partial(self._place_one, run, step), self.ctx.faults)
+            if ident in self.waiting:
                 refused.add(like)
 
-    def choose(self, run: RunState) -> Placement | None:
-        """Choose the worker for the current step and move the object to it: the task run to
-        record; ``None`` while no worker may take it (the run then waits)."""
-        step = run.current
+    def _place_one(self, run: RunState, step: StepRun) -> None:
+        placed = self.place(run, [step])
+        if placed:
+            self.ctx.db.place(placed)
+
+    def choose(self, run: RunState, step: StepRun) -> Placement | None:
+        """Choose the worker for ``step`` and move its objects there: the task run to record;
+        ``None`` while no worker may take it (it then waits)."""
+        spec = step.current
         loads = self.loads()
-        able = capable(loads, step.module)
+        able = capable(loads, spec.module)
         if not any(w.alive for w in able) and any(w.alive for w in loads):
-            run.unrunnable_since = run.unrunnable_since or time.monotonic()
+            step.unrunnable_since = step.unrunnable_since or time.monotonic()
         else:
-            run.unrunnable_since = 0.0
+            step.unrunnable_since = 0.0
+        nbytes, near = self._where(run, step)
+        policy = _policy(run)
         worker = choose_worker(
             able,
-            run.policy,
-            run.last_worker,
-            task_s=self.task_s[step.task],
-            nbytes=run.nbytes,
+            policy,
+            run.home if policy == Policy.AFFINITY else near,
+            task_s=self.task_s[spec.task],
+            nbytes=nbytes,
             rng=self._rng,
-            avoid=run.avoid,
-            route=self._route(run, loads),
+            avoid=step.avoid,
+            route=self._route(run, near, loads),
         )
+        ident = (run.workflow_id, step.id)
         if worker is None:
-            self.waiting.setdefault(run.workflow_id, run)
+            self.waiting.setdefault(ident, (run, step))
             return None
-        self.waiting.pop(run.workflow_id, None)
+        self.waiting.pop(ident, None)
         self._loads = {w.worker_id: w for w in loads}
-        handoff = None
-        if run.data_plane == DataPlane.CDI and run.key and run.owner != worker:
-            try:
-                took_us = self._transfer(run, worker)
-            except cdi.UnknownContainer:
-                # It died after its last heartbeat (on this host or another, whose gateway
-                # says so): the object is still ours; go elsewhere.
-                log.warning("worker %s is gone from the minion; placing %s elsewhere",
-                            worker, run.workflow_id)  # fmt: skip
-                run.avoid = run.avoid | {worker}
-                run.retry_at = time.monotonic() + _GONE_RETRY_S
-                return None
-            handoff = Handoff(
-                self.ctx.id, worker, run.nbytes, took_us, self.ctx.cdi.host,
-                self.host_of(worker),
-            )  # fmt: skip
+        try:
+            moves = self._move(run, step, worker)
+        except cdi.UnknownContainer:
+            # It died after its last heartbeat (on this host or another, whose gateway says
+            # so): what was not moved is still ours; go elsewhere.
+            log.warning("worker %s is gone from the minion; placing %s of %s elsewhere",
+                        worker, step.id, run.workflow_id)  # fmt: skip
+            step.avoid = step.avoid | {worker}
+            step.retry_at = time.monotonic() + _GONE_RETRY_S
+            return None
+        if run.policy == Policy.AFFINITY:
+            run.home = run.home or worker
         return Placement(
             self.ctx.db.next_task_run_id(),
             run.workflow_id,
-            step.ref,
-            step.task,
-            run.attempt,
+            step.id,
+            spec.task,
+            step.attempt,
             worker,
             time.time(),
-            handoff,
+            tuple(moves),
+            data={"reads": {n: d.describe() for n, d in step.reads.items()}},
         )
 
-    def send(self, run: RunState, placement: Placement) -> bool:
+    def _where(self, run: RunState, step: StepRun) -> tuple[int, str | None]:
+        """The bytes of the objects ``step`` reads, and the worker that has the largest."""
+        nbytes, near, largest = 0, None, -1
+        for datum in step.reads.values():
+            for key in datum.object_keys():
+                obj = run.objects.get(key)
+                if obj is None:
+                    continue
+                nbytes += obj.nbytes
+                if obj.nbytes > largest:
+                    largest = obj.nbytes
+                    near = obj.owner if obj.owner != self.ctx.id else obj.made_by
+        return nbytes, near
+
+    def _move(self, run: RunState, step: StepRun, worker: str) -> list[Handoff]:
+        """Move every object ``step`` reads to ``worker``: the last read takes the object,
+        others get a share (a copy across hosts). Records each read's mode on the step run."""
+        moves: list[Handoff] = []
+        step.modes = {}
+        for name, datum in list(step.reads.items()):
+            step.reads[name] = self._moved(run, step, datum, worker, moves)
+        return moves
+
+    def _moved(
+        self, run: RunState, step: StepRun, datum: Datum, worker: str, moves: list[Handoff]
+    ) -> Datum:
+        if datum.items is not None:
+            items = tuple(self._moved(run, step, d, worker, moves) for d in datum.items)
+            return Datum(items=items)
+        obj = run.objects.get(datum.key) if datum.key else None
+        if obj is None or datum.key in step.modes:
+            return datum
+        mode = obj.mode_for()
+        started = time.perf_counter_ns()
+        handle = self.ctx.cdi.use(obj.key, check=False)
+        if mode is Mode.OWN:
+            if obj.owner != worker:
+                handle.transfer(worker)
+                moves.append(self._handoff(obj.owner, worker, obj, started, "transfer"))
+                obj.owner = worker
+            step.modes[obj.key] = Mode.OWN
+            return datum
+        try:
+            handle.share([worker])
+        except cdi.UnknownContainer:
+            if worker not in self._loads or self._loads[worker].host == self.ctx.cdi.host:
+                raise  # gone, not elsewhere
+            return self._copied(run, step, obj.key, worker, moves, started)
+        obj.readers[worker] = obj.readers.get(worker, 0) + 1
+        moves.append(self._handoff(self.ctx.id, worker, obj, started, "share"))
+        step.modes[obj.key] = Mode.READ
+        return datum
+
+    def _copied(
+        self,
+        run: RunState,
+        step: StepRun,
+        key: str,
+        worker: str,
+        moves: list[Handoff],
+        started: int,
+    ) -> Datum:
+        """A reader on another host: its own copy of ``key``, handed over (a share reaches
+        only containers of the object's own minion)."""
+        obj = run.objects[key]
+        copy_key = f"{run.next_object_key()}.copy"
+        copied = self.ctx.cdi.use(key, check=False).copy(copy_key)
+        copied.transfer(worker)
+        run.objects[copy_key] = Obj(copy_key, obj.kind, obj.nbytes, worker, pending=1,
+                                    datum=obj.datum)  # fmt: skip
+        obj.pending -= 1  # this read reads the copy
+        moves.append(self._handoff(self.ctx.id, worker, obj, started, "copy"))
+        step.modes[copy_key] = Mode.OWN
+        return Datum(key=copy_key, kind=obj.kind)
+
+    def _handoff(self, src: str, dst: str, obj: Obj, started: int, mode: str) -> Handoff:
+        took_us = (time.perf_counter_ns() - started) / 1000
+        src_host = self.ctx.cdi.host if src == self.ctx.id else self.host_of(src)
+        dst_host = self.host_of(dst)
+        if dst_host and dst_host != src_host and mode != "share":
+            self.link.observe(obj.nbytes, took_us / 1e6)  # it crossed: learn the link
+        return Handoff(
+            src, dst, obj.nbytes, took_us, src_host, dst_host, datum=obj.datum, mode=mode
+        )
+
+    def send(self, run: RunState, step: StepRun, placement: Placement) -> bool:
         """Push the instruction for ``placement`` (before its task run is recorded) and note
-        it as the run's task in flight; False (the run handed to ``unsent``) when Redis did
+        it as the step's task in flight; False (the run handed to ``unsent``) when Redis did
         not take it."""
-        step, worker = run.current, placement.worker
+        spec, worker = step.current, placement.worker
+        assert worker is not None
         instruction = instruction_for(
             run,
+            step,
             placement.task_run_id,
             placement.queued_at,
+            step.modes,
             scheduler_id=self.ctx.id,
             reply_to=self.ctx.reply_key,
             objects=self.ctx.objects,
-            runs_next=self._runs_next(run, worker),
+            keep=affinity_keeps(run, step) and self._runs_next(run, step, worker),
+            object_store_uri=self._store_input(run, step),
         )
         load = self._loads.get(worker)
-        run.in_flight = InFlight(
+        step.in_flight = InFlight(
             instruction,
             worker,
             worker_started=load.started_at if load is not None else 0.0,
-            deadline=time.monotonic() + step.timeout_s + LOST_GRACE_S,
+            deadline=time.monotonic() + spec.timeout_s + LOST_GRACE_S,
         )
-        run.attempts[step.ref] = run.attempt  # a recomputed step's attempts go on from here
-        run.last_worker = worker
+        step.phase = Phase.OUT
+        run.attempts[step.id] = step.attempt  # a recomputed step's attempts go on from here
+        step.last_worker = worker
         self._in_flight[worker] += 1
         try:
             self.ctx.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
         except redis.RedisError as exc:
             if self.unsent is None:
                 raise
-            self.unsent(run, worker, placement.handoff is not None, exc)
+            self.unsent(run, step, worker, bool(placement.handoffs), exc)
             return False
         return True
 
-    def _runs_next(self, run: RunState, worker: str) -> bool:
-        """Whether ``worker`` loaded the module of the step after the current one."""
-        if run.last_step:
-            return False
-        load = self._loads.get(worker)
-        return load is not None and bool(capable([load], run.steps[run.step + 1].module))
+    def _store_input(self, run: RunState, step: StepRun) -> str:
+        """Object-store plane: where the step's image is (the step before's output, or the
+        input)."""
+        if run.data_plane != DataPlane.OBJECT_STORE:
+            return ""
+        before = [r for r in step.node.after if r in run.steps]
+        if not before:
+            return run.input_uri
+        return work_uri(self.ctx.objects, run, run.steps[before[0]])
 
-    def _transfer(self, run: RunState, worker: str) -> float:
-        started = time.perf_counter_ns()
-        self.ctx.cdi.use(run.key, check=False).transfer(worker)
-        run.owner = worker
-        took_us = (time.perf_counter_ns() - started) / 1000
+    def _runs_next(self, run: RunState, step: StepRun, worker: str) -> bool:
+        """Whether ``worker`` loaded the module of every step that reads what ``step`` makes."""
         load = self._loads.get(worker)
-        if load is not None and load.host and load.host != self.ctx.cdi.host:
-            self.link.observe(run.nbytes, took_us / 1e6)  # it crossed: learn the link
-        return took_us
+        if load is None:
+            return False
+        readers = {r for name in run.graph.read_outputs(step.node.ref)
+                   for r in run.graph.readers(step.node.ref, name)}  # fmt: skip
+        return all(capable([load], run.specs[r].module) for r in readers if r in run.specs)
 
     def host_of(self, worker: str) -> str:
         """The CDI host of ``worker`` as its latest heartbeat said ("" if unknown)."""
         load = self._loads.get(worker)
         return load.host if load is not None else ""
 
-    def _route(self, run: RunState, loads: list[WorkerLoad]) -> Route:
-        """Where the run's object is, for pricing a move to another host. A run with no CDI
-        object yet (dataless, object-store, or a first task, whose worker makes it) moves
-        nothing: no route, and no CDI call."""
-        if run.data_plane != DataPlane.CDI or not run.key or not run.owner:
+    def _route(self, run: RunState, near: str | None, loads: list[WorkerLoad]) -> Route:
+        """Where the step's largest object is, for pricing a move to another host. A step
+        with no CDI object (dataless, object-store, or the step that fetches the input) moves
+        nothing: no route."""
+        if run.data_plane == DataPlane.OBJECT_STORE or not run.objects:
             return Route()
         hub = self.ctx.cdi.host
-        if not run.owner or run.owner == self.ctx.id:
-            return Route(hub, hub, self.link)
-        holder = next((w for w in loads if w.worker_id == run.owner), None)
+        holder = next((w for w in loads if w.worker_id == near), None)
         return Route(holder.host if holder is not None else hub, hub, self.link)
 
     # ------------------------------------------------------------------ what comes back
     def returned(self, flight: InFlight) -> None:
         """A task out at a worker was reported, or given up as lost."""
         self._in_flight[flight.worker] -= 1
+        self._reported_at[flight.worker] = time.time()
 
     def ran(self, task: str, run_s: float) -> None:
         """A task of ``task`` took ``run_s``: the running mean late binding plans with."""
@@ -263,7 +386,20 @@ class Dispatcher:
                 if h
             }
             self._beats_read = now
-        return read_workers(self._beats, self._in_flight, keys.WORKER_DEAD_AFTER_S)
+        return read_workers(
+            self._beats, self._in_flight, keys.WORKER_DEAD_AFTER_S, reported_at=self._reported_at
+        )
+
+
+def _policy(run: RunState) -> Policy:
+    """The policy a step is placed by. *Why affinity is transfer beyond a chain:* pinning
+    every step to one worker would run parallel branches one after another, and so would
+    ``auto`` while the branches' run times are not measured yet (a task's first guess is
+    short, so waiting looks cheaper than moving); each of a graph's steps goes to the
+    least-loaded worker with room, so branches start together."""
+    if run.policy == Policy.AFFINITY and not run.graph.is_chain:
+        return Policy.TRANSFER
+    return run.policy
 
 
 def _unrunnable(step: StepSpec) -> str:

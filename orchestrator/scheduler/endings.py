@@ -1,18 +1,25 @@
 """How a run leaves the scheduler: completed, failed, or cancelled by a user, and what it held
-(a CDI object) is freed.
+(CDI objects) is freed.
 
 An ending is written with one statement (``SchedulerStore.finish``, or with the last report),
 which changes nothing if the run has ended already: a user who cancelled meanwhile keeps their
 word. Once written, requests waiting on the run are told (``contract.announce_finished``).
 
-An object a worker keeps is asked back with a no-op instruction; one Redis does not take now
-waits in ``outbox`` and goes at the next tick, so no object is left behind by a Redis outage.
+A run that fails or is cancelled while other step runs are out stops placing anything: each
+instruction no worker has taken yet is withdrawn (and what was moved to that worker for it is
+taken back), the ones running are let finish, and once nothing is out (``quiet``) its objects
+are freed and its unstarted task runs marked CANCELLED. An object a worker keeps is taken back
+with a no-op instruction (``hand_back``: the worker destroys what it owns of the run and gives
+up its shares); one Redis does not take now waits in ``outbox`` and goes at the next tick, so
+no object is left behind by a Redis outage.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -20,13 +27,17 @@ import redis
 import cdi
 from orchestrator.contract import announce_finished, keys
 from orchestrator.contract.messages import Report
-from orchestrator.contract.vocabulary import DataPlane, WorkflowStatus
-from orchestrator.db.run_statements import Finish
+from orchestrator.contract.vocabulary import TaskRunStatus, WorkflowStatus
+from orchestrator.db.run_statements import Finish, Placement
+from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.data import Mode, Obj
 from orchestrator.scheduler.instructions import release_instruction
-from orchestrator.scheduler.runs import RunState
+from orchestrator.scheduler.progress import Moves
+from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun
 
-__all__ = ["Endings", "completion"]
+__all__ = ["Endings", "completion", "ended_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +48,8 @@ class Endings:
     def __init__(self, ctx: SchedulerContext) -> None:
         self.ctx = ctx
         self.outbox: list[tuple[str, str]] = []  # (worker queue, message) not sent yet
+        # A withdrawn instruction is no longer out at its worker (set by the loop: dispatch).
+        self.returned: Callable[[InFlight], None] = lambda flight: None
 
     def ended(self, workflow_id: uuid.UUID, ended: bool) -> None:
         """After a workflow's end was written: wake who waits for it (``ended``), or note that
@@ -48,50 +61,111 @@ class Endings:
 
     def completed(self, run: RunState, ended: bool) -> None:
         """The run's ending was written with its last report (``ended``: it was not over
-        already)."""
+        already); the objects it still has (results stored, nothing read them) go."""
+        self.release_objects(run)
         self.ctx.runs.pop(run.workflow_id, None)
         self.ended(run.workflow_id, ended)
 
     def fail(self, run: RunState, reason: str) -> None:
-        """End the run as FAILED (unless it had ended already) and free its object."""
+        """End the run as FAILED (unless it had ended already); its other step runs stop."""
         log.info("workflow %s failed: %s", run.workflow_id, reason,
                  extra={"workflow_id": str(run.workflow_id)})  # fmt: skip
-        self.release_object(run)
-        self.ctx.runs.pop(run.workflow_id, None)
         failed = Finish(run.workflow_id, WorkflowStatus.FAILED, error=reason)
         self.ended(run.workflow_id, self.ctx.db.finish(failed))
+        run.cancelled = True
+        self.stop(run)
 
-    # ------------------------------------------------------------------ cancellation
+    # ------------------------------------------------------------------ stopping a run
     def check_cancelled(self, run: RunState) -> None:
-        """A cancellation's wake-up: stop the run if the user did cancel it. A task out at a
-        worker is let finish; its report then cleans up."""
+        """A cancellation's wake-up: stop the run if the user did cancel it. Tasks out at
+        workers are let finish; the last report then cleans up."""
         if self.ctx.db.status(run.workflow_id) is WorkflowStatus.CANCELLED:
             run.cancelled = True
-            if run.in_flight is None:
-                self.cleanup_cancelled(run)
+            self.stop(run)
 
-    def cleanup_cancelled(self, run: RunState) -> None:
-        self.release_object(run)
+    def stop(self, run: RunState) -> None:
+        """Withdraw what no worker has taken yet, then free the run once nothing is out."""
+        for step in list(run.out()):
+            self.withdraw(run, step)
+        self.quiet(run)
+
+    def quiet(self, run: RunState) -> None:
+        """An ending run: once nothing is out, free its objects and let it go."""
+        if any(True for _ in run.out()):
+            return
+        self.release_objects(run)
         self.ctx.runs.pop(run.workflow_id, None)
         self.ctx.db.unqueue(run.workflow_id)
 
-    # ------------------------------------------------------------------ objects
-    def release_object(self, run: RunState) -> None:
-        """Free a finished workflow's object; one a worker kept is first asked back."""
-        if run.data_plane != DataPlane.CDI or not run.key:
-            return
-        if run.owner == self.ctx.id:
-            self.destroy(run.key)
-            return
-        # A worker holds it (affinity): a no-op instruction makes it hand the object back; the
-        # report then arrives for a workflow we no longer track, and is destroyed (``Reports``).
-        self.ask_back(str(run.workflow_id), run.key, run.owner)
+    def withdraw(self, run: RunState, step: StepRun) -> bool:
+        """Take a queued instruction back from its worker's queue; if it was still there (True),
+        the objects moved to that worker for it are taken back too."""
+        flight = step.in_flight
+        assert flight is not None
+        try:
+            taken = self.ctx.redis.lrem(
+                keys.worker_queue_key(flight.worker), 1, flight.instruction.dumps()
+            )
+        except redis.RedisError as exc:
+            log.warning("could not withdraw task run %s: %s", flight.task_run_id, exc)
+            return False
+        if not taken:
+            return False  # it runs: its report comes
+        self.returned(flight)
+        step.in_flight = None
+        step.phase = Phase.READY
+        moved = [run.objects[k] for k, m in step.modes.items() if k in run.objects]
+        self.take_back(run, flight.worker, [o for o in moved if o.owner == flight.worker],
+                       [o for o in moved if step.modes[o.key] is Mode.READ])  # fmt: skip
+        for obj in moved:
+            if step.modes[obj.key] is Mode.READ:
+                obj.read_failed(flight.worker)
+        return True
 
-    def ask_back(self, workflow_id: str, key: str, worker: str) -> None:
-        """Send ``worker`` the no-op that makes it hand object ``key`` back to us."""
+    # ------------------------------------------------------------------ objects
+    def free(self, run: RunState, objects: list[Obj]) -> None:
+        """Objects no read is left for: destroyed when ours, taken back from a worker."""
+        by_worker: dict[str, list[Obj]] = {}
+        for obj in objects:
+            if obj.readers:
+                continue  # readers still at work: the orphan sweep frees it once they are done
+            if obj.owner == self.ctx.id:
+                self.destroy(obj.key)
+            else:
+                by_worker.setdefault(obj.owner, []).append(obj)
+        for worker, owned in by_worker.items():
+            self.take_back(run, worker, owned, [])
+
+    def release_objects(self, run: RunState) -> None:
+        """Free every object of a run that has nothing out any more."""
+        objects, run.objects = list(run.objects.values()), {}
+        self.free(run, objects)
+
+    def take_back(self, run: RunState, worker: str, owned: list[Obj], shared: list[Obj]) -> None:
+        """Send ``worker`` the no-op that makes it destroy ``owned`` and give up its shares
+        of ``shared``."""
+        if owned or shared:
+            self.ask_back(str(run.workflow_id), worker, owned=owned, shared=shared)
+
+    def ask_back(
+        self,
+        workflow_id: str,
+        worker: str,
+        key: str = "",
+        *,
+        owned: list[Obj] = (),  # type: ignore[assignment]
+        shared: list[Obj] = (),  # type: ignore[assignment]
+    ) -> None:
+        """Send ``worker`` the no-op that makes it hand object ``key`` back to us, destroy
+        ``owned`` and give up its shares of ``shared``."""
         ctx = self.ctx
         give_back = release_instruction(
-            workflow_id, key, scheduler_id=ctx.id, reply_to=ctx.reply_key
+            workflow_id,
+            key,
+            scheduler_id=ctx.id,
+            reply_to=ctx.reply_key,
+            owned=tuple((o.key, str(o.kind)) for o in owned),
+            shared=tuple((o.key, str(o.kind)) for o in shared),
         )
         queue = keys.worker_queue_key(worker)
         try:
@@ -107,14 +181,20 @@ class Endings:
             self.outbox.pop(0)
 
     def drop_stale(self, report: Report) -> None:
-        """The object a report of an abandoned attempt (or an ended run) names: destroyed when
-        it came back to us, asked back from the worker that kept it."""
-        if report.kept:
-            self.ask_back(report.workflow_id, report.key, report.worker_id)
-        else:
-            self.destroy(report.key)
+        """The objects a report of an abandoned attempt (or an ended run) names: destroyed when
+        they came back to us, taken back from the worker that kept them."""
+        keys_named = [report.key] if report.key else []
+        keys_named += report.returned
+        for described in report.objects.values():
+            keys_named += _keys(described)  # named outputs always come back to us
+        if report.key and report.kept:
+            keys_named.remove(report.key)
+            self.ask_back(report.workflow_id, report.worker_id, report.key)
+        for key in keys_named:
+            self.destroy(key)
 
     def destroy(self, key: str) -> None:
+        """Destroy an object of ours, waiting briefly for one on its way back to us."""
         try:
             obj = self.ctx.cdi.use(key)
             obj.access(timeout=5).release()
@@ -123,10 +203,46 @@ class Endings:
             log.warning("could not destroy %s: %s", key, exc)
 
 
-def completion(run: RunState, result_uri: str | None) -> Finish:
-    """COMPLETED, with every task's output merged (later tasks win) and kept per step."""
+def _keys(described: Any) -> list[str]:
+    if isinstance(described, dict) and "items" in described:
+        return [k for item in described["items"] for k in _keys(item)]
+    if isinstance(described, dict) and "key" in described:
+        return [str(described["key"])]
+    return []
+
+
+def completion(run: RunState, objects: ObjectStore) -> Finish:
+    """COMPLETED: every task's JSON output merged (later steps win) and kept per step run, the
+    results stored in S3 by name, and ``result_uri`` the image result when there is one."""
     output: dict[str, Any] = {}
-    for ref_output in run.outputs.values():
-        output.update(ref_output)
+    for step_id, step_output in run.outputs.items():
+        step = run.steps.get(step_id)
+        if step is not None and not step.node.is_switch:
+            output.update(step_output)
     output["tasks"] = run.outputs
-    return Finish(run.workflow_id, WorkflowStatus.COMPLETED, output=output, result_uri=result_uri)
+    images = [u for name, u in run.results.items() if name.endswith(".image")]
+    if run.results:
+        output["results"] = run.results
+    return Finish(
+        run.workflow_id,
+        WorkflowStatus.COMPLETED,
+        output=output,
+        result_uri=images[0] if len(images) == 1 else None,
+    )
+
+
+def ended_rows(db: SchedulerStore, run: RunState, moves: Moves) -> list[Placement]:
+    """The task runs of steps that ended without a worker: skipped ones, and switches."""
+    now = time.time()
+    rows = [
+        Placement(db.next_task_run_id(), run.workflow_id, step.id,
+                  step.spec.task if step.spec is not None else "switch", step.attempt, None, now,
+                  status=TaskRunStatus.SKIPPED)
+        for step in moves.skipped
+    ]  # fmt: skip
+    rows += [
+        Placement(db.next_task_run_id(), run.workflow_id, step.id, "switch", step.attempt, None,
+                  now, status=TaskRunStatus.COMPLETED, output=output)
+        for step, output in moves.switched
+    ]  # fmt: skip
+    return rows

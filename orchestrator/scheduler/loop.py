@@ -45,7 +45,6 @@ import psycopg
 import redis
 
 from orchestrator.contract import keys, read_wake
-from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.errors import ServiceError
@@ -105,6 +104,7 @@ class Scheduler:
         self.liveness = liveness
         self.endings = Endings(ctx)
         self.dispatch = Dispatcher(ctx)
+        self.endings.returned = self.dispatch.returned
         self.reports = Reports(ctx, self.dispatch, self.endings, wake_at=self._tick_by)
         self.redrive = Redrive(ctx, self.dispatch, self.endings)
         self.dispatch.unsent = self.redrive.unsent
@@ -195,8 +195,10 @@ class Scheduler:
         guarded(self.recovery.check_in_flight, faults)
         now = time.monotonic()
         for run in list(self.runs.values()):
-            if run.retry_at and run.retry_at <= now:
-                run.retry_at = 0.0
+            due = [s for s in run.steps.values() if s.retry_at and s.retry_at <= now]
+            for step in due:
+                step.retry_at = 0.0
+            if due:
                 guarded(functools.partial(self.dispatch.dispatch, run), faults)
         self.dispatch.dispatch_waiting()
         for run, reason in self.dispatch.unrunnable():
@@ -215,7 +217,7 @@ class Scheduler:
         """While any run keeps an object in the minion (or a call found it gone), ask whether
         the minion is still the one we know; if it restarted, its objects are gone."""
         faults = self.ctx.faults
-        if not faults.minion and not any(r.data_plane == DataPlane.CDI for r in self.runs.values()):
+        if not faults.minion and not any(r.uses_objects() for r in self.runs.values()):
             return
         restarted = self.ctx.cdi.check()
         faults.minion = False

@@ -1,6 +1,7 @@
 """Objects in the minion that no run stands for any more, found and freed.
 
-Each workflow's objects are named ``wf-<workflow id>-...`` (``RunState.next_object_key``). A
+Each workflow's objects are named ``wf-<workflow id>-...`` (``RunState.next_object_key``, and
+``.<output>`` or ``.<output>.<i>`` after it for named data). A
 run driven again, or a fault that took its messages with it (Redis lost a report naming an
 object a worker kept), can leave such an object behind: owned by a worker, or by us, and
 referenced by nothing. Every ``RECONCILE_S`` the scheduler lists the minion's objects; one
@@ -16,7 +17,7 @@ import logging
 import uuid
 
 from orchestrator.contract import keys
-from orchestrator.contract.vocabulary import DataPlane, WorkflowStatus
+from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.endings import Endings
 
@@ -36,19 +37,22 @@ class OrphanObjects:
     def sweep(self) -> None:
         """One look at the minion's objects (skipped while no CDI run was seen)."""
         ctx = self.ctx
-        if not self._suspects and not any(r.data_plane == DataPlane.CDI for r in ctx.runs.values()):
+        if not self._suspects and not any(r.uses_objects() for r in ctx.runs.values()):
             return
         named: set[str] = set()
+        prefixes: list[str] = []  # list outputs out at a worker: "<key>.<i>"
         for run in ctx.runs.values():
-            named.add(run.key)
-            if run.in_flight is not None:
-                sent = run.in_flight.instruction
-                named.update((sent.key, sent.output_key))
+            named.update(run.objects)
+            for step in run.out():
+                assert step.in_flight is not None
+                sent = step.in_flight.instruction
+                named.update((sent.key, sent.output_key, *sent.outputs.values()))
+                prefixes += [f"{k}." for k in sent.outputs.values()]
         found: dict[str, tuple[uuid.UUID, str]] = {}
         for obj in ctx.cdi.list_objects():
             key = str(obj.get("key", ""))
             workflow_id = keys.workflow_of_object(key)
-            if workflow_id is not None and key not in named:
+            if workflow_id is not None and key not in named and not key.startswith(tuple(prefixes)):
                 found[key] = (workflow_id, str(obj.get("owner", "")))
         orphans = self._ours(found)
         act = orphans & self._suspects
@@ -60,7 +64,7 @@ class OrphanObjects:
             if owner == ctx.id:
                 self.endings.destroy(key)
             elif owner:
-                self.endings.ask_back(str(workflow_id), key, owner)
+                self.endings.ask_back(str(workflow_id), owner, key)
 
     def _ours(self, found: dict[str, tuple[uuid.UUID, str]]) -> set[str]:
         """The keys whose workflow this scheduler runs in memory, or that has ended."""

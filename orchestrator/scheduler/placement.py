@@ -135,20 +135,29 @@ def read_workers(
     in_flight: Mapping[str, int],
     dead_after_s: float,
     now: float | None = None,
+    reported_at: Mapping[str, float] | None = None,
 ) -> list[WorkerLoad]:
-    """Turn heartbeat hashes into loads; malformed fields read as 'not alive'."""
+    """Turn heartbeat hashes into loads; malformed fields read as 'not alive'.
+
+    ``reported_at``: when this scheduler last had a report from each worker (unix seconds).
+    A heartbeat older than that counts tasks since reported: its queue and running counts are
+    left out, and this scheduler's own ``in_flight`` (always current) stands. *Why:* right
+    after a step, its worker's last beat (up to 2 s old) still says it is busy, and a join's
+    or a fork's next steps would all go to the other worker."""
     now = time.time() if now is None else now
+    reported = reported_at or {}
     loads = []
     for worker_id, fields in heartbeats.items():
         try:
             last = float(fields.get("last_heartbeat", "0"))
+            stale = last < reported.get(worker_id, 0.0)
             load = WorkerLoad(
                 worker_id=worker_id,
                 alive=now - last <= dead_after_s,
                 cpu=float(fields.get("cpu", "0")),
                 mem=float(fields.get("mem", "0")),
-                queue_depth=int(fields.get("queue_depth", "0")),
-                running=int(fields.get("running", "0")),
+                queue_depth=0 if stale else int(fields.get("queue_depth", "0")),
+                running=0 if stale else int(fields.get("running", "0")),
                 in_flight=in_flight.get(worker_id, 0),
                 started_at=float(fields.get("started_at", "0")),
                 slots=max(1, int(fields.get("slots", "1"))),

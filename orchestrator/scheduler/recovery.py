@@ -27,13 +27,14 @@ from collections.abc import Mapping
 
 import cdi
 from orchestrator.contract import keys
-from orchestrator.contract.vocabulary import DataPlane
+from orchestrator.scheduler import progress
 from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.data import Mode
 from orchestrator.scheduler.dispatch import LOST_GRACE_S, Dispatcher
 from orchestrator.scheduler.placement import WorkerLoad
 from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.reports import Reports
-from orchestrator.scheduler.runs import InFlight, RunState
+from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun
 
 __all__ = ["Recovery"]
 
@@ -55,31 +56,38 @@ class Recovery:
 
     # ------------------------------------------------------------------ lost workers
     def check_in_flight(self) -> None:
-        """A task whose worker went silent: take the object back and retry elsewhere."""
+        """A task whose worker went silent: take its objects back and retry elsewhere."""
         now = time.monotonic()
         loads = {w.worker_id: w for w in self.dispatch.loads()}
         grace = now < self._beats_grace_until
-        suspects = [r for r in self.ctx.runs.values() if _silence(r, loads, now, grace) is not None]
+        suspects = [
+            (run, step)
+            for run in self.ctx.runs.values()
+            for step in run.out()
+            if _silence(step, loads, now, grace) is not None
+        ]
         if suspects:
             # A worker that reports and then exits (a task overran its timeout) is restarted
             # before this loop may have read the report: read what has arrived first, or
             # the attempt would be recorded as lost instead of with its own outcome.
             self._take_arrived_reports()
-        for run in suspects:
-            dead = _silence(run, loads, now, grace)
-            flight = run.in_flight
+        for run, step in suspects:
+            if self.ctx.runs.get(run.workflow_id) is not run:
+                continue  # a report ended the run meanwhile
+            dead = _silence(step, loads, now, grace)
+            flight = step.in_flight
             if dead is None or flight is None:
-                continue  # its report had arrived (or the next task is on a live worker)
-            if run.data_plane == DataPlane.CDI and not self._regain(run, flight):
-                # The worker still holds the object: it is alive after all. If it is overdue,
-                # its report (or our instruction) may have been lost.
+                continue  # its report had arrived
+            if not self._regain(run, step, flight):
+                # The worker still holds an object of the step: it is alive after all. If it
+                # is overdue, its report (or our instruction) may have been lost.
                 if not dead:
-                    self._overdue(run, flight, now)
+                    self._overdue(run, step, flight, now)
                 continue
-            self._give_up(run, flight, dead)
+            self._give_up(run, step, flight, dead)
 
-    def _overdue(self, run: RunState, flight: InFlight, now: float) -> None:
-        """No report past the deadline from a live worker that keeps the run's object: send
+    def _overdue(self, run: RunState, step: StepRun, flight: InFlight, now: float) -> None:
+        """No report past the deadline from a live worker that keeps the step's objects: send
         the instruction once more; if that brings nothing either, drive the run again."""
         if flight.resent:
             self.redrive.run(
@@ -87,25 +95,27 @@ class Recovery:
                 f"{flight.task_run_id}, even when asked again",
             )  # fmt: skip
             return
-        deadline = now + run.current.timeout_s + LOST_GRACE_S
-        run.in_flight = dataclasses.replace(flight, resent=True, deadline=deadline)
+        deadline = now + step.current.timeout_s + LOST_GRACE_S
+        step.in_flight = dataclasses.replace(flight, resent=True, deadline=deadline)
         log.warning("no report for task run %s from %s in time; sending it again",
                     flight.task_run_id, flight.worker)  # fmt: skip
         self.ctx.redis.lpush(keys.worker_queue_key(flight.worker), flight.instruction.dumps())
 
-    def _give_up(self, run: RunState, flight: InFlight, dead: bool) -> None:
+    def _give_up(self, run: RunState, step: StepRun, flight: InFlight, dead: bool) -> None:
         """Record the task as lost, withdraw its instruction, and retry the step elsewhere."""
         self.dispatch.returned(flight)
-        run.in_flight = None
+        step.in_flight = None
         reason = (
             f"worker {flight.worker} died"
             if dead
-            else f"no report within {run.current.timeout_s + LOST_GRACE_S:.0f} s"
+            else f"no report within {step.current.timeout_s + LOST_GRACE_S:.0f} s"
         )
-        if run.held:
+        lane = run.objects.get(flight.instruction.key) if flight.instruction.key else None
+        held = lane is not None and bool(lane.held) and bool(flight.instruction.held)
+        if held and lane is not None:
             reason += (
-                f"; it held the image of step {run.steps[run.held_from].ref!r} on in memory, "
-                "so the workflow goes on from that step again"
+                f"; it held the image of step {lane.held_chain[0]!r} on in memory, so the "
+                "workflow goes on from that step again"
             )
         self.ctx.db.task_run_lost(flight.task_run_id, reason)
         # Withdraw this instruction wherever it still sits, so a restarted worker of the
@@ -115,41 +125,58 @@ class Recovery:
         pipe.lrem(keys.worker_queue_key(flight.worker), 0, lost_text)
         pipe.lrem(keys.worker_inflight_key(flight.worker), 0, lost_text)
         pipe.execute()
-        run.avoid = run.avoid | {flight.worker}
-        run.last_worker = None
-        if run.held:
-            run.rewind()  # the image it held died with it: recompute it from the object
-        self.reports.after_failure(run, reason, retryable=True)
+        step.avoid = step.avoid | {flight.worker}
+        step.last_worker = None
+        if run.home == flight.worker:
+            run.home = None  # affinity: the next step chooses a new worker
+        if held and lane is not None:
+            # The image it held died with it: recompute it, elsewhere.
+            for again in progress.rewind(run, lane):
+                again.avoid = again.avoid | {flight.worker}
+            step.phase, step.reads = Phase.WAITING, {}
+            step.attempt = run.attempts.get(step.id, step.attempt) + 1
+            self.reports.after_lost_image(run, step)
+            return
+        self.reports.after_failure(run, step, reason, retryable=True)
 
     def _take_arrived_reports(self) -> None:
         """Handle every report already waiting on our list, without blocking."""
         while (text := self.ctx.redis.rpop(self.ctx.reply_key)) is not None:
             self.reports.read(str(text))
 
-    def _regain(self, run: RunState, flight: InFlight) -> bool:
-        """Wait briefly for the object to come back by the minion's recovery rule; False while
-        the worker still holds it (then it is alive after all). An object the worker was
-        making from the S3 input may be half-written: it is dropped like a half-written output,
-        and the retry fetches the input again."""
+    def _regain(self, run: RunState, step: StepRun, flight: InFlight) -> bool:
+        """Wait briefly for the step's objects to come back by the minion's recovery rule;
+        False while the worker still holds one (then it is alive after all). An object the
+        worker was making from the S3 input may be half-written: it is dropped like a
+        half-written output, and the retry fetches the input again. Its shares end with it."""
         lost = flight.instruction
         fetched = lost.key if lost.input_uri else ""
-        try:
-            with self.ctx.cdi.use(fetched or run.key).view(timeout=2):
+        owned = [k for k, m in step.modes.items() if m is Mode.OWN]
+        for key in [fetched] if fetched else owned:
+            try:
+                with self.ctx.cdi.use(key).view(timeout=2):
+                    pass
+            except cdi.AccessTimeout:
+                return False
+            except cdi.ObjectNotFound:
                 pass
-        except cdi.AccessTimeout:
-            return False
-        except cdi.ObjectNotFound:
-            pass
         if fetched:
             self._drop_orphan(fetched)
-        else:
-            run.owner = self.ctx.id
-        if lost.output_key:
-            self._drop_orphan(lost.output_key)
+        for key in owned:
+            obj = run.objects.get(key)
+            if obj is not None:
+                obj.owner = self.ctx.id
+        for key, mode in step.modes.items():
+            obj = run.objects.get(key)
+            if mode is Mode.READ and obj is not None:
+                obj.read_failed(flight.worker)
+        for key in [lost.output_key, *lost.outputs.values()]:
+            if key:
+                self._drop_orphan(key)
         return True
 
     def _drop_orphan(self, key: str) -> None:
-        """A half-written object of a dead worker (its output, or the object it was making from
+        """A half-written object of a dead worker (an output, or the object it was making from
         the input) came back to us too: destroy it."""
         try:
             orphan = self.ctx.cdi.use(key)
@@ -170,8 +197,9 @@ class Recovery:
             log.warning("Redis lost its data; re-sending in-flight instructions")
             self._beats_grace_until = time.monotonic() + keys.WORKER_DEAD_AFTER_S
             for run in self.ctx.runs.values():
-                flight = run.in_flight
-                if flight is not None:
+                for step in run.out():
+                    flight = step.in_flight
+                    assert flight is not None
                     self.ctx.redis.lpush(
                         keys.worker_queue_key(flight.worker), flight.instruction.dumps()
                     )
@@ -179,11 +207,11 @@ class Recovery:
 
 
 def _silence(
-    run: RunState, loads: Mapping[str, WorkerLoad], now: float, grace: bool = False
+    step: StepRun, loads: Mapping[str, WorkerLoad], now: float, grace: bool = False
 ) -> bool | None:
-    """For a run with a task in flight whose worker is gone (True) or overdue (False); None
-    while it may still report (``grace``: a worker with no heartbeat may still be alive)."""
-    flight = run.in_flight
+    """For a step run with a task in flight whose worker is gone (True) or overdue (False);
+    None while it may still report (``grace``: a worker with no heartbeat may still be alive)."""
+    flight = step.in_flight
     if flight is None:
         return None
     if grace and flight.worker not in loads:

@@ -6,7 +6,8 @@ step's attempts going on from the last one placed (``RunState.again``), with fre
 That one mechanism serves every failure the scheduler cannot repair in place:
 
 * a step that raised while being placed, dispatched or finished (``sweep`` finds a run with
-  nothing under way and places it again; ``unsent`` handles an instruction Redis did not take);
+  nothing under way and places its ready steps again; ``unsent`` handles an instruction Redis
+  did not take);
 * the CDI minion restarted, so every object is gone (``minion_restarted``);
 * Postgres failed a statement, so what it holds may differ from memory (``resync``: drop every
   run and resume our RUNNING workflows from what Postgres has, ``Claims.resume``).
@@ -23,13 +24,13 @@ from typing import TYPE_CHECKING, Final
 
 import redis
 
+import cdi
 from orchestrator.contract import keys
-from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.runs import RunState
+from orchestrator.scheduler.runs import Phase, RunState, StepRun
 
 if TYPE_CHECKING:
     from orchestrator.scheduler.claims import Claims
@@ -52,70 +53,83 @@ class Redrive:
         self.claims: Claims | None = None
 
     def run(self, run: RunState, reason: str, *, objects_gone: bool = False) -> None:
-        """Withdraw what ``run`` has out, release its object, and drive it again from its
+        """Withdraw what ``run`` has out, release its objects, and drive it again from its
         input (or fail it, once it was driven ``MAX_DRIVES`` times)."""
         ctx = self.ctx
         self._withdraw(run)
-        self.dispatch.waiting.pop(run.workflow_id, None)
+        for step in run.steps.values():
+            self.dispatch.waiting.pop((run.workflow_id, step.id), None)
+        if objects_gone:
+            run.objects = {}
         if run.cancelled:
-            if objects_gone:
-                run.key = ""
-            guarded(lambda: self.endings.cleanup_cancelled(run), ctx.faults)
+            guarded(lambda: self.endings.quiet(run), ctx.faults)
             ctx.runs.pop(run.workflow_id, None)
             return
-        if not objects_gone:
-            self._release(run)
-        run.key = ""  # released (or gone): no ending frees it again
+        self._release(run)
         if run.drives >= MAX_DRIVES:
             self.endings.fail(run, f"driven {run.drives} times without finishing; last: {reason}")
             return
         again = run.again()
-        again.retry_at = time.monotonic() + _BACKOFF_S[min(run.drives, len(_BACKOFF_S)) - 1]
+        delay = _BACKOFF_S[min(run.drives, len(_BACKOFF_S)) - 1]
         ctx.runs[run.workflow_id] = again
         log.warning("workflow %s: %s; driving it again from its input (drive %d)",
                     run.workflow_id, reason, again.drives)  # fmt: skip
         guarded(lambda: ctx.db.redriven(run.workflow_id, reason), ctx.faults)
+        assert self.claims is not None
+        guarded(lambda: self.claims.start(again, delay), ctx.faults)  # type: ignore[union-attr]
 
     def minion_restarted(self) -> None:
-        """Every object is gone: drive again each CDI run that had one (or was making one)."""
+        """Every object is gone: drive again each run that had one (or was making one)."""
         for run in list(self.ctx.runs.values()):
-            if run.data_plane == DataPlane.CDI and (run.key or run.in_flight is not None):
+            if run.uses_objects():
                 self.run(
                     run, "the CDI minion restarted and its objects are gone", objects_gone=True
                 )
 
-    def unsent(self, run: RunState, worker: str, moved: bool, exc: Exception) -> None:
-        """Redis did not take ``run``'s instruction for ``worker``. Nothing is out: place it
-        again soon; if its object was already moved to that worker, drive the run again (the
-        worker is asked to give the object back)."""
-        flight = run.in_flight
+    def unsent(
+        self, run: RunState, step: StepRun, worker: str, moved: bool, exc: Exception
+    ) -> None:
+        """Redis did not take ``step``'s instruction for ``worker``. Nothing is out: place it
+        again soon; if objects were already moved to that worker, drive the run again (the
+        worker is asked to give them back)."""
+        flight = step.in_flight
         if flight is not None:
             self.dispatch.returned(flight)
-            run.in_flight = None
+            step.in_flight = None
+        step.phase = Phase.READY
         if moved:
             self.run(run, f"Redis failed the instruction for {worker} ({exc})")
             return
-        run.retry_at = time.monotonic() + _BACKOFF_S[1]
+        step.retry_at = time.monotonic() + _BACKOFF_S[1]
         log.warning("workflow %s: Redis failed the instruction for %s (%s); placing it again",
                     run.workflow_id, worker, exc)  # fmt: skip
 
     def sweep(self) -> None:
         """Place again every run with nothing under way: no instruction out, no retry due, not
-        waiting for room (a step that raised midway leaves a run so)."""
+        waiting for room, yet steps ready (a step that raised midway leaves a run so)."""
         ctx = self.ctx
         for run in list(ctx.runs.values()):
-            if (
-                run.in_flight is not None
-                or run.retry_at
-                or run.workflow_id in self.dispatch.waiting
-            ):
+            if any(True for _ in run.out()):
                 continue
             if run.cancelled:
-                guarded(lambda run=run: self.endings.cleanup_cancelled(run), ctx.faults)  # type: ignore[misc]
+                guarded(lambda run=run: self.endings.quiet(run), ctx.faults)  # type: ignore[misc]
                 continue
-            log.warning("workflow %s had nothing under way; placing step %r again",
-                        run.workflow_id, run.current.ref)  # fmt: skip
-            guarded(lambda run=run: self.dispatch.dispatch(run), ctx.faults)  # type: ignore[misc]
+            ready = [s for s in run.steps.values() if s.phase is Phase.READY]
+            if not ready or any(s.retry_at for s in ready):
+                continue
+            if any((run.workflow_id, s.id) in self.dispatch.waiting for s in ready):
+                continue
+            log.warning("workflow %s had nothing under way; placing %s again",
+                        run.workflow_id, ", ".join(s.id for s in ready))  # fmt: skip
+            guarded(lambda run=run: self._place_again(run), ctx.faults)  # type: ignore[misc]
+
+    def _place_again(self, run: RunState) -> None:
+        """Place ``run``'s ready steps; an object not where the run had it (not ours, or gone)
+        cannot be fixed by trying again: the run is driven again from its input (or fails)."""
+        try:
+            self.dispatch.dispatch(run)
+        except (cdi.NotOwner, cdi.ObjectNotFound) as exc:
+            self.run(run, f"an object of the run is not where the scheduler had it ({exc})")
 
     def resync(self) -> None:
         """Postgres failed a statement: forget every run and resume our RUNNING workflows from
@@ -132,25 +146,26 @@ class Redrive:
 
     # ------------------------------------------------------------------ helpers
     def _withdraw(self, run: RunState) -> None:
-        """Take ``run``'s instruction back from its worker's lists (best effort: a worker that
-        already runs it reports to nobody who waits, and that report is dropped as stale)."""
-        flight = run.in_flight
-        if flight is None:
-            return
-        self.dispatch.returned(flight)
-        run.in_flight = None
-        text = flight.instruction.dumps()
-        try:
-            pipe = self.ctx.redis.pipeline(transaction=False)
-            pipe.lrem(keys.worker_queue_key(flight.worker), 0, text)
-            pipe.lrem(keys.worker_inflight_key(flight.worker), 0, text)
-            pipe.execute()
-        except redis.RedisError as exc:
-            log.warning("could not withdraw task run %s from %s: %s",
-                        flight.task_run_id, flight.worker, exc)  # fmt: skip
+        """Take ``run``'s instructions back from their workers' lists (best effort: a worker
+        that already runs one reports to nobody who waits, and that report is dropped as
+        stale)."""
+        for step in list(run.out()):
+            flight = step.in_flight
+            assert flight is not None
+            if self.endings.withdraw(run, step):
+                continue  # never started: what it was given is taken back
+            self.dispatch.returned(flight)
+            step.in_flight = None
+            try:
+                # A restarted worker of the same id must not run it from its in-flight list.
+                text = flight.instruction.dumps()
+                self.ctx.redis.lrem(keys.worker_inflight_key(flight.worker), 0, text)
+            except redis.RedisError as exc:
+                log.warning("could not withdraw task run %s from %s: %s",
+                            flight.task_run_id, flight.worker, exc)  # fmt: skip
 
     def _release(self, run: RunState) -> None:
         try:
-            self.endings.release_object(run)
-        except Exception as exc:  # the minion is away: the object is lost anyway
-            log.warning("could not release the object of workflow %s: %s", run.workflow_id, exc)
+            self.endings.release_objects(run)
+        except Exception as exc:  # the minion is away: the objects are lost anyway
+            log.warning("could not release the objects of workflow %s: %s", run.workflow_id, exc)

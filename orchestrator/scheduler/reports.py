@@ -1,10 +1,10 @@
-"""What the scheduler does with a worker's report: follow the object, place the next step or
-end the run, or retry a failed attempt.
+"""What the scheduler does with a worker's report: follow the objects, start the steps it made
+possible (or end the run), or retry a failed attempt.
 
 A report and what follows from it are written in one statement (``SchedulerStore.report``):
-the task run's outcome, the hand-back of its object, and the next step's task run or the
-run's end. The next step's instruction goes out before that statement (*send, then record*,
-``dispatch``).
+the task run's outcome, the hand-backs of its objects, the task runs of the steps it lets start
+(and of those it made skipped, or a switch it decided) or the run's end. The next steps'
+instructions go out before that statement (*send, then record*, ``dispatch``).
 """
 
 from __future__ import annotations
@@ -13,20 +13,24 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
 import cdi
-from orchestrator.contract.messages import Report
+from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 from orchestrator.db.run_statements import Finish, Handoff, Placement
 from orchestrator.logs import log_context
+from orchestrator.scheduler import progress
 from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.data import Datum, Mode, Obj
 from orchestrator.scheduler.dispatch import Dispatcher
-from orchestrator.scheduler.endings import Endings, completion
+from orchestrator.scheduler.endings import Endings, completion, ended_rows
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.instructions import result_uri, work_uri
-from orchestrator.scheduler.runs import RunState
+from orchestrator.scheduler.runs import Phase, RunState, StepRun
+from workflows.binding import IMAGE
+from workflows.kinds import Kind
 
 __all__ = ["Reports"]
 
@@ -61,95 +65,249 @@ class Reports:
 
     def handle(self, report: Report) -> None:
         run = self.ctx.runs.get(uuid.UUID(report.workflow_id))
-        flight = run.flight(report.task_run_id) if run is not None else None
-        if run is None or flight is None:
+        step = run.flight(report.task_run_id) if run is not None else None
+        if run is None or step is None or step.in_flight is None:
             log.info("stale report for task run %s", report.task_run_id)
-            if report.key and (run is None or report.key != run.key):
-                # Its run is over, or was driven again: the object is nobody's any more.
-                self.endings.drop_stale(report)
+            self.endings.drop_stale(report)
             return
+        flight = step.in_flight
+        ins = flight.instruction
         self.dispatch.returned(flight)
-        run.in_flight = None
+        step.in_flight = None
         completed = report.status == TaskRunStatus.COMPLETED
-        if run.data_plane == DataPlane.CDI:
-            self._follow_object(run, report, completed)
-        step = run.current
-        all_done = completed and run.last_step
-        if completed:
-            self.dispatch.ran(step.task, max(0.0, report.finished_at - report.started_at))
-            run.outputs[step.ref] = report.output
-            if run.data_plane == DataPlane.CDI:
-                # What the next hand-off moves: the new image, or the input a reader passes on.
-                run.nbytes = report.bytes_out or report.bytes_in or run.nbytes
-            if run.data_plane == DataPlane.OBJECT_STORE:
-                run.current_uri = work_uri(self.ctx.objects, run, step)
-        back = None
-        if report.kept is False and run.data_plane == DataPlane.CDI and report.key:
-            back = Handoff(
-                report.worker_id,
-                self.ctx.id,
-                report.bytes_out or run.nbytes,
-                report.return_us,
-                self.dispatch.host_of(report.worker_id),
-                self.ctx.cdi.host,
-            )
-        placement: Placement | None = None
+        back = self._hand_backs(run, report)
+        moves = progress.Moves()
+        lost, shared = False, list[str]()
+        if run.data_plane != DataPlane.OBJECT_STORE:
+            lost, shared = self._follow_objects(run, step, report, ins, completed)
+        made: dict[str, Any] | None = None
+        if completed and not lost:
+            self.dispatch.ran(step.current.task, max(0.0, report.finished_at - report.started_at))
+            data = self._made(run, step, report, ins)
+            made = {"made": {n: d.describe() for n, d in data.items()}}
+            results = dict(report.results)
+            if run.data_plane == DataPlane.OBJECT_STORE and step.node.ref in run.graph.sinks:
+                results[IMAGE] = ins.output_uri  # every step of this plane PUTs its image
+            if results:
+                made["results"] = results
+                run.results.update({f"{step.id}.{n}": u for n, u in results.items()})
+            progress.done(run, step, data, report.output, moves)
+        for key in shared:  # after ``done``: a datum passed on unchanged reads it on
+            progress.read_done(run, key, report.worker_id, moves)
+        placements: list[Placement] = []
         finish: Finish | None = None
-        if completed and not run.cancelled and not all_done:
-            run.advance()
-            try:
-                placement = self.dispatch.choose(run)
-            except (redis.RedisError, cdi.CDIError) as exc:  # the tick's sweep places it later
-                log.warning("workflow %s: could not place step %r now: %s",
-                            run.workflow_id, run.current.ref, exc)  # fmt: skip
-                self.ctx.faults.minion |= isinstance(exc, cdi.MinionUnavailable)
-        elif all_done and not run.cancelled and (run.data_plane != DataPlane.CDI or report.stored):
-            # Nothing left to store (dataless, or the last task stored the result itself).
-            dataless = run.data_plane == DataPlane.NONE
-            finish = completion(run, None if dataless else result_uri(self.ctx.objects, run))
-        if placement is not None and not self.dispatch.send(run, placement):
-            placement = None  # Redis did not take it: the run goes on from ``unsent``
-        # One statement records the report and the next step's placement, or ends the workflow.
-        ended = self.ctx.db.report(report, back, placement, finish)
-        if not completed:
-            self.after_failure(run, report.error or report.status, report.retryable)
-        elif run.cancelled:
-            self.endings.cleanup_cancelled(run)
+        if completed and not run.cancelled and not moves.failure:
+            placements = self._place(run, moves)
+            if run.finished:
+                finish = completion(run, self.ctx.objects)
+        rows = [*placements, *ended_rows(self.ctx.db, run, moves)]
+        # One statement records the report and the next steps' task runs, or ends the run.
+        ended = self.ctx.db.report(report, back, rows, finish, made)
+        self.endings.free(run, moves.freed)
+        if lost:
+            self.after_lost_image(run, step)
+        elif not completed:
+            self.after_failure(run, step, report.error or report.status, report.retryable)
+        elif moves.failure:
+            self.endings.fail(run, moves.failure)
         elif finish is not None:
             self.endings.completed(run, ended)
-        elif all_done:
-            # A worker that kept the last image to itself: it predates storing results.
-            self.endings.fail(
-                run,
-                f"worker {report.worker_id} completed the last task without storing the "
-                "result; run workers of the scheduler's version (they are upgraded together)",
-            )
+        elif run.cancelled:
+            self.endings.quiet(run)
 
-    def after_failure(self, run: RunState, reason: str, retryable: bool) -> None:
-        """A failed attempt of the current step: retry it after its backoff, or fail the run."""
-        step = run.current
+    def _place(self, run: RunState, moves: progress.Moves) -> list[Placement]:
+        """Place what became ready and what the run's parallelism held back until now (this
+        report brought one of its step runs back), in the run's order."""
+        try:
+            return self.dispatch.place(run)
+        except (redis.RedisError, cdi.CDIError) as exc:  # the tick's sweep places them later
+            log.warning("workflow %s: could not place %s now: %s", run.workflow_id,
+                        ", ".join(s.id for s in moves.ready), exc)  # fmt: skip
+            self.ctx.faults.minion |= isinstance(exc, cdi.MinionUnavailable)
+            return []
+
+    def after_failure(self, run: RunState, step: StepRun, reason: str, retryable: bool) -> None:
+        """A failed attempt of ``step``: retry it after its backoff, or fail the run."""
+        spec = step.current
+        step.phase = Phase.READY
         if run.cancelled:
-            self.endings.cleanup_cancelled(run)
-        elif retryable and run.attempt <= step.retries:
-            run.retry_at = time.monotonic() + step.retry_backoff_s * 2 ** (run.attempt - 1)
-            run.attempt += 1
-            self._wake_at(run.retry_at)  # the tick dispatches it
+            self.endings.quiet(run)
+        elif retryable and step.attempt <= spec.retries:
+            step.retry_at = time.monotonic() + spec.retry_backoff_s * 2 ** (step.attempt - 1)
+            step.attempt += 1
+            self._wake_at(step.retry_at)  # the tick dispatches it
         else:
             self.endings.fail(
-                run, f"task {step.ref!r} failed after {run.attempt} attempt(s): {reason}"
+                run, f"task {step.id!r} failed after {step.attempt} attempt(s): {reason}"
             )
 
-    def _follow_object(self, run: RunState, report: Report, completed: bool) -> None:
-        """Where the run's CDI object is now, and whether the image a worker held survived."""
-        run.key = "" if report.stored else report.key or run.key
-        run.owner = report.worker_id if report.kept else self.ctx.id
-        held = completed and report.held
-        if run.follow_held(report.task_run_id, held=held, lost=report.held_lost):
-            log.warning(
-                "workflow %s: worker %s lost the image it held from step %r on; running "
-                "the workflow on from that step again, from %r",
-                run.workflow_id,
-                report.worker_id,
-                run.current.ref,  # the step it rewound to
-                run.key,
-            )
+    def after_lost_image(self, run: RunState, step: StepRun) -> None:
+        """The image ``step`` read was lost with its worker's memory: the steps that made it
+        run again from the object it was computed from (``progress.rewind``)."""
+        if run.cancelled:
+            self.endings.quiet(run)
+            return
+        over = [s for s in run.steps.values()
+                if s.spec is not None and s.phase is Phase.WAITING
+                and s.attempt > s.spec.retries + 1]  # fmt: skip
+        if over:
+            self.endings.fail(
+                run, f"task {over[0].id!r} lost its image with its worker's memory and has no "
+                f"retries left (attempt {over[0].attempt} of {over[0].spec.retries + 1})",  # type: ignore[union-attr]
+            )  # fmt: skip
+            return
+        moves = progress.settle(run)
+        placed = self.dispatch.place(run, moves.ready)
+        self.ctx.db.place([*placed, *ended_rows(self.ctx.db, run, moves)])
+
+    # ------------------------------------------------------------------ objects
+    def _hand_backs(self, run: RunState, report: Report) -> list[Handoff]:
+        """The objects the report's worker handed back to us."""
+        back = []
+        keys = [report.key] if report.key and not report.kept else []
+        keys += report.returned
+        keys += _written_keys(report)  # named outputs always come back (``named_data``)
+        for key in keys:
+            obj = run.objects.get(key)
+            nbytes = obj.nbytes if obj is not None else report.bytes_out
+            back.append(Handoff(
+                report.worker_id, self.ctx.id, nbytes, report.return_us,
+                self.dispatch.host_of(report.worker_id), self.ctx.cdi.host,
+                datum=obj.datum if obj is not None else "", mode="transfer",
+            ))  # fmt: skip
+        return back
+
+    def _follow_objects(
+        self, run: RunState, step: StepRun, report: Report, ins: Instruction, completed: bool
+    ) -> tuple[bool, list[str]]:
+        """Where each object the step read is now: ``(lost, shared)``. ``lost``: the image it
+        read was only in its worker's memory and is gone (the run rewinds); ``shared``: the
+        objects it read through shares, whose reads are done once its outputs are known."""
+        worker = report.worker_id
+        shared: list[str] = []
+        for key, mode in step.modes.items():
+            obj = run.objects.get(key)
+            if obj is None:
+                continue
+            if mode is Mode.READ:
+                # Reads of it by this worker still on the way besides this one.
+                others = obj.readers.get(worker, 0) - 1
+                if completed:
+                    shared.append(key)  # this read ends in ``read_done``, below
+                else:
+                    obj.read_failed(worker)
+                if key in report.released and others > 0:
+                    self._share_again(obj, worker)
+            elif key in report.returned or (key == report.key and not report.kept):
+                obj.owner = self.ctx.id
+            elif key == report.key:
+                obj.owner = worker
+            elif completed:
+                run.objects.pop(key, None)  # the worker destroyed it after its task
+        if not completed and ins.input_uri and report.key and report.key == ins.key:
+            # The input it fetched came back: the retry reads it, fetching nothing.
+            run.objects[ins.key] = Obj(ins.key, Kind.IMAGE, report.bytes_in, self.ctx.id,
+                                       pending=1, datum=f"input.{IMAGE}")  # fmt: skip
+            step.reads[IMAGE] = Datum(key=ins.key, kind=Kind.IMAGE)
+        elif not completed and ins.held and report.key and report.key != ins.key:
+            # Its held input, written into an object for the retry.
+            old = run.objects.pop(ins.key, None)
+            run.objects[report.key] = Obj(
+                report.key, Kind.IMAGE, report.bytes_out or report.bytes_in, self.ctx.id,
+                pending=1, datum=old.datum if old is not None else "",
+            )  # fmt: skip
+            step.reads[IMAGE] = Datum(key=report.key, kind=Kind.IMAGE)
+        if ins.key and report.held_lost:
+            obj = run.objects.get(ins.key)
+            if obj is not None and obj.held:
+                obj.owner = self.ctx.id if not report.kept else worker
+                progress.rewind(run, obj)
+                step.phase, step.reads = Phase.WAITING, {}
+                step.attempt = run.attempts.get(step.id, step.attempt) + 1
+                return True, shared
+        return False, shared
+
+    def _share_again(self, obj: Obj, worker: str) -> None:
+        """``worker`` gave up its share while another of its reads was on the way: share again
+        (the read waits for it)."""
+        try:
+            self.ctx.cdi.use(obj.key, check=False).share([worker])
+        except cdi.CDIError as exc:
+            log.warning("could not share %s with %s again: %s", obj.key, worker, exc)
+
+    def _made(
+        self, run: RunState, step: StepRun, report: Report, ins: Instruction
+    ) -> dict[str, Datum]:
+        """The data ``step`` made, its objects registered in the run."""
+        worker = report.worker_id
+        owner = worker if report.kept else self.ctx.id
+        made: dict[str, Datum] = {}
+        if report.key and not report.stored:
+            made[IMAGE] = self._image(run, step, report, owner, ins)
+        elif IMAGE in step.reads and not report.key and not ins.output_key:
+            made[IMAGE] = step.reads[IMAGE]  # read through a share, passed on unchanged
+        for name, described in report.objects.items():
+            made[name] = self._registered(run, step, name, described, self.ctx.id, worker)
+        return made
+
+    def _image(
+        self, run: RunState, step: StepRun, report: Report, owner: str, ins: Instruction
+    ) -> Datum:
+        key = report.key
+        obj = run.objects.get(key)
+        if obj is None:
+            obj = run.objects[key] = Obj(key, Kind.IMAGE, report.bytes_out or report.bytes_in,
+                                         owner, made_by=report.worker_id)  # fmt: skip
+        obj.owner, obj.pending, obj.datum = owner, 0, f"{step.id}.{IMAGE}"
+        obj.nbytes = report.bytes_out or report.bytes_in or obj.nbytes
+        if report.held:
+            read = step.reads.get(IMAGE)
+            if obj.held and ins.held:
+                obj.held_chain = (*obj.held_chain, step.id)
+            else:
+                producer = _producer(run, read)
+                obj.held_chain, obj.held_base = (step.id,), producer
+            obj.held = str(report.task_run_id)
+        else:
+            obj.held, obj.held_chain, obj.held_base = "", (), ("", "")
+        return Datum(key=key, kind=Kind.IMAGE)
+
+    def _registered(
+        self, run: RunState, step: StepRun, name: str, described: Any, owner: str, worker: str
+    ) -> Datum:
+        if isinstance(described, dict) and "items" in described:
+            items = described["items"]
+            return Datum(items=tuple(
+                self._registered(run, step, f"{name}.{i}", d, owner, worker)
+                for i, d in enumerate(items)
+            ))  # fmt: skip
+        key, kind = str(described["key"]), Kind(described["kind"])
+        run.objects[key] = Obj(key, kind, int(described.get("nbytes", 0)), owner,
+                               datum=f"{step.id}.{name}", made_by=worker)  # fmt: skip
+        return Datum(key=key, kind=kind)
+
+
+def _written_keys(report: Report) -> list[str]:
+    keys: list[str] = []
+
+    def walk(described: Any) -> None:
+        if isinstance(described, dict) and "items" in described:
+            for item in described["items"]:
+                walk(item)
+        elif isinstance(described, dict) and "key" in described:
+            keys.append(str(described["key"]))
+
+    for described in report.objects.values():
+        walk(described)
+    return keys
+
+
+def _producer(run: RunState, read: Datum | None) -> tuple[str, str]:
+    """Which step run made ``read`` and under which name (``input``: the run's input)."""
+    if read is None or read.uri:
+        return ("input", IMAGE)
+    for step_id, data in run.made.items():
+        for name, datum in data.items():
+            if datum.key == read.key:
+                return (step_id, name)
+    return ("input", IMAGE)

@@ -2,31 +2,38 @@
 
 All of it can be rebuilt from Postgres: a scheduler that restarts starts its RUNNING workflows
 again from their S3 input, and so does one that can no longer trust a run's state (``again``).
-``data_plane`` is the workflow's, or ``DataPlane.NONE`` for a dataless one (started without
-an image).
+``data_plane`` is the workflow's, or ``DataPlane.NONE`` for one started without an image.
 
-A run has one current step (``RunState.current``) and at most one task out at a worker
-(``RunState.in_flight``, an ``InFlight``), as its steps run one after another. The paths that
-send and report a task find it through ``RunState.flight`` by its task run id, so runs whose
-ready steps go out side by side will keep one ``InFlight`` per step.
+A run is its graph (``workflows.graph``) and one ``StepRun`` per node — per element, for a
+node that runs once per element of a list (``for_each``: ``"<ref>[<i>]"``). A step run waits
+until every node before it has ended, is then ready (placed at once, as parallelism and
+workers allow), goes out to a worker (``StepRun.in_flight``) and ends done or skipped. What a
+step made is in ``made`` (data, ``scheduler.data``), the objects that hold it in ``objects``.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import enum
 import secrets
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane, Policy
+from orchestrator.scheduler.data import Datum, Mode, Obj
+from workflows.graph import Graph, Node
 
-__all__ = ["InFlight", "RunState", "StepSpec"]
+__all__ = ["DEFAULT_MAX_PARALLEL", "InFlight", "Phase", "RunState", "StepRun", "StepSpec"]
+
+DEFAULT_MAX_PARALLEL = 16  # step runs of one workflow out at once (``Settings``)
 
 
 @dataclass(frozen=True)
 class StepSpec:
+    """How a task step runs: its task definition's settings and the step's parameters."""
+
     ref: str
     task: str  # task definition name
     module: str  # what the worker loads
@@ -51,105 +58,128 @@ class InFlight:
         return self.instruction.task_run_id
 
 
+class Phase(enum.Enum):
+    WAITING = "waiting"  # a node before it has not ended
+    READY = "ready"  # may go out: its inputs are resolved
+    OUT = "out"  # at a worker
+    FANNED = "fanned"  # a node that runs per element: its step runs are under way
+    DONE = "done"
+    SKIPPED = "skipped"
+
+
+@dataclass(eq=False)
+class StepRun:
+    """One node of the graph, or one element of a node that runs per element."""
+
+    id: str  # the node's ref, or "<ref>[<i>]"
+    node: Node
+    spec: StepSpec | None  # None for a switch
+    index: int | None = None
+    phase: Phase = Phase.WAITING
+    attempt: int = 1
+    in_flight: InFlight | None = None
+    retry_at: float = 0.0  # monotonic: when a failed attempt goes out again
+    avoid: frozenset[str] = frozenset()  # workers that lost it
+    last_worker: str | None = None
+    unrunnable_since: float = 0.0  # monotonic: since when no live worker can run it
+    reads: dict[str, Datum] = field(default_factory=dict)  # its inputs, once resolved
+    modes: dict[str, Mode] = field(default_factory=dict)  # how it reads each object, once placed
+
+    @property
+    def current(self) -> StepSpec:
+        """The task settings (a switch never goes to a worker)."""
+        assert self.spec is not None, f"{self.id} is a switch"
+        return self.spec
+
+
 @dataclass(eq=False)
 class RunState:
     workflow_id: uuid.UUID
     policy: Policy
     data_plane: DataPlane
-    steps: list[StepSpec]
+    graph: Graph
+    specs: dict[str, StepSpec]  # node ref -> its task settings (task nodes only)
     input_uri: str
     data: dict[str, Any] = field(default_factory=dict)  # input.data, given to every task
     result_format: str = "png"  # key of workflows.imagebuf.RESULT_FORMATS
     intermediate_format: str = "png"  # object-store: how images between tasks are stored
-    step: int = 0
-    attempt: int = 1
-    key: str = ""  # cdi: the object holding the current image
-    generation: int = 0  # cdi: suffix of the next output object
-    owner: str = ""  # cdi: who owns ``key`` (the scheduler or a worker that kept it)
-    held: str = ""  # cdi: task run whose image the owner holds in memory, newer than ``key``
-    held_from: int = 0  # cdi: the first step whose image is only held (recomputed if lost)
-    attempts: dict[str, int] = field(default_factory=dict)  # step ref -> last attempt placed
-    nbytes: int = 0
-    current_uri: str = ""  # object-store: where the current image is
-    last_worker: str | None = None
-    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    in_flight: InFlight | None = None
-    avoid: frozenset[str] = frozenset()  # workers that lost the current step
-    retry_at: float = 0.0  # monotonic: when a failed attempt is dispatched again
-    unrunnable_since: float = 0.0  # monotonic: since when no live worker can run the step
+    max_parallel: int = DEFAULT_MAX_PARALLEL
+    steps: dict[str, StepRun] = field(default_factory=dict)  # step run id -> its state
+    made: dict[str, dict[str, Datum]] = field(default_factory=dict)  # step run -> outputs
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # step run -> JSON output
+    results: dict[str, str] = field(default_factory=dict)  # "<step run>.<output>" -> S3 URI
+    objects: dict[str, Obj] = field(default_factory=dict)  # key -> the run's CDI objects
+    fanned: dict[str, list[str]] = field(default_factory=dict)  # node ref -> its step runs
+    attempts: dict[str, int] = field(default_factory=dict)  # step run id -> last attempt placed
+    generation: int = 0  # suffix of the next object key
+    home: str | None = None  # affinity: the worker every step goes to
+    # Ending (cancelled by a user, or failed): nothing more is placed, and once nothing is out
+    # what the run holds is freed.
     cancelled: bool = False
     # Object keys are "<key_prefix>-<generation>"; a run driven again gets a new prefix, so its
     # keys never meet objects an earlier drive may have left (in a worker that kept one).
     key_prefix: str = ""
     drives: int = 1  # how many times the run was driven from its input (resumes included)
 
-    @property
-    def current(self) -> StepSpec:
-        return self.steps[self.step]
+    def __post_init__(self) -> None:
+        if not self.steps:
+            for ref, node in self.graph.nodes.items():
+                self.steps[ref] = StepRun(ref, node, self.specs.get(ref))
+
+    # ------------------------------------------------------------------ what is where
+    def out(self) -> Iterator[StepRun]:
+        """The step runs out at a worker now."""
+        return (s for s in self.steps.values() if s.in_flight is not None)
 
     @property
-    def last_step(self) -> bool:
-        return self.step == len(self.steps) - 1
+    def busy(self) -> int:
+        """Step runs out at a worker now (what ``max_parallel`` bounds)."""
+        return sum(1 for s in self.steps.values() if s.phase is Phase.OUT)
 
-    def flight(self, task_run_id: int) -> InFlight | None:
-        """The task out at a worker under ``task_run_id``, if this run has it."""
-        flight = self.in_flight
-        return flight if flight is not None and flight.task_run_id == task_run_id else None
+    def flight(self, task_run_id: int) -> StepRun | None:
+        """The step run whose task is out under ``task_run_id``, if this run has it."""
+        for step in self.steps.values():
+            flight = step.in_flight
+            if flight is not None and flight.task_run_id == task_run_id:
+                return step
+        return None
 
-    def advance(self) -> None:
-        """Make the next step current, at its first attempt not yet made (a step recomputed
-        after a lost held image has run before)."""
-        self.step += 1
-        self.attempt = self.attempts.get(self.current.ref, 0) + 1
-        self.avoid = frozenset()
+    @property
+    def finished(self) -> bool:
+        """Every step run ended (done or skipped)."""
+        return all(s.phase in (Phase.DONE, Phase.SKIPPED) for s in self.steps.values())
 
-    def follow_held(self, task_run_id: int, *, held: bool, lost: bool) -> bool:
-        """Follow a report on the image a worker holds instead of ``key`` (``Report.held``,
-        ``Report.held_lost``); True if the held image was lost and the run rewound."""
-        if lost and self.held:
-            self.rewind()
-            return True
-        if held:
-            if not self.held:
-                self.held_from = self.step
-            self.held = str(task_run_id)
-        else:
-            self.held = ""
-        return False
-
-    def rewind(self) -> None:
-        """The held image is lost: make the first step it came from current again, at its
-        last attempt (the retry that follows counts against that step's retries)."""
-        self.step = self.held_from
-        self.attempt = self.attempts.get(self.current.ref, 1)
-        self.held = ""
+    def uses_objects(self) -> bool:
+        """Whether the run has (or is making) CDI objects."""
+        return bool(self.objects) or (
+            self.data_plane == DataPlane.CDI and any(True for _ in self.out())
+        )
 
     def next_object_key(self) -> str:
         self.generation += 1
         return f"{self.key_prefix or f'wf-{self.workflow_id}'}-{self.generation}"
 
     def again(self, attempts: dict[str, int] | None = None) -> RunState:
-        """The same workflow driven again from its input: first step, no object, every step's
-        attempts going on from ``attempts`` (default: what this run placed), so no attempt
-        number is used twice."""
+        """The same workflow driven again from its input: every step waiting, no object,
+        every step's attempts going on from ``attempts`` (default: what this run placed), so
+        no attempt number is used twice."""
         placed = dict(self.attempts if attempts is None else attempts)
-        return dataclasses.replace(
-            self,
-            step=0,
-            attempt=placed.get(self.steps[0].ref, 0) + 1,
-            key="",
-            generation=0,
-            owner="",
-            held="",
-            held_from=0,
+        fresh = RunState(
+            self.workflow_id,
+            self.policy,
+            self.data_plane,
+            self.graph,
+            self.specs,
+            self.input_uri,
+            data=self.data,
+            result_format=self.result_format,
+            intermediate_format=self.intermediate_format,
+            max_parallel=self.max_parallel,
             attempts=placed,
-            nbytes=0,
-            current_uri=self.input_uri,
-            last_worker=None,
-            outputs={},
-            in_flight=None,
-            avoid=frozenset(),
-            retry_at=0.0,
             key_prefix=f"wf-{self.workflow_id}-{secrets.token_hex(3)}",
             drives=self.drives + 1,
+            cancelled=self.cancelled,
         )
+        for step in fresh.steps.values():
+            step.attempt = placed.get(step.id, 0) + 1
+        return fresh

@@ -23,6 +23,11 @@ an object and nothing is handed back. That part runs after the worker's slot has
 its next instruction (``Execution.later``). If the PUT fails the task fails like any other, and
 its retry starts from the object (or from the held input, written for it).
 
+Named data besides the image (``Instruction.inputs`` and ``outputs``: other inputs, shared
+reads, outputs of any kind) is opened, written, stored and let go by ``named_data``, around the
+image's own path here; a ``none``-plane instruction (a run started without an image) is one
+with no image object, and touches CDI only for the named data it has.
+
 The mapped input pins the object (no transfer or destroy while it lives), so the worker drops
 every reference it holds — the task's own frames in a traceback included — before it hands the
 object on. A task that keeps its input beyond its call (or runs on after a timeout) leaves the
@@ -38,7 +43,8 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from PIL import Image
 
@@ -56,8 +62,9 @@ from orchestrator.worker.execution import (
 )
 from orchestrator.worker.held import Held, HeldImages
 from orchestrator.worker.input_fetch import fetch_into_object
+from orchestrator.worker.named_data import NamedData, Opened
 from orchestrator.worker.store_plane import check_output, check_uri, put_image
-from workflows.api import TaskSpec
+from workflows.binding import IMAGE
 from workflows.errors import InvalidImage
 from workflows.imagebuf import map_image, required_size, write_image
 from workflows.tracebacks import clear_frames
@@ -75,6 +82,8 @@ class _After:
     view: memoryview | None = None  # the input's memory while the task reads it
     source: Image.Image | None = None  # the held input, newer than ``obj``
     new: Image.Image | None = None  # the task's new image
+    objects: dict[str, Any] = field(default_factory=dict)  # its other named outputs
+    opened: Opened = field(default_factory=Opened)  # its named inputs
 
 
 class CdiPlane:
@@ -96,18 +105,21 @@ class CdiPlane:
         self.store = store  # the S3 store of the input and result, made on first use
         self.max_input_bytes = max_input_bytes
         self.max_pixels = max_pixels
+        self.named = NamedData(client, access_timeout_s, store)
 
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
         """Run ``ins``; a last task's result is stored by ``exe.later``, which the worker calls
         once the slot has moved on: S3's round trips need not hold up its next task."""
-        # What this worker held for the workflow is this instruction's input, or stale.
-        entry = self.held.take(ins.workflow_id) if isinstance(ins.workflow_id, str) else None
+        # What this worker held from the object this instruction names is its input, or stale.
+        entry = self.held.take(ins.key) if isinstance(ins.key, str) and ins.key else None
         try:
             after = self._compute(ins, call, exe, entry)
         except BaseException:
             self._release(entry)
             raise
-        if after.obj is not None and ins.output_uri and exe.status == TaskRunStatus.COMPLETED:
+        # Only what waits for S3 goes later: a result to store.
+        stores = bool(ins.output_uri) or bool(ins.store_prefix and after.objects)
+        if stores and exe.status == TaskRunStatus.COMPLETED:
             exe.later = functools.partial(self._conclude, ins, exe, after, entry)
         else:
             self._conclude(ins, exe, after, entry)
@@ -120,48 +132,76 @@ class CdiPlane:
         try:
             _check(ins)
             spec = call.load()
-            after.obj = self._fetch(ins, exe) if ins.input_uri else self._use(ins.key)
-            if ins.held:
-                after.source = source = _held_input(ins, entry, self.client.container_id)
-                exe.bytes_in = required_size(source.width, source.height, source.mode)
-                after.new = call.run(spec, _read_only(source), exe)
-            else:
-                after.view = self._access(after.obj)
-                after.new = self._run_mapped(after.obj, after.view, call, spec, exe)
+            inputs: dict[str, Any] = {}
+            if ins.key:
+                after.obj = self._fetch(ins, exe) if ins.input_uri else self._use(ins.key)
+                if ins.held:
+                    after.source = source = _held_input(ins, entry, self.client.container_id)
+                    exe.bytes_in = required_size(source.width, source.height, source.mode)
+                    inputs[IMAGE] = _read_only(source)
+                else:
+                    after.view = self._access(after.obj)
+                    inputs[IMAGE] = self._map(after.obj, after.view, exe)
+            self.named.open(ins, after.opened)
+            exe.bytes_in += after.opened.nbytes
+            inputs.update(after.opened.values)
+            produced = call.run(spec, inputs, exe)  # it empties ``inputs``
+            if isinstance(produced.objects.get(IMAGE), Image.Image):
+                after.new = produced.objects.pop(IMAGE)
+            after.objects = produced.objects
         except Exception as exc:
             clear_frames(exc)  # its frames hold the mapped input: they must not pin the object
             exe.fail(exc)
             after.new = None
-            if isinstance(exc, InputMissing):
+            after.objects = {}
+            lane_missing = after.view is None and after.source is None
+            if isinstance(exc, InputMissing) and ins.key and lane_missing:
                 after.obj = None  # nothing to keep or hand back
-            elif after.obj is None and not ins.input_uri:  # a failed fetch leaves no object
-                after.obj = self._find(ins.key)
+            elif after.obj is None and ins.key and not ins.input_uri:
+                after.obj = self._find(ins.key)  # a failed fetch leaves no object
         return after
 
     def _conclude(
         self, ins: Instruction, exe: Execution, after: _After, entry: Held | None
     ) -> None:
-        """Store, hold or write the task's image, then keep or hand back the object."""
+        """Store, hold or write the task's outputs, let go of its inputs, then keep or hand
+        back the objects."""
         try:
             # Taken out of ``after``, which ``exe.later`` refers to: a reference left there to
             # an image that maps the input would pin the object.
             obj, view, source, new = after.obj, after.view, after.source, after.new
+            objects, opened = after.objects, after.opened
             after.obj = after.view = after.source = after.new = None
-            if obj is not None and ins.output_uri and exe.status == TaskRunStatus.COMPLETED:
-                self._store_result(ins, new if new is not None else source, view, exe)
-                new = None
+            after.objects = {}
+            sink = bool(ins.output_uri or ins.store_prefix)
+            made: list[cdi.CDIObject] = []
+            if exe.status == TaskRunStatus.COMPLETED and sink:
+                shared = opened.values.get(IMAGE)
+                shared_image = shared if isinstance(shared, Image.Image) else None
+                shared = None
+                image = new if new is not None else source
+                self._store_results(ins, image, view, objects, exe, shared_image)
+                image = shared_image = new = None
+            elif exe.status == TaskRunStatus.COMPLETED:
+                made = self._write_named(ins, objects, exe)
+            objects = {}
             # A new image that still maps the input (the task returned its input) is written,
             # not held: holding it would pin the object.
             pinned = view is not None and not _try_release(view)
             current = new if new is not None else source
             done = exe.status == TaskRunStatus.COMPLETED and not exe.stored
+            if done and ins.discard_image:
+                current = new = None  # no step reads it: the object goes below
             if obj is not None and current is not None and done:
                 obj = self._hold_or_write(ins, obj, current, may_hold=not pinned, exe=exe)
+            elif obj is None and new is not None and done:
+                obj = self._write_fresh(ins, new, exe)
             current = None
             new = None
             if pinned and view is not None:
                 _release_view(view)
-            if exe.stored and obj is not None:
+            self.named.close(ins, opened, succeeded=exe.status == TaskRunStatus.COMPLETED, exe=exe)
+            if (exe.stored or (done and ins.discard_image)) and obj is not None:
                 self._destroy_stored(obj, exe)
                 obj = None
             if ins.held and exe.status != TaskRunStatus.COMPLETED:
@@ -170,9 +210,32 @@ class CdiPlane:
                     obj = self._save_for_retry(ins, obj, source, exe)
                 else:
                     exe.held_lost = True  # the scheduler recomputes it from the last object
+            self.named.settle(ins, made, exe)
             self._settle(ins, obj, exe)
         finally:
             self._release(entry)
+
+    def _write_named(
+        self, ins: Instruction, objects: dict[str, Any], exe: Execution
+    ) -> list[cdi.CDIObject]:
+        try:
+            return self.named.write(ins, objects, exe)
+        except Exception as exc:
+            clear_frames(exc)
+            exe.fail(exc)
+            return []
+
+    def _write_fresh(
+        self, ins: Instruction, img: Image.Image, exe: Execution
+    ) -> cdi.CDIObject | None:
+        """A new image of a task that read no image object of its own (none, or a shared
+        one): into a fresh object, replacing nothing."""
+        try:
+            return self._write_output(ins, img, exe)
+        except Exception as exc:
+            clear_frames(exc)
+            exe.fail(exc)
+            return None
 
     def _release(self, entry: Held | None) -> None:
         if entry is not None:
@@ -219,16 +282,8 @@ class CdiPlane:
                 "worker before pushing the instruction"
             ) from exc
 
-    def _run_mapped(
-        self,
-        obj: cdi.CDIObject,
-        view: memoryview,
-        call: TaskCall,
-        spec: TaskSpec,
-        exe: Execution,
-    ) -> Image.Image | None:
-        """Run the task on the image mapped over ``view``; its new image, if it made one. Every
-        reference to the mapped image but the new one (if the task returned it) is gone."""
+    def _map(self, obj: cdi.CDIObject, view: memoryview, exe: Execution) -> Image.Image:
+        """The image mapped over ``view`` (no copy)."""
         started = time.perf_counter()
         try:
             img = map_image(view)
@@ -236,7 +291,7 @@ class CdiPlane:
             raise InvalidImage(f"CDI object {obj.key!r} holds no readable image: {exc}") from exc
         exe.bytes_in = required_size(img.width, img.height, img.mode)
         exe.read_ms += elapsed_ms(started)  # after the fetch's, for a first task
-        return call.run(spec, img, exe)
+        return img
 
     def _hold_or_write(
         self,
@@ -253,7 +308,7 @@ class CdiPlane:
         if (
             ins.hold
             and may_hold
-            and self.held.put(ins.workflow_id, Held(obj.key, str(ins.task_run_id), img, size))
+            and self.held.put(obj.key, Held(obj.key, str(ins.task_run_id), img, size))
         ):
             exe.held = True
             exe.bytes_out = size
@@ -265,16 +320,28 @@ class CdiPlane:
             exe.fail(exc)
             return obj
 
-    def _store_result(
-        self, ins: Instruction, img: Image.Image | None, view: memoryview | None, exe: Execution
+    def _store_results(
+        self,
+        ins: Instruction,
+        img: Image.Image | None,
+        view: memoryview | None,
+        objects: dict[str, Any],
+        exe: Execution,
+        shared_image: Image.Image | None,
     ) -> None:
-        """The last task: PUT its image (``img``, else the mapped input) at ``output_uri``."""
+        """A step whose outputs are the run's results: PUT its image (``img``, else the image
+        it read) at ``output_uri`` and every other output under ``store_prefix``."""
         try:
-            if img is None:
-                if view is None:  # _compute maps the input whenever it holds none
-                    raise WorkerError(f"instruction {ins.task_run_id}: no image to store")
+            if img is None and view is not None:
                 img = map_image(view)
-            put_image(self.store(), ins, img, exe)
+            if img is None:
+                img = shared_image
+            if ins.output_uri and img is not None:
+                put_image(self.store(), ins, img, exe)
+                exe.results[IMAGE] = ins.output_uri
+            img = None
+            if ins.store_prefix:
+                self.named.store(ins, objects, ins.output_format, exe)
             exe.stored = True
         except Exception as exc:
             clear_frames(exc)  # they hold ``img``, which may map the input
@@ -446,8 +513,14 @@ def _release_view(view: memoryview) -> None:
 
 def _check(ins: Instruction) -> None:
     check_common(ins)
-    if not isinstance(ins.key, str) or not ins.key:
+    if not isinstance(ins.key, str) or ((ins.input_uri or ins.held) and not ins.key):
         raise InvalidInstruction(f"instruction {ins.task_run_id} (cdi plane) names no key")
+    if not isinstance(ins.outputs, dict) or not isinstance(ins.store_prefix, str):
+        raise InvalidInstruction(
+            f"instruction {ins.task_run_id}: outputs must be an object, store_prefix a string"
+        )
+    if ins.store_prefix:
+        check_uri(ins, "store_prefix", ins.store_prefix, DataPlane.CDI)
     if not isinstance(ins.held, str) or not isinstance(ins.hold, bool):
         raise InvalidInstruction(
             f"instruction {ins.task_run_id}: held must be a string and hold a boolean"

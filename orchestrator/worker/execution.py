@@ -16,8 +16,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from PIL import Image
-
 import cdi
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
@@ -30,14 +28,10 @@ from orchestrator.errors import (
     TaskTimedOut,
     WorkerError,
 )
-from workflows.api import (
-    TaskContext,
-    TaskSpec,
-    load_task,
-    run_task_on_image,
-    run_task_without_image,
-)
+from workflows.api import Produced, TaskContext, TaskSpec, load_task, run_task_with_inputs
 from workflows.errors import (
+    InputsMismatch,
+    InvalidData,
     InvalidImage,
     NeedsImage,
     TaskNotAllowed,
@@ -64,6 +58,8 @@ EXIT_MINION_LOST: Final = 4  # the CDI minion went away: every object of ours we
 # A retry cannot fix these: the same input or instruction fails the same way.
 _PERMANENT: Final = (
     InvalidImage,
+    InvalidData,
+    InputsMismatch,
     NeedsImage,
     TaskNotFound,
     TaskNotAllowed,
@@ -98,6 +94,10 @@ class Execution:
     cpu_ms: float | None = None  # set once the task function has run
     write_ms: float = 0.0
     return_us: float = 0.0
+    objects: dict[str, Any] = field(default_factory=dict)  # named outputs written
+    results: dict[str, Any] = field(default_factory=dict)  # named outputs stored in S3
+    released: list[str] = field(default_factory=list)  # shares given up
+    returned: list[str] = field(default_factory=list)  # owned inputs handed back
     exit_code: int = 0  # non-zero: the worker must exit after reporting
     # The rest of the instruction, for the worker to run once the slot has moved on; it
     # completes this record before the report is made.
@@ -111,6 +111,8 @@ class Execution:
         timed_out = isinstance(exc, TaskTimedOut)
         self.status = TaskRunStatus.TIMED_OUT if timed_out else TaskRunStatus.FAILED
         self.output = {}
+        self.objects = {}
+        self.results = {}
         self.error = _describe(exc)
         if isinstance(exc, WorkerError):
             self.retryable = exc.retryable
@@ -152,6 +154,10 @@ class Execution:
             cpu_ms=None if self.cpu_ms is None else round(self.cpu_ms, 3),
             write_ms=round(self.write_ms, 3),
             return_us=round(self.return_us, 1),
+            objects=self.objects,
+            results=self.results,
+            released=self.released,
+            returned=self.returned,
         )
 
 
@@ -194,24 +200,24 @@ class TaskCall:
     def load(self) -> TaskSpec:
         return load_task(self.ins.task, self.sources)
 
-    def run(self, spec: TaskSpec, img: Image.Image, exe: Execution) -> Image.Image | None:
-        """Run the task on ``img``; store its output and compute time in ``exe``.
+    def run(self, spec: TaskSpec, inputs: dict[str, Any], exe: Execution) -> Produced:
+        """Run the task on its named ``inputs``; store its JSON output and compute time in
+        ``exe``; what it produced (a new ``image`` among its objects, or none when it left
+        the image unchanged).
 
-        Returns the new image, or ``None`` when the task left the image unchanged. Raises
-        ``TaskTimedOut`` when ``timeout_s`` passes first (``timeout_s <= 0``: no limit); the
-        thread then runs on, as no Python thread can be stopped from outside.
+        Raises ``TaskTimedOut`` when ``timeout_s`` passes first (``timeout_s <= 0``: no
+        limit); the thread then runs on, as no Python thread can be stopped from outside.
         """
         ctx = self._context(spec)
-        # The task thread takes the image out of the box: once the task returns, nothing there
-        # refers to it (the pool's work item outlives the call by a moment), so a mapped input
-        # is unpinned as soon as the caller drops it.
-        box = [img]
-        return self._timed(spec, exe, lambda: run_task_on_image(spec, box.pop(), ctx))
-
-    def run_dataless(self, spec: TaskSpec, exe: Execution) -> None:
-        """Run the task of a dataless workflow (``img=None``), like ``run``."""
-        ctx = self._context(spec)
-        self._timed(spec, exe, lambda: (None, run_task_without_image(spec, ctx)))
+        chain = self.ins.chain is not False
+        # The task thread takes the inputs out of the box: once the task returns, nothing
+        # there refers to them (the pool's work item outlives the call by a moment), so a
+        # mapped input is unpinned as soon as the caller drops it.
+        box = [dict(inputs)]
+        inputs.clear()
+        return self._timed(
+            spec, exe, lambda: run_task_with_inputs(spec, box.pop(), ctx, chain=chain)
+        )
 
     def _context(self, spec: TaskSpec) -> TaskContext:
         data = self.ins.data if isinstance(self.ins.data, dict) else {}
@@ -223,15 +229,10 @@ class TaskCall:
             input=data,
         )
 
-    def _timed(
-        self,
-        spec: TaskSpec,
-        exe: Execution,
-        call: Callable[[], tuple[Image.Image | None, dict[str, Any]]],
-    ) -> Image.Image | None:
+    def _timed(self, spec: TaskSpec, exe: Execution, call: Callable[[], Produced]) -> Produced:
         started = time.perf_counter()
 
-        def measured() -> tuple[Image.Image | None, dict[str, Any]]:
+        def measured() -> Produced:
             # The task thread's CPU time: the task's own cost, whatever else the host runs.
             cpu = time.thread_time()
             try:
@@ -243,7 +244,7 @@ class TaskCall:
         timeout = float(self.ins.timeout_s)
         limited = 0 < timeout < math.inf  # 0 or less (or inf) means no limit
         try:
-            new_img, output = future.result(timeout if limited else None)
+            produced = future.result(timeout if limited else None)
         except TimeoutError:
             if future.done():  # the task itself raised TimeoutError
                 raise
@@ -251,11 +252,11 @@ class TaskCall:
             raise TaskTimedOut(spec.name, timeout) from None
         finally:
             exe.compute_ms = elapsed_ms(started)
-        exe.output = output
-        return new_img
+        exe.output = produced.output
+        return produced
 
 
-_Outcome = tuple[Image.Image | None, dict[str, Any]]
+_Outcome = Produced
 
 
 class _TaskThread:

@@ -2,10 +2,12 @@
 
 Under ``affinity`` the next task of a workflow comes to the same worker, so a task's new image
 need not be copied into a fresh CDI object only for that worker to read it back. With
-``Instruction.hold`` the worker keeps the image here, keyed by workflow, together with the CDI
-object it was computed from (which the worker keeps owning) and a token naming the task run
-that produced it. The next instruction names that token in ``held``; the image is written to a
-CDI object only when it must leave the worker (the last task, a failure, no room here).
+``Instruction.hold`` the worker keeps the image here, keyed by the CDI object it was computed
+from (which the worker keeps owning; the next instruction names it as ``key``), with a token
+naming the task run that produced it. The next instruction names that token in ``held``; the
+image is written to a CDI object only when it must leave the worker (the last task, a failure,
+no room here). *Why by object, not by workflow:* the branches of one workflow may run side by
+side on one worker, each with its own image.
 
 *Why a budget, and refusal rather than eviction:* the images are private memory the host's
 memory limits know nothing about. A full budget makes the worker write the result as before,
@@ -41,7 +43,7 @@ class Held:
 
 
 class HeldImages:
-    """At most one held image per workflow, within ``max_bytes``; safe across slots."""
+    """At most one held image per base object, within ``max_bytes``; safe across slots."""
 
     def __init__(self, max_bytes: int = DEFAULT_HOLD_BYTES) -> None:
         if max_bytes < 0:
@@ -52,11 +54,11 @@ class HeldImages:
         self._in_use: list[Held] = []  # taken by a running instruction, not yet released
         self._bytes = 0  # of both: the memory the images take
 
-    def take(self, workflow_id: str) -> Held | None:
-        """Remove and return the workflow's held image, if any; it counts against the budget
-        until ``release``."""
+    def take(self, base: str) -> Held | None:
+        """Remove and return the image held over object ``base``, if any; it counts against
+        the budget until ``release``."""
         with self._lock:
-            held = self._held.pop(workflow_id, None)
+            held = self._held.pop(base, None)
             if held is not None:
                 self._in_use.append(held)
             return held
@@ -67,18 +69,18 @@ class HeldImages:
             self._in_use.remove(held)
             self._bytes -= held.nbytes
 
-    def put(self, workflow_id: str, held: Held) -> bool:
-        """Hold ``held`` for the workflow; False (nothing held) when it does not fit, or when
-        the workflow has a held image already (the same instruction run twice, e.g. re-sent
-        after Redis lost its data): the caller then writes the image instead."""
+    def put(self, base: str, held: Held) -> bool:
+        """Hold ``held`` over object ``base``; False (nothing held) when it does not fit, or
+        when that object has a held image already (the same instruction run twice, e.g.
+        re-sent after Redis lost its data): the caller then writes the image instead."""
         with self._lock:
-            if workflow_id in self._held:
+            if base in self._held:
                 return False
             if self._bytes + held.nbytes > self.max_bytes:
                 self._drop_stale()
             if self._bytes + held.nbytes > self.max_bytes:
                 return False
-            self._held[workflow_id] = held
+            self._held[base] = held
             self._bytes += held.nbytes
             return True
 
@@ -96,5 +98,5 @@ class HeldImages:
 
     def _drop_stale(self) -> None:
         cutoff = time.monotonic() - STALE_AFTER_S
-        for workflow_id in [w for w, h in self._held.items() if h.since < cutoff]:
-            self._bytes -= self._held.pop(workflow_id).nbytes
+        for base in [b for b, h in self._held.items() if h.since < cutoff]:
+            self._bytes -= self._held.pop(base).nbytes

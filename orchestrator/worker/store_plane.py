@@ -17,6 +17,7 @@ from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.errors import InvalidInstruction, InvalidRequest
 from orchestrator.objectstore import ObjectStore, parse_s3_uri
 from orchestrator.worker.execution import Execution, TaskCall, check_common, elapsed_ms
+from workflows.binding import IMAGE
 from workflows.errors import InvalidImage
 from workflows.imagebuf import RESULT_FORMATS, decode_bytes, encode_image
 
@@ -54,7 +55,14 @@ class StorePlane:
                 raise InvalidImage(f"{ins.input_uri} is not a usable image: {exc}") from exc
             exe.bytes_in = len(data)
             exe.read_ms = elapsed_ms(started)
-            new_img = call.run(spec, img, exe)
+            produced = call.run(spec, {IMAGE: img}, exe)
+            new_img = produced.image
+            if set(produced.objects) - {IMAGE}:
+                raise InvalidInstruction(
+                    f"task {ins.task!r} returned named outputs "
+                    f"({', '.join(sorted(set(produced.objects) - {IMAGE}))}); the object-store "
+                    "plane carries one image between tasks: start the run on the cdi plane"
+                )
             put_image(self.store, ins, new_img if new_img is not None else img, exe)
         except Exception as exc:
             exe.fail(exc)

@@ -676,3 +676,64 @@ def test_readiness_names_a_stalled_scheduler_then_recovers(ui: UI, harness: Harn
     finally:
         os.kill(scheduler, signal.SIGCONT)
     expect(ready).to_have_attribute("data-state", "ready", timeout=30_000)
+
+
+def _column(page: Page, ref: str) -> float:
+    """The x of a task graph node (its column)."""
+    transform = page.locator(f".dag .node[data-ref='{ref}']").get_attribute("transform") or ""
+    return float(transform.removeprefix("translate(").split(",")[0])
+
+
+def test_a_graph_run_draws_its_branches_side_by_side_and_a_skipped_step_greyed(
+    ui: UI, harness: Harness
+) -> None:
+    run_id = harness.start("fork_join_pipeline", harness.upload("ui/fork.jpg", sample("night.jpg")))
+    done = harness.wait(run_id)
+    assert done["status"] == "COMPLETED", done["error"]
+    page = ui.page
+    ui.open(f"#/workflows/{run_id}")
+    expect(page.locator("#wf-status")).to_have_attribute("data-status", "COMPLETED")
+    # The graph: both branches in one column, the join after them, every edge an input draws.
+    for ref in ("sharpen", "smooth", "blend", "classify"):
+        node = page.locator(f".dag .node[data-ref='{ref}']")
+        expect(node).to_have_attribute("data-status", "COMPLETED")
+    assert _column(page, "sharpen") == _column(page, "smooth") < _column(page, "blend")
+    expect(page.locator(".dag .edge")).to_have_count(3)
+    # The timeline: the branches on the lanes of the workers that ran them.
+    runs = {r["ref"]: r for r in done["task_runs"]}
+    lanes = page.locator(".gantt .lane-label").all_text_contents()
+    assert {runs["sharpen"]["worker_id"], runs["smooth"]["worker_id"]} <= set(lanes), lanes
+    # The input image, read by both branches at once, was shared with each: two shares.
+    shares = [x for x in done["handoffs"] if x["mode"] == "share"]
+    assert [x["datum"] for x in shares] == ["input.image", "input.image"], done["handoffs"]
+    expect(page.locator("table.handoffs tbody tr[data-mode=share]")).to_have_count(2)
+    expect(page.locator(".gantt .handoff-share")).to_have_count(2)
+    ui.shot("workflow-fork-join")
+
+    switch = {
+        "name": "dark_or_not",
+        "tasks": [
+            {"ref": "label", "task": "classify"},
+            {"ref": "route", "switch": "label.label", "cases": {"dark": ["sharpen"]},
+             "default": ["smooth"]},
+            {"ref": "sharpen", "task": "deblur", "inputs": {"image": "label.image"}},
+            {"ref": "smooth", "task": "denoise", "inputs": {"image": "label.image"}},
+        ],
+    }  # fmt: skip
+    harness.register("/api/workflow-definitions", switch)
+    run_id = harness.start("dark_or_not", harness.upload("ui/dark.jpg", sample("night.jpg")))
+    done = harness.wait(run_id)
+    assert done["status"] == "COMPLETED", done["error"]
+    ui.open(f"#/workflows/{run_id}")
+    expect(page.locator("#wf-status")).to_have_attribute("data-status", "COMPLETED")
+    expect(page.locator(".dag .node[data-ref='sharpen']")).to_have_attribute(
+        "data-status", "COMPLETED"
+    )
+    expect(page.locator(".dag .node[data-ref='smooth']")).to_have_attribute(
+        "data-status", "SKIPPED"
+    )
+    skipped = page.locator(".dag .node[data-ref='smooth']")
+    assert float(skipped.evaluate("n => getComputedStyle(n).opacity")) < 1  # greyed
+    ran = [r for r in done["task_runs"] if r["worker_id"]]  # not the switch nor the skipped
+    expect(page.locator(".gantt .seg-run")).to_have_count(len(ran))
+    ui.shot("workflow-switch")

@@ -224,11 +224,11 @@ def test_workflow_definition_lifecycle(api_client: TestClient, flow: str) -> Non
           {"ref": "b", "task": "noop", "depends_on": ["a"]}],
          ["dependency cycle", "a -> b -> a"]),
         ([], ["'tasks' is empty"]),
-        # a fork would run as a chain, its second branch on the first one's output
+        # a join must say which of its inputs is which
         ([{"ref": "a", "task": "noop"}, {"ref": "b1", "task": "noop", "depends_on": ["a"]},
           {"ref": "b2", "task": "noop", "depends_on": ["a"]},
           {"ref": "c", "task": "noop", "depends_on": ["b1", "b2"]}],
-         ["all depend on step 'a'", "depends on 2 steps", "not supported yet"]),
+         ["step 'c': depends on 2 steps", "names no 'inputs'", '"b1": "b1.image"']),
     ],
 )  # fmt: skip
 def test_workflow_definition_problems_are_named(
@@ -293,6 +293,18 @@ def test_start_validation(api_client: TestClient, change: dict[str, Any], says: 
                                                        "input": IMAGE, **change})  # fmt: skip
     assert response.status_code == 422
     assert says in response.text
+
+
+def test_a_graph_on_the_object_store_plane_is_refused_saying_to_use_the_cdi_plane(
+    api_client: TestClient,
+) -> None:
+    """The object-store plane carries one image from step to step: a fork cannot run on it."""
+    body = {"workflow": "fork_join_pipeline", "input": IMAGE, "data_plane": "object-store"}
+    response = api_client.post("/api/workflows", json=body)
+    assert response.status_code == 422, response.text
+    assert "start the run on the cdi plane" in response.text
+    assert "steps 'sharpen', 'smooth' all start the workflow" in response.text
+    assert _start(api_client, "fork_join_pipeline")["data_plane"] == "cdi"
 
 
 def test_start_without_image_is_dataless(api_client: TestClient) -> None:
@@ -463,12 +475,14 @@ def test_workflow_detail(api_client: TestClient, api_store: SchedulerStore) -> N
     run = _start(api_client, "image_pipeline")
     wid = uuid.UUID(run["id"])
     moved = Handoff("scheduler", "w1", 1024, 12.5)
-    first = Placement(api_store.next_task_run_id(), wid, "deblur", "deblur", 1, "w1", 999.0, moved)
-    api_store.place(first)
+    first = Placement(
+        api_store.next_task_run_id(), wid, "deblur", "deblur", 1, "w1", 999.0, (moved,)
+    )
+    api_store.place([first])
     failed = Report(first.task_run_id, str(wid), "w1", TaskRunStatus.FAILED, 1000.0, 1000.5,
                     error="worker died", bytes_in=1024)  # fmt: skip
     second = Placement(api_store.next_task_run_id(), wid, "deblur", "deblur", 2, "w2", 1001.0)
-    assert api_store.report(failed, None, second) is False  # placed the retry, ended nothing
+    assert api_store.report(failed, (), [second]) is False  # placed the retry, ended nothing
     detail = api_client.get(f"/api/workflows/{wid}").json()
     assert detail["id"] == run["id"] and detail["status"] == "PENDING"
     runs = detail["task_runs"]
@@ -508,10 +522,10 @@ def test_task_runs_within_a_window_come_page_by_page(
     for attempt, (ref, (started, finished)) in enumerate(spans.items(), start=1):
         task_run_id = api_store.next_task_run_id()
         placed = Placement(task_run_id, wid, ref, "noop", 1, f"w{attempt}", started)
-        api_store.place(placed)
+        api_store.place([placed])
         done = Report(placed.task_run_id, str(wid), f"w{attempt}", TaskRunStatus.COMPLETED,
                       started, finished, cpu_ms=1.5)  # fmt: skip
-        api_store.report(done, None, None)
+        api_store.report(done)
         ids[ref] = placed.task_run_id
     window = {
         "finished_after": datetime.fromtimestamp(now - 10, UTC).isoformat(),

@@ -69,6 +69,19 @@ def test_in_flight_counts_when_heartbeats_lag() -> None:
     )
 
 
+def test_a_beat_older_than_the_workers_last_report_does_not_count_its_tasks() -> None:
+    """w1's beat (at 100) still counts the task it reported at 100.5; w2 is really busy."""
+    beats = {
+        "w1": {"last_heartbeat": "100", "queue_depth": "0", "running": "1"},
+        "w2": {"last_heartbeat": "100", "queue_depth": "0", "running": "1"},
+    }
+    reported = {"w1": 100.5, "w2": 99.0}
+    read = read_workers(beats, {"w2": 1}, dead_after_s=6, now=101, reported_at=reported)
+    loads = {w.worker_id: w for w in read}
+    assert (loads["w1"].backlog, loads["w2"].backlog) == (0, 1)
+    assert choose_worker(list(loads.values()), Policy.TRANSFER, None, task_s=0.1, nbytes=0) == "w1"
+
+
 def test_stale_or_malformed_heartbeats_read_as_dead() -> None:
     beats = {"old": {"last_heartbeat": "10"}, "bad": {"last_heartbeat": "soon"}}
     loads = {w.worker_id: w for w in read_workers(beats, {}, dead_after_s=6, now=100)}

@@ -130,10 +130,10 @@ def test_an_instruction_redis_did_not_take_is_placed_again(
 
     monkeypatch.setattr(scheduler.redis, "lpush", flaky_lpush)
     scheduler.claims.claim()
-    run = scheduler.runs[uuid.UUID(workflow_id)]
-    assert run.in_flight is None and run.retry_at > 0  # nothing out, a retry due
+    step = scheduler.runs[uuid.UUID(workflow_id)].steps["noop1"]
+    assert step.in_flight is None and step.retry_at > 0  # nothing out, a retry due
     assert scheduler.dispatch._in_flight[WORKER] == 0
-    run.retry_at = 1e-9  # due now
+    step.retry_at = 1e-9  # due now
     scheduler._tick()
     assert [i.workflow_id for i in _queued(api_redis)] == [workflow_id]
 
@@ -201,8 +201,8 @@ def test_a_dead_schedulers_workflows_go_to_a_live_one_and_a_live_ones_stay(
             holders = [each for each in (alive, survivor) if uuid.UUID(orphan) in each.runs]
             time.sleep(0.1)
         assert len(holders) == 1, "the dead scheduler's workflow was taken over once"
-        run = holders[0].runs[uuid.UUID(orphan)]
-        assert (run.current.ref, run.attempt) == ("noop1", 2)  # placed or waiting for room
+        step = holders[0].runs[uuid.UUID(orphan)].steps["noop1"]
+        assert step.attempt == 2  # placed or waiting for room
         assert uuid.UUID(kept) in alive.runs and uuid.UUID(kept) not in survivor.runs
         attempts = sorted((a, status) for _, a, status in _task_runs(api_sessions, orphan))
         assert attempts[0] == (1, "FAILED") and attempts[1:] in ([], [(2, "QUEUED")])

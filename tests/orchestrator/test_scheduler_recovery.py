@@ -104,7 +104,7 @@ def test_a_task_free_to_go_anywhere_waits_for_room_and_goes_when_a_report_frees_
     queue = keys.worker_queue_key(WORKER)
     pushed = [Instruction.loads(raw) for raw in api_redis.lrange(queue, 0, -1)]
     assert sorted(i.workflow_id for i in pushed) == sorted(ids[:2])
-    assert [str(w) for w in scheduler.dispatch.waiting] == [ids[2]]
+    assert [str(w) for w, _ in scheduler.dispatch.waiting] == [ids[2]]
     with api_sessions() as session:
         held = session.scalars(select(TaskRun).where(TaskRun.workflow_id == uuid.UUID(ids[2])))
         assert held.all() == [], "a waiting task must not be recorded as queued at a worker"
@@ -135,7 +135,7 @@ def test_a_waiting_task_of_a_cancelled_workflow_never_goes_out(
     ids = _start_one_task_runs(api_client, api_redis, 3)
     scheduler.dispatch.task_s["noop"] = 1.0
     scheduler.claims.claim()
-    assert [str(w) for w in scheduler.dispatch.waiting] == [ids[2]]
+    assert [str(w) for w, _ in scheduler.dispatch.waiting] == [ids[2]]
 
     cancelled = api_client.post(f"/api/workflows/{ids[2]}/cancel")
     assert cancelled.status_code == 200, cancelled.text
@@ -194,7 +194,7 @@ def test_a_cdi_workflows_first_task_goes_out_naming_its_s3_input_and_no_object_i
     assert first.return_to == scheduler.id  # the object's recovery container
     assert first.keep and not first.held and not first.output_uri
     run = scheduler.runs[uuid.UUID(workflow_id)]
-    assert run.key == ""  # no object until the worker reports one
+    assert run.objects == {}  # no object until the worker reports one
 
 
 def test_the_loop_goes_on_after_redis_drops_its_connection(
@@ -225,31 +225,134 @@ def test_the_loop_goes_on_after_redis_drops_its_connection(
     assert Instruction.loads(raw).workflow_id == started.json()["id"]
 
 
-def test_a_stored_definition_that_is_not_a_chain_fails_its_run_with_the_reason(
+def _store_definition(sessions: sessionmaker[Session], steps: list[dict[str, Any]]) -> str:
+    """A definition written straight into the tables (as one stored long ago would be)."""
+    name = f"graph_{uuid.uuid4().hex[:8]}"
+    with sessions() as session, session.begin():
+        session.add(WorkflowDefinition(name=name, tasks=steps, version=1))
+        session.flush()
+        session.add(WorkflowDefinitionVersion(name=name, version=1, tasks=steps))
+    return name
+
+
+def _report_done(scheduler: Scheduler, api_redis: redis.Redis, ins: Instruction) -> None:
+    now = time.time()
+    report = Report(ins.task_run_id, ins.workflow_id, WORKER, TaskRunStatus.COMPLETED, now, now)
+    api_redis.lpush(scheduler.reply_key, report.dumps())
+    scheduler.step()
+
+
+def test_a_forks_branches_go_out_together_and_its_join_waits_for_both(
     scheduler: Scheduler,
     api_client: TestClient,
     api_sessions: sessionmaker[Session],
     api_redis: redis.Redis,
 ) -> None:
-    """A fork stored before the API refused forks would run as a chain, its second branch on
-    the first one's output: the scheduler fails such a run instead, saying why."""
     beat(api_redis, started_at=1000.0)
-    name = f"fork_{uuid.uuid4().hex[:8]}"
-    steps: list[dict[str, Any]] = [
+    queue = keys.worker_queue_key(WORKER)
+    api_redis.delete(queue)
+    name = _store_definition(api_sessions, [
         {"ref": "a", "task": "noop"},
         {"ref": "b1", "task": "noop", "depends_on": ["a"]},
         {"ref": "b2", "task": "noop", "depends_on": ["a"]},
-    ]
-    with api_sessions() as session, session.begin():
-        session.add(WorkflowDefinition(name=name, tasks=steps, version=1))
-        session.flush()
-        session.add(WorkflowDefinitionVersion(name=name, version=1, tasks=steps))
+        {"ref": "c", "task": "noop", "depends_on": ["b1", "b2"], "inputs": {}},
+    ])  # fmt: skip
+    started = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
+    assert started.status_code == 201, started.text
+    scheduler.claims.claim()
+
+    def popped() -> list[Instruction]:
+        raws = [str(raw) for raw in reversed(api_redis.lrange(queue, 0, -1))]
+        return [Instruction.loads(raw) for raw in raws if api_redis.lrem(queue, 1, raw)]
+
+    [a] = popped()
+    _report_done(scheduler, api_redis, a)
+    branches = popped()
+    assert sorted(i.ref for i in branches) == ["b1", "b2"]  # both at once
+    _report_done(scheduler, api_redis, branches[0])
+    assert popped() == []  # the join waits for the other branch
+    _report_done(scheduler, api_redis, branches[1])
+    [c] = popped()
+    assert c.ref == "c" and c.inputs == {} and not c.chain
+    _report_done(scheduler, api_redis, c)
+    detail = api_client.get(f"/api/workflows/{started.json()['id']}").json()
+    assert detail["status"] == "COMPLETED", detail["error"]
+    assert sorted(r["ref"] for r in detail["task_runs"]) == ["a", "b1", "b2", "c"]
+
+
+def test_a_fan_out_goes_out_no_more_than_the_runs_parallelism_at_once(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+) -> None:
+    """Five elements, at most two out at once: each report lets the next one go; the join
+    gets every element's output, in order."""
+    beat(api_redis, started_at=1000.0)
+    queue = keys.worker_queue_key(WORKER)
+    api_redis.delete(queue)
+    name = _store_definition(api_sessions, [
+        {"ref": "split", "task": "noop"},
+        {"ref": "each", "task": "noop", "inputs": {"x": "split.items"}, "for_each": "x"},
+        {"ref": "join", "task": "noop", "inputs": {"all": "each.n"}},
+    ])  # fmt: skip
+    started = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
+    assert started.status_code == 201, started.text
+    scheduler.claims.claim()
+    run = scheduler.runs[uuid.UUID(started.json()["id"])]
+    run.max_parallel = 2
+
+    def popped() -> list[Instruction]:
+        raws = [str(raw) for raw in reversed(api_redis.lrange(queue, 0, -1))]
+        return [Instruction.loads(raw) for raw in raws if api_redis.lrem(queue, 1, raw)]
+
+    def report(ins: Instruction, output: dict[str, Any]) -> None:
+        now = time.time()
+        done = Report(ins.task_run_id, ins.workflow_id, WORKER, TaskRunStatus.COMPLETED, now,
+                      now, output=output)  # fmt: skip
+        api_redis.lpush(scheduler.reply_key, done.dumps())
+        scheduler.step()
+
+    [split] = popped()
+    report(split, {"items": [10, 20, 30, 40, 50]})
+    out = popped()
+    assert [i.ref for i in out] == ["each[0]", "each[1]"]
+    assert [i.inputs["x"] for i in out] == [{"value": 10}, {"value": 20}]
+    sent, join = [i.ref for i in out], None
+    while out:
+        ins = out.pop(0)
+        report(ins, {"n": ins.inputs["x"]["value"] + 1})
+        for new in popped():
+            if new.ref == "join":
+                join = new
+            else:
+                out.append(new)
+                sent.append(new.ref)
+        assert len(out) <= 2, [i.ref for i in out]  # never more than two out
+    assert sent == [f"each[{i}]" for i in range(5)]
+    assert join is not None
+    assert join.inputs["all"] == {"items": [{"value": n} for n in (11, 21, 31, 41, 51)]}
+
+
+def test_a_stored_definition_that_cannot_run_fails_its_run_with_the_reason(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+) -> None:
+    """A sub-workflow deleted since its definition was stored: the scheduler fails the run,
+    saying why, and runs nothing."""
+    beat(api_redis, started_at=1000.0)
+    name = _store_definition(api_sessions, [
+        {"ref": "a", "task": "noop"},
+        {"ref": "sub", "workflow": "deleted_long_ago", "depends_on": ["a"]},
+    ])  # fmt: skip
     started = api_client.post("/api/workflows", json={"workflow": name, "input": {"data": {}}})
     assert started.status_code == 201, started.text
     scheduler.claims.claim()
     detail = api_client.get(f"/api/workflows/{started.json()['id']}").json()
     assert detail["status"] == "FAILED"
-    assert "cannot run" in detail["error"] and "all depend on step 'a'" in detail["error"]
+    assert "cannot run" in detail["error"] and "'deleted_long_ago' is gone" in detail["error"]
     assert detail["task_runs"] == []  # nothing ran
 
 
@@ -310,7 +413,7 @@ def test_a_step_no_live_worker_loaded_waits_then_fails_its_run(
     assert api_redis.llen(queue) == 0
     assert api_client.get(f"/api/workflows/{run_id}").json()["status"] == "RUNNING"
 
-    assert [str(w) for w in scheduler.dispatch.waiting] == [run_id]
+    assert [str(w) for w, _ in scheduler.dispatch.waiting] == [run_id]
     monkeypatch.setattr(dispatch_module, "UNRUNNABLE_AFTER_S", 0.0)
     time.sleep(0.01)
     scheduler._tick()  # the housekeeping that fails a run no worker can take

@@ -284,7 +284,7 @@ def _version_numbers(session: Session, name: str) -> list[int]:
 def _parsed_workflow(session: Session, data: Mapping[str, Any]) -> bundled.WorkflowDefinition:
     known = task_names(session, lock=True)
     try:
-        return bundled.parse_workflow(dict(data), known)
+        return bundled.parse_workflow(dict(data), known, workflow_definition_names(session))
     except WorkflowsInvalidDefinition as exc:
         name = data.get("name")
         raise InvalidDefinition(exc.problems, f"workflow {name!r}" if name else "workflow") from exc

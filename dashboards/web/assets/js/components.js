@@ -13,6 +13,7 @@ const STATUS_WORDS = {
   FAILED: "Failed",
   TIMED_OUT: "Timed out",
   CANCELLED: "Cancelled",
+  SKIPPED: "Skipped",
   WAITING: "Waiting",
   UP: "Up",
   GONE: "Gone",

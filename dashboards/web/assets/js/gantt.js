@@ -142,7 +142,10 @@ export function gantt(workflow, runs, handoffs, { width, now = Date.now() }) {
 
   // Which container held the data, as a thin band at the foot of its lane (a run with an
   // input image has data; a dataless one moves none).
-  const hasData = workflow.data_plane === "cdi" && Boolean(workflow.input?.image);
+  // One object moving along a chain; a graph's several objects (shared, copied) have no one
+  // owner to draw: their hand-offs say where each went.
+  const oneObject = handoffs.every((x) => !x.mode || x.mode === "transfer");
+  const hasData = workflow.data_plane === "cdi" && Boolean(workflow.input?.image) && oneObject;
   for (const band of hasData ? ownership(handoffs, finished || now, runs) : []) {
     if (!lanes.includes(band.owner) || !(band.to > band.from)) continue;
     svg.append(
@@ -152,6 +155,7 @@ export function gantt(workflow, runs, handoffs, { width, now = Date.now() }) {
 
   // Task runs: queue wait (hatched, light) then the run itself (solid, by status).
   for (const r of runs) {
+    if (r.status === "SKIPPED" || (!r.worker_id && r.task === "switch")) continue; // ran nowhere
     const lane = r.worker_id || sched;
     const q = ms(r.queued_at);
     // A run a worker holds but has not reported yet: its start is known only from the report.
@@ -176,11 +180,12 @@ export function gantt(workflow, runs, handoffs, { width, now = Date.now() }) {
     const y1 = laneY(x0.from_container) + LANE_H / 2;
     const y2 = laneY(x0.to_container) + LANE_H / 2;
     const down = y2 > y1;
+    const how = { share: "shared read-only", copy: "copied" }[x0.mode] || "by ownership";
     svg.append(
       s(
         "g",
-        { class: "handoff", "data-handoff": x0.id },
-        s("title", {}, `${x0.from_container} → ${x0.to_container}: ${bytes(x0.bytes)} by ownership, ${micros(x0.duration_us)}`),
+        { class: ["handoff", x0.mode && `handoff-${x0.mode}`], "data-handoff": x0.id, "data-datum": x0.datum || null },
+        s("title", {}, `${x0.datum ? `${x0.datum}: ` : ""}${x0.from_container} → ${x0.to_container}: ${bytes(x0.bytes)} ${how}, ${micros(x0.duration_us)}`),
         s("line", { x1: at, x2: at, y1: y1 + (down ? 4 : -4), y2: y2 + (down ? -6 : 6), "marker-end": `url(#${marker})` }),
         s("circle", { cx: at, cy: y1, r: 3.5 }),
       ),

@@ -1,5 +1,8 @@
 // The task graph: a layered left-to-right drawing of a workflow definition's DAG, each step
-// coloured by the state of its latest attempt.
+// coloured by the state of its latest attempt. A step follows what it depends on, the steps
+// whose outputs it reads (`inputs`), and the switch whose case runs it; a skipped step (a case
+// not taken) is greyed; a step run once per element (`for_each`) or a sub-workflow's step is
+// one node with the count of its runs (`×16`), its runs listed in its tooltip.
 
 import { s } from "./dom.js";
 import { statusWord } from "./components.js";
@@ -12,9 +15,26 @@ const ROW_GAP = 20;
 const MARGIN = 10;
 let uid = 0;
 
+/** The steps `st` comes after: its `depends_on`, what its inputs and switch read, and the
+ * switches whose cases name it. */
+export function depsOf(st, steps) {
+  const deps = new Set(st.depends_on || []);
+  const refs = [...Object.values(st.inputs || {}).flat(), st.switch].filter((v) => typeof v === "string");
+  refs.forEach((text) => {
+    const ref = text.split(".")[0];
+    if (ref !== "input") deps.add(ref);
+  });
+  for (const other of steps) {
+    const cases = [...Object.values(other.cases || {}).flat(), ...(other.default || [])];
+    if (other.ref !== st.ref && cases.includes(st.ref)) deps.add(other.ref);
+  }
+  deps.delete(st.ref);
+  return [...deps];
+}
+
 /** Column of each step: the longest chain of dependencies before it. */
 export function layers(steps) {
-  const byRef = new Map(steps.map((st) => [st.ref, st]));
+  const byRef = new Map(steps.map((st) => [st.ref, { ...st, depends_on: depsOf(st, steps) }]));
   const depth = new Map();
   const visiting = new Set();
   const visit = (ref) => {
@@ -63,7 +83,7 @@ export function taskGraph(steps, states = {}, { label = "Task graph", plain = fa
   );
 
   for (const st of steps) {
-    for (const dep of st.depends_on || []) {
+    for (const dep of depsOf(st, steps)) {
       const a = pos.get(dep);
       const b = pos.get(st.ref);
       if (!a || !b) continue;
@@ -81,17 +101,19 @@ export function taskGraph(steps, states = {}, { label = "Task graph", plain = fa
     const p = pos.get(st.ref);
     const state = states[st.ref];
     const status = state?.status || (plain ? "PLAIN" : "WAITING");
-    const line2 = [st.task !== st.ref ? st.task : null, state?.worker].filter(Boolean).join(" · ") || st.task;
-    const deps = st.depends_on || [];
+    const kind = st.task || (st.workflow ? `workflow ${st.workflow}` : "switch");
+    const line2 = [kind !== st.ref ? kind : null, state?.runs ? state.workers?.join(", ") : state?.worker].filter(Boolean).join(" · ") || kind;
+    const deps = depsOf(st, steps);
     const line3 = state
       ? [statusWord(status), state.ms !== null && state.ms !== undefined ? duration(state.ms) : null].filter(Boolean).join(" · ")
       : plain
         ? deps.length ? `after ${deps.join(", ")}` : "first step"
         : "Waiting";
-    const tip = [`${st.ref} (task ${st.task})`, line3, state?.worker && `on ${state.worker}`, state?.attempts > 1 && `${state.attempts} attempts`, state?.error].filter(Boolean).join("\n");
+    const runs = state?.runs ? state.runs.map((r) => `  ${r.ref}: ${statusWord(r.status)}${r.worker ? ` on ${r.worker}` : ""}`) : [];
+    const tip = [`${st.ref} (${kind})`, line3, !state?.runs && state?.worker && `on ${state.worker}`, state?.attempts > 1 && `${state.attempts} attempts`, state?.error, ...runs].filter(Boolean).join("\n");
     const g = s(
       "g",
-      { class: ["node", `st-${status.toLowerCase()}`], transform: `translate(${p.x},${p.y})`, "data-ref": st.ref, "data-status": status },
+      { class: ["node", `st-${status.toLowerCase()}`], transform: `translate(${p.x},${p.y})`, "data-ref": st.ref, "data-status": status, "data-runs": state?.runs ? state.runs.length : null },
       s("title", {}, tip),
       s("rect", { class: "node-box", width: W, height: H, rx: 9 }),
       s("rect", { class: "node-strip", width: 5, height: H - 2, x: 1, y: 1, rx: 2 }),
@@ -99,10 +121,11 @@ export function taskGraph(steps, states = {}, { label = "Task graph", plain = fa
       s("text", { class: "node-sub", x: 16, y: 38 }, clip(line2, 22)),
       s("text", { class: "node-state", x: 16, y: 53 }, clip(line3, 24)),
     );
-    if (state?.attempts > 1) {
+    const badge = state?.runs ? `×${state.runs.length}` : state?.attempts > 1 ? `×${state.attempts}` : null;
+    if (badge) {
       g.append(
-        s("rect", { class: "node-badge", x: W - 34, y: 8, width: 26, height: 16, rx: 8 }),
-        s("text", { class: "node-badge-text", x: W - 21, y: 20, "text-anchor": "middle" }, `×${state.attempts}`),
+        s("rect", { class: "node-badge", x: W - 40, y: 8, width: 32, height: 16, rx: 8 }),
+        s("text", { class: "node-badge-text", x: W - 24, y: 20, "text-anchor": "middle" }, badge),
       );
     }
     svg.append(g);

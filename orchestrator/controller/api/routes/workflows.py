@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.contract import announce_finished, wake_scheduler, wake_scheduler_async
-from orchestrator.contract.vocabulary import Policy, WorkflowStatus
+from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
 from orchestrator.controller.api.deps import (
     RedisDep,
     Resources,
@@ -37,8 +37,9 @@ from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db import repository as repo
 from orchestrator.db.async_run_store import AsyncRunStore
 from orchestrator.db.models import Workflow
-from orchestrator.errors import NotFound
+from orchestrator.errors import InvalidDefinition, NotFound
 from orchestrator.s3policy import S3Policy
+from workflows.definitions import chain_problems
 
 router = APIRouter(prefix="/workflows", tags=["workflows"], route_class=StrictJsonRoute)
 
@@ -102,6 +103,10 @@ async def _create(
     if body.input.image is not None:
         policy: S3Policy = request.app.state.s3_policy
         policy.check_input(body.input.image)  # 422 outside CDIFLOW_S3_INPUTS
+    if body.data_plane == DataPlane.OBJECT_STORE and body.input.image is not None:
+        await run_in_threadpool(
+            _check_one_chain, request.app.state.resources, body.workflow, body.version
+        )
     row = await run_store(request).create(
         body.workflow,
         body.input.model_dump(exclude_defaults=True),  # what the user gave, no nulls
@@ -116,6 +121,22 @@ async def _create(
         raise await run_in_threadpool(_not_found, resources, body.workflow, body.version)
     await wake_scheduler_async(async_redis(request), row.id)
     return row
+
+
+def _check_one_chain(resources: Resources, workflow: str, version: int | None) -> None:
+    """422 when the definition is not one chain, which the object-store plane needs (it
+    carries one image from step to step); a rare path, so a query of its own."""
+    with resources.sessions() as session:
+        try:
+            if version is None:
+                steps = repo.get_workflow_definition(session, workflow).tasks
+            else:
+                steps = repo.get_workflow_definition_version(session, workflow, version).tasks
+        except NotFound:
+            return  # the run's creation answers 404, naming what exists
+    problems = chain_problems(steps)
+    if problems:
+        raise InvalidDefinition(problems, f"workflow {workflow!r} on the object-store plane")
 
 
 def _not_found(resources: Resources, workflow: str, version: int | None) -> NotFound:

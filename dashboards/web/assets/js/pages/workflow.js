@@ -139,6 +139,25 @@ export function mount(root, ctx) {
       const ms = r.run_ms ?? (r.started_at ? between(r.started_at, r.finished_at) : null);
       states[r.ref] = { status: r.status, worker: r.worker_id, attempt: r.attempt, attempts: r.attempt, ms, error: r.error };
     }
+    // A step run per element ("blur[3]") or a sub-workflow's step ("enhance/deblur"): one
+    // node for the step, with its runs.
+    const grouped = {};
+    for (const [ref, state] of Object.entries(states)) {
+      const step = ref.match(/^([^[/]+)(\[\d+\]|\/)/)?.[1];
+      if (step) (grouped[step] ||= []).push({ ref, ...state });
+    }
+    for (const [step, parts] of Object.entries(grouped)) {
+      const some = (status) => parts.some((p) => p.status === status);
+      const status = ["FAILED", "TIMED_OUT", "RUNNING", "QUEUED", "CANCELLED"].find(some) || (parts.every((p) => p.status === "SKIPPED") ? "SKIPPED" : "COMPLETED");
+      const done = parts.filter((p) => p.ms !== null && p.ms !== undefined);
+      states[step] = {
+        status,
+        runs: parts.map((p) => ({ ref: p.ref, status: p.status, worker: p.worker })),
+        workers: [...new Set(parts.map((p) => p.worker).filter(Boolean))],
+        ms: done.length ? Math.max(...done.map((p) => p.ms)) : null,
+        error: parts.find((p) => p.error)?.error,
+      };
+    }
     return states;
   }
 
@@ -186,12 +205,13 @@ export function mount(root, ctx) {
           { label: "#", cls: "num muted", cell: (x) => String(list.indexOf(x) + 1) },
           { label: "At", cls: "num nowrap", cell: (x) => h("span", { title: dateTime(x.at) }, `+${duration(Date.parse(x.at) - t0)}`) },
           { label: "From → To", cls: "nowrap", cell: (x) => h("span", { class: "handoff-pair" }, containerChip(x.from_container), hostOf(x.from_host), crosses(x) ? " ⇒ " : " → ", containerChip(x.to_container), hostOf(x.to_host)) },
+          { label: "Data", cls: "nowrap", cell: (x) => (x.datum ? h("span", { class: "mono" }, x.datum, h("span", { class: "muted" }, ` ${x.mode || "transfer"}`)) : h("span", { class: "muted" }, "—")) },
           { label: "Bytes", align: "right", cls: "num", cell: (x) => h("span", { title: `${x.bytes.toLocaleString()} bytes` }, bytes(x.bytes)) },
           { label: "Transfer time", align: "right", cls: "num", cell: (x) => micros(x.duration_us) },
           { label: "For step", cell: (x) => (x.task_run_id && refOf.get(x.task_run_id)) || h("span", { class: "muted" }, "—") },
         ],
         list,
-        { rowAttrs: (x) => ({ "data-handoff": x.id, "data-crosses-hosts": crosses(x) ? "yes" : "no" }), caption: "CDI ownership hand-offs", cls: "handoffs" },
+        { rowAttrs: (x) => ({ "data-handoff": x.id, "data-mode": x.mode || "transfer", "data-crosses-hosts": crosses(x) ? "yes" : "no" }), caption: "CDI ownership hand-offs", cls: "handoffs" },
       ),
     );
   }

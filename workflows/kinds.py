@@ -1,0 +1,207 @@
+"""The kinds of data a task passes to another, and how each is laid out in a CDI object and
+stored as a file.
+
+===========  ==================================  ==========================  ===============
+kind         Python value                        in a CDI object             as a file (S3)
+===========  ==================================  ==========================  ===============
+``image``    a Pillow image                      ``imagebuf`` (``CDIIMG2``)  the run's result
+                                                                             format (PNG/JPEG)
+``array``    a NumPy array (no Python objects)   NumPy's ``.npy`` format     ``.npy``
+``bytes``    ``bytes`` (read: a read-only        the bytes themselves        the bytes
+             ``memoryview``)
+``json``     anything ``json.dumps`` takes       UTF-8 JSON                  ``.json``
+===========  ==================================  ==========================  ===============
+
+*Why ``.npy`` for arrays:* its header carries dtype, shape and order, and pads itself so the
+data starts 64-byte aligned; a reader maps the data where it lies (``np.frombuffer``, no copy),
+and the stored result is the object's own bytes, which NumPy and every tool that reads ``.npy``
+open as they are. A JSON value of at most ``INLINE_LIMIT`` bytes travels inside the messages
+instead of an object (it costs less to send than an object costs to make, hand over and free).
+
+A value read from an object is read-only and maps the object's memory: an image through
+``imagebuf.map_image``, an array through ``np.frombuffer`` (``writeable`` False), bytes as a
+read-only ``memoryview``. A task that wants to change it makes a copy; a task that wants to keep
+it beyond its call copies it too (the object is freed once its last reader is done).
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import json
+import math
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+
+from workflows import imagebuf
+from workflows.errors import InvalidData, InvalidImage
+
+__all__ = [
+    "INLINE_LIMIT",
+    "Kind",
+    "decode_file",
+    "encode_file",
+    "file_extension",
+    "json_bytes",
+    "kind_of",
+    "read_value",
+    "size_of",
+    "write_value",
+]
+
+INLINE_LIMIT: Final = 64 * 1024  # JSON values up to this many bytes travel in the messages
+
+_NPY_ALIGN: Final = 64  # numpy pads the .npy header to this
+
+
+class Kind(enum.StrEnum):
+    """What a datum is (``docs/architecture.md``, *Named data*)."""
+
+    IMAGE = "image"
+    ARRAY = "array"
+    BYTES = "bytes"
+    JSON = "json"
+
+
+def kind_of(value: Any) -> Kind:
+    """The kind a task's output value travels as; ``InvalidData`` for what none can carry."""
+    if isinstance(value, Image.Image):
+        return Kind.IMAGE
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise InvalidData(
+                f"a NumPy array of dtype {value.dtype} holds Python objects, which no other "
+                "process can read; use a numeric, boolean or fixed-width string dtype"
+            )
+        return Kind.ARRAY
+    if isinstance(value, bytes | bytearray | memoryview):
+        return Kind.BYTES
+    return Kind.JSON
+
+
+def json_bytes(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON; ``InvalidData`` if JSON cannot hold it."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidData(
+            f"a value of type {type(value).__name__} is none of image, NumPy array, bytes "
+            f"or JSON: {exc}"
+        ) from exc
+
+
+def _npy_header(array: npt.NDArray[Any]) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, np.lib.format.header_data_from_array_1_0(array))
+    return out.getvalue()
+
+
+def size_of(value: Any, kind: Kind) -> int:
+    """Bytes an object of ``kind`` needs to hold ``value``."""
+    if kind is Kind.IMAGE:
+        img = imagebuf.normalize_mode(value)
+        return imagebuf.required_size(img.width, img.height, img.mode)
+    if kind is Kind.ARRAY:
+        return len(_npy_header(value)) + int(value.nbytes)
+    if kind is Kind.BYTES:
+        return int(memoryview(value).nbytes)
+    return len(json_bytes(value))
+
+
+def write_value(buf: memoryview, value: Any, kind: Kind) -> int:
+    """Write ``value`` at the start of ``buf`` (sized by ``size_of``); the bytes written. One
+    copy of the data, nothing allocated for it on the way."""
+    if kind is Kind.IMAGE:
+        return imagebuf.write_image(buf, value)
+    if kind is Kind.ARRAY:
+        header = _npy_header(value)
+        buf[: len(header)] = header
+        if value.nbytes:
+            target = np.frombuffer(buf, np.uint8, value.nbytes, len(header))
+            order = "F" if value.flags.f_contiguous and not value.flags.c_contiguous else "C"
+            target.view(value.dtype).reshape(value.shape, order=order)[...] = value
+        return len(header) + int(value.nbytes)
+    data = memoryview(value).cast("B") if kind is Kind.BYTES else memoryview(json_bytes(value))
+    buf[: data.nbytes] = data
+    return int(data.nbytes)
+
+
+def read_value(view: memoryview, kind: Kind) -> Any:
+    """The value an object of ``kind`` holds, read-only and mapped over ``view`` where the
+    kind allows (image, array, bytes): it pins the object while it lives."""
+    if kind is Kind.IMAGE:
+        return imagebuf.map_image(view)
+    if kind is Kind.ARRAY:
+        return _map_array(view)
+    if kind is Kind.BYTES:
+        return view.toreadonly()
+    try:
+        return json.loads(bytes(view))
+    except ValueError as exc:
+        raise InvalidData(f"an object of kind json holds no JSON: {exc}") from exc
+
+
+def _map_array(view: memoryview) -> npt.NDArray[Any]:
+    head = io.BytesIO(bytes(view[: min(len(view), 16 * _NPY_ALIGN)]))
+    try:
+        major, _minor = np.lib.format.read_magic(head)
+        if major == 1:
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(head)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(head)
+    except ValueError as exc:
+        raise InvalidData(f"an object of kind array holds no .npy array: {exc}") from exc
+    count = math.prod(shape)
+    if head.tell() + count * dtype.itemsize > len(view):
+        raise InvalidData(
+            f"an object of kind array is {len(view)} bytes, too short for its {dtype} array "
+            f"of shape {shape}"
+        )
+    array = np.frombuffer(view, dtype=dtype, count=count, offset=head.tell())
+    array = array.reshape(shape, order="F" if fortran else "C")
+    array.flags.writeable = False
+    return array
+
+
+def file_extension(kind: Kind, image_format: str = "png") -> str:
+    """The file name extension a value of ``kind`` is stored under."""
+    if kind is Kind.IMAGE:
+        return imagebuf.RESULT_FORMATS[image_format].extension
+    return {Kind.ARRAY: ".npy", Kind.BYTES: ".bin", Kind.JSON: ".json"}[kind]
+
+
+def encode_file(value: Any, kind: Kind, image_format: str = "png") -> tuple[bytes, str]:
+    """``value`` as a file's bytes and MIME type (an image in ``image_format``)."""
+    if kind is Kind.IMAGE:
+        fmt = imagebuf.RESULT_FORMATS[image_format]
+        return imagebuf.encode_image(value, fmt.pillow), fmt.content_type
+    if kind is Kind.ARRAY:
+        out = io.BytesIO()
+        np.save(out, value, allow_pickle=False)
+        return out.getvalue(), "application/octet-stream"
+    if kind is Kind.BYTES:
+        return bytes(value), "application/octet-stream"
+    return json_bytes(value), "application/json"
+
+
+def decode_file(data: bytes, kind: Kind, max_pixels: int = imagebuf.DEFAULT_MAX_PIXELS) -> Any:
+    """A value of ``kind`` from a file's bytes (``encode_file``'s reverse)."""
+    if kind is Kind.IMAGE:
+        try:
+            return imagebuf.decode_bytes(data, max_pixels)
+        except InvalidImage as exc:
+            raise InvalidData(str(exc)) from exc
+    if kind is Kind.ARRAY:
+        try:
+            return np.load(io.BytesIO(data), allow_pickle=False)
+        except ValueError as exc:
+            raise InvalidData(f"not a .npy array: {exc}") from exc
+    if kind is Kind.BYTES:
+        return data
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise InvalidData(f"not JSON: {exc}") from exc
