@@ -15,5 +15,6 @@ COPY orchestrator ./orchestrator
 COPY workflows ./workflows
 COPY cdiflow ./cdiflow
 COPY dashboards ./dashboards
-RUN pip install --no-cache-dir .
+# The `ar` extra (PyAV, OpenCV) lets workers run the bundled ar_video workflow.
+RUN pip install --no-cache-dir '.[ar]'
 ENTRYPOINT ["cdiflow"]

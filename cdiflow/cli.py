@@ -168,7 +168,8 @@ def cdi_demo_command(as_json: bool, data_dir: str) -> None:
 @click.option("--data-dir", default=None, help="Stack data folder (default ./.data).")
 @click.option("--port", default=8000, show_default=True, help="Port of the REST API.")
 def demo_command(as_json: bool, data_dir: str | None, port: int) -> None:
-    """Start the whole stack, run the image pipeline under every policy, print a summary."""
+    """Start the whole stack, run the image pipeline under every policy, the fork/join and the
+    AR video, print a summary."""
     from cdiflow.demo import run_demo
 
     report = run_demo(data_dir=data_dir, as_json=as_json, port=port)

@@ -3,9 +3,11 @@
 Starts the stack (embedded Postgres, Redis, S3 endpoint, CDI controller and minion, REST API,
 scheduler, two workers), uploads the bundled sample photos, runs ``image_pipeline`` on each with
 the ``affinity``, ``transfer`` and ``auto`` policies and once in Orkes style (the object-store
-data plane), and ``fork_join_pipeline`` (two branches side by side, then a join), and prints a
-summary: status, label, latency, where the result is. ``--json`` also lists every run's task
-runs (ref, worker, started, finished), so anyone can see the branches overlap.
+data plane), ``fork_join_pipeline`` (two branches side by side, then a join) and ``ar_video``
+(three seconds of the generated sample video, one ``detect`` step per frame: see
+``cdiflow.demo_ar``), and prints a summary: status, label, latency, where the result is.
+``--json`` also lists every run's task runs (ref, worker, started, finished), so anyone can see
+the branches overlap.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import boto3
 import click
 import httpx
 
+from cdiflow.demo_ar import AR_WORKFLOW, ar_available, start_ar_video, video_uri
 from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
 from orchestrator.stack import Stack
 from orchestrator.stack.state import format_table
@@ -67,7 +70,8 @@ def _download_results(stack: Stack, workflows: list[dict[str, Any]]) -> Path:
         if w["result"]:
             bucket, key = w["result"].removeprefix("s3://").split("/", 1)
             stem = w["input"].rsplit("/", 1)[-1].rsplit(".", 1)[0]
-            path = folder / f"{stem}-{w['workflow']}-{w['policy']}-{w['data_plane']}.png"
+            suffix = ".mp4" if w["workflow"] == AR_WORKFLOW else ".png"
+            path = folder / f"{stem}-{w['workflow']}-{w['policy']}-{w['data_plane']}{suffix}"
             path.write_bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
             w["result_file"] = str(path)
     return folder
@@ -111,7 +115,7 @@ def _summary(body: dict[str, Any], policy: str, plane: str, image: str) -> dict[
         "latency_s": round(latency, 4) if latency is not None else None,
         "workers": sorted({r["worker_id"] for r in runs if r.get("worker_id")}),
         "handoffs": len(body.get("handoffs", [])),
-        "result": body.get("result_uri"),
+        "result": body.get("result_uri") or video_uri(body),
         "error": body.get("error"),
         "task_runs": [
             {
@@ -153,6 +157,13 @@ def run_demo(
             for workflow, policy, plane in RUNS:
                 for image in images if workflow != PIPELINE else ():
                     finished += _wait(api, [start(workflow, policy, plane, image)], timeout_s=120)
+            # The AR video alone too: its per-frame detect steps spread over both workers.
+            if ar_available():
+                ar_id, video = start_ar_video(api, _s3(stack), stack.services.s3_bucket)
+                started.append((ar_id, Policy.TRANSFER, DataPlane.CDI, video))
+                finished += _wait(api, [ar_id], timeout_s=300)
+            elif not as_json:
+                click.echo("no AR video: install the optional 'ar' dependencies (PyAV, OpenCV)")
         workflows = [
             _summary(body, policy, plane, image)
             for body, (_, policy, plane, image) in zip(finished, started, strict=True)
@@ -188,7 +199,7 @@ def _print(report: dict[str, Any]) -> None:
             f"{w['result'] or w['error']}"
         )
     click.echo(f"\n{report['completed']} completed, {report['failed']} failed.")
-    click.echo(f"result images: {report['results_dir']}/  (copied out of S3)")
+    click.echo(f"results:       {report['results_dir']}/  (copied out of S3)")
     click.echo(f"logs:          {report['logs_dir']}/")
     click.echo(
         "keep the stack running to explore it: `cdiflow up`, then open "

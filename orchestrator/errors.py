@@ -30,7 +30,9 @@ what failed, why, and what to change (an environment variable, a log file to rea
         ├── InvalidInstruction  an instruction that is malformed or inconsistent
         │                       (also ValueError)
         ├── TaskTimedOut        a task ran past its ``timeout_s``  (also TimeoutError)
-        └── HeldImageLost       the image an earlier task left in the worker is gone
+        ├── HeldImageLost       the image an earlier task left in the worker is gone
+        └── ObjectGone          a CDI object the instruction named does not exist (its
+                                minion restarted empty): the run goes again from its input
 
 Each class carries a stable ``code`` string for API responses and logs. Add new branches here,
 and to the tree above, rather than raising bare built-in exceptions from library code.
@@ -54,6 +56,7 @@ __all__ = [
     "InvalidInstruction",
     "InvalidRequest",
     "NotFound",
+    "ObjectGone",
     "OrchestratorError",
     "RequestTooLarge",
     "S3NotAllowed",
@@ -265,3 +268,11 @@ class HeldImageLost(WorkerError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retryable=True)
+
+
+class ObjectGone(WorkerError):
+    """A CDI object the instruction named does not exist: its minion restarted (and came back
+    empty) or the object was freed. Not the task's fault, so it costs no attempt: the
+    scheduler drives the run again from its input."""
+
+    code = "object_gone"

@@ -5,6 +5,8 @@
 * ``workflows.image_tasks``  ``deblur``, ``denoise``, ``classify``, ``noop``, ``sleep``
 * ``workflows.definitions``  workflow/task definition shapes, validation, bundled pipelines
 * ``workflows.samples``      synthetic sample images
+* ``workflows.ar``           the AR application's parts and the ``ar_video`` tasks (optional
+                             ``ar`` dependencies: PyAV, OpenCV)
 * ``workflows.errors``       the exception tree (``WorkflowsError``)
 
 This package depends on Pillow and numpy only; it never imports ``orchestrator`` or ``cdi``.

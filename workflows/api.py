@@ -65,6 +65,7 @@ from workflows.binding import IMAGE, Produced, Signature, bind, produced_from, s
 from workflows.definitions import task_definition_problems
 from workflows.errors import (
     DuplicateTask,
+    InvalidData,
     InvalidDefinition,
     InvalidTaskResult,
     ResultTooLarge,
@@ -109,6 +110,8 @@ class TaskContext:
     params: Mapping[str, Any] = field(default_factory=dict)
     base_logger: logging.Logger | None = None  # default: logger "workflows.task.<task_name>"
     input: Mapping[str, Any] = field(default_factory=dict)  # the workflow's input.data
+    # The worker's reader of input files (``read_file``); None outside a worker.
+    files: Callable[[str], bytes] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Read-only copies: a task cannot leak changes into the next attempt.
@@ -121,6 +124,14 @@ class TaskContext:
         base = self.base_logger or logging.getLogger(f"workflows.task.{self.task_name}")
         extra = {"workflow_id": self.workflow_id, "task": self.task_name, "attempt": self.attempt}
         return logging.LoggerAdapter(base, extra)
+
+    def read_file(self, uri: str) -> bytes:
+        """The bytes of a file a run names in its ``input.data`` (e.g. a video): an ``s3://``
+        URI within the locations cdiflow reads inputs from, at most ``MAX_INPUT_BYTES``. The
+        worker reads it with its own S3 store and policy; task code holds no credentials."""
+        if self.files is None:
+            raise InvalidData(f"no worker here to read {uri}: read_file works inside a worker")
+        return self.files(uri)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from workflows.names import MODULE_PATH_RE, name_problem
 from workflows.steps import Shape, edges, graph_problems, step_problems, topological
 
 __all__ = [
+    "AR_VIDEO",
     "FORK_JOIN_PIPELINE",
     "IMAGE_PIPELINE",
     "NOOP_PIPELINE",
@@ -329,6 +330,12 @@ TASK_DEFINITIONS: Final[list[dict[str, Any]]] = [
      "timeout_s": 10.0, "retries": 0, "retry_backoff_s": 0.5},
     {"name": "sleep", "module": "workflows.image_tasks:sleep",
      "timeout_s": 60.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "ar_decode", "module": "workflows.ar.tasks:ar_decode",
+     "timeout_s": 120.0, "retries": 1, "retry_backoff_s": 0.5},
+    {"name": "ar_detect", "module": "workflows.ar.tasks:ar_detect",
+     "timeout_s": 60.0, "retries": 2, "retry_backoff_s": 0.5},
+    {"name": "ar_combine", "module": "workflows.ar.tasks:ar_combine",
+     "timeout_s": 120.0, "retries": 1, "retry_backoff_s": 0.5},
 ]  # fmt: skip
 
 IMAGE_PIPELINE: Final[dict[str, Any]] = {
@@ -367,9 +374,24 @@ NOOP_PIPELINE: Final[dict[str, Any]] = {
 }
 
 
+AR_VIDEO: Final[dict[str, Any]] = {
+    "name": "ar_video",
+    "description": "The AR application: decode the video at input.data.video, find and box "
+    "the people in every frame (one detect step per frame, side by side), and encode the "
+    "labelled frames into the output video.",
+    "tasks": [
+        {"ref": "decode", "task": "ar_decode", "params": {"frames_per_step": 1}},
+        {"ref": "detect", "task": "ar_detect", "inputs": {"frames": "decode.frames"},
+         "for_each": "frames"},
+        {"ref": "combine", "task": "ar_combine", "inputs": {
+            "frames": "detect.frames", "boxes": "detect.boxes", "fps": "decode.fps"}},
+    ],
+}  # fmt: skip
+
+
 def bundled_workflows() -> dict[str, dict[str, Any]]:
     """The bundled workflow definitions by name (deep copies: safe to modify)."""
-    bundled = (IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE)
+    bundled = (IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE, AR_VIDEO)
     return {d["name"]: copy.deepcopy(d) for d in bundled}
 
 

@@ -19,7 +19,9 @@ loaded with the tasks it registered (and their settings), and every module that 
 its error. The worker announces the catalog with its heartbeat; the API refuses to register a
 task no live worker loaded (with the import error a worker met) and fills the settings a
 registration leaves out from the ``@task``; the scheduler places a task only on a worker that
-loaded its module. The bundled tasks (``workflows.image_tasks``) are always in the catalog.
+loaded its module. The bundled tasks (``workflows.image_tasks``) are always in the catalog;
+the AR application's (``workflows.ar.tasks``) are when the optional ``ar`` dependencies are
+installed (otherwise the catalog records why that module did not import).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from workflows.sources import TaskSources
 
 __all__ = [
     "BUNDLED_MODULE",
+    "BUNDLED_MODULES",
     "TaskCatalog",
     "deployed_modules",
     "load_deployed",
@@ -46,6 +49,7 @@ __all__ = [
 ]
 
 BUNDLED_MODULE: Final = "workflows.image_tasks"
+BUNDLED_MODULES: Final = (BUNDLED_MODULE, "workflows.ar.tasks")
 _BUNDLED_PACKAGE: Final = "workflows"  # the bundled tasks stand for it: its other modules hold none
 
 
@@ -121,7 +125,7 @@ def with_sources(base: TaskSources, sources: Iterable[str]) -> TaskSources:
 def deployed_modules(sources: TaskSources) -> list[str]:
     """The modules a worker imports when it starts: the bundled tasks, each package other than
     the bundled one, and every module in each folder, in that order, once each."""
-    names = [BUNDLED_MODULE]
+    names = list(BUNDLED_MODULES)
     names += [p for p in sources.packages if p != _BUNDLED_PACKAGE]
     for folder in sources.paths:
         names += _folder_modules(folder)

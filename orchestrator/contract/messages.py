@@ -119,6 +119,7 @@ class Report:
     kept: bool = False  # cdi plane: the worker still owns ``key``
     held: bool = False  # cdi plane: the new image is in the worker's memory, newer than ``key``
     held_lost: bool = False  # cdi plane: the instruction's held input is gone; ``key`` is older
+    objects_gone: bool = False  # cdi plane: an object it named does not exist (minion restarted)
     stored: bool = False  # cdi plane: the result is at ``output_uri``, the object destroyed
     bytes_in: int = 0
     bytes_out: int = 0

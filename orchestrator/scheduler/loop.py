@@ -108,6 +108,7 @@ class Scheduler:
         self.reports = Reports(ctx, self.dispatch, self.endings, wake_at=self._tick_by)
         self.redrive = Redrive(ctx, self.dispatch, self.endings)
         self.dispatch.unsent = self.redrive.unsent
+        self.reports.redrive = self.redrive.run
         self.recovery = Recovery(ctx, self.dispatch, self.reports, self.redrive)
         self.claims = Claims(ctx, settings, self.dispatch, self.endings)
         self.redrive.claims = self.claims

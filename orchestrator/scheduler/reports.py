@@ -52,6 +52,8 @@ class Reports:
         self.dispatch = dispatch
         self.endings = endings
         self._wake_at = wake_at  # the loop's tick comes no later than this (monotonic)
+        # Drives a run again from its input (``Redrive.run``); the loop sets it.
+        self.redrive: Callable[[RunState, str], None] | None = None
 
     def read(self, text: str) -> None:
         """Handle one report as it came off the list; an unreadable one is dropped."""
@@ -106,6 +108,11 @@ class Reports:
         self.endings.free(run, moves.freed)
         if lost:
             self.after_lost_image(run, step)
+        elif not completed and report.objects_gone and self.redrive is not None:
+            # An object the scheduler handed out is gone: most likely the minion restarted
+            # before the tick noticed. Not the task's fault: no attempt is spent on it.
+            self.ctx.faults.minion = True  # the next tick asks the minion
+            self.redrive(run, f"worker {report.worker_id}: {report.error}")
         elif not completed:
             self.after_failure(run, step, report.error or report.status, report.retryable)
         elif moves.failure:

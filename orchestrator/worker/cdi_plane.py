@@ -51,7 +51,7 @@ from PIL import Image
 import cdi
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
-from orchestrator.errors import HeldImageLost, InputMissing, InvalidInstruction, WorkerError
+from orchestrator.errors import HeldImageLost, InvalidInstruction, ObjectGone, WorkerError
 from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.execution import (
     EXIT_MINION_LOST,
@@ -59,6 +59,7 @@ from orchestrator.worker.execution import (
     TaskCall,
     check_common,
     elapsed_ms,
+    read_input_file,
 )
 from orchestrator.worker.held import Held, HeldImages
 from orchestrator.worker.input_fetch import fetch_into_object
@@ -107,6 +108,10 @@ class CdiPlane:
         self.max_pixels = max_pixels
         self.named = NamedData(client, access_timeout_s, store)
 
+    def read_file(self, uri: str) -> bytes:
+        """A file a task names (``TaskContext.read_file``)."""
+        return read_input_file(self.store(), uri, self.max_input_bytes)
+
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
         """Run ``ins``; a last task's result is stored by ``exe.later``, which the worker calls
         once the slot has moved on: S3's round trips need not hold up its next task."""
@@ -145,7 +150,7 @@ class CdiPlane:
             self.named.open(ins, after.opened)
             exe.bytes_in += after.opened.nbytes
             inputs.update(after.opened.values)
-            produced = call.run(spec, inputs, exe)  # it empties ``inputs``
+            produced = call.run(spec, inputs, exe, self.read_file)  # it empties ``inputs``
             if isinstance(produced.objects.get(IMAGE), Image.Image):
                 after.new = produced.objects.pop(IMAGE)
             after.objects = produced.objects
@@ -155,7 +160,7 @@ class CdiPlane:
             after.new = None
             after.objects = {}
             lane_missing = after.view is None and after.source is None
-            if isinstance(exc, InputMissing) and ins.key and lane_missing:
+            if isinstance(exc, ObjectGone) and ins.key and lane_missing:
                 after.obj = None  # nothing to keep or hand back
             elif after.obj is None and ins.key and not ins.input_uri:
                 after.obj = self._find(ins.key)  # a failed fetch leaves no object
@@ -271,7 +276,7 @@ class CdiPlane:
         try:
             return obj.access(timeout=self.access_timeout_s, populate=True)  # read in full
         except cdi.ObjectNotFound as exc:
-            raise InputMissing(
+            raise ObjectGone(
                 f"CDI object {obj.key!r} does not exist (destroyed, or its owner died with no "
                 "recovery container); the scheduler must start this task from its input again"
             ) from exc

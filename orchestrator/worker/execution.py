@@ -24,10 +24,12 @@ from orchestrator.errors import (
     InputTooLarge,
     InvalidInstruction,
     InvalidRequest,
+    ObjectGone,
     OrchestratorError,
     TaskTimedOut,
     WorkerError,
 )
+from orchestrator.objectstore import ObjectStore
 from workflows.api import Produced, TaskContext, TaskSpec, load_task, run_task_with_inputs
 from workflows.errors import (
     InputsMismatch,
@@ -47,6 +49,7 @@ __all__ = [
     "TaskCall",
     "check_common",
     "elapsed_ms",
+    "read_input_file",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ class Execution:
     kept: bool = False
     held: bool = False
     held_lost: bool = False
+    objects_gone: bool = False
     stored: bool = False
     bytes_in: int = 0
     bytes_out: int = 0
@@ -114,6 +118,7 @@ class Execution:
         self.objects = {}
         self.results = {}
         self.error = _describe(exc)
+        self.objects_gone = isinstance(exc, ObjectGone)
         if isinstance(exc, WorkerError):
             self.retryable = exc.retryable
         else:
@@ -146,6 +151,7 @@ class Execution:
             kept=self.kept,
             held=self.held,
             held_lost=self.held_lost,
+            objects_gone=self.objects_gone,
             stored=self.stored,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
@@ -189,6 +195,13 @@ def check_common(ins: Instruction) -> None:
         raise InvalidInstruction(f"instruction {ins.task_run_id}: {'; '.join(problems)}")
 
 
+def read_input_file(store: ObjectStore, uri: str, limit: int) -> bytes:
+    """A file a task names (``TaskContext.read_file``), held to what the API holds an input
+    image to: within the locations cdiflow reads inputs from, at most ``limit`` bytes."""
+    store.policy.check_input(uri)
+    return store.get(uri, limit)
+
+
 @dataclass(frozen=True)
 class TaskCall:
     """Loads the instruction's task (only from ``sources``, whatever the instruction says)
@@ -200,15 +213,22 @@ class TaskCall:
     def load(self) -> TaskSpec:
         return load_task(self.ins.task, self.sources)
 
-    def run(self, spec: TaskSpec, inputs: dict[str, Any], exe: Execution) -> Produced:
+    def run(
+        self,
+        spec: TaskSpec,
+        inputs: dict[str, Any],
+        exe: Execution,
+        files: Callable[[str], bytes] | None = None,
+    ) -> Produced:
         """Run the task on its named ``inputs``; store its JSON output and compute time in
         ``exe``; what it produced (a new ``image`` among its objects, or none when it left
-        the image unchanged).
+        the image unchanged). ``files`` reads the input files the task asks for
+        (``TaskContext.read_file``).
 
         Raises ``TaskTimedOut`` when ``timeout_s`` passes first (``timeout_s <= 0``: no
         limit); the thread then runs on, as no Python thread can be stopped from outside.
         """
-        ctx = self._context(spec)
+        ctx = self._context(spec, files)
         chain = self.ins.chain is not False
         # The task thread takes the inputs out of the box: once the task returns, nothing
         # there refers to them (the pool's work item outlives the call by a moment), so a
@@ -219,7 +239,7 @@ class TaskCall:
             spec, exe, lambda: run_task_with_inputs(spec, box.pop(), ctx, chain=chain)
         )
 
-    def _context(self, spec: TaskSpec) -> TaskContext:
+    def _context(self, spec: TaskSpec, files: Callable[[str], bytes] | None) -> TaskContext:
         data = self.ins.data if isinstance(self.ins.data, dict) else {}
         return TaskContext(
             task_name=spec.name,
@@ -227,6 +247,7 @@ class TaskCall:
             attempt=self.ins.attempt,
             params=self.ins.params,
             input=data,
+            files=files,
         )
 
     def _timed(self, spec: TaskSpec, exe: Execution, call: Callable[[], Produced]) -> Produced:

@@ -31,7 +31,7 @@ from typing import Any
 
 import cdi
 from orchestrator.contract.messages import Instruction
-from orchestrator.errors import InputMissing, InvalidInstruction, WorkerError
+from orchestrator.errors import InvalidInstruction, ObjectGone, WorkerError
 from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.execution import Execution, elapsed_ms
 from workflows.errors import InvalidData
@@ -150,7 +150,7 @@ class NamedData:
             opened.owned[key] = obj
             return view
         except cdi.ObjectNotFound as exc:
-            raise InputMissing(
+            raise ObjectGone(
                 f"CDI object {key!r} does not exist (destroyed, or its owner died); the "
                 "scheduler must make it again"
             ) from exc

@@ -16,7 +16,13 @@ from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.errors import InvalidInstruction, InvalidRequest
 from orchestrator.objectstore import ObjectStore, parse_s3_uri
-from orchestrator.worker.execution import Execution, TaskCall, check_common, elapsed_ms
+from orchestrator.worker.execution import (
+    Execution,
+    TaskCall,
+    check_common,
+    elapsed_ms,
+    read_input_file,
+)
 from workflows.binding import IMAGE
 from workflows.errors import InvalidImage
 from workflows.imagebuf import RESULT_FORMATS, decode_bytes, encode_image
@@ -43,6 +49,10 @@ class StorePlane:
                 self._store = self._make_store()
             return self._store
 
+    def read_file(self, uri: str) -> bytes:
+        """A file a task names (``TaskContext.read_file``)."""
+        return read_input_file(self.store, uri, self.max_input_bytes)
+
     def run(self, ins: Instruction, call: TaskCall, exe: Execution) -> None:
         try:
             _check(ins)
@@ -55,7 +65,7 @@ class StorePlane:
                 raise InvalidImage(f"{ins.input_uri} is not a usable image: {exc}") from exc
             exe.bytes_in = len(data)
             exe.read_ms = elapsed_ms(started)
-            produced = call.run(spec, {IMAGE: img}, exe)
+            produced = call.run(spec, {IMAGE: img}, exe, self.read_file)
             new_img = produced.image
             if set(produced.objects) - {IMAGE}:
                 raise InvalidInstruction(

@@ -35,7 +35,8 @@ from orchestrator.db.models import (
 from orchestrator.scheduler import dispatch as dispatch_module
 from orchestrator.scheduler.dispatch import BEATS_TTL_S
 from orchestrator.scheduler.loop import Scheduler
-from tests.orchestrator.scheduler_support import WORKER, beat
+from orchestrator.settings import Settings
+from tests.orchestrator.scheduler_support import WORKER, beat, close_scheduler, make_scheduler
 
 
 def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
@@ -421,3 +422,69 @@ def test_a_step_no_live_worker_loaded_waits_then_fails_its_run(
     assert detail["status"] == "FAILED" and api_redis.llen(queue) == 0
     assert "no live worker has loaded module 'retired_tasks'" in detail["error"]
     assert f"task {task!r} (step 'then')" in detail["error"]
+
+
+class _RestartedMinion:
+    """A minion link that reports no restart when asked: the object's loss is known only from
+    the worker's report. Any other call is a bug in the premise (the run holds no object)."""
+
+    host = "test"
+
+    def __init__(self) -> None:
+        self.checks = 0
+
+    def check(self) -> bool:
+        self.checks += 1
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"unexpected cdi.{name} call")
+
+
+def test_an_object_gone_from_the_minion_drives_the_run_again_without_spending_an_attempt(
+    api_settings: Settings, api_client: TestClient, api_redis: redis.Redis
+) -> None:
+    """A worker finds the object it was handed gone (its minion restarted before the
+    scheduler's tick noticed): the run goes again from its input, though its step has no
+    retries, and the scheduler asks the minion whether it restarted."""
+    minion = _RestartedMinion()
+    own = make_scheduler(api_settings, cdi=minion)
+    try:
+        beat(api_redis, started_at=1000.0)
+        queue = keys.worker_queue_key(WORKER)
+        api_redis.delete(queue)
+        body = {"workflow": "image_pipeline", "input": {"image": "s3://cdiflow/images/any.jpg"}}
+        started = api_client.post("/api/workflows", json=body)
+        assert started.status_code == 201, started.text
+        workflow_id = started.json()["id"]
+        own.claims.claim()
+        raw = api_redis.rpop(queue)
+        assert isinstance(raw, bytes | str), "the first task was not pushed to the live worker"
+        first = Instruction.loads(raw)
+
+        now = time.time()
+        gone = Report(
+            first.task_run_id,
+            workflow_id,
+            WORKER,
+            TaskRunStatus.FAILED,
+            now,
+            now,
+            error=f"CDI object {first.key!r} does not exist",
+            objects_gone=True,
+        )
+        api_redis.lpush(own.reply_key, gone.dumps())
+        deadline = time.monotonic() + 10.0
+        again: Instruction | None = None
+        while again is None and time.monotonic() < deadline:
+            own.step()  # reads the report, then (after the redrive's backoff) places again
+            raw = api_redis.rpop(queue)
+            again = Instruction.loads(raw) if isinstance(raw, bytes | str) else None
+        assert again is not None, "the run was not driven again"
+        assert (again.workflow_id, again.ref) == (workflow_id, first.ref)
+        assert again.task_run_id != first.task_run_id
+        detail = api_client.get(f"/api/workflows/{workflow_id}").json()
+        assert detail["status"] == "RUNNING", detail["error"]
+        assert minion.checks >= 1, "the scheduler did not ask whether the minion restarted"
+    finally:
+        close_scheduler(own)

@@ -27,6 +27,7 @@ from workflows.api import (
 )
 from workflows.errors import (
     DuplicateTask,
+    InvalidData,
     InvalidDefinition,
     InvalidImage,
     InvalidTaskResult,
@@ -364,3 +365,18 @@ def test_workflows_does_not_import_orchestrator_or_cdi() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_read_file_outside_a_worker_says_it_needs_one() -> None:
+    ctx = TaskContext("decode", params={})
+    with pytest.raises(InvalidData, match="read_file works inside a worker"):
+        ctx.read_file("s3://bucket/video.mp4")
+    read: list[str] = []
+
+    def files(uri: str) -> bytes:
+        read.append(uri)
+        return b"bytes"
+
+    given = TaskContext("decode", files=files)
+    assert given.read_file("s3://bucket/video.mp4") == b"bytes"
+    assert read == ["s3://bucket/video.mp4"]

@@ -12,6 +12,7 @@ import pytest
 
 from workflows.loader import (
     BUNDLED_MODULE,
+    BUNDLED_MODULES,
     TaskCatalog,
     deployed_modules,
     load_deployed,
@@ -56,7 +57,7 @@ def test_a_folder_is_imported_module_by_module(folder: tuple[Path, str]) -> None
     assert names == [f"broken_{tag}", f"good_{tag}", f"pkg_{tag}"] and on_path == path
     sources = with_sources(BUNDLED, [str(path)])
     assert sources.paths == (path,) and sources.packages == BUNDLED.packages
-    assert deployed_modules(sources) == [BUNDLED_MODULE, f"broken_{tag}", f"good_{tag}",
+    assert deployed_modules(sources) == [*BUNDLED_MODULES, f"broken_{tag}", f"good_{tag}",
                                          f"pkg_{tag}"]  # fmt: skip
     catalog = load_deployed(sources)
     assert catalog.modules[f"good_{tag}"] == {

@@ -6,6 +6,7 @@
 * ``workflows.ar.sample``    the generated sample video (people-like figures walking)
 * ``workflows.ar.figures``   the walking figures it draws
 * ``workflows.ar.threads``   OpenCV on one thread
+* ``workflows.ar.tasks``     the tasks of the bundled ``ar_video`` workflow
 
 Needs the optional ``ar`` dependencies (PyAV, OpenCV).
 """
