@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint typecheck bench browser kustomize proto clean native s3server
+.PHONY: demo test check lint typecheck bench browser kustomize nft proto clean native s3server
 
 # The native minion (Rust). Rust comes with rustup, often outside a non-login shell's PATH.
 CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
@@ -56,7 +56,14 @@ kustomize:
 	  { if [ -x "$(GO)" ]; then "$(GO)" install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION); \
 	    else echo "neither kustomize, kubectl nor go: the manifest rendering test will be skipped"; fi; }
 
-test: $(STAMP) native s3server browser kustomize
+# The emulated link between hosts (cdi/link_emulator.py) turns connections with nft rules:
+# install nftables when missing (as root), else its tests are skipped with the reason.
+nft:
+	@command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || \
+	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq nftables >/dev/null; \
+	    else echo "nft is missing: the emulated-link tests will be skipped (run as root, or apt-get install nftables)"; fi; }
+
+test: $(STAMP) native s3server browser kustomize nft
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; fi

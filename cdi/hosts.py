@@ -34,8 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from cdi.errors import ConfigError
+from cdi.link_emulator import Link, LinkEmulator, rules
 
 __all__ = ["Host", "HostNetwork", "enter_namespace", "namespaces_available"]
 
@@ -106,6 +108,8 @@ class HostNetwork:
     _bridge: str | None = None
     _made: list[str] = field(default_factory=list)
     _veths: list[str] = field(default_factory=list)
+    _subnet: str = ""
+    _emulator: LinkEmulator | None = None
 
     @classmethod
     def create(cls, count: int, *, fallback: bool = True, subnet: int | None = None) -> HostNetwork:
@@ -144,6 +148,7 @@ class HostNetwork:
         self._ip("addr", "add", f"{prefix}.1/24", "dev", self._bridge)
         self._ip("link", "set", self._bridge, "up")
         self.gateway = f"{prefix}.1"
+        self._subnet = f"{prefix}.0/24"
         for i in range(count):
             namespace = f"{tag}h{i + 1}"
             outside, inside = f"{tag}v{i + 1}"[:15], "eth0"
@@ -179,11 +184,67 @@ class HostNetwork:
                 check=True, capture_output=True, timeout=30,
             )  # fmt: skip
 
+    def reachable(self, url: str) -> str:
+        """``url`` of a service on the root namespace's loopback, as a host reaches it: at
+        the bridge's address (through the link emulator, which opens it on loopback)."""
+        if self.kind != "netns":
+            return url
+        parts = urlsplit(url)
+        if parts.hostname not in ("127.0.0.1", "localhost"):
+            return url
+        netloc = parts.netloc.rsplit("@", 1)
+        where = netloc[-1].replace(parts.hostname, self.gateway, 1)
+        return urlunsplit(parts._replace(netloc="@".join([*netloc[:-1], where])))
+
+    @property
+    def emulator(self) -> LinkEmulator | None:
+        """The process that emulates the link (``emulate_link``), if any."""
+        return self._emulator
+
+    @property
+    def link(self) -> Link | None:
+        """The emulated link between the hosts (``emulate_link``), if any."""
+        return self._emulator.link if self._emulator is not None else None
+
+    def emulate_link(self, link: Link, folder: str, near: str = "host1") -> None:
+        """Make every host-to-host connection pay ``link``: its bandwidth by ``tbf`` on each
+        host's way out, its round trip by ``cdi.link_emulator`` (see there), which also
+        carries the hosts' connections to services listening on the root namespace's
+        loopback. ``near`` is the host those services count as being on. Needs ``nft``."""
+        if self.kind != "netns":
+            raise ConfigError(f"emulating a link needs network namespaces ({self.reason})")
+        if shutil.which("nft") is None:
+            raise ConfigError("emulating a link needs the `nft` command (apt-get install nftables)")
+        if self._emulator is not None:
+            raise ConfigError("this network emulates a link already")
+        if link.mbit is not None:
+            self.shape(link.mbit)
+        try:
+            for host in self.hosts:
+                assert host.namespace is not None
+                subprocess.run(
+                    ["ip", "netns", "exec", host.namespace, "nft", "-f", "-"],
+                    input=rules(host.address, self._subnet, self.gateway, link).encode(),
+                    check=True, capture_output=True, timeout=30,
+                )  # fmt: skip
+            self._emulator = LinkEmulator(self, link, folder, near).start()
+        except BaseException:
+            # Rules that turn connections to an emulator that is not there would cut the
+            # hosts off: none stays.
+            for host in self.hosts:
+                assert host.namespace is not None
+                subprocess.run(["ip", "netns", "exec", host.namespace, "nft", "delete", "table",
+                                "ip", "cdilink"], capture_output=True, timeout=30)  # fmt: skip
+            raise
+
     def close(self) -> None:
         """Remove the veth pairs, the namespaces and the bridge.
 
         Each veth is deleted explicitly: a deleted namespace takes its end of the pair with it,
         but later, from the kernel's cleanup work, not before ``ip netns del`` returns."""
+        emulator, self._emulator = self._emulator, None
+        if emulator is not None:
+            emulator.stop()
         for veth in reversed(self._veths):
             with contextlib.suppress(subprocess.SubprocessError, OSError):
                 self._ip("link", "del", veth)

@@ -18,6 +18,7 @@ from typing import IO, Any
 import click
 
 from cdi.errors import CDIError
+from cdi.link_emulator import Link
 from cdi.minion.config import parse_bytes
 from orchestrator.stack.state import DataDirLock
 
@@ -105,6 +106,30 @@ def _sizes(text: str) -> tuple[int, ...]:
     help="regional: S3 behind a proxy adding ~10 ms RTT, 100 MB/s.",
 )
 @click.option(
+    "--hosts",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 8),
+    help="Spread every system's workers over this many hosts: network namespaces joined by "
+    "an emulated link (--link-mbit, --link-rtt-ms) that all their traffic between hosts "
+    "crosses, S3 behind the regional link (needs root, `ip` and `nft`). Systems: "
+    "floor, affinity, transfer, auto, object-store, ray.",
+)
+@click.option(
+    "--link-mbit",
+    default=1000.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="--hosts: the link's bandwidth (tbf on each host's veth).",
+)
+@click.option(
+    "--link-rtt-ms",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="--hosts: the link's round trip (added in user space: this kernel has no netem).",
+)
+@click.option(
     "--intermediate",
     type=click.Choice(["raw", "png", "jpeg"]),
     default="raw",
@@ -186,6 +211,9 @@ def bench_workflows_command(
     tasks: str,
     systems: str | None,
     s3_link: str,
+    hosts: int,
+    link_mbit: float,
+    link_rtt_ms: float,
     intermediate: str,
     open_loop: str | None,
     min_workflows: int,
@@ -201,6 +229,11 @@ def bench_workflows_command(
     """Workflow latency (p50/p99) and throughput per system, side by side in one run."""
     if quick == (scenario is not None):
         raise click.UsageError("give either --quick or --scenario 1|2|3|all")
+    if quick and hosts > 1:
+        raise click.UsageError("--hosts goes with --scenario, not --quick")
+    if hosts > 1 and s3_link != "regional":
+        s3_link = "regional"  # across hosts, S3 is a regional service, as in a data centre
+        click.echo("--hosts: S3 behind the regional link", err=True)
     # SIGTERM unwinds like Ctrl-C, so every system started so far is stopped by PID.
     signal.signal(signal.SIGTERM, terminated_by_signal)
     to_stdout = json_file is not None and str(json_file) == "-"
@@ -220,6 +253,7 @@ def bench_workflows_command(
             _ints(concurrency, "concurrency"),
             _ints(tasks, "tasks"),
             s3_link,
+            (hosts, Link(link_mbit, link_rtt_ms)),
             intermediate,
             _shares(open_loop) if open_loop else (),
             min_workflows,
@@ -316,6 +350,7 @@ def _scenarios(
     concurrency: tuple[int, ...],
     tasks: tuple[int, ...],
     link: str,
+    spread: tuple[int, Link],
     intermediate: str,
     loads: tuple[float, ...],
     min_workflows: int,
@@ -326,6 +361,7 @@ def _scenarios(
     echo: Callable[[str], None],
     out: IO[str],
 ) -> dict[str, Any]:
+    from loadtest.hosts import DEFAULT_HOST_SYSTEMS, HOST_SYSTEMS, host_goals
     from loadtest.report import resources_table, result_problems, scenario_table
     from loadtest.runner import (
         ALL_SYSTEMS,
@@ -336,10 +372,16 @@ def _scenarios(
         run_benchmark,
     )
 
-    systems = chosen or DEFAULT_SYSTEMS
+    hosts, host_link = spread
+    systems = chosen or (DEFAULT_HOST_SYSTEMS if hosts > 1 else DEFAULT_SYSTEMS)
     unknown = [s for s in systems if s not in ALL_SYSTEMS]
     if unknown:
         raise click.BadParameter(f"unknown system(s) {unknown}; choose from {ALL_SYSTEMS}")
+    single = [s for s in systems if hosts > 1 and s not in HOST_SYSTEMS]
+    if single:
+        raise click.BadParameter(
+            f"{single} run on one host only; with --hosts choose from {HOST_SYSTEMS}"
+        )
     missing = [s for s in systems if s not in AVAILABLE]
     if missing:
         raise click.BadParameter(f"{missing} not implemented yet; available: {AVAILABLE}")
@@ -356,6 +398,8 @@ def _scenarios(
         rounds=rounds,
         intermediate=intermediate,
         loads=loads,
+        hosts=hosts,
+        host_link=host_link,
     )
     with one_run_per_folder(data_dir):
         report = run_benchmark(config, progress=None if quiet else sys.stderr, echo=echo)
@@ -364,6 +408,10 @@ def _scenarios(
         medians = median_over_rounds(report.results)
         click.echo(f"\nmedian of {rounds} rounds (each ratio to its own round's floor)", file=out)
         click.echo(scenario_table(medians), file=out)
+    if hosts > 1:
+        seen = report.machine.get("host_link", {})
+        click.echo(f"\n{hosts} hosts, link {seen.get('stated')}, measured {seen.get('measured')}"
+                   "\n" + host_goals(report.results), file=out)  # fmt: skip
     click.echo("\n" + resources_table(report.results), file=out)
     problems = result_problems(report.results)
     click.echo(

@@ -42,6 +42,7 @@ _COMPONENTS: Final = (
     ("versitygw", "s3 (versitygw)"),
     ("moto.server", "s3 (moto)"),
     ("netem_proxy", "s3 link proxy"),
+    ("-m cdi.link_emulator", "host link emulator"),  # --hosts: the link between the hosts
     ("redis-server", "redis"),
     ("postgres", "postgres"),
     ("-m locust", LOCUST_COMPONENT),

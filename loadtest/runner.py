@@ -21,6 +21,8 @@ from typing import IO, Any, Final
 
 import psutil
 
+from cdi.link_emulator import DEFAULT_LINK, Link
+from loadtest.hosts import bench_hosts
 from loadtest.images import SCENARIO2_SIZES, sized_images
 from loadtest.measure import Measurement, in_flight_bytes
 from loadtest.pipeline_ops import DEFAULT_INTERMEDIATE
@@ -89,6 +91,10 @@ class BenchConfig:
     # Open loop: after each closed-loop point, the same point at these shares of the
     # system's closed-loop throughput (a fixed arrival rate); empty: closed loop only.
     loads: tuple[float, ...] = ()
+    # Hosts the systems' workers are spread over (network namespaces), and the link between
+    # them (``cdi.link_emulator``); 1: every system on this host as it is.
+    hosts: int = 1
+    host_link: Link = DEFAULT_LINK
 
     def points(self) -> list[Point]:
         return [
@@ -290,7 +296,10 @@ def run_benchmark(
     shared = BenchServices(
         folder / "services", config.link, given=services, first_redis_db=redis_db_from
     )
-    with shared:
+    link: dict[str, Any] = {}
+    with contextlib.ExitStack() as held:
+        network = held.enter_context(bench_hosts(config, folder / "hosts", link, echo))
+        held.enter_context(shared)
         inputs = Inputs(_upload(shared, paths), {s: paths[s] for s in sizes})
         ctx = RunContext(
             folder / "runs",
@@ -299,6 +308,7 @@ def run_benchmark(
             config.time_limit_s,
             intermediate=config.intermediate,
             in_flight_bytes=in_flight_bytes(points, paths),
+            network=network,
         )
         measure = Measurement(shared, inputs, ReferenceBook(paths), config.link, echo)
         passes = [(n, name) for n in range(1, config.rounds + 1) for name in config.systems]
@@ -327,4 +337,6 @@ def run_benchmark(
         k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()
     }
     config_dict["memory_settings"] = MEMORY_SETTINGS
+    if link:
+        machine["host_link"] = link
     return BenchReport(compare_to_floor(results), config_dict, machine)

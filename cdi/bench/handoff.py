@@ -36,7 +36,7 @@ import numpy as np
 
 from cdi.hosts import Host
 
-__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "HandoffConfig", "measure"]
+__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "HandoffConfig", "measure", "recv_exact"]
 
 _STAMP = struct.Struct("!q")
 _GRPC_OPTIONS = [
@@ -110,14 +110,15 @@ def _tcp_sender(config: HandoffConfig, control: Connection) -> list[int]:
         time.sleep(config.gap_s)
         start = time.perf_counter_ns()
         conn.sendall(payload)
-        (stamp,) = _STAMP.unpack(_recv_exact(conn, _STAMP.size))
+        (stamp,) = _STAMP.unpack(recv_exact(conn, _STAMP.size))
         if i >= config.warmup:
             samples.append(stamp - start)
     conn.close()
     return samples
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
+def recv_exact(conn: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``conn`` (``ConnectionError`` if it closes first)."""
     data = b""
     while len(data) < n:
         chunk = conn.recv(n - len(data))

@@ -24,7 +24,13 @@ from cdi.client.handle import CDIObject
 from cdi.client.mapping import Mapping
 from cdi.client.owned import OwnedMappings
 from cdi.client.reading import ReadMappings
-from cdi.errors import AccessTimeout, NotRegistered, ObjectNotFound, ProtocolError
+from cdi.errors import (
+    AccessTimeout,
+    NotRegistered,
+    ObjectNotFound,
+    ProtocolError,
+    UnknownContainer,
+)
 from cdi.protocol import Isolation, Op
 from cdi.url import resolve_socket_path
 
@@ -101,8 +107,12 @@ class Client:
         recovery: str | None = None,
         populate: bool = True,
         zeroed: bool = True,
+        generation: int | None = None,
     ) -> CDIObject:
         """Create an object of ``size`` bytes owned by this container; ``KeyExists`` if taken.
+
+        ``generation``: the object's first (default 1); the minion's own uid and root only
+        (a gateway carrying an object on from another host).
 
         ``zeroed=False``: the caller will overwrite all ``size`` bytes, so the minion need not
         zero recycled memory there that only processes of our own uid have used (another uid's
@@ -124,6 +134,8 @@ class Client:
             args["recovery"] = protocol.check_container_id(recovery)
         if zeroed is not True:
             args["zeroed"] = zeroed
+        if generation is not None:
+            args["generation"] = generation
         reply, fd = self._conn.call(Op.CREATE, **args)
         self._map(key, reply, fd, populate)
         return CDIObject(self, key, reply["size"])
@@ -138,6 +150,13 @@ class Client:
         self._require_registered()
         key = protocol.check_key(key)
         return CDIObject(self, key, self._size_of(key) if check else None)
+
+    def describe(self, key: str) -> dict[str, Any]:
+        """What the minion says of an object here: ``size``, ``owner``, ``isolation``,
+        ``recovery`` and ``generation``; ``ObjectNotFound`` if there is none."""
+        self._require_registered()
+        reply, _ = self._conn.call(Op.USE, key=protocol.check_key(key))
+        return {k: reply[k] for k in ("size", "owner", "isolation", "recovery", "generation")}
 
     def stat(self) -> dict[str, Any]:
         """Minion counters: objects, bytes in use, warm pool, containers."""
@@ -168,6 +187,30 @@ class Client:
 
     def _crosses_hosts(self) -> bool:
         return self.forwarding and self._gateway.present
+
+    def _transfer(self, key: str, to: str, detach: bool) -> None:
+        """Make ``to`` the owner of ``key``, on this host or (through the gateway) another.
+        Once this client has a gateway slot, the minion is told to hand the object to the
+        slot (``via``) if ``to`` is not here: one request where a refusal and a second
+        transfer would be two."""
+        via = self._gateway.slot if self._crosses_hosts() else None
+        if via is None:
+            try:
+                self._give_up(key, Op.TRANSFER, detach, to=to)
+            except UnknownContainer:
+                if not self._crosses_hosts():
+                    raise
+                self._forward(key, to, detach)  # ``to`` is on another host
+            return
+        try:
+            reply = self._give_up(key, Op.TRANSFER, detach, to=to, via=via)
+        except UnknownContainer:  # the slot is gone too (a gateway restarted): reserve anew
+            self._gateway.close()
+            self._forward(key, to, detach)
+            return
+        if reply.get("to") == via:  # in our slot: the gateway sends it to ``to``'s host
+            with self._forward_lock:
+                self._gateway.call("forward", key=key, to=to, **{"from": self.container_id})
 
     def _forward(self, key: str, to: str, detach: bool) -> None:
         """Send ``key`` to ``to`` on another host: hand it to our gateway slot (a same-host

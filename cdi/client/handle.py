@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from cdi import protocol
 from cdi.client.mapping import Mapping
-from cdi.errors import InvalidArgument, ObjectShared, UnknownContainer
+from cdi.errors import InvalidArgument, ObjectShared
 from cdi.protocol import Isolation, Op
 
 if TYPE_CHECKING:
@@ -146,12 +146,7 @@ class CDIObject:
         self._alone(lambda: self._hand_over(to, detach), timeout)
 
     def _hand_over(self, to: str, detach: bool) -> None:
-        try:
-            self.client._give_up(self.key, Op.TRANSFER, detach, to=to)
-        except UnknownContainer:
-            if not self.client._crosses_hosts():
-                raise
-            self.client._forward(self.key, to, detach)  # ``to`` is on another host
+        self.client._transfer(self.key, to, detach)
 
     def copy(self, new_key: str) -> CDIObject:
         """A new, independent object with the same bytes, owned by this container."""

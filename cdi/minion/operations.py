@@ -94,16 +94,29 @@ class Operations:
         assert recovery is not None
         have = protocol.check_segment_ids(request.get("have"))
         zeroed = optional_bool(request, "zeroed", True)
+        generation = self._first_generation(conn, request)
         if key in self.registry.objects:
             raise KeyExists(f"an object with key {key!r} already exists")
         obj = self.registry.new_object(
-            conn, key, size, isolation, recovery, prefer=have, zeroed=zeroed
+            conn, key, size, isolation, recovery, prefer=have, zeroed=zeroed, generation=generation
         )
         # No fd if the creator still maps the segment it got (a pooled one it used before).
         return (
             obj.grant_fields(),
             obj.grant_fd(obj.segment.id if obj.segment.id in have else None),
         )
+
+    def _first_generation(self, conn: Connection, request: dict[str, Any]) -> int:
+        """``generation``: where a gateway carries an object on from another host. Only the
+        minion's own uid and root may set it: the directory orders an object's homes by it."""
+        generation = optional_int(request, "generation")
+        if generation is None:
+            return 1
+        if not 1 <= generation < 2**63:
+            raise InvalidArgument(f"generation must be between 1 and 2**63 - 1, got {generation}")
+        if conn.uid not in self.registry.operators:
+            raise InvalidArgument("only the minion's own uid or root may set a generation")
+        return generation
 
     def _isolation(self, value: object) -> Isolation:
         if value is None:
@@ -114,7 +127,9 @@ class Operations:
 
     def use(self, conn: Connection, request: dict[str, Any]) -> Reply:
         obj = self.registry.get(request, conn)
-        return ({"size": obj.size, "owner": obj.owner, "isolation": str(obj.isolation)}, None)
+        fields = {"size": obj.size, "owner": obj.owner, "isolation": str(obj.isolation),
+                  "recovery": obj.recovery, "generation": obj.generation}  # fmt: skip
+        return (fields, None)
 
     def access(self, conn: Connection, request: dict[str, Any]) -> Reply:
         have = optional_int(request, "have")
@@ -140,17 +155,24 @@ class Operations:
         reg = self.registry
         obj = reg.owned_alone(conn, request)
         to = request.get("to")
+        # ``via``: where the object goes when ``to`` is not here (a gateway's slot, which
+        # sends it on to ``to``'s host), saving the caller a failed transfer.
+        via = request.get("via")
+        if via is not None:
+            via = protocol.check_container_id(via)
         # Registered ids passed check_container_id: a hit needs no validation.
         if type(to) is not str or to not in reg.containers:
             to = protocol.check_container_id(to)
         if to not in reg.containers:
-            raise UnknownContainer(f"no live container {to!r} is registered with this minion")
+            if via not in reg.containers:
+                raise UnknownContainer(f"no live container {to!r} is registered with this minion")
+            to = via
         if to != obj.owner:
             reg.set_owner(obj, to)
         # The sender may keep its mapping for reuse only if no other uid was ever handed this
         # memory (the receiver included): else it unmaps, and the segment is never reused.
         keep = obj.isolation is Isolation.COOPERATIVE and reg.pool.returns_to(obj.segment, conn.uid)
-        return ({"generation": obj.generation, "keep_mapping": keep}, None)
+        return ({"generation": obj.generation, "keep_mapping": keep, "to": to}, None)
 
     def copy(self, conn: Connection, request: dict[str, Any]) -> Reply:
         reg = self.registry

@@ -111,6 +111,7 @@ class Registry:
         recovery: str,
         prefer: frozenset[int] = frozenset(),
         zeroed: bool = True,
+        generation: int = 1,
     ) -> StoredObject:
         assert conn.container is not None
         cooperative = isolation is Isolation.COOPERATIVE
@@ -130,6 +131,7 @@ class Registry:
             recovery=recovery,
             isolation=isolation,
             uids={conn.uid},
+            generation=generation,
         )
         self.objects[key] = obj
         self.changed(obj)

@@ -167,8 +167,10 @@ class Gateway:
     ) -> None:
         key = obj.key
         try:
-            header = {"key": key, "to": to, "recovery": self._original_recovery(slot, key),
-                      "from": self.config.host, "isolation": obj.isolation}  # fmt: skip
+            described = slot.describe(key)
+            header = {"key": key, "to": to, "recovery": self._original_recovery(key, described),
+                      "from": self.config.host, "isolation": obj.isolation,
+                      "generation": described["generation"]}  # fmt: skip
             route = self._routes.route(to)
             try:
                 self._sender.send(route.rpc_address, header, view)
@@ -216,11 +218,11 @@ class Gateway:
                 return
             self._stop.wait(1.0)
 
-    def _original_recovery(self, slot: cdi.Client, key: str) -> str:
+    def _original_recovery(self, key: str, described: dict[str, Any]) -> str:
         """The recovery container the object should have wherever it goes: its own here, or,
         for an object that came from another host (ours stands in for it here), the one it
         had there. Never a gateway's: two gateways would pass it back and forth."""
-        recovery = next((str(o["recovery"]) for o in slot.list_objects() if o["key"] == key), "")
+        recovery = str(described["recovery"])
         if recovery == self._recovery_id:
             with self._lock:
                 recovery = self._recover_to.get(key, "")

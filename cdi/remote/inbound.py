@@ -119,6 +119,7 @@ class InboundServer:
                 isolation=offer.get("isolation"),
                 recovery=self._recovery(str(key), str(offer.get("recovery") or "")),
                 zeroed=False,
+                generation=_next_generation(offer.get("generation")),
             )
         except CDIError as exc:
             _drain(sock, size)
@@ -161,3 +162,12 @@ def _drain(sock: socket.socket, size: int) -> None:
         chunk = scratch[: min(left, len(scratch))]
         receive_into(sock, chunk)
         left -= len(chunk)
+
+
+def _next_generation(carried: object) -> int | None:
+    """The generation a received object starts at: after the sender's (its move to the
+    sender's slot is counted there; this hand-over counts here), so that the directory
+    sees this host as its newer home. ``None`` (1) for an offer that carries none."""
+    if type(carried) is not int or not 1 <= carried < 2**63 - 1:
+        return None
+    return carried + 1

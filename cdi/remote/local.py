@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -64,6 +65,9 @@ class LocalService:
         self._locate = locate
         self._exists = exists
         self._ids = itertools.count(1)
+        # Slot ids differ between the gateway's lives: a client that still names a slot of a
+        # gateway that restarted must not hand its object to another client's new slot.
+        self._life = secrets.token_hex(4)
         self._arrived: dict[str, float] = {}
         self._arrival = threading.Condition()
         with contextlib.suppress(FileNotFoundError):
@@ -125,7 +129,7 @@ class LocalService:
         if op == "reserve":
             if slot is not None:
                 return {"slot": slot.container_id}
-            return {"slot": f"{self._prefix}{next(self._ids)}"}
+            return {"slot": f"{self._prefix}{self._life}-{next(self._ids)}"}
         if op == "forward":
             if slot is None:
                 raise ProtocolError("reserve a slot before forwarding")

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from cdi.hosts import HostNetwork
 from loadtest.pipeline_ops import DEFAULT_INTERMEDIATE
 from loadtest.plan import Point, Target, client_usage_path
 from loadtest.resources import LOCUST_COMPONENT, ExitedUsage
@@ -41,6 +42,9 @@ class RunContext:
     # The most decoded-image bytes the run's points hold in flight at once (Ray sizes its
     # object store by it); 0: unknown.
     in_flight_bytes: int = 0
+    # Several hosts (``--hosts``): network namespaces joined by an emulated link, every
+    # system's workers spread over them; ``None``: one host.
+    network: HostNetwork | None = None
 
 
 class System(abc.ABC):

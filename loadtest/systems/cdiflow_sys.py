@@ -40,6 +40,10 @@ class CdiflowSystem(System):
             workers=self.ctx.workers,
             port=free_port(),
             services=self.services.for_system(self.name),
+            # Several hosts: a minion per host, worker n on host ((n - 1) mod hosts) + 1, in
+            # its namespace; the API and the scheduler on host 1.
+            hosts=len(self.ctx.network.hosts) if self.ctx.network else 1,
+            network=self.ctx.network,
         )
         self._stack.start()
 

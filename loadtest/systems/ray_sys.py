@@ -1,4 +1,7 @@
-"""Ray: a local single-node cluster, ``workers`` CPUs, the image tasks as remote functions.
+"""Ray: a local cluster of ``workers`` CPUs, the image tasks as remote functions.
+
+One node on one host; with ``--hosts`` (``RunContext.network``) a head node on host 1 and a
+worker node on each other host, in its namespace, the CPUs shared out as cdiflow's workers are.
 
     ray start --head --block --num-cpus 2 --include-dashboard false ...  # what RaySystem starts
 
@@ -24,6 +27,7 @@ from typing import Any, Final
 
 import psutil
 
+from cdi.hosts import Host
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
@@ -48,6 +52,16 @@ def object_store_bytes(in_flight_bytes: int) -> int:
     return min(wanted, psutil.virtual_memory().total // 2)
 
 
+def _share(workers: int, hosts: int) -> list[int]:
+    """``workers`` CPUs over ``hosts`` nodes, as cdiflow's workers are (round robin): a
+    host with none gets no node."""
+    return [len(range(n, workers, hosts)) for n in range(hosts)]
+
+
+def _on(host: Host | None, argv: list[str]) -> list[str]:
+    return host.wrap(argv) if host is not None else argv
+
+
 class RaySystem(System):
     name = "ray"
     results_prefix = "ray/results/"
@@ -57,6 +71,7 @@ class RaySystem(System):
         self.ctx = ctx
         self.address = ""
         self._proc: ChildProcess | None = None
+        self._nodes: list[ChildProcess] = []  # worker nodes, on hosts 2.. (``--hosts``)
         self._driver: DriverProcess | None = None
         self._temp: Path | None = None
         self._stats: dict[str, Any] = {}
@@ -64,34 +79,41 @@ class RaySystem(System):
 
     def start(self) -> None:
         self._temp = Path(tempfile.mkdtemp(prefix="cdiflow-ray-"))
+        network = self.ctx.network
+        head = network.hosts[0] if network is not None else None
         port = free_port()
+        address = head.address if head is not None else "127.0.0.1"
+        # Several hosts: the head on host 1 and a worker node on each other host, the CPUs
+        # (workers) shared out; the driver on host 1, where Ray wants a node of its own.
+        cpus = _share(self.ctx.workers, len(network.hosts) if network is not None else 1)
+        store = object_store_bytes(self.ctx.in_flight_bytes) // sum(1 for c in cpus if c)
         argv = [
-            sys.executable,
-            "-m",
-            "ray.scripts.scripts",  # the ``ray`` command, found without relying on PATH
-            "start",
+            *self._ray_start(cpus[0], store, address),
             "--head",
-            "--block",
-            "--node-ip-address=127.0.0.1",
             f"--port={port}",
             f"--ray-client-server-port={free_port()}",
-            f"--num-cpus={self.ctx.workers}",
-            "--num-gpus=0",
-            f"--object-store-memory={object_store_bytes(self.ctx.in_flight_bytes)}",
             "--include-dashboard=false",
-            "--disable-usage-stats",
-            f"--temp-dir={self._temp}",
         ]
         log = self.ctx.folder / "ray-head.log"
-        env = peer_env(self.services) | {"RAY_USAGE_STATS_ENABLED": "0"}
-        self._proc = ChildProcess("ray head", argv, log_path=log, env=env).start()
-        self.address = f"127.0.0.1:{port}"
+        env = self._env()
+        self._proc = ChildProcess("ray head", _on(head, argv), log_path=log, env=env).start()
+        self.address = f"{address}:{port}"
         try:
-            self._wait_ready(log, timeout=120)
+            self._wait_ready(self._proc, log, timeout=120)
+            for n, host in enumerate(network.hosts[1:] if network is not None else [], 1):
+                if not cpus[n]:
+                    continue
+                node_log = self.ctx.folder / f"ray-node-{host.name}.log"
+                node_argv = [*self._ray_start(cpus[n], store, host.address),
+                             f"--address={self.address}"]  # fmt: skip
+                node = ChildProcess(f"ray node {host.name}", host.wrap(node_argv),
+                                    log_path=node_log, env=env).start()  # fmt: skip
+                self._nodes.append(node)
+                self._wait_ready(node, node_log, timeout=120)
             self._driver = DriverProcess(
                 "ray driver",
-                [sys.executable, "-m", "loadtest.systems.ray_driver", self.address],
-                peer_env(self.services),
+                _on(head, [sys.executable, "-m", "loadtest.systems.ray_driver", self.address]),
+                env,
                 self.ctx.folder / "ray-driver.log",
             )
             self._driver.start()
@@ -99,10 +121,33 @@ class RaySystem(System):
             self.stop()
             raise
 
-    def _wait_ready(self, log: Path, timeout: float) -> None:
+    def _ray_start(self, cpus: int, store: int, node_ip: str) -> list[str]:
+        assert self._temp is not None
+        return [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",  # the ``ray`` command, found without relying on PATH
+            "start",
+            "--block",
+            f"--node-ip-address={node_ip}",
+            f"--num-cpus={cpus}",
+            "--num-gpus=0",
+            f"--object-store-memory={store}",
+            "--disable-usage-stats",
+            f"--temp-dir={self._temp}",
+        ]
+
+    def _env(self) -> dict[str, str]:
+        env = peer_env(self.services) | {"RAY_USAGE_STATS_ENABLED": "0"}
+        if self.ctx.network is not None:  # S3 as the hosts reach it
+            env["S3_ENDPOINT_URL"] = self.ctx.network.reachable(env["S3_ENDPOINT_URL"])
+        return env
+
+    @staticmethod
+    def _wait_ready(proc: ChildProcess, log: Path, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while _READY not in log.read_text(errors="replace"):
-            if self._proc is None or self._proc.poll() is not None:
+            if proc.poll() is not None:
                 raise RuntimeError(f"ray start exited; see {log}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Ray did not start in {timeout:g} s; see {log}")
@@ -112,6 +157,9 @@ class RaySystem(System):
         driver, self._driver = self._driver, None
         if driver is not None:
             driver.stop()
+        nodes, self._nodes = self._nodes, []
+        for node in reversed(nodes):
+            node.stop(30.0, sweep_group=True)
         proc, self._proc = self._proc, None
         if proc is not None:
             proc.stop(30.0, sweep_group=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -41,6 +41,9 @@ from orchestrator.stack.state import (
     read_state,
     running_message,
 )
+
+if TYPE_CHECKING:
+    from cdi.link_emulator import Link
 
 __all__ = ["down_command", "stack_cli", "status_command", "up_command"]
 
@@ -70,7 +73,13 @@ def _stack_options(f: _F) -> _F:
         click.option("--hosts", type=click.IntRange(1, 16), default=1, show_default=True,
                      help="CDI hosts on this machine, each a network namespace (as root; "
                      "loopback addresses otherwise) with its own minion; workers are spread "
-                     "over them, objects cross between them."),
+                     "over them and run in their host's namespace (with `nft`), objects cross "
+                     "between them."),
+        click.option("--link-mbit", type=click.FloatRange(min=1.0), default=None,
+                     help="--hosts: cap the bandwidth between the hosts (tbf), e.g. 1000."),
+        click.option("--link-rtt-ms", type=click.FloatRange(min=0.0), default=None,
+                     help="--hosts: add this round trip between the hosts, e.g. 0.5 (every "
+                     "connection between them, workers' to the services included)."),
         click.option("--host", default=DEFAULT_HOST, show_default=True,
                      help="Address the REST API listens on."),
         click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT,
@@ -107,6 +116,8 @@ def up_command(
     data_dir: Path,
     workers: int,
     hosts: int,
+    link_mbit: float | None,
+    link_rtt_ms: float | None,
     host: str,
     port: int,
     api_command: str | None,
@@ -125,13 +136,16 @@ def up_command(
     folder = _folder(data_dir)
     try:  # refuse now, with a clear message, what the supervisor would refuse later
         stack = Stack(folder, workers=workers, hosts=hosts, host=host, port=port, tasks=tasks,
-                      log_format=log_format)  # fmt: skip
+                      log_format=log_format, link=_link(link_mbit, link_rtt_ms))  # fmt: skip
         stack.preflight()
         check_no_leftovers(folder)
     except OrchestratorError as exc:
         raise click.ClickException(str(exc)) from exc
     options = ["--workers", str(workers), "--hosts", str(hosts), "--host", host,
                "--port", str(port), "--log-format", log_format]  # fmt: skip
+    for flag, number in (("--link-mbit", link_mbit), ("--link-rtt-ms", link_rtt_ms)):
+        if number is not None:
+            options += [flag, str(number)]
     for source in stack.tasks:  # made absolute: the supervisor may not share our directory
         options += ["--tasks", source]
     for flag, value in (("--api-command", api_command), ("--scheduler-command", scheduler_command),
@@ -225,6 +239,8 @@ def supervise_command(
     data_dir: Path,
     workers: int,
     hosts: int,
+    link_mbit: float | None,
+    link_rtt_ms: float | None,
     host: str,
     port: int,
     api_command: str | None,
@@ -254,6 +270,7 @@ def supervise_command(
         log_file=log_file,
         workers=workers,
         hosts=hosts,
+        link=_link(link_mbit, link_rtt_ms),
         host=host,
         port=port,
         tasks=tasks,
@@ -261,6 +278,16 @@ def supervise_command(
         **overrides,
     )
     sys.exit(status)
+
+
+def _link(mbit: float | None, rtt_ms: float | None) -> Link:
+    """The link between the hosts: none emulated unless asked for (only the workers'
+    connections to the services are carried)."""
+    from cdi.link_emulator import SERVICES_ONLY, Link
+
+    if mbit is None and rtt_ms is None:
+        return SERVICES_ONLY
+    return Link(mbit=mbit, rtt_ms=rtt_ms or 0.0)
 
 
 @click.group("stack")

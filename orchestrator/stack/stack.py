@@ -16,6 +16,8 @@ from typing import ParamSpec, Self
 
 import redis
 
+from cdi.hosts import HostNetwork
+from cdi.link_emulator import SERVICES_ONLY, Link
 from orchestrator.apikeys import ensure_key_file
 from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
 from orchestrator.contract.keys import worker_key
@@ -84,6 +86,8 @@ class Stack:
         on_restart: Callable[[str], None] | None = None,
         tasks: Sequence[str] = (),
         log_format: str = "text",
+        network: HostNetwork | None = None,
+        link: Link | None = SERVICES_ONLY,
     ) -> None:
         if workers < 0:
             raise StackError(f"workers must be 0 or more, not {workers}")
@@ -103,7 +107,9 @@ class Stack:
         # Several hosts: a minion with a gateway per host (cdi.remote.cluster); the scheduler
         # and the API use host 1's, worker n host ((n - 1) mod hosts) + 1's.
         self.hosts = hosts
-        self.cdi = CdiRuntime(self.data_dir, self.data_dir / "logs", hosts)
+        # Several hosts: each worker on its host (in its namespace), reaching the services
+        # through the link (``CdiRuntime``), unless ``link`` is None or no link can be had.
+        self.cdi = CdiRuntime(self.data_dir, self.data_dir / "logs", hosts, network, link)
         self.minion_socket = self.cdi.socket_of("host1")
         # The admin key: the configured one (CDIFLOW_ADMIN_KEY[_FILE]), else <data>/api-key,
         # made at the first start.
@@ -289,15 +295,19 @@ class Stack:
         pieces += [c for c in (self._api, self._scheduler, *self._workers.values()) if c]
         return pieces
 
-    def environment(self, host: str = "host1") -> dict[str, str]:
+    def environment(self, host: str = "host1", *, inside: bool = False) -> dict[str, str]:
         """The environment the stack's processes on ``host`` get (for launching another one
-        alongside)."""
+        alongside); ``inside``: for one run in the host's namespace (``CdiRuntime.host_of``),
+        which reaches the services through the link emulator."""
         env = stack_environment(
             self.services,
             data_dir=self.data_dir,
             minion_socket=self.cdi.socket_of(host),
             controller_url=self.controller_url,
         )
+        if inside and self.cdi.host_of(host) is not None:
+            for name in ("DATABASE_URL", "REDIS_URL", "S3_ENDPOINT_URL"):
+                env[name] = self.cdi.reachable(env[name])
         env[LOG_FORMAT_ENV] = self.log_format
         if self.tasks:  # the API and the workers read where tasks may come from alike
             sources = with_sources(load_settings().task_sources(), self.tasks)
@@ -355,10 +365,14 @@ class Stack:
         self._workers = {}
         for wid in self.worker_ids:  # each serves its Prometheus metrics on a port of its own
             port = free_port()
-            self.worker_metrics[wid] = f"http://127.0.0.1:{port}/metrics"
-            own_env = self.environment(self.worker_host[wid])
+            host = self.cdi.host_of(self.worker_host[wid])
+            address = host.address if host is not None else "127.0.0.1"
+            self.worker_metrics[wid] = f"http://{address}:{port}/metrics"
+            own_env = self.environment(self.worker_host[wid], inside=host is not None)
             own_env["CDIFLOW_WORKER_METRICS_PORT"] = str(port)
-            self._workers[wid] = self._child(wid, "worker", own_env)
+            self._workers[wid] = self._child(
+                wid, "worker", own_env, wrap=host.wrap if host is not None else None
+            )
         for worker in self._workers.values():
             worker.start()
         client = redis.Redis.from_url(
@@ -385,7 +399,14 @@ class Stack:
         self.api_key_file, self.api_key = ensure_key_file(self.data_dir)
         return {"CDIFLOW_ADMIN_KEY_FILE": str(self.api_key_file)}
 
-    def _child(self, name: str, kind: str, env: dict[str, str]) -> ChildProcess:
+    def _child(
+        self,
+        name: str,
+        kind: str,
+        env: dict[str, str],
+        wrap: Callable[[Sequence[str]], list[str]] | None = None,
+    ) -> ChildProcess:
+        """``wrap``: run the command through it (``Host.wrap``: in a host's namespace)."""
         values = {"{python}": sys.executable, "{id}": name,
                   "{host}": self.host, "{port}": str(self.port)}  # fmt: skip
         argv = []
@@ -393,6 +414,8 @@ class Stack:
             for placeholder, value in values.items():
                 arg = arg.replace(placeholder, value)
             argv.append(arg)
+        if wrap is not None:
+            argv = wrap(argv)
         return ChildProcess(name, argv, env=env, log_path=self.logs_dir / f"{name}.log")
 
     def _wait(

@@ -173,6 +173,42 @@ def test_every_operation_answers_its_fields(peers: Callable[[], Peer], unique: U
         assert set(gone) >= {"id", "ok"}
 
 
+def test_the_shortcuts_for_a_host_gateway(peers: Callable[[], Peer], unique: Unique) -> None:
+    """``transfer`` with ``via``, ``use``'s recovery container and generation, ``create`` with
+    a generation (this test runs as root or the minion's uid, who may set one)."""
+    a, a_id = registered(peers, unique)
+    slot, slot_id = registered(peers, unique)
+    key = unique("k")
+    checked(a, "create", key=key, size=100)
+    used, _ = checked(slot, "use", key=key)
+    assert (used["owner"], used["recovery"], used["generation"]) == (a_id, a_id, 1)
+    # ``to`` is not here: the object goes to ``via``, and the reply says so.
+    moved, _ = checked(a, "transfer", key=key, to=unique("elsewhere"), via=slot_id)
+    assert (moved["to"], moved["generation"]) == (slot_id, 2)
+    used, _ = checked(a, "use", key=key)
+    assert (used["owner"], used["recovery"], used["generation"]) == (slot_id, a_id, 2)
+    # ``to`` is here: ``via`` is not used.
+    back, _ = checked(slot, "transfer", key=key, to=a_id, via=slot_id)
+    assert (back["to"], back["generation"]) == (a_id, 3)
+    plain, _ = checked(a, "transfer", key=key, to=slot_id)
+    assert plain["to"] == slot_id
+    # Neither is live: unknown_container, and the owner stays.
+    reply, _ = slot.call("transfer", key=key, to=unique("x"), via=unique("y"))
+    assert (reply["ok"], reply["code"]) == (False, "unknown_container"), reply
+    assert checked(a, "use", key=key)[0]["owner"] == slot_id
+    # A generation carried on from another host; out of range is invalid_argument.
+    carried = unique("carried")
+    grant, _ = checked(a, "create", key=carried, size=10, generation=7)
+    assert grant["generation"] == 7
+    assert checked(slot, "use", key=carried)[0]["generation"] == 7
+    assert checked(a, "transfer", key=carried, to=slot_id)[0]["generation"] == 8
+    for wrong in (0, -1, 2**63):
+        reply, _ = a.call("create", key=unique("g"), size=10, generation=wrong)
+        assert (reply["ok"], reply["code"]) == (False, "invalid_argument"), (wrong, reply)
+    for k in (key, carried):
+        assert slot.call("destroy", key=k)[0]["ok"]
+
+
 # Values of the wrong type (or out of range) for each field type of the table.
 WRONG: dict[str, list[Any]] = {
     "key": [42, "has space", "", "x" * 257, True],

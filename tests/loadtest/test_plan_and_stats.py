@@ -347,6 +347,15 @@ def test_rays_object_store_holds_the_images_a_point_keeps_in_flight(tmp_path: Pa
     assert object_store_bytes(2**50) == psutil.virtual_memory().total // 2  # never above half
 
 
+def test_ray_shares_its_cpus_over_hosts_as_cdiflow_its_workers() -> None:
+    from loadtest.systems.ray_sys import _share
+
+    assert _share(2, 1) == [2]
+    assert _share(2, 2) == [1, 1]  # worker-1 on host 1, worker-2 on host 2
+    assert _share(3, 2) == [2, 1]
+    assert _share(1, 2) == [1, 0]  # no worker on host 2: no node there either
+
+
 def test_an_open_loop_row_is_set_against_the_floors_latency_at_the_same_load() -> None:
     def row(system: str, p50: float, tput: float, load: float | None) -> PointResult:
         return PointResult(system, "1", 10_000, 3, 10, 10, 0, p50, p50, p50, tput, load=load)

@@ -7,11 +7,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 import cdi
 from cdi.controller.client import ControllerClient
+from cdi.protocol import Op
 from cdi.remote.cluster import LocalCluster
 
 Unique = Callable[[str], str]
@@ -106,12 +108,61 @@ def test_the_directory_moves_the_home(
     b.use(key).destroy()
 
 
-def _entry(directory: ControllerClient, key: str) -> tuple[str, str] | None:
+def test_once_a_client_has_a_slot_its_minion_hands_it_objects_for_elsewhere(
+    cluster: LocalCluster,
+    pair: tuple[cdi.Client, cdi.Client],
+    unique: Unique,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first crossing learns the slot (a refused transfer, then the slot); later ones
+    are one ``transfer ... via`` to the minion. The object's generation crosses with it."""
+    a, b = pair
+    first, _ = _filled(a, unique("k"), 1000)
+    first.transfer(cid(b))
+    slot = a._gateway.slot
+    assert slot is not None
+    calls: list[tuple[Op, dict[str, Any]]] = []
+    real = a._conn.call
+
+    def spy(op: Op, **args: Any) -> Any:
+        calls.append((op, args))
+        return real(op, **args)
+
+    monkeypatch.setattr(a._conn, "call", spy)
+    key = unique("k")
+    obj, digest = _filled(a, key, 20_000)
+    assert a.describe(key)["generation"] == 1
+    obj.transfer(cid(b))
+    assert [args for op, args in calls if op is Op.TRANSFER] == [
+        {"key": key, "to": cid(b), "via": slot}
+    ]
+    with b.use(key).view(timeout=10) as got:
+        assert _digest(got) == digest
+    # 1 at creation, 2 in the slot; 3 as the other gateway's, 4 as b's.
+    assert b.describe(key)["generation"] == 4
+    with ControllerClient(cluster.controller_url) as directory:
+        deadline = time.monotonic() + 10
+        while (seen := _entry(directory, key)) is None or seen[::2] != (b.host, 4):
+            assert time.monotonic() < deadline, f"directory still says {seen}"
+            time.sleep(0.05)
+    # A container on the same host still gets it straight, slot or not.
+    local = cdi.connect(cluster.minions[0].socket_path, unique("local"))
+    with local:
+        calls.clear()
+        mine, _ = _filled(a, unique("k"), 100)
+        mine.transfer(cid(local))
+        assert local.describe(mine.key)["owner"] == cid(local)
+        local.use(mine.key).destroy()
+    b.use(key).destroy()
+    b.use(first.key).destroy()
+
+
+def _entry(directory: ControllerClient, key: str) -> tuple[str, str, int] | None:
     try:
         info = directory.lookup_object(key)
     except cdi.ObjectNotFound:
         return None
-    return info.host, info.owner
+    return info.host, info.owner, info.generation
 
 
 def test_copy_resize_and_destroy_on_the_objects_new_host(

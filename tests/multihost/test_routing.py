@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from cdi.controller.models import Changes, ContainerRecord, ObjectRecord
 from cdi.controller.process import ControllerChild
 from cdi.controller.state import ControllerState
 from cdi.errors import UnknownContainer
+from cdi.remote.local import LocalService
 
 
 class Clock:
@@ -77,3 +79,23 @@ def test_route_through_a_real_controller(controller: str) -> None:
         assert route.alive
         with pytest.raises(UnknownContainer, match="ghost"):
             client.route_container("ghost")
+
+
+def test_a_restarted_gateway_never_reuses_a_slot_id(tmp_path: Path) -> None:
+    """A client still naming a slot of a gateway that restarted must not reach another
+    client's slot: each life of the gateway numbers its slots under a token of its own."""
+    slots = []
+    for life in range(2):
+        service = LocalService(str(tmp_path / f"g{life}.sock"), str(tmp_path / "minion.sock"),
+                               "cdi-gateway.h1.out", _never, _never, _never)  # fmt: skip
+        service.start()
+        try:
+            slots += [service._answer({"op": "reserve"}, None)["slot"] for _ in range(2)]
+        finally:
+            service.close()
+    assert len(set(slots)) == 4, slots
+    assert all(s.startswith("cdi-gateway.h1.out") for s in slots)
+
+
+def _never(*args: object) -> Any:
+    raise AssertionError("not called by a reserve")

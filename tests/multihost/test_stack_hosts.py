@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +60,22 @@ def _crossed(harness: Harness, done: dict[str, Any]) -> list[dict[str, Any]]:
     """The workflow's hand-offs whose two containers are on different hosts."""
     where = {**harness.stack.worker_host, harness.stack.scheduler_id: "host1"}
     return [h for h in done["handoffs"] if where[h["from_container"]] != where[h["to_container"]]]
+
+
+def test_each_worker_runs_in_its_hosts_namespace(harness: Harness) -> None:
+    """Its Postgres, Redis and S3 connections leave its host, through the link emulator."""
+    stack = harness.stack
+    for worker_id, host in stack.worker_host.items():
+        where = stack.cdi.host_of(host)
+        if where is None:
+            pytest.skip("no link between the hosts here (no namespaces or no nft): workers "
+                        "stay in the root namespace")  # fmt: skip
+        pid = stack.pid_of(worker_id)
+        assert pid is not None and where.namespace is not None
+        inside = os.stat(f"/proc/{pid}/ns/net").st_ino
+        assert inside == os.stat(f"/run/netns/{where.namespace}").st_ino, worker_id
+        assert inside != os.stat("/proc/self/ns/net").st_ino
+        assert stack.worker_metrics[worker_id].startswith(f"http://{where.address}:")
 
 
 @pytest.mark.parametrize(
@@ -182,3 +199,31 @@ def test_two_schedulers_on_two_hosts(harness: Harness) -> None:
                 else (handoff["to_host"])
             )
             assert mine == home, (done["claimed_by"], handoff)
+
+
+def test_a_killed_link_emulator_is_restarted_and_the_hosts_workers_go_on(
+    harness: Harness,
+) -> None:
+    """The workers on the hosts reach Redis, Postgres and S3 through it: killed, it comes back
+    (the supervisor), the workers reconnect, and workflows complete. Last in this module."""
+    stack = harness.stack
+    if stack.cdi.emulator is None:
+        pytest.skip("no link between the hosts here (no namespaces or no nft)")
+    before = stack.restarts("link-emulator")
+    killed_at = time.time()
+    stack.kill("link-emulator")
+    wait_for(lambda: stack.restarts("link-emulator") > before, "the emulator's restart", 60)
+    sample = bundled_samples()["sunset.jpg"]
+    image = harness.upload("in/hosts-after-link.jpg", sample.read_bytes())
+    done = [harness.wait(harness.start(image, "transfer"), timeout=180) for _ in range(3)]
+    for body in done:
+        assert body["status"] == "COMPLETED", body["error"]
+        assert_result_is_the_pipelines(harness, body, sample)
+
+    def both_beat_since() -> bool:
+        beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+        return all(
+            beats.get(w, {}).get("last_heartbeat", 0) > killed_at for w in ("worker-1", "worker-2")
+        )
+
+    wait_for(both_beat_since, "both workers' heartbeats since the kill", 60)

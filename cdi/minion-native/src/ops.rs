@@ -167,6 +167,7 @@ fn create(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
     };
     let have = check_segment_ids(Value::field(request, "have"))?;
     let zeroed = optional_bool(request, "zeroed", true)?;
+    let generation = first_generation(reg, token, request)?;
     if reg.objects.contains_key(&*key) {
         return Err(
             CdiError::key_exists(format!("an object with key {key:?} already exists")).into(),
@@ -179,6 +180,7 @@ fn create(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
         recovery,
         prefer: &have,
         zeroed,
+        generation,
     };
     let obj = reg.new_object(token, spec)?;
     // No fd if the creator still maps the segment it got (a pooled one it used before).
@@ -189,6 +191,30 @@ fn create(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
     );
     reg.insert(obj);
     Ok(Some(reply))
+}
+
+/// `generation`: where a gateway carries an object on from another host. Only the minion's
+/// own uid and root may set it: the directory orders an object's homes by it.
+fn first_generation(reg: &Registry, token: u64, request: Entries) -> Result<u64, Failure> {
+    let Some(value) = optional_int(request, "generation")? else {
+        return Ok(1);
+    };
+    let generation = u64::try_from(value)
+        .ok()
+        .filter(|g| (1..1 << 63).contains(g))
+        .ok_or_else(|| {
+            CdiError::invalid_argument(format!(
+                "generation must be between 1 and 2**63 - 1, got {value}"
+            ))
+        })?;
+    let uid = reg.conns.get(&token).map_or(0, |c| c.uid);
+    if !reg.is_operator(uid) {
+        return Err(CdiError::invalid_argument(
+            "only the minion's own uid or root may set a generation",
+        )
+        .into());
+    }
+    Ok(generation)
 }
 
 fn isolation(reg: &Registry, request: Entries) -> Result<Isolation, Failure> {
@@ -214,6 +240,8 @@ fn use_(reg: &Registry, token: u64, request: Entries) -> Result<Reply, Failure> 
         size: obj.size,
         owner: obj.owner.clone(),
         isolation: obj.isolation,
+        recovery: obj.recovery.clone(),
+        generation: obj.generation,
     };
     Ok(Some((body, None)))
 }
@@ -267,6 +295,12 @@ fn cancel(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
 fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
     let key = sharing::owned_alone(reg, token, request)?;
     let to = Value::get(request, "to");
+    // `via`: where the object goes when `to` is not here (a gateway's slot, which sends it
+    // on to `to`'s host), saving the caller a failed transfer.
+    let via = match Value::field(request, "via") {
+        Some(value) => Some(check_container_id(value)?),
+        None => None,
+    };
     // Registered ids passed check_container_id: a hit needs no validation.
     let hit = match to {
         Some(Value::Str(name)) => reg.containers.get_key_value(&**name),
@@ -278,12 +312,15 @@ fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
             let name = check_container_id(to.unwrap_or(&NIL))?;
             match reg.containers.get_key_value(&*name) {
                 Some((cid, _)) => cid.clone(),
-                None => {
-                    return Err(CdiError::unknown_container(format!(
-                        "no live container {name:?} is registered with this minion"
-                    ))
-                    .into())
-                }
+                None => match via.as_deref().and_then(|v| reg.containers.get_key_value(v)) {
+                    Some((cid, _)) => cid.clone(),
+                    None => {
+                        return Err(CdiError::unknown_container(format!(
+                            "no live container {name:?} is registered with this minion"
+                        ))
+                        .into())
+                    }
+                },
             }
         }
     };
@@ -296,6 +333,7 @@ fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
     let body = Body::Transferred {
         generation: obj.generation,
         keep_mapping: keeps_mapping(reg, token, obj),
+        to: obj.owner.clone(),
     };
     Ok(Some((body, None)))
 }
@@ -321,6 +359,7 @@ fn copy(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failu
         recovery,
         prefer: &[],
         zeroed: false,
+        generation: 1,
     };
     let mut new = reg.new_object(token, spec)?;
     if let Some(obj) = reg.objects.get(&key) {

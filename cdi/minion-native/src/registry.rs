@@ -36,6 +36,8 @@ pub struct ObjectSpec<'a> {
     pub prefer: &'a [i128],
     /// False: the creator overwrites `size` bytes, so its own uid's old bytes may stay.
     pub zeroed: bool,
+    /// 1, or the generation a gateway carries an object on with from another host.
+    pub generation: u64,
 }
 
 pub fn vanished() -> Failure {
@@ -157,6 +159,7 @@ impl Registry {
             recovery,
             prefer,
             zeroed,
+            generation,
         } = spec;
         let owner = self.container_of(token)?;
         let uid = self.conns.get(&token).map_or(0, |c| c.uid);
@@ -175,7 +178,7 @@ impl Registry {
             owner,
             recovery,
             isolation,
-            generation: 1,
+            generation,
             uids: UidSet::of(uid),
             readers: Vec::new(),
             created_at: now,

@@ -22,11 +22,14 @@ pub enum Body {
         size: u64,
         owner: Rc<str>,
         isolation: Isolation,
+        recovery: Rc<str>,
+        generation: u64,
     },
     Cancelled(bool),
     Transferred {
         generation: u64,
         keep_mapping: bool,
+        to: Rc<str>,
     },
     Destroyed {
         keep_mapping: bool,
@@ -73,9 +76,10 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
     let fields = match body {
         Body::Grant { .. } => 5,
         Body::Registered => 4,
-        Body::Use { .. } => 3,
+        Body::Use { .. } => 5,
         Body::Stat => 11,
-        Body::Released { .. } | Body::Transferred { .. } => 2,
+        Body::Transferred { .. } => 3,
+        Body::Released { .. } => 2,
         _ => 1,
     };
     enc.map(fields + 2);
@@ -116,6 +120,8 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
             size,
             owner,
             isolation,
+            recovery,
+            generation,
         } => {
             enc.str("size");
             enc.uint(*size);
@@ -123,6 +129,10 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
             enc.str(owner);
             enc.str("isolation");
             enc.str(isolation.as_str());
+            enc.str("recovery");
+            enc.str(recovery);
+            enc.str("generation");
+            enc.uint(*generation);
         }
         Body::Cancelled(cancelled) => {
             enc.str("cancelled");
@@ -131,11 +141,14 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
         Body::Transferred {
             generation,
             keep_mapping,
+            to,
         } => {
             enc.str("generation");
             enc.uint(*generation);
             enc.str("keep_mapping");
             enc.bool(*keep_mapping);
+            enc.str("to");
+            enc.str(to);
         }
         Body::Destroyed { keep_mapping } => {
             enc.str("keep_mapping");
