@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 import cdi
 from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.scheduler import progress
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Mode
@@ -137,7 +138,7 @@ class Recovery:
             step.attempt = run.attempts.get(step.id, step.attempt) + 1
             self.reports.after_lost_image(run, step)
             return
-        self.reports.after_failure(run, step, reason, retryable=True)
+        self.reports.after_failure(run, step, reason, retryable=True, lost=True)
 
     def _take_arrived_reports(self) -> None:
         """Handle every report already waiting on our list, without blocking."""
@@ -149,6 +150,8 @@ class Recovery:
         False while the worker still holds one (then it is alive after all). An object the
         worker was making from the S3 input may be half-written: it is dropped like a
         half-written output, and the retry fetches the input again. Its shares end with it."""
+        if run.data_plane != DataPlane.CDI:
+            return True  # no object to regain
         lost = flight.instruction
         fetched = lost.key if lost.input_uri else ""
         owned = [k for k, m in step.modes.items() if m is Mode.OWN]

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import redis
 
@@ -35,6 +35,11 @@ from workflows.kinds import Kind
 __all__ = ["Reports"]
 
 log = logging.getLogger(__name__)
+
+# Attempts a step may lose with their workers (killed, restarted, gone silent) on top of its
+# own ``retries``, which count only the task's failures. Bounded: a task that kills its worker
+# every time (out of memory, a crash in native code) must still end its workflow.
+MAX_LOST_ATTEMPTS: Final = 3
 
 
 class Reports:
@@ -133,13 +138,19 @@ class Reports:
             self.ctx.faults.minion |= isinstance(exc, cdi.MinionUnavailable)
             return []
 
-    def after_failure(self, run: RunState, step: StepRun, reason: str, retryable: bool) -> None:
-        """A failed attempt of ``step``: retry it after its backoff, or fail the run."""
+    def after_failure(
+        self, run: RunState, step: StepRun, reason: str, retryable: bool, *, lost: bool = False
+    ) -> None:
+        """A failed attempt of ``step``: retry it after its backoff, or fail the run. A
+        ``lost`` attempt (its worker died) spends none of the step's ``retries``, up to
+        ``MAX_LOST_ATTEMPTS``."""
         spec = step.current
         step.phase = Phase.READY
+        step.lost += lost
+        own_failures = step.attempt - step.lost
         if run.cancelled:
             self.endings.quiet(run)
-        elif retryable and step.attempt <= spec.retries:
+        elif retryable and own_failures <= spec.retries and step.lost <= MAX_LOST_ATTEMPTS:
             step.retry_at = time.monotonic() + spec.retry_backoff_s * 2 ** (step.attempt - 1)
             step.attempt += 1
             self._wake_at(step.retry_at)  # the tick dispatches it

@@ -77,6 +77,7 @@ class StepRun:
     index: int | None = None
     phase: Phase = Phase.WAITING
     attempt: int = 1
+    lost: int = 0  # of its attempts, those lost with their worker (not the task's failures)
     in_flight: InFlight | None = None
     retry_at: float = 0.0  # monotonic: when a failed attempt goes out again
     avoid: frozenset[str] = frozenset()  # workers that lost it

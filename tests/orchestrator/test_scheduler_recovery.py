@@ -35,6 +35,7 @@ from orchestrator.db.models import (
 from orchestrator.scheduler import dispatch as dispatch_module
 from orchestrator.scheduler.dispatch import BEATS_TTL_S
 from orchestrator.scheduler.loop import Scheduler
+from orchestrator.scheduler.reports import MAX_LOST_ATTEMPTS
 from orchestrator.settings import Settings
 from tests.orchestrator.scheduler_support import WORKER, beat, close_scheduler, make_scheduler
 
@@ -488,3 +489,46 @@ def test_an_object_gone_from_the_minion_drives_the_run_again_without_spending_an
         assert minion.checks >= 1, "the scheduler did not ask whether the minion restarted"
     finally:
         close_scheduler(own)
+
+
+def test_a_task_lost_with_its_worker_runs_again_though_its_step_has_no_retries(
+    scheduler: Scheduler, api_client: TestClient, api_redis: redis.Redis
+) -> None:
+    """A step's ``retries`` count the task's own failures: an attempt lost with its worker
+    (here: the worker restarts with the task unreported) goes out again, up to
+    ``MAX_LOST_ATTEMPTS`` times, and the next loss fails the run, saying why."""
+    beat(api_redis, started_at=1000.0)
+    queue = keys.worker_queue_key(WORKER)
+    api_redis.delete(queue)
+    started = api_client.post(
+        "/api/workflows", json={"workflow": "noop_pipeline", "input": {"data": {"n": 1}}}
+    )
+    assert started.status_code == 201, started.text
+    workflow_id = started.json()["id"]
+    scheduler.claims.claim()
+    raw = api_redis.rpop(queue)
+    assert isinstance(raw, bytes | str), "the first task was not pushed to the live worker"
+    sent = [Instruction.loads(raw)]  # noop1, whose task has retries=0
+
+    for restart in range(1, MAX_LOST_ATTEMPTS + 2):
+        beat(api_redis, started_at=1000.0 + restart)  # it restarted: the task died with it
+        time.sleep(BEATS_TTL_S * 2)  # the scheduler re-reads heartbeats at most this often
+        scheduler.recovery.check_in_flight()
+        if restart > MAX_LOST_ATTEMPTS:
+            break
+        again: Instruction | None = None
+        deadline = time.monotonic() + 10.0
+        while again is None and time.monotonic() < deadline:
+            scheduler.step()  # the retry goes out after the step's backoff
+            raw = api_redis.rpop(queue)
+            again = Instruction.loads(raw) if isinstance(raw, bytes | str) else None
+        assert again is not None, f"loss {restart}: the task did not go out again"
+        assert again.ref == sent[0].ref and again.task_run_id != sent[-1].task_run_id
+        sent.append(again)
+        status = api_client.get(f"/api/workflows/{workflow_id}").json()["status"]
+        assert status == "RUNNING", f"loss {restart} ended the run: {status}"
+
+    detail = api_client.get(f"/api/workflows/{workflow_id}").json()
+    assert detail["status"] == "FAILED"
+    assert "died" in detail["error"] or "restarted" in detail["error"], detail["error"]
+    assert len(sent) == MAX_LOST_ATTEMPTS + 1
