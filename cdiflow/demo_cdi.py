@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import socket
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -23,6 +22,7 @@ import cdi
 from cdi.controller.client import ControllerClient
 from cdi.controller.process import ControllerChild
 from cdi.minion.process import MinionChild
+from orchestrator.child_process import free_port
 from workflows import imagebuf
 from workflows.samples import bundled_samples
 
@@ -44,17 +44,10 @@ def _inverter(socket_path: str, key: str, control: Connection) -> None:
     client.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def run_cdi_demo(data_dir: str = ".data/demo", as_json: bool = False) -> dict[str, Any]:
     folder = Path(data_dir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    controller_url = f"grpc://127.0.0.1:{_free_port()}"
+    controller_url = f"grpc://127.0.0.1:{free_port()}"
     socket_path = str(folder / "minion.sock")
     source = bundled_samples()["blue_sky.jpg"]
     image = imagebuf.decode_bytes(source.read_bytes())

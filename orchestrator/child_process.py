@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import shlex
 import signal
 import socket
@@ -212,10 +213,29 @@ def port_is_free(host: str, port: int) -> bool:
         return True
 
 
+_LISTEN_FLOOR: Final = 20000  # free ports are drawn from here up to the ephemeral range
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel gives the local end of an outgoing connection."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (another process may take it before a child
-    binds it)."""
+    """A TCP port free on ``host`` right now, for a child to listen on. Drawn at random below
+    the kernel's ephemeral range: a port from that range (what binding port 0 returns) may
+    become the local end of any process's outgoing connection before the child binds it, and
+    then the child cannot listen there. Another process may still take ours first."""
+    top = _ephemeral_floor()
+    if top - _LISTEN_FLOOR >= 1000:
+        for _ in range(50):
+            port = random.randrange(_LISTEN_FLOOR, top)
+            if port_is_free(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen

@@ -4,6 +4,7 @@ each refuses a client without its generated credentials."""
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -276,3 +277,18 @@ def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
     assert time.monotonic() - began >= 1
     assert not service.running
     assert not psutil.pid_exists(pid)
+
+
+def test_a_free_port_is_drawn_below_the_ports_outgoing_connections_take() -> None:
+    """A port a child is to listen on comes from below the kernel's ephemeral range, which
+    outgoing connections take their local ports from, and is bindable when given."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low < 21000:
+        pytest.skip(f"the ephemeral range starts at {low}: no room below it to draw from")
+    ports = {free_port() for _ in range(20)}
+    assert all(port < low for port in ports), (sorted(ports), low)
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+            sock.listen()

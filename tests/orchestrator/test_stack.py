@@ -35,6 +35,7 @@ import pytest
 import redis
 from sqlalchemy.engine import make_url
 
+from orchestrator.child_process import free_port
 from orchestrator.errors import StackError, StackRunning
 from orchestrator.services import RunningServices
 from orchestrator.stack import RestartPolicy, Stack, read_state
@@ -79,13 +80,6 @@ def _stand_ins() -> _Commands:
     if not _exists("orchestrator.worker.__main__"):
         commands["worker_command"] = ["{python}", "-c", WORKER_STAND_IN, "{id}"]
     return commands
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _eventually(check: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
@@ -148,7 +142,7 @@ def stack(stack_services: RunningServices) -> Iterator[Stack]:
         with Stack(
             folder / "data",
             workers=2,
-            port=_free_port(),
+            port=free_port(),
             services=dataclasses.replace(
                 stack_services, redis_url=_redis_db(stack_services.redis_url, MODULE_REDIS_DB)
             ),
@@ -227,7 +221,7 @@ def test_kill_worker_names_the_known_workers(stack: Stack) -> None:
 
 
 def test_a_second_stack_on_the_same_folder_is_refused(stack: Stack) -> None:
-    second = Stack(stack.data_dir, port=_free_port(), services=stack.services)
+    second = Stack(stack.data_dir, port=free_port(), services=stack.services)
     with pytest.raises(StackRunning, match="already running"):
         second.preflight()
     try:
@@ -240,7 +234,7 @@ def test_a_second_stack_on_the_same_folder_is_refused(stack: Stack) -> None:
 def test_stop_leaves_no_process_and_no_socket(
     own_services: RunningServices, short_dir: Path
 ) -> None:
-    running = Stack(short_dir, workers=1, port=_free_port(), services=own_services,
+    running = Stack(short_dir, workers=1, port=free_port(), services=own_services,
                     **_stand_ins()).start()  # fmt: skip
     try:
         pids = [row.pid for row in running.processes() if row.pid is not None]
@@ -275,7 +269,7 @@ def test_a_worker_that_cannot_start_is_reported_with_its_log(
     crash = ["{python}", "-c", "import sys; print('worker {id} cannot start'); sys.exit(3)"]
     commands = _stand_ins()
     commands["worker_command"] = crash
-    failing = Stack(short_dir, workers=1, port=_free_port(), services=own_services, **commands)
+    failing = Stack(short_dir, workers=1, port=free_port(), services=own_services, **commands)
     try:
         with pytest.raises(StackError, match="worker-1 exited with status 3") as caught:
             failing.start()
@@ -359,7 +353,7 @@ def _cleanup(data_dir: Path, env: dict[str, str]) -> Iterator[None]:
 
 def test_cli_up_detach_status_down(short_dir: Path) -> None:
     env = _cli_env()  # nothing configured: embedded Postgres, Redis and S3
-    port = _free_port()
+    port = free_port()
     folder = ["--data-dir", str(short_dir)]
     with _cleanup(short_dir, env):
         up = _run("up", "--detach", *folder, "--port", str(port), "--workers", "1",
@@ -413,7 +407,7 @@ def test_cli_up_detach_status_down(short_dir: Path) -> None:
         procs = _pids(short_dir)
         assert procs[-1].name == "worker-1" and procs[-1].alive()
 
-        again = _run("up", "--detach", *folder, "--port", str(_free_port()), env=env)
+        again = _run("up", "--detach", *folder, "--port", str(free_port()), env=env)
         assert again.returncode != 0
         assert "already running" in again.stderr
 
@@ -450,7 +444,7 @@ def test_cli_up_in_the_foreground_stops_on_ctrl_c(
     stack_services: RunningServices, make_database: Callable[[str], str], short_dir: Path
 ) -> None:
     env = _configured_env(stack_services, make_database("stack_cli"), CLI_REDIS_DB)
-    args = ["up", "--data-dir", str(short_dir), "--port", str(_free_port()), "--workers", "1"]
+    args = ["up", "--data-dir", str(short_dir), "--port", str(free_port()), "--workers", "1"]
     output = short_dir.parent / "up.out"
     with _cleanup(short_dir, env), output.open("wb") as out:
         # Its own session stands in for a terminal: Ctrl-C goes to the foreground group.
@@ -503,7 +497,7 @@ def test_cli_down_cleans_up_after_a_dead_supervisor(
     env = _configured_env(stack_services, make_database("stack_orphans"), ORPHANS_REDIS_DB)
     folder = ["--data-dir", str(short_dir)]
     with _cleanup(short_dir, env):
-        up = _run("up", "--detach", *folder, "--port", str(_free_port()), "--workers", "1",
+        up = _run("up", "--detach", *folder, "--port", str(free_port()), "--workers", "1",
                   *_stand_in_options(), env=env)  # fmt: skip
         assert up.returncode == 0, up.stderr + up.stdout
         supervisor, *orphans = _pids(short_dir)
@@ -513,7 +507,7 @@ def test_cli_down_cleans_up_after_a_dead_supervisor(
 
         status = _run("status", *folder, env=env)
         assert status.returncode == 1 and "stale" in status.stdout
-        again = _run("up", "--detach", *folder, "--port", str(_free_port()), env=env)
+        again = _run("up", "--detach", *folder, "--port", str(free_port()), env=env)
         assert again.returncode != 0 and "cdiflow down" in again.stderr
 
         down = _run("down", *folder, env=env)
