@@ -1,0 +1,41 @@
+"""What every body shares: strict request bodies, response bodies read from rows or ORM
+objects, and the rules for names that the schema documents and the validators check."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict
+
+from workflows.names import MODULE_PATH_RE, NAME_RE, name_problem
+
+__all__ = [
+    "MAX_DESCRIPTION",
+    "MODULE_RULE",
+    "NAME_RULE",
+    "RequestBody",
+    "ResponseBody",
+    "checked_name",
+]
+
+# Documented in the schema (clients and the fuzzer see the rule); checked by the validators,
+# whose messages say more than a pattern mismatch would.
+NAME_RULE: Final[dict[str, Any]] = {"pattern": f"^{NAME_RE.pattern}$", "maxLength": 64}
+MODULE_RULE: Final[dict[str, Any]] = {"pattern": f"^{MODULE_PATH_RE.pattern}$"}
+MAX_DESCRIPTION: Final = 2000
+
+
+class RequestBody(BaseModel):
+    # A misspelt field is an error, not ignored; NaN and infinities are no numbers here.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class ResponseBody(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+def checked_name(kind: str, value: str) -> str:
+    problem = name_problem(kind, value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value

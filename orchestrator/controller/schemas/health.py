@@ -1,0 +1,50 @@
+"""Workers and health: a worker's latest heartbeat, liveness and readiness."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+__all__ = ["CheckPublic", "LivenessPublic", "ReadinessPublic", "WorkerPublic"]
+
+
+class WorkerPublic(BaseModel):
+    id: str
+    host: str | None
+    cpu: float | None = Field(
+        description="The worker process's CPU, percent of one core (over 100 with several "
+        "slots busy)."
+    )
+    mem: float | None = Field(
+        description="The worker process's resident memory, percent of its host's memory."
+    )
+    rss_bytes: int | None = Field(None, description="The worker process's resident memory.")
+    host_cpu: float | None = Field(None, description="CPU in use on the whole host, percent.")
+    host_mem: float | None = Field(None, description="Memory in use on the whole host, percent.")
+    queue_depth: int | None
+    running: int | None
+    slots: int | None = Field(description="Tasks the worker runs at once (--concurrency).")
+    last_heartbeat: float | None = Field(description="Unix seconds.")
+    started_at: float | None = Field(description="Unix seconds.")
+    held_images: int | None = Field(
+        default=None,
+        description="Images the worker holds in memory between a workflow's tasks (affinity).",
+    )
+    held_bytes: int | None = Field(default=None, description="Bytes those images take.")
+    heartbeat_age_s: float | None
+    alive: bool
+
+
+class LivenessPublic(BaseModel):
+    status: str = Field(description="'ok': this API process serves requests.")
+
+
+class CheckPublic(BaseModel):
+    ok: bool = Field(description="False: this part keeps workflows from running.")
+    detail: str = Field(description="What was seen: 'ok', or why it is unavailable.")
+
+
+class ReadinessPublic(BaseModel):
+    status: str = Field(description="'ok' when every part answers, else 'unavailable'.")
+    checks: dict[str, CheckPublic] = Field(
+        description="postgres, redis, minion, scheduler and s3, each with its answer."
+    )

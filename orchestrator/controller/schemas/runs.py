@@ -1,0 +1,207 @@
+"""Workflow runs: what starts one, and a run with its task runs, hand-offs and events."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, BaseModel, Field, PlainValidator, WithJsonSchema, field_validator
+
+from orchestrator.contract.vocabulary import (
+    CHOSEN_PLANES,
+    DataPlane,
+    Policy,
+    TaskRunStatus,
+    WorkflowStatus,
+)
+from orchestrator.controller.schemas.base import NAME_RULE, RequestBody, ResponseBody, checked_name
+from orchestrator.s3policy import check_s3_uri
+
+__all__ = [
+    "ActiveTaskRunPublic",
+    "ChosenPlane",
+    "EventPage",
+    "EventPublic",
+    "HandoffPublic",
+    "TaskRunInWorkflowPublic",
+    "TaskRunPublic",
+    "WorkflowCreate",
+    "WorkflowDetail",
+    "WorkflowInput",
+    "WorkflowList",
+    "WorkflowPublic",
+]
+
+
+def _chosen_plane(value: object) -> DataPlane:
+    if isinstance(value, str) and value in CHOSEN_PLANES:
+        return DataPlane(value)
+    listed = " or ".join(repr(plane.value) for plane in CHOSEN_PLANES)
+    raise ValueError(f"Input should be {listed} (a run without input.image moves no data)")
+
+
+# A plane a workflow may be started on (``DataPlane.NONE`` is a dataless run's, never chosen).
+ChosenPlane = Annotated[
+    DataPlane,
+    PlainValidator(_chosen_plane),
+    WithJsonSchema({"type": "string", "enum": [plane.value for plane in CHOSEN_PLANES]}),
+]
+
+
+class WorkflowInput(RequestBody):
+    image: str | None = Field(
+        None,
+        examples=["s3://cdiflow/images/cat.png"],
+        description="S3 URI of the input image. Leave it out for a dataless workflow: nothing "
+        "is downloaded or moved, and only tasks that need no image may run (e.g. noop).",
+    )
+    data: dict[str, Any] = Field(
+        default_factory=dict, description="JSON given to every task as ctx.input."
+    )
+    result_format: Literal["png", "jpeg", "raw"] = Field(
+        "png",
+        description="How the result image is stored: 'png' (lossless, the default), 'jpeg' "
+        "(quality 90: ~20x faster to encode and ~4x smaller, for photos) or 'raw' (lossless, "
+        "an uncompressed TIFF: the fastest to encode, the largest).",
+    )
+    intermediate_format: Literal["png", "raw", "jpeg"] = Field(
+        "png",
+        description="object-store plane: how the images between tasks are stored: 'png' "
+        "(lossless, the default), 'raw' (lossless, an uncompressed TIFF: ~70x faster to "
+        "encode than PNG, ~2x larger) or 'jpeg' (quality 90, lossy: each task degrades the "
+        "image). The cdi plane moves pixels and encodes nothing between tasks.",
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _s3_uri(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_s3_uri(value)  # S3NotAllowed is a ValueError: a 422 naming the problem
+        return value
+
+
+class WorkflowCreate(RequestBody):
+    workflow: str = Field(
+        examples=["image_pipeline"],
+        description="Workflow definition name.",
+        json_schema_extra=NAME_RULE,
+    )
+    input: WorkflowInput
+    policy: Policy = Field(Policy.AFFINITY, description="Where the tasks run.")
+    data_plane: ChosenPlane = Field(DataPlane.CDI, description="How data moves between tasks.")
+    version: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="A version of the definition to run; default: its current one.",
+    )
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, value: str) -> str:
+        return checked_name("workflow", value)
+
+
+class WorkflowPublic(ResponseBody):
+    id: uuid.UUID
+    # The ORM calls it ``definition``; the API says ``workflow``, as in the create body.
+    workflow: str = Field(validation_alias=AliasChoices("workflow", "definition"))
+    workflow_version: int = Field(
+        validation_alias=AliasChoices("workflow_version", "definition_version"),
+        description="The version of the definition this run runs.",
+    )
+    status: WorkflowStatus
+    policy: Policy
+    data_plane: DataPlane
+    input: dict[str, Any]
+    output: dict[str, Any] | None
+    error: str | None
+    result_uri: str | None
+    retry_of: uuid.UUID | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    claimed_by: str | None
+    claimed_at: datetime | None
+    started_by: str | None = Field(description="Name of the API key that started the run.")
+
+
+class TaskRunPublic(ResponseBody):
+    id: int
+    ref: str
+    task: str
+    attempt: int
+    status: TaskRunStatus
+    worker_id: str | None
+    queued_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    queue_wait_ms: float | None
+    run_ms: float | None
+    cpu_ms: float | None = None  # the task function's own CPU time (None before it ran)
+    bytes_in: int | None
+    bytes_out: int | None
+    error: str | None
+    output: dict[str, Any] | None
+    data: dict[str, Any] | None = Field(
+        None,
+        description='The named data it read and made: {"reads": {name: datum}, "made": '
+        '{name: datum}}, a datum {"key", "kind"} (a CDI object), {"value"} or '
+        '{"items": [...]}; "results": the S3 URIs of what it stored.',
+    )
+
+
+class HandoffPublic(ResponseBody):
+    id: int
+    task_run_id: int | None
+    from_container: str
+    to_container: str
+    bytes: int
+    duration_us: float
+    at: datetime
+    from_host: str | None = None
+    to_host: str | None = None
+    datum: str | None = Field(None, description='What moved: "<step run>.<output>".')
+    mode: str | None = Field(
+        None, description="transfer (ownership), share (read-only) or copy (another host)."
+    )
+
+
+class EventPublic(ResponseBody):
+    id: int
+    kind: str
+    data: dict[str, Any]
+    at: datetime
+
+
+class WorkflowDetail(WorkflowPublic):
+    task_runs: list[TaskRunPublic]
+    handoffs: list[HandoffPublic]
+    events: list[EventPublic] = Field(description="The latest events, oldest first.")
+
+
+class EventPage(BaseModel):
+    """A run's events after a given one, and its status when they were read: a client that
+    follows a run stops once the run has finished and a page comes back short."""
+
+    status: WorkflowStatus
+    events: list[EventPublic] = Field(description="Oldest first.")
+
+
+class WorkflowList(BaseModel):
+    items: list[WorkflowPublic]
+    total: int = Field(description="Workflows matching the filters, over all pages.")
+    limit: int
+    offset: int
+
+
+class TaskRunInWorkflowPublic(TaskRunPublic):
+    """A task run with its workflow's id, in a list across workflows."""
+
+    workflow_id: uuid.UUID
+
+
+class ActiveTaskRunPublic(TaskRunInWorkflowPublic):
+    """An unfinished task run with its workflow; ``status`` is RUNNING while a worker holds it
+    (``started_at`` stays empty until the worker reports)."""
