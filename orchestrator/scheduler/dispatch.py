@@ -11,10 +11,9 @@ worker, which is always current. A step goes only to a worker that loaded its ta
 worker can run waits too, and ``unrunnable`` names it once it has waited
 ``UNRUNNABLE_AFTER_S`` (the loop then fails its run).
 
-*The objects it reads* (``moves``): the last read of an object, with nobody reading it now,
-takes it — transferred to the worker, as along a chain; a read while others are to come gets
-a read-only share, the scheduler keeping the object; a worker on another host, which a share
-cannot reach, gets its own copy.
+*The objects it reads* go to the chosen worker before the instruction does
+(``object_moves.ObjectMover``): the last read of an object takes it, a read while others are
+to come gets a read-only share, a worker on another host its own copy.
 
 *Send, then record:* an instruction is pushed before its task run is recorded, so the record
 overlaps the worker's run; its report waits in the scheduler's list until the loop thread, the
@@ -40,12 +39,12 @@ import redis
 import cdi
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import DataPlane, Policy
-from orchestrator.db.run_statements import Handoff, Placement
+from orchestrator.db.run_statements import Placement
 from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
-from orchestrator.scheduler.data import Datum, Mode, Obj
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import affinity_keeps, instruction_for, work_uri
+from orchestrator.scheduler.object_moves import ObjectMover
 from orchestrator.scheduler.placement import (
     Link,
     Route,
@@ -89,6 +88,7 @@ class Dispatcher:
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
         self._loads: dict[str, WorkerLoad] = {}  # as the latest choice saw them
         self.link = Link.from_env()  # what crossing to another host costs; learnt as it goes
+        self.mover = ObjectMover(ctx, self.link, self._load_of)
         self.unsent: Unsent | None = None  # set by the loop (redrive)
 
     # ------------------------------------------------------------------ placing
@@ -182,7 +182,7 @@ class Dispatcher:
         self.waiting.pop(ident, None)
         self._loads = {w.worker_id: w for w in loads}
         try:
-            moves = self._move(run, step, worker)
+            moves = self.mover.move(run, step, worker)
         except cdi.UnknownContainer:
             # It died after its last heartbeat (on this host or another, whose gateway says
             # so): what was not moved is still ours; go elsewhere.
@@ -218,77 +218,6 @@ class Dispatcher:
                     largest = obj.nbytes
                     near = obj.owner if obj.owner != self.ctx.id else obj.made_by
         return nbytes, near
-
-    def _move(self, run: RunState, step: StepRun, worker: str) -> list[Handoff]:
-        """Move every object ``step`` reads to ``worker``: the last read takes the object,
-        others get a share (a copy across hosts). Records each read's mode on the step run."""
-        moves: list[Handoff] = []
-        step.modes = {}
-        for name, datum in list(step.reads.items()):
-            step.reads[name] = self._moved(run, step, datum, worker, moves)
-        return moves
-
-    def _moved(
-        self, run: RunState, step: StepRun, datum: Datum, worker: str, moves: list[Handoff]
-    ) -> Datum:
-        if datum.items is not None:
-            items = tuple(self._moved(run, step, d, worker, moves) for d in datum.items)
-            return Datum(items=items)
-        obj = run.objects.get(datum.key) if datum.key else None
-        if obj is None or datum.key in step.modes:
-            return datum
-        mode = obj.mode_for()
-        started = time.perf_counter_ns()
-        handle = self.ctx.cdi.use(obj.key, check=False)
-        if mode is Mode.OWN:
-            if obj.owner != worker:
-                handle.transfer(worker)
-                moves.append(self._handoff(obj.owner, worker, obj, started, "transfer"))
-                obj.owner = worker
-            step.modes[obj.key] = Mode.OWN
-            return datum
-        try:
-            handle.share([worker])
-        except cdi.UnknownContainer:
-            if worker not in self._loads or self._loads[worker].host == self.ctx.cdi.host:
-                raise  # gone, not elsewhere
-            return self._copied(run, step, obj.key, worker, moves, started)
-        obj.readers[worker] = obj.readers.get(worker, 0) + 1
-        moves.append(self._handoff(self.ctx.id, worker, obj, started, "share"))
-        step.modes[obj.key] = Mode.READ
-        return datum
-
-    def _copied(
-        self,
-        run: RunState,
-        step: StepRun,
-        key: str,
-        worker: str,
-        moves: list[Handoff],
-        started: int,
-    ) -> Datum:
-        """A reader on another host: its own copy of ``key``, handed over (a share reaches
-        only containers of the object's own minion)."""
-        obj = run.objects[key]
-        copy_key = f"{run.next_object_key()}.copy"
-        copied = self.ctx.cdi.use(key, check=False).copy(copy_key)
-        copied.transfer(worker)
-        run.objects[copy_key] = Obj(copy_key, obj.kind, obj.nbytes, worker, pending=1,
-                                    datum=obj.datum)  # fmt: skip
-        obj.pending -= 1  # this read reads the copy
-        moves.append(self._handoff(self.ctx.id, worker, obj, started, "copy"))
-        step.modes[copy_key] = Mode.OWN
-        return Datum(key=copy_key, kind=obj.kind)
-
-    def _handoff(self, src: str, dst: str, obj: Obj, started: int, mode: str) -> Handoff:
-        took_us = (time.perf_counter_ns() - started) / 1000
-        src_host = self.ctx.cdi.host if src == self.ctx.id else self.host_of(src)
-        dst_host = self.host_of(dst)
-        if dst_host and dst_host != src_host and mode != "share":
-            self.link.observe(obj.nbytes, took_us / 1e6)  # it crossed: learn the link
-        return Handoff(
-            src, dst, obj.nbytes, took_us, src_host, dst_host, datum=obj.datum, mode=mode
-        )
 
     def send(self, run: RunState, step: StepRun, placement: Placement) -> bool:
         """Push the instruction for ``placement`` (before its task run is recorded) and note
@@ -349,8 +278,10 @@ class Dispatcher:
 
     def host_of(self, worker: str) -> str:
         """The CDI host of ``worker`` as its latest heartbeat said ("" if unknown)."""
-        load = self._loads.get(worker)
-        return load.host if load is not None else ""
+        return self.mover.host_of(worker)
+
+    def _load_of(self, worker: str) -> WorkerLoad | None:
+        return self._loads.get(worker)
 
     def _route(self, run: RunState, near: str | None, loads: list[WorkerLoad]) -> Route:
         """Where the step's largest object is, for pricing a move to another host. A step
