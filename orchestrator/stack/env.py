@@ -1,14 +1,21 @@
-"""The environment every orchestrator process of a stack gets: where everything is."""
+"""The environment every orchestrator process of a stack gets: where everything is, how to log,
+where task code may come from; and the admin key, which the API alone gets."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.apikeys import ensure_key_file
+from orchestrator.logs import LOG_FORMAT_ENV
 from orchestrator.services import RunningServices
+from orchestrator.settings import load_settings
+from orchestrator.stack.cdi_runtime import CdiRuntime
+from workflows.loader import with_sources
 
-__all__ = ["ADMIN_KEY_VARIABLES", "stack_environment"]
+__all__ = ["ADMIN_KEY_VARIABLES", "AdminKey", "admin_key", "host_environment", "stack_environment"]
 
 ADMIN_KEY_VARIABLES = ("CDIFLOW_ADMIN_KEY", "CDIFLOW_ADMIN_KEY_FILE")
 
@@ -47,3 +54,58 @@ def stack_environment(
     if services.aws_secret_access_key is not None:
         env["AWS_SECRET_ACCESS_KEY"] = services.aws_secret_access_key
     return env
+
+
+def host_environment(
+    services: RunningServices,
+    cdi: CdiRuntime,
+    *,
+    data_dir: Path,
+    host: str,
+    inside: bool,
+    log_format: str,
+    tasks: Sequence[str],
+) -> dict[str, str]:
+    """``stack_environment`` for the processes on ``host``: its minion; ``inside``, for one
+    run in the host's namespace, the services as reached through the link emulator; the log
+    format; and the task code besides the settings' (``--tasks``), which the API and the
+    workers read alike."""
+    env = stack_environment(
+        services,
+        data_dir=data_dir,
+        minion_socket=cdi.socket_of(host),
+        controller_url=cdi.controller_url,
+    )
+    if inside and cdi.host_of(host) is not None:
+        for name in ("DATABASE_URL", "REDIS_URL", "S3_ENDPOINT_URL"):
+            env[name] = cdi.reachable(env[name])
+    env[LOG_FORMAT_ENV] = log_format
+    if tasks:
+        sources = with_sources(load_settings().task_sources(), tasks)
+        env["CDIFLOW_TASK_PACKAGES"] = ",".join(sources.packages)
+        env["CDIFLOW_TASK_PATHS"] = os.pathsep.join(str(p) for p in sources.paths)
+    return env
+
+
+@dataclass(frozen=True)
+class AdminKey:
+    """The stack's admin key, the file it is in (if any), and the variables that hand it to
+    the API."""
+
+    key: str
+    key_file: Path | None
+    variables: dict[str, str]
+
+
+def admin_key(data_dir: Path) -> AdminKey:
+    """The configured admin key (CDIFLOW_ADMIN_KEY[_FILE]), else ``<data>/api-key``, made at
+    the first start."""
+    configured = load_settings()
+    if (key := configured.resolved_admin_key()) is not None:
+        if configured.admin_key_file is not None:
+            variables = {"CDIFLOW_ADMIN_KEY_FILE": str(configured.admin_key_file)}
+        else:
+            variables = {"CDIFLOW_ADMIN_KEY": key}
+        return AdminKey(key, configured.admin_key_file, variables)
+    key_file, key = ensure_key_file(data_dir)
+    return AdminKey(key, key_file, {"CDIFLOW_ADMIN_KEY_FILE": str(key_file)})

@@ -1,29 +1,26 @@
-"""``Stack``: all of cdiflow on one machine, started in order, supervised, stopped in reverse."""
+"""``Stack``: all of cdiflow on one machine, started in order, supervised, stopped in reverse.
+
+``Stack`` is the façade; its collaborators: ``startup`` (what is refused before anything
+starts, then each piece in order until it answers), ``process_table`` (the pieces by row name:
+rows, PIDs, restarts, signals, and the stop in reverse order) and ``env`` (each process's
+environment, and the admin key).
+"""
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
-import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import ParamSpec, Self
-
-import redis
+from typing import Self
 
 from cdi.hosts import HostNetwork
 from cdi.link_emulator import SERVICES_ONLY, Link
-from orchestrator.apikeys import ensure_key_file
-from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
-from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
-from orchestrator.logs import LOG_FORMAT_ENV
-from orchestrator.services import RunningServices, start_services
+from orchestrator.services import RunningServices
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
 from orchestrator.stack.cdi_runtime import CdiRuntime
@@ -35,20 +32,16 @@ from orchestrator.stack.defaults import (
     SCHEDULER_COMMAND,
     WORKER_COMMAND,
 )
-from orchestrator.stack.env import stack_environment
+from orchestrator.stack.env import admin_key, host_environment
+from orchestrator.stack.process_table import ProcessTable
 from orchestrator.stack.restarts import RestartPolicy
+from orchestrator.stack.startup import StartUp, check_can_start
 from orchestrator.stack.state import DataDirLock, ProcessInfo
-from orchestrator.stack.supervised import ServiceProcess
 from orchestrator.stack.supervision import Supervised, Supervisor
-from workflows.loader import with_sources
 
 __all__ = ["Stack"]
 
 log = logging.getLogger(__name__)
-
-_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
-
-_P = ParamSpec("_P")
 
 
 class Stack:
@@ -128,13 +121,14 @@ class Stack:
         }
         self._policy = restart_policy or RestartPolicy()
         self._on_restart = on_restart
-        self._given_services = services
-        self._services: RunningServices | None = None
         self._lock = DataDirLock(self.data_dir)
-        self._api: ChildProcess | None = None
-        self._scheduler: ChildProcess | None = None
-        self._workers: dict[str, ChildProcess] = {}
-        self._supervisor: Supervisor | None = None
+        self._table = ProcessTable(
+            self.cdi,
+            api_url=self.api_url,
+            worker_ids=self.worker_ids,
+            worker_metrics=self.worker_metrics,
+            given_services=services,
+        )
         self._running = False
 
     # -- public ---------------------------------------------------------------------------
@@ -156,9 +150,9 @@ class Stack:
 
     @property
     def services(self) -> RunningServices:
-        if self._services is None:
+        if self._table.services is None:
             raise StackError("the stack is not running; call start() first")
-        return self._services
+        return self._table.services
 
     def preflight(self) -> None:
         """Raise now what ``start()`` would refuse (``StackRunning``, a taken port, a socket
@@ -189,12 +183,13 @@ class Stack:
         atexit.register(self.stop)  # a caller that forgets stop() must not leak the children
         began = time.monotonic()
         try:
-            self._start_all()
+            self._start_up().run()
         except BaseException:  # includes Ctrl-C: never leave a child behind
             self.stop()
             raise
-        self._supervisor = Supervisor(self._supervised(), self._policy, on_change=self._restarted)
-        self._supervisor.start()
+        supervisor = Supervisor(self._table.supervised(), self._policy, on_change=self._restarted)
+        self._table.supervisor = supervisor
+        supervisor.start()
         log.info("stack ready in %.1fs: API %s, data %s",
                  time.monotonic() - began, self.api_url, self.data_dir)  # fmt: skip
         return self
@@ -203,23 +198,7 @@ class Stack:
         """Stop workers, scheduler, API, minion, controller, then services; idempotent."""
         if not self._running:
             return
-        if self._supervisor is not None:
-            self._supervisor.stop()  # first, so nothing is restarted while we stop it
-            self._supervisor = None
-        workers = list(self._workers.values())
-        for worker in workers:  # signal all, then wait: they stop in parallel
-            _guard(worker.send_signal, signal.SIGTERM)
-        for worker in workers:
-            _guard(worker.finish, self.stop_timeout)
-        for child in (self._scheduler, self._api):
-            if child is not None:
-                _guard(child.stop, self.stop_timeout)
-        _guard(self.cdi.stop, self.stop_timeout)
-        if self._services is not None and self._given_services is None:
-            _guard(self._services.stop)
-        self._workers.clear()
-        self._api = self._scheduler = None
-        self._services = None
+        self._table.stop_all(self.stop_timeout)
         self._running = False
         atexit.unregister(self.stop)
         self._lock.release()
@@ -227,93 +206,38 @@ class Stack:
 
     def kill_worker(self, worker_id: str, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` to one worker by PID (the supervisor will restart it); return the PID."""
-        child = self._workers.get(worker_id)
-        if child is None:
-            raise StackError(f"no worker {worker_id!r}; workers: {', '.join(self.worker_ids)}")
-        pid = child.pid
-        if pid is None or not child.running:
-            raise StackError(f"{worker_id} is not running now (it may be restarting)")
-        child.send_signal(sig)
-        return pid
+        return self._table.kill_worker(worker_id, sig)
 
     def pid_of(self, name: str) -> int | None:
         """PID of a process by its row name (``api``, ``worker-1``, ``cdi-minion``, ...)."""
-        return next((p.pid for p in self.processes() if p.name == name), None)
+        return self._table.pid_of(name)
 
     def restarts(self, name: str) -> int:
         """How many times the piece of that row name was restarted."""
-        return self._supervisor.restarts(name) if self._supervisor is not None else 0
+        return self._table.restarts(name)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` to a piece by its row name (``postgres``, ``cdi-minion``, ``api``, a
         worker, ...); the supervisor restarts it. Returns the PID."""
-        pid = self.pid_of(name)
-        if pid is None:
-            raise StackError(f"no running process {name!r} in this stack (a configured service?)")
-        os.kill(pid, sig)
-        return pid
+        return self._table.kill(name, sig)
 
     def processes(self) -> list[ProcessInfo]:
         """Every piece in start order: services, controller, minion, API, scheduler, workers."""
-        rows: list[ProcessInfo] = []
-        if self._services is not None:
-            svc = self._services
-            embedded = {s.name: s for s in svc.embedded}
-            urls = {"postgres": svc.database_url, "redis": svc.redis_url, "s3": svc.s3_endpoint_url}
-            for name, url in urls.items():
-                shown = probes.hide_password(url)
-                if (service := embedded.get(name)) is not None:
-                    rows.append(self._row(name, service.pid, shown, service.log_file))
-                else:
-                    rows.append(ProcessInfo(name, None, shown))  # configured, not ours
-        for cdi_child, address in self.cdi.processes:
-            if cdi_child.pid is not None:
-                rows.append(self._row(cdi_child.name, cdi_child.pid, address, cdi_child.log_path))
-        if self._api is not None:
-            rows.append(self._row("api", self._api.pid, self.api_url, self._api.log_path))
-        for child in (self._scheduler, *self._workers.values()):
-            if child is not None:
-                address = self.worker_metrics.get(child.name, "")
-                rows.append(self._row(child.name, child.pid, address, child.log_path))
-        return rows
-
-    def _row(self, name: str, pid: int | None, address: str, log_path: Path | None) -> ProcessInfo:
-        row = ProcessInfo.of(name, pid, address, log_path)
-        supervisor = self._supervisor
-        if supervisor is None or name not in supervisor.names():
-            return row
-        return dataclasses.replace(
-            row, restarts=supervisor.restarts(name), restarting=supervisor.restarting(name)
-        )
-
-    def _supervised(self) -> list[Supervised]:
-        """What the supervisor restarts: our services (not given ones), then every process."""
-        pieces: list[Supervised] = []
-        if self._given_services is None and self._services is not None:
-            pieces += [ServiceProcess(service) for service in self._services.embedded]
-        pieces += [p for p, _ in self.cdi.processes]
-        pieces += [c for c in (self._api, self._scheduler, *self._workers.values()) if c]
-        return pieces
+        return self._table.rows()
 
     def environment(self, host: str = "host1", *, inside: bool = False) -> dict[str, str]:
         """The environment the stack's processes on ``host`` get (for launching another one
         alongside); ``inside``: for one run in the host's namespace (``CdiRuntime.host_of``),
         which reaches the services through the link emulator."""
-        env = stack_environment(
+        return host_environment(
             self.services,
+            self.cdi,
             data_dir=self.data_dir,
-            minion_socket=self.cdi.socket_of(host),
-            controller_url=self.controller_url,
+            host=host,
+            inside=inside,
+            log_format=self.log_format,
+            tasks=self.tasks,
         )
-        if inside and self.cdi.host_of(host) is not None:
-            for name in ("DATABASE_URL", "REDIS_URL", "S3_ENDPOINT_URL"):
-                env[name] = self.cdi.reachable(env[name])
-        env[LOG_FORMAT_ENV] = self.log_format
-        if self.tasks:  # the API and the workers read where tasks may come from alike
-            sources = with_sources(load_settings().task_sources(), self.tasks)
-            env["CDIFLOW_TASK_PACKAGES"] = ",".join(sources.packages)
-            env["CDIFLOW_TASK_PATHS"] = os.pathsep.join(str(p) for p in sources.paths)
-        return env
 
     def __enter__(self) -> Self:
         return self.start()
@@ -329,136 +253,29 @@ class Stack:
     # -- start-up -------------------------------------------------------------------------
 
     def _check_can_start(self) -> None:
-        """Refuse early, before starting anything, what would fail later."""
-        try:
-            with_sources(load_settings().task_sources(), self.tasks)
-        except ValueError as exc:
-            raise StackError(f"--tasks: {exc}") from exc
-        if not port_is_free(self.host, self.port):
-            raise StackError(
-                f"port {self.port} on {self.host} is already in use, so the API cannot listen "
-                "there; stop what listens on it or choose another port with --port"
-            )
-        if len(os.fsencode(self.minion_socket)) > _SOCKET_PATH_MAX:
-            raise StackError(
-                f"the minion socket path {self.minion_socket} is longer than a Unix socket "
-                f"allows ({_SOCKET_PATH_MAX} bytes); choose a shorter --data-dir"
-            )
+        check_can_start(self.tasks, self.host, self.port, self.minion_socket)
 
-    def _start_all(self) -> None:
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        self._services = self._given_services or start_services(self.data_dir)
-        self.cdi.start()
-        env = self.environment()
-
-        self._api = self._child("api", "api", env | self._admin_key())
-        self._api.start()
-        healthz = f"{self.api_url}/api/healthz"
-        self._wait(self._api, lambda: probes.http_ok(healthz), lambda: f"GET {healthz} = 200")
-
-        self._scheduler = self._child(self.scheduler_id, "scheduler", env)
-        self._scheduler.start()
-        scheduler = self._scheduler
-        self._wait(scheduler, lambda: time.monotonic() - scheduler.started_at >= self.grace,
-                   lambda: f"it to stay up for {self.grace:g}s")  # fmt: skip
-
-        self._workers = {}
-        for wid in self.worker_ids:  # each serves its Prometheus metrics on a port of its own
-            port = free_port()
-            host = self.cdi.host_of(self.worker_host[wid])
-            address = host.address if host is not None else "127.0.0.1"
-            self.worker_metrics[wid] = f"http://{address}:{port}/metrics"
-            own_env = self.environment(self.worker_host[wid], inside=host is not None)
-            own_env["CDIFLOW_WORKER_METRICS_PORT"] = str(port)
-            self._workers[wid] = self._child(
-                wid, "worker", own_env, wrap=host.wrap if host is not None else None
-            )
-        for worker in self._workers.values():
-            worker.start()
-        client = redis.Redis.from_url(
-            self.services.redis_url,
-            decode_responses=True,
-            socket_timeout=2,
-            socket_connect_timeout=2,
+    def _start_up(self) -> StartUp:
+        return StartUp(
+            self._table,
+            self._commands,
+            data_dir=self.data_dir,
+            host=self.host,
+            port=self.port,
+            scheduler_id=self.scheduler_id,
+            worker_host=self.worker_host,
+            environment=self.environment,
+            admin_env=self._admin_key,
+            ready_timeout=self.ready_timeout,
+            grace=self.grace,
         )
-        try:
-            for worker in self._workers.values():
-                self._wait_heartbeat(client, worker)
-        finally:
-            client.close()
 
     def _admin_key(self) -> dict[str, str]:
         """Find or make the admin key; the variables that hand it to the API (and to it
         alone: ``stack_environment`` keeps it from the other processes)."""
-        configured = load_settings()
-        if (key := configured.resolved_admin_key()) is not None:
-            self.api_key, self.api_key_file = key, configured.admin_key_file
-            if configured.admin_key_file is not None:
-                return {"CDIFLOW_ADMIN_KEY_FILE": str(configured.admin_key_file)}
-            return {"CDIFLOW_ADMIN_KEY": key}
-        self.api_key_file, self.api_key = ensure_key_file(self.data_dir)
-        return {"CDIFLOW_ADMIN_KEY_FILE": str(self.api_key_file)}
-
-    def _child(
-        self,
-        name: str,
-        kind: str,
-        env: dict[str, str],
-        wrap: Callable[[Sequence[str]], list[str]] | None = None,
-    ) -> ChildProcess:
-        """``wrap``: run the command through it (``Host.wrap``: in a host's namespace)."""
-        values = {"{python}": sys.executable, "{id}": name,
-                  "{host}": self.host, "{port}": str(self.port)}  # fmt: skip
-        argv = []
-        for arg in self._commands[kind]:
-            for placeholder, value in values.items():
-                arg = arg.replace(placeholder, value)
-            argv.append(arg)
-        if wrap is not None:
-            argv = wrap(argv)
-        return ChildProcess(name, argv, env=env, log_path=self.logs_dir / f"{name}.log")
-
-    def _wait(
-        self, child: ChildProcess, ready: Callable[[], bool], what: Callable[[], str]
-    ) -> None:
-        """Poll ``ready`` until true; raise with the log's tail if the child ends or stalls."""
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            status = child.poll()
-            if status is not None:
-                raise self._failed(child, f"{child.name} exited with {describe_exit(status)} "
-                                          "while starting")  # fmt: skip
-            if ready():
-                log.info("%s ready (pid %s, log %s)", child.name, child.pid, child.log_path)
-                return
-            if time.monotonic() > deadline:
-                raise self._failed(
-                    child, f"{child.name} was not ready within {self.ready_timeout:g}s "
-                    f"(waited for {what()})"
-                )  # fmt: skip
-            time.sleep(0.05)
-
-    def _wait_heartbeat(self, client: redis.Redis, worker: ChildProcess) -> None:
-        problem = ""
-
-        def beating() -> bool:
-            nonlocal problem
-            try:
-                return probes.worker_heartbeat(client, worker.name, worker.launched_at)
-            except redis.RedisError as exc:  # Redis may be busy; the deadline still holds
-                problem = f"; last Redis error: {exc}"
-                return False
-
-        key = worker_key(worker.name)
-        self._wait(worker, beating, lambda: f"its heartbeat {key} in Redis{problem}")
-
-    def _failed(self, child: ChildProcess, message: str) -> StackError:
-        log_file = child.log_path
-        assert log_file is not None  # the stack's children all write a log of their own
-        text = f"{message}; see {log_file}"
-        if tail := child.log_tail():
-            text += f"\n--- last lines of {log_file.name} ---\n{tail}"
-        return StackError(text, log_file=log_file)
+        found = admin_key(self.data_dir)
+        self.api_key, self.api_key_file = found.key, found.key_file
+        return found.variables
 
     def _restarted(self, child: Supervised) -> None:
         if self._on_restart is not None:
@@ -468,11 +285,3 @@ class Stack:
 def _absolute_source(source: str) -> str:
     path = Path(source).expanduser()
     return str(path.absolute()) if path.exists() else source
-
-
-def _guard(step: Callable[_P, object], *args: _P.args, **kwargs: _P.kwargs) -> None:
-    """Run one stop step; a failure is logged and the remaining steps still run."""
-    try:
-        step(*args, **kwargs)
-    except Exception:
-        log.exception("while stopping the stack")
