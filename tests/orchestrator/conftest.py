@@ -144,6 +144,16 @@ def api_client(
         yield client
 
 
+@pytest.fixture
+def flow(api_client: TestClient) -> str:
+    """A fresh two-step workflow definition, so a test's runs are its own to count."""
+    name = f"flow_{uuid.uuid4().hex[:8]}"
+    body = {"name": name, "tasks": [{"ref": "a", "task": "noop"},
+                                    {"ref": "b", "task": "noop", "depends_on": ["a"]}]}  # fmt: skip
+    assert api_client.post("/api/workflow-definitions", json=body).status_code == 201
+    return name
+
+
 @pytest.fixture(scope="module")
 def api_sessions(api_database_url: str, api_client: TestClient) -> Iterator[sessionmaker[Session]]:
     """Sessions on the module's database, once the app has migrated it."""

@@ -18,12 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.controller import create_app
 from orchestrator.settings import Settings
-from tests.orchestrator.api_support import (
-    KeyedCalls,
-    admin_key_of,
-    api_test_settings,
-    keyed_client,
-)
+from tests.orchestrator.api_support import KeyedCalls, admin_key_of, api_test_settings, keyed_client
 
 IMAGE = {"image": "s3://cdiflow/images/cat.png"}
 OPEN_PATHS = {"/api/healthz", "/api/readyz", "/api/openapi.json", "/docs", "/",

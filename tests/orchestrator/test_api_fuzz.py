@@ -30,10 +30,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Err
 from schemathesis.schemas import APIOperation
-from schemathesis.specs.openapi.checks import (
-    response_schema_conformance,
-    status_code_conformance,
-)
+from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 from cdi.controller.process import ControllerChild
 from orchestrator.apikeys import generate_key
