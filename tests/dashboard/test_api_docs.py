@@ -10,7 +10,7 @@ from playwright.sync_api import Route, expect
 
 # The browser and page fixtures of the dashboard tests (which skip, or fail in CI, without
 # Chromium).
-from tests.dashboard.test_dashboard import UI, browser, ui
+from tests.dashboard.browser import UI, browser, ui
 
 __all__ = ["browser", "ui"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cdiflow.demo_ar import demo_sample, start_ar_video
+from tests.dashboard.browser import UI, browser, ui  # skips without Playwright
 from tests.dashboard.support import Harness
-from tests.dashboard.test_dashboard import UI, browser, ui  # skips without Playwright
 
 from playwright.sync_api import expect  # isort: skip
 

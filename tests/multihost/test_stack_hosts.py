@@ -17,7 +17,7 @@ import pytest
 
 import cdi
 from orchestrator.stack import Stack
-from tests.dashboard.test_dashboard import UI, browser, ui
+from tests.dashboard.browser import UI, browser, ui
 from tests.orchestrator.test_e2e import (
     MAX_ACTIVE,
     Harness,
