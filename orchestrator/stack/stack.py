@@ -20,6 +20,7 @@ from cdi.hosts import HostNetwork
 from cdi.link_emulator import SERVICES_ONLY, Link
 from orchestrator.apikeys import ensure_key_file
 from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
+from orchestrator.contract.alive import ALIVE_FILE_ENV
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
 from orchestrator.logs import LOG_FORMAT_ENV
@@ -135,6 +136,7 @@ class Stack:
         self._scheduler: ChildProcess | None = None
         self._workers: dict[str, ChildProcess] = {}
         self._supervisor: Supervisor | None = None
+        self._alive: dict[str, Path] = {}  # name -> alive stamp, of the scheduler and workers
         self._running = False
 
     # -- public ---------------------------------------------------------------------------
@@ -193,7 +195,9 @@ class Stack:
         except BaseException:  # includes Ctrl-C: never leave a child behind
             self.stop()
             raise
-        self._supervisor = Supervisor(self._supervised(), self._policy, on_change=self._restarted)
+        self._supervisor = Supervisor(
+            self._supervised(), self._policy, on_change=self._restarted, alive_files=self._alive
+        )
         self._supervisor.start()
         log.info("stack ready in %.1fs: API %s, data %s",
                  time.monotonic() - began, self.api_url, self.data_dir)  # fmt: skip
@@ -416,6 +420,10 @@ class Stack:
             argv.append(arg)
         if wrap is not None:
             argv = wrap(argv)
+        if kind in ("scheduler", "worker"):  # the processes that keep an alive stamp
+            self._alive[name] = self.data_dir / "alive" / name
+            self._alive[name].parent.mkdir(exist_ok=True)
+            env = env | {ALIVE_FILE_ENV: str(self._alive[name])}
         return ChildProcess(name, argv, env=env, log_path=self.logs_dir / f"{name}.log")
 
     def _wait(
