@@ -8,12 +8,14 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from orchestrator.contract.alive import ALIVE_FILE_ENV, STALL_AFTER_S
 from orchestrator.settings import Settings
 
 K8S = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
@@ -259,3 +261,29 @@ def test_the_minion_serves_transfers_on_its_pod_ip() -> None:
     port = env["CDI_RPC_LISTEN"]["value"].rsplit(":", 1)[1]
     assert env["CDI_RPC_ADVERTISE"]["value"] == f"$(POD_IP):{port}"
     assert [p["containerPort"] for p in minion["ports"]] == [int(port)]
+
+
+@pytest.mark.parametrize("name", ["scheduler", "worker"])
+def test_a_stuck_scheduler_or_worker_fails_its_liveness_probe(name: str, tmp_path: Path) -> None:
+    """The probe, run as the kubelet would in the pod's shell, against the stamp the process
+    renews (``CDIFLOW_ALIVE_FILE``): a fresh one passes; one older than ``STALL_AFTER_S``, or
+    none, fails."""
+    [container] = [c for c in containers() if c["name"] == name]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[ALIVE_FILE_ENV] is not None and env[ALIVE_FILE_ENV].startswith("/tmp/")
+    command = container["livenessProbe"]["exec"]["command"]
+    stamp = tmp_path / "alive"
+
+    def probe() -> int:
+        run_env = {"PATH": os.environ["PATH"], ALIVE_FILE_ENV: str(stamp)}
+        return subprocess.run(command, env=run_env, capture_output=True, check=False).returncode
+
+    assert probe() != 0  # none yet: the initial delay covers start-up
+    stamp.touch()
+    assert probe() == 0
+    past = time.time() - STALL_AFTER_S - 5
+    os.utime(stamp, (past, past))
+    assert probe() != 0
+    past = time.time() - STALL_AFTER_S + 10
+    os.utime(stamp, (past, past))
+    assert probe() == 0

@@ -98,6 +98,15 @@ def _kill(*names: str) -> Callable[[Target], None]:
     return strike
 
 
+def _freeze(name: str) -> Callable[[Target], None]:
+    """SIGSTOP: the process stays, with its connections, locks and claims, but does nothing."""
+
+    def strike(target: Target) -> None:
+        target.stack.kill(name, signal.SIGSTOP)
+
+    return strike
+
+
 def _redis_during_scheduler_restart(target: Target) -> None:
     old = target.pid("scheduler-1")
     target.kill("scheduler-1")
@@ -128,7 +137,16 @@ FAULTS: Final = (
         "kill -9 of Redis while the scheduler restarts",
         _redis_during_scheduler_restart,
     ),
+    Fault("scheduler-frozen", "SIGSTOP of the scheduler: stuck, not dead", _freeze("scheduler-1")),
+    Fault("worker-frozen", "SIGSTOP of a worker: stuck, not dead", _freeze("worker-1")),
     Fault("down-up", "cdiflow down, then up on the same data folder", lambda target: None),
 )
 # What `make test` runs: the faults that used to leave workflows stuck.
-QUICK_FAULTS: Final = ("scheduler", "postgres", "redis-flushall", "minion", "worker")
+QUICK_FAULTS: Final = (
+    "scheduler",
+    "postgres",
+    "redis-flushall",
+    "minion",
+    "worker",
+    "scheduler-frozen",
+)

@@ -29,11 +29,15 @@ from loadtest.chaos.workload import FINISHED, Started, Workload
 from orchestrator.child_process import free_port
 from orchestrator.services import RunningServices, resolve_services
 from orchestrator.settings import load_settings
-from orchestrator.stack import Stack
+from orchestrator.stack import RestartPolicy, Stack
 
 __all__ = ["CaseResult", "chaos_stack", "external_services", "run_case"]
 
 PROBE_EVERY_S = 1.0
+# A stuck (SIGSTOPped) process is killed once its alive stamp is this old: shorter than the
+# default (``contract.alive.STALL_AFTER_S``) so that a case ends sooner; recovery from the
+# frozen faults counts this wait.
+POLICY = RestartPolicy(stall_after=10.0)
 
 
 @dataclass
@@ -87,7 +91,10 @@ def chaos_stack(
             services = None
             if external:
                 services = stack.enter_context(external_services(root / "services"))
-            running = Stack(root / "data", workers=workers, port=free_port(), services=services)
+            running = Stack(
+                root / "data", workers=workers, port=free_port(), services=services,
+                restart_policy=POLICY,
+            )  # fmt: skip
             target = Target(running, services)
             stack.callback(lambda: target.stack.stop())  # the latest: down-up makes a new one
             running.start()
@@ -146,7 +153,7 @@ def _strike(target: Target, fault: Fault, load: Workload) -> None:
     old = target.stack
     old.stop()
     again = Stack(old.data_dir, workers=len(old.worker_ids), port=old.port,
-                  services=target.external)  # fmt: skip
+                  services=target.external, restart_policy=POLICY)  # fmt: skip
     again.start()
     target.stack = again
     load.reconnect(again)

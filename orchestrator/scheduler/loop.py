@@ -45,6 +45,7 @@ import psycopg
 import redis
 
 from orchestrator.contract import keys, read_wake
+from orchestrator.contract.alive import AliveStamp
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.errors import ServiceError
@@ -114,6 +115,7 @@ class Scheduler:
         self.redrive.claims = self.claims
         self.orphans = OrphanObjects(ctx, self.endings)
         self._stopping = False
+        self._alive = AliveStamp.from_env()  # what the supervisor watches: the loop turns
         self._next_tick = 0.0  # monotonic
         self._reconcile_at = 0.0  # monotonic
 
@@ -133,6 +135,7 @@ class Scheduler:
         """Take the liveness lock, then resume our RUNNING workflows; while Postgres does not
         answer, wait for it (a stack may be restarting it right now)."""
         while not self._stopping:
+            self._alive.renew()
             try:
                 if self.liveness is not None:
                     self.liveness.start()
@@ -183,6 +186,7 @@ class Scheduler:
         # else: a new run that an earlier claim already took, with others, in one batch
 
     def _tick(self) -> None:
+        self._alive.renew()
         faults = self.ctx.faults
         if faults.postgres:
             guarded(self.redrive.resync, faults)

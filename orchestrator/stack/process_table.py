@@ -55,6 +55,7 @@ class ProcessTable:
         self.scheduler: ChildProcess | None = None
         self.workers: dict[str, ChildProcess] = {}
         self.supervisor: Supervisor | None = None
+        self.alive: dict[str, Path] = {}  # name -> alive stamp, of the scheduler and workers
 
     def rows(self) -> list[ProcessInfo]:
         """Every piece in start order: services, controller, minion, API, scheduler, workers."""

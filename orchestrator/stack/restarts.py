@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator.contract.alive import STALL_AFTER_S
+
 __all__ = ["RestartPolicy"]
 
 
@@ -24,6 +26,10 @@ class RestartPolicy:
     stable_after: float = 60.0
     """A process that ran this long had a good run: its back-off starts over. Workers exit on
     purpose after a task timeout, so a long-lived worker exiting is restarted promptly."""
+
+    stall_after: float = STALL_AFTER_S
+    """A process whose alive stamp (``contract.alive``) has not moved for this many seconds is
+    stuck: it is killed and so restarted like one that crashed."""
 
     def delay(self, now: float, recent: Sequence[float], quick_crashes: int) -> float:
         """Seconds to wait before the next restart.

@@ -187,7 +187,12 @@ class Stack:
         except BaseException:  # includes Ctrl-C: never leave a child behind
             self.stop()
             raise
-        supervisor = Supervisor(self._table.supervised(), self._policy, on_change=self._restarted)
+        supervisor = Supervisor(
+            self._table.supervised(),
+            self._policy,
+            on_change=self._restarted,
+            alive_files=self._table.alive,
+        )
         self._table.supervisor = supervisor
         supervisor.start()
         log.info("stack ready in %.1fs: API %s, data %s",

@@ -20,6 +20,7 @@ from typing import Final, Protocol
 import redis
 
 from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
+from orchestrator.contract.alive import ALIVE_FILE_ENV
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
 from orchestrator.services import start_services
@@ -149,6 +150,11 @@ class StartUp:
             argv.append(arg)
         if wrap is not None:
             argv = wrap(argv)
+        if kind in ("scheduler", "worker"):  # the processes that keep an alive stamp
+            alive = self.table.alive
+            alive[name] = self.data_dir / "alive" / name
+            alive[name].parent.mkdir(exist_ok=True)
+            env = env | {ALIVE_FILE_ENV: str(alive[name])}
         return ChildProcess(name, argv, env=env, log_path=self.logs_dir / f"{name}.log")
 
     def _wait(

@@ -3,21 +3,27 @@
 Every piece is supervised the same way: the embedded Postgres, Redis and S3 endpoint, the CDI
 controller and minion, the API, the scheduler and the workers. A restart of a service waits
 until it answers again (Postgres may replay its log first), so each runs on a thread of its
-own: a slow one never holds up the others.
+own: a slow one never holds up the others. A process that keeps running but whose alive stamp
+(``orchestrator.contract.alive``) stopped moving is stuck, not working: it is killed, which makes
+it one that exited.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from orchestrator.child_process import describe_exit
+from orchestrator.contract.alive import stamp_age
 from orchestrator.stack.restarts import RestartPolicy
 
 __all__ = ["Supervised", "Supervisor"]
@@ -56,6 +62,8 @@ class _Watch:
     restart_at: float | None = None  # set while a restart is pending
     restarting: bool = False  # a restart runs on its own thread
     restarts: int = 0  # since the stack started
+    alive_file: Path | None = None  # its alive stamp, for a process that keeps one
+    stalls: int = 0  # times it was killed for a stamp that stopped moving
 
 
 class Supervisor:
@@ -65,7 +73,8 @@ class Supervisor:
     Every ``interval`` (0.5 s: a restart waits at least 0.5 s of back-off anyway, and each look
     wakes the process holding the stack, the benchmark's driver among them).
     ``on_change`` runs when a child's exit is noticed and after each relaunch (the new PID is
-    known), so that what ``cdiflow status`` shows follows.
+    known), so that what ``cdiflow status`` shows follows. ``alive_files``: name -> the alive
+    stamp of each child that keeps one.
     """
 
     def __init__(
@@ -75,11 +84,13 @@ class Supervisor:
         *,
         on_change: Callable[[Supervised], None] | None = None,
         interval: float = 0.5,
+        alive_files: Mapping[str, Path] | None = None,
     ) -> None:
         self.policy = policy
         self.on_change = on_change
         self.interval = interval
-        self._watches = {child.name: _Watch(child) for child in children}
+        files = alive_files or {}
+        self._watches = {c.name: _Watch(c, alive_file=files.get(c.name)) for c in children}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._restarters: list[threading.Thread] = []
@@ -108,6 +119,10 @@ class Supervisor:
         """How many times ``name`` was restarted."""
         return self._watches[name].restarts
 
+    def stalls(self, name: str) -> int:
+        """How many times ``name`` was killed because its alive stamp stopped moving."""
+        return self._watches[name].stalls
+
     def restarting(self, name: str) -> bool:
         """Whether ``name`` has exited and waits for (or is in) its restart."""
         watch = self._watches[name]
@@ -128,6 +143,7 @@ class Supervisor:
         if watch.restart_at is None:
             status = child.poll()
             if status is None:
+                self._check_stalled(watch, now)
                 return
             self._schedule(watch, now, status)
             self._changed(child)
@@ -144,6 +160,21 @@ class Supervisor:
             self._restarters = [t for t in self._restarters if t.is_alive()]
             self._restarters.append(thread)
         thread.start()
+
+    def _check_stalled(self, watch: _Watch, now: float) -> None:
+        child = watch.child
+        if watch.alive_file is None or child.pid is None:
+            return
+        age = stamp_age(watch.alive_file, now - child.started_at)
+        if age <= self.policy.stall_after:
+            return
+        watch.stalls += 1
+        log.error("%s (pid %s) has not renewed %s for %.0fs: it is stuck; killing it so that it "
+                  "restarts", child.name, child.pid, watch.alive_file, age)  # fmt: skip
+        # Ours and not yet reaped (poll just said it runs), so the PID is still its own; if it
+        # ended meanwhile, the next look restarts it.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
 
     def _schedule(self, watch: _Watch, now: float, status: int) -> None:
         child = watch.child

@@ -18,6 +18,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from orchestrator.contract import keys
+from orchestrator.contract.alive import AliveStamp
 from workflows.loader import TaskCatalog
 
 __all__ = ["Heartbeat"]
@@ -58,6 +59,7 @@ class Heartbeat:
         self.started_at = time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._alive = AliveStamp.from_env()  # what the supervisor watches: the process turns
         self._process = psutil.Process()
         self._host_memory = psutil.virtual_memory().total
         psutil.cpu_percent(interval=None)  # prime them: the first reading compares with nothing
@@ -98,6 +100,7 @@ class Heartbeat:
 
     def start(self) -> None:
         """Beat once now (so the worker is visible before it pops), then in a thread."""
+        self._alive.renew()
         self.beat()
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
         self._thread.start()
@@ -118,6 +121,7 @@ class Heartbeat:
     def _loop(self) -> None:
         failing = False
         while not self._stop.wait(self.interval_s):
+            self._alive.renew()  # the process turns, whether or not Redis answers
             try:
                 self.beat()
             except redis.RedisError as exc:

@@ -1,0 +1,116 @@
+"""The supervisor's watch over alive stamps, on real child processes: a process whose stamp stops
+moving is killed and restarted; one that renews it is left alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.child_process import ChildProcess
+from orchestrator.contract.alive import ALIVE_FILE_ENV, AliveStamp, stamp_age
+from orchestrator.stack import RestartPolicy
+from orchestrator.stack.supervision import Supervisor
+
+# Renews its stamp as the scheduler's loop does, every 0.1 s, until stopped by a signal.
+RENEWING = """
+import time
+from orchestrator.contract.alive import AliveStamp
+stamp = AliveStamp.from_env()
+stamp.every_s = 0.1
+while True:
+    stamp.renew()
+    time.sleep(0.1)
+"""
+STALL_AFTER_S = 1.0
+
+
+def _eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout:g}s: {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def renewing(tmp_path: Path) -> Iterator[tuple[ChildProcess, Path]]:
+    stamp = tmp_path / "renewing.alive"
+    child = ChildProcess(
+        "renewing",
+        [sys.executable, "-c", RENEWING],
+        env={"PATH": "/usr/bin:/bin", ALIVE_FILE_ENV: str(stamp)},
+        log_path=tmp_path / "renewing.log",
+    )
+    child.start()
+    try:
+        yield child, stamp
+    finally:
+        child.stop(5.0)
+
+
+def _supervise(child: ChildProcess, stamp: Path) -> Supervisor:
+    policy = RestartPolicy(initial_backoff=0.05, stall_after=STALL_AFTER_S)
+    supervisor = Supervisor([child], policy, interval=0.1, alive_files={child.name: stamp})
+    supervisor.start()
+    return supervisor
+
+
+def test_a_process_that_renews_its_stamp_is_left_alone(
+    renewing: tuple[ChildProcess, Path],
+) -> None:
+    child, stamp = renewing
+    pid = child.pid
+    supervisor = _supervise(child, stamp)
+    try:
+        time.sleep(3 * STALL_AFTER_S)
+        assert (supervisor.stalls(child.name), supervisor.restarts(child.name)) == (0, 0)
+        assert child.pid == pid and child.poll() is None
+    finally:
+        supervisor.stop()
+
+
+def test_a_stopped_process_is_killed_and_restarted_and_its_successor_kept(
+    renewing: tuple[ChildProcess, Path],
+) -> None:
+    child, stamp = renewing
+    first = child.pid
+    assert first is not None
+    supervisor = _supervise(child, stamp)
+    try:
+        _eventually(stamp.exists, "the first stamp")
+        child.send_signal(signal.SIGSTOP)  # stuck: alive, holding whatever it holds
+        _eventually(lambda: supervisor.restarts(child.name) == 1, "a restart")
+        assert supervisor.stalls(child.name) == 1
+        assert not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie"
+        second = child.pid
+        assert second is not None and second != first
+        # The successor renews the stamp the first one left: it is not taken for stuck.
+        time.sleep(3 * STALL_AFTER_S)
+        assert (supervisor.stalls(child.name), child.pid) == (1, second)
+    finally:
+        supervisor.stop()
+
+
+def test_a_process_that_never_stamps_counts_from_its_launch(tmp_path: Path) -> None:
+    missing = tmp_path / "never"
+    assert stamp_age(missing, running_s=0.5) == 0.5
+    old = tmp_path / "old"
+    old.touch()
+    earlier = time.time() - 100.0
+    os.utime(old, (earlier, earlier))
+    assert stamp_age(old, running_s=2.0) == 2.0  # left by a process before this one
+    assert 99.0 < stamp_age(old, running_s=1000.0) < 101.0
+
+
+def test_a_stamp_that_cannot_be_written_does_not_stop_its_process(tmp_path: Path) -> None:
+    stamp = AliveStamp(tmp_path / "no-such-folder" / "alive", every_s=0.0)
+    stamp.renew()  # logged once, never raised
+    stamp.renew()
+    assert not (tmp_path / "no-such-folder").exists()
