@@ -26,7 +26,6 @@ from orchestrator.db.scheduler_store import SchedulerStore
 # Tasks are registered only when a live worker loaded them.
 pytestmark = pytest.mark.usefixtures("task_worker")
 
-
 IMAGE = {"image": "s3://cdiflow/images/cat.png"}
 
 

@@ -23,7 +23,6 @@ from tests.orchestrator.api_support import admin_key_of, keyed_client
 # Tasks are registered only when a live worker loaded them.
 pytestmark = pytest.mark.usefixtures("task_worker")
 
-
 IMAGE = {"image": "s3://cdiflow/images/cat.png"}
 
 
