@@ -99,11 +99,9 @@ class CdiPlane:
         max_pixels: int,
     ) -> None:
         self.client = client
-        self.access_timeout_s = access_timeout_s
         self.held = held
         self.store = store  # the S3 store of the input and result, made on first use
         self.max_input_bytes = max_input_bytes
-        self.max_pixels = max_pixels
         self.named = NamedData(client, access_timeout_s, store)
         self.inputs = ImageInput(
             client, store, access_timeout_s, max_input_bytes=max_input_bytes, max_pixels=max_pixels
