@@ -116,7 +116,8 @@ def skip_all(run: RunState) -> list[StepRun]:
 def rewind(run: RunState, obj: Obj) -> list[StepRun]:
     """The image its owner held, newer than ``obj``, is lost: the step runs that made it run
     again from ``obj`` (which goes back to standing for the datum the first of them read);
-    the step runs that go back to waiting."""
+    the step runs that go back to waiting. Their attempts count as lost (``StepRun.lost``):
+    the image died with its worker, not by a fault of theirs."""
     chain = [run.steps[i] for i in obj.held_chain if i in run.steps]
     base_step, base_name = obj.held_base
     run.made.setdefault(base_step, {})[base_name] = Datum(key=obj.key, kind=obj.kind)
@@ -127,6 +128,7 @@ def rewind(run: RunState, obj: Obj) -> list[StepRun]:
         step.phase = Phase.WAITING
         step.reads = {}
         step.attempt = run.attempts.get(step.id, step.attempt) + 1
+        step.lost += 1
     return chain
 
 

@@ -136,6 +136,7 @@ class Recovery:
                 again.avoid = again.avoid | {flight.worker}
             step.phase, step.reads = Phase.WAITING, {}
             step.attempt = run.attempts.get(step.id, step.attempt) + 1
+            step.lost += 1
             self.reports.after_lost_image(run, step)
             return
         self.reports.after_failure(run, step, reason, retryable=True, lost=True)

@@ -161,19 +161,25 @@ class Reports:
 
     def after_lost_image(self, run: RunState, step: StepRun) -> None:
         """The image ``step`` read was lost with its worker's memory: the steps that made it
-        run again from the object it was computed from (``progress.rewind``)."""
+        run again from the object it was computed from (``progress.rewind``). Those attempts
+        count as lost, not as the tasks' failures, so they spend none of the steps' ``retries``
+        (up to ``MAX_LOST_ATTEMPTS``)."""
         if run.cancelled:
             self.endings.quiet(run)
             return
-        over = [s for s in run.steps.values()
-                if s.spec is not None and s.phase is Phase.WAITING
-                and s.attempt > s.spec.retries + 1]  # fmt: skip
-        if over:
-            self.endings.fail(
-                run, f"task {over[0].id!r} lost its image with its worker's memory and has no "
-                f"retries left (attempt {over[0].attempt} of {over[0].spec.retries + 1})",  # type: ignore[union-attr]
-            )  # fmt: skip
-            return
+        for again in run.steps.values():
+            if again.spec is None or again.phase is not Phase.WAITING:
+                continue
+            if again.lost > MAX_LOST_ATTEMPTS:
+                self.endings.fail(run, f"task {again.id!r} lost its image with its worker's "
+                                       f"memory {again.lost} times")  # fmt: skip
+                return
+            if again.attempt - again.lost > again.spec.retries + 1:
+                self.endings.fail(
+                    run, f"task {again.id!r} lost its image with its worker's memory and has "
+                    f"no retries left (attempt {again.attempt} of {again.spec.retries + 1})",
+                )  # fmt: skip
+                return
         moves = progress.settle(run)
         placed = self.dispatch.place(run, moves.ready)
         self.ctx.db.place([*placed, *ended_rows(self.ctx.db, run, moves)])
@@ -242,6 +248,7 @@ class Reports:
                 progress.rewind(run, obj)
                 step.phase, step.reads = Phase.WAITING, {}
                 step.attempt = run.attempts.get(step.id, step.attempt) + 1
+                step.lost += 1  # its input died with the worker's memory, not by its fault
                 return True, shared
         return False, shared
 

@@ -433,6 +433,48 @@ def test_a_worker_restarted_between_tasks_under_affinity_has_its_held_image_reco
 
 
 @pytest.fixture(scope="module")
+def napping_without_retries(harness: Harness) -> str:
+    """The napping pipeline whose nap has no retries (a task's default): deblur (retries 2, so
+    the worker holds its image) feeds a step that must not spend a retry it does not have."""
+    api = harness.api
+    reply = api.post(
+        "/api/tasks",
+        json={"name": "nap_once", "module": "workflows.image_tasks:sleep", "timeout_s": 20},
+    )
+    assert reply.status_code == 201, reply.text
+    assert reply.json()["retries"] == 0, reply.json()
+    reply = api.post(
+        "/api/workflow-definitions",
+        json={
+            "name": "napping_without_retries",
+            "tasks": [
+                {"ref": "deblur", "task": "deblur"},
+                {"ref": "nap", "task": "nap_once", "depends_on": ["deblur"],
+                 "params": {"ms": 3000}},
+                {"ref": "denoise", "task": "denoise", "depends_on": ["nap"]},
+                {"ref": "classify", "task": "classify", "depends_on": ["denoise"]},
+            ],
+        },
+    )  # fmt: skip
+    assert reply.status_code == 201, reply.text
+    return "napping_without_retries"
+
+
+def test_a_held_image_lost_with_its_worker_spends_no_retry_of_the_step_reading_it(
+    harness: Harness, napping_without_retries: str
+) -> None:
+    """The worker dies holding deblur's image through the nap, which has no retries: deblur
+    runs again elsewhere, and so does the nap, whose attempt was lost with the worker."""
+    sample = bundled_samples()["sunset.jpg"]
+    done, victim = _kill_the_napping_worker(harness, napping_without_retries, sample, "affinity")
+    runs = [(r["ref"], r["status"], r["attempt"], r["worker_id"]) for r in done["task_runs"]]
+    assert runs[0][3] == victim, runs
+    assert [r[1:3] for r in runs if r[0] == "deblur"] == [("COMPLETED", 1), ("COMPLETED", 2)]
+    assert [r[1:3] for r in runs if r[0] == "nap"] == [("FAILED", 1), ("COMPLETED", 2)], runs
+    assert_result_is_the_pipelines(harness, done, sample)
+
+
+@pytest.fixture(scope="module")
 def napping_first(harness: Harness, napping: str) -> str:
     """The nap as the first step: a worker killed then dies holding the object it made from
     the S3 input."""

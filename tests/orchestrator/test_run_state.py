@@ -156,6 +156,7 @@ def test_a_lost_held_image_rewinds_the_steps_that_made_it() -> None:
         run.steps[ref].phase = Phase.DONE
     again = progress.rewind(run, base)
     assert [s.id for s in again] == ["b", "c"] and [s.attempt for s in again] == [2, 2]
+    assert [s.lost for s in again] == [1, 1]  # lost with the worker: no retry spent
     assert (base.held, base.pending) == ("", 1)
     [b] = progress.settle(run).ready
     assert b.id == "b" and b.reads == {"image": Datum(key="k1", kind=Kind.IMAGE)}
