@@ -8,7 +8,9 @@ Redis, through what this package defines:
 * ``messages``: the ``Instruction`` a scheduler sends a worker and the ``Report`` it gets back;
 * ``wakeups``: the scheduler's wake-ups and the announcement that a workflow ended;
 * ``vocabulary``: the enums for statuses, policies and data planes, used by the tables, the
-  messages, the REST API and the code alike.
+  messages, the REST API and the code alike;
+* ``alive``: the stamp a scheduler or worker renews as its loop turns, which its supervisor (the
+  stack, or a Kubernetes liveness probe) watches.
 """
 
 from orchestrator.contract import keys
