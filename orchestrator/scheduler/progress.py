@@ -113,11 +113,12 @@ def skip_all(run: RunState) -> list[StepRun]:
     return [s for s in run.steps.values() if s.phase not in _ENDED]
 
 
-def rewind(run: RunState, obj: Obj) -> list[StepRun]:
+def rewind(run: RunState, obj: Obj, reader: StepRun | None = None) -> list[StepRun]:
     """The image its owner held, newer than ``obj``, is lost: the step runs that made it run
     again from ``obj`` (which goes back to standing for the datum the first of them read);
-    the step runs that go back to waiting. Their attempts count as lost (``StepRun.lost``):
-    the image died with its worker, not by a fault of theirs."""
+    the step runs that go back to waiting. ``reader``, the step that was reading the image,
+    waits again too. Every attempt made again counts as lost (``StepRun.lost``): the image
+    died with its worker, not by a fault of those steps."""
     chain = [run.steps[i] for i in obj.held_chain if i in run.steps]
     base_step, base_name = obj.held_base
     run.made.setdefault(base_step, {})[base_name] = Datum(key=obj.key, kind=obj.kind)
@@ -125,6 +126,7 @@ def rewind(run: RunState, obj: Obj) -> list[StepRun]:
     for step in chain:
         run.made.pop(step.id, None)
         run.outputs.pop(step.id, None)
+    for step in [*chain, reader] if reader is not None else chain:
         step.phase = Phase.WAITING
         step.reads = {}
         step.attempt = run.attempts.get(step.id, step.attempt) + 1

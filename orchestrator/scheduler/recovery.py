@@ -35,7 +35,7 @@ from orchestrator.scheduler.dispatch import LOST_GRACE_S, Dispatcher
 from orchestrator.scheduler.placement import WorkerLoad
 from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.reports import Reports
-from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun
+from orchestrator.scheduler.runs import InFlight, RunState, StepRun
 
 __all__ = ["Recovery"]
 
@@ -132,11 +132,8 @@ class Recovery:
             run.home = None  # affinity: the next step chooses a new worker
         if held and lane is not None:
             # The image it held died with it: recompute it, elsewhere.
-            for again in progress.rewind(run, lane):
+            for again in progress.rewind(run, lane, reader=step):
                 again.avoid = again.avoid | {flight.worker}
-            step.phase, step.reads = Phase.WAITING, {}
-            step.attempt = run.attempts.get(step.id, step.attempt) + 1
-            step.lost += 1
             self.reports.after_lost_image(run, step)
             return
         self.reports.after_failure(run, step, reason, retryable=True, lost=True)

@@ -245,10 +245,7 @@ class Reports:
             obj = run.objects.get(ins.key)
             if obj is not None and obj.held:
                 obj.owner = self.ctx.id if not report.kept else worker
-                progress.rewind(run, obj)
-                step.phase, step.reads = Phase.WAITING, {}
-                step.attempt = run.attempts.get(step.id, step.attempt) + 1
-                step.lost += 1  # its input died with the worker's memory, not by its fault
+                progress.rewind(run, obj, reader=step)
                 return True, shared
         return False, shared
 

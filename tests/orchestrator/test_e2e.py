@@ -325,35 +325,33 @@ def test_an_image_task_in_a_dataless_workflow_fails_it_with_a_reason(harness: Ha
     assert {w: harness.stack.pid_of(w) for w in harness.stack.worker_ids} == pids
 
 
-@pytest.fixture(scope="module")
-def napping(harness: Harness) -> str:
-    """A user-registered pipeline with a 3 s step, to act while a task is running."""
-    api = harness.api
-    reply = api.post(
-        "/api/tasks",
-        json={
-            "name": "nap",
-            "module": "workflows.image_tasks:sleep",
-            "timeout_s": 20,
-            "retries": 2,
-            "retry_backoff_s": 0.1,
-        },
-    )
+def _register_napping(harness: Harness, name: str, nap: dict[str, Any]) -> str:
+    """Register the nap task ``nap`` and the pipeline ``name``: deblur, a 3 s nap, denoise,
+    classify."""
+    reply = harness.api.post("/api/tasks", json={"module": "workflows.image_tasks:sleep", **nap})
     assert reply.status_code == 201, reply.text
-    reply = api.post(
+    reply = harness.api.post(
         "/api/workflow-definitions",
         json={
-            "name": "napping_pipeline",
+            "name": name,
             "tasks": [
                 {"ref": "deblur", "task": "deblur"},
-                {"ref": "nap", "task": "nap", "depends_on": ["deblur"], "params": {"ms": 3000}},
+                {"ref": "nap", "task": nap["name"], "depends_on": ["deblur"],
+                 "params": {"ms": 3000}},
                 {"ref": "denoise", "task": "denoise", "depends_on": ["nap"]},
                 {"ref": "classify", "task": "classify", "depends_on": ["denoise"]},
             ],
         },
-    )
+    )  # fmt: skip
     assert reply.status_code == 201, reply.text
-    return "napping_pipeline"
+    return name
+
+
+@pytest.fixture(scope="module")
+def napping(harness: Harness) -> str:
+    """A user-registered pipeline with a 3 s step, to act while a task is running."""
+    nap = {"name": "nap", "timeout_s": 20, "retries": 2, "retry_backoff_s": 0.1}
+    return _register_napping(harness, "napping_pipeline", nap)
 
 
 def _kill_the_napping_worker(
@@ -436,28 +434,12 @@ def test_a_worker_restarted_between_tasks_under_affinity_has_its_held_image_reco
 def napping_without_retries(harness: Harness) -> str:
     """The napping pipeline whose nap has no retries (a task's default): deblur (retries 2, so
     the worker holds its image) feeds a step that must not spend a retry it does not have."""
-    api = harness.api
-    reply = api.post(
-        "/api/tasks",
-        json={"name": "nap_once", "module": "workflows.image_tasks:sleep", "timeout_s": 20},
+    name = _register_napping(
+        harness, "napping_without_retries", {"name": "nap_once", "timeout_s": 20}
     )
-    assert reply.status_code == 201, reply.text
-    assert reply.json()["retries"] == 0, reply.json()
-    reply = api.post(
-        "/api/workflow-definitions",
-        json={
-            "name": "napping_without_retries",
-            "tasks": [
-                {"ref": "deblur", "task": "deblur"},
-                {"ref": "nap", "task": "nap_once", "depends_on": ["deblur"],
-                 "params": {"ms": 3000}},
-                {"ref": "denoise", "task": "denoise", "depends_on": ["nap"]},
-                {"ref": "classify", "task": "classify", "depends_on": ["denoise"]},
-            ],
-        },
-    )  # fmt: skip
-    assert reply.status_code == 201, reply.text
-    return "napping_without_retries"
+    [task] = [t for t in harness.api.get("/api/tasks").json() if t["name"] == "nap_once"]
+    assert task["retries"] == 0, task
+    return name
 
 
 def test_a_held_image_lost_with_its_worker_spends_no_retry_of_the_step_reading_it(

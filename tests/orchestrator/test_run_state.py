@@ -154,9 +154,12 @@ def test_a_lost_held_image_rewinds_the_steps_that_made_it() -> None:
     base.held, base.held_chain, base.held_base = "7", ("b", "c"), ("a", "image")
     for ref in ("b", "c"):  # they held their images over k1
         run.steps[ref].phase = Phase.DONE
-    again = progress.rewind(run, base)
+    reader = run.steps["d"]  # it was reading c's held image when the worker died
+    reader.attempt = run.attempts["d"] = 1
+    again = progress.rewind(run, base, reader=reader)
     assert [s.id for s in again] == ["b", "c"] and [s.attempt for s in again] == [2, 2]
     assert [s.lost for s in again] == [1, 1]  # lost with the worker: no retry spent
+    assert (reader.phase, reader.attempt, reader.lost) == (Phase.WAITING, 2, 1)
     assert (base.held, base.pending) == ("", 1)
     [b] = progress.settle(run).ready
     assert b.id == "b" and b.reads == {"image": Datum(key="k1", kind=Kind.IMAGE)}
