@@ -43,7 +43,7 @@ from orchestrator.db.run_statements import Placement
 from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.instructions import affinity_keeps, instruction_for, work_uri
+from orchestrator.scheduler.instructions import chain_keeps, instruction_for, work_uri
 from orchestrator.scheduler.object_moves import ObjectMover
 from orchestrator.scheduler.placement import (
     Link,
@@ -52,6 +52,7 @@ from orchestrator.scheduler.placement import (
     capable,
     choose_worker,
     read_workers,
+    stays,
 )
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun, StepSpec
 
@@ -81,6 +82,7 @@ class Dispatcher:
         # Step runs that wait for a worker (none alive, or none with room), oldest first.
         self.waiting: dict[tuple[uuid.UUID, str], Waiting] = {}
         self.task_s: dict[str, float] = defaultdict(lambda: _FIRST_GUESS_S)  # EWMA per task
+        self.made_bytes: dict[str, int] = {}  # EWMA per task of the image it makes
         self._in_flight: dict[str, int] = defaultdict(int)  # instructions out, per worker
         self._reported_at: dict[str, float] = {}  # unix time of each worker's latest report
         self._rng = random.Random()
@@ -165,10 +167,14 @@ class Dispatcher:
             step.unrunnable_since = 0.0
         nbytes, near = self._where(run, step)
         policy = _policy(run)
+        previous = run.home if policy == Policy.AFFINITY else near
+        kept_by = self._kept_by(run, step)
+        if kept_by is not None:  # auto kept the object on its worker for this step
+            policy, previous = Policy.AFFINITY, kept_by
         worker = choose_worker(
             able,
             policy,
-            run.home if policy == Policy.AFFINITY else near,
+            previous,
             task_s=self.task_s[spec.task],
             nbytes=nbytes,
             rng=self._rng,
@@ -234,7 +240,7 @@ class Dispatcher:
             scheduler_id=self.ctx.id,
             reply_to=self.ctx.reply_key,
             objects=self.ctx.objects,
-            keep=affinity_keeps(run, step) and self._runs_next(run, step, worker),
+            keep=self._keeps(run, step, worker),
             object_store_uri=self._store_input(run, step),
         )
         load = self._loads.get(worker)
@@ -267,14 +273,51 @@ class Dispatcher:
             return run.input_uri
         return work_uri(self.ctx.objects, run, run.steps[before[0]])
 
+    def _keeps(self, run: RunState, step: StepRun, worker: str) -> bool:
+        """Whether ``worker`` keeps what ``step`` makes, the next step then pinned to it:
+        always under ``affinity`` where it may (``chain_keeps``), under ``auto`` when the next
+        step is predicted to stay there (``placement.stays``, from the loads as this choice
+        saw them: the rule ``choose_worker`` applies when the next step is ready, applied now,
+        so a stay costs no hand-back through the scheduler)."""
+        if run.policy not in (Policy.AFFINITY, Policy.AUTO) or run.data_plane != DataPlane.CDI:
+            return False
+        if not chain_keeps(run, step) or not self._runs_next(run, step, worker):
+            return False
+        if run.policy == Policy.AFFINITY:
+            return True
+        here = self._loads.get(worker)
+        after = [run.specs[r] for r in self._readers(run, step) if r in run.specs]
+        if here is None or len(after) != 1:
+            return False
+        others = [w for w in capable(list(self._loads.values()), after[0].module)
+                  if w.alive and w.worker_id != worker]  # fmt: skip
+        nbytes = max(self._where(run, step)[0], self.made_bytes.get(step.current.task, 0))
+        route = Route(here.host, self.ctx.cdi.host, self.link)
+        return stays(here, others, task_s=self.task_s[after[0].task], nbytes=nbytes, route=route)
+
+    def _kept_by(self, run: RunState, step: StepRun) -> str | None:
+        """The worker that kept an object ``step`` reads (the scheduler owns every other
+        object between steps): ``step`` can run only there."""
+        for datum in step.reads.values():
+            for key in datum.object_keys():
+                obj = run.objects.get(key)
+                if obj is not None and obj.owner != self.ctx.id:
+                    return obj.owner
+        return None
+
     def _runs_next(self, run: RunState, step: StepRun, worker: str) -> bool:
         """Whether ``worker`` loaded the module of every step that reads what ``step`` makes."""
         load = self._loads.get(worker)
         if load is None:
             return False
-        readers = {r for name in run.graph.read_outputs(step.node.ref)
-                   for r in run.graph.readers(step.node.ref, name)}  # fmt: skip
+        readers = self._readers(run, step)
         return all(capable([load], run.specs[r].module) for r in readers if r in run.specs)
+
+    @staticmethod
+    def _readers(run: RunState, step: StepRun) -> set[str]:
+        """The steps that read what ``step`` makes."""
+        return {r for name in run.graph.read_outputs(step.node.ref)
+                for r in run.graph.readers(step.node.ref, name)}  # fmt: skip
 
     def host_of(self, worker: str) -> str:
         """The CDI host of ``worker`` as its latest heartbeat said ("" if unknown)."""
@@ -299,9 +342,14 @@ class Dispatcher:
         self._in_flight[flight.worker] -= 1
         self._reported_at[flight.worker] = time.time()
 
-    def ran(self, task: str, run_s: float) -> None:
-        """A task of ``task`` took ``run_s``: the running mean late binding plans with."""
+    def ran(self, task: str, run_s: float, made_bytes: int = 0) -> None:
+        """A task of ``task`` took ``run_s`` and made an image of ``made_bytes``: the running
+        means late binding and ``auto``'s keep plan with (a first task's object is the decoded
+        input, far larger than the object it reads: none)."""
         self.task_s[task] = 0.8 * self.task_s[task] + 0.2 * run_s
+        if made_bytes > 0:
+            before = self.made_bytes.get(task, made_bytes)
+            self.made_bytes[task] = int(0.8 * before + 0.2 * made_bytes)
 
     def loads(self) -> list[WorkerLoad]:
         """Live worker loads: the latest heartbeats and this scheduler's in-flight counts."""

@@ -5,11 +5,12 @@ in S3.
   one object of its own, goes in the classic fields — ``key`` (made by the worker from
   ``input_uri`` for the step that reads the run's input image), ``held`` (an image the worker
   holds, newer than ``key``), a fresh ``output_key`` for a new image, ``keep`` under
-  ``affinity`` (the next step comes to the same worker), ``hold`` when the step may run again
-  (a lost held image is recomputed). Every other input is in ``inputs`` (an object owned or
-  shared, an inline value, or a list), every output a later step reads has its key in
-  ``outputs``, and a step whose outputs are the run's results stores them itself
-  (``output_uri`` for its image, ``store_prefix`` for the rest): the run ends with its report.
+  ``affinity`` and, when the next step is predicted to stay, ``auto`` (the next step comes to
+  the same worker), ``hold`` when the step may run again (a lost held image is recomputed).
+  Every other input is in ``inputs`` (an object owned or shared, an inline value, or a list),
+  every output a later step reads has its key in ``outputs``, and a step whose outputs are the
+  run's results stores them itself (``output_uri`` for its image, ``store_prefix`` for the
+  rest): the run ends with its report.
 * ``object-store``: the previous step's output (or the input) as ``input_uri`` and where this
   step's goes (``work_uri``, in the run's ``intermediate_format``; the last step's is the
   result): single-image chains only.
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from orchestrator.contract.messages import Instruction
-from orchestrator.contract.vocabulary import DataPlane, Policy
+from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.data import Datum, Mode
 from orchestrator.scheduler.runs import RunState, StepRun
@@ -31,6 +32,7 @@ from workflows.binding import IMAGE
 
 __all__ = [
     "RELEASE_TASK",
+    "chain_keeps",
     "instruction_for",
     "release_instruction",
     "result_stem",
@@ -205,13 +207,14 @@ def release_instruction(
     )
 
 
-def affinity_keeps(run: RunState, step: StepRun) -> bool:
-    """Under ``affinity``, whether the worker keeps what ``step`` makes: every datum it makes
+def chain_keeps(run: RunState, step: StepRun) -> bool:
+    """Whether the worker may keep what ``step`` makes for the next step (``affinity`` always
+    does when it may, ``auto`` when the next step is predicted to stay): every datum it makes
     that a step reads is read by exactly one step, which does not fan out (the scheduler
     shares objects with several readers, so it must own those). Only along a chain: in a
     graph every object comes back to the scheduler, which alone moves objects between the
     workers its steps are spread over."""
-    if run.policy != Policy.AFFINITY or not run.graph.is_chain or step.node.ref in run.graph.sinks:
+    if not run.graph.is_chain or step.node.ref in run.graph.sinks:
         return False
     for name in run.graph.read_outputs(step.node.ref):
         readers = run.graph.readers(step.node.ref, name)

@@ -60,16 +60,15 @@ class ObjectMover:
             return datum
         mode = obj.mode_for()
         started = time.perf_counter_ns()
-        handle = self.ctx.cdi.use(obj.key, check=False)
         if mode is Mode.OWN:
-            if obj.owner != worker:
-                handle.transfer(worker)
+            if obj.owner != worker:  # else the worker that made it kept it for this step
+                self.ctx.cdi.use(obj.key, check=False).transfer(worker)
                 moves.append(self._handoff(obj.owner, worker, obj, started, "transfer"))
                 obj.owner = worker
             step.modes[obj.key] = Mode.OWN
             return datum
         try:
-            handle.share([worker])
+            self.ctx.cdi.use(obj.key, check=False).share([worker])
         except cdi.UnknownContainer:
             load = self._load_of(worker)
             if load is None or load.host == self.ctx.cdi.host:

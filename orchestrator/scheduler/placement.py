@@ -9,12 +9,15 @@ Policies:
   of the workflow goes to that same worker, which keeps the CDI ownership between tasks.
 * ``transfer`` (paper option 2): every task goes to the least-loaded worker.
 * ``auto``: stay on the previous task's worker unless its expected wait exceeds the best worker's
-  expected wait plus the cost of moving. Expected wait = (queued + running + in flight) x the
-  mean run time of that task; moving costs two hand-offs plus the bytes at memory bandwidth (an
-  allowance for caches gone cold; zero-copy on one host), and for every host boundary the
-  object crosses on its way (through the scheduler, which holds it between tasks), the bytes
-  over the link's bandwidth plus its round trip (``Link``, learnt from the scheduler's own
-  cross-host transfers).
+  expected wait plus the cost of moving (``stays``). Expected wait = (queued + running + in
+  flight) x the mean run time of that task; moving costs two hand-offs plus the bytes at memory
+  bandwidth (an allowance for caches gone cold; zero-copy on one host), and for every host
+  boundary the object crosses on its way (through the scheduler), the bytes over the link's
+  bandwidth plus its round trip (``Link``, learnt from the scheduler's own cross-host
+  transfers). Along a chain the rule is applied a step early, when a task is sent: if its
+  successor is predicted to stay, the worker keeps what the task makes and the successor is
+  pinned to it, as under ``affinity`` (the object never goes back to the scheduler, nor across
+  the link and back); otherwise the object comes back and the successor is placed when ready.
 
 Hosts: each worker's heartbeat names its CDI host. Under ``transfer`` (and for ``auto``'s
 "best" worker) workers are compared by expected wait plus what moving the object to them costs,
@@ -61,6 +64,7 @@ __all__ = [
     "loaded_modules",
     "move_cost_s",
     "read_workers",
+    "stays",
 ]
 
 HANDOFF_S = 0.0003  # one same-host CDI hand-off, measured with `cdiflow bench cdi`
@@ -250,7 +254,27 @@ def choose_worker(
     stay = current.worker_id if current.has_room(task_s) else None  # None: wait for it
     if best is None or best is current:
         return stay
+    if stays(current, [best], task_s=task_s, nbytes=nbytes, route=route):
+        return stay
+    return best.worker_id
+
+
+def stays(
+    current: WorkerLoad,
+    others: Sequence[WorkerLoad],
+    *,
+    task_s: float,
+    nbytes: int,
+    route: Route | None = None,
+) -> bool:
+    """``auto``'s rule: whether the next task (expected to take ``task_s``) should run where
+    the object is, on ``current``: waiting there costs no more than waiting at any of
+    ``others`` plus moving the object of ``nbytes`` to it (from ``current``'s host, through
+    the scheduler's, to the other's)."""
+    route = route or Route()
     wait_here = current.backlog * task_s
-    moving = Route(current.host, route.hub, route.link).crossings(best.host)
-    wait_there = best.backlog * task_s + move_cost_s(nbytes, moving, route.link)
-    return stay if wait_here <= wait_there else best.worker_id
+    way = Route(current.host, route.hub, route.link)
+    return all(
+        wait_here <= w.backlog * task_s + move_cost_s(nbytes, way.crossings(w.host), route.link)
+        for w in others
+    )

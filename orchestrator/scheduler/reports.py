@@ -89,7 +89,8 @@ class Reports:
             lost, shared = self._follow_objects(run, step, report, ins, completed)
         made: dict[str, Any] | None = None
         if completed and not lost:
-            self.dispatch.ran(step.current.task, max(0.0, report.finished_at - report.started_at))
+            run_s = max(0.0, report.finished_at - report.started_at)
+            self.dispatch.ran(step.current.task, run_s, report.bytes_out)
             data = self._made(run, step, report, ins)
             made = {"made": {n: d.describe() for n, d in data.items()}}
             results = dict(report.results)

@@ -106,6 +106,27 @@ def test_transfer_moves_objects_between_hosts(harness: Harness) -> None:
     assert crossed, "no hand-off crossed between the hosts"
 
 
+def test_auto_keeps_each_chains_object_on_its_worker_and_never_crosses(harness: Harness) -> None:
+    """Two runs at once under auto: one starts on each worker (the first is in flight when
+    the second is placed), and with nothing queued anywhere every next step is predicted to
+    stay, so each worker keeps its run's object: all of a run's tasks on one worker, and no
+    hand-off between the hosts (under transfer the object goes back to the scheduler on host
+    1 after every task)."""
+    sample = bundled_samples()["blue_sky.jpg"]
+    image = harness.upload("in/hosts-auto-keeps.jpg", sample.read_bytes())
+    ids = [harness.start(image, "auto") for _ in range(2)]
+    done = [harness.wait(i) for i in ids]
+    assert all(d["status"] == "COMPLETED" for d in done), [d["error"] for d in done]
+    ran_on = []
+    for d in done:
+        assert_result_is_the_pipelines(harness, d, sample)
+        workers = {r["worker_id"] for r in d["task_runs"]}
+        assert len(workers) == 1, d["task_runs"]
+        ran_on += workers
+        assert not _crossed(harness, d), d["handoffs"]
+    assert sorted(ran_on) == ["worker-1", "worker-2"]
+
+
 def test_a_worker_killed_on_the_second_host_has_its_task_rerun(
     harness: Harness, napping: str
 ) -> None:

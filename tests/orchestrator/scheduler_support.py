@@ -22,7 +22,7 @@ from workflows.sources import BUNDLED
 WORKER = "worker-race"
 
 
-class _NoCDI:
+class NoCDI:
     """Dataless workflows move no objects, and the scheduler makes no object of a CDI run's
     input: any call to the minion here is a bug in the test's premise. Which host the
     minion is on (known without a call) is all it may read."""
@@ -33,16 +33,25 @@ class _NoCDI:
         raise AssertionError(f"a dataless workflow must not call cdi.{name}")
 
 
-def beat(client: redis.Redis, started_at: float) -> None:
-    """A live worker's heartbeat, as ``orchestrator.worker.heartbeat`` writes it."""
+def beat(
+    client: redis.Redis,
+    started_at: float,
+    *,
+    worker: str = WORKER,
+    queue_depth: int = 0,
+    ahead_s: float = 0.0,
+) -> None:
+    """A live worker's heartbeat, as ``orchestrator.worker.heartbeat`` writes it; ``ahead_s``
+    stamps it that much later than now (a beat sent after a report the test is about to
+    hand the scheduler: the scheduler ignores the queue of a beat older than a report)."""
     fields = {
         "cpu": "1.0",
         "mem": "10.0",
-        "queue_depth": "0",
+        "queue_depth": str(queue_depth),
         "running": "0",
         "slots": "1",
         "host": "test",
-        "last_heartbeat": f"{time.time():.3f}",
+        "last_heartbeat": f"{time.time() + ahead_s:.3f}",
         "started_at": f"{started_at:.3f}",
         "held_images": "0",
         "held_bytes": "0",
@@ -52,8 +61,8 @@ def beat(client: redis.Redis, started_at: float) -> None:
         "proc_mem": "0.5",
     }
     assert tuple(fields) == keys.WORKER_FIELDS
-    client.hset(keys.worker_key(WORKER), mapping=fields)  # type: ignore[arg-type]
-    client.sadd(keys.WORKERS, WORKER)
+    client.hset(keys.worker_key(worker), mapping=fields)  # type: ignore[arg-type]
+    client.sadd(keys.WORKERS, worker)
 
 
 def make_scheduler(
@@ -72,7 +81,7 @@ def make_scheduler(
         settings,
         SchedulerStore(engine),
         connect_redis(settings.redis_url),
-        cdi if cdi is not None else _NoCDI(),  # type: ignore[arg-type]
+        cdi if cdi is not None else NoCDI(),  # type: ignore[arg-type]
         ObjectStore(settings),
         liveness=SchedulerLiveness(engine, name, dead_after_s=0.0) if reconciled else None,
     )

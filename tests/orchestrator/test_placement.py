@@ -15,6 +15,7 @@ from orchestrator.scheduler.placement import (
     loaded_modules,
     move_cost_s,
     read_workers,
+    stays,
 )
 
 
@@ -204,6 +205,25 @@ def test_auto_stays_rather_than_cross_a_slow_link() -> None:
     # ... across a 1 MB/s link the 2 MB would take 2 s: staying is cheaper.
     assert choose_worker(workers, Policy.AUTO, "w1", task_s=0.1, nbytes=2_000_000,
                          route=slow) == "w1"  # fmt: skip
+
+
+def test_auto_keeps_on_another_host_what_it_would_move_on_one() -> None:
+    """``stays`` decides whether a worker keeps a chain's object for the next step."""
+    gigabit = Link(bytes_per_s=125e6, rtt_s=0.0005)
+    decoded = 20_000_000  # a 2 MB JPEG's pixels
+    # One host: a 0.1 s task ahead costs more than a zero-copy move to an idle worker.
+    assert not stays(on("w1", "h1", backlog=1), [on("w2", "h1")], task_s=0.1, nbytes=decoded,
+                     route=Route("h1", "h1", gigabit))  # fmt: skip
+    # On host 2, the scheduler on host 1: handing back and moving on crosses once (0.16 s)
+    # to reach the idle worker on host 1, more than the task ahead.
+    assert stays(on("w2", "h2", backlog=1), [on("w1", "h1")], task_s=0.1, nbytes=decoded,
+                 route=Route("h2", "h1", gigabit))  # fmt: skip
+    # ... but not more than three tasks ahead.
+    assert not stays(on("w2", "h2", backlog=3), [on("w1", "h1")], task_s=0.1, nbytes=decoded,
+                     route=Route("h2", "h1", gigabit))  # fmt: skip
+    # Nothing ahead, or no other worker: stay.
+    assert stays(on("w1", "h1"), [on("w2", "h1")], task_s=0.1, nbytes=0)
+    assert stays(on("w1", "h1", backlog=9), [], task_s=0.1, nbytes=0)
 
 
 def test_crossings_count_the_hosts_the_object_passes() -> None:

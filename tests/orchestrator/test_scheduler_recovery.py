@@ -178,7 +178,7 @@ def test_a_cdi_workflows_first_task_goes_out_naming_its_s3_input_and_no_object_i
     scheduler: Scheduler, api_client: TestClient, api_redis: redis.Redis
 ) -> None:
     """The scheduler touches no image: the first task's worker makes the object from the
-    input. Any CDI call would fail this test (``_NoCDI``)."""
+    input. Any CDI call would fail this test (``NoCDI``)."""
     beat(api_redis, started_at=1000.0)
     api_redis.delete(keys.worker_queue_key(WORKER))
     image = "s3://cdiflow/images/any.jpg"
