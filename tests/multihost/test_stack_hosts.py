@@ -117,7 +117,7 @@ def test_auto_keeps_each_chains_object_on_its_worker_and_never_crosses(harness: 
     ids = [harness.start(image, "auto") for _ in range(2)]
     done = [harness.wait(i) for i in ids]
     assert all(d["status"] == "COMPLETED" for d in done), [d["error"] for d in done]
-    ran_on = []
+    ran_on: list[str] = []
     for d in done:
         assert_result_is_the_pipelines(harness, d, sample)
         workers = {r["worker_id"] for r in d["task_runs"]}
