@@ -107,6 +107,8 @@ bench: $(STAMP) native s3server
 	$(BENCH) workflows --scenario 3 --workflows 60 --rounds 3 --json $(BENCH_OUT)/scenario3.json $(PLOTS)
 	$(BENCH) workflows --scenario 1 --s3-link regional --sizes 10KB,100KB,500KB,2MB --workflows 60 \
 	  --rounds 3 --json $(BENCH_OUT)/regional.json $(PLOTS)
+	$(BENCH) workflows --hosts 2 --scenario 1 --sizes 10KB,100KB,500KB,2MB --workflows 60 \
+	  --rounds 3 --json $(BENCH_OUT)/hosts2.json
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. cdi/proto/cdi.proto
