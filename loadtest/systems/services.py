@@ -18,6 +18,7 @@ from typing import Any, Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import boto3
+import redis
 from botocore.config import Config
 
 from loadtest import harness_env
@@ -81,7 +82,8 @@ class BenchServices:
         self._proxy: NetemProxy | None = None
         self._s3_url = ""
         self._given = given
-        self._redis_db = itertools.count(first_redis_db)
+        self._first_redis_db = first_redis_db
+        self._redis_db = itertools.count()  # databases handed out so far
 
     @property
     def running(self) -> RunningServices:
@@ -133,11 +135,21 @@ class BenchServices:
         self._running = None
 
     def redis_url(self) -> str:
-        """A Redis logical database nobody else in this run uses."""
-        index = next(self._redis_db)
-        if index >= _REDIS_DBS:
-            raise RuntimeError(f"more than {_REDIS_DBS - 1} systems in one run")
-        return urlunsplit(urlsplit(self.running.redis_url)._replace(path=f"/{index}"))
+        """A Redis logical database no running system of this run uses. Systems run one after
+        another and a run may start more of them than Redis has databases (ten systems,
+        three rounds): past the last database the numbers start again from the first, each
+        emptied before it is handed out again."""
+        count = next(self._redis_db)
+        span = _REDIS_DBS - self._first_redis_db
+        if span < 1:
+            raise ValueError(f"Redis has databases 0-{_REDIS_DBS - 1}; the first to use "
+                             f"was {self._first_redis_db}")  # fmt: skip
+        index = self._first_redis_db + count % span
+        url = urlunsplit(urlsplit(self.running.redis_url)._replace(path=f"/{index}"))
+        if count >= span:
+            with redis.Redis.from_url(url) as client:
+                client.flushdb()
+        return url
 
     def create_database(self, label: str) -> str:
         """An empty database on the run's Postgres; returns its URL."""
