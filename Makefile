@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint typecheck bench browser kustomize nft proto clean native s3server
+.PHONY: demo test lock check lint typecheck bench browser kustomize nft proto clean native s3server
 
 # The native minion (Rust). Rust comes with rustup, often outside a non-login shell's PATH.
 CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
@@ -12,11 +12,25 @@ NATIVE_DIR := cdi/minion-native
 NATIVE_MINION := $(NATIVE_DIR)/target/release/cdi-minion
 NATIVE_SOURCES := $(NATIVE_DIR)/Cargo.toml $(NATIVE_DIR)/Cargo.lock $(wildcard $(NATIVE_DIR)/src/*.rs)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+UV := $(BIN)/uv
+# .venv holds exactly uv.lock (every extra, with the lock's hashes): `uv sync --frozen` never
+# resolves, so a release elsewhere changes nothing here. uv itself comes from the lock too
+# (tools/lockfile.py prints its pinned, hashed requirement for pip).
+export UV_PYTHON_DOWNLOADS := never
+$(STAMP): pyproject.toml uv.lock tools/lockfile.py
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) tools/lockfile.py uv-requirement > $(VENV)/uv-requirement.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
+	  -r $(VENV)/uv-requirement.txt
+	$(UV) sync --frozen --extra dev --quiet
 	touch $(STAMP)
+
+# Upgrades on purpose: the newest versions pyproject.toml's ranges allow, into uv.lock. Then run
+# `make test` and commit uv.lock only once the whole suite passes on it.
+lock: $(STAMP)
+	$(UV) lock --upgrade
+	$(UV) sync --frozen --extra dev
+	@echo "uv.lock refreshed: run make test, and commit uv.lock once it passes"
 
 # Without cargo the build is skipped with a note: the minion then runs as Python, slower.
 native: $(NATIVE_MINION)

@@ -138,7 +138,7 @@ class FinishWatch:
 
     def _listen(self) -> None:
         while not self._stop.is_set():
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(keys.FINISHED)
                 while not self._stop.is_set():

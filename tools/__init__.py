@@ -1,0 +1,1 @@
+"""Developer scripts run from the checkout (each says how in its docstring)."""
