@@ -28,7 +28,8 @@ while True:
     stamp.renew()
     time.sleep(0.1)
 """
-STALL_AFTER_S = 1.0
+# Long enough for a Python child to start and stamp on a loaded 2-core machine.
+STALL_AFTER_S = 4.0
 
 
 def _eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
