@@ -110,7 +110,7 @@ def test_the_client_reads_what_the_api_documents(
     components = document["components"]["schemas"]
     answers = op.answers()
     success = [code for code in answers if 200 <= code < 300]
-    assert len(success) == 1, f"{verb}: {op.method} {op.template} documents {sorted(answers)}"
+    assert success, f"{verb}: {op.method} {op.template} documents no success: {sorted(answers)}"
     for code in [*success, *sorted(call.answers_with)]:
         content = answers[code].get("content", {})
         if call.model is None:
