@@ -11,11 +11,15 @@
         print(run.output["label"])
         api.download_result(run.id, "result.png")
 
-Every verb of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
+Every route of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
 definitions (``apply_definition``, ``definition_versions``, ``delete_definition``, ...), inputs
 (``upload``), runs (``start``, ``wait``, ``run``, ``events``, ``download_result``,
-``list_workflows``, ``cancel``, ``retry``) and ``workers``. Errors come from one tree,
+``list_workflows``, ``cancel``, ``retry``, ``images``), task runs, ``workers``,
+``cdi_objects``, ``stats``, API keys and health. Errors come from one tree,
 ``cdiflow.client.errors``, mapped from the API's error codes.
+
+The answers are the API's own models (``orchestrator.schemas``, under the names below), read
+so that fields, step kinds and statuses of a newer API are kept: ``cdiflow.client.models``.
 """
 
 from cdiflow.client.aio import AsyncClient
@@ -36,24 +40,38 @@ from cdiflow.client.errors import (
     WorkflowFailed,
 )
 from cdiflow.client.models import (
+    ActiveTaskRun,
+    CdiDirectory,
     Definition,
     DefinitionVersion,
     Event,
+    EventPage,
     Handoff,
+    Identity,
+    Key,
+    KeyCreated,
+    Liveness,
+    Readiness,
+    Stats,
     Step,
     Task,
     TaskRun,
+    TaskRunInWorkflow,
     Upload,
     Worker,
     Workflow,
     WorkflowDetail,
+    WorkflowImages,
     WorkflowPage,
+    as_data,
 )
 from cdiflow.client.sync import Client
 
 __all__ = [
     "APIError",
+    "ActiveTaskRun",
     "AsyncClient",
+    "CdiDirectory",
     "CdiflowError",
     "Client",
     "ConfigError",
@@ -62,15 +80,23 @@ __all__ = [
     "DefinitionVersion",
     "Endpoint",
     "Event",
+    "EventPage",
     "Forbidden",
     "Handoff",
+    "Identity",
     "InvalidRequest",
+    "Key",
+    "KeyCreated",
+    "Liveness",
     "NotFound",
+    "Readiness",
     "RequestTooLarge",
     "ServiceUnavailable",
+    "Stats",
     "Step",
     "Task",
     "TaskRun",
+    "TaskRunInWorkflow",
     "TransportError",
     "Unauthorized",
     "Upload",
@@ -79,6 +105,8 @@ __all__ = [
     "Workflow",
     "WorkflowDetail",
     "WorkflowFailed",
+    "WorkflowImages",
     "WorkflowPage",
+    "as_data",
     "resolve",
 ]

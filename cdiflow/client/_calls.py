@@ -8,13 +8,14 @@ import mimetypes
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, Final, Generic, TypeAlias, TypeVar
+from typing import IO, Any, Final, Generic, TypeAlias, TypeVar, cast
 
 import httpx
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from cdiflow.client.errors import (
     CdiflowError,
@@ -25,16 +26,29 @@ from cdiflow.client.errors import (
     api_error,
 )
 from cdiflow.client.models import (
+    ActiveTaskRun,
+    CdiDirectory,
     Definition,
     DefinitionVersion,
     EventPage,
+    Identity,
+    Key,
+    KeyCreated,
+    Liveness,
+    Readiness,
+    Stats,
     Task,
+    TaskRunInWorkflow,
     Upload,
     Worker,
     Workflow,
     WorkflowDetail,
+    WorkflowImages,
     WorkflowPage,
+    definition_body,
+    read,
 )
+from orchestrator.contract.vocabulary import WorkflowStatus
 
 __all__ = ["Call", "Calls", "ImageSource", "WaitClock", "as_image_source", "parse_response"]
 
@@ -50,42 +64,29 @@ READ_TIMEOUT_S: Final = 60.0  # transfers and ordinary answers
 
 @dataclass(frozen=True)
 class Call(Generic[T]):
-    """One request and how to read its answer."""
+    """One request and what its answer is: ``model`` (an ``orchestrator.schemas`` model, a
+    ``list[...]`` or union of them), ``bytes`` for a file, ``None`` for no body."""
 
     method: str
     path: str
-    parse: Callable[[Any], T]
+    model: Any
     params: Mapping[str, Any] | None = None
     json: Any = None
     files: Mapping[str, tuple[str, bytes, str]] | None = None
     wait_s: float = 0.0  # the server may hold the answer this long (a long poll)
-    raw: bool = False  # the answer is bytes, not JSON
+    answers_with: frozenset[int] = frozenset()  # error statuses whose body is the answer too
 
     @property
     def timeout(self) -> httpx.Timeout:
         return httpx.Timeout(READ_TIMEOUT_S + self.wait_s, connect=CONNECT_TIMEOUT_S)
 
-
-def _model(adapter: TypeAdapter[T]) -> Callable[[Any], T]:
-    return adapter.validate_python
-
-
-def _nothing(_body: Any) -> None:
-    return None
-
-
-_TASK = _model(TypeAdapter(Task))
-_TASKS = _model(TypeAdapter(list[Task]))
-_DEFINITION = _model(TypeAdapter(Definition))
-_DEFINITIONS = _model(TypeAdapter(list[Definition]))
-_VERSIONS = _model(TypeAdapter(list[DefinitionVersion]))
-_VERSION = _model(TypeAdapter(DefinitionVersion))
-_UPLOAD = _model(TypeAdapter(Upload))
-_WORKFLOW = _model(TypeAdapter(Workflow))
-_DETAIL = _model(TypeAdapter(WorkflowDetail))
-_PAGE = _model(TypeAdapter(WorkflowPage))
-_EVENTS = _model(TypeAdapter(EventPage))
-_WORKERS = _model(TypeAdapter(list[Worker]))
+    def parse(self, body: Any) -> T:
+        """The answer read from ``body`` (bytes for a file, else JSON as parsed)."""
+        if self.model is None:
+            return cast(T, None)
+        if self.model is bytes:
+            return cast(T, body)
+        return cast(T, read(self.model, body))
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -105,6 +106,7 @@ class Calls:
         retries: int | None = None,
         retry_backoff_s: float | None = None,
         description: str | None = None,
+        create: bool = False,
     ) -> Call[Task]:
         body = _given(
             name=name,
@@ -114,40 +116,48 @@ class Calls:
             retry_backoff_s=retry_backoff_s,
             description=description,
         )
-        return Call("PUT", f"/api/tasks/{_segment(name)}", _TASK, json=body)
+        if create:
+            return Call("POST", "/api/tasks", Task, json=body)
+        return Call("PUT", f"/api/tasks/{_segment(name)}", Task, json=body)
 
     def tasks(self) -> Call[list[Task]]:
-        return Call("GET", "/api/tasks", _TASKS)
+        return Call("GET", "/api/tasks", list[Task])
 
     def task(self, name: str) -> Call[Task]:
-        return Call("GET", f"/api/tasks/{_segment(name)}", _TASK)
+        return Call("GET", f"/api/tasks/{_segment(name)}", Task)
 
     def delete_task(self, name: str) -> Call[None]:
-        return Call("DELETE", f"/api/tasks/{_segment(name)}", _nothing)
+        return Call("DELETE", f"/api/tasks/{_segment(name)}", None)
 
     # -- workflow definitions ------------------------------------------------------------
-    def apply_definition(self, definition: Mapping[str, Any]) -> Call[Definition]:
-        name = definition.get("name")
+    def apply_definition(
+        self, definition: Mapping[str, Any] | BaseModel, *, create: bool = False
+    ) -> Call[Definition]:
+        body = definition_body(definition)
+        name = body.get("name")
         if not isinstance(name, str) or not name:
             raise ConfigError('a workflow definition needs a "name"')
+        if create:
+            return Call("POST", "/api/workflow-definitions", Definition, json=body)
         path = f"/api/workflow-definitions/{_segment(name)}"
-        return Call("PUT", path, _DEFINITION, json=dict(definition))
+        return Call("PUT", path, Definition, json=body)
 
     def definitions(self) -> Call[list[Definition]]:
-        return Call("GET", "/api/workflow-definitions", _DEFINITIONS)
+        return Call("GET", "/api/workflow-definitions", list[Definition])
 
     def definition(self, name: str) -> Call[Definition]:
-        return Call("GET", f"/api/workflow-definitions/{_segment(name)}", _DEFINITION)
+        return Call("GET", f"/api/workflow-definitions/{_segment(name)}", Definition)
 
     def definition_versions(self, name: str) -> Call[list[DefinitionVersion]]:
-        return Call("GET", f"/api/workflow-definitions/{_segment(name)}/versions", _VERSIONS)
+        path = f"/api/workflow-definitions/{_segment(name)}/versions"
+        return Call("GET", path, list[DefinitionVersion])
 
     def definition_version(self, name: str, version: int) -> Call[DefinitionVersion]:
         path = f"/api/workflow-definitions/{_segment(name)}/versions/{int(version)}"
-        return Call("GET", path, _VERSION)
+        return Call("GET", path, DefinitionVersion)
 
     def delete_definition(self, name: str) -> Call[None]:
-        return Call("DELETE", f"/api/workflow-definitions/{_segment(name)}", _nothing)
+        return Call("DELETE", f"/api/workflow-definitions/{_segment(name)}", None)
 
     # -- inputs and runs ---------------------------------------------------------------------
     def upload(
@@ -155,7 +165,7 @@ class Calls:
     ) -> Call[Upload]:
         name, data = _read_image(image, filename)
         content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        return Call("POST", "/api/inputs", _UPLOAD, files={"file": (name, data, content_type)})
+        return Call("POST", "/api/inputs", Upload, files={"file": (name, data, content_type)})
 
     def start(
         self,
@@ -176,13 +186,16 @@ class Calls:
             "input": given,
             **_given(policy=policy, data_plane=data_plane, version=version),
         }
-        return Call("POST", "/api/workflows", _WORKFLOW, json=body)
+        # The API answers the new run; asked to wait (``wait_s``, which this call does not
+        # send), its detail.
+        return Call("POST", "/api/workflows", WorkflowDetail | Workflow, json=body)
 
     def get(
         self, workflow_id: RunId, *, wait_s: float = 0.0, events: int = 100
     ) -> Call[WorkflowDetail]:
         params = {"events": events, **({"wait_s": round(wait_s, 3)} if wait_s > 0 else {})}
-        return Call("GET", f"/api/workflows/{_run(workflow_id)}", _DETAIL, params, wait_s=wait_s)
+        path = f"/api/workflows/{_run(workflow_id)}"
+        return Call("GET", path, WorkflowDetail, params, wait_s=wait_s)
 
     def list_workflows(
         self,
@@ -194,36 +207,95 @@ class Calls:
         offset: int = 0,
     ) -> Call[WorkflowPage]:
         params = _given(status=status, workflow=workflow, policy=policy, limit=limit, offset=offset)
-        return Call("GET", "/api/workflows", _PAGE, params)
+        return Call("GET", "/api/workflows", WorkflowPage, params)
 
     def events_after(self, workflow_id: RunId, after: int) -> Call[EventPage]:
         params = {"after": after}
-        return Call("GET", f"/api/workflows/{_run(workflow_id)}/events", _EVENTS, params)
+        return Call("GET", f"/api/workflows/{_run(workflow_id)}/events", EventPage, params)
 
     def cancel(self, workflow_id: RunId) -> Call[Workflow]:
-        return Call("POST", f"/api/workflows/{_run(workflow_id)}/cancel", _WORKFLOW)
+        return Call("POST", f"/api/workflows/{_run(workflow_id)}/cancel", Workflow)
 
     def retry(self, workflow_id: RunId) -> Call[Workflow]:
-        return Call("POST", f"/api/workflows/{_run(workflow_id)}/retry", _WORKFLOW)
+        return Call("POST", f"/api/workflows/{_run(workflow_id)}/retry", Workflow)
 
     def result(self, workflow_id: RunId) -> Call[bytes]:
-        path = f"/api/workflows/{_run(workflow_id)}/result"
-        return Call("GET", path, bytes, raw=True)
+        return Call("GET", f"/api/workflows/{_run(workflow_id)}/result", bytes)
+
+    def images(self, workflow_id: RunId) -> Call[WorkflowImages]:
+        return Call("GET", f"/api/workflows/{_run(workflow_id)}/images", WorkflowImages)
+
+    def thumbnail(self, workflow_id: RunId, role: str) -> Call[bytes]:
+        return Call("GET", f"/api/workflows/{_run(workflow_id)}/images/{_segment(role)}", bytes)
+
+    # -- task runs, workers, the CDI directory, statistics ---------------------------------
+    def active_task_runs(
+        self, *, worker: str | None = None, workflow: RunId | None = None, limit: int = 200
+    ) -> Call[list[ActiveTaskRun]]:
+        run = None if workflow is None else _run(workflow)
+        params = _given(worker=worker, workflow=run, limit=limit)
+        return Call("GET", "/api/task-runs/active", list[ActiveTaskRun], params)
+
+    def task_runs(
+        self,
+        finished_after: datetime,
+        started_before: datetime,
+        *,
+        after_id: int = 0,
+        limit: int = 200,
+    ) -> Call[list[TaskRunInWorkflow]]:
+        params = {
+            "finished_after": finished_after.isoformat(),
+            "started_before": started_before.isoformat(),
+            "after_id": after_id,
+            "limit": limit,
+        }
+        return Call("GET", "/api/task-runs", list[TaskRunInWorkflow], params)
 
     def workers(self) -> Call[list[Worker]]:
-        return Call("GET", "/api/workers", _WORKERS)
+        return Call("GET", "/api/workers", list[Worker])
+
+    def cdi_objects(self) -> Call[CdiDirectory]:
+        return Call("GET", "/api/cdi/objects", CdiDirectory)
+
+    def stats(self, *, window_minutes: int = 15) -> Call[Stats]:
+        return Call("GET", "/api/stats", Stats, {"window_minutes": window_minutes})
+
+    # -- API keys and health ---------------------------------------------------------------
+    def whoami(self) -> Call[Identity]:
+        return Call("GET", "/api/whoami", Identity)
+
+    def keys(self) -> Call[list[Key]]:
+        return Call("GET", "/api/keys", list[Key])
+
+    def create_key(self, name: str, role: str | None = None) -> Call[KeyCreated]:
+        return Call("POST", "/api/keys", KeyCreated, json=_given(name=name, role=role))
+
+    def revoke_key(self, key_id: str | uuid.UUID) -> Call[None]:
+        try:
+            key = uuid.UUID(str(key_id))
+        except ValueError:
+            raise ConfigError(f"{key_id!r} is not an API key id (a UUID)") from None
+        return Call("DELETE", f"/api/keys/{key}", None)
+
+    def health(self) -> Call[Liveness]:
+        return Call("GET", "/api/healthz", Liveness)
+
+    def readiness(self) -> Call[Readiness]:
+        # 503 answers the same body, saying which part is not ready.
+        return Call("GET", "/api/readyz", Readiness, answers_with=frozenset({503}))
 
 
 def parse_response(call: Call[T], response: httpx.Response) -> T:
     """The answer of ``call`` read from ``response``: its model, or the error it is."""
-    if response.is_error:
+    if response.is_error and response.status_code not in call.answers_with:
         try:
             body: Any = response.json()
         except ValueError:
             body = None
         fallback = f"{call.method} {call.path}: HTTP {response.status_code} {response.text[:200]}"
         raise api_error(response.status_code, body, fallback)
-    if call.raw:
+    if call.model is bytes:
         return call.parse(response.content)
     if response.status_code == 204 or not response.content:
         return call.parse(None)
@@ -270,7 +342,7 @@ class WaitClock:
         """``detail`` once the run has finished (``WorkflowFailed`` if ``check`` and it did not
         complete); ``None`` to ask again; ``WaitTimeout`` once the time is up."""
         if detail.finished:
-            if check and detail.status != "COMPLETED":
+            if check and detail.status != WorkflowStatus.COMPLETED:
                 raise WorkflowFailed(detail)
             return detail
         if self.timeout is not None and time.monotonic() - self.started >= self.timeout:

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from cdiflow.client._calls import (
     Call,
@@ -36,16 +39,26 @@ from cdiflow.client._calls import (
 )
 from cdiflow.client.config import Endpoint, resolve
 from cdiflow.client.models import (
-    FINISHED,
+    ActiveTaskRun,
+    CdiDirectory,
     Definition,
     DefinitionVersion,
     Event,
+    Identity,
+    Key,
+    KeyCreated,
+    Liveness,
+    Readiness,
+    Stats,
     Task,
+    TaskRunInWorkflow,
     Upload,
     Worker,
     Workflow,
     WorkflowDetail,
+    WorkflowImages,
     WorkflowPage,
+    has_ended,
 )
 
 __all__ = ["AsyncClient"]
@@ -120,9 +133,11 @@ class AsyncClient:
         retries: int | None = None,
         retry_backoff_s: float | None = None,
         description: str | None = None,
+        create: bool = False,
     ) -> Task:
         """Register task ``name`` run by ``module`` (``package.module:function``), or replace
-        it. Settings left out come from the function's ``@task`` (else the API's defaults)."""
+        it (with ``create``, ``Conflict`` if it exists). Settings left out come from the
+        function's ``@task`` (else the API's defaults)."""
         call = self._calls.register_task(
             name,
             module,
@@ -130,6 +145,7 @@ class AsyncClient:
             retries=retries,
             retry_backoff_s=retry_backoff_s,
             description=description,
+            create=create,
         )
         return await self._send(call)
 
@@ -145,10 +161,14 @@ class AsyncClient:
         await self._send(self._calls.delete_task(name))
 
     # -- workflow definitions ----------------------------------------------------------------
-    async def apply_definition(self, definition: Mapping[str, Any]) -> Definition:
-        """Save a workflow definition (``{"name", "description", "tasks": [...]}``): a new
-        version when it differs from the current one, nothing when it does not."""
-        return await self._send(self._calls.apply_definition(definition))
+    async def apply_definition(
+        self, definition: Mapping[str, Any] | BaseModel, *, create: bool = False
+    ) -> Definition:
+        """Save a workflow definition (``{"name", "description", "tasks": [...]}``, or a
+        ``Definition`` read from the API): a new version when it differs from the current one,
+        nothing when it does not. With ``create``, version 1 of a new name only (``Conflict``
+        if it exists)."""
+        return await self._send(self._calls.apply_definition(definition, create=create))
 
     async def definitions(self) -> list[Definition]:
         return await self._send(self._calls.definitions())
@@ -252,9 +272,15 @@ class AsyncClient:
             for event in page.events:
                 yield event
             after = page.events[-1].id if page.events else after
-            if not follow or (page.status in FINISHED and not page.events):
+            if not follow:
                 return
             if not page.events:
+                ended = has_ended(page.status)
+                if ended is None:  # a status this version does not know: ask the run
+                    detail = await self._send(self._calls.get(workflow_id, events=0))
+                    ended = detail.finished
+                if ended:
+                    return
                 await asyncio.sleep(poll_s)
 
     async def download_result(
@@ -290,5 +316,66 @@ class AsyncClient:
         """A new run with the same input as a FAILED or CANCELLED one."""
         return await self._send(self._calls.retry(workflow_id))
 
+    async def images(self, workflow_id: RunId) -> WorkflowImages:
+        """The run's input and result images: size, format and whether a thumbnail exists."""
+        return await self._send(self._calls.images(workflow_id))
+
+    async def thumbnail(self, workflow_id: RunId, role: str = "result") -> bytes:
+        """A small JPEG of the run's ``input`` or ``result`` image."""
+        return await self._send(self._calls.thumbnail(workflow_id, role))
+
+    # -- task runs, workers, the CDI directory, statistics -----------------------------------
+    async def active_task_runs(
+        self, *, worker: str | None = None, workflow: RunId | None = None, limit: int = 200
+    ) -> list[ActiveTaskRun]:
+        """Unfinished task runs, oldest first (of one worker or workflow when given)."""
+        call = self._calls.active_task_runs(worker=worker, workflow=workflow, limit=limit)
+        return await self._send(call)
+
+    async def task_runs(
+        self,
+        finished_after: datetime,
+        started_before: datetime,
+        *,
+        after_id: int = 0,
+        limit: int = 200,
+    ) -> list[TaskRunInWorkflow]:
+        """Task runs that ran, at least in part, between the two moments, by id; a full page
+        goes on from ``after_id`` = its last id."""
+        call = self._calls.task_runs(finished_after, started_before, after_id=after_id, limit=limit)
+        return await self._send(call)
+
     async def workers(self) -> list[Worker]:
         return await self._send(self._calls.workers())
+
+    async def cdi_objects(self) -> CdiDirectory:
+        """Every CDI object and minion the CDI controller knows."""
+        return await self._send(self._calls.cdi_objects())
+
+    async def stats(self, *, window_minutes: int = 15) -> Stats:
+        """Runs by status, and per minute of the window completions, failures and latency."""
+        return await self._send(self._calls.stats(window_minutes=window_minutes))
+
+    # -- API keys and health -----------------------------------------------------------------
+    async def whoami(self) -> Identity:
+        """The key this client sends: its name and role."""
+        return await self._send(self._calls.whoami())
+
+    async def keys(self) -> list[Key]:
+        return await self._send(self._calls.keys())
+
+    async def create_key(self, name: str, role: str | None = None) -> KeyCreated:
+        """Issue a key (role ``viewer`` unless given); ``.key`` is shown this once."""
+        return await self._send(self._calls.create_key(name, role))
+
+    async def revoke_key(self, key_id: str | uuid.UUID) -> None:
+        await self._send(self._calls.revoke_key(key_id))
+
+    async def health(self) -> Liveness:
+        """Whether the API process answers."""
+        return await self._send(self._calls.health())
+
+    async def readiness(self) -> Readiness:
+        """Whether every part behind the API answers: ``status`` and each check, also when
+        one is down (the API's 503)."""
+        return await self._send(self._calls.readiness())

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from cdiflow.client._calls import (
     Call,
@@ -33,16 +36,26 @@ from cdiflow.client._calls import (
 )
 from cdiflow.client.config import Endpoint, resolve
 from cdiflow.client.models import (
-    FINISHED,
+    ActiveTaskRun,
+    CdiDirectory,
     Definition,
     DefinitionVersion,
     Event,
+    Identity,
+    Key,
+    KeyCreated,
+    Liveness,
+    Readiness,
+    Stats,
     Task,
+    TaskRunInWorkflow,
     Upload,
     Worker,
     Workflow,
     WorkflowDetail,
+    WorkflowImages,
     WorkflowPage,
+    has_ended,
 )
 
 __all__ = ["Client"]
@@ -115,9 +128,11 @@ class Client:
         retries: int | None = None,
         retry_backoff_s: float | None = None,
         description: str | None = None,
+        create: bool = False,
     ) -> Task:
         """Register task ``name`` run by ``module`` (``package.module:function``), or replace
-        it. Settings left out come from the function's ``@task`` (else the API's defaults)."""
+        it (with ``create``, ``Conflict`` if it exists). Settings left out come from the
+        function's ``@task`` (else the API's defaults)."""
         call = self._calls.register_task(
             name,
             module,
@@ -125,6 +140,7 @@ class Client:
             retries=retries,
             retry_backoff_s=retry_backoff_s,
             description=description,
+            create=create,
         )
         return self._send(call)
 
@@ -140,10 +156,14 @@ class Client:
         self._send(self._calls.delete_task(name))
 
     # -- workflow definitions ----------------------------------------------------------------
-    def apply_definition(self, definition: Mapping[str, Any]) -> Definition:
-        """Save a workflow definition (``{"name", "description", "tasks": [...]}``): a new
-        version when it differs from the current one, nothing when it does not."""
-        return self._send(self._calls.apply_definition(definition))
+    def apply_definition(
+        self, definition: Mapping[str, Any] | BaseModel, *, create: bool = False
+    ) -> Definition:
+        """Save a workflow definition (``{"name", "description", "tasks": [...]}``, or a
+        ``Definition`` read from the API): a new version when it differs from the current one,
+        nothing when it does not. With ``create``, version 1 of a new name only (``Conflict``
+        if it exists)."""
+        return self._send(self._calls.apply_definition(definition, create=create))
 
     def definitions(self) -> list[Definition]:
         return self._send(self._calls.definitions())
@@ -246,9 +266,15 @@ class Client:
             page = self._send(self._calls.events_after(workflow_id, after))
             yield from page.events
             after = page.events[-1].id if page.events else after
-            if not follow or (page.status in FINISHED and not page.events):
+            if not follow:
                 return
             if not page.events:
+                ended = has_ended(page.status)
+                if ended is None:  # a status this version does not know: ask the run
+                    detail = self._send(self._calls.get(workflow_id, events=0))
+                    ended = detail.finished
+                if ended:
+                    return
                 time.sleep(poll_s)
 
     def download_result(
@@ -284,5 +310,66 @@ class Client:
         """A new run with the same input as a FAILED or CANCELLED one."""
         return self._send(self._calls.retry(workflow_id))
 
+    def images(self, workflow_id: RunId) -> WorkflowImages:
+        """The run's input and result images: size, format and whether a thumbnail exists."""
+        return self._send(self._calls.images(workflow_id))
+
+    def thumbnail(self, workflow_id: RunId, role: str = "result") -> bytes:
+        """A small JPEG of the run's ``input`` or ``result`` image."""
+        return self._send(self._calls.thumbnail(workflow_id, role))
+
+    # -- task runs, workers, the CDI directory, statistics -----------------------------------
+    def active_task_runs(
+        self, *, worker: str | None = None, workflow: RunId | None = None, limit: int = 200
+    ) -> list[ActiveTaskRun]:
+        """Unfinished task runs, oldest first (of one worker or workflow when given)."""
+        call = self._calls.active_task_runs(worker=worker, workflow=workflow, limit=limit)
+        return self._send(call)
+
+    def task_runs(
+        self,
+        finished_after: datetime,
+        started_before: datetime,
+        *,
+        after_id: int = 0,
+        limit: int = 200,
+    ) -> list[TaskRunInWorkflow]:
+        """Task runs that ran, at least in part, between the two moments, by id; a full page
+        goes on from ``after_id`` = its last id."""
+        call = self._calls.task_runs(finished_after, started_before, after_id=after_id, limit=limit)
+        return self._send(call)
+
     def workers(self) -> list[Worker]:
         return self._send(self._calls.workers())
+
+    def cdi_objects(self) -> CdiDirectory:
+        """Every CDI object and minion the CDI controller knows."""
+        return self._send(self._calls.cdi_objects())
+
+    def stats(self, *, window_minutes: int = 15) -> Stats:
+        """Runs by status, and per minute of the window completions, failures and latency."""
+        return self._send(self._calls.stats(window_minutes=window_minutes))
+
+    # -- API keys and health -----------------------------------------------------------------
+    def whoami(self) -> Identity:
+        """The key this client sends: its name and role."""
+        return self._send(self._calls.whoami())
+
+    def keys(self) -> list[Key]:
+        return self._send(self._calls.keys())
+
+    def create_key(self, name: str, role: str | None = None) -> KeyCreated:
+        """Issue a key (role ``viewer`` unless given); ``.key`` is shown this once."""
+        return self._send(self._calls.create_key(name, role))
+
+    def revoke_key(self, key_id: str | uuid.UUID) -> None:
+        self._send(self._calls.revoke_key(key_id))
+
+    def health(self) -> Liveness:
+        """Whether the API process answers."""
+        return self._send(self._calls.health())
+
+    def readiness(self) -> Readiness:
+        """Whether every part behind the API answers: ``status`` and each check, also when
+        one is down (the API's 503)."""
+        return self._send(self._calls.readiness())

@@ -9,7 +9,9 @@ from typing import Any
 import click
 import yaml
 
+from cdiflow.client.models import Definition, DefinitionVersion, as_data, definition_body
 from cdiflow.commands.common import Target, api_options, echo_json, table, when
+from cdiflow.commands.graph import Graph
 
 __all__ = ["definitions_group", "tasks_group"]
 
@@ -168,9 +170,7 @@ def list_definitions(as_json: bool, target: Target) -> None:
     if as_json:
         echo_json(found)
         return
-    rows = [
-        (d.name, d.version, " -> ".join(s.ref for s in d.tasks), when(d.updated_at)) for d in found
-    ]
+    rows = [(d.name, d.version, _graph(d).summary(), when(d.updated_at)) for d in found]
     click.echo(table(("NAME", "VERSION", "STEPS", "SAVED"), rows))
 
 
@@ -185,10 +185,12 @@ def list_definitions(as_json: bool, target: Target) -> None:
 )
 @api_options
 def show_definition(name: str, version: int | None, target: Target) -> None:
-    """A workflow definition as JSON (what `definitions apply` takes)."""
+    """A workflow definition as stored, as JSON: what `definitions apply` takes (applied
+    again, it saves no new version). Which version it is goes to stderr."""
     with target.client() as api:
         found = api.definition_version(name, version) if version else api.definition(name)
-    echo_json(found.model_dump(mode="json", include={"name", "version", "description", "tasks"}))
+    click.echo(f"# {found.name} version {found.version}", err=True)
+    echo_json(definition_body(found))
 
 
 @definitions_group.command("versions")
@@ -196,14 +198,25 @@ def show_definition(name: str, version: int | None, target: Target) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @api_options
 def definition_versions(name: str, as_json: bool, target: Target) -> None:
-    """Every version of a workflow definition, newest first."""
+    """Every version of a workflow definition, newest first, each with its graph: a step a
+    line, after the steps it waits for."""
     with target.client() as api:
         versions = api.definition_versions(name)
     if as_json:
         echo_json(versions)
         return
-    rows = [(v.version, when(v.created_at), " -> ".join(s.ref for s in v.tasks)) for v in versions]
-    click.echo(table(("VERSION", "SAVED", "STEPS"), rows))
+    blocks = []
+    for v in versions:
+        graph = _graph(v)
+        heading = f"version {v.version}, saved {when(v.created_at)}: {graph.summary()}"
+        body = table(("STEP", "AFTER", "DOES"), graph.rows())
+        blocks.append(heading + "\n" + "\n".join(f"  {line}" for line in body.splitlines()))
+    click.echo("\n\n".join(blocks))
+
+
+def _graph(definition: Definition | DefinitionVersion) -> Graph:
+    # The steps as the API sent them, fields and kinds this version does not know included.
+    return Graph(as_data(definition.tasks))
 
 
 @definitions_group.command("delete")

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 
 from cdiflow.client import WorkflowDetail
+from cdiflow.client.models import as_data
 from cdiflow.commands.common import Target, api_options, echo_json, table, when
 from cdiflow.commands.progress import follow, outcome
+from orchestrator.contract.vocabulary import CHOSEN_PLANES, Policy, WorkflowStatus
+from orchestrator.schemas import WorkflowInput
 
 __all__ = ["run_command", "workflows_group"]
 
-_POLICIES = click.Choice(["affinity", "transfer", "auto"])
-_PLANES = click.Choice(["cdi", "object-store"])
-_STATUSES = click.Choice(
-    ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"], case_sensitive=False
-)
+# The words the API takes, from its own vocabulary and schema.
+_POLICIES = click.Choice([policy.value for policy in Policy])
+_PLANES = click.Choice([plane.value for plane in CHOSEN_PLANES])
+_STATUSES = click.Choice([status.value for status in WorkflowStatus], case_sensitive=False)
+_FORMATS = click.Choice(get_args(WorkflowInput.model_fields["result_format"].annotation))
 
 
 def _data(value: str | None) -> dict[str, Any] | None:
@@ -54,7 +57,7 @@ def _data(value: str | None) -> dict[str, Any] | None:
 @click.option(
     "--format",
     "result_format",
-    type=click.Choice(["png", "jpeg"]),
+    type=_FORMATS,
     default=None,
     help="How the result is stored [default: png].",
 )
@@ -135,7 +138,7 @@ def run_command(
                 f"({started.policy}): run {started.id}"
             )
             finished = follow(api, str(started.id), timeout=timeout)
-        if out is not None and finished.status == "COMPLETED":
+        if out is not None and finished.status == WorkflowStatus.COMPLETED:
             api.download_result(finished.id, out)
     _report(finished, as_json, out)
 
@@ -154,9 +157,9 @@ def _report(run: WorkflowDetail, as_json: bool, out: Path | None) -> None:
         echo_json(run)
     else:
         click.echo(outcome(run))
-        if out is not None and run.status == "COMPLETED":
+        if out is not None and run.status == WorkflowStatus.COMPLETED:
             click.echo(f"saved the result to {out}")
-    if run.status != "COMPLETED":
+    if run.status != WorkflowStatus.COMPLETED:
         raise SystemExit(1)
 
 
@@ -267,7 +270,7 @@ def workflow_events(workflow_id: str, following: bool, target: Target) -> None:
     """A run's events, oldest first, one JSON object a line."""
     with target.client() as api:
         for event in api.events(workflow_id, follow=following):
-            click.echo(json.dumps(event.model_dump(mode="json")))
+            click.echo(json.dumps(as_data(event)))
 
 
 @workflows_group.command("result")

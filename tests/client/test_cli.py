@@ -111,9 +111,11 @@ def test_tasks_and_definitions(cdiflow: CliRunnerCommand, tmp_path: Path) -> Non
     )
     assert f"{flow}: saved, version 2" in cdiflow("definitions", "apply", as_json).output
     versions = cdiflow("definitions", "versions", flow).output
-    assert re.search(r"2 .* d -> c", versions) and re.search(r"1 .* d\n", versions + "\n")
-    first = json.loads(cdiflow("definitions", "show", flow, "--version", "1").output)
-    assert first == {"name": flow, "version": 1, "description": "", "tasks": [
+    assert re.search(r"^version 2, saved .*: d -> c$", versions, re.M), versions
+    assert re.search(r"^version 1, saved .*: d$", versions, re.M), versions
+    first = cdiflow("definitions", "show", flow, "--version", "1")
+    assert first.stderr == f"# {flow} version 1\n"
+    assert json.loads(first.stdout) == {"name": flow, "description": "", "tasks": [
         {"ref": "d", "task": task, "depends_on": [], "params": {}}]}  # fmt: skip
     assert flow in cdiflow("definitions", "list").output
 

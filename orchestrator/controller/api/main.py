@@ -23,7 +23,7 @@ from orchestrator.controller.api.routes import (
     workflows,
 )
 from orchestrator.controller.auth import require_viewer
-from orchestrator.controller.schemas import error_responses
+from orchestrator.schemas import error_responses
 
 # Any route may refuse a Host (400) or a request's shape (422); a keyed one a key (401, 403).
 api_router = APIRouter(responses=error_responses(400, 422))

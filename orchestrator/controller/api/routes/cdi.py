@@ -17,14 +17,14 @@ from fastapi import APIRouter
 from cdi.controller.client import ControllerClient
 from cdi.errors import CDIError
 from orchestrator.contract import keys
-from orchestrator.controller.schemas import (
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.errors import ServiceError
+from orchestrator.schemas import (
     CdiDirectoryPublic,
     CdiMinionPublic,
     CdiObjectPublic,
     error_responses,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.errors import ServiceError
 
 router = APIRouter(prefix="/cdi", tags=["cdi"], route_class=StrictJsonRoute)
 

@@ -25,7 +25,6 @@ from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.controller.api.deps import SessionDep, SettingsDep, StoreDep
 from orchestrator.controller.api.routes.images import RESULT_LIMIT_FACTOR
 from orchestrator.controller.auth import Operator
-from orchestrator.controller.schemas import InputPublic, error_responses
 from orchestrator.db import repository as repo
 from orchestrator.errors import (
     Conflict,
@@ -34,6 +33,7 @@ from orchestrator.errors import (
     NotFound,
     RequestTooLarge,
 )
+from orchestrator.schemas import InputPublic, error_responses
 from workflows.errors import InvalidImage
 from workflows.imagebuf import open_image
 

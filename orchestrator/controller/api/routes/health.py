@@ -11,8 +11,8 @@ from fastapi import APIRouter, Request, Response
 
 from orchestrator.controller.api.deps import RedisDep, Resources
 from orchestrator.controller.readiness import check_all
-from orchestrator.controller.schemas import CheckPublic, LivenessPublic, ReadinessPublic
 from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.schemas import CheckPublic, LivenessPublic, ReadinessPublic
 
 router = APIRouter(tags=["health"], route_class=StrictJsonRoute)
 

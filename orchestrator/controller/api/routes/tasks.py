@@ -10,11 +10,11 @@ from fastapi import APIRouter, Request, Response
 from orchestrator.controller.api.deps import RedisDep, SessionDep
 from orchestrator.controller.api.params import TaskName
 from orchestrator.controller.auth import Admin
-from orchestrator.controller.schemas import TaskCreate, TaskPublic, error_responses
 from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.controller.task_check import SETTINGS, live_catalogs, runnable_settings
 from orchestrator.db import repository as repo
 from orchestrator.errors import InvalidDefinition, InvalidRequest
+from orchestrator.schemas import TaskCreate, TaskPublic, error_responses
 from orchestrator.settings import Settings
 from workflows.api import registration_problem
 

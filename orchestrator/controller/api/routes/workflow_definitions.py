@@ -9,16 +9,16 @@ from fastapi import APIRouter, Path, Response
 from orchestrator.controller.api.deps import SessionDep
 from orchestrator.controller.api.params import DefinitionName
 from orchestrator.controller.auth import Admin
-from orchestrator.controller.schemas import (
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.db import repository as repo
+from orchestrator.errors import InvalidRequest
+from orchestrator.schemas import (
     WorkflowDefinitionCreate,
     WorkflowDefinitionPublic,
     WorkflowDefinitionSave,
     WorkflowDefinitionVersionPublic,
     error_responses,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.db import repository as repo
-from orchestrator.errors import InvalidRequest
 
 router = APIRouter(
     prefix="/workflow-definitions", tags=["workflow definitions"], route_class=StrictJsonRoute

@@ -22,7 +22,13 @@ from orchestrator.controller.api.deps import (
 from orchestrator.controller.api.params import MAX_OFFSET, NameFilter
 from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
-from orchestrator.controller.schemas import (
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.db import repository as repo
+from orchestrator.db.async_run_store import AsyncRunStore
+from orchestrator.db.models import Workflow
+from orchestrator.errors import InvalidDefinition, NotFound
+from orchestrator.s3policy import S3Policy
+from orchestrator.schemas import (
     EventPage,
     EventPublic,
     HandoffPublic,
@@ -33,12 +39,6 @@ from orchestrator.controller.schemas import (
     WorkflowPublic,
     error_responses,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.db import repository as repo
-from orchestrator.db.async_run_store import AsyncRunStore
-from orchestrator.db.models import Workflow
-from orchestrator.errors import InvalidDefinition, NotFound
-from orchestrator.s3policy import S3Policy
 from workflows.definitions import chain_problems
 
 router = APIRouter(prefix="/workflows", tags=["workflows"], route_class=StrictJsonRoute)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from orchestrator.schemas.base import ResponseBody
 
 __all__ = ["ImagePublic", "InputPublic", "WorkflowImagesPublic"]
 
 
-class ImagePublic(BaseModel):
+class ImagePublic(ResponseBody):
     """A workflow's input or result image, and whether it can be shown."""
 
     role: str = Field(description="'input' or 'result'.")
@@ -21,7 +23,7 @@ class ImagePublic(BaseModel):
     thumbnail_url: str | None = Field(description="A downscaled JPEG; only when available.")
 
 
-class InputPublic(BaseModel):
+class InputPublic(ResponseBody):
     """An uploaded input image, stored in the stack's S3 bucket."""
 
     uri: str = Field(description="Start a workflow with it: input.image.")
@@ -32,6 +34,6 @@ class InputPublic(BaseModel):
     content_type: str
 
 
-class WorkflowImagesPublic(BaseModel):
+class WorkflowImagesPublic(ResponseBody):
     input: ImagePublic
     result: ImagePublic

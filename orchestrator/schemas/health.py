@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from orchestrator.schemas.base import ResponseBody
 
 __all__ = ["CheckPublic", "LivenessPublic", "ReadinessPublic", "WorkerPublic"]
 
 
-class WorkerPublic(BaseModel):
+class WorkerPublic(ResponseBody):
     id: str
     host: str | None
     cpu: float | None = Field(
@@ -34,16 +36,16 @@ class WorkerPublic(BaseModel):
     alive: bool
 
 
-class LivenessPublic(BaseModel):
+class LivenessPublic(ResponseBody):
     status: str = Field(description="'ok': this API process serves requests.")
 
 
-class CheckPublic(BaseModel):
+class CheckPublic(ResponseBody):
     ok: bool = Field(description="False: this part keeps workflows from running.")
     detail: str = Field(description="What was seen: 'ok', or why it is unavailable.")
 
 
-class ReadinessPublic(BaseModel):
+class ReadinessPublic(ResponseBody):
     status: str = Field(description="'ok' when every part answers, else 'unavailable'.")
     checks: dict[str, CheckPublic] = Field(
         description="postgres, redis, minion, scheduler and s3, each with its answer."

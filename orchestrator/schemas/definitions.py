@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
-from orchestrator.controller.schemas.base import (
+from orchestrator.schemas.base import (
     MAX_DESCRIPTION,
     NAME_RULE,
     RequestBody,

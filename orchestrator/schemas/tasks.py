@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import Field, field_validator
 
-from orchestrator.controller.schemas.base import (
+from orchestrator.schemas.base import (
     MAX_DESCRIPTION,
     MODULE_RULE,
     NAME_RULE,

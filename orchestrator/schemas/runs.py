@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, PlainValidator, WithJsonSchema, field_validator
+from pydantic import AliasChoices, Field, PlainValidator, WithJsonSchema, field_validator
 
 from orchestrator.contract.vocabulary import (
     CHOSEN_PLANES,
@@ -15,8 +15,14 @@ from orchestrator.contract.vocabulary import (
     TaskRunStatus,
     WorkflowStatus,
 )
-from orchestrator.controller.schemas.base import NAME_RULE, RequestBody, ResponseBody, checked_name
 from orchestrator.s3policy import check_s3_uri
+from orchestrator.schemas.base import (
+    NAME_RULE,
+    OpenEnum,
+    RequestBody,
+    ResponseBody,
+    checked_name,
+)
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -111,9 +117,9 @@ class WorkflowPublic(ResponseBody):
         validation_alias=AliasChoices("workflow_version", "definition_version"),
         description="The version of the definition this run runs.",
     )
-    status: WorkflowStatus
-    policy: Policy
-    data_plane: DataPlane
+    status: OpenEnum[WorkflowStatus]
+    policy: OpenEnum[Policy]
+    data_plane: OpenEnum[DataPlane]
     input: dict[str, Any]
     output: dict[str, Any] | None
     error: str | None
@@ -126,13 +132,21 @@ class WorkflowPublic(ResponseBody):
     claimed_at: datetime | None
     started_by: str | None = Field(description="Name of the API key that started the run.")
 
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended. A status this version does not know (from a newer API)
+        counts as ended once the run has an end time."""
+        if isinstance(self.status, WorkflowStatus):
+            return self.status.finished
+        return self.finished_at is not None
+
 
 class TaskRunPublic(ResponseBody):
     id: int
     ref: str
     task: str
     attempt: int
-    status: TaskRunStatus
+    status: OpenEnum[TaskRunStatus]
     worker_id: str | None
     queued_at: datetime
     started_at: datetime | None
@@ -181,15 +195,15 @@ class WorkflowDetail(WorkflowPublic):
     events: list[EventPublic] = Field(description="The latest events, oldest first.")
 
 
-class EventPage(BaseModel):
+class EventPage(ResponseBody):
     """A run's events after a given one, and its status when they were read: a client that
     follows a run stops once the run has finished and a page comes back short."""
 
-    status: WorkflowStatus
+    status: OpenEnum[WorkflowStatus]
     events: list[EventPublic] = Field(description="Oldest first.")
 
 
-class WorkflowList(BaseModel):
+class WorkflowList(ResponseBody):
     items: list[WorkflowPublic]
     total: int = Field(description="Workflows matching the filters, over all pages.")
     limit: int
