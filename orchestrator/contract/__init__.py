@@ -23,6 +23,7 @@ from orchestrator.contract.vocabulary import (
     WorkflowStatus,
 )
 from orchestrator.contract.wakeups import (
+    SCHEDULES,
     announce_finished,
     read_wake,
     wake_scheduler,
@@ -31,6 +32,7 @@ from orchestrator.contract.wakeups import (
 
 __all__ = [
     "CHOSEN_PLANES",
+    "SCHEDULES",
     "DataPlane",
     "Instruction",
     "Policy",

@@ -44,6 +44,7 @@ from orchestrator.controller.schemas.runs import (
     WorkflowList,
     WorkflowPublic,
 )
+from orchestrator.controller.schemas.schedules import ScheduleCreate, SchedulePublic
 from orchestrator.controller.schemas.stats import (
     LatencyPublic,
     MinutePublic,
@@ -51,6 +52,13 @@ from orchestrator.controller.schemas.stats import (
     TaskTimingPublic,
 )
 from orchestrator.controller.schemas.tasks import TaskCreate, TaskPublic
+from orchestrator.controller.schemas.webhooks import (
+    DeliveryPage,
+    DeliveryPublic,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookPublic,
+)
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -58,6 +66,8 @@ __all__ = [
     "CdiMinionPublic",
     "CdiObjectPublic",
     "CheckPublic",
+    "DeliveryPage",
+    "DeliveryPublic",
     "ErrorPublic",
     "EventPage",
     "EventPublic",
@@ -73,6 +83,8 @@ __all__ = [
     "LivenessPublic",
     "MinutePublic",
     "ReadinessPublic",
+    "ScheduleCreate",
+    "SchedulePublic",
     "StatsPublic",
     "StepSchema",
     "TaskCreate",
@@ -81,6 +93,9 @@ __all__ = [
     "TaskRunPublic",
     "TaskTimingPublic",
     "ValidationErrorPublic",
+    "WebhookCreate",
+    "WebhookCreated",
+    "WebhookPublic",
     "WorkerPublic",
     "WorkflowCreate",
     "WorkflowDefinitionCreate",
