@@ -67,7 +67,8 @@ class Deliverer:
 
     def stop(self, timeout: float = TIMEOUT_S) -> None:
         self._stop.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
         self.store.close()

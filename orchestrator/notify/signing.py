@@ -33,6 +33,8 @@ def new_secret() -> str:
 def secret_problem(secret: str) -> str | None:
     """What is wrong with a secret an admin chose (None: nothing). The message never repeats
     the secret."""
+    if len(secret) > 200:
+        return "secret: longer than 200 characters"
     if not secret.startswith(SECRET_PREFIX):
         return f"secret: must start with {SECRET_PREFIX!r} (or leave it out: one is made)"
     try:

@@ -11,6 +11,7 @@ from pydantic import AliasChoices, BaseModel, Field, field_validator
 
 from orchestrator.contract.vocabulary import DeliveryStatus, WebhookEvent
 from orchestrator.controller.schemas.base import NAME_RULE, RequestBody, ResponseBody, checked_name
+from orchestrator.errors import InvalidRequest
 from orchestrator.notify.signing import secret_problem
 
 __all__ = [
@@ -50,9 +51,9 @@ class WebhookCreate(RequestBody):
         description="Only runs of this workflow definition; default: every run.",
         json_schema_extra=NAME_RULE,
     )
+    # Checked by ``checked_secret``, not here: a validation error would echo it back.
     secret: str | None = Field(
         None,
-        max_length=200,
         description="The signing secret: 'whsec_' and the base64 of 24-64 random bytes. "
         "Default: one is made. Shown in this answer only.",
     )
@@ -88,13 +89,13 @@ class WebhookCreate(RequestBody):
     def _events(cls, value: list[WebhookEvent]) -> list[WebhookEvent]:
         return list(dict.fromkeys(value))
 
-    @field_validator("secret")
-    @classmethod
-    def _secret(cls, value: str | None) -> str | None:
-        problem = None if value is None else secret_problem(value)
+    def checked_secret(self) -> str | None:
+        """The secret given, once checked (``InvalidRequest`` saying what is wrong, without
+        repeating it)."""
+        problem = None if self.secret is None else secret_problem(self.secret)
         if problem is not None:
-            raise ValueError(problem)
-        return value
+            raise InvalidRequest(problem, [problem])
+        return self.secret
 
 
 class WebhookPublic(ResponseBody):

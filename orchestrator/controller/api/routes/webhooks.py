@@ -26,7 +26,7 @@ from orchestrator.notify.signing import new_secret
 router = APIRouter(prefix="/webhooks", tags=["webhooks"], route_class=StrictJsonRoute)
 
 
-@router.post("", status_code=201, responses=error_responses(409))
+@router.post("", status_code=201, responses=error_responses(409, 422))
 def create_webhook(
     body: WebhookCreate, session: SessionDep, response: Response, principal: Admin
 ) -> WebhookCreated:
@@ -34,7 +34,7 @@ def create_webhook(
     every delivery carries ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature``
     (Standard Webhooks: HMAC-SHA256 of ``<id>.<timestamp>.<body>``). 409 if the name is
     taken."""
-    secret = body.secret or new_secret()
+    secret = body.checked_secret() or new_secret()
     row = repo.create_webhook(
         session,
         body.name,
