@@ -14,7 +14,9 @@
 Every verb of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
 definitions (``apply_definition``, ``definition_versions``, ``delete_definition``, ...), inputs
 (``upload``), runs (``start``, ``wait``, ``run``, ``events``, ``download_result``,
-``list_workflows``, ``cancel``, ``retry``) and ``workers``. Errors come from one tree,
+``list_workflows``, ``cancel``, ``retry``, ``pause``, ``resume``), schedules
+(``create_schedule``, ``schedules``, ``pause_schedule``, ...), webhooks (``create_webhook``,
+``deliveries``, ...) and ``workers``. Errors come from one tree,
 ``cdiflow.client.errors``, mapped from the API's error codes.
 """
 
@@ -38,12 +40,17 @@ from cdiflow.client.errors import (
 from cdiflow.client.models import (
     Definition,
     DefinitionVersion,
+    Delivery,
+    DeliveryPage,
     Event,
     Handoff,
+    Schedule,
     Step,
     Task,
     TaskRun,
     Upload,
+    Webhook,
+    WebhookCreated,
     Worker,
     Workflow,
     WorkflowDetail,
@@ -60,6 +67,8 @@ __all__ = [
     "Conflict",
     "Definition",
     "DefinitionVersion",
+    "Delivery",
+    "DeliveryPage",
     "Endpoint",
     "Event",
     "Forbidden",
@@ -67,6 +76,7 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "RequestTooLarge",
+    "Schedule",
     "ServiceUnavailable",
     "Step",
     "Task",
@@ -75,6 +85,8 @@ __all__ = [
     "Unauthorized",
     "Upload",
     "WaitTimeout",
+    "Webhook",
+    "WebhookCreated",
     "Worker",
     "Workflow",
     "WorkflowDetail",

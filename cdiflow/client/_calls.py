@@ -4,11 +4,12 @@ with httpx and parse the same way."""
 
 from __future__ import annotations
 
+import json
 import mimetypes
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final, Generic, TypeAlias, TypeVar
@@ -27,9 +28,13 @@ from cdiflow.client.errors import (
 from cdiflow.client.models import (
     Definition,
     DefinitionVersion,
+    DeliveryPage,
     EventPage,
+    Schedule,
     Task,
     Upload,
+    Webhook,
+    WebhookCreated,
     Worker,
     Workflow,
     WorkflowDetail,
@@ -60,6 +65,7 @@ class Call(Generic[T]):
     files: Mapping[str, tuple[str, bytes, str]] | None = None
     wait_s: float = 0.0  # the server may hold the answer this long (a long poll)
     raw: bool = False  # the answer is bytes, not JSON
+    headers: Mapping[str, str] | None = None
 
     @property
     def timeout(self) -> httpx.Timeout:
@@ -86,6 +92,12 @@ _DETAIL = _model(TypeAdapter(WorkflowDetail))
 _PAGE = _model(TypeAdapter(WorkflowPage))
 _EVENTS = _model(TypeAdapter(EventPage))
 _WORKERS = _model(TypeAdapter(list[Worker]))
+_SCHEDULE = _model(TypeAdapter(Schedule))
+_SCHEDULES = _model(TypeAdapter(list[Schedule]))
+_WEBHOOK = _model(TypeAdapter(Webhook))
+_WEBHOOKS = _model(TypeAdapter(list[Webhook]))
+_WEBHOOK_CREATED = _model(TypeAdapter(WebhookCreated))
+_DELIVERIES = _model(TypeAdapter(DeliveryPage))
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -105,6 +117,7 @@ class Calls:
         retries: int | None = None,
         retry_backoff_s: float | None = None,
         description: str | None = None,
+        max_concurrency: int | None = None,
     ) -> Call[Task]:
         body = _given(
             name=name,
@@ -113,6 +126,7 @@ class Calls:
             retries=retries,
             retry_backoff_s=retry_backoff_s,
             description=description,
+            max_concurrency=max_concurrency,
         )
         return Call("PUT", f"/api/tasks/{_segment(name)}", _TASK, json=body)
 
@@ -149,6 +163,11 @@ class Calls:
     def delete_definition(self, name: str) -> Call[None]:
         return Call("DELETE", f"/api/workflow-definitions/{_segment(name)}", _nothing)
 
+    def pause_definition(self, name: str, *, paused: bool = True) -> Call[Definition]:
+        verb = "pause" if paused else "resume"
+        path = f"/api/workflow-definitions/{_segment(name)}/{verb}"
+        return Call("POST", path, _DEFINITION)
+
     # -- inputs and runs ---------------------------------------------------------------------
     def upload(
         self, image: bytes | str | os.PathLike[str] | IO[bytes], filename: str | None = None
@@ -167,6 +186,9 @@ class Calls:
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
     ) -> Call[Workflow]:
         given = _given(
             image=image_uri, data=dict(data) if data else None, result_format=result_format
@@ -174,9 +196,11 @@ class Calls:
         body = {
             "workflow": workflow,
             "input": given,
-            **_given(policy=policy, data_plane=data_plane, version=version),
+            **_given(policy=policy, data_plane=data_plane, version=version, priority=priority),
+            **({"tags": list(tags)} if tags else {}),
         }
-        return Call("POST", "/api/workflows", _WORKFLOW, json=body)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return Call("POST", "/api/workflows", _WORKFLOW, json=body, headers=headers)
 
     def get(
         self, workflow_id: RunId, *, wait_s: float = 0.0, events: int = 100
@@ -190,10 +214,22 @@ class Calls:
         status: str | None = None,
         workflow: str | None = None,
         policy: str | None = None,
+        tags: Sequence[str] | None = None,
+        input: Mapping[str, Any] | None = None,
+        schedule: str | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> Call[WorkflowPage]:
-        params = _given(status=status, workflow=workflow, policy=policy, limit=limit, offset=offset)
+        params = _given(
+            status=status,
+            workflow=workflow,
+            policy=policy,
+            tag=list(tags) if tags else None,
+            input=json.dumps(dict(input)) if input is not None else None,
+            schedule=schedule,
+            limit=limit,
+            offset=offset,
+        )
         return Call("GET", "/api/workflows", _PAGE, params)
 
     def events_after(self, workflow_id: RunId, after: int) -> Call[EventPage]:
@@ -205,6 +241,60 @@ class Calls:
 
     def retry(self, workflow_id: RunId) -> Call[Workflow]:
         return Call("POST", f"/api/workflows/{_run(workflow_id)}/retry", _WORKFLOW)
+
+    def pause(self, workflow_id: RunId, *, paused: bool = True) -> Call[Workflow]:
+        verb = "pause" if paused else "resume"
+        return Call("POST", f"/api/workflows/{_run(workflow_id)}/{verb}", _WORKFLOW)
+
+    # -- schedules ---------------------------------------------------------------------------
+    def create_schedule(
+        self, name: str, workflow: str, cron: str, **settings: Any
+    ) -> Call[Schedule]:
+        body = {"name": name, "workflow": workflow, "cron": cron, **_given(**settings)}
+        return Call("POST", "/api/schedules", _SCHEDULE, json=body)
+
+    def schedules(self, workflow: str | None = None) -> Call[list[Schedule]]:
+        return Call("GET", "/api/schedules", _SCHEDULES, _given(workflow=workflow))
+
+    def schedule(self, name: str) -> Call[Schedule]:
+        return Call("GET", f"/api/schedules/{_segment(name)}", _SCHEDULE)
+
+    def pause_schedule(self, name: str, *, paused: bool = True) -> Call[Schedule]:
+        verb = "pause" if paused else "resume"
+        return Call("POST", f"/api/schedules/{_segment(name)}/{verb}", _SCHEDULE)
+
+    def delete_schedule(self, name: str) -> Call[None]:
+        return Call("DELETE", f"/api/schedules/{_segment(name)}", _nothing)
+
+    # -- webhooks ----------------------------------------------------------------------------
+    def create_webhook(
+        self,
+        name: str,
+        url: str,
+        *,
+        events: Sequence[str] | None = None,
+        workflow: str | None = None,
+        secret: str | None = None,
+    ) -> Call[WebhookCreated]:
+        body = {"name": name, "url": url, **_given(workflow=workflow, secret=secret)}
+        if events:
+            body["events"] = list(events)
+        return Call("POST", "/api/webhooks", _WEBHOOK_CREATED, json=body)
+
+    def webhooks(self) -> Call[list[Webhook]]:
+        return Call("GET", "/api/webhooks", _WEBHOOKS)
+
+    def webhook(self, name: str) -> Call[Webhook]:
+        return Call("GET", f"/api/webhooks/{_segment(name)}", _WEBHOOK)
+
+    def delete_webhook(self, name: str) -> Call[None]:
+        return Call("DELETE", f"/api/webhooks/{_segment(name)}", _nothing)
+
+    def deliveries(
+        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+    ) -> Call[DeliveryPage]:
+        params = _given(status=status, limit=limit, offset=offset)
+        return Call("GET", f"/api/webhooks/{_segment(name)}/deliveries", _DELIVERIES, params)
 
     def result(self, workflow_id: RunId) -> Call[bytes]:
         path = f"/api/workflows/{_run(workflow_id)}/result"

@@ -13,13 +13,18 @@ __all__ = [
     "FINISHED",
     "Definition",
     "DefinitionVersion",
+    "Delivery",
+    "DeliveryPage",
     "Event",
     "EventPage",
     "Handoff",
+    "Schedule",
     "Step",
     "Task",
     "TaskRun",
     "Upload",
+    "Webhook",
+    "WebhookCreated",
     "Worker",
     "Workflow",
     "WorkflowDetail",
@@ -43,6 +48,7 @@ class Task(_Model):
     retries: int
     retry_backoff_s: float
     description: str = ""
+    max_concurrency: int | None = None  # runs of it at once over every scheduler
     created_at: datetime
     updated_at: datetime
 
@@ -63,6 +69,9 @@ class Definition(_Model):
     tasks: list[Step]
     created_at: datetime
     updated_at: datetime
+    priority: int = 0  # its runs' when a start names none
+    max_concurrent_runs: int | None = None  # of its runs RUNNING at once
+    paused_at: datetime | None = None  # its queue is paused: new runs wait PENDING
 
 
 class DefinitionVersion(_Model):
@@ -103,6 +112,12 @@ class Workflow(_Model):
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    started_by: str | None = None
+    priority: int = 0
+    tags: list[str] = Field(default_factory=list)
+    paused_at: datetime | None = None  # paused: its next steps wait
+    schedule_id: uuid.UUID | None = None  # the schedule that started it
+    scheduled_for: datetime | None = None  # and the tick it ran for
 
     @property
     def finished(self) -> bool:
@@ -187,3 +202,70 @@ class Worker(_Model):
     running: int | None = None
     slots: int | None = None
     last_heartbeat: float | None = None
+
+
+class Schedule(_Model):
+    """Runs of a definition at the ticks of a cron expression."""
+
+    id: uuid.UUID
+    name: str
+    workflow: str
+    cron: str
+    timezone: str
+    catchup: str
+    grace_s: float
+    input: dict[str, Any] = Field(default_factory=dict)
+    policy: str
+    data_plane: str
+    version: int | None = None
+    priority: int | None = None
+    tags: list[str] = Field(default_factory=list)
+    paused_at: datetime | None = None
+    next_fire_at: datetime
+    next_fire_times: list[datetime] = Field(default_factory=list)
+    last_fired_at: datetime | None = None
+    last_run_id: uuid.UUID | None = None
+    last_error: str | None = None
+    created_by: str | None = None
+    created_at: datetime
+
+
+class Webhook(_Model):
+    """Where runs' (and steps') ends are POSTed, signed."""
+
+    id: uuid.UUID
+    name: str
+    url: str
+    events: list[str]
+    workflow: str | None = None
+    created_by: str | None = None
+    created_at: datetime
+
+
+class WebhookCreated(Webhook):
+    """A webhook just registered, with its signing secret (shown this once)."""
+
+    secret: str
+
+
+class Delivery(_Model):
+    """One event sent (or to send) to a webhook."""
+
+    id: int
+    event: str
+    workflow_id: uuid.UUID | None = None
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_status: int | None = None
+    last_error: str | None = None
+    created_at: datetime
+    delivered_at: datetime | None = None
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeliveryPage(_Model):
+    items: list[Delivery]
+    total: int
+    limit: int
+    offset: int
