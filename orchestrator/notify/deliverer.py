@@ -51,6 +51,9 @@ class Deliverer:
     """Sends due deliveries until ``stop()``; ``start()`` runs it on a daemon thread."""
 
     def __init__(self, engine: Engine, *, transport: httpx.BaseTransport | None = None) -> None:
+        # httpx logs each request with its URL at INFO: the log says which webhook instead.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.store = DeliveryStore(engine)
         self._http = httpx.Client(
             timeout=TIMEOUT_S,

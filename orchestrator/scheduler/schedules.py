@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 RECHECK_S: Final = 10.0
 _SOONEST_S: Final = 0.05  # a tick due but locked by another scheduler: look again after this
+_AGAIN_S: Final = 1.0  # after a look that failed
 
 
 class Schedules:
@@ -46,11 +47,12 @@ class Schedules:
         now = time.monotonic()
         if now < self._look_at:
             return
-        self._look_at = now + RECHECK_S  # if the look raises, the next in RECHECK_S
+        self._look_at = now + _AGAIN_S  # if the look raises, look again soon
         fired = self.store.fire_due()
-        if fired.runs:
-            log.info("schedules made %d run(s)", fired.runs)
-            self.claims.claim()
+        self._look_at = now + RECHECK_S
         if fired.next_due_s is not None and fired.next_due_s < RECHECK_S:
             self._look_at = now + max(_SOONEST_S, fired.next_due_s)
             self._wake_at(self._look_at)
+        if fired.runs:
+            log.info("schedules made %d run(s)", fired.runs)
+            self.claims.claim()

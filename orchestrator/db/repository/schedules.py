@@ -15,7 +15,10 @@ from sqlalchemy.orm import Session
 
 from orchestrator.cron import Cron
 from orchestrator.db.models import Schedule
-from orchestrator.db.repository.definitions import get_workflow_definition
+from orchestrator.db.repository.definitions import (
+    get_workflow_definition,
+    get_workflow_definition_version,
+)
 from orchestrator.errors import Conflict, NotFound
 
 __all__ = [
@@ -28,10 +31,12 @@ __all__ = [
 
 
 def create_schedule(session: Session, values: dict[str, Any], *, paused: bool) -> Schedule:
-    """A new schedule (``values``: the columns, ``cron`` and ``timezone`` checked by the
-    caller); its first tick is the first after now. ``Conflict`` if the name is taken,
-    ``NotFound`` if its definition does not exist."""
+    """A new schedule (``values``: the columns); its first tick is the first after now.
+    ``InvalidRequest`` for an expression or zone that is not one, ``Conflict`` if the name
+    is taken, ``NotFound`` if its definition (or the version it names) does not exist."""
     get_workflow_definition(session, values["definition"])
+    if values.get("version") is not None:
+        get_workflow_definition_version(session, values["definition"], values["version"])
     cron = Cron.of(values["cron"], values["timezone"])
     first = cron.next_after(datetime.now(UTC))
     row: Schedule | None = session.scalar(
