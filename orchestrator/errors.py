@@ -16,6 +16,8 @@ what failed, why, and what to change (an environment variable, a log file to rea
     ├── InvalidRequest    well-formed but unacceptable content; carries ``problems``
     │   │                 (also ValueError)
     │   ├── InvalidDefinition   a task or workflow definition with problems
+    │   ├── IdempotencyKeyReused  a start whose Idempotency-Key started a run with
+    │   │                         another body
     │   └── S3NotAllowed        an S3 URI outside what the operator allows, or a key that
     │                           no store can hold (``..``, control characters)
     ├── RequestTooLarge   a request body over the API's size limit
@@ -50,6 +52,7 @@ __all__ = [
     "DataError",
     "Forbidden",
     "HeldImageLost",
+    "IdempotencyKeyReused",
     "InputMissing",
     "InputTooLarge",
     "InvalidDefinition",
@@ -157,6 +160,22 @@ class InvalidDefinition(InvalidRequest):
     def __init__(self, problems: Sequence[str], what: str = "definition") -> None:
         listed = "; ".join(problems)
         super().__init__(f"invalid {what} ({len(problems)} problem(s)): {listed}", problems)
+
+
+class IdempotencyKeyReused(InvalidRequest):
+    """A start sent with an ``Idempotency-Key`` that this caller used for a run with another
+    body: a retry must send the same body, a new start a new key."""
+
+    code = "idempotency_key_reused"
+
+    def __init__(self, key: str, workflow_id: object) -> None:
+        problem = (
+            f"Idempotency-Key {key!r} already started run {workflow_id} with a different "
+            "request body; retry with the same body to get that run, or use a new key for a "
+            "new run"
+        )
+        super().__init__(problem, [problem])
+        self.key = key
 
 
 class S3NotAllowed(InvalidRequest):

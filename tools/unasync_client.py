@@ -46,8 +46,12 @@ Written by ``tools/unasync_client.py`` from ``sync.py``: edit that file, then ru
 # (old, new): plain replacements, each of which must apply at least once.
 _RULES: list[tuple[str, str]] = [
     (_DOC_SYNC, _DOC_ASYNC),
-    ("import os\nimport time\nimport uuid\nfrom collections.abc import Iterator, Mapping",
-     "import asyncio\nimport os\nimport uuid\nfrom collections.abc import AsyncIterator, Mapping"),
+    (
+        "import os\nimport time\nimport uuid\n"
+        "from collections.abc import Iterator, Mapping, Sequence",
+        "import asyncio\nimport os\nimport uuid\n"
+        "from collections.abc import AsyncIterator, Mapping, Sequence",
+    ),
     ('__all__ = ["Client"]', '__all__ = ["AsyncClient"]'),
     ("class Client:", "class AsyncClient:"),
     ("transport: httpx.BaseTransport | None", "transport: httpx.AsyncBaseTransport | None"),

@@ -14,8 +14,10 @@
 Every route of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
 definitions (``apply_definition``, ``definition_versions``, ``delete_definition``, ...), inputs
 (``upload``), runs (``start``, ``wait``, ``run``, ``events``, ``download_result``,
-``list_workflows``, ``cancel``, ``retry``, ``images``), task runs, ``workers``,
-``cdi_objects``, ``stats``, API keys and health. Errors come from one tree,
+``list_workflows``, ``cancel``, ``retry``, ``pause``, ``resume``, ``images``), schedules
+(``create_schedule``, ``schedules``, ``pause_schedule``, ...), webhooks (``create_webhook``,
+``deliveries``, ...), task runs, ``workers``, ``cdi_objects``, ``stats``, API keys and
+health. Errors come from one tree,
 ``cdiflow.client.errors``, mapped from the API's error codes.
 
 The answers are the API's own models (``orchestrator.schemas``, under the names below), read
@@ -44,6 +46,8 @@ from cdiflow.client.models import (
     CdiDirectory,
     Definition,
     DefinitionVersion,
+    Delivery,
+    DeliveryPage,
     Event,
     EventPage,
     Handoff,
@@ -52,12 +56,15 @@ from cdiflow.client.models import (
     KeyCreated,
     Liveness,
     Readiness,
+    Schedule,
     Stats,
     Step,
     Task,
     TaskRun,
     TaskRunInWorkflow,
     Upload,
+    Webhook,
+    WebhookCreated,
     Worker,
     Workflow,
     WorkflowDetail,
@@ -78,6 +85,8 @@ __all__ = [
     "Conflict",
     "Definition",
     "DefinitionVersion",
+    "Delivery",
+    "DeliveryPage",
     "Endpoint",
     "Event",
     "EventPage",
@@ -91,6 +100,7 @@ __all__ = [
     "NotFound",
     "Readiness",
     "RequestTooLarge",
+    "Schedule",
     "ServiceUnavailable",
     "Stats",
     "Step",
@@ -101,6 +111,8 @@ __all__ = [
     "Unauthorized",
     "Upload",
     "WaitTimeout",
+    "Webhook",
+    "WebhookCreated",
     "Worker",
     "Workflow",
     "WorkflowDetail",

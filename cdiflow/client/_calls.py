@@ -4,11 +4,12 @@ with httpx and parse the same way."""
 
 from __future__ import annotations
 
+import json
 import mimetypes
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -30,16 +31,20 @@ from cdiflow.client.models import (
     CdiDirectory,
     Definition,
     DefinitionVersion,
+    DeliveryPage,
     EventPage,
     Identity,
     Key,
     KeyCreated,
     Liveness,
     Readiness,
+    Schedule,
     Stats,
     Task,
     TaskRunInWorkflow,
     Upload,
+    Webhook,
+    WebhookCreated,
     Worker,
     Workflow,
     WorkflowDetail,
@@ -75,6 +80,7 @@ class Call(Generic[T]):
     files: Mapping[str, tuple[str, bytes, str]] | None = None
     wait_s: float = 0.0  # the server may hold the answer this long (a long poll)
     answers_with: frozenset[int] = frozenset()  # error statuses whose body is the answer too
+    headers: Mapping[str, str] | None = None
 
     @property
     def timeout(self) -> httpx.Timeout:
@@ -107,6 +113,7 @@ class Calls:
         retry_backoff_s: float | None = None,
         description: str | None = None,
         create: bool = False,
+        max_concurrency: int | None = None,
     ) -> Call[Task]:
         body = _given(
             name=name,
@@ -115,6 +122,7 @@ class Calls:
             retries=retries,
             retry_backoff_s=retry_backoff_s,
             description=description,
+            max_concurrency=max_concurrency,
         )
         if create:
             return Call("POST", "/api/tasks", Task, json=body)
@@ -159,6 +167,11 @@ class Calls:
     def delete_definition(self, name: str) -> Call[None]:
         return Call("DELETE", f"/api/workflow-definitions/{_segment(name)}", None)
 
+    def pause_definition(self, name: str, *, paused: bool = True) -> Call[Definition]:
+        verb = "pause" if paused else "resume"
+        path = f"/api/workflow-definitions/{_segment(name)}/{verb}"
+        return Call("POST", path, Definition)
+
     # -- inputs and runs ---------------------------------------------------------------------
     def upload(
         self, image: bytes | str | os.PathLike[str] | IO[bytes], filename: str | None = None
@@ -177,6 +190,9 @@ class Calls:
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
     ) -> Call[Workflow]:
         given = _given(
             image=image_uri, data=dict(data) if data else None, result_format=result_format
@@ -184,11 +200,13 @@ class Calls:
         body = {
             "workflow": workflow,
             "input": given,
-            **_given(policy=policy, data_plane=data_plane, version=version),
+            **_given(policy=policy, data_plane=data_plane, version=version, priority=priority),
+            **({"tags": list(tags)} if tags else {}),
         }
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         # The API answers the new run; asked to wait (``wait_s``, which this call does not
         # send), its detail.
-        return Call("POST", "/api/workflows", WorkflowDetail | Workflow, json=body)
+        return Call("POST", "/api/workflows", WorkflowDetail | Workflow, json=body, headers=headers)
 
     def get(
         self, workflow_id: RunId, *, wait_s: float = 0.0, events: int = 100
@@ -203,10 +221,22 @@ class Calls:
         status: str | None = None,
         workflow: str | None = None,
         policy: str | None = None,
+        tags: Sequence[str] | None = None,
+        input: Mapping[str, Any] | None = None,
+        schedule: str | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> Call[WorkflowPage]:
-        params = _given(status=status, workflow=workflow, policy=policy, limit=limit, offset=offset)
+        params = _given(
+            status=status,
+            workflow=workflow,
+            policy=policy,
+            tag=list(tags) if tags else None,
+            input=json.dumps(dict(input)) if input is not None else None,
+            schedule=schedule,
+            limit=limit,
+            offset=offset,
+        )
         return Call("GET", "/api/workflows", WorkflowPage, params)
 
     def events_after(self, workflow_id: RunId, after: int) -> Call[EventPage]:
@@ -218,6 +248,60 @@ class Calls:
 
     def retry(self, workflow_id: RunId) -> Call[Workflow]:
         return Call("POST", f"/api/workflows/{_run(workflow_id)}/retry", Workflow)
+
+    def pause(self, workflow_id: RunId, *, paused: bool = True) -> Call[Workflow]:
+        verb = "pause" if paused else "resume"
+        return Call("POST", f"/api/workflows/{_run(workflow_id)}/{verb}", Workflow)
+
+    # -- schedules ---------------------------------------------------------------------------
+    def create_schedule(
+        self, name: str, workflow: str, cron: str, **settings: Any
+    ) -> Call[Schedule]:
+        body = {"name": name, "workflow": workflow, "cron": cron, **_given(**settings)}
+        return Call("POST", "/api/schedules", Schedule, json=body)
+
+    def schedules(self, workflow: str | None = None) -> Call[list[Schedule]]:
+        return Call("GET", "/api/schedules", list[Schedule], _given(workflow=workflow))
+
+    def schedule(self, name: str) -> Call[Schedule]:
+        return Call("GET", f"/api/schedules/{_segment(name)}", Schedule)
+
+    def pause_schedule(self, name: str, *, paused: bool = True) -> Call[Schedule]:
+        verb = "pause" if paused else "resume"
+        return Call("POST", f"/api/schedules/{_segment(name)}/{verb}", Schedule)
+
+    def delete_schedule(self, name: str) -> Call[None]:
+        return Call("DELETE", f"/api/schedules/{_segment(name)}", None)
+
+    # -- webhooks ----------------------------------------------------------------------------
+    def create_webhook(
+        self,
+        name: str,
+        url: str,
+        *,
+        events: Sequence[str] | None = None,
+        workflow: str | None = None,
+        secret: str | None = None,
+    ) -> Call[WebhookCreated]:
+        body = {"name": name, "url": url, **_given(workflow=workflow, secret=secret)}
+        if events:
+            body["events"] = list(events)
+        return Call("POST", "/api/webhooks", WebhookCreated, json=body)
+
+    def webhooks(self) -> Call[list[Webhook]]:
+        return Call("GET", "/api/webhooks", list[Webhook])
+
+    def webhook(self, name: str) -> Call[Webhook]:
+        return Call("GET", f"/api/webhooks/{_segment(name)}", Webhook)
+
+    def delete_webhook(self, name: str) -> Call[None]:
+        return Call("DELETE", f"/api/webhooks/{_segment(name)}", None)
+
+    def deliveries(
+        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+    ) -> Call[DeliveryPage]:
+        params = _given(status=status, limit=limit, offset=offset)
+        return Call("GET", f"/api/webhooks/{_segment(name)}/deliveries", DeliveryPage, params)
 
     def result(self, workflow_id: RunId) -> Call[bytes]:
         return Call("GET", f"/api/workflows/{_run(workflow_id)}/result", bytes)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -43,16 +43,20 @@ from cdiflow.client.models import (
     CdiDirectory,
     Definition,
     DefinitionVersion,
+    DeliveryPage,
     Event,
     Identity,
     Key,
     KeyCreated,
     Liveness,
     Readiness,
+    Schedule,
     Stats,
     Task,
     TaskRunInWorkflow,
     Upload,
+    Webhook,
+    WebhookCreated,
     Worker,
     Workflow,
     WorkflowDetail,
@@ -117,6 +121,7 @@ class AsyncClient:
                 params=call.params,
                 json=call.json,
                 files=call.files,
+                headers=call.headers,
                 timeout=call.timeout,
             )
         except httpx.TransportError as exc:
@@ -134,10 +139,12 @@ class AsyncClient:
         retry_backoff_s: float | None = None,
         description: str | None = None,
         create: bool = False,
+        max_concurrency: int | None = None,
     ) -> Task:
         """Register task ``name`` run by ``module`` (``package.module:function``), or replace
         it (with ``create``, ``Conflict`` if it exists). Settings left out come from the
-        function's ``@task`` (else the API's defaults)."""
+        function's ``@task`` (else the API's defaults); ``max_concurrency``: at most this many
+        runs of it at once over every scheduler."""
         call = self._calls.register_task(
             name,
             module,
@@ -146,6 +153,7 @@ class AsyncClient:
             retry_backoff_s=retry_backoff_s,
             description=description,
             create=create,
+            max_concurrency=max_concurrency,
         )
         return await self._send(call)
 
@@ -164,10 +172,10 @@ class AsyncClient:
     async def apply_definition(
         self, definition: Mapping[str, Any] | BaseModel, *, create: bool = False
     ) -> Definition:
-        """Save a workflow definition (``{"name", "description", "tasks": [...]}``, or a
-        ``Definition`` read from the API): a new version when it differs from the current one,
-        nothing when it does not. With ``create``, version 1 of a new name only (``Conflict``
-        if it exists)."""
+        """Save a workflow definition (``{"name", "description", "tasks": [...]}``, and the
+        queue settings ``priority`` and ``max_concurrent_runs`` if given, or a ``Definition``
+        read from the API): a new version when it differs from the current one, nothing when it
+        does not. With ``create``, version 1 of a new name only (``Conflict`` if it exists)."""
         return await self._send(self._calls.apply_definition(definition, create=create))
 
     async def definitions(self) -> list[Definition]:
@@ -187,6 +195,13 @@ class AsyncClient:
         """Delete a workflow definition (``Conflict`` while runs of it are pending or running)."""
         await self._send(self._calls.delete_definition(name))
 
+    async def pause_definition(self, name: str) -> Definition:
+        """Pause a definition's queue: its new runs wait PENDING; RUNNING ones go on."""
+        return await self._send(self._calls.pause_definition(name))
+
+    async def resume_definition(self, name: str) -> Definition:
+        return await self._send(self._calls.pause_definition(name, paused=False))
+
     # -- inputs and runs ---------------------------------------------------------------------
     async def upload(
         self, image: bytes | str | os.PathLike[str] | IO[bytes], filename: str | None = None
@@ -204,10 +219,16 @@ class AsyncClient:
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
     ) -> Workflow:
         """Start a run of ``workflow`` on ``image``: an ``s3://`` URI, or a local file (path,
         bytes or open file) uploaded first; ``None`` starts a dataless run. ``data`` reaches
-        every task as ``ctx.input``; ``version`` runs that version of the definition."""
+        every task as ``ctx.input``; ``version`` runs that version of the definition;
+        ``priority`` (-100..100, default the definition's) orders it among waiting runs;
+        ``tags`` label it. With ``idempotency_key`` a start sent again (after a timeout, say)
+        answers the run the first one started instead of starting another."""
         uri, local = as_image_source(image)
         if local is not None:
             uri = (await self.upload(local)).uri
@@ -219,6 +240,9 @@ class AsyncClient:
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            priority=priority,
+            tags=tags,
+            idempotency_key=idempotency_key,
         )
         return await self._send(call)
 
@@ -299,12 +323,23 @@ class AsyncClient:
         status: str | None = None,
         workflow: str | None = None,
         policy: str | None = None,
+        tags: Sequence[str] | None = None,
+        input: Mapping[str, Any] | None = None,
+        schedule: str | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> WorkflowPage:
-        """One page of runs, newest first, filtered by status, definition and policy."""
+        """One page of runs, newest first, filtered by status, definition, policy, ``tags``
+        (every one), ``input`` (JSON the run's input contains) and ``schedule``."""
         call = self._calls.list_workflows(
-            status=status, workflow=workflow, policy=policy, limit=limit, offset=offset
+            status=status,
+            workflow=workflow,
+            policy=policy,
+            tags=tags,
+            input=input,
+            schedule=schedule,
+            limit=limit,
+            offset=offset,
         )
         return await self._send(call)
 
@@ -345,6 +380,13 @@ class AsyncClient:
         call = self._calls.task_runs(finished_after, started_before, after_id=after_id, limit=limit)
         return await self._send(call)
 
+    async def pause(self, workflow_id: RunId) -> Workflow:
+        """Pause a run: what runs finishes, its next steps wait until ``resume``."""
+        return await self._send(self._calls.pause(workflow_id))
+
+    async def resume(self, workflow_id: RunId) -> Workflow:
+        return await self._send(self._calls.pause(workflow_id, paused=False))
+
     async def workers(self) -> list[Worker]:
         return await self._send(self._calls.workers())
 
@@ -379,3 +421,93 @@ class AsyncClient:
         """Whether every part behind the API answers: ``status`` and each check, also when
         one is down (the API's 503)."""
         return await self._send(self._calls.readiness())
+
+    # -- schedules ---------------------------------------------------------------------------
+    async def create_schedule(
+        self,
+        name: str,
+        workflow: str,
+        cron: str,
+        *,
+        timezone: str | None = None,
+        catchup: str | None = None,
+        grace_s: float | None = None,
+        input: Mapping[str, Any] | None = None,
+        policy: str | None = None,
+        data_plane: str | None = None,
+        version: int | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
+        """A run of ``workflow`` at each tick of ``cron`` (five fields, six with seconds
+        first, or @daily...) in ``timezone`` (default UTC); ``catchup`` (skip, latest, all)
+        says what becomes of ticks missed by more than ``grace_s``."""
+        call = self._calls.create_schedule(
+            name,
+            workflow,
+            cron,
+            timezone=timezone,
+            catchup=catchup,
+            grace_s=grace_s,
+            input=dict(input) if input is not None else None,
+            policy=policy,
+            data_plane=data_plane,
+            version=version,
+            priority=priority,
+            tags=list(tags) if tags else None,
+            paused=paused,
+        )
+        return await self._send(call)
+
+    async def schedules(self, workflow: str | None = None) -> list[Schedule]:
+        """Every schedule (of ``workflow``), with its next fire times."""
+        return await self._send(self._calls.schedules(workflow))
+
+    async def schedule(self, name: str) -> Schedule:
+        return await self._send(self._calls.schedule(name))
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        return await self._send(self._calls.pause_schedule(name))
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """Fire again from the next tick (the paused ones are not caught up)."""
+        return await self._send(self._calls.pause_schedule(name, paused=False))
+
+    async def delete_schedule(self, name: str) -> None:
+        await self._send(self._calls.delete_schedule(name))
+
+    # -- webhooks (admin keys) ---------------------------------------------------------------
+    async def create_webhook(
+        self,
+        name: str,
+        url: str,
+        *,
+        events: Sequence[str] | None = None,
+        workflow: str | None = None,
+        secret: str | None = None,
+    ) -> WebhookCreated:
+        """POST ``events`` (default: every end of a run; also ``task.completed``, ...) of
+        every run (of ``workflow``) to ``url``, signed with ``secret`` (default: a new one,
+        in the answer only)."""
+        call = self._calls.create_webhook(
+            name, url, events=events, workflow=workflow, secret=secret
+        )
+        return await self._send(call)
+
+    async def webhooks(self) -> list[Webhook]:
+        return await self._send(self._calls.webhooks())
+
+    async def webhook(self, name: str) -> Webhook:
+        return await self._send(self._calls.webhook(name))
+
+    async def delete_webhook(self, name: str) -> None:
+        await self._send(self._calls.delete_webhook(name))
+
+    async def deliveries(
+        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+    ) -> DeliveryPage:
+        """The webhook's delivery log, newest first."""
+        return await self._send(
+            self._calls.deliveries(name, status=status, limit=limit, offset=offset)
+        )

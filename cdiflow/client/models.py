@@ -21,6 +21,8 @@ from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.schemas import (
     ActiveTaskRunPublic,
     CdiDirectoryPublic,
+    DeliveryPage,
+    DeliveryPublic,
     EventPage,
     EventPublic,
     HandoffPublic,
@@ -30,11 +32,14 @@ from orchestrator.schemas import (
     KeyPublic,
     LivenessPublic,
     ReadinessPublic,
+    SchedulePublic,
     StatsPublic,
     StepSchema,
     TaskPublic,
     TaskRunInWorkflowPublic,
     TaskRunPublic,
+    WebhookCreated,
+    WebhookPublic,
     WorkerPublic,
     WorkflowDefinitionPublic,
     WorkflowDefinitionSave,
@@ -50,6 +55,8 @@ __all__ = [
     "CdiDirectory",
     "Definition",
     "DefinitionVersion",
+    "Delivery",
+    "DeliveryPage",
     "Event",
     "EventPage",
     "Handoff",
@@ -58,12 +65,15 @@ __all__ = [
     "KeyCreated",
     "Liveness",
     "Readiness",
+    "Schedule",
     "Stats",
     "Step",
     "Task",
     "TaskRun",
     "TaskRunInWorkflow",
     "Upload",
+    "Webhook",
+    "WebhookCreated",
     "Worker",
     "Workflow",
     "WorkflowDetail",
@@ -95,6 +105,9 @@ ActiveTaskRun = ActiveTaskRunPublic
 TaskRunInWorkflow = TaskRunInWorkflowPublic
 CdiDirectory = CdiDirectoryPublic
 WorkflowImages = WorkflowImagesPublic
+Schedule = SchedulePublic  # runs of a definition at the ticks of a cron expression
+Webhook = WebhookPublic  # where runs' (and steps') ends are POSTed, signed
+Delivery = DeliveryPublic  # one event sent (or to send) to a webhook
 
 # Fields of a stored definition the API sets itself (its version and times): what is left is
 # what `apply_definition` sends, a field of a newer API included.

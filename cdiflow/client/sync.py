@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -40,16 +40,20 @@ from cdiflow.client.models import (
     CdiDirectory,
     Definition,
     DefinitionVersion,
+    DeliveryPage,
     Event,
     Identity,
     Key,
     KeyCreated,
     Liveness,
     Readiness,
+    Schedule,
     Stats,
     Task,
     TaskRunInWorkflow,
     Upload,
+    Webhook,
+    WebhookCreated,
     Worker,
     Workflow,
     WorkflowDetail,
@@ -112,6 +116,7 @@ class Client:
                 params=call.params,
                 json=call.json,
                 files=call.files,
+                headers=call.headers,
                 timeout=call.timeout,
             )
         except httpx.TransportError as exc:
@@ -129,10 +134,12 @@ class Client:
         retry_backoff_s: float | None = None,
         description: str | None = None,
         create: bool = False,
+        max_concurrency: int | None = None,
     ) -> Task:
         """Register task ``name`` run by ``module`` (``package.module:function``), or replace
         it (with ``create``, ``Conflict`` if it exists). Settings left out come from the
-        function's ``@task`` (else the API's defaults)."""
+        function's ``@task`` (else the API's defaults); ``max_concurrency``: at most this many
+        runs of it at once over every scheduler."""
         call = self._calls.register_task(
             name,
             module,
@@ -141,6 +148,7 @@ class Client:
             retry_backoff_s=retry_backoff_s,
             description=description,
             create=create,
+            max_concurrency=max_concurrency,
         )
         return self._send(call)
 
@@ -159,10 +167,10 @@ class Client:
     def apply_definition(
         self, definition: Mapping[str, Any] | BaseModel, *, create: bool = False
     ) -> Definition:
-        """Save a workflow definition (``{"name", "description", "tasks": [...]}``, or a
-        ``Definition`` read from the API): a new version when it differs from the current one,
-        nothing when it does not. With ``create``, version 1 of a new name only (``Conflict``
-        if it exists)."""
+        """Save a workflow definition (``{"name", "description", "tasks": [...]}``, and the
+        queue settings ``priority`` and ``max_concurrent_runs`` if given, or a ``Definition``
+        read from the API): a new version when it differs from the current one, nothing when it
+        does not. With ``create``, version 1 of a new name only (``Conflict`` if it exists)."""
         return self._send(self._calls.apply_definition(definition, create=create))
 
     def definitions(self) -> list[Definition]:
@@ -182,6 +190,13 @@ class Client:
         """Delete a workflow definition (``Conflict`` while runs of it are pending or running)."""
         self._send(self._calls.delete_definition(name))
 
+    def pause_definition(self, name: str) -> Definition:
+        """Pause a definition's queue: its new runs wait PENDING; RUNNING ones go on."""
+        return self._send(self._calls.pause_definition(name))
+
+    def resume_definition(self, name: str) -> Definition:
+        return self._send(self._calls.pause_definition(name, paused=False))
+
     # -- inputs and runs ---------------------------------------------------------------------
     def upload(
         self, image: bytes | str | os.PathLike[str] | IO[bytes], filename: str | None = None
@@ -199,10 +214,16 @@ class Client:
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
     ) -> Workflow:
         """Start a run of ``workflow`` on ``image``: an ``s3://`` URI, or a local file (path,
         bytes or open file) uploaded first; ``None`` starts a dataless run. ``data`` reaches
-        every task as ``ctx.input``; ``version`` runs that version of the definition."""
+        every task as ``ctx.input``; ``version`` runs that version of the definition;
+        ``priority`` (-100..100, default the definition's) orders it among waiting runs;
+        ``tags`` label it. With ``idempotency_key`` a start sent again (after a timeout, say)
+        answers the run the first one started instead of starting another."""
         uri, local = as_image_source(image)
         if local is not None:
             uri = self.upload(local).uri
@@ -214,6 +235,9 @@ class Client:
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            priority=priority,
+            tags=tags,
+            idempotency_key=idempotency_key,
         )
         return self._send(call)
 
@@ -293,12 +317,23 @@ class Client:
         status: str | None = None,
         workflow: str | None = None,
         policy: str | None = None,
+        tags: Sequence[str] | None = None,
+        input: Mapping[str, Any] | None = None,
+        schedule: str | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> WorkflowPage:
-        """One page of runs, newest first, filtered by status, definition and policy."""
+        """One page of runs, newest first, filtered by status, definition, policy, ``tags``
+        (every one), ``input`` (JSON the run's input contains) and ``schedule``."""
         call = self._calls.list_workflows(
-            status=status, workflow=workflow, policy=policy, limit=limit, offset=offset
+            status=status,
+            workflow=workflow,
+            policy=policy,
+            tags=tags,
+            input=input,
+            schedule=schedule,
+            limit=limit,
+            offset=offset,
         )
         return self._send(call)
 
@@ -339,6 +374,13 @@ class Client:
         call = self._calls.task_runs(finished_after, started_before, after_id=after_id, limit=limit)
         return self._send(call)
 
+    def pause(self, workflow_id: RunId) -> Workflow:
+        """Pause a run: what runs finishes, its next steps wait until ``resume``."""
+        return self._send(self._calls.pause(workflow_id))
+
+    def resume(self, workflow_id: RunId) -> Workflow:
+        return self._send(self._calls.pause(workflow_id, paused=False))
+
     def workers(self) -> list[Worker]:
         return self._send(self._calls.workers())
 
@@ -373,3 +415,91 @@ class Client:
         """Whether every part behind the API answers: ``status`` and each check, also when
         one is down (the API's 503)."""
         return self._send(self._calls.readiness())
+
+    # -- schedules ---------------------------------------------------------------------------
+    def create_schedule(
+        self,
+        name: str,
+        workflow: str,
+        cron: str,
+        *,
+        timezone: str | None = None,
+        catchup: str | None = None,
+        grace_s: float | None = None,
+        input: Mapping[str, Any] | None = None,
+        policy: str | None = None,
+        data_plane: str | None = None,
+        version: int | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
+        """A run of ``workflow`` at each tick of ``cron`` (five fields, six with seconds
+        first, or @daily...) in ``timezone`` (default UTC); ``catchup`` (skip, latest, all)
+        says what becomes of ticks missed by more than ``grace_s``."""
+        call = self._calls.create_schedule(
+            name,
+            workflow,
+            cron,
+            timezone=timezone,
+            catchup=catchup,
+            grace_s=grace_s,
+            input=dict(input) if input is not None else None,
+            policy=policy,
+            data_plane=data_plane,
+            version=version,
+            priority=priority,
+            tags=list(tags) if tags else None,
+            paused=paused,
+        )
+        return self._send(call)
+
+    def schedules(self, workflow: str | None = None) -> list[Schedule]:
+        """Every schedule (of ``workflow``), with its next fire times."""
+        return self._send(self._calls.schedules(workflow))
+
+    def schedule(self, name: str) -> Schedule:
+        return self._send(self._calls.schedule(name))
+
+    def pause_schedule(self, name: str) -> Schedule:
+        return self._send(self._calls.pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> Schedule:
+        """Fire again from the next tick (the paused ones are not caught up)."""
+        return self._send(self._calls.pause_schedule(name, paused=False))
+
+    def delete_schedule(self, name: str) -> None:
+        self._send(self._calls.delete_schedule(name))
+
+    # -- webhooks (admin keys) ---------------------------------------------------------------
+    def create_webhook(
+        self,
+        name: str,
+        url: str,
+        *,
+        events: Sequence[str] | None = None,
+        workflow: str | None = None,
+        secret: str | None = None,
+    ) -> WebhookCreated:
+        """POST ``events`` (default: every end of a run; also ``task.completed``, ...) of
+        every run (of ``workflow``) to ``url``, signed with ``secret`` (default: a new one,
+        in the answer only)."""
+        call = self._calls.create_webhook(
+            name, url, events=events, workflow=workflow, secret=secret
+        )
+        return self._send(call)
+
+    def webhooks(self) -> list[Webhook]:
+        return self._send(self._calls.webhooks())
+
+    def webhook(self, name: str) -> Webhook:
+        return self._send(self._calls.webhook(name))
+
+    def delete_webhook(self, name: str) -> None:
+        self._send(self._calls.delete_webhook(name))
+
+    def deliveries(
+        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+    ) -> DeliveryPage:
+        """The webhook's delivery log, newest first."""
+        return self._send(self._calls.deliveries(name, status=status, limit=limit, offset=offset))

@@ -43,6 +43,12 @@ def tasks_group() -> None:
     help="Seconds before the first retry, doubling [default: @task's, else 0.5].",
 )
 @click.option("--description", default=None)
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="At most this many runs of it at once over every scheduler [default: no limit].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the task as JSON.")
 @api_options
 def register_task(
@@ -52,6 +58,7 @@ def register_task(
     retries: int | None,
     retry_backoff_s: float | None,
     description: str | None,
+    max_concurrency: int | None,
     as_json: bool,
     target: Target,
 ) -> None:
@@ -71,6 +78,7 @@ def register_task(
             retries=retries,
             retry_backoff_s=retry_backoff_s,
             description=description,
+            max_concurrency=max_concurrency,
         )
     if as_json:
         echo_json(task)
@@ -137,7 +145,8 @@ def _load(path: Path) -> list[dict[str, Any]]:
 @api_options
 def apply_definitions(files: tuple[Path, ...], as_json: bool, target: Target) -> None:
     """Save the workflow definitions in FILES (.json, .yaml): each becomes a new version of
-    its name when it differs from the current one; the same content saves nothing."""
+    its name when it differs from the current one; the same content saves nothing. A file
+    may also set its queue's `priority` and `max_concurrent_runs`."""
     definitions = [d for path in files for d in _load(path)]
     saved = []
     with target.client() as api:
@@ -217,6 +226,26 @@ def definition_versions(name: str, as_json: bool, target: Target) -> None:
 def _graph(definition: Definition | DefinitionVersion) -> Graph:
     # The steps as the API sent them, fields and kinds this version does not know included.
     return Graph(as_data(definition.tasks))
+
+
+@definitions_group.command("pause")
+@click.argument("name")
+@api_options
+def pause_definition(name: str, target: Target) -> None:
+    """Pause a definition's queue: its new runs wait PENDING (RUNNING ones go on)."""
+    with target.client() as api:
+        api.pause_definition(name)
+    click.echo(f"the queue of {name} is paused: its new runs wait")
+
+
+@definitions_group.command("resume")
+@click.argument("name")
+@api_options
+def resume_definition(name: str, target: Target) -> None:
+    """Let a definition's waiting runs be claimed again."""
+    with target.client() as api:
+        api.resume_definition(name)
+    click.echo(f"the queue of {name} goes on")
 
 
 @definitions_group.command("delete")

@@ -15,7 +15,7 @@ from cdiflow.commands.progress import follow, outcome
 from orchestrator.contract.vocabulary import CHOSEN_PLANES, Policy, WorkflowStatus
 from orchestrator.schemas import WorkflowInput
 
-__all__ = ["run_command", "workflows_group"]
+__all__ = ["data_option", "run_command", "workflows_group"]
 
 # The words the API takes, from its own vocabulary and schema.
 _POLICIES = click.Choice([policy.value for policy in Policy])
@@ -24,15 +24,16 @@ _STATUSES = click.Choice([status.value for status in WorkflowStatus], case_sensi
 _FORMATS = click.Choice(get_args(WorkflowInput.model_fields["result_format"].annotation))
 
 
-def _data(value: str | None) -> dict[str, Any] | None:
+def data_option(value: str | None, hint: str = "--data") -> dict[str, Any] | None:
+    """A JSON object given on the command line (``None`` when not given)."""
     if value is None:
         return None
     try:
         data = json.loads(value)
     except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from exc
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=hint) from exc
     if not isinstance(data, dict):
-        raise click.BadParameter("expected a JSON object", param_hint="--data")
+        raise click.BadParameter("expected a JSON object", param_hint=hint)
     return data
 
 
@@ -69,6 +70,19 @@ def _data(value: str | None) -> dict[str, Any] | None:
     help="Run this version of the definition [default: the current one].",
 )
 @click.option(
+    "--priority",
+    type=click.IntRange(-100, 100),
+    default=None,
+    help="Among waiting runs, higher goes first [default: the definition's].",
+)
+@click.option("--tag", "tags", multiple=True, help="Label the run (repeatable).")
+@click.option(
+    "--idempotency-key",
+    default=None,
+    metavar="KEY",
+    help="Running this again with the same key and input answers the same run.",
+)
+@click.option(
     "--wait/--no-wait",
     default=False,
     help="Wait for the run to finish, showing each step as it ends.",
@@ -96,6 +110,9 @@ def run_command(
     data_plane: str | None,
     result_format: str | None,
     version: int | None,
+    priority: int | None,
+    tags: tuple[str, ...],
+    idempotency_key: str | None,
     wait: bool,
     out: Path | None,
     timeout: float | None,
@@ -114,11 +131,14 @@ def run_command(
         started = api.start(
             workflow,
             local,
-            data=_data(data),
+            data=data_option(data),
             policy=policy,
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            priority=priority,
+            tags=tags,
+            idempotency_key=idempotency_key,
         )
         if not wait:
             if as_json:
@@ -171,16 +191,35 @@ def workflows_group() -> None:
 @workflows_group.command("list")
 @click.option("--status", type=_STATUSES, default=None)
 @click.option("--workflow", default=None, help="Only runs of this definition.")
+@click.option("--tag", "tags", multiple=True, help="Only runs with this tag (repeatable: all).")
+@click.option("--input", "input_", default=None, metavar="JSON", help="JSON the input contains.")
+@click.option("--schedule", default=None, help="Only runs this schedule made.")
 @click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True)
+@click.option("--offset", type=click.IntRange(min=0), default=0)
 @click.option("--json", "as_json", is_flag=True)
 @api_options
 def list_workflows(
-    status: str | None, workflow: str | None, limit: int, as_json: bool, target: Target
+    status: str | None,
+    workflow: str | None,
+    tags: tuple[str, ...],
+    input_: str | None,
+    schedule: str | None,
+    limit: int,
+    offset: int,
+    as_json: bool,
+    target: Target,
 ) -> None:
-    """Runs, newest first."""
+    """Runs, newest first, e.g. `cdiflow workflows list --tag nightly --input
+    '{"data": {"camera": 3}}'`."""
     with target.client() as api:
         page = api.list_workflows(
-            status=status.upper() if status else None, workflow=workflow, limit=limit
+            status=status.upper() if status else None,
+            workflow=workflow,
+            tags=tags,
+            input=data_option(input_, "--input"),
+            schedule=schedule,
+            limit=limit,
+            offset=offset,
         )
     if as_json:
         echo_json(page)
@@ -242,6 +281,26 @@ def cancel_workflow(workflow_id: str, target: Target) -> None:
     with target.client() as api:
         run = api.cancel(workflow_id)
     click.echo(f"run {run.id} is {run.status}")
+
+
+@workflows_group.command("pause")
+@click.argument("workflow_id")
+@api_options
+def pause_workflow(workflow_id: str, target: Target) -> None:
+    """Pause a run: what runs finishes, its next steps wait."""
+    with target.client() as api:
+        run = api.pause(workflow_id)
+    click.echo(f"run {run.id} ({run.status}) is paused")
+
+
+@workflows_group.command("resume")
+@click.argument("workflow_id")
+@api_options
+def resume_workflow(workflow_id: str, target: Target) -> None:
+    """Let a paused run go on."""
+    with target.client() as api:
+        run = api.resume(workflow_id)
+    click.echo(f"run {run.id} ({run.status}) goes on")
 
 
 @workflows_group.command("retry")

@@ -32,6 +32,7 @@ from orchestrator.contract.vocabulary import (
 
 if TYPE_CHECKING:
     from orchestrator.contract.wakeups import (
+        SCHEDULES,
         announce_finished,
         read_wake,
         wake_scheduler,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHOSEN_PLANES",
+    "SCHEDULES",
     "DataPlane",
     "Instruction",
     "Policy",
@@ -53,7 +55,7 @@ __all__ = [
     "wake_scheduler_async",
 ]
 
-_WAKEUPS: Final = frozenset({"announce_finished", "read_wake", "wake_scheduler",
+_WAKEUPS: Final = frozenset({"SCHEDULES", "announce_finished", "read_wake", "wake_scheduler",
                              "wake_scheduler_async"})  # fmt: skip
 
 

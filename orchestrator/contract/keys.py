@@ -24,6 +24,7 @@ __all__ = [
     "WORKER_FIELDS",
     "WORKER_PREFIX",
     "scheduler_reports_key",
+    "task_leases_key",
     "worker_inflight_key",
     "worker_key",
     "worker_queue_key",
@@ -76,6 +77,13 @@ WORKER_DEAD_AFTER_S: Final = 3 * HEARTBEAT_INTERVAL_S
 def worker_key(worker_id: str) -> str:
     """The heartbeat hash of one worker: ``cdiflow:worker:<id>``."""
     return f"{WORKER_PREFIX}{worker_id}"
+
+
+def task_leases_key(task: str) -> str:
+    """The leases on a task's places under its concurrency limit, ``cdiflow:leases:<task>``: a
+    sorted set of step runs out, each scored with when its lease lapses
+    (``scheduler.limits``)."""
+    return f"cdiflow:leases:{task}"
 
 
 def worker_queue_key(worker_id: str) -> str:

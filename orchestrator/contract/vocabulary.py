@@ -11,7 +11,16 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-__all__ = ["CHOSEN_PLANES", "DataPlane", "Policy", "TaskRunStatus", "WorkflowStatus"]
+__all__ = [
+    "CHOSEN_PLANES",
+    "CatchUp",
+    "DataPlane",
+    "DeliveryStatus",
+    "Policy",
+    "TaskRunStatus",
+    "WebhookEvent",
+    "WorkflowStatus",
+]
 
 
 class WorkflowStatus(enum.StrEnum):
@@ -73,3 +82,34 @@ class DataPlane(enum.StrEnum):
 
 # The planes a client may start a workflow on (the REST API accepts no other).
 CHOSEN_PLANES: Final = (DataPlane.CDI, DataPlane.OBJECT_STORE)
+
+
+class CatchUp(enum.StrEnum):
+    """What a schedule does with ticks it missed (no scheduler ran, or one fell behind):
+    ``SKIP`` runs none later than the schedule's grace, ``LATEST`` one run for the latest of
+    them, ``ALL`` a run for every one (docs/architecture.md, *Schedules*)."""
+
+    SKIP = "skip"
+    LATEST = "latest"
+    ALL = "all"
+
+
+class WebhookEvent(enum.StrEnum):
+    """What a webhook may be told of: a run's end, or a step's (each attempt's) end. The
+    values are the kinds of the run's events they mirror."""
+
+    WORKFLOW_COMPLETED = "workflow.completed"
+    WORKFLOW_FAILED = "workflow.failed"
+    WORKFLOW_CANCELLED = "workflow.cancelled"
+    TASK_COMPLETED = "task.completed"
+    TASK_FAILED = "task.failed"
+    TASK_TIMED_OUT = "task.timed_out"
+
+
+class DeliveryStatus(enum.StrEnum):
+    """Where one webhook delivery stands: PENDING until the receiver answers 2xx
+    (DELIVERED) or its attempts are spent (FAILED)."""
+
+    PENDING = "PENDING"
+    DELIVERED = "DELIVERED"
+    FAILED = "FAILED"

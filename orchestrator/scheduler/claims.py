@@ -57,6 +57,14 @@ class Claims:
         self.dispatch = dispatch
         self.endings = endings
         self.backlog = False  # PENDING workflows may be waiting for room
+        # Some definition has a concurrency limit: claims count (``SchedulerStore.claim``).
+        # Learnt by ``check_limits``; while it is unknown the plain claim leaves limited
+        # definitions' runs alone, so a stale value never lets a limit be passed.
+        self.limits = False
+
+    def check_limits(self) -> None:
+        """Learn again whether any definition has a concurrency limit."""
+        self.limits = self.ctx.db.limits_exist()
 
     def room(self) -> int:
         """How many more workflows this scheduler may run."""
@@ -74,7 +82,7 @@ class Claims:
             self.backlog = True
             return
         want = min(CLAIM_BATCH, room)
-        claims = self.ctx.db.claim(self.ctx.id, want, RECLAIM_AFTER_S)
+        claims = self.ctx.db.claim(self.ctx.id, want, RECLAIM_AFTER_S, limits=self.limits)
         self.backlog = len(claims) == want  # a full batch: more may be waiting
         self._start(claims)
 
@@ -159,6 +167,7 @@ def plan(
             int(spec["retries"]),
             float(spec["retry_backoff_s"]),
             dict(node.params),
+            max_concurrency=int(spec.get("max_concurrency") or 0),
         )
     data = given.get("data")
     run = RunState(
@@ -172,6 +181,8 @@ def plan(
         result_format=_format(given.get("result_format")),
         intermediate_format=_format(given.get("intermediate_format")),
         max_parallel=max_parallel,
+        priority=claimed.priority,
+        paused=claimed.paused,
     )
     # A run that was placed before goes on from its last attempts, under fresh object keys.
     return run.again(claimed.attempts) if claimed.attempts else run

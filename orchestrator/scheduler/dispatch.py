@@ -44,6 +44,7 @@ from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import chain_keeps, instruction_for, work_uri
+from orchestrator.scheduler.limits import TaskLimits
 from orchestrator.scheduler.object_moves import ObjectMover
 from orchestrator.scheduler.placement import (
     Link,
@@ -79,8 +80,13 @@ class Dispatcher:
 
     def __init__(self, ctx: SchedulerContext) -> None:
         self.ctx = ctx
-        # Step runs that wait for a worker (none alive, or none with room), oldest first.
+        # Step runs that wait for a worker (none alive, or none with room) or for a place under
+        # their task's concurrency limit; placed highest priority first, oldest first within
+        # a priority (``_queue``: the order each came in).
         self.waiting: dict[tuple[uuid.UUID, str], Waiting] = {}
+        self._queue: dict[tuple[uuid.UUID, str], int] = {}
+        self._came = 0
+        self.limits = TaskLimits(ctx.redis)
         self.task_s: dict[str, float] = defaultdict(lambda: _FIRST_GUESS_S)  # EWMA per task
         self.made_bytes: dict[str, int] = {}  # EWMA per task of the image it makes
         self._in_flight: dict[str, int] = defaultdict(int)  # instructions out, per worker
@@ -103,16 +109,20 @@ class Dispatcher:
     def place(self, run: RunState, steps: list[StepRun] | None = None) -> list[Placement]:
         """Choose, move and send each of ``steps`` (default: every ready one) while the run's
         parallelism allows; the task runs to record."""
-        if run.cancelled or run.workflow_id not in self.ctx.runs:
+        if run.cancelled or run.paused or run.workflow_id not in self.ctx.runs:
             return []
         now = time.monotonic()
         ready = steps if steps is not None else list(run.steps.values())
         placed = []
+        outranked = self._outranked(run)
         for step in ready:
             if step.phase is not Phase.READY or step.retry_at > now:
                 continue
             if run.busy >= run.max_parallel:
                 break  # the rest go out as these come back
+            if outranked and (run.workflow_id, step.id) not in self.waiting:
+                self._wait(run, step)  # behind runs of a higher priority: in their order
+                continue
             with log_context(workflow_id=str(run.workflow_id), step=step.id):
                 placement = self.choose(run, step)
                 if placement is not None and self.send(run, step, placement):
@@ -128,21 +138,47 @@ class Dispatcher:
         for ident, (run, step) in list(self.waiting.items()):
             since = step.unrunnable_since
             if since and now - since > UNRUNNABLE_AFTER_S and not run.cancelled:
-                self.waiting.pop(ident, None)
+                self._unwait(ident)
                 stuck.append((run, _unrunnable(step.current)))
         return stuck
 
+    def _outranked(self, run: RunState) -> bool:
+        """Whether a step of a run of a higher priority waits: ``run``'s steps then wait too,
+        so that a report's next steps do not overtake it."""
+        return any(other.priority > run.priority for other, _ in self.waiting.values())
+
+    def _wait(self, run: RunState, step: StepRun) -> None:
+        ident = (run.workflow_id, step.id)
+        if ident not in self.waiting:
+            self.waiting[ident] = (run, step)
+            self._came += 1
+            self._queue[ident] = self._came
+
+    def _unwait(self, ident: tuple[uuid.UUID, str]) -> None:
+        self.waiting.pop(ident, None)
+        self._queue.pop(ident, None)
+
+    def _in_order(self) -> list[tuple[tuple[uuid.UUID, str], Waiting]]:
+        """The waiting step runs, highest priority first, then in the order they came."""
+        queue = self._queue
+        return sorted(
+            self.waiting.items(), key=lambda item: (-item[1][0].priority, queue.get(item[0], 0))
+        )
+
     def dispatch_waiting(self) -> None:
-        """Place waiting step runs, oldest first, while workers have room. A sweep tries one
-        per (task, policy, previous worker): the others like it would be refused the same way."""
+        """Place waiting step runs, highest priority first and oldest first within one, while
+        workers have room. A sweep tries one per (task, policy, previous worker): the others
+        like it would be refused the same way."""
         refused: set[tuple[str, str, str | None]] = set()
-        for ident, (run, step) in list(self.waiting.items()):
+        for ident, (run, step) in self._in_order():
             if run.cancelled or self.ctx.runs.get(run.workflow_id) is not run:
-                self.waiting.pop(ident, None)
+                self._unwait(ident)
                 continue
             if step.phase is not Phase.READY:
-                self.waiting.pop(ident, None)
+                self._unwait(ident)
                 continue
+            if run.paused:
+                continue  # stays in line until the run is resumed
             like = (step.current.task, run.policy, step.last_worker)
             if like in refused:
                 continue
@@ -183,9 +219,14 @@ class Dispatcher:
         )
         ident = (run.workflow_id, step.id)
         if worker is None:
-            self.waiting.setdefault(ident, (run, step))
+            self._wait(run, step)
             return None
-        self.waiting.pop(ident, None)
+        lease = self._lease(run, step)
+        if lease is None:
+            self._wait(run, step)  # every place under its task's limit is taken
+            return None
+        self._unwait(ident)
+        step.lease = lease
         self._loads = {w.worker_id: w for w in loads}
         try:
             moves = self.mover.move(run, step, worker)
@@ -194,6 +235,8 @@ class Dispatcher:
             # so): what was not moved is still ours; go elsewhere.
             log.warning("worker %s is gone from the minion; placing %s of %s elsewhere",
                         worker, step.id, run.workflow_id)  # fmt: skip
+            self._give_back(spec, step.lease)
+            step.lease = ""
             step.avoid = step.avoid | {worker}
             step.retry_at = time.monotonic() + _GONE_RETRY_S
             return None
@@ -210,6 +253,28 @@ class Dispatcher:
             tuple(moves),
             data={"reads": {n: d.describe() for n, d in step.reads.items()}},
         )
+
+    def _lease(self, run: RunState, step: StepRun) -> str | None:
+        """A place under the step's task's concurrency limit ("" for a task without one);
+        None while every place is taken."""
+        spec = step.current
+        if spec.max_concurrency <= 0:
+            return ""
+        member = f"{run.workflow_id}/{step.id}/{step.attempt}"
+        return member if self.limits.acquire(spec.task, spec.max_concurrency, member) else None
+
+    def _give_back(self, spec: StepSpec, lease: str) -> None:
+        if lease:
+            self.limits.release(spec.task, lease)
+
+    def leases(self) -> list[tuple[str, str]]:
+        """Every (task, lease) this scheduler holds: its steps out under a limit."""
+        return [
+            (step.in_flight.lease_task, step.in_flight.lease)
+            for run in self.ctx.runs.values()
+            for step in run.out()
+            if step.in_flight is not None and step.in_flight.lease
+        ]
 
     def _where(self, run: RunState, step: StepRun) -> tuple[int, str | None]:
         """The bytes of the objects ``step`` reads, and the worker that has the largest."""
@@ -249,7 +314,10 @@ class Dispatcher:
             worker,
             worker_started=load.started_at if load is not None else 0.0,
             deadline=time.monotonic() + spec.timeout_s + LOST_GRACE_S,
+            lease=step.lease,
+            lease_task=spec.task if step.lease else "",
         )
+        step.lease = ""
         step.phase = Phase.OUT
         run.attempts[step.id] = step.attempt  # a recomputed step's attempts go on from here
         step.last_worker = worker
@@ -338,9 +406,12 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ what comes back
     def returned(self, flight: InFlight) -> None:
-        """A task out at a worker was reported, or given up as lost."""
+        """A task out at a worker was reported, withdrawn, or given up as lost: its worker has
+        room again, and its place under its task's limit is free."""
         self._in_flight[flight.worker] -= 1
         self._reported_at[flight.worker] = time.time()
+        if flight.lease:
+            self.limits.release(flight.lease_task, flight.lease)
 
     def ran(self, task: str, run_s: float, made_bytes: int = 0) -> None:
         """A task of ``task`` took ``run_s`` and made an image of ``made_bytes``: the running

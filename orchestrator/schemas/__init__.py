@@ -49,6 +49,7 @@ from orchestrator.schemas.runs import (
     WorkflowList,
     WorkflowPublic,
 )
+from orchestrator.schemas.schedules import ScheduleCreate, SchedulePublic
 from orchestrator.schemas.stats import (
     LatencyPublic,
     MinutePublic,
@@ -56,6 +57,13 @@ from orchestrator.schemas.stats import (
     TaskTimingPublic,
 )
 from orchestrator.schemas.tasks import TaskCreate, TaskPublic
+from orchestrator.schemas.webhooks import (
+    DeliveryPage,
+    DeliveryPublic,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookPublic,
+)
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -63,6 +71,8 @@ __all__ = [
     "CdiMinionPublic",
     "CdiObjectPublic",
     "CheckPublic",
+    "DeliveryPage",
+    "DeliveryPublic",
     "ErrorPublic",
     "EventPage",
     "EventPublic",
@@ -78,6 +88,8 @@ __all__ = [
     "LivenessPublic",
     "MinutePublic",
     "ReadinessPublic",
+    "ScheduleCreate",
+    "SchedulePublic",
     "StatsPublic",
     "StepSchema",
     "TaskCreate",
@@ -86,6 +98,9 @@ __all__ = [
     "TaskRunPublic",
     "TaskTimingPublic",
     "ValidationErrorPublic",
+    "WebhookCreate",
+    "WebhookCreated",
+    "WebhookPublic",
     "WorkerPublic",
     "WorkflowCreate",
     "WorkflowDefinitionCreate",

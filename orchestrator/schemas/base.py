@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Any, Final, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, StringConstraints
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
@@ -15,11 +15,16 @@ from workflows.names import MODULE_PATH_RE, NAME_RE, name_problem
 
 __all__ = [
     "MAX_DESCRIPTION",
+    "MAX_TAGS",
     "MODULE_RULE",
     "NAME_RULE",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "TAG_PATTERN",
     "OpenEnum",
     "RequestBody",
     "ResponseBody",
+    "Tags",
     "checked_name",
 ]
 
@@ -28,6 +33,15 @@ __all__ = [
 NAME_RULE: Final[dict[str, Any]] = {"pattern": f"^{NAME_RE.pattern}$", "maxLength": 64}
 MODULE_RULE: Final[dict[str, Any]] = {"pattern": f"^{MODULE_PATH_RE.pattern}$"}
 MAX_DESCRIPTION: Final = 2000
+# A run's priority: waiting runs are served highest first.
+PRIORITY_MIN: Final = -100
+PRIORITY_MAX: Final = 100
+# A tag: letters, digits and a few separators ("nightly", "team:vision", "env=prod").
+TAG_PATTERN: Final = r"^[A-Za-z0-9_.:=/+@-]{1,64}$"
+MAX_TAGS: Final = 16
+Tags = Annotated[
+    list[Annotated[str, StringConstraints(pattern=TAG_PATTERN)]], Field(max_length=MAX_TAGS)
+]
 
 
 class RequestBody(BaseModel):

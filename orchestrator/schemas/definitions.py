@@ -10,6 +10,8 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 from orchestrator.schemas.base import (
     MAX_DESCRIPTION,
     NAME_RULE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     RequestBody,
     ResponseBody,
 )
@@ -68,13 +70,39 @@ class StepSchema(RequestBody):
         return {key: value for key, value in data.items() if value is not None}
 
 
-class WorkflowDefinitionCreate(RequestBody):
+class QueueSettings(RequestBody):
+    """How the definition's runs queue: not part of a version (a change saves none)."""
+
+    priority: int = Field(
+        0,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="The priority of its runs when a start names none (waiting runs are "
+        "served highest first).",
+    )
+    max_concurrent_runs: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="At most this many of its runs RUNNING at once, over every scheduler; "
+        "the others wait PENDING. Default: no limit.",
+    )
+
+    def given_settings(self) -> dict[str, Any]:
+        """The settings the body names (a ``PUT`` leaves the others as they are)."""
+        return {k: getattr(self, k) for k in QUEUE_SETTINGS if k in self.model_fields_set}
+
+
+QUEUE_SETTINGS: Final = ("priority", "max_concurrent_runs")
+
+
+class WorkflowDefinitionCreate(QueueSettings):
     name: str = Field(examples=["image_pipeline"], json_schema_extra=NAME_RULE)
     description: str = Field("", max_length=MAX_DESCRIPTION)
     tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
 
 
-class WorkflowDefinitionSave(RequestBody):
+class WorkflowDefinitionSave(QueueSettings):
     """A new version of a workflow definition (``PUT``): the name comes from the path."""
 
     name: str | None = Field(
@@ -91,6 +119,11 @@ class WorkflowDefinitionPublic(ResponseBody):
     tasks: list[StepSchema]
     created_at: datetime
     updated_at: datetime = Field(description="When the current version was saved.")
+    priority: int = 0
+    max_concurrent_runs: int | None = None
+    paused_at: datetime | None = Field(
+        None, description="Since when its new runs wait PENDING (POST .../resume lifts it)."
+    )
 
 
 class WorkflowDefinitionVersionPublic(ResponseBody):

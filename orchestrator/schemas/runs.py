@@ -18,9 +18,12 @@ from orchestrator.contract.vocabulary import (
 from orchestrator.s3policy import check_s3_uri
 from orchestrator.schemas.base import (
     NAME_RULE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     OpenEnum,
     RequestBody,
     ResponseBody,
+    Tags,
     checked_name,
 )
 
@@ -102,6 +105,16 @@ class WorkflowCreate(RequestBody):
         le=2**31 - 1,
         description="A version of the definition to run; default: its current one.",
     )
+    priority: int | None = Field(
+        None,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="Waiting runs are served highest first (first come, first served within "
+        "a priority); default: the definition's.",
+    )
+    tags: Tags = Field(
+        default_factory=list, description="Labels to find the run by (GET ?tag=...)."
+    )
 
     @field_validator("workflow")
     @classmethod
@@ -131,6 +144,15 @@ class WorkflowPublic(ResponseBody):
     claimed_by: str | None
     claimed_at: datetime | None
     started_by: str | None = Field(description="Name of the API key that started the run.")
+    priority: int = 0
+    tags: list[str] = Field(default_factory=list)
+    paused_at: datetime | None = Field(
+        default=None, description="Since when its next steps wait (POST .../resume lifts it)."
+    )
+    schedule_id: uuid.UUID | None = Field(default=None, description="The schedule that started it.")
+    scheduled_for: datetime | None = Field(
+        default=None, description="The schedule's tick it ran for."
+    )
 
     @property
     def finished(self) -> bool:

@@ -31,7 +31,7 @@ class CliRunnerCommand:
 
     def __call__(self, *args: str | Path, code: int = 0) -> Result:
         command, *rest = (str(a) for a in args)
-        groups = {"workflows", "tasks", "definitions"}
+        groups = {"workflows", "tasks", "definitions", "schedules", "webhooks"}
         head = [command, rest.pop(0)] if command in groups and rest else [command]
         result = CliRunner().invoke(main, [*head, *rest, *self.stack_api.cli_args()])
         assert result.exit_code == code, (result.output, result.exception)

@@ -15,9 +15,11 @@ from orchestrator.controller.api.routes import (
     health,
     images,
     keys,
+    schedules,
     stats,
     task_runs,
     tasks,
+    webhooks,
     workers,
     workflow_definitions,
     workflows,
@@ -41,6 +43,8 @@ _keyed(workflows.router)
 _keyed(files.router)
 _keyed(workers.router)
 _keyed(keys.router)
+_keyed(schedules.router)
+_keyed(webhooks.router)
 api_router.include_router(health.router)
 # For the dashboard (dashboards/web): figures, live activity, CDI directory, thumbnails.
 _keyed(stats.router)

@@ -109,6 +109,7 @@ export const api = {
   get: (path) => call("GET", path),
   post: (path, body) => call("POST", path, body),
   put: (path, body) => call("PUT", path, body),
+  del: (path) => call("DELETE", path),
   /** GET with a key that is not (yet) the signed-in one: how the sign-in checks it. */
   getWith: (path, key) => call("GET", path, undefined, key),
 };

@@ -30,7 +30,7 @@ def _definition(body: TaskCreate, request: Request, client: redis.Redis) -> dict
     if problem is not None:
         raise InvalidDefinition([problem], "task definition")
     spec = runnable_settings(body.module, live_catalogs(client))
-    given = body.model_dump(exclude={"description"})
+    given = body.model_dump(exclude={"description", "max_concurrency"})
     return {**given, **{k: spec[k] for k in SETTINGS if given[k] is None}}
 
 
@@ -52,7 +52,10 @@ def create_task(
     Settings left out come from the ``@task``.
     """
     row = repo.create_task_definition(
-        session, _definition(body, request, client), description=body.description
+        session,
+        _definition(body, request, client),
+        description=body.description,
+        max_concurrency=body.max_concurrency,
     )
     session.commit()
     response.headers["Location"] = f"/api/tasks/{row.name}"
@@ -78,7 +81,10 @@ def save_task(
         problem = f"the body names task {body.name!r} but the path {name!r}"
         raise InvalidRequest(problem, [problem])
     row, created = repo.save_task_definition(
-        session, _definition(body, request, client), description=body.description
+        session,
+        _definition(body, request, client),
+        description=body.description,
+        max_concurrency=body.max_concurrency,
     )
     session.commit()
     if created:

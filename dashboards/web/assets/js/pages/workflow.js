@@ -98,7 +98,7 @@ export function mount(root, ctx) {
         "div",
         {},
         h("div", { class: "crumbs" }, h("a", { href: "#/workflows" }, "Workflows"), " / ", mono(shortId(wf.id))),
-        h("div", { class: "title-row" }, h("h1", { tabindex: -1 }, wf.workflow), statusPill(wf.status, { id: "wf-status" })),
+        h("div", { class: "title-row" }, h("h1", { tabindex: -1 }, wf.workflow), statusPill(wf.status, { id: "wf-status" }), wf.paused_at && !FINISHED.has(wf.status) && h("span", { class: "tag tag-warn", id: "wf-paused", title: `Paused since ${dateTime(wf.paused_at)}: its next steps wait` }, "paused")),
       ),
       // Only the action that applies: cancel while the run may still run, retry once it
       // failed or was cancelled; a completed run offers neither. Without the role, the
@@ -107,6 +107,8 @@ export function mount(root, ctx) {
         "div",
         { class: "actions" },
         cancels && h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !operator || busy, title: operator ? "Stop this run" : roleHint, onclick: cancel }, "Cancel run"),
+        cancels && !wf.paused_at && h("button", { type: "button", class: "btn", id: "pause", "data-key": "pause", disabled: !operator || busy, title: operator ? "What runs finishes; the next steps wait" : roleHint, onclick: () => act(`/api/workflows/${id}/pause`, () => toast("Paused", "success")) }, "Pause"),
+        cancels && wf.paused_at && h("button", { type: "button", class: "btn btn-primary", id: "resume", "data-key": "resume", disabled: !operator || busy, title: operator ? "Let the next steps go" : roleHint, onclick: () => act(`/api/workflows/${id}/resume`, () => toast("Resumed", "success")) }, "Resume"),
         retries && h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !operator || busy, title: operator ? "Start a new run with the same input" : roleHint, onclick: retry }, "Retry"),
       ),
     );
@@ -123,6 +125,9 @@ export function mount(root, ctx) {
         ["Waited", duration(between(wf.created_at, wf.started_at || wf.finished_at))],
         ["Ran for", duration(workflowDuration(wf))],
         ["Started by", h("span", { id: "wf-started-by" }, wf.started_by || "—")],
+        ["Priority", String(wf.priority ?? 0)],
+        wf.tags?.length > 0 && ["Tags", h("span", { id: "wf-tags" }, wf.tags.map((t) => h("span", { class: "tag" }, t)))],
+        wf.schedule_id && ["Scheduled for", h("span", { id: "wf-scheduled" }, dateTime(wf.scheduled_for))],
         ["Scheduler", wf.claimed_by || "—"],
         ["Input", mono(wf.input?.image ?? "—", { title: wf.input?.image })],
         wf.retry_of && ["Retry of", h("a", { href: `#/workflows/${wf.retry_of}`, class: "mono" }, shortId(wf.retry_of))],
