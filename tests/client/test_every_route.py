@@ -15,15 +15,19 @@ from cdiflow.client import (
     Client,
     Definition,
     DefinitionVersion,
+    DeliveryPage,
     Identity,
     Key,
     KeyCreated,
     Liveness,
     Readiness,
+    Schedule,
     Stats,
     Task,
     TaskRunInWorkflow,
     Upload,
+    Webhook,
+    WebhookCreated,
     Worker,
     Workflow,
     WorkflowDetail,
@@ -53,7 +57,7 @@ def test_the_client_reads_the_answer_of_every_route(stack_api: StackApi, photo: 
     began = datetime.now(UTC)
     with Client(stack_api.url, api_key=stack_api.key, transport=recording) as api:
         assert isinstance(api.health(), Liveness)
-        assert api.readiness().status == "ok"
+        assert api.readiness().status == "ok", api.readiness()
         assert isinstance(api.readiness(), Readiness)
         assert isinstance(api.whoami(), Identity)
         key = api.create_key(unique("key"), "viewer")
@@ -105,6 +109,26 @@ def test_the_client_reads_the_answer_of_every_route(stack_api: StackApi, photo: 
         retried = api.retry(sleeping.id)
         assert retried.retry_of == sleeping.id
         api.cancel(retried.id)
+        paused = api.start(SLEEPER)
+        assert isinstance(api.pause(paused.id), Workflow)
+        assert api.resume(paused.id).paused_at is None
+        api.cancel(paused.id)
+
+        assert isinstance(api.pause_definition(flow), Definition)
+        assert isinstance(api.resume_definition(flow), Definition)
+        schedule = api.create_schedule(unique("route_schedule"), flow, "0 3 * * *", paused=True)
+        assert isinstance(schedule, Schedule) and schedule.next_fire_times
+        assert schedule.name in {s.name for s in api.schedules()}
+        assert isinstance(api.schedule(schedule.name), Schedule)
+        assert isinstance(api.resume_schedule(schedule.name), Schedule)
+        assert isinstance(api.pause_schedule(schedule.name), Schedule)
+        api.delete_schedule(schedule.name)
+        hook = api.create_webhook(unique("route_hook"), "http://127.0.0.1:9/hook")
+        assert isinstance(hook, WebhookCreated) and hook.secret
+        assert hook.name in {h.name for h in api.webhooks()}
+        assert isinstance(api.webhook(hook.name), Webhook)
+        assert isinstance(api.deliveries(hook.name), DeliveryPage)
+        api.delete_webhook(hook.name)
 
         ran = api.task_runs(began - timedelta(seconds=1), datetime.now(UTC) + timedelta(seconds=1))
         assert {r.workflow_id for r in ran if isinstance(r, TaskRunInWorkflow)} >= {started.id}
