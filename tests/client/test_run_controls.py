@@ -17,11 +17,11 @@ __all__ = ["cdiflow"]  # the fixture of tests.client.test_cli
 def test_an_idempotent_start_with_tags_is_found_again(api: Client) -> None:
     key = str(uuid.uuid4())
     tag = unique("t")
-    first = api.start("image_pipeline", data={"n": 1}, tags=[tag], idempotency_key=key)
-    again = api.start("image_pipeline", data={"n": 1}, tags=[tag], idempotency_key=key)
+    first = api.start(SLEEPER, data={"n": 1}, tags=[tag], idempotency_key=key)
+    again = api.start(SLEEPER, data={"n": 1}, tags=[tag], idempotency_key=key)
     assert again.id == first.id and first.tags == [tag]
     with pytest.raises(InvalidRequest, match="different request body"):
-        api.start("image_pipeline", data={"n": 2}, idempotency_key=key)
+        api.start(SLEEPER, data={"n": 2}, idempotency_key=key)
     found = api.list_workflows(tags=[tag], input={"data": {"n": 1}})
     assert [r.id for r in found.items] == [first.id]
     api.cancel(first.id)
