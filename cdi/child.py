@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 
 from cdi.errors import ConnectionFailed
 
-__all__ = ["ChildProcess"]
+__all__ = ["ChildProcess", "python_module"]
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """The command that runs ``python -m module args`` in this interpreter, safely: ``-P``
+    keeps the working directory off ``sys.path``, so a folder named ``cdi`` (or any other of
+    our packages) where the process was started cannot stand in for ours."""
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 class ChildProcess:

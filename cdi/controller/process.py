@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from cdi.child import ChildProcess
+from cdi.child import ChildProcess, python_module
 from cdi.controller.client import ControllerClient, parse_controller_url
 from cdi.errors import CDIError
 
@@ -17,7 +15,7 @@ class ControllerChild(ChildProcess):
     def __init__(self, url: str, log_path: str) -> None:
         self.url = url
         super().__init__(
-            [sys.executable, "-m", "cdi.controller", "--listen", parse_controller_url(url)],
+            python_module("cdi.controller", "--listen", parse_controller_url(url)),
             log_path,
             self._answers,
             "CDI controller",

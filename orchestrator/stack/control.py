@@ -43,7 +43,9 @@ def launch_supervisor(data_dir: Path, options: Sequence[str], *, detach: bool) -
     ``options`` are the ``supervise`` options (``--workers 2 --port 8001 ...``). Detached, its
     output goes to ``supervisor_log``; otherwise it shares the caller's terminal.
     """
-    argv = [sys.executable, "-m", "orchestrator.stack", "supervise", "--data-dir", str(data_dir)]
+    # -P: not our working directory on sys.path (a folder named `cdi` there is not ours)
+    argv = [sys.executable, "-P", "-m", "orchestrator.stack", "supervise", "--data-dir",
+            str(data_dir)]  # fmt: skip
     argv += options
     if not detach:
         return ChildProcess("stack supervisor", argv).start()
