@@ -67,6 +67,9 @@ class MinionConfig:
     """Object size -> number of segments to allocate at start-up."""
     controller_url: str | None = None
     """``grpc://host:port`` of the CDI controller; ``None`` runs the minion on its own."""
+    controller_token: str | None = field(default=None, repr=False)
+    """This host's token for the controller (``cdi.auth``): it proves the minion speaks for
+    ``host``. Needed with ``controller_url``."""
     rpc_address: str = ""
     """Where other hosts' gateways reach this host's (``host:port``); empty: no transfers
     between hosts. Reported to the controller, whose directory routes transfers by it."""

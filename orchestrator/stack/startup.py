@@ -19,6 +19,7 @@ from typing import Final, Protocol
 
 import redis
 
+from cdi.auth import CONTROLLER_TOKEN_ENV
 from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
 from orchestrator.contract.alive import ALIVE_FILE_ENV
 from orchestrator.contract.keys import worker_key
@@ -98,7 +99,9 @@ class StartUp:
         table.cdi.start()
         env = self.environment()
 
-        table.api = api = self._child("api", "api", env | self.admin_env())
+        # The API alone gets the admin key and the token that reads the CDI directory.
+        reader = {f"{CONTROLLER_TOKEN_ENV}_FILE": str(table.cdi.reader_token_file)}
+        table.api = api = self._child("api", "api", env | self.admin_env() | reader)
         api.start()
         healthz = f"{table.api_url}/api/healthz"
         self._wait(api, lambda: probes.http_ok(healthz), lambda: f"GET {healthz} = 200")

@@ -89,6 +89,7 @@ def fuzz_target(
         "AWS_SECRET_ACCESS_KEY": service_stack.aws_secret_access_key or "",
         "CDIFLOW_DATA_DIR": str(folder), "CDIFLOW_ADMIN_KEY": key,
         "CDI_CONTROLLER_URL": controller.url,
+        "CDI_CONTROLLER_TOKEN_FILE": str(controller.credentials.reader_token_file),
     }  # fmt: skip
     command = [sys.executable, "-m", "orchestrator.controller", "--port", str(port),
                "--log-level", "WARNING"]  # fmt: skip
