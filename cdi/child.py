@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -38,7 +39,9 @@ class ChildProcess:
         return self.process.pid
 
     def start(self, timeout: float = 20.0) -> None:
-        with open(self.log_path, "ab") as log:
+        # 0600: only this user reads what the CDI process logs
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "ab") as log:
             # A session of its own: a terminal's Ctrl-C reaches our parent, which stops us in
             # order, instead of reaching every process at once.
             self.process = subprocess.Popen(
