@@ -68,10 +68,14 @@ class StepSchema(RequestBody):
         return {key: value for key, value in data.items() if value is not None}
 
 
+# Documented in the schema; checked where a definition is, with a message saying more.
+STEPS_RULE: Final[dict[str, Any]] = {"minItems": 1}
+
+
 class WorkflowDefinitionCreate(RequestBody):
     name: str = Field(examples=["image_pipeline"], json_schema_extra=NAME_RULE)
     description: str = Field("", max_length=MAX_DESCRIPTION)
-    tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
+    tasks: list[StepSchema] = Field(max_length=MAX_STEPS, json_schema_extra=STEPS_RULE)
 
 
 class WorkflowDefinitionSave(RequestBody):
@@ -81,7 +85,7 @@ class WorkflowDefinitionSave(RequestBody):
         None, description="Optional; must match the path when given.", json_schema_extra=NAME_RULE
     )
     description: str = Field("", max_length=MAX_DESCRIPTION)
-    tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
+    tasks: list[StepSchema] = Field(max_length=MAX_STEPS, json_schema_extra=STEPS_RULE)
 
 
 class WorkflowDefinitionPublic(ResponseBody):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -19,7 +18,7 @@ from orchestrator.controller.api.deps import (
     run_store,
     utc,
 )
-from orchestrator.controller.api.params import MAX_OFFSET, NameFilter
+from orchestrator.controller.api.params import MAX_OFFSET, DateTimeFilter, NameFilter
 from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.schemas import (
@@ -150,8 +149,8 @@ def list_workflows(
     status: WorkflowStatus | None = None,
     workflow: NameFilter = None,
     policy: Policy | None = None,
-    created_after: Annotated[datetime | None, Query(description="Inclusive.")] = None,
-    created_before: Annotated[datetime | None, Query(description="Exclusive.")] = None,
+    created_after: Annotated[DateTimeFilter, Query(description="Inclusive.")] = None,
+    created_before: Annotated[DateTimeFilter, Query(description="Exclusive.")] = None,
     q: Annotated[
         str | None,
         Query(max_length=36, pattern=r"^[0-9a-fA-F-]*$", description="Leading part of the id."),
