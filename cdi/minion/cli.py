@@ -21,7 +21,7 @@ from cdi.auth import (
 )
 from cdi.errors import ConfigError
 from cdi.minion import native
-from cdi.minion.config import MinionConfig, parse_bytes
+from cdi.minion.config import MinionConfig, check_socket_dir, parse_bytes
 from cdi.minion.names import parse_names
 from cdi.minion.server import Minion
 from cdi.protocol import Isolation
@@ -254,6 +254,7 @@ def minion_command(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         config = _config(**options)
+        check_socket_dir(config.socket_path)
         binary = choose_binary(implementation)
         gateway = _gateway(config, rpc_listen, rpc_advertise, transport, gateway_key_file)
     except ConfigError as exc:
