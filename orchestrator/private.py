@@ -22,20 +22,22 @@ log = logging.getLogger(__name__)
 
 PRIVATE_DIR: Final = 0o700
 PRIVATE_FILE: Final = 0o600
-# Bits nobody but the owner may have (a group may be given search on a folder, nothing more).
-_DIR_FORBIDDEN: Final = 0o067
-_FILE_FORBIDDEN: Final = 0o077
+_FORBIDDEN: Final = 0o077  # bits nobody but the owner may have
 
 
 def private_dir(path: Path) -> Path:
-    """``path`` and its missing parents, made 0700; an existing ``path`` that others (or its
-    group) may read or write is made private, with a warning. Returns ``path``."""
+    """``path`` and its missing parents, made 0700; an existing ``path`` others may enter is
+    made private, with a warning. Only a group given the folder on purpose (not its owner's
+    own: the embedded Postgres' as root, ``ensure_searchable``) keeps its search bit.
+    Returns ``path``."""
     path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & _DIR_FORBIDDEN:
+    st = path.stat()
+    mode = stat.S_IMODE(st.st_mode)
+    allowed = stat.S_IXGRP if st.st_gid != os.getegid() else 0
+    if mode & _FORBIDDEN & ~allowed and st.st_uid == os.geteuid():  # not another's to change
         log.warning("%s could be entered or read by others (mode %o); making it private",
                     path, mode)  # fmt: skip
-        path.chmod(mode & ~_DIR_FORBIDDEN)
+        path.chmod(mode & ~(_FORBIDDEN & ~allowed))
     return path
 
 
@@ -45,8 +47,8 @@ def open_private(path: Path, flags: int) -> int:
     fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        if mode & _FILE_FORBIDDEN:
-            os.fchmod(fd, mode & ~_FILE_FORBIDDEN)
+        if mode & _FORBIDDEN:
+            os.fchmod(fd, mode & ~_FORBIDDEN)
     except BaseException:
         os.close(fd)
         raise

@@ -132,8 +132,7 @@ def _methods_at(request: Request) -> list[str]:
         method
         for method in _METHODS
         if any(
-            route.matches({**request.scope, "method": method})[0] is Match.FULL
-            for route in routes
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
         )
     ]
 
