@@ -51,6 +51,7 @@ COMMANDS: Final = {
 }
 CDI_COMMANDS: Final = {
     "controller": "cdi.controller.cli:controller_command",
+    "credentials": "cdi.auth_cli:credentials_command",
     "minion": "cdi.minion.cli:minion_command",
 }
 

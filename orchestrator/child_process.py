@@ -25,6 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Final
 
+from orchestrator.private import open_private
+
 __all__ = ["ChildProcess", "describe_exit", "free_port", "log_tail", "port_is_free"]
 
 log = logging.getLogger(__name__)
@@ -101,8 +103,9 @@ class ChildProcess:
         if self.log_path is None:
             self._launch(self.stream)
         else:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("ab") as out:
+            self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # 0600: a log may name what its process saw; only the stack's user reads it
+            with os.fdopen(open_private(self.log_path, os.O_WRONLY | os.O_APPEND), "ab") as out:
                 self.log_offset = out.tell()
                 stamp = datetime.now(UTC).isoformat(timespec="seconds")
                 out.write(f"--- {stamp} cdiflow starts: {shlex.join(self.argv)}\n".encode())

@@ -30,6 +30,8 @@ _NOTHING: Final[Mapping[str, Any]] = MappingProxyType({})
 _CONTEXT: ContextVar[Mapping[str, Any]] = ContextVar("cdiflow_log_context", default=_NOTHING)
 # An access log line of the API names a run in its path: /api/workflows/<id>[/...]
 _RUN_IN_PATH: Final = re.compile(r"/api/workflows/([0-9a-f]{8}-[0-9a-f-]{27})")
+# The password of a URL (scheme://user:password@host), whoever's message carries one.
+_URL_PASSWORD: Final = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s/@]+@")
 
 
 @contextmanager
@@ -56,11 +58,28 @@ class _ContextFields(logging.Filter):
         return True
 
 
+class _HidePasswords(logging.Filter):
+    """Replaces the password of any URL in a line (its message and its traceback) by
+    ``***``. The code logs URLs without their passwords already; this is for what it does
+    not write itself: a library's message, an exception's text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "@" in message and _URL_PASSWORD.search(message):
+            record.msg, record.args = _URL_PASSWORD.sub(r"\1***@", message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text and "@" in record.exc_text:
+            record.exc_text = _URL_PASSWORD.sub(r"\1***@", record.exc_text)
+        return True
+
+
 def setup_logging(level: str, log_format: str, *, process: str, text: str) -> None:
     """Log to standard error at ``level``: as ``text`` (a ``logging`` format string) or, for
     ``log_format="json"``, one JSON object a line naming ``process``."""
     handler = logging.StreamHandler()
     handler.addFilter(_ContextFields())
+    handler.addFilter(_HidePasswords())
     if log_format == "json":
         handler.setFormatter(
             JsonFormatter(

@@ -96,10 +96,14 @@ class QueueSettings(RequestBody):
 QUEUE_SETTINGS: Final = ("priority", "max_concurrent_runs")
 
 
+# Documented in the schema; checked where a definition is, with a message saying more.
+STEPS_RULE: Final[dict[str, Any]] = {"minItems": 1}
+
+
 class WorkflowDefinitionCreate(QueueSettings):
     name: str = Field(examples=["image_pipeline"], json_schema_extra=NAME_RULE)
     description: str = Field("", max_length=MAX_DESCRIPTION)
-    tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
+    tasks: list[StepSchema] = Field(max_length=MAX_STEPS, json_schema_extra=STEPS_RULE)
 
 
 class WorkflowDefinitionSave(QueueSettings):
@@ -109,7 +113,7 @@ class WorkflowDefinitionSave(QueueSettings):
         None, description="Optional; must match the path when given.", json_schema_extra=NAME_RULE
     )
     description: str = Field("", max_length=MAX_DESCRIPTION)
-    tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
+    tasks: list[StepSchema] = Field(max_length=MAX_STEPS, json_schema_extra=STEPS_RULE)
 
 
 class WorkflowDefinitionPublic(ResponseBody):

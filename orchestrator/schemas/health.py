@@ -47,6 +47,8 @@ class CheckPublic(ResponseBody):
 
 class ReadinessPublic(ResponseBody):
     status: str = Field(description="'ok' when every part answers, else 'unavailable'.")
-    checks: dict[str, CheckPublic] = Field(
-        description="postgres, redis, minion, scheduler and s3, each with its answer."
+    checks: dict[str, CheckPublic] | None = Field(
+        None,
+        description="postgres, redis, minion, scheduler and s3, each with its answer; only "
+        "for a caller with a key (of any role).",
     )

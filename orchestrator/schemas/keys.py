@@ -22,8 +22,8 @@ __all__ = ["IdentityPublic", "KeyCreate", "KeyCreated", "KeyPublic"]
 class KeyCreate(RequestBody):
     name: str = Field(
         examples=["ci-runner"],
-        description="Letters, digits, '_', '-'; unique.",
-        json_schema_extra=NAME_RULE,
+        description="Letters, digits, '_', '-'; unique; not 'admin' (the configured key's).",
+        json_schema_extra={**NAME_RULE, "not": {"const": ADMIN_KEY_NAME}},
     )
     role: Role = Field(
         Role.VIEWER,

@@ -14,6 +14,7 @@ import psutil
 
 from orchestrator.child_process import ChildProcess, describe_exit, log_tail
 from orchestrator.errors import StackError
+from orchestrator.private import private_dir
 from orchestrator.stack.state import ProcessInfo, StackState, read_state, remove_state
 
 __all__ = [
@@ -43,11 +44,14 @@ def launch_supervisor(data_dir: Path, options: Sequence[str], *, detach: bool) -
     ``options`` are the ``supervise`` options (``--workers 2 --port 8001 ...``). Detached, its
     output goes to ``supervisor_log``; otherwise it shares the caller's terminal.
     """
-    argv = [sys.executable, "-m", "orchestrator.stack", "supervise", "--data-dir", str(data_dir)]
+    # -P: not our working directory on sys.path (a folder named `cdi` there is not ours)
+    argv = [sys.executable, "-P", "-m", "orchestrator.stack", "supervise", "--data-dir",
+            str(data_dir)]  # fmt: skip
     argv += options
     if not detach:
         return ChildProcess("stack supervisor", argv).start()
     log_file = supervisor_log(data_dir)
+    private_dir(log_file.parent)  # made here, by a process whose umask may be lax
     argv += ["--log-file", str(log_file)]
     return ChildProcess("stack supervisor", argv, log_path=log_file).start()
 

@@ -18,6 +18,7 @@ import redis
 
 import cdi
 from orchestrator.errors import ConfigError, OrchestratorError, ServiceError
+from orchestrator.listen import LOOPBACK, BindAddress
 from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
@@ -89,6 +90,16 @@ log = logging.getLogger(__name__)
     help="Serve Prometheus metrics on this port (/metrics); 0: none.",
 )
 @click.option(
+    "--metrics-host",
+    type=BindAddress(),
+    default=LOOPBACK,
+    show_default=True,
+    envvar="CDIFLOW_WORKER_METRICS_HOST",
+    show_envvar=True,
+    help="Address the metrics listen on: this machine only unless another is configured "
+    "(0.0.0.0 for a scraper elsewhere, e.g. in a container); they need no key.",
+)
+@click.option(
     "--cdi-url",
     envvar="CDI_URL",
     show_envvar=True,
@@ -111,6 +122,7 @@ def worker_command(
     hold_mib: int,
     extra_sources: tuple[str, ...],
     metrics_port: int,
+    metrics_host: str,
     cdi_url: str | None,
     log_level: str,
     log_format: str,
@@ -132,6 +144,7 @@ def worker_command(
             cdi_url=cdi_url,
             extra_sources=extra_sources,
             metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
     except (OrchestratorError, cdi.CDIError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -170,6 +183,7 @@ def run_worker(
     settings: Settings | None = None,
     extra_sources: tuple[str, ...] = (),
     metrics_port: int = 0,
+    metrics_host: str = LOOPBACK,
 ) -> int:
     """Connect, run until SIGTERM/SIGINT (or a fatal task), clean up; return the exit code."""
     settings = settings or load_settings()
@@ -210,13 +224,13 @@ def run_worker(
                 worker.metrics = WorkerMetrics(running=worker.running,
                                                held=worker.cdi_plane.held.usage)  # fmt: skip
                 try:
-                    worker.metrics.serve(metrics_port)
+                    worker.metrics.serve(metrics_port, metrics_host)
                 except OSError as exc:
                     raise ConfigError(
-                        f"--metrics-port {metrics_port}: cannot listen there ({exc}); choose "
-                        "another port"
+                        f"--metrics-port {metrics_port} on {metrics_host}: cannot listen there "
+                        f"({exc}); choose another port or address"
                     ) from exc
-                log.info("metrics on :%d/metrics", metrics_port)
+                log.info("metrics on %s:%d/metrics", metrics_host, metrics_port)
             with _stop_on_signals(worker):
                 return worker.run()
         finally:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Annotated, Final
 
 from fastapi import Path, Query
+from pydantic import BeforeValidator
 
 from orchestrator.schemas.base import MAX_TAGS, TAG_PATTERN
 from workflows.names import NAME_RE
@@ -12,6 +15,7 @@ from workflows.names import NAME_RE
 __all__ = [
     "MAX_OFFSET",
     "NAME_PATTERN",
+    "DateTimeFilter",
     "DefinitionName",
     "NameFilter",
     "ResourceName",
@@ -35,6 +39,23 @@ TagFilter = Annotated[
 NameFilter = Annotated[
     str | None, Query(pattern=_NAME, description="Workflow definition name. " + _NAME_HELP)
 ]
+# RFC 3339 (the schema's date-time), the offset optional (then UTC) and ' ' for 'T' allowed:
+# what ISO 8601 writes. Pydantic alone would also take a number as a Unix time ("0.5").
+_DATE_TIME: Final = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}:?\d{2})?"
+)
+
+
+def _iso_date_time(value: object) -> object:
+    if isinstance(value, str) and not _DATE_TIME.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a date and time; write it as ISO 8601 does, e.g. "
+            "2026-01-31T12:00:00Z"
+        )
+    return value
+
+
+DateTimeFilter = Annotated[datetime | None, BeforeValidator(_iso_date_time)]
 # Worker ids are what their operators chose: any printable text the column (128) holds.
 WorkerFilter = Annotated[
     str | None,

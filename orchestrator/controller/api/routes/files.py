@@ -59,7 +59,16 @@ def _safe_name(filename: str | None, fmt: str) -> str:
 
 @router.post("/inputs", status_code=201, responses=error_responses(413, 422, 503))
 def upload_input(
-    file: Annotated[UploadFile, File()], settings: SettingsDep, store: StoreDep, principal: Operator
+    file: Annotated[
+        UploadFile,
+        File(
+            description="An image file (JPEG, PNG, WebP, GIF, BMP or TIFF).",
+            json_schema_extra={"minLength": 1},
+        ),
+    ],
+    settings: SettingsDep,
+    store: StoreDep,
+    principal: Operator,
 ) -> InputPublic:
     """Store an input image in S3; its ``uri`` starts a workflow.
 

@@ -62,7 +62,11 @@ def create_task(
     return TaskPublic.model_validate(row)
 
 
-@router.put("/{name}", responses=error_responses(422))
+@router.put(
+    "/{name}",
+    responses={201: {"model": TaskPublic, "description": "Registered: the name was new."},
+               **error_responses(422)},
+)  # fmt: skip
 def save_task(
     name: TaskName,
     body: TaskCreate,

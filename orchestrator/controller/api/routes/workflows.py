@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from datetime import datetime
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -21,7 +20,13 @@ from orchestrator.controller.api.deps import (
     run_store,
     utc,
 )
-from orchestrator.controller.api.params import MAX_OFFSET, NAME_PATTERN, NameFilter, TagFilter
+from orchestrator.controller.api.params import (
+    MAX_OFFSET,
+    NAME_PATTERN,
+    DateTimeFilter,
+    NameFilter,
+    TagFilter,
+)
 from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.strict_json import StrictJsonRoute
@@ -200,8 +205,8 @@ def list_workflows(
     status: WorkflowStatus | None = None,
     workflow: NameFilter = None,
     policy: Policy | None = None,
-    created_after: Annotated[datetime | None, Query(description="Inclusive.")] = None,
-    created_before: Annotated[datetime | None, Query(description="Exclusive.")] = None,
+    created_after: Annotated[DateTimeFilter, Query(description="Inclusive.")] = None,
+    created_before: Annotated[DateTimeFilter, Query(description="Exclusive.")] = None,
     q: Annotated[
         str | None,
         Query(max_length=36, pattern=r"^[0-9a-fA-F-]*$", description="Leading part of the id."),
