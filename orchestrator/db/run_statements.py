@@ -239,18 +239,26 @@ fprev AS (
     FROM fprev p
     WHERE w.id = p.id AND p.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
     RETURNING w.id, p.status::text AS prev
-), fin_ev AS (
-    INSERT INTO events (workflow_id, kind, data)
-    SELECT id, %(fin_kind)s::text, jsonb_strip_nulls(jsonb_build_object(
-        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text))
-    FROM fin
 )
 """
+# The ending's event: the states and the reason.
+_FINISH_EVENT: Final[LiteralString] = """
+    SELECT id, %(fin_kind)s::text, jsonb_strip_nulls(jsonb_build_object(
+        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text))
+    FROM fin"""
 
-FINISH: Final[LiteralString] = "WITH " + _FINISH_CTES + "SELECT count(*) FROM fin"
+FINISH: Final[LiteralString] = (
+    "WITH "
+    + _FINISH_CTES
+    + ", fin_ev AS (INSERT INTO events (workflow_id, kind, data)"
+    + _FINISH_EVENT
+    + ") SELECT count(*) FROM fin"
+)
 
 # A worker's report on a task run (and the hand-back of its objects), together with the next
-# steps' placements or the end of the workflow.
+# steps' placements or the end of the workflow. Its events go in with one insert, the task's
+# before the workflow's end. *Why one:* the sub-statements of a WITH run in no set order, and
+# two inserts gave the end an id (the order clients read events in) before the task's.
 REPORT: Final[LiteralString] = (
     """
 WITH rep AS (
@@ -271,16 +279,24 @@ WITH rep AS (
                     ELSE coalesce(data, '{}'::jsonb) || %(data)s::jsonb END
     WHERE id = %(task_run_id)s
     RETURNING workflow_id, ref, attempt
-), ev AS (
-    INSERT INTO events (workflow_id, kind, data)
-    SELECT workflow_id, %(kind)s::text, jsonb_build_object(
-        'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text, 'error', %(error_text)s::text)
-    FROM rep
 ),"""
     + _PLACE_CTES
     + ","
     + _FINISH_CTES
-    + "SELECT count(*) FROM fin"  # every data-modifying CTE runs, read or not
+    + """, ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT workflow_id, kind, data FROM (
+        SELECT 1 AS n, workflow_id, %(kind)s::text AS kind, jsonb_build_object(
+            'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text,
+            'error', %(error_text)s::text) AS data
+        FROM rep
+        UNION ALL
+        SELECT 2, e.* FROM ("""
+    + _FINISH_EVENT
+    + """) e
+    ) both_events ORDER BY n
+)
+SELECT count(*) FROM fin"""  # every data-modifying CTE runs, read or not
 )
 
 # A task run whose worker died or went silent, unless its report came first.

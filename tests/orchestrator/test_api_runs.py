@@ -308,6 +308,21 @@ def test_workflow_detail(api_client: TestClient, api_store: SchedulerStore) -> N
     assert api_client.get(f"/api/workflows/{wid}", params={"events": 0}).json()["events"] == []
 
 
+def test_the_last_report_logs_the_tasks_end_before_the_runs(
+    api_client: TestClient, api_store: SchedulerStore
+) -> None:
+    """The report that ends a run writes both events in one statement: a client reading
+    events in id order sees the step end, then the run."""
+    wid = uuid.UUID(_start(api_client, "noop_pipeline")["id"])
+    placed = Placement(api_store.next_task_run_id(), wid, "noop1", "noop", 1, "w1", 999.0)
+    api_store.place([placed])
+    done = Report(placed.task_run_id, str(wid), "w1", TaskRunStatus.COMPLETED, 1000.0, 1000.5)
+    assert api_store.report(done, (), [], Finish(wid, WorkflowStatus.COMPLETED, output={}))
+    events = api_client.get(f"/api/workflows/{wid}/events").json()["events"]
+    kinds = [e["kind"] for e in events]
+    assert kinds == ["workflow.created", "task.completed", "workflow.completed"]
+
+
 def test_task_runs_within_a_window_come_page_by_page(
     api_client: TestClient, api_store: SchedulerStore
 ) -> None:
