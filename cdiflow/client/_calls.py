@@ -4,6 +4,7 @@ with httpx and parse the same way."""
 
 from __future__ import annotations
 
+import math
 import mimetypes
 import os
 import time
@@ -262,9 +263,16 @@ class WaitClock:
     started: float = field(default_factory=time.monotonic)
 
     def next_wait(self) -> float:
+        return min(MAX_WAIT_S, self.left())
+
+    def left(self) -> float:
+        """Seconds until the wait is over (``inf`` without a timeout)."""
         if self.timeout is None:
-            return MAX_WAIT_S
-        return max(0.0, min(MAX_WAIT_S, self.started + self.timeout - time.monotonic()))
+            return math.inf
+        return max(0.0, self.started + self.timeout - time.monotonic())
+
+    def over(self) -> bool:
+        return self.left() <= 0.0
 
     def settle(self, detail: WorkflowDetail, check: bool) -> WorkflowDetail | None:
         """``detail`` once the run has finished (``WorkflowFailed`` if ``check`` and it did not
@@ -273,7 +281,7 @@ class WaitClock:
             if check and detail.status != "COMPLETED":
                 raise WorkflowFailed(detail)
             return detail
-        if self.timeout is not None and time.monotonic() - self.started >= self.timeout:
+        if self.timeout is not None and self.over():
             raise WaitTimeout(self.workflow_id, self.timeout)
         return None
 

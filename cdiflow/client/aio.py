@@ -242,20 +242,26 @@ class AsyncClient:
         return await self.wait(started.id, timeout, check=True)
 
     async def events(
-        self, workflow_id: RunId, *, follow: bool = True, poll_s: float = 0.5
+        self,
+        workflow_id: RunId,
+        *,
+        follow: bool = True,
+        poll_s: float = 0.5,
+        timeout: float | None = None,
     ) -> AsyncIterator[Event]:
         """The run's events, oldest first; with ``follow``, new ones as they happen, until the
-        run has finished."""
+        run has finished or ``timeout`` seconds have passed (the run goes on)."""
         after = 0
+        clock = WaitClock(str(workflow_id), timeout)
         while True:
             page = await self._send(self._calls.events_after(workflow_id, after))
             for event in page.events:
                 yield event
             after = page.events[-1].id if page.events else after
-            if not follow or (page.status in FINISHED and not page.events):
+            if not follow or (page.status in FINISHED and not page.events) or clock.over():
                 return
             if not page.events:
-                await asyncio.sleep(poll_s)
+                await asyncio.sleep(min(poll_s, clock.left()))
 
     async def download_result(
         self, workflow_id: RunId, path: str | os.PathLike[str] | None = None

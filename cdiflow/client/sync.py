@@ -237,19 +237,25 @@ class Client:
         return self.wait(started.id, timeout, check=True)
 
     def events(
-        self, workflow_id: RunId, *, follow: bool = True, poll_s: float = 0.5
+        self,
+        workflow_id: RunId,
+        *,
+        follow: bool = True,
+        poll_s: float = 0.5,
+        timeout: float | None = None,
     ) -> Iterator[Event]:
         """The run's events, oldest first; with ``follow``, new ones as they happen, until the
-        run has finished."""
+        run has finished or ``timeout`` seconds have passed (the run goes on)."""
         after = 0
+        clock = WaitClock(str(workflow_id), timeout)
         while True:
             page = self._send(self._calls.events_after(workflow_id, after))
             yield from page.events
             after = page.events[-1].id if page.events else after
-            if not follow or (page.status in FINISHED and not page.events):
+            if not follow or (page.status in FINISHED and not page.events) or clock.over():
                 return
             if not page.events:
-                time.sleep(poll_s)
+                time.sleep(min(poll_s, clock.left()))
 
     def download_result(
         self, workflow_id: RunId, path: str | os.PathLike[str] | None = None

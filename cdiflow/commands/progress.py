@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from cdiflow.client import Client, Event, WorkflowDetail
+from cdiflow.client import Client, Event, WaitTimeout, WorkflowDetail
 
 __all__ = ["follow", "outcome"]
 
@@ -22,15 +22,20 @@ def follow(api: Client, workflow_id: str, *, timeout: float | None) -> WorkflowD
     client's ``WaitTimeout`` if ``timeout`` passes first)."""
     began = time.monotonic()
     created: datetime | None = None
-    for event in api.events(workflow_id, follow=True):
+    for event in api.events(workflow_id, follow=True, timeout=timeout):
         created = created or event.at  # the first event is the run's creation
         line = describe(event, (event.at - created).total_seconds())
         if line:
             click.echo(line)
-        if timeout is not None and time.monotonic() - began > timeout:
-            break
-    left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
-    return api.wait(workflow_id, left)
+    if timeout is None:
+        return api.wait(workflow_id)
+    left = timeout - (time.monotonic() - began)
+    if left > 0:
+        return api.wait(workflow_id, left)
+    run = api.get(workflow_id)
+    if not run.finished:
+        raise WaitTimeout(workflow_id, timeout)
+    return run
 
 
 def describe(event: Event, since_start_s: float) -> str | None:

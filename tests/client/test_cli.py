@@ -142,3 +142,20 @@ def test_mistakes_get_a_message_and_a_failing_status(
     assert "not a workflow run id" in cdiflow("workflows", "show", "abc", code=1).output
     nobody = str(uuid.uuid4())
     assert "not found" in cdiflow("workflows", "show", nobody, code=1).output
+
+
+def test_run_wait_gives_up_after_its_timeout_while_no_event_comes(
+    cdiflow: CliRunnerCommand, stack_api: StackApi
+) -> None:
+    """`--timeout` ends the wait when it passes, not at the next event: the command gives
+    up while the run's one step still naps, and says the run goes on."""
+    flow = unique("long_nap")
+    nap = {"ref": "nap", "task": "sleep", "params": {"ms": 30_000}}
+    with stack_api.client() as api:
+        api.apply_definition({"name": flow, "tasks": [nap]})
+        gave_up = cdiflow("run", flow, "--wait", "--timeout", "2", code=1)
+        assert "had not finished after 2 s" in gave_up.output, gave_up.output
+        run_id = re.search(f"run ({UUID})", gave_up.output)
+        assert run_id, gave_up.output
+        assert api.get(run_id[1]).status == "RUNNING"  # the wait ended before the nap did
+        api.cancel(run_id[1])
