@@ -78,6 +78,7 @@ from workflows.errors import (
 from workflows.imagebuf import ImageHeader, read_image, write_image
 from workflows.names import MODULE_PATH_RE
 from workflows.sources import BUNDLED, TaskSources
+from workflows.tracebacks import from_callee
 
 __all__ = [
     "Produced",
@@ -366,11 +367,13 @@ def _import(module_name: str, path: str) -> ModuleType:
             raise TaskNotFound(
                 f"no module named {missing!r} for task {path!r}; is it installed or on PYTHONPATH?"
             ) from exc
-        raise TaskLoadError(f"importing {module_name!r} for task {path!r} failed: {exc}") from exc
+        raise TaskLoadError(
+            f"importing {module_name!r} for task {path!r} failed: {exc}"
+        ) from from_callee(exc)
     except Exception as exc:
         raise TaskLoadError(
             f"importing {module_name!r} for task {path!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
+        ) from from_callee(exc)
 
 
 def run_task_with_inputs(
@@ -401,7 +404,7 @@ def run_task_with_inputs(
             f"raised {type(exc).__name__}: {exc}",
             task=ctx.task_name,
             attempt=ctx.attempt,
-        ) from exc
+        ) from from_callee(exc)
     return produced_from(result, ctx.task_name)
 
 

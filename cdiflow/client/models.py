@@ -128,6 +128,7 @@ class TaskRun(_Model):
     bytes_in: int | None = None
     bytes_out: int | None = None
     error: str | None = None
+    traceback: str | None = None  # where the task's code raised
     output: dict[str, Any] | None = None
 
 

@@ -1,5 +1,5 @@
 """The progress display of a run being waited for: a line for each step that ends, from the
-run's events, then the outcome."""
+run's events, then the outcome (with the traceback of the step that ended it, if any)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from cdiflow.client import Client, Event, WaitTimeout, WorkflowDetail
+from cdiflow.client.errors import describe_attempt, failed_task
 
 __all__ = ["follow", "outcome"]
 
@@ -61,6 +62,10 @@ def outcome(run: WorkflowDetail) -> str:
     lines = [f"{run.status}{took}: {run.workflow} v{run.workflow_version}, run {run.id}"]
     if run.error:
         lines.append(f"error: {run.error}")
+    failed = failed_task(run) if run.status != "COMPLETED" else None
+    if failed is not None and failed.traceback:
+        lines.append(f"{describe_attempt(failed)}:")
+        lines.extend(f"  {line}" for line in failed.traceback.rstrip().splitlines())
     shown = {k: v for k, v in (run.output or {}).items() if k != "tasks"}
     if shown:
         lines.append("output: " + ", ".join(f"{k}={v}" for k, v in shown.items()))

@@ -54,11 +54,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 
-__all__ = ["Instruction", "Report"]
+__all__ = ["MAX_TRACEBACK", "Instruction", "Report"]
+
+# The longest traceback a report carries (and a task run keeps): its end, where the exception
+# was raised, is kept when it is longer.
+MAX_TRACEBACK: Final = 16_384
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,9 @@ class Report:
     finished_at: float
     output: dict[str, Any] = field(default_factory=dict)  # the task's JSON output
     error: str = ""  # a reason a person can act on
+    # Where the task was when it failed (its traceback, at most ``MAX_TRACEBACK``
+    # characters); "" when the failure was not the task code's.
+    traceback: str = ""
     retryable: bool = True  # False for failures a retry cannot fix (e.g. not an image)
     key: str = ""  # cdi plane: the object that now holds the image (input or output_key)
     kept: bool = False  # cdi plane: the worker still owns ``key``

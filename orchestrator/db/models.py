@@ -204,6 +204,9 @@ class TaskRun(Base):
     bytes_in: Mapped[int | None] = mapped_column(BigInteger)
     bytes_out: Mapped[int | None] = mapped_column(BigInteger)
     error: Mapped[str | None] = mapped_column(Text)
+    # Where the task's code raised: its traceback, cut to ``contract.messages.MAX_TRACEBACK``
+    # characters (null when the failure was not the task code's).
+    traceback: Mapped[str | None] = mapped_column(Text)
     output: Mapped[dict[str, Any] | None]
     # The named data it read and made: {"reads": {name: datum}, "made": {name: datum}}, each
     # datum {"key", "kind"} (an object), {"value"} or {"items": [...]}; results their "uri".

@@ -275,6 +275,7 @@ WITH rep AS (
         bytes_out = %(bytes_out)s,
         output = %(output)s,
         error = %(error)s,
+        traceback = %(traceback)s,
         data = CASE WHEN %(data)s::jsonb IS NULL THEN data
                     ELSE coalesce(data, '{}'::jsonb) || %(data)s::jsonb END
     WHERE id = %(task_run_id)s
@@ -387,6 +388,7 @@ def report_params(
         "output": Jsonb(report.output) if report.output else None,
         "error": report.error or None,
         "error_text": report.error,
+        "traceback": report.traceback or None,
         "kind": f"task.{report.status.lower()}",
         "data": Jsonb(data) if data else None,
         **placement_params(placements, moved),

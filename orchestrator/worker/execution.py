@@ -11,13 +11,14 @@ import math
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import cdi
-from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.messages import MAX_TRACEBACK, Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.errors import (
     InputMissing,
@@ -41,6 +42,7 @@ from workflows.errors import (
     WorkflowsError,
 )
 from workflows.sources import BUNDLED, TaskSources
+from workflows.tracebacks import task_traceback
 
 __all__ = [
     "EXIT_MINION_LOST",
@@ -84,6 +86,7 @@ class Execution:
     status: TaskRunStatus = TaskRunStatus.COMPLETED
     output: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    traceback: str = ""  # where the task's code failed (``workflows.tracebacks``)
     retryable: bool = True
     key: str = ""
     kept: bool = False
@@ -118,6 +121,7 @@ class Execution:
         self.objects = {}
         self.results = {}
         self.error = _describe(exc)
+        self.traceback = _traceback(exc)
         self.objects_gone = isinstance(exc, ObjectGone)
         if isinstance(exc, WorkerError):
             self.retryable = exc.retryable
@@ -146,6 +150,7 @@ class Execution:
             finished_at=finished_at,
             output=self.output,
             error=self.error,
+            traceback=self.traceback,
             retryable=self.retryable,
             key=self.key,
             kept=self.kept,
@@ -172,6 +177,24 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OrchestratorError | WorkflowsError | cdi.CDIError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+def _traceback(exc: BaseException) -> str:
+    """What a report says of where ``exc`` came from: the task code's traceback, or ours for
+    an error of no documented tree (a bug), cut to its last ``MAX_TRACEBACK`` characters."""
+    text = task_traceback(exc)
+    if not text and not isinstance(exc, OrchestratorError | WorkflowsError | cdi.CDIError):
+        text = "".join(traceback.format_exception(exc))
+    return bounded_traceback(text)
+
+
+def bounded_traceback(text: str) -> str:
+    """``text`` cut to its last ``MAX_TRACEBACK`` characters (the end says what was raised
+    where), with a first line that says so."""
+    if len(text) <= MAX_TRACEBACK:
+        return text
+    cut = len(text) - MAX_TRACEBACK
+    return f"[the first {cut} characters of this traceback are left out]\n{text[cut:]}"
 
 
 def check_common(ins: Instruction) -> None:

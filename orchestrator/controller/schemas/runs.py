@@ -143,6 +143,11 @@ class TaskRunPublic(ResponseBody):
     bytes_in: int | None
     bytes_out: int | None
     error: str | None
+    traceback: str | None = Field(
+        None,
+        description="Where the task's own code raised (its Python traceback, the last 16 KiB); "
+        "null when the failure was not the task code's.",
+    )
     output: dict[str, Any] | None
     data: dict[str, Any] | None = Field(
         None,

@@ -78,7 +78,13 @@ export function mount(root, ctx) {
   function renderAll(wf) {
     ctx.setTitle(`${wf.workflow} ${shortId(wf.id)}`);
     renderHead(wf);
-    render(regions.alert, wf.error ? errorBox(`This run ${wf.status === "CANCELLED" ? "was cancelled" : "failed"}: ${wf.error}`) : null);
+    // The step that ended the run, when its code raised: its traceback, unfolded on demand.
+    const failing = wf.error ? [...wf.task_runs].reverse().find((r) => r.traceback && !["COMPLETED", "SKIPPED"].includes(r.status)) : null;
+    render(
+      regions.alert,
+      wf.error ? errorBox(`This run ${wf.status === "CANCELLED" ? "was cancelled" : "failed"}: ${wf.error}`) : null,
+      failing ? traceback(failing, { id: "wf-traceback", cls: "alert-traceback", title: `Traceback of step ${failing.ref} (attempt ${failing.attempt}${failing.worker_id ? `, on ${failing.worker_id}` : ""})` }) : null,
+    );
     renderMeta(wf);
     renderGraph(wf);
     renderTimeline(wf);
@@ -234,11 +240,21 @@ export function mount(root, ctx) {
           { label: "Run", align: "right", cls: "num nowrap", cell: (r) => duration(r.run_ms ?? (r.started_at ? between(r.started_at, r.finished_at) : null)) },
           { label: "Task CPU", align: "right", cls: "num nowrap", cell: (r) => duration(r.cpu_ms) },
           { label: "In / out", align: "right", cls: "num nowrap", cell: (r) => `${bytes(r.bytes_in)} / ${bytes(r.bytes_out)}` },
-          { label: "Error", cls: "wrap error-text", cell: (r) => r.error || "" },
+          { label: "Error", cls: "wrap error-text", cell: (r) => h("div", {}, r.error || "", r.traceback && traceback(r)) },
         ],
         wf.task_runs,
         { rowAttrs: (r) => ({ "data-run": r.id, "data-ref": r.ref, "data-status": r.status }), caption: "Task runs", cls: "runs" },
       ),
+    );
+  }
+
+  // Where the task's code raised, folded until asked for.
+  function traceback(r, { id = null, cls = "", title = "Traceback" } = {}) {
+    return h(
+      "details",
+      { class: ["traceback", cls], id, "data-traceback": r.id },
+      h("summary", {}, title),
+      h("pre", { class: "traceback-text" }, r.traceback),
     );
   }
 

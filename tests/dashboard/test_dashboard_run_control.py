@@ -1,0 +1,56 @@
+"""The dashboard on runs that did not go well, in a real headless Chromium against a real
+stack: a failed task's traceback under its error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.dashboard.browser import UI, browser, ui
+from tests.dashboard.support import Harness
+
+from playwright.sync_api import Page, expect  # isort: skip
+
+__all__ = ["browser", "ui"]  # the fixtures of tests.dashboard.browser
+
+
+def _start_dataless(harness: Harness, workflow: str) -> str:
+    reply = harness.api.post("/api/workflows", json={"workflow": workflow, "input": {}})
+    assert reply.status_code == 201, reply.text
+    run_id: str = reply.json()["id"]
+    return run_id
+
+
+def _define(harness: Harness, name: str, steps: list[dict[str, Any]], **settings: Any) -> str:
+    harness.register("/api/workflow-definitions", {"name": name, "tasks": steps, **settings})
+    return name
+
+
+def _nap_ended(ui: UI, harness: Harness, name: str, ms: int, status: str, **limits: Any) -> Page:
+    """A run of one nap step of ``ms`` ms, ended ``status``, open in the browser."""
+    nap = {"ref": "nap", "task": "sleep", "params": {"ms": ms}}
+    run_id = _start_dataless(harness, _define(harness, name, [nap], **limits))
+    done = harness.wait(run_id)
+    assert done["status"] == status, done
+    ui.open(f"#/workflows/{run_id}")
+    expect(ui.page.locator("#wf-status")).to_have_attribute("data-status", status)
+    return ui.page
+
+
+def test_a_failed_tasks_traceback_unfolds_under_its_error(ui: UI, harness: Harness) -> None:
+    page = _nap_ended(ui, harness, "ui_bad_nap", -1, "FAILED")  # sleep refuses -1: it raises
+    row = page.locator("table.runs tbody tr[data-ref=nap]")
+    expect(row).to_contain_text("param 'ms' must be a finite number")
+    text = row.locator("details.traceback pre")
+    expect(text).to_be_hidden()  # folded until asked for
+    row.locator("details.traceback summary").click()
+    expect(text).to_be_visible()
+    expect(text).to_contain_text("Traceback (most recent call last):")
+    expect(text).to_contain_text("in sleep")
+    expect(text).to_contain_text("ValueError: param 'ms' must be a finite number >= 0")
+    # The step that ended the run has it under the run's error too, at the top.
+    top = page.locator("#wf-traceback")
+    expect(top.locator("summary")).to_contain_text("Traceback of step nap (attempt 1, on worker-")
+    top.locator("summary").click()
+    expect(top.locator("pre")).to_contain_text("in sleep")
+    ui.shot("workflow-traceback")
+    ui.assert_clean()
