@@ -11,11 +11,11 @@ such an error and must hand the memory on clears the frames first; the text of t
 from __future__ import annotations
 
 import traceback
-from types import TracebackType
+from types import FrameType, TracebackType
 
 from workflows.errors import TaskFailed, TaskLoadError
 
-__all__ = ["clear_frames", "from_callee", "task_traceback"]
+__all__ = ["clear_frames", "from_callee", "stack_of", "task_traceback"]
 
 
 def clear_frames(exc: BaseException) -> None:
@@ -43,3 +43,9 @@ def task_traceback(exc: BaseException) -> str:
     if not isinstance(exc, TaskFailed | TaskLoadError) or exc.__cause__ is None:
         return ""
     return "".join(traceback.format_exception(exc.__cause__))
+
+
+def stack_of(frame: FrameType) -> str:
+    """Where a running thread is (``frame``, from ``sys._current_frames()``), innermost call
+    last, as a traceback prints it."""
+    return "".join(traceback.format_stack(frame))

@@ -168,6 +168,7 @@ class Calls:
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        timeout_s: float | None = None,
     ) -> Call[Workflow]:
         given = _given(
             image=image_uri, data=dict(data) if data else None, result_format=result_format
@@ -175,7 +176,7 @@ class Calls:
         body = {
             "workflow": workflow,
             "input": given,
-            **_given(policy=policy, data_plane=data_plane, version=version),
+            **_given(policy=policy, data_plane=data_plane, version=version, timeout_s=timeout_s),
         }
         return Call("POST", "/api/workflows", _WORKFLOW, json=body)
 

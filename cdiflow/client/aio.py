@@ -184,10 +184,13 @@ class AsyncClient:
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        timeout_s: float | None = None,
     ) -> Workflow:
         """Start a run of ``workflow`` on ``image``: an ``s3://`` URI, or a local file (path,
         bytes or open file) uploaded first; ``None`` starts a dataless run. ``data`` reaches
-        every task as ``ctx.input``; ``version`` runs that version of the definition."""
+        every task as ``ctx.input``; ``version`` runs that version of the definition;
+        ``timeout_s`` is the run's time limit (past it, it ends TIMED_OUT), instead of the
+        definition's."""
         uri, local = as_image_source(image)
         if local is not None:
             uri = (await self.upload(local)).uri
@@ -199,6 +202,7 @@ class AsyncClient:
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            timeout_s=timeout_s,
         )
         return await self._send(call)
 
@@ -228,8 +232,10 @@ class AsyncClient:
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        timeout_s: float | None = None,
     ) -> WorkflowDetail:
-        """``start`` then ``wait(check=True)``: the completed run, or ``WorkflowFailed``."""
+        """``start`` then ``wait(check=True)``: the completed run, or ``WorkflowFailed``.
+        ``timeout`` bounds the wait (the run goes on), ``timeout_s`` the run itself."""
         started = await self.start(
             workflow,
             image,
@@ -238,6 +244,7 @@ class AsyncClient:
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            timeout_s=timeout_s,
         )
         return await self.wait(started.id, timeout, check=True)
 
@@ -293,7 +300,7 @@ class AsyncClient:
         return await self._send(self._calls.cancel(workflow_id))
 
     async def retry(self, workflow_id: RunId) -> Workflow:
-        """A new run with the same input as a FAILED or CANCELLED one."""
+        """A new run with the same input as a FAILED, CANCELLED or TIMED_OUT one."""
         return await self._send(self._calls.retry(workflow_id))
 
     async def workers(self) -> list[Worker]:

@@ -17,8 +17,8 @@
     │   ├── InvalidRequest    400 or 422: content the API does not accept (also ValueError)
     │   └── ServiceUnavailable  503: Postgres, Redis, S3 or the CDI controller is not answering
     ├── WaitTimeout           a wait ended before the run did (also TimeoutError)
-    └── WorkflowFailed        a run that had to complete ended FAILED or CANCELLED; ``workflow``
-                              is its detail, ``traceback`` its failing task's
+    └── WorkflowFailed        a run that had to complete ended FAILED, CANCELLED or TIMED_OUT;
+                              ``workflow`` is its detail, ``traceback`` its failing task's
 
 The messages are the API's own (which say what to change) or say what to check.
 """
@@ -132,9 +132,9 @@ class WaitTimeout(CdiflowError, TimeoutError):
 
 
 class WorkflowFailed(CdiflowError):
-    """A run that had to complete ended FAILED or CANCELLED; ``workflow`` is its detail,
-    ``traceback`` where its failing task's code raised ("" when no task's code did), and the
-    message ends with that traceback."""
+    """A run that had to complete ended FAILED, CANCELLED or TIMED_OUT; ``workflow`` is its
+    detail, ``traceback`` where its failing task's code raised ("" when no task's code did),
+    and the message ends with that traceback."""
 
     def __init__(self, workflow: WorkflowDetail) -> None:
         reason = f": {workflow.error}" if workflow.error else ""

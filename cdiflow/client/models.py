@@ -26,8 +26,8 @@ __all__ = [
     "WorkflowPage",
 ]
 
-Status = Literal["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
-FINISHED: frozenset[str] = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+Status = Literal["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"]
+FINISHED: frozenset[str] = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 
 
 class _Model(BaseModel):
@@ -61,6 +61,7 @@ class Definition(_Model):
     version: int
     description: str = ""
     tasks: list[Step]
+    timeout_s: float | None = None  # a run's time limit
     created_at: datetime
     updated_at: datetime
 
@@ -72,6 +73,7 @@ class DefinitionVersion(_Model):
     version: int
     description: str = ""
     tasks: list[Step]
+    timeout_s: float | None = None
     created_at: datetime
 
 
@@ -103,10 +105,11 @@ class Workflow(_Model):
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    timeout_s: float | None = None  # the run's time limit from its start
 
     @property
     def finished(self) -> bool:
-        """Whether the run has ended (COMPLETED, FAILED or CANCELLED)."""
+        """Whether the run has ended (COMPLETED, FAILED, CANCELLED or TIMED_OUT)."""
         return self.status in FINISHED
 
 
@@ -128,7 +131,7 @@ class TaskRun(_Model):
     bytes_in: int | None = None
     bytes_out: int | None = None
     error: str | None = None
-    traceback: str | None = None  # where the task's code raised
+    traceback: str | None = None  # where the task's code raised, or was stopped
     output: dict[str, Any] | None = None
 
 

@@ -17,7 +17,7 @@ __all__ = ["run_command", "workflows_group"]
 _POLICIES = click.Choice(["affinity", "transfer", "auto"])
 _PLANES = click.Choice(["cdi", "object-store"])
 _STATUSES = click.Choice(
-    ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"], case_sensitive=False
+    ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"], case_sensitive=False
 )
 
 
@@ -83,6 +83,15 @@ def _data(value: str | None) -> dict[str, Any] | None:
     default=None,
     help="Give up waiting after this many seconds (the run goes on).",
 )
+@click.option(
+    "--time-limit",
+    "time_limit",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="The run's own time limit: past it the run ends TIMED_OUT and its running task is "
+    "stopped [default: the definition's timeout_s, if any].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 @api_options
 def run_command(
@@ -96,6 +105,7 @@ def run_command(
     wait: bool,
     out: Path | None,
     timeout: float | None,
+    time_limit: float | None,
     as_json: bool,
     target: Target,
 ) -> None:
@@ -116,6 +126,7 @@ def run_command(
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            timeout_s=time_limit,
         )
         if not wait:
             if as_json:

@@ -92,11 +92,12 @@ class AsyncRunStore:
         workflow_id: uuid.UUID,
         version: int | None = None,
         started_by: str | None = None,
+        timeout_s: float | None = None,
     ) -> _Row | None:
         """Insert a PENDING run (and its event) in one statement and return it; a run with
         this id that exists already is returned as it is; ``None`` if ``definition`` (or that
         ``version`` of it) does not exist. ``started_by``: the name of the API key that
-        asked."""
+        asked; ``timeout_s``: the run's time limit (default: the version's)."""
         params = create_params(
             definition,
             input,
@@ -106,6 +107,7 @@ class AsyncRunStore:
             workflow_id,
             version=version,
             started_by=started_by,
+            timeout_s=timeout_s,
         )
         params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
 

@@ -105,6 +105,8 @@ class WorkflowDefinition(Base):
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
     tasks: Mapped[list[dict[str, Any]]]
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # The current version's run settings (see ``WorkflowDefinitionVersion``).
+    timeout_s: Mapped[float | None] = mapped_column(Double)
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(server_default=_now(), onupdate=_now())
     deleted_at: Mapped[datetime | None]
@@ -128,6 +130,8 @@ class WorkflowDefinitionVersion(Base):
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
     tasks: Mapped[list[dict[str, Any]]]
+    # How long a run may take (a start may set its own); null: no limit.
+    timeout_s: Mapped[float | None] = mapped_column(Double)
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
 
 
@@ -172,6 +176,9 @@ class Workflow(Base):
     claimed_at: Mapped[datetime | None]
     # The name of the API key that started the run (or retried it into being).
     started_by: Mapped[str | None] = mapped_column(String(64))
+    # The longest the run may take from its start, in seconds (the start's, else its
+    # definition version's); past it the run ends TIMED_OUT. Null: no limit.
+    timeout_s: Mapped[float | None] = mapped_column(Double)
 
 
 class TaskRun(Base):
@@ -204,8 +211,8 @@ class TaskRun(Base):
     bytes_in: Mapped[int | None] = mapped_column(BigInteger)
     bytes_out: Mapped[int | None] = mapped_column(BigInteger)
     error: Mapped[str | None] = mapped_column(Text)
-    # Where the task's code raised: its traceback, cut to ``contract.messages.MAX_TRACEBACK``
-    # characters (null when the failure was not the task code's).
+    # Where the task was when it failed or was stopped: its traceback, cut to
+    # ``contract.messages.MAX_TRACEBACK`` characters (null when the failure was not the task's).
     traceback: Mapped[str | None] = mapped_column(Text)
     output: Mapped[dict[str, Any] | None]
     # The named data it read and made: {"reads": {name: datum}, "made": {name: datum}}, each

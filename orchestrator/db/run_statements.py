@@ -60,6 +60,8 @@ class Claimed:
     # The last attempt Postgres has of each step (empty for a run never placed): a run that
     # ran before (resumed, taken over) goes on from there, never repeating an attempt number.
     attempts: dict[str, int] = field(default_factory=dict)
+    timeout_s: float | None = None  # the run's time limit, from ``started_at``
+    started_at: float | None = None  # unix seconds: when it was first claimed
 
 
 @dataclass(frozen=True)
@@ -81,14 +83,15 @@ class Handoff:
 
 @dataclass(frozen=True)
 class Finish:
-    """The end of a workflow: COMPLETED (with its output), FAILED or CANCELLED (with the
-    reason)."""
+    """The end of a workflow: COMPLETED (with its output), FAILED, CANCELLED or TIMED_OUT
+    (with the reason, and the steps under way then)."""
 
     workflow_id: uuid.UUID
     status: WorkflowStatus  # a finished one
     output: dict[str, Any] | None = None
     result_uri: str | None = None
     error: str | None = None
+    steps: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ class Placement:
 # and the last attempt of each step already recorded (one probe of the (workflow_id, ref,
 # attempt) key's index; none for a new run).
 # ``source`` is a CTE of workflow rows (id, definition, definition_version, input, policy,
-# data_plane, created_at).
+# data_plane, created_at, timeout_s, started_at).
 _PLAN_HEAD: Final[LiteralString] = """
 SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
        (SELECT coalesce(jsonb_object_agg(t.name, jsonb_build_object(
@@ -126,7 +129,8 @@ SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
         WHERE t.name IN (SELECT s ->> 'task' FROM jsonb_array_elements(d.tasks) s)),
        (SELECT coalesce(jsonb_object_agg(a.ref, a.n), '{}'::jsonb)
         FROM (SELECT ref, max(attempt) AS n FROM task_runs r WHERE r.workflow_id = c.id
-              GROUP BY ref) a)
+              GROUP BY ref) a),
+       c.timeout_s, extract(epoch FROM c.started_at)::float8
 FROM """
 _PLAN_TAIL: Final[LiteralString] = """ c LEFT JOIN workflow_definition_versions d
     ON d.name = c.definition AND d.version = c.definition_version
@@ -152,7 +156,7 @@ WITH claimable AS (
         started_at = coalesce(w.started_at, now())
     FROM claimable c WHERE w.id = c.id
     RETURNING w.id, w.definition, w.definition_version, w.input, w.policy, w.data_plane,
-              w.created_at
+              w.created_at, w.timeout_s, w.started_at
 ), ev AS (
     INSERT INTO events (workflow_id, kind, data)
     SELECT id, 'workflow.running', '{"from": "PENDING", "to": "RUNNING"}'::jsonb FROM claimed
@@ -168,7 +172,8 @@ WITH claimable AS (
 RESUME: Final[LiteralString] = (
     """
 WITH mine AS (
-    SELECT id, definition, definition_version, input, policy, data_plane, created_at
+    SELECT id, definition, definition_version, input, policy, data_plane, created_at,
+           timeout_s, started_at
     FROM workflows
     WHERE status = 'RUNNING' AND claimed_by = %(me)s AND NOT (id = ANY(%(running)s::uuid[]))
     FOR UPDATE
@@ -237,14 +242,15 @@ fprev AS (
         result_uri = coalesce(%(fin_result_uri)s::text, w.result_uri),
         error = coalesce(%(fin_error)s::text, w.error)
     FROM fprev p
-    WHERE w.id = p.id AND p.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
+    WHERE w.id = p.id AND p.status IN ('PENDING', 'RUNNING')
     RETURNING w.id, p.status::text AS prev
 )
 """
-# The ending's event: the states and the reason.
+# The ending's event: the states, the reason, and the steps under way when it came.
 _FINISH_EVENT: Final[LiteralString] = """
     SELECT id, %(fin_kind)s::text, jsonb_strip_nulls(jsonb_build_object(
-        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text))
+        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text,
+        'steps', %(fin_steps)s::jsonb))
     FROM fin"""
 
 FINISH: Final[LiteralString] = (
@@ -355,6 +361,8 @@ def claimed_from_row(row: tuple[Any, ...]) -> Claimed:
         steps=row[5],
         task_defs=row[6] or {},
         attempts={str(k): int(v) for k, v in (row[7] or {}).items()},
+        timeout_s=row[8],
+        started_at=row[9],
     )
 
 
@@ -407,6 +415,7 @@ def finish_params(finish: Finish | None) -> dict[str, Any]:
         "fin_output": Jsonb(finish.output) if finish and finish.output is not None else None,
         "fin_result_uri": finish.result_uri if finish else None,
         "fin_error": finish.error if finish else None,
+        "fin_steps": Jsonb(list(finish.steps)) if finish and finish.steps else None,
     }
 
 

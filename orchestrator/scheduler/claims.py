@@ -57,6 +57,8 @@ class Claims:
         self.dispatch = dispatch
         self.endings = endings
         self.backlog = False  # PENDING workflows may be waiting for room
+        # The loop's tick comes no later than this (monotonic): a run's deadline.
+        self.wake_at: Callable[[float], None] = lambda moment: None
 
     def room(self) -> int:
         """How many more workflows this scheduler may run."""
@@ -94,6 +96,8 @@ class Claims:
                 self.endings.ended(claimed.id, self.ctx.db.finish(failed))
                 continue
             self.ctx.runs[run.workflow_id] = run
+            if run.deadline is not None:
+                self.wake_at(run.deadline)
             guarded(lambda run=run: self.start(run), self.ctx.faults)  # type: ignore[misc]
 
     def start(self, run: RunState, delay: float = 0.0) -> None:
@@ -172,9 +176,20 @@ def plan(
         result_format=_format(given.get("result_format")),
         intermediate_format=_format(given.get("intermediate_format")),
         max_parallel=max_parallel,
+        timeout_s=claimed.timeout_s,
+        deadline=_deadline(claimed),
     )
     # A run that was placed before goes on from its last attempts, under fresh object keys.
     return run.again(claimed.attempts) if claimed.attempts else run
+
+
+def _deadline(claimed: Claimed) -> float | None:
+    """When (monotonic) a claimed run passes its time limit, counted from its first start (a
+    run resumed after a restart keeps its deadline)."""
+    if claimed.timeout_s is None:
+        return None
+    started = claimed.started_at if claimed.started_at is not None else time.time()
+    return time.monotonic() + started + claimed.timeout_s - time.time()
 
 
 def _format(given: Any) -> str:

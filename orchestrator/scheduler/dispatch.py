@@ -92,6 +92,8 @@ class Dispatcher:
         self.link = Link.from_env()  # what crossing to another host costs; learnt as it goes
         self.mover = ObjectMover(ctx, self.link, self._load_of)
         self.unsent: Unsent | None = None  # set by the loop (redrive)
+        # Workers starting afresh, with the ``started_at`` of the process that is ending.
+        self._restarting: dict[str, float] = {}
 
     # ------------------------------------------------------------------ placing
     def dispatch(self, run: RunState) -> None:
@@ -165,6 +167,7 @@ class Dispatcher:
             step.unrunnable_since = step.unrunnable_since or time.monotonic()
         else:
             step.unrunnable_since = 0.0
+        able = [w for w in able if w.worker_id not in self._restarting]
         nbytes, near = self._where(run, step)
         policy = _policy(run)
         previous = run.home if policy == Policy.AFFINITY else near
@@ -210,6 +213,16 @@ class Dispatcher:
             tuple(moves),
             data={"reads": {n: d.describe() for n, d in step.reads.items()}},
         )
+
+    def restarting(self, worker: str) -> None:
+        """``worker`` ends the process it runs in (a task that would not stop) and starts
+        afresh: place nothing there until its new process beats (a new ``started_at``)."""
+        beat = self._beats.get(worker, {})
+        try:
+            self._restarting[worker] = float(beat.get("started_at", "0"))
+        except ValueError:
+            self._restarting[worker] = 0.0
+        self._beats_read = -math.inf
 
     def _where(self, run: RunState, step: StepRun) -> tuple[int, str | None]:
         """The bytes of the objects ``step`` reads, and the worker that has the largest."""
@@ -354,7 +367,7 @@ class Dispatcher:
     def loads(self) -> list[WorkerLoad]:
         """Live worker loads: the latest heartbeats and this scheduler's in-flight counts."""
         now = time.monotonic()
-        if now - self._beats_read >= BEATS_TTL_S:
+        if now - self._beats_read >= BEATS_TTL_S or self._restarting:
             ids = sorted(str(i) for i in self.ctx.redis.smembers(keys.WORKERS))
             pipe = self.ctx.redis.pipeline(transaction=False)
             for worker_id in ids:
@@ -365,9 +378,16 @@ class Dispatcher:
                 if h
             }
             self._beats_read = now
-        return read_workers(
+        loads = read_workers(
             self._beats, self._in_flight, keys.WORKER_DEAD_AFTER_S, reported_at=self._reported_at
         )
+        if self._restarting:
+            # A worker starting afresh is back once its new process beats, or gone.
+            beating = {w.worker_id: w.started_at for w in loads if w.alive}
+            for worker, old in list(self._restarting.items()):
+                if beating.get(worker, old) != old or worker not in beating:
+                    del self._restarting[worker]
+        return loads
 
 
 def _policy(run: RunState) -> Policy:

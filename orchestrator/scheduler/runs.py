@@ -121,6 +121,8 @@ class RunState:
     # keys never meet objects an earlier drive may have left (in a worker that kept one).
     key_prefix: str = ""
     drives: int = 1  # how many times the run was driven from its input (resumes included)
+    timeout_s: float | None = None  # its time limit (``deadline`` is when it passes)
+    deadline: float | None = None  # monotonic: past it the run ends TIMED_OUT
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -180,6 +182,8 @@ class RunState:
             key_prefix=f"wf-{self.workflow_id}-{secrets.token_hex(3)}",
             drives=self.drives + 1,
             cancelled=self.cancelled,
+            timeout_s=self.timeout_s,
+            deadline=self.deadline,
         )
         for step in fresh.steps.values():
             step.attempt = placed.get(step.id, 0) + 1

@@ -180,3 +180,15 @@ def test_show_prints_the_traceback_of_the_step_that_failed(
         assert "  Traceback (most recent call last):" in shown
         assert re.search(r'  File ".*image_tasks\.py", line \d+, in sleep', shown), shown
         assert "  ValueError: param 'ms' must be a finite number >= 0" in shown
+
+
+def test_run_with_a_time_limit_ends_timed_out_naming_the_step(
+    cdiflow: CliRunnerCommand, stack_api: StackApi
+) -> None:
+    flow = _nap_flow(stack_api, "limited_nap", 30_000)
+    ran = cdiflow("run", flow, "--time-limit", "1", "--wait", code=1)
+    assert re.search(r"TIMED_OUT in \d+\.\d\d s", ran.output), ran.output
+    assert "error: the run passed its time limit of 1 s in step 'nap' (attempt 1, on worker-" in (
+        ran.output
+    )
+    assert re.search(r"nap +TIMED OUT on worker-\d", ran.output), ran.output

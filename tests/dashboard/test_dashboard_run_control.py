@@ -1,5 +1,5 @@
 """The dashboard on runs that did not go well, in a real headless Chromium against a real
-stack: a failed task's traceback under its error."""
+stack: a failed task's traceback under its error, and a run that passed its time limit."""
 
 from __future__ import annotations
 
@@ -53,4 +53,17 @@ def test_a_failed_tasks_traceback_unfolds_under_its_error(ui: UI, harness: Harne
     top.locator("summary").click()
     expect(top.locator("pre")).to_contain_text("in sleep")
     ui.shot("workflow-traceback")
+    ui.assert_clean()
+
+
+def test_a_run_past_its_time_limit_shows_timed_out_with_its_step(ui: UI, harness: Harness) -> None:
+    page = _nap_ended(ui, harness, "ui_limited_nap", 20_000, "TIMED_OUT", timeout_s=1)
+    expect(page.locator("#wf-alert")).to_contain_text(
+        "This run timed out: the run passed its time limit of 1 s in step 'nap'"
+    )
+    expect(page.locator("#wf-timeout")).to_have_text("1.00 s")
+    row = page.locator("table.runs tbody tr[data-ref=nap]")
+    expect(row).to_have_attribute("data-status", "TIMED_OUT")
+    expect(page.locator("#retry")).to_be_visible()
+    ui.shot("workflow-timed-out")
     ui.assert_clean()

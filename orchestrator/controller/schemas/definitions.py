@@ -13,6 +13,7 @@ from orchestrator.controller.schemas.base import (
     RequestBody,
     ResponseBody,
 )
+from workflows.definitions import MAX_RUN_S
 
 __all__ = [
     "MAX_STEPS",
@@ -68,13 +69,23 @@ class StepSchema(RequestBody):
         return {key: value for key, value in data.items() if value is not None}
 
 
-class WorkflowDefinitionCreate(RequestBody):
+_TIMEOUT = (
+    "The longest a run may take from its start, in seconds: past it the run ends TIMED_OUT "
+    "and its running task is stopped. A start may set its own. Default: no limit."
+)
+
+
+class _RunLimits(RequestBody):
+    timeout_s: float | None = Field(None, gt=0, le=MAX_RUN_S, description=_TIMEOUT)
+
+
+class WorkflowDefinitionCreate(_RunLimits):
     name: str = Field(examples=["image_pipeline"], json_schema_extra=NAME_RULE)
     description: str = Field("", max_length=MAX_DESCRIPTION)
     tasks: list[StepSchema] = Field(max_length=MAX_STEPS)
 
 
-class WorkflowDefinitionSave(RequestBody):
+class WorkflowDefinitionSave(_RunLimits):
     """A new version of a workflow definition (``PUT``): the name comes from the path."""
 
     name: str | None = Field(
@@ -89,6 +100,7 @@ class WorkflowDefinitionPublic(ResponseBody):
     version: int = Field(description="The current version; new runs run it.")
     description: str
     tasks: list[StepSchema]
+    timeout_s: float | None = Field(None, description=_TIMEOUT)
     created_at: datetime
     updated_at: datetime = Field(description="When the current version was saved.")
 
@@ -98,6 +110,7 @@ class WorkflowDefinitionVersionPublic(ResponseBody):
     version: int
     description: str
     tasks: list[StepSchema]
+    timeout_s: float | None = Field(None, description=_TIMEOUT)
     created_at: datetime
 
 

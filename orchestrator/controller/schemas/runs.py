@@ -17,6 +17,7 @@ from orchestrator.contract.vocabulary import (
 )
 from orchestrator.controller.schemas.base import NAME_RULE, RequestBody, ResponseBody, checked_name
 from orchestrator.s3policy import check_s3_uri
+from workflows.definitions import MAX_RUN_S
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -96,6 +97,14 @@ class WorkflowCreate(RequestBody):
         le=2**31 - 1,
         description="A version of the definition to run; default: its current one.",
     )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_RUN_S,
+        description="The longest this run may take from its start, in seconds: past it the run "
+        "ends TIMED_OUT and its running task is stopped. Default: the definition's timeout_s "
+        "(none: no limit).",
+    )
 
     @field_validator("workflow")
     @classmethod
@@ -125,6 +134,9 @@ class WorkflowPublic(ResponseBody):
     claimed_by: str | None
     claimed_at: datetime | None
     started_by: str | None = Field(description="Name of the API key that started the run.")
+    timeout_s: float | None = Field(
+        None, description="The run's time limit from its start, in seconds (null: none)."
+    )
 
 
 class TaskRunPublic(ResponseBody):
@@ -145,8 +157,9 @@ class TaskRunPublic(ResponseBody):
     error: str | None
     traceback: str | None = Field(
         None,
-        description="Where the task's own code raised (its Python traceback, the last 16 KiB); "
-        "null when the failure was not the task code's.",
+        description="Where the task's own code raised (its Python traceback, the last 16 KiB), "
+        "or, for a task that was stopped, where it was then; null when the failure was not "
+        "the task code's.",
     )
     output: dict[str, Any] | None
     data: dict[str, Any] | None = Field(

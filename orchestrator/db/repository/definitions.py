@@ -228,8 +228,9 @@ def save_workflow_definition(
     session: Session, data: Mapping[str, Any]
 ) -> tuple[WorkflowDefinition, bool]:
     """Store ``data`` as the definition's new current version, creating the definition when
-    there is none; ``(row, changed)``. Steps and description equal to the current version's
-    store nothing (``changed`` is False), so applying the same file twice is harmless.
+    there is none; ``(row, changed)``. Steps, description and time limit equal to the current
+    version's store nothing (``changed`` is False), so applying the same file twice is
+    harmless.
 
     Runs already started keep the version they were started with. Raises
     ``InvalidDefinition`` as ``create_workflow_definition`` does.
@@ -295,23 +296,23 @@ def _store_version(
 ) -> tuple[WorkflowDefinition, bool]:
     """Make ``parsed`` the current version of ``row`` (locked by the caller; ``None``: a new
     definition, version 1); ``(row, changed)``."""
-    tasks = parsed.to_dict()["tasks"]
+    content = {
+        "description": parsed.description,
+        "tasks": parsed.to_dict()["tasks"],
+        "timeout_s": parsed.timeout_s,
+    }
     if row is None:
-        row = WorkflowDefinition(
-            name=parsed.name, description=parsed.description, tasks=tasks, version=1
-        )
+        row = WorkflowDefinition(name=parsed.name, version=1, **content)
         session.add(row)
-    elif row.deleted_at is None and row.tasks == tasks and row.description == parsed.description:
+    elif row.deleted_at is None and all(getattr(row, k) == v for k, v in content.items()):
         return row, False
     else:
         row.version = max(_version_numbers(session, parsed.name), default=0) + 1
-        row.tasks, row.description, row.deleted_at = tasks, parsed.description, None
+        row.deleted_at = None
+        for key, value in content.items():
+            setattr(row, key, value)
     session.flush()
-    session.add(
-        WorkflowDefinitionVersion(
-            name=row.name, version=row.version, description=row.description, tasks=row.tasks
-        )
-    )
+    session.add(WorkflowDefinitionVersion(name=row.name, version=row.version, **content))
     session.flush()
     session.refresh(row)
     return row, True

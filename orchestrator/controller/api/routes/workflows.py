@@ -115,6 +115,7 @@ async def _create(
         workflow_id=workflow_id,
         version=body.version,
         started_by=started_by,
+        timeout_s=body.timeout_s,
     )
     if row is None:
         resources: Resources = request.app.state.resources
@@ -266,8 +267,8 @@ def retry_workflow(
     response: Response,
     principal: Operator,
 ) -> WorkflowPublic:
-    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise, 422
-    when the input now lies outside the S3 policy."""
+    """Start a new run with the same input as a FAILED, CANCELLED or TIMED_OUT one; 409
+    otherwise, 422 when the input now lies outside the S3 policy."""
     policy: S3Policy = request.app.state.s3_policy
 
     def check(given: dict[str, Any]) -> None:

@@ -78,11 +78,12 @@ export function mount(root, ctx) {
   function renderAll(wf) {
     ctx.setTitle(`${wf.workflow} ${shortId(wf.id)}`);
     renderHead(wf);
+    const ended = { CANCELLED: "was cancelled", TIMED_OUT: "timed out" }[wf.status] || "failed";
     // The step that ended the run, when its code raised: its traceback, unfolded on demand.
     const failing = wf.error ? [...wf.task_runs].reverse().find((r) => r.traceback && !["COMPLETED", "SKIPPED"].includes(r.status)) : null;
     render(
       regions.alert,
-      wf.error ? errorBox(`This run ${wf.status === "CANCELLED" ? "was cancelled" : "failed"}: ${wf.error}`) : null,
+      wf.error ? errorBox(`This run ${ended}: ${wf.error}`) : null,
       failing ? traceback(failing, { id: "wf-traceback", cls: "alert-traceback", title: `Traceback of step ${failing.ref} (attempt ${failing.attempt}${failing.worker_id ? `, on ${failing.worker_id}` : ""})` }) : null,
     );
     renderMeta(wf);
@@ -97,7 +98,7 @@ export function mount(root, ctx) {
     const operator = allowed("operator");
     const roleHint = "Needs an API key with the role operator or higher";
     const cancels = wf.status === "PENDING" || wf.status === "RUNNING";
-    const retries = wf.status === "FAILED" || wf.status === "CANCELLED";
+    const retries = ["FAILED", "CANCELLED", "TIMED_OUT"].includes(wf.status);
     render(
       regions.head,
       h(
@@ -128,6 +129,7 @@ export function mount(root, ctx) {
         ["Created", dateTime(wf.created_at)],
         ["Waited", duration(between(wf.created_at, wf.started_at || wf.finished_at))],
         ["Ran for", duration(workflowDuration(wf))],
+        wf.timeout_s && ["Time limit", h("span", { id: "wf-timeout" }, duration(wf.timeout_s * 1000))],
         ["Started by", h("span", { id: "wf-started-by" }, wf.started_by || "—")],
         ["Scheduler", wf.claimed_by || "—"],
         ["Input", mono(wf.input?.image ?? "—", { title: wf.input?.image })],
@@ -248,7 +250,7 @@ export function mount(root, ctx) {
     );
   }
 
-  // Where the task's code raised, folded until asked for.
+  // Where the task's code raised (or was when it was stopped), folded until asked for.
   function traceback(r, { id = null, cls = "", title = "Traceback" } = {}) {
     return h(
       "details",
