@@ -12,9 +12,11 @@ A workflow definition (also the REST API's request body)::
 lists refs that must finish first and the optional ``params`` object reaches the task as
 ``ctx.params``. Steps may also fork and join, read named data (``inputs``), run once per
 element of a list (``for_each``), choose a branch (``switch``) or run another definition
-(``workflow``): ``workflows.steps`` says how. The optional ``timeout_s`` is the longest a run
-may take from its start (it then ends TIMED_OUT, its running task stopped; a start may set its
-own). A task definition::
+(``workflow``): ``workflows.steps`` says how. Two optional settings bound a run in time:
+``timeout_s``, the longest a run may take from its start (it then ends TIMED_OUT, its running
+task stopped; a start may set its own), and ``worker_wait_s``, the longest a step may wait for
+a live worker able to run it (none alive, or none loaded its task's module; the run then fails
+saying so). A task definition::
 
     {"name": "deblur", "module": "workflows.image_tasks:deblur",
      "timeout_s": 30, "retries": 2, "retry_backoff_s": 0.5}
@@ -57,10 +59,10 @@ __all__ = [
 MAX_TIMEOUT_S: Final = 24 * 3600.0
 MAX_RETRIES: Final = 10
 MAX_BACKOFF_S: Final = 3600.0
-MAX_RUN_S: Final = 7 * 24 * 3600.0  # a run's time limit
+MAX_RUN_S: Final = 7 * 24 * 3600.0  # a run's time limit, and a step's wait for a worker
 
-_WORKFLOW_KEYS: Final = frozenset({"name", "description", "tasks", "timeout_s"})
-_RUN_LIMITS: Final = ("timeout_s",)
+_WORKFLOW_KEYS: Final = frozenset({"name", "description", "tasks", "timeout_s", "worker_wait_s"})
+_RUN_LIMITS: Final = ("timeout_s", "worker_wait_s")
 _TASK_KEYS: Final = frozenset({"name", "module", "timeout_s", "retries", "retry_backoff_s"})
 
 
@@ -141,6 +143,7 @@ class WorkflowDefinition:
     description: str
     tasks: tuple[Step, ...]
     timeout_s: float | None = None  # a run's time limit (None: none)
+    worker_wait_s: float | None = None  # a step's wait for a worker able to run it
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -62,6 +62,7 @@ class Definition(_Model):
     description: str = ""
     tasks: list[Step]
     timeout_s: float | None = None  # a run's time limit
+    worker_wait_s: float | None = None  # a step's longest wait for a worker able to run it
     created_at: datetime
     updated_at: datetime
 
@@ -74,6 +75,7 @@ class DefinitionVersion(_Model):
     description: str = ""
     tasks: list[Step]
     timeout_s: float | None = None
+    worker_wait_s: float | None = None
     created_at: datetime
 
 
@@ -106,6 +108,7 @@ class Workflow(_Model):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     timeout_s: float | None = None  # the run's time limit from its start
+    status_detail: str | None = None  # what it waits for, while it cannot go on by itself
 
     @property
     def finished(self) -> bool:

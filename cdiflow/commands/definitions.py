@@ -188,7 +188,7 @@ def show_definition(name: str, version: int | None, target: Target) -> None:
     """A workflow definition as JSON (what `definitions apply` takes)."""
     with target.client() as api:
         found = api.definition_version(name, version) if version else api.definition(name)
-    shown = {"name", "version", "description", "tasks", "timeout_s"}
+    shown = {"name", "version", "description", "tasks", "timeout_s", "worker_wait_s"}
     echo_json(found.model_dump(mode="json", include=shown, exclude_none=True))
 
 

@@ -51,6 +51,10 @@ def describe(event: Event, since_start_s: float) -> str | None:
                f"{data.get('worker') or '-'}{attempt}{error}"  # fmt: skip
     if event.kind == "workflow.running":
         return f"  {at}  claimed by a scheduler"
+    if event.kind == "task.waiting":
+        return f"  {at}  {data.get('reason') or 'waiting for a worker'}"
+    if event.kind == "task.unblocked":
+        return f"  {at}  {data.get('ref', '?'):<16} a worker can take it now"
     return None
 
 
@@ -60,6 +64,8 @@ def outcome(run: WorkflowDetail) -> str:
     if run.finished_at is not None:
         took = f" in {(run.finished_at - run.created_at).total_seconds():.2f} s"
     lines = [f"{run.status}{took}: {run.workflow} v{run.workflow_version}, run {run.id}"]
+    if run.status_detail:
+        lines.append(f"now {run.status_detail}")
     if run.error:
         lines.append(f"error: {run.error}")
     failed = failed_task(run) if run.status != "COMPLETED" else None

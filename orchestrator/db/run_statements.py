@@ -35,6 +35,7 @@ __all__ = [
     "RESERVE_IDS",
     "RESUME",
     "UNQUEUE",
+    "WAITING",
     "Claimed",
     "Finish",
     "Handoff",
@@ -62,6 +63,7 @@ class Claimed:
     attempts: dict[str, int] = field(default_factory=dict)
     timeout_s: float | None = None  # the run's time limit, from ``started_at``
     started_at: float | None = None  # unix seconds: when it was first claimed
+    worker_wait_s: float | None = None  # its version's limit on a step's wait for a worker
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
        (SELECT coalesce(jsonb_object_agg(a.ref, a.n), '{}'::jsonb)
         FROM (SELECT ref, max(attempt) AS n FROM task_runs r WHERE r.workflow_id = c.id
               GROUP BY ref) a),
-       c.timeout_s, extract(epoch FROM c.started_at)::float8
+       c.timeout_s, extract(epoch FROM c.started_at)::float8, d.worker_wait_s
 FROM """
 _PLAN_TAIL: Final[LiteralString] = """ c LEFT JOIN workflow_definition_versions d
     ON d.name = c.definition AND d.version = c.definition_version
@@ -230,14 +232,15 @@ nxt AS (
 PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES + "SELECT count(*) FROM nxt"
 
 # The end of a workflow, unless it has ended already (a user cancelled it meanwhile, or the
-# scheduler ended it before the cancel): then nothing changes and no row is counted.
+# scheduler ended it before the cancel): then nothing changes and no row is counted. What it
+# waited for no longer applies.
 _FINISH_CTES: Final[LiteralString] = """
 fprev AS (
     SELECT id, status FROM workflows WHERE id = %(fin_id)s::uuid AND %(finish)s::bool
     FOR UPDATE
 ), fin AS (
     UPDATE workflows w
-    SET status = %(fin_status)s::workflow_status, finished_at = now(),
+    SET status = %(fin_status)s::workflow_status, finished_at = now(), status_detail = NULL,
         output = coalesce(%(fin_output)s::jsonb, w.output),
         result_uri = coalesce(%(fin_result_uri)s::text, w.result_uri),
         error = coalesce(%(fin_error)s::text, w.error)
@@ -344,6 +347,17 @@ STATUSES: Final[LiteralString] = (
     "SELECT id, status::text FROM workflows WHERE id = ANY(%(ids)s::uuid[])"
 )
 
+# What a run waits for, for a person to read (``status_detail``; null once it waits no more),
+# and the event that says so; a run that has ended keeps no detail.
+WAITING: Final[LiteralString] = """
+WITH w AS (
+    UPDATE workflows SET status_detail = %(detail)s::text
+    WHERE id = %(id)s AND status = 'RUNNING'
+    RETURNING id
+)
+INSERT INTO events (workflow_id, kind, data) SELECT id, %(kind)s::text, %(data)s::jsonb FROM w
+"""
+
 # A cancelled run's task runs that no worker took.
 UNQUEUE: Final[LiteralString] = (
     "UPDATE task_runs SET status = 'CANCELLED' WHERE workflow_id = %(id)s AND status = 'QUEUED'"
@@ -363,6 +377,7 @@ def claimed_from_row(row: tuple[Any, ...]) -> Claimed:
         attempts={str(k): int(v) for k, v in (row[7] or {}).items()},
         timeout_s=row[8],
         started_at=row[9],
+        worker_wait_s=row[10],
     )
 
 

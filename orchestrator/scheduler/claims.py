@@ -178,6 +178,7 @@ def plan(
         max_parallel=max_parallel,
         timeout_s=claimed.timeout_s,
         deadline=_deadline(claimed),
+        worker_wait_s=claimed.worker_wait_s,
     )
     # A run that was placed before goes on from its last attempts, under fresh object keys.
     return run.again(claimed.attempts) if claimed.attempts else run

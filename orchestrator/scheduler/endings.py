@@ -86,6 +86,7 @@ class Endings:
             where = " in " + ", ".join(_attempt(s) for s in running)
         elif waiting:
             where = " while " + ", ".join(f"step {s.id!r}" for s in waiting) + " waited"
+            where += f" ({waiting[0].waiting_for})" if waiting[0].waiting_for else ""
         else:
             where = ""
         reason = f"the run passed {limit}{where}"

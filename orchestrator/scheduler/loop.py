@@ -177,6 +177,8 @@ class Scheduler:
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + TICK_S
             self._tick()
+        if self.dispatch.waits_to_note:
+            guarded(self.dispatch.note_waits, self.ctx.faults)
 
     def _on_wake(self, value: str) -> None:
         wake = read_wake(value)

@@ -82,7 +82,11 @@ class StepRun:
     retry_at: float = 0.0  # monotonic: when a failed attempt goes out again
     avoid: frozenset[str] = frozenset()  # workers that lost it
     last_worker: str | None = None
-    unrunnable_since: float = 0.0  # monotonic: since when no live worker can run it
+    # Monotonic: since when workers live but none loaded its task's module; and since when
+    # no live worker can run it at all (none alive, or none loaded the module).
+    unrunnable_since: float = 0.0
+    waiting_since: float = 0.0
+    waiting_for: str = ""  # what it waits for, as the run's status detail says it
     reads: dict[str, Datum] = field(default_factory=dict)  # its inputs, once resolved
     modes: dict[str, Mode] = field(default_factory=dict)  # how it reads each object, once placed
 
@@ -123,6 +127,7 @@ class RunState:
     drives: int = 1  # how many times the run was driven from its input (resumes included)
     timeout_s: float | None = None  # its time limit (``deadline`` is when it passes)
     deadline: float | None = None  # monotonic: past it the run ends TIMED_OUT
+    worker_wait_s: float | None = None  # how long a step may wait for a worker able to run it
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -184,6 +189,7 @@ class RunState:
             cancelled=self.cancelled,
             timeout_s=self.timeout_s,
             deadline=self.deadline,
+            worker_wait_s=self.worker_wait_s,
         )
         for step in fresh.steps.values():
             step.attempt = placed.get(step.id, 0) + 1

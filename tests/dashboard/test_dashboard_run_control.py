@@ -1,12 +1,13 @@
 """The dashboard on runs that did not go well, in a real headless Chromium against a real
-stack: a failed task's traceback under its error, and a run that passed its time limit."""
+stack: a failed task's traceback under its error, a run that passed its time limit, and a run
+that waits for a worker (with the readiness panel saying none is alive)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tests.dashboard.browser import UI, browser, ui
-from tests.dashboard.support import Harness
+from tests.dashboard.support import Harness, sample, wait_for
 
 from playwright.sync_api import Page, expect  # isort: skip
 
@@ -66,4 +67,31 @@ def test_a_run_past_its_time_limit_shows_timed_out_with_its_step(ui: UI, harness
     expect(row).to_have_attribute("data-status", "TIMED_OUT")
     expect(page.locator("#retry")).to_be_visible()
     ui.shot("workflow-timed-out")
+    ui.assert_clean()
+
+
+def test_a_run_no_worker_can_take_says_what_it_waits_for(ui: UI, harness: Harness) -> None:
+    """Both workers killed (the stack restarts them after 30 s): the run shows what it waits
+    for and the readiness panel names the workers; once they are back it goes on."""
+    ui.allow("503")  # the browser logs the API's 503 while no worker lives
+    page = ui.page
+    image = harness.upload("ui/waiting.jpg", sample("night.jpg"))
+    for worker in harness.stack.worker_ids:
+        harness.stack.kill_worker(worker)
+    wait_for(lambda: harness.api.get("/api/readyz").status_code == 503, "no live worker", 20)
+    run_id = harness.start("image_pipeline", image)
+    ui.open(f"#/workflows/{run_id}")
+    waiting = page.locator("#wf-waiting")
+    expect(waiting).to_contain_text(
+        "waiting for a worker that loads 'workflows.image_tasks' to run step 'deblur': no "
+        "worker is alive",
+        timeout=20_000,
+    )
+    expect(page.locator("#ready-text")).to_contain_text("Workers", timeout=20_000)
+    ui.shot("workflow-waiting")
+    done = harness.wait(run_id, timeout=120)  # the workers come back
+    assert done["status"] == "COMPLETED", done["error"]
+    expect(page.locator("#wf-status")).to_have_attribute("data-status", "COMPLETED")
+    expect(waiting).to_have_count(0)
+    expect(page.locator("#ready")).to_have_attribute("data-state", "ready", timeout=30_000)
     ui.assert_clean()

@@ -2,6 +2,8 @@
 and minion, API, scheduler) started with no worker, as ``cdiflow up --workers 0``, and a worker
 this module starts and stops itself.
 
+* With no worker, a run says what it waits for and ``/api/readyz`` is not ready; a worker
+  that comes makes it go on.
 * A cancelled or timed-out run's running task is stopped on its worker, whether it stops when
   asked (the bundled ``sleep`` waits on ``ctx.cancelled``) or not (a ``time.sleep``: the
   worker ends its process and its keeper starts a fresh one); its statuses say CANCELLED or
@@ -121,6 +123,38 @@ def _at(stamp: str) -> float:
 def _objects_of(harness: Harness, run_id: str) -> list[str]:
     with cdi.Client(harness.stack.minion_socket) as probe:
         return [o["key"] for o in probe.list_objects() if run_id in o["key"]]
+
+
+def test_a_run_with_no_worker_says_so_until_one_comes(harness: Harness) -> None:
+    ready = harness.api.get("/api/readyz")
+    assert ready.status_code == 503
+    workers = ready.json()["checks"]["workers"]
+    assert not workers["ok"] and workers["detail"].startswith("no live worker"), workers
+    image = harness.upload("in/control.jpg", bundled_samples()["sunset.jpg"].read_bytes())
+    run_id = harness.start(image)
+
+    def waiting() -> dict[str, Any] | None:
+        run = harness.get(run_id)
+        return run if run["status_detail"] else None
+
+    run = wait_for(waiting, "the run to say what it waits for", timeout=30)
+    assert run["status"] == "RUNNING"
+    assert run["status_detail"].startswith(
+        "waiting for a worker that loads 'workflows.image_tasks' to run step 'deblur': no "
+        "worker is alive"
+    ), run["status_detail"]
+    assert "task.waiting" in [e["kind"] for e in run["events"]]
+
+    started = Worker(harness.stack, harness.stack.logs_dir / "late-worker.log")
+    try:
+        done = harness.wait(run_id)
+        assert done["status"] == "COMPLETED", done["error"]
+        assert done["status_detail"] is None
+        kinds = [e["kind"] for e in done["events"]]
+        assert kinds.index("task.waiting") < kinds.index("task.unblocked"), kinds
+        wait_for(lambda: harness.api.get("/api/readyz").status_code == 200, "readyz ready")
+    finally:
+        started.stop()
 
 
 def test_events_come_in_order(harness: Harness, worker: Worker) -> None:

@@ -4,6 +4,9 @@ Postgres and Redis and a worker's heartbeat written by the test:
 * a time limit, the definition's or the start's: past it the run ends TIMED_OUT naming the
   step it was in, and the worker running that step is told to stop it;
 * a cancelled run's running task is stopped on its worker;
+* a run whose next step no live worker can run says so (its status detail and events), and
+  ``/api/readyz`` says there is no live worker; a definition's ``worker_wait_s`` bounds that
+  wait;
 * a worker that starts afresh to stop a task gets nothing more until its new process beats.
 """
 
@@ -86,9 +89,9 @@ def _report(scheduler: Scheduler, ins: Instruction, status: TaskRunStatus, **fie
 def test_a_run_gets_its_definitions_time_limit_unless_its_start_sets_one(
     api_client: TestClient,
 ) -> None:
-    flow = _define(api_client, [{"ref": "a", "task": "noop"}], timeout_s=30)
+    flow = _define(api_client, [{"ref": "a", "task": "noop"}], timeout_s=30, worker_wait_s=5)
     shown = api_client.get(f"/api/workflow-definitions/{flow}").json()
-    assert shown["timeout_s"] == 30
+    assert (shown["timeout_s"], shown["worker_wait_s"]) == (30, 5)
     assert _start(api_client, flow)["timeout_s"] == 30
     assert _start(api_client, flow, timeout_s=2.5)["timeout_s"] == 2.5
     plain = _define(api_client, [{"ref": "a", "task": "noop"}])
@@ -96,7 +99,7 @@ def test_a_run_gets_its_definitions_time_limit_unless_its_start_sets_one(
     # A new version with other limits is a new version; the same limits save nothing.
     steps = {"tasks": [{"ref": "a", "task": "noop"}]}
     path = f"/api/workflow-definitions/{flow}"
-    again = api_client.put(path, json={**steps, "timeout_s": 30})
+    again = api_client.put(path, json={**steps, "timeout_s": 30, "worker_wait_s": 5})
     assert again.json()["version"] == 1
     longer = api_client.put(path, json={**steps, "timeout_s": 60})
     assert (longer.json()["version"], longer.json()["timeout_s"]) == (2, 60)
@@ -106,7 +109,7 @@ def test_a_run_gets_its_definitions_time_limit_unless_its_start_sets_one(
         refused = api_client.post("/api/workflows", json={"workflow": flow, "input": {},
                                                           "timeout_s": bad})  # fmt: skip
         assert refused.status_code == 422, refused.text
-        refused = api_client.put(path, json={**steps, "timeout_s": bad})
+        refused = api_client.put(path, json={**steps, "worker_wait_s": bad})
         assert refused.status_code == 422, refused.text
     for run in api_client.get("/api/workflows", params={"status": "PENDING"}).json()["items"]:
         api_client.post(f"/api/workflows/{run['id']}/cancel")  # no scheduler is to take them
@@ -157,6 +160,67 @@ def test_a_cancelled_runs_running_task_is_stopped_on_its_worker(
     runs = _detail(api_client, run_id)["task_runs"]
     assert [(r["status"], r["error"]) for r in runs] == [("CANCELLED", stop.reason)]
     assert uuid.UUID(run_id) not in scheduler.runs
+
+
+# --- waiting for a worker ------------------------------------------------------------------
+
+
+def test_a_run_no_live_worker_can_take_says_what_it_waits_for_until_one_comes(
+    scheduler: Scheduler, api_client: TestClient, api_redis: redis.Redis
+) -> None:
+    for key in (keys.WORKERS, keys.worker_key(WORKER), keys.worker_queue_key(WORKER)):
+        api_redis.delete(key)
+    ready = api_client.get("/api/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["checks"]["workers"] == {
+        "ok": False,
+        "detail": "no live worker: none sent a heartbeat in the last 6 s; runs wait until one "
+        "does: start workers (cdiflow up --workers N, or cdiflow worker)",
+    }
+    flow = _define(api_client, [{"ref": "first", "task": "noop"}])
+    run_id = _start(api_client, flow)["id"]
+    scheduler.claims.claim()
+    scheduler.step()
+    waiting = _detail(api_client, run_id)
+    expected = (
+        "waiting for a worker that loads 'workflows.image_tasks' to run step 'first': no "
+        "worker is alive; start one (cdiflow up --workers N, or cdiflow worker)"
+    )
+    assert (waiting["status"], waiting["status_detail"]) == ("RUNNING", expected)
+    [event] = [e for e in waiting["events"] if e["kind"] == "task.waiting"]
+    assert event["data"] == {"ref": "first", "task": "noop", "module": "workflows.image_tasks",
+                             "reason": expected}  # fmt: skip
+
+    beat(api_redis, started_at=1000.0)  # a worker comes
+    time.sleep(0.6)  # heartbeats are re-read at most twice a second
+    scheduler.step()
+    [placed] = _queued(api_redis, run_id)
+    going = _detail(api_client, run_id)
+    assert going["status_detail"] is None
+    assert [e["kind"] for e in going["events"]][-2:] == ["task.waiting", "task.unblocked"]
+    checks = api_client.get("/api/readyz").json()["checks"]
+    assert checks["workers"] == {"ok": True, "detail": f"ok (1 live: {WORKER})"}
+    _report(scheduler, placed, TaskRunStatus.COMPLETED)
+
+
+def test_a_definitions_worker_wait_bounds_how_long_a_step_waits_for_a_worker(
+    scheduler: Scheduler, api_client: TestClient, api_redis: redis.Redis
+) -> None:
+    for key in (keys.WORKERS, keys.worker_key(WORKER)):
+        api_redis.delete(key)
+    flow = _define(api_client, [{"ref": "first", "task": "noop"}], worker_wait_s=0.5)
+    run_id = _start(api_client, flow)["id"]
+    scheduler.claims.claim()
+    while _detail(api_client, run_id)["status"] == "RUNNING":
+        scheduler.step()
+    done = _detail(api_client, run_id)
+    assert done["status"] == "FAILED"
+    assert done["error"] == (
+        "step 'first' waited longer than the definition's worker_wait_s (0.5 s) for a worker "
+        "able to run it: waiting for a worker that loads 'workflows.image_tasks' to run step "
+        "'first': no worker is alive; start one (cdiflow up --workers N, or cdiflow worker)"
+    )
+    assert done["status_detail"] is None
 
 
 def test_a_worker_starting_afresh_gets_nothing_until_its_new_process_beats(

@@ -73,10 +73,16 @@ _TIMEOUT = (
     "The longest a run may take from its start, in seconds: past it the run ends TIMED_OUT "
     "and its running task is stopped. A start may set its own. Default: no limit."
 )
+_WORKER_WAIT = (
+    "The longest a step may wait for a live worker able to run it (none alive, or none "
+    "loaded its task's module), in seconds: the run then fails saying so. Default: wait while "
+    "no worker lives; 30 s once workers live but none loaded the module."
+)
 
 
 class _RunLimits(RequestBody):
     timeout_s: float | None = Field(None, gt=0, le=MAX_RUN_S, description=_TIMEOUT)
+    worker_wait_s: float | None = Field(None, gt=0, le=MAX_RUN_S, description=_WORKER_WAIT)
 
 
 class WorkflowDefinitionCreate(_RunLimits):
@@ -101,6 +107,7 @@ class WorkflowDefinitionPublic(ResponseBody):
     description: str
     tasks: list[StepSchema]
     timeout_s: float | None = Field(None, description=_TIMEOUT)
+    worker_wait_s: float | None = Field(None, description=_WORKER_WAIT)
     created_at: datetime
     updated_at: datetime = Field(description="When the current version was saved.")
 
@@ -111,6 +118,7 @@ class WorkflowDefinitionVersionPublic(ResponseBody):
     description: str
     tasks: list[StepSchema]
     timeout_s: float | None = Field(None, description=_TIMEOUT)
+    worker_wait_s: float | None = Field(None, description=_WORKER_WAIT)
     created_at: datetime
 
 

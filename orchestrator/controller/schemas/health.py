@@ -46,5 +46,5 @@ class CheckPublic(BaseModel):
 class ReadinessPublic(BaseModel):
     status: str = Field(description="'ok' when every part answers, else 'unavailable'.")
     checks: dict[str, CheckPublic] = Field(
-        description="postgres, redis, minion, scheduler and s3, each with its answer."
+        description="postgres, redis, minion, scheduler, workers and s3, each with its answer."
     )

@@ -137,6 +137,11 @@ class WorkflowPublic(ResponseBody):
     timeout_s: float | None = Field(
         None, description="The run's time limit from its start, in seconds (null: none)."
     )
+    status_detail: str | None = Field(
+        None,
+        description="What the run waits for while it cannot go on by itself, e.g. for a "
+        "worker that loads its next step's task; null otherwise.",
+    )
 
 
 class TaskRunPublic(ResponseBody):

@@ -228,7 +228,7 @@ def save_workflow_definition(
     session: Session, data: Mapping[str, Any]
 ) -> tuple[WorkflowDefinition, bool]:
     """Store ``data`` as the definition's new current version, creating the definition when
-    there is none; ``(row, changed)``. Steps, description and time limit equal to the current
+    there is none; ``(row, changed)``. Steps, description and run limits equal to the current
     version's store nothing (``changed`` is False), so applying the same file twice is
     harmless.
 
@@ -300,6 +300,7 @@ def _store_version(
         "description": parsed.description,
         "tasks": parsed.to_dict()["tasks"],
         "timeout_s": parsed.timeout_s,
+        "worker_wait_s": parsed.worker_wait_s,
     }
     if row is None:
         row = WorkflowDefinition(name=parsed.name, version=1, **content)

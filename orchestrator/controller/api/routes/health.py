@@ -25,8 +25,8 @@ def healthz() -> LivenessPublic:
 
 @router.get("/readyz", responses={503: {"model": ReadinessPublic}})
 def readyz(request: Request, client: RedisDep, response: Response) -> ReadinessPublic:
-    """200 when Postgres, Redis, the CDI minion, a scheduler and S3 all answer; 503 naming
-    each one that does not (every check has a deadline of a few seconds)."""
+    """200 when Postgres, Redis, the CDI minion, a scheduler, a worker and S3 all answer; 503
+    naming each one that does not, and why (every check has a deadline of a few seconds)."""
     resources: Resources = request.app.state.resources
     checks = check_all(resources.engine, client, request.app.state.settings)
     ready = all(check.ok for check in checks.values())

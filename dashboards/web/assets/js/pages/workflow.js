@@ -85,6 +85,8 @@ export function mount(root, ctx) {
       regions.alert,
       wf.error ? errorBox(`This run ${ended}: ${wf.error}`) : null,
       failing ? traceback(failing, { id: "wf-traceback", cls: "alert-traceback", title: `Traceback of step ${failing.ref} (attempt ${failing.attempt}${failing.worker_id ? `, on ${failing.worker_id}` : ""})` }) : null,
+      // What the run waits for while it cannot go on by itself (e.g. no worker has its task).
+      wf.status_detail ? h("div", { class: "alert alert-info", role: "status", id: "wf-waiting" }, "This run is ", wf.status_detail) : null,
     );
     renderMeta(wf);
     renderGraph(wf);
