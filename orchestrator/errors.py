@@ -31,7 +31,11 @@ what failed, why, and what to change (an environment variable, a log file to rea
     └── WorkerError       a worker could not run an instruction; carries ``retryable``
         ├── InvalidInstruction  an instruction that is malformed or inconsistent
         │                       (also ValueError)
-        ├── TaskTimedOut        a task ran past its ``timeout_s``  (also TimeoutError)
+        ├── TaskStopped         a task the worker stopped before it ended: its run was
+        │   │                   cancelled, failed or passed its time limit; carries the
+        │   │                   ``status`` to report, ``where`` it was and whether it was
+        │   │                   ``stuck`` (it would not stop: the worker's process ends)
+        │   └── TaskTimedOut    a task ran past its ``timeout_s``  (also TimeoutError)
         ├── HeldImageLost       the image an earlier task left in the worker is gone
         └── ObjectGone          a CDI object the instruction named does not exist (its
                                 minion restarted empty): the run goes again from its input
@@ -44,6 +48,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+
+from orchestrator.contract.vocabulary import TaskRunStatus
 
 __all__ = [
     "BadHost",
@@ -67,6 +73,7 @@ __all__ = [
     "StackError",
     "StackRunning",
     "StorageError",
+    "TaskStopped",
     "TaskTimedOut",
     "Unauthenticated",
     "WorkerError",
@@ -264,15 +271,41 @@ class InvalidInstruction(WorkerError, ValueError):
         super().__init__(message, retryable=False)
 
 
-class TaskTimedOut(WorkerError, TimeoutError):
-    """A task function ran past its ``timeout_s``; its thread cannot be stopped."""
+class TaskStopped(WorkerError):
+    """A task the worker stopped before it ended (``orchestrator.worker.stopping``): its run
+    was cancelled, failed or passed its time limit. ``status`` is what its report says
+    (CANCELLED or TIMED_OUT), ``where`` where the task was (a traceback, or ""), ``stuck``
+    that it did not end when asked, so the worker must end the process it runs in."""
+
+    code = "task_stopped"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: TaskRunStatus,
+        where: str = "",
+        stuck: bool = False,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message, retryable=retryable)
+        self.status = status
+        self.where = where
+        self.stuck = stuck
+
+
+class TaskTimedOut(TaskStopped, TimeoutError):
+    """A task function ran past its ``timeout_s`` and was stopped."""
 
     code = "task_timed_out"
 
-    def __init__(self, task: str, timeout_s: float) -> None:
+    def __init__(self, task: str, timeout_s: float, *, where: str = "", stuck: bool = False):
         super().__init__(
             f"task {task!r} did not finish within its timeout of {timeout_s:g} s; raise "
             "timeout_s in the task definition if it is genuinely that slow",
+            status=TaskRunStatus.TIMED_OUT,
+            where=where,
+            stuck=stuck,
             retryable=True,
         )
         self.task = task

@@ -5,6 +5,7 @@ with httpx and parse the same way."""
 from __future__ import annotations
 
 import json
+import math
 import mimetypes
 import os
 import time
@@ -193,6 +194,7 @@ class Calls:
         priority: int | None = None,
         tags: Sequence[str] | None = None,
         idempotency_key: str | None = None,
+        timeout_s: float | None = None,
     ) -> Call[Workflow]:
         given = _given(
             image=image_uri, data=dict(data) if data else None, result_format=result_format
@@ -200,7 +202,13 @@ class Calls:
         body = {
             "workflow": workflow,
             "input": given,
-            **_given(policy=policy, data_plane=data_plane, version=version, priority=priority),
+            **_given(
+                policy=policy,
+                data_plane=data_plane,
+                version=version,
+                priority=priority,
+                timeout_s=timeout_s,
+            ),
             **({"tags": list(tags)} if tags else {}),
         }
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
@@ -418,9 +426,16 @@ class WaitClock:
     started: float = field(default_factory=time.monotonic)
 
     def next_wait(self) -> float:
+        return min(MAX_WAIT_S, self.left())
+
+    def left(self) -> float:
+        """Seconds until the wait is over (``inf`` without a timeout)."""
         if self.timeout is None:
-            return MAX_WAIT_S
-        return max(0.0, min(MAX_WAIT_S, self.started + self.timeout - time.monotonic()))
+            return math.inf
+        return max(0.0, self.started + self.timeout - time.monotonic())
+
+    def over(self) -> bool:
+        return self.left() <= 0.0
 
     def settle(self, detail: WorkflowDetail, check: bool) -> WorkflowDetail | None:
         """``detail`` once the run has finished (``WorkflowFailed`` if ``check`` and it did not
@@ -429,7 +444,7 @@ class WaitClock:
             if check and detail.status != WorkflowStatus.COMPLETED:
                 raise WorkflowFailed(detail)
             return detail
-        if self.timeout is not None and time.monotonic() - self.started >= self.timeout:
+        if self.timeout is not None and self.over():
             raise WaitTimeout(self.workflow_id, self.timeout)
         return None
 

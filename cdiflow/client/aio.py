@@ -222,13 +222,15 @@ class AsyncClient:
         priority: int | None = None,
         tags: Sequence[str] | None = None,
         idempotency_key: str | None = None,
+        timeout_s: float | None = None,
     ) -> Workflow:
         """Start a run of ``workflow`` on ``image``: an ``s3://`` URI, or a local file (path,
         bytes or open file) uploaded first; ``None`` starts a dataless run. ``data`` reaches
         every task as ``ctx.input``; ``version`` runs that version of the definition;
         ``priority`` (-100..100, default the definition's) orders it among waiting runs;
         ``tags`` label it. With ``idempotency_key`` a start sent again (after a timeout, say)
-        answers the run the first one started instead of starting another."""
+        answers the run the first one started instead of starting another. ``timeout_s`` is
+        the run's time limit (past it, it ends TIMED_OUT), instead of the definition's."""
         uri, local = as_image_source(image)
         if local is not None:
             uri = (await self.upload(local)).uri
@@ -243,6 +245,7 @@ class AsyncClient:
             priority=priority,
             tags=tags,
             idempotency_key=idempotency_key,
+            timeout_s=timeout_s,
         )
         return await self._send(call)
 
@@ -272,8 +275,10 @@ class AsyncClient:
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        timeout_s: float | None = None,
     ) -> WorkflowDetail:
-        """``start`` then ``wait(check=True)``: the completed run, or ``WorkflowFailed``."""
+        """``start`` then ``wait(check=True)``: the completed run, or ``WorkflowFailed``.
+        ``timeout`` bounds the wait (the run goes on), ``timeout_s`` the run itself."""
         started = await self.start(
             workflow,
             image,
@@ -282,21 +287,28 @@ class AsyncClient:
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            timeout_s=timeout_s,
         )
         return await self.wait(started.id, timeout, check=True)
 
     async def events(
-        self, workflow_id: RunId, *, follow: bool = True, poll_s: float = 0.5
+        self,
+        workflow_id: RunId,
+        *,
+        follow: bool = True,
+        poll_s: float = 0.5,
+        timeout: float | None = None,
     ) -> AsyncIterator[Event]:
         """The run's events, oldest first; with ``follow``, new ones as they happen, until the
-        run has finished."""
+        run has finished or ``timeout`` seconds have passed (the run goes on)."""
         after = 0
+        clock = WaitClock(str(workflow_id), timeout)
         while True:
             page = await self._send(self._calls.events_after(workflow_id, after))
             for event in page.events:
                 yield event
             after = page.events[-1].id if page.events else after
-            if not follow:
+            if not follow or clock.over():
                 return
             if not page.events:
                 ended = has_ended(page.status)
@@ -305,7 +317,7 @@ class AsyncClient:
                     ended = detail.finished
                 if ended:
                     return
-                await asyncio.sleep(poll_s)
+                await asyncio.sleep(min(poll_s, clock.left()))
 
     async def download_result(
         self, workflow_id: RunId, path: str | os.PathLike[str] | None = None
@@ -348,7 +360,7 @@ class AsyncClient:
         return await self._send(self._calls.cancel(workflow_id))
 
     async def retry(self, workflow_id: RunId) -> Workflow:
-        """A new run with the same input as a FAILED or CANCELLED one."""
+        """A new run with the same input as a FAILED, CANCELLED or TIMED_OUT one."""
         return await self._send(self._calls.retry(workflow_id))
 
     async def images(self, workflow_id: RunId) -> WorkflowImages:

@@ -100,6 +100,15 @@ def data_option(value: str | None, hint: str = "--data") -> dict[str, Any] | Non
     default=None,
     help="Give up waiting after this many seconds (the run goes on).",
 )
+@click.option(
+    "--time-limit",
+    "time_limit",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="The run's own time limit: past it the run ends TIMED_OUT and its running task is "
+    "stopped [default: the definition's timeout_s, if any].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 @api_options
 def run_command(
@@ -116,6 +125,7 @@ def run_command(
     wait: bool,
     out: Path | None,
     timeout: float | None,
+    time_limit: float | None,
     as_json: bool,
     target: Target,
 ) -> None:
@@ -139,6 +149,7 @@ def run_command(
             priority=priority,
             tags=tags,
             idempotency_key=idempotency_key,
+            timeout_s=time_limit,
         )
         if not wait:
             if as_json:

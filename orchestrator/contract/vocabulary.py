@@ -25,13 +25,15 @@ __all__ = [
 
 class WorkflowStatus(enum.StrEnum):
     """Where a workflow run stands: PENDING until a scheduler claims it, then RUNNING, then
-    one of the three finished states, which never change again."""
+    one of the finished states, which never change again: COMPLETED, FAILED, CANCELLED (by a
+    user) or TIMED_OUT (it ran past its ``timeout_s``)."""
 
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
 
     @property
     def finished(self) -> bool:
@@ -40,13 +42,19 @@ class WorkflowStatus(enum.StrEnum):
 
 
 _FINISHED: Final = frozenset(
-    {WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED}
+    {
+        WorkflowStatus.COMPLETED,
+        WorkflowStatus.FAILED,
+        WorkflowStatus.CANCELLED,
+        WorkflowStatus.TIMED_OUT,
+    }
 )
 
 
 class TaskRunStatus(enum.StrEnum):
-    """Where one attempt of one step stands. A worker's report ends it as COMPLETED, FAILED
-    or TIMED_OUT; the scheduler marks a lost one FAILED, a cancelled run's queued ones
+    """Where one attempt of one step stands. A worker's report ends it as COMPLETED, FAILED,
+    TIMED_OUT (past its task's ``timeout_s``, or its run's) or CANCELLED (stopped: its run was
+    cancelled or ended); the scheduler marks a lost one FAILED, an ended run's queued ones
     CANCELLED, a step on a branch a switch did not choose SKIPPED, and a switch COMPLETED."""
 
     QUEUED = "QUEUED"

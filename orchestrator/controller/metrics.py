@@ -37,6 +37,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from cdi.controller.client import ControllerClient
 from cdi.errors import CDIError
 from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.controller.api.deps import Resources
 
 __all__ = ["CACHE_S", "DURATION_BUCKETS_S", "StackCollector", "metrics_registry"]
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 CACHE_S: Final = 5.0
 DURATION_BUCKETS_S: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _CDI_TIMEOUT_S: Final = 2.0
-_STATUSES: Final = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
+_STATUSES: Final = tuple(str(status) for status in WorkflowStatus)
 _RUN_STATUSES: Final = ("QUEUED", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED")
 
 

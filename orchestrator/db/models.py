@@ -120,6 +120,9 @@ class WorkflowDefinition(Base):
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
     tasks: Mapped[list[dict[str, Any]]]
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # The current version's run settings (see ``WorkflowDefinitionVersion``).
+    timeout_s: Mapped[float | None] = mapped_column(Double)
+    worker_wait_s: Mapped[float | None] = mapped_column(Double)
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(server_default=_now(), onupdate=_now())
     deleted_at: Mapped[datetime | None]
@@ -149,6 +152,10 @@ class WorkflowDefinitionVersion(Base):
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
     tasks: Mapped[list[dict[str, Any]]]
+    # How long a run may take (a start may set its own), and how long a step may wait for a
+    # live worker able to run it; null: no limit (see ``workflows.definitions``).
+    timeout_s: Mapped[float | None] = mapped_column(Double)
+    worker_wait_s: Mapped[float | None] = mapped_column(Double)
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
 
 
@@ -238,6 +245,12 @@ class Workflow(Base):
     scheduled_for: Mapped[datetime | None]
     # Since when its next steps wait (None: not paused).
     paused_at: Mapped[datetime | None]
+    # The longest the run may take from its start, in seconds (the start's, else its
+    # definition version's); past it the run ends TIMED_OUT. Null: no limit.
+    timeout_s: Mapped[float | None] = mapped_column(Double)
+    # What the run waits for while it cannot go on by itself (no live worker can take its
+    # next step), for a person to read; null otherwise.
+    status_detail: Mapped[str | None] = mapped_column(Text)
 
 
 class TaskRun(Base):
@@ -270,6 +283,9 @@ class TaskRun(Base):
     bytes_in: Mapped[int | None] = mapped_column(BigInteger)
     bytes_out: Mapped[int | None] = mapped_column(BigInteger)
     error: Mapped[str | None] = mapped_column(Text)
+    # Where the task was when it failed or was stopped: its traceback, cut to
+    # ``contract.messages.MAX_TRACEBACK`` characters (null when the failure was not the task's).
+    traceback: Mapped[str | None] = mapped_column(Text)
     output: Mapped[dict[str, Any] | None]
     # The named data it read and made: {"reads": {name: datum}, "made": {name: datum}}, each
     # datum {"key", "kind"} (an object), {"value"} or {"items": [...]}; results their "uri".

@@ -37,6 +37,7 @@ __all__ = [
     "RESERVE_IDS",
     "RESUME",
     "UNQUEUE",
+    "WAITING",
     "Claimed",
     "Finish",
     "Handoff",
@@ -64,6 +65,9 @@ class Claimed:
     attempts: dict[str, int] = field(default_factory=dict)
     priority: int = 0  # its steps that wait for a worker are placed highest first
     paused: bool = False  # its next steps wait until it is resumed
+    timeout_s: float | None = None  # the run's time limit, from ``started_at``
+    started_at: float | None = None  # unix seconds: when it was first claimed
+    worker_wait_s: float | None = None  # its version's limit on a step's wait for a worker
 
 
 @dataclass(frozen=True)
@@ -85,14 +89,15 @@ class Handoff:
 
 @dataclass(frozen=True)
 class Finish:
-    """The end of a workflow: COMPLETED (with its output), FAILED or CANCELLED (with the
-    reason)."""
+    """The end of a workflow: COMPLETED (with its output), FAILED, CANCELLED or TIMED_OUT
+    (with the reason, and the steps under way then)."""
 
     workflow_id: uuid.UUID
     status: WorkflowStatus  # a finished one
     output: dict[str, Any] | None = None
     result_uri: str | None = None
     error: str | None = None
+    steps: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,7 @@ class Placement:
 # and the last attempt of each step already recorded (one probe of the (workflow_id, ref,
 # attempt) key's index; none for a new run).
 # ``source`` is a CTE of workflow rows (id, definition, definition_version, input, policy,
-# data_plane, created_at, priority, paused_at).
+# data_plane, created_at, priority, paused_at, timeout_s, started_at).
 _PLAN_HEAD: Final[LiteralString] = """
 SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
        (SELECT coalesce(jsonb_object_agg(t.name, jsonb_build_object(
@@ -132,7 +137,8 @@ SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
        (SELECT coalesce(jsonb_object_agg(a.ref, a.n), '{}'::jsonb)
         FROM (SELECT ref, max(attempt) AS n FROM task_runs r WHERE r.workflow_id = c.id
               GROUP BY ref) a),
-       c.priority, c.paused_at IS NOT NULL
+       c.priority, c.paused_at IS NOT NULL,
+       c.timeout_s, extract(epoch FROM c.started_at)::float8, d.worker_wait_s
 FROM """
 _PLAN_TAIL: Final[LiteralString] = """ c LEFT JOIN workflow_definition_versions d
     ON d.name = c.definition AND d.version = c.definition_version
@@ -154,7 +160,7 @@ _CLAIM_TAIL: Final[LiteralString] = (
         started_at = coalesce(w.started_at, now())
     FROM claimable c WHERE w.id = c.id
     RETURNING w.id, w.definition, w.definition_version, w.input, w.policy, w.data_plane,
-              w.created_at, w.priority, w.paused_at
+              w.created_at, w.priority, w.paused_at, w.timeout_s, w.started_at
 ), ev AS (
     INSERT INTO events (workflow_id, kind, data)
     SELECT id, 'workflow.running', '{"from": "PENDING", "to": "RUNNING"}'::jsonb FROM claimed
@@ -241,7 +247,7 @@ RESUME: Final[LiteralString] = (
     """
 WITH mine AS (
     SELECT id, definition, definition_version, input, policy, data_plane, created_at, priority,
-           paused_at
+           paused_at, timeout_s, started_at
     FROM workflows
     WHERE status = 'RUNNING' AND claimed_by = %(me)s AND NOT (id = ANY(%(running)s::uuid[]))
     FOR UPDATE
@@ -298,28 +304,24 @@ nxt AS (
 PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES + "SELECT count(*) FROM nxt"
 
 # The end of a workflow, unless it has ended already (a user cancelled it meanwhile, or the
-# scheduler ended it before the cancel): then nothing changes and no row is counted. The
-# webhooks that asked to be told of such an end get a delivery to send, written with the end
-# itself (``orchestrator.notify``): an end is never told twice nor lost.
+# scheduler ended it before the cancel): then nothing changes and no row is counted. What it
+# waited for no longer applies. The webhooks that asked to be told of such an end get a
+# delivery to send, written with the end itself (``orchestrator.notify``): an end is never told
+# twice nor lost.
 _FINISH_CTES: Final[LiteralString] = """
 fprev AS (
     SELECT id, status FROM workflows WHERE id = %(fin_id)s::uuid AND %(finish)s::bool
     FOR UPDATE
 ), fin AS (
     UPDATE workflows w
-    SET status = %(fin_status)s::workflow_status, finished_at = now(),
+    SET status = %(fin_status)s::workflow_status, finished_at = now(), status_detail = NULL,
         output = coalesce(%(fin_output)s::jsonb, w.output),
         result_uri = coalesce(%(fin_result_uri)s::text, w.result_uri),
         error = coalesce(%(fin_error)s::text, w.error)
     FROM fprev p
-    WHERE w.id = p.id AND p.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
+    WHERE w.id = p.id AND p.status IN ('PENDING', 'RUNNING')
     RETURNING w.id, p.status::text AS prev, w.definition, w.definition_version, w.error,
               w.result_uri, w.tags, w.started_by, w.created_at, w.started_at, w.finished_at
-), fin_ev AS (
-    INSERT INTO events (workflow_id, kind, data)
-    SELECT id, %(fin_kind)s::text, jsonb_strip_nulls(jsonb_build_object(
-        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text))
-    FROM fin
 ), fin_hooks AS (
     INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status)
     SELECT h.id, %(fin_kind)s::text, f.id, jsonb_build_object(
@@ -334,12 +336,26 @@ fprev AS (
                    AND (h.definition IS NULL OR h.definition = f.definition)
 )
 """
+# The ending's event: the states, the reason, and the steps under way when it came.
+_FINISH_EVENT: Final[LiteralString] = """
+    SELECT id, %(fin_kind)s::text, jsonb_strip_nulls(jsonb_build_object(
+        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text,
+        'steps', %(fin_steps)s::jsonb))
+    FROM fin"""
 
-FINISH: Final[LiteralString] = "WITH " + _FINISH_CTES + "SELECT count(*) FROM fin"
+FINISH: Final[LiteralString] = (
+    "WITH "
+    + _FINISH_CTES
+    + ", fin_ev AS (INSERT INTO events (workflow_id, kind, data)"
+    + _FINISH_EVENT
+    + ") SELECT count(*) FROM fin"
+)
 
 # A worker's report on a task run (and the hand-back of its objects, and the deliveries of
 # the webhooks that follow steps), together with the next steps' placements or the end of
-# the workflow.
+# the workflow. Its events go in with one insert, the task's before the workflow's end. *Why
+# one:* the sub-statements of a WITH run in no set order, and two inserts gave the end an id
+# (the order clients read events in) before the task's.
 REPORT: Final[LiteralString] = (
     """
 WITH rep AS (
@@ -356,15 +372,11 @@ WITH rep AS (
         bytes_out = %(bytes_out)s,
         output = %(output)s,
         error = %(error)s,
+        traceback = %(traceback)s,
         data = CASE WHEN %(data)s::jsonb IS NULL THEN data
                     ELSE coalesce(data, '{}'::jsonb) || %(data)s::jsonb END
     WHERE id = %(task_run_id)s
     RETURNING workflow_id, ref, attempt, task
-), ev AS (
-    INSERT INTO events (workflow_id, kind, data)
-    SELECT workflow_id, %(kind)s::text, jsonb_build_object(
-        'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text, 'error', %(error_text)s::text)
-    FROM rep
 ), rep_hooks AS (
     INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status)
     SELECT h.id, %(kind)s::text, r.workflow_id, jsonb_build_object(
@@ -380,7 +392,20 @@ WITH rep AS (
     + _PLACE_CTES
     + ","
     + _FINISH_CTES
-    + "SELECT count(*) FROM fin"  # every data-modifying CTE runs, read or not
+    + """, ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT workflow_id, kind, data FROM (
+        SELECT 1 AS n, workflow_id, %(kind)s::text AS kind, jsonb_build_object(
+            'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text,
+            'error', %(error_text)s::text) AS data
+        FROM rep
+        UNION ALL
+        SELECT 2, e.* FROM ("""
+    + _FINISH_EVENT
+    + """) e
+    ) both_events ORDER BY n
+)
+SELECT count(*) FROM fin"""  # every data-modifying CTE runs, read or not
 )
 
 # A task run whose worker died or went silent, unless its report came first.
@@ -426,6 +451,17 @@ STATUSES: Final[LiteralString] = (
     "SELECT id, status::text FROM workflows WHERE id = ANY(%(ids)s::uuid[])"
 )
 
+# What a run waits for, for a person to read (``status_detail``; null once it waits no more),
+# and the event that says so; a run that has ended keeps no detail.
+WAITING: Final[LiteralString] = """
+WITH w AS (
+    UPDATE workflows SET status_detail = %(detail)s::text
+    WHERE id = %(id)s AND status = 'RUNNING'
+    RETURNING id
+)
+INSERT INTO events (workflow_id, kind, data) SELECT id, %(kind)s::text, %(data)s::jsonb FROM w
+"""
+
 # A cancelled run's task runs that no worker took.
 UNQUEUE: Final[LiteralString] = (
     "UPDATE task_runs SET status = 'CANCELLED' WHERE workflow_id = %(id)s AND status = 'QUEUED'"
@@ -445,6 +481,9 @@ def claimed_from_row(row: tuple[Any, ...]) -> Claimed:
         attempts={str(k): int(v) for k, v in (row[7] or {}).items()},
         priority=int(row[8]),
         paused=bool(row[9]),
+        timeout_s=row[10],
+        started_at=row[11],
+        worker_wait_s=row[12],
     )
 
 
@@ -478,6 +517,7 @@ def report_params(
         "output": Jsonb(report.output) if report.output else None,
         "error": report.error or None,
         "error_text": report.error,
+        "traceback": report.traceback or None,
         "kind": f"task.{report.status.lower()}",
         "data": Jsonb(data) if data else None,
         **placement_params(placements, moved),
@@ -496,6 +536,7 @@ def finish_params(finish: Finish | None) -> dict[str, Any]:
         "fin_output": Jsonb(finish.output) if finish and finish.output is not None else None,
         "fin_result_uri": finish.result_uri if finish else None,
         "fin_error": finish.error if finish else None,
+        "fin_steps": Jsonb(list(finish.steps)) if finish and finish.steps else None,
     }
 
 

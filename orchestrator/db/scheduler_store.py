@@ -22,6 +22,7 @@ from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg.pq import ExecStatus
+from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -154,6 +155,14 @@ class SchedulerStore:
         """A run's status (None if there is no such run)."""
         rows = self._run(STATUS_SQL, {"id": workflow_id})
         return WorkflowStatus(rows[0][0]) if rows else None
+
+    def waiting(
+        self, workflow_id: uuid.UUID, detail: str | None, kind: str, data: dict[str, Any]
+    ) -> None:
+        """Say what a RUNNING run waits for (``detail``; None: it waits no more), with an
+        event of ``kind``."""
+        params = {"id": workflow_id, "detail": detail, "kind": kind, "data": Jsonb(data)}
+        self._run(sql.WAITING, params)
 
     def unqueue(self, workflow_id: uuid.UUID) -> None:
         """Mark a cancelled run's task runs that no worker took CANCELLED."""

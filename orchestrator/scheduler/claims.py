@@ -61,6 +61,8 @@ class Claims:
         # Learnt by ``check_limits``; while it is unknown the plain claim leaves limited
         # definitions' runs alone, so a stale value never lets a limit be passed.
         self.limits = False
+        # The loop's tick comes no later than this (monotonic): a run's deadline.
+        self.wake_at: Callable[[float], None] = lambda moment: None
 
     def check_limits(self) -> None:
         """Learn again whether any definition has a concurrency limit."""
@@ -102,6 +104,8 @@ class Claims:
                 self.endings.ended(claimed.id, self.ctx.db.finish(failed))
                 continue
             self.ctx.runs[run.workflow_id] = run
+            if run.deadline is not None:
+                self.wake_at(run.deadline)
             guarded(lambda run=run: self.start(run), self.ctx.faults)  # type: ignore[misc]
 
     def start(self, run: RunState, delay: float = 0.0) -> None:
@@ -183,9 +187,21 @@ def plan(
         max_parallel=max_parallel,
         priority=claimed.priority,
         paused=claimed.paused,
+        timeout_s=claimed.timeout_s,
+        deadline=_deadline(claimed),
+        worker_wait_s=claimed.worker_wait_s,
     )
     # A run that was placed before goes on from its last attempts, under fresh object keys.
     return run.again(claimed.attempts) if claimed.attempts else run
+
+
+def _deadline(claimed: Claimed) -> float | None:
+    """When (monotonic) a claimed run passes its time limit, counted from its first start (a
+    run resumed after a restart keeps its deadline)."""
+    if claimed.timeout_s is None:
+        return None
+    started = claimed.started_at if claimed.started_at is not None else time.time()
+    return time.monotonic() + started + claimed.timeout_s - time.time()
 
 
 def _format(given: Any) -> str:

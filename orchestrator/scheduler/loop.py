@@ -8,7 +8,8 @@ hands it to the collaborator whose job it is, and then does what that made possi
 * ``dispatch.Dispatcher``: where a run's step goes, and sending it there;
 * ``reports.Reports``: what a report means for its run (the next step, the end, a retry);
 * ``recovery.Recovery``: tasks lost with their workers, and a Redis that lost its data;
-* ``endings.Endings``: completion, failure and cancellation, and freeing a run's object;
+* ``endings.Endings``: completion, failure, cancellation and time-outs (a run past its
+  ``timeout_s``: the tick comes at its deadline), and freeing a run's object;
 * ``redrive.Redrive``: a run the scheduler can no longer trust (a step raised, the minion
   restarted, Postgres failed a statement) driven again from its input;
 * ``orphans.OrphanObjects``: objects of our workflows that no run names any more;
@@ -116,6 +117,7 @@ class Scheduler:
         self.reports.redrive = self.redrive.run
         self.recovery = Recovery(ctx, self.dispatch, self.reports, self.redrive)
         self.claims = Claims(ctx, settings, self.dispatch, self.endings)
+        self.claims.wake_at = self._tick_by  # a run's deadline
         self.redrive.claims = self.claims
         self.orphans = OrphanObjects(ctx, self.endings)
         self.schedules = Schedules(ScheduleStore(db), self.claims, wake_at=self._tick_by)
@@ -181,6 +183,8 @@ class Scheduler:
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + TICK_S
             self._tick()
+        if self.dispatch.waits_to_note:
+            guarded(self.dispatch.note_waits, self.ctx.faults)
 
     def _on_wake(self, value: str) -> None:
         wake = read_wake(value)
@@ -223,6 +227,9 @@ class Scheduler:
         guarded(self.recovery.check_in_flight, faults)
         now = time.monotonic()
         for run in list(self.runs.values()):
+            if run.deadline is not None and run.deadline <= now and not run.cancelled:
+                guarded(functools.partial(self.endings.time_out, run), faults)
+                continue
             due = [s for s in run.steps.values() if s.retry_at and s.retry_at <= now]
             for step in due:
                 step.retry_at = 0.0

@@ -85,7 +85,11 @@ class StepRun:
     retry_at: float = 0.0  # monotonic: when a failed attempt goes out again
     avoid: frozenset[str] = frozenset()  # workers that lost it
     last_worker: str | None = None
-    unrunnable_since: float = 0.0  # monotonic: since when no live worker can run it
+    # Monotonic: since when workers live but none loaded its task's module; and since when
+    # no live worker can run it at all (none alive, or none loaded the module).
+    unrunnable_since: float = 0.0
+    waiting_since: float = 0.0
+    waiting_for: str = ""  # what it waits for, as the run's status detail says it
     lease: str = ""  # its place under its task's limit, from its choice until it is sent
     reads: dict[str, Datum] = field(default_factory=dict)  # its inputs, once resolved
     modes: dict[str, Mode] = field(default_factory=dict)  # how it reads each object, once placed
@@ -127,6 +131,9 @@ class RunState:
     drives: int = 1  # how many times the run was driven from its input (resumes included)
     priority: int = 0  # its steps waiting for a worker go out highest priority first
     paused: bool = False  # paused by a user: nothing more is placed until it is resumed
+    timeout_s: float | None = None  # its time limit (``deadline`` is when it passes)
+    deadline: float | None = None  # monotonic: past it the run ends TIMED_OUT
+    worker_wait_s: float | None = None  # how long a step may wait for a worker able to run it
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -188,6 +195,9 @@ class RunState:
             cancelled=self.cancelled,
             priority=self.priority,
             paused=self.paused,
+            timeout_s=self.timeout_s,
+            deadline=self.deadline,
+            worker_wait_s=self.worker_wait_s,
         )
         for step in fresh.steps.values():
             step.attempt = placed.get(step.id, 0) + 1

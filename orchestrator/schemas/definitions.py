@@ -15,6 +15,7 @@ from orchestrator.schemas.base import (
     RequestBody,
     ResponseBody,
 )
+from workflows.definitions import MAX_RUN_S
 
 __all__ = [
     "MAX_STEPS",
@@ -40,7 +41,7 @@ class StepSchema(RequestBody):
     depends_on: list[str] = Field(default_factory=list, description="Refs that finish first.")
     params: dict[str, Any] = Field(default_factory=dict, description="Given to the task.")
     inputs: dict[str, str | list[str]] | None = Field(
-        None,
+        default=None,
         description='Parameter name -> "<ref>.<output>" or "input.<name>" (or a list: the '
         "first whose step ran). Default: the image of the one step it depends on, or the "
         "workflow's input image.",
@@ -58,7 +59,7 @@ class StepSchema(RequestBody):
         None, description="Switch: the refs it runs when no case matches."
     )
     workflow: str | None = Field(
-        None,
+        default=None,
         description="Name of another workflow definition this step runs.",
         json_schema_extra=NAME_RULE,
     )
@@ -81,7 +82,7 @@ class QueueSettings(RequestBody):
         "served highest first).",
     )
     max_concurrent_runs: int | None = Field(
-        None,
+        default=None,
         ge=1,
         le=100_000,
         description="At most this many of its runs RUNNING at once, over every scheduler; "
@@ -100,13 +101,29 @@ QUEUE_SETTINGS: Final = ("priority", "max_concurrent_runs")
 STEPS_RULE: Final[dict[str, Any]] = {"minItems": 1}
 
 
-class WorkflowDefinitionCreate(QueueSettings):
+_TIMEOUT = (
+    "The longest a run may take from its start, in seconds: past it the run ends TIMED_OUT "
+    "and its running task is stopped. A start may set its own. Default: no limit."
+)
+_WORKER_WAIT = (
+    "The longest a step may wait for a live worker able to run it (none alive, or none "
+    "loaded its task's module), in seconds: the run then fails saying so. Default: wait while "
+    "no worker lives; 30 s once workers live but none loaded the module."
+)
+
+
+class _RunLimits(RequestBody):
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_RUN_S, description=_TIMEOUT)
+    worker_wait_s: float | None = Field(default=None, gt=0, le=MAX_RUN_S, description=_WORKER_WAIT)
+
+
+class WorkflowDefinitionCreate(QueueSettings, _RunLimits):
     name: str = Field(examples=["image_pipeline"], json_schema_extra=NAME_RULE)
     description: str = Field("", max_length=MAX_DESCRIPTION)
     tasks: list[StepSchema] = Field(max_length=MAX_STEPS, json_schema_extra=STEPS_RULE)
 
 
-class WorkflowDefinitionSave(QueueSettings):
+class WorkflowDefinitionSave(QueueSettings, _RunLimits):
     """A new version of a workflow definition (``PUT``): the name comes from the path."""
 
     name: str | None = Field(
@@ -121,6 +138,8 @@ class WorkflowDefinitionPublic(ResponseBody):
     version: int = Field(description="The current version; new runs run it.")
     description: str
     tasks: list[StepSchema]
+    timeout_s: float | None = Field(default=None, description=_TIMEOUT)
+    worker_wait_s: float | None = Field(default=None, description=_WORKER_WAIT)
     created_at: datetime
     updated_at: datetime = Field(description="When the current version was saved.")
     priority: int = 0
@@ -135,6 +154,8 @@ class WorkflowDefinitionVersionPublic(ResponseBody):
     version: int
     description: str
     tasks: list[StepSchema]
+    timeout_s: float | None = Field(default=None, description=_TIMEOUT)
+    worker_wait_s: float | None = Field(default=None, description=_WORKER_WAIT)
     created_at: datetime
 
 

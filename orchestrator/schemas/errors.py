@@ -16,8 +16,8 @@ class ErrorPublic(ResponseBody):
 
     detail: str = Field(description="What went wrong and what to change.")
     code: str = Field(description="Stable error code, e.g. 'not_found', 'conflict'.")
-    known: list[str] | None = Field(None, description="Valid names, with a 404.")
-    problems: list[str] | None = Field(None, description="Every problem, with a 422.")
+    known: list[str] | None = Field(default=None, description="Valid names, with a 404.")
+    problems: list[str] | None = Field(default=None, description="Every problem, with a 422.")
 
 
 class FieldErrorPublic(ResponseBody):
@@ -27,7 +27,9 @@ class FieldErrorPublic(ResponseBody):
     msg: str
     type: str
     input: Any = None
-    ctx: dict[str, Any] | None = Field(None, description="e.g. 'error': why the JSON is refused.")
+    ctx: dict[str, Any] | None = Field(
+        default=None, description="e.g. 'error': why the JSON is refused."
+    )
 
 
 class ValidationErrorPublic(ResponseBody):

@@ -19,9 +19,13 @@ class WorkerPublic(ResponseBody):
     mem: float | None = Field(
         description="The worker process's resident memory, percent of its host's memory."
     )
-    rss_bytes: int | None = Field(None, description="The worker process's resident memory.")
-    host_cpu: float | None = Field(None, description="CPU in use on the whole host, percent.")
-    host_mem: float | None = Field(None, description="Memory in use on the whole host, percent.")
+    rss_bytes: int | None = Field(default=None, description="The worker process's resident memory.")
+    host_cpu: float | None = Field(
+        default=None, description="CPU in use on the whole host, percent."
+    )
+    host_mem: float | None = Field(
+        default=None, description="Memory in use on the whole host, percent."
+    )
     queue_depth: int | None
     running: int | None
     slots: int | None = Field(description="Tasks the worker runs at once (--concurrency).")
@@ -48,7 +52,7 @@ class CheckPublic(ResponseBody):
 class ReadinessPublic(ResponseBody):
     status: str = Field(description="'ok' when every part answers, else 'unavailable'.")
     checks: dict[str, CheckPublic] | None = Field(
-        None,
-        description="postgres, redis, minion, scheduler and s3, each with its answer; only "
-        "for a caller with a key (of any role).",
+        default=None,
+        description="postgres, redis, minion, scheduler, workers and s3, each with its answer; "
+        "only for a caller with a key (of any role).",
     )

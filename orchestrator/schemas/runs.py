@@ -26,6 +26,7 @@ from orchestrator.schemas.base import (
     Tags,
     checked_name,
 )
+from workflows.definitions import MAX_RUN_S
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -60,7 +61,7 @@ ChosenPlane = Annotated[
 
 class WorkflowInput(RequestBody):
     image: str | None = Field(
-        None,
+        default=None,
         examples=["s3://cdiflow/images/cat.png"],
         description="S3 URI of the input image. Leave it out for a dataless workflow: nothing "
         "is downloaded or moved, and only tasks that need no image may run (e.g. noop).",
@@ -100,13 +101,13 @@ class WorkflowCreate(RequestBody):
     policy: Policy = Field(Policy.AFFINITY, description="Where the tasks run.")
     data_plane: ChosenPlane = Field(DataPlane.CDI, description="How data moves between tasks.")
     version: int | None = Field(
-        None,
+        default=None,
         ge=1,
         le=2**31 - 1,
         description="A version of the definition to run; default: its current one.",
     )
     priority: int | None = Field(
-        None,
+        default=None,
         ge=PRIORITY_MIN,
         le=PRIORITY_MAX,
         description="Waiting runs are served highest first (first come, first served within "
@@ -114,6 +115,14 @@ class WorkflowCreate(RequestBody):
     )
     tags: Tags = Field(
         default_factory=list, description="Labels to find the run by (GET ?tag=...)."
+    )
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_RUN_S,
+        description="The longest this run may take from its start, in seconds: past it the run "
+        "ends TIMED_OUT and its running task is stopped. Default: the definition's timeout_s "
+        "(none: no limit).",
     )
 
     @field_validator("workflow")
@@ -153,6 +162,14 @@ class WorkflowPublic(ResponseBody):
     scheduled_for: datetime | None = Field(
         default=None, description="The schedule's tick it ran for."
     )
+    timeout_s: float | None = Field(
+        default=None, description="The run's time limit from its start, in seconds (null: none)."
+    )
+    status_detail: str | None = Field(
+        default=None,
+        description="What the run waits for while it cannot go on by itself, e.g. for a "
+        "worker that loads its next step's task; null otherwise.",
+    )
 
     @property
     def finished(self) -> bool:
@@ -179,9 +196,15 @@ class TaskRunPublic(ResponseBody):
     bytes_in: int | None
     bytes_out: int | None
     error: str | None
+    traceback: str | None = Field(
+        default=None,
+        description="Where the task's own code raised (its Python traceback, the last 16 KiB), "
+        "or, for a task that was stopped, where it was then; null when the failure was not "
+        "the task code's.",
+    )
     output: dict[str, Any] | None
     data: dict[str, Any] | None = Field(
-        None,
+        default=None,
         description='The named data it read and made: {"reads": {name: datum}, "made": '
         '{name: datum}}, a datum {"key", "kind"} (a CDI object), {"value"} or '
         '{"items": [...]}; "results": the S3 URIs of what it stored.',
@@ -198,7 +221,7 @@ class HandoffPublic(ResponseBody):
     at: datetime
     from_host: str | None = None
     to_host: str | None = None
-    datum: str | None = Field(None, description='What moved: "<step run>.<output>".')
+    datum: str | None = Field(default=None, description='What moved: "<step run>.<output>".')
     mode: str | None = Field(
         None, description="transfer (ownership), share (read-only) or copy (another host)."
     )

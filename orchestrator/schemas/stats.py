@@ -27,7 +27,7 @@ class MinutePublic(ResponseBody):
 
     minute: datetime = Field(description="Start of the minute (UTC).")
     completed: int
-    failed: int = Field(description="FAILED or CANCELLED in this minute.")
+    failed: int = Field(description="FAILED, CANCELLED or TIMED_OUT in this minute.")
     created: int
     p50_ms: float | None = Field(description="Median latency of the minute's completions.")
     p95_ms: float | None

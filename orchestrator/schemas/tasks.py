@@ -41,7 +41,7 @@ class TaskCreate(RequestBody):
     )
     description: str = Field("", max_length=MAX_DESCRIPTION)
     max_concurrency: int | None = Field(
-        None,
+        default=None,
         ge=1,
         le=100_000,
         description="At most this many runs of this task at once, over every scheduler "

@@ -47,13 +47,13 @@ class WebhookCreate(RequestBody):
         "come once per attempt of each step.",
     )
     workflow: str | None = Field(
-        None,
+        default=None,
         description="Only runs of this workflow definition; default: every run.",
         json_schema_extra=NAME_RULE,
     )
     # Checked by ``checked_secret``, not here: a validation error would echo it back.
     secret: str | None = Field(
-        None,
+        default=None,
         description="The signing secret: 'whsec_' and the base64 of 24-64 random bytes. "
         "Default: one is made. Shown in this answer only.",
     )

@@ -1,7 +1,9 @@
 """``cdiflow worker`` / ``python -m orchestrator.worker``: run one worker in the foreground.
 
-Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start (the message says why),
-3 after a task overran its timeout and 4 after losing the CDI minion (restart it in both cases).
+The process started is the worker's keeper (``keeper``): it imports the task code once and
+runs the worker itself in a child process, which it starts afresh at once when a task would
+not stop. Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start (the message says why),
+4 after losing the CDI minion (restart it).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
 from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.held import DEFAULT_HOLD_BYTES, HeldImages
+from orchestrator.worker.keeper import keep
 from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.store_plane import StorePlane
 from orchestrator.worker.worker import Worker
@@ -146,10 +149,8 @@ def worker_command(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
         )
-    except (OrchestratorError, cdi.CDIError) as exc:
+    except OrchestratorError as exc:  # a setting the keeper cannot use (the body says its own)
         raise click.ClickException(str(exc)) from exc
-    except redis.RedisError as exc:  # Redis went away between the ping and the first beat
-        raise click.ClickException(f"Redis (REDIS_URL) failed: {exc}") from exc
     ctx.exit(code)
 
 
@@ -185,9 +186,11 @@ def run_worker(
     metrics_port: int = 0,
     metrics_host: str = LOOPBACK,
 ) -> int:
-    """Connect, run until SIGTERM/SIGINT (or a fatal task), clean up; return the exit code."""
+    """Load the task code, then keep the worker's body running (``keeper``) until SIGTERM or
+    SIGINT, or a failure it cannot recover from; the exit code."""
     settings = settings or load_settings()
-    if settings.redis_url is None:
+    redis_url = settings.redis_url
+    if redis_url is None:
         raise ConfigError(
             "REDIS_URL is not set: a worker joins a running stack; set it to the stack's Redis "
             "(redis://host:6379/0)"
@@ -195,7 +198,42 @@ def run_worker(
     sources = task_sources(settings, extra_sources)
     sources.activate()  # deployed task folders import like installed packages
     log.info("tasks may come from %s", sources.describe())
-    redis_client = _connect_redis(settings.redis_url)
+    catalog = load_tasks(sources)  # once, here: every body the keeper forks has it loaded
+
+    def body() -> int:
+        try:
+            return _run_body(
+                worker_id, redis_url, settings, sources, catalog,
+                concurrency=concurrency, access_timeout_s=access_timeout_s,
+                hold_bytes=hold_bytes, cdi_url=cdi_url, metrics_port=metrics_port,
+                metrics_host=metrics_host,
+            )  # fmt: skip
+        except (OrchestratorError, cdi.CDIError) as exc:
+            click.ClickException(str(exc)).show()
+        except redis.RedisError as exc:  # Redis went away between the ping and the first beat
+            click.ClickException(f"Redis (REDIS_URL) failed: {exc}").show()
+        return 1
+
+    return keep(body, worker_id)
+
+
+def _run_body(
+    worker_id: str,
+    redis_url: str,
+    settings: Settings,
+    sources: TaskSources,
+    catalog: TaskCatalog,
+    *,
+    concurrency: int,
+    access_timeout_s: float,
+    hold_bytes: int,
+    cdi_url: str | None,
+    metrics_port: int,
+    metrics_host: str,
+) -> int:
+    """The worker itself, in the keeper's child: connect, run until SIGTERM/SIGINT (or a task
+    that would not stop), clean up; the exit code."""
+    redis_client = _connect_redis(redis_url)
     try:
         client = _connect_cdi(cdi_url, worker_id)
         try:
@@ -218,7 +256,7 @@ def run_worker(
                 store_plane=store_plane,
                 concurrency=concurrency,
                 sources=sources,
-                tasks=load_tasks(sources),
+                tasks=catalog,
             )
             if metrics_port:
                 worker.metrics = WorkerMetrics(running=worker.running,

@@ -30,7 +30,7 @@ from workflows.samples import bundled_samples
 
 MAX_INPUT_BYTES = 3_000_000
 MAX_ACTIVE = 4  # workflows the scheduler runs at once; the rest wait PENDING
-FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
 FLAKY_TASKS = "tests.orchestrator.flaky_tasks"  # the workers load it (--tasks)
 
 

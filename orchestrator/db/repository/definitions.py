@@ -239,10 +239,10 @@ def save_workflow_definition(
     session: Session, data: Mapping[str, Any], settings: Mapping[str, Any] | None = None
 ) -> tuple[WorkflowDefinition, bool]:
     """Store ``data`` as the definition's new current version, creating the definition when
-    there is none; ``(row, changed)``. Steps and description equal to the current version's
-    store nothing (``changed`` is False), so applying the same file twice is harmless.
-    ``settings`` (``priority``, ``max_concurrent_runs``) are the queue's, not the version's:
-    those given replace the current ones, the others stay.
+    there is none; ``(row, changed)``. Steps, description and run limits equal to the current
+    version's store nothing (``changed`` is False), so applying the same file twice is
+    harmless. ``settings`` (``priority``, ``max_concurrent_runs``) are the queue's, not the
+    version's: those given replace the current ones, the others stay.
 
     Runs already started keep the version they were started with. Raises
     ``InvalidDefinition`` as ``create_workflow_definition`` does.
@@ -324,28 +324,29 @@ def _store_version(
 ) -> tuple[WorkflowDefinition, bool]:
     """Make ``parsed`` the current version of ``row`` (locked by the caller; ``None``: a new
     definition, version 1), with the queue ``settings`` given; ``(row, changed)``."""
-    tasks = parsed.to_dict()["tasks"]
+    content = {
+        "description": parsed.description,
+        "tasks": parsed.to_dict()["tasks"],
+        "timeout_s": parsed.timeout_s,
+        "worker_wait_s": parsed.worker_wait_s,
+    }
     if row is None:
-        row = WorkflowDefinition(
-            name=parsed.name, description=parsed.description, tasks=tasks, version=1
-        )
+        row = WorkflowDefinition(name=parsed.name, version=1, **content)
         session.add(row)
-    elif row.deleted_at is None and row.tasks == tasks and row.description == parsed.description:
+    elif row.deleted_at is None and all(getattr(row, k) == v for k, v in content.items()):
         for key, value in (settings or {}).items():
             setattr(row, key, value)
         session.flush()
         return row, False
     else:
         row.version = max(_version_numbers(session, parsed.name), default=0) + 1
-        row.tasks, row.description, row.deleted_at = tasks, parsed.description, None
+        row.deleted_at = None
+        for key, value in content.items():
+            setattr(row, key, value)
     for key, value in (settings or {}).items():
         setattr(row, key, value)
     session.flush()
-    session.add(
-        WorkflowDefinitionVersion(
-            name=row.name, version=row.version, description=row.description, tasks=row.tasks
-        )
-    )
+    session.add(WorkflowDefinitionVersion(name=row.name, version=row.version, **content))
     session.flush()
     session.refresh(row)
     return row, True

@@ -116,20 +116,25 @@ class WorkflowFilter:
 # The API runs it on its event loop (``CREATE_SQL``). A run whose id exists already is left as
 # it is (no row returned, no event): a start sent again after its connection dropped does
 # nothing the second time. The run records the definition's current version, or ``:version``
-# when one is asked for (it must exist). The definition's row is share-locked (``FOR KEY
-# SHARE``, which the foreign key's check takes anyway): a delete, which locks it first, then
-# counts this run or refuses it.
+# when one is asked for (it must exist), and its time limit: the start's, else that version's.
+# The definition's row is share-locked (``FOR KEY SHARE``, which the foreign key's check takes
+# anyway): a delete, which locks it first, then counts this run or refuses it.
 CREATE_STATEMENT = text(
     """
     WITH w AS (
         INSERT INTO workflows (id, definition, definition_version, status, policy, data_plane,
                                input, retry_of, started_by, priority, tags, idempotency_key,
-                               request_digest)
+                               request_digest, timeout_s)
         SELECT CAST(:id AS uuid), d.name, coalesce(CAST(:version AS integer), d.version),
                'PENDING', CAST(:policy AS workflow_policy), CAST(:data_plane AS data_plane),
                :input, CAST(:retry_of AS uuid), CAST(:started_by AS varchar),
                coalesce(CAST(:priority AS integer), d.priority), CAST(:tags AS varchar[]),
-               CAST(:idempotency_key AS varchar), CAST(:request_digest AS varchar)
+               CAST(:idempotency_key AS varchar), CAST(:request_digest AS varchar),
+               coalesce(CAST(:timeout_s AS float8), CASE
+                   WHEN CAST(:version AS integer) IS NULL THEN d.timeout_s
+                   ELSE (SELECT v.timeout_s FROM workflow_definition_versions v
+                         WHERE v.name = d.name AND v.version = CAST(:version AS integer))
+               END)
         FROM workflow_definitions d
         WHERE d.name = :definition AND d.deleted_at IS NULL
           AND (CAST(:version AS integer) IS NULL OR EXISTS (
@@ -171,10 +176,12 @@ def create_workflow(
     started_by: str | None = None,
     priority: int | None = None,
     tags: Sequence[str] = (),
+    timeout_s: float | None = None,
 ) -> Workflow:
     """A new PENDING run of ``definition`` (its current version, or ``version``); ``NotFound``
     (listing the known names, or versions) if there is no such definition or version.
-    ``started_by``: the name of the API key that asked for it."""
+    ``started_by``: the name of the API key that asked for it; ``timeout_s``: the run's time
+    limit (default: the version's)."""
     params = create_params(
         definition,
         input,
@@ -185,6 +192,7 @@ def create_workflow(
         started_by=started_by,
         priority=priority,
         tags=tags,
+        timeout_s=timeout_s,
     )
     query = select(Workflow).from_statement(CREATE_STATEMENT)
     created: Workflow | None = session.scalars(query, params).one_or_none()
@@ -220,10 +228,12 @@ def create_params(
     tags: Sequence[str] = (),
     idempotency_key: str | None = None,
     request_digest: str | None = None,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``CREATE_STATEMENT``; ``workflow_id``: one the caller chose (it
     listens for the run's end already); ``version``: a version of the definition to run
-    instead of its current one; ``priority``: None for the definition's."""
+    instead of its current one; ``priority``: None for the definition's; ``timeout_s``: a
+    time limit instead of the version's."""
     event: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
     if retry_of is not None:
         event["retry_of"] = str(retry_of)
@@ -231,6 +241,8 @@ def create_params(
         event["version"] = version
     if started_by is not None:
         event["by"] = started_by
+    if timeout_s is not None:
+        event["timeout_s"] = timeout_s
     return {
         "id": workflow_id or uuid.uuid4(),
         "definition": definition,
@@ -244,6 +256,7 @@ def create_params(
         "tags": list(dict.fromkeys(tags)),  # each once, in the order given
         "idempotency_key": idempotency_key,
         "request_digest": request_digest,
+        "timeout_s": timeout_s,
         "event": event,
     }
 
@@ -382,15 +395,16 @@ def retry_workflow(
     started_by: str | None = None,
     check_input: Callable[[dict[str, Any]], None] | None = None,
 ) -> Workflow:
-    """A new PENDING run with the same definition version, input, policy and data plane as a
-    FAILED or CANCELLED one (which stays as it is); ``Conflict`` for any other state, or when
+    """A new PENDING run with the same definition version, input, policy, data plane and time
+    limit as a FAILED, CANCELLED or TIMED_OUT one (which stays as it is); ``Conflict`` for any
+    other state, or when
     the definition has been deleted since. ``check_input`` may refuse the old input (by
     raising), e.g. one that a changed policy no longer allows."""
     old = get_workflow(session, workflow_id, lock=True)
-    if old.status not in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED):
+    if not old.status.finished or old.status is WorkflowStatus.COMPLETED:
         raise Conflict(
-            f"workflow run {workflow_id} is {old.status}; only FAILED or CANCELLED runs can be "
-            "retried"
+            f"workflow run {workflow_id} is {old.status}; only FAILED, CANCELLED or TIMED_OUT "
+            "runs can be retried"
         )
     if old.definition not in workflow_definition_names(session):
         raise Conflict(
@@ -410,6 +424,7 @@ def retry_workflow(
         started_by=started_by,
         priority=old.priority,
         tags=old.tags,
+        timeout_s=old.timeout_s,
     )
 
 

@@ -3,7 +3,7 @@
 import { api } from "./api.js";
 import { h } from "./dom.js";
 
-const LABELS = { postgres: "Postgres", redis: "Redis", minion: "CDI minion", scheduler: "Scheduler", s3: "S3" };
+const LABELS = { postgres: "Postgres", redis: "Redis", minion: "CDI minion", scheduler: "Scheduler", workers: "Workers", s3: "S3" };
 const INTERVAL_MS = 5000;
 
 /** Paint `/api/readyz` into #ready: "All parts ready", or each part that is not, and why. */

@@ -34,10 +34,11 @@ def healthz() -> LivenessPublic:
 def readyz(
     request: Request, client: RedisDep, response: Response, caller: MaybeKeyed
 ) -> ReadinessPublic:
-    """200 when Postgres, Redis, the CDI minion, a scheduler and S3 all answer, else 503
-    (every check has a deadline of a few seconds). With a key of any role, the answer names
-    each part and what was seen (``checks``); without one it says only ``ok`` or
-    ``unavailable``: probes need no key, and anonymous callers learn nothing more."""
+    """200 when Postgres, Redis, the CDI minion, a scheduler, a worker and S3 all answer, else
+    503 (every check has a deadline of a few seconds). With a key of any role, the answer names
+    each part and what was seen, and why one is not ready (``checks``); without one it says
+    only ``ok`` or ``unavailable``: probes need no key, and anonymous callers learn nothing
+    more."""
     resources: Resources = request.app.state.resources
     settings = request.app.state.settings
     checks = check_all(resources.engine, client, settings)

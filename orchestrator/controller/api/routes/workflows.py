@@ -166,6 +166,7 @@ async def _create(
         tags=body.tags,
         idempotency_key=keyed.key,
         request_digest=keyed.digest,
+        timeout_s=body.timeout_s,
     )
     if row is None:
         resources: Resources = request.app.state.resources
@@ -377,8 +378,8 @@ def retry_workflow(
     response: Response,
     principal: Operator,
 ) -> WorkflowPublic:
-    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise, 422
-    when the input now lies outside the S3 policy."""
+    """Start a new run with the same input as a FAILED, CANCELLED or TIMED_OUT one; 409
+    otherwise, 422 when the input now lies outside the S3 policy."""
     policy: S3Policy = request.app.state.s3_policy
 
     def check(given: dict[str, Any]) -> None:

@@ -78,7 +78,16 @@ export function mount(root, ctx) {
   function renderAll(wf) {
     ctx.setTitle(`${wf.workflow} ${shortId(wf.id)}`);
     renderHead(wf);
-    render(regions.alert, wf.error ? errorBox(`This run ${wf.status === "CANCELLED" ? "was cancelled" : "failed"}: ${wf.error}`) : null);
+    const ended = { CANCELLED: "was cancelled", TIMED_OUT: "timed out" }[wf.status] || "failed";
+    // The step that ended the run, when its code raised: its traceback, unfolded on demand.
+    const failing = wf.error ? [...wf.task_runs].reverse().find((r) => r.traceback && !["COMPLETED", "SKIPPED"].includes(r.status)) : null;
+    render(
+      regions.alert,
+      wf.error ? errorBox(`This run ${ended}: ${wf.error}`) : null,
+      failing ? traceback(failing, { id: "wf-traceback", cls: "alert-traceback", title: `Traceback of step ${failing.ref} (attempt ${failing.attempt}${failing.worker_id ? `, on ${failing.worker_id}` : ""})` }) : null,
+      // What the run waits for while it cannot go on by itself (e.g. no worker has its task).
+      wf.status_detail ? h("div", { class: "alert alert-info", role: "status", id: "wf-waiting" }, "This run is ", wf.status_detail) : null,
+    );
     renderMeta(wf);
     renderGraph(wf);
     renderTimeline(wf);
@@ -91,7 +100,7 @@ export function mount(root, ctx) {
     const operator = allowed("operator");
     const roleHint = "Needs an API key with the role operator or higher";
     const cancels = wf.status === "PENDING" || wf.status === "RUNNING";
-    const retries = wf.status === "FAILED" || wf.status === "CANCELLED";
+    const retries = ["FAILED", "CANCELLED", "TIMED_OUT"].includes(wf.status);
     render(
       regions.head,
       h(
@@ -124,6 +133,7 @@ export function mount(root, ctx) {
         ["Created", dateTime(wf.created_at)],
         ["Waited", duration(between(wf.created_at, wf.started_at || wf.finished_at))],
         ["Ran for", duration(workflowDuration(wf))],
+        wf.timeout_s && ["Time limit", h("span", { id: "wf-timeout" }, duration(wf.timeout_s * 1000))],
         ["Started by", h("span", { id: "wf-started-by" }, wf.started_by || "—")],
         ["Priority", String(wf.priority ?? 0)],
         wf.tags?.length > 0 && ["Tags", h("span", { id: "wf-tags" }, wf.tags.map((t) => h("span", { class: "tag" }, t)))],
@@ -239,11 +249,21 @@ export function mount(root, ctx) {
           { label: "Run", align: "right", cls: "num nowrap", cell: (r) => duration(r.run_ms ?? (r.started_at ? between(r.started_at, r.finished_at) : null)) },
           { label: "Task CPU", align: "right", cls: "num nowrap", cell: (r) => duration(r.cpu_ms) },
           { label: "In / out", align: "right", cls: "num nowrap", cell: (r) => `${bytes(r.bytes_in)} / ${bytes(r.bytes_out)}` },
-          { label: "Error", cls: "wrap error-text", cell: (r) => r.error || "" },
+          { label: "Error", cls: "wrap error-text", cell: (r) => h("div", {}, r.error || "", r.traceback && traceback(r)) },
         ],
         wf.task_runs,
         { rowAttrs: (r) => ({ "data-run": r.id, "data-ref": r.ref, "data-status": r.status }), caption: "Task runs", cls: "runs" },
       ),
+    );
+  }
+
+  // Where the task's code raised (or was when it was stopped), folded until asked for.
+  function traceback(r, { id = null, cls = "", title = "Traceback" } = {}) {
+    return h(
+      "details",
+      { class: ["traceback", cls], id, "data-traceback": r.id },
+      h("summary", {}, title),
+      h("pre", { class: "traceback-text" }, r.traceback),
     );
   }
 
