@@ -109,6 +109,7 @@ class WebhookEvent(enum.StrEnum):
     WORKFLOW_COMPLETED = "workflow.completed"
     WORKFLOW_FAILED = "workflow.failed"
     WORKFLOW_CANCELLED = "workflow.cancelled"
+    WORKFLOW_TIMED_OUT = "workflow.timed_out"
     TASK_COMPLETED = "task.completed"
     TASK_FAILED = "task.failed"
     TASK_TIMED_OUT = "task.timed_out"

@@ -29,6 +29,7 @@ RUN_ENDS: Final = (
     WebhookEvent.WORKFLOW_COMPLETED,
     WebhookEvent.WORKFLOW_FAILED,
     WebhookEvent.WORKFLOW_CANCELLED,
+    WebhookEvent.WORKFLOW_TIMED_OUT,
 )
 
 

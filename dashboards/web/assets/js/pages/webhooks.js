@@ -8,7 +8,7 @@ import { card, empty, errorBox, field, mono, table, toast } from "../components.
 import { dateTime } from "../format.js";
 import { needsRole, workflowLink } from "./common.js";
 
-const EVENTS = ["workflow.completed", "workflow.failed", "workflow.cancelled", "task.completed", "task.failed", "task.timed_out"];
+const EVENTS = ["workflow.completed", "workflow.failed", "workflow.cancelled", "workflow.timed_out", "task.completed", "task.failed", "task.timed_out"];
 
 export function mount(root, ctx) {
   ctx.setTitle("Webhooks");
