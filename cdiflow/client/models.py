@@ -166,8 +166,9 @@ def _with_extra(value: Any, dumped: Any) -> Any:
 def definition_body(definition: Mapping[str, Any] | BaseModel) -> dict[str, Any]:
     """What saving ``definition`` sends: a mapping as it is; a definition read from the API
     (``Definition``, ``DefinitionVersion``) without what the API sets itself (version, times),
-    with every other field it had, unknown ones included, so saving it again changes nothing."""
+    with every other field it had, unknown ones included, so saving it again changes nothing.
+    A field it has no value for (null) is left out: saving leaves it unset as it was."""
     if isinstance(definition, BaseModel):
         data = as_data(definition)
-        return {k: v for k, v in data.items() if k not in _SET_BY_THE_API}
+        return {k: v for k, v in data.items() if k not in _SET_BY_THE_API and v is not None}
     return dict(definition)
