@@ -17,12 +17,19 @@ import hmac
 import secrets
 from typing import Final
 
-__all__ = ["SECRET_PREFIX", "new_secret", "secret_problem", "signed_headers"]
+__all__ = ["SECRET_PATTERN", "SECRET_PREFIX", "new_secret", "secret_problem", "signed_headers"]
 
 SECRET_PREFIX: Final = "whsec_"
 _KEY_BYTES: Final = 32
 _MIN_KEY_BYTES: Final = 24
 _MAX_KEY_BYTES: Final = 64
+# What ``secret_problem`` accepts, for the API's schema: the prefix and the base64 of 24 to 64
+# bytes (8 to 21 groups of four characters, and a padded tail that keeps it within 64 bytes).
+_B64: Final = "[A-Za-z0-9+/]"
+SECRET_PATTERN: Final = (
+    f"^{SECRET_PREFIX}(?:(?:{_B64}{{4}}){{8,20}}(?:{_B64}{{2}}==|{_B64}{{3}}=)?"
+    f"|(?:{_B64}{{4}}){{21}}(?:{_B64}{{2}}==)?)$"
+)
 
 
 def new_secret() -> str:

@@ -80,6 +80,7 @@ class QueueSettings(RequestBody):
         le=PRIORITY_MAX,
         description="The priority of its runs when a start names none (waiting runs are "
         "served highest first).",
+        strict=True,
     )
     max_concurrent_runs: int | None = Field(
         default=None,
@@ -87,6 +88,7 @@ class QueueSettings(RequestBody):
         le=100_000,
         description="At most this many of its runs RUNNING at once, over every scheduler; "
         "the others wait PENDING. Default: no limit.",
+        strict=True,
     )
 
     def given_settings(self) -> dict[str, Any]:

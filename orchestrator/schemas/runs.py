@@ -112,6 +112,7 @@ class WorkflowCreate(RequestBody):
         le=PRIORITY_MAX,
         description="Waiting runs are served highest first (first come, first served within "
         "a priority); default: the definition's.",
+        strict=True,
     )
     tags: Tags = Field(
         default_factory=list, description="Labels to find the run by (GET ?tag=...)."

@@ -61,7 +61,11 @@ class ScheduleCreate(RequestBody):
         None, ge=1, le=2**31 - 1, description="Default: the definition's current one at each tick."
     )
     priority: int | None = Field(
-        None, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="Default: the definition's."
+        None,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="Default: the definition's.",
+        strict=True,
     )
     tags: Tags = Field(default_factory=list, description="Given to every run it makes.")
     paused: bool = Field(False, description="Made paused: it fires once resumed.")

@@ -46,6 +46,7 @@ class TaskCreate(RequestBody):
         le=100_000,
         description="At most this many runs of this task at once, over every scheduler "
         "(further ones wait); default: no limit.",
+        strict=True,
     )
 
     @field_validator("name")

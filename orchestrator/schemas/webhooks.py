@@ -11,7 +11,7 @@ from pydantic import AliasChoices, BaseModel, Field, field_validator
 
 from orchestrator.contract.vocabulary import DeliveryStatus, WebhookEvent
 from orchestrator.errors import InvalidRequest
-from orchestrator.notify.signing import secret_problem
+from orchestrator.notify.signing import SECRET_PATTERN, secret_problem
 from orchestrator.schemas.base import NAME_RULE, RequestBody, ResponseBody, checked_name
 
 __all__ = [
@@ -57,6 +57,7 @@ class WebhookCreate(RequestBody):
         default=None,
         description="The signing secret: 'whsec_' and the base64 of 24-64 random bytes. "
         "Default: one is made. Shown in this answer only.",
+        json_schema_extra={"pattern": SECRET_PATTERN},
     )
 
     @field_validator("name")

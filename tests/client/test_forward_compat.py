@@ -174,14 +174,14 @@ def test_a_status_this_version_does_not_know_is_kept_and_its_end_still_seen() ->
         asked.append(request.url.path)
         if request.url.path.endswith("/events"):
             page = EventPage(status="RUNNING", events=[]).model_dump(mode="json")
-            return httpx.Response(200, json=page | {"status": "TIMED_OUT"})
-        return httpx.Response(200, json=_detail("TIMED_OUT", finished=len(asked) > 1))
+            return httpx.Response(200, json=page | {"status": "ARCHIVED"})
+        return httpx.Response(200, json=_detail("ARCHIVED", finished=len(asked) > 1))
 
     with Client("http://api.test", api_key="k", transport=httpx.MockTransport(answer)) as api:
         first = api.get(RUN)
-        assert (first.status, first.policy, first.finished) == ("TIMED_OUT", "cheapest", False)
+        assert (first.status, first.policy, first.finished) == ("ARCHIVED", "cheapest", False)
         assert first.task_runs[0].status == "PAUSED"
-        with pytest.raises(WorkflowFailed, match="ended TIMED_OUT: took too long"):
+        with pytest.raises(WorkflowFailed, match="ended ARCHIVED: took too long"):
             api.wait(RUN, timeout=5, check=True)  # ended: it has an end time
         assert list(api.events(RUN, follow=True)) == []  # ended: the run says so
     assert asked[-1] == f"/api/workflows/{RUN}"

@@ -26,7 +26,12 @@ the operations below, and for that reason alone, a 422 may answer a request the 
   name its steps) of registered tasks; for ``PUT``, the body's name must be the path's;
 * ``POST /api/workflows``: the input image must lie under one of the configured input
   prefixes, and the definition's steps must suit the data plane asked for;
-* ``POST /api/inputs``: the file must be an image in a known format, which no JSON Schema says.
+* ``POST /api/inputs``: the file must be of a type the upload policy allows, found from its
+  bytes, which no JSON Schema says;
+* ``POST /api/schedules``: the cron expression must parse, the time zone must be one this
+  server's time zone database names, and the workflow (and version) must exist;
+* ``GET /api/workflows``: its ``input`` filter is a JSON object the runs' input contains, and
+  a string parameter's schema cannot say "JSON".
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ STATE_DEPENDENT: Final = (
     "PUT /api/workflow-definitions/{name}",
     "POST /api/workflows",
     "POST /api/inputs",
+    "POST /api/schedules",
+    "GET /api/workflows",
 )
 ACCEPTED: Final = '["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]'
 

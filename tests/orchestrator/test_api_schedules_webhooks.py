@@ -239,7 +239,12 @@ def test_a_webhook_secret_is_shown_once_and_bad_ones_are_refused(api_client: Tes
     made = api_client.post("/api/webhooks", json=body)
     assert made.status_code == 201, made.text
     assert made.json()["secret"].startswith("whsec_")
-    assert made.json()["events"] == ["workflow.completed", "workflow.failed", "workflow.cancelled"]
+    assert made.json()["events"] == [
+        "workflow.completed",
+        "workflow.failed",
+        "workflow.cancelled",
+        "workflow.timed_out",
+    ]
     shown = api_client.get(f"/api/webhooks/{body['name']}").json()
     assert "secret" not in shown and made.json()["secret"] not in json.dumps(
         api_client.get("/api/webhooks").json()

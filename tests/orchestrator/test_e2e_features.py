@@ -26,11 +26,11 @@ from standardwebhooks.webhooks import Webhook as Verifier
 
 from orchestrator.stack import Stack
 from orchestrator.stack.defaults import WORKER_COMMAND
+from tests.orchestrator.conftest import deployed_tests_package
 from tests.orchestrator.test_api_schedules_webhooks import Receiver
 from tests.orchestrator.test_e2e import FINISHED, free_port, wait_for
 
 FEATURE_TASKS = "tests.orchestrator.feature_tasks"
-TASK_PACKAGES = "workflows,tests.orchestrator"
 SLOTS = 3  # per worker: six runs could go at once
 MAX_ACTIVE = 4
 
@@ -113,13 +113,15 @@ class Features:
 def features() -> Iterator[Features]:
     folder = Path(tempfile.mkdtemp(prefix="cdiflow-features-"))
     os.chmod(folder, 0o755)
-    os.environ["CDIFLOW_TASK_PACKAGES"] = TASK_PACKAGES
     # Each scheduler runs at most this many at once: a backlog is shared between two.
     os.environ["MAX_ACTIVE_WORKFLOWS"] = str(MAX_ACTIVE)
     worker = (*WORKER_COMMAND, "--concurrency", str(SLOTS))
     try:
-        with Stack(folder, workers=2, port=free_port(), tasks=[FEATURE_TASKS],
-                   worker_command=worker) as stack:  # fmt: skip
+        with (
+            deployed_tests_package(),  # the tests' own tasks
+            Stack(folder, workers=2, port=free_port(), tasks=[FEATURE_TASKS],
+                  worker_command=worker) as stack,
+        ):  # fmt: skip
             f = Features(stack, folder)
             reply = f.api.put(
                 "/api/tasks/hold", json={"name": "hold", "module": f"{FEATURE_TASKS}:hold"}
@@ -129,7 +131,6 @@ def features() -> Iterator[Features]:
             f.kill_second_scheduler()
             f.api.close()
     finally:
-        os.environ.pop("CDIFLOW_TASK_PACKAGES", None)
         os.environ.pop("MAX_ACTIVE_WORKFLOWS", None)
         subprocess.run(["rm", "-rf", str(folder)], check=False)
 
