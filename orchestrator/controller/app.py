@@ -43,7 +43,7 @@ from starlette.types import Scope
 
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
-from orchestrator.controller.api.routes.files import upload_limit
+from orchestrator.controller.api.routes.files import UPLOAD_ADVICE, upload_limit
 from orchestrator.controller.auth import KeyCache, Viewer
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hosts import AllowedHosts
@@ -297,11 +297,7 @@ def create_app(
     _mount_metrics(app)
     _mount_dashboard(app)
     install_error_handler(app)
-    upload = PathLimit(
-        upload_limit(settings.max_input_bytes),
-        what="an upload",
-        advice="an input image is at most MAX_INPUT_BYTES; send a smaller image",
-    )
+    upload = PathLimit(upload_limit(settings), what="an upload", advice=UPLOAD_ADVICE)
     # The last added runs first: the host check, then CORS, then the body limit.
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, paths={"/api/inputs": upload})
     if settings.cors_origins:
