@@ -14,7 +14,7 @@
 Every route of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
 definitions (``apply_definition``, ``definition_versions``, ``delete_definition``, ...), inputs
 (``upload``), runs (``start``, ``wait``, ``run``, ``events``, ``download_result``,
-``list_workflows``, ``cancel``, ``retry``, ``images``), task runs, ``workers``,
+``save_result``, ``list_workflows``, ``cancel``, ``retry``, ``images``), task runs, ``workers``,
 ``cdi_objects``, ``stats``, API keys and health. Errors come from one tree,
 ``cdiflow.client.errors``, mapped from the API's error codes.
 
@@ -22,6 +22,7 @@ The answers are the API's own models (``orchestrator.schemas``, under the names 
 so that fields, step kinds and statuses of a newer API are kept: ``cdiflow.client.models``.
 """
 
+from cdiflow.client._calls import SavedResult
 from cdiflow.client.aio import AsyncClient
 from cdiflow.client.config import Endpoint, resolve
 from cdiflow.client.errors import (
@@ -91,6 +92,7 @@ __all__ = [
     "NotFound",
     "Readiness",
     "RequestTooLarge",
+    "SavedResult",
     "ServiceUnavailable",
     "Stats",
     "Step",

@@ -52,6 +52,7 @@ SAMPLES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("cancel", (RUN,), {}),
     ("retry", (RUN,), {}),
     ("result", (RUN,), {}),
+    ("result", (RUN, "double.values"), {}),
     ("images", (RUN,), {}),
     ("thumbnail", (RUN, "result"), {}),
     ("active_task_runs", (), {"worker": "worker-1", "workflow": RUN, "limit": 10}),
