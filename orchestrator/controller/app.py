@@ -49,7 +49,7 @@ from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hosts import AllowedHosts
 from orchestrator.controller.http_errors import install_error_handler
 from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit, PathLimit
-from orchestrator.controller.metrics import StackCollector, metrics_registry
+from orchestrator.controller.metrics import LongPollCollector, StackCollector, metrics_registry
 from orchestrator.db import make_engine, make_session_factory, migrate
 from orchestrator.db.async_run_store import AsyncRunStore
 from orchestrator.db.repository import (
@@ -271,7 +271,9 @@ def create_app(
             resources.redis, partial(_ended_among, resources)
         )
         watch.start()
-        app.state.metrics = metrics_registry(StackCollector(resources))
+        app.state.metrics = metrics_registry(
+            StackCollector(resources), LongPollCollector(watch.waiting)
+        )
         try:
             yield
         finally:
