@@ -23,7 +23,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
+from functools import cache, partial
 from importlib import metadata
 from pathlib import Path
 from typing import Final
@@ -81,14 +81,32 @@ def _version() -> str:
         return "0+unknown"
 
 
-# The API docs load nothing from elsewhere: ReDoc's footer shows its maker's logo from a CDN,
-# which this refuses before any request (the image hides itself); both pages run an inline
-# script that starts them, and ReDoc's search runs in a worker made from a blob.
+# The API docs load nothing from elsewhere (ReDoc's script is served with its footer logo
+# inlined, ``_redoc_script``); both pages run an inline script that starts them, and ReDoc's
+# search runs in a worker made from a blob.
 _DOCS_CSP: Final = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; worker-src 'self' blob:; connect-src 'self'; base-uri 'none'; "
     "frame-ancestors 'none'"
 )
+
+
+# ReDoc's footer draws its maker's logo from a CDN, which a page on a machine without internet
+# access (and this policy) cannot load; the same small mark is drawn inline instead.
+_REDOC_LOGO_URL: Final = b"https://cdn.redoc.ly/redoc/logo-mini.svg"
+_REDOC_LOGO: Final = (
+    b"data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
+    b"%3Crect x='2' y='2' width='12' height='12' rx='3' fill='%23888'/%3E%3C/svg%3E"
+)
+
+
+@cache
+def _redoc_script(assets: Path) -> bytes:
+    """ReDoc's standalone script with its footer logo inlined (read once, ~1 MB)."""
+    script = (assets / "redoc.standalone.js").read_bytes()
+    if _REDOC_LOGO_URL not in script:
+        log.warning("ReDoc's script names no CDN logo to inline; serving it as it is")
+    return script.replace(_REDOC_LOGO_URL, _REDOC_LOGO)
 
 
 def dashboard_dir() -> Path | None:
@@ -138,8 +156,14 @@ def _mount_docs(app: FastAPI) -> None:
     import fastapi_offline
 
     assets = Path(fastapi_offline.__file__).resolve().parent / "static"
-    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
     openapi_url = app.openapi_url or "/api/openapi.json"
+
+    @app.get("/docs-assets/redoc.offline.js", include_in_schema=False)
+    def redoc_script() -> Response:
+        headers = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+        return Response(_redoc_script(assets), media_type="text/javascript", headers=headers)
+
+    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
@@ -160,7 +184,7 @@ def _mount_docs(app: FastAPI) -> None:
         page = get_redoc_html(
             openapi_url=openapi_url,
             title=f"{app.title} API",
-            redoc_js_url="/docs-assets/redoc.standalone.js",
+            redoc_js_url="/docs-assets/redoc.offline.js",
             redoc_favicon_url="/docs-assets/favicon.png",
             with_google_fonts=False,
         )
