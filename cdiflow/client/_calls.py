@@ -131,7 +131,11 @@ class Call(Generic[T]):
 
     @property
     def timeout(self) -> httpx.Timeout:
-        return httpx.Timeout(READ_TIMEOUT_S + self.wait_s, connect=CONNECT_TIMEOUT_S)
+        # A long poll waits its turn for a connection of the waits' pool however long it takes
+        # (each one there is freed within a poll): more waits than ``max_waits`` take turns
+        # instead of failing with a pool timeout.
+        pool = None if self.wait_s > 0 else READ_TIMEOUT_S
+        return httpx.Timeout(READ_TIMEOUT_S + self.wait_s, connect=CONNECT_TIMEOUT_S, pool=pool)
 
     def parse(self, body: Any) -> T:
         """The answer read from ``body`` (bytes for a file, else JSON as parsed)."""

@@ -8,6 +8,8 @@ import asyncio
 import os
 import subprocess
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -15,12 +17,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdiflow.client import AsyncClient, Client, ConfigError
-from cdiflow.client._calls import Pools
+from cdiflow.client._calls import Calls, Pools
 from orchestrator.stack import Stack
 from tests.client.conftest import StackApi
 from tests.dashboard.support import free_port
 
 WAITS = 300  # three times httpx's default pool of 100 connections
+HELD_WITHIN_S = 120.0  # a generous bound on sending 300 requests, so a failure says why
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,12 @@ def _long_polls(stack: StackApi) -> float:
 
 async def _until_held(stack: StackApi, count: int, waits: list[asyncio.Task[object]]) -> None:
     """Until the API holds ``count`` long polls (a wait that ended fails the test at once)."""
-    while await asyncio.to_thread(_long_polls, stack) < count:
+    deadline = time.monotonic() + HELD_WITHIN_S
+    while (held := await asyncio.to_thread(_long_polls, stack)) < count:
         assert not any(w.done() for w in waits), [w for w in waits if w.done()][:1]
+        assert time.monotonic() < deadline, (
+            f"the API holds {held:g} of {count} waits: the rest never left the client"
+        )
         await asyncio.sleep(0.2)
 
 
@@ -81,6 +88,10 @@ def test_the_pools_are_sized_by_name() -> None:
     assert (pools.waits.max_connections, pools.waits.max_keepalive_connections) == (1000, 1000)
     with Client("http://127.0.0.1:9", max_connections=8, max_waits=1000):
         pass  # the names a caller passes
+    # More waits than max_waits take turns for a connection, however long: never a timeout.
+    calls = Calls()
+    assert calls.get(uuid.uuid4(), wait_s=55).timeout.pool is None
+    assert calls.get(uuid.uuid4()).timeout.pool is not None
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ConfigError, match="max_waits must be a positive number"):
             AsyncClient("http://127.0.0.1:9", max_waits=bad)  # type: ignore[arg-type]
