@@ -417,7 +417,8 @@ class WaitClock:
 def the_only_result(output: str | None, missing: NotFound) -> str:
     """The result to download when a run without an image result was asked for its image
     result: its only stored result; else ``missing``, which lists them."""
-    if output is None and len(missing.known) == 1:
+    # A long list output is offered as one range ("step.output[0..n-1]"), not a result.
+    if output is None and len(missing.known) == 1 and ".." not in missing.known[0]:
         return missing.known[0]
     raise missing
 

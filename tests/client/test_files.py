@@ -6,6 +6,7 @@ does the same with ``files=`` and ``save_result``."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 from pathlib import Path
@@ -87,7 +88,7 @@ def test_the_sdk_takes_files_and_saves_results_streamed(
     uploaded = api.upload(_npy_bytes(array), "values.npy")
     assert (uploaded.content_type, uploaded.format) == ("application/x-npy", None)
     run = api.run("ar_video", files={"video": video}, data={"frames": 4})
-    assert run.output["frame_count"] == 4
+    assert run.output is not None and run.output["frame_count"] == 4
     saved = api.save_result(run.id, tmp_path / "out.mp4")  # its only result
     assert (saved.content_type, saved.bytes) == ("video/mp4", (tmp_path / "out.mp4").stat().st_size)
     assert api.download_result(run.id, output="combine.video") == saved.path.read_bytes()
@@ -104,9 +105,7 @@ def test_the_sdk_takes_files_and_saves_results_streamed(
     assert kind == "video/mp4" and data == saved.path.read_bytes()
 
 
-def _npy_bytes(array: np.ndarray) -> bytes:  # type: ignore[type-arg]
-    import io
-
+def _npy_bytes(array: np.ndarray) -> bytes:
     out = io.BytesIO()
     np.save(out, array)
     return out.getvalue()

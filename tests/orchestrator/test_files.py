@@ -220,6 +220,7 @@ def test_every_named_result_downloads_with_its_content_type(
         "double.values": f"{stem}double.values.npy",
         "combine.video": f"{stem}combine.video.mp4",
         "split.parts": [f"{stem}split.parts-0.json", f"{stem}split.parts-1.json"],
+        "tile.out": [f"{stem}tile.out-{i}.json" for i in range(12)],  # named as a range
     }
     _finish(api_sessions, run_id, None, {"results": results})
 
@@ -237,7 +238,7 @@ def test_every_named_result_downloads_with_its_content_type(
         np.load(io.BytesIO(api_client.get(f"/api/workflows/{run_id}/results/double.values")
                            .content)), np.linspace(0, 1, 50_000))  # fmt: skip
 
-    known = "combine.video, double.values, split.parts[0], split.parts[1]"
+    known = "combine.video, double.values, split.parts[0], split.parts[1], tile.out[0..11]"
     unknown = api_client.get(f"/api/workflows/{run_id}/results/double.other")
     assert unknown.status_code == 404 and unknown.json()["detail"].endswith(f"known: {known}")
     no_image = api_client.get(f"/api/workflows/{run_id}/result")

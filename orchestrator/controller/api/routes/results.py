@@ -31,10 +31,11 @@ from orchestrator.errors import Conflict, InputMissing, NotFound
 from orchestrator.objectstore import ObjectStore
 from orchestrator.schemas import error_responses
 
-__all__ = ["router", "stored_results"]
+__all__ = ["known_results", "router", "stored_results"]
 
 router = APIRouter(prefix="/workflows", tags=["workflows"], route_class=StrictJsonRoute)
 
+_LISTED_ELEMENTS: Final = 4  # a longer list output is named as a range in a 404
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._\[\]-]+")  # what a quoted filename may not hold
 _ANY_FILE: Final[dict[int | str, dict[str, Any]]] = {
     200: {"content": {"application/octet-stream": {}, "image/png": {}, "image/jpeg": {}}},
@@ -42,19 +43,34 @@ _ANY_FILE: Final[dict[int | str, dict[str, Any]]] = {
 }
 
 
+def _listed(row: Workflow) -> dict[str, Any]:
+    listed = (row.output or {}).get("results")
+    return listed if isinstance(listed, dict) else {}
+
+
 def stored_results(row: Workflow) -> dict[str, str]:
     """The run's stored results by name, ``{step}.{output}`` (a list output's elements as
     ``{step}.{output}[i]``), each an S3 URI."""
-    listed = (row.output or {}).get("results")
     flat: dict[str, str] = {}
-    if not isinstance(listed, dict):
-        return flat
-    for name, uri in listed.items():
+    for name, uri in _listed(row).items():
         if isinstance(uri, str):
             flat[str(name)] = uri
         elif isinstance(uri, list):
             flat.update({f"{name}[{i}]": u for i, u in enumerate(uri) if isinstance(u, str)})
     return flat
+
+
+def known_results(row: Workflow) -> list[str]:
+    """The names a 404 offers, by name: a long list output as ``{step}.{output}[0..n-1]``."""
+    known: list[str] = []
+    for name, uri in sorted(_listed(row).items()):
+        if isinstance(uri, list) and len(uri) > _LISTED_ELEMENTS:
+            known.append(f"{name}[0..{len(uri) - 1}]")
+        elif isinstance(uri, list):
+            known += [f"{name}[{i}]" for i in range(len(uri))]
+        else:
+            known.append(str(name))
+    return known
 
 
 def _completed(row: Workflow) -> None:
@@ -94,9 +110,7 @@ def download_result(
     row = repo.get_workflow(session, workflow_id)
     _completed(row)
     if row.result_uri is None:
-        raise NotFound(
-            "image result of workflow run", workflow_id, known=sorted(stored_results(row))
-        )
+        raise NotFound("image result of workflow run", workflow_id, known=known_results(row))
     extension = PurePosixPath(row.result_uri).suffix.lower()
     return _download(store, row.result_uri, "result image", f"{workflow_id}{extension}")
 
@@ -119,5 +133,5 @@ def download_named_result(
     results = stored_results(row)
     uri = results.get(name)
     if uri is None:
-        raise NotFound(f"result of workflow run {workflow_id}", name, known=sorted(results))
+        raise NotFound(f"result of workflow run {workflow_id}", name, known=known_results(row))
     return _download(store, uri, "result", uri.rsplit("/", 1)[-1])
