@@ -46,6 +46,7 @@ COMMANDS: Final = {
     "tasks": "cdiflow.commands.definitions:tasks_group",
     "definitions": "cdiflow.commands.definitions:definitions_group",
     "ar": "apps.ar.cli:ar_group",
+    "containers": "deploy.containers.cli:containers_group",
 }
 CDI_COMMANDS: Final = {
     "controller": "cdi.controller.cli:controller_command",
@@ -108,10 +109,10 @@ def _unavailable(name: str, why: str) -> click.Command:
 def _missing(group: str, command: str, module: str, exc: ModuleNotFoundError) -> str:
     package = module.partition(".")[0]
     if exc.name is not None and exc.name.partition(".")[0] == package:
+        extra = " (`pip install -e '.[bench]'` there)" if group.endswith(" bench") else ""
         return (
-            f"`{group} {command}` is part of the repository's benchmark harness "
-            f"({package}/), which an installed cdiflow does not include: run it from a "
-            "source checkout (`pip install -e '.[bench]'` there)"
+            f"`{group} {command}` is part of the repository's source checkout ({package}/), "
+            f"which an installed cdiflow does not include: run it from a checkout{extra}"
         )
     return f"`{group} {command}` needs {exc.name!r}, which is not installed: " + (
         "pip install 'cdiflow[bench]'" if group.endswith(" bench") else "reinstall cdiflow"
