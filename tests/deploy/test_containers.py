@@ -1,0 +1,77 @@
+"""The stack as containers (``cdiflow containers up``): every role in the product's image,
+services in theirs, two hosts (pods) on one podman network with CDI-RPC between their minions.
+It runs ``image_pipeline`` under ``transfer`` with hand-offs that cross hosts and the right
+pixels, serves the dashboard, and leaves nothing behind when it stops."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.containers.podman import LABEL, podman
+from deploy.containers.stack import ContainerStack, container_rows
+from orchestrator.child_process import free_port
+from tests.deploy.support import crossings, require_podman_stack, run_pipelines
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerStack]:
+    require_podman_stack()
+    folder: Path = tmp_path_factory.mktemp("containers")
+    running = ContainerStack(folder / "data", name=f"cdiflow-t{uuid.uuid4().hex[:6]}",
+                             hosts=2, workers=2, port=free_port())  # fmt: skip
+    try:
+        yield running.start()
+    finally:
+        running.stop(remove_data=True, timeout=5)
+    label = f"label={LABEL}={running.name}"
+    assert podman("ps", "-a", "--filter", label, "--format", "{{.Names}}").split() == []
+    assert podman("pod", "ps", "--filter", label, "--format", "{{.Name}}").split() == []
+    assert running.name not in podman("network", "ls", "--format", "{{.Name}}").split()
+
+
+def test_every_role_runs_as_its_own_user_on_its_host(stack: ContainerStack) -> None:
+    rows = {r["name"]: r for r in container_rows(stack.name)}
+    assert {r["role"] for r in rows.values()} == {
+        "postgres", "redis", "s3", "controller", "minion", "api", "scheduler", "worker"
+    }  # fmt: skip
+    assert all(r["state"] == "running" for r in rows.values()), rows
+    pods = {r["pod"] for r in rows.values() if r["role"] in ("minion", "worker")}
+    assert pods == {stack.layout.pod("host1"), stack.layout.pod("host2")}
+    for name in rows:
+        uid = podman("exec", name, "sh", "-c", "id -u").strip()
+        assert uid != "0", f"{name} runs as root"
+
+
+def test_image_pipeline_under_transfer_crosses_hosts_with_the_right_pixels(
+    stack: ContainerStack,
+) -> None:
+    details = run_pipelines(stack.api_url, stack.auth_headers, runs=4)
+    crossed = crossings(details)
+    assert crossed, "no hand-off crossed between the hosts"
+    assert {h["from_host"] for h in crossed} | {h["to_host"] for h in crossed} == {
+        "host1", "host2"
+    }  # fmt: skip
+    workers = {t["worker_id"] for d in details for t in d["task_runs"]}
+    assert workers == {"worker-1", "worker-2"}, workers
+
+
+def test_the_dashboard_and_what_it_reads_are_served(stack: ContainerStack) -> None:
+    with httpx.Client(base_url=stack.api_url, timeout=30) as api:
+        page = api.get("/")
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        ready = api.get("/api/readyz")
+        assert ready.status_code == 200, ready.text
+        workers = api.get("/api/workers", headers=stack.auth_headers).json()
+        hosts = {w["id"]: w["host"] for w in workers}
+        assert hosts == {"worker-1": "host1", "worker-2": "host2"}, workers
+        directory = api.get("/api/cdi/objects", headers=stack.auth_headers)
+        assert directory.status_code == 200, directory.text
+        minions = {m["host"]: m["alive"] for m in directory.json()["minions"]}
+        assert minions == {"host1": True, "host2": True}
