@@ -105,6 +105,43 @@ def status_command(name: str, as_json: bool) -> None:
     sys.exit(0 if rows else 1)
 
 
+@containers_group.command("faults")
+@click.option("--faults", default="all", show_default=True,
+              help="Comma-separated fault names (see deploy/containers/faults.py).")  # fmt: skip
+@click.option("--workflows", type=click.IntRange(3, 1000), default=30, show_default=True,
+              help="Workflows in flight when each fault strikes.")  # fmt: skip
+@click.option("--deadline", type=float, default=240.0, show_default=True,
+              help="Seconds each case may take to bring every workflow to its end.")  # fmt: skip
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Also write the results as JSON to this file.")  # fmt: skip
+@click.option("--logs", "logs_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Keep each container's log here, a folder a fault.")  # fmt: skip
+def faults_command(
+    faults: str, workflows: int, deadline: float, json_out: Path | None, logs_dir: Path | None
+) -> None:
+    """Strike each fault at a fresh stack as containers (two hosts) with WORKFLOWS in flight:
+    every workflow must end right (0 stuck, 0 lost, 0 wrong, no object left), and the time
+    until a new workflow completes is the recovery. Prints a table; exits 1 if a case failed."""
+    from deploy.containers.faults import CONTAINER_FAULTS, run_faults
+    from loadtest.chaos.cli import table
+
+    by_name = {f.name: f for f in CONTAINER_FAULTS}
+    names = list(by_name) if faults == "all" else [f.strip() for f in faults.split(",") if f]
+    if unknown := [n for n in names if n not in by_name]:
+        raise click.BadParameter(f"unknown fault(s) {unknown}; choose from {', '.join(by_name)}")
+    try:
+        results = run_faults([by_name[n] for n in names], workflows=workflows,
+                             deadline_s=deadline, logs_dir=logs_dir)  # fmt: skip
+    except ContainerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    report: dict[str, Any] = {"results": [r.as_dict() for r in results]}
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(table(results))
+    if not all(r.passed for r in results):
+        sys.exit(1)
+
+
 def _summary(stack: Any) -> str:
     key = stack.secrets.admin_key_file
     return (
