@@ -26,6 +26,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -49,19 +50,11 @@ from orchestrator.contract import keys
 from orchestrator.services import RunningServices
 from orchestrator.stack.probes import http_ok, worker_heartbeat
 
-__all__ = ["ROLE_LABEL", "ContainerStack", "container_rows", "stack_names"]
+__all__ = ["ROLE_LABEL", "ContainerStack", "container_rows"]
 
 ROLE_LABEL: Final = "io.cdiflow.role"
-STATE_FILE: Final = "containers.json"
 _STOP_ORDER: Final = ("worker", "scheduler", "api", "minion", "controller", "s3", "redis",
                       "postgres")  # fmt: skip
-
-
-def stack_names() -> list[str]:
-    """The stacks as containers that run here (by their networks' label)."""
-    out = podman("network", "ls", "--filter", f"label={LABEL}", "--format",
-                 f'{{{{index .Labels "{LABEL}"}}}}')  # fmt: skip
-    return sorted({line.strip() for line in out.splitlines() if line.strip()})
 
 
 def container_rows(name: str) -> list[dict[str, Any]]:
@@ -165,10 +158,6 @@ class ContainerStack:
     def socket_path(self, host: str) -> Path:
         return self.layout.socket_dir(host) / "minion.sock"
 
-    def containers(self, role: str | None = None) -> list[str]:
-        """The stack's containers (of ``role``: postgres, api, minion, worker, ...)."""
-        return [n for n, spec in self.specs.items() if role is None or spec.role == role]
-
     # -- start and stop --------------------------------------------------------------------
 
     def start(self) -> Self:
@@ -178,13 +167,11 @@ class ContainerStack:
         if self.port and not _port_free(self.port):
             raise ContainerError(f"port {self.port} on 127.0.0.1 is in use: choose another "
                                  "with --port")  # fmt: skip
-        began = time.monotonic()
         try:
             self._start()
         except BaseException:
             self.stop()
             raise
-        self._write_state(time.monotonic() - began)
         return self
 
     def stop(self, *, remove_data: bool = False, timeout: int = 10) -> None:
@@ -208,7 +195,6 @@ class ContainerStack:
         if exists("network", self.layout.network):
             podman("network", "rm", "--force", self.layout.network, check=False)
         self.specs.clear()
-        (self.data_dir / STATE_FILE).unlink(missing_ok=True)
         if remove_data:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -494,18 +480,6 @@ class ContainerStack:
         finally:
             client.close()
 
-    def _write_state(self, took: float) -> None:
-        state = {
-            "name": self.name, "api_url": self.api_url, "port": self.port,
-            "api_key_file": str(self.secrets.admin_key_file),
-            "s3_endpoint_url": f"http://127.0.0.1:{self.s3_port}", "s3_port": self.s3_port,
-            "hosts": self.host_address, "containers": sorted(self.specs),
-            "started_in_s": round(took, 1),
-        }  # fmt: skip
-        path = self.data_dir / STATE_FILE
-        path.write_text(json.dumps(state, indent=2) + "\n")
-        path.chmod(0o600)
-
 
 def _address(container: dict[str, Any], network: str) -> str:
     networks = container.get("NetworkSettings", {}).get("Networks") or {}
@@ -517,8 +491,6 @@ def _address(container: dict[str, Any], network: str) -> str:
 
 
 def _with_publish(spec: ContainerSpec, published: str) -> ContainerSpec:
-    from dataclasses import replace
-
     return replace(spec, publish=(*spec.publish, published))
 
 

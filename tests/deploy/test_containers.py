@@ -1,7 +1,8 @@
 """The stack as containers (``cdiflow containers up``): every role in the product's image,
 services in theirs, two hosts (pods) on one podman network with CDI-RPC between their minions.
 It runs ``image_pipeline`` under ``transfer`` with hand-offs that cross hosts and the right
-pixels, serves the dashboard, and leaves nothing behind when it stops."""
+pixels, runs task code from a folder it was given, serves the dashboard, and leaves nothing
+behind when it stops."""
 
 from __future__ import annotations
 
@@ -24,8 +25,17 @@ pytestmark = pytest.mark.timeout(600)
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerStack]:
     require_podman_stack()
     folder: Path = tmp_path_factory.mktemp("containers")
+    tasks = folder / "mytasks"  # your task code, as `--tasks mytasks` mounts it
+    tasks.mkdir()
+    (tasks / "counting.py").write_text(
+        "from workflows.api import TaskContext, task\n\n\n@task(name='add_one', "
+        "needs_image=False)\ndef add_one(ctx: TaskContext) -> dict:\n"
+        "    return {'n': int(ctx.input['n']) + 1}\n"
+    )
+    for path in (folder, tasks, tasks / "counting.py"):  # the containers' users read it
+        path.chmod(0o755 if path.is_dir() else 0o644)
     running = ContainerStack(folder / "data", name=f"cdiflow-t{uuid.uuid4().hex[:6]}",
-                             hosts=2, workers=2, port=free_port())  # fmt: skip
+                             hosts=2, workers=2, port=free_port(), tasks=[tasks])  # fmt: skip
     try:
         yield running.start()
     finally:
@@ -75,3 +85,18 @@ def test_the_dashboard_and_what_it_reads_are_served(stack: ContainerStack) -> No
         assert directory.status_code == 200, directory.text
         minions = {m["host"]: m["alive"] for m in directory.json()["minions"]}
         assert minions == {"host1": True, "host2": True}
+
+
+def test_task_code_from_a_folder_it_was_given_runs(stack: ContainerStack) -> None:
+    name = f"count-{uuid.uuid4().hex[:6]}"
+    with httpx.Client(base_url=stack.api_url, headers=stack.auth_headers, timeout=60) as api:
+        task = api.post("/api/tasks", json={"name": "add_one", "module": "counting:add_one"})
+        assert task.status_code == 201, task.text  # a live worker loaded it from the folder
+        definition = {"name": name, "tasks": [{"ref": "a", "task": "add_one"}]}
+        made = api.post("/api/workflow-definitions", json=definition)
+        assert made.status_code == 201, made.text
+        started = api.post("/api/workflows", params={"wait_s": 55},
+                           json={"workflow": name, "input": {"data": {"n": 41}}})  # fmt: skip
+        assert started.status_code == 201, started.text
+        assert started.json()["status"] == "COMPLETED", started.json()
+        assert started.json()["output"]["n"] == 42
