@@ -14,6 +14,7 @@ from apps.ar.errors import ARError
 from cdi.errors import CDIError
 from cdiflow.client.errors import CdiflowError
 from orchestrator.errors import OrchestratorError
+from orchestrator.pid_one import stop_on_sigterm
 from workflows.errors import WorkflowsError
 
 __all__ = ["main"]
@@ -137,6 +138,7 @@ class _Commands(_LazyCommands):
 @click.version_option(package_name="cdiflow")
 def main() -> None:
     """cdiflow: a workflow orchestrator whose intermediate data moves as Container Data Items."""
+    stop_on_sigterm()  # a container's roles run as its first process
 
 
 @main.group("cdi", cls=_LazyCommands, lazy=CDI_COMMANDS)

@@ -20,6 +20,7 @@ from orchestrator.db.migrate import migrate
 from orchestrator.errors import OrchestratorError
 from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.metrics_http import serve_metrics
+from orchestrator.pid_one import stop_on_sigterm
 from orchestrator.settings import load_settings
 
 __all__ = ["controller_command"]
@@ -63,6 +64,7 @@ def controller_command(
     log_format: str,
 ) -> None:
     """Serve the cdiflow REST API (and the dashboard) over HTTP."""
+    stop_on_sigterm()  # in a container, before uvicorn's own handlers (migrations may wait)
     setup_logging(
         log_level,
         log_format,

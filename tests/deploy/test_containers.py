@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deploy.containers.podman import LABEL, podman
+from deploy.containers.images import images
+from deploy.containers.podman import LABEL, inspect, podman
 from deploy.containers.stack import ContainerStack, container_rows
 from orchestrator.child_process import free_port
 from tests.deploy.support import crossings, require_podman_stack, run_pipelines
@@ -47,6 +48,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerStack]:
 
 
 def test_every_role_runs_as_its_own_user_on_its_host(stack: ContainerStack) -> None:
+    assert inspect("image", images().product)["Config"]["User"] == "cdiflow"  # not root
     rows = {r["name"]: r for r in container_rows(stack.name)}
     assert {r["role"] for r in rows.values()} == {
         "postgres", "redis", "s3", "controller", "minion", "api", "scheduler", "worker"
