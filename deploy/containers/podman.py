@@ -2,16 +2,17 @@
 through, with the engine settings this project needs in one file.
 
 *Why a configuration file of our own* (``CONTAINERS_CONF``): podman's default limit on open
-files is above this kind of machine's hard limit, so runc refuses to start any container
-("error setting rlimits"), and ``podman kube play`` takes no ``--ulimit``; the file sets limits
-every container may have, and the runtime (runc), for every command alike, without touching the
-machine's own configuration.
+files can be above the machine's hard limit, and runc then refuses to start any container
+("error setting rlimits"); ``podman kube play`` takes no ``--ulimit``. The file sets limits
+within this process's own, and the runtime (runc), for every command alike, without touching
+the machine's configuration.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -27,9 +28,11 @@ LABEL: Final = "io.cdiflow.stack"  # every container, pod, network and volume of
 _CONF: Final = """\
 # Written by deploy/containers/podman.py for the podman commands it runs (CONTAINERS_CONF).
 [containers]
-default_ulimits = ["nofile=16384:16384", "nproc=4096:4096"]
+default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]
 {runtime}
 """
+_NOFILE: Final = 16384
+_NPROC: Final = 4096
 
 
 def require_podman() -> None:
@@ -49,7 +52,11 @@ def require_podman() -> None:
 def podman_env() -> dict[str, str]:
     """Our environment with ``CONTAINERS_CONF`` pointing at this project's engine settings."""
     runtime = 'runtime = "runc"' if shutil.which("runc") else ""
-    text = _CONF.format(runtime=f"[engine]\n{runtime}" if runtime else "")
+    text = _CONF.format(
+        runtime=f"[engine]\n{runtime}" if runtime else "",
+        nofile=_within(resource.RLIMIT_NOFILE, _NOFILE),
+        nproc=_within(resource.RLIMIT_NPROC, _NPROC),
+    )
     conf = CHECKOUT / "build" / "podman" / "containers.conf"
     if not conf.is_file() or conf.read_text() != text:
         conf.parent.mkdir(parents=True, exist_ok=True)
@@ -57,6 +64,13 @@ def podman_env() -> dict[str, str]:
         tmp.write_text(text)
         tmp.replace(conf)
     return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+
+def _within(limit: int, wanted: int) -> int:
+    """``wanted``, or this process's hard limit if that is lower: no container may have more
+    than the runtime that starts it."""
+    hard = resource.getrlimit(limit)[1]
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
 
 
 def podman(
