@@ -50,6 +50,7 @@ _WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 )
 @click.option(
     "--metrics-host",
+    type=BindAddress(),
     default=None,
     envvar="CDIFLOW_METRICS_HOST",
     show_envvar=True,
