@@ -34,7 +34,6 @@ __all__ = [
     "ensure_key_file",
     "generate_key",
     "hash_key",
-    "placeholder_reason",
     "read_key_file",
 ]
 
@@ -44,15 +43,6 @@ MIN_KEY_LENGTH: Final = 32
 _PREFIX: Final = "cdf_"
 # RFC 6750's b64token alphabet, bounded: a header that is not a key never reaches a query.
 KEY_RE: Final = re.compile(rf"[A-Za-z0-9._~+/=-]{{{MIN_KEY_LENGTH},256}}")
-# What an example key in a manifest or a document says instead of being secret: a configured
-# admin key that reads like one is refused (``placeholder_reason``), so that a forgotten edit
-# never deploys a published key.
-_PLACEHOLDER_WORDS: Final = re.compile(
-    r"change[-_.]?me|replace[-_.]?me|placeholder|example|your[-_.]?(admin[-_.]?)?key|"
-    r"random[-_.]?key|not[-_.]?a[-_.]?secret",
-    re.IGNORECASE,
-)
-_MIN_DISTINCT: Final = 12  # a random key of 32+ characters has ~30 distinct ones
 
 
 class Role(enum.StrEnum):
@@ -78,16 +68,6 @@ def generate_key() -> str:
 def hash_key(key: str) -> str:
     """The hex SHA-256 digest stored in place of ``key``."""
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-def placeholder_reason(key: str) -> str | None:
-    """Why ``key`` is no secret (a placeholder's words, or too few distinct characters to be
-    random), or ``None`` for a key that may be one."""
-    if found := _PLACEHOLDER_WORDS.search(key):
-        return f"it is a placeholder (it says {found.group(0)!r})"
-    if len(set(key)) < _MIN_DISTINCT:
-        return f"it has only {len(set(key))} distinct characters, too few for a random key"
-    return None
 
 
 def read_key_file(path: Path) -> str:

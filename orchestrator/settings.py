@@ -29,7 +29,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from orchestrator.apikeys import KEY_RE, MIN_KEY_LENGTH, placeholder_reason, read_key_file
+from cdi.auth import placeholder_reason  # one rule for every secret an operator configures
+from orchestrator.apikeys import KEY_RE, MIN_KEY_LENGTH, read_key_file
 from orchestrator.errors import ConfigError
 from workflows.sources import TaskSources
 
@@ -318,7 +319,7 @@ class Settings(BaseSettings):
     def resolved_admin_key(self) -> str | None:
         """The admin key from ``admin_key`` or ``admin_key_file``, or ``None`` when neither is
         set; ``ConfigError`` if that file is unusable or the key is a placeholder (the API
-        refuses to start with one: ``apikeys.placeholder_reason``)."""
+        refuses to start with one: ``cdi.auth.placeholder_reason``)."""
         if self.admin_key is not None:
             key, where = self.admin_key.get_secret_value(), "CDIFLOW_ADMIN_KEY"
         elif self.admin_key_file is not None:

@@ -310,6 +310,28 @@ def test_the_api_process_exits_saying_its_admin_key_is_a_placeholder(tmp_path: P
     assert _manifest_admin_key() not in done.stderr + done.stdout
 
 
+def test_the_api_refuses_a_controller_token_that_is_no_readers(
+    api_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a CDI controller to read, the token it was given must be a reader's: a placeholder
+    left in a Secret, or a minion's token, stops the API at its start, never repeated."""
+    from cdi.auth import ANY_HOST, Role, mint_token, new_key
+    from orchestrator.errors import ConfigError
+
+    monkeypatch.setenv("CDI_CONTROLLER_URL", "grpc://127.0.0.1:9")
+    monkeypatch.delenv("CDI_CONTROLLER_TOKEN_FILE", raising=False)
+    placeholder = "CHANGE-ME: the reader.token file of cdiflow cdi credentials"
+    monkeypatch.setenv("CDI_CONTROLLER_TOKEN", placeholder)
+    with pytest.raises(ConfigError, match=r"CDI_CONTROLLER_TOKEN .*not a CDI token") as refused:
+        create_app(api_settings)
+    assert placeholder not in str(refused.value)
+    monkeypatch.setenv("CDI_CONTROLLER_TOKEN", mint_token(new_key(), Role.MINION, ANY_HOST))
+    with pytest.raises(ConfigError, match="this process needs a reader token"):
+        create_app(api_settings)
+    monkeypatch.setenv("CDI_CONTROLLER_TOKEN", mint_token(new_key(), Role.READER, "api"))
+    create_app(api_settings)  # a reader's: the controller alone can tell if its key signed it
+
+
 # --- hosts and origins -----------------------------------------------------------------------
 
 
