@@ -158,7 +158,11 @@ def controller_token(role: Role) -> str | None:
     ``$CDI_CONTROLLER_TOKEN_FILE`` names), checked to be one of ``role`` (``check_token``);
     ``None`` when it was given none."""
     token = read_secret(CONTROLLER_TOKEN_ENV, what="controller token")
-    return None if token is None else check_token(token, role)
+    try:
+        return None if token is None else check_token(token, role)
+    except ConfigError as exc:
+        where = f"{CONTROLLER_TOKEN_ENV} (or {CONTROLLER_TOKEN_ENV}_FILE)"
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _mac(key: str, role: str, subject: str) -> str:

@@ -49,7 +49,7 @@ def check_reader_token() -> None:
     try:
         controller_token(Role.READER)
     except CDIError as exc:
-        raise ConfigError(f"CDI_CONTROLLER_TOKEN (or CDI_CONTROLLER_TOKEN_FILE): {exc}") from exc
+        raise ConfigError(str(exc)) from exc
 
 
 def _controller_url() -> str:
