@@ -11,9 +11,12 @@ reach the minion through the host's socket directory (``<data>/hosts/host<n>/cdi
 hostPath). Objects cross between hosts through the minions' gateways, over the network.
 
 Every container runs with a read-only root, no capability, no privilege escalation, as its
-role's own user (``roles.UIDS``), restarted by podman when its process dies. The API is
-published on this machine's loopback (``port``), the S3 endpoint too (for uploads); nothing
-else is published. ``start()`` returns once every piece answers, as ``cdiflow up`` does.
+role's own user (``roles.UIDS``), restarted by podman when its process dies. Each container of
+its own and each pod has a fixed address on the network, which its listeners bind by name
+(``roles.plan_addresses``); the CDI control plane is authenticated as ``cdiflow up``'s is, each
+role given its credentials as files (``roles.cdi_secrets``). The API is published on this
+machine's loopback (``port``), the S3 endpoint too (for uploads); nothing else is published.
+``start()`` returns once every piece answers, as ``cdiflow up`` does.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from deploy.containers import roles
 from deploy.containers.errors import ContainerError
 from deploy.containers.images import Images, images
 from deploy.containers.podman import LABEL, exists, inspect, podman, podman_env, require_podman
-from deploy.containers.roles import ContainerSpec, Layout, Listen, Secrets
+from deploy.containers.roles import ContainerSpec, Layout, Secrets
 from orchestrator.child_process import free_port
 from orchestrator.contract import keys
 from orchestrator.services import RunningServices
@@ -99,8 +102,7 @@ class ContainerStack:
         if missing := [str(f) for f in folders if not f.is_dir()]:
             raise ContainerError(f"--tasks takes folders (mounted into the API and the "
                                  f"workers); not a folder: {', '.join(missing)}")  # fmt: skip
-        self.layout = Layout(name, data_dir.expanduser().absolute(), hosts, workers,
-                             Listen(), folders)  # fmt: skip
+        self.layout = Layout(name, data_dir.expanduser().absolute(), hosts, workers, folders)
         self.images = images_ or images()
         self.port = port
         self.s3_port = 0  # published on start
@@ -130,7 +132,7 @@ class ContainerStack:
     @property
     def secrets(self) -> Secrets:
         if self._secrets is None:
-            self._secrets = Secrets(self.data_dir)
+            self._secrets = Secrets(self.data_dir, self.layout.host_names())
         return self._secrets
 
     @property
@@ -298,6 +300,8 @@ class ContainerStack:
     def _start_services(self) -> None:
         self._folders()
         podman("network", "create", "--label", f"{LABEL}={self.name}", self.layout.network)
+        subnet = str(inspect("network", self.layout.network)["subnets"][0]["subnet"])
+        self.layout = replace(self.layout, addresses=roles.plan_addresses(self.layout, subnet))
         self.s3_port = free_port()
         for spec in roles.service_specs(self.layout, self.secrets, self.images):
             if spec.role == "s3":
@@ -306,18 +310,19 @@ class ContainerStack:
         self._parallel((self._wait_postgres, self._wait_redis, self._wait_s3))
 
     def _start(self) -> None:
-        layout, secrets, names = self.layout, self.secrets, self.images
         self._start_services()
-        self._run(roles.controller_spec(layout, names))
+        layout, secrets, names = self.layout, self.secrets, self.images  # addresses planned
+        self._run(roles.controller_spec(layout, secrets, names))
         self._wait(layout.container("cdi-controller"), self._controller_answers,
                    "the CDI controller to answer")  # fmt: skip
         for host in layout.host_names():
             podman("pod", "create", "--name", layout.pod(host), "--network", layout.network,
-                   "--label", f"{LABEL}={self.name}", "--share", "ipc,net,uts")  # fmt: skip
+                   "--ip", layout.address(host), "--label", f"{LABEL}={self.name}",
+                   "--share", "ipc,net,uts")  # fmt: skip
             podman("pod", "start", layout.pod(host))
             self.host_address[host] = _address(inspect("container", self._infra(host)),
                                                layout.network)  # fmt: skip
-            self._run(roles.minion_spec(layout, names, host, self.host_address[host]))
+            self._run(roles.minion_spec(layout, secrets, names, host))
         for host in layout.host_names():
             self._wait(layout.container(f"{host}-minion"), partial(self._minion_ready, host),
                        f"{host}'s minion and gateway")  # fmt: skip
@@ -335,24 +340,27 @@ class ContainerStack:
                        partial(self._beats, f"worker-{n}", launched), "its heartbeat")  # fmt: skip
 
     def _folders(self) -> None:
-        """The data folder: services' data and each host's socket directory, each owned by
-        the user that writes it (a node's hostPath, as the minion's init step leaves it)."""
+        """The data folder, root's alone (the containers see only what is mounted into them):
+        services' data and each host's socket directory, each owned by the user that writes
+        it (a node's hostPath, as the minion's init step leaves it)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.data_dir.chmod(0o711)
+        self.data_dir.chmod(0o700)
         owned = [(self.data_dir / "postgres", roles.UIDS["postgres"], 0o700),
                  (self.data_dir / "s3", roles.UIDS["s3"], 0o700)]  # fmt: skip
         for host in self.layout.host_names():
             folder = self.layout.socket_dir(host)
-            owned.append((folder, roles.UIDS["minion"], 0o770))
+            # The minion's, its group (the scheduler's and workers') may enter, not write: no
+            # one but the minion may put a socket there (it refuses a folder others write).
+            owned.append((folder, roles.UIDS["minion"], 0o750))
             for stale in folder.glob("minion.sock*") if folder.is_dir() else ():
                 stale.unlink()  # a socket left by a minion that was killed
         for folder, uid, mode in owned:
             folder.mkdir(parents=True, exist_ok=True)
             shutil.chown(folder, uid, uid)
             folder.chmod(mode)
-        (self.data_dir / "hosts").chmod(0o711)
+        (self.data_dir / "hosts").chmod(0o700)
         for host in self.layout.host_names():
-            self.layout.socket_dir(host).parent.chmod(0o711)
+            self.layout.socket_dir(host).parent.chmod(0o700)
 
     def _run(self, spec: ContainerSpec) -> None:
         argv = ["run", "--detach", "--name", spec.name, "--label", f"{LABEL}={self.name}",
@@ -360,6 +368,8 @@ class ContainerStack:
                 "--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges",
                 "--init", "--restart", "always"]  # fmt: skip
         argv += ["--pod", spec.pod] if spec.pod else ["--network", self.layout.network]
+        if spec.address is not None:
+            argv += ["--ip", spec.address]
         for group in spec.groups:
             argv += ["--group-add", str(group)]
         for key, value in spec.env.items():
@@ -446,8 +456,11 @@ class ContainerStack:
         )  # fmt: skip
 
     def _controller(self) -> ControllerClient:
+        """The controller as a reader (the stack's own checks: which minions it knows)."""
         address = self.address("cdi-controller")
-        return ControllerClient(f"grpc://{address}:{roles.CONTROLLER_PORT}", timeout=2)
+        token = self.secrets.cdi.reader_token()
+        return ControllerClient(f"grpc://{address}:{roles.CONTROLLER_PORT}", timeout=2,
+                                token=token)  # fmt: skip
 
     def _controller_answers(self) -> bool:
         with contextlib.closing(self._controller()) as client:

@@ -6,6 +6,7 @@ behind when it stops."""
 
 from __future__ import annotations
 
+import ipaddress
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,3 +103,58 @@ def test_task_code_from_a_folder_it_was_given_runs(stack: ContainerStack) -> Non
         assert started.status_code == 201, started.text
         assert started.json()["status"] == "COMPLETED", started.json()
         assert started.json()["output"]["n"] == 42
+
+
+def _listening(container: str) -> set[str]:
+    """The addresses TCP listeners bind in ``container``'s network namespace."""
+    table = podman("exec", container, "cat", "/proc/net/tcp", "/proc/net/tcp6")
+    found = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "0A":  # LISTEN
+            raw = fields[1].split(":")[0]
+            packed = bytes.fromhex(raw)
+            if len(packed) == 4:
+                found.add(str(ipaddress.IPv4Address(packed[::-1])))
+            elif len(packed) == 16:  # four little-endian words
+                words = b"".join(packed[i : i + 4][::-1] for i in range(0, 16, 4))
+                six = ipaddress.IPv6Address(words)
+                found.add(str(six.ipv4_mapped or six))  # gRPC binds an IPv4 address so
+    return found
+
+
+def test_every_listener_binds_its_containers_address_or_loopback(stack: ContainerStack) -> None:
+    """What another container reaches (the controller, the API and its scrape port, each
+    host's gateway and workers' scrape ports) binds the container's or pod's own address,
+    named; nothing of cdiflow's binds every address."""
+    layout = stack.layout
+    where = {
+        "cdi-controller": layout.address("cdi-controller"),
+        "api": layout.address("api"),
+        "host1-minion": layout.address("host1"),
+        "host2-minion": layout.address("host2"),
+    }
+    for role, address in where.items():
+        bound = _listening(layout.container(role))
+        assert address in bound, (role, bound)
+        assert bound <= {address, "127.0.0.1", "::1"}, (role, bound)
+
+
+def test_each_role_gets_only_its_cdi_credentials_and_as_files(stack: ContainerStack) -> None:
+    """The controller the cluster key, each minion its host's token and the gateway key, the
+    API and the scheduler a reader's token, the workers nothing; none in an environment or on
+    a command line."""
+    made = stack.secrets.cdi
+    secrets = {path.name: path.read_text().strip() for path in made.folder.iterdir()}
+    wanted = {"cdi-controller": {"cluster.key"}, "api": {"reader.token"},
+              "scheduler-1": {"reader.token"},
+              "host1-minion": {"minion-host1.token", "gateway.key"},
+              "host2-minion": {"minion-host2.token", "gateway.key"},
+              "worker-1": set(), "worker-2": set()}  # fmt: skip
+    for role, names in wanted.items():
+        container = stack.layout.container(role)
+        files = podman("exec", container, "sh", "-c", "cat /run/secrets/cdi-* 2>/dev/null || true")
+        held = {name for name, secret in secrets.items() if secret in files}
+        assert held == names, (role, held)
+        seen = podman("exec", container, "sh", "-c", "cat /proc/1/environ /proc/*/cmdline")
+        assert not [n for n, secret in secrets.items() if secret in seen], role
