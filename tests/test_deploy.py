@@ -95,7 +95,9 @@ def test_every_container_has_a_liveness_probe_and_the_api_a_readiness_on_readyz(
         for container in spec["containers"]:
             assert "livenessProbe" in container, (name, container["name"])
     api = dict(_pods())["cdiflow-api"]["containers"][0]
-    assert api["readinessProbe"]["httpGet"]["path"] == "/api/readyz"
+    # Ready while the API itself can answer: workers scaled to zero, or no scheduler, must not
+    # take every API pod out of its Service (deploy/k8s/README.md, Probes).
+    assert api["readinessProbe"]["httpGet"]["path"] == "/api/readyz?scope=api"
     assert api["livenessProbe"]["httpGet"]["path"] == "/api/healthz"
     [minion] = [c for c in containers() if c["name"] == "cdi-minion"]
     probe = minion["livenessProbe"]["exec"]["command"]
@@ -129,6 +131,8 @@ def test_the_metrics_ports_are_declared_and_let_in() -> None:
     worker = dict(_pods())["cdiflow-worker"]["containers"][0]
     env = {e["name"]: e.get("value") for e in worker["env"]}
     assert env["CDIFLOW_WORKER_METRICS_PORT"] == str(ports["cdiflow-worker"])
+    # A worker listens on loopback unless told: the scraper in another pod must reach it.
+    assert env["CDIFLOW_WORKER_METRICS_HOST"] == "0.0.0.0"
     policies = {d["metadata"]["name"]: d["spec"] for d in documents()
                 if d["kind"] == "NetworkPolicy"}  # fmt: skip
     metrics = policies["cdiflow-metrics-ingress"]
@@ -218,12 +222,77 @@ def test_network_policies_deny_by_default() -> None:
     assert policies["default-deny-ingress"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
     controller = policies["cdi-controller-ingress"]["ingress"][0]
     allowed = controller["from"][0]["podSelector"]["matchExpressions"][0]["values"]
-    assert "cdiflow-api" in allowed and controller["ports"] == [{"port": 50051, "protocol": "TCP"}]
+    # The pods that hold a token of the cluster, and only they, reach the controller.
+    holders = {name for name, refs in _cdi_secrets().items() if name != "cdi-controller" and refs}
+    assert set(allowed) == holders == {"cdi-minion", "cdiflow-api", "cdiflow-scheduler"}
+    assert controller["ports"] == [{"port": 50051, "protocol": "TCP"}]
     gateway = policies["cdi-minion-gateway-ingress"]["ingress"][0]
     assert gateway["from"] == [{"podSelector": {"matchLabels": {"app": "cdi-minion"}}}]
     [minion] = [c for c in containers() if c["name"] == "cdi-minion"]
     assert gateway["ports"] == [{"port": p["containerPort"], "protocol": "TCP"}
                                 for p in minion["ports"]]  # fmt: skip
+
+
+def _cdi_secrets() -> dict[str, dict[str, str]]:
+    """Each workload's variables taken from the cdi-credentials Secret: variable -> key."""
+    found = {}
+    for name, spec in _pods():
+        refs = {}
+        for container in spec["containers"]:
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref is not None and ref["name"] == "cdi-credentials":
+                    refs[env["name"]] = ref["key"]
+        found[name] = refs
+    return found
+
+
+def test_each_pod_gets_the_cdi_credentials_it_needs_and_no_other() -> None:
+    """The controller the cluster key; a minion its token and the gateway key; the API and the
+    schedulers a reader's token; the workers, where task code runs, nothing. The Secret's keys
+    are the files `cdiflow cdi credentials --any-host` writes, so it can be made from them."""
+    from cdi.auth import ANY_HOST, ClusterCredentials
+
+    made = ClusterCredentials(Path("cdi-credentials"))
+    files = {made.cluster_key_file.name, made.gateway_key_file.name,
+             made.reader_token_file.name, made.minion_token_file(ANY_HOST).name}  # fmt: skip
+    [secret] = [d for d in documents() if d["metadata"]["name"] == "cdi-credentials"]
+    assert set(secret["stringData"]) == files
+    assert _cdi_secrets() == {
+        "cdi-controller": {"CDI_CLUSTER_KEY": made.cluster_key_file.name},
+        "cdi-minion": {"CDI_CONTROLLER_TOKEN": made.minion_token_file(ANY_HOST).name,
+                       "CDI_GATEWAY_KEY": made.gateway_key_file.name},
+        "cdiflow-api": {"CDI_CONTROLLER_TOKEN": made.reader_token_file.name},
+        "cdiflow-scheduler": {"CDI_CONTROLLER_TOKEN": made.reader_token_file.name},
+        "cdiflow-worker": {},
+    }  # fmt: skip
+    for name, spec in _pods():  # never the whole Secret into a pod
+        for container in spec["containers"]:
+            whole = [r["secretRef"]["name"] for r in container.get("envFrom", [])
+                     if "secretRef" in r]  # fmt: skip
+            assert "cdi-credentials" not in whole, name
+
+
+def test_the_shipped_cdi_credentials_stop_every_process_at_its_start(tmp_path: Path) -> None:
+    """A forgotten edit must not deploy: the controller refuses the Secret's cluster key as
+    it would start in its pod, and the minion's, the API's and the schedulers' token and the
+    gateway key are refused by the checks they run before they serve."""
+    from cdi.auth import Role, check_key, check_token
+    from cdi.errors import ConfigError
+
+    [secret] = [d for d in documents() if d["metadata"]["name"] == "cdi-credentials"]
+    shipped = secret["stringData"]
+    env = {"PATH": os.environ["PATH"], "CDI_CLUSTER_KEY": shipped["cluster.key"]}
+    done = subprocess.run([sys.executable, "-m", "cdiflow", "cdi", "controller", "--listen",
+                           "127.0.0.1:0"], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode != 0 and "the cluster key is not a secret" in done.stderr, done.stderr
+    assert shipped["cluster.key"] not in done.stderr + done.stdout
+    with pytest.raises(ConfigError, match="not a secret"):
+        check_key(shipped["gateway.key"], "gateway key")
+    for key, role in (("minion-any-host.token", Role.MINION), ("reader.token", Role.READER)):
+        with pytest.raises(ConfigError, match="not a CDI token"):
+            check_token(shipped[key], role)
 
 
 # -- rendered and validated; every flag and variable checked against the code ------------------

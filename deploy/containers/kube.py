@@ -12,8 +12,10 @@ hostPath of the minion's socket folder):
 * ``spec.nodeName`` and ``status.podIP``, which podman does not fill in, are given as the
   node's name and the pod's address (assigned with ``--ip``), and ``$(VAR)`` in a value is
   expanded from the variables before it, as the kubelet does;
-* each Secret becomes a podman secret that ``secretRef`` reads (podman 4.3 cannot read back
-  the secrets it makes from a Secret object), named for this run;
+* each Secret becomes a podman secret that ``secretRef`` and ``secretKeyRef`` read (podman 4.3
+  cannot read back the secrets it makes from a Secret object), named for this run; the CDI
+  cluster's credentials are made for the run (``cdi-credentials``: the Secret's keys are the
+  files of ``cdiflow cdi credentials --any-host``);
 * init containers run at every start of their pod, as in Kubernetes (podman's ``always``),
   and the pod restarts its containers ``OnFailure`` rather than ``Always``: podman 4.3 applies
   the pod's policy to its init containers too, and would run them again and again (the
@@ -51,6 +53,7 @@ from typing import Any, Final, Self
 import yaml
 
 import cdi
+from cdi.auth import ANY_HOST
 from deploy.containers import roles
 from deploy.containers.errors import ContainerError
 from deploy.containers.images import Images, images
@@ -240,8 +243,18 @@ class KubeStack:
                 _data_patch("Secret", "cdiflow-secrets", "stringData", secrets),
                 _data_patch("Secret", "cdiflow-api-key", "stringData",
                             {"CDIFLOW_ADMIN_KEY": self.admin_key}),
+                _data_patch("Secret", "cdi-credentials", "stringData", self._cdi_credentials()),
             ],
         }  # fmt: skip
+
+    def _cdi_credentials(self) -> dict[str, str]:
+        """The CDI cluster's keys and tokens, each under the name of the file `cdiflow cdi
+        credentials --any-host` writes it to (the keys of the manifests' Secret)."""
+        secrets = self.services_stack.secrets
+        made = secrets.cdi
+        files = (made.cluster_key_file, made.gateway_key_file, made.reader_token_file,
+                 made.minion_token_file(ANY_HOST))  # fmt: skip
+        return {path.name: secrets.cdi_secret(path) for path in files}
 
     # -- playing ---------------------------------------------------------------------------
 
@@ -383,6 +396,8 @@ def _pod(
                 source["secretRef"]["name"] = secret_name(source["secretRef"]["name"])
         known: dict[str, str] = {}
         for env in container.get("env", []):
+            if (ref := env.get("valueFrom", {}).get("secretKeyRef")) is not None:
+                ref["name"] = secret_name(ref["name"])
             field = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
             if field == "spec.nodeName":
                 env.pop("valueFrom")

@@ -90,7 +90,7 @@ def test_the_minion_pod_starts_again_on_its_node(kube: KubeStack) -> None:
     assert status in ("exited", "stopped") and code == "0", podman("logs", init)
     folder = kube.node_dir(node) / "run" / "cdi" / "cdiflow"
     assert (folder.stat().st_uid, folder.stat().st_gid, folder.stat().st_mode & 0o777) == (
-        10000, 10000, 0o770,
+        10000, 10000, 0o750,
     )  # fmt: skip
     # The workers and the scheduler of that node reconnect to the new minion by themselves.
     run_pipelines(kube.api_url, kube.auth_headers, runs=2)
@@ -118,4 +118,4 @@ def test_the_minion_init_step_is_the_same_at_every_start(tmp_path: Path) -> None
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         info = folder.stat()
-        assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (10000, 10000, 0o770)
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (10000, 10000, 0o750)
