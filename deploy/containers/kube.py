@@ -287,7 +287,8 @@ class KubeStack:
         folder.chmod(0o700)
         path = folder / f"{name}.yaml"
         path.write_text(yaml.safe_dump_all([*configmaps, _unpublished(doc)]))
-        podman("kube", "play", "--network", self.network, "--ip", address, str(path))
+        podman("kube", "play", "--network", self.network, "--ip", address, "--mac-address",
+               roles.mac_for(address), str(path))  # fmt: skip
         path.unlink()
         containers = [f"{name}-{c['name']}" for c in doc["spec"]["containers"]]
         played = PlayedPod(name, workload, node, address, doc, containers)

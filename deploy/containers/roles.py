@@ -56,6 +56,7 @@ __all__ = [
     "api_spec",
     "cdi_secrets",
     "controller_spec",
+    "mac_for",
     "minion_spec",
     "plan_addresses",
     "role_env",
@@ -145,15 +146,25 @@ _FIRST_ADDRESS: Final = 10  # below: the network's gateway and what podman hands
 
 def plan_addresses(layout: Layout, subnet: str) -> dict[str, str]:
     """A fixed address on the network ``subnet`` for each container of its own and each
-    host's pod, from the subnet's 10th host address on (``podman run/pod create --ip``): a
-    container restarted, made anew or joined to the network again keeps it, and every
-    listener can be bound to it by name before the container starts."""
+    host's pod, from the subnet's 10th host address on (``podman run/pod create --ip``, with
+    ``mac_for`` its MAC): a container restarted, made anew or joined to the network again
+    keeps it, and every listener can be bound to it by name before the container starts."""
     places = [*_ADDRESSED, *layout.host_names()]
     free = itertools.islice(ipaddress.ip_network(subnet).hosts(), _FIRST_ADDRESS - 1, None)
     plan = {place: str(address) for place, address in zip(places, free, strict=False)}
     if len(plan) < len(places):
         raise ContainerError(f"the network {subnet} has too few addresses for the stack")
     return plan
+
+
+def mac_for(address: str) -> str:
+    """The MAC that goes with a planned IPv4 ``address`` (locally administered, unicast).
+    *Why a fixed one:* podman gives a container started again a new MAC; at the same address
+    the other containers' neighbour tables then point at the old one, and their connections
+    to it go nowhere until those entries expire (up to ~45 s: a Postgres or S3 run again was
+    unreachable that long)."""
+    packed = ipaddress.IPv4Address(address).packed
+    return ":".join(f"{b:02x}" for b in (0x02, 0x00, *packed))
 
 
 @dataclass(frozen=True)

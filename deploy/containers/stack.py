@@ -235,8 +235,9 @@ class ContainerStack:
 
     def connect(self, host: str) -> None:
         """Join ``host`` to the network again, at the address its minion advertises."""
-        podman("network", "connect", "--ip", self.host_address[host], self.layout.network,
-               self._infra(host))  # fmt: skip
+        address = self.host_address[host]
+        podman("network", "connect", "--ip", address, "--mac-address", roles.mac_for(address),
+               self.layout.network, self._infra(host))  # fmt: skip
 
     def objects_held(self) -> int | None:
         """The CDI objects every minion holds now; None when one does not answer."""
@@ -317,7 +318,8 @@ class ContainerStack:
                    "the CDI controller to answer")  # fmt: skip
         for host in layout.host_names():
             podman("pod", "create", "--name", layout.pod(host), "--network", layout.network,
-                   "--ip", layout.address(host), "--label", f"{LABEL}={self.name}",
+                   "--ip", layout.address(host), "--mac-address",
+                   roles.mac_for(layout.address(host)), "--label", f"{LABEL}={self.name}",
                    "--share", "ipc,net,uts")  # fmt: skip
             podman("pod", "start", layout.pod(host))
             self.host_address[host] = _address(inspect("container", self._infra(host)),
@@ -369,7 +371,7 @@ class ContainerStack:
                 "--init", "--restart", "always"]  # fmt: skip
         argv += ["--pod", spec.pod] if spec.pod else ["--network", self.layout.network]
         if spec.address is not None:
-            argv += ["--ip", spec.address]
+            argv += ["--ip", spec.address, "--mac-address", roles.mac_for(spec.address)]
         for group in spec.groups:
             argv += ["--group-add", str(group)]
         for key, value in spec.env.items():
