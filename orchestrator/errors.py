@@ -18,8 +18,10 @@ what failed, why, and what to change (an environment variable, a log file to rea
     │   ├── InvalidDefinition   a task or workflow definition with problems
     │   ├── IdempotencyKeyReused  a start whose Idempotency-Key started a run with
     │   │                         another body
-    │   └── S3NotAllowed        an S3 URI outside what the operator allows, or a key that
-    │                           no store can hold (``..``, control characters)
+    │   ├── S3NotAllowed        an S3 URI outside what the operator allows, or a key that
+    │   │                       no store can hold (``..``, control characters)
+    │   └── UnsupportedType     an uploaded file of a content type the operator does not
+    │                           take (HTTP 415)
     ├── RequestTooLarge   a request body over the API's size limit
     ├── DataError         a workflow's data cannot be had or stored
     │   ├── InputMissing      the input object does not exist in S3
@@ -76,6 +78,7 @@ __all__ = [
     "TaskStopped",
     "TaskTimedOut",
     "Unauthenticated",
+    "UnsupportedType",
     "WorkerError",
 ]
 
@@ -189,6 +192,13 @@ class S3NotAllowed(InvalidRequest):
     """An S3 URI this installation may not read or write, or one no store can hold."""
 
     code = "s3_not_allowed"
+
+
+class UnsupportedType(InvalidRequest):
+    """An uploaded file whose content type (detected from its bytes) the operator's upload
+    policy (``CDIFLOW_UPLOAD_TYPES``) does not take."""
+
+    code = "unsupported_type"
 
 
 class RequestTooLarge(OrchestratorError):

@@ -1,27 +1,30 @@
 """Logging for the orchestrator's processes: plain text, or one JSON object a line.
 
-``setup_logging(level, "json", process=...)`` makes every line a JSON object (``time``,
-``level``, ``logger``, ``message``, ``process``, and any field a line carries), for log
-shippers that index fields. Code handling a workflow wraps its work in ``log_context(...)``:
-every line logged inside it, by any module, carries the workflow id (and the task run, step
-and attempt), so one query finds everything that happened to a run across the scheduler and
-the workers. In text the ids stay in the messages, as they always were.
+``setup_logging(level, "json", process=...)`` makes every line a JSON object (``time`` in
+ISO 8601 with its offset, ``level``, ``logger``, ``message``, ``process``, and any field a line
+carries), for log shippers that index fields; Python's warnings and an exception that ends the
+process are logged the same way, so nothing but JSON reaches the log. Code handling a workflow
+wraps its work in ``log_context(...)``: every line logged inside it, by any module, carries the
+workflow id (and the task run, step and attempt), so one query finds everything that happened
+to a run across the scheduler and the workers. In text the ids stay in the messages.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from types import MappingProxyType
+from datetime import UTC, datetime
+from types import MappingProxyType, TracebackType
 from typing import Any, Final
 
 import click
 from pythonjsonlogger.json import JsonFormatter
 
-__all__ = ["LOG_FORMATS", "log_context", "log_format_option", "setup_logging"]
+__all__ = ["LOG_FORMATS", "IsoJsonFormatter", "log_context", "log_format_option", "setup_logging"]
 
 LOG_FORMATS: Final = ("text", "json")
 LOG_FORMAT_ENV: Final = "CDIFLOW_LOG_FORMAT"
@@ -74,6 +77,14 @@ class _HidePasswords(logging.Filter):
         return True
 
 
+class IsoJsonFormatter(JsonFormatter):
+    """JSON lines whose ``time`` is ISO 8601 in UTC to the millisecond
+    (``2026-12-04T21:40:00.123+00:00``), not ``logging``'s local ``2026-12-04 21:40:00,123``."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+
+
 def setup_logging(level: str, log_format: str, *, process: str, text: str) -> None:
     """Log to standard error at ``level``: as ``text`` (a ``logging`` format string) or, for
     ``log_format="json"``, one JSON object a line naming ``process``."""
@@ -82,17 +93,28 @@ def setup_logging(level: str, log_format: str, *, process: str, text: str) -> No
     handler.addFilter(_HidePasswords())
     if log_format == "json":
         handler.setFormatter(
-            JsonFormatter(
+            IsoJsonFormatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s",
                 rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
                 static_fields={"process": process},
             )
         )
+        # What Python would print as text instead: warnings, and the traceback that ends it.
+        logging.captureWarnings(True)
+        sys.excepthook = _log_uncaught
     else:
         handler.setFormatter(logging.Formatter(text))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, exc, tb)
+        return
+    logging.getLogger("cdiflow").critical("ended by %s: %s", kind.__name__, exc,
+                                          exc_info=(kind, exc, tb))  # fmt: skip
 
 
 def log_format_option(f: Any) -> Any:

@@ -14,16 +14,17 @@
 Every route of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
 definitions (``apply_definition``, ``definition_versions``, ``delete_definition``, ...), inputs
 (``upload``), runs (``start``, ``wait``, ``run``, ``events``, ``download_result``,
-``list_workflows``, ``cancel``, ``retry``, ``pause``, ``resume``, ``images``), schedules
-(``create_schedule``, ``schedules``, ``pause_schedule``, ...), webhooks (``create_webhook``,
-``deliveries``, ...), task runs, ``workers``, ``cdi_objects``, ``stats``, API keys and
-health. Errors come from one tree,
+``save_result``, ``list_workflows``, ``cancel``, ``retry``, ``pause``, ``resume``, ``images``),
+schedules (``create_schedule``, ``schedules``, ``pause_schedule``, ...), webhooks
+(``create_webhook``, ``deliveries``, ...), task runs, ``workers``, ``cdi_objects``, ``stats``,
+API keys and health. Errors come from one tree,
 ``cdiflow.client.errors``, mapped from the API's error codes.
 
 The answers are the API's own models (``orchestrator.schemas``, under the names below), read
 so that fields, step kinds and statuses of a newer API are kept: ``cdiflow.client.models``.
 """
 
+from cdiflow.client._calls import SavedResult
 from cdiflow.client.aio import AsyncClient
 from cdiflow.client.config import Endpoint, resolve
 from cdiflow.client.errors import (
@@ -100,6 +101,7 @@ __all__ = [
     "NotFound",
     "Readiness",
     "RequestTooLarge",
+    "SavedResult",
     "Schedule",
     "ServiceUnavailable",
     "Stats",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Final, Generic, TypeAlias, TypeVar, cast
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from cdiflow.client.errors import (
     CdiflowError,
     ConfigError,
+    NotFound,
     TransportError,
     WaitTimeout,
     WorkflowFailed,
@@ -56,16 +58,67 @@ from cdiflow.client.models import (
 )
 from orchestrator.contract.vocabulary import WorkflowStatus
 
-__all__ = ["Call", "Calls", "ImageSource", "WaitClock", "as_image_source", "parse_response"]
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_WAITS",
+    "Call",
+    "Calls",
+    "FileSource",
+    "ImageSource",
+    "Pools",
+    "SavedResult",
+    "WaitClock",
+    "as_image_source",
+    "parse_response",
+]
 
 T = TypeVar("T")
 RunId: TypeAlias = "str | uuid.UUID"
 # A local file (path), its bytes, an open binary file, or an s3:// URI (a str starting s3://).
-ImageSource: TypeAlias = "str | os.PathLike[str] | bytes | IO[bytes]"
+FileSource: TypeAlias = "str | os.PathLike[str] | bytes | IO[bytes]"
+ImageSource: TypeAlias = FileSource
 
 MAX_WAIT_S: Final = 55.0  # a long poll's wait; the API answers within 60 s
 CONNECT_TIMEOUT_S: Final = 10.0
 READ_TIMEOUT_S: Final = 60.0  # transfers and ordinary answers
+DEFAULT_MAX_CONNECTIONS: Final = 100  # httpx's own default, for every call but long polls
+# Long polls in flight at once; each holds a connection (a file descriptor) while it waits,
+# and more wait their turn for one (up to a poll's timeout), never for the other calls' pool.
+DEFAULT_MAX_WAITS: Final = 500
+
+
+@dataclass(frozen=True)
+class Pools:
+    """The connection limits of the two pools a client keeps: ``calls`` for every request but
+    long polls, ``waits`` for long polls alone. *Why two:* a long poll holds its connection
+    for up to a minute; sharing one pool, a caller with more waits open than connections had
+    its starts, uploads and reads queue behind them."""
+
+    calls: httpx.Limits
+    waits: httpx.Limits
+
+    @classmethod
+    def sized(cls, max_connections: int, max_waits: int) -> Pools:
+        for name, value in (("max_connections", max_connections), ("max_waits", max_waits)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive number of connections, not {value!r}")
+        return cls(
+            calls=httpx.Limits(
+                max_connections=max_connections,
+                max_keepalive_connections=min(20, max_connections),
+            ),
+            # Every idle wait connection is kept: the next poll of the same wait reuses it.
+            waits=httpx.Limits(max_connections=max_waits, max_keepalive_connections=max_waits),
+        )
+
+
+@dataclass(frozen=True)
+class SavedResult:
+    """A result written to a file: where, how many bytes, and its content type."""
+
+    path: Path
+    bytes: int
+    content_type: str
 
 
 @dataclass(frozen=True)
@@ -85,7 +138,11 @@ class Call(Generic[T]):
 
     @property
     def timeout(self) -> httpx.Timeout:
-        return httpx.Timeout(READ_TIMEOUT_S + self.wait_s, connect=CONNECT_TIMEOUT_S)
+        # A long poll waits its turn for a connection of the waits' pool however long it takes
+        # (each one there is freed within a poll): more waits than ``max_waits`` take turns
+        # instead of failing with a pool timeout.
+        pool = None if self.wait_s > 0 else READ_TIMEOUT_S
+        return httpx.Timeout(READ_TIMEOUT_S + self.wait_s, connect=CONNECT_TIMEOUT_S, pool=pool)
 
     def parse(self, body: Any) -> T:
         """The answer read from ``body`` (bytes for a file, else JSON as parsed)."""
@@ -174,10 +231,8 @@ class Calls:
         return Call("POST", path, Definition)
 
     # -- inputs and runs ---------------------------------------------------------------------
-    def upload(
-        self, image: bytes | str | os.PathLike[str] | IO[bytes], filename: str | None = None
-    ) -> Call[Upload]:
-        name, data = _read_image(image, filename)
+    def upload(self, file: FileSource, filename: str | None = None) -> Call[Upload]:
+        name, data = _read_file(file, filename)
         content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
         return Call("POST", "/api/inputs", Upload, files={"file": (name, data, content_type)})
 
@@ -311,8 +366,17 @@ class Calls:
         params = _given(status=status, limit=limit, offset=offset)
         return Call("GET", f"/api/webhooks/{_segment(name)}/deliveries", DeliveryPage, params)
 
-    def result(self, workflow_id: RunId) -> Call[bytes]:
-        return Call("GET", f"/api/workflows/{_run(workflow_id)}/result", bytes)
+    def result(self, workflow_id: RunId, output: str | None = None) -> Call[bytes]:
+        """The run's image result, or its result ``output`` (``step.output``)."""
+        if output is None:
+            return Call("GET", f"/api/workflows/{_run(workflow_id)}/result", bytes)
+        if not output or output.startswith("/") or "." not in output:
+            raise ConfigError(
+                f"{output!r} is not a result name; name one as its run lists it, step.output "
+                "(e.g. combine.video)"
+            )
+        path = f"/api/workflows/{_run(workflow_id)}/results/{quote(output, safe='/[]')}"
+        return Call("GET", path, bytes)
 
     def images(self, workflow_id: RunId) -> Call[WorkflowImages]:
         return Call("GET", f"/api/workflows/{_run(workflow_id)}/images", WorkflowImages)
@@ -408,7 +472,7 @@ def transport_error(url: str, exc: httpx.TransportError) -> TransportError:
     )
 
 
-def as_image_source(image: ImageSource | None) -> tuple[str | None, ImageSource | None]:
+def as_image_source(image: FileSource | None) -> tuple[str | None, FileSource | None]:
     """``(uri, None)`` for an ``s3://`` URI (or ``None``: a dataless run), ``(None, image)``
     for something to upload first."""
     if image is None:
@@ -450,19 +514,26 @@ class WaitClock:
         return None
 
 
-def _read_image(
-    image: bytes | str | os.PathLike[str] | IO[bytes], filename: str | None
-) -> tuple[str, bytes]:
-    if isinstance(image, bytes):
-        return filename or "input", image
-    if isinstance(image, str | os.PathLike):
-        path = Path(image)
+def the_only_result(output: str | None, missing: NotFound) -> str:
+    """The result to download when a run without an image result was asked for its image
+    result: its only stored result; else ``missing``, which lists them."""
+    # A long list output is offered as one range ("step.output[0..n-1]"), not a result.
+    if output is None and len(missing.known) == 1 and ".." not in missing.known[0]:
+        return missing.known[0]
+    raise missing
+
+
+def _read_file(file: FileSource, filename: str | None) -> tuple[str, bytes]:
+    if isinstance(file, bytes):
+        return filename or "input", file
+    if isinstance(file, str | os.PathLike):
+        path = Path(file)
         try:
             return filename or path.name, path.read_bytes()
         except OSError as exc:
-            raise ConfigError(f"cannot read the image {path}: {exc.strerror or exc}") from exc
-    data = image.read()
-    name = filename or Path(str(getattr(image, "name", "input"))).name
+            raise ConfigError(f"cannot read the file {path}: {exc.strerror or exc}") from exc
+    data = file.read()
+    name = filename or Path(str(getattr(file, "name", "input"))).name
     return name, data
 
 

@@ -14,7 +14,8 @@
     │   ├── Conflict          409: clashes with the current state (a name taken, a run that has
     │   │                     finished or not yet, a definition still in use)
     │   ├── RequestTooLarge   413: a body or an upload over the API's limit
-    │   ├── InvalidRequest    400 or 422: content the API does not accept (also ValueError)
+    │   ├── InvalidRequest    400, 415 or 422: content the API does not accept (also
+    │   │                     ValueError; 415: an upload of a type the operator does not take)
     │   └── ServiceUnavailable  503: Postgres, Redis, S3 or the CDI controller is not answering
     ├── WaitTimeout           a wait ended before the run did (also TimeoutError)
     └── WorkflowFailed        a run that had to complete ended FAILED, CANCELLED or TIMED_OUT;
@@ -113,7 +114,7 @@ class RequestTooLarge(APIError):
 
 
 class InvalidRequest(APIError, ValueError):
-    """400 or 422: content the API does not accept; ``problems`` lists every issue."""
+    """400, 415 or 422: content the API does not accept; ``problems`` lists every issue."""
 
 
 class ServiceUnavailable(APIError):
@@ -169,6 +170,7 @@ _BY_CODE: Final[dict[str, type[APIError]]] = {
     "request_too_large": RequestTooLarge,
     "invalid_request": InvalidRequest,
     "invalid_definition": InvalidRequest,
+    "unsupported_type": InvalidRequest,
     "service": ServiceUnavailable,
 }
 _BY_STATUS: Final[dict[int, type[APIError]]] = {
@@ -178,6 +180,7 @@ _BY_STATUS: Final[dict[int, type[APIError]]] = {
     404: NotFound,
     409: Conflict,
     413: RequestTooLarge,
+    415: InvalidRequest,
     422: InvalidRequest,
     503: ServiceUnavailable,
 }

@@ -19,22 +19,29 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
 from cdiflow.client._calls import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_WAITS,
     Call,
     Calls,
+    FileSource,
     ImageSource,
+    Pools,
     RunId,
+    SavedResult,
     WaitClock,
     as_image_source,
     parse_response,
+    the_only_result,
     transport_error,
 )
 from cdiflow.client.config import Endpoint, resolve
+from cdiflow.client.errors import NotFound
 from cdiflow.client.models import (
     ActiveTaskRun,
     CdiDirectory,
@@ -73,6 +80,11 @@ class Client:
     ``api_url`` and ``api_key`` default to ``$CDIFLOW_API_URL`` / ``$CDIFLOW_API_KEY``, then to
     the stack ``cdiflow up`` runs from ``data_dir`` (``$CDIFLOW_DATA_DIR``, ``./.data``); see
     ``cdiflow.client.config``. Use it as a context manager, or ``close()`` it.
+
+    Connections come from two pools: at most ``max_connections`` for every call but waits,
+    and at most ``max_waits`` for the long polls of ``wait`` and ``run`` (each holds one while
+    it waits), so waits never hold up starts, uploads or reads. A ``transport`` replaces both
+    pools (it is its own).
     """
 
     def __init__(
@@ -82,12 +94,20 @@ class Client:
         api_key: str | None = None,
         data_dir: str | Path | None = None,
         transport: httpx.BaseTransport | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_waits: int = DEFAULT_MAX_WAITS,
     ) -> None:
         self.endpoint: Endpoint = resolve(api_url, api_key, data_dir)
+        pools = Pools.sized(max_connections, max_waits)
         headers = {"Accept": "application/json"}
         if self.endpoint.key:
             headers["Authorization"] = f"Bearer {self.endpoint.key}"
-        self._http = httpx.Client(base_url=self.endpoint.url, headers=headers, transport=transport)
+        self._http = httpx.Client(
+            base_url=self.endpoint.url, headers=headers, transport=transport, limits=pools.calls
+        )
+        self._waits = httpx.Client(
+            base_url=self.endpoint.url, headers=headers, transport=transport, limits=pools.waits
+        )
         self._calls = Calls()
 
     @property
@@ -95,7 +115,8 @@ class Client:
         return self.endpoint.url
 
     def close(self) -> None:
-        self._http.close()
+        for pool in (self._http, self._waits):
+            pool.close()
 
     def __enter__(self) -> Self:
         return self
@@ -109,8 +130,9 @@ class Client:
         self.close()
 
     def _send(self, call: Call[T]) -> T:
+        pool = self._waits if call.wait_s > 0 else self._http
         try:
-            response = self._http.request(
+            response = pool.request(
                 call.method,
                 call.path,
                 params=call.params,
@@ -198,11 +220,11 @@ class Client:
         return self._send(self._calls.pause_definition(name, paused=False))
 
     # -- inputs and runs ---------------------------------------------------------------------
-    def upload(
-        self, image: bytes | str | os.PathLike[str] | IO[bytes], filename: str | None = None
-    ) -> Upload:
-        """Store an input image (a path, bytes or an open binary file) in the stack's bucket."""
-        return self._send(self._calls.upload(image, filename))
+    def upload(self, file: FileSource, filename: str | None = None) -> Upload:
+        """Store an input file (a path, bytes or an open binary file: an image, a video, a
+        ``.npy`` array, ...) in the stack's bucket: its ``uri``, and the ``content_type`` the
+        API found in its bytes."""
+        return self._send(self._calls.upload(file, filename))
 
     def start(
         self,
@@ -210,6 +232,7 @@ class Client:
         image: ImageSource | None = None,
         *,
         data: Mapping[str, Any] | None = None,
+        files: Mapping[str, FileSource] | None = None,
         policy: str | None = None,
         data_plane: str | None = None,
         result_format: str | None = None,
@@ -221,18 +244,25 @@ class Client:
     ) -> Workflow:
         """Start a run of ``workflow`` on ``image``: an ``s3://`` URI, or a local file (path,
         bytes or open file) uploaded first; ``None`` starts a dataless run. ``data`` reaches
-        every task as ``ctx.input``; ``version`` runs that version of the definition;
-        ``priority`` (-100..100, default the definition's) orders it among waiting runs;
-        ``tags`` label it. With ``idempotency_key`` a start sent again (after a timeout, say)
-        answers the run the first one started instead of starting another. ``timeout_s`` is
-        the run's time limit (past it, it ends TIMED_OUT), instead of the definition's."""
+        every task as ``ctx.input``; each of ``files`` (a local file, uploaded first, or an
+        ``s3://`` URI) goes into it under its name as its URI (``files={"video": "a.mp4"}``
+        for ``ar_video``). ``version`` runs that version of the definition; ``priority``
+        (-100..100, default the definition's) orders it among waiting runs; ``tags`` label it.
+        With ``idempotency_key`` a start sent again (after a timeout, say) answers the run the
+        first one started instead of starting another. ``timeout_s`` is the run's time limit
+        (past it, it ends TIMED_OUT), instead of the definition's."""
         uri, local = as_image_source(image)
         if local is not None:
             uri = self.upload(local).uri
+        named = dict(data or {})
+        for name, source in (files or {}).items():
+            named[name], local = as_image_source(source)
+            if local is not None:
+                named[name] = self.upload(local).uri
         call = self._calls.start(
             workflow,
             uri,
-            data=data,
+            data=named,
             policy=policy,
             data_plane=data_plane,
             result_format=result_format,
@@ -266,6 +296,7 @@ class Client:
         *,
         timeout: float | None = None,
         data: Mapping[str, Any] | None = None,
+        files: Mapping[str, FileSource] | None = None,
         policy: str | None = None,
         data_plane: str | None = None,
         result_format: str | None = None,
@@ -278,6 +309,7 @@ class Client:
             workflow,
             image,
             data=data,
+            files=files,
             policy=policy,
             data_plane=data_plane,
             result_format=result_format,
@@ -314,14 +346,56 @@ class Client:
                 time.sleep(min(poll_s, clock.left()))
 
     def download_result(
-        self, workflow_id: RunId, path: str | os.PathLike[str] | None = None
+        self,
+        workflow_id: RunId,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        output: str | None = None,
     ) -> bytes:
-        """The result image of a completed run, as stored (PNG or JPEG); also written to
-        ``path`` when given. ``Conflict`` while the run has not completed."""
-        data = self._send(self._calls.result(workflow_id))
+        """A completed run's result as stored, in memory (``save_result`` streams it to a
+        file instead): its image result, or the result ``output`` names (``step.output`` as
+        its ``output["results"]`` lists them); with neither, its only result. Also written to
+        ``path`` when given. ``Conflict`` while the run has not completed, ``NotFound`` (with
+        ``known``, the names it stored) for a result it did not store."""
+        try:
+            data = self._send(self._calls.result(workflow_id, output))
+        except NotFound as exc:
+            only = the_only_result(output, exc)
+            data = self._send(self._calls.result(workflow_id, only))
         if path is not None:
             Path(path).write_bytes(data)
         return data
+
+    def save_result(
+        self, workflow_id: RunId, path: str | os.PathLike[str], *, output: str | None = None
+    ) -> SavedResult:
+        """Stream a completed run's result into the file ``path``, never whole in memory (a
+        video, a large array): which result as ``download_result`` chooses. The file appears
+        only once every byte has arrived."""
+        try:
+            return self._save(self._calls.result(workflow_id, output), Path(path))
+        except NotFound as exc:
+            only = the_only_result(output, exc)
+            return self._save(self._calls.result(workflow_id, only), Path(path))
+
+    def _save(self, call: Call[bytes], path: Path) -> SavedResult:
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            with self._http.stream(call.method, call.path, timeout=call.timeout) as response:
+                if response.is_error:
+                    response.read()
+                    parse_response(call, response)  # raises the API's error
+                size = 0
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        size += out.write(chunk)
+                partial.replace(path)
+                kind = response.headers.get("content-type", "application/octet-stream")
+                return SavedResult(path, size, kind)
+        except httpx.TransportError as exc:
+            raise transport_error(self.api_url, exc) from exc
+        finally:
+            partial.unlink(missing_ok=True)
 
     def list_workflows(
         self,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, get_args
 
 import click
 
-from cdiflow.client import WorkflowDetail
+from cdiflow.client import Client, WorkflowDetail
 from cdiflow.client.models import as_data
 from cdiflow.commands.common import Target, api_options, echo_json, table, when
 from cdiflow.commands.progress import follow, outcome
@@ -22,6 +23,7 @@ _POLICIES = click.Choice([policy.value for policy in Policy])
 _PLANES = click.Choice([plane.value for plane in CHOSEN_PLANES])
 _STATUSES = click.Choice([status.value for status in WorkflowStatus], case_sensitive=False)
 _FORMATS = click.Choice(get_args(WorkflowInput.model_fields["result_format"].annotation))
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a data field a NAME=FILE input fills
 
 
 def data_option(value: str | None, hint: str = "--data") -> dict[str, Any] | None:
@@ -42,11 +44,12 @@ def data_option(value: str | None, hint: str = "--data") -> dict[str, Any] | Non
 @click.option(
     "--input",
     "-i",
-    "image",
-    default=None,
-    metavar="FILE|s3://URI",
-    help="The input image: a local file (uploaded through the API) or an S3 URI. "
-    "Leave it out for a dataless run.",
+    "inputs",
+    multiple=True,
+    metavar="[NAME=]FILE|s3://URI",
+    help="The input image: a local file (uploaded through the API) or an S3 URI. NAME=FILE "
+    "(repeatable) uploads any other file, a video or a .npy array, and passes its URI as "
+    "data field NAME (ar_video reads video=FILE). Leave it out for a dataless run.",
 )
 @click.option(
     "--data", default=None, metavar="JSON", help="JSON object every task gets as ctx.input."
@@ -92,7 +95,8 @@ def data_option(value: str | None, hint: str = "--data") -> dict[str, Any] | Non
     "-o",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Save the result image here (implies --wait).",
+    help="Save the result here: the image result, or the run's only stored result "
+    "(implies --wait).",
 )
 @click.option(
     "--timeout",
@@ -113,7 +117,7 @@ def data_option(value: str | None, hint: str = "--data") -> dict[str, Any] | Non
 @api_options
 def run_command(
     workflow: str,
-    image: str | None,
+    inputs: tuple[str, ...],
     data: str | None,
     policy: str | None,
     data_plane: str | None,
@@ -129,19 +133,25 @@ def run_command(
     as_json: bool,
     target: Target,
 ) -> None:
-    """Start a run of WORKFLOW on an image, e.g. `cdiflow run image_pipeline -i photo.jpg
-    --wait --out result.png`. Exit status 1 when a waited-for run does not complete."""
+    """Start a run of WORKFLOW on an image or other files, e.g. `cdiflow run image_pipeline
+    -i photo.jpg --wait --out result.png` or `cdiflow run ar_video -i video=people.mp4 --wait
+    --out labelled.mp4`. Exit status 1 when a waited-for run does not complete."""
     wait = wait or out is not None
+    image, named = _inputs(inputs)
     with target.client() as api:
-        local = _local_or_uri(image)
-        if isinstance(local, Path):
+        if any(isinstance(source, Path) for source in [image, *named.values()]):
             api.definition(workflow)  # a workflow that does not exist is told before an upload
-            if not as_json:
-                click.echo(f"uploading {image} ...")
+        files = {
+            name: _upload(api, source, as_json) if isinstance(source, Path) else source
+            for name, source in named.items()
+        }
+        if isinstance(image, Path):
+            image = _upload(api, image, as_json, image=True)
         started = api.start(
             workflow,
-            local,
+            image,
             data=data_option(data),
+            files=files,
             policy=policy,
             data_plane=data_plane,
             result_format=result_format,
@@ -170,17 +180,50 @@ def run_command(
             )
             finished = follow(api, str(started.id), timeout=timeout)
         if out is not None and finished.status == WorkflowStatus.COMPLETED:
-            api.download_result(finished.id, out)
+            api.save_result(finished.id, out)
     _report(finished, as_json, out)
 
 
-def _local_or_uri(image: str | None) -> str | Path | None:
-    if image is None or image.startswith("s3://"):
-        return image
-    path = Path(image)
+def _inputs(given: tuple[str, ...]) -> tuple[str | Path | None, dict[str, str | Path]]:
+    """The image (``FILE`` or ``s3://URI``) and the named files (``NAME=FILE``) of --input."""
+    image: str | Path | None = None
+    named: dict[str, str | Path] = {}
+    for value in given:
+        name, sep, source = value.partition("=")
+        if sep and _NAME.fullmatch(name) and not Path(value).is_file():
+            if name in named:
+                raise click.BadParameter(f"{name}= is given twice", param_hint="--input")
+            named[name] = _local_or_uri(source)
+        elif image is not None:
+            raise click.BadParameter(
+                "one image a run; name any other file as NAME=FILE", param_hint="--input"
+            )
+        else:
+            image = _local_or_uri(value)
+    return image, named
+
+
+def _local_or_uri(source: str) -> str | Path:
+    if source.startswith("s3://"):
+        return source
+    path = Path(source)
     if not path.is_file():
-        raise click.BadParameter(f"{image} is not a file (nor an s3:// URI)", param_hint="--input")
+        raise click.BadParameter(f"{source} is not a file (nor an s3:// URI)", param_hint="--input")
     return path
+
+
+def _upload(api: Client, path: Path, as_json: bool, *, image: bool = False) -> str:
+    """Upload ``path``: its URI. As the image, it must be one (a workflow's tasks decode it)."""
+    if not as_json:
+        click.echo(f"uploading {path} ...")
+    uploaded = api.upload(path)
+    if image and not uploaded.content_type.startswith("image/"):
+        raise click.BadParameter(
+            f"{path} is {uploaded.content_type}, not an image; pass it as the data field its "
+            f"workflow reads, e.g. --input video={path}",
+            param_hint="--input",
+        )
+    return uploaded.uri
 
 
 def _report(run: WorkflowDetail, as_json: bool, out: Path | None) -> None:
@@ -345,16 +388,18 @@ def workflow_events(workflow_id: str, following: bool, target: Target) -> None:
 
 @workflows_group.command("result")
 @click.argument("workflow_id")
+@click.argument("output", required=False)
 @click.option(
     "--out",
     "-o",
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
-    help="Where to save the image.",
+    help="Where to save the result.",
 )
 @api_options
-def download_result(workflow_id: str, out: Path, target: Target) -> None:
-    """Save a completed run's result image."""
+def download_result(workflow_id: str, output: str | None, out: Path, target: Target) -> None:
+    """Save a completed run's result: OUTPUT (step.output, as its output's results list them,
+    e.g. combine.video), else its image result, else its only stored result."""
     with target.client() as api:
-        data = api.download_result(workflow_id, out)
-    click.echo(f"saved {len(data)} bytes to {out}")
+        saved = api.save_result(workflow_id, out, output=output)
+    click.echo(f"saved {saved.bytes} bytes ({saved.content_type}) to {saved.path}")

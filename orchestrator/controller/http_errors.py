@@ -32,6 +32,7 @@ from orchestrator.errors import (
     RequestTooLarge,
     ServiceError,
     Unauthenticated,
+    UnsupportedType,
 )
 
 __all__ = ["error_response", "install_error_handler", "status_for", "translate"]
@@ -46,6 +47,7 @@ STATUS_BY_ERROR: Final[dict[type[OrchestratorError], int]] = {
     NotFound: 404,
     Conflict: 409,
     RequestTooLarge: 413,
+    UnsupportedType: 415,
     InvalidRequest: 422,
     ServiceError: 503,
     ConfigError: 500,

@@ -1,4 +1,4 @@
-"""A workflow's input and result images, and an uploaded input."""
+"""A workflow's input and result images, an uploaded input and a stored result."""
 
 from __future__ import annotations
 
@@ -24,14 +24,17 @@ class ImagePublic(ResponseBody):
 
 
 class InputPublic(ResponseBody):
-    """An uploaded input image, stored in the stack's S3 bucket."""
+    """An uploaded input file, stored in the stack's S3 bucket."""
 
-    uri: str = Field(description="Start a workflow with it: input.image.")
+    uri: str = Field(
+        description="Start a workflow with it: input.image for an image, or a field of "
+        "input.data that a task reads (e.g. input.data.video)."
+    )
     bytes: int
-    format: str = Field(description="As Pillow names it: JPEG, PNG, ...")
-    width: int
-    height: int
-    content_type: str
+    content_type: str = Field(description="As detected from the file's bytes: image/png, ...")
+    format: str | None = Field(description="An image's format as Pillow names it: JPEG, PNG, ...")
+    width: int | None = Field(description="An image's width in pixels.")
+    height: int | None = Field(description="An image's height in pixels.")
 
 
 class WorkflowImagesPublic(ResponseBody):

@@ -24,6 +24,7 @@ from orchestrator.child_process import ChildProcess, describe_exit, free_port, p
 from orchestrator.contract.alive import ALIVE_FILE_ENV
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
+from orchestrator.logs import LOG_FORMAT_ENV
 from orchestrator.private import private_dir
 from orchestrator.services import start_services
 from orchestrator.settings import load_settings
@@ -161,7 +162,9 @@ class StartUp:
             alive[name] = self.data_dir / "alive" / name
             private_dir(alive[name].parent)
             env = env | {ALIVE_FILE_ENV: str(alive[name])}
-        return ChildProcess(name, argv, env=env, log_path=self.logs_dir / f"{name}.log")
+        json_log = env.get(LOG_FORMAT_ENV) == "json"  # the child's lines are JSON: so is ours
+        log_path = self.logs_dir / f"{name}.log"
+        return ChildProcess(name, argv, env=env, log_path=log_path, json_log=json_log)
 
     def _wait(
         self, child: ChildProcess, ready: Callable[[], bool], what: Callable[[], str]

@@ -98,6 +98,8 @@ def test_the_client_reads_the_answer_of_every_route(stack_api: StackApi, photo: 
         assert isinstance(images, WorkflowImages) and images.result.available
         assert api.thumbnail(started.id, "result")[:2] == b"\xff\xd8"
         assert api.download_result(started.id)[:4] == b"\x89PNG"
+        named = api.download_result(started.id, output="c.image")  # the same, by its name
+        assert named == api.download_result(started.id)
 
         sleeping = api.start(SLEEPER)
         deadline = time.monotonic() + 60

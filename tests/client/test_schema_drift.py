@@ -71,6 +71,7 @@ SAMPLES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("delete_webhook", ("ops",), {}),
     ("deliveries", ("ops",), {"status": "FAILED", "limit": 5, "offset": 5}),
     ("result", (RUN,), {}),
+    ("result", (RUN, "double.values"), {}),
     ("images", (RUN,), {}),
     ("thumbnail", (RUN, "result"), {}),
     ("active_task_runs", (), {"worker": "worker-1", "workflow": RUN, "limit": 10}),

@@ -115,8 +115,11 @@ def test_errors_come_from_one_tree(api: Client, stack_api: StackApi) -> None:
     with pytest.raises(InvalidRequest) as invalid:
         api.apply_definition({"name": unique("bad"), "tasks": [{"ref": "a", "task": "nope"}]})
     assert any("nope" in p for p in invalid.value.problems)
-    with pytest.raises(InvalidRequest, match="not a recognised image file"):
-        api.upload(b"plain text", "notes.txt")
+    with pytest.raises(
+        InvalidRequest, match=r"notes\.txt is text/html, which this cdiflow"
+    ) as html:
+        api.upload(b"<html><script>alert(1)</script></html>", "notes.txt")
+    assert html.value.status == 415 and "CDIFLOW_UPLOAD_TYPES" in html.value.problems[0]
     with pytest.raises(WorkflowFailed) as failed:
         api.run("image_pipeline", "s3://cdiflow/no/such/photo.jpg", timeout=120)
     assert failed.value.workflow.status == "FAILED"

@@ -15,6 +15,7 @@ from orchestrator.controller.api.routes import (
     health,
     images,
     keys,
+    results,
     schedules,
     stats,
     task_runs,
@@ -41,6 +42,7 @@ _keyed(tasks.router)
 _keyed(workflow_definitions.router)
 _keyed(workflows.router)
 _keyed(files.router)
+_keyed(results.router)
 _keyed(workers.router)
 _keyed(keys.router)
 _keyed(schedules.router)

@@ -9,6 +9,7 @@ import { gantt, timelineLegend } from "../gantt.js";
 import { card, containerChip, empty, errorBox, FINISHED, kv, mono, statusPill, table, toast } from "../components.js";
 import { between, bytes, dateTime, duration, micros, shortId } from "../format.js";
 import { workflowDuration } from "./common.js";
+import { resultsTable } from "./results.js";
 
 export function mount(root, ctx) {
   const id = ctx.params.id;
@@ -19,6 +20,7 @@ export function mount(root, ctx) {
     meta: h("div", { id: "wf-meta" }),
     graph: h("div", { class: "dag-scroll", id: "wf-graph" }),
     images: h("div", { id: "wf-images" }, h("p", { class: "loading" }, "Loading previews…")),
+    results: h("div", { id: "wf-results" }),
     timeline: h("div", { class: "gantt-scroll", id: "wf-timeline" }),
     handoffs: h("div", { id: "wf-handoffs" }),
     runs: h("div", { id: "wf-runs" }),
@@ -42,6 +44,7 @@ export function mount(root, ctx) {
         card("Run", regions.meta, { id: "card-meta" }),
         card("Images", regions.images, { id: "card-images", subtitle: "Input and result, downscaled" }),
       ),
+      card("Results", regions.results, { id: "card-results", cls: "card-flush", subtitle: "What the run stored, each to download" }),
       card("Task graph", regions.graph, { id: "card-graph", subtitle: "Each step coloured by its latest attempt" }),
       card("Timeline", h("div", {}, timelineLegend(), regions.timeline), { id: "card-timeline", subtitle: "Task runs on worker lanes: queue wait, then run; arrows are CDI ownership hand-offs" }),
       card("Data hand-offs", regions.handoffs, { id: "card-handoffs", cls: "card-flush", subtitle: "Every change of the CDI object's owner made for this run" }),
@@ -89,6 +92,7 @@ export function mount(root, ctx) {
       wf.status_detail ? h("div", { class: "alert alert-info", role: "status", id: "wf-waiting" }, "This run is ", wf.status_detail) : null,
     );
     renderMeta(wf);
+    render(regions.results, resultsTable(wf));
     renderGraph(wf);
     renderTimeline(wf);
     renderHandoffs(wf);
@@ -140,6 +144,7 @@ export function mount(root, ctx) {
         wf.schedule_id && ["Scheduled for", h("span", { id: "wf-scheduled" }, dateTime(wf.scheduled_for))],
         ["Scheduler", wf.claimed_by || "—"],
         ["Input", mono(wf.input?.image ?? "—", { title: wf.input?.image })],
+        wf.input?.data && ["Data", mono(JSON.stringify(wf.input.data), { title: JSON.stringify(wf.input.data, null, 2) })],
         wf.retry_of && ["Retry of", h("a", { href: `#/workflows/${wf.retry_of}`, class: "mono" }, shortId(wf.retry_of))],
         wf.output?.label && ["Result label", h("b", {}, wf.output.label)],
       ]),
