@@ -5,6 +5,7 @@ the apt mirror this machine uses."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -126,10 +127,26 @@ def test_a_role_that_is_a_containers_first_process_stops_when_told(argv: list[st
     podman("run", "--detach", "--name", name, "--network", "none", *env, "--entrypoint",
            argv[0], images().product, *argv[1:])  # fmt: skip
     try:
-        time.sleep(3)  # well into its start, waiting on what does not answer
-        assert podman("inspect", "--format", "{{.State.Pid}}", name).strip() != "0"
+        _wait_for_a_sigterm_handler(name)  # in its start, waiting on what does not answer
         podman("stop", "--time", "30", name)
         code = podman("inspect", "--format", "{{.State.ExitCode}}", name).strip()
         assert code == "143", podman("logs", name)  # SIGTERM's, not SIGKILL's 137
     finally:
         podman("rm", "--force", name, check=False)
+
+
+def _wait_for_a_sigterm_handler(name: str) -> None:
+    """Until the container's PID 1 is the role (not the shell that execs it) and catches
+    SIGTERM: a stop sent earlier, while the interpreter still loads (seconds on a busy
+    machine), reaches a process that has had no chance to handle it."""
+    from deploy.containers.podman import podman
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = podman("exec", name, "cat", "/proc/1/status", check=False)
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        caught = int(fields.get("SigCgt", "0"), 16)
+        if fields.get("Name") not in (None, "sh") and caught >> (signal.SIGTERM - 1) & 1:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name}'s first process never caught SIGTERM: {podman('logs', name)}")
