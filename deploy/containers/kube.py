@@ -183,6 +183,10 @@ class KubeStack:
         """Every pod, secret, service container and the network, by name and label."""
         names = list(self.pods)
         if names:
+            # Every pod's containers at once (podman stops the containers of one command in
+            # parallel, the pods of `pod rm` one after the other).
+            containers = [c for played in self.pods.values() for c in played.containers]
+            podman("stop", "--time", "5", *containers, check=False)
             podman("pod", "rm", "--force", "--time", "5", *names, check=False)
         for secret in self.secrets:
             podman("secret", "rm", secret, check=False)
