@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lock check lint typecheck bench browser kustomize nft proto clean native s3server
+.PHONY: demo test lock check lint typecheck bench browser kustomize nft proto clean native s3server \
+  podman image test-image
 
 # The native minion (Rust). Rust comes with rustup, often outside a non-login shell's PATH.
 CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
@@ -77,7 +78,30 @@ nft:
 	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq nftables >/dev/null; \
 	    else echo "nft is missing: the emulated-link tests will be skipped (run as root, or apt-get install nftables)"; fi; }
 
-test: $(STAMP) native s3server browser kustomize nft
+# The stack as containers and the Kubernetes manifests played with podman (tests/deploy/) need
+# podman with runc, and debootstrap for the images' Debian base: installed when missing (as
+# root; the container tests are skipped otherwise, with the reason).
+podman:
+	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq podman runc debootstrap >/dev/null; \
+	    else echo "podman, runc or debootstrap is missing: the container tests will be skipped (run as root, or apt-get install podman runc debootstrap)"; fi; }
+
+# The product's image and the services' (deploy/containers/images.py), built here with podman
+# from Debian's packages, uv.lock and this tree; cached (a second build of an unchanged tree
+# takes seconds). Needs root, the native minion (cargo) and versitygw (Go).
+image: $(STAMP) native s3server podman
+	$(BIN)/python -m deploy.containers build
+
+# What `make test` builds: the images where they can be built here, else a note (the tests
+# that need them say why they are skipped).
+test-image: $(STAMP) native s3server podman
+	@if [ "$$(id -u)" != 0 ] || ! command -v podman >/dev/null 2>&1; then \
+	  echo "no root podman: the images are not built (the container tests will be skipped)"; \
+	elif [ ! -x $(NATIVE_MINION) ] || [ ! -x $(VERSITYGW) ]; then \
+	  echo "no native minion or versitygw: the images are not built (the container tests will be skipped)"; \
+	else $(BIN)/python -m deploy.containers build; fi
+
+test: $(STAMP) native s3server browser kustomize nft test-image
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; fi

@@ -15,7 +15,9 @@ import click
 from cdi.auth import (
     CONTROLLER_TOKEN_ENV,
     GATEWAY_KEY_ENV,
+    Role,
     check_key,
+    check_token,
     read_secret,
     read_secret_file,
 )
@@ -96,6 +98,7 @@ def _config(
                 f"token; give it --controller-token-file (${CONTROLLER_TOKEN_ENV}_FILE) or "
                 f"${CONTROLLER_TOKEN_ENV} (`cdiflow cdi credentials` makes them)"
             )
+        token = check_token(token, Role.MINION)  # a placeholder is refused before anything runs
     return MinionConfig(
         socket_path=socket_path,
         max_object=parse_bytes(max_object),

@@ -437,9 +437,10 @@ class Calls:
     def health(self) -> Call[Liveness]:
         return Call("GET", "/api/healthz", Liveness)
 
-    def readiness(self) -> Call[Readiness]:
+    def readiness(self, scope: str | None = None) -> Call[Readiness]:
         # 503 answers the same body, saying which part is not ready.
-        return Call("GET", "/api/readyz", Readiness, answers_with=frozenset({503}))
+        return Call("GET", "/api/readyz", Readiness, params=_given(scope=scope),
+                    answers_with=frozenset({503}))  # fmt: skip
 
 
 def parse_response(call: Call[T], response: httpx.Response) -> T:

@@ -501,10 +501,11 @@ class AsyncClient:
         """Whether the API process answers."""
         return await self._send(self._calls.health())
 
-    async def readiness(self) -> Readiness:
+    async def readiness(self, scope: str | None = None) -> Readiness:
         """Whether every part behind the API answers: ``status`` and each check, also when
-        one is down (the API's 503)."""
-        return await self._send(self._calls.readiness())
+        one is down (the API's 503). ``scope="api"``: whether the API process itself can
+        answer (Postgres and Redis)."""
+        return await self._send(self._calls.readiness(scope))
 
     # -- schedules ---------------------------------------------------------------------------
     async def create_schedule(

@@ -497,10 +497,11 @@ class Client:
         """Whether the API process answers."""
         return self._send(self._calls.health())
 
-    def readiness(self) -> Readiness:
+    def readiness(self, scope: str | None = None) -> Readiness:
         """Whether every part behind the API answers: ``status`` and each check, also when
-        one is down (the API's 503)."""
-        return self._send(self._calls.readiness())
+        one is down (the API's 503). ``scope="api"``: whether the API process itself can
+        answer (Postgres and Redis)."""
+        return self._send(self._calls.readiness(scope))
 
     # -- schedules ---------------------------------------------------------------------------
     def create_schedule(

@@ -14,25 +14,95 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import redis
 
+import cdi
+from loadtest.chaos.workload import Reachable, Workload
 from orchestrator.errors import StackError
 from orchestrator.services import ManagedService, RunningServices
-from orchestrator.stack import Stack
+from orchestrator.stack import RestartPolicy, Stack
 
-__all__ = ["FAULTS", "QUICK_FAULTS", "Fault", "Target"]
+__all__ = [
+    "EXTERNAL_RESTART_S",
+    "FAULTS",
+    "POLICY",
+    "QUICK_FAULTS",
+    "CaseTarget",
+    "Fault",
+    "Target",
+]
+
+T = TypeVar("T")
 
 EXTERNAL_RESTART_S: Final = 1.0
+# A stuck (SIGSTOPped) process is killed once its alive stamp is this old: shorter than the
+# default (``contract.alive.STALL_AFTER_S``) so that a case ends sooner; recovery from the
+# frozen faults counts this wait.
+POLICY: Final = RestartPolicy(stall_after=10.0)
+
+
+@dataclass(frozen=True)
+class Fault(Generic[T]):
+    """A fault by name, what it does, and how to strike a target of type ``T`` with it."""
+
+    name: str
+    what: str
+    strike: Callable[[T], None]
+
+
+class CaseTarget(Protocol):
+    """What a chaos case (``run.run_case``) strikes: a running stack, reachable from here."""
+
+    @property
+    def stack(self) -> Reachable: ...
+
+    @property
+    def kind(self) -> str:
+        """Where the stack runs, for the report: embedded, external, containers."""
+        ...
+
+    def strike(self, fault: Fault[Any], load: Workload) -> None:
+        """Strike ``fault``; ``load`` follows the stack if it changes (down and up)."""
+        ...
+
+    def objects_held(self) -> int | None:
+        """The CDI objects the stack's minions hold now; None when one does not answer."""
+        ...
 
 
 @dataclass
 class Target:
-    """The stack under test, and the external services it uses (None: embedded)."""
+    """The stack of processes under test, and the external services it uses (None:
+    embedded)."""
 
     stack: Stack
     external: RunningServices | None = None
+
+    @property
+    def kind(self) -> str:
+        return "external" if self.external is not None else "embedded"
+
+    def strike(self, fault: Fault[Any], load: Workload) -> None:
+        if fault.name != "down-up":
+            fault.strike(self)
+            return
+        # The stack stops in order and starts again on its data folder: nothing else is kept.
+        old = self.stack
+        old.stop()
+        again = Stack(old.data_dir, workers=len(old.worker_ids), port=old.port,
+                      services=self.external, restart_policy=POLICY)  # fmt: skip
+        again.start()
+        self.stack = again
+        load.reconnect(again)
+
+    def objects_held(self) -> int | None:
+        try:
+            with cdi.Client(self.stack.minion_socket) as probe:
+                return int(probe.stat()["objects"])
+        except cdi.CDIError:
+            return None
 
     def kill(self, name: str) -> None:
         """SIGKILL one piece by its row name; an external service is started again after a
@@ -43,8 +113,6 @@ class Target:
             return
         pid = service.pid
         assert pid is not None, f"{name} is not running"
-        import os
-
         os.kill(pid, signal.SIGKILL)
         threading.Thread(target=_restart_later, args=(service,), daemon=True).start()
 
@@ -85,13 +153,6 @@ def _restart_later(service: ManagedService) -> None:
     service.restart()
 
 
-@dataclass(frozen=True)
-class Fault:
-    name: str
-    what: str
-    strike: Callable[[Target], None]
-
-
 def _kill(*names: str) -> Callable[[Target], None]:
     def strike(target: Target) -> None:
         for name in names:
@@ -124,7 +185,7 @@ def _flushall(target: Target) -> None:
     target.flush_redis()
 
 
-FAULTS: Final = (
+FAULTS: Final[tuple[Fault[Target], ...]] = (
     Fault("scheduler", "kill -9 of the scheduler", _kill("scheduler-1")),
     Fault("postgres", "kill -9 of Postgres", _kill("postgres")),
     Fault("redis", "kill -9 of Redis", _kill("redis")),

@@ -23,28 +23,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cdi
-from loadtest.chaos.faults import Fault, Target
+from loadtest.chaos.faults import POLICY, CaseTarget, Fault, Target
 from loadtest.chaos.workload import FINISHED, Started, Workload
 from orchestrator.child_process import free_port
 from orchestrator.services import RunningServices, resolve_services
 from orchestrator.settings import load_settings
-from orchestrator.stack import RestartPolicy, Stack
+from orchestrator.stack import Stack
 
 __all__ = ["CaseResult", "chaos_stack", "external_services", "run_case"]
 
 PROBE_EVERY_S = 1.0
-# A stuck (SIGSTOPped) process is killed once its alive stamp is this old: shorter than the
-# default (``contract.alive.STALL_AFTER_S``) so that a case ends sooner; recovery from the
-# frozen faults counts this wait.
-POLICY = RestartPolicy(stall_after=10.0)
 
 
 @dataclass
 class CaseResult:
     fault: str
     what: str
-    target: str  # "embedded" or "external"
+    target: str  # where the stack ran: "embedded", "external", "containers"
     workflows: int
     probes: int
     completed: int
@@ -105,7 +100,7 @@ def chaos_stack(
 
 
 def run_case(
-    target: Target, fault: Fault, *, workflows: int = 60, deadline_s: float = 180.0
+    target: CaseTarget, fault: Fault[Any], *, workflows: int = 60, deadline_s: float = 180.0
 ) -> CaseResult:
     """Strike ``fault`` with ``workflows`` in flight and judge how every workflow ends."""
     began = time.monotonic()
@@ -117,18 +112,18 @@ def run_case(
             runs[started.id] = started
         _until(lambda: _finished(load, runs) >= workflows // 3, deadline_s)
         struck = time.time()
-        _strike(target, fault, load)
+        target.strike(fault, load)
         recovery = _probe(load, runs, struck, deadline_s)
         _until(lambda: _finished(load, runs) == len(runs), deadline_s)
         verdicts = {run.id: load.verdict(run) for run in runs.values()}
-        leaked = _leaked_objects(target.stack)
+        leaked = _leaked_objects(target)
     finally:
         load.close()
     values = list(verdicts.values())
     return CaseResult(
         fault=fault.name,
         what=fault.what,
-        target="external" if target.external is not None else "embedded",
+        target=target.kind,
         workflows=workflows,
         probes=sum(r.probe for r in runs.values()),
         completed=sum(r.status == "COMPLETED" and verdicts[r.id] == "ok" for r in runs.values()),
@@ -143,20 +138,6 @@ def run_case(
             {str(r.detail.get("error")) for r in runs.values() if r.status == "FAILED"}
         ),
     )
-
-
-def _strike(target: Target, fault: Fault, load: Workload) -> None:
-    if fault.name != "down-up":
-        fault.strike(target)
-        return
-    # The stack stops in order and starts again on its data folder: nothing else is kept.
-    old = target.stack
-    old.stop()
-    again = Stack(old.data_dir, workers=len(old.worker_ids), port=old.port,
-                  services=target.external, restart_policy=POLICY)  # fmt: skip
-    again.start()
-    target.stack = again
-    load.reconnect(again)
 
 
 def _probe(
@@ -190,18 +171,14 @@ def _until(check: Any, deadline_s: float) -> None:
         time.sleep(0.25)
 
 
-def _leaked_objects(stack: Stack, wait_s: float = 30.0) -> int:
-    """Objects the minion still holds once every workflow has ended (after a grace: the last
+def _leaked_objects(target: CaseTarget, wait_s: float = 30.0) -> int:
+    """Objects the minions still hold once every workflow has ended (after a grace: the last
     ones are handed back and destroyed just after their workflow ends)."""
     deadline = time.monotonic() + wait_s
-    count = -1
+    count: int | None = None
     while time.monotonic() < deadline:
-        try:
-            with cdi.Client(stack.minion_socket) as probe:
-                count = int(probe.stat()["objects"])
-        except cdi.CDIError:
-            count = -1
+        count = target.objects_held()
         if count == 0:
             return 0
         time.sleep(0.5)
-    return max(count, 0) if count >= 0 else 1
+    return 1 if count is None else count

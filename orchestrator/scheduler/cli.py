@@ -13,11 +13,13 @@ import cdi
 from orchestrator.db.engine import make_engine
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.errors import ConfigError
 from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.notify.deliverer import Deliverer
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.scheduler.minion_link import MinionLink
+from orchestrator.scheduler.object_directory import ObjectDirectory
 from orchestrator.settings import load_settings
 
 __all__ = ["scheduler_command"]
@@ -50,6 +52,11 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
         raise click.UsageError("DATABASE_URL and REDIS_URL must be set (`cdiflow up` sets them)")
     engine = make_engine(settings.database_url, synchronous_commit=False)
     link = _connect_minion(os.environ.get("CDI_URL"), scheduler_id)
+    try:
+        directory = ObjectDirectory.from_env(link)  # every host's objects, with a reader token
+    except ConfigError as exc:
+        link.close()
+        raise click.ClickException(str(exc)) from exc
     scheduler = Scheduler(
         scheduler_id,
         settings,
@@ -58,6 +65,7 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
         link,
         ObjectStore(settings),
         liveness=SchedulerLiveness(engine, scheduler_id),
+        directory=directory,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: scheduler.stop())
@@ -67,6 +75,7 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
         scheduler.run_forever()
     finally:
         deliverer.stop()
+        directory.close()
         link.close()
         engine.dispose()
 

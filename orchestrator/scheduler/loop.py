@@ -59,6 +59,7 @@ from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.minion_link import MinionLink
+from orchestrator.scheduler.object_directory import ObjectDirectory
 from orchestrator.scheduler.orphans import OrphanObjects
 from orchestrator.scheduler.recovery import Recovery
 from orchestrator.scheduler.redrive import Redrive
@@ -103,6 +104,7 @@ class Scheduler:
         objects: ObjectStore,
         *,
         liveness: SchedulerLiveness | None = None,
+        directory: ObjectDirectory | None = None,
     ) -> None:
         self.ctx = ctx = SchedulerContext(scheduler_id, db, redis_client, cdi_client, objects)
         self.id, self.db, self.redis, self.runs = ctx.id, ctx.db, ctx.redis, ctx.runs
@@ -119,7 +121,7 @@ class Scheduler:
         self.claims = Claims(ctx, settings, self.dispatch, self.endings)
         self.claims.wake_at = self._tick_by  # a run's deadline
         self.redrive.claims = self.claims
-        self.orphans = OrphanObjects(ctx, self.endings)
+        self.orphans = OrphanObjects(ctx, self.endings, directory or ObjectDirectory(cdi_client))
         self.schedules = Schedules(ScheduleStore(db), self.claims, wake_at=self._tick_by)
         self._stopping = False
         self._alive = AliveStamp.from_env()  # what the supervisor watches: the loop turns
@@ -221,6 +223,7 @@ class Scheduler:
         guarded(self._check_minion, faults)
         guarded(self._beat, faults)
         guarded(self.endings.flush_outbox, faults)
+        guarded(self.endings.retry_destroys, faults)
         guarded(self.recovery.check_redis_epoch, faults)
         guarded(self.schedules.tick, faults)
         guarded(self.claims.claim, faults)

@@ -42,6 +42,11 @@ class MinionLink:
         return self._live().list_objects()
 
     @property
+    def spans_hosts(self) -> bool:
+        """Whether objects may come to us from other hosts (``cdi.Client.spans_hosts``)."""
+        return self._client is not None and self._client.spans_hosts
+
+    @property
     def host(self) -> str:
         """The CDI host of our minion ("" while it is away)."""
         return (self._client.host or "") if self._client is not None else ""

@@ -1,10 +1,12 @@
-"""Objects in the minion that no run stands for any more, found and freed.
+"""Objects on any host that no run stands for any more, found and freed.
 
 Each workflow's objects are named ``wf-<workflow id>-...`` (``RunState.next_object_key``, and
 ``.<output>`` or ``.<output>.<i>`` after it for named data). A
 run driven again, or a fault that took its messages with it (Redis lost a report naming an
 object a worker kept), can leave such an object behind: owned by a worker, or by us, and
-referenced by nothing. Every ``RECONCILE_S`` the scheduler lists the minion's objects; one
+referenced by nothing, on any host. Every ``RECONCILE_S`` the scheduler lists the objects of
+every host (``object_directory``: its own minion's, and the other hosts' from the CDI
+controller's directory); one
 whose workflow is ours (in memory, or ended) and that none of our runs names, seen so twice in
 a row, is destroyed when it is ours or asked back from the worker that holds it. *Why twice:*
 an object in transit (handed back with a report not read yet) is named by nothing for a moment.
@@ -20,6 +22,7 @@ from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.endings import Endings
+from orchestrator.scheduler.object_directory import ObjectDirectory
 
 __all__ = ["OrphanObjects"]
 
@@ -29,13 +32,14 @@ log = logging.getLogger(__name__)
 class OrphanObjects:
     """Finds the objects of our workflows that nothing names, and frees them."""
 
-    def __init__(self, ctx: SchedulerContext, endings: Endings) -> None:
+    def __init__(self, ctx: SchedulerContext, endings: Endings, directory: ObjectDirectory) -> None:
         self.ctx = ctx
         self.endings = endings
+        self.directory = directory
         self._suspects: set[str] = set()  # keys found orphaned at the last sweep
 
     def sweep(self) -> None:
-        """One look at the minion's objects (skipped while no CDI run was seen)."""
+        """One look at every host's objects (skipped while no CDI run was seen)."""
         ctx = self.ctx
         if not self._suspects and not any(r.uses_objects() for r in ctx.runs.values()):
             return
@@ -49,11 +53,10 @@ class OrphanObjects:
                 named.update((sent.key, sent.output_key, *sent.outputs.values()))
                 prefixes += [f"{k}." for k in sent.outputs.values()]
         found: dict[str, tuple[uuid.UUID, str]] = {}
-        for obj in ctx.cdi.list_objects():
-            key = str(obj.get("key", ""))
+        for key, owner in self.directory.objects():
             workflow_id = keys.workflow_of_object(key)
             if workflow_id is not None and key not in named and not key.startswith(tuple(prefixes)):
-                found[key] = (workflow_id, str(obj.get("owner", "")))
+                found[key] = (workflow_id, owner)
         orphans = self._ours(found)
         act = orphans & self._suspects
         self._suspects = orphans - act

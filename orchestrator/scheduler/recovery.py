@@ -178,13 +178,9 @@ class Recovery:
 
     def _drop_orphan(self, key: str) -> None:
         """A half-written object of a dead worker (an output, or the object it was making from
-        the input) came back to us too: destroy it."""
-        try:
-            orphan = self.ctx.cdi.use(key)
-            orphan.access(timeout=1).release()
-            orphan.destroy()
-        except cdi.CDIError:
-            pass  # it never got created, or is already gone
+        the input) comes back to us too: destroy it, without waiting for it (one that never
+        got created is simply not found)."""
+        self.reports.endings.destroy(key)
 
     # ------------------------------------------------------------------ Redis data loss
     def check_redis_epoch(self) -> None:

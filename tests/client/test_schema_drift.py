@@ -85,6 +85,7 @@ SAMPLES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("revoke_key", (RUN,), {}),
     ("health", (), {}),
     ("readiness", (), {}),
+    ("readiness", (), {"scope": "api"}),
 ]  # fmt: skip
 
 

@@ -1,0 +1,79 @@
+"""Where the orphan sweep finds objects: on every host, not only the scheduler's own.
+
+An object a worker of another host kept (its report lost with Redis, a run driven again) lives
+on that host's minion, which the scheduler's own minion does not list. The CDI controller's
+directory lists every host's objects, to a caller with a ``reader`` token of the cluster
+(``CDI_CONTROLLER_URL``, and ``CDI_CONTROLLER_TOKEN`` or ``CDI_CONTROLLER_TOKEN_FILE``). The
+sweep takes its own host's objects from its minion (the directory may trail it), and the other
+hosts' from the directory, those of hosts whose minion is alive only: a dead minion's entries
+stay in the directory, but its objects went with it. Without a token, or while the controller
+does not answer, the sweep sees its own host's objects alone, as on a stack of one host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Final
+
+import cdi
+from cdi.auth import Role, controller_token
+from cdi.controller.client import ControllerClient
+from orchestrator.errors import ConfigError
+from orchestrator.scheduler.minion_link import MinionLink
+
+__all__ = ["ObjectDirectory", "Seen"]
+
+log = logging.getLogger(__name__)
+
+Seen = tuple[str, str]  # an object's key and its owner
+_TIMEOUT_S: Final = 2.0  # a sweep is housekeeping: a slow controller must not hold the loop
+
+
+class ObjectDirectory:
+    """``objects()``: (key, owner) of every object the sweep may free."""
+
+    def __init__(self, link: MinionLink, controller: ControllerClient | None = None) -> None:
+        self.link = link
+        self.controller = controller
+        self._warned = False
+
+    @classmethod
+    def from_env(cls, link: MinionLink) -> ObjectDirectory:
+        """Every host's objects when the scheduler was given the controller's URL and a
+        reader's token; ``ConfigError`` for a token that is not one (a placeholder)."""
+        url = os.environ.get("CDI_CONTROLLER_URL")
+        try:
+            token = controller_token(Role.READER) if url else None
+        except cdi.CDIError as exc:
+            raise ConfigError(str(exc)) from exc
+        if url is None or token is None:
+            log.info("no CDI controller token: left objects are looked for on this host only")
+            return cls(link)
+        return cls(link, ControllerClient(url, timeout=_TIMEOUT_S, token=token))
+
+    def objects(self) -> list[Seen]:
+        """This host's objects from its minion (which the directory may trail), and those of
+        every other live host from the directory."""
+        here = [(str(o.get("key", "")), str(o.get("owner", ""))) for o in self.link.list_objects()]
+        if self.controller is None:
+            return here
+        try:
+            return here + self._elsewhere(self.controller)
+        except cdi.CDIError as exc:
+            if not self._warned:
+                log.warning("the CDI controller's directory is out of reach (%s); left objects "
+                            "are looked for on this host only meanwhile", exc)  # fmt: skip
+                self._warned = True
+            return here
+
+    def _elsewhere(self, controller: ControllerClient) -> list[Seen]:
+        own = self.link.host
+        alive = {m.host for m in controller.list_minions() if m.alive and m.host != own}
+        found = [(o.key, o.owner) for o in controller.list_objects() if o.host in alive]
+        self._warned = False
+        return found
+
+    def close(self) -> None:
+        if self.controller is not None:
+            self.controller.close()
