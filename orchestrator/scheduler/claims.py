@@ -61,8 +61,6 @@ class Claims:
         # Learnt by ``check_limits``; while it is unknown the plain claim leaves limited
         # definitions' runs alone, so a stale value never lets a limit be passed.
         self.limits = False
-        # The loop's tick comes no later than this (monotonic): a run's deadline.
-        self.wake_at: Callable[[float], None] = lambda moment: None
 
     def check_limits(self) -> None:
         """Learn again whether any definition has a concurrency limit."""
@@ -105,7 +103,7 @@ class Claims:
                 continue
             self.ctx.runs[run.workflow_id] = run
             if run.deadline is not None:
-                self.wake_at(run.deadline)
+                self.ctx.tick.by(run.deadline)  # it times out at its deadline's tick
             guarded(lambda run=run: self.start(run), self.ctx.faults)  # type: ignore[misc]
 
     def start(self, run: RunState, delay: float = 0.0) -> None:

@@ -20,9 +20,10 @@ to come gets a read-only share, a worker on another host its own copy.
 
 *Send, then record:* an instruction is pushed before its task run is recorded, so the record
 overlaps the worker's run; its report waits in the scheduler's list until the loop thread, the
-one recording, reads it. An instruction Redis does not take goes to ``unsent`` (the loop places
-the run again, ``redrive.Redrive.unsent``); a worker gone from the minion when an object is
-moved there is avoided and the step placed elsewhere.
+one recording, reads it. An instruction Redis does not take is placed again soon; if objects
+had already gone to that worker, its run is left to the loop to drive again
+(``take_unsent``). A worker gone from the minion when an object is moved there is avoided and
+the step placed elsewhere.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Final
 
 import redis
@@ -69,12 +69,10 @@ UNRUNNABLE_AFTER_S = 30.0
 LOST_GRACE_S: Final = 5.0  # beyond a task's timeout before its silent worker is presumed gone
 _FIRST_GUESS_S: Final = 0.05  # a task's expected run time before one has been measured
 _GONE_RETRY_S: Final = 0.2  # a step whose worker vanished at the hand-off is placed again after
+_UNSENT_RETRY_S: Final = 0.5  # a step whose instruction Redis did not take is placed again after
 
 log = logging.getLogger(__name__)
 
-# What to do with a run whose instruction Redis did not take: (run, its step run, the worker,
-# whether objects had been moved to that worker, the error).
-Unsent = Callable[[RunState, StepRun, str, bool, Exception], None]
 Waiting = tuple[RunState, StepRun]
 
 
@@ -100,7 +98,9 @@ class Dispatcher:
         self._loads: dict[str, WorkerLoad] = {}  # as the latest choice saw them
         self.link = Link.from_env()  # what crossing to another host costs; learnt as it goes
         self.mover = ObjectMover(ctx, self.link, self._load_of)
-        self.unsent: Unsent | None = None  # set by the loop (redrive)
+        # Runs to drive again, with why: an instruction Redis did not take after objects had
+        # gone to its worker (the loop drives them, ``take_unsent``).
+        self._unsent: list[tuple[RunState, str]] = []
         # Workers starting afresh, with the ``started_at`` of the process that is ending.
         self._restarting: dict[str, float] = {}
         # What runs wait for, to write: (run, status detail or None, event kind, its data).
@@ -132,8 +132,11 @@ class Dispatcher:
                 continue
             with log_context(workflow_id=str(run.workflow_id), step=step.id):
                 placement = self.choose(run, step)
-                if placement is not None and self.send(run, step, placement):
-                    placed.append(placement)
+                if placement is None:
+                    continue
+                if not self.send(run, step, placement):
+                    break  # Redis failed: the rest would fail too (the step goes again soon)
+                placed.append(placement)
         return placed
 
     def unrunnable(self) -> list[tuple[RunState, str]]:
@@ -358,8 +361,7 @@ class Dispatcher:
 
     def send(self, run: RunState, step: StepRun, placement: Placement) -> bool:
         """Push the instruction for ``placement`` (before its task run is recorded) and note
-        it as the step's task in flight; False (the run handed to ``unsent``) when Redis did
-        not take it."""
+        it as the step's task in flight; False when Redis did not take it (``_unsent``)."""
         spec, worker = step.current, placement.worker
         assert worker is not None
         instruction = instruction_for(
@@ -391,11 +393,32 @@ class Dispatcher:
         try:
             self.ctx.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
         except redis.RedisError as exc:
-            if self.unsent is None:
-                raise
-            self.unsent(run, step, worker, bool(placement.handoffs), exc)
+            self._unsent_one(run, step, worker, bool(placement.handoffs), exc)
             return False
         return True
+
+    def _unsent_one(
+        self, run: RunState, step: StepRun, worker: str, moved: bool, exc: Exception
+    ) -> None:
+        """Redis did not take ``step``'s instruction for ``worker``: nothing is out, and the
+        step goes again soon. If objects had already gone to that worker, the run is to be
+        driven again (the worker is asked to give them back): the loop does it."""
+        flight = step.in_flight
+        if flight is not None:
+            self.returned(flight)
+            step.in_flight = None
+        step.phase = Phase.READY
+        step.retry_at = time.monotonic() + _UNSENT_RETRY_S
+        reason = f"Redis failed the instruction for {worker} ({exc})"
+        if moved:
+            self._unsent.append((run, reason))
+        else:
+            log.warning("workflow %s: %s; placing it again", run.workflow_id, reason)
+
+    def take_unsent(self) -> list[tuple[RunState, str]]:
+        """The runs to drive again since the last call, each with why (``_unsent_one``)."""
+        unsent, self._unsent = self._unsent, []
+        return unsent
 
     def _store_input(self, run: RunState, step: StepRun) -> str:
         """Object-store plane: where the step's image is (the step before's output, or the

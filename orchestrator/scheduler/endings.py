@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -34,6 +33,7 @@ from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Mode, Obj
+from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.instructions import release_instruction
 from orchestrator.scheduler.progress import Moves
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun
@@ -46,11 +46,10 @@ log = logging.getLogger(__name__)
 class Endings:
     """Ends runs and frees what they held."""
 
-    def __init__(self, ctx: SchedulerContext) -> None:
+    def __init__(self, ctx: SchedulerContext, dispatch: Dispatcher) -> None:
         self.ctx = ctx
+        self.dispatch = dispatch  # told of each instruction taken back from its worker
         self.outbox: list[tuple[str, str]] = []  # (worker queue, message) not sent yet
-        # A withdrawn instruction is no longer out at its worker (set by the loop: dispatch).
-        self.returned: Callable[[InFlight], None] = lambda flight: None
 
     def ended(self, workflow_id: uuid.UUID, ended: bool) -> None:
         """After a workflow's end was written: wake who waits for it (``ended``), or note that
@@ -151,7 +150,7 @@ class Endings:
             return False
         if not taken:
             return False  # it runs: its report comes
-        self.returned(flight)
+        self.dispatch.returned(flight)
         step.in_flight = None
         step.phase = Phase.READY
         moved = [run.objects[k] for k, m in step.modes.items() if k in run.objects]

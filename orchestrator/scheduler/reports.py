@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any, Final
 
 import redis
@@ -28,6 +27,7 @@ from orchestrator.scheduler.data import Datum, Mode, Obj
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings, completion, ended_rows
 from orchestrator.scheduler.guarded import guarded
+from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.runs import Phase, RunState, StepRun
 from workflows.binding import IMAGE
 from workflows.kinds import Kind
@@ -46,19 +46,12 @@ class Reports:
     """Turns reports into the runs' next moves."""
 
     def __init__(
-        self,
-        ctx: SchedulerContext,
-        dispatch: Dispatcher,
-        endings: Endings,
-        *,
-        wake_at: Callable[[float], None],
+        self, ctx: SchedulerContext, dispatch: Dispatcher, endings: Endings, redrive: Redrive
     ) -> None:
         self.ctx = ctx
         self.dispatch = dispatch
         self.endings = endings
-        self._wake_at = wake_at  # the loop's tick comes no later than this (monotonic)
-        # Drives a run again from its input (``Redrive.run``); the loop sets it.
-        self.redrive: Callable[[RunState, str], None] | None = None
+        self.redrive = redrive
 
     def read(self, text: str) -> None:
         """Handle one report as it came off the list; an unreadable one is dropped."""
@@ -116,11 +109,11 @@ class Reports:
         self.endings.free(run, moves.freed)
         if lost:
             self.after_lost_image(run, step)
-        elif not completed and report.objects_gone and self.redrive is not None:
+        elif not completed and report.objects_gone:
             # An object the scheduler handed out is gone: most likely the minion restarted
             # before the tick noticed. Not the task's fault: no attempt is spent on it.
             self.ctx.faults.minion = True  # the next tick asks the minion
-            self.redrive(run, f"worker {report.worker_id}: {report.error}")
+            self.redrive.run(run, f"worker {report.worker_id}: {report.error}")
         elif not completed:
             self.after_failure(run, step, report.error or report.status, report.retryable)
         elif moves.failure:
@@ -156,7 +149,7 @@ class Reports:
         elif retryable and own_failures <= spec.retries and step.lost <= MAX_LOST_ATTEMPTS:
             step.retry_at = time.monotonic() + spec.retry_backoff_s * 2 ** (step.attempt - 1)
             step.attempt += 1
-            self._wake_at(step.retry_at)  # the tick dispatches it
+            self.ctx.tick.by(step.retry_at)  # the tick dispatches it
         else:
             self.endings.fail(
                 run, f"task {step.id!r} failed after {step.attempt} attempt(s): {reason}"
