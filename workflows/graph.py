@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Final
 
 from workflows.binding import IMAGE
@@ -82,10 +83,11 @@ class Graph:
         waited = {r for n in self.nodes.values() for r in n.after}
         return [n.ref for n in self.nodes.values() if not n.is_switch and n.ref not in waited]
 
-    @property
+    @cached_property
     def is_chain(self) -> bool:
-        """One line of task steps, each reading the one before it: today's single-image
-        pipeline, which the fast paths (held images, one object moving along) are for."""
+        """One line of task steps, each reading the one before it: the single-image
+        pipeline, which the fast paths (held images, one object moving along) are for (the
+        graph never changes: worked out once)."""
         refs = list(self.nodes)
         for i, node in enumerate(self.nodes.values()):
             before = {refs[i - 1]} if i else set()

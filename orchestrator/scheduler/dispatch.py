@@ -2,14 +2,14 @@
 instruction, record the task run.
 
 A run's ready step runs go out at once, as many as workers have room for and the run's
-parallelism allows (``RunState.max_parallel``): each is placed by ``placement.choose_worker``
-(one function of the step, where its data is and the live workers), from heartbeats re-read
-at most every ``BEATS_TTL_S`` plus this scheduler's own count of instructions out at each
-worker, which is always current. A step goes only to a worker that loaded its task's module
-(``placement.capable``). One that may go to any worker but finds none with room waits here
-(``waiting``, oldest first) until a report frees a slot (late binding); one that no live
-worker can run waits too, and ``unrunnable`` names it once it has waited
-``UNRUNNABLE_AFTER_S``, or its definition's ``worker_wait_s`` (the loop then fails its
+parallelism allows (``RunState.max_parallel``): each is placed by its run's policy
+(``policies``: a choice from the step, where its data is and the live workers), from
+heartbeats re-read at most every ``BEATS_TTL_S`` plus this scheduler's own count of
+instructions out at each worker, which is always current. A step goes only to a worker that
+loaded its task's module (``placement.capable``). One that may go to any worker but finds
+none with room waits here (``waiting``, oldest first) until a report frees a slot (late
+binding); one that no live worker can run waits too, and ``unrunnable`` names it once it has
+waited ``UNRUNNABLE_AFTER_S``, or its definition's ``worker_wait_s`` (the loop then fails its
 run). While no live worker can run a step, its run says what it waits for (its
 ``status_detail`` and a ``task.waiting`` event), written by ``note_waits`` once the loop has
 recorded what led there, so the events keep their order.
@@ -41,7 +41,7 @@ import redis
 
 import cdi
 from orchestrator.contract import keys
-from orchestrator.contract.vocabulary import DataPlane, Policy
+from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.db.run_statements import Placement
 from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
@@ -49,15 +49,8 @@ from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import chain_keeps, instruction_for, work_uri
 from orchestrator.scheduler.limits import TaskLimits
 from orchestrator.scheduler.object_moves import ObjectMover
-from orchestrator.scheduler.placement import (
-    Link,
-    Route,
-    WorkerLoad,
-    capable,
-    choose_worker,
-    read_workers,
-    stays,
-)
+from orchestrator.scheduler.placement import Link, Route, WorkerLoad, capable, read_workers
+from orchestrator.scheduler.policies import Choice, NextStep, pinned, policy_of
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun, StepSpec
 
 __all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "UNRUNNABLE_AFTER_S", "Dispatcher"]
@@ -97,7 +90,7 @@ class Dispatcher:
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
         self._loads: dict[str, WorkerLoad] = {}  # as the latest choice saw them
         self.link = Link.from_env()  # what crossing to another host costs; learnt as it goes
-        self.mover = ObjectMover(ctx, self.link, self._load_of)
+        self.mover = ObjectMover(ctx, self.link, self.load_of)
         # Runs to drive again, with why: an instruction Redis did not take after objects had
         # gone to its worker (the loop drives them, ``take_unsent``).
         self._unsent: list[tuple[RunState, str]] = []
@@ -223,21 +216,21 @@ class Dispatcher:
         self._note_wait(run, step, loads, able)
         able = [w for w in able if w.worker_id not in self._restarting]
         nbytes, near = self._where(run, step)
-        policy = _policy(run)
-        previous = run.home if policy == Policy.AFFINITY else near
-        kept_by = self._kept_by(run, step)
-        if kept_by is not None:  # auto kept the object on its worker for this step
-            policy, previous = Policy.AFFINITY, kept_by
-        worker = choose_worker(
+        choice = Choice(
             able,
-            policy,
-            previous,
-            task_s=self.task_s[spec.task],
-            nbytes=nbytes,
-            rng=self._rng,
+            self.task_s[spec.task],
+            nbytes,
+            near=near,
+            home=run.home,
+            chain=run.graph.is_chain,
             avoid=step.avoid,
             route=self._route(run, near, loads),
+            rng=self._rng,
         )
+        kept_by = self._kept_by(run, step)
+        policy = policy_of(run)
+        # A worker kept an object this step reads (``keeps``): the step can run only there.
+        worker = pinned(choice, kept_by) if kept_by is not None else policy.choose(choice)
         ident = (run.workflow_id, step.id)
         if worker is None:
             self._wait(run, step)
@@ -261,8 +254,7 @@ class Dispatcher:
             step.avoid = step.avoid | {worker}
             step.retry_at = time.monotonic() + _GONE_RETRY_S
             return None
-        if run.policy == Policy.AFFINITY:
-            run.home = run.home or worker
+        policy.placed(run, worker)
         return Placement(
             self.ctx.db.next_task_run_id(),
             run.workflow_id,
@@ -431,26 +423,9 @@ class Dispatcher:
         return work_uri(self.ctx.objects, run, run.steps[before[0]])
 
     def _keeps(self, run: RunState, step: StepRun, worker: str) -> bool:
-        """Whether ``worker`` keeps what ``step`` makes, the next step then pinned to it:
-        always under ``affinity`` where it may (``chain_keeps``), under ``auto`` when the next
-        step is predicted to stay there (``placement.stays``, from the loads as this choice
-        saw them: the rule ``choose_worker`` applies when the next step is ready, applied now,
-        so a stay costs no hand-back through the scheduler)."""
-        if run.policy not in (Policy.AFFINITY, Policy.AUTO) or run.data_plane != DataPlane.CDI:
-            return False
-        if not chain_keeps(run, step) or not self._runs_next(run, step, worker):
-            return False
-        if run.policy == Policy.AFFINITY:
-            return True
-        here = self._loads.get(worker)
-        after = [run.specs[r] for r in self._readers(run, step) if r in run.specs]
-        if here is None or len(after) != 1:
-            return False
-        others = [w for w in capable(list(self._loads.values()), after[0].module)
-                  if w.alive and w.worker_id != worker]  # fmt: skip
-        nbytes = max(self._where(run, step)[0], self.made_bytes.get(step.current.task, 0))
-        route = Route(here.host, self.ctx.cdi.host, self.link)
-        return stays(here, others, task_s=self.task_s[after[0].task], nbytes=nbytes, route=route)
+        """Whether ``worker`` keeps what ``step`` makes, the next step then pinned to it: the
+        run's policy's call (``PlacementPolicy.keeps``)."""
+        return policy_of(run).keeps(_Ahead(self, run, step, worker))
 
     def _kept_by(self, run: RunState, step: StepRun) -> str | None:
         """The worker that kept an object ``step`` reads (the scheduler owns every other
@@ -462,16 +437,16 @@ class Dispatcher:
                     return obj.owner
         return None
 
-    def _runs_next(self, run: RunState, step: StepRun, worker: str) -> bool:
+    def runs_next(self, run: RunState, step: StepRun, worker: str) -> bool:
         """Whether ``worker`` loaded the module of every step that reads what ``step`` makes."""
         load = self._loads.get(worker)
         if load is None:
             return False
-        readers = self._readers(run, step)
+        readers = self.readers(run, step)
         return all(capable([load], run.specs[r].module) for r in readers if r in run.specs)
 
     @staticmethod
-    def _readers(run: RunState, step: StepRun) -> set[str]:
+    def readers(run: RunState, step: StepRun) -> set[str]:
         """The steps that read what ``step`` makes."""
         return {r for name in run.graph.read_outputs(step.node.ref)
                 for r in run.graph.readers(step.node.ref, name)}  # fmt: skip
@@ -480,7 +455,8 @@ class Dispatcher:
         """The CDI host of ``worker`` as its latest heartbeat said ("" if unknown)."""
         return self.mover.host_of(worker)
 
-    def _load_of(self, worker: str) -> WorkerLoad | None:
+    def load_of(self, worker: str) -> WorkerLoad | None:
+        """``worker``'s load as the latest choice saw it."""
         return self._loads.get(worker)
 
     def _route(self, run: RunState, near: str | None, loads: list[WorkerLoad]) -> Route:
@@ -537,15 +513,32 @@ class Dispatcher:
         return loads
 
 
-def _policy(run: RunState) -> Policy:
-    """The policy a step is placed by. *Why affinity is transfer beyond a chain:* pinning
-    every step to one worker would run parallel branches one after another, and so would
-    ``auto`` while the branches' run times are not measured yet (a task's first guess is
-    short, so waiting looks cheaper than moving); each of a graph's steps goes to the
-    least-loaded worker with room, so branches start together."""
-    if run.policy == Policy.AFFINITY and not run.graph.is_chain:
-        return Policy.TRANSFER
-    return run.policy
+class _Ahead:
+    """The step after one being sent, as the dispatcher tells its run's policy
+    (``policies.Ahead``): worked out only when the policy asks."""
+
+    def __init__(self, dispatch: Dispatcher, run: RunState, step: StepRun, worker: str) -> None:
+        self._dispatch, self._run, self._step, self._worker = dispatch, run, step, worker
+
+    def may_keep(self) -> bool:
+        run, step = self._run, self._step
+        if run.data_plane != DataPlane.CDI or not chain_keeps(run, step):
+            return False
+        return self._dispatch.runs_next(run, step, self._worker)
+
+    def next_step(self) -> NextStep | None:
+        dispatch, run, step = self._dispatch, self._run, self._step
+        here = dispatch.load_of(self._worker)
+        after = [run.specs[r] for r in dispatch.readers(run, step) if r in run.specs]
+        if here is None or len(after) != 1:
+            return None
+        loads = list(dispatch._loads.values())
+        others = [w for w in capable(loads, after[0].module)
+                  if w.alive and w.worker_id != self._worker]  # fmt: skip
+        made = dispatch.made_bytes.get(step.current.task, 0)
+        nbytes = max(dispatch._where(run, step)[0], made)
+        route = Route(here.host, dispatch.ctx.cdi.host, dispatch.link)
+        return NextStep(here, others, dispatch.task_s[after[0].task], nbytes, route)
 
 
 def _waiting_for(step: StepRun, alive: list[str]) -> str:
