@@ -27,6 +27,7 @@ from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings, ended_rows
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import RELEASE_TASK
+from orchestrator.scheduler.planes import PLANES
 from orchestrator.scheduler.runs import DEFAULT_MAX_PARALLEL, RunState, StepSpec
 from orchestrator.settings import Settings
 from workflows import imagebuf
@@ -149,11 +150,9 @@ def plan(
     given = claimed.input
     image = str(given.get("image") or "")
     plane = claimed.data_plane if image else DataPlane.NONE  # no image: nothing to fetch
-    if plane == DataPlane.OBJECT_STORE and not graph.is_chain:
-        raise OrchestratorError(
-            f"workflow definition {claimed.definition!r} is not one chain of steps: the "
-            "object-store plane carries one image from step to step; start it on the cdi plane"
-        )
+    problem = PLANES[plane].problem(graph)
+    if problem is not None:
+        raise OrchestratorError(f"workflow definition {claimed.definition!r} {problem}")
     specs = {}
     for ref, node in graph.nodes.items():
         if node.task is None:

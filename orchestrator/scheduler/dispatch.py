@@ -41,15 +41,15 @@ import redis
 
 import cdi
 from orchestrator.contract import keys
-from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.db.run_statements import Placement
 from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.instructions import chain_keeps, instruction_for, work_uri
+from orchestrator.scheduler.instructions import chain_keeps
 from orchestrator.scheduler.limits import TaskLimits
 from orchestrator.scheduler.object_moves import ObjectMover
 from orchestrator.scheduler.placement import Link, Route, WorkerLoad, capable, read_workers
+from orchestrator.scheduler.planes import plane_of
 from orchestrator.scheduler.policies import Choice, NextStep, pinned, policy_of
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun, StepSpec
 
@@ -356,17 +356,13 @@ class Dispatcher:
         it as the step's task in flight; False when Redis did not take it (``_unsent``)."""
         spec, worker = step.current, placement.worker
         assert worker is not None
-        instruction = instruction_for(
+        instruction = plane_of(run).instruction(
+            self.ctx,
             run,
             step,
             placement.task_run_id,
             placement.queued_at,
-            step.modes,
-            scheduler_id=self.ctx.id,
-            reply_to=self.ctx.reply_key,
-            objects=self.ctx.objects,
             keep=self._keeps(run, step, worker),
-            object_store_uri=self._store_input(run, step),
         )
         load = self._loads.get(worker)
         step.in_flight = InFlight(
@@ -412,16 +408,6 @@ class Dispatcher:
         unsent, self._unsent = self._unsent, []
         return unsent
 
-    def _store_input(self, run: RunState, step: StepRun) -> str:
-        """Object-store plane: where the step's image is (the step before's output, or the
-        input)."""
-        if run.data_plane != DataPlane.OBJECT_STORE:
-            return ""
-        before = [r for r in step.node.after if r in run.steps]
-        if not before:
-            return run.input_uri
-        return work_uri(self.ctx.objects, run, run.steps[before[0]])
-
     def _keeps(self, run: RunState, step: StepRun, worker: str) -> bool:
         """Whether ``worker`` keeps what ``step`` makes, the next step then pinned to it: the
         run's policy's call (``PlacementPolicy.keeps``)."""
@@ -460,10 +446,10 @@ class Dispatcher:
         return self._loads.get(worker)
 
     def _route(self, run: RunState, near: str | None, loads: list[WorkerLoad]) -> Route:
-        """Where the step's largest object is, for pricing a move to another host. A step
-        with no CDI object (dataless, object-store, or the step that fetches the input) moves
+        """Where the step's largest object is, for pricing a move to another host. A run
+        with no CDI object (dataless, object-store, or before its input is fetched) moves
         nothing: no route."""
-        if run.data_plane == DataPlane.OBJECT_STORE or not run.objects:
+        if not run.objects:
             return Route()
         hub = self.ctx.cdi.host
         holder = next((w for w in loads if w.worker_id == near), None)
@@ -522,7 +508,7 @@ class _Ahead:
 
     def may_keep(self) -> bool:
         run, step = self._run, self._step
-        if run.data_plane != DataPlane.CDI or not chain_keeps(run, step):
+        if not plane_of(run).may_keep or not chain_keeps(run, step):
             return False
         return self._dispatch.runs_next(run, step, self._worker)
 

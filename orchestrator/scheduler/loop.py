@@ -60,6 +60,7 @@ from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.minion_link import MinionLink
 from orchestrator.scheduler.orphans import OrphanObjects
+from orchestrator.scheduler.planes import uses_objects
 from orchestrator.scheduler.recovery import Recovery
 from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.reports import Reports
@@ -250,7 +251,7 @@ class Scheduler:
         """While any run keeps an object in the minion (or a call found it gone), ask whether
         the minion is still the one we know; if it restarted, its objects are gone."""
         faults = self.ctx.faults
-        if not faults.minion and not any(r.uses_objects() for r in self.runs.values()):
+        if not faults.minion and not any(uses_objects(r) for r in self.runs.values()):
             return
         restarted = self.ctx.cdi.check()
         faults.minion = False

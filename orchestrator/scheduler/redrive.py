@@ -30,6 +30,7 @@ from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.guarded import guarded
+from orchestrator.scheduler.planes import uses_objects
 from orchestrator.scheduler.runs import Phase, RunState
 
 __all__ = ["MAX_DRIVES", "Redrive"]
@@ -79,7 +80,7 @@ class Redrive:
     def minion_restarted(self) -> None:
         """Every object is gone: drive again each run that had one (or was making one)."""
         for run in list(self.ctx.runs.values()):
-            if run.uses_objects():
+            if uses_objects(run):
                 self.run(
                     run, "the CDI minion restarted and its objects are gone", objects_gone=True
                 )
