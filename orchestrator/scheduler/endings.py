@@ -37,6 +37,7 @@ from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.instructions import release_instruction
 from orchestrator.scheduler.progress import Moves
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun
+from workflows.steps import StepKind
 
 __all__ = ["Endings", "completion", "ended_rows"]
 
@@ -282,13 +283,14 @@ def ended_rows(db: SchedulerStore, run: RunState, moves: Moves) -> list[Placemen
     now = time.time()
     rows = [
         Placement(db.next_task_run_id(), run.workflow_id, step.id,
-                  step.spec.task if step.spec is not None else "switch", step.attempt, None, now,
+                  step.spec.task if step.spec is not None else StepKind.SWITCH, step.attempt,
+                  None, now,
                   status=TaskRunStatus.SKIPPED)
         for step in moves.skipped
     ]  # fmt: skip
     rows += [
-        Placement(db.next_task_run_id(), run.workflow_id, step.id, "switch", step.attempt, None,
-                  now, status=TaskRunStatus.COMPLETED, output=output)
+        Placement(db.next_task_run_id(), run.workflow_id, step.id, StepKind.SWITCH, step.attempt,
+                  None, now, status=TaskRunStatus.COMPLETED, output=output)
         for step, output in moves.switched
     ]  # fmt: skip
     return rows
