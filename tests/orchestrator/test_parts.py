@@ -1,7 +1,7 @@
 """A data plane and a placement policy are parts: a toy of each, put in its table, changes what
 a real scheduler (and worker) do, against real Postgres and Redis, with no other code changed.
 What a new plane or policy touches is its module, its row in the table and its tests
-(``docs/architecture.md``, *Where to make the common changes*)."""
+(``docs/extending.md``)."""
 
 from __future__ import annotations
 
