@@ -250,6 +250,7 @@ class Calls:
         tags: Sequence[str] | None = None,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        wait_s: float = 0.0,
     ) -> Call[Workflow]:
         given = _given(
             image=image_uri, data=dict(data) if data else None, result_format=result_format
@@ -267,9 +268,13 @@ class Calls:
             **({"tags": list(tags)} if tags else {}),
         }
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        # The API answers the new run; asked to wait (``wait_s``, which this call does not
-        # send), its detail.
-        return Call("POST", "/api/workflows", WorkflowDetail | Workflow, json=body, headers=headers)
+        # The API answers the new run; asked to wait (``wait_s``), its detail once it has ended
+        # or the wait is over.
+        params = {"wait_s": round(wait_s, 3)} if wait_s > 0 else None
+        return Call(
+            "POST", "/api/workflows", WorkflowDetail | Workflow, params, json=body,
+            headers=headers, wait_s=wait_s,
+        )  # fmt: skip
 
     def get(
         self, workflow_id: RunId, *, wait_s: float = 0.0, events: int = 100

@@ -13,7 +13,6 @@ import itertools
 import os
 import uuid
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,6 +25,7 @@ from loadtest.netem_proxy import LinkSpec, NetemProxy
 from orchestrator.services import RunningServices, resolve_services
 from orchestrator.services.postgres import create_database
 from orchestrator.settings import load_settings
+from orchestrator.started import StartStop
 
 __all__ = ["LINKS", "BenchServices", "clear_prefixes", "peer_env", "s3_client"]
 
@@ -59,7 +59,7 @@ def clear_prefixes(services: RunningServices, prefixes: tuple[str, ...]) -> int:
     return deleted
 
 
-class BenchServices:
+class BenchServices(StartStop):
     """``with BenchServices(folder, link) as services:`` start, share, stop."""
 
     def __init__(
@@ -169,17 +169,6 @@ class BenchServices:
             s3_endpoint_url=self.s3_url,
             embedded=(),
         )
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def peer_env(services: BenchServices) -> dict[str, str]:

@@ -19,6 +19,7 @@ from typing import Final
 import cdi
 from cdi.auth import Role, controller_token
 from cdi.controller.client import ControllerClient
+from cdi.remote.gateway import GATEWAY_PREFIX
 from orchestrator.errors import ConfigError
 from orchestrator.scheduler.minion_link import MinionLink
 
@@ -70,7 +71,12 @@ class ObjectDirectory:
     def _elsewhere(self, controller: ControllerClient) -> list[Seen]:
         own = self.link.host
         alive = {m.host for m in controller.list_minions() if m.alive and m.host != own}
-        found = [(o.key, o.owner) for o in controller.list_objects() if o.host in alive]
+        # One in a gateway's hands is in transit between hosts, not left over.
+        found = [
+            (o.key, o.owner)
+            for o in controller.list_objects()
+            if o.host in alive and not o.owner.startswith(GATEWAY_PREFIX)
+        ]
         self._warned = False
         return found
 

@@ -23,6 +23,7 @@ from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.object_directory import ObjectDirectory
+from orchestrator.scheduler.planes import uses_objects
 
 __all__ = ["OrphanObjects"]
 
@@ -41,7 +42,7 @@ class OrphanObjects:
     def sweep(self) -> None:
         """One look at every host's objects (skipped while no CDI run was seen)."""
         ctx = self.ctx
-        if not self._suspects and not any(r.uses_objects() for r in ctx.runs.values()):
+        if not self._suspects and not any(uses_objects(r) for r in ctx.runs.values()):
             return
         named: set[str] = set()
         prefixes: list[str] = []  # list outputs out at a worker: "<key>.<i>"

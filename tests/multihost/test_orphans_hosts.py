@@ -21,6 +21,7 @@ from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.scheduler.claims import with_input_fetch
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Obj
+from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.minion_link import MinionLink
 from orchestrator.scheduler.object_directory import ObjectDirectory
@@ -60,7 +61,7 @@ def test_an_object_left_on_another_host_is_asked_back_from_its_worker(
     nothing = cast(Any, None)  # the sweep reads no run store for runs it has in memory
     ctx = SchedulerContext(scheduler, nothing, client, link, nothing)
     ctx.runs[workflow] = _run(workflow, named, scheduler)
-    sweep = OrphanObjects(ctx, Endings(ctx), directory)
+    sweep = OrphanObjects(ctx, Endings(ctx, Dispatcher(ctx)), directory)
     try:
         with cdi.connect(cluster.minions[1].socket_path, far_worker) as worker:  # host 2
             worker.create(left, 64).release()  # kept, and named by no run any more

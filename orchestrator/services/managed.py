@@ -11,7 +11,6 @@ import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import ClassVar, Self
 
 from orchestrator.child_process import ChildProcess, free_port, log_tail, port_is_free
@@ -19,6 +18,7 @@ from orchestrator.errors import ServiceError
 from orchestrator.private import private_dir
 from orchestrator.services._unprivileged import RunAs
 from orchestrator.services.credentials import hide_password
+from orchestrator.started import StartStop
 
 __all__ = ["HOST", "ManagedService"]
 
@@ -33,7 +33,7 @@ class _PortTaken(Exception):
     """The child lost the race for its port; start again on another one."""
 
 
-class ManagedService(abc.ABC):
+class ManagedService(StartStop):
     """One embedded service: ``start()`` waits until it answers, ``stop()`` ends it by PID.
 
     Subclasses give the command line and a readiness probe. Output goes to
@@ -145,20 +145,9 @@ class ManagedService(abc.ABC):
             return
         proc.stop(self.stop_timeout, sig=self.stop_signal)
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- for subclasses -------------------------------------------------------------------
 
-    def _prepare(self) -> None:  # noqa: B027 - optional hook
+    def _prepare(self) -> None:
         """One-off set-up before the first launch (directories, initdb)."""
 
     @abc.abstractmethod
@@ -169,7 +158,7 @@ class ManagedService(abc.ABC):
     def _probe(self) -> bool:
         """True once the child serves requests; raise ``ServiceError`` only if it never will."""
 
-    def _after_ready(self) -> None:  # noqa: B027 - optional hook
+    def _after_ready(self) -> None:
         """Post-start set-up (create the database or bucket); raise ``ServiceError``."""
 
     def _cwd(self) -> Path:
