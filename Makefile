@@ -6,10 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lock check lint typecheck bench browser kustomize nft proto clean native s3server
 
-# The native minion (Rust). Rust comes with rustup, often outside a non-login shell's PATH.
+# The CDI minion (Rust) is built by installing the package (setup.py, setuptools-rust) into
+# cdi/minion/bin/. Rust comes with rustup, often outside a non-login shell's PATH: put it there.
+export PATH := $(if $(wildcard $(HOME)/.cargo/bin),$(HOME)/.cargo/bin:)$(PATH)
 CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
 NATIVE_DIR := cdi/minion-native
-NATIVE_MINION := $(NATIVE_DIR)/target/release/cdi-minion
 NATIVE_SOURCES := $(NATIVE_DIR)/Cargo.toml $(NATIVE_DIR)/Cargo.lock $(wildcard $(NATIVE_DIR)/src/*.rs)
 
 UV := $(BIN)/uv
@@ -17,7 +18,8 @@ UV := $(BIN)/uv
 # resolves, so a release elsewhere changes nothing here. uv itself comes from the lock too
 # (tools/lockfile.py prints its pinned, hashed requirement for pip).
 export UV_PYTHON_DOWNLOADS := never
-$(STAMP): pyproject.toml uv.lock tools/lockfile.py
+# The editable install builds the minion (uv rebuilds it when its sources change: cache-keys).
+$(STAMP): pyproject.toml uv.lock tools/lockfile.py setup.py $(NATIVE_SOURCES)
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(PYTHON) tools/lockfile.py uv-requirement > $(VENV)/uv-requirement.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
@@ -32,12 +34,9 @@ lock: $(STAMP)
 	$(UV) sync --frozen --extra dev
 	@echo "uv.lock refreshed: run make test, and commit uv.lock once it passes"
 
-# Without cargo the build is skipped with a note: the minion then runs as Python, slower.
-native: $(NATIVE_MINION)
-$(NATIVE_MINION): $(NATIVE_SOURCES)
-	@if [ -x "$(CARGO)" ]; then \
-	  "$(CARGO)" build --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; \
-	else echo "cargo not found: the CDI minion will run as Python (install Rust to build $(NATIVE_MINION))"; fi
+# After changing the minion's Rust: the re-sync rebuilds it. Without Rust the install stops and
+# says what to install.
+native: $(STAMP)
 
 # The embedded S3 endpoint: Versity's S3 gateway, built with Go into the venv (keep the version
 # in step with orchestrator/services/s3.py). Without Go the build is skipped with a note: the
@@ -52,7 +51,7 @@ $(VERSITYGW): | $(STAMP)
 	  GOBIN="$(abspath $(BIN))" GOFLAGS=-modcacherw "$(GO)" install $(VERSITYGW_MODULE); \
 	else echo "go not found: no embedded S3 endpoint (install Go, or set S3_ENDPOINT_URL)"; fi
 
-demo: $(STAMP) native s3server
+demo: $(STAMP) s3server
 	$(BIN)/cdiflow demo
 
 # The dashboard tests drive Debian's Chromium (no browser download): install it when missing.
@@ -77,7 +76,7 @@ nft:
 	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq nftables >/dev/null; \
 	    else echo "nft is missing: the emulated-link tests will be skipped (run as root, or apt-get install nftables)"; fi; }
 
-test: $(STAMP) native s3server browser kustomize nft
+test: $(STAMP) s3server browser kustomize nft
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; fi
@@ -99,7 +98,7 @@ typecheck: $(STAMP)
 BENCH_OUT ?= .data/bench-results
 BENCH := $(BIN)/cdiflow bench
 PLOTS := --plots docs/images/bench
-bench: $(STAMP) native s3server
+bench: $(STAMP) s3server
 	mkdir -p $(BENCH_OUT)
 	$(BENCH) cdi --repeat 300 --backends tcp,grpc,cdi-shm,relay --json > $(BENCH_OUT)/cdi.json
 	$(BENCH) images --size 2MB --json > $(BENCH_OUT)/images.json
@@ -128,4 +127,5 @@ proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. cdi/proto/cdi.proto
 
 clean:
-	rm -rf $(VENV) .data .pytest_cache .mypy_cache .ruff_cache test-artifacts $(NATIVE_DIR)/target
+	rm -rf $(VENV) .data .pytest_cache .mypy_cache .ruff_cache test-artifacts $(NATIVE_DIR)/target \
+	  cdi/minion/bin build

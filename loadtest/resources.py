@@ -35,6 +35,7 @@ _COMPONENTS: Final = (
     ("-m orchestrator.scheduler", "cdiflow scheduler"),
     ("-m orchestrator.worker", "cdiflow workers"),
     ("-m cdi.minion", "cdi minion"),
+    ("cdi-minion", "cdi minion"),  # the binary, once the launcher has exec-ed it
     ("-m cdi.controller", "cdi controller"),
     # Before the services: Conductor's command line names the Postgres and Redis it uses.
     ("conductor-server", "conductor server"),

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 from cdi.auth import ClusterCredentials
+from cdi.cluster import LocalCluster
 from cdi.controller.process import ControllerChild
 from cdi.errors import CDIError
 from cdi.hosts import Host, HostNetwork
 from cdi.link_emulator import SERVICES_ONLY, Link
 from cdi.minion.process import MinionChild
-from cdi.remote.cluster import LocalCluster
 from orchestrator.child_process import free_port
 from orchestrator.errors import StackError
 from orchestrator.stack.supervised import CdiProcess
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 class CdiRuntime:
     """``hosts`` 1: a controller and a minion on this machine. More: each host a network
-    namespace (or a loopback address) with its minion and gateway (``cdi.remote.cluster``);
+    namespace (or a loopback address) with its minion and gateway (``cdi.cluster``);
     host ``n``'s minion socket is ``<data>/cdi/host<n>/minion.sock``. Its processes are
     ``CdiProcess``es, which the stack's supervisor restarts."""
 

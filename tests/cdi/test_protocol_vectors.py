@@ -39,7 +39,7 @@ Step = tuple[int, dict[str, Any] | None]  # (connection, request; None: hang up 
 
 
 @pytest.fixture(scope="module")
-def minion(tmp_path_factory: pytest.TempPathFactory, minion_impl: str) -> Iterator[MinionProcess]:
+def minion(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinionProcess]:
     """The minion under the limits the vectors were recorded with (host name ``h``)."""
     running = start_minion(tmp_path_factory.mktemp("vectors"), "--host", "h", *LIMITS)
     try:

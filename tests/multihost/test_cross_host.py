@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import cdi
+from cdi.cluster import LocalCluster
 from cdi.controller.client import ControllerClient
 from cdi.protocol import Op
-from cdi.remote.cluster import LocalCluster
 
 Unique = Callable[[str], str]
 
