@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lock check lint typecheck bench browser kustomize nft proto clean native s3server
+.PHONY: demo test lock check lint typecheck imports bench browser kustomize nft proto clean native s3server
 
 # The CDI minion (Rust) is built by installing the package (setup.py, setuptools-rust) into
 # cdi/minion/bin/. Rust comes with rustup, often outside a non-login shell's PATH: put it there.
@@ -79,10 +79,11 @@ nft:
 test: $(STAMP) s3server browser kustomize nft
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
+	$(BIN)/lint-imports
 	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; fi
 	$(BIN)/pytest
 
-check: lint typecheck
+check: lint typecheck imports
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -92,6 +93,10 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy .
+
+# The import contracts in pyproject.toml ([tool.importlinter]): which package may import which.
+imports: $(STAMP)
+	$(BIN)/lint-imports
 
 # The set docs/benchmarks.md reports (hours on 2 cores: run it on a quiet machine, first field
 # of /proc/loadavg below 1.0). JSON in $(BENCH_OUT), plots in docs/images/bench.
