@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from cdi.child import ChildProcess, python_module
+from cdi.child import ServiceChild, python_module
 
 if TYPE_CHECKING:
     from cdi.hosts import HostNetwork
@@ -306,8 +306,8 @@ class LinkEmulator:
         self._ready.unlink(missing_ok=True)
         argv = python_module("cdi.link_emulator", "--spec", str(self._spec),
                              "--ready-file", str(self._ready))  # fmt: skip
-        self.child = ChildProcess(argv, str(base / "link-emulator.log"), self._answers,
-                                  "link emulator")  # fmt: skip
+        self.child = ServiceChild("link emulator", argv, base / "link-emulator.log",
+                                  self._answers)  # fmt: skip
 
     def _answers(self) -> bool:
         """Serving: its ready file names it (not a former life that was killed)."""

@@ -26,8 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
+from cdi.child import ChildProcess
 from loadtest import harness_env
-from orchestrator.child_process import ChildProcess
 
 __all__ = ["LinkSpec", "NetemProxy", "serve"]
 

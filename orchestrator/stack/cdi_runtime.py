@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from cdi.auth import ClusterCredentials
@@ -139,12 +138,12 @@ class CdiRuntime:
             log.warning("hosts on loopback addresses: %s", cluster.network.reason)
         self._cluster = cluster
         self.controller_url = cluster.controller_url
-        self.controller = _running(CdiProcess("cdi-controller", cluster.controller))
+        self.controller = CdiProcess("cdi-controller", cluster.controller)
         if network is not self.network and network.emulator is not None:
             # Ours to supervise: the workers on the hosts reach the services through it.
-            self.emulator = _running(CdiProcess("link-emulator", network.emulator.child))
+            self.emulator = CdiProcess("link-emulator", network.emulator.child)
         self.minions = [
-            _running(CdiProcess(f"cdi-minion-{host.name}", minion))
+            CdiProcess(f"cdi-minion-{host.name}", minion)
             for host, minion in zip(cluster.network.hosts, cluster.minions, strict=True)
         ]
 
@@ -177,9 +176,3 @@ class CdiRuntime:
                     socket_path.unlink(missing_ok=True)
             self.controller, self.minions, self._cluster = None, [], None
             self.emulator = None
-
-
-def _running(process: CdiProcess) -> CdiProcess:
-    """A ``CdiProcess`` over a child the cluster has started already."""
-    process.started_at = time.monotonic()
-    return process

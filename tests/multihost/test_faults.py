@@ -101,7 +101,7 @@ def test_source_minion_killed_after_the_hand_off(fresh: LocalCluster, unique: Un
         obj, digest = _filled(a, key, 8_000_000)
         obj.transfer(cid(b))
         os.kill(fresh.minions[0].pid, signal.SIGKILL)
-        fresh.minions[0].process.wait(10)  # type: ignore[union-attr]
+        fresh.minions[0].wait(10)
         theirs = b.use(key, check=False)
         assert _digest_of(theirs) == digest  # the destination copy is intact
         with pytest.raises(cdi.TransferFailed):
