@@ -42,7 +42,7 @@ _COMPONENTS: Final = (
     ("conductor_worker", "conductor workers"),
     ("versitygw", "s3 (versitygw)"),
     ("moto.server", "s3 (moto)"),
-    ("netem_proxy", "s3 link proxy"),
+    ("-m cdi.link_emulator --target", "s3 link proxy"),
     ("-m cdi.link_emulator", "host link emulator"),  # --hosts: the link between the hosts
     ("redis-server", "redis"),
     ("postgres", "postgres"),
