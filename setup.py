@@ -6,7 +6,7 @@ puts the binary at ``cdi/minion/bin/cdi-minion`` inside the installed package, w
 ``cdi.minion.launcher`` finds it. Where no Rust toolchain is on ``PATH`` the install stops and
 says what to install; ``CDI_MINION_BIN=/path/to/cdi-minion`` ships a binary built elsewhere
 instead (an image that builds the minion in a stage of its own). Why setuptools-rust:
-docs/decisions/0001-minion-built-with-the-package.md.
+docs/decisions/0001-one-minion-built-with-the-package.md.
 """
 
 from __future__ import annotations
