@@ -23,7 +23,7 @@ from tests.orchestrator.api_support import KeyedCalls, admin_key_of, api_test_se
 IMAGE = {"image": "s3://cdiflow/images/cat.png"}
 OPEN_PATHS = {"/api/healthz", "/api/readyz", "/api/openapi.json", "/docs", "/",
               "/docs/oauth2-redirect"}  # fmt: skip
-READINESS_PARTS = {"postgres", "redis", "minion", "scheduler", "s3"}
+READINESS_PARTS = {"postgres", "redis", "minion", "scheduler", "s3", "workers"}
 
 
 def _unique(prefix: str) -> str:

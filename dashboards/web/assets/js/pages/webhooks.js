@@ -20,7 +20,7 @@ export function mount(root, ctx) {
   const secretBox = h("div", { id: "webhook-secret", "aria-live": "polite" });
 
   const nameInput = h("input", { name: "name", id: "webhook-name", required: true, spellcheck: "false", autocomplete: "off", placeholder: "ci-notify" });
-  const urlInput = h("input", { name: "url", id: "webhook-url", class: "mono", required: true, spellcheck: "false", autocomplete: "off", placeholder: "https://hooks.example.com/cdiflow" });
+  const urlInput = h("input", { name: "url", id: "webhook-url", class: "mono", required: true, spellcheck: "false", autocomplete: "off", placeholder: "the receiver's http(s) URL" });
   const workflowInput = h("input", { name: "workflow", id: "webhook-workflow", spellcheck: "false", autocomplete: "off", placeholder: "every workflow" });
   const boxes = EVENTS.map((e) => h("label", { class: "check" }, h("input", { type: "checkbox", name: "events", value: e, checked: e.startsWith("workflow.") }), " ", mono(e)));
   const submit = h("button", needsRole("admin", { type: "submit", class: "btn btn-primary", id: "webhook-submit" }), "Register webhook");
