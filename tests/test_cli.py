@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from setuptools import find_packages  # type: ignore[import-untyped]
+from setuptools import find_packages
 
 from cdiflow.cli import BENCH_COMMANDS, main
 

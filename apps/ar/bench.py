@@ -55,8 +55,6 @@ class BenchPlan:
     depth: int = 2
     hosts: int = 1
     """2: the pipelines across two hosts (``run_bench`` is given their network)."""
-    minion: str | None = None
-    """``native`` or ``python``; ``None`` as ``cdiflow cdi minion`` chooses."""
     busy_poll_us: int = 0
     """The minion's polling after a container starts waiting (see ``apps.ar.links.cdi_link``
     on why not to poll in this application)."""
@@ -109,8 +107,7 @@ def _one_round(
 
 
 def _run_backend(plan: BenchPlan, config: RunConfig, network: HostNetwork | None) -> PipelineResult:
-    impl = ("--impl", plan.minion) if plan.minion else ()
-    with prepare(config, network, ("--busy-poll-us", str(plan.busy_poll_us), *impl)) as ready:
+    with prepare(config, network, ("--busy-poll-us", str(plan.busy_poll_us))) as ready:
         return run_pipeline(ready.config, ready.runtime_pids)
 
 

@@ -61,7 +61,7 @@ DEFAULT_MIRROR: Final = "http://deb.debian.org/debian"
 DEFAULT_SECURITY: Final = "http://deb.debian.org/debian-security"
 _IMAGE_DIR: Final = CHECKOUT / "deploy" / "image"
 _STAGE: Final = CHECKOUT / "build" / "image"
-_NATIVE: Final = CHECKOUT / "cdi" / "minion-native" / "target" / "release" / "cdi-minion"
+_MINION: Final = CHECKOUT / "cdi" / "minion" / "bin" / "cdi-minion"  # the install builds it
 _REPRODUCIBLE_EPOCH: Final = "315532800"  # 1980-01-01: the oldest date a zip entry can hold
 _Say = Callable[[str], None]
 _DIGESTS_LOCK: Final = threading.Lock()  # the digests' cache file, shared by the builds
@@ -371,7 +371,7 @@ def _import(root: Path, tag: str) -> None:
 
 
 def _stage(say: _Say) -> None:
-    """``build/image``: the Containerfiles, the lock's requirements, uv, the native minion,
+    """``build/image``: the Containerfiles, the lock's requirements, uv, the minion,
     versitygw and cdiflow's wheel, each rewritten only when it changed."""
     _STAGE.mkdir(parents=True, exist_ok=True)
     for source in _IMAGE_DIR.iterdir():
@@ -380,7 +380,7 @@ def _stage(say: _Say) -> None:
     uv = bin_dir / "uv"
     needs = {
         "uv": (uv, "`make .venv/.installed` installs the lock's uv"),
-        "cdi-minion": (_NATIVE, "build the native minion with `make native` (needs cargo)"),
+        "cdi-minion": (_MINION, "`make native` builds the minion (needs cargo)"),
         "versitygw": (bin_dir / "versitygw", "build it with `make s3server` (needs Go)"),
     }
     for name, (source, hint) in needs.items():

@@ -10,13 +10,13 @@ import os
 import sys
 import time
 
+from cdi.child import ChildProcess
 from loadtest.drive import run_locust
 from loadtest.plan import Point, poll_max_s
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.peer_state import PeerState
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
-from orchestrator.child_process import ChildProcess
 
 __all__ = ["CelerySystem"]
 

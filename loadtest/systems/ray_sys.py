@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import psutil
 
+from cdi.child import ChildProcess
 from cdi.hosts import Host
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
@@ -35,7 +36,7 @@ from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.driver_proc import DriverProcess
 from loadtest.systems.peer_state import PeerState
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
-from orchestrator.child_process import ChildProcess, free_port
+from orchestrator.child_process import free_port
 
 __all__ = ["RaySystem"]
 

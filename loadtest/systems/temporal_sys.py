@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Final
 
+from cdi.child import ChildProcess
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
@@ -32,7 +33,7 @@ from loadtest.systems.driver_proc import DriverProcess
 from loadtest.systems.peer_state import PeerState
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
 from loadtest.systems.temporal_app import PREFIX
-from orchestrator.child_process import ChildProcess, free_port
+from orchestrator.child_process import free_port
 from orchestrator.settings import load_settings
 
 __all__ = ["CLI_MODULE", "CLI_VERSION", "TemporalSystem", "temporal_cli"]

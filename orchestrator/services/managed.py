@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar, Self
 
-from orchestrator.child_process import ChildProcess, free_port, log_tail, port_is_free
+from cdi.child import ChildProcess, log_tail
+from orchestrator.child_process import free_port, port_is_free
 from orchestrator.errors import ServiceError
 from orchestrator.private import private_dir
 from orchestrator.services._unprivileged import RunAs

@@ -97,7 +97,7 @@ class Stack(StartStop):
         self.host = host
         self.port = port
         self.api_url = f"http://{probes.url_host(host)}:{port}"
-        # Several hosts: a minion with a gateway per host (cdi.remote.cluster); the scheduler
+        # Several hosts: a minion with a gateway per host (cdi.cluster); the scheduler
         # and the API use host 1's, worker n host ((n - 1) mod hosts) + 1's.
         self.hosts = hosts
         # Several hosts: each worker on its host (in its namespace), reaching the services

@@ -20,7 +20,8 @@ from typing import Final, Protocol
 import redis
 
 from cdi.auth import CONTROLLER_TOKEN_ENV
-from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
+from cdi.child import ChildProcess, describe_exit
+from orchestrator.child_process import free_port, port_is_free
 from orchestrator.contract.alive import ALIVE_FILE_ENV
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError

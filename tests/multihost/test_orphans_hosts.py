@@ -14,8 +14,8 @@ import redis
 
 import cdi
 from cdi.auth import ClusterCredentials
+from cdi.cluster import LocalCluster
 from cdi.controller.client import ControllerClient
-from cdi.remote.cluster import LocalCluster
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.scheduler.claims import with_input_fetch

@@ -1,7 +1,7 @@
-"""The Python side of the native minion: its arguments, its event relay, its choice.
+"""The Python side of the minion: its arguments, its event relay, finding its binary.
 
-The binary itself is tested by every other module here (each runs against both minions); these
-are unit tests of the launcher, with a recording reporter in place of the controller.
+The binary itself is tested by every other module here; these are unit tests of the launcher,
+with a recording reporter in place of the controller.
 """
 
 from __future__ import annotations
@@ -17,17 +17,11 @@ import msgpack
 import psutil
 import pytest
 
-from cdi.minion import native
+from cdi.minion import launcher
 from cdi.minion.config import MinionConfig
 from cdi.minion.names import parse_names
 from cdi.protocol import Isolation
 from tests.cdi.conftest import require_native
-
-
-@pytest.fixture(scope="module", autouse=True)
-def minion_impl() -> str:
-    """No minion runs here: one pass, not one per implementation."""
-    return "none"
 
 
 class RecordingReporter:
@@ -71,7 +65,7 @@ def test_events_reach_the_reporter_whatever_the_pipe_splits() -> None:
     stream = b"".join(msgpack.packb(e) for e in events)
     for size in (1, 3, 7, len(stream)):
         reporter = RecordingReporter()
-        native.relay_events(_reader([*_chunks(stream, size), b""]), reporter)
+        launcher.relay_events(_reader([*_chunks(stream, size), b""]), reporter)
         assert reporter.calls == [tuple(e) for e in events], size
 
 
@@ -81,7 +75,7 @@ def test_a_malformed_event_is_logged_and_skipped(caplog: pytest.LogCaptureFixtur
         for e in (["exploded", 1], "not an array", ["gone"], ["removed", "bad key!"], ["gone", "a"])
     )
     reporter = RecordingReporter()
-    native.relay_events(_reader([stream, b""]), reporter)
+    launcher.relay_events(_reader([stream, b""]), reporter)
     assert reporter.calls == [("removed", "bad key!"), ("gone", "a")]
     assert caplog.text.count("ignoring a malformed minion event") == 3
 
@@ -98,7 +92,7 @@ def test_argv_carries_the_resolved_config(tmp_path: Path) -> None:
         socket_group=1100,
         names=parse_names("worker-*=1001,sched=0"),
     )
-    argv = native.native_argv("/bin/cdi-minion", config)
+    argv = launcher.binary_argv("/bin/cdi-minion", config)
     pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
     assert pairs == {
         "--socket": str(tmp_path / "m.sock"),
@@ -117,7 +111,7 @@ def test_argv_carries_the_resolved_config(tmp_path: Path) -> None:
 
 def test_asking_for_a_missing_binary_is_a_clear_usage_error(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "cdi.minion", "--impl", "native", "--socket", str(tmp_path / "s")],
+        [sys.executable, "-m", "cdi.minion", "--socket", str(tmp_path / "s")],
         env={"CDI_MINION_BIN": str(tmp_path / "nowhere"), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -134,7 +128,7 @@ def test_the_binary_stops_when_its_relay_dies(tmp_path: Path) -> None:
     require_native()
     socket_path = tmp_path / "m.sock"
     relay = subprocess.Popen(
-        [sys.executable, "-m", "cdi.minion", "--impl", "native", "--socket", str(socket_path),
+        [sys.executable, "-m", "cdi.minion", "--socket", str(socket_path),
          "--controller", "grpc://127.0.0.1:1"],  # nobody answers there: the reporter retries
         env={**os.environ, "CDI_CONTROLLER_TOKEN": "cdi1.minion.vm.unchecked-here"},
         stdout=subprocess.DEVNULL,
@@ -145,11 +139,11 @@ def test_the_binary_stops_when_its_relay_dies(tmp_path: Path) -> None:
         deadline = time.monotonic() + 20
         while not socket_path.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert socket_path.exists(), "the native minion did not start"
+        assert socket_path.exists(), "the minion did not start"
         children = Path(f"/proc/{relay.pid}/task/{relay.pid}/children").read_text().split()
         assert len(children) == 1
         minion = psutil.Process(int(children[0]))
-        assert minion.name() == native.BINARY_NAME
+        assert minion.name() == launcher.BINARY_NAME
         relay.kill()
         relay.wait(10)
         minion.wait(10)  # raises TimeoutExpired if the minion outlives its relay

@@ -1,4 +1,6 @@
-"""The emulated regional link carries bytes intact, both ways, and its process goes away."""
+"""The emulated link to one server (``cdi.link_emulator.LinkProxy``): bytes cross it intact,
+both ways, on several connections, each direction pays its delay and its rate, and its
+process goes away."""
 
 from __future__ import annotations
 
@@ -6,12 +8,14 @@ import os
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
-from loadtest.netem_proxy import LinkSpec, NetemProxy
+from cdi.link_emulator import Link, LinkProxy
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -47,9 +51,11 @@ def _round_trip(port: int, payload: bytes) -> bytes:
     return bytes(received)
 
 
-def test_bytes_cross_the_link_intact_on_several_connections(echo_server: str) -> None:
-    payload = os.urandom(3_000_000)  # larger than the proxy's per-direction buffer
-    with NetemProxy(echo_server, LinkSpec(rtt_s=0.004, bytes_per_s=200e6)) as proxy:
+def test_bytes_cross_the_link_intact_on_several_connections(
+    echo_server: str, tmp_path: Path
+) -> None:
+    payload = os.urandom(12_000_000)  # larger than what the proxy holds per direction
+    with LinkProxy(echo_server, Link(mbit=1600, rtt_ms=4), tmp_path) as proxy:
         assert _round_trip(proxy.port, payload) == payload
         results: list[bytes] = []
 
@@ -66,6 +72,21 @@ def test_bytes_cross_the_link_intact_on_several_connections(echo_server: str) ->
     assert pid is not None and not psutil.pid_exists(pid)  # stopped and reaped
 
 
-def test_a_link_needs_a_positive_bandwidth() -> None:
-    with pytest.raises(ValueError):
-        LinkSpec(rtt_s=0.01, bytes_per_s=0)
+def test_each_direction_pays_its_delay_and_its_rate(echo_server: str, tmp_path: Path) -> None:
+    """A byte and its echo take at least the link's round trip; 400 KB through a link of
+    32 Mbit/s (4 MB/s) at least 0.1 s more. Lower bounds only: what the emulator adds (its
+    sleeps), never how fast this machine is."""
+    with LinkProxy(echo_server, Link(mbit=32, rtt_ms=60), tmp_path) as proxy:
+        began = time.monotonic()
+        assert _round_trip(proxy.port, b"x") == b"x"
+        assert time.monotonic() - began >= 0.060
+        began = time.monotonic()
+        assert len(_round_trip(proxy.port, b"y" * 400_000)) == 400_000
+        assert time.monotonic() - began >= 0.060 + 0.1
+
+
+def test_a_link_proxy_adds_something(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="bandwidth or a round trip"):
+        LinkProxy("127.0.0.1:1", Link(mbit=None, rtt_ms=0), tmp_path)
+    with pytest.raises(ValueError, match="bandwidth > 0"):
+        Link(mbit=0, rtt_ms=10)

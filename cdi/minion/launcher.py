@@ -1,11 +1,10 @@
-"""Run the native minion (``cdi/minion-native``, Rust) with a :class:`MinionConfig`.
+"""Run the CDI minion (``cdi/minion-native``, Rust) with a :class:`MinionConfig`.
 
-The native binary serves ``cdi/PROTOCOL.md`` like :mod:`cdi.minion.server`; it exists because
-the minion sits on every hand-off and an interpreter spends most of a hand-off's microseconds (see
-docs/architecture.md). Configuration and
-the controller's directory stay in Python: this module turns a validated config into the binary's
-arguments, and, when a controller is configured, reads the binary's object events from a pipe and
-forwards them to the directory reporter (so the binary needs no gRPC stack).
+The minion is one binary, built with the package (``setup.py``): it serves ``cdi/PROTOCOL.md``
+in a single ``epoll`` loop, without an interpreter on the hand-off path. Configuration and the
+controller's directory stay in Python: this module turns a validated config into the binary's
+arguments, and, when a controller is configured, reads the binary's object events from a pipe
+and forwards them to the directory reporter (so the binary needs no gRPC stack).
 """
 
 from __future__ import annotations
@@ -32,31 +31,37 @@ if TYPE_CHECKING:
     from cdi.controller.reporter import DirectoryReporter
     from cdi.minion.config import MinionConfig
 
-__all__ = ["BINARY_NAME", "find_binary", "native_argv", "run_native"]
+__all__ = ["BINARY_NAME", "PACKAGED", "binary_argv", "find_binary", "missing_binary", "run_binary"]
 
 log = logging.getLogger(__name__)
 
 BINARY_NAME = "cdi-minion"
-_SOURCE_DIR = Path(__file__).resolve().parents[1] / "minion-native"
-_BUILT = _SOURCE_DIR / "target" / "release" / BINARY_NAME
+PACKAGED = Path(__file__).resolve().parent / "bin" / BINARY_NAME
+"""Where installing cdiflow puts the binary it builds (``setup.py``)."""
+BINARY_ENV = "CDI_MINION_BIN"
 
 
 def find_binary() -> str | None:
-    """``$CDI_MINION_BIN``, else the binary built in this source tree, else one on ``PATH``."""
-    if explicit := os.environ.get("CDI_MINION_BIN"):
-        if not os.access(explicit, os.X_OK):
-            raise ConfigError(f"CDI_MINION_BIN={explicit!r} is not an executable file")
+    """``$CDI_MINION_BIN``, else the binary installed with the package, else one on ``PATH``."""
+    if explicit := os.environ.get(BINARY_ENV):
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise ConfigError(f"{BINARY_ENV}={explicit!r} is not an executable file")
         return explicit
-    if os.access(_BUILT, os.X_OK):
-        return str(_BUILT)
+    if os.access(PACKAGED, os.X_OK):
+        return str(PACKAGED)
     return shutil.which(BINARY_NAME)
 
 
-def build_hint() -> str:
-    return f"build it with `cargo build --release --manifest-path {_SOURCE_DIR}/Cargo.toml`"
+def missing_binary() -> str:
+    """What to do when :func:`find_binary` finds none."""
+    return (
+        f"the CDI minion ({BINARY_NAME}) is not installed: installing cdiflow builds it with "
+        "Rust 1.85+ (https://rustup.rs); with Rust on PATH, install cdiflow again (in a "
+        f"checkout: `make native`), or set {BINARY_ENV} to a built {BINARY_NAME}"
+    )
 
 
-def native_argv(binary: str, config: MinionConfig) -> list[str]:
+def binary_argv(binary: str, config: MinionConfig) -> list[str]:
     assert config.idle_limit is not None
     argv = [
         binary,
@@ -94,7 +99,7 @@ class Companion(Protocol):
     def close(self) -> None: ...
 
 
-def run_native(
+def run_binary(
     binary: str,
     config: MinionConfig,
     make_reporter: Callable[[], DirectoryReporter] | None,
@@ -106,7 +111,7 @@ def run_native(
     nothing of Python stays resident. With one, this process stays as the binary's parent and
     relays its events to the reporter until the binary closes the pipe. The reporter is made
     after the fork, so the child is forked from a process without threads."""
-    argv = native_argv(binary, config)
+    argv = binary_argv(binary, config)
     if make_reporter is None:
         assert companion is None, "a gateway needs a controller, hence a reporter"
         sys.stdout.flush()
