@@ -29,7 +29,7 @@ BAD_IMPORTS = {
     ),
     "workflows (the task API)": ("workflows/api.py", "import orchestrator.contract.vocabulary"),
     "apps import cdi and workflows": ("apps/ar/cli.py", "import orchestrator.settings"),
-    "a private module": ("loadtest/plan.py", "import orchestrator.services._process"),
+    "a private module": ("loadtest/plan.py", "import orchestrator.services._unprivileged"),
 }
 
 

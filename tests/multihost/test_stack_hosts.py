@@ -163,9 +163,13 @@ def test_the_dashboard_shows_hosts_and_every_cross_host_move(harness: Harness, u
     image = harness.upload("in/hosts-dashboard.jpg", sample.read_bytes())
     # Four at once: host 1's worker has room for two, so placement sends some to host 2 (one
     # at a time, each would stay on the scheduler's host, where moving costs nothing).
-    runs = [harness.wait(i) for i in [harness.start(image, "transfer") for _ in range(4)]]
-    assert all(r["status"] == "COMPLETED" for r in runs), [r["error"] for r in runs]
-    done = next((r for r in runs if _crossed(harness, r)), None)
+    done = None
+    for _ in range(3):  # a busy machine may finish a batch before host 1 fills: again
+        runs = [harness.wait(i) for i in [harness.start(image, "transfer") for _ in range(4)]]
+        assert all(r["status"] == "COMPLETED" for r in runs), [r["error"] for r in runs]
+        done = next((r for r in runs if _crossed(harness, r)), None)
+        if done is not None:
+            break
     assert done is not None, "no run crossed between the hosts"
     crossed = _crossed(harness, done)
     # The API records both hosts of every hand-off.
@@ -243,8 +247,10 @@ def test_a_killed_link_emulator_is_restarted_and_the_hosts_workers_go_on(
 
     def both_beat_since() -> bool:
         beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+        # None while a worker is listed without a beat (its hash being written again)
         return all(
-            beats.get(w, {}).get("last_heartbeat", 0) > killed_at for w in ("worker-1", "worker-2")
+            (beats.get(w, {}).get("last_heartbeat") or 0) > killed_at
+            for w in ("worker-1", "worker-2")
         )
 
     wait_for(both_beat_since, "both workers' heartbeats since the kill", 60)

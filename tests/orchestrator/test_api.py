@@ -21,6 +21,7 @@ from orchestrator.controller import create_app
 from orchestrator.db import repository as repo
 from orchestrator.errors import ConfigError
 from orchestrator.settings import Settings
+from orchestrator.worker.heartbeat import Heartbeat
 from tests.orchestrator.api_support import KeyedCalls
 
 # Tasks are registered only when a live worker loaded them.
@@ -67,7 +68,10 @@ def test_readyz_names_each_part_and_what_is_missing(
 
 
 def test_readyz_of_the_api_alone_ignores_schedulers_and_workers(
-    api_client: TestClient, api_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    api_client: TestClient,
+    api_redis: redis.Redis,
+    task_worker: Heartbeat,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``scope=api`` (what a load balancer's readiness probe asks): the API answers while
     Postgres and Redis do, with no scheduler and no live worker (workers scaled to zero); an
@@ -84,6 +88,7 @@ def test_readyz_of_the_api_alone_ignores_schedulers_and_workers(
     assert anonymous.status_code == 200 and anonymous.json() == {"status": "ok"}
     wrong = api_client.get("/api/readyz", params={"scope": "everything"})
     assert wrong.status_code == 422 and "scope" in wrong.text
+    task_worker.beat()  # the module's worker is live again for the next test, not in 2 s
 
 
 def test_bundled_definitions_are_seeded_once(
