@@ -11,7 +11,14 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-__all__ = ["CHOSEN_PLANES", "DataPlane", "Policy", "TaskRunStatus", "WorkflowStatus"]
+__all__ = [
+    "CHOSEN_PLANES",
+    "DataPlane",
+    "Policy",
+    "ResultRetention",
+    "TaskRunStatus",
+    "WorkflowStatus",
+]
 
 
 class WorkflowStatus(enum.StrEnum):
@@ -73,3 +80,10 @@ class DataPlane(enum.StrEnum):
 
 # The planes a client may start a workflow on (the REST API accepts no other).
 CHOSEN_PLANES: Final = (DataPlane.CDI, DataPlane.OBJECT_STORE)
+
+
+class ResultRetention(enum.StrEnum):
+    """What pruning a run does to its results in S3 (``orchestrator.retention``)."""
+
+    KEEP = "keep"  # the objects stay; only the run's rows go
+    DELETE = "delete"  # the run's result objects go with its rows

@@ -47,6 +47,7 @@ from orchestrator.controller.api.routes.files import upload_limit
 from orchestrator.controller.auth import KeyCache, Viewer
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hosts import AllowedHosts
+from orchestrator.controller.housekeeping import Housekeeping
 from orchestrator.controller.http_errors import install_error_handler
 from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit, PathLimit
 from orchestrator.controller.metrics import StackCollector, metrics_registry
@@ -272,9 +273,12 @@ def create_app(
         )
         watch.start()
         app.state.metrics = metrics_registry(StackCollector(resources))
+        app.state.housekeeping = housekeeping = Housekeeping(resources.engine, settings)
+        housekeeping.start()
         try:
             yield
         finally:
+            housekeeping.close()
             watch.close()
             await runs.close()
             await loop_redis.aclose()

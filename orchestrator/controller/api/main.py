@@ -15,6 +15,7 @@ from orchestrator.controller.api.routes import (
     health,
     images,
     keys,
+    retention,
     stats,
     task_runs,
     tasks,
@@ -41,6 +42,7 @@ _keyed(workflows.router)
 _keyed(files.router)
 _keyed(workers.router)
 _keyed(keys.router)
+_keyed(retention.router)
 api_router.include_router(health.router)
 # For the dashboard (dashboards/web): figures, live activity, CDI directory, thumbnails.
 _keyed(stats.router)

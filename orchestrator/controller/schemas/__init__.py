@@ -31,6 +31,12 @@ from orchestrator.controller.schemas.health import (
 )
 from orchestrator.controller.schemas.images import ImagePublic, InputPublic, WorkflowImagesPublic
 from orchestrator.controller.schemas.keys import IdentityPublic, KeyCreate, KeyCreated, KeyPublic
+from orchestrator.controller.schemas.retention import (
+    DefinitionRetentionPublic,
+    RetentionPassPublic,
+    RetentionPublic,
+    RetentionSet,
+)
 from orchestrator.controller.schemas.runs import (
     ActiveTaskRunPublic,
     EventPage,
@@ -58,6 +64,7 @@ __all__ = [
     "CdiMinionPublic",
     "CdiObjectPublic",
     "CheckPublic",
+    "DefinitionRetentionPublic",
     "ErrorPublic",
     "EventPage",
     "EventPublic",
@@ -73,6 +80,9 @@ __all__ = [
     "LivenessPublic",
     "MinutePublic",
     "ReadinessPublic",
+    "RetentionPassPublic",
+    "RetentionPublic",
+    "RetentionSet",
     "StatsPublic",
     "StepSchema",
     "TaskCreate",

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
+from orchestrator.contract.vocabulary import ResultRetention
 from orchestrator.controller.schemas.base import (
     MAX_DESCRIPTION,
     NAME_RULE,
@@ -91,6 +92,13 @@ class WorkflowDefinitionPublic(ResponseBody):
     tasks: list[StepSchema]
     created_at: datetime
     updated_at: datetime = Field(description="When the current version was saved.")
+    retention_days: int | None = Field(
+        None,
+        description="Days its finished runs are kept (PUT .../retention); null: the default.",
+    )
+    retention_results: ResultRetention | None = Field(
+        None, description="What pruning does to its runs' results; null: the default."
+    )
 
 
 class WorkflowDefinitionVersionPublic(ResponseBody):

@@ -28,7 +28,10 @@ class MinutePublic(BaseModel):
     completed: int
     failed: int = Field(description="FAILED or CANCELLED in this minute.")
     created: int
-    p50_ms: float | None = Field(description="Median latency of the minute's completions.")
+    p50_ms: float | None = Field(
+        description="Median latency of the minute's completions (from a histogram: within "
+        "about 8 %)."
+    )
     p95_ms: float | None
 
 
@@ -41,7 +44,9 @@ class TaskTimingPublic(BaseModel):
 
 
 class StatsPublic(BaseModel):
-    counts: dict[WorkflowStatus, int] = Field(description="Every workflow ever, by status.")
+    counts: dict[WorkflowStatus, int] = Field(
+        description="The workflows on record (not yet pruned by retention), by status."
+    )
     window_minutes: int
     now: datetime = Field(description="The database clock when the figures were taken.")
     minutes: list[MinutePublic] = Field(description="Oldest first, the current minute last.")

@@ -10,6 +10,7 @@ from orchestrator.controller.api.deps import SessionDep
 from orchestrator.controller.api.params import DefinitionName
 from orchestrator.controller.auth import Admin
 from orchestrator.controller.schemas import (
+    RetentionSet,
     WorkflowDefinitionCreate,
     WorkflowDefinitionPublic,
     WorkflowDefinitionSave,
@@ -68,6 +69,18 @@ def save_workflow_definition(
     if not existed:
         response.status_code = 201
         _location(row.name, response)
+    return WorkflowDefinitionPublic.model_validate(row)
+
+
+@router.put("/{name}/retention", responses=error_responses(404))
+def set_workflow_retention(
+    name: DefinitionName, body: RetentionSet, session: SessionDep, principal: Admin
+) -> WorkflowDefinitionPublic:
+    """How long the definition's finished runs are kept and what pruning does to their
+    results (a field left null follows the default; ``GET /api/retention`` shows both). Not a
+    new version: runs of every version follow it."""
+    row = repo.set_workflow_retention(session, name, body.days, body.results)
+    session.commit()
     return WorkflowDefinitionPublic.model_validate(row)
 
 

@@ -19,7 +19,7 @@ from orchestrator.controller.api.deps import (
     run_store,
     utc,
 )
-from orchestrator.controller.api.params import MAX_OFFSET, NameFilter
+from orchestrator.controller.api.params import MAX_OFFSET, CursorParam, NameFilter
 from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.schemas import (
@@ -144,7 +144,7 @@ def _not_found(resources: Resources, workflow: str, version: int | None) -> NotF
         return repo.definition_not_found(session, workflow, version)
 
 
-@router.get("")
+@router.get("", responses=error_responses(422))
 def list_workflows(
     session: SessionDep,
     status: WorkflowStatus | None = None,
@@ -157,9 +157,20 @@ def list_workflows(
         Query(max_length=36, pattern=r"^[0-9a-fA-F-]*$", description="Leading part of the id."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    cursor: CursorParam = None,
+    offset: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=MAX_OFFSET,
+            description="Runs to skip after the cursor; a page costs every run it skips, so "
+            "page with cursor instead (at most 10,000).",
+        ),
+    ] = 0,
 ) -> WorkflowList:
-    """Workflow runs, newest first, one page at a time; ``total`` counts every match."""
+    """Workflow runs, newest first, one page at a time: the first page without ``cursor``,
+    then ``cursor=next_cursor`` of the page before. ``total`` counts the matches (see its
+    description for when it is exact)."""
     filters = repo.WorkflowFilter(
         status=status,
         definition=workflow,
@@ -168,9 +179,18 @@ def list_workflows(
         created_before=None if created_before is None else utc(created_before),
         id_prefix=q or None,
     )
-    rows, total = repo.list_workflows(session, filters, limit=limit, offset=offset)
-    items = [WorkflowPublic.model_validate(r) for r in rows]
-    return WorkflowList(items=items, total=total, limit=limit, offset=offset)
+    at = None if cursor is None else repo.Cursor.decode(cursor)
+    page = repo.list_workflows(session, filters, limit=limit, cursor=at, offset=offset)
+    return WorkflowList(
+        items=[WorkflowPublic.model_validate(r) for r in page.items],
+        next_cursor=None if page.next is None else page.next.encode(),
+        prev_cursor=None if page.prev is None else page.prev.encode(),
+        has_more=page.next is not None,
+        total=page.total,
+        total_exact=page.total_exact,
+        limit=limit,
+        offset=offset,
+    )
 
 
 @router.get("/{workflow_id}", responses=error_responses(404))
