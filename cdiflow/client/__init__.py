@@ -14,7 +14,8 @@
 Every verb of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
 definitions (``apply_definition``, ``definition_versions``, ``delete_definition``, ...), inputs
 (``upload``), runs (``start``, ``wait``, ``run``, ``events``, ``download_result``,
-``list_workflows``, ``cancel``, ``retry``) and ``workers``. Errors come from one tree,
+``list_workflows``, ``iter_workflows``, ``cancel``, ``retry``), ``workers`` and retention
+(``retention``, ``set_retention``). Errors come from one tree,
 ``cdiflow.client.errors``, mapped from the API's error codes.
 """
 
@@ -40,6 +41,7 @@ from cdiflow.client.models import (
     DefinitionVersion,
     Event,
     Handoff,
+    Retention,
     Step,
     Task,
     TaskRun,
@@ -67,6 +69,7 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "RequestTooLarge",
+    "Retention",
     "ServiceUnavailable",
     "Step",
     "Task",

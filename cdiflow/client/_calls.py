@@ -28,6 +28,7 @@ from cdiflow.client.models import (
     Definition,
     DefinitionVersion,
     EventPage,
+    Retention,
     Task,
     Upload,
     Worker,
@@ -86,6 +87,7 @@ _DETAIL = _model(TypeAdapter(WorkflowDetail))
 _PAGE = _model(TypeAdapter(WorkflowPage))
 _EVENTS = _model(TypeAdapter(EventPage))
 _WORKERS = _model(TypeAdapter(list[Worker]))
+_RETENTION = _model(TypeAdapter(Retention))
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -149,6 +151,15 @@ class Calls:
     def delete_definition(self, name: str) -> Call[None]:
         return Call("DELETE", f"/api/workflow-definitions/{_segment(name)}", _nothing)
 
+    def set_retention(
+        self, name: str, *, days: int | None = None, results: str | None = None
+    ) -> Call[Definition]:
+        path = f"/api/workflow-definitions/{_segment(name)}/retention"
+        return Call("PUT", path, _DEFINITION, json={"days": days, "results": results})
+
+    def retention(self) -> Call[Retention]:
+        return Call("GET", "/api/retention", _RETENTION)
+
     # -- inputs and runs ---------------------------------------------------------------------
     def upload(
         self, image: bytes | str | os.PathLike[str] | IO[bytes], filename: str | None = None
@@ -191,9 +202,13 @@ class Calls:
         workflow: str | None = None,
         policy: str | None = None,
         limit: int = 50,
-        offset: int = 0,
+        cursor: str | None = None,
+        offset: int | None = None,
     ) -> Call[WorkflowPage]:
-        params = _given(status=status, workflow=workflow, policy=policy, limit=limit, offset=offset)
+        params = _given(
+            status=status, workflow=workflow, policy=policy, limit=limit, cursor=cursor,
+            offset=offset,
+        )  # fmt: skip
         return Call("GET", "/api/workflows", _PAGE, params)
 
     def events_after(self, workflow_id: RunId, after: int) -> Call[EventPage]:

@@ -40,6 +40,7 @@ from cdiflow.client.models import (
     Definition,
     DefinitionVersion,
     Event,
+    Retention,
     Task,
     Upload,
     Worker,
@@ -274,13 +275,41 @@ class AsyncClient:
         workflow: str | None = None,
         policy: str | None = None,
         limit: int = 50,
-        offset: int = 0,
+        cursor: str | None = None,
+        offset: int | None = None,
     ) -> WorkflowPage:
-        """One page of runs, newest first, filtered by status, definition and policy."""
+        """One page of runs, newest first, filtered by status, definition and policy: the
+        first, or the one ``cursor`` (a page's ``next_cursor`` or ``prev_cursor``) starts.
+        ``offset`` (at most 10,000) is for pages an older API numbered."""
         call = self._calls.list_workflows(
-            status=status, workflow=workflow, policy=policy, limit=limit, offset=offset
-        )
+            status=status, workflow=workflow, policy=policy, limit=limit, cursor=cursor,
+            offset=offset,
+        )  # fmt: skip
         return await self._send(call)
+
+    async def iter_workflows(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        policy: str | None = None,
+        page_size: int = 200,
+    ) -> AsyncIterator[Workflow]:
+        """Every run that matches, newest first, page after page by cursor: a run that
+        existed when it began is met once, whatever is started meanwhile."""
+        cursor: str | None = None
+        while True:
+            page = await self._send(
+                self._calls.list_workflows(
+                    status=status, workflow=workflow, policy=policy, limit=page_size,
+                    cursor=cursor,
+                )
+            )  # fmt: skip
+            for run in page.items:
+                yield run
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     async def cancel(self, workflow_id: RunId) -> Workflow:
         """Cancel a PENDING or RUNNING run (``Conflict`` once it has finished)."""
@@ -292,3 +321,16 @@ class AsyncClient:
 
     async def workers(self) -> list[Worker]:
         return await self._send(self._calls.workers())
+
+    async def retention(self) -> Retention:
+        """How long finished runs are kept, by default and per definition, and what pruning
+        has done (the last pass, the totals)."""
+        return await self._send(self._calls.retention())
+
+    async def set_retention(
+        self, workflow: str, *, days: int | None = None, results: str | None = None
+    ) -> Definition:
+        """A definition's own retention: ``days`` its finished runs are kept (0: for ever),
+        ``results`` ("keep" or "delete") what pruning does to their results; ``None``: the
+        default. An admin's."""
+        return await self._send(self._calls.set_retention(workflow, days=days, results=results))

@@ -12,10 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "FINISHED",
     "Definition",
+    "DefinitionRetention",
     "DefinitionVersion",
     "Event",
     "EventPage",
     "Handoff",
+    "Retention",
+    "RetentionPass",
     "Step",
     "Task",
     "TaskRun",
@@ -63,6 +66,8 @@ class Definition(_Model):
     tasks: list[Step]
     created_at: datetime
     updated_at: datetime
+    retention_days: int | None = None  # its own retention (None: the default)
+    retention_results: str | None = None
 
 
 class DefinitionVersion(_Model):
@@ -159,12 +164,47 @@ class WorkflowDetail(Workflow):
 
 
 class WorkflowPage(_Model):
-    """One page of runs, newest first; ``total`` counts every match."""
+    """One page of runs, newest first. ``next_cursor`` (older runs) and ``prev_cursor``
+    (newer ones) are where the pages beside it start; ``total`` counts the matches, exactly
+    unless ``total_exact`` is false (then at least that many)."""
 
     items: list[Workflow]
     total: int
     limit: int
-    offset: int
+    next_cursor: str | None = None
+    prev_cursor: str | None = None
+    has_more: bool = False
+    total_exact: bool = True
+    offset: int = 0
+
+
+class RetentionPass(_Model):
+    at: datetime
+    pruned: int
+    seconds: float
+    error: str | None = None
+
+
+class DefinitionRetention(_Model):
+    name: str
+    days: int | None = None
+    results: str | None = None
+    effective_days: int
+    effective_results: str
+
+
+class Retention(_Model):
+    """How long finished runs are kept (``days`` 0: for ever) and what pruning has done."""
+
+    default_days: int
+    default_results: str
+    archive_uri: str | None = None
+    interval_s: float
+    definitions: list[DefinitionRetention] = Field(default_factory=list)
+    last_pass: RetentionPass | None = None
+    pruned_total: int = 0
+    archived_total: int = 0
+    runs_on_record: int = 0
 
 
 class EventPage(_Model):

@@ -37,6 +37,7 @@ from cdiflow.client.models import (
     Definition,
     DefinitionVersion,
     Event,
+    Retention,
     Task,
     Upload,
     Worker,
@@ -268,13 +269,40 @@ class Client:
         workflow: str | None = None,
         policy: str | None = None,
         limit: int = 50,
-        offset: int = 0,
+        cursor: str | None = None,
+        offset: int | None = None,
     ) -> WorkflowPage:
-        """One page of runs, newest first, filtered by status, definition and policy."""
+        """One page of runs, newest first, filtered by status, definition and policy: the
+        first, or the one ``cursor`` (a page's ``next_cursor`` or ``prev_cursor``) starts.
+        ``offset`` (at most 10,000) is for pages an older API numbered."""
         call = self._calls.list_workflows(
-            status=status, workflow=workflow, policy=policy, limit=limit, offset=offset
-        )
+            status=status, workflow=workflow, policy=policy, limit=limit, cursor=cursor,
+            offset=offset,
+        )  # fmt: skip
         return self._send(call)
+
+    def iter_workflows(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        policy: str | None = None,
+        page_size: int = 200,
+    ) -> Iterator[Workflow]:
+        """Every run that matches, newest first, page after page by cursor: a run that
+        existed when it began is met once, whatever is started meanwhile."""
+        cursor: str | None = None
+        while True:
+            page = self._send(
+                self._calls.list_workflows(
+                    status=status, workflow=workflow, policy=policy, limit=page_size,
+                    cursor=cursor,
+                )
+            )  # fmt: skip
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     def cancel(self, workflow_id: RunId) -> Workflow:
         """Cancel a PENDING or RUNNING run (``Conflict`` once it has finished)."""
@@ -286,3 +314,16 @@ class Client:
 
     def workers(self) -> list[Worker]:
         return self._send(self._calls.workers())
+
+    def retention(self) -> Retention:
+        """How long finished runs are kept, by default and per definition, and what pruning
+        has done (the last pass, the totals)."""
+        return self._send(self._calls.retention())
+
+    def set_retention(
+        self, workflow: str, *, days: int | None = None, results: str | None = None
+    ) -> Definition:
+        """A definition's own retention: ``days`` its finished runs are kept (0: for ever),
+        ``results`` ("keep" or "delete") what pruning does to their results; ``None``: the
+        default. An admin's."""
+        return self._send(self._calls.set_retention(workflow, days=days, results=results))

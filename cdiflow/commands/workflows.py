@@ -169,16 +169,23 @@ def workflows_group() -> None:
 @click.option("--status", type=_STATUSES, default=None)
 @click.option("--workflow", default=None, help="Only runs of this definition.")
 @click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True)
+@click.option("--cursor", default=None, help="Where the page starts (printed under a page).")
 @click.option("--json", "as_json", is_flag=True)
 @api_options
 def list_workflows(
-    status: str | None, workflow: str | None, limit: int, as_json: bool, target: Target
+    status: str | None,
+    workflow: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+    target: Target,
 ) -> None:
-    """Runs, newest first."""
+    """Runs, newest first, a page at a time (the next page: the --cursor printed below)."""
     with target.client() as api:
         page = api.list_workflows(
-            status=status.upper() if status else None, workflow=workflow, limit=limit
-        )
+            status=status.upper() if status else None, workflow=workflow, limit=limit,
+            cursor=cursor,
+        )  # fmt: skip
     if as_json:
         echo_json(page)
         return
@@ -196,7 +203,12 @@ def list_workflows(
             )
         )
     click.echo(table(("ID", "WORKFLOW", "STATUS", "POLICY", "CREATED", "TOOK"), rows))
-    click.echo(f"{len(page.items)} of {page.total}")
+    matching = f"{page.total:,}" if page.total_exact else f"more than {page.total:,}"
+    click.echo(f"{len(page.items)} of {matching}")
+    if page.next_cursor is not None:
+        click.echo(f"older: --cursor {page.next_cursor}")
+    if page.prev_cursor is not None:
+        click.echo(f"newer: --cursor {page.prev_cursor}")
 
 
 @workflows_group.command("show")

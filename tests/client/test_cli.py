@@ -71,6 +71,12 @@ def test_run_without_waiting_then_show_events_result_and_list(
     assert run_id[1] in {w["id"] for w in json.loads(listed.output)["items"]}
     table = cdiflow("workflows", "list", "--status", "completed", "--limit", "3")
     assert table.output.startswith("ID ") and "image_pipeline v1" in table.output
+    one = cdiflow("workflows", "list", "--limit", "1")
+    older = re.search(r"older: --cursor (\S+)", one.output)
+    assert older and "newer:" not in one.output, one.output
+    then = cdiflow("workflows", "list", "--limit", "1", "--cursor", older[1])
+    assert "newer: --cursor" in then.output
+    assert then.output.splitlines()[1].split()[0] != one.output.splitlines()[1].split()[0]
 
 
 def test_cancel_and_retry(cdiflow: CliRunnerCommand) -> None:
