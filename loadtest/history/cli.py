@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
@@ -24,6 +26,7 @@ from loadtest.history.plans import PlanCapture, preload_auto_explain
 from loadtest.runner import machine_state
 from loadtest.systems.services import BenchServices, s3_client
 from orchestrator.child_process import free_port
+from orchestrator.db.repository.paging import Cursor
 from orchestrator.stack import Stack
 
 __all__ = ["bench_history_command", "measure_history", "parse_sizes"]
@@ -89,12 +92,96 @@ def tab_cost(http: httpx.Client, pool: ThreadPoolExecutor, pids: list[int], seco
     return {"idle_cores": round(idle / seconds, 4), "tab_cores": round((busy - idle) / seconds, 4)}
 
 
+# The stack's retention while the history is grown and timed: nothing pruned (the clones reach
+# 30 days back), passes every 5 s, pruned runs archived; ``measure_pruning`` then lets each
+# definition keep one day.
+_STACK_ENV: Final = {
+    "CDIFLOW_RETENTION_DAYS": "0",
+    "CDIFLOW_RETENTION_INTERVAL_S": "5",
+    "CDIFLOW_ARCHIVE_URI": "s3://cdiflow/bench-history-archive/",
+}
+_PRUNE_GAP_S: Final = 0.25  # between two new runs while pruning
+_STALLED_S: Final = 120.0  # pruning that has removed nothing for so long is over
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "n": len(ordered),
+        "p50_ms": round(median(ordered), 2),
+        "p95_ms": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2),
+        "max_ms": round(ordered[-1], 2),
+    }
+
+
+def measure_pruning(
+    http: httpx.Client, history: History, new_run: Callable[[], None], samples: int
+) -> dict[str, Any]:
+    """Let every definition keep its runs one day, and time new runs, one after another,
+    while the API's housekeeping prunes (and archives) the rest; against new runs timed just
+    before."""
+
+    def timed() -> float:
+        began = time.perf_counter()
+        new_run()
+        return (time.perf_counter() - began) * 1000.0
+
+    def on_record() -> int:
+        return int(http.get("/api/retention").raise_for_status().json()["runs_on_record"])
+
+    before = []
+    for _ in range(samples):
+        before.append(timed())
+        time.sleep(_PRUNE_GAP_S)
+    with history.cursor() as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE finished_at < now() - interval '1 day') FROM workflows"
+        ).fetchone()
+    due = int(row[0]) if row else 0
+    start = on_record()
+    for definition in http.get("/api/workflow-definitions").raise_for_status().json():
+        http.put(f"/api/workflow-definitions/{definition['name']}/retention",
+                 json={"days": 1}).raise_for_status()  # fmt: skip
+    began, during, left = time.monotonic(), [], start
+    moved = began
+    while left > start - due and time.monotonic() - moved < _STALLED_S:
+        during.append(timed())
+        time.sleep(_PRUNE_GAP_S)
+        if len(during) % 20 == 0:
+            now_left = on_record() - len(during)  # the new runs are kept
+            if now_left < left:
+                left, moved = now_left, time.monotonic()
+    took = time.monotonic() - began
+    shown = http.get("/api/retention").raise_for_status().json()
+    calm, busy = _spread(before), _spread(during)
+    return {
+        "pruned": start + len(during) - on_record(),
+        "archived_total": shown["archived_total"],
+        "seconds": round(took, 1),
+        "runs_per_s": round(due / took, 1) if took else None,
+        "new_run_before": calm,
+        "new_run_during": busy,
+        "delay_p50_ms": round(busy["p50_ms"] - calm["p50_ms"], 2),
+        "delay_p95_ms": round(busy["p95_ms"] - calm["p95_ms"], 2),
+        "last_pass": shown["last_pass"],
+    }
+
+
 def _probe(http: httpx.Client, history: History) -> Probe:
+    """A run half-way down the newest-first list, and the cursor of the page after it: where
+    a user who paged that far would be (found once here with an OFFSET, which the API no
+    longer needs)."""
     first = http.get("/api/workflows", params={"limit": 1}).raise_for_status().json()
     total = int(first["total"])
-    page = http.get("/api/workflows", params={"limit": 1, "offset": total // 2})
-    return Probe(total=total, deep_run=page.raise_for_status().json()["items"][0],
-                 deep_cursor=None)  # fmt: skip
+    with history.cursor() as conn:
+        row = conn.execute(
+            "SELECT id, created_at FROM workflows ORDER BY created_at DESC, id DESC "
+            "OFFSET %(n)s LIMIT 1",
+            {"n": total // 2},
+        ).fetchone()
+    assert row is not None
+    deep = http.get(f"/api/workflows/{row[0]}", params={"events": 0}).raise_for_status().json()
+    return Probe(total=total, deep_run=deep, deep_cursor=Cursor(row[1], row[0]).encode())
 
 
 def measure_history(
@@ -104,10 +191,12 @@ def measure_history(
     repeat: int = 5,
     templates: int = 250,
     tab_seconds: float = 20.0,
+    prune: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Start a stack, run ``templates`` real workflows, grow to each size in turn and time
-    every call there."""
+    every call there; then (``prune``) prune all but the last day's runs while new runs are
+    timed."""
 
     def say(text: str) -> None:
         if progress:
@@ -128,7 +217,10 @@ def measure_history(
         with connect(running.admin_database_url, autocommit=True) as admin:
             preload_auto_explain(admin, database)
             stack = Stack(folder / "stack", workers=2, port=free_port(), services=services)
+            saved = {k: os.environ.get(k) for k in _STACK_ENV}
+            os.environ.update(_STACK_ENV)  # the stack's processes inherit them
             with (
+                _restored(saved),
                 stack,
                 ThreadPoolExecutor(4) as pool,
                 httpx.Client(
@@ -181,9 +273,25 @@ def measure_history(
                                 "statements": [{"duration_ms": p.duration_ms, "plan": p.text}
                                                for p in found],
                             })  # fmt: skip
+                if prune:
+                    say("pruning all but the last day's runs while new runs are timed ...")
+                    report["prune"] = measure_pruning(http, history, new_run, 10 * repeat)
                 history.close()
     report["machine"] = {**before, "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     return report
+
+
+@contextlib.contextmanager
+def _restored(saved: dict[str, str | None]) -> Iterator[None]:
+    """Put the environment variables back as they were."""
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def history_table(report: dict[str, Any]) -> str:
@@ -194,13 +302,13 @@ def history_table(report: dict[str, Any]) -> str:
     for row in report["results"]:
         by_call.setdefault(row["call"], {})[row["workflows"]] = row["p50_ms"]
     width = max(len(c) for c in by_call) + 2
-    head = f"{'call (median ms)':<{width}}" + "".join(f"{_label(s):>10}" for s in sizes)
-    lines = [head + (f"{'ratio':>8}" if len(sizes) > 1 else "")]
+    head = f"{'call (median ms)':<{width}}" + "".join(f"{_label(s):>11}" for s in sizes)
+    lines = [head + (f"{'ratio':>10}" if len(sizes) > 1 else "")]
     for call, times in by_call.items():
-        cells = "".join(f"{times.get(s, float('nan')):>10.1f}" for s in sizes)
+        cells = "".join(f"{times.get(s, float('nan')):>11.1f}" for s in sizes)
         ratio = ""
         if len(sizes) > 1 and times.get(sizes[0]):
-            ratio = f"{times[sizes[-1]] / times[sizes[0]]:>7.2f}x"
+            ratio = f"{times[sizes[-1]] / times[sizes[0]]:>9.2f}x"
         lines.append(f"{call:<{width}}{cells}{ratio}")
     lines.append("")
     for h in report["histories"]:
@@ -213,6 +321,15 @@ def history_table(report: dict[str, Any]) -> str:
         lines.append(
             f"{_label(t['workflows'])}: one overview tab costs the API and Postgres "
             f"{t['tab_cores']:.3f} cores (idle {t['idle_cores']:.3f})"
+        )
+    if (pruned := report.get("prune")) is not None:
+        calm, busy = pruned["new_run_before"], pruned["new_run_during"]
+        lines.append(
+            f"pruning {pruned['pruned']:,} runs (archived first) took {pruned['seconds']} s "
+            f"({pruned['runs_per_s']} runs/s); a new run meanwhile: p50 {busy['p50_ms']} ms, "
+            f"p95 {busy['p95_ms']} ms, max {busy['max_ms']} ms (n={busy['n']}), against p50 "
+            f"{calm['p50_ms']}, p95 {calm['p95_ms']}, max {calm['max_ms']} ms before "
+            f"(n={calm['n']})"
         )
     machine = report["machine"]
     lines.append(f"machine: {machine['cpus']} cores, load {machine['loadavg'][0]} before, "
@@ -240,6 +357,8 @@ def history_table(report: dict[str, Any]) -> str:
     show_default=True,
     help="Folder for the services and the history (removed at the end unless --keep).",
 )
+@click.option("--prune/--no-prune", default=True, show_default=True,
+              help="At the end, prune all but the last day's runs, timing new runs.")  # fmt: skip
 @click.option("--keep", is_flag=True, help="Keep the data folder (its Postgres holds the history).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def bench_history_command(
@@ -248,6 +367,7 @@ def bench_history_command(
     templates: int,
     tab_seconds: float,
     data_dir: Path,
+    prune: bool,
     keep: bool,
     as_json: bool,
 ) -> None:
@@ -258,8 +378,9 @@ def bench_history_command(
     try:
         with one_run_per_folder(data_dir):
             report = measure_history(
-                data_dir, wanted, repeat=repeat, templates=templates, tab_seconds=tab_seconds
-            )
+                data_dir, wanted, repeat=repeat, templates=templates, tab_seconds=tab_seconds,
+                prune=prune,
+            )  # fmt: skip
     finally:
         if not keep:
             shutil.rmtree(data_dir, ignore_errors=True)

@@ -23,6 +23,7 @@ import httpx
 import psycopg
 from sqlalchemy.engine import make_url
 
+from orchestrator.db import make_engine, tallies
 from workflows.samples import bundled_samples
 
 __all__ = [
@@ -192,8 +193,17 @@ class History:
             self._clone(self._next, self._next + n)
             self._next += n
             left -= n
+        # What the API's housekeeping does as runs happen: the clones' figures folded, and
+        # their per-minute ones older than two days dropped.
+        engine = make_engine(self._url, pooled=False)
+        try:
+            with engine.begin() as tx:
+                tx.execute(tallies.FOLD)
+                tx.execute(tallies.PRUNE_MINUTES, {"keep": tallies.KEEP_MINUTES})
+        finally:
+            engine.dispose()
         with connect(self._url, autocommit=True) as conn:
-            for table in ("workflows", "task_runs", "events", "handoffs"):
+            for table in ("workflows", "task_runs", "events", "handoffs", "tallies"):
                 conn.execute(f"VACUUM (ANALYZE) {table}")
         return time.monotonic() - began
 
