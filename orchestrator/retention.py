@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 BATCH: Final = 200  # runs per transaction
 _MIN_PAUSE_S: Final = 0.05
+_ELSEWHERE: Final = (-1, -1, -1)  # a batch another pruner holds the lock for
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ class Pruner:
                     done = self._batch_of(own.name, cutoff, policy)
                     if done is None:
                         break
+                    if done is _ELSEWHERE:  # another API replica prunes: its pass, its record
+                        return PassReport(pruned, archived, deleted, time.monotonic() - began)
                     pruned += done[0]
                     archived += done[1]
                     deleted += done[2]
@@ -135,10 +138,11 @@ class Pruner:
         self, definition: str, cutoff: datetime, policy: RetentionPolicy
     ) -> tuple[int, int, int] | None:
         """One batch of ``definition``'s runs ended before ``cutoff``: (pruned, archived,
-        results deleted), or ``None`` when there is none (or another pruner holds the lock)."""
+        results deleted), ``None`` when there is none, ``_ELSEWHERE`` when another pruner
+        holds the lock."""
         with self._engine.connect() as conn, conn.begin():
             if not conn.scalar(text(f"SELECT pg_try_advisory_xact_lock({sql.LOCK})")):
-                return None
+                return _ELSEWHERE
             victims = sql.take_batch(conn, definition, cutoff, self._batch)
             if not victims:
                 return None

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from orchestrator.controller import create_app
-from orchestrator.db import tallies
+from orchestrator.db import retention, tallies
 from orchestrator.objectstore import ObjectStore
 from orchestrator.retention import Pruner
 from orchestrator.settings import Settings
@@ -210,3 +210,24 @@ def test_a_definitions_retention_is_checked_and_back_to_the_default_with_nulls(
     reset = put(f"/api/workflow-definitions/{name}/retention", json={}).json()
     assert (reset["retention_days"], reset["retention_results"]) == (None, None)
     assert reset["updated_at"] == shown["updated_at"]
+
+
+def test_a_pass_leaves_the_pruning_to_the_replica_that_holds_it(
+    api_client: TestClient, api_settings: Settings, api_engine: Engine
+) -> None:
+    other = _definition(api_client, "other", days=1)
+    old = _run(api_engine, other, "COMPLETED", 3)
+    state = text("SELECT pass_at, pass_pruned FROM retention_state")
+    with api_engine.connect() as holder:  # another API replica, in the middle of a batch
+        holder.execute(text("SELECT pg_advisory_lock(:key)"), {"key": retention.LOCK})
+        with api_engine.connect() as conn:
+            before = conn.execute(state).all()
+        report = Pruner(api_engine, api_settings).run_pass()
+        assert (report.pruned, report.error) == (0, None)
+        assert _left(api_engine, [old]) == {old}
+        with api_engine.connect() as conn:
+            assert conn.execute(state).all() == before  # its pass, its record
+        holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": retention.LOCK})
+        holder.commit()
+    assert Pruner(api_engine, api_settings).run_pass().pruned >= 1
+    assert _left(api_engine, [old]) == set()
