@@ -122,6 +122,11 @@ def test_tasks_and_definitions(cdiflow: CliRunnerCommand, tmp_path: Path) -> Non
     assert first == {"name": flow, "version": 1, "description": "", "tasks": [
         {"ref": "d", "task": task, "depends_on": [], "params": {}}]}  # fmt: skip
     assert flow in cdiflow("definitions", "list").output
+    kept = cdiflow("definitions", "retention", flow, "--days", "7", "--results", "delete")
+    assert f"{flow}: finished runs kept 7 days, results delete" in kept.output
+    back = cdiflow("definitions", "retention", flow).output
+    assert f"{flow}: finished runs kept the default, results as the default says" in back
+    assert cdiflow("definitions", "retention", flow, "--days", "-1", code=2)
 
     refused = cdiflow("tasks", "delete", task, code=1)
     assert "used by workflow definition" in refused.output
