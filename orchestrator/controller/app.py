@@ -9,8 +9,9 @@ and Prometheus metrics at ``/metrics``.
 
 Start-up migrates the database to the newest revision (under an advisory lock, so several
 controllers may start together), seeds the bundled task and workflow definitions that are
-absent, installs the configured admin key (``CDIFLOW_ADMIN_KEY``), and opens the Postgres pool
-and the Redis client; shutdown closes them.
+absent, installs the configured admin key (``CDIFLOW_ADMIN_KEY``), opens the Postgres pool
+and the Redis client and starts the housekeeping (``housekeeping``: the kept figures folded,
+retention passes); shutdown stops and closes them.
 
 Every request must name an allowed host (``hosts.AllowedHosts``); every ``/api`` route but
 ``/api/healthz`` needs an API key (``auth``). Browsers on other origins may call the API only
