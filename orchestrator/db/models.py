@@ -337,7 +337,9 @@ def _tally_columns(*, key: bool) -> list[Column[Any]]:
 # minute (``-infinity``: all time), series and histogram bucket (-1: none). The triggers of
 # workflows, task runs and hand-offs append to ``tally_deltas`` (no lock, no index: each
 # statement adds its own rows); housekeeping folds them into ``tallies``; readers add both.
-tallies = Table("tallies", Base.metadata, *_tally_columns(key=True))
+tallies = Table(
+    "tallies", Base.metadata, *_tally_columns(key=True), postgresql_with={"fillfactor": "70"}
+)
 tally_deltas = Table("tally_deltas", Base.metadata, *_tally_columns(key=False))
 
 

@@ -49,7 +49,11 @@ __all__ = [
     "Tally",
     "all_time",
     "counts",
+    "minute_quantiles",
     "per_minute",
+    "window_counts",
+    "window_histograms",
+    "within",
 ]
 
 _MANTISSAS: Final = (1, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2, 2.2, 2.5, 2.8, 3, 3.5, 4, 4.5, 5,
@@ -109,15 +113,51 @@ _COUNTS: Final = text(
     ) t GROUP BY series
     """
 )
-_PER_MINUTE: Final = text(
-    """
-    SELECT minute, series, bucket, sum(n), sum(total), max(peak) FROM (
+
+
+def _in_window(condition: str) -> str:
+    """The rows, kept and not yet folded alike, of the minutes from ``:since`` on that meet
+    ``condition`` (the primary key's range of minutes)."""
+    return f"""(
         SELECT minute, series, bucket, n, total, peak FROM tallies
-        WHERE minute >= :since AND minute < 'infinity'
+        WHERE minute >= :since AND minute < 'infinity' AND {condition}
         UNION ALL
         SELECT minute, series, bucket, n, total, peak FROM tally_deltas
-        WHERE minute >= :since AND minute < 'infinity'
-    ) t GROUP BY minute, series, bucket
+        WHERE minute >= :since AND minute < 'infinity' AND {condition}
+    ) t"""
+
+
+_PER_MINUTE: Final = text(
+    f"SELECT minute, series, bucket, sum(n), sum(total), max(peak) FROM {_in_window('true')} "
+    "GROUP BY minute, series, bucket"
+)
+# Plain counts per minute (a few rows a minute).
+_WINDOW_COUNTS: Final = text(
+    f"SELECT minute, series, sum(n) FROM {_in_window('bucket = -1')} GROUP BY minute, series"
+)
+# Histograms of the whole window, summed by the database (at most a row a bucket).
+_WINDOW_HISTOGRAMS: Final = text(
+    "SELECT series, bucket, sum(n), sum(total), max(peak) "
+    f"FROM {_in_window('bucket >= 0 AND series = ANY(:series)')} GROUP BY series, bucket"
+)
+# For each minute and share q, the bucket of one histogram where the q-quantile lies: its
+# count, how many lie below it, the minute's count and largest value. The database walks the
+# buckets (a window of hours holds thousands of rows); the caller interpolates.
+_MINUTE_QUANTILES: Final = text(
+    f"""
+    WITH h AS (
+        SELECT minute, bucket, sum(n) AS n, max(peak) AS peak
+        FROM {_in_window("series = :series AND bucket >= 0")} GROUP BY minute, bucket
+    ), c AS (
+        SELECT minute, bucket, n,
+               sum(n) OVER (PARTITION BY minute ORDER BY bucket) AS upto,
+               sum(n) OVER (PARTITION BY minute) AS total,
+               max(peak) OVER (PARTITION BY minute) AS top
+        FROM h
+    )
+    SELECT c.minute, q.q, c.bucket, c.n, c.upto - c.n, c.total, c.top
+    FROM c CROSS JOIN unnest(CAST(:qs AS float8[])) q(q)
+    WHERE c.n > 0 AND c.upto - c.n < q.q * c.total AND c.upto >= q.q * c.total
     """
 )
 
@@ -159,10 +199,7 @@ class Histogram:
             if n <= 0:
                 continue
             if seen + n >= target:
-                low = MS_BOUNDS[bucket - 1] if bucket > 0 else 0.0
-                high = MS_BOUNDS[bucket] if bucket < len(MS_BOUNDS) else (self.peak or low)
-                value = low + (high - low) * max(0.0, target - seen) / n
-                return min(value, self.peak) if self.peak is not None else value
+                return within(bucket, n, target - seen, self.peak)
             seen += n
         return self.peak
 
@@ -172,6 +209,16 @@ class Histogram:
         if index == len(MS_BOUNDS) or MS_BOUNDS[index] != bound_ms:
             raise ValueError(f"{bound_ms} ms is not a bucket bound")
         return sum(n for bucket, n in self.counts.items() if bucket <= index)
+
+
+def within(bucket: int, n: int, rank: float, peak: float | None) -> float:
+    """The value of rank ``rank`` (from 0 to ``n``) among the ``n`` values of ``bucket``, the
+    values taken as spread evenly over it (the last bucket reaches up to ``peak``); never
+    above ``peak``."""
+    low = MS_BOUNDS[bucket - 1] if bucket > 0 else 0.0
+    high = MS_BOUNDS[bucket] if bucket < len(MS_BOUNDS) else (peak or low)
+    value = low + (high - low) * max(0.0, rank) / n
+    return min(value, peak) if peak is not None else value
 
 
 @dataclass
@@ -225,6 +272,38 @@ def counts(db: Session | Connection, prefix: str) -> dict[str, int]:
         str(series).removeprefix(prefix): int(n)
         for series, n in db.execute(_COUNTS, {"prefix": prefix})
     }
+
+
+def window_counts(db: Session | Connection, since: datetime) -> dict[datetime, dict[str, int]]:
+    """The plain counts of each minute from ``since`` on, by series."""
+    out: dict[datetime, dict[str, int]] = defaultdict(dict)
+    for minute, series, n in db.execute(_WINDOW_COUNTS, {"since": since}):
+        out[minute][str(series)] = int(n)
+    return out
+
+
+def window_histograms(
+    db: Session | Connection, since: datetime, series: Iterable[str]
+) -> dict[str, Histogram]:
+    """Histograms of ``series`` summed over the minutes from ``since`` on."""
+    out: dict[str, Histogram] = defaultdict(Histogram)
+    params = {"since": since, "series": list(series)}
+    for name, bucket, n, total, peak in _rows(db.execute(_WINDOW_HISTOGRAMS, params)):
+        out[name].add(bucket, n, total, peak)
+    return out
+
+
+def minute_quantiles(
+    db: Session | Connection, since: datetime, series: str, shares: Iterable[float]
+) -> dict[datetime, dict[float, float]]:
+    """Of each minute from ``since`` on with values of histogram ``series``: its quantile
+    for each share, by share."""
+    out: dict[datetime, dict[float, float]] = defaultdict(dict)
+    params = {"since": since, "series": series, "qs": list(shares)}
+    for minute, q, bucket, n, below, count, peak in db.execute(_MINUTE_QUANTILES, params):
+        top = None if peak is None else float(peak)
+        out[minute][float(q)] = within(int(bucket), int(n), float(q) * int(count) - int(below), top)
+    return out
 
 
 def per_minute(db: Session | Connection, since: datetime) -> dict[datetime, Tally]:

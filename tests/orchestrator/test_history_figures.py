@@ -201,6 +201,27 @@ def test_the_figures_equal_a_recount_after_runs_end_fold_and_are_pruned(
         )
 
 
+def test_a_windows_percentiles_are_the_database_walk_of_the_same_buckets(
+    api_client: TestClient, api_store: SchedulerStore, api_engine: Engine, flow: str
+) -> None:
+    drive(api_client, api_store, flow)
+    since = datetime(2000, 1, 1, tzinfo=UTC)
+    with api_engine.connect() as conn:
+        by_minute = tallies.per_minute(conn, since)
+        walked = tallies.minute_quantiles(conn, since, "latency", (0.25, 0.5, 0.95, 1.0))
+        summed = tallies.window_histograms(conn, since, ["latency", "task_run"])
+    assert walked
+    for minute, found in walked.items():
+        histogram = by_minute[minute].histogram("latency")
+        for share, value in found.items():
+            assert value == pytest.approx(histogram.quantile(share)), (minute, share)
+    merged = tallies.Histogram()
+    for tally in by_minute.values():
+        merged.merge(tally.histogram("latency"))
+    assert summed["latency"].counts == {b: n for b, n in merged.counts.items() if n}
+    assert summed["latency"].peak == merged.peak
+
+
 def test_the_bucket_bounds_are_the_same_in_python_and_postgres(api_engine: Engine) -> None:
     with api_engine.connect() as conn:
         assert tuple(conn.scalar(text("SELECT history_ms_bounds()"))) == tallies.MS_BOUNDS

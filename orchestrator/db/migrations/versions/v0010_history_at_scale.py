@@ -274,6 +274,9 @@ def upgrade() -> None:
                 if keyed
                 else []
             ),
+            # Room on each page for the current minute's rows, updated by every fold, to be
+            # rewritten in place (HOT) rather than spread over the table.
+            postgresql_with={"fillfactor": "70"} if keyed else {},
         )
 
     bounds = ",".join(format(b, "g") for b in _BOUNDS)
