@@ -102,6 +102,7 @@ _STACK_ENV: Final = {
 }
 _PRUNE_GAP_S: Final = 0.25  # between two new runs while pruning
 _STALLED_S: Final = 120.0  # pruning that has removed nothing for so long is over
+_CALM_RUNS: Final = 200  # new runs timed before pruning starts
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -275,7 +276,7 @@ def measure_history(
                             })  # fmt: skip
                 if prune:
                     say("pruning all but the last day's runs while new runs are timed ...")
-                    report["prune"] = measure_pruning(http, history, new_run, 10 * repeat)
+                    report["prune"] = measure_pruning(http, history, new_run, _CALM_RUNS)
                 history.close()
     report["machine"] = {**before, "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     return report
