@@ -11,12 +11,17 @@ jsonl.gz``, by the end of its oldest run; the same batch again writes the same o
 is deleted only after its archive is written and its results are gone: a failure leaves it for
 the next pass.
 
-*Why batches, paced:* a batch is one short transaction over a few hundred runs that nothing
-else uses (finished runs; the scheduler's statements never wait for it), and after each the
-pruner pauses as long as the batch took, so pruning a large backlog takes at most half of one
-core from the scheduler's Postgres. References: Temporal's namespace retention (closed runs
-deleted after a period per namespace, archived to a blob store first if enabled) and
-Conductor's archival (a finished workflow moved out of the primary store).
+*Why batches, paced:* a batch is one short transaction over a hundred runs that nothing else
+uses (finished runs; the scheduler's statements never wait for it), and after each the pruner
+pauses twice as long as the batch took, so pruning a large backlog (a million runs when
+retention is first turned on: about half an hour) takes at most a third of one core from the
+scheduler's Postgres. Its commits do not wait for the WAL to reach disk
+(``synchronous_commit`` off for them): the WAL writer flushes a batch's deletions during the
+pause, so a run's own commit does not wait behind them; a crash may undo the last batch,
+which the next pass prunes again (its archive written again under the same name).
+References: Temporal's namespace retention (closed runs deleted after a period per namespace,
+archived to a blob store first if enabled) and Conductor's archival (a finished workflow
+moved out of the primary store).
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ __all__ = ["BATCH", "PassReport", "Pruner", "RetentionPolicy"]
 
 log = logging.getLogger(__name__)
 
-BATCH: Final = 200  # runs per transaction
+BATCH: Final = 100  # runs per transaction
+_PAUSE: Final = 2.0  # after a batch, this many times as long as it took
 _MIN_PAUSE_S: Final = 0.05
 _ELSEWHERE: Final = (-1, -1, -1)  # a batch another pruner holds the lock for
 
@@ -121,7 +127,7 @@ class Pruner:
                     pruned += done[0]
                     archived += done[1]
                     deleted += done[2]
-                    pause = max(_MIN_PAUSE_S, time.monotonic() - batch_began)
+                    pause = max(_MIN_PAUSE_S, _PAUSE * (time.monotonic() - batch_began))
                     if self._stop.wait(pause):
                         break
         except (OrchestratorError, SQLAlchemyError, OSError, ValueError) as exc:
@@ -141,6 +147,7 @@ class Pruner:
         results deleted), ``None`` when there is none, ``_ELSEWHERE`` when another pruner
         holds the lock."""
         with self._engine.connect() as conn, conn.begin():
+            conn.execute(text("SET LOCAL synchronous_commit = off"))
             if not conn.scalar(text(f"SELECT pg_try_advisory_xact_lock({sql.LOCK})")):
                 return _ELSEWHERE
             victims = sql.take_batch(conn, definition, cutoff, self._batch)
