@@ -4,10 +4,13 @@ small batches, optionally archived to S3 first.
 The policy is per definition (``PUT /api/workflow-definitions/{name}/retention``), else the
 settings' default (``CDIFLOW_RETENTION_DAYS``, 30; 0 keeps runs for ever). What pruning does
 to a run's results in S3 is part of it: ``keep`` (the default) or ``delete``
-(``CDIFLOW_RETENTION_RESULTS``). With ``CDIFLOW_ARCHIVE_URI`` set, each batch's runs — the run,
-its task runs, hand-offs and events, as stored — are written there first as gzipped JSON
-lines, one line per run, one object per batch (``<prefix>YYYY/MM/DD/<HHMMSS>-<first id>.
-jsonl.gz``, by the end of its oldest run; the same batch again writes the same object). A run
+(``CDIFLOW_RETENTION_RESULTS``). A pruned run takes with it its task runs, hand-offs, events,
+its webhook deliveries that are done (a PENDING one stays, to be sent) and its
+``Idempotency-Key`` (a start with that key then starts a new run). With ``CDIFLOW_ARCHIVE_URI``
+set, each batch's runs — the run and all of those, as stored — are written there first as
+gzipped JSON lines, one line per run, one object per batch (``<prefix>YYYY/MM/DD/<HHMMSS>-
+<first id>.jsonl.gz``, by the end of its oldest run; the same batch again writes the same
+object). A run
 is deleted only after its archive is written and its results are gone: a failure leaves it for
 the next pass.
 

@@ -8,6 +8,7 @@ own supervisor (systemd, Kubernetes) would, and cdiflow has to find it again on 
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Final
 
 import redis
 
+from orchestrator.errors import StackError
 from orchestrator.services import ManagedService, RunningServices
 from orchestrator.stack import Stack
 
@@ -99,10 +101,14 @@ def _kill(*names: str) -> Callable[[Target], None]:
 
 
 def _freeze(name: str) -> Callable[[Target], None]:
-    """SIGSTOP: the process stays, with its connections, locks and claims, but does nothing."""
+    """SIGSTOP: the process stays, with its connections, locks and claims, but does nothing.
+    It goes to the piece's process group: a worker is its keeper and the body it runs."""
 
     def strike(target: Target) -> None:
-        target.stack.kill(name, signal.SIGSTOP)
+        pid = target.stack.pid_of(name)
+        if pid is None:
+            raise StackError(f"{name} is not running: there is nothing to freeze")
+        os.killpg(pid, signal.SIGSTOP)  # its group: each piece starts a session of its own
 
     return strike
 

@@ -36,7 +36,7 @@ MIX: Final = (
     ("auto", "cdi"),
     ("affinity", "object-store"),
 )
-FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED")
+FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
 
 
 def pixels_digest(img: Image.Image) -> str:

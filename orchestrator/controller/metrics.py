@@ -1,11 +1,12 @@
 """``GET /metrics``: the stack's state for Prometheus, read when scraped.
 
-What it reports comes from where the state lives: Postgres (workflows and task runs by status,
-runs ended and pruned, how long completed workflows and task runs took, hand-offs), Redis
-(workers, their queues and their processes' CPU and memory) and the CDI controller (objects and
-bytes by host), plus the API process's own figures (``process_*``, ``python_*``). Nothing is
-counted in the API process itself: every API replica reports the same figures, as
-``kube-state-metrics`` does, and a restart loses nothing. ``cdiflow_source_up{source}`` says
+What it reports comes from where the state lives: Postgres (workflow runs on record by status
+and ``workflow`` (the definition's name) and how long completed ones took, task runs by status
+and how long they took by ``task``, runs ended and pruned, hand-offs), Redis (workers, their
+queues and their processes' CPU and memory) and the CDI controller (objects and bytes by host),
+plus the API process's own figures (``process_*``, ``python_*``, the long polls it holds).
+Nothing else is counted in the API process itself: every API replica reports the same figures,
+as ``kube-state-metrics`` does, and a restart loses nothing. ``cdiflow_source_up{source}`` says
 which source answered; a source that does not answer leaves its figures out of that scrape
 rather than failing it.
 
@@ -20,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 
 import redis
@@ -42,7 +43,13 @@ from orchestrator.controller.api.deps import Resources
 from orchestrator.db import tallies
 from orchestrator.db.tallies import Histogram
 
-__all__ = ["CACHE_S", "DURATION_BUCKETS_S", "StackCollector", "metrics_registry"]
+__all__ = [
+    "CACHE_S",
+    "DURATION_BUCKETS_S",
+    "LongPollCollector",
+    "StackCollector",
+    "metrics_registry",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +97,11 @@ class StackCollector(Collector):
     def _postgres(self) -> list[Metric]:
         with self.resources.autocommit() as conn:
             kept = tallies.all_time(conn)
-        counts = GaugeMetricFamily("cdiflow_workflows", "Workflow runs on record by status.",
-                                   labels=["status"])  # fmt: skip
-        for status, count in _with_zeros(kept.with_prefix("workflows:"), WorkflowStatus):
-            counts.add_metric([status], count)
+        counts = GaugeMetricFamily("cdiflow_workflows",
+                                   "Workflow runs on record by status and workflow (definition).",
+                                   labels=["status", "workflow"])  # fmt: skip
+        for (workflow, status), count in _by_workflow_and_status(kept).items():
+            counts.add_metric([status, workflow], count)
         task_counts = GaugeMetricFamily("cdiflow_task_runs",
                                         "Task runs (attempts) on record by status.",
                                         labels=["status"])  # fmt: skip
@@ -114,9 +122,11 @@ class StackCollector(Collector):
         archived.add_metric([], kept.count("archived"))
         took = HistogramMetricFamily(
             "cdiflow_workflow_duration_seconds",
-            "Completed workflow runs: from the start request to the end.",
+            "Completed workflow runs by workflow (definition): from the start request to the end.",
+            labels=["workflow"],
         )
-        took.add_metric([], *_buckets(kept.histogram("latency")))
+        for workflow, histogram in sorted(kept.histograms_with_prefix("latency:").items()):
+            took.add_metric([workflow], *_buckets(histogram))
         waited = HistogramMetricFamily(
             "cdiflow_task_queue_wait_seconds", "Task runs: from queued to started on a worker."
         )
@@ -215,13 +225,29 @@ class StackCollector(Collector):
         return [count, size, up]
 
 
-def metrics_registry(collector: Collector) -> CollectorRegistry:
-    """A registry with ``collector`` and the API process's own figures."""
+class LongPollCollector(Collector):
+    """The long polls this API process holds (``GET /api/workflows/{id}?wait_s=``): its own
+    figure, like ``process_*``, read at each scrape."""
+
+    def __init__(self, waiting: Callable[[], int]) -> None:
+        self.waiting = waiting
+
+    def collect(self) -> Iterator[Metric]:
+        polls = GaugeMetricFamily(
+            "cdiflow_api_long_polls", "Requests this API process holds until a run ends."
+        )
+        polls.add_metric([], self.waiting())
+        yield polls
+
+
+def metrics_registry(*collectors: Collector) -> CollectorRegistry:
+    """A registry with ``collectors`` and the API process's own figures."""
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
-    registry.register(collector)
+    for collector in collectors:
+        registry.register(collector)
     return registry
 
 
@@ -230,6 +256,21 @@ def _with_zeros(counts: Mapping[str, int], statuses: Iterable[str]) -> list[tupl
     out = {str(s): 0 for s in statuses}
     out.update(counts)
     return list(out.items())
+
+
+def _by_workflow_and_status(kept: tallies.Tally) -> dict[tuple[str, str], int]:
+    """Runs on record by (workflow, status) (series ``workflow:<STATUS>:<definition>``): every
+    status of each workflow that has runs on record, 0 included."""
+    by_workflow: dict[str, dict[str, int]] = {}
+    for key, count in kept.with_prefix("workflow:").items():
+        status, _, workflow = key.partition(":")
+        by_workflow.setdefault(workflow, {})[status] = count
+    counts: dict[tuple[str, str], int] = {}
+    for workflow, statuses in sorted(by_workflow.items()):
+        if any(statuses.values()):  # not a definition whose runs were all pruned
+            for status, count in _with_zeros(statuses, WorkflowStatus):
+                counts[(workflow, status)] = count
+    return counts
 
 
 def _buckets(histogram: Histogram) -> tuple[list[tuple[str, float]], float]:

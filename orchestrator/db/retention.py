@@ -1,13 +1,15 @@
 """The statements retention runs: which finished runs a definition's policy lets go, their
-archive lines, their result URIs, and the deletion of a batch with its task runs, hand-offs
-and events.
+archive lines, their result URIs, and the deletion of a batch with its task runs, hand-offs,
+events and webhook deliveries (a run's ``Idempotency-Key`` is a column of its row: it goes
+with it).
 
 A batch is one transaction: its runs are locked (``FOR UPDATE SKIP LOCKED``: a retry reading
 one of them is never waited for, two pruners never take the same run), archived and their
 results deleted if the policy says so, then deleted in one statement. The children go first,
-in that statement (what the foreign keys would cascade to row by row), and the retries that
-name a pruned run lose the link; the counts by status follow by the tables' triggers, and the
-runs pruned and archived are counted (``db.tallies``).
+in that statement (what the foreign keys would cascade to row by row), with the run's webhook
+deliveries that are done (DELIVERED or FAILED; a PENDING one stays, to be sent), and the
+retries that name a pruned run lose the link; the counts by status follow by the tables'
+triggers, and the runs pruned and archived are counted (``db.tallies``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Final
 from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 
-from orchestrator.contract.vocabulary import ResultRetention
+from orchestrator.contract.vocabulary import ResultRetention, WorkflowStatus
 
 __all__ = [
     "LOCK",
@@ -36,6 +38,8 @@ __all__ = [
 ]
 
 LOCK: Final = 0x6364_6966_7072_756E  # "cdifprun": one batch at a time across API replicas
+# The statuses a run may be pruned in: those that never change again.
+_ENDED: Final = ", ".join(sorted(f"'{s}'" for s in WorkflowStatus if s.finished))
 
 _POLICIES: Final = text(
     "SELECT name, retention_days, retention_results::text FROM workflow_definitions ORDER BY name"
@@ -44,10 +48,10 @@ _POLICIES: Final = text(
 # The oldest runs of a definition that ended before the cutoff (``ix_workflows_definition_
 # finished_at``), locked for this transaction.
 _TAKE: Final = text(
-    """
+    f"""
     SELECT id, finished_at FROM workflows
     WHERE definition = :definition AND finished_at IS NOT NULL AND finished_at < :cutoff
-      AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+      AND status IN ({_ENDED})
     ORDER BY finished_at, id
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
@@ -56,17 +60,20 @@ _TAKE: Final = text(
 
 _IDS = bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))
 
-# One JSON line per run: the run, its task runs, hand-offs and events, as stored.
+# One JSON line per run: the run, its task runs, hand-offs, events and webhook deliveries, as
+# stored. ``jsonb``: its text has no line breaks (``json_agg`` puts one between elements).
 _ARCHIVE: Final = text(
     """
-    SELECT json_build_object(
+    SELECT jsonb_build_object(
         'workflow', to_jsonb(w),
-        'task_runs', coalesce((SELECT json_agg(t ORDER BY t.id) FROM task_runs t
-                               WHERE t.workflow_id = w.id), '[]'::json),
-        'handoffs', coalesce((SELECT json_agg(h ORDER BY h.id) FROM handoffs h
-                              WHERE h.workflow_id = w.id), '[]'::json),
-        'events', coalesce((SELECT json_agg(e ORDER BY e.id) FROM events e
-                            WHERE e.workflow_id = w.id), '[]'::json)
+        'task_runs', coalesce((SELECT jsonb_agg(t ORDER BY t.id) FROM task_runs t
+                               WHERE t.workflow_id = w.id), '[]'::jsonb),
+        'handoffs', coalesce((SELECT jsonb_agg(h ORDER BY h.id) FROM handoffs h
+                              WHERE h.workflow_id = w.id), '[]'::jsonb),
+        'events', coalesce((SELECT jsonb_agg(e ORDER BY e.id) FROM events e
+                            WHERE e.workflow_id = w.id), '[]'::jsonb),
+        'deliveries', coalesce((SELECT jsonb_agg(d ORDER BY d.id) FROM webhook_deliveries d
+                                WHERE d.workflow_id = w.id), '[]'::jsonb)
     )::text
     FROM workflows w WHERE w.id = ANY(:ids) ORDER BY w.finished_at, w.id
     """
@@ -89,15 +96,16 @@ _RESULTS: Final = text(
 ).bindparams(_IDS)
 
 _DELETE: Final = text(
-    """
+    f"""
     WITH ev AS (DELETE FROM events WHERE workflow_id = ANY(:ids)),
     ho AS (DELETE FROM handoffs WHERE workflow_id = ANY(:ids)),
     tr AS (DELETE FROM task_runs WHERE workflow_id = ANY(:ids)),
+    dl AS (DELETE FROM webhook_deliveries WHERE workflow_id = ANY(:ids) AND status <> 'PENDING'),
     unlinked AS (UPDATE workflows SET retry_of = NULL
                  WHERE retry_of = ANY(:ids) AND NOT (id = ANY(:ids))),
     gone AS (
         DELETE FROM workflows WHERE id = ANY(:ids)
-          AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+          AND status IN ({_ENDED})
         RETURNING id
     ), counted AS (
         INSERT INTO tally_deltas (minute, series, bucket, n)

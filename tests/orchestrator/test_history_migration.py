@@ -14,8 +14,10 @@ from orchestrator.db.migrate import alembic_config
 
 _NEW = ("ix_workflows_created_at_id", "ix_workflows_status_created_at_id",
         "ix_workflows_definition_created_at_id", "ix_workflows_policy_created_at_id",
-        "ix_workflows_definition_finished_at", "ix_workflows_retry_of", "ix_task_runs_ran",
-        "ix_handoffs_task_run_id")  # fmt: skip
+        "ix_workflows_schedule_id_created_at_id", "ix_workflows_definition_finished_at",
+        "ix_workflows_retry_of", "ix_task_runs_ran", "ix_handoffs_task_run_id",
+        "ix_webhook_deliveries_webhook_id_status_id",
+        "ix_webhook_deliveries_workflow_id")  # fmt: skip
 _OLD = ("ix_workflows_created_at", "ix_workflows_status_created_at",
         "ix_workflows_definition_created_at")  # fmt: skip
 
@@ -37,7 +39,7 @@ def _indexes(conn: Connection) -> dict[str, bool]:
 
 
 def _history(conn: Connection) -> None:
-    """Runs of every status over three days, each with two task runs, written at 0007."""
+    """Runs of every status over three days, each with two task runs, written at 0009."""
     conn.execute(
         text(
             "INSERT INTO workflow_definitions (name, tasks) VALUES ('old_flow', '[]');"
@@ -50,10 +52,10 @@ def _history(conn: Connection) -> None:
             "INSERT INTO workflows (id, definition, definition_version, status, policy, "
             "data_plane, input, created_at, finished_at) "
             "SELECT gen_random_uuid(), 'old_flow', 1, "
-            "(ARRAY['PENDING','RUNNING','COMPLETED','FAILED','CANCELLED'])[1 + i % 5]"
+            "(ARRAY['PENDING','RUNNING','COMPLETED','FAILED','CANCELLED','TIMED_OUT'])[1 + i % 6]"
             "::workflow_status, 'affinity', 'cdi', '{}', "
             "now() - i * interval '1 minute', "
-            "CASE WHEN i % 5 >= 2 THEN now() - i * interval '1 minute' + interval '2 s' END "
+            "CASE WHEN i % 6 >= 2 THEN now() - i * interval '1 minute' + interval '2 s' END "
             "FROM generate_series(1, 4000) i"
         )
     )
@@ -74,7 +76,7 @@ def test_0010_upgrades_a_history_concurrently_and_back(
     engine = make_engine(url, pooled=False)
     try:
         with engine.connect() as conn:
-            _to(conn, "0007")
+            _to(conn, "0009")
             _history(conn)
             conn.commit()
             assert set(_OLD) <= set(_indexes(conn))
@@ -89,6 +91,11 @@ def test_0010_upgrades_a_history_concurrently_and_back(
                 assert {f"{table}:{s}": n for s, n in rows} == {
                     k: v for k, v in kept.items() if k.startswith(f"{table}:")
                 }
+            # By status and definition too (``/metrics``' ``workflow`` label).
+            rows = conn.execute(text("SELECT status::text, count(*) FROM workflows GROUP BY 1"))
+            assert {f"workflow:{s}:old_flow": n for s, n in rows} == {
+                k: v for k, v in kept.items() if k.startswith("workflow:")
+            }
             # The last two days' ends per minute are there; the all-time histograms start now.
             assert kept.get("ended:COMPLETED") is None
             ended = conn.scalar(
@@ -100,7 +107,7 @@ def test_0010_upgrades_a_history_concurrently_and_back(
             )  # fmt: skip
             assert ended == recent > 0
             conn.commit()  # Alembic runs each revision in a transaction of its own
-            _to(conn, "0007", down=True)
+            _to(conn, "0009", down=True)
             found = _indexes(conn)
             assert all(found.get(name) for name in _OLD) and not set(_NEW) & set(found)
             assert conn.scalar(text("SELECT to_regclass('tallies')")) is None

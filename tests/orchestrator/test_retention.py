@@ -86,6 +86,44 @@ def _left(api_engine: Engine, ids: list[uuid.UUID]) -> set[uuid.UUID]:
         return {row[0] for row in rows}
 
 
+def _deliveries(api_engine: Engine, runs: list[uuid.UUID]) -> dict[uuid.UUID, set[str]]:
+    """A webhook told of each run's end: one delivery sent, one failed, one still to send;
+    the statuses of each run's deliveries."""
+    with api_engine.begin() as conn:
+        hook = conn.execute(
+            text(
+                "INSERT INTO webhooks (id, name, url, secret, events) VALUES (gen_random_uuid(), "
+                ":name, 'http://127.0.0.1:9/', 's', '{workflow.completed}') RETURNING id"
+            ),
+            {"name": f"hook_{uuid.uuid4().hex[:8]}"},
+        ).scalar_one()
+        conn.execute(
+            text(
+                "INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status) "
+                "SELECT :hook, 'workflow.completed', r, '{}', CAST(s AS delivery_status) "
+                "FROM unnest(CAST(:runs AS uuid[])) r, "
+                "unnest(ARRAY['DELIVERED', 'FAILED', 'PENDING']) s"
+            ),
+            {"hook": hook, "runs": runs},
+        )
+    return _delivery_statuses(api_engine, runs)
+
+
+def _delivery_statuses(api_engine: Engine, runs: list[uuid.UUID]) -> dict[uuid.UUID, set[str]]:
+    with api_engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT workflow_id, status::text FROM webhook_deliveries "
+                "WHERE workflow_id = ANY(:runs)"
+            ),
+            {"runs": runs},
+        )
+        found: dict[uuid.UUID, set[str]] = {}
+        for run, status in rows:
+            found.setdefault(run, set()).add(status)
+        return found
+
+
 def _keys(s3: Any, bucket: str, prefix: str) -> list[str]:
     listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
     return sorted(o["Key"] for o in listed)
@@ -117,6 +155,7 @@ def test_a_pass_prunes_exactly_what_each_policy_lets_go_and_archives_it_first(
              output={"results": {"a.values": named, "other": foreign}},
              data={"results": {"values": named}}),
         _run(api_engine, week, "CANCELLED", 12, run_id=week_ids[1]),
+        _run(api_engine, week, "TIMED_OUT", 9),
     ]  # fmt: skip
     kept_image = stored(old_default, ".png")  # the default keeps results
     with api_engine.begin() as conn:
@@ -128,6 +167,8 @@ def test_a_pass_prunes_exactly_what_each_policy_lets_go_and_archives_it_first(
     everyone = [old_default, young_default, retry, *old_week, young_week, running,
                 ancient_forever]  # fmt: skip
     pruned = {old_default, *old_week}
+    told = [old_week[0], young_week]
+    assert _deliveries(api_engine, told) == {r: {"DELIVERED", "FAILED", "PENDING"} for r in told}
 
     report = Pruner(api_engine, settings, store=ObjectStore(settings, enforce=True)).run_pass()
     assert report.error is None, report.error
@@ -148,6 +189,11 @@ def test_a_pass_prunes_exactly_what_each_policy_lets_go_and_archives_it_first(
     assert sum(n for s, n in counts.items() if s.startswith("workflows:")) == on_record
     assert counts["pruned"] >= len(pruned) and counts["archived"] == counts["pruned"]
     assert tuple(state) == (report.pruned, None)
+    # A pruned run's deliveries go with it, but for the one still to send; a kept run's stay.
+    assert _delivery_statuses(api_engine, told) == {
+        old_week[0]: {"PENDING"},
+        young_week: {"DELIVERED", "FAILED", "PENDING"},
+    }
 
     # Archived first: one line per pruned run, as stored, with its task runs and events.
     lines = []
@@ -161,6 +207,7 @@ def test_a_pass_prunes_exactly_what_each_policy_lets_go_and_archives_it_first(
     assert first["workflow"]["result_uri"] == image
     assert [t["ref"] for t in first["task_runs"]] == ["a"]
     assert [e["kind"] for e in first["events"]] == ["workflow.created"]
+    assert sorted(d["status"] for d in first["deliveries"]) == ["DELIVERED", "FAILED", "PENDING"]
     assert len(first["handoffs"]) == 1
 
     # Results: deleted where the policy says so, and only the run's own.

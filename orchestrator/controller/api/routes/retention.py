@@ -8,14 +8,14 @@ from fastapi import APIRouter
 from sqlalchemy import select
 
 from orchestrator.controller.api.deps import SessionDep, SettingsDep
-from orchestrator.controller.schemas import (
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.db import retention, tallies
+from orchestrator.db.models import RetentionState
+from orchestrator.schemas import (
     DefinitionRetentionPublic,
     RetentionPassPublic,
     RetentionPublic,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.db import retention, tallies
-from orchestrator.db.models import RetentionState
 
 router = APIRouter(prefix="/retention", tags=["retention"], route_class=StrictJsonRoute)
 

@@ -18,7 +18,7 @@ histograms and counters (``/metrics``) start at the upgrade; Prometheus takes th
 reset.
 
 Revision ID: 0010
-Revises: 0007
+Revises: 0009
 Create Date: 2026-12-05
 """
 
@@ -32,7 +32,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0010"
-down_revision: str | None = "0007"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -56,6 +56,8 @@ _INDEXES: Final = (
     ("ix_workflows_status_created_at_id", "workflows", "(status, created_at, id)"),
     ("ix_workflows_definition_created_at_id", "workflows", "(definition, created_at, id)"),
     ("ix_workflows_policy_created_at_id", "workflows", "(policy, created_at, id)"),
+    ("ix_workflows_schedule_id_created_at_id", "workflows",
+     "(schedule_id, created_at, id) WHERE schedule_id IS NOT NULL"),
     ("ix_workflows_definition_finished_at", "workflows",
      "(definition, finished_at) WHERE finished_at IS NOT NULL"),
     ("ix_workflows_retry_of", "workflows", "(retry_of) WHERE retry_of IS NOT NULL"),
@@ -63,6 +65,10 @@ _INDEXES: Final = (
      "USING gist (tstzrange(LEAST(started_at, finished_at), finished_at, '[]')) "
      "WHERE started_at IS NOT NULL AND finished_at IS NOT NULL"),
     ("ix_handoffs_task_run_id", "handoffs", "(task_run_id) WHERE task_run_id IS NOT NULL"),
+    ("ix_webhook_deliveries_webhook_id_status_id", "webhook_deliveries",
+     "(webhook_id, status, id)"),
+    ("ix_webhook_deliveries_workflow_id", "webhook_deliveries",
+     "(workflow_id) WHERE workflow_id IS NOT NULL"),
 )  # fmt: skip
 _REPLACED: Final = (
     ("ix_workflows_created_at", "workflows", "(created_at)"),
@@ -70,12 +76,14 @@ _REPLACED: Final = (
     ("ix_workflows_definition_created_at", "workflows", "(definition, created_at)"),
 )
 
-_FINISHED: Final = "('COMPLETED', 'FAILED', 'CANCELLED')"
+_FINISHED: Final = "('COMPLETED', 'FAILED', 'CANCELLED', 'TIMED_OUT')"
 
 # The figures of runs that ended: counts by status (all time and per minute of the end) and
-# the latency histogram of the completed ones.
+# the latency histogram of the completed ones (all time and per minute, and all time by
+# definition).
 _WORKFLOW_ENDS: Final = """
-CREATE FUNCTION tally_workflow_ends(e_status text[], e_at timestamptz[], e_ms float8[])
+CREATE FUNCTION tally_workflow_ends(e_status text[], e_at timestamptz[], e_ms float8[],
+                                    e_definition text[])
 RETURNS void LANGUAGE sql AS $$
     INSERT INTO tally_deltas (minute, series, bucket, n, total, peak)
     SELECT m.minute, 'ended:' || e.status, -1, count(*), 0, NULL
@@ -84,10 +92,12 @@ RETURNS void LANGUAGE sql AS $$
          m(minute)
     GROUP BY 1, 2
     UNION ALL
-    SELECT m.minute, 'latency', history_bucket(e.ms), count(*), sum(e.ms), max(e.ms)
-    FROM unnest(e_status, e_at, e_ms) e(status, ended, ms)
-    CROSS JOIN LATERAL (VALUES ('-infinity'::timestamptz), (date_trunc('minute', e.ended)))
-         m(minute)
+    SELECT m.minute, m.series, history_bucket(e.ms), count(*), sum(e.ms), max(e.ms)
+    FROM unnest(e_status, e_at, e_ms, e_definition) e(status, ended, ms, definition)
+    CROSS JOIN LATERAL (VALUES ('-infinity'::timestamptz, 'latency'),
+                               (date_trunc('minute', e.ended), 'latency'),
+                               ('-infinity'::timestamptz, 'latency:' || e.definition))
+         m(minute, series)
     WHERE e.status = 'COMPLETED'
     GROUP BY 1, 2, 3
 $$
@@ -122,20 +132,32 @@ $$
 """
 
 
-def _tally_trigger(table: str, ended: str, ends: str, *, also_inserted: str = "") -> str:
+def _tally_trigger(
+    table: str,
+    ended: str,
+    ends: str,
+    *,
+    counted: tuple[str, ...] = ("status",),
+    series: tuple[str, ...] = (),
+    also_inserted: str = "",
+) -> str:
     """The trigger function of ``table``: its counts by status as rows come, change status and
     go, and the figures of the rows that ended (``ended``, a condition on a row ``{r}``) given
-    to ``ends`` (a call over the ended rows ``n``); ``also_inserted``: more figures of new
-    rows (a ``UNION ALL`` of rows of ``tally_deltas``)."""
+    to ``ends`` (a call over the ended rows ``n``). ``counted``: the columns the counts read,
+    ``series``: more counts than ``<table>:<status>`` (expressions over a row ``r``);
+    ``also_inserted``: more figures of new rows (a ``UNION ALL`` of rows of ``tally_deltas``)."""
     now, before = ended.format(r="n"), ended.format(r="o")
+    names = ", ".join(f"({e})" for e in (f"'{table}:' || r.status", *series))
+    each = f"CROSS JOIN LATERAL (VALUES {names}) s(series)"
+    columns = ", ".join(counted)
     return f"""
 CREATE FUNCTION tally_{table}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
         -- (also once per row a foreign key cascades from: then mostly with no rows)
         INSERT INTO tally_deltas (minute, series, bucket, n)
-        SELECT '-infinity'::timestamptz, '{table}:' || status, -1, -count(*) FROM old_rows
-        GROUP BY status;
+        SELECT '-infinity'::timestamptz, s.series, -1, -count(*) FROM old_rows r {each}
+        GROUP BY s.series;
         RETURN NULL;
     END IF;
     IF NOT EXISTS (SELECT FROM new_rows) THEN
@@ -143,14 +165,15 @@ BEGIN
     END IF;
     IF TG_OP = 'INSERT' THEN
         INSERT INTO tally_deltas (minute, series, bucket, n)
-        SELECT '-infinity'::timestamptz, '{table}:' || status, -1, count(*) FROM new_rows
-        GROUP BY status {also_inserted};
+        SELECT '-infinity'::timestamptz, s.series, -1, count(*) FROM new_rows r {each}
+        GROUP BY s.series {also_inserted};
         PERFORM {ends} FROM new_rows n WHERE {now} HAVING count(*) > 0;
     ELSE
         INSERT INTO tally_deltas (minute, series, bucket, n)
-        SELECT '-infinity'::timestamptz, '{table}:' || s.status, -1, sum(s.d)
-        FROM (SELECT status, 1 AS d FROM new_rows UNION ALL SELECT status, -1 FROM old_rows) s
-        GROUP BY s.status HAVING sum(s.d) <> 0;
+        SELECT '-infinity'::timestamptz, s.series, -1, sum(r.d)
+        FROM (SELECT {columns}, 1 AS d FROM new_rows
+              UNION ALL SELECT {columns}, -1 FROM old_rows) r {each}
+        GROUP BY s.series HAVING sum(r.d) <> 0;
         PERFORM {ends} FROM new_rows n JOIN old_rows o ON o.id = n.id
         WHERE {now} AND NOT ({before}) HAVING count(*) > 0;
     END IF;
@@ -160,11 +183,15 @@ $$
 """
 
 
+# Runs on record by status, and by status and definition (``/metrics``' ``workflow`` label).
 _WORKFLOWS: Final = _tally_trigger(
     "workflows",
     f"{{r}}.status IN {_FINISHED} AND {{r}}.finished_at IS NOT NULL",
     "tally_workflow_ends(array_agg(n.status::text), array_agg(n.finished_at), "
-    "array_agg(extract(epoch FROM n.finished_at - n.created_at) * 1000))",
+    "array_agg(extract(epoch FROM n.finished_at - n.created_at) * 1000), "
+    "array_agg(n.definition::text))",
+    counted=("status", "definition"),
+    series=("'workflow:' || r.status || ':' || r.definition",),
     also_inserted="UNION ALL SELECT date_trunc('minute', created_at), 'created', -1, count(*) "
     "FROM new_rows GROUP BY 1",
 )
@@ -192,7 +219,8 @@ $$
 _RECENT_ENDS: Final = (
     f"""
 SELECT tally_workflow_ends(array_agg(status::text), array_agg(finished_at),
-                           array_agg(extract(epoch FROM finished_at - created_at) * 1000))
+                           array_agg(extract(epoch FROM finished_at - created_at) * 1000),
+                           array_agg(definition::text))
 FROM workflows
 WHERE status IN {_FINISHED} AND finished_at >= now() - interval '2 days'
 """,
@@ -213,8 +241,11 @@ WHERE created_at >= now() - interval '2 days' GROUP BY 1
 """,
 )
 _COUNTS: Final = """
+WITH c AS (SELECT status, definition, count(*) AS n FROM workflows GROUP BY status, definition)
 INSERT INTO tallies (minute, series, bucket, n)
-SELECT '-infinity'::timestamptz, 'workflows:' || status, -1, count(*) FROM workflows GROUP BY status
+SELECT '-infinity'::timestamptz, 'workflows:' || status, -1, sum(n) FROM c GROUP BY status
+UNION ALL
+SELECT '-infinity'::timestamptz, 'workflow:' || status || ':' || definition, -1, n FROM c
 UNION ALL
 SELECT '-infinity'::timestamptz, 'task_runs:' || status, -1, count(*) FROM task_runs GROUP BY status
 """
@@ -324,7 +355,7 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER IF EXISTS {table}_tally_{event} ON {table}")
     op.execute("DROP TRIGGER IF EXISTS handoffs_tally_insert ON handoffs")
     for function in ("tally_workflows()", "tally_task_runs()", "tally_handoffs()",
-                     "tally_workflow_ends(text[], timestamptz[], float8[])",
+                     "tally_workflow_ends(text[], timestamptz[], float8[], text[])",
                      "tally_task_run_ends(text[], text[], timestamptz[], float8[], float8[])",
                      "history_bucket(float8)", "history_ms_bounds()"):  # fmt: skip
         op.execute(f"DROP FUNCTION IF EXISTS {function}")

@@ -3,41 +3,46 @@ resource; every body is importable from here.
 
 ``XCreate`` is what a client sends, ``XPublic`` what it gets back. Names, module paths and
 bounds come from ``workflows`` so the API and the validator never disagree.
+
+The API (``orchestrator.controller``) and its clients (``cdiflow.client`` and the ``cdiflow``
+commands) both read these classes, so the two cannot disagree on a field. The package imports
+pydantic, the vocabulary and ``workflows``' names only: no web framework, no database driver,
+nothing that slows a client's start.
 """
 
-from orchestrator.controller.schemas.cdi_directory import (
+from orchestrator.schemas.cdi_directory import (
     CdiDirectoryPublic,
     CdiMinionPublic,
     CdiObjectPublic,
 )
-from orchestrator.controller.schemas.definitions import (
+from orchestrator.schemas.definitions import (
     StepSchema,
     WorkflowDefinitionCreate,
     WorkflowDefinitionPublic,
     WorkflowDefinitionSave,
     WorkflowDefinitionVersionPublic,
 )
-from orchestrator.controller.schemas.errors import (
+from orchestrator.schemas.errors import (
     ErrorPublic,
     FieldErrorPublic,
     ValidationErrorPublic,
     error_responses,
 )
-from orchestrator.controller.schemas.health import (
+from orchestrator.schemas.health import (
     CheckPublic,
     LivenessPublic,
     ReadinessPublic,
     WorkerPublic,
 )
-from orchestrator.controller.schemas.images import ImagePublic, InputPublic, WorkflowImagesPublic
-from orchestrator.controller.schemas.keys import IdentityPublic, KeyCreate, KeyCreated, KeyPublic
-from orchestrator.controller.schemas.retention import (
+from orchestrator.schemas.images import ImagePublic, InputPublic, WorkflowImagesPublic
+from orchestrator.schemas.keys import IdentityPublic, KeyCreate, KeyCreated, KeyPublic
+from orchestrator.schemas.retention import (
     DefinitionRetentionPublic,
     RetentionPassPublic,
     RetentionPublic,
     RetentionSet,
 )
-from orchestrator.controller.schemas.runs import (
+from orchestrator.schemas.runs import (
     ActiveTaskRunPublic,
     EventPage,
     EventPublic,
@@ -50,13 +55,21 @@ from orchestrator.controller.schemas.runs import (
     WorkflowList,
     WorkflowPublic,
 )
-from orchestrator.controller.schemas.stats import (
+from orchestrator.schemas.schedules import ScheduleCreate, SchedulePublic
+from orchestrator.schemas.stats import (
     LatencyPublic,
     MinutePublic,
     StatsPublic,
     TaskTimingPublic,
 )
-from orchestrator.controller.schemas.tasks import TaskCreate, TaskPublic
+from orchestrator.schemas.tasks import TaskCreate, TaskPublic
+from orchestrator.schemas.webhooks import (
+    DeliveryPage,
+    DeliveryPublic,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookPublic,
+)
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -65,6 +78,8 @@ __all__ = [
     "CdiObjectPublic",
     "CheckPublic",
     "DefinitionRetentionPublic",
+    "DeliveryPage",
+    "DeliveryPublic",
     "ErrorPublic",
     "EventPage",
     "EventPublic",
@@ -83,6 +98,8 @@ __all__ = [
     "RetentionPassPublic",
     "RetentionPublic",
     "RetentionSet",
+    "ScheduleCreate",
+    "SchedulePublic",
     "StatsPublic",
     "StepSchema",
     "TaskCreate",
@@ -91,6 +108,9 @@ __all__ = [
     "TaskRunPublic",
     "TaskTimingPublic",
     "ValidationErrorPublic",
+    "WebhookCreate",
+    "WebhookCreated",
+    "WebhookPublic",
     "WorkerPublic",
     "WorkflowCreate",
     "WorkflowDefinitionCreate",

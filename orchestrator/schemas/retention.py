@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from orchestrator.contract.vocabulary import ResultRetention
-from orchestrator.controller.schemas.base import RequestBody
+from orchestrator.schemas.base import OpenEnum, RequestBody, ResponseBody
 
 __all__ = ["DefinitionRetentionPublic", "RetentionPassPublic", "RetentionPublic", "RetentionSet"]
 
@@ -32,24 +32,26 @@ class RetentionSet(RequestBody):
     )
 
 
-class DefinitionRetentionPublic(BaseModel):
+class DefinitionRetentionPublic(ResponseBody):
     name: str
     days: int | None = Field(description="Its own setting (null: the default).")
-    results: ResultRetention | None = Field(description="Its own setting (null: the default).")
+    results: OpenEnum[ResultRetention] | None = Field(
+        description="Its own setting (null: the default)."
+    )
     effective_days: int = Field(description="What applies: 0 means kept for ever.")
-    effective_results: ResultRetention
+    effective_results: OpenEnum[ResultRetention]
 
 
-class RetentionPassPublic(BaseModel):
+class RetentionPassPublic(ResponseBody):
     at: datetime
     pruned: int
     seconds: float
     error: str | None = Field(description="Why the pass stopped early (null: it did not).")
 
 
-class RetentionPublic(BaseModel):
+class RetentionPublic(ResponseBody):
     default_days: int = Field(description="CDIFLOW_RETENTION_DAYS (0: kept for ever).")
-    default_results: ResultRetention = Field(description="CDIFLOW_RETENTION_RESULTS.")
+    default_results: OpenEnum[ResultRetention] = Field(description="CDIFLOW_RETENTION_RESULTS.")
     archive_uri: str | None = Field(
         description="Where pruned runs are archived first (CDIFLOW_ARCHIVE_URI); null: not."
     )
