@@ -373,9 +373,15 @@ class Calls:
         return Call("DELETE", f"/api/webhooks/{_segment(name)}", None)
 
     def deliveries(
-        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        name: str,
+        *,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+        offset: int | None = None,
     ) -> Call[DeliveryPage]:
-        params = _given(status=status, limit=limit, offset=offset)
+        params = _given(status=status, limit=limit, before_id=before_id, offset=offset)
         return Call("GET", f"/api/webhooks/{_segment(name)}/deliveries", DeliveryPage, params)
 
     def result(self, workflow_id: RunId, output: str | None = None) -> Call[bytes]:

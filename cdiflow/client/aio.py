@@ -640,9 +640,17 @@ class AsyncClient:
         await self._send(self._calls.delete_webhook(name))
 
     async def deliveries(
-        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        name: str,
+        *,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+        offset: int | None = None,
     ) -> DeliveryPage:
-        """The webhook's delivery log, newest first."""
-        return await self._send(
-            self._calls.deliveries(name, status=status, limit=limit, offset=offset)
+        """The webhook's delivery log, newest first, a page at a time: the next page has
+        ``before_id`` set to this one's ``next_before_id``."""
+        call = self._calls.deliveries(
+            name, status=status, limit=limit, before_id=before_id, offset=offset
         )
+        return await self._send(call)

@@ -635,7 +635,17 @@ class Client:
         self._send(self._calls.delete_webhook(name))
 
     def deliveries(
-        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        name: str,
+        *,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+        offset: int | None = None,
     ) -> DeliveryPage:
-        """The webhook's delivery log, newest first."""
-        return self._send(self._calls.deliveries(name, status=status, limit=limit, offset=offset))
+        """The webhook's delivery log, newest first, a page at a time: the next page has
+        ``before_id`` set to this one's ``next_before_id``."""
+        call = self._calls.deliveries(
+            name, status=status, limit=limit, before_id=before_id, offset=offset
+        )
+        return self._send(call)

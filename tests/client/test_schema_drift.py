@@ -71,7 +71,7 @@ SAMPLES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("webhooks", (), {}),
     ("webhook", ("ops",), {}),
     ("delete_webhook", ("ops",), {}),
-    ("deliveries", ("ops",), {"status": "FAILED", "limit": 5, "offset": 5}),
+    ("deliveries", ("ops",), {"status": "FAILED", "limit": 5, "before_id": 9, "offset": 5}),
     ("result", (RUN,), {}),
     ("result", (RUN, "double.values"), {}),
     ("images", (RUN,), {}),

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from psycopg.types.json import Jsonb
 from sqlalchemy import Engine, text
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.orm import Session, sessionmaker
@@ -100,6 +101,32 @@ def rare(api_client: TestClient, api_engine: Engine, big: str) -> str:
     """A definition with 1 % as many runs as ``big``, over the same 30 days."""
     name = _definition(api_client, f"rare_{uuid.uuid4().hex[:6]}")
     insert_runs(api_engine, name, BIG // 100, spread=timedelta(days=30), real=True)
+    with api_engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE workflows"))
+    return name
+
+
+@pytest.fixture(scope="module")
+def scheduled(api_engine: Engine, big: str) -> str:
+    """A schedule of ``big`` that made 1 % as many runs as it has, over the same 30 days, each
+    tagged ``rare-tag`` and with ``{"camera": 7}`` in its input."""
+    name = f"sched_{uuid.uuid4().hex[:6]}"
+    with api_engine.begin() as conn:
+        schedule = conn.execute(
+            text(
+                "INSERT INTO schedules (id, name, definition, cron, catchup, grace_s, input, "
+                "policy, data_plane, next_fire_at, paused_at) VALUES (gen_random_uuid(), :n, "
+                ":d, '0 * * * *', 'skip', 60, '{}', 'affinity', 'cdi', now(), now()) RETURNING id"
+            ),
+            {"n": name, "d": big},
+        ).scalar_one()
+    insert_runs(api_engine, big, BIG // 100, spread=timedelta(days=30), real=True,
+                schedule_id=schedule, tags=["rare-tag"])  # fmt: skip
+    with api_engine.begin() as conn:
+        conn.execute(
+            text("UPDATE workflows SET input = '{\"camera\": 7}' WHERE schedule_id = :s"),
+            {"s": schedule},
+        )
     with api_engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE workflows"))
     return name
@@ -228,11 +255,10 @@ def test_an_id_prefix_finds_the_runs_whose_id_starts_with_it(
 
 def _plan(session: Session, statement: ClauseElement) -> dict[str, Any]:
     """Postgres's plan of ``statement``, run (``EXPLAIN ANALYZE``: the rows each node read)."""
-    sql = statement.compile(
-        dialect=psycopg_dialect.dialect(),  # type: ignore[no-untyped-call]
-        compile_kwargs={"literal_binds": True},
-    )
-    rows = session.execute(text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}")).scalar_one()
+    compiled = statement.compile(dialect=psycopg_dialect.dialect())  # type: ignore[no-untyped-call]
+    explain = f"EXPLAIN (ANALYZE, FORMAT JSON) {compiled.string}"
+    params = {k: Jsonb(v) if isinstance(v, dict) else v for k, v in compiled.params.items()}
+    rows = session.connection().exec_driver_sql(explain, params).scalar_one()
     plan: dict[str, Any] = rows[0]["Plan"]
     return plan
 
@@ -276,12 +302,24 @@ def _rows_visited(plan: dict[str, Any], table: str) -> float:
         ({"policy": Policy.AUTO}, "ix_workflows_policy_created_at_id"),
         ({"created_after": "DAY"}, "ix_workflows_created_at_id"),
         ({"id_prefix": "7"}, None),  # the primary key's range, or the newest-first index
+        ({"schedule": "SCHED"}, "ix_workflows_schedule_id_created_at_id"),
+        # A tag or input is matched by its GIN index (a selective one: its matches, sorted)
+        # or along the newest-first index (a common one: about a page's worth).
+        ({"tags": ("rare-tag",)}, None),
+        ({"input_contains": {"camera": 7}}, None),
     ],
 )
 def test_every_filter_and_page_reads_an_index_and_only_about_the_page(
-    api_sessions: sessionmaker[Session], rare: str, filters: dict[str, Any], index: str | None
+    api_sessions: sessionmaker[Session],
+    rare: str,
+    scheduled: str,
+    filters: dict[str, Any],
+    index: str | None,
 ) -> None:
-    given: dict[str, Any] = {k: rare if v == "DEF" else v for k, v in filters.items()}
+    given: dict[str, Any] = {
+        k: {"DEF": rare, "SCHED": scheduled}.get(v, v) if isinstance(v, str) else v
+        for k, v in filters.items()
+    }
     if given.get("created_after") == "DAY":
         given["created_after"] = datetime.now(UTC) - timedelta(days=1)
     wanted = repo.WorkflowFilter(**given)
@@ -295,7 +333,8 @@ def test_every_filter_and_page_reads_an_index_and_only_about_the_page(
             assert reads and "Seq Scan" not in reads, (filters, reads)
             if index is not None:
                 assert reads == [index], (filters, at, reads)
-            if "id_prefix" not in filters:  # a prefix's range is read whole, then sorted
+            if not {"id_prefix", "tags", "input_contains"} & set(filters):
+                # (a prefix's range, a tag's or input's matches are read whole, then sorted)
                 assert _rows_visited(plan, "workflows") <= 10 * 51, (filters, at, plan)
 
 
@@ -328,3 +367,46 @@ def test_a_window_of_task_runs_reads_the_span_index_however_old_or_empty(
             session, finished_after=windows[1][0], started_before=windows[1][1], limit=1000
         )
         assert len(found) == count > 0
+
+
+def test_a_webhooks_deliveries_page_by_id_each_once_and_from_an_index(
+    api_client: TestClient, api_engine: Engine, api_sessions: sessionmaker[Session]
+) -> None:
+    name = f"hook_{uuid.uuid4().hex[:6]}"
+    with api_engine.begin() as conn:
+        conn.execute(
+            text(
+                "WITH h AS (INSERT INTO webhooks (id, name, url, secret, events) VALUES "
+                "(gen_random_uuid(), :n, 'http://127.0.0.1:9/', 's', '{workflow.failed}') "
+                "RETURNING id) "
+                "INSERT INTO webhook_deliveries (webhook_id, event, payload, status) "
+                "SELECT h.id, 'workflow.failed', '{}', CASE WHEN i % 10 = 0 THEN 'FAILED' "
+                "ELSE 'DELIVERED' END::delivery_status FROM h, generate_series(1, 3000) i"
+            ),
+            {"n": name},
+        )
+        every = list(conn.scalars(text("SELECT d.id FROM webhook_deliveries d JOIN webhooks w "
+                                       "ON w.id = d.webhook_id WHERE w.name = :n "
+                                       "AND d.status = 'FAILED' ORDER BY d.id DESC"),
+                                  {"n": name}))  # fmt: skip
+    seen: list[int] = []
+    params: dict[str, Any] = {"status": "FAILED", "limit": 40}
+    while True:
+        page = api_client.get(f"/api/webhooks/{name}/deliveries", params=params).json()
+        assert page["total"] == len(every) == 300 and page["total_exact"]
+        seen += [d["id"] for d in page["items"]]
+        if page["next_before_id"] is None:
+            assert not page["has_more"]
+            break
+        params["before_id"] = page["next_before_id"]
+    assert seen == every  # newest first, each once
+    with api_sessions() as session:
+        hook = repo.get_webhook(session, name)
+        plan = _plan(
+            session,
+            text(
+                f"SELECT * FROM webhook_deliveries WHERE webhook_id = '{hook.id}' "
+                f"AND status = 'FAILED' AND id < {every[100]} ORDER BY id DESC LIMIT 41"
+            ),
+        )
+    assert _reads(plan, "webhook_deliveries") == ["ix_webhook_deliveries_webhook_id_status_id"]
