@@ -8,6 +8,7 @@ statement cache).
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any, Final
 import httpx
 import psycopg
 
+from loadtest.history.grow import HOOK, SCHEDULE
 from orchestrator.controller.metrics import CACHE_S
 from orchestrator.db import run_statements
 from orchestrator.db.scheduler_liveness import LIVENESS_CLASS, alive_schedulers_sql
@@ -46,11 +48,14 @@ class Call:
 
 @dataclass(frozen=True)
 class Probe:
-    """What the calls need to know of the history: a run deep in it, the number of runs."""
+    """What the calls need to know of the history: a run deep in it, the number of runs, a
+    delivery deep in the webhook's log, when the history begins."""
 
     total: int
     deep_run: dict[str, Any]  # a run half-way down the newest-first list
     deep_cursor: str | None  # the cursor of the page starting there (None: the API has none)
+    deep_delivery: int | None  # a delivery half-way down the webhook's log (None: it is empty)
+    oldest: datetime  # the first run's creation
 
 
 def _ok(reply: httpx.Response) -> None:
@@ -82,8 +87,12 @@ def calls(
     deep = probe.deep_run
     run_id = deep["id"]
     prefix = str(run_id)[:6]
+    # The deep run's input: about a fifth of the history was started on the same image (a
+    # tenth, the failed runs, on the missing one).
+    input_filter = json.dumps({"image": deep["input"]["image"]})
     now = datetime.now(UTC)
-    past = now - timedelta(days=45)  # before the history: a window with no rows
+    past = probe.oldest - timedelta(days=45)  # before the history: a window with no rows
+    half_way = {} if probe.deep_delivery is None else {"before_id": probe.deep_delivery}
 
     def get(path: str, **params: Any) -> Callable[[], None]:
         return lambda: _ok(http.get(path, params=params))
@@ -119,6 +128,18 @@ def calls(
         Call("workflows: created in the last hour",
              get("/api/workflows", limit=50, created_after=(now - timedelta(hours=1)).isoformat())),
         Call("workflows: id prefix", get("/api/workflows", limit=50, q=prefix)),
+        Call("workflows: by tag (20 %)", get("/api/workflows", limit=50, tag="nightly")),
+        Call("workflows: by tag (2 %)", get("/api/workflows", limit=50, tag="rare")),
+        Call("workflows: by tag and status",
+             get("/api/workflows", limit=50, tag="rare", status="FAILED")),
+        Call("workflows: by input", get("/api/workflows", limit=50, input=input_filter)),
+        Call("workflows: by schedule", get("/api/workflows", limit=50, schedule=SCHEDULE)),
+        Call("schedules", get("/api/schedules")),
+        Call("webhook deliveries: first page", get(f"/api/webhooks/{HOOK}/deliveries", limit=50)),
+        Call("webhook deliveries: deep page (half-way)",
+             get(f"/api/webhooks/{HOOK}/deliveries", limit=50, **half_way)),
+        Call("webhook deliveries: FAILED",
+             get(f"/api/webhooks/{HOOK}/deliveries", limit=50, status="FAILED")),
         Call("run detail", get(f"/api/workflows/{run_id}")),
         Call("run events", get(f"/api/workflows/{run_id}/events")),
         Call("stats: 15 min", get("/api/stats", window_minutes=15)),

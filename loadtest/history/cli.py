@@ -20,8 +20,16 @@ import psutil
 from sqlalchemy.engine import make_url
 
 from loadtest.cli import one_run_per_folder, terminated_by_signal
-from loadtest.history.calls import OVERVIEW_POLL_S, Probe, calls, median, overview_poll, time_call
-from loadtest.history.grow import History, connect, run_templates
+from loadtest.history.calls import (
+    OVERVIEW_POLL_S,
+    Call,
+    Probe,
+    calls,
+    median,
+    overview_poll,
+    time_call,
+)
+from loadtest.history.grow import HOOK, SPREAD_DAYS, History, connect, run_templates
 from loadtest.history.plans import PlanCapture, preload_auto_explain
 from loadtest.runner import machine_state
 from loadtest.systems.services import BenchServices, s3_client
@@ -33,6 +41,10 @@ __all__ = ["bench_history_command", "measure_history", "parse_sizes"]
 
 _SIZE: Final = re.compile(r"^(\d+(?:\.\d+)?)([kKmM]?)$")
 _SLOWEST: Final = 3  # calls whose plans are shown, at the largest size
+# The tables that grow with the history: a call that scans one whole costs the history.
+_GROWING: Final = re.compile(
+    r"Seq Scan on (workflows|task_runs|events|handoffs|webhook_deliveries)\b"
+)
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -93,7 +105,7 @@ def tab_cost(http: httpx.Client, pool: ThreadPoolExecutor, pids: list[int], seco
 
 
 # The stack's retention while the history is grown and timed: nothing pruned (the clones reach
-# 30 days back), passes every 5 s, pruned runs archived; ``measure_pruning`` then lets each
+# back --days), passes every 5 s, pruned runs archived; ``measure_pruning`` then lets each
 # definition keep one day.
 _STACK_ENV: Final = {
     "CDIFLOW_RETENTION_DAYS": "0",
@@ -171,7 +183,7 @@ def measure_pruning(
 def _probe(http: httpx.Client, history: History) -> Probe:
     """A run half-way down the newest-first list, and the cursor of the page after it: where
     a user who paged that far would be (found once here with an OFFSET, which the API no
-    longer needs)."""
+    longer needs); the same half-way point in the webhook's log; when the history begins."""
     first = http.get("/api/workflows", params={"limit": 1}).raise_for_status().json()
     total = int(first["total"])
     with history.cursor() as conn:
@@ -180,9 +192,23 @@ def _probe(http: httpx.Client, history: History) -> Probe:
             "OFFSET %(n)s LIMIT 1",
             {"n": total // 2},
         ).fetchone()
-    assert row is not None
+        hook = conn.execute(
+            "WITH log AS (SELECT d.id FROM webhook_deliveries d "
+            "JOIN webhooks h ON h.id = d.webhook_id WHERE h.name = %(h)s) "
+            "SELECT id FROM log ORDER BY id DESC "
+            "OFFSET (SELECT count(*) / 2 FROM log) LIMIT 1",
+            {"h": HOOK},
+        ).fetchone()
+        oldest = conn.execute("SELECT min(created_at) FROM workflows").fetchone()
+    assert row is not None and oldest is not None
     deep = http.get(f"/api/workflows/{row[0]}", params={"events": 0}).raise_for_status().json()
-    return Probe(total=total, deep_run=deep, deep_cursor=Cursor(row[1], row[0]).encode())
+    return Probe(
+        total=total,
+        deep_run=deep,
+        deep_cursor=Cursor(row[1], row[0]).encode(),
+        deep_delivery=None if hook is None else int(hook[0]),  # None: no clones, no log
+        oldest=oldest[0],
+    )
 
 
 def measure_history(
@@ -192,6 +218,7 @@ def measure_history(
     repeat: int = 5,
     templates: int = 250,
     tab_seconds: float = 20.0,
+    spread_days: int = SPREAD_DAYS,
     prune: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -207,7 +234,8 @@ def measure_history(
     before = machine_state()
     results: list[dict[str, Any]] = []
     report: dict[str, Any] = {"results": results, "sizes": list(sizes), "repeat": repeat,
-                              "histories": [], "dashboard_tab": [], "plans": []}  # fmt: skip
+                              "spread_days": spread_days, "histories": [], "dashboard_tab": [],
+                              "plans": [], "index_check": []}  # fmt: skip
     with BenchServices(folder / "services") as shared:
         services = shared.for_system("history")
         running = shared.running
@@ -233,7 +261,7 @@ def measure_history(
                 began = time.monotonic()
                 ids = run_templates(http, s3_client(running), running.s3_bucket, templates)
                 report["templates_s"] = round(time.monotonic() - began, 1)
-                history = History(services.database_url, ids)
+                history = History(services.database_url, ids, spread_days=spread_days)
                 api_pid = stack.pid_of("api")
                 assert api_pid is not None
                 postgres = [s.pid for s in running.embedded if s.name == "postgres" and s.pid]
@@ -263,6 +291,8 @@ def measure_history(
                     tab = tab_cost(http, pool, [api_pid, *postgres], tab_seconds)
                     report["dashboard_tab"].append({"workflows": kept.workflows, **tab})
                     if size == sizes[-1]:
+                        say("  reading the plan of every call ...")
+                        report["index_check"] = check_indexes(capture, api_pid, made)
                         slowest = sorted(
                             (c for c in made if not c.name.startswith(("new", "scheduler"))),
                             key=lambda c: -timed[c.name],
@@ -280,6 +310,23 @@ def measure_history(
                 history.close()
     report["machine"] = {**before, "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     return report
+
+
+def check_indexes(capture: PlanCapture, api_pid: int, made: list[Call]) -> list[dict[str, Any]]:
+    """Of every call the API serves: how many statements it ran, and the growing tables any
+    of them read whole (a sequential scan), from the plans Postgres ran."""
+    checked = []
+    for call in made:
+        if call.name.startswith(("new", "scheduler")):
+            continue
+        if call.before is not None:
+            call.before()
+        found = capture.plans(api_pid, call.make, keep=1000)
+        scans = sorted({m[1] for p in found for m in _GROWING.finditer(p.text)})
+        slowest = max((p.duration_ms for p in found), default=0.0)
+        checked.append({"call": call.name, "statements": len(found), "seq_scans": scans,
+                        "slowest_statement_ms": round(slowest, 2)})  # fmt: skip
+    return checked
 
 
 @contextlib.contextmanager
@@ -332,6 +379,10 @@ def history_table(report: dict[str, Any]) -> str:
             f"{calm['p50_ms']}, p95 {calm['p95_ms']}, max {calm['max_ms']} ms before "
             f"(n={calm['n']})"
         )
+    for check in report.get("index_check", []):
+        scans = ", ".join(check["seq_scans"]) or "none"
+        lines.append(f"plan of '{check['call']}': {check['statements']} statements, slowest "
+                     f"{check['slowest_statement_ms']} ms, whole-table scans: {scans}")  # fmt: skip
     machine = report["machine"]
     lines.append(f"machine: {machine['cpus']} cores, load {machine['loadavg'][0]} before, "
                  f"{machine['loadavg_after'][0]} after")  # fmt: skip
@@ -349,6 +400,9 @@ def history_table(report: dict[str, Any]) -> str:
               help="Timings per call and size (the median is reported).")  # fmt: skip
 @click.option("--templates", default=250, show_default=True, type=click.IntRange(50, 5000),
               help="Real workflows run first; the history is made of their clones.")  # fmt: skip
+@click.option("--days", "spread_days", default=SPREAD_DAYS, show_default=True,
+              type=click.IntRange(1, 3650),
+              help="Days the history spreads over, back from now.")  # fmt: skip
 @click.option("--tab-seconds", default=20.0, show_default=True, type=click.FloatRange(5, 600),
               help="Seconds one dashboard tab is measured (and idle, to subtract).")  # fmt: skip
 @click.option(
@@ -367,20 +421,22 @@ def bench_history_command(
     repeat: int,
     templates: int,
     tab_seconds: float,
+    spread_days: int,
     data_dir: Path,
     prune: bool,
     keep: bool,
     as_json: bool,
 ) -> None:
     """Every API call, the scrape, the scheduler's tick and a new run, timed as the history of
-    runs grows to each size (cloned from real runs, spread over 30 days)."""
+    runs grows to each size (cloned from real runs, spread over --days, a year by default);
+    at the largest, the plan of every call (whole-table scans named)."""
     wanted = parse_sizes(sizes)
     signal.signal(signal.SIGTERM, terminated_by_signal)  # unwind: stop what was started
     try:
         with one_run_per_folder(data_dir):
             report = measure_history(
                 data_dir, wanted, repeat=repeat, templates=templates, tab_seconds=tab_seconds,
-                prune=prune,
+                spread_days=spread_days, prune=prune,
             )  # fmt: skip
     finally:
         if not keep:

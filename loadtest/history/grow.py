@@ -2,11 +2,13 @@
 
 ``run_templates`` runs a few hundred real workflows on the stack (completed under every
 policy, failed on a missing input, cancelled), in the shares the issue measured
-(86 % completed, 10 % failed, 4 % cancelled). ``History.grow_to`` clones those runs, with their
-task runs, events and hand-offs, with set-based SQL (``INSERT … SELECT`` over
-``generate_series``, 100,000 runs a transaction), each clone shifted in time so that the
-history spreads evenly over the last 30 days. The rows go through the same tables, indexes and
-triggers as real ones.
+(86 % completed, 10 % failed, 4 % cancelled), tagged ``bench`` and 20 % of them ``nightly``, 2 %
+``rare``. ``History.grow_to`` clones those runs, with their task runs, events and hand-offs,
+with set-based SQL (``INSERT … SELECT`` over ``generate_series``, 100,000 runs a transaction),
+each clone shifted in time so that the history spreads evenly over the last ``spread_days``
+(a year by default); one clone in ten is made by a schedule (``bench_hourly``), and each
+clone's end was told to a webhook (``bench_hook``: one delivery a run, 2 % of them FAILED).
+The rows go through the same tables, indexes and triggers as real ones.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from orchestrator.db import make_engine, tallies
 from workflows.samples import bundled_samples
 
 __all__ = [
+    "HOOK",
+    "SCHEDULE",
     "SPREAD_DAYS",
     "History",
     "Proportions",
@@ -34,7 +38,9 @@ __all__ = [
     "run_templates",
 ]
 
-SPREAD_DAYS: Final = 30
+SPREAD_DAYS: Final = 365
+SCHEDULE: Final = "bench_hourly"  # made one clone in ten
+HOOK: Final = "bench_hook"  # told of every clone's end
 CHUNK: Final = 100_000  # runs cloned per transaction
 # Of every 50 clones: 43 completed, 5 failed, 2 cancelled (86 / 10 / 4 %).
 _SHARES: Final = ((43, "COMPLETED"), (48, "FAILED"), (50, "CANCELLED"))
@@ -83,7 +89,8 @@ def run_templates(
     """Run ``count`` real workflows to the end and return their ids: of every 50, 20 image
     pipelines under ``affinity``, 13 under ``transfer`` and 10 five-step pipelines (completed),
     5 on an input that does not exist (failed) and 2 cancelled at once. Cloned, that mix holds
-    per workflow the 3.16 task runs, 6.16 events and 1.04 hand-offs of the issue's history."""
+    per workflow the 3.16 task runs, 6.16 events and 1.04 hand-offs of the issue's history.
+    Then the schedule (``SCHEDULE``) and the webhook (``HOOK``) that the clones name."""
     inputs = []
     for name, path in sorted(bundled_samples().items()):
         key = f"bench-history/{name}"
@@ -96,7 +103,11 @@ def run_templates(
     def one(i: int) -> uuid.UUID:
         slot = i % 50
         image = inputs[i % len(inputs)]
-        body: dict[str, Any] = {"workflow": "image_pipeline", "input": {"image": image}}
+        # 'nightly' on a fifth; 'rare' on one completed and one failed run in a hundred.
+        rare = i % 100 in (7, 45)
+        tags = ["bench", *(["nightly"] if i % 5 == 0 else []), *(["rare"] if rare else [])]
+        body: dict[str, Any] = {"workflow": "image_pipeline", "input": {"image": image},
+                                "tags": tags}  # fmt: skip
         if slot < 20:
             body["policy"] = "affinity"
         elif slot < 33:
@@ -115,7 +126,17 @@ def run_templates(
         return _wait(http, str(run["id"]))
 
     with ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(one, range(count)))
+        ran = list(pool.map(one, range(count)))
+    # What the clones name: a schedule (paused: it makes no run of its own) and a webhook
+    # for a definition that never runs (it is sent nothing).
+    http.post(
+        "/api/schedules",
+        json={"name": SCHEDULE, "workflow": "image_pipeline", "cron": "0 * * * *", "paused": True},
+    ).raise_for_status()
+    http.post("/api/webhooks", json={"name": HOOK, "url": "http://127.0.0.1:9/bench",
+                                     "workflow": _FIVE_STEPS["name"] + "_never"}
+              ).raise_for_status()  # fmt: skip
+    return ran
 
 
 def _wait(http: httpx.Client, run_id: str) -> uuid.UUID:
@@ -131,8 +152,11 @@ def _wait(http: httpx.Client, run_id: str) -> uuid.UUID:
 class History:
     """Clones the template runs until the database holds a given number of workflows."""
 
-    def __init__(self, database_url: str, templates: list[uuid.UUID]) -> None:
+    def __init__(
+        self, database_url: str, templates: list[uuid.UUID], *, spread_days: int = SPREAD_DAYS
+    ) -> None:
         self._url = database_url
+        self._spread_days = spread_days
         self._conn = connect(database_url)
         self._next = 0  # the clone number the next one gets (its place in time and template)
         self._prepare(templates)
@@ -172,6 +196,13 @@ class History:
             row = self._conn.execute("SELECT coalesce(max(j), 0) + 1 FROM tpl_t").fetchone()
             self._per_run = int(row[0]) if row else 1
             groups = {str(r[0]) for r in self._conn.execute("SELECT DISTINCT grp FROM tpl_w")}
+            ids = self._conn.execute(
+                "SELECT (SELECT id FROM schedules WHERE name = %(s)s), "
+                "(SELECT id FROM webhooks WHERE name = %(h)s)",
+                {"s": SCHEDULE, "h": HOOK},
+            ).fetchone()
+            assert ids is not None and None not in ids, "run_templates makes them"
+            self._schedule, self._hook = ids
         missing = {status for _, status in _SHARES} - groups
         if missing:
             raise RuntimeError(
@@ -203,12 +234,12 @@ class History:
         finally:
             engine.dispose()
         with connect(self._url, autocommit=True) as conn:
-            for table in ("workflows", "task_runs", "events", "handoffs"):
+            for table in ("workflows", "task_runs", "events", "handoffs", "webhook_deliveries"):
                 conn.execute(f"VACUUM (ANALYZE) {table}")
-            # The clones' per-minute figures came in passes over all 30 days, and 28 days of
-            # them were dropped at once; a stack that lived those days wrote and dropped them
-            # minute by minute, its table holding two days' rows in the order they came. So
-            # the table is rewritten in that order.
+            # The clones' per-minute figures came in passes over all their days, and all but
+            # two days of them were dropped at once; a stack that lived those days wrote and
+            # dropped them minute by minute, its table holding two days' rows in the order
+            # they came. So the table is rewritten in that order.
             conn.execute("CLUSTER tallies USING pk_tallies")
             conn.execute("ANALYZE tallies")
         return time.monotonic() - began
@@ -225,7 +256,8 @@ class History:
             ).fetchone()
             assert row is not None
             params = {"lo": lo, "hi": hi, "k": k, "base": int(row[0]),
-                      "spread": f"{SPREAD_DAYS} days"}  # fmt: skip
+                      "spread": f"{self._spread_days} days", "schedule": self._schedule,
+                      "hook": self._hook}  # fmt: skip
             conn.execute(
                 """
                 CREATE TEMP TABLE clones ON COMMIT DROP AS
@@ -244,13 +276,32 @@ class History:
                 """
                 INSERT INTO workflows (id, definition, definition_version, status, policy,
                     data_plane, input, output, error, result_uri, created_at, started_at,
-                    finished_at, claimed_by, claimed_at, started_by)
+                    finished_at, claimed_by, claimed_at, started_by, tags, schedule_id,
+                    scheduled_for)
                 SELECT c.id, w.definition, w.definition_version, w.status, w.policy,
                     w.data_plane, w.input, w.output, w.error, w.result_uri, w.created_at + c.shift,
                     w.started_at + c.shift, w.finished_at + c.shift, w.claimed_by,
-                    w.claimed_at + c.shift, w.started_by
+                    w.claimed_at + c.shift, w.started_by, w.tags,
+                    CASE WHEN c.i %% 10 = 3 THEN %(schedule)s::uuid END,
+                    CASE WHEN c.i %% 10 = 3 THEN w.created_at + c.shift END
                 FROM clones c JOIN tpl_w w ON w.id = c.tpl
+                """,
+                params,
+            )
+            conn.execute(
                 """
+                INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status,
+                    attempts, next_attempt_at, last_status, created_at, delivered_at)
+                SELECT %(hook)s::uuid, 'workflow.' || lower(w.status::text), c.id,
+                    jsonb_build_object('type', 'workflow.' || lower(w.status::text),
+                                       'data', jsonb_build_object('workflow_id', c.id)),
+                    CASE WHEN c.i %% 50 = 17 THEN 'FAILED' ELSE 'DELIVERED' END::delivery_status,
+                    CASE WHEN c.i %% 50 = 17 THEN 8 ELSE 1 END, w.finished_at + c.shift,
+                    CASE WHEN c.i %% 50 = 17 THEN 503 ELSE 200 END, w.finished_at + c.shift,
+                    CASE WHEN c.i %% 50 = 17 THEN NULL ELSE w.finished_at + c.shift END
+                FROM clones c JOIN tpl_w w ON w.id = c.tpl
+                """,
+                params,
             )
             conn.execute(
                 """
