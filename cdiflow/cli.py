@@ -28,6 +28,7 @@ BENCH_COMMANDS: Final = {
     "images": "loadtest.image_costs:bench_images_command",
     "s3": "loadtest.s3_costs:bench_s3_command",
     "idle": "loadtest.idle:bench_idle_command",
+    "history": "loadtest.history.cli:bench_history_command",
     "chaos": "loadtest.chaos.cli:bench_chaos_command",
     "ar": "apps.ar.cli:bench_ar_command",
 }

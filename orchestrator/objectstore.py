@@ -17,7 +17,7 @@ with ``enforce`` so is one outside the ``S3Policy`` (the workers' and the API's 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
@@ -203,6 +203,26 @@ class ObjectStore:
             obstore.delete(self._store(bucket), key)
         except _FAILED as exc:
             raise StorageError(f"cannot delete {uri}: {_reason(exc)}") from exc
+
+    def delete_many(self, uris: Iterable[str]) -> None:
+        """Delete every object of ``uris`` (one request per bucket and thousand keys); a
+        missing one is no error."""
+        by_bucket: dict[str, list[str]] = {}
+        for uri in uris:
+            bucket, key = parse_s3_uri(uri)
+            if self.enforce:
+                self.policy.check_write(uri)
+            by_bucket.setdefault(bucket, []).append(key)
+        for bucket, keys in by_bucket.items():
+            for start in range(0, len(keys), 1000):
+                try:
+                    obstore.delete(self._store(bucket), keys[start : start + 1000])
+                except _MISSING:
+                    continue
+                except _FAILED as exc:
+                    raise StorageError(
+                        f"cannot delete {len(keys)} objects in s3://{bucket}/: {_reason(exc)}"
+                    ) from exc
 
 
 def _chain_credentials(region: str) -> Boto3CredentialProvider:

@@ -78,6 +78,7 @@ class S3Policy:
     inputs: tuple[str, ...]
     results: str
     work: str
+    archive: str | None = None  # where retention archives pruned runs (CDIFLOW_ARCHIVE_URI)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> S3Policy:
@@ -86,6 +87,7 @@ class S3Policy:
             inputs=tuple(settings.s3_inputs) or (bucket,),
             results=settings.s3_results or f"{bucket}results/",
             work=f"{bucket}{WORK_PREFIX}",
+            archive=settings.archive_uri,
         )
 
     def check_input(self, uri: str) -> None:
@@ -112,12 +114,12 @@ class S3Policy:
             raise S3NotAllowed(f"{uri} is outside the S3 location of results ({self.results})")
 
     def check_write(self, uri: str) -> None:
-        """Refuse a write outside results and in-between images."""
+        """Refuse a write outside results, in-between images and the archive."""
         check_s3_uri(uri)
-        if not _under(uri, (self.results, self.work)):
+        places = (self.results, self.work, *((self.archive,) if self.archive else ()))
+        if not _under(uri, places):
             raise S3NotAllowed(
-                f"{uri} is outside the S3 locations this cdiflow writes to "
-                f"({self.results}, {self.work})"
+                f"{uri} is outside the S3 locations this cdiflow writes to ({', '.join(places)})"
             )
 
     def upload_uri(self, name: str) -> str:

@@ -31,6 +31,7 @@ from sqlalchemy.exc import ArgumentError
 
 from cdi.auth import placeholder_reason  # one rule for every secret an operator configures
 from orchestrator.apikeys import KEY_RE, MIN_KEY_LENGTH, read_key_file
+from orchestrator.contract.vocabulary import ResultRetention
 from orchestrator.errors import ConfigError
 from workflows.sources import TaskSources
 
@@ -181,6 +182,35 @@ class Settings(BaseSettings):
         default=None,
         validation_alias="CDIFLOW_S3_RESULTS",
         description="S3 prefix results are stored under; unset: s3://<S3_BUCKET>/results/.",
+    )
+
+    retention_days: int = Field(
+        default=30,
+        ge=0,
+        le=36_500,
+        validation_alias="CDIFLOW_RETENTION_DAYS",
+        description="Days a finished run is kept (from its end) before it is pruned, for "
+        "definitions without a retention of their own; 0 keeps runs for ever.",
+    )
+    retention_results: ResultRetention = Field(
+        default=ResultRetention.KEEP,
+        validation_alias="CDIFLOW_RETENTION_RESULTS",
+        description="What pruning a run does to its results in S3: keep (the default) or "
+        "delete; a definition may say otherwise.",
+    )
+    archive_uri: str | None = Field(
+        default=None,
+        validation_alias="CDIFLOW_ARCHIVE_URI",
+        description="S3 prefix (s3://bucket/path/) where each pruned run (its detail, task "
+        "runs, hand-offs and events) is archived first, as gzipped JSON lines; unset: pruned "
+        "runs are not archived.",
+    )
+    retention_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        validation_alias="CDIFLOW_RETENTION_INTERVAL_S",
+        description="Seconds between two retention passes of the API's housekeeping.",
     )
 
     max_active_workflows: int = Field(
@@ -341,7 +371,7 @@ class Settings(BaseSettings):
             raise ValueError("name at least one content type, e.g. image/*")
         return types
 
-    @field_validator("s3_results")
+    @field_validator("s3_results", "archive_uri")
     @classmethod
     def _results(cls, value: str | None) -> str | None:
         return None if value is None else _s3_prefix(value)

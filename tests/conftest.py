@@ -12,7 +12,9 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
 
 from orchestrator.services import RunningServices, resolve_services
@@ -65,3 +67,10 @@ def s3_keys(service_stack: RunningServices) -> tuple[str, str]:
     """The access key id and secret the session's S3 endpoint checks."""
     assert service_stack.aws_access_key_id and service_stack.aws_secret_access_key
     return service_stack.aws_access_key_id, service_stack.aws_secret_access_key
+
+
+@pytest.fixture(scope="session")
+def s3(s3_endpoint: str, s3_keys: tuple[str, str]) -> Any:
+    """A boto3 client of the session's S3 endpoint."""
+    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
+                        aws_access_key_id=s3_keys[0], aws_secret_access_key=s3_keys[1])  # fmt: skip

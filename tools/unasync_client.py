@@ -79,6 +79,9 @@ _RULES: list[tuple[str, str]] = [
     (") -> Iterator[Event]:", ") -> AsyncIterator[Event]:"),
     ("            yield from page.events",
      "            for event in page.events:\n                yield event"),
+    (") -> Iterator[Workflow]:", ") -> AsyncIterator[Workflow]:"),
+    ("            yield from page.items",
+     "            for run in page.items:\n                yield run"),
     ("time.sleep(", "await asyncio.sleep("),
 ]  # fmt: skip
 # Every public method of the class becomes a coroutine.

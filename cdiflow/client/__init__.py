@@ -14,10 +14,11 @@
 Every route of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
 definitions (``apply_definition``, ``definition_versions``, ``delete_definition``, ...), inputs
 (``upload``), runs (``start``, ``wait``, ``run``, ``events``, ``download_result``,
-``save_result``, ``list_workflows``, ``cancel``, ``retry``, ``pause``, ``resume``, ``images``),
-schedules (``create_schedule``, ``schedules``, ``pause_schedule``, ...), webhooks
-(``create_webhook``, ``deliveries``, ...), task runs, ``workers``, ``cdi_objects``, ``stats``,
-API keys and health. Errors come from one tree,
+``save_result``, ``list_workflows``, ``iter_workflows``, ``cancel``, ``retry``, ``pause``,
+``resume``, ``images``), schedules (``create_schedule``, ``schedules``, ``pause_schedule``,
+...), webhooks (``create_webhook``, ``deliveries``, ...), task runs, ``workers``,
+``cdi_objects``, ``stats``, retention (``retention``, ``set_retention``), API keys and health.
+Errors come from one tree,
 ``cdiflow.client.errors``, mapped from the API's error codes.
 
 The answers are the API's own models (``orchestrator.schemas``, under the names below), read
@@ -57,6 +58,7 @@ from cdiflow.client.models import (
     KeyCreated,
     Liveness,
     Readiness,
+    Retention,
     Schedule,
     Stats,
     Step,
@@ -101,6 +103,7 @@ __all__ = [
     "NotFound",
     "Readiness",
     "RequestTooLarge",
+    "Retention",
     "SavedResult",
     "Schedule",
     "ServiceUnavailable",

@@ -41,6 +41,7 @@ from cdiflow.client.models import (
     KeyCreated,
     Liveness,
     Readiness,
+    Retention,
     Schedule,
     Stats,
     Task,
@@ -230,6 +231,15 @@ class Calls:
         path = f"/api/workflow-definitions/{_segment(name)}/{verb}"
         return Call("POST", path, Definition)
 
+    def set_retention(
+        self, name: str, *, days: int | None = None, results: str | None = None
+    ) -> Call[Definition]:
+        path = f"/api/workflow-definitions/{_segment(name)}/retention"
+        return Call("PUT", path, Definition, json={"days": days, "results": results})
+
+    def retention(self) -> Call[Retention]:
+        return Call("GET", "/api/retention", Retention)
+
     # -- inputs and runs ---------------------------------------------------------------------
     def upload(self, file: FileSource, filename: str | None = None) -> Call[Upload]:
         name, data = _read_file(file, filename)
@@ -293,7 +303,8 @@ class Calls:
         input: Mapping[str, Any] | None = None,
         schedule: str | None = None,
         limit: int = 50,
-        offset: int = 0,
+        cursor: str | None = None,
+        offset: int | None = None,
     ) -> Call[WorkflowPage]:
         params = _given(
             status=status,
@@ -303,6 +314,7 @@ class Calls:
             input=json.dumps(dict(input)) if input is not None else None,
             schedule=schedule,
             limit=limit,
+            cursor=cursor,
             offset=offset,
         )
         return Call("GET", "/api/workflows", WorkflowPage, params)
@@ -366,9 +378,15 @@ class Calls:
         return Call("DELETE", f"/api/webhooks/{_segment(name)}", None)
 
     def deliveries(
-        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        name: str,
+        *,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+        offset: int | None = None,
     ) -> Call[DeliveryPage]:
-        params = _given(status=status, limit=limit, offset=offset)
+        params = _given(status=status, limit=limit, before_id=before_id, offset=offset)
         return Call("GET", f"/api/webhooks/{_segment(name)}/deliveries", DeliveryPage, params)
 
     def result(self, workflow_id: RunId, output: str | None = None) -> Call[bytes]:

@@ -21,6 +21,7 @@ from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.schemas import (
     ActiveTaskRunPublic,
     CdiDirectoryPublic,
+    DefinitionRetentionPublic,
     DeliveryPage,
     DeliveryPublic,
     EventPage,
@@ -32,6 +33,8 @@ from orchestrator.schemas import (
     KeyPublic,
     LivenessPublic,
     ReadinessPublic,
+    RetentionPassPublic,
+    RetentionPublic,
     SchedulePublic,
     StatsPublic,
     StepSchema,
@@ -54,6 +57,7 @@ __all__ = [
     "ActiveTaskRun",
     "CdiDirectory",
     "Definition",
+    "DefinitionRetention",
     "DefinitionVersion",
     "Delivery",
     "DeliveryPage",
@@ -65,6 +69,8 @@ __all__ = [
     "KeyCreated",
     "Liveness",
     "Readiness",
+    "Retention",
+    "RetentionPass",
     "Schedule",
     "Stats",
     "Step",
@@ -108,6 +114,9 @@ WorkflowImages = WorkflowImagesPublic
 Schedule = SchedulePublic  # runs of a definition at the ticks of a cron expression
 Webhook = WebhookPublic  # where runs' (and steps') ends are POSTed, signed
 Delivery = DeliveryPublic  # one event sent (or to send) to a webhook
+Retention = RetentionPublic  # how long finished runs are kept, and what pruning has done
+RetentionPass = RetentionPassPublic
+DefinitionRetention = DefinitionRetentionPublic
 
 # Fields of a stored definition the API sets itself (its version and times): what is left is
 # what `apply_definition` sends, a field of a newer API included.

@@ -54,6 +54,7 @@ from cdiflow.client.models import (
     KeyCreated,
     Liveness,
     Readiness,
+    Retention,
     Schedule,
     Stats,
     Task,
@@ -411,10 +412,13 @@ class Client:
         input: Mapping[str, Any] | None = None,
         schedule: str | None = None,
         limit: int = 50,
-        offset: int = 0,
+        cursor: str | None = None,
+        offset: int | None = None,
     ) -> WorkflowPage:
         """One page of runs, newest first, filtered by status, definition, policy, ``tags``
-        (every one), ``input`` (JSON the run's input contains) and ``schedule``."""
+        (every one), ``input`` (JSON the run's input contains) and ``schedule``: the first,
+        or the one ``cursor`` (a page's ``next_cursor`` or ``prev_cursor``) starts.
+        ``offset`` (at most 10,000) is for pages an older API numbered."""
         call = self._calls.list_workflows(
             status=status,
             workflow=workflow,
@@ -423,9 +427,42 @@ class Client:
             input=input,
             schedule=schedule,
             limit=limit,
+            cursor=cursor,
             offset=offset,
         )
         return self._send(call)
+
+    def iter_workflows(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        policy: str | None = None,
+        tags: Sequence[str] | None = None,
+        input: Mapping[str, Any] | None = None,
+        schedule: str | None = None,
+        page_size: int = 200,
+    ) -> Iterator[Workflow]:
+        """Every run that matches (the filters of ``list_workflows``), newest first, page
+        after page by cursor: a run that existed when it began is met once, whatever is
+        started meanwhile."""
+        cursor: str | None = None
+        while True:
+            call = self._calls.list_workflows(
+                status=status,
+                workflow=workflow,
+                policy=policy,
+                tags=tags,
+                input=input,
+                schedule=schedule,
+                limit=page_size,
+                cursor=cursor,
+            )
+            page = self._send(call)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     def cancel(self, workflow_id: RunId) -> Workflow:
         """Cancel a PENDING or RUNNING run (``Conflict`` once it has finished)."""
@@ -473,6 +510,19 @@ class Client:
 
     def workers(self) -> list[Worker]:
         return self._send(self._calls.workers())
+
+    def retention(self) -> Retention:
+        """How long finished runs are kept, by default and per definition, and what pruning
+        has done (the last pass, the totals)."""
+        return self._send(self._calls.retention())
+
+    def set_retention(
+        self, workflow: str, *, days: int | None = None, results: str | None = None
+    ) -> Definition:
+        """A definition's own retention: ``days`` its finished runs are kept (0: for ever),
+        ``results`` ("keep" or "delete") what pruning does to their results; ``None``: the
+        default. An admin's."""
+        return self._send(self._calls.set_retention(workflow, days=days, results=results))
 
     def cdi_objects(self) -> CdiDirectory:
         """Every CDI object and minion the CDI controller knows."""
@@ -590,7 +640,17 @@ class Client:
         self._send(self._calls.delete_webhook(name))
 
     def deliveries(
-        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+        self,
+        name: str,
+        *,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+        offset: int | None = None,
     ) -> DeliveryPage:
-        """The webhook's delivery log, newest first."""
-        return self._send(self._calls.deliveries(name, status=status, limit=limit, offset=offset))
+        """The webhook's delivery log, newest first, a page at a time: the next page has
+        ``before_id`` set to this one's ``next_before_id``."""
+        call = self._calls.deliveries(
+            name, status=status, limit=limit, before_id=before_id, offset=offset
+        )
+        return self._send(call)

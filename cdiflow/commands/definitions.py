@@ -256,3 +256,30 @@ def delete_definition(name: str, target: Target) -> None:
     with target.client() as api:
         api.delete_definition(name)
     click.echo(f"deleted workflow definition {name}")
+
+
+@definitions_group.command("retention")
+@click.argument("name")
+@click.option(
+    "--days",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Days its finished runs are kept (0: for ever) [default: the stack's default].",
+)
+@click.option(
+    "--results",
+    type=click.Choice(["keep", "delete"]),
+    default=None,
+    help="What pruning a run does to its results in S3 [default: the stack's default].",
+)
+@api_options
+def set_retention(name: str, days: int | None, results: str | None, target: Target) -> None:
+    """How long a definition's finished runs are kept; without options, back to the default
+    (`cdiflow status` shows the default and what pruning did)."""
+    with target.client() as api:
+        saved = api.set_retention(name, days=days, results=results)
+    kept = "the default" if saved.retention_days is None else f"{saved.retention_days} days"
+    if saved.retention_days == 0:
+        kept = "for ever"
+    click.echo(f"{saved.name}: finished runs kept {kept}, results "
+               f"{saved.retention_results or 'as the default says'}")  # fmt: skip

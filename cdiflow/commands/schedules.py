@@ -199,14 +199,17 @@ def list_webhooks(as_json: bool, target: Target) -> None:
 @click.argument("name")
 @click.option("--status", type=click.Choice(["PENDING", "DELIVERED", "FAILED"]), default=None)
 @click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True)
+@click.option("--before-id", type=click.IntRange(min=1), default=None,
+              help="Only older deliveries than this id (printed under a page).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @api_options
 def list_deliveries(
-    name: str, status: str | None, limit: int, as_json: bool, target: Target
-) -> None:
-    """A webhook's deliveries, newest first."""
+    name: str, status: str | None, limit: int, before_id: int | None, as_json: bool,
+    target: Target,
+) -> None:  # fmt: skip
+    """A webhook's deliveries, newest first, a page at a time."""
     with target.client() as api:
-        page = api.deliveries(name, status=status, limit=limit)
+        page = api.deliveries(name, status=status, limit=limit, before_id=before_id)
     if as_json:
         echo_json(page)
         return
@@ -216,7 +219,10 @@ def list_deliveries(
         for d in page.items
     ]  # fmt: skip
     click.echo(table(("ID", "EVENT", "RUN", "STATUS", "ATTEMPTS", "HTTP", "ERROR"), rows))
-    click.echo(f"{len(page.items)} of {page.total}")
+    matching = f"{page.total:,}" if page.total_exact else f"more than {page.total:,}"
+    click.echo(f"{len(page.items)} of {matching}")
+    if page.next_before_id is not None:
+        click.echo(f"older: --before-id {page.next_before_id}")
 
 
 @webhooks_group.command("delete")

@@ -249,7 +249,8 @@ def workflows_group() -> None:
 @click.option("--input", "input_", default=None, metavar="JSON", help="JSON the input contains.")
 @click.option("--schedule", default=None, help="Only runs this schedule made.")
 @click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True)
-@click.option("--offset", type=click.IntRange(min=0), default=0)
+@click.option("--cursor", default=None, help="Where the page starts (printed under a page).")
+@click.option("--offset", type=click.IntRange(0, 10_000), default=0, help="Runs to skip.")
 @click.option("--json", "as_json", is_flag=True)
 @api_options
 def list_workflows(
@@ -259,12 +260,13 @@ def list_workflows(
     input_: str | None,
     schedule: str | None,
     limit: int,
+    cursor: str | None,
     offset: int,
     as_json: bool,
     target: Target,
 ) -> None:
-    """Runs, newest first, e.g. `cdiflow workflows list --tag nightly --input
-    '{"data": {"camera": 3}}'`."""
+    """Runs, newest first, a page at a time (the next page: the --cursor printed below),
+    e.g. `cdiflow workflows list --tag nightly --input '{"data": {"camera": 3}}'`."""
     with target.client() as api:
         page = api.list_workflows(
             status=status.upper() if status else None,
@@ -273,7 +275,8 @@ def list_workflows(
             input=data_option(input_, "--input"),
             schedule=schedule,
             limit=limit,
-            offset=offset,
+            cursor=cursor,
+            offset=offset or None,
         )
     if as_json:
         echo_json(page)
@@ -292,7 +295,12 @@ def list_workflows(
             )
         )
     click.echo(table(("ID", "WORKFLOW", "STATUS", "POLICY", "CREATED", "TOOK"), rows))
-    click.echo(f"{len(page.items)} of {page.total}")
+    matching = f"{page.total:,}" if page.total_exact else f"more than {page.total:,}"
+    click.echo(f"{len(page.items)} of {matching}")
+    if page.next_cursor is not None:
+        click.echo(f"older: --cursor {page.next_cursor}")
+    if page.prev_cursor is not None:
+        click.echo(f"newer: --cursor {page.prev_cursor}")
 
 
 @workflows_group.command("show")

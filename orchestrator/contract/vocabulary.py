@@ -17,6 +17,7 @@ __all__ = [
     "DataPlane",
     "DeliveryStatus",
     "Policy",
+    "ResultRetention",
     "TaskRunStatus",
     "WebhookEvent",
     "WorkflowStatus",
@@ -90,6 +91,13 @@ class DataPlane(enum.StrEnum):
 
 # The planes a client may start a workflow on (the REST API accepts no other).
 CHOSEN_PLANES: Final = (DataPlane.CDI, DataPlane.OBJECT_STORE)
+
+
+class ResultRetention(enum.StrEnum):
+    """What pruning a run does to its results in S3 (``orchestrator.retention``)."""
+
+    KEEP = "keep"  # the objects stay; only the run's rows go
+    DELETE = "delete"  # the run's result objects go with its rows
 
 
 class CatchUp(enum.StrEnum):

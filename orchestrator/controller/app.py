@@ -9,8 +9,9 @@ and Prometheus metrics at ``/metrics``.
 
 Start-up migrates the database to the newest revision (under an advisory lock, so several
 controllers may start together), seeds the bundled task and workflow definitions that are
-absent, installs the configured admin key (``CDIFLOW_ADMIN_KEY``), and opens the Postgres pool
-and the Redis client; shutdown closes them.
+absent, installs the configured admin key (``CDIFLOW_ADMIN_KEY``), opens the Postgres pool
+and the Redis client and starts the housekeeping (``housekeeping``: the kept figures folded,
+retention passes); shutdown stops and closes them.
 
 Every request must name an allowed host (``hosts.AllowedHosts``); every ``/api`` route but
 ``/api/healthz`` needs an API key (``auth``). Browsers on other origins may call the API only
@@ -48,6 +49,7 @@ from orchestrator.controller.api.routes.files import UPLOAD_ADVICE, upload_limit
 from orchestrator.controller.auth import KeyCache, Viewer
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hosts import AllowedHosts
+from orchestrator.controller.housekeeping import Housekeeping
 from orchestrator.controller.http_errors import install_error_handler
 from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit, PathLimit
 from orchestrator.controller.metrics import LongPollCollector, StackCollector, metrics_registry
@@ -300,9 +302,12 @@ def create_app(
         app.state.metrics = metrics_registry(
             StackCollector(resources), LongPollCollector(watch.waiting)
         )
+        app.state.housekeeping = housekeeping = Housekeeping(resources.engine, settings)
+        housekeeping.start()
         try:
             yield
         finally:
+            housekeeping.close()
             watch.close()
             await runs.close()
             await loop_redis.aclose()

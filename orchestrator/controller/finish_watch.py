@@ -29,6 +29,7 @@ from typing import Final, TypeVar
 import redis
 
 from orchestrator.contract import keys
+from orchestrator.controller.background import Background
 
 __all__ = ["SWEEP_S", "EndedAmong", "FinishWatch"]
 
@@ -52,21 +53,16 @@ class FinishWatch:
         self._waiters: defaultdict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]]
         self._waiters = defaultdict(set)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._listen, name="finish-watch", daemon=True),
-            threading.Thread(target=self._sweep, name="finish-sweep", daemon=True),
-        ]
+        self._background = Background(
+            {"finish-watch": self._listen, "finish-sweep": self._sweep}, join_s=2 * _RECONNECT_S
+        )
+        self._stop = self._background.stop
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._background.start()
 
     def close(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(timeout=2 * _RECONNECT_S)
+        self._background.close()
 
     def waiting(self) -> int:
         """Requests of this process waiting for a run to end now."""

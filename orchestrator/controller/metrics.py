@@ -1,17 +1,18 @@
 """``GET /metrics``: the stack's state for Prometheus, read when scraped.
 
-What it reports comes from where the state lives: Postgres (workflow runs by status and
-``workflow`` (the definition's name) and how long completed ones took, task runs by status and
-how long they took by ``task``, hand-offs), Redis (workers, their queues and their processes'
-CPU and memory) and the CDI controller (objects and bytes by host), plus the API process's own
-figures (``process_*``, ``python_*``, the long polls it holds). Nothing else is counted in the
-API process itself: every API replica reports the same figures, as ``kube-state-metrics``
-does, and a restart loses nothing. ``cdiflow_source_up{source}`` says which source answered; a
-source that does not answer leaves its figures out of that scrape rather than failing it.
+What it reports comes from where the state lives: Postgres (workflow runs on record by status
+and ``workflow`` (the definition's name) and how long completed ones took, task runs by status
+and how long they took by ``task``, runs ended and pruned, hand-offs), Redis (workers, their
+queues and their processes' CPU and memory) and the CDI controller (objects and bytes by host),
+plus the API process's own figures (``process_*``, ``python_*``, the long polls it holds).
+Nothing else is counted in the API process itself: every API replica reports the same figures,
+as ``kube-state-metrics`` does, and a restart loses nothing. ``cdiflow_source_up{source}`` says
+which source answered; a source that does not answer leaves its figures out of that scrape
+rather than failing it.
 
-*Cost:* the duration histograms aggregate every completed run and task run (one pass over
-each table). A scrape's figures are reused for ``CACHE_S`` seconds, so several scrapers (or a
-short interval) cost one pass.
+*Cost:* Postgres's figures are the tallies its triggers keep as runs change (``db.tallies``),
+read in one query of a few hundred rows whatever the size of the history. A scrape's figures
+are reused for ``CACHE_S`` seconds, so several scrapers cost one read.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 
 import redis
@@ -32,14 +33,15 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from sqlalchemy import Connection, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from cdi.controller.client import ControllerClient
 from cdi.errors import CDIError
 from orchestrator.contract import keys
-from orchestrator.contract.vocabulary import WorkflowStatus
+from orchestrator.contract.vocabulary import TaskRunStatus, WorkflowStatus
 from orchestrator.controller.api.deps import Resources
+from orchestrator.db import tallies
+from orchestrator.db.tallies import Histogram
 
 __all__ = [
     "CACHE_S",
@@ -54,34 +56,7 @@ log = logging.getLogger(__name__)
 CACHE_S: Final = 5.0
 DURATION_BUCKETS_S: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _CDI_TIMEOUT_S: Final = 2.0
-_STATUSES: Final = tuple(str(status) for status in WorkflowStatus)
-_RUN_STATUSES: Final = ("QUEUED", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED")
-
-
-def _histogram_sql(table: str, seconds: str, where: str, group: str | None) -> str:
-    """One pass over ``table``: per group, the count at or under each bucket, all, and sum."""
-    buckets = ", ".join(f"count(*) FILTER (WHERE {seconds} <= {b})" for b in DURATION_BUCKETS_S)
-    key = f"{group}, " if group else ""
-    tail = f" GROUP BY {group}" if group else ""
-    return (
-        f"SELECT {key}{buckets}, count(*), coalesce(sum({seconds}), 0) "
-        f"FROM {table} WHERE {where}{tail}"
-    )
-
-
-_WORKFLOW_SECONDS: Final = _histogram_sql(
-    "workflows", "extract(epoch FROM finished_at - created_at)",
-    "status = 'COMPLETED' AND finished_at IS NOT NULL", "definition",
-)  # fmt: skip
-_WORKFLOW_COUNTS: Final = (
-    "SELECT definition, status::text, count(*) FROM workflows GROUP BY definition, status"
-)
-_TASK_SECONDS: Final = _histogram_sql(
-    "task_runs", "run_ms / 1000.0", "status = 'COMPLETED' AND run_ms IS NOT NULL", "task"
-)
-_QUEUE_SECONDS: Final = _histogram_sql(
-    "task_runs", "queue_wait_ms / 1000.0", "queue_wait_ms IS NOT NULL", None
-)
+_RUN_STATUSES: Final = tuple(s for s in TaskRunStatus if s is not TaskRunStatus.SKIPPED)
 
 
 class StackCollector(Collector):
@@ -121,47 +96,55 @@ class StackCollector(Collector):
     # -- Postgres --------------------------------------------------------------------------
     def _postgres(self) -> list[Metric]:
         with self.resources.autocommit() as conn:
-            workflows = _by_workflow_and_status(conn)
-            runs = _by_status(conn, "task_runs", _RUN_STATUSES)
-            latency = conn.execute(text(_WORKFLOW_SECONDS)).all()
-            queue_wait = conn.execute(text(_QUEUE_SECONDS)).one()
-            task_seconds = conn.execute(text(_TASK_SECONDS)).all()
-            handoffs, moved = conn.execute(
-                text("SELECT count(*), coalesce(sum(bytes), 0) FROM handoffs")
-            ).one()
+            kept = tallies.all_time(conn)
         counts = GaugeMetricFamily("cdiflow_workflows",
-                                   "Workflow runs by status and workflow (definition).",
+                                   "Workflow runs on record by status and workflow (definition).",
                                    labels=["status", "workflow"])  # fmt: skip
-        for (workflow, status), count in workflows.items():
+        for (workflow, status), count in _by_workflow_and_status(kept).items():
             counts.add_metric([status, workflow], count)
-        task_counts = GaugeMetricFamily("cdiflow_task_runs", "Task runs (attempts) by status.",
+        task_counts = GaugeMetricFamily("cdiflow_task_runs",
+                                        "Task runs (attempts) on record by status.",
                                         labels=["status"])  # fmt: skip
-        for status, count in runs.items():
+        for status, count in _with_zeros(kept.with_prefix("task_runs:"), _RUN_STATUSES):
             task_counts.add_metric([status], count)
+        ended = CounterMetricFamily("cdiflow_workflows_ended",
+                                    "Workflow runs that ended, by status (pruning keeps them).",
+                                    labels=["status"])  # fmt: skip
+        for status, count in _with_zeros(
+            kept.with_prefix("ended:"), [s for s in WorkflowStatus if s.finished]
+        ):
+            ended.add_metric([status], count)
+        pruned = CounterMetricFamily("cdiflow_workflows_pruned",
+                                     "Finished runs retention removed from Postgres.")  # fmt: skip
+        pruned.add_metric([], kept.count("pruned"))
+        archived = CounterMetricFamily("cdiflow_workflows_archived",
+                                       "Pruned runs archived to S3 first.")  # fmt: skip
+        archived.add_metric([], kept.count("archived"))
         took = HistogramMetricFamily(
             "cdiflow_workflow_duration_seconds",
             "Completed workflow runs by workflow (definition): from the start request to the end.",
             labels=["workflow"],
         )
-        for row in latency:
-            took.add_metric([str(row[0])], *_buckets(row[1:]))
+        for workflow, histogram in sorted(kept.histograms_with_prefix("latency:").items()):
+            took.add_metric([workflow], *_buckets(histogram))
         waited = HistogramMetricFamily(
             "cdiflow_task_queue_wait_seconds", "Task runs: from queued to started on a worker."
         )
-        waited.add_metric([], *_buckets(queue_wait))
+        waited.add_metric([], *_buckets(kept.histogram("queue_wait")))
         ran = HistogramMetricFamily(
             "cdiflow_task_run_duration_seconds", "Completed task runs by task: their run time.",
             labels=["task"],
         )  # fmt: skip
-        for row in task_seconds:
-            ran.add_metric([str(row[0])], *_buckets(row[1:]))
+        for task, histogram in sorted(kept.histograms_with_prefix("run:").items()):
+            ran.add_metric([task], *_buckets(histogram))
         moves = CounterMetricFamily("cdiflow_handoffs", "CDI ownership hand-offs made.")
-        moves.add_metric([], handoffs)
+        moves.add_metric([], kept.count("handoffs"))
         moved_bytes = CounterMetricFamily(
             "cdiflow_handoff_bytes", "Bytes handed over by ownership (not copied)."
         )
-        moved_bytes.add_metric([], moved)
-        return [counts, task_counts, took, waited, ran, moves, moved_bytes]
+        moved_bytes.add_metric([], kept.sums.get("handoffs", 0.0))
+        return [counts, task_counts, ended, pruned, archived, took, waited, ran, moves,
+                moved_bytes]  # fmt: skip
 
     # -- Redis -----------------------------------------------------------------------------
     def _redis(self) -> list[Metric]:
@@ -268,30 +251,35 @@ def metrics_registry(*collectors: Collector) -> CollectorRegistry:
     return registry
 
 
-def _by_workflow_and_status(conn: Connection) -> dict[tuple[str, str], int]:
-    """Runs by (workflow, status): every status of each workflow that has runs, 0 included."""
+def _with_zeros(counts: Mapping[str, int], statuses: Iterable[str]) -> list[tuple[str, int]]:
+    """Every status named (zero where none), then any other the tallies hold."""
+    out = {str(s): 0 for s in statuses}
+    out.update(counts)
+    return list(out.items())
+
+
+def _by_workflow_and_status(kept: tallies.Tally) -> dict[tuple[str, str], int]:
+    """Runs on record by (workflow, status) (series ``workflow:<STATUS>:<definition>``): every
+    status of each workflow that has runs on record, 0 included."""
+    by_workflow: dict[str, dict[str, int]] = {}
+    for key, count in kept.with_prefix("workflow:").items():
+        status, _, workflow = key.partition(":")
+        by_workflow.setdefault(workflow, {})[status] = count
     counts: dict[tuple[str, str], int] = {}
-    for workflow, status, count in conn.execute(text(_WORKFLOW_COUNTS)):
-        for each in _STATUSES:
-            counts.setdefault((str(workflow), each), 0)
-        counts[(str(workflow), str(status))] = int(count)
+    for workflow, statuses in sorted(by_workflow.items()):
+        if any(statuses.values()):  # not a definition whose runs were all pruned
+            for status, count in _with_zeros(statuses, WorkflowStatus):
+                counts[(workflow, status)] = count
     return counts
 
 
-def _by_status(conn: Connection, table: str, statuses: Iterable[str]) -> dict[str, int]:
-    counts = dict.fromkeys(statuses, 0)
-    rows = conn.execute(text(f"SELECT status::text, count(*) FROM {table} GROUP BY status"))
-    for status, count in rows:
-        counts[str(status)] = int(count)
-    return counts
-
-
-def _buckets(row: Sequence[Any]) -> tuple[list[tuple[str, float]], float]:
-    """A histogram row (each bucket's count, the count, the sum) as prometheus_client takes
-    it: cumulative ``(le, count)`` pairs ending with ``+Inf``, and the sum."""
-    *counts, total, seconds = row
-    pairs = [(_le(b), float(c)) for b, c in zip(DURATION_BUCKETS_S, counts, strict=True)]
-    return [*pairs, ("+Inf", float(total))], float(seconds)
+def _buckets(histogram: Histogram) -> tuple[list[tuple[str, float]], float]:
+    """A histogram (kept in ms) as prometheus_client takes it: cumulative ``(le, count)``
+    pairs in seconds ending with ``+Inf``, and the sum in seconds."""
+    pairs = [
+        (_le(b), float(histogram.at_or_under(round(b * 1000.0, 6)))) for b in DURATION_BUCKETS_S
+    ]
+    return [*pairs, ("+Inf", float(histogram.count))], histogram.total / 1000.0
 
 
 def _le(bound: float) -> str:

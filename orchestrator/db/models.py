@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
+    Column,
     DateTime,
     Double,
     Enum,
@@ -23,7 +25,9 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
+    Table,
     Text,
     UniqueConstraint,
     false,
@@ -39,6 +43,7 @@ from orchestrator.contract.vocabulary import (
     DataPlane,
     DeliveryStatus,
     Policy,
+    ResultRetention,
     TaskRunStatus,
     WorkflowStatus,
 )
@@ -48,6 +53,7 @@ __all__ = [
     "Base",
     "Event",
     "Handoff",
+    "RetentionState",
     "Schedule",
     "TaskDefinition",
     "TaskRun",
@@ -56,6 +62,8 @@ __all__ = [
     "Workflow",
     "WorkflowDefinition",
     "WorkflowDefinitionVersion",
+    "tallies",
+    "tally_deltas",
 ]
 
 # Deterministic constraint names, so migrations can refer to them.
@@ -132,6 +140,12 @@ class WorkflowDefinition(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     max_concurrent_runs: Mapped[int | None] = mapped_column(Integer)
     paused_at: Mapped[datetime | None]
+    # How long its finished runs are kept, and what pruning does to their results; null:
+    # the settings' default (``orchestrator.retention``). Not versioned: a policy, not steps.
+    retention_days: Mapped[int | None] = mapped_column(Integer)
+    retention_results: Mapped[ResultRetention | None] = mapped_column(
+        _enum(ResultRetention, "result_retention")
+    )
 
 
 class WorkflowDefinitionVersion(Base):
@@ -167,10 +181,30 @@ class Workflow(Base):
     """
 
     __tablename__ = "workflows"
+    # Every list is newest first by (created_at, id), paged by that key: each filter by
+    # equality has an index that leads with it and ends with that key, so a page reads its own
+    # rows only; tags and input are matched by their GIN indexes. ``definition, finished_at``:
+    # what retention prunes, per definition. ``retry_of``: a pruned run's retries lose the
+    # link (ON DELETE SET NULL) without a scan.
     __table_args__ = (
-        Index("ix_workflows_status_created_at", "status", "created_at"),
-        Index("ix_workflows_definition_created_at", "definition", "created_at"),
-        Index("ix_workflows_created_at", "created_at"),
+        Index("ix_workflows_created_at_id", "created_at", "id"),
+        Index("ix_workflows_status_created_at_id", "status", "created_at", "id"),
+        Index("ix_workflows_definition_created_at_id", "definition", "created_at", "id"),
+        Index("ix_workflows_policy_created_at_id", "policy", "created_at", "id"),
+        Index(
+            "ix_workflows_schedule_id_created_at_id",
+            "schedule_id",
+            "created_at",
+            "id",
+            postgresql_where=text("schedule_id IS NOT NULL"),
+        ),
+        Index(
+            "ix_workflows_definition_finished_at",
+            "definition",
+            "finished_at",
+            postgresql_where=text("finished_at IS NOT NULL"),
+        ),
+        Index("ix_workflows_retry_of", "retry_of", postgresql_where=text("retry_of IS NOT NULL")),
         # What a claim walks: the PENDING runs, highest priority first, oldest first.
         Index(
             "ix_workflows_pending_priority",
@@ -257,9 +291,17 @@ class TaskRun(Base):
     """One attempt of one step of a workflow; timings in milliseconds, sizes in bytes."""
 
     __tablename__ = "task_runs"
+    # ``ix_task_runs_ran``: the span each finished run ran, for "what ran within a window"
+    # (a GiST index answers the overlap, however old or empty the window).
     __table_args__ = (
         UniqueConstraint("workflow_id", "ref", "attempt"),
         Index("ix_task_runs_status", "status"),
+        Index(
+            "ix_task_runs_ran",
+            text("tstzrange(LEAST(started_at, finished_at), finished_at, '[]')"),
+            postgresql_using="gist",
+            postgresql_where=text("started_at IS NOT NULL AND finished_at IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
@@ -296,7 +338,15 @@ class Handoff(Base):
     """A CDI ownership transfer between two containers on behalf of a workflow."""
 
     __tablename__ = "handoffs"
-    __table_args__ = (Index("ix_handoffs_workflow_id", "workflow_id"),)
+    # ``task_run_id``: a pruned task run's hand-offs lose the link (SET NULL) without a scan.
+    __table_args__ = (
+        Index("ix_handoffs_workflow_id", "workflow_id"),
+        Index(
+            "ix_handoffs_task_run_id",
+            "task_run_id",
+            postgresql_where=text("task_run_id IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     workflow_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("workflows.id", ondelete="CASCADE"))
@@ -354,6 +404,41 @@ class ApiKey(Base):
     configured: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_by: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
+
+
+def _tally_columns(*, key: bool) -> list[Column[Any]]:
+    return [
+        Column("minute", DateTime(timezone=True), primary_key=key, nullable=False),
+        Column("series", String(100), primary_key=key, nullable=False),
+        Column("bucket", SmallInteger, primary_key=key, nullable=False),
+        Column("n", BigInteger, nullable=False, server_default="0"),
+        Column("total", Double, nullable=False, server_default="0"),
+        Column("peak", Double),
+    ]
+
+
+# Figures kept as runs change, not counted from them (``orchestrator.db.tallies``): a row per
+# minute (``-infinity``: all time), series and histogram bucket (-1: none). The triggers of
+# workflows, task runs and hand-offs append to ``tally_deltas`` (no lock, no index: each
+# statement adds its own rows); housekeeping folds them into ``tallies``; readers add both.
+tallies = Table(
+    "tallies", Base.metadata, *_tally_columns(key=True), postgresql_with={"fillfactor": "70"}
+)
+tally_deltas = Table("tally_deltas", Base.metadata, *_tally_columns(key=False))
+
+
+class RetentionState(Base):
+    """The last retention pass (one row): when it ran, what it pruned, its last failure."""
+
+    __tablename__ = "retention_state"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    pass_at: Mapped[datetime | None]
+    pass_pruned: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    pass_seconds: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
+    error: Mapped[str | None] = mapped_column(Text)
+    error_at: Mapped[datetime | None]
 
 
 class Schedule(Base):
@@ -417,6 +502,13 @@ class WebhookDelivery(Base):
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
         Index("ix_webhook_deliveries_webhook_id_id", "webhook_id", "id"),
+        # A webhook's log by status, newest first; a pruned run's deliveries go with it.
+        Index("ix_webhook_deliveries_webhook_id_status_id", "webhook_id", "status", "id"),
+        Index(
+            "ix_webhook_deliveries_workflow_id",
+            "workflow_id",
+            postgresql_where=text("workflow_id IS NOT NULL"),
+        ),
         Index(
             "ix_webhook_deliveries_due",
             "next_attempt_at",

@@ -37,6 +37,12 @@ from orchestrator.schemas.health import (
 )
 from orchestrator.schemas.images import ImagePublic, InputPublic, WorkflowImagesPublic
 from orchestrator.schemas.keys import IdentityPublic, KeyCreate, KeyCreated, KeyPublic
+from orchestrator.schemas.retention import (
+    DefinitionRetentionPublic,
+    RetentionPassPublic,
+    RetentionPublic,
+    RetentionSet,
+)
 from orchestrator.schemas.runs import (
     ActiveTaskRunPublic,
     EventPage,
@@ -72,6 +78,7 @@ __all__ = [
     "CdiMinionPublic",
     "CdiObjectPublic",
     "CheckPublic",
+    "DefinitionRetentionPublic",
     "DeliveryPage",
     "DeliveryPublic",
     "ErrorPublic",
@@ -90,6 +97,9 @@ __all__ = [
     "MinutePublic",
     "ReadinessPublic",
     "ReadinessScope",
+    "RetentionPassPublic",
+    "RetentionPublic",
+    "RetentionSet",
     "ScheduleCreate",
     "SchedulePublic",
     "StatsPublic",

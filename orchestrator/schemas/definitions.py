@@ -7,11 +7,13 @@ from typing import Any, Final
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
+from orchestrator.contract.vocabulary import ResultRetention
 from orchestrator.schemas.base import (
     MAX_DESCRIPTION,
     NAME_RULE,
     PRIORITY_MAX,
     PRIORITY_MIN,
+    OpenEnum,
     RequestBody,
     ResponseBody,
 )
@@ -148,6 +150,13 @@ class WorkflowDefinitionPublic(ResponseBody):
     max_concurrent_runs: int | None = None
     paused_at: datetime | None = Field(
         None, description="Since when its new runs wait PENDING (POST .../resume lifts it)."
+    )
+    retention_days: int | None = Field(
+        None,
+        description="Days its finished runs are kept (PUT .../retention); null: the default.",
+    )
+    retention_results: OpenEnum[ResultRetention] | None = Field(
+        None, description="What pruning does to its runs' results; null: the default."
     )
 
 

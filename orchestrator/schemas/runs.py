@@ -250,10 +250,25 @@ class EventPage(ResponseBody):
 
 
 class WorkflowList(ResponseBody):
+    """One page of runs, newest first. Page on with ``cursor=next_cursor`` (older runs) or
+    back with ``cursor=prev_cursor`` (newer ones); a page costs the same however deep it is."""
+
     items: list[WorkflowPublic]
-    total: int = Field(description="Workflows matching the filters, over all pages.")
+    next_cursor: str | None = Field(
+        description="The cursor of the page of older runs; null on the last page."
+    )
+    prev_cursor: str | None = Field(
+        description="The cursor of the page of newer runs; null on the first page."
+    )
+    has_more: bool = Field(description="Whether older runs follow (next_cursor is set).")
+    total: int = Field(
+        description="Runs matching the filters over all pages: exact without a filter or "
+        "with a status alone (counts kept as runs change), otherwise counted up to 10,000 "
+        "(then total_exact is false and more may match)."
+    )
+    total_exact: bool
     limit: int
-    offset: int
+    offset: int = Field(description="Runs skipped after the cursor (an offset asked for).")
 
 
 class TaskRunInWorkflowPublic(TaskRunPublic):

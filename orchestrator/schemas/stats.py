@@ -29,7 +29,10 @@ class MinutePublic(ResponseBody):
     completed: int
     failed: int = Field(description="FAILED, CANCELLED or TIMED_OUT in this minute.")
     created: int
-    p50_ms: float | None = Field(description="Median latency of the minute's completions.")
+    p50_ms: float | None = Field(
+        description="Median latency of the minute's completions (from a histogram: within "
+        "about 8 %)."
+    )
     p95_ms: float | None
 
 
@@ -43,7 +46,7 @@ class TaskTimingPublic(ResponseBody):
 
 class StatsPublic(ResponseBody):
     counts: dict[OpenEnum[WorkflowStatus], int] = Field(
-        description="Every workflow ever, by status."
+        description="The workflows on record (not yet pruned by retention), by status."
     )
     window_minutes: int
     now: datetime = Field(description="The database clock when the figures were taken.")

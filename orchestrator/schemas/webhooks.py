@@ -130,7 +130,18 @@ class DeliveryPublic(ResponseBody):
 
 
 class DeliveryPage(BaseModel):
+    """One page of a webhook's deliveries, newest first; the next page: ``before_id`` set to
+    ``next_before_id``. A page costs the same however deep it is."""
+
     items: list[DeliveryPublic] = Field(description="Newest first.")
-    total: int
+    next_before_id: int | None = Field(
+        None, description="The before_id of the page of older deliveries; null on the last page."
+    )
+    has_more: bool = Field(False, description="Whether older deliveries follow.")
+    total: int = Field(
+        description="Deliveries matching over all pages, counted up to 10,000 (then "
+        "total_exact is false and more may match)."
+    )
+    total_exact: bool = True
     limit: int
     offset: int

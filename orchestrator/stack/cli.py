@@ -34,6 +34,7 @@ from orchestrator.stack.control import (
     wait_until_up,
 )
 from orchestrator.stack.defaults import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_WORKERS
+from orchestrator.stack.retention_status import read_retention, retention_text
 from orchestrator.stack.state import (
     DataDirLock,
     StackState,
@@ -216,6 +217,8 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             report |= _api_key(state)
             if (access := service_access(folder, state)) is not None:
                 report["credentials"] = access
+            if running and "api_key" in report:
+                report["retention"] = read_retention(state.api_url, report["api_key"])
         click.echo(json.dumps(report))
     elif state is None:
         click.echo(running_message(folder) if running else f"no stack runs from {folder}")
@@ -226,6 +229,9 @@ def status_command(data_dir: Path, as_json: bool) -> None:
             click.echo(f"stale stack.json in {folder}: the supervisor (pid "
                        f"{state.supervisor.pid}) is gone; `cdiflow down` cleans up")  # fmt: skip
         click.echo(format_table((state.supervisor, *state.processes), folder, show_state=True))
+        key = _api_key(state).get("api_key")
+        if running and key is not None:
+            click.echo(retention_text(read_retention(state.api_url, key)))
         if (access := service_access(folder, state)) is not None:
             click.echo(_access_text(access))
     sys.exit(0 if running else 1)

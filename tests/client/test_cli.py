@@ -71,6 +71,12 @@ def test_run_without_waiting_then_show_events_result_and_list(
     assert run_id[1] in {w["id"] for w in json.loads(listed.output)["items"]}
     table = cdiflow("workflows", "list", "--status", "completed", "--limit", "3")
     assert table.output.startswith("ID ") and "image_pipeline v1" in table.output
+    one = cdiflow("workflows", "list", "--limit", "1")
+    older = re.search(r"older: --cursor (\S+)", one.output)
+    assert older and "newer:" not in one.output, one.output
+    then = cdiflow("workflows", "list", "--limit", "1", "--cursor", older[1])
+    assert "newer: --cursor" in then.output
+    assert then.output.splitlines()[1].split()[0] != one.output.splitlines()[1].split()[0]
 
 
 def test_cancel_and_retry(cdiflow: CliRunnerCommand) -> None:
@@ -118,6 +124,11 @@ def test_tasks_and_definitions(cdiflow: CliRunnerCommand, tmp_path: Path) -> Non
     assert json.loads(first.stdout) == {"name": flow, "description": "", "tasks": [
         {"ref": "d", "task": task, "depends_on": [], "params": {}}]}  # fmt: skip
     assert flow in cdiflow("definitions", "list").output
+    kept = cdiflow("definitions", "retention", flow, "--days", "7", "--results", "delete")
+    assert f"{flow}: finished runs kept 7 days, results delete" in kept.output
+    back = cdiflow("definitions", "retention", flow).output
+    assert f"{flow}: finished runs kept the default, results as the default says" in back
+    assert cdiflow("definitions", "retention", flow, "--days", "-1", code=2)
 
     refused = cdiflow("tasks", "delete", task, code=1)
     assert "used by workflow definition" in refused.output

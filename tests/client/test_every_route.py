@@ -21,6 +21,7 @@ from cdiflow.client import (
     KeyCreated,
     Liveness,
     Readiness,
+    Retention,
     Schedule,
     Stats,
     Task,
@@ -118,6 +119,9 @@ def test_the_client_reads_the_answer_of_every_route(stack_api: StackApi, photo: 
 
         assert isinstance(api.pause_definition(flow), Definition)
         assert isinstance(api.resume_definition(flow), Definition)
+        kept = api.set_retention(flow, days=7)
+        assert isinstance(kept, Definition) and kept.retention_days == 7
+        assert isinstance(api.retention(), Retention)
         schedule = api.create_schedule(unique("route_schedule"), flow, "0 3 * * *", paused=True)
         assert isinstance(schedule, Schedule) and schedule.next_fire_times
         assert schedule.name in {s.name for s in api.schedules()}

@@ -106,6 +106,26 @@ def test_list_cancel_and_retry(api: Client) -> None:
     api.cancel(again.id)
     page = api.list_workflows(status="CANCELLED", workflow=SLEEPER, limit=5)
     assert {running.id, again.id} <= {w.id for w in page.items} and page.total >= 2
+    assert page.total_exact  # a status alone: the kept count
+    first = api.list_workflows(workflow=SLEEPER, limit=1)
+    assert first.items[0].id == again.id and first.has_more and first.prev_cursor is None
+    second = api.list_workflows(workflow=SLEEPER, limit=1, cursor=first.next_cursor)
+    assert second.items[0].id == running.id
+    assert api.list_workflows(workflow=SLEEPER, limit=1, cursor=second.prev_cursor) == first
+    every = [w.id for w in api.iter_workflows(workflow=SLEEPER, page_size=1)]
+    assert every[:2] == [again.id, running.id] and len(every) == len(set(every))
+
+
+def test_retention_is_shown_and_set_per_definition(api: Client) -> None:
+    kept = api.retention()
+    assert kept.default_days == 30 and kept.default_results == "keep"
+    flow = api.apply_definition({"name": unique("kept"), "tasks": [{"ref": "a", "task": "noop"}]})
+    changed = api.set_retention(flow.name, days=7, results="delete")
+    assert (changed.retention_days, changed.retention_results) == (7, "delete")
+    mine = [d for d in api.retention().definitions if d.name == flow.name]
+    assert [(d.effective_days, d.effective_results) for d in mine] == [(7, "delete")]
+    back = api.set_retention(flow.name)
+    assert (back.retention_days, back.retention_results) == (None, None)
 
 
 def test_errors_come_from_one_tree(api: Client, stack_api: StackApi) -> None:

@@ -23,6 +23,7 @@ import pytest
 import redis
 from fastapi import FastAPI
 from psycopg import sql
+from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import StarletteDeprecationWarning
@@ -177,6 +178,14 @@ def flow(api_client: TestClient) -> str:
                                     {"ref": "b", "task": "noop", "depends_on": ["a"]}]}  # fmt: skip
     assert api_client.post("/api/workflow-definitions", json=body).status_code == 201
     return name
+
+
+@pytest.fixture(scope="module")
+def api_engine(api_database_url: str, api_client: TestClient) -> Iterator[Engine]:
+    """An engine on the module's database, once the app has migrated it."""
+    engine = make_engine(api_database_url)
+    yield engine
+    engine.dispose()
 
 
 @pytest.fixture(scope="module")

@@ -385,6 +385,10 @@ def test_cli_up_detach_status_down(short_dir: Path) -> None:
         database_url = report["credentials"]["database_url"]
         assert _postgres_answers(database_url)
         assert "credentials of the embedded services" in status.stdout
+        # Retention, as the API keeps it: the default, and what pruning has done.
+        assert "retention: finished runs kept 30 days, results keep" in status.stdout
+        assert report["retention"]["default_days"] == 30
+        assert report["retention"]["runs_on_record"] == 0
 
         # The supervisor restarts a killed Postgres on its port: the same URL answers again.
         postgres = procs[1]

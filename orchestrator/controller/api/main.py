@@ -16,6 +16,7 @@ from orchestrator.controller.api.routes import (
     images,
     keys,
     results,
+    retention,
     schedules,
     stats,
     task_runs,
@@ -45,6 +46,7 @@ _keyed(files.router)
 _keyed(results.router)
 _keyed(workers.router)
 _keyed(keys.router)
+_keyed(retention.router)
 _keyed(schedules.router)
 _keyed(webhooks.router)
 api_router.include_router(health.router)

@@ -13,8 +13,10 @@ from orchestrator.schemas.base import MAX_TAGS, TAG_PATTERN
 from workflows.names import NAME_RE
 
 __all__ = [
+    "MAX_ID",
     "MAX_OFFSET",
     "NAME_PATTERN",
+    "CursorParam",
     "DateTimeFilter",
     "DefinitionName",
     "NameFilter",
@@ -24,7 +26,9 @@ __all__ = [
     "WorkerFilter",
 ]
 
-MAX_OFFSET: Final = 2**63 - 1  # Postgres' OFFSET is a bigint
+MAX_ID: Final = 2**63 - 1  # a bigint id
+# An offset costs the rows it skips: deep pages go by cursor.
+MAX_OFFSET: Final = 10_000
 NAME_PATTERN: Final = NAME_RE.pattern
 _NAME: Final = f"^{NAME_RE.pattern}$"
 _NAME_HELP: Final = "1-64 letters, digits, '_' or '-', starting with a letter."
@@ -38,6 +42,14 @@ TagFilter = Annotated[
 ]
 NameFilter = Annotated[
     str | None, Query(pattern=_NAME, description="Workflow definition name. " + _NAME_HELP)
+]
+CursorParam = Annotated[
+    str | None,
+    Query(
+        max_length=200,
+        description="Where the page starts: the next_cursor (older runs) or prev_cursor "
+        "(newer runs) of a page; none: the first page.",
+    ),
 ]
 # RFC 3339 (the schema's date-time), the offset optional (then UTC) and ' ' for 'T' allowed:
 # what ISO 8601 writes. Pydantic alone would also take a number as a Unix time ("0.5").

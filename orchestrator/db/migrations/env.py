@@ -31,9 +31,11 @@ def _url() -> str:
 
 
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=target_metadata)
-    # Inside migrate() the connection is already in a transaction (holding the advisory
-    # lock); Alembic then leaves committing to the caller.
+    # A transaction per revision: a revision may leave it for work that cannot run inside one
+    # (``CREATE INDEX CONCURRENTLY``, in an ``autocommit_block``).
+    context.configure(
+        connection=connection, target_metadata=target_metadata, transaction_per_migration=True
+    )
     with context.begin_transaction():
         context.run_migrations()
 

@@ -26,9 +26,11 @@ from orchestrator.db.repository.definitions import (
     save_task_definition,
     save_workflow_definition,
     seed_bundled_definitions,
+    set_workflow_retention,
     task_names,
     workflow_definition_names,
 )
+from orchestrator.db.repository.paging import COUNT_CAP, Cursor, Page
 from orchestrator.db.repository.schedules import (
     create_schedule,
     delete_schedule,
@@ -57,6 +59,9 @@ from orchestrator.db.repository.workflows import (
 )
 
 __all__ = [
+    "COUNT_CAP",
+    "Cursor",
+    "Page",
     "WorkflowFilter",
     "cancel_workflow",
     "create_api_key",
@@ -95,6 +100,7 @@ __all__ = [
     "save_task_definition",
     "save_workflow_definition",
     "seed_bundled_definitions",
+    "set_workflow_retention",
     "task_names",
     "workflow_definition_names",
 ]

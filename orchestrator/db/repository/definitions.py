@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from orchestrator.contract.vocabulary import WorkflowStatus
+from orchestrator.contract.vocabulary import ResultRetention, WorkflowStatus
 from orchestrator.db.models import (
     TaskDefinition,
     Workflow,
@@ -39,6 +39,7 @@ __all__ = [
     "save_task_definition",
     "save_workflow_definition",
     "seed_bundled_definitions",
+    "set_workflow_retention",
     "task_names",
     "workflow_definition_names",
 ]
@@ -187,6 +188,31 @@ def get_workflow_definition(session: Session, name: str) -> WorkflowDefinition:
     if found is None or found.deleted_at is not None:
         raise NotFound("workflow", name, known=workflow_definition_names(session))
     return found
+
+
+def set_workflow_retention(
+    session: Session, name: str, days: int | None, results: ResultRetention | None
+) -> WorkflowDefinition:
+    """Set (``None``: follow the default) how long the definition's finished runs are kept
+    and what pruning does to their results; ``NotFound`` for no such (live) definition. Not a
+    new version: it is a policy, not the steps."""
+    get_workflow_definition(session, name)
+    # ``updated_at`` says when the current version was saved: a policy leaves it as it is.
+    session.execute(
+        update(WorkflowDefinition)
+        .where(WorkflowDefinition.name == name)
+        .values(
+            retention_days=days,
+            retention_results=results,
+            updated_at=WorkflowDefinition.updated_at,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return session.get(WorkflowDefinition, name, populate_existing=True) or _gone(name)
+
+
+def _gone(name: str) -> WorkflowDefinition:
+    raise NotFound("workflow", name)
 
 
 def list_workflow_definition_versions(

@@ -8,16 +8,25 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from orchestrator.contract.vocabulary import DeliveryStatus
 from orchestrator.db.models import Webhook, WebhookDelivery
+from orchestrator.db.repository.paging import capped_count
 from orchestrator.errors import Conflict, NotFound
 
-__all__ = ["create_webhook", "delete_webhook", "get_webhook", "list_deliveries", "list_webhooks"]
+__all__ = [
+    "DeliveryList",
+    "create_webhook",
+    "delete_webhook",
+    "get_webhook",
+    "list_deliveries",
+    "list_webhooks",
+]
 
 
 def create_webhook(
@@ -68,25 +77,43 @@ def delete_webhook(session: Session, name: str) -> None:
     session.flush()
 
 
+@dataclass(frozen=True)
+class DeliveryList:
+    """One page of a webhook's deliveries, newest first; ``more``: older ones follow."""
+
+    items: list[WebhookDelivery]
+    more: bool
+    total: int
+    total_exact: bool  # False: at least ``total`` (counted up to ``paging.COUNT_CAP``)
+
+
 def list_deliveries(
     session: Session,
     name: str,
     *,
     status: DeliveryStatus | None = None,
     limit: int = 50,
+    before_id: int | None = None,
     offset: int = 0,
-) -> tuple[list[WebhookDelivery], int]:
-    """One page of a webhook's deliveries, newest first, and how many match."""
+) -> DeliveryList:
+    """One page of a webhook's deliveries, newest first, from ``before_id`` (the last id of
+    the page before; none: the first page), and how many match. A page reads its own rows
+    (``ix_webhook_deliveries_webhook_id_id``, ``..._webhook_id_status_id``) however long the
+    log; the count stops at ``paging.COUNT_CAP``."""
     hook = get_webhook(session, name)
     where = [WebhookDelivery.webhook_id == hook.id]
     if status is not None:
         where.append(WebhookDelivery.status == status)
-    total = session.scalar(select(func.count()).select_from(WebhookDelivery).where(*where)) or 0
-    page = session.scalars(
-        select(WebhookDelivery)
-        .where(*where)
-        .order_by(WebhookDelivery.id.desc())
-        .limit(limit)
-        .offset(offset)
+    total, exact = capped_count(session, select(WebhookDelivery.id).where(*where))
+    if before_id is not None:
+        where.append(WebhookDelivery.id < before_id)
+    rows = list(
+        session.scalars(
+            select(WebhookDelivery)
+            .where(*where)
+            .order_by(WebhookDelivery.id.desc())
+            .limit(limit + 1)
+            .offset(offset)
+        )
     )
-    return list(page), total
+    return DeliveryList(rows[:limit], len(rows) > limit, total, exact)

@@ -12,6 +12,7 @@ has one definition.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -21,10 +22,10 @@ from typing import Any, Final
 from sqlalchemy import (
     ColumnElement,
     Connection,
-    String,
+    Select,
     Uuid,
     bindparam,
-    cast,
+    false,
     func,
     select,
     text,
@@ -35,6 +36,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 
 from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.db import tallies
 from orchestrator.db.models import (
     Event,
     Handoff,
@@ -44,6 +46,7 @@ from orchestrator.db.models import (
     WorkflowDefinitionVersion,
 )
 from orchestrator.db.repository.definitions import workflow_definition_names
+from orchestrator.db.repository.paging import Cursor, Keyset, Page, capped_count
 from orchestrator.db.run_statements import FINISH, Finish, finish_params
 from orchestrator.errors import Conflict, NotFound
 
@@ -66,6 +69,7 @@ __all__ = [
     "events_after",
     "get_workflow",
     "list_workflows",
+    "page_statement",
     "pause_workflow",
     "retry_workflow",
 ]
@@ -73,7 +77,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class WorkflowFilter:
-    """Criteria for ``list_workflows``; ``None`` means "any"."""
+    """Criteria for ``list_workflows``; ``None`` means "any".
+
+    Each criterion is one clause, and each has an index that leads with its column and ends
+    with the list's key ``(created_at, id)`` (``db.models.Workflow``), so a page of any one
+    filter reads only its rows. A new criterion adds a field, its clause and such an index.
+    """
 
     status: WorkflowStatus | None = None
     definition: str | None = None
@@ -99,8 +108,7 @@ class WorkflowFilter:
         if self.created_before is not None:
             out.append(Workflow.created_at < self.created_before)
         if self.id_prefix:
-            prefix = self.id_prefix.lower()
-            out.append(cast(Workflow.id, String).startswith(prefix, autoescape=True))
+            out.extend(_id_prefix(self.id_prefix))
         if self.tags:
             out.append(Workflow.tags.contains(list(self.tags)))
         if self.input_contains is not None:
@@ -109,6 +117,34 @@ class WorkflowFilter:
             made_by = select(Schedule.id).where(Schedule.name == self.schedule).scalar_subquery()
             out.append(Workflow.schedule_id == made_by)
         return out
+
+    def by_status_alone(self) -> bool:
+        """Whether it filters by status at most: the kept counts then give an exact total."""
+        return not any(
+            getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "status"
+        )
+
+
+_CANONICAL: Final = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+
+
+def _id_prefix(prefix: str) -> list[ColumnElement[bool]]:
+    """Runs whose id's canonical text starts with ``prefix``, as a range of the primary key
+    (Postgres orders uuids as their hex digits read left to right): an index range, not a
+    cast of every id to text."""
+    prefix = prefix.lower()
+    if len(prefix) > len(_CANONICAL) or any(
+        (ch == "-") != (_CANONICAL[i] == "-") for i, ch in enumerate(prefix)
+    ):
+        return [false()]  # a hyphen where no id has one (or a digit where ids have one)
+    digits = prefix.replace("-", "")
+    shift = 4 * (32 - len(digits))
+    low = int(digits, 16) << shift if digits else 0
+    out = [Workflow.id >= uuid.UUID(int=low)]
+    high = (int(digits, 16) + 1) << shift if digits else 1 << 128
+    if high < 1 << 128:
+        out.append(Workflow.id < uuid.UUID(int=high))
+    return out
 
 
 # One statement (one round trip): the definition must exist, the run and its event are written
@@ -305,24 +341,63 @@ def events_after(
     return status, list(events)
 
 
+_NEWEST_FIRST: Final = Keyset(Workflow.created_at, Workflow.id)
+
+
 def list_workflows(
     session: Session,
     filters: WorkflowFilter | None = None,
     *,
     limit: int = 50,
+    cursor: Cursor | None = None,
     offset: int = 0,
-) -> tuple[list[Workflow], int]:
-    """One page of workflows matching ``filters``, newest first, and the total matching."""
-    where = (filters or WorkflowFilter()).clauses()
-    total = session.scalar(select(func.count()).select_from(Workflow).where(*where)) or 0
-    page = session.scalars(
-        select(Workflow)
-        .where(*where)
-        .order_by(Workflow.created_at.desc(), Workflow.id.desc())
-        .limit(limit)
-        .offset(offset)
-    )
-    return list(page), total
+) -> Page[Workflow]:
+    """One page of workflows matching ``filters``, newest first, from ``cursor`` (the first
+    page without one; ``offset`` skips that many more, for clients that page by offset), with
+    the cursors of the pages beside it and the total matching (``paging``)."""
+    filters = filters or WorkflowFilter()
+    matching = select(Workflow).where(*filters.clauses())
+    rows = list(session.scalars(page_statement(filters, cursor, limit, offset)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    if cursor is not None and cursor.newer:
+        if not more:  # back at the newest: that is the first page, full
+            return list_workflows(session, filters, limit=limit)
+        rows.reverse()
+        newer: Cursor | None = _place(rows[0], newer=True)
+        older = _place(rows[-1])
+        older_next = older if _NEWEST_FIRST.any_beyond(session, matching, older) else None
+    else:
+        older_next = _place(rows[-1]) if more else None
+        newer = None
+        if cursor is not None or offset:
+            anchor = _place(rows[0], newer=True) if rows else _flip(cursor)
+            if anchor is not None and _NEWEST_FIRST.any_beyond(session, matching, anchor):
+                newer = anchor
+    if filters.by_status_alone():
+        counts = tallies.counts(session, "workflows:")
+        total = counts.get(filters.status, 0) if filters.status else sum(counts.values())
+        exact = True
+    else:
+        total, exact = capped_count(session, matching)
+    return Page(rows, older_next, newer, total, exact)
+
+
+def page_statement(
+    filters: WorkflowFilter, cursor: Cursor | None, limit: int, offset: int = 0
+) -> Select[Any]:
+    """The query of one page (``limit + 1`` rows: the last says whether more follow)."""
+    matching = select(Workflow).where(*filters.clauses())
+    return _NEWEST_FIRST.page_query(matching, cursor, limit, offset)
+
+
+def _place(row: Workflow, *, newer: bool = False) -> Cursor:
+    return Cursor(row.created_at, row.id, newer=newer)
+
+
+def _flip(cursor: Cursor | None) -> Cursor | None:
+    """An empty page's way back: the rows newer than where it was asked from."""
+    return None if cursor is None else Cursor(cursor.created_at, cursor.id, newer=True)
 
 
 def cancel_workflow(session: Session, workflow_id: uuid.UUID, *, by: str | None = None) -> Workflow:

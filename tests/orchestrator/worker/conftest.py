@@ -8,10 +8,8 @@ import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import boto3
 import pytest
 import redis
 
@@ -68,9 +66,3 @@ def stack(redis_url: str, s3_endpoint: str, s3_keys: tuple[str, str]) -> Iterato
 def worker(stack: Stack) -> WorkerProcess:
     """A worker shared by the tests that leave it running."""
     return stack.start_worker()
-
-
-@pytest.fixture(scope="module")
-def s3(s3_endpoint: str, s3_keys: tuple[str, str]) -> Any:
-    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                        aws_access_key_id=s3_keys[0], aws_secret_access_key=s3_keys[1])  # fmt: skip

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Query
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.controller.api.deps import RedisDep, SessionDep, utc
-from orchestrator.controller.api.params import MAX_OFFSET, WorkerFilter
+from orchestrator.controller.api.params import MAX_ID, WorkerFilter
 from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db.repository import task_runs as repo
 from orchestrator.schemas import (
@@ -80,9 +80,7 @@ def list_task_runs_within(
     ],
     after_id: Annotated[
         int,
-        Query(
-            ge=0, le=MAX_OFFSET, description="Only runs with a greater id: the last id of a page."
-        ),
+        Query(ge=0, le=MAX_ID, description="Only runs with a greater id: the last id of a page."),
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[TaskRunInWorkflowPublic]:

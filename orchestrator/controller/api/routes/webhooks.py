@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Response
 
 from orchestrator.contract.vocabulary import DeliveryStatus
 from orchestrator.controller.api.deps import SessionDep
-from orchestrator.controller.api.params import MAX_OFFSET, ResourceName
+from orchestrator.controller.api.params import MAX_ID, MAX_OFFSET, ResourceName
 from orchestrator.controller.auth import Admin
 from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db import repository as repo
@@ -74,10 +74,32 @@ def list_deliveries(
     principal: Admin,
     status: DeliveryStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    before_id: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=MAX_ID,
+            description="Only deliveries with a smaller id: a page's next_before_id.",
+        ),
+    ] = None,
+    offset: Annotated[
+        int,
+        Query(ge=0, le=MAX_OFFSET, description="Deliveries to skip; page with before_id instead."),
+    ] = 0,
 ) -> DeliveryPage:
-    """The webhook's deliveries, newest first: each one's attempts, the receiver's last
-    answer, when it is tried again."""
-    rows, total = repo.list_deliveries(session, name, status=status, limit=limit, offset=offset)
-    items = [DeliveryPublic.model_validate(r) for r in rows]
-    return DeliveryPage(items=items, total=total, limit=limit, offset=offset)
+    """The webhook's deliveries, newest first, a page at a time: each one's attempts, the
+    receiver's last answer, when it is tried again. The next page: ``before_id`` set to the
+    page's ``next_before_id``."""
+    page = repo.list_deliveries(
+        session, name, status=status, limit=limit, before_id=before_id, offset=offset
+    )
+    items = [DeliveryPublic.model_validate(r) for r in page.items]
+    return DeliveryPage(
+        items=items,
+        next_before_id=items[-1].id if page.more and items else None,
+        has_more=page.more,
+        total=page.total,
+        total_exact=page.total_exact,
+        limit=limit,
+        offset=offset,
+    )

@@ -14,6 +14,7 @@ from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.db import repository as repo
 from orchestrator.errors import InvalidRequest
 from orchestrator.schemas import (
+    RetentionSet,
     WorkflowDefinitionCreate,
     WorkflowDefinitionPublic,
     WorkflowDefinitionSave,
@@ -74,6 +75,18 @@ def save_workflow_definition(
     if not existed:
         response.status_code = 201
         _location(row.name, response)
+    return WorkflowDefinitionPublic.model_validate(row)
+
+
+@router.put("/{name}/retention", responses=error_responses(404))
+def set_workflow_retention(
+    name: DefinitionName, body: RetentionSet, session: SessionDep, principal: Admin
+) -> WorkflowDefinitionPublic:
+    """How long the definition's finished runs are kept and what pruning does to their
+    results (a field left null follows the default; ``GET /api/retention`` shows both). Not a
+    new version: runs of every version follow it."""
+    row = repo.set_workflow_retention(session, name, body.days, body.results)
+    session.commit()
     return WorkflowDefinitionPublic.model_validate(row)
 
 

@@ -23,6 +23,7 @@ from orchestrator.controller.api.deps import (
 from orchestrator.controller.api.params import (
     MAX_OFFSET,
     NAME_PATTERN,
+    CursorParam,
     DateTimeFilter,
     NameFilter,
     TagFilter,
@@ -200,7 +201,7 @@ def _not_found(resources: Resources, workflow: str, version: int | None) -> NotF
         return repo.definition_not_found(session, workflow, version)
 
 
-@router.get("")
+@router.get("", responses=error_responses(422))
 def list_workflows(
     session: SessionDep,
     status: WorkflowStatus | None = None,
@@ -225,10 +226,21 @@ def list_workflows(
         str | None, Query(pattern=f"^{NAME_PATTERN}$", description="Runs this schedule made.")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+    cursor: CursorParam = None,
+    offset: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=MAX_OFFSET,
+            description="Runs to skip after the cursor; a page costs every run it skips, so "
+            "page with cursor instead (at most 10,000).",
+        ),
+    ] = 0,
 ) -> WorkflowList:
-    """Workflow runs, newest first, one page at a time; ``total`` counts every match. Filters
-    combine: every ``tag`` given, the ``input`` containing the JSON given, and the rest."""
+    """Workflow runs, newest first, one page at a time: the first page without ``cursor``,
+    then ``cursor=next_cursor`` of the page before. ``total`` counts the matches (see its
+    description for when it is exact). Filters combine: every ``tag`` given, the ``input``
+    containing the JSON given, and the rest."""
     filters = repo.WorkflowFilter(
         status=status,
         definition=workflow,
@@ -240,9 +252,18 @@ def list_workflows(
         input_contains=_input_filter(input),
         schedule=schedule,
     )
-    rows, total = repo.list_workflows(session, filters, limit=limit, offset=offset)
-    items = [WorkflowPublic.model_validate(r) for r in rows]
-    return WorkflowList(items=items, total=total, limit=limit, offset=offset)
+    at = None if cursor is None else repo.Cursor.decode(cursor)
+    page = repo.list_workflows(session, filters, limit=limit, cursor=at, offset=offset)
+    return WorkflowList(
+        items=[WorkflowPublic.model_validate(r) for r in page.items],
+        next_cursor=None if page.next is None else page.next.encode(),
+        prev_cursor=None if page.prev is None else page.prev.encode(),
+        has_more=page.next is not None,
+        total=page.total,
+        total_exact=page.total_exact,
+        limit=limit,
+        offset=offset,
+    )
 
 
 def _input_filter(given: str | None) -> dict[str, Any] | None:

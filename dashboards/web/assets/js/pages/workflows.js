@@ -1,4 +1,5 @@
-// Workflows: filter by status, workflow, policy and time; search by id; page through.
+// Workflows: filter by status, workflow, policy and time; search by id; page through by cursor
+// (a page is read from where the one before stopped, so it costs the same however deep it is).
 
 import { h, render, s } from "../dom.js";
 import { api, query } from "../api.js";
@@ -40,8 +41,10 @@ export function mount(root, ctx) {
     after: q.get("after") || "",
     before: q.get("before") || "",
     page: Math.max(1, Number(q.get("page")) || 1),
+    cursor: q.get("cursor") || "",
     size: PAGE_SIZES.includes(Number(q.get("size"))) ? Number(q.get("size")) : 25,
   };
+  if (!state.cursor) state.page = 1; // a page number alone cannot be found again
 
   const searchHint = h("span", { class: "hint hint-error", id: "search-hint", hidden: true }, "");
   const search = h("input", {
@@ -145,7 +148,7 @@ export function mount(root, ctx) {
   });
 
   function clearAll() {
-    Object.assign(state, { q: "", status: "", workflow: "", policy: "", range: "", after: "", before: "", page: 1 });
+    Object.assign(state, { q: "", status: "", workflow: "", policy: "", range: "", after: "", before: "", page: 1, cursor: "" });
     search.value = "";
     for (const el of form.querySelectorAll("select")) el.value = "";
     custom.hidden = true;
@@ -154,8 +157,8 @@ export function mount(root, ctx) {
 
   function update(change, keepPage = false) {
     Object.assign(state, change);
-    if (!keepPage) state.page = 1;
-    const { q: text, status, workflow, policy, range, after, before, page, size } = state;
+    if (!keepPage || state.page <= 1) Object.assign(state, { page: 1, cursor: "" });
+    const { q: text, status, workflow, policy, range, after, before, page, cursor, size } = state;
     ctx.replaceQuery({
       q: text,
       status,
@@ -165,6 +168,7 @@ export function mount(root, ctx) {
       after: range === "custom" ? after : "",
       before: range === "custom" ? before : "",
       page: page > 1 ? page : "",
+      cursor,
       size: size !== 25 ? size : "",
     });
     stop.now();
@@ -177,7 +181,7 @@ export function mount(root, ctx) {
       policy: state.policy,
       q: ID_PREFIX.test(state.q) ? state.q : "",
       limit: state.size,
-      offset: (state.page - 1) * state.size,
+      cursor: state.cursor,
     };
     if (RANGE_MS[state.range]) params.created_after = new Date(Date.now() - RANGE_MS[state.range]).toISOString();
     if (state.range === "custom") {
@@ -192,15 +196,16 @@ export function mount(root, ctx) {
   async function refresh() {
     const list = await api.get(`/api/workflows${apiQuery()}`);
     render(problems);
-    if (list.total > 0 && list.items.length === 0 && state.page > 1) {
-      update({ page: Math.ceil(list.total / state.size) }, true); // the list shrank under us
+    if (list.items.length === 0 && state.page > 1) {
+      update({}); // the runs of this page are gone (pruned): back to the first
       return;
     }
-    count.textContent = filtered() ? `${list.total.toLocaleString()} matching` : `${list.total.toLocaleString()} in total`;
+    const matching = list.total_exact ? list.total.toLocaleString() : `more than ${list.total.toLocaleString()}`;
+    count.textContent = filtered() ? `${matching} matching` : `${matching} in total`;
     const c = WORKFLOW_COLUMNS;
-    const first = list.total ? list.offset + 1 : 0;
-    const last = list.offset + list.items.length;
-    const pages = Math.max(1, Math.ceil(list.total / state.size));
+    const first = list.items.length ? (state.page - 1) * state.size + 1 : 0;
+    const last = first ? first + list.items.length - 1 : 0;
+    const pages = list.total_exact ? ` of ${Math.max(1, Math.ceil(list.total / state.size)).toLocaleString()}` : "";
     render(
       results,
       list.items.length
@@ -215,7 +220,7 @@ export function mount(root, ctx) {
       h(
         "nav",
         { class: "pager", "aria-label": "Pages" },
-        h("span", { class: "num", id: "range-text" }, list.total ? `${first.toLocaleString()}–${last.toLocaleString()} of ${list.total.toLocaleString()}` : "Nothing to show"),
+        h("span", { class: "num", id: "range-text" }, list.items.length ? `${first.toLocaleString()}–${last.toLocaleString()} of ${matching}` : "Nothing to show"),
         h(
           "div",
           { class: "actions" },
@@ -229,9 +234,9 @@ export function mount(root, ctx) {
               PAGE_SIZES.map((n) => h("option", { value: n, selected: n === state.size }, n)),
             ),
           ),
-          h("button", { type: "button", class: "btn btn-small", "data-key": "prev", disabled: state.page <= 1, onclick: () => update({ page: state.page - 1 }, true) }, "← Previous"),
-          h("span", { class: "hint num" }, `Page ${state.page} of ${pages}`),
-          h("button", { type: "button", class: "btn btn-small", "data-key": "next", disabled: last >= list.total, onclick: () => update({ page: state.page + 1 }, true) }, "Next →"),
+          h("button", { type: "button", class: "btn btn-small", "data-key": "prev", disabled: !list.prev_cursor, onclick: () => update({ page: state.page - 1, cursor: list.prev_cursor }, true) }, "← Newer"),
+          h("span", { class: "hint num" }, `Page ${state.page.toLocaleString()}${pages}`),
+          h("button", { type: "button", class: "btn btn-small", "data-key": "next", disabled: !list.has_more, onclick: () => update({ page: state.page + 1, cursor: list.next_cursor }, true) }, "Older →"),
         ),
       ),
     );

@@ -1,0 +1,315 @@
+"""Figures kept as runs change, read without touching the runs: counts by status, runs ended
+and created per minute, and histograms of how long runs and task runs took.
+
+Statement-level triggers on ``workflows``, ``task_runs`` and ``handoffs`` (migration 0010)
+append what each statement changed to ``tally_deltas``: one row per (minute, series, bucket),
+``-infinity`` for all-time figures, bucket -1 for plain counts. Appending takes no lock and
+touches no index, so concurrent statements (the API's starts, every scheduler's reports) never
+wait on a shared counter row. ``FOLD`` (housekeeping, about once a second) moves the deltas
+into ``tallies``; readers add both, so a figure is exact whenever it is read.
+
+The series (the triggers' words):
+
+* ``workflows:<STATUS>``, ``task_runs:<STATUS>`` — rows on record by status (all time; a
+  pruned run leaves them);
+* ``ended:<STATUS>`` — runs ended (all time and per minute; pruning leaves them);
+* ``created`` — runs started, per minute;
+* ``latency`` — created → finished of completed runs, ms (all time and per minute);
+* ``queue_wait``, ``task_run``, ``task_finished`` — finished task runs' queue wait and run
+  time (ms) and their number (``queue_wait`` all time too);
+* ``run:<task>`` — completed task runs' run time by task, ms (all time);
+* ``handoffs`` — hand-offs made and their bytes (``total``), all time;
+* ``pruned``, ``archived`` — runs retention removed and archived (all time and per minute).
+
+Histograms count by bucket: bucket ``i`` holds values in ``(MS_BOUNDS[i-1], MS_BOUNDS[i]]``
+(bucket 0 from 0, the last above the last bound), ``total`` sums the values and ``peak`` keeps
+the largest. Bounds step by at most 1/6, so a percentile read from them is within about 8 %
+of the exact one; every bound of ``metrics.DURATION_BUCKETS_S`` is one of them, so the
+Prometheus histograms are exact.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import Connection, text
+from sqlalchemy.orm import Session
+
+__all__ = [
+    "FOLD",
+    "KEEP_MINUTES",
+    "MS_BOUNDS",
+    "PRUNE_MINUTES",
+    "Histogram",
+    "Tally",
+    "all_time",
+    "counts",
+    "minute_quantiles",
+    "per_minute",
+    "window_counts",
+    "window_histograms",
+    "within",
+]
+
+_MANTISSAS: Final = (1, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2, 2.2, 2.5, 2.8, 3, 3.5, 4, 4.5, 5,
+                     5.5, 6, 7, 8, 9)  # fmt: skip
+# 0.1 ms to 1,000 s; the migration's ``history_ms_bounds()`` holds the same (a test compares).
+MS_BOUNDS: Final[tuple[float, ...]] = (
+    *(round(m * 10.0**e, 6) for e in range(-1, 6) for m in _MANTISSAS),
+    1_000_000.0,
+)
+KEEP_MINUTES: Final = timedelta(days=2)  # per-minute rows kept (the stats window is <= 1 day)
+FOLD_LOCK: Final = 0x6364_6966_7461_6C79  # "cdiftaly": one fold at a time
+
+# Move every delta into ``tallies``, in key order (two folds never lock rows crosswise), unless
+# another fold holds the lock (then it folds them). The count of rows written.
+FOLD: Final = text(
+    f"""
+    WITH lock AS (SELECT pg_try_advisory_xact_lock({FOLD_LOCK}) AS held),
+    moved AS (
+        DELETE FROM tally_deltas WHERE (SELECT held FROM lock)
+        RETURNING minute, series, bucket, n, total, peak
+    ), folded AS (
+        INSERT INTO tallies (minute, series, bucket, n, total, peak)
+        SELECT minute, series, bucket, sum(n), sum(total), max(peak) FROM moved
+        GROUP BY minute, series, bucket ORDER BY minute, series, bucket
+        ON CONFLICT (minute, series, bucket) DO UPDATE SET
+            n = tallies.n + excluded.n,
+            total = tallies.total + excluded.total,
+            peak = greatest(tallies.peak, excluded.peak)
+        RETURNING 1
+    )
+    SELECT count(*) FROM folded
+    """
+)
+
+# Per-minute rows older than ``KEEP_MINUTES`` (the all-time ones stay).
+PRUNE_MINUTES: Final = text(
+    "DELETE FROM tallies WHERE minute > '-infinity' AND minute < now() - CAST(:keep AS interval)"
+)
+
+_ALL_TIME: Final = text(
+    """
+    SELECT series, bucket, sum(n), sum(total), max(peak) FROM (
+        SELECT series, bucket, n, total, peak FROM tallies WHERE minute = '-infinity'
+        UNION ALL
+        SELECT series, bucket, n, total, peak FROM tally_deltas WHERE minute = '-infinity'
+    ) t GROUP BY series, bucket
+    """
+)
+_COUNTS: Final = text(
+    """
+    SELECT series, sum(n) FROM (
+        SELECT series, n FROM tallies
+        WHERE minute = '-infinity' AND bucket = -1 AND starts_with(series, :prefix)
+        UNION ALL
+        SELECT series, n FROM tally_deltas
+        WHERE minute = '-infinity' AND bucket = -1 AND starts_with(series, :prefix)
+    ) t GROUP BY series
+    """
+)
+
+
+def _in_window(condition: str) -> str:
+    """The rows, kept and not yet folded alike, of the minutes from ``:since`` on that meet
+    ``condition`` (the primary key's range of minutes)."""
+    return f"""(
+        SELECT minute, series, bucket, n, total, peak FROM tallies
+        WHERE minute >= :since AND minute < 'infinity' AND {condition}
+        UNION ALL
+        SELECT minute, series, bucket, n, total, peak FROM tally_deltas
+        WHERE minute >= :since AND minute < 'infinity' AND {condition}
+    ) t"""
+
+
+_PER_MINUTE: Final = text(
+    f"SELECT minute, series, bucket, sum(n), sum(total), max(peak) FROM {_in_window('true')} "
+    "GROUP BY minute, series, bucket"
+)
+# Plain counts per minute (a few rows a minute).
+_WINDOW_COUNTS: Final = text(
+    f"SELECT minute, series, sum(n) FROM {_in_window('bucket = -1')} GROUP BY minute, series"
+)
+# Histograms of the whole window, summed by the database (at most a row a bucket).
+_WINDOW_HISTOGRAMS: Final = text(
+    "SELECT series, bucket, sum(n), sum(total), max(peak) "
+    f"FROM {_in_window('bucket >= 0 AND series = ANY(:series)')} GROUP BY series, bucket"
+)
+# For each minute and share q, the bucket of one histogram where the q-quantile lies: its
+# count, how many lie below it, the minute's count and largest value. The database walks the
+# buckets (a window of hours holds thousands of rows); the caller interpolates.
+_MINUTE_QUANTILES: Final = text(
+    f"""
+    WITH h AS (
+        SELECT minute, bucket, sum(n) AS n, max(peak) AS peak
+        FROM {_in_window("series = :series AND bucket >= 0")} GROUP BY minute, bucket
+    ), c AS (
+        SELECT minute, bucket, n,
+               sum(n) OVER (PARTITION BY minute ORDER BY bucket) AS upto,
+               sum(n) OVER (PARTITION BY minute) AS total,
+               max(peak) OVER (PARTITION BY minute) AS top
+        FROM h
+    )
+    SELECT c.minute, q.q, c.bucket, c.n, c.upto - c.n, c.total, c.top
+    FROM c CROSS JOIN unnest(CAST(:qs AS float8[])) q(q)
+    WHERE c.n > 0 AND c.upto - c.n < q.q * c.total AND c.upto >= q.q * c.total
+    """
+)
+
+
+@dataclass
+class Histogram:
+    """Counts by ``MS_BOUNDS`` bucket, their sum and the largest value."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    total: float = 0.0
+    peak: float | None = None
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, bucket: int, n: int, total: float, peak: float | None) -> None:
+        self.counts[bucket] = self.counts.get(bucket, 0) + n
+        self.total += total
+        if peak is not None:
+            self.peak = peak if self.peak is None else max(self.peak, peak)
+
+    def merge(self, other: Histogram) -> None:
+        for bucket, n in other.counts.items():
+            self.add(bucket, n, 0.0, None)
+        self.total += other.total
+        if other.peak is not None:
+            self.peak = other.peak if self.peak is None else max(self.peak, other.peak)
+
+    def quantile(self, q: float) -> float | None:
+        """The value under which a share ``q`` of them lie, interpolated within its bucket
+        (never above the largest)."""
+        count = self.count
+        if count == 0:
+            return None
+        target, seen = q * count, 0
+        for bucket in sorted(self.counts):
+            n = self.counts[bucket]
+            if n <= 0:
+                continue
+            if seen + n >= target:
+                return within(bucket, n, target - seen, self.peak)
+            seen += n
+        return self.peak
+
+    def at_or_under(self, bound_ms: float) -> int:
+        """How many are at most ``bound_ms``, which must be one of ``MS_BOUNDS``."""
+        index = bisect.bisect_left(MS_BOUNDS, bound_ms)
+        if index == len(MS_BOUNDS) or MS_BOUNDS[index] != bound_ms:
+            raise ValueError(f"{bound_ms} ms is not a bucket bound")
+        return sum(n for bucket, n in self.counts.items() if bucket <= index)
+
+
+def within(bucket: int, n: int, rank: float, peak: float | None) -> float:
+    """The value of rank ``rank`` (from 0 to ``n``) among the ``n`` values of ``bucket``, the
+    values taken as spread evenly over it (the last bucket reaches up to ``peak``); never
+    above ``peak``."""
+    low = MS_BOUNDS[bucket - 1] if bucket > 0 else 0.0
+    high = MS_BOUNDS[bucket] if bucket < len(MS_BOUNDS) else (peak or low)
+    value = low + (high - low) * max(0.0, rank) / n
+    return min(value, peak) if peak is not None else value
+
+
+@dataclass
+class Tally:
+    """The series of one moment (all time, or one minute): counts and histograms by name."""
+
+    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    histograms: dict[str, Histogram] = field(default_factory=lambda: defaultdict(Histogram))
+
+    def add(self, series: str, bucket: int, n: int, total: float, peak: float | None) -> None:
+        if bucket < 0:
+            self.counts[series] += n
+            self.sums[series] += total
+        else:
+            self.histograms[series].add(bucket, n, total, peak)
+
+    def count(self, series: str) -> int:
+        return self.counts.get(series, 0)
+
+    def histogram(self, series: str) -> Histogram:
+        return self.histograms.get(series) or Histogram()
+
+    def with_prefix(self, prefix: str) -> Mapping[str, int]:
+        """Counts of the series named ``<prefix><key>``, by key."""
+        return {s.removeprefix(prefix): n for s, n in self.counts.items() if s.startswith(prefix)}
+
+    def histograms_with_prefix(self, prefix: str) -> Mapping[str, Histogram]:
+        return {
+            s.removeprefix(prefix): h for s, h in self.histograms.items() if s.startswith(prefix)
+        }
+
+
+def _rows(rows: Iterable[Any]) -> Iterable[tuple[str, int, int, float, float | None]]:
+    for series, bucket, n, total, peak in rows:
+        yield str(series), int(bucket), int(n), float(total or 0.0), peak
+
+
+def all_time(db: Session | Connection) -> Tally:
+    """Every all-time figure (one query over the tallies, however many runs there are)."""
+    tally = Tally()
+    for row in _rows(db.execute(_ALL_TIME)):
+        tally.add(*row)
+    return tally
+
+
+def counts(db: Session | Connection, prefix: str) -> dict[str, int]:
+    """The all-time counts of the series named ``<prefix><key>``, by key (e.g. ``workflows:``:
+    the runs on record by status)."""
+    return {
+        str(series).removeprefix(prefix): int(n)
+        for series, n in db.execute(_COUNTS, {"prefix": prefix})
+    }
+
+
+def window_counts(db: Session | Connection, since: datetime) -> dict[datetime, dict[str, int]]:
+    """The plain counts of each minute from ``since`` on, by series."""
+    out: dict[datetime, dict[str, int]] = defaultdict(dict)
+    for minute, series, n in db.execute(_WINDOW_COUNTS, {"since": since}):
+        out[minute][str(series)] = int(n)
+    return out
+
+
+def window_histograms(
+    db: Session | Connection, since: datetime, series: Iterable[str]
+) -> dict[str, Histogram]:
+    """Histograms of ``series`` summed over the minutes from ``since`` on."""
+    out: dict[str, Histogram] = defaultdict(Histogram)
+    params = {"since": since, "series": list(series)}
+    for name, bucket, n, total, peak in _rows(db.execute(_WINDOW_HISTOGRAMS, params)):
+        out[name].add(bucket, n, total, peak)
+    return out
+
+
+def minute_quantiles(
+    db: Session | Connection, since: datetime, series: str, shares: Iterable[float]
+) -> dict[datetime, dict[float, float]]:
+    """Of each minute from ``since`` on with values of histogram ``series``: its quantile
+    for each share, by share."""
+    out: dict[datetime, dict[float, float]] = defaultdict(dict)
+    params = {"since": since, "series": series, "qs": list(shares)}
+    for minute, q, bucket, n, below, count, peak in db.execute(_MINUTE_QUANTILES, params):
+        top = None if peak is None else float(peak)
+        out[minute][float(q)] = within(int(bucket), int(n), float(q) * int(count) - int(below), top)
+    return out
+
+
+def per_minute(db: Session | Connection, since: datetime) -> dict[datetime, Tally]:
+    """The figures of each minute from ``since`` on that has any."""
+    minutes: dict[datetime, Tally] = defaultdict(Tally)
+    for minute, *rest in db.execute(_PER_MINUTE, {"since": since}):
+        series, bucket, n, total, peak = next(iter(_rows([rest])))
+        minutes[minute].add(series, bucket, n, total, peak)
+    return minutes
