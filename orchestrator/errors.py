@@ -19,6 +19,8 @@ what failed, why, and what to change (an environment variable, a log file to rea
     │   └── S3NotAllowed        an S3 URI outside what the operator allows, or a key that
     │                           no store can hold (``..``, control characters)
     ├── RequestTooLarge   a request body over the API's size limit
+    ├── Overloaded        the API has more requests waiting than it can serve soon; carries
+    │                     ``retry_after_s`` (HTTP 429 with Retry-After)
     ├── DataError         a workflow's data cannot be had or stored
     │   ├── InputMissing      the input object does not exist in S3
     │   ├── InputTooLarge     the input is over MAX_INPUT_BYTES
@@ -58,6 +60,7 @@ __all__ = [
     "NotFound",
     "ObjectGone",
     "OrchestratorError",
+    "Overloaded",
     "RequestTooLarge",
     "S3NotAllowed",
     "ServiceError",
@@ -181,6 +184,18 @@ class RequestTooLarge(OrchestratorError):
             f"{what} is larger than the {limit}-byte limit ({limit / 2**20:.4g} MiB); {advice}"
         )
         self.limit = limit
+
+
+class Overloaded(OrchestratorError):
+    """More requests wait for the API's database connections than it can serve soon: this one
+    is refused at once (rather than queued until it times out), to be sent again after
+    ``retry_after_s`` seconds."""
+
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class DataError(OrchestratorError):

@@ -15,6 +15,8 @@
     │   │                     finished or not yet, a definition still in use)
     │   ├── RequestTooLarge   413: a body or an upload over the API's limit
     │   ├── InvalidRequest    400 or 422: content the API does not accept (also ValueError)
+    │   ├── TooManyRequests   429 for longer than the client's ``busy_timeout``: the API is at
+    │   │                     capacity; ``retry_after_s`` says when it asked to be tried again
     │   └── ServiceUnavailable  503: Postgres, Redis, S3 or the CDI controller is not answering
     ├── WaitTimeout           a wait ended before the run did (also TimeoutError)
     └── WorkflowFailed        a run that had to complete ended FAILED or CANCELLED; ``workflow``
@@ -40,6 +42,7 @@ __all__ = [
     "NotFound",
     "RequestTooLarge",
     "ServiceUnavailable",
+    "TooManyRequests",
     "TransportError",
     "Unauthorized",
     "WaitTimeout",
@@ -114,6 +117,14 @@ class InvalidRequest(APIError, ValueError):
     """400 or 422: content the API does not accept; ``problems`` lists every issue."""
 
 
+class TooManyRequests(APIError):
+    """429: the API is at capacity. The client sends a request again after the ``Retry-After``
+    the API gives, for up to its ``busy_timeout``; this is raised once that has run out (or
+    at once with ``busy_timeout=0``). ``retry_after_s``: the API's last ``Retry-After``."""
+
+    retry_after_s: float = 0.0
+
+
 class ServiceUnavailable(APIError):
     """503: a service behind the API is not answering; try again shortly."""
 
@@ -145,6 +156,7 @@ _BY_CODE: Final[dict[str, type[APIError]]] = {
     "request_too_large": RequestTooLarge,
     "invalid_request": InvalidRequest,
     "invalid_definition": InvalidRequest,
+    "overloaded": TooManyRequests,
     "service": ServiceUnavailable,
 }
 _BY_STATUS: Final[dict[int, type[APIError]]] = {
@@ -155,6 +167,7 @@ _BY_STATUS: Final[dict[int, type[APIError]]] = {
     409: Conflict,
     413: RequestTooLarge,
     422: InvalidRequest,
+    429: TooManyRequests,
     503: ServiceUnavailable,
 }
 

@@ -22,12 +22,14 @@ from typing import IO, Any, Self, TypeVar
 import httpx
 
 from cdiflow.client._calls import (
+    BUSY_TIMEOUT_S,
     Call,
     Calls,
     ImageSource,
     RunId,
     WaitClock,
     as_image_source,
+    busy_delay,
     parse_response,
     transport_error,
 )
@@ -56,6 +58,10 @@ class Client:
     ``api_url`` and ``api_key`` default to ``$CDIFLOW_API_URL`` / ``$CDIFLOW_API_KEY``, then to
     the stack ``cdiflow up`` runs from ``data_dir`` (``$CDIFLOW_DATA_DIR``, ``./.data``); see
     ``cdiflow.client.config``. Use it as a context manager, or ``close()`` it.
+
+    A request the API answers 429 (at capacity: it did nothing with it) is sent again after
+    the ``Retry-After`` the API gives, for up to ``busy_timeout`` seconds in all; then, or at
+    once with ``busy_timeout=0``, it raises ``TooManyRequests``.
     """
 
     def __init__(
@@ -65,8 +71,10 @@ class Client:
         api_key: str | None = None,
         data_dir: str | Path | None = None,
         transport: httpx.BaseTransport | None = None,
+        busy_timeout: float = BUSY_TIMEOUT_S,
     ) -> None:
         self.endpoint: Endpoint = resolve(api_url, api_key, data_dir)
+        self.busy_timeout = busy_timeout
         headers = {"Accept": "application/json"}
         if self.endpoint.key:
             headers["Authorization"] = f"Bearer {self.endpoint.key}"
@@ -92,18 +100,24 @@ class Client:
         self.close()
 
     def _send(self, call: Call[T]) -> T:
-        try:
-            response = self._http.request(
-                call.method,
-                call.path,
-                params=call.params,
-                json=call.json,
-                files=call.files,
-                timeout=call.timeout,
-            )
-        except httpx.TransportError as exc:
-            raise transport_error(self.api_url, exc) from exc
-        return parse_response(call, response)
+        waited = 0.0
+        while True:
+            try:
+                response = self._http.request(
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    json=call.json,
+                    files=call.files,
+                    timeout=call.timeout,
+                )
+            except httpx.TransportError as exc:
+                raise transport_error(self.api_url, exc) from exc
+            delay = busy_delay(response, waited, self.busy_timeout)
+            if delay is None:
+                return parse_response(call, response)
+            time.sleep(delay)
+            waited += delay
 
     # -- tasks ---------------------------------------------------------------------------
     def register_task(

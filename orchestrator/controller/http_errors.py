@@ -28,6 +28,7 @@ from orchestrator.errors import (
     InvalidRequest,
     NotFound,
     OrchestratorError,
+    Overloaded,
     RequestTooLarge,
     ServiceError,
     Unauthenticated,
@@ -46,6 +47,7 @@ STATUS_BY_ERROR: Final[dict[type[OrchestratorError], int]] = {
     Conflict: 409,
     RequestTooLarge: 413,
     InvalidRequest: 422,
+    Overloaded: 429,
     ServiceError: 503,
     ConfigError: 500,
 }
@@ -88,8 +90,11 @@ def error_response(exc: OrchestratorError) -> JSONResponse:
         body["known"] = exc.known
     if isinstance(exc, InvalidRequest) and exc.problems:
         body["problems"] = exc.problems
-    # RFC 6750: a 401 names the scheme the client should use.
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+    headers: dict[str, str] | None = None
+    if isinstance(exc, Unauthenticated):  # RFC 6750: a 401 names the scheme to use
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif isinstance(exc, Overloaded):  # RFC 9110: when to send the request again
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return JSONResponse(body, status_code=status_for(exc), headers=headers)
 
 
