@@ -3,6 +3,7 @@ moving is killed and restarted; one that renews it is left alone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -29,6 +30,9 @@ while True:
     time.sleep(0.1)
 """
 STALL_AFTER_S = 1.0
+# Takes a while before its first stamp, as the scheduler's imports do on a loaded machine.
+SLOW_START_S = 3 * STALL_AFTER_S
+SLOW_STARTER = f"import time; time.sleep({SLOW_START_S})\n" + RENEWING
 
 
 def _eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -39,14 +43,14 @@ def _eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> 
         time.sleep(0.05)
 
 
-@pytest.fixture
-def renewing(tmp_path: Path) -> Iterator[tuple[ChildProcess, Path]]:
-    stamp = tmp_path / "renewing.alive"
+@contextlib.contextmanager
+def _child(tmp_path: Path, name: str, code: str) -> Iterator[tuple[ChildProcess, Path]]:
+    stamp = tmp_path / f"{name}.alive"
     child = ChildProcess(
-        "renewing",
-        [sys.executable, "-c", RENEWING],
+        name,
+        [sys.executable, "-c", code],
         env={"PATH": "/usr/bin:/bin", ALIVE_FILE_ENV: str(stamp)},
-        log_path=tmp_path / "renewing.log",
+        log_path=tmp_path / f"{name}.log",
     )
     child.start()
     try:
@@ -55,7 +59,14 @@ def renewing(tmp_path: Path) -> Iterator[tuple[ChildProcess, Path]]:
         child.stop(5.0)
 
 
+@pytest.fixture
+def renewing(tmp_path: Path) -> Iterator[tuple[ChildProcess, Path]]:
+    with _child(tmp_path, "renewing", RENEWING) as running:
+        yield running
+
+
 def _supervise(child: ChildProcess, stamp: Path) -> Supervisor:
+    # The start grace is the default (a minute): ``stall_after`` counts from the first stamp.
     policy = RestartPolicy(initial_backoff=0.05, stall_after=STALL_AFTER_S)
     supervisor = Supervisor([child], policy, interval=0.1, alive_files={child.name: stamp})
     supervisor.start()
@@ -96,6 +107,21 @@ def test_a_stopped_process_is_killed_and_restarted_and_its_successor_kept(
         assert (supervisor.stalls(child.name), child.pid) == (1, second)
     finally:
         supervisor.stop()
+
+
+def test_a_slow_start_is_not_taken_for_a_stall(tmp_path: Path) -> None:
+    """Its first stamp comes after more than ``stall_after``: it is starting, left alone, and
+    once it stamps, a stop is caught as soon as ever."""
+    with _child(tmp_path, "slow", SLOW_STARTER) as (child, stamp):
+        first = child.pid
+        supervisor = _supervise(child, stamp)
+        try:
+            _eventually(stamp.exists, "the first stamp")
+            assert (supervisor.stalls(child.name), child.pid) == (0, first)
+            child.send_signal(signal.SIGSTOP)
+            _eventually(lambda: supervisor.stalls(child.name) == 1, "the stop caught")
+        finally:
+            supervisor.stop()
 
 
 def test_a_process_that_never_stamps_counts_from_its_launch(tmp_path: Path) -> None:
