@@ -25,6 +25,8 @@ what failed, why, and what to change (an environment variable, a log file to rea
     │   ├── InputMissing      the input object does not exist in S3
     │   ├── InputTooLarge     the input is over MAX_INPUT_BYTES
     │   └── StorageError      S3 refused or failed a read or write
+    │       └── StorageUnavailable  S3 did not answer (no connection, a timeout, a 5xx):
+    │                               an outage, which a later try may outlast
     ├── StackError        the local stack (``cdiflow up``) failed to start or stop a piece;
     │   │                 carries ``log_file`` when a log tells why
     │   └── StackRunning      a stack already runs from that data folder
@@ -67,6 +69,7 @@ __all__ = [
     "StackError",
     "StackRunning",
     "StorageError",
+    "StorageUnavailable",
     "TaskTimedOut",
     "Unauthenticated",
     "WorkerError",
@@ -220,6 +223,14 @@ class StorageError(DataError):
     """S3 refused or failed a read or write."""
 
     code = "storage_error"
+
+
+class StorageUnavailable(StorageError):
+    """S3 did not answer a read or write: no connection, a timeout, or an error of its own
+    (5xx) after the client's few quick tries. An outage, not a refusal: a later try may
+    outlast it."""
+
+    code = "storage_unavailable"
 
 
 class StackError(OrchestratorError):

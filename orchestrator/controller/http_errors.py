@@ -31,6 +31,7 @@ from orchestrator.errors import (
     Overloaded,
     RequestTooLarge,
     ServiceError,
+    StorageError,
     Unauthenticated,
 )
 
@@ -49,6 +50,7 @@ STATUS_BY_ERROR: Final[dict[type[OrchestratorError], int]] = {
     InvalidRequest: 422,
     Overloaded: 429,
     ServiceError: 503,
+    StorageError: 503,  # S3 did not answer, or refused what the API asked of it
     ConfigError: 500,
 }
 

@@ -7,6 +7,8 @@ in S3.
   holds, newer than ``key``), a fresh ``output_key`` for a new image, ``keep`` under
   ``affinity`` and, when the next step is predicted to stay, ``auto`` (the next step comes to
   the same worker), ``hold`` when the step may run again (a lost held image is recomputed).
+  The last step, which stores its image in S3, gets an ``output_key`` too when it reads a held
+  image: where a failed attempt writes that image for the retry.
   Every other input is in ``inputs`` (an object owned or shared, an inline value, or a list),
   every output a later step reads has its key in ``outputs``, and a step whose outputs are the
   run's results stores them itself (``output_uri`` for its image, ``store_prefix`` for the
@@ -131,6 +133,11 @@ def instruction_for(
             output_format=run.result_format,
             store_prefix=stem,
         )
+        if fields.get("held"):
+            # The image it reads is only in its worker's memory: if the attempt fails (S3
+            # did not take the result), the worker writes it here for the retry instead of
+            # losing it, which would run the steps that made it again.
+            fields["output_key"] = f"{run.next_object_key()}.{IMAGE}"
     else:
         base = run.next_object_key()
         fields |= dict(

@@ -26,6 +26,7 @@ from orchestrator.errors import (
     InvalidRequest,
     ObjectGone,
     OrchestratorError,
+    StorageUnavailable,
     TaskTimedOut,
     WorkerError,
 )
@@ -90,6 +91,7 @@ class Execution:
     held: bool = False
     held_lost: bool = False
     objects_gone: bool = False
+    outage: bool = False  # S3 did not answer: the scheduler tries again while that lasts
     stored: bool = False
     bytes_in: int = 0
     bytes_out: int = 0
@@ -119,6 +121,7 @@ class Execution:
         self.results = {}
         self.error = _describe(exc)
         self.objects_gone = isinstance(exc, ObjectGone)
+        self.outage = isinstance(exc, StorageUnavailable)
         if isinstance(exc, WorkerError):
             self.retryable = exc.retryable
         else:
@@ -152,6 +155,7 @@ class Execution:
             held=self.held,
             held_lost=self.held_lost,
             objects_gone=self.objects_gone,
+            outage=self.outage,
             stored=self.stored,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
