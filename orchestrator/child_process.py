@@ -102,11 +102,17 @@ class ChildProcess:
             self._launch(self.stream)
         else:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("ab") as out:
+            # Unbuffered: a header the disk has no room for fails here, not at the close.
+            with self.log_path.open("ab", buffering=0) as out:
                 self.log_offset = out.tell()
                 stamp = datetime.now(UTC).isoformat(timespec="seconds")
-                out.write(f"--- {stamp} cdiflow starts: {shlex.join(self.argv)}\n".encode())
-                out.flush()
+                try:
+                    out.write(f"--- {stamp} cdiflow starts: {shlex.join(self.argv)}\n".encode())
+                except OSError as exc:
+                    # A full disk: the process must run all the same (its own output is lost
+                    # as long as the disk stays full); not starting it would outlast the fault.
+                    log.warning("%s: cannot write to its log %s (%s); starting it anyway",
+                                self.name, self.log_path, exc.strerror or exc)  # fmt: skip
                 self._launch(out)
         assert self._proc is not None
         log.debug("%s started (pid %d): %s", self.name, self._proc.pid, shlex.join(self.argv))

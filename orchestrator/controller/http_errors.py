@@ -20,6 +20,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from orchestrator.db.engine import disk_full, postgres_failed
 from orchestrator.errors import (
     BadHost,
     ConfigError,
@@ -68,6 +69,8 @@ def translate(exc: Exception) -> OrchestratorError | None:
     """``exc`` as an ``OrchestratorError``, or ``None`` when it is a bug (a 500)."""
     if isinstance(exc, OrchestratorError):
         return exc
+    if isinstance(exc, sa_exc.OperationalError) and disk_full(exc):
+        return postgres_failed(exc, "postgres failed")
     if isinstance(exc, _UNAVAILABLE):
         service = "redis" if isinstance(exc, redis.RedisError) else "postgres"
         return ServiceError(

@@ -39,6 +39,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout, TooManyRequests
 from sqlalchemy import URL
 
 from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.db.engine import disk_full, postgres_failed
 from orchestrator.db.repository.api_keys import KEY_BY_HASH_SQL
 from orchestrator.db.repository.workflows import (
     CREATE_SQL,
@@ -182,7 +183,7 @@ class AsyncRunStore:
             async with self._connection() as conn:
                 return await work(conn)
         except ServiceError as exc:
-            if isinstance(exc.__cause__, PoolTimeout):
+            if isinstance(exc.__cause__, PoolTimeout) or disk_full(exc.__cause__ or exc):
                 raise
             log.warning("Postgres dropped a connection (%s); trying again on another", exc)
             # A restarted Postgres dropped them all: check the idle ones before the next try.
@@ -206,9 +207,7 @@ class AsyncRunStore:
                 retry_after_s=RETRY_AFTER_S,
             ) from exc
         except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise ServiceError(
-                f"Postgres is unreachable: {type(exc).__name__}: {exc}", service="postgres"
-            ) from exc
+            raise postgres_failed(exc, "Postgres is unreachable") from exc
 
     async def _check_if_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
         returned = self._returned.get(conn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.objectstore import ObjectStore
@@ -19,7 +20,10 @@ from workflows.kinds import Kind
 
 
 def _chain(tmp_path: Path) -> tuple[RunState, ObjectStore]:
-    steps = [{"ref": "a", "task": "deblur"}, {"ref": "b", "task": "classify", "depends_on": ["a"]}]
+    steps: list[dict[str, Any]] = [
+        {"ref": "a", "task": "deblur"},
+        {"ref": "b", "task": "classify", "depends_on": ["a"]},
+    ]
     graph = with_input_fetch(build_graph(steps, lambda name: None))
     specs = {r: StepSpec(r, n.task, f"m:{n.task}", 30.0, 2, 0.1)
              for r, n in graph.nodes.items() if n.task}  # fmt: skip

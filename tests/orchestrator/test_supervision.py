@@ -140,3 +140,13 @@ def test_a_stamp_that_cannot_be_written_does_not_stop_its_process(tmp_path: Path
     stamp.renew()  # logged once, never raised
     stamp.renew()
     assert not (tmp_path / "no-such-folder").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full to stand for a full disk")
+def test_a_full_disk_does_not_keep_a_process_from_starting() -> None:
+    """Its log cannot take a byte (``/dev/full`` answers every write with ENOSPC): the process
+    starts all the same, as the supervisor's restart of it must while the disk is full."""
+    child = ChildProcess("full", ["/bin/sh", "-c", "exit 3"], log_path=Path("/dev/full"))
+    child.start()
+    _eventually(lambda: child.poll() is not None, "the child to run and exit")
+    assert child.poll() == 3
