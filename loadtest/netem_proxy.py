@@ -118,14 +118,19 @@ async def serve(
 
 
 class NetemProxy:
-    """``with NetemProxy("127.0.0.1:9000") as proxy:``, then connect to ``proxy.url``."""
+    """``with NetemProxy("127.0.0.1:9000") as proxy:``, then connect to ``proxy.url``.
 
-    def __init__(self, target: str, link: LinkSpec | None = None, timeout: float = 10.0) -> None:
+    ``port``: where to listen (0: any free port, known once started); a fixed one lets a
+    proxy stopped and started again stand in the same place."""
+
+    def __init__(
+        self, target: str, link: LinkSpec | None = None, timeout: float = 10.0, port: int = 0
+    ) -> None:
         self.target = target
         self.link = link or LinkSpec()
         self.timeout = timeout
         self._proc: ChildProcess | None = None
-        self.port = 0
+        self.port = port
 
     @property
     def url(self) -> str:
@@ -150,6 +155,8 @@ class NetemProxy:
                     str(self.link.rtt_s * 1000),
                     "--mbytes-per-s",
                     str(self.link.bytes_per_s / 1e6),
+                    "--listen",
+                    f"127.0.0.1:{self.port}",
                     "--port-file",
                     str(port_file),
                 ],
