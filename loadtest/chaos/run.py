@@ -68,7 +68,7 @@ class CaseResult(Tally):
     refusal_texts: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # what the fault's own checks found
     observed: dict[str, str] = field(default_factory=dict)  # the API's answers while it held
-    scheduler_stalled_s: float = 0.0  # the longest its loop did not turn, strike to the end
+    scheduler_stalled_s: float = 0.0  # the longest its loop did not turn, strike to the checks
 
     @property
     def passed(self) -> bool:
@@ -160,9 +160,9 @@ def run_case(
             timeline = _Timeline(target, fault, load)
             recovery, after_end = _probe(load, runs, timeline, deadline_s + fault.held_s)
             timeline.join()
-        tally = judge(load, runs, target.stack, since=since, deadline_s=deadline_s)
-        facts = Facts(timeline.ended_at, dict(load.refusal_texts))
-        problems = check_for(fault.name)(target, facts)
+            tally = judge(load, runs, target.stack, since=since, deadline_s=deadline_s)
+            facts = Facts(timeline.ended_at, dict(load.refusal_texts))
+            problems = check_for(fault.name)(target, facts)
     finally:
         load.close()
     return CaseResult(

@@ -10,6 +10,7 @@ import time
 import click
 
 import cdi
+from cdi.controller.client import ControllerClient
 from orchestrator.db.engine import make_engine
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
@@ -67,11 +68,14 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
 
 
 def _connect_minion(url: str | None, scheduler_id: str) -> MinionLink:
-    """The minion link, waiting up to ``MINION_WAIT_S`` for a minion that is (re)starting."""
+    """The minion link (with the CDI controller's directory when ``CDI_CONTROLLER_URL`` names
+    one), waiting up to ``MINION_WAIT_S`` for a minion that is (re)starting."""
+    controller = os.environ.get("CDI_CONTROLLER_URL", "").strip()
+    directory = ControllerClient(controller) if controller else None
     deadline = time.monotonic() + MINION_WAIT_S
     while True:
         try:
-            return MinionLink(url, scheduler_id)
+            return MinionLink(url, scheduler_id, directory=directory)
         except (cdi.MinionUnavailable, cdi.ContainerExists) as exc:
             # ContainerExists: the minion has not yet noticed our previous process is gone.
             if time.monotonic() > deadline:

@@ -8,14 +8,20 @@ referenced by nothing. Every ``RECONCILE_S`` the scheduler lists the minion's ob
 whose workflow is ours (in memory, or ended) and that none of our runs names, seen so twice in
 a row, is destroyed when it is ours or asked back from the worker that holds it. *Why twice:*
 an object in transit (handed back with a report not read yet) is named by nothing for a moment.
-Objects of workflows another scheduler runs are left alone.
+Objects of workflows another scheduler runs are left alone. With several hosts the sweep also
+looks at the other hosts' objects in the CDI controller's directory (``objects_elsewhere``): a
+worker there may keep one that a scheduler restarted (or driving the run again) no longer
+names, and only that worker can give it back; one in a gateway's hands is in transit.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
+import cdi
+from cdi.remote.gateway import GATEWAY_PREFIX
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.scheduler.context import SchedulerContext
@@ -49,7 +55,7 @@ class OrphanObjects:
                 named.update((sent.key, sent.output_key, *sent.outputs.values()))
                 prefixes += [f"{k}." for k in sent.outputs.values()]
         found: dict[str, tuple[uuid.UUID, str]] = {}
-        for obj in ctx.cdi.list_objects():
+        for obj in [*ctx.cdi.list_objects(), *self._elsewhere()]:
             key = str(obj.get("key", ""))
             workflow_id = keys.workflow_of_object(key)
             if workflow_id is not None and key not in named and not key.startswith(tuple(prefixes)):
@@ -65,6 +71,16 @@ class OrphanObjects:
                 self.endings.destroy(key)
             elif owner:
                 self.endings.ask_back(str(workflow_id), owner, key)
+
+    def _elsewhere(self) -> list[dict[str, Any]]:
+        """The other hosts' objects not in a gateway's hands (none while the controller does
+        not answer: our own host's are swept all the same)."""
+        try:
+            objects = self.ctx.cdi.objects_elsewhere()
+        except cdi.CDIError as exc:
+            log.info("the CDI controller did not list the other hosts' objects: %s", exc)
+            return []
+        return [o for o in objects if not str(o.get("owner", "")).startswith(GATEWAY_PREFIX)]
 
     def _ours(self, found: dict[str, tuple[uuid.UUID, str]]) -> set[str]:
         """The keys whose workflow this scheduler runs in memory, or that has ended."""

@@ -153,9 +153,14 @@ class Recovery:
         lost = flight.instruction
         fetched = lost.key if lost.input_uri else ""
         owned = [k for k, m in step.modes.items() if m is Mode.OWN]
+        here = {str(o.get("key", "")) for o in self.ctx.cdi.list_objects()}
         for key in [fetched] if fetched else owned:
+            if key not in here:
+                if self._held_elsewhere(key):
+                    return False  # on the worker's host: it holds it, or its host is cut off
+                continue  # gone
             try:
-                with self.ctx.cdi.use(key).view(timeout=2):
+                with self.ctx.cdi.use(key, check=False).view(timeout=2):
                     pass
             except cdi.AccessTimeout:
                 return False
@@ -176,15 +181,29 @@ class Recovery:
                 self._drop_orphan(key)
         return True
 
+    def _held_elsewhere(self, key: str) -> bool:
+        """Whether the directory places ``key`` on another host. *Why ask it, not wait for the
+        object:* waiting for one held on a host that is cut off took the loop seconds per step
+        and tick, during which no workflow moved; the recovery rule brings it here if its
+        holder dies, and a later tick sees it."""
+        try:
+            host = self.ctx.cdi.located(key)
+        except cdi.CDIError:
+            return True  # the directory is away: look again at the next tick
+        return host is not None and host != self.ctx.cdi.host
+
     def _drop_orphan(self, key: str) -> None:
         """A half-written object of a dead worker (an output, or the object it was making from
-        the input) came back to us too: destroy it."""
+        the input) came back to us too: destroy it. One that is not here (never made, or still
+        on another host) is left to the orphan sweep."""
+        if key not in {str(o.get("key", "")) for o in self.ctx.cdi.list_objects()}:
+            return
         try:
-            orphan = self.ctx.cdi.use(key)
+            orphan = self.ctx.cdi.use(key, check=False)
             orphan.access(timeout=1).release()
             orphan.destroy()
         except cdi.CDIError:
-            pass  # it never got created, or is already gone
+            pass  # gone meanwhile
 
     # ------------------------------------------------------------------ Redis data loss
     def check_redis_epoch(self) -> None:

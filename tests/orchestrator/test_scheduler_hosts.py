@@ -1,0 +1,113 @@
+"""What the scheduler's loop waits for when an object is on another host, or on none, on a small
+fake of its CDI link (a host cut off or killed made it stand still for 10 s and more):
+
+* whether a silent worker's step got its objects back (``Recovery._regain``): an object the
+  directory places on the worker's host (held there, or that host is cut off) is not waited
+  for, the next tick asks again; one no host has is gone; one here is looked at as before;
+* destroying an object of ours that is not on our host (``Endings.destroy``): not waited for,
+  the orphan sweep frees it once it is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import cdi
+from orchestrator.contract.messages import Instruction
+from orchestrator.contract.vocabulary import DataPlane
+from orchestrator.scheduler.data import Mode
+from orchestrator.scheduler.endings import Endings
+from orchestrator.scheduler.recovery import Recovery
+
+
+class _Waited(AssertionError):
+    """The fake's way of saying the loop would have waited on the object."""
+
+
+@dataclass
+class _Link:
+    directory: dict[str, str] = field(default_factory=dict)  # key -> host
+    here: list[str] = field(default_factory=list)
+    host: str = "host1"
+    waited: list[str] = field(default_factory=list)
+
+    def list_objects(self) -> list[dict[str, Any]]:
+        return [{"key": k} for k in self.here]
+
+    def located(self, key: str) -> str | None:
+        return self.directory.get(key)
+
+    def use(self, key: str, *, check: bool = True) -> Any:
+        if check:  # the client would ask the other hosts, waiting for their directory
+            raise _Waited(f"{key} looked up on every host")
+        return _Handle(key, self)
+
+
+@dataclass
+class _Handle:
+    key: str
+    link: _Link
+
+    def view(self, timeout: float | None = None) -> Any:
+        self.link.waited.append(self.key)
+        raise _Waited(self.key)
+
+    def access(self, timeout: float | None = None) -> Any:
+        self.link.waited.append(self.key)
+        raise _Waited(self.key)
+
+    def destroy(self, timeout: float | None = None) -> None:
+        if self.key not in self.link.here:
+            raise cdi.ObjectNotFound(f"no object with key {self.key!r}")
+        self.link.here.remove(self.key)
+
+
+def _regain(link: _Link) -> bool:
+    recovery = Recovery(SimpleNamespace(cdi=link), None, None, None)  # type: ignore[arg-type]
+    instruction = Instruction(
+        task_run_id=7, workflow_id="w", ref="b", task="m:t", attempt=1, timeout_s=30,
+        reply_to="r", data_plane=DataPlane.CDI, key="k1",
+    )  # fmt: skip
+    run = SimpleNamespace(data_plane=DataPlane.CDI, objects={})
+    step = SimpleNamespace(modes={"k1": Mode.OWN})
+    flight = SimpleNamespace(instruction=instruction, worker="worker-2")
+    return recovery._regain(run, step, flight)  # type: ignore[arg-type]
+
+
+def test_an_object_on_the_silent_workers_host_is_not_waited_for() -> None:
+    link = _Link(directory={"k1": "host2"})
+    assert _regain(link) is False  # still held there: ask again at the next tick
+    assert link.waited == []
+
+
+def test_an_object_no_host_has_is_gone() -> None:
+    link = _Link()
+    assert _regain(link) is True
+    assert link.waited == []
+
+
+def test_an_object_here_is_looked_at() -> None:
+    link = _Link(here=["k1"], directory={"k1": "host1"})
+    with pytest.raises(_Waited):
+        _regain(link)
+    assert link.waited == ["k1"]
+
+
+def _endings(link: _Link) -> Endings:
+    return Endings(SimpleNamespace(cdi=link))  # type: ignore[arg-type]
+
+
+def test_destroying_an_object_not_on_our_host_does_not_wait() -> None:
+    link = _Link(directory={"gone": "host2"})
+    _endings(link).destroy("gone")
+    assert link.waited == []
+
+
+def test_destroying_an_object_of_ours_here_is_done_at_once() -> None:
+    link = _Link(here=["mine"])
+    _endings(link).destroy("mine")
+    assert (link.here, link.waited) == ([], [])
