@@ -34,8 +34,7 @@ class _Db:
 
     def statuses(self, ids: set[uuid.UUID]) -> dict[uuid.UUID, WorkflowStatus]:
         return {
-            i: WorkflowStatus.COMPLETED if i in self.ended else WorkflowStatus.RUNNING
-            for i in ids
+            i: WorkflowStatus.COMPLETED if i in self.ended else WorkflowStatus.RUNNING for i in ids
         }
 
 
