@@ -73,7 +73,6 @@ class Target:
     external: RunningServices | None = None
     s3_gate: S3Gate | None = None
     disk: SmallDisk | None = None
-    killed: list[int] = field(default_factory=list)  # PIDs a fault killed outside the table
     # What the API answered while a fault held (route -> "<status> <code>"), for its check.
     observed: dict[str, str] = field(default_factory=dict)
 
@@ -94,9 +93,6 @@ class Target:
     def small_disk(self) -> SmallDisk:
         assert self.disk is not None, "this stack's data folder has no disk of its own"
         return self.disk
-
-    def note_pids(self, pids: list[int]) -> None:
-        self.killed.extend(pids)
 
     def kill(self, name: str) -> None:
         """SIGKILL one piece by its row name; an external service is started again after a
@@ -229,12 +225,16 @@ def partition(cut_s: float = 10.0) -> Fault:
     )
 
 
+def _kill_host_2(target: Target) -> None:
+    host_faults.kill_all_on(target.host(2))
+
+
 def host_killed() -> Fault:
     """Every process of host 2 (its minion with its gateway, its worker) killed at once."""
     return Fault(
         "host-kill",
         "kill -9 of every process on host 2 of 2 at once",
-        (Phase("killed", lambda t: t.note_pids(host_faults.kill_all_on(t.host(2)))),),
+        (Phase("killed", _kill_host_2),),
         rig=Rig(hosts=2),
         kinds=(Kind.EMBEDDED,),
     )
