@@ -7,16 +7,16 @@ this client starts and follows workflows for ``--quick`` and registers the n-tas
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 import httpx
 
 from loadtest.images import chain_definition
 from loadtest.pipeline_ops import RESULT_FORMAT
 
-__all__ = ["FINISHED", "SYSTEM_MODES", "CdiflowApi", "stamp"]
+__all__ = ["FINISHED", "SYSTEM_MODES", "CdiflowApi", "stamp", "while_busy"]
 
 FINISHED: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 
@@ -28,6 +28,29 @@ SYSTEM_MODES: Final[dict[str, tuple[str, str]]] = {
     "auto": ("auto", "cdi"),
     "object-store": ("transfer", "object-store"),
 }
+
+
+class _Reply(Protocol):
+    @property
+    def status_code(self) -> int | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, object] | None: ...
+
+
+R = TypeVar("R", bound=_Reply)
+
+
+def while_busy(send: Callable[[], R]) -> R:
+    """``send()``'s reply, sent again after the API's ``Retry-After`` (whole seconds; 1 if it
+    gives none) while it answers 429: at capacity, it did nothing with the request. What
+    cdiflow's own client does, for the load tests' users (thousands may start at once)."""
+    while True:
+        reply = send()
+        if reply.status_code != 429:
+            return reply
+        wait = str((reply.headers or {}).get("Retry-After") or "1").strip()
+        time.sleep(float(wait) if wait.isdigit() else 1.0)
 
 
 def stamp(text: str) -> float:
