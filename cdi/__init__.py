@@ -13,6 +13,7 @@ Errors are the tree in ``cdi.errors``; the paper's return codes are in ``cdi.cod
 
 from cdi.client import CDIObject, Client, connect
 from cdi.errors import (
+    AccessDenied,
     AccessTimeout,
     BufferInUse,
     CDIError,
@@ -25,6 +26,7 @@ from cdi.errors import (
     KeyExists,
     MinionUnavailable,
     NameNotAllowed,
+    NotAuthenticated,
     NotOwner,
     NotRegistered,
     ObjectError,
@@ -38,6 +40,7 @@ from cdi.errors import (
 from cdi.protocol import Isolation
 
 __all__ = [
+    "AccessDenied",
     "AccessTimeout",
     "BufferInUse",
     "CDIError",
@@ -53,6 +56,7 @@ __all__ = [
     "KeyExists",
     "MinionUnavailable",
     "NameNotAllowed",
+    "NotAuthenticated",
     "NotOwner",
     "NotRegistered",
     "ObjectError",

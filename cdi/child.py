@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 
 from cdi.errors import ConnectionFailed
 
-__all__ = ["ChildProcess"]
+__all__ = ["ChildProcess", "python_module"]
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """The command that runs ``python -m module args`` in this interpreter, safely: ``-P``
+    keeps the working directory off ``sys.path``, so a folder named ``cdi`` (or any other of
+    our packages) where the process was started cannot stand in for ours."""
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 class ChildProcess:
@@ -30,7 +39,9 @@ class ChildProcess:
         return self.process.pid
 
     def start(self, timeout: float = 20.0) -> None:
-        with open(self.log_path, "ab") as log:
+        # 0600: only this user reads what the CDI process logs
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "ab") as log:
             # A session of its own: a terminal's Ctrl-C reaches our parent, which stops us in
             # order, instead of reaching every process at once.
             self.process = subprocess.Popen(

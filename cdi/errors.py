@@ -10,6 +10,10 @@ catch ``CDIError`` (or a branch of it) and get a message a person can act on.
     │   ├── MinionUnavailable       no minion at the socket, or it went away
     │   └── ControllerUnavailable   the CDI controller does not answer
     ├── ProtocolError               a malformed or unexpected message
+    ├── NotAuthenticated            no credential, or one this cluster did not issue
+    │                                 (controller, gateway; also PermissionError)
+    ├── AccessDenied                a credential whose role or host may not do this
+    │                                 (also PermissionError)
     ├── NotRegistered               an operation before ``register``
     ├── ContainerError
     │   ├── UnknownContainer        a transfer to a container nobody registered
@@ -33,6 +37,7 @@ client; ``error_from_code`` turns it back into the class.
 from __future__ import annotations
 
 __all__ = [
+    "AccessDenied",
     "AccessTimeout",
     "BufferInUse",
     "CDIError",
@@ -45,6 +50,7 @@ __all__ = [
     "KeyExists",
     "MinionUnavailable",
     "NameNotAllowed",
+    "NotAuthenticated",
     "NotOwner",
     "NotRegistered",
     "ObjectError",
@@ -98,6 +104,19 @@ class ProtocolError(CDIError):
     """A message that does not follow the minion protocol."""
 
     code = "protocol"
+
+
+class NotAuthenticated(CDIError, PermissionError):
+    """The CDI controller or another host's gateway wants a credential of this cluster and got
+    none, or one it did not issue (``cdi.auth``)."""
+
+    code = "unauthenticated"
+
+
+class AccessDenied(CDIError, PermissionError):
+    """A credential of this cluster, but of a role (or a host) that may not do this."""
+
+    code = "access_denied"
 
 
 class NotRegistered(CDIError):
@@ -204,6 +223,8 @@ _BY_CODE: dict[str, type[CDIError]] = {
         MinionUnavailable,
         ControllerUnavailable,
         ProtocolError,
+        NotAuthenticated,
+        AccessDenied,
         NotRegistered,
         ContainerError,
         UnknownContainer,

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from cdi.child import ChildProcess
+from cdi.child import ChildProcess, python_module
 
 if TYPE_CHECKING:
     from cdi.hosts import HostNetwork
@@ -304,8 +304,8 @@ class LinkEmulator:
                       for h in network.hosts],
         }))  # fmt: skip
         self._ready.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "cdi.link_emulator", "--spec", str(self._spec),
-                "--ready-file", str(self._ready)]  # fmt: skip
+        argv = python_module("cdi.link_emulator", "--spec", str(self._spec),
+                             "--ready-file", str(self._ready))  # fmt: skip
         self.child = ChildProcess(argv, str(base / "link-emulator.log"), self._answers,
                                   "link emulator")  # fmt: skip
 

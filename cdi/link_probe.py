@@ -16,12 +16,12 @@ import argparse
 import socket
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from cdi.bench.handoff import recv_exact
+from cdi.child import python_module
 from cdi.errors import ConnectionFailed
 from cdi.hosts import Host, HostNetwork
 from cdi.link_emulator import on_own_thread
@@ -92,7 +92,7 @@ def _measure(address: str, port: int) -> LinkFigures:
 
 def probe(network: HostNetwork, near: Host, far: Host) -> LinkFigures:
     """Round trip and bandwidth from ``near`` to ``far`` (two hosts of ``network``)."""
-    argv = far.wrap([sys.executable, "-m", "cdi.link_probe", "--listen", far.address])
+    argv = far.wrap(python_module("cdi.link_probe", "--listen", far.address))
     server = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None

@@ -150,6 +150,17 @@ def check_size(size: object, limit: int) -> int:
     return size
 
 
+# The integers MessagePack carries: a client cannot even send one outside them.
+_WIRE_INTS = range(-(1 << 63), 1 << 64)
+
+
+def check_sendable_size(size: object, limit: int | None) -> None:
+    """Refuse, in the minion's own words, a size no message can carry (an integer beyond 64
+    bits); the minion judges every other size."""
+    if type(size) is int and size not in _WIRE_INTS:
+        check_size(size, _WIRE_INTS.stop - 1 if limit is None else limit)
+
+
 def check_segment_ids(value: object) -> frozenset[int]:
     """The segment ids a ``create`` names as mapped by the caller (``have``); empty if absent."""
     if value is None:

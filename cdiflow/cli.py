@@ -45,10 +45,13 @@ COMMANDS: Final = {
     "workflows": "cdiflow.commands.workflows:workflows_group",
     "tasks": "cdiflow.commands.definitions:tasks_group",
     "definitions": "cdiflow.commands.definitions:definitions_group",
+    "schedules": "cdiflow.commands.schedules:schedules_group",
+    "webhooks": "cdiflow.commands.schedules:webhooks_group",
     "ar": "apps.ar.cli:ar_group",
 }
 CDI_COMMANDS: Final = {
     "controller": "cdi.controller.cli:controller_command",
+    "credentials": "cdi.auth_cli:credentials_command",
     "minion": "cdi.minion.cli:minion_command",
 }
 

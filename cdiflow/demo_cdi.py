@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 import cdi
+from cdi.auth import ClusterCredentials
 from cdi.controller.client import ControllerClient
 from cdi.controller.process import ControllerChild
 from cdi.minion.process import MinionChild
@@ -52,12 +53,17 @@ def run_cdi_demo(data_dir: str = ".data/demo", as_json: bool = False) -> dict[st
     source = bundled_samples()["blue_sky.jpg"]
     image = imagebuf.decode_bytes(source.read_bytes())
     report: dict[str, Any] = {"image": str(source), "size": list(image.size)}
+    host = "demo"
+    credentials = ClusterCredentials.ensure(folder / "credentials", [host])
+    controller = ControllerChild(controller_url, str(folder / "controller.log"), credentials)
     with (
-        ControllerChild(controller_url, log_path=str(folder / "controller.log")),
+        controller,
         MinionChild(
-            socket_path, "--controller", controller_url, log_path=str(folder / "minion.log")
+            socket_path, "--host", host, "--controller", controller_url,
+            "--controller-token-file", str(credentials.minion_token_file(host)),
+            log_path=str(folder / "minion.log"),
         ),
-    ):
+    ):  # fmt: skip
         camera = cdi.connect(socket_path, "camera")
         key = f"frame-{int(time.time())}"
         obj = camera.create(key, imagebuf.required_size(*image.size, image.mode))
@@ -69,7 +75,7 @@ def run_cdi_demo(data_dir: str = ".data/demo", as_json: bool = False) -> dict[st
         worker.start()
         assert mine.recv() == "ready"
         time.sleep(0.1)  # let the inverter block in access()
-        with ControllerClient(controller_url) as directory:
+        with controller.client() as directory:
             before = directory.lookup_object(key).owner if _known(directory, key) else "camera"
         started = time.perf_counter_ns()
         obj.transfer("inverter")

@@ -18,7 +18,7 @@ from loadtest.pipeline_ops import RESULT_FORMAT
 
 __all__ = ["FINISHED", "SYSTEM_MODES", "CdiflowApi", "stamp", "while_busy"]
 
-FINISHED: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+FINISHED: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 
 # Benchmark system name -> (policy, data plane) of the workflow request. The object-store
 # baseline places by load ("transfer"), like the shared task queue of an Orkes/Conductor worker.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from orchestrator.errors import ConfigError
+from orchestrator.private import private_dir
 
 __all__ = [
     "ADMIN_KEY_NAME",
@@ -93,7 +94,7 @@ def read_key_file(path: Path) -> str:
 def ensure_key_file(data_dir: Path) -> tuple[Path, str]:
     """``<data_dir>/api-key`` and its key, made now (mode 0600) if it does not exist."""
     path = data_dir / KEY_FILE
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except FileExistsError:

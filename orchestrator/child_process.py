@@ -12,6 +12,7 @@ forced stop can kill the child's whole group (what it started too) by the child'
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -24,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Final
+
+from orchestrator.private import open_private
 
 __all__ = ["ChildProcess", "describe_exit", "free_port", "log_tail", "port_is_free"]
 
@@ -39,8 +42,9 @@ class ChildProcess:
     ``None``: the parent's own stdout and stderr). ``env`` and ``cwd`` default to the
     parent's; ``user`` and ``group`` run it under another uid and gid (and without the
     parent's supplementary groups). ``piped``: the parent talks to it through ``stdin`` and
-    ``stdout``, and only its stderr goes to the log. ``start`` may be called again once it has
-    exited, which launches it anew.
+    ``stdout``, and only its stderr goes to the log. ``json_log``: the line each launch
+    writes into the log first is a JSON object like the child's own lines (a child that logs
+    JSON), not text. ``start`` may be called again once it has exited, which launches it anew.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class ChildProcess:
         user: int | None = None,
         group: int | None = None,
         piped: bool = False,
+        json_log: bool = False,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -64,6 +69,7 @@ class ChildProcess:
         self.cwd = cwd
         self.user, self.group = user, group
         self.piped = piped
+        self.json_log = json_log
         self.started_at = 0.0  # monotonic time of the latest launch
         self.launched_at = 0.0  # wall-clock time of the latest launch
         self.log_offset = 0  # where the latest launch's output starts in the log
@@ -101,13 +107,14 @@ class ChildProcess:
         if self.log_path is None:
             self._launch(self.stream)
         else:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            # Unbuffered: a header the disk has no room for fails here, not at the close.
-            with self.log_path.open("ab", buffering=0) as out:
+            self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # 0600: a log may name what its process saw; only the stack's user reads it.
+            # Unbuffered: a start line the disk has no room for fails here, not at the close.
+            fd = open_private(self.log_path, os.O_WRONLY | os.O_APPEND)
+            with os.fdopen(fd, "ab", buffering=0) as out:
                 self.log_offset = out.tell()
-                stamp = datetime.now(UTC).isoformat(timespec="seconds")
                 try:
-                    out.write(f"--- {stamp} cdiflow starts: {shlex.join(self.argv)}\n".encode())
+                    out.write(self._start_line())
                 except OSError as exc:
                     # A full disk: the process must run all the same (its own output is lost
                     # as long as the disk stays full); not starting it would outlast the fault.
@@ -117,6 +124,16 @@ class ChildProcess:
         assert self._proc is not None
         log.debug("%s started (pid %d): %s", self.name, self._proc.pid, shlex.join(self.argv))
         return self
+
+    def _start_line(self) -> bytes:
+        """What a launch writes into the log before the child's own lines."""
+        stamp = datetime.now(UTC)
+        message = f"cdiflow starts: {shlex.join(self.argv)}"
+        if not self.json_log:
+            return f"--- {stamp.isoformat(timespec='seconds')} {message}\n".encode()
+        line = {"time": stamp.isoformat(timespec="milliseconds"), "level": "INFO",
+                "logger": "cdiflow.stack", "message": message, "process": self.name}  # fmt: skip
+        return json.dumps(line).encode() + b"\n"
 
     def _launch(self, out: IO[Any] | int | None) -> None:
         self.launched_at = time.time()

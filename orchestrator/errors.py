@@ -16,8 +16,12 @@ what failed, why, and what to change (an environment variable, a log file to rea
     ├── InvalidRequest    well-formed but unacceptable content; carries ``problems``
     │   │                 (also ValueError)
     │   ├── InvalidDefinition   a task or workflow definition with problems
-    │   └── S3NotAllowed        an S3 URI outside what the operator allows, or a key that
-    │                           no store can hold (``..``, control characters)
+    │   ├── IdempotencyKeyReused  a start whose Idempotency-Key started a run with
+    │   │                         another body
+    │   ├── S3NotAllowed        an S3 URI outside what the operator allows, or a key that
+    │   │                       no store can hold (``..``, control characters)
+    │   └── UnsupportedType     an uploaded file of a content type the operator does not
+    │                           take (HTTP 415)
     ├── RequestTooLarge   a request body over the API's size limit
     ├── Overloaded        the API has more requests waiting than it can serve soon; carries
     │                     ``retry_after_s`` (HTTP 429 with Retry-After)
@@ -33,7 +37,11 @@ what failed, why, and what to change (an environment variable, a log file to rea
     └── WorkerError       a worker could not run an instruction; carries ``retryable``
         ├── InvalidInstruction  an instruction that is malformed or inconsistent
         │                       (also ValueError)
-        ├── TaskTimedOut        a task ran past its ``timeout_s``  (also TimeoutError)
+        ├── TaskStopped         a task the worker stopped before it ended: its run was
+        │   │                   cancelled, failed or passed its time limit; carries the
+        │   │                   ``status`` to report, ``where`` it was and whether it was
+        │   │                   ``stuck`` (it would not stop: the worker's process ends)
+        │   └── TaskTimedOut    a task ran past its ``timeout_s``  (also TimeoutError)
         ├── HeldImageLost       the image an earlier task left in the worker is gone
         └── ObjectGone          a CDI object the instruction named does not exist (its
                                 minion restarted empty): the run goes again from its input
@@ -47,6 +55,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator.contract.vocabulary import TaskRunStatus
+
 __all__ = [
     "BadHost",
     "ConfigError",
@@ -54,6 +64,7 @@ __all__ = [
     "DataError",
     "Forbidden",
     "HeldImageLost",
+    "IdempotencyKeyReused",
     "InputMissing",
     "InputTooLarge",
     "InvalidDefinition",
@@ -70,8 +81,10 @@ __all__ = [
     "StackRunning",
     "StorageError",
     "StorageUnavailable",
+    "TaskStopped",
     "TaskTimedOut",
     "Unauthenticated",
+    "UnsupportedType",
     "WorkerError",
 ]
 
@@ -165,10 +178,33 @@ class InvalidDefinition(InvalidRequest):
         super().__init__(f"invalid {what} ({len(problems)} problem(s)): {listed}", problems)
 
 
+class IdempotencyKeyReused(InvalidRequest):
+    """A start sent with an ``Idempotency-Key`` that this caller used for a run with another
+    body: a retry must send the same body, a new start a new key."""
+
+    code = "idempotency_key_reused"
+
+    def __init__(self, key: str, workflow_id: object) -> None:
+        problem = (
+            f"Idempotency-Key {key!r} already started run {workflow_id} with a different "
+            "request body; retry with the same body to get that run, or use a new key for a "
+            "new run"
+        )
+        super().__init__(problem, [problem])
+        self.key = key
+
+
 class S3NotAllowed(InvalidRequest):
     """An S3 URI this installation may not read or write, or one no store can hold."""
 
     code = "s3_not_allowed"
+
+
+class UnsupportedType(InvalidRequest):
+    """An uploaded file whose content type (detected from its bytes) the operator's upload
+    policy (``CDIFLOW_UPLOAD_TYPES``) does not take."""
+
+    code = "unsupported_type"
 
 
 class RequestTooLarge(OrchestratorError):
@@ -271,15 +307,41 @@ class InvalidInstruction(WorkerError, ValueError):
         super().__init__(message, retryable=False)
 
 
-class TaskTimedOut(WorkerError, TimeoutError):
-    """A task function ran past its ``timeout_s``; its thread cannot be stopped."""
+class TaskStopped(WorkerError):
+    """A task the worker stopped before it ended (``orchestrator.worker.stopping``): its run
+    was cancelled, failed or passed its time limit. ``status`` is what its report says
+    (CANCELLED or TIMED_OUT), ``where`` where the task was (a traceback, or ""), ``stuck``
+    that it did not end when asked, so the worker must end the process it runs in."""
+
+    code = "task_stopped"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: TaskRunStatus,
+        where: str = "",
+        stuck: bool = False,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message, retryable=retryable)
+        self.status = status
+        self.where = where
+        self.stuck = stuck
+
+
+class TaskTimedOut(TaskStopped, TimeoutError):
+    """A task function ran past its ``timeout_s`` and was stopped."""
 
     code = "task_timed_out"
 
-    def __init__(self, task: str, timeout_s: float) -> None:
+    def __init__(self, task: str, timeout_s: float, *, where: str = "", stuck: bool = False):
         super().__init__(
             f"task {task!r} did not finish within its timeout of {timeout_s:g} s; raise "
             "timeout_s in the task definition if it is genuinely that slow",
+            status=TaskRunStatus.TIMED_OUT,
+            where=where,
+            stuck=stuck,
             retryable=True,
         )
         self.task = task

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
     from orchestrator.settings import Settings
 
-__all__ = ["ObjectStore", "parse_s3_uri"]
+__all__ = ["ObjectStore", "Streamed", "parse_s3_uri"]
 
 # Like boto3's "standard" mode: a few attempts, not object_store's ten over three minutes, so
 # an endpoint that is down fails the task in seconds with a reason.
@@ -55,6 +56,16 @@ _RETRY: Final[RetryConfig] = {
 _MISSING: Final = (NotFoundError, FileNotFoundError)
 _FAILED: Final = (BaseError, OSError)
 _STATUS: Final = re.compile(r"status code: (\d{3})")
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """An object being read: its size, the content type it was stored with (if any) and its
+    bytes as they arrive."""
+
+    size: int
+    content_type: str | None
+    chunks: Iterator[bytes]
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -138,22 +149,21 @@ class ObjectStore:
         except _FAILED as exc:
             raise _failed(f"cannot read {uri}", exc) from exc
 
-    def stream(self, uri: str, limit: int, chunk: int = 1 << 20) -> tuple[int, Iterator[bytes]]:
-        """``(size, chunks)`` of the object at ``uri``, read as the chunks are taken, for a
-        response that must not hold the whole object. Errors as ``get``; one in the middle of
-        the stream is a ``StorageError``."""
+    def stream(self, uri: str, chunk: int = 1 << 20) -> Streamed:
+        """The object at ``uri``, read as its chunks are taken, for a response that must not
+        hold the whole object. Errors as ``get``; one in the middle of the stream is a
+        ``StorageError``."""
         bucket, key = parse_s3_uri(uri)
         if self.enforce:
             self.policy.check_read(uri)
         try:
             reply = obstore.get(self._store(bucket), key)
             size = int(reply.meta["size"])
+            content_type = reply.attributes.get("Content-Type")
         except _MISSING as exc:
             raise InputMissing(f"{uri} does not exist") from exc
         except _FAILED as exc:
             raise _failed(f"cannot read {uri}", exc) from exc
-        if size > limit:
-            raise InputTooLarge(f"{uri} is {size} bytes; the limit is {limit}")
 
         def chunks() -> Iterator[bytes]:
             try:
@@ -162,7 +172,7 @@ class ObjectStore:
             except _FAILED as exc:
                 raise _failed(f"reading {uri} failed midway", exc) from exc
 
-        return size, chunks()
+        return Streamed(size, str(content_type) if content_type else None, chunks())
 
     def put(
         self,

@@ -43,6 +43,18 @@ _PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _S3_PREFIX = re.compile(r"s3://([^/]+)/(.*)", re.S)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "::1")
+_CONTENT_TYPE = re.compile(r"(\*/\*|[a-z0-9][a-z0-9!#$&^_.+-]*/(\*|[a-z0-9][a-z0-9!#$&^_.+-]*))")
+# What /api/inputs takes unless the operator says otherwise (CDIFLOW_UPLOAD_TYPES).
+DEFAULT_UPLOAD_TYPES: Final = (
+    *(f"image/{name}" for name in ("jpeg", "png", "webp", "gif", "bmp", "tiff")),
+    "video/*",
+    "audio/*",
+    "application/x-npy",
+    "application/json",
+    "text/plain",
+    "text/csv",
+    "application/octet-stream",
+)
 _GENERATE_KEY = "python -c 'import secrets; print(\"cdf_\" + secrets.token_urlsafe(32))'"
 
 
@@ -109,6 +121,20 @@ class Settings(BaseSettings):
         default=50_000_000,
         gt=0,
         description="Largest decoded image, in pixels (a guard against decompression bombs).",
+    )
+    upload_max_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        validation_alias="CDIFLOW_UPLOAD_MAX_BYTES",
+        description="Largest file POST /api/inputs takes; unset: MAX_INPUT_BYTES, which it may "
+        "not exceed (a worker reads no input over MAX_INPUT_BYTES).",
+    )
+    upload_types: Annotated[list[str], NoDecode] = Field(
+        default=list(DEFAULT_UPLOAD_TYPES),
+        validation_alias="CDIFLOW_UPLOAD_TYPES",
+        description="Comma-separated content types POST /api/inputs takes, as detected from a "
+        "file's bytes: type/subtype, type/* or */*. Default: the images workers decode, video, "
+        "audio, NumPy arrays, JSON, plain text, CSV and raw bytes.",
     )
     admin_key: SecretStr | None = Field(
         default=None,
@@ -298,6 +324,20 @@ class Settings(BaseSettings):
     def _inputs(cls, value: Any) -> list[str]:
         return [_s3_prefix(p) for p in _listed(value)]
 
+    @field_validator("upload_types", mode="before")
+    @classmethod
+    def _types(cls, value: Any) -> list[str]:
+        types = [t.lower() for t in _listed(value)]
+        for kind in types:
+            if not _CONTENT_TYPE.fullmatch(kind):
+                raise ValueError(
+                    f"{kind!r} is not a content type; name each as type/subtype, type/* or */*, "
+                    "e.g. video/mp4,application/x-npy,image/*"
+                )
+        if not types:
+            raise ValueError("name at least one content type, e.g. image/*")
+        return types
+
     @field_validator("s3_results")
     @classmethod
     def _results(cls, value: str | None) -> str | None:
@@ -308,6 +348,21 @@ class Settings(BaseSettings):
         if self.admin_key is not None and self.admin_key_file is not None:
             raise ValueError("set CDIFLOW_ADMIN_KEY or CDIFLOW_ADMIN_KEY_FILE, not both")
         return self
+
+    @model_validator(mode="after")
+    def _uploads_within_inputs(self) -> Settings:
+        if self.upload_max_bytes is not None and self.upload_max_bytes > self.max_input_bytes:
+            raise ValueError(
+                f"CDIFLOW_UPLOAD_MAX_BYTES ({self.upload_max_bytes}) is over MAX_INPUT_BYTES "
+                f"({self.max_input_bytes}): a worker would refuse such an input; raise "
+                "MAX_INPUT_BYTES too, or lower CDIFLOW_UPLOAD_MAX_BYTES"
+            )
+        return self
+
+    @property
+    def upload_limit(self) -> int:
+        """The largest file ``POST /api/inputs`` takes."""
+        return self.upload_max_bytes or self.max_input_bytes
 
     def task_sources(self) -> TaskSources:
         """Where tasks may be loaded from (``task_packages`` and ``task_paths``)."""

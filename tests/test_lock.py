@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -52,9 +53,11 @@ def test_the_venv_holds_exactly_the_lock() -> None:
 def test_every_installed_distribution_is_at_a_locked_version() -> None:
     """Read apart from uv: each distribution in this interpreter has a version the lock pins."""
     locked = pinned()
+    # site-packages only: setuptools, once imported, puts its vendored copies on sys.path.
+    site_packages = sysconfig.get_paths()["purelib"]
     installed = {
         re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version
-        for d in metadata.distributions()
+        for d in metadata.distributions(path=[site_packages])
     }
     stray = {n: v for n, v in installed.items() if n not in locked and n != "pip"}
     wrong = {n: (v, sorted(locked[n])) for n, v in installed.items() if n in locked}

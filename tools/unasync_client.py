@@ -46,21 +46,30 @@ Written by ``tools/unasync_client.py`` from ``sync.py``: edit that file, then ru
 # (old, new): plain replacements, each of which must apply at least once.
 _RULES: list[tuple[str, str]] = [
     (_DOC_SYNC, _DOC_ASYNC),
-    ("import os\nimport time\nfrom collections.abc import Iterator, Mapping",
-     "import asyncio\nimport os\nfrom collections.abc import AsyncIterator, Mapping"),
+    (
+        "import os\nimport time\nimport uuid\n"
+        "from collections.abc import Iterator, Mapping, Sequence",
+        "import asyncio\nimport os\nimport uuid\n"
+        "from collections.abc import AsyncIterator, Mapping, Sequence",
+    ),
     ('__all__ = ["Client"]', '__all__ = ["AsyncClient"]'),
     ("class Client:", "class AsyncClient:"),
     ("transport: httpx.BaseTransport | None", "transport: httpx.AsyncBaseTransport | None"),
     ("httpx.Client(", "httpx.AsyncClient("),
-    ("    def close(self) -> None:\n        self._http.close()",
-     "    async def aclose(self) -> None:\n        await self._http.aclose()"),
+    ("    def close(self) -> None:", "    async def aclose(self) -> None:"),
+    ("            pool.close()", "            await pool.aclose()"),
     ("    def __enter__(self)", "    async def __aenter__(self)"),
     ("    def __exit__(", "    async def __aexit__("),
     ("        self.close()", "        await self.aclose()"),
     ("Use it as a context manager, or ``close()`` it.",
      "Use it as an async context manager, or ``aclose()`` it."),
     ("    def _send(", "    async def _send("),
-    ("= self._http.request(", "= await self._http.request("),
+    ("= pool.request(", "= await pool.request("),
+    ("return self._save(", "return await self._save("),
+    ("with self._http.stream(", "async with self._http.stream("),
+    ("response.read()", "await response.aread()"),
+    ("for chunk in response.iter_bytes():", "async for chunk in response.aiter_bytes():"),
+    ("named[name] = self.upload(local).uri", "named[name] = (await self.upload(local)).uri"),
     ("return self._send(", "return await self._send("),
     ("        self._send(", "        await self._send("),
     ("= self._send(", "= await self._send("),
@@ -73,7 +82,7 @@ _RULES: list[tuple[str, str]] = [
     ("time.sleep(", "await asyncio.sleep("),
 ]  # fmt: skip
 # Every public method of the class becomes a coroutine.
-_METHOD = re.compile(r"\n    def (?!_send|__|api_url)(\w+)\(")
+_METHOD = re.compile(r"\n    def (?!__|api_url)(\w+)\(")
 
 
 def async_source(sync_source: str) -> str:

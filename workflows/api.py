@@ -38,6 +38,11 @@ The contract, identical on every data plane:
   ``retry_backoff_s``, so a task must be safe to run again on the same input.
 * ``ctx.params`` holds the step's parameters from the workflow definition (read-only);
   ``ctx.input`` the workflow's ``input.data`` (read-only JSON, ``{}`` when none was given).
+* A task may be stopped (its run cancelled or timed out, its ``timeout_s`` passed): the worker
+  sets ``ctx.cancelled`` and calls what ``ctx.on_cancel`` registered. A long task waits on
+  ``ctx.cancelled`` (``ctx.cancelled.wait(5)``, not ``time.sleep(5)``) or looks at it between
+  pieces of work, and returns; one still running a second later is stopped with its worker's
+  process (``orchestrator.worker.stopping``).
 * A workflow started without an image is *dataless*: nothing is downloaded, and a step that
   names no inputs gets ``img=None``. Only tasks registered with ``@task(needs_image=False)``
   may take that; any other fails the workflow with a reason (e.g. ``deblur`` needs pixels).
@@ -52,6 +57,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -78,6 +84,7 @@ from workflows.errors import (
 from workflows.imagebuf import ImageHeader, read_image, write_image
 from workflows.names import MODULE_PATH_RE
 from workflows.sources import BUNDLED, TaskSources
+from workflows.tracebacks import from_callee
 
 __all__ = [
     "Produced",
@@ -112,6 +119,9 @@ class TaskContext:
     input: Mapping[str, Any] = field(default_factory=dict)  # the workflow's input.data
     # The worker's reader of input files (``read_file``); None outside a worker.
     files: Callable[[str], bytes] | None = field(default=None, repr=False, compare=False)
+    # Set when the worker stops the task (see ``on_cancel``); wait on it instead of sleeping.
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _on_cancel: list[Callable[[], object]] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Read-only copies: a task cannot leak changes into the next attempt.
@@ -124,6 +134,22 @@ class TaskContext:
         base = self.base_logger or logging.getLogger(f"workflows.task.{self.task_name}")
         extra = {"workflow_id": self.workflow_id, "task": self.task_name, "attempt": self.attempt}
         return logging.LoggerAdapter(base, extra)
+
+    def on_cancel(self, callback: Callable[[], object]) -> None:
+        """Have ``callback()`` called when the worker stops this task: its run was cancelled,
+        failed elsewhere or passed its time limit, or the task its own ``timeout_s``. It runs
+        on a thread of the worker's, so it runs while the task's own thread is stuck in a
+        call (kill a process the task started, end a remote job, close a socket). A task
+        that ends within a second of being stopped (``ctx.cancelled`` is set then) leaves
+        its worker as it was; one that does not costs the worker its process, and
+        whatever else ran there. Registered after the stop, it is called at once."""
+        self._on_cancel.append(callback)
+        if self.cancelled.is_set():
+            callback()
+
+    def cancel_callbacks(self) -> list[Callable[[], object]]:
+        """The callbacks ``on_cancel`` registered, in order (what the worker calls)."""
+        return list(self._on_cancel)
 
     def read_file(self, uri: str) -> bytes:
         """The bytes of a file a run names in its ``input.data`` (e.g. a video): an ``s3://``
@@ -366,11 +392,13 @@ def _import(module_name: str, path: str) -> ModuleType:
             raise TaskNotFound(
                 f"no module named {missing!r} for task {path!r}; is it installed or on PYTHONPATH?"
             ) from exc
-        raise TaskLoadError(f"importing {module_name!r} for task {path!r} failed: {exc}") from exc
+        raise TaskLoadError(
+            f"importing {module_name!r} for task {path!r} failed: {exc}"
+        ) from from_callee(exc)
     except Exception as exc:
         raise TaskLoadError(
             f"importing {module_name!r} for task {path!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
+        ) from from_callee(exc)
 
 
 def run_task_with_inputs(
@@ -401,7 +429,7 @@ def run_task_with_inputs(
             f"raised {type(exc).__name__}: {exc}",
             task=ctx.task_name,
             attempt=ctx.attempt,
-        ) from exc
+        ) from from_callee(exc)
     return produced_from(result, ctx.task_name)
 
 

@@ -12,7 +12,11 @@ A workflow definition (also the REST API's request body)::
 lists refs that must finish first and the optional ``params`` object reaches the task as
 ``ctx.params``. Steps may also fork and join, read named data (``inputs``), run once per
 element of a list (``for_each``), choose a branch (``switch``) or run another definition
-(``workflow``): ``workflows.steps`` says how. A task definition::
+(``workflow``): ``workflows.steps`` says how. Two optional settings bound a run in time:
+``timeout_s``, the longest a run may take from its start (it then ends TIMED_OUT, its running
+task stopped; a start may set its own), and ``worker_wait_s``, the longest a step may wait for
+a live worker able to run it (none alive, or none loaded its task's module; the run then fails
+saying so). A task definition::
 
     {"name": "deblur", "module": "workflows.image_tasks:deblur",
      "timeout_s": 30, "retries": 2, "retry_backoff_s": 0.5}
@@ -36,6 +40,7 @@ __all__ = [
     "AR_VIDEO",
     "FORK_JOIN_PIPELINE",
     "IMAGE_PIPELINE",
+    "MAX_RUN_S",
     "NOOP_PIPELINE",
     "TASK_DEFINITIONS",
     "Step",
@@ -54,8 +59,10 @@ __all__ = [
 MAX_TIMEOUT_S: Final = 24 * 3600.0
 MAX_RETRIES: Final = 10
 MAX_BACKOFF_S: Final = 3600.0
+MAX_RUN_S: Final = 7 * 24 * 3600.0  # a run's time limit, and a step's wait for a worker
 
-_WORKFLOW_KEYS: Final = frozenset({"name", "description", "tasks"})
+_WORKFLOW_KEYS: Final = frozenset({"name", "description", "tasks", "timeout_s", "worker_wait_s"})
+_RUN_LIMITS: Final = ("timeout_s", "worker_wait_s")
 _TASK_KEYS: Final = frozenset({"name", "module", "timeout_s", "retries", "retry_backoff_s"})
 
 
@@ -135,13 +142,19 @@ class WorkflowDefinition:
     name: str
     description: str
     tasks: tuple[Step, ...]
+    timeout_s: float | None = None  # a run's time limit (None: none)
+    worker_wait_s: float | None = None  # a step's wait for a worker able to run it
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "description": self.description,
             "tasks": [s.to_dict() for s in self.tasks],
         }
+        for limit in _RUN_LIMITS:
+            if getattr(self, limit) is not None:
+                out[limit] = getattr(self, limit)
+        return out
 
     def order(self) -> list[str]:
         """Step refs in an order where every step comes after those it needs first."""
@@ -239,6 +252,13 @@ def validate_workflow(
         problems.append(p)
     if not isinstance(data.get("description", ""), str):
         problems.append("workflow: 'description' must be a string")
+    for limit in _RUN_LIMITS:
+        value = data.get(limit)
+        if value is not None and (not _is_number(value) or not 0 < value <= MAX_RUN_S):
+            problems.append(
+                f"workflow: {limit!r} must be a number of seconds in (0, {MAX_RUN_S:g}], "
+                f"got {value!r}"
+            )
     steps = data.get("tasks")
     if not isinstance(steps, list):
         problems.append("workflow: 'tasks' must be a list of steps")
@@ -312,7 +332,8 @@ def parse_workflow(
         name = data.get("name") if isinstance(data, Mapping) else None
         raise InvalidDefinition(problems, f"workflow {name!r}" if name else "workflow")
     steps = tuple(Step.from_dict(s) for s in data["tasks"])
-    return WorkflowDefinition(data["name"], data.get("description", ""), steps)
+    limits = {k: float(data[k]) for k in _RUN_LIMITS if data.get(k) is not None}
+    return WorkflowDefinition(data["name"], data.get("description", ""), steps, **limits)
 
 
 # --- bundled definitions -------------------------------------------------------------------

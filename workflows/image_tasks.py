@@ -8,7 +8,6 @@ the same operation applied directly.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Final
 
 from PIL import Image, ImageFilter, ImageStat
@@ -138,11 +137,12 @@ def noop(img: Image.Image | None, ctx: TaskContext) -> None:
 
 @task(name="sleep", timeout_s=60, retries=0, needs_image=False)
 def sleep(img: Image.Image | None, ctx: TaskContext) -> None:
-    """Sleep for ``params["ms"]`` milliseconds (default 0), touching no pixel: fake work."""
+    """Sleep for ``params["ms"]`` milliseconds (default 0), touching no pixel: fake work that
+    ends as soon as the task is stopped."""
     ms = ctx.params.get("ms", 0)
     if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 <= ms < math.inf:
         raise ValueError(f"param 'ms' must be a finite number >= 0, got {ms!r}")
-    time.sleep(ms / 1000.0)
+    ctx.cancelled.wait(ms / 1000.0)
     return None
 
 

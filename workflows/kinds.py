@@ -7,8 +7,9 @@ kind         Python value                        in a CDI object             as 
 ``image``    a Pillow image                      ``imagebuf`` (``CDIIMG2``)  the run's result
                                                                              format (PNG/JPEG)
 ``array``    a NumPy array (no Python objects)   NumPy's ``.npy`` format     ``.npy``
-``bytes``    ``bytes`` (read: a read-only        the bytes themselves        the bytes
-             ``memoryview``)
+``bytes``    ``bytes`` (read: a read-only        the bytes themselves        the bytes, typed
+             ``memoryview``)                                                 by their content
+                                                                             (``filetypes``)
 ``json``     anything ``json.dumps`` takes       UTF-8 JSON                  ``.json``
 ===========  ==================================  ==========================  ===============
 
@@ -36,15 +37,15 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-from workflows import imagebuf
+from workflows import filetypes, imagebuf
 from workflows.errors import InvalidData, InvalidImage
+from workflows.filetypes import FileType
 
 __all__ = [
     "INLINE_LIMIT",
     "Kind",
     "decode_file",
     "encode_file",
-    "file_extension",
     "json_bytes",
     "kind_of",
     "read_value",
@@ -145,46 +146,39 @@ def read_value(view: memoryview, kind: Kind) -> Any:
 
 
 def _map_array(view: memoryview) -> npt.NDArray[Any]:
-    head = io.BytesIO(bytes(view[: min(len(view), 16 * _NPY_ALIGN)]))
-    try:
-        major, _minor = np.lib.format.read_magic(head)
-        if major == 1:
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(head)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(head)
-    except ValueError as exc:
-        raise InvalidData(f"an object of kind array holds no .npy array: {exc}") from exc
+    head = bytes(view[: min(len(view), 16 * _NPY_ALIGN)])
+    shape, fortran, dtype, offset = filetypes.npy_header(
+        head, "an object of kind array holds no .npy array"
+    )
     count = math.prod(shape)
-    if head.tell() + count * dtype.itemsize > len(view):
+    if offset + count * dtype.itemsize > len(view):
         raise InvalidData(
             f"an object of kind array is {len(view)} bytes, too short for its {dtype} array "
             f"of shape {shape}"
         )
-    array = np.frombuffer(view, dtype=dtype, count=count, offset=head.tell())
+    array = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
     array = array.reshape(shape, order="F" if fortran else "C")
     array.flags.writeable = False
     return array
 
 
-def file_extension(kind: Kind, image_format: str = "png") -> str:
-    """The file name extension a value of ``kind`` is stored under."""
-    if kind is Kind.IMAGE:
-        return imagebuf.RESULT_FORMATS[image_format].extension
-    return {Kind.ARRAY: ".npy", Kind.BYTES: ".bin", Kind.JSON: ".json"}[kind]
-
-
-def encode_file(value: Any, kind: Kind, image_format: str = "png") -> tuple[bytes, str]:
-    """``value`` as a file's bytes and MIME type (an image in ``image_format``)."""
+def encode_file(value: Any, kind: Kind, image_format: str = "png") -> tuple[bytes, FileType]:
+    """``value`` as a file's bytes, with its content type and extension (an image in
+    ``image_format``, bytes as ``filetypes.detect`` finds them: an MP4 is ``video/mp4``)."""
     if kind is Kind.IMAGE:
         fmt = imagebuf.RESULT_FORMATS[image_format]
-        return imagebuf.encode_image(value, fmt.pillow), fmt.content_type
+        return imagebuf.encode_image(value, fmt.pillow), FileType(fmt.content_type, fmt.extension)
     if kind is Kind.ARRAY:
         out = io.BytesIO()
         np.save(out, value, allow_pickle=False)
-        return out.getvalue(), "application/octet-stream"
+        return out.getvalue(), FileType(filetypes.NPY, ".npy")
     if kind is Kind.BYTES:
-        return bytes(value), "application/octet-stream"
-    return json_bytes(value), "application/json"
+        data = bytes(value)
+        try:
+            return data, filetypes.detect(data)
+        except InvalidData:  # looks like a .npy it is not: plain bytes
+            return data, FileType(filetypes.OCTET_STREAM, ".bin")
+    return json_bytes(value), FileType(filetypes.JSON, ".json")
 
 
 def decode_file(data: bytes, kind: Kind, max_pixels: int = imagebuf.DEFAULT_MAX_PIXELS) -> Any:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import socket
 import statistics
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from apps.ar.config import RunConfig
 from apps.ar.errors import RoleFailed
 from apps.ar.links import Peers, backend
 from apps.ar.roles import RoleStats, peak_rss
+from cdi.child import python_module
 
 __all__ = ["PipelineResult", "run_floor", "run_pipeline", "run_pool"]
 
@@ -128,7 +128,7 @@ class PipelineResult:
 
 def _start(name: str, index: int, config: RunConfig) -> _Role:
     mine, theirs = socket.socketpair()
-    argv = [sys.executable, "-m", "apps.ar.role_process", str(theirs.fileno()), name, str(index)]
+    argv = python_module("apps.ar.role_process", str(theirs.fileno()), name, str(index))
     host = config.site(name, index).host
     try:
         process = subprocess.Popen(

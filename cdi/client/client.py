@@ -123,6 +123,7 @@ class Client:
         mapping took 22 ms here, 9 ms populated; ``cdiflow bench images``)."""
         self._require_registered()
         key = protocol.check_key(key)
+        protocol.check_sendable_size(size, self.max_object)
         args: dict[str, Any] = {"key": key, "size": size}
         if type(size) is int and size >= 0:
             offer = self._owned.offer(protocol.size_class(size))

@@ -16,6 +16,7 @@ from cdi import protocol
 from cdi.errors import (
     AccessTimeout,
     CDIError,
+    InvalidArgument,
     MinionUnavailable,
     error_from_code,
 )
@@ -115,7 +116,12 @@ class MinionConnection:
         self._next_id += 1
         args["op"] = str(op)
         args["id"] = request_id
-        data = self._pack(args)
+        try:
+            data = self._pack(args)
+        except (OverflowError, TypeError, ValueError) as exc:  # what MessagePack cannot carry
+            raise InvalidArgument(
+                f"{op}: the request cannot be sent ({exc}); integers must fit in 64 bits"
+            ) from exc
         try:
             try:
                 sock.send(data, protocol.DONTWAIT)

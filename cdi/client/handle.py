@@ -158,6 +158,7 @@ class CDIObject:
     def resize(self, new_size: int, *, timeout: float | None = None) -> None:
         """Change the object's size (the owner only); bytes up to the smaller size are kept.
         ``timeout``: as for ``transfer``, while readers hold a share."""
+        protocol.check_sendable_size(new_size, self.client.max_object)  # before views go
         reply = self._alone(
             lambda: self.client._give_up(self.key, Op.RESIZE, size=new_size), timeout
         )

@@ -6,7 +6,7 @@ import mmap
 from contextlib import suppress
 from dataclasses import dataclass, field
 
-from cdi.client.exports import exports_of
+from cdi.client.exports import exports_of, views_in_use
 from cdi.errors import BufferInUse
 
 __all__ = ["Mapping", "in_use"]
@@ -27,27 +27,35 @@ class Mapping:
     """Cooperative objects only: a strict object's old segment is truncated on transfer."""
     writable: bool = True
     """False for a reader's mapping of a shared object (read-only fd, ``PROT_READ``)."""
-    views: list[memoryview] = field(default_factory=list)
+    views: list[tuple[memoryview, memoryview]] = field(default_factory=list)
+    """Each view handed out, with the base it was sliced from (``views_in_use``)."""
 
     def view(self) -> memoryview:
         """The object's bytes (read-only if the mapping is); revoked with the mapping."""
         base = memoryview(self.mm)
         view = base[: self.size]
-        self.views.extend((view, base))
+        self.views.append((view, base))
         return view
 
     def read_view(self) -> memoryview:
         """The object's bytes, read-only; revoked with the mapping."""
         base = memoryview(self.mm)
         view = base[: self.size].toreadonly()
-        self.views.extend((view, base))
+        self.views.append((view, base))
         return view
 
-    def revoke(self, key: str) -> None:
-        """Release every view we handed out; refuse if anything else still holds the buffer."""
+    def revoke(self, key: str, *, all_or_nothing: bool = True) -> None:
+        """Release every view we handed out; refuse if anything else still holds the buffer.
+
+        ``all_or_nothing``: refuse before releasing any view, so that an operation refused
+        with ``BufferInUse`` leaves the caller's views usable (where the interpreter lets us
+        tell, ``views_in_use``); otherwise release every view that can be released."""
+        if all_or_nothing and views_in_use(self.views):
+            raise in_use(key)
         try:
-            for view in self.views:
-                view.release()
+            for pair in self.views:
+                for view in pair:
+                    view.release()
         except BufferError as exc:
             raise in_use(key) from exc
         self.views.clear()
@@ -60,9 +68,10 @@ class Mapping:
     def close_quietly(self) -> None:
         """Release our views and unmap; a view the caller still holds keeps the memory mapped
         until it is dropped."""
-        for view in self.views:
-            with suppress(BufferError):
-                view.release()
+        for pair in self.views:
+            for view in pair:
+                with suppress(BufferError):
+                    view.release()
         with suppress(BufferError):
             self.mm.close()
 

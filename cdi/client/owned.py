@@ -96,7 +96,7 @@ class OwnedMappings:
             if mapping is None:
                 return None
             try:
-                mapping.revoke(key)
+                mapping.revoke(key, all_or_nothing=not (detach and mapping.cacheable))
             except BufferInUse:
                 if not (detach and mapping.cacheable):
                     raise

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import grpc
 
+from cdi.auth import CONTROLLER_TOKEN_ENV, read_secret
 from cdi.controller import convert
 from cdi.controller.models import (
     Changes,
@@ -21,10 +22,12 @@ from cdi.controller.models import (
 )
 from cdi.controller.validation import check_container_record, check_object_record
 from cdi.errors import (
+    AccessDenied,
     CDIError,
     ConfigError,
     ControllerUnavailable,
     InvalidArgument,
+    NotAuthenticated,
     ObjectNotFound,
     ProtocolError,
     UnknownContainer,
@@ -83,15 +86,23 @@ def parse_controller_url(url: str) -> str:
 class ControllerClient:
     """Blocking client of one CDI controller; thread-safe, usable as a context manager.
 
-    Every call has a deadline (``timeout``, default 5 s). Errors come from ``cdi.errors``:
-    ``ControllerUnavailable`` when the controller does not answer in time, ``InvalidArgument`` for
-    malformed input, ``UnknownContainer``/``ObjectNotFound`` for lookups that miss.
+    Every call has a deadline (``timeout``, default 5 s) and carries ``token`` (``cdi.auth``;
+    default ``$CDI_CONTROLLER_TOKEN``, else the file ``$CDI_CONTROLLER_TOKEN_FILE``). Errors
+    come from ``cdi.errors``: ``ControllerUnavailable`` when the controller does not answer in
+    time, ``NotAuthenticated``/``AccessDenied`` for a missing or foreign token or one whose
+    role may not do that, ``InvalidArgument`` for malformed input,
+    ``UnknownContainer``/``ObjectNotFound`` for lookups that miss.
     """
 
-    def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, *, timeout: float = DEFAULT_TIMEOUT_S, token: str | None = None
+    ) -> None:
         self.url = url
         self.timeout = timeout
         self._target = parse_controller_url(url)
+        if token is None:
+            token = read_secret(CONTROLLER_TOKEN_ENV, what="controller token")
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._closed = False
         # Connecting is lazy: creating the channel never blocks or fails.
         self._channel = grpc.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
@@ -230,7 +241,9 @@ class ControllerClient:
             raise ControllerUnavailable(f"the client of the CDI controller at {self.url} is closed")
         try:
             return getattr(self._stub, method)(
-                request, timeout=self.timeout if timeout is None else timeout
+                request,
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata,
             )
         except grpc.RpcError as exc:
             raise self._translate(exc, method, not_found) from exc
@@ -251,6 +264,10 @@ class ControllerClient:
             )
         if code == grpc.StatusCode.NOT_FOUND:
             return not_found(details)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return NotAuthenticated(f"the CDI controller at {self.url}: {details}")
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return AccessDenied(f"the CDI controller at {self.url}: {details}")
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return InvalidArgument(details)
         if code == grpc.StatusCode.UNIMPLEMENTED:

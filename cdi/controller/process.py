@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import sys
+from pathlib import Path
 
-from cdi.child import ChildProcess
+from cdi.auth import ClusterCredentials
+from cdi.child import ChildProcess, python_module
 from cdi.controller.client import ControllerClient, parse_controller_url
 from cdi.errors import CDIError
 
@@ -12,20 +13,36 @@ __all__ = ["ControllerChild"]
 
 
 class ControllerChild(ChildProcess):
-    """``python -m cdi.controller --listen host:port``; ``start()`` returns once it answers."""
+    """``python -m cdi.controller --listen host:port --key-file ...``; ``start()`` returns
+    once it answers.
 
-    def __init__(self, url: str, log_path: str) -> None:
+    ``credentials``: the cluster's (``cdi.auth``); default: made in ``credentials/`` beside
+    the log. Its minions and readers get their tokens from there (``self.credentials``)."""
+
+    def __init__(
+        self, url: str, log_path: str, credentials: ClusterCredentials | None = None
+    ) -> None:
         self.url = url
+        self.credentials = credentials or ClusterCredentials.ensure(
+            Path(log_path).parent / "credentials"
+        )
+        key_file = str(self.credentials.cluster_key_file)
         super().__init__(
-            [sys.executable, "-m", "cdi.controller", "--listen", parse_controller_url(url)],
+            python_module(
+                "cdi.controller", "--listen", parse_controller_url(url), "--key-file", key_file
+            ),
             log_path,
             self._answers,
             "CDI controller",
         )
 
+    def client(self, timeout: float = 5.0) -> ControllerClient:
+        """A client with the cluster's reader token."""
+        return ControllerClient(self.url, timeout=timeout, token=self.credentials.reader_token())
+
     def _answers(self) -> bool:
         try:
-            with ControllerClient(self.url, timeout=1.0) as probe:
+            with self.client(timeout=1.0) as probe:
                 probe.list_minions()
         except CDIError:
             return False

@@ -127,6 +127,7 @@ class GrpcDirectoryReporter:
         rpc_address: str = "",
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         linger_s: float = DEFAULT_LINGER_S,
+        token: str | None = None,
     ) -> None:
         self.controller_url = controller_url
         self.linger_s = max(0.0, float(linger_s))
@@ -134,7 +135,8 @@ class GrpcDirectoryReporter:
         self.socket_path = check_socket_path(socket_path)
         self.rpc_address = check_rpc_address(rpc_address)
         self.heartbeat_s = check_interval(heartbeat_s, "heartbeat_s")
-        self._client = ControllerClient(controller_url, timeout=DEFAULT_TIMEOUT_S)
+        # token: this host's minion's (cdi.auth); None: $CDI_CONTROLLER_TOKEN[_FILE]
+        self._client = ControllerClient(controller_url, timeout=DEFAULT_TIMEOUT_S, token=token)
         # SimpleQueue.put never blocks: the only thing the minion's event loop ever does here.
         self._queue: queue.SimpleQueue[_Event] = queue.SimpleQueue()
         self._stop = threading.Event()

@@ -12,9 +12,17 @@ from typing import TypeVar
 
 import grpc
 
+from cdi.auth import Credential, Role, check_key, require, verify_token
 from cdi.controller import convert
 from cdi.controller.state import ControllerState
-from cdi.errors import ConfigError, InvalidArgument, ObjectNotFound, UnknownContainer
+from cdi.errors import (
+    AccessDenied,
+    ConfigError,
+    InvalidArgument,
+    NotAuthenticated,
+    ObjectNotFound,
+    UnknownContainer,
+)
 from cdi.proto import cdi_pb2 as pb
 from cdi.proto import cdi_pb2_grpc as pb_grpc
 
@@ -31,12 +39,18 @@ _SERVER_OPTIONS = [
 ]
 
 _T = TypeVar("_T")
+_BEARER = "bearer "
 
 
 def _answer(context: grpc.ServicerContext, call: Callable[[], _T]) -> _T:
-    """Run ``call``, turning the state's errors into gRPC status codes with their message."""
+    """Run ``call``, turning the state's and the credentials' errors into gRPC status codes
+    with their message."""
     try:
         return call()
+    except NotAuthenticated as exc:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+    except AccessDenied as exc:
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
     except InvalidArgument as exc:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     except (UnknownContainer, ObjectNotFound) as exc:
@@ -45,15 +59,31 @@ def _answer(context: grpc.ServicerContext, call: Callable[[], _T]) -> _T:
 
 
 class ControllerServicer(pb_grpc.ControllerServicer):
-    """Translates ``cdi.v1`` requests into ``ControllerState`` calls."""
+    """Translates ``cdi.v1`` requests into ``ControllerState`` calls, for callers whose token
+    (``cdi.auth``) allows them: a minion speaks for its own host only and may route and
+    locate; listing and looking up the directory is for readers."""
 
-    def __init__(self, state: ControllerState) -> None:
+    def __init__(self, state: ControllerState, key: str) -> None:
         self._state = state
+        self._key = key
+
+    def _credential(self, context: grpc.ServicerContext) -> Credential:
+        token = None
+        for name, value in context.invocation_metadata() or ():
+            bearer = isinstance(value, str) and value[: len(_BEARER)].lower() == _BEARER
+            if name == "authorization" and bearer:
+                token = str(value)[len(_BEARER) :].strip()
+        return verify_token(self._key, token)
+
+    def _allow(self, context: grpc.ServicerContext, role: Role, *, host: str | None = None) -> None:
+        """Abort the call unless its token may act as ``role`` (for ``host``)."""
+        _answer(context, lambda: require(self._credential(context), role, host=host))
 
     def RegisterMinion(
         self, request: pb.RegisterMinionRequest, context: grpc.ServicerContext
     ) -> pb.RegisterMinionResponse:
         """Replace the host's entries with the minion's snapshot."""
+        self._allow(context, Role.MINION, host=request.host)
         epoch = _answer(
             context,
             lambda: self._state.register_minion(
@@ -78,6 +108,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         self, request: pb.ReportChangesRequest, context: grpc.ServicerContext
     ) -> pb.ReportChangesResponse:
         """Apply a batch, or ask the minion to re-register."""
+        self._allow(context, Role.MINION, host=request.host)
         resync = _answer(
             context,
             lambda: self._state.report_changes(
@@ -91,14 +122,16 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     def LookupContainer(
         self, request: pb.LookupContainerRequest, context: grpc.ServicerContext
     ) -> pb.ContainerInfo:
-        """One container by id."""
+        """One container by id (its pid and uid: readers only)."""
+        self._allow(context, Role.READER)
         info = _answer(context, lambda: self._state.lookup_container(request.container_id))
         return convert.container_info_to_pb(info)
 
     def RouteContainer(
         self, request: pb.LookupContainerRequest, context: grpc.ServicerContext
     ) -> pb.Route:
-        """Where a transfer to a container goes."""
+        """Where a transfer to a container goes (a gateway asks)."""
+        self._allow(context, Role.MINION)
         route = _answer(context, lambda: self._state.route(request.container_id))
         return convert.route_to_pb(route)
 
@@ -106,6 +139,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         self, request: pb.ListContainersRequest, context: grpc.ServicerContext
     ) -> pb.ListContainersResponse:
         """All containers, optionally on one host."""
+        self._allow(context, Role.READER)
         found = _answer(context, lambda: self._state.list_containers(host=request.host))
         return pb.ListContainersResponse(
             containers=[convert.container_info_to_pb(c) for c in found]
@@ -114,7 +148,8 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     def LookupObject(
         self, request: pb.LookupObjectRequest, context: grpc.ServicerContext
     ) -> pb.ObjectInfo:
-        """One directory entry by key."""
+        """One directory entry by key (a gateway asks where an object is)."""
+        self._allow(context, Role.MINION)
         info = _answer(context, lambda: self._state.lookup_object(request.key))
         return convert.object_info_to_pb(info)
 
@@ -122,6 +157,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         self, request: pb.ListObjectsRequest, context: grpc.ServicerContext
     ) -> pb.ListObjectsResponse:
         """Directory entries, optionally filtered by owner and/or home host."""
+        self._allow(context, Role.READER)
         found = _answer(
             context, lambda: self._state.list_objects(owner=request.owner, host=request.host)
         )
@@ -131,6 +167,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         self, request: pb.ListMinionsRequest, context: grpc.ServicerContext
     ) -> pb.ListMinionsResponse:
         """Every known minion with its liveness."""
+        self._allow(context, Role.READER)
         minions = self._state.list_minions()
         return pb.ListMinionsResponse(
             minions=[convert.minion_info_to_pb(m) for m in minions], epoch=self._state.epoch
@@ -138,12 +175,15 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 
 
 def serve(
-    listen: str, *, state: ControllerState | None = None, max_workers: int = 16
+    listen: str, *, key: str, state: ControllerState | None = None, max_workers: int = 16
 ) -> grpc.Server:
-    """Start a controller on ``listen`` (``host:port``) and return the running server.
+    """Start a controller on ``listen`` (``host:port``) and return the running server; it
+    answers callers whose token the cluster ``key`` signed (``cdi.auth``).
 
-    Raises ``ConfigError`` when the address cannot be bound (malformed, or already in use).
+    Raises ``ConfigError`` when the address cannot be bound (malformed, or already in use) or
+    the key is too short.
     """
+    key = check_key(key, "cluster key")
     state = state or ControllerState()
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="cdi-controller"),
@@ -151,7 +191,7 @@ def serve(
     )
     # The generated gRPC module has no type annotations (grpc_tools writes no .pyi for it).
     pb_grpc.add_ControllerServicer_to_server(  # type: ignore[no-untyped-call]
-        ControllerServicer(state), server
+        ControllerServicer(state, key), server
     )
     try:
         port = server.add_insecure_port(listen)
@@ -166,7 +206,7 @@ def serve(
     return server
 
 
-def run(listen: str, *, grace_s: float = 2.0) -> None:
+def run(listen: str, *, key: str, grace_s: float = 2.0) -> None:
     """Serve on ``listen`` until SIGTERM or SIGINT, then stop within ``grace_s`` seconds.
 
     Must be called from the main thread (it installs signal handlers, restored on return).
@@ -180,7 +220,7 @@ def run(listen: str, *, grace_s: float = 2.0) -> None:
     # Install before binding so a signal that arrives during start-up is not lost.
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server = serve(listen)
+        server = serve(listen, key=key)
         try:
             stop.wait()
         finally:

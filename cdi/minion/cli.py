@@ -7,13 +7,21 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from cdi.auth import (
+    CONTROLLER_TOKEN_ENV,
+    GATEWAY_KEY_ENV,
+    check_key,
+    read_secret,
+    read_secret_file,
+)
 from cdi.errors import ConfigError
 from cdi.minion import native
-from cdi.minion.config import MinionConfig, parse_bytes
+from cdi.minion.config import MinionConfig, check_socket_dir, parse_bytes
 from cdi.minion.names import parse_names
 from cdi.minion.server import Minion
 from cdi.protocol import Isolation
@@ -52,7 +60,10 @@ def reporter_factory(config: MinionConfig) -> Callable[[], DirectoryReporter] | 
     def make() -> DirectoryReporter:
         from cdi.controller.reporter import GrpcDirectoryReporter
 
-        return GrpcDirectoryReporter(url, config.host, config.socket_path, config.rpc_address)
+        return GrpcDirectoryReporter(
+            url, config.host, config.socket_path, config.rpc_address,
+            token=config.controller_token,
+        )  # fmt: skip
 
     return make
 
@@ -61,6 +72,7 @@ def _config(
     socket_path: str,
     host: str | None,
     controller_url: str | None,
+    controller_token_file: Path | None,
     memory_limit: str | None,
     max_object: str,
     isolation: str,
@@ -75,17 +87,34 @@ def _config(
         extra["host"] = host
     if memory_limit:
         extra["memory_limit"] = parse_bytes(memory_limit)
+    token = None
+    if controller_url:
+        token = _secret(controller_token_file, CONTROLLER_TOKEN_ENV, "controller token")
+        if token is None:
+            raise ConfigError(
+                "--controller: the minion proves itself to the controller with its host's "
+                f"token; give it --controller-token-file (${CONTROLLER_TOKEN_ENV}_FILE) or "
+                f"${CONTROLLER_TOKEN_ENV} (`cdiflow cdi credentials` makes them)"
+            )
     return MinionConfig(
         socket_path=socket_path,
         max_object=parse_bytes(max_object),
         isolation=Isolation(isolation),
         controller_url=controller_url,
+        controller_token=token,
         prewarm=_prewarm(prewarm),
         busy_poll_us=busy_poll_us,
         names=parse_names(names),
         socket_group=_group(socket_group) if socket_group else None,
         **extra,
     )
+
+
+def _secret(path: Path | None, variable: str, what: str) -> str | None:
+    """A secret from its file option, else from ``$variable`` (never from the command line)."""
+    if path is not None:
+        return read_secret_file(path, what=what)
+    return read_secret(variable, what=what)
 
 
 def _group(name: str) -> int:
@@ -131,6 +160,15 @@ def choose_binary(implementation: str) -> str | None:
     default=None,
     envvar="CDI_CONTROLLER_URL",
     help="grpc://host:port of the CDI controller (omit to run alone).",
+)
+@click.option(
+    "--controller-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar=f"{CONTROLLER_TOKEN_ENV}_FILE",
+    show_envvar=True,
+    help=f"This host's token for the controller (mode 0600; or ${CONTROLLER_TOKEN_ENV}): "
+    "with --controller.",
 )
 @click.option("--memory-limit", default=None, help="Cap on all object memory, e.g. 4GiB.")
 @click.option("--max-object", default="1GiB", show_default=True, help="Largest object.")
@@ -193,6 +231,15 @@ def choose_binary(implementation: str) -> str | None:
     envvar="CDI_TRANSPORT",
     help="How objects cross between hosts: tcp; rdma refuses, saying why (no data path yet).",
 )
+@click.option(
+    "--gateway-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar=f"{GATEWAY_KEY_ENV}_FILE",
+    show_envvar=True,
+    help=f"The key every gateway of the cluster holds (mode 0600; or ${GATEWAY_KEY_ENV}): "
+    "with --rpc-listen.",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def minion_command(
     implementation: str,
@@ -200,14 +247,16 @@ def minion_command(
     rpc_listen: str | None,
     rpc_advertise: str | None,
     transport: str,
+    gateway_key_file: Path | None,
     **options: Any,
 ) -> None:
     """Run this host's CDI minion: it holds every object's memory and enforces ownership."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         config = _config(**options)
+        check_socket_dir(config.socket_path)
         binary = choose_binary(implementation)
-        gateway = _gateway(config, rpc_listen, rpc_advertise, transport)
+        gateway = _gateway(config, rpc_listen, rpc_advertise, transport, gateway_key_file)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     if gateway is not None:
@@ -227,7 +276,11 @@ def minion_command(
 
 
 def _gateway(
-    config: MinionConfig, listen: str | None, advertise: str | None, transport: str
+    config: MinionConfig,
+    listen: str | None,
+    advertise: str | None,
+    transport: str,
+    key_file: Path | None,
 ) -> Gateway | None:
     """This host's gateway for transfers between hosts, bound but not started; ``None``
     without ``--rpc-listen``."""
@@ -237,6 +290,13 @@ def _gateway(
         return None
     if not config.controller_url:
         raise ConfigError("--rpc-listen needs --controller: other hosts are found through it")
+    key = _secret(key_file, GATEWAY_KEY_ENV, "gateway key")
+    if key is None:
+        raise ConfigError(
+            "--rpc-listen: gateways prove to each other that they belong to the cluster with "
+            f"its gateway key; give it --gateway-key-file (${GATEWAY_KEY_ENV}_FILE) or "
+            f"${GATEWAY_KEY_ENV} (`cdiflow cdi credentials` makes one)"
+        )
     from cdi.remote.gateway import Gateway, GatewayConfig
 
     return Gateway(
@@ -244,8 +304,12 @@ def _gateway(
             minion_socket=config.socket_path,
             host=config.host,
             controller_url=config.controller_url,
+            controller_token=config.controller_token,
+            key=check_key(key, "gateway key"),
             listen=listen,
             advertise=advertise or "",
             transport=transport,
+            socket_mode=config.socket_mode,
+            socket_group=config.socket_group,
         )
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 from dataclasses import dataclass, field
 
 import psutil
@@ -13,7 +14,7 @@ from cdi.minion.names import NameRule
 from cdi.protocol import Isolation
 from cdi.url import default_socket_path
 
-__all__ = ["MinionConfig", "parse_bytes"]
+__all__ = ["MinionConfig", "check_socket_dir", "parse_bytes"]
 
 _UNITS = {
     "": 1,
@@ -43,6 +44,26 @@ def parse_bytes(text: str) -> int:
     return int(value * _UNITS[unit])
 
 
+def check_socket_dir(socket_path: str) -> None:
+    """Refuse a socket folder that another user controls: its owner could swap our socket
+    for one of its own, and every client would hand it its objects (a folder in /tmp made
+    first by someone else, say). Ours or root's it must be, and writable by others only if
+    sticky. A missing folder is made by the minion, ours."""
+    folder = os.path.dirname(socket_path)
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return
+    mine = st.st_uid in (os.geteuid(), 0)
+    open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+    if not mine or open_to_others:
+        raise ConfigError(
+            f"the socket folder {folder} belongs to uid {st.st_uid} (mode "
+            f"{stat.S_IMODE(st.st_mode):o}): whoever controls it could put another socket in "
+            "the minion's place; use a folder of your own (--socket, CDI_SOCKET)"
+        )
+
+
 def _default_memory_limit() -> int:
     return int(psutil.virtual_memory().total // 2)
 
@@ -67,6 +88,9 @@ class MinionConfig:
     """Object size -> number of segments to allocate at start-up."""
     controller_url: str | None = None
     """``grpc://host:port`` of the CDI controller; ``None`` runs the minion on its own."""
+    controller_token: str | None = field(default=None, repr=False)
+    """This host's token for the controller (``cdi.auth``): it proves the minion speaks for
+    ``host``. Needed with ``controller_url``."""
     rpc_address: str = ""
     """Where other hosts' gateways reach this host's (``host:port``); empty: no transfers
     between hosts. Reported to the controller, whose directory routes transfers by it."""

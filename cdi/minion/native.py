@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
+from cdi.auth import without_secrets
 from cdi.errors import CDIError, ConfigError
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ def run_native(
     try:
         child = subprocess.Popen(
             [*argv, "--events-fd", str(write_end)],
+            env=without_secrets(os.environ),  # the binary talks to no controller, no gateway
             pass_fds=(write_end,),
             preexec_fn=_die_with_parent(),  # one prctl call: takes no locks
         )

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from cdi.child import ChildProcess
+from cdi.child import ChildProcess, python_module
 from cdi.client import Client
 from cdi.errors import MinionUnavailable
 
@@ -26,7 +25,7 @@ class MinionChild(ChildProcess):
     ) -> None:
         """``wrap``: run the command through it (``Host.wrap``: on another host)."""
         self.socket_path = socket_path
-        argv = [sys.executable, "-m", "cdi.minion", "--socket", socket_path, *args]
+        argv = python_module("cdi.minion", "--socket", socket_path, *args)
         super().__init__(
             wrap(argv) if wrap else argv,
             log_path or str(Path(socket_path).with_suffix(".log")),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from cdi.controller.client import ControllerClient
+from cdi.auth import ClusterCredentials
 from cdi.controller.process import ControllerChild
 from cdi.errors import ConnectionFailed
 from cdi.hosts import HostNetwork
@@ -65,7 +65,11 @@ class LocalCluster:
         net = network or HostNetwork.create(hosts)
         url = f"grpc://{net.gateway}:{_free_port(net.gateway)}"
         log_dir = Path(logs) if logs is not None else folder
-        controller = ControllerChild(url, str(log_dir / "cdi-controller.log"))
+        # The cluster's keys and each host's token, private to this user (cdi.auth).
+        credentials = ClusterCredentials.ensure(
+            folder / "credentials", [host.name for host in net.hosts]
+        )
+        controller = ControllerChild(url, str(log_dir / "cdi-controller.log"), credentials)
         cluster = cls(net, controller, directory=folder)
         try:
             cluster.controller.start()
@@ -76,6 +80,8 @@ class LocalCluster:
                 minion = MinionChild(
                     str(home / "minion.sock"),
                     "--host", host.name, "--controller", url,
+                    "--controller-token-file", str(credentials.minion_token_file(host.name)),
+                    "--gateway-key-file", str(credentials.gateway_key_file),
                     "--rpc-listen", f"{host.address}:0", *minion_args,
                     log_path=str(
                         (log_dir / f"cdi-minion-{host.name}.log") if logs else home / "minion.log"
@@ -94,7 +100,7 @@ class LocalCluster:
         """Until every minion is in the directory with its transfer address."""
         names = {h.name for h in self.network.hosts}
         deadline = time.monotonic() + timeout
-        with ControllerClient(self.controller_url) as client:
+        with self.controller.client() as client:
             while True:
                 ready = {m.host for m in client.list_minions() if m.rpc_address and m.alive}
                 if names <= ready:

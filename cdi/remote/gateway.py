@@ -25,7 +25,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cdi
@@ -65,11 +65,18 @@ class GatewayConfig:
     minion_socket: str
     host: str
     controller_url: str
+    key: str = field(repr=False)
+    """The cluster's gateway key: every link proves both ends hold it (``cdi.auth``)."""
     listen: str
     """``host:port`` the gateway accepts other hosts' transfers on (port 0: any)."""
     advertise: str = ""
     """The address other hosts dial, if not ``listen`` (e.g. listening on 0.0.0.0)."""
     transport: str = "auto"
+    controller_token: str | None = field(default=None, repr=False)
+    """This host's minion's token, for the controller's routes (None: from the environment)."""
+    socket_mode: int = 0o660
+    socket_group: int | None = None
+    """The local socket's mode and group: the minion's (``MinionConfig``)."""
 
 
 class Gateway:
@@ -79,8 +86,8 @@ class Gateway:
         self.config = config
         prefix = container_prefix(config.host)
         self._transport = choose_transport(config.transport)
-        self._sender = Sender(self._transport)
-        self._routes = RouteCache(config.controller_url, config.host)
+        self._sender = Sender(self._transport, config.key, config.host)
+        self._routes = RouteCache(config.controller_url, config.host, config.controller_token)
         self._recovery_id = f"{prefix}recovery"
         self._recovery: cdi.Client | None = None  # connected in start(), once the minion is up
         # key -> its recovery container on its former host; the oldest forgotten past a bound
@@ -93,10 +100,11 @@ class Gateway:
         self.local = LocalService(
             gateway_socket_path(config.minion_socket), config.minion_socket, f"{prefix}out",
             self.forward, self._locate, self._routes.locate,
+            config.socket_mode, config.socket_group,
         )  # fmt: skip
         self.inbound = InboundServer(
             self._transport, config.listen, config.minion_socket, f"{prefix}in",
-            self._recovery_for, self.local.arrived, self._left,
+            self._recovery_for, self.local.arrived, self._left, config.key,
         )  # fmt: skip
         host, _, port = self.inbound.address.rpartition(":")
         self.address = config.advertise or (

@@ -20,6 +20,7 @@ from typing import Any
 
 import cdi
 from cdi.errors import CDIError, InvalidArgument, ProtocolError
+from cdi.remote.handshake import answer
 from cdi.remote.serving import AcceptLoop
 from cdi.remote.transport import Transport, tune_accepted
 from cdi.remote.wire import receive_header, receive_into, send_frame
@@ -44,8 +45,11 @@ class InboundServer:
         recovery: Callable[[str, str], str],
         delivered: Callable[[str], None],
         departed: Callable[[str], None],
+        key: str,
     ) -> None:
-        """``recovery(key, their_recovery)``: the recovery container to give a new object;
+        """``key``: the cluster's gateway key, which a link must prove it holds before it
+        offers or asks anything (``cdi.remote.handshake``).
+        ``recovery(key, their_recovery)``: the recovery container to give a new object;
         ``delivered(key)``: called once an object has been handed to its owner;
         ``departed(key)``: waits until a copy of ``key`` leaving this host is gone."""
         self.minion_socket = minion_socket
@@ -53,6 +57,7 @@ class InboundServer:
         self._recovery = recovery
         self._delivered = delivered
         self._departed = departed
+        self._key = key
         self._server = transport.listen(listen)
         self.address = "{}:{}".format(*self._server.getsockname()[:2])
         self._ids = itertools.count(1)
@@ -71,6 +76,7 @@ class InboundServer:
         tune_accepted(sock)
         client: cdi.Client | None = None
         try:
+            answer(sock, self._key)
             while True:
                 header = receive_header(sock)
                 if header is None:

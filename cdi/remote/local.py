@@ -13,8 +13,9 @@ Requests (msgpack maps on ``SOCK_SEQPACKET``, answered in order, each with its `
              process of a host); ``access_timeout`` after ``timeout`` seconds;
              ``not_found`` at once if no host has such an object.
 
-Anyone on the host may connect; nothing here grants more than the minion does: the gateway
-forwards only objects that were transferred to the caller's own slot.
+Whoever may connect to the minion may connect here (the same mode and group as the minion's
+socket); nothing here grants more than the minion does: the gateway forwards only objects that
+were transferred to the caller's own slot.
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ class LocalService:
         forward: Forward,
         locate: Locate,
         exists: Exists,
+        mode: int = 0o660,
+        group: int | None = None,
     ) -> None:
+        """``mode`` and ``group``: the socket file's, as the minion's (``MinionConfig``)."""
         self.path = path
         self.minion_socket = minion_socket
         self._prefix = prefix
@@ -73,8 +77,16 @@ class LocalService:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        self._server.bind(path)
-        os.chmod(path, 0o666)  # as the minion's: any local uid; what it may do is checked inside
+        # Created 0600 (no moment when anyone else may connect), then given the minion's group
+        # and mode: who may not use the minion may not use its gateway either.
+        umask = os.umask(0o177)
+        try:
+            self._server.bind(path)
+        finally:
+            os.umask(umask)
+        if group is not None:
+            os.chown(path, -1, group)
+        os.chmod(path, mode)
         self._server.listen(64)
         self._loop = AcceptLoop(self._server, self._serve, "cdi-gateway-local")
 

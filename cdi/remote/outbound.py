@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from cdi.errors import CDIError, ProtocolError, TransferFailed, error_from_code
+from cdi.remote.handshake import greet
 from cdi.remote.transport import Transport
 from cdi.remote.wire import LINK_TIMEOUT_S, receive_header, send_frame
 
@@ -34,11 +35,17 @@ Outcome = str  # "committed" | "aborted" | "unknown"
 
 
 class Sender:
-    """Sends offers over pooled links, one link per transfer in flight."""
+    """Sends offers over pooled links, one link per transfer in flight. Each link starts with
+    the handshake (``cdi.remote.handshake``): ``key`` is the cluster's gateway key, ``host``
+    this gateway's host."""
 
-    def __init__(self, transport: Transport, connect_timeout: float = 3.0) -> None:
+    def __init__(
+        self, transport: Transport, key: str, host: str, connect_timeout: float = 3.0
+    ) -> None:
         self.transport = transport
         self.connect_timeout = connect_timeout
+        self._key = key
+        self._host = host
         self._idle: dict[str, list[socket.socket]] = {}
         self._lock = threading.Lock()
 
@@ -77,10 +84,10 @@ class Sender:
     def resolve(self, address: str, xfer: str) -> Outcome:
         """Ask the receiver for the outcome, fencing the transfer if it has not committed."""
         try:
-            sock = self._connect(address)
+            sock = self._link(address)
         except ConnectionRefusedError:
             return "aborted"  # no gateway there: its minion, and any copy, is gone too
-        except OSError:
+        except (OSError, CDIError):  # unreachable, or not our gateway: no answer to trust
             return "unknown"
         try:
             sock.settimeout(self.connect_timeout)
@@ -119,10 +126,23 @@ class Sender:
         return self._connect(address), False
 
     def _connect(self, address: str) -> socket.socket:
+        """A new link for an offer; ``TransferFailed`` if there is none to be had."""
         try:
-            return self.transport.connect(address, self.connect_timeout)
-        except OSError as exc:
+            return self._link(address)
+        except (OSError, CDIError) as exc:
             raise _failed(address, f"cannot connect: {exc}") from exc
+
+    def _link(self, address: str) -> socket.socket:
+        """A new link to ``address`` once both gateways proved they belong to the cluster;
+        ``OSError`` (``ConnectionRefusedError`` when nothing listens there), or the
+        handshake's ``NotAuthenticated``/``ProtocolError``."""
+        sock = self.transport.connect(address, self.connect_timeout)
+        try:
+            greet(sock, self._key, self._host, address)
+        except BaseException:
+            _close(sock)
+            raise
+        return sock
 
     def _give_back(self, address: str, sock: socket.socket) -> None:
         with self._lock:

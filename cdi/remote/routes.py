@@ -22,9 +22,10 @@ REGISTRATION_LAG_S = 5.0
 class RouteCache:
     """``route(container)`` -> its host and that host's gateway address."""
 
-    def __init__(self, controller_url: str, this_host: str) -> None:
+    def __init__(self, controller_url: str, this_host: str, token: str | None = None) -> None:
         self.this_host = this_host
         self._url = controller_url
+        self._token = token  # this host's minion's (None: from the environment)
         self._client: ControllerClient | None = None  # made on first use: no gRPC before fork
         self._lock = threading.Lock()
         self._routes: dict[str, tuple[float, Route]] = {}
@@ -33,7 +34,7 @@ class RouteCache:
     def _controller(self) -> ControllerClient:
         with self._lock:
             if self._client is None:
-                self._client = ControllerClient(self._url)
+                self._client = ControllerClient(self._url, token=self._token)
             return self._client
 
     def route(self, container_id: str) -> Route:

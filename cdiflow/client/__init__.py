@@ -11,13 +11,20 @@
         print(run.output["label"])
         api.download_result(run.id, "result.png")
 
-Every verb of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
+Every route of the REST API is a method: tasks (``register_task``, ``tasks``, ...), workflow
 definitions (``apply_definition``, ``definition_versions``, ``delete_definition``, ...), inputs
 (``upload``), runs (``start``, ``wait``, ``run``, ``events``, ``download_result``,
-``list_workflows``, ``cancel``, ``retry``) and ``workers``. Errors come from one tree,
+``save_result``, ``list_workflows``, ``cancel``, ``retry``, ``pause``, ``resume``, ``images``),
+schedules (``create_schedule``, ``schedules``, ``pause_schedule``, ...), webhooks
+(``create_webhook``, ``deliveries``, ...), task runs, ``workers``, ``cdi_objects``, ``stats``,
+API keys and health. Errors come from one tree,
 ``cdiflow.client.errors``, mapped from the API's error codes.
+
+The answers are the API's own models (``orchestrator.schemas``, under the names below), read
+so that fields, step kinds and statuses of a newer API are kept: ``cdiflow.client.models``.
 """
 
+from cdiflow.client._calls import SavedResult
 from cdiflow.client.aio import AsyncClient
 from cdiflow.client.config import Endpoint, resolve
 from cdiflow.client.errors import (
@@ -37,50 +44,85 @@ from cdiflow.client.errors import (
     WorkflowFailed,
 )
 from cdiflow.client.models import (
+    ActiveTaskRun,
+    CdiDirectory,
     Definition,
     DefinitionVersion,
+    Delivery,
+    DeliveryPage,
     Event,
+    EventPage,
     Handoff,
+    Identity,
+    Key,
+    KeyCreated,
+    Liveness,
+    Readiness,
+    Schedule,
+    Stats,
     Step,
     Task,
     TaskRun,
+    TaskRunInWorkflow,
     Upload,
+    Webhook,
+    WebhookCreated,
     Worker,
     Workflow,
     WorkflowDetail,
+    WorkflowImages,
     WorkflowPage,
+    as_data,
 )
 from cdiflow.client.sync import Client
 
 __all__ = [
     "APIError",
+    "ActiveTaskRun",
     "AsyncClient",
+    "CdiDirectory",
     "CdiflowError",
     "Client",
     "ConfigError",
     "Conflict",
     "Definition",
     "DefinitionVersion",
+    "Delivery",
+    "DeliveryPage",
     "Endpoint",
     "Event",
+    "EventPage",
     "Forbidden",
     "Handoff",
+    "Identity",
     "InvalidRequest",
+    "Key",
+    "KeyCreated",
+    "Liveness",
     "NotFound",
+    "Readiness",
     "RequestTooLarge",
+    "SavedResult",
+    "Schedule",
     "ServiceUnavailable",
+    "Stats",
     "Step",
     "Task",
     "TaskRun",
+    "TaskRunInWorkflow",
     "TooManyRequests",
     "TransportError",
     "Unauthorized",
     "Upload",
     "WaitTimeout",
+    "Webhook",
+    "WebhookCreated",
     "Worker",
     "Workflow",
     "WorkflowDetail",
     "WorkflowFailed",
+    "WorkflowImages",
     "WorkflowPage",
+    "as_data",
     "resolve",
 ]

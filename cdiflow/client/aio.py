@@ -17,37 +17,61 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Mapping
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from cdiflow.client._calls import (
     BUSY_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_WAITS,
     Call,
     Calls,
+    FileSource,
     ImageSource,
+    Pools,
     RunId,
+    SavedResult,
     WaitClock,
     as_image_source,
     busy_delay,
     parse_response,
+    the_only_result,
     transport_error,
 )
 from cdiflow.client.config import Endpoint, resolve
+from cdiflow.client.errors import NotFound
 from cdiflow.client.models import (
-    FINISHED,
+    ActiveTaskRun,
+    CdiDirectory,
     Definition,
     DefinitionVersion,
+    DeliveryPage,
     Event,
+    Identity,
+    Key,
+    KeyCreated,
+    Liveness,
+    Readiness,
+    Schedule,
+    Stats,
     Task,
+    TaskRunInWorkflow,
     Upload,
+    Webhook,
+    WebhookCreated,
     Worker,
     Workflow,
     WorkflowDetail,
+    WorkflowImages,
     WorkflowPage,
+    has_ended,
 )
 
 __all__ = ["AsyncClient"]
@@ -62,6 +86,11 @@ class AsyncClient:
     the stack ``cdiflow up`` runs from ``data_dir`` (``$CDIFLOW_DATA_DIR``, ``./.data``); see
     ``cdiflow.client.config``. Use it as an async context manager, or ``aclose()`` it.
 
+    Connections come from two pools: at most ``max_connections`` for every call but waits,
+    and at most ``max_waits`` for the long polls of ``wait`` and ``run`` (each holds one while
+    it waits), so waits never hold up starts, uploads or reads. A ``transport`` replaces both
+    pools (it is its own).
+
     A request the API answers 429 (at capacity: it did nothing with it) is sent again after
     the ``Retry-After`` the API gives, for up to ``busy_timeout`` seconds in all; then, or at
     once with ``busy_timeout=0``, it raises ``TooManyRequests``.
@@ -74,15 +103,21 @@ class AsyncClient:
         api_key: str | None = None,
         data_dir: str | Path | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_waits: int = DEFAULT_MAX_WAITS,
         busy_timeout: float = BUSY_TIMEOUT_S,
     ) -> None:
         self.endpoint: Endpoint = resolve(api_url, api_key, data_dir)
         self.busy_timeout = busy_timeout
+        pools = Pools.sized(max_connections, max_waits)
         headers = {"Accept": "application/json"}
         if self.endpoint.key:
             headers["Authorization"] = f"Bearer {self.endpoint.key}"
         self._http = httpx.AsyncClient(
-            base_url=self.endpoint.url, headers=headers, transport=transport
+            base_url=self.endpoint.url, headers=headers, transport=transport, limits=pools.calls
+        )
+        self._waits = httpx.AsyncClient(
+            base_url=self.endpoint.url, headers=headers, transport=transport, limits=pools.waits
         )
         self._calls = Calls()
 
@@ -91,7 +126,8 @@ class AsyncClient:
         return self.endpoint.url
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for pool in (self._http, self._waits):
+            await pool.aclose()
 
     async def __aenter__(self) -> Self:
         return self
@@ -105,15 +141,17 @@ class AsyncClient:
         await self.aclose()
 
     async def _send(self, call: Call[T]) -> T:
+        pool = self._waits if call.wait_s > 0 else self._http
         waited = 0.0
         while True:
             try:
-                response = await self._http.request(
+                response = await pool.request(
                     call.method,
                     call.path,
                     params=call.params,
                     json=call.json,
                     files=call.files,
+                    headers=call.headers,
                     timeout=call.timeout,
                 )
             except httpx.TransportError as exc:
@@ -134,9 +172,13 @@ class AsyncClient:
         retries: int | None = None,
         retry_backoff_s: float | None = None,
         description: str | None = None,
+        create: bool = False,
+        max_concurrency: int | None = None,
     ) -> Task:
         """Register task ``name`` run by ``module`` (``package.module:function``), or replace
-        it. Settings left out come from the function's ``@task`` (else the API's defaults)."""
+        it (with ``create``, ``Conflict`` if it exists). Settings left out come from the
+        function's ``@task`` (else the API's defaults); ``max_concurrency``: at most this many
+        runs of it at once over every scheduler."""
         call = self._calls.register_task(
             name,
             module,
@@ -144,6 +186,8 @@ class AsyncClient:
             retries=retries,
             retry_backoff_s=retry_backoff_s,
             description=description,
+            create=create,
+            max_concurrency=max_concurrency,
         )
         return await self._send(call)
 
@@ -159,10 +203,14 @@ class AsyncClient:
         await self._send(self._calls.delete_task(name))
 
     # -- workflow definitions ----------------------------------------------------------------
-    async def apply_definition(self, definition: Mapping[str, Any]) -> Definition:
-        """Save a workflow definition (``{"name", "description", "tasks": [...]}``): a new
-        version when it differs from the current one, nothing when it does not."""
-        return await self._send(self._calls.apply_definition(definition))
+    async def apply_definition(
+        self, definition: Mapping[str, Any] | BaseModel, *, create: bool = False
+    ) -> Definition:
+        """Save a workflow definition (``{"name", "description", "tasks": [...]}``, and the
+        queue settings ``priority`` and ``max_concurrent_runs`` if given, or a ``Definition``
+        read from the API): a new version when it differs from the current one, nothing when it
+        does not. With ``create``, version 1 of a new name only (``Conflict`` if it exists)."""
+        return await self._send(self._calls.apply_definition(definition, create=create))
 
     async def definitions(self) -> list[Definition]:
         return await self._send(self._calls.definitions())
@@ -181,12 +229,19 @@ class AsyncClient:
         """Delete a workflow definition (``Conflict`` while runs of it are pending or running)."""
         await self._send(self._calls.delete_definition(name))
 
+    async def pause_definition(self, name: str) -> Definition:
+        """Pause a definition's queue: its new runs wait PENDING; RUNNING ones go on."""
+        return await self._send(self._calls.pause_definition(name))
+
+    async def resume_definition(self, name: str) -> Definition:
+        return await self._send(self._calls.pause_definition(name, paused=False))
+
     # -- inputs and runs ---------------------------------------------------------------------
-    async def upload(
-        self, image: bytes | str | os.PathLike[str] | IO[bytes], filename: str | None = None
-    ) -> Upload:
-        """Store an input image (a path, bytes or an open binary file) in the stack's bucket."""
-        return await self._send(self._calls.upload(image, filename))
+    async def upload(self, file: FileSource, filename: str | None = None) -> Upload:
+        """Store an input file (a path, bytes or an open binary file: an image, a video, a
+        ``.npy`` array, ...) in the stack's bucket: its ``uri``, and the ``content_type`` the
+        API found in its bytes."""
+        return await self._send(self._calls.upload(file, filename))
 
     async def start(
         self,
@@ -194,25 +249,45 @@ class AsyncClient:
         image: ImageSource | None = None,
         *,
         data: Mapping[str, Any] | None = None,
+        files: Mapping[str, FileSource] | None = None,
         policy: str | None = None,
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
     ) -> Workflow:
         """Start a run of ``workflow`` on ``image``: an ``s3://`` URI, or a local file (path,
         bytes or open file) uploaded first; ``None`` starts a dataless run. ``data`` reaches
-        every task as ``ctx.input``; ``version`` runs that version of the definition."""
+        every task as ``ctx.input``; each of ``files`` (a local file, uploaded first, or an
+        ``s3://`` URI) goes into it under its name as its URI (``files={"video": "a.mp4"}``
+        for ``ar_video``). ``version`` runs that version of the definition; ``priority``
+        (-100..100, default the definition's) orders it among waiting runs; ``tags`` label it.
+        With ``idempotency_key`` a start sent again (after a timeout, say) answers the run the
+        first one started instead of starting another. ``timeout_s`` is the run's time limit
+        (past it, it ends TIMED_OUT), instead of the definition's."""
         uri, local = as_image_source(image)
         if local is not None:
             uri = (await self.upload(local)).uri
+        named = dict(data or {})
+        for name, source in (files or {}).items():
+            named[name], local = as_image_source(source)
+            if local is not None:
+                named[name] = (await self.upload(local)).uri
         call = self._calls.start(
             workflow,
             uri,
-            data=data,
+            data=named,
             policy=policy,
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            priority=priority,
+            tags=tags,
+            idempotency_key=idempotency_key,
+            timeout_s=timeout_s,
         )
         return await self._send(call)
 
@@ -238,48 +313,107 @@ class AsyncClient:
         *,
         timeout: float | None = None,
         data: Mapping[str, Any] | None = None,
+        files: Mapping[str, FileSource] | None = None,
         policy: str | None = None,
         data_plane: str | None = None,
         result_format: str | None = None,
         version: int | None = None,
+        timeout_s: float | None = None,
     ) -> WorkflowDetail:
-        """``start`` then ``wait(check=True)``: the completed run, or ``WorkflowFailed``."""
+        """``start`` then ``wait(check=True)``: the completed run, or ``WorkflowFailed``.
+        ``timeout`` bounds the wait (the run goes on), ``timeout_s`` the run itself."""
         started = await self.start(
             workflow,
             image,
             data=data,
+            files=files,
             policy=policy,
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            timeout_s=timeout_s,
         )
         return await self.wait(started.id, timeout, check=True)
 
     async def events(
-        self, workflow_id: RunId, *, follow: bool = True, poll_s: float = 0.5
+        self,
+        workflow_id: RunId,
+        *,
+        follow: bool = True,
+        poll_s: float = 0.5,
+        timeout: float | None = None,
     ) -> AsyncIterator[Event]:
         """The run's events, oldest first; with ``follow``, new ones as they happen, until the
-        run has finished."""
+        run has finished or ``timeout`` seconds have passed (the run goes on)."""
         after = 0
+        clock = WaitClock(str(workflow_id), timeout)
         while True:
             page = await self._send(self._calls.events_after(workflow_id, after))
             for event in page.events:
                 yield event
             after = page.events[-1].id if page.events else after
-            if not follow or (page.status in FINISHED and not page.events):
+            if not follow or clock.over():
                 return
             if not page.events:
-                await asyncio.sleep(poll_s)
+                ended = has_ended(page.status)
+                if ended is None:  # a status this version does not know: ask the run
+                    detail = await self._send(self._calls.get(workflow_id, events=0))
+                    ended = detail.finished
+                if ended:
+                    return
+                await asyncio.sleep(min(poll_s, clock.left()))
 
     async def download_result(
-        self, workflow_id: RunId, path: str | os.PathLike[str] | None = None
+        self,
+        workflow_id: RunId,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        output: str | None = None,
     ) -> bytes:
-        """The result image of a completed run, as stored (PNG or JPEG); also written to
-        ``path`` when given. ``Conflict`` while the run has not completed."""
-        data = await self._send(self._calls.result(workflow_id))
+        """A completed run's result as stored, in memory (``save_result`` streams it to a
+        file instead): its image result, or the result ``output`` names (``step.output`` as
+        its ``output["results"]`` lists them); with neither, its only result. Also written to
+        ``path`` when given. ``Conflict`` while the run has not completed, ``NotFound`` (with
+        ``known``, the names it stored) for a result it did not store."""
+        try:
+            data = await self._send(self._calls.result(workflow_id, output))
+        except NotFound as exc:
+            only = the_only_result(output, exc)
+            data = await self._send(self._calls.result(workflow_id, only))
         if path is not None:
             Path(path).write_bytes(data)
         return data
+
+    async def save_result(
+        self, workflow_id: RunId, path: str | os.PathLike[str], *, output: str | None = None
+    ) -> SavedResult:
+        """Stream a completed run's result into the file ``path``, never whole in memory (a
+        video, a large array): which result as ``download_result`` chooses. The file appears
+        only once every byte has arrived."""
+        try:
+            return await self._save(self._calls.result(workflow_id, output), Path(path))
+        except NotFound as exc:
+            only = the_only_result(output, exc)
+            return await self._save(self._calls.result(workflow_id, only), Path(path))
+
+    async def _save(self, call: Call[bytes], path: Path) -> SavedResult:
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            async with self._http.stream(call.method, call.path, timeout=call.timeout) as response:
+                if response.is_error:
+                    await response.aread()
+                    parse_response(call, response)  # raises the API's error
+                size = 0
+                with partial.open("wb") as out:
+                    async for chunk in response.aiter_bytes():
+                        size += out.write(chunk)
+                partial.replace(path)
+                kind = response.headers.get("content-type", "application/octet-stream")
+                return SavedResult(path, size, kind)
+        except httpx.TransportError as exc:
+            raise transport_error(self.api_url, exc) from exc
+        finally:
+            partial.unlink(missing_ok=True)
 
     async def list_workflows(
         self,
@@ -287,12 +421,23 @@ class AsyncClient:
         status: str | None = None,
         workflow: str | None = None,
         policy: str | None = None,
+        tags: Sequence[str] | None = None,
+        input: Mapping[str, Any] | None = None,
+        schedule: str | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> WorkflowPage:
-        """One page of runs, newest first, filtered by status, definition and policy."""
+        """One page of runs, newest first, filtered by status, definition, policy, ``tags``
+        (every one), ``input`` (JSON the run's input contains) and ``schedule``."""
         call = self._calls.list_workflows(
-            status=status, workflow=workflow, policy=policy, limit=limit, offset=offset
+            status=status,
+            workflow=workflow,
+            policy=policy,
+            tags=tags,
+            input=input,
+            schedule=schedule,
+            limit=limit,
+            offset=offset,
         )
         return await self._send(call)
 
@@ -301,8 +446,166 @@ class AsyncClient:
         return await self._send(self._calls.cancel(workflow_id))
 
     async def retry(self, workflow_id: RunId) -> Workflow:
-        """A new run with the same input as a FAILED or CANCELLED one."""
+        """A new run with the same input as a FAILED, CANCELLED or TIMED_OUT one."""
         return await self._send(self._calls.retry(workflow_id))
+
+    async def images(self, workflow_id: RunId) -> WorkflowImages:
+        """The run's input and result images: size, format and whether a thumbnail exists."""
+        return await self._send(self._calls.images(workflow_id))
+
+    async def thumbnail(self, workflow_id: RunId, role: str = "result") -> bytes:
+        """A small JPEG of the run's ``input`` or ``result`` image."""
+        return await self._send(self._calls.thumbnail(workflow_id, role))
+
+    # -- task runs, workers, the CDI directory, statistics -----------------------------------
+    async def active_task_runs(
+        self, *, worker: str | None = None, workflow: RunId | None = None, limit: int = 200
+    ) -> list[ActiveTaskRun]:
+        """Unfinished task runs, oldest first (of one worker or workflow when given)."""
+        call = self._calls.active_task_runs(worker=worker, workflow=workflow, limit=limit)
+        return await self._send(call)
+
+    async def task_runs(
+        self,
+        finished_after: datetime,
+        started_before: datetime,
+        *,
+        after_id: int = 0,
+        limit: int = 200,
+    ) -> list[TaskRunInWorkflow]:
+        """Task runs that ran, at least in part, between the two moments, by id; a full page
+        goes on from ``after_id`` = its last id."""
+        call = self._calls.task_runs(finished_after, started_before, after_id=after_id, limit=limit)
+        return await self._send(call)
+
+    async def pause(self, workflow_id: RunId) -> Workflow:
+        """Pause a run: what runs finishes, its next steps wait until ``resume``."""
+        return await self._send(self._calls.pause(workflow_id))
+
+    async def resume(self, workflow_id: RunId) -> Workflow:
+        return await self._send(self._calls.pause(workflow_id, paused=False))
 
     async def workers(self) -> list[Worker]:
         return await self._send(self._calls.workers())
+
+    async def cdi_objects(self) -> CdiDirectory:
+        """Every CDI object and minion the CDI controller knows."""
+        return await self._send(self._calls.cdi_objects())
+
+    async def stats(self, *, window_minutes: int = 15) -> Stats:
+        """Runs by status, and per minute of the window completions, failures and latency."""
+        return await self._send(self._calls.stats(window_minutes=window_minutes))
+
+    # -- API keys and health -----------------------------------------------------------------
+    async def whoami(self) -> Identity:
+        """The key this client sends: its name and role."""
+        return await self._send(self._calls.whoami())
+
+    async def keys(self) -> list[Key]:
+        return await self._send(self._calls.keys())
+
+    async def create_key(self, name: str, role: str | None = None) -> KeyCreated:
+        """Issue a key (role ``viewer`` unless given); ``.key`` is shown this once."""
+        return await self._send(self._calls.create_key(name, role))
+
+    async def revoke_key(self, key_id: str | uuid.UUID) -> None:
+        await self._send(self._calls.revoke_key(key_id))
+
+    async def health(self) -> Liveness:
+        """Whether the API process answers."""
+        return await self._send(self._calls.health())
+
+    async def readiness(self) -> Readiness:
+        """Whether every part behind the API answers: ``status`` and each check, also when
+        one is down (the API's 503)."""
+        return await self._send(self._calls.readiness())
+
+    # -- schedules ---------------------------------------------------------------------------
+    async def create_schedule(
+        self,
+        name: str,
+        workflow: str,
+        cron: str,
+        *,
+        timezone: str | None = None,
+        catchup: str | None = None,
+        grace_s: float | None = None,
+        input: Mapping[str, Any] | None = None,
+        policy: str | None = None,
+        data_plane: str | None = None,
+        version: int | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
+        """A run of ``workflow`` at each tick of ``cron`` (five fields, six with seconds
+        first, or @daily...) in ``timezone`` (default UTC); ``catchup`` (skip, latest, all)
+        says what becomes of ticks missed by more than ``grace_s``."""
+        call = self._calls.create_schedule(
+            name,
+            workflow,
+            cron,
+            timezone=timezone,
+            catchup=catchup,
+            grace_s=grace_s,
+            input=dict(input) if input is not None else None,
+            policy=policy,
+            data_plane=data_plane,
+            version=version,
+            priority=priority,
+            tags=list(tags) if tags else None,
+            paused=paused,
+        )
+        return await self._send(call)
+
+    async def schedules(self, workflow: str | None = None) -> list[Schedule]:
+        """Every schedule (of ``workflow``), with its next fire times."""
+        return await self._send(self._calls.schedules(workflow))
+
+    async def schedule(self, name: str) -> Schedule:
+        return await self._send(self._calls.schedule(name))
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        return await self._send(self._calls.pause_schedule(name))
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """Fire again from the next tick (the paused ones are not caught up)."""
+        return await self._send(self._calls.pause_schedule(name, paused=False))
+
+    async def delete_schedule(self, name: str) -> None:
+        await self._send(self._calls.delete_schedule(name))
+
+    # -- webhooks (admin keys) ---------------------------------------------------------------
+    async def create_webhook(
+        self,
+        name: str,
+        url: str,
+        *,
+        events: Sequence[str] | None = None,
+        workflow: str | None = None,
+        secret: str | None = None,
+    ) -> WebhookCreated:
+        """POST ``events`` (default: every end of a run; also ``task.completed``, ...) of
+        every run (of ``workflow``) to ``url``, signed with ``secret`` (default: a new one,
+        in the answer only)."""
+        call = self._calls.create_webhook(
+            name, url, events=events, workflow=workflow, secret=secret
+        )
+        return await self._send(call)
+
+    async def webhooks(self) -> list[Webhook]:
+        return await self._send(self._calls.webhooks())
+
+    async def webhook(self, name: str) -> Webhook:
+        return await self._send(self._calls.webhook(name))
+
+    async def delete_webhook(self, name: str) -> None:
+        await self._send(self._calls.delete_webhook(name))
+
+    async def deliveries(
+        self, name: str, *, status: str | None = None, limit: int = 50, offset: int = 0
+    ) -> DeliveryPage:
+        """The webhook's delivery log, newest first."""
+        return await self._send(
+            self._calls.deliveries(name, status=status, limit=limit, offset=offset)
+        )

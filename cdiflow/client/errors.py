@@ -14,13 +14,14 @@
     │   ├── Conflict          409: clashes with the current state (a name taken, a run that has
     │   │                     finished or not yet, a definition still in use)
     │   ├── RequestTooLarge   413: a body or an upload over the API's limit
-    │   ├── InvalidRequest    400 or 422: content the API does not accept (also ValueError)
+    │   ├── InvalidRequest    400, 415 or 422: content the API does not accept (also
+    │   │                     ValueError; 415: an upload of a type the operator does not take)
     │   ├── TooManyRequests   429 for longer than the client's ``busy_timeout``: the API is at
     │   │                     capacity; ``retry_after_s`` says when it asked to be tried again
     │   └── ServiceUnavailable  503: Postgres, Redis, S3 or the CDI controller is not answering
     ├── WaitTimeout           a wait ended before the run did (also TimeoutError)
-    └── WorkflowFailed        a run that had to complete ended FAILED or CANCELLED; ``workflow``
-                              is its detail
+    └── WorkflowFailed        a run that had to complete ended FAILED, CANCELLED or TIMED_OUT;
+                              ``workflow`` is its detail, ``traceback`` its failing task's
 
 The messages are the API's own (which say what to change) or say what to check.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from cdiflow.client.models import WorkflowDetail
+    from cdiflow.client.models import TaskRun, WorkflowDetail
 
 __all__ = [
     "APIError",
@@ -48,6 +49,8 @@ __all__ = [
     "WaitTimeout",
     "WorkflowFailed",
     "api_error",
+    "describe_attempt",
+    "failed_task",
 ]
 
 
@@ -114,7 +117,7 @@ class RequestTooLarge(APIError):
 
 
 class InvalidRequest(APIError, ValueError):
-    """400 or 422: content the API does not accept; ``problems`` lists every issue."""
+    """400, 415 or 422: content the API does not accept; ``problems`` lists every issue."""
 
 
 class TooManyRequests(APIError):
@@ -141,12 +144,34 @@ class WaitTimeout(CdiflowError, TimeoutError):
 
 
 class WorkflowFailed(CdiflowError):
-    """A run that had to complete ended FAILED or CANCELLED; ``workflow`` is its detail."""
+    """A run that had to complete ended FAILED, CANCELLED or TIMED_OUT; ``workflow`` is its
+    detail, ``traceback`` where its failing task's code raised ("" when no task's code did),
+    and the message ends with that traceback."""
 
     def __init__(self, workflow: WorkflowDetail) -> None:
         reason = f": {workflow.error}" if workflow.error else ""
-        super().__init__(f"workflow run {workflow.id} ended {workflow.status}{reason}")
+        failed = failed_task(workflow)
+        self.traceback = failed.traceback if failed is not None and failed.traceback else ""
+        where = ""
+        if failed is not None and self.traceback:
+            where = f"\n\n{describe_attempt(failed)} raised:\n{self.traceback.rstrip()}"
+        super().__init__(f"workflow run {workflow.id} ended {workflow.status}{reason}{where}")
         self.workflow = workflow
+
+
+def failed_task(workflow: WorkflowDetail) -> TaskRun | None:
+    """The task run that ended ``workflow`` without success: the latest that did not complete
+    and says where its code was (a traceback), else the latest that did not complete."""
+    unfinished = [r for r in workflow.task_runs if r.status not in ("COMPLETED", "SKIPPED")]
+    with_traceback = [r for r in unfinished if r.traceback]
+    chosen = with_traceback or unfinished
+    return max(chosen, key=lambda r: r.id) if chosen else None
+
+
+def describe_attempt(run: TaskRun) -> str:
+    """``step 'deblur' (task deblur, attempt 2 on worker-1)``."""
+    where = f" on {run.worker_id}" if run.worker_id else ""
+    return f"step {run.ref!r} (task {run.task}, attempt {run.attempt}{where})"
 
 
 # The API's stable error codes (``orchestrator.errors``), then the status for anything else.
@@ -156,6 +181,7 @@ _BY_CODE: Final[dict[str, type[APIError]]] = {
     "request_too_large": RequestTooLarge,
     "invalid_request": InvalidRequest,
     "invalid_definition": InvalidRequest,
+    "unsupported_type": InvalidRequest,
     "overloaded": TooManyRequests,
     "service": ServiceUnavailable,
 }
@@ -166,6 +192,7 @@ _BY_STATUS: Final[dict[int, type[APIError]]] = {
     404: NotFound,
     409: Conflict,
     413: RequestTooLarge,
+    415: InvalidRequest,
     422: InvalidRequest,
     429: TooManyRequests,
     503: ServiceUnavailable,

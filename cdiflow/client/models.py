@@ -1,189 +1,174 @@
-"""What the API answers, as typed models. Fields the API adds later are ignored, not errors,
-so an older client keeps working against a newer API."""
+"""What the API answers: the API's own models (``orchestrator.schemas``), under the names the
+client has always used, read so that an older client keeps working against a newer API.
+
+*Why the API's classes, not a copy:* one definition of each body means the client reads every
+field, step kind and status the API has, the day the API has it. An answer is read with
+``extra="allow"``: a field this version does not know is kept (``model.model_extra``, and in
+``as_data``), not dropped; a status, policy or role it does not know stays the word the API
+sent (a ``str`` where the enum member would be).
+"""
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime
-from typing import Any, Literal
+import functools
+from collections.abc import Mapping
+from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, TypeAdapter
+from pydantic_core import to_jsonable_python
+
+from orchestrator.contract.vocabulary import WorkflowStatus
+from orchestrator.schemas import (
+    ActiveTaskRunPublic,
+    CdiDirectoryPublic,
+    DeliveryPage,
+    DeliveryPublic,
+    EventPage,
+    EventPublic,
+    HandoffPublic,
+    IdentityPublic,
+    InputPublic,
+    KeyCreated,
+    KeyPublic,
+    LivenessPublic,
+    ReadinessPublic,
+    SchedulePublic,
+    StatsPublic,
+    StepSchema,
+    TaskPublic,
+    TaskRunInWorkflowPublic,
+    TaskRunPublic,
+    WebhookCreated,
+    WebhookPublic,
+    WorkerPublic,
+    WorkflowDefinitionPublic,
+    WorkflowDefinitionSave,
+    WorkflowDefinitionVersionPublic,
+    WorkflowDetail,
+    WorkflowImagesPublic,
+    WorkflowList,
+    WorkflowPublic,
+)
 
 __all__ = [
-    "FINISHED",
+    "ActiveTaskRun",
+    "CdiDirectory",
     "Definition",
     "DefinitionVersion",
+    "Delivery",
+    "DeliveryPage",
     "Event",
     "EventPage",
     "Handoff",
+    "Identity",
+    "Key",
+    "KeyCreated",
+    "Liveness",
+    "Readiness",
+    "Schedule",
+    "Stats",
     "Step",
     "Task",
     "TaskRun",
+    "TaskRunInWorkflow",
     "Upload",
+    "Webhook",
+    "WebhookCreated",
     "Worker",
     "Workflow",
     "WorkflowDetail",
+    "WorkflowImages",
     "WorkflowPage",
+    "as_data",
+    "definition_body",
+    "has_ended",
+    "read",
 ]
 
-Status = Literal["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"]
-FINISHED: frozenset[str] = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+Task = TaskPublic  # a registered task definition
+Definition = WorkflowDefinitionPublic  # a workflow definition at its current version
+DefinitionVersion = WorkflowDefinitionVersionPublic  # one version of it
+Step = StepSchema  # a step of a definition: task, switch or sub-workflow
+Upload = InputPublic  # an input image in the stack's bucket: start a run with its uri
+Workflow = WorkflowPublic  # one run of a workflow definition
+WorkflowPage = WorkflowList  # one page of runs, newest first; total counts every match
+TaskRun = TaskRunPublic  # one attempt of one step
+Handoff = HandoffPublic  # a CDI ownership transfer (or share, or copy) made for a run
+Event = EventPublic
+Worker = WorkerPublic  # a worker as its latest heartbeat describes it
+Identity = IdentityPublic  # the key a request was made with
+Key = KeyPublic
+Liveness = LivenessPublic
+Readiness = ReadinessPublic
+Stats = StatsPublic
+ActiveTaskRun = ActiveTaskRunPublic
+TaskRunInWorkflow = TaskRunInWorkflowPublic
+CdiDirectory = CdiDirectoryPublic
+WorkflowImages = WorkflowImagesPublic
+Schedule = SchedulePublic  # runs of a definition at the ticks of a cron expression
+Webhook = WebhookPublic  # where runs' (and steps') ends are POSTed, signed
+Delivery = DeliveryPublic  # one event sent (or to send) to a webhook
+
+# Fields of a stored definition the API sets itself (its version and times): what is left is
+# what `apply_definition` sends, a field of a newer API included.
+_SET_BY_THE_API: Final = frozenset(WorkflowDefinitionPublic.model_fields) - frozenset(
+    WorkflowDefinitionSave.model_fields
+)
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+@functools.cache
+def _adapter(model: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(model)
 
 
-class Task(_Model):
-    """A registered task definition."""
-
-    name: str
-    module: str
-    timeout_s: float
-    retries: int
-    retry_backoff_s: float
-    description: str = ""
-    created_at: datetime
-    updated_at: datetime
+def read(model: Any, body: Any) -> Any:
+    """``body`` (JSON as parsed) as ``model`` (a model, ``list[...]`` of one, or a union),
+    keeping the fields this version does not know; pydantic's ``ValidationError`` if it is
+    not one."""
+    return _adapter(model).validate_python(body, extra="allow")
 
 
-class Step(_Model):
-    ref: str
-    task: str
-    depends_on: list[str] = Field(default_factory=list)
-    params: dict[str, Any] = Field(default_factory=dict)
+def has_ended(status: WorkflowStatus | str) -> bool | None:
+    """Whether a run with ``status`` has ended; ``None`` for a status this version does not
+    know (ask the run: ``Workflow.finished`` decides by its end time)."""
+    return status.finished if isinstance(status, WorkflowStatus) else None
 
 
-class Definition(_Model):
-    """A workflow definition at its current version."""
-
-    name: str
-    version: int
-    description: str = ""
-    tasks: list[Step]
-    created_at: datetime
-    updated_at: datetime
-
-
-class DefinitionVersion(_Model):
-    """One version of a workflow definition."""
-
-    name: str
-    version: int
-    description: str = ""
-    tasks: list[Step]
-    created_at: datetime
+def as_data(value: Any) -> Any:
+    """A model (or a list of them, or plain data) as JSON-ready data, with every field the API
+    sent: those this version does not know too."""
+    if isinstance(value, BaseModel):
+        return _with_extra(value, value.model_dump(mode="json"))
+    if isinstance(value, list | tuple):
+        return [as_data(item) for item in value]
+    return to_jsonable_python(value)
 
 
-class Upload(_Model):
-    """An input image stored in the stack's bucket; start a workflow with its ``uri``."""
-
-    uri: str
-    bytes: int
-    format: str
-    width: int
-    height: int
-    content_type: str
-
-
-class Workflow(_Model):
-    """One run of a workflow definition."""
-
-    id: uuid.UUID
-    workflow: str
-    workflow_version: int
-    status: Status
-    policy: str
-    data_plane: str
-    input: dict[str, Any]
-    output: dict[str, Any] | None = None
-    error: str | None = None
-    result_uri: str | None = None
-    retry_of: uuid.UUID | None = None
-    created_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether the run has ended (COMPLETED, FAILED or CANCELLED)."""
-        return self.status in FINISHED
+def _with_extra(value: Any, dumped: Any) -> Any:
+    """``dumped`` (``value`` dumped as JSON) with the unknown fields of every model inside."""
+    if isinstance(value, BaseModel) and isinstance(dumped, dict):
+        extra = value.model_extra or {}
+        for name, inner in value:  # its fields, then the unknown ones
+            if name in extra:
+                dumped[name] = to_jsonable_python(inner)
+            elif name in dumped:
+                dumped[name] = _with_extra(inner, dumped[name])
+    elif isinstance(value, list | tuple) and isinstance(dumped, list):
+        dumped = [_with_extra(v, d) for v, d in zip(value, dumped, strict=True)]
+    elif isinstance(value, Mapping) and isinstance(dumped, dict) and len(value) == len(dumped):
+        dumped = {
+            key: _with_extra(v, d)
+            for (key, d), v in zip(dumped.items(), value.values(), strict=True)
+        }
+    return dumped
 
 
-class TaskRun(_Model):
-    """One attempt of one step."""
-
-    id: int
-    ref: str
-    task: str
-    attempt: int
-    status: str
-    worker_id: str | None = None
-    queued_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    queue_wait_ms: float | None = None
-    run_ms: float | None = None
-    cpu_ms: float | None = None
-    bytes_in: int | None = None
-    bytes_out: int | None = None
-    error: str | None = None
-    output: dict[str, Any] | None = None
-
-
-class Handoff(_Model):
-    """A CDI ownership transfer made for the run."""
-
-    id: int
-    task_run_id: int | None = None
-    from_container: str
-    to_container: str
-    bytes: int
-    duration_us: float
-    at: datetime
-
-
-class Event(_Model):
-    id: int
-    kind: str
-    data: dict[str, Any] = Field(default_factory=dict)
-    at: datetime
-
-
-class WorkflowDetail(Workflow):
-    """A run with every task run, hand-off and (the latest) events."""
-
-    task_runs: list[TaskRun] = Field(default_factory=list)
-    handoffs: list[Handoff] = Field(default_factory=list)
-    events: list[Event] = Field(default_factory=list)
-
-
-class WorkflowPage(_Model):
-    """One page of runs, newest first; ``total`` counts every match."""
-
-    items: list[Workflow]
-    total: int
-    limit: int
-    offset: int
-
-
-class EventPage(_Model):
-    status: Status
-    events: list[Event]
-
-
-class Worker(_Model):
-    """A worker as its latest heartbeat describes it."""
-
-    id: str
-    host: str | None = None
-    alive: bool
-    cpu: float | None = None  # the worker process's, percent of one core
-    mem: float | None = None  # the worker process's resident memory, percent of its host's
-    rss_bytes: int | None = None
-    host_cpu: float | None = None
-    host_mem: float | None = None
-    queue_depth: int | None = None
-    running: int | None = None
-    slots: int | None = None
-    last_heartbeat: float | None = None
+def definition_body(definition: Mapping[str, Any] | BaseModel) -> dict[str, Any]:
+    """What saving ``definition`` sends: a mapping as it is; a definition read from the API
+    (``Definition``, ``DefinitionVersion``) without what the API sets itself (version, times),
+    with every other field it had, unknown ones included, so saving it again changes nothing.
+    A field it has no value for (null) is left out: saving leaves it unset as it was."""
+    if isinstance(definition, BaseModel):
+        data = as_data(definition)
+        return {k: v for k, v in data.items() if k not in _SET_BY_THE_API and v is not None}
+    return dict(definition)

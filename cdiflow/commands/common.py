@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from pydantic import BaseModel
 
 from cdiflow.client import Client
+from cdiflow.client.models import as_data
 
 __all__ = ["Target", "api_options", "echo_json", "table", "when"]
 
@@ -63,16 +63,9 @@ def api_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def echo_json(value: Any) -> None:
-    """Print a model, a list of models or plain data as JSON."""
-    click.echo(json.dumps(_plain(value), indent=2, default=str))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+    """Print a model, a list of models or plain data as JSON, with every field the API sent
+    (those this version does not know too)."""
+    click.echo(json.dumps(as_data(value), indent=2, default=str))
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

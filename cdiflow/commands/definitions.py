@@ -9,7 +9,9 @@ from typing import Any
 import click
 import yaml
 
+from cdiflow.client.models import Definition, DefinitionVersion, as_data, definition_body
 from cdiflow.commands.common import Target, api_options, echo_json, table, when
+from cdiflow.commands.graph import Graph
 
 __all__ = ["definitions_group", "tasks_group"]
 
@@ -41,6 +43,12 @@ def tasks_group() -> None:
     help="Seconds before the first retry, doubling [default: @task's, else 0.5].",
 )
 @click.option("--description", default=None)
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="At most this many runs of it at once over every scheduler [default: no limit].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the task as JSON.")
 @api_options
 def register_task(
@@ -50,6 +58,7 @@ def register_task(
     retries: int | None,
     retry_backoff_s: float | None,
     description: str | None,
+    max_concurrency: int | None,
     as_json: bool,
     target: Target,
 ) -> None:
@@ -69,6 +78,7 @@ def register_task(
             retries=retries,
             retry_backoff_s=retry_backoff_s,
             description=description,
+            max_concurrency=max_concurrency,
         )
     if as_json:
         echo_json(task)
@@ -135,7 +145,8 @@ def _load(path: Path) -> list[dict[str, Any]]:
 @api_options
 def apply_definitions(files: tuple[Path, ...], as_json: bool, target: Target) -> None:
     """Save the workflow definitions in FILES (.json, .yaml): each becomes a new version of
-    its name when it differs from the current one; the same content saves nothing."""
+    its name when it differs from the current one; the same content saves nothing. A file
+    may also set its queue's `priority` and `max_concurrent_runs`."""
     definitions = [d for path in files for d in _load(path)]
     saved = []
     with target.client() as api:
@@ -168,9 +179,7 @@ def list_definitions(as_json: bool, target: Target) -> None:
     if as_json:
         echo_json(found)
         return
-    rows = [
-        (d.name, d.version, " -> ".join(s.ref for s in d.tasks), when(d.updated_at)) for d in found
-    ]
+    rows = [(d.name, d.version, _graph(d).summary(), when(d.updated_at)) for d in found]
     click.echo(table(("NAME", "VERSION", "STEPS", "SAVED"), rows))
 
 
@@ -185,10 +194,12 @@ def list_definitions(as_json: bool, target: Target) -> None:
 )
 @api_options
 def show_definition(name: str, version: int | None, target: Target) -> None:
-    """A workflow definition as JSON (what `definitions apply` takes)."""
+    """A workflow definition as stored, as JSON: what `definitions apply` takes (applied
+    again, it saves no new version). Which version it is goes to stderr."""
     with target.client() as api:
         found = api.definition_version(name, version) if version else api.definition(name)
-    echo_json(found.model_dump(mode="json", include={"name", "version", "description", "tasks"}))
+    click.echo(f"# {found.name} version {found.version}", err=True)
+    echo_json(definition_body(found))
 
 
 @definitions_group.command("versions")
@@ -196,14 +207,45 @@ def show_definition(name: str, version: int | None, target: Target) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @api_options
 def definition_versions(name: str, as_json: bool, target: Target) -> None:
-    """Every version of a workflow definition, newest first."""
+    """Every version of a workflow definition, newest first, each with its graph: a step a
+    line, after the steps it waits for."""
     with target.client() as api:
         versions = api.definition_versions(name)
     if as_json:
         echo_json(versions)
         return
-    rows = [(v.version, when(v.created_at), " -> ".join(s.ref for s in v.tasks)) for v in versions]
-    click.echo(table(("VERSION", "SAVED", "STEPS"), rows))
+    blocks = []
+    for v in versions:
+        graph = _graph(v)
+        heading = f"version {v.version}, saved {when(v.created_at)}: {graph.summary()}"
+        body = table(("STEP", "AFTER", "DOES"), graph.rows())
+        blocks.append(heading + "\n" + "\n".join(f"  {line}" for line in body.splitlines()))
+    click.echo("\n\n".join(blocks))
+
+
+def _graph(definition: Definition | DefinitionVersion) -> Graph:
+    # The steps as the API sent them, fields and kinds this version does not know included.
+    return Graph(as_data(definition.tasks))
+
+
+@definitions_group.command("pause")
+@click.argument("name")
+@api_options
+def pause_definition(name: str, target: Target) -> None:
+    """Pause a definition's queue: its new runs wait PENDING (RUNNING ones go on)."""
+    with target.client() as api:
+        api.pause_definition(name)
+    click.echo(f"the queue of {name} is paused: its new runs wait")
+
+
+@definitions_group.command("resume")
+@click.argument("name")
+@api_options
+def resume_definition(name: str, target: Target) -> None:
+    """Let a definition's waiting runs be claimed again."""
+    with target.client() as api:
+        api.resume_definition(name)
+    click.echo(f"the queue of {name} goes on")
 
 
 @definitions_group.command("delete")

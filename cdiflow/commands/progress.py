@@ -1,5 +1,5 @@
 """The progress display of a run being waited for: a line for each step that ends, from the
-run's events, then the outcome."""
+run's events, then the outcome (with the traceback of the step that ended it, if any)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from cdiflow.client import Client, Event, WorkflowDetail
+from cdiflow.client import Client, Event, WaitTimeout, WorkflowDetail
+from cdiflow.client.errors import describe_attempt, failed_task
 
 __all__ = ["follow", "outcome"]
 
@@ -22,15 +23,20 @@ def follow(api: Client, workflow_id: str, *, timeout: float | None) -> WorkflowD
     client's ``WaitTimeout`` if ``timeout`` passes first)."""
     began = time.monotonic()
     created: datetime | None = None
-    for event in api.events(workflow_id, follow=True):
+    for event in api.events(workflow_id, follow=True, timeout=timeout):
         created = created or event.at  # the first event is the run's creation
         line = describe(event, (event.at - created).total_seconds())
         if line:
             click.echo(line)
-        if timeout is not None and time.monotonic() - began > timeout:
-            break
-    left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
-    return api.wait(workflow_id, left)
+    if timeout is None:
+        return api.wait(workflow_id)
+    left = timeout - (time.monotonic() - began)
+    if left > 0:
+        return api.wait(workflow_id, left)
+    run = api.get(workflow_id)
+    if not run.finished:
+        raise WaitTimeout(workflow_id, timeout)
+    return run
 
 
 def describe(event: Event, since_start_s: float) -> str | None:
@@ -45,6 +51,10 @@ def describe(event: Event, since_start_s: float) -> str | None:
                f"{data.get('worker') or '-'}{attempt}{error}"  # fmt: skip
     if event.kind == "workflow.running":
         return f"  {at}  claimed by a scheduler"
+    if event.kind == "task.waiting":
+        return f"  {at}  {data.get('reason') or 'waiting for a worker'}"
+    if event.kind == "task.unblocked":
+        return f"  {at}  {data.get('ref', '?'):<16} a worker can take it now"
     return None
 
 
@@ -54,8 +64,14 @@ def outcome(run: WorkflowDetail) -> str:
     if run.finished_at is not None:
         took = f" in {(run.finished_at - run.created_at).total_seconds():.2f} s"
     lines = [f"{run.status}{took}: {run.workflow} v{run.workflow_version}, run {run.id}"]
+    if run.status_detail:
+        lines.append(f"now {run.status_detail}")
     if run.error:
         lines.append(f"error: {run.error}")
+    failed = failed_task(run) if run.status != "COMPLETED" else None
+    if failed is not None and failed.traceback:
+        lines.append(f"{describe_attempt(failed)}:")
+        lines.extend(f"  {line}" for line in failed.traceback.rstrip().splitlines())
     shown = {k: v for k, v in (run.output or {}).items() if k != "tasks"}
     if shown:
         lines.append("output: " + ", ".join(f"{k}={v}" for k, v in shown.items()))

@@ -3,33 +3,39 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 
-from cdiflow.client import WorkflowDetail
+from cdiflow.client import Client, WorkflowDetail
+from cdiflow.client.models import as_data
 from cdiflow.commands.common import Target, api_options, echo_json, table, when
 from cdiflow.commands.progress import follow, outcome
+from orchestrator.contract.vocabulary import CHOSEN_PLANES, Policy, WorkflowStatus
+from orchestrator.schemas import WorkflowInput
 
-__all__ = ["run_command", "workflows_group"]
+__all__ = ["data_option", "run_command", "workflows_group"]
 
-_POLICIES = click.Choice(["affinity", "transfer", "auto"])
-_PLANES = click.Choice(["cdi", "object-store"])
-_STATUSES = click.Choice(
-    ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"], case_sensitive=False
-)
+# The words the API takes, from its own vocabulary and schema.
+_POLICIES = click.Choice([policy.value for policy in Policy])
+_PLANES = click.Choice([plane.value for plane in CHOSEN_PLANES])
+_STATUSES = click.Choice([status.value for status in WorkflowStatus], case_sensitive=False)
+_FORMATS = click.Choice(get_args(WorkflowInput.model_fields["result_format"].annotation))
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a data field a NAME=FILE input fills
 
 
-def _data(value: str | None) -> dict[str, Any] | None:
+def data_option(value: str | None, hint: str = "--data") -> dict[str, Any] | None:
+    """A JSON object given on the command line (``None`` when not given)."""
     if value is None:
         return None
     try:
         data = json.loads(value)
     except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from exc
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=hint) from exc
     if not isinstance(data, dict):
-        raise click.BadParameter("expected a JSON object", param_hint="--data")
+        raise click.BadParameter("expected a JSON object", param_hint=hint)
     return data
 
 
@@ -38,11 +44,12 @@ def _data(value: str | None) -> dict[str, Any] | None:
 @click.option(
     "--input",
     "-i",
-    "image",
-    default=None,
-    metavar="FILE|s3://URI",
-    help="The input image: a local file (uploaded through the API) or an S3 URI. "
-    "Leave it out for a dataless run.",
+    "inputs",
+    multiple=True,
+    metavar="[NAME=]FILE|s3://URI",
+    help="The input image: a local file (uploaded through the API) or an S3 URI. NAME=FILE "
+    "(repeatable) uploads any other file, a video or a .npy array, and passes its URI as "
+    "data field NAME (ar_video reads video=FILE). Leave it out for a dataless run.",
 )
 @click.option(
     "--data", default=None, metavar="JSON", help="JSON object every task gets as ctx.input."
@@ -54,7 +61,7 @@ def _data(value: str | None) -> dict[str, Any] | None:
 @click.option(
     "--format",
     "result_format",
-    type=click.Choice(["png", "jpeg"]),
+    type=_FORMATS,
     default=None,
     help="How the result is stored [default: png].",
 )
@@ -66,6 +73,19 @@ def _data(value: str | None) -> dict[str, Any] | None:
     help="Run this version of the definition [default: the current one].",
 )
 @click.option(
+    "--priority",
+    type=click.IntRange(-100, 100),
+    default=None,
+    help="Among waiting runs, higher goes first [default: the definition's].",
+)
+@click.option("--tag", "tags", multiple=True, help="Label the run (repeatable).")
+@click.option(
+    "--idempotency-key",
+    default=None,
+    metavar="KEY",
+    help="Running this again with the same key and input answers the same run.",
+)
+@click.option(
     "--wait/--no-wait",
     default=False,
     help="Wait for the run to finish, showing each step as it ends.",
@@ -75,7 +95,8 @@ def _data(value: str | None) -> dict[str, Any] | None:
     "-o",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Save the result image here (implies --wait).",
+    help="Save the result here: the image result, or the run's only stored result "
+    "(implies --wait).",
 )
 @click.option(
     "--timeout",
@@ -83,39 +104,62 @@ def _data(value: str | None) -> dict[str, Any] | None:
     default=None,
     help="Give up waiting after this many seconds (the run goes on).",
 )
+@click.option(
+    "--time-limit",
+    "time_limit",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="The run's own time limit: past it the run ends TIMED_OUT and its running task is "
+    "stopped [default: the definition's timeout_s, if any].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 @api_options
 def run_command(
     workflow: str,
-    image: str | None,
+    inputs: tuple[str, ...],
     data: str | None,
     policy: str | None,
     data_plane: str | None,
     result_format: str | None,
     version: int | None,
+    priority: int | None,
+    tags: tuple[str, ...],
+    idempotency_key: str | None,
     wait: bool,
     out: Path | None,
     timeout: float | None,
+    time_limit: float | None,
     as_json: bool,
     target: Target,
 ) -> None:
-    """Start a run of WORKFLOW on an image, e.g. `cdiflow run image_pipeline -i photo.jpg
-    --wait --out result.png`. Exit status 1 when a waited-for run does not complete."""
+    """Start a run of WORKFLOW on an image or other files, e.g. `cdiflow run image_pipeline
+    -i photo.jpg --wait --out result.png` or `cdiflow run ar_video -i video=people.mp4 --wait
+    --out labelled.mp4`. Exit status 1 when a waited-for run does not complete."""
     wait = wait or out is not None
+    image, named = _inputs(inputs)
     with target.client() as api:
-        local = _local_or_uri(image)
-        if isinstance(local, Path):
+        if any(isinstance(source, Path) for source in [image, *named.values()]):
             api.definition(workflow)  # a workflow that does not exist is told before an upload
-            if not as_json:
-                click.echo(f"uploading {image} ...")
+        files = {
+            name: _upload(api, source, as_json) if isinstance(source, Path) else source
+            for name, source in named.items()
+        }
+        if isinstance(image, Path):
+            image = _upload(api, image, as_json, image=True)
         started = api.start(
             workflow,
-            local,
-            data=_data(data),
+            image,
+            data=data_option(data),
+            files=files,
             policy=policy,
             data_plane=data_plane,
             result_format=result_format,
             version=version,
+            priority=priority,
+            tags=tags,
+            idempotency_key=idempotency_key,
+            timeout_s=time_limit,
         )
         if not wait:
             if as_json:
@@ -135,18 +179,51 @@ def run_command(
                 f"({started.policy}): run {started.id}"
             )
             finished = follow(api, str(started.id), timeout=timeout)
-        if out is not None and finished.status == "COMPLETED":
-            api.download_result(finished.id, out)
+        if out is not None and finished.status == WorkflowStatus.COMPLETED:
+            api.save_result(finished.id, out)
     _report(finished, as_json, out)
 
 
-def _local_or_uri(image: str | None) -> str | Path | None:
-    if image is None or image.startswith("s3://"):
-        return image
-    path = Path(image)
+def _inputs(given: tuple[str, ...]) -> tuple[str | Path | None, dict[str, str | Path]]:
+    """The image (``FILE`` or ``s3://URI``) and the named files (``NAME=FILE``) of --input."""
+    image: str | Path | None = None
+    named: dict[str, str | Path] = {}
+    for value in given:
+        name, sep, source = value.partition("=")
+        if sep and _NAME.fullmatch(name) and not Path(value).is_file():
+            if name in named:
+                raise click.BadParameter(f"{name}= is given twice", param_hint="--input")
+            named[name] = _local_or_uri(source)
+        elif image is not None:
+            raise click.BadParameter(
+                "one image a run; name any other file as NAME=FILE", param_hint="--input"
+            )
+        else:
+            image = _local_or_uri(value)
+    return image, named
+
+
+def _local_or_uri(source: str) -> str | Path:
+    if source.startswith("s3://"):
+        return source
+    path = Path(source)
     if not path.is_file():
-        raise click.BadParameter(f"{image} is not a file (nor an s3:// URI)", param_hint="--input")
+        raise click.BadParameter(f"{source} is not a file (nor an s3:// URI)", param_hint="--input")
     return path
+
+
+def _upload(api: Client, path: Path, as_json: bool, *, image: bool = False) -> str:
+    """Upload ``path``: its URI. As the image, it must be one (a workflow's tasks decode it)."""
+    if not as_json:
+        click.echo(f"uploading {path} ...")
+    uploaded = api.upload(path)
+    if image and not uploaded.content_type.startswith("image/"):
+        raise click.BadParameter(
+            f"{path} is {uploaded.content_type}, not an image; pass it as the data field its "
+            f"workflow reads, e.g. --input video={path}",
+            param_hint="--input",
+        )
+    return uploaded.uri
 
 
 def _report(run: WorkflowDetail, as_json: bool, out: Path | None) -> None:
@@ -154,9 +231,9 @@ def _report(run: WorkflowDetail, as_json: bool, out: Path | None) -> None:
         echo_json(run)
     else:
         click.echo(outcome(run))
-        if out is not None and run.status == "COMPLETED":
+        if out is not None and run.status == WorkflowStatus.COMPLETED:
             click.echo(f"saved the result to {out}")
-    if run.status != "COMPLETED":
+    if run.status != WorkflowStatus.COMPLETED:
         raise SystemExit(1)
 
 
@@ -168,16 +245,35 @@ def workflows_group() -> None:
 @workflows_group.command("list")
 @click.option("--status", type=_STATUSES, default=None)
 @click.option("--workflow", default=None, help="Only runs of this definition.")
+@click.option("--tag", "tags", multiple=True, help="Only runs with this tag (repeatable: all).")
+@click.option("--input", "input_", default=None, metavar="JSON", help="JSON the input contains.")
+@click.option("--schedule", default=None, help="Only runs this schedule made.")
 @click.option("--limit", type=click.IntRange(1, 200), default=20, show_default=True)
+@click.option("--offset", type=click.IntRange(min=0), default=0)
 @click.option("--json", "as_json", is_flag=True)
 @api_options
 def list_workflows(
-    status: str | None, workflow: str | None, limit: int, as_json: bool, target: Target
+    status: str | None,
+    workflow: str | None,
+    tags: tuple[str, ...],
+    input_: str | None,
+    schedule: str | None,
+    limit: int,
+    offset: int,
+    as_json: bool,
+    target: Target,
 ) -> None:
-    """Runs, newest first."""
+    """Runs, newest first, e.g. `cdiflow workflows list --tag nightly --input
+    '{"data": {"camera": 3}}'`."""
     with target.client() as api:
         page = api.list_workflows(
-            status=status.upper() if status else None, workflow=workflow, limit=limit
+            status=status.upper() if status else None,
+            workflow=workflow,
+            tags=tags,
+            input=data_option(input_, "--input"),
+            schedule=schedule,
+            limit=limit,
+            offset=offset,
         )
     if as_json:
         echo_json(page)
@@ -241,6 +337,26 @@ def cancel_workflow(workflow_id: str, target: Target) -> None:
     click.echo(f"run {run.id} is {run.status}")
 
 
+@workflows_group.command("pause")
+@click.argument("workflow_id")
+@api_options
+def pause_workflow(workflow_id: str, target: Target) -> None:
+    """Pause a run: what runs finishes, its next steps wait."""
+    with target.client() as api:
+        run = api.pause(workflow_id)
+    click.echo(f"run {run.id} ({run.status}) is paused")
+
+
+@workflows_group.command("resume")
+@click.argument("workflow_id")
+@api_options
+def resume_workflow(workflow_id: str, target: Target) -> None:
+    """Let a paused run go on."""
+    with target.client() as api:
+        run = api.resume(workflow_id)
+    click.echo(f"run {run.id} ({run.status}) goes on")
+
+
 @workflows_group.command("retry")
 @click.argument("workflow_id")
 @click.option("--wait", is_flag=True, help="Wait for the new run, showing its steps.")
@@ -267,21 +383,23 @@ def workflow_events(workflow_id: str, following: bool, target: Target) -> None:
     """A run's events, oldest first, one JSON object a line."""
     with target.client() as api:
         for event in api.events(workflow_id, follow=following):
-            click.echo(json.dumps(event.model_dump(mode="json")))
+            click.echo(json.dumps(as_data(event)))
 
 
 @workflows_group.command("result")
 @click.argument("workflow_id")
+@click.argument("output", required=False)
 @click.option(
     "--out",
     "-o",
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
-    help="Where to save the image.",
+    help="Where to save the result.",
 )
 @api_options
-def download_result(workflow_id: str, out: Path, target: Target) -> None:
-    """Save a completed run's result image."""
+def download_result(workflow_id: str, output: str | None, out: Path, target: Target) -> None:
+    """Save a completed run's result: OUTPUT (step.output, as its output's results list them,
+    e.g. combine.video), else its image result, else its only stored result."""
     with target.client() as api:
-        data = api.download_result(workflow_id, out)
-    click.echo(f"saved {len(data)} bytes to {out}")
+        saved = api.save_result(workflow_id, out, output=output)
+    click.echo(f"saved {saved.bytes} bytes ({saved.content_type}) to {saved.path}")

@@ -12,6 +12,7 @@ S3 outage, a full disk) and ends with a phase that undoes it. Some need a stack 
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -27,6 +28,7 @@ from loadtest.chaos import host_faults
 from loadtest.chaos.api_probes import s3_routes
 from loadtest.chaos.s3_gate import S3Gate
 from loadtest.chaos.small_disk import SmallDisk
+from orchestrator.errors import StackError
 from orchestrator.services import ManagedService, RunningServices
 from orchestrator.stack import Stack
 
@@ -185,10 +187,14 @@ def _kill(*names: str) -> Callable[[Target], None]:
 
 
 def _freeze(name: str) -> Callable[[Target], None]:
-    """SIGSTOP: the process stays, with its connections, locks and claims, but does nothing."""
+    """SIGSTOP: the process stays, with its connections, locks and claims, but does nothing.
+    It goes to the piece's process group: a worker is its keeper and the body it runs."""
 
     def strike(target: Target) -> None:
-        target.stack.kill(name, signal.SIGSTOP)
+        pid = target.stack.pid_of(name)
+        if pid is None:
+            raise StackError(f"{name} is not running: there is nothing to freeze")
+        os.killpg(pid, signal.SIGSTOP)  # its group: each piece starts a session of its own
 
     return strike
 

@@ -37,7 +37,7 @@ MIX: Final = (
     ("auto", "cdi"),
     ("affinity", "object-store"),
 )
-FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED")
+FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
 PAGE: Final = 200  # the API's largest page of runs
 MAX_SINGLES: Final = 50  # runs a refresh asks for one by one (those the list did not show)
 CLOCK_SLACK_S: Final = 5.0  # a run's created_at may come a little before we saw it start

@@ -11,7 +11,14 @@ Redis, through what this package defines:
   messages, the REST API and the code alike;
 * ``alive``: the stamp a scheduler or worker renews as its loop turns, which its supervisor (the
   stack, or a Kubernetes liveness probe) watches.
+
+``wakeups`` (and with it redis-py) is imported when one of its names is first asked for:
+the API's clients read the vocabulary through ``orchestrator.schemas`` and talk no Redis.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
 
 from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Report
@@ -22,15 +29,19 @@ from orchestrator.contract.vocabulary import (
     TaskRunStatus,
     WorkflowStatus,
 )
-from orchestrator.contract.wakeups import (
-    announce_finished,
-    read_wake,
-    wake_scheduler,
-    wake_scheduler_async,
-)
+
+if TYPE_CHECKING:
+    from orchestrator.contract.wakeups import (
+        SCHEDULES,
+        announce_finished,
+        read_wake,
+        wake_scheduler,
+        wake_scheduler_async,
+    )
 
 __all__ = [
     "CHOSEN_PLANES",
+    "SCHEDULES",
     "DataPlane",
     "Instruction",
     "Policy",
@@ -43,3 +54,14 @@ __all__ = [
     "wake_scheduler",
     "wake_scheduler_async",
 ]
+
+_WAKEUPS: Final = frozenset({"SCHEDULES", "announce_finished", "read_wake", "wake_scheduler",
+                             "wake_scheduler_async"})  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WAKEUPS:
+        from orchestrator.contract import wakeups
+
+        return getattr(wakeups, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

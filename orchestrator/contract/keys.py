@@ -13,6 +13,7 @@ import uuid
 from typing import Final
 
 __all__ = [
+    "CONTROL_TTL_S",
     "EPOCH",
     "FINISHED",
     "HEARTBEAT_INTERVAL_S",
@@ -24,6 +25,8 @@ __all__ = [
     "WORKER_FIELDS",
     "WORKER_PREFIX",
     "scheduler_reports_key",
+    "task_leases_key",
+    "worker_control_key",
     "worker_inflight_key",
     "worker_key",
     "worker_queue_key",
@@ -78,10 +81,28 @@ def worker_key(worker_id: str) -> str:
     return f"{WORKER_PREFIX}{worker_id}"
 
 
+def task_leases_key(task: str) -> str:
+    """The leases on a task's places under its concurrency limit, ``cdiflow:leases:<task>``: a
+    sorted set of step runs out, each scored with when its lease lapses
+    (``scheduler.limits``)."""
+    return f"cdiflow:leases:{task}"
+
+
 def worker_queue_key(worker_id: str) -> str:
     """A worker's own instruction list, ``cdiflow:queue:<id>``: the scheduler LPUSHes, the
     worker moves one item at a time into its in-flight list (BLMOVE) and runs it."""
     return f"cdiflow:queue:{worker_id}"
+
+
+def worker_control_key(worker_id: str) -> str:
+    """A worker's control list, ``cdiflow:control:<id>``: a scheduler LPUSHes a
+    ``contract.messages.Stop`` for a task run the worker must stop, and the worker BLPOPs it
+    (on a thread of its own: its slots may all be busy). It expires when nobody reads it."""
+    return f"cdiflow:control:{worker_id}"
+
+
+# A control list no worker pops (its worker is gone) expires this long after its last stop.
+CONTROL_TTL_S: Final = 60
 
 
 def worker_inflight_key(worker_id: str) -> str:

@@ -45,6 +45,12 @@ no inputs (``workflows.binding``); ``discard_image`` that no step reads its imag
 Every instruction carries the workflow's ``input.data`` (``data``), given to the task as
 ``ctx.input``.
 
+A task run a worker runs is stopped with a ``Stop`` on the worker's control list
+(``keys.worker_control_key``): its run was cancelled, failed or passed its time limit. The
+worker interrupts the task and reports it as the ``Stop`` says (CANCELLED or TIMED_OUT); a task
+that would not stop costs the worker its process (``Report.restarting``,
+``orchestrator.worker.stopping``).
+
 Both messages are read strictly (``loads``): a field the reader does not know makes the message
 unreadable (docs/architecture.md, *Messages*). ``loads`` checks names, not types: a field's
 value is what the JSON held (a plain string where the field is an enum, which compares equal
@@ -55,11 +61,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 
-__all__ = ["Instruction", "Report"]
+__all__ = ["MAX_TRACEBACK", "Instruction", "Report", "Stop"]
+
+# The longest traceback a report carries (and a task run keeps): its end, where the exception
+# was raised, is kept when it is longer.
+MAX_TRACEBACK: Final = 16_384
 
 
 @dataclass(frozen=True)
@@ -110,11 +120,14 @@ class Report:
     task_run_id: int
     workflow_id: str
     worker_id: str
-    status: TaskRunStatus  # COMPLETED, FAILED or TIMED_OUT
+    status: TaskRunStatus  # COMPLETED, FAILED, TIMED_OUT or CANCELLED (stopped)
     started_at: float  # unix seconds
     finished_at: float
     output: dict[str, Any] = field(default_factory=dict)  # the task's JSON output
     error: str = ""  # a reason a person can act on
+    # Where the task was when it failed or was stopped (its traceback, at most
+    # ``MAX_TRACEBACK`` characters); "" when the failure was not the task code's.
+    traceback: str = ""
     retryable: bool = True  # False for failures a retry cannot fix (e.g. not an image)
     key: str = ""  # cdi plane: the object that now holds the image (input or output_key)
     kept: bool = False  # cdi plane: the worker still owns ``key``
@@ -135,6 +148,9 @@ class Report:
     results: dict[str, Any] = field(default_factory=dict)  # output -> S3 URI(s) it was stored at
     released: list[str] = field(default_factory=list)  # shared objects it gave up reading
     returned: list[str] = field(default_factory=list)  # owned inputs it handed back
+    # The task would not stop, so its worker ends the process it ran in and starts afresh:
+    # whatever else that process held (other tasks, held images) is gone with it.
+    restarting: bool = False
 
     def dumps(self) -> str:
         return _dumps(self)
@@ -144,7 +160,26 @@ class Report:
         return cls(**json.loads(text))
 
 
-def _dumps(message: Instruction | Report) -> str:
+@dataclass(frozen=True)
+class Stop:
+    """Stop a task run a worker runs (on ``keys.worker_control_key``): its run was cancelled,
+    failed or timed out. The worker reports the task run with ``status``, and ``reason`` as
+    its error."""
+
+    task_run_id: int
+    workflow_id: str
+    status: TaskRunStatus  # CANCELLED or TIMED_OUT
+    reason: str
+
+    def dumps(self) -> str:
+        return _dumps(self)
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Stop:
+        return cls(**json.loads(text))
+
+
+def _dumps(message: Instruction | Report | Stop) -> str:
     # The fields as they are (``vars``), not ``dataclasses.asdict``: that deep-copies every
     # nested dict and list first, for a message that is about to become text anyway.
     return json.dumps(vars(message), separators=(",", ":"))

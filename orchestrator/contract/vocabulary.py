@@ -11,18 +11,29 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-__all__ = ["CHOSEN_PLANES", "DataPlane", "Policy", "TaskRunStatus", "WorkflowStatus"]
+__all__ = [
+    "CHOSEN_PLANES",
+    "CatchUp",
+    "DataPlane",
+    "DeliveryStatus",
+    "Policy",
+    "TaskRunStatus",
+    "WebhookEvent",
+    "WorkflowStatus",
+]
 
 
 class WorkflowStatus(enum.StrEnum):
     """Where a workflow run stands: PENDING until a scheduler claims it, then RUNNING, then
-    one of the three finished states, which never change again."""
+    one of the finished states, which never change again: COMPLETED, FAILED, CANCELLED (by a
+    user) or TIMED_OUT (it ran past its ``timeout_s``)."""
 
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
 
     @property
     def finished(self) -> bool:
@@ -31,13 +42,19 @@ class WorkflowStatus(enum.StrEnum):
 
 
 _FINISHED: Final = frozenset(
-    {WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED}
+    {
+        WorkflowStatus.COMPLETED,
+        WorkflowStatus.FAILED,
+        WorkflowStatus.CANCELLED,
+        WorkflowStatus.TIMED_OUT,
+    }
 )
 
 
 class TaskRunStatus(enum.StrEnum):
-    """Where one attempt of one step stands. A worker's report ends it as COMPLETED, FAILED
-    or TIMED_OUT; the scheduler marks a lost one FAILED, a cancelled run's queued ones
+    """Where one attempt of one step stands. A worker's report ends it as COMPLETED, FAILED,
+    TIMED_OUT (past its task's ``timeout_s``, or its run's) or CANCELLED (stopped: its run was
+    cancelled or ended); the scheduler marks a lost one FAILED, an ended run's queued ones
     CANCELLED, a step on a branch a switch did not choose SKIPPED, and a switch COMPLETED."""
 
     QUEUED = "QUEUED"
@@ -73,3 +90,35 @@ class DataPlane(enum.StrEnum):
 
 # The planes a client may start a workflow on (the REST API accepts no other).
 CHOSEN_PLANES: Final = (DataPlane.CDI, DataPlane.OBJECT_STORE)
+
+
+class CatchUp(enum.StrEnum):
+    """What a schedule does with ticks it missed (no scheduler ran, or one fell behind):
+    ``SKIP`` runs none later than the schedule's grace, ``LATEST`` one run for the latest of
+    them, ``ALL`` a run for every one (docs/architecture.md, *Schedules*)."""
+
+    SKIP = "skip"
+    LATEST = "latest"
+    ALL = "all"
+
+
+class WebhookEvent(enum.StrEnum):
+    """What a webhook may be told of: a run's end, or a step's (each attempt's) end. The
+    values are the kinds of the run's events they mirror."""
+
+    WORKFLOW_COMPLETED = "workflow.completed"
+    WORKFLOW_FAILED = "workflow.failed"
+    WORKFLOW_CANCELLED = "workflow.cancelled"
+    WORKFLOW_TIMED_OUT = "workflow.timed_out"
+    TASK_COMPLETED = "task.completed"
+    TASK_FAILED = "task.failed"
+    TASK_TIMED_OUT = "task.timed_out"
+
+
+class DeliveryStatus(enum.StrEnum):
+    """Where one webhook delivery stands: PENDING until the receiver answers 2xx
+    (DELIVERED) or its attempts are spent (FAILED)."""
+
+    PENDING = "PENDING"
+    DELIVERED = "DELIVERED"
+    FAILED = "FAILED"

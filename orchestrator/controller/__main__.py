@@ -13,6 +13,7 @@ from orchestrator.controller.api_server import serve
 from orchestrator.controller.app import create_app
 from orchestrator.db.migrate import migrate
 from orchestrator.errors import OrchestratorError
+from orchestrator.listen import LOOPBACK, BindAddress
 from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.settings import load_settings
 
@@ -22,7 +23,13 @@ _WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 
 
 @click.command("controller")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--host",
+    type=BindAddress(),
+    default=LOOPBACK,
+    show_default=True,
+    help="Address to listen on: this machine only unless another is configured.",
+)
 @click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on.")
 @click.option(
     "--log-level",

@@ -23,7 +23,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
+from functools import cache, partial
 from importlib import metadata
 from pathlib import Path
 from typing import Final
@@ -43,13 +43,13 @@ from starlette.types import Scope
 
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
-from orchestrator.controller.api.routes.files import upload_limit
+from orchestrator.controller.api.routes.files import UPLOAD_ADVICE, upload_limit
 from orchestrator.controller.auth import KeyCache, Viewer
 from orchestrator.controller.finish_watch import FinishWatch
 from orchestrator.controller.hosts import AllowedHosts
 from orchestrator.controller.http_errors import install_error_handler
 from orchestrator.controller.limits import MAX_BODY_BYTES, BodySizeLimit, PathLimit
-from orchestrator.controller.metrics import StackCollector, metrics_registry
+from orchestrator.controller.metrics import LongPollCollector, StackCollector, metrics_registry
 from orchestrator.db import make_engine, make_session_factory, migrate
 from orchestrator.db.async_run_store import AsyncRunStore
 from orchestrator.db.repository import (
@@ -81,14 +81,32 @@ def _version() -> str:
         return "0+unknown"
 
 
-# The API docs load nothing from elsewhere: ReDoc's footer shows its maker's logo from a CDN,
-# which this refuses before any request (the image hides itself); both pages run an inline
-# script that starts them, and ReDoc's search runs in a worker made from a blob.
+# The API docs load nothing from elsewhere (ReDoc's script is served with its footer logo
+# inlined, ``_redoc_script``); both pages run an inline script that starts them, and ReDoc's
+# search runs in a worker made from a blob.
 _DOCS_CSP: Final = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; worker-src 'self' blob:; connect-src 'self'; base-uri 'none'; "
     "frame-ancestors 'none'"
 )
+
+
+# ReDoc's footer draws its maker's logo from a CDN, which a page on a machine without internet
+# access (and this policy) cannot load; the same small mark is drawn inline instead.
+_REDOC_LOGO_URL: Final = b"https://cdn.redoc.ly/redoc/logo-mini.svg"
+_REDOC_LOGO: Final = (
+    b"data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
+    b"%3Crect x='2' y='2' width='12' height='12' rx='3' fill='%23888'/%3E%3C/svg%3E"
+)
+
+
+@cache
+def _redoc_script(assets: Path) -> bytes:
+    """ReDoc's standalone script with its footer logo inlined (read once, ~1 MB)."""
+    script = (assets / "redoc.standalone.js").read_bytes()
+    if _REDOC_LOGO_URL not in script:
+        log.warning("ReDoc's script names no CDN logo to inline; serving it as it is")
+    return script.replace(_REDOC_LOGO_URL, _REDOC_LOGO)
 
 
 def dashboard_dir() -> Path | None:
@@ -138,8 +156,14 @@ def _mount_docs(app: FastAPI) -> None:
     import fastapi_offline
 
     assets = Path(fastapi_offline.__file__).resolve().parent / "static"
-    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
     openapi_url = app.openapi_url or "/api/openapi.json"
+
+    @app.get("/docs-assets/redoc.offline.js", include_in_schema=False)
+    def redoc_script() -> Response:
+        headers = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+        return Response(_redoc_script(assets), media_type="text/javascript", headers=headers)
+
+    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
@@ -160,7 +184,7 @@ def _mount_docs(app: FastAPI) -> None:
         page = get_redoc_html(
             openapi_url=openapi_url,
             title=f"{app.title} API",
-            redoc_js_url="/docs-assets/redoc.standalone.js",
+            redoc_js_url="/docs-assets/redoc.offline.js",
             redoc_favicon_url="/docs-assets/favicon.png",
             with_google_fonts=False,
         )
@@ -271,7 +295,9 @@ def create_app(
             resources.redis, partial(_ended_among, resources)
         )
         watch.start()
-        app.state.metrics = metrics_registry(StackCollector(resources))
+        app.state.metrics = metrics_registry(
+            StackCollector(resources), LongPollCollector(watch.waiting)
+        )
         try:
             yield
         finally:
@@ -297,11 +323,7 @@ def create_app(
     _mount_metrics(app)
     _mount_dashboard(app)
     install_error_handler(app)
-    upload = PathLimit(
-        upload_limit(settings.max_input_bytes),
-        what="an upload",
-        advice="an input image is at most MAX_INPUT_BYTES; send a smaller image",
-    )
+    upload = PathLimit(upload_limit(settings), what="an upload", advice=UPLOAD_ADVICE)
     # The last added runs first: the host check, then CORS, then the body limit.
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, paths={"/api/inputs": upload})
     if settings.cors_origins:

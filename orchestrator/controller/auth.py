@@ -2,7 +2,8 @@
 
 Every route under ``/api`` but ``/api/healthz`` needs a key (``api.main`` mounts the routers
 behind ``require(Role.VIEWER)``); routes that change state ask for more with ``Operator`` or
-``Admin`` parameters, which also tell the route who asked (``Principal``).
+``Admin`` parameters, which also tell the route who asked (``Principal``). ``/api/readyz``
+answers anonymous callers too, with less (``MaybeKeyed``).
 
 A key is looked up by its SHA-256 digest (``orchestrator.apikeys``) on the API's event loop
 and remembered for ``KEY_TTL_S``. *Why a cache:* every request needs its key, and a load
@@ -31,6 +32,7 @@ __all__ = [
     "KEY_TTL_S",
     "Admin",
     "KeyCache",
+    "MaybeKeyed",
     "Operator",
     "Principal",
     "Viewer",
@@ -91,6 +93,17 @@ async def authenticate(
     return principal
 
 
+async def authenticate_if_keyed(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal | None:
+    """The request's ``Principal`` if it sends a key (which must then be valid, as anywhere
+    else); ``None`` for an anonymous request. For the one route that answers both."""
+    if credentials is None:
+        return None
+    return await authenticate(request, credentials)
+
+
 def require(role: Role) -> Callable[..., Awaitable[Principal]]:
     """A dependency that lets through keys whose role allows what ``role`` may do."""
 
@@ -109,3 +122,4 @@ require_viewer = require(Role.VIEWER)  # what ``api.main`` puts in front of ever
 Viewer = Annotated[Principal, Depends(require_viewer)]
 Operator = Annotated[Principal, Depends(require(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
+MaybeKeyed = Annotated[Principal | None, Depends(authenticate_if_keyed)]

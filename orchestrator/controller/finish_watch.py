@@ -68,6 +68,11 @@ class FinishWatch:
             if thread.is_alive():
                 thread.join(timeout=2 * _RECONNECT_S)
 
+    def waiting(self) -> int:
+        """Requests of this process waiting for a run to end now."""
+        with self._lock:
+            return sum(len(waiters) for waiters in self._waiters.values())
+
     @contextlib.contextmanager
     def listen(self, workflow_id: uuid.UUID) -> Iterator[asyncio.Event]:
         """Register for ``workflow_id``'s end: the event is set on each announcement (or sweep

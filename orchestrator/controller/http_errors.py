@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
 from orchestrator.db.engine import disk_full, postgres_failed
 from orchestrator.errors import (
@@ -34,6 +35,7 @@ from orchestrator.errors import (
     ServiceError,
     StorageError,
     Unauthenticated,
+    UnsupportedType,
 )
 
 __all__ = ["error_response", "install_error_handler", "status_for", "translate"]
@@ -48,6 +50,7 @@ STATUS_BY_ERROR: Final[dict[type[OrchestratorError], int]] = {
     NotFound: 404,
     Conflict: 409,
     RequestTooLarge: 413,
+    UnsupportedType: 415,
     InvalidRequest: 422,
     Overloaded: 429,
     ServiceError: 503,
@@ -123,7 +126,27 @@ async def _http(request: Request, exc: Exception) -> Response:
     if not isinstance(exc.detail, str):
         return await http_exception_handler(request, exc)
     body = {"detail": exc.detail, "code": _HTTP_CODES.get(exc.status_code, "http_error")}
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    headers = exc.headers
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": ", ".join(_methods_at(request))}
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+
+_METHODS: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _methods_at(request: Request) -> list[str]:
+    """Every method some route serves at the request's path, asked of the router itself.
+    *Why:* each method of a path is a route of its own, and Starlette's 405 names only the
+    first route it tried (``Allow: POST`` for a path that answers GET too)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
+        )
+    ]
 
 
 def install_error_handler(app: FastAPI) -> None:

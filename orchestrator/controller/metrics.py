@@ -1,11 +1,12 @@
 """``GET /metrics``: the stack's state for Prometheus, read when scraped.
 
-What it reports comes from where the state lives: Postgres (workflows and task runs by status,
-how long completed workflows and task runs took, hand-offs), Redis (workers, their queues and
-their processes' CPU and memory) and the CDI controller (objects and bytes by host), plus the
-API process's own figures (``process_*``, ``python_*``). Nothing is counted in the API
-process itself: every API replica reports the same figures, as ``kube-state-metrics`` does,
-and a restart loses nothing. ``cdiflow_source_up{source}`` says which source answered; a
+What it reports comes from where the state lives: Postgres (workflow runs by status and
+``workflow`` (the definition's name) and how long completed ones took, task runs by status and
+how long they took by ``task``, hand-offs), Redis (workers, their queues and their processes'
+CPU and memory) and the CDI controller (objects and bytes by host), plus the API process's own
+figures (``process_*``, ``python_*``, the long polls it holds). Nothing else is counted in the
+API process itself: every API replica reports the same figures, as ``kube-state-metrics``
+does, and a restart loses nothing. ``cdiflow_source_up{source}`` says which source answered; a
 source that does not answer leaves its figures out of that scrape rather than failing it.
 
 *Cost:* the duration histograms aggregate every completed run and task run (one pass over
@@ -19,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 import redis
@@ -37,16 +38,23 @@ from sqlalchemy.exc import SQLAlchemyError
 from cdi.controller.client import ControllerClient
 from cdi.errors import CDIError
 from orchestrator.contract import keys
+from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.controller.api.deps import Resources
 
-__all__ = ["CACHE_S", "DURATION_BUCKETS_S", "StackCollector", "metrics_registry"]
+__all__ = [
+    "CACHE_S",
+    "DURATION_BUCKETS_S",
+    "LongPollCollector",
+    "StackCollector",
+    "metrics_registry",
+]
 
 log = logging.getLogger(__name__)
 
 CACHE_S: Final = 5.0
 DURATION_BUCKETS_S: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _CDI_TIMEOUT_S: Final = 2.0
-_STATUSES: Final = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
+_STATUSES: Final = tuple(str(status) for status in WorkflowStatus)
 _RUN_STATUSES: Final = ("QUEUED", "RUNNING", "COMPLETED", "FAILED", "TIMED_OUT", "CANCELLED")
 
 
@@ -63,8 +71,11 @@ def _histogram_sql(table: str, seconds: str, where: str, group: str | None) -> s
 
 _WORKFLOW_SECONDS: Final = _histogram_sql(
     "workflows", "extract(epoch FROM finished_at - created_at)",
-    "status = 'COMPLETED' AND finished_at IS NOT NULL", None,
+    "status = 'COMPLETED' AND finished_at IS NOT NULL", "definition",
 )  # fmt: skip
+_WORKFLOW_COUNTS: Final = (
+    "SELECT definition, status::text, count(*) FROM workflows GROUP BY definition, status"
+)
 _TASK_SECONDS: Final = _histogram_sql(
     "task_runs", "run_ms / 1000.0", "status = 'COMPLETED' AND run_ms IS NOT NULL", "task"
 )
@@ -110,27 +121,30 @@ class StackCollector(Collector):
     # -- Postgres --------------------------------------------------------------------------
     def _postgres(self) -> list[Metric]:
         with self.resources.autocommit() as conn:
-            workflows = _by_status(conn, "workflows", _STATUSES)
+            workflows = _by_workflow_and_status(conn)
             runs = _by_status(conn, "task_runs", _RUN_STATUSES)
-            latency = conn.execute(text(_WORKFLOW_SECONDS)).one()
+            latency = conn.execute(text(_WORKFLOW_SECONDS)).all()
             queue_wait = conn.execute(text(_QUEUE_SECONDS)).one()
             task_seconds = conn.execute(text(_TASK_SECONDS)).all()
             handoffs, moved = conn.execute(
                 text("SELECT count(*), coalesce(sum(bytes), 0) FROM handoffs")
             ).one()
-        counts = GaugeMetricFamily("cdiflow_workflows", "Workflow runs by status.",
-                                   labels=["status"])  # fmt: skip
-        for status, count in workflows.items():
-            counts.add_metric([status], count)
+        counts = GaugeMetricFamily("cdiflow_workflows",
+                                   "Workflow runs by status and workflow (definition).",
+                                   labels=["status", "workflow"])  # fmt: skip
+        for (workflow, status), count in workflows.items():
+            counts.add_metric([status, workflow], count)
         task_counts = GaugeMetricFamily("cdiflow_task_runs", "Task runs (attempts) by status.",
                                         labels=["status"])  # fmt: skip
         for status, count in runs.items():
             task_counts.add_metric([status], count)
         took = HistogramMetricFamily(
             "cdiflow_workflow_duration_seconds",
-            "Completed workflow runs: from the start request to the end.",
+            "Completed workflow runs by workflow (definition): from the start request to the end.",
+            labels=["workflow"],
         )
-        took.add_metric([], *_buckets(latency))
+        for row in latency:
+            took.add_metric([str(row[0])], *_buckets(row[1:]))
         waited = HistogramMetricFamily(
             "cdiflow_task_queue_wait_seconds", "Task runs: from queued to started on a worker."
         )
@@ -228,14 +242,40 @@ class StackCollector(Collector):
         return [count, size, up]
 
 
-def metrics_registry(collector: Collector) -> CollectorRegistry:
-    """A registry with ``collector`` and the API process's own figures."""
+class LongPollCollector(Collector):
+    """The long polls this API process holds (``GET /api/workflows/{id}?wait_s=``): its own
+    figure, like ``process_*``, read at each scrape."""
+
+    def __init__(self, waiting: Callable[[], int]) -> None:
+        self.waiting = waiting
+
+    def collect(self) -> Iterator[Metric]:
+        polls = GaugeMetricFamily(
+            "cdiflow_api_long_polls", "Requests this API process holds until a run ends."
+        )
+        polls.add_metric([], self.waiting())
+        yield polls
+
+
+def metrics_registry(*collectors: Collector) -> CollectorRegistry:
+    """A registry with ``collectors`` and the API process's own figures."""
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
-    registry.register(collector)
+    for collector in collectors:
+        registry.register(collector)
     return registry
+
+
+def _by_workflow_and_status(conn: Connection) -> dict[tuple[str, str], int]:
+    """Runs by (workflow, status): every status of each workflow that has runs, 0 included."""
+    counts: dict[tuple[str, str], int] = {}
+    for workflow, status, count in conn.execute(text(_WORKFLOW_COUNTS)):
+        for each in _STATUSES:
+            counts.setdefault((str(workflow), each), 0)
+        counts[(str(workflow), str(status))] = int(count)
+    return counts
 
 
 def _by_status(conn: Connection, table: str, statuses: Iterable[str]) -> dict[str, int]:

@@ -4,6 +4,8 @@
     redis      PING
     minion     the host's CDI minion answers (``CDI_URL``; "not configured" without one)
     scheduler  some scheduler's loop turned within ``keys.SCHEDULER_STALE_S``
+    workers    some worker sent a heartbeat within ``keys.WORKER_DEAD_AFTER_S`` (with none, a
+               run waits for one: started, it stays RUNNING with nothing under way)
     s3         the bucket answers HeadBucket
 
 The checks run side by side, so the answer takes as long as the slowest one (at most
@@ -32,7 +34,7 @@ from orchestrator.settings import Settings
 __all__ = ["CHECKS", "Check", "check_all"]
 
 TIMEOUT_S: Final = 2.0
-CHECKS: Final = ("postgres", "redis", "minion", "scheduler", "s3")
+CHECKS: Final = ("postgres", "redis", "minion", "scheduler", "workers", "s3")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ def check_all(engine: Engine, client: redis.Redis, settings: Settings) -> dict[s
         "redis": lambda: _redis(client),
         "minion": _minion,
         "scheduler": lambda: _scheduler(client),
+        "workers": lambda: _workers(client),
         "s3": lambda: _s3(settings),
     }
     with ThreadPoolExecutor(len(probes), thread_name_prefix="readyz") as pool:
@@ -97,6 +100,38 @@ def _scheduler(client: redis.Redis) -> Check:
         return Check(True, f"ok ({', '.join(fresh)})")
     newest = min(ages, key=ages.__getitem__)
     return Check(False, f"no loop turned for {ages[newest]:.0f} s (latest: {newest})")
+
+
+def _workers(client: redis.Redis) -> Check:
+    ids = sorted(str(i) for i in client.smembers(keys.WORKERS))
+    with client.pipeline(transaction=False) as pipe:
+        for worker_id in ids:
+            pipe.hget(keys.worker_key(worker_id), "last_heartbeat")
+        beats = pipe.execute()
+    now = time.time()
+    live = [w for w, beat in zip(ids, beats, strict=True) if _fresh(beat, now)]
+    if live:
+        shown = ", ".join(live[:_LISTED]) + (", ..." if len(live) > _LISTED else "")
+        return Check(True, f"ok ({len(live)} live: {shown})")
+    known = f" (known: {', '.join(ids[:_LISTED])})" if ids else ""
+    return Check(
+        False,
+        f"no live worker: none sent a heartbeat in the last {keys.WORKER_DEAD_AFTER_S:g} s"
+        f"{known}; runs wait until one does: start workers (cdiflow up --workers N, or "
+        "cdiflow worker)",
+    )
+
+
+_LISTED: Final = 10  # workers a detail names
+
+
+def _fresh(beat: str | bytes | None, now: float) -> bool:
+    if beat is None:
+        return False
+    try:
+        return now - float(beat) < keys.WORKER_DEAD_AFTER_S
+    except ValueError:  # written by another process: a garbled stamp is no heartbeat
+        return False
 
 
 def _s3(settings: Settings) -> Check:

@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
@@ -44,11 +44,12 @@ from orchestrator.db.repository.api_keys import KEY_BY_HASH_SQL
 from orchestrator.db.repository.workflows import (
     CREATE_SQL,
     DETAIL_SQL,
+    IDEMPOTENT_SQL,
     RECENT_EVENTS_SQL,
     STATUS_SQL,
     create_params,
 )
-from orchestrator.errors import NotFound, Overloaded, ServiceError
+from orchestrator.errors import IdempotencyKeyReused, NotFound, Overloaded, ServiceError
 
 __all__ = ["CHECK_IDLE_S", "MAX_WAITING", "AsyncRunStore"]
 
@@ -106,11 +107,19 @@ class AsyncRunStore:
         workflow_id: uuid.UUID,
         version: int | None = None,
         started_by: str | None = None,
+        priority: int | None = None,
+        tags: Sequence[str] = (),
+        idempotency_key: str | None = None,
+        request_digest: str | None = None,
+        timeout_s: float | None = None,
     ) -> _Row | None:
         """Insert a PENDING run (and its event) in one statement and return it; a run with
         this id that exists already is returned as it is; ``None`` if ``definition`` (or that
         ``version`` of it) does not exist. ``started_by``: the name of the API key that
-        asked."""
+        asked. With ``idempotency_key``, the run that key of that caller made already is
+        returned (its id is not ``workflow_id``), or ``IdempotencyKeyReused`` when that run
+        was started with another body (``request_digest``). ``timeout_s``: the run's time
+        limit (default: the version's)."""
         params = create_params(
             definition,
             input,
@@ -120,12 +129,25 @@ class AsyncRunStore:
             workflow_id,
             version=version,
             started_by=started_by,
+            priority=priority,
+            tags=tags,
+            idempotency_key=idempotency_key,
+            request_digest=request_digest,
+            timeout_s=timeout_s,
         )
         params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
 
         async def insert(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
             cursor = await conn.execute(CREATE_SQL, params)
             row = await cursor.fetchone()
+            if row is None and idempotency_key is not None:
+                # The key is taken (a concurrent start with it waited for that one's commit
+                # and inserted nothing): the run it made, if the body is the same.
+                key = {"started_by": started_by, "idempotency_key": idempotency_key}
+                cursor = await conn.execute(IDEMPOTENT_SQL, key)
+                row = await cursor.fetchone()
+                if row is not None and row.request_digest != request_digest:
+                    raise IdempotencyKeyReused(idempotency_key, row.id)
             if row is None:  # no such definition, or an earlier try committed this very run
                 cursor = await conn.execute(DETAIL_SQL, {"id": workflow_id})
                 row = await cursor.fetchone()

@@ -28,20 +28,31 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
     func,
+    text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from orchestrator.apikeys import Role
-from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, WorkflowStatus
+from orchestrator.contract.vocabulary import (
+    CatchUp,
+    DataPlane,
+    DeliveryStatus,
+    Policy,
+    TaskRunStatus,
+    WorkflowStatus,
+)
 
 __all__ = [
     "ApiKey",
     "Base",
     "Event",
     "Handoff",
+    "Schedule",
     "TaskDefinition",
     "TaskRun",
+    "Webhook",
+    "WebhookDelivery",
     "Workflow",
     "WorkflowDefinition",
     "WorkflowDefinitionVersion",
@@ -72,6 +83,7 @@ class Base(DeclarativeBase):
         datetime: DateTime(timezone=True),
         dict[str, Any]: JSONB,
         list[dict[str, Any]]: JSONB,
+        list[str]: ARRAY(String(64)),
     }
 
 
@@ -86,6 +98,9 @@ class TaskDefinition(Base):
     retries: Mapped[int] = mapped_column(Integer)
     retry_backoff_s: Mapped[float] = mapped_column(Double)
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # At most this many task runs of this task out at once over every scheduler (None: no
+    # limit); held as leases in Redis (``scheduler/limits.py``).
+    max_concurrency: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(server_default=_now(), onupdate=_now())
 
@@ -105,9 +120,18 @@ class WorkflowDefinition(Base):
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
     tasks: Mapped[list[dict[str, Any]]]
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # The current version's run settings (see ``WorkflowDefinitionVersion``).
+    timeout_s: Mapped[float | None] = mapped_column(Double)
+    worker_wait_s: Mapped[float | None] = mapped_column(Double)
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(server_default=_now(), onupdate=_now())
     deleted_at: Mapped[datetime | None]
+    # Settings of the definition as a queue, not of a version: the priority of its runs when
+    # a start names none, how many of its runs may be RUNNING at once (None: any number),
+    # and since when its new runs wait PENDING (None: not paused).
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_concurrent_runs: Mapped[int | None] = mapped_column(Integer)
+    paused_at: Mapped[datetime | None]
 
 
 class WorkflowDefinitionVersion(Base):
@@ -128,6 +152,10 @@ class WorkflowDefinitionVersion(Base):
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
     tasks: Mapped[list[dict[str, Any]]]
+    # How long a run may take (a start may set its own), and how long a step may wait for a
+    # live worker able to run it; null: no limit (see ``workflows.definitions``).
+    timeout_s: Mapped[float | None] = mapped_column(Double)
+    worker_wait_s: Mapped[float | None] = mapped_column(Double)
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
 
 
@@ -143,6 +171,36 @@ class Workflow(Base):
         Index("ix_workflows_status_created_at", "status", "created_at"),
         Index("ix_workflows_definition_created_at", "definition", "created_at"),
         Index("ix_workflows_created_at", "created_at"),
+        # What a claim walks: the PENDING runs, highest priority first, oldest first.
+        Index(
+            "ix_workflows_pending_priority",
+            text("priority DESC"),
+            "created_at",
+            "id",
+            postgresql_where=text("status = 'PENDING'"),
+        ),
+        # What a claim counts for a definition with a limit: its RUNNING runs.
+        Index(
+            "ix_workflows_running_definition",
+            "definition",
+            postgresql_where=text("status = 'RUNNING'"),
+        ),
+        # One run per (caller, Idempotency-Key), and one per tick of a schedule.
+        Index(
+            "uq_workflows_idempotency",
+            "started_by",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+        ),
+        UniqueConstraint("schedule_id", "scheduled_for"),
+        Index("ix_workflows_tags", "tags", postgresql_using="gin"),
+        Index(
+            "ix_workflows_input",
+            "input",
+            postgresql_using="gin",
+            postgresql_ops={"input": "jsonb_path_ops"},
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -172,6 +230,27 @@ class Workflow(Base):
     claimed_at: Mapped[datetime | None]
     # The name of the API key that started the run (or retried it into being).
     started_by: Mapped[str | None] = mapped_column(String(64))
+    # Served highest first among waiting runs (claims and placement); from the start, else
+    # the definition's.
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    tags: Mapped[list[str]] = mapped_column(default=list, server_default="{}")
+    # The start's ``Idempotency-Key`` and the SHA-256 of its body: a retry with the same key
+    # and body gets this run; another body with the same key is refused.
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_digest: Mapped[str | None] = mapped_column(String(64))
+    # The schedule that made it, and the tick it was made for.
+    schedule_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("schedules.id", ondelete="SET NULL")
+    )
+    scheduled_for: Mapped[datetime | None]
+    # Since when its next steps wait (None: not paused).
+    paused_at: Mapped[datetime | None]
+    # The longest the run may take from its start, in seconds (the start's, else its
+    # definition version's); past it the run ends TIMED_OUT. Null: no limit.
+    timeout_s: Mapped[float | None] = mapped_column(Double)
+    # What the run waits for while it cannot go on by itself (no live worker can take its
+    # next step), for a person to read; null otherwise.
+    status_detail: Mapped[str | None] = mapped_column(Text)
 
 
 class TaskRun(Base):
@@ -204,6 +283,9 @@ class TaskRun(Base):
     bytes_in: Mapped[int | None] = mapped_column(BigInteger)
     bytes_out: Mapped[int | None] = mapped_column(BigInteger)
     error: Mapped[str | None] = mapped_column(Text)
+    # Where the task was when it failed or was stopped: its traceback, cut to
+    # ``contract.messages.MAX_TRACEBACK`` characters (null when the failure was not the task's).
+    traceback: Mapped[str | None] = mapped_column(Text)
     output: Mapped[dict[str, Any] | None]
     # The named data it read and made: {"reads": {name: datum}, "made": {name: datum}}, each
     # datum {"key", "kind"} (an object), {"value"} or {"items": [...]}; results their "uri".
@@ -272,3 +354,87 @@ class ApiKey(Base):
     configured: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_by: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(server_default=_now())
+
+
+class Schedule(Base):
+    """Runs of a definition at the ticks of a cron expression (``orchestrator.cron``), made by
+    whichever scheduler finds a tick due first: a row lock and the unique ``(schedule_id,
+    scheduled_for)`` of ``workflows`` make each tick one run."""
+
+    __tablename__ = "schedules"
+    __table_args__ = (
+        Index(
+            "ix_schedules_next_fire_at", "next_fire_at", postgresql_where=text("paused_at IS NULL")
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    definition: Mapped[str] = mapped_column(
+        String(64), ForeignKey("workflow_definitions.name", ondelete="CASCADE")
+    )
+    cron: Mapped[str] = mapped_column(String(255))
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC", server_default="UTC")
+    catchup: Mapped[CatchUp] = mapped_column(_enum(CatchUp, "schedule_catchup"))
+    # A tick later than this is missed (what ``catchup`` decides about).
+    grace_s: Mapped[float] = mapped_column(Double)
+    # What each run starts with: as in a start's body.
+    input: Mapped[dict[str, Any]]
+    policy: Mapped[Policy] = mapped_column(_enum(Policy, "workflow_policy"))
+    data_plane: Mapped[DataPlane] = mapped_column(_enum(DataPlane, "data_plane"))
+    version: Mapped[int | None] = mapped_column(Integer)  # None: the current one at each tick
+    priority: Mapped[int | None] = mapped_column(Integer)  # None: the definition's
+    tags: Mapped[list[str]] = mapped_column(default=list, server_default="{}")
+    next_fire_at: Mapped[datetime]
+    paused_at: Mapped[datetime | None]
+    last_fired_at: Mapped[datetime | None]  # the tick of its latest run
+    last_run_id: Mapped[uuid.UUID | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(server_default=_now())
+
+
+class Webhook(Base):
+    """Where to tell of runs' (and steps') ends: a URL an admin registered, and the secret
+    its deliveries are signed with (shown once, when it is made; never logged)."""
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]]
+    definition: Mapped[str | None] = mapped_column(String(64))  # None: every definition's runs
+    created_by: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(server_default=_now())
+
+
+class WebhookDelivery(Base):
+    """One event for one webhook, written in the statement that ended the run (or recorded
+    the step), then sent, retried with backoff, and logged here."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_webhook_id_id", "webhook_id", "id"),
+        Index(
+            "ix_webhook_deliveries_due",
+            "next_attempt_at",
+            postgresql_where=text("status = 'PENDING'"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    webhook_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
+    event: Mapped[str] = mapped_column(String(64))
+    workflow_id: Mapped[uuid.UUID | None]
+    payload: Mapped[dict[str, Any]]
+    status: Mapped[DeliveryStatus] = mapped_column(
+        _enum(DeliveryStatus, "delivery_status"), default=DeliveryStatus.PENDING
+    )
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[datetime] = mapped_column(server_default=_now())
+    last_status: Mapped[int | None] = mapped_column(Integer)  # the receiver's HTTP status
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(server_default=_now())
+    delivered_at: Mapped[datetime | None]

@@ -28,6 +28,8 @@ from orchestrator.contract.vocabulary import DataPlane, Policy, TaskRunStatus, W
 
 __all__ = [
     "CLAIM",
+    "CLAIM_LIMITED",
+    "CLAIM_LOCK",
     "FINISH",
     "LOST",
     "PLACE",
@@ -35,6 +37,7 @@ __all__ = [
     "RESERVE_IDS",
     "RESUME",
     "UNQUEUE",
+    "WAITING",
     "Claimed",
     "Finish",
     "Handoff",
@@ -60,6 +63,11 @@ class Claimed:
     # The last attempt Postgres has of each step (empty for a run never placed): a run that
     # ran before (resumed, taken over) goes on from there, never repeating an attempt number.
     attempts: dict[str, int] = field(default_factory=dict)
+    priority: int = 0  # its steps that wait for a worker are placed highest first
+    paused: bool = False  # its next steps wait until it is resumed
+    timeout_s: float | None = None  # the run's time limit, from ``started_at``
+    started_at: float | None = None  # unix seconds: when it was first claimed
+    worker_wait_s: float | None = None  # its version's limit on a step's wait for a worker
 
 
 @dataclass(frozen=True)
@@ -81,14 +89,15 @@ class Handoff:
 
 @dataclass(frozen=True)
 class Finish:
-    """The end of a workflow: COMPLETED (with its output), FAILED or CANCELLED (with the
-    reason)."""
+    """The end of a workflow: COMPLETED (with its output), FAILED, CANCELLED or TIMED_OUT
+    (with the reason, and the steps under way then)."""
 
     workflow_id: uuid.UUID
     status: WorkflowStatus  # a finished one
     output: dict[str, Any] | None = None
     result_uri: str | None = None
     error: str | None = None
+    steps: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,43 +125,42 @@ class Placement:
 # and the last attempt of each step already recorded (one probe of the (workflow_id, ref,
 # attempt) key's index; none for a new run).
 # ``source`` is a CTE of workflow rows (id, definition, definition_version, input, policy,
-# data_plane, created_at).
+# data_plane, created_at, priority, paused_at, timeout_s, started_at).
 _PLAN_HEAD: Final[LiteralString] = """
 SELECT c.id, c.definition, c.input, c.policy::text, c.data_plane::text, d.tasks,
        (SELECT coalesce(jsonb_object_agg(t.name, jsonb_build_object(
                     'module', t.module, 'timeout_s', t.timeout_s, 'retries', t.retries,
-                    'retry_backoff_s', t.retry_backoff_s)), '{}'::jsonb)
+                    'retry_backoff_s', t.retry_backoff_s, 'max_concurrency', t.max_concurrency
+                )), '{}'::jsonb)
         FROM task_definitions t
         WHERE t.name IN (SELECT s ->> 'task' FROM jsonb_array_elements(d.tasks) s)),
        (SELECT coalesce(jsonb_object_agg(a.ref, a.n), '{}'::jsonb)
         FROM (SELECT ref, max(attempt) AS n FROM task_runs r WHERE r.workflow_id = c.id
-              GROUP BY ref) a)
+              GROUP BY ref) a),
+       c.priority, c.paused_at IS NOT NULL,
+       c.timeout_s, extract(epoch FROM c.started_at)::float8, d.worker_wait_s
 FROM """
 _PLAN_TAIL: Final[LiteralString] = """ c LEFT JOIN workflow_definition_versions d
     ON d.name = c.definition AND d.version = c.definition_version
-ORDER BY c.created_at, c.id
+ORDER BY c.priority DESC, c.created_at, c.id
 """
 
-# Take up to ``limit`` PENDING workflows, oldest first, and mark them RUNNING.
-# ``FOR UPDATE SKIP LOCKED`` makes concurrent schedulers skip each other's rows, so no workflow
-# is claimed twice; a claim older than ``reclaim_s`` (its scheduler died) is taken over. A
-# locking CTE is always materialised, so the LIMIT applies once.
-CLAIM: Final[LiteralString] = (
-    """
-WITH claimable AS (
-    SELECT id FROM workflows
-    WHERE status = 'PENDING'
-      AND (claimed_by IS NULL OR claimed_at < now() - make_interval(secs => %(reclaim_s)s::float8))
-    ORDER BY created_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
+# A PENDING run a scheduler may take: not paused, its definition's queue not paused, and not
+# claimed by a scheduler that is still on it (a claim older than ``reclaim_s``: it died).
+_CLAIMABLE: Final[LiteralString] = """
+w.status = 'PENDING' AND w.paused_at IS NULL
+  AND (w.claimed_by IS NULL OR w.claimed_at < now() - make_interval(secs => %(reclaim_s)s::float8))
+"""
+
+# Mark the claimable rows RUNNING (with their event) and read what planning needs.
+_CLAIM_TAIL: Final[LiteralString] = (
+    """, claimed AS (
     UPDATE workflows w
     SET claimed_by = %(me)s, claimed_at = now(), status = 'RUNNING',
         started_at = coalesce(w.started_at, now())
     FROM claimable c WHERE w.id = c.id
     RETURNING w.id, w.definition, w.definition_version, w.input, w.policy, w.data_plane,
-              w.created_at
+              w.created_at, w.priority, w.paused_at, w.timeout_s, w.started_at
 ), ev AS (
     INSERT INTO events (workflow_id, kind, data)
     SELECT id, 'workflow.running', '{"from": "PENDING", "to": "RUNNING"}'::jsonb FROM claimed
@@ -162,13 +170,84 @@ WITH claimable AS (
     + _PLAN_TAIL
 )
 
+# Take up to ``limit`` PENDING workflows, highest priority first, oldest first within a
+# priority, and mark them RUNNING. ``FOR UPDATE SKIP LOCKED`` makes concurrent schedulers skip
+# each other's rows, so no workflow is claimed twice. A locking CTE is always materialised, so
+# the LIMIT applies once. Runs of a definition with a concurrency limit are left to
+# ``CLAIM_LIMITED``, which counts.
+CLAIM: Final[LiteralString] = (
+    """
+WITH claimable AS (
+    SELECT w.id FROM workflows w
+    WHERE """
+    + _CLAIMABLE
+    + """
+      AND NOT EXISTS (SELECT 1 FROM workflow_definitions d
+                      WHERE d.name = w.definition
+                        AND (d.paused_at IS NOT NULL OR d.max_concurrent_runs IS NOT NULL))
+    ORDER BY w.priority DESC, w.created_at, w.id
+    LIMIT %(limit)s
+    FOR UPDATE OF w SKIP LOCKED
+)"""
+    + _CLAIM_TAIL
+)
+
+# Every scheduler's ``CLAIM_LIMITED`` runs under this transaction-level advisory lock, taken in
+# a statement before it: its count of a definition's RUNNING runs then sees every claim
+# committed before it (a statement's snapshot is taken when it starts), so two schedulers can
+# never both fill the same free place.
+CLAIM_LOCK: Final[LiteralString] = "SELECT pg_advisory_xact_lock(%(cls)s, %(key)s)"
+
+# ``CLAIM`` for every definition, those with a ``max_concurrent_runs`` included: of each such
+# definition no more of its PENDING runs (in priority order) than it has free places; the
+# priority order is over all claimable runs alike.
+CLAIM_LIMITED: Final[LiteralString] = (
+    """
+WITH lim AS (
+    SELECT d.name, d.max_concurrent_runs - (SELECT count(*) FROM workflows r
+                                            WHERE r.definition = d.name
+                                              AND r.status = 'RUNNING') AS free
+    FROM workflow_definitions d
+    WHERE d.max_concurrent_runs IS NOT NULL AND d.paused_at IS NULL
+), ranked AS (
+    SELECT w.id, w.definition,
+           row_number() OVER (PARTITION BY w.definition
+                              ORDER BY w.priority DESC, w.created_at, w.id) AS n
+    FROM workflows w
+    WHERE """
+    + _CLAIMABLE
+    + """ AND w.definition IN (SELECT name FROM lim)
+), within AS (
+    SELECT r.id FROM ranked r JOIN lim l ON l.name = r.definition WHERE r.n <= l.free
+), claimable AS (
+    SELECT w.id FROM workflows w
+    WHERE """
+    + _CLAIMABLE
+    + """
+      AND NOT EXISTS (SELECT 1 FROM workflow_definitions d
+                      WHERE d.name = w.definition AND d.paused_at IS NOT NULL)
+      AND (w.definition NOT IN (SELECT name FROM lim) OR w.id IN (SELECT id FROM within))
+    ORDER BY w.priority DESC, w.created_at, w.id
+    LIMIT %(limit)s
+    FOR UPDATE OF w SKIP LOCKED
+)"""
+    + _CLAIM_TAIL
+)
+
+# Whether any definition has a concurrency limit (then claims go through ``CLAIM_LIMITED``).
+LIMITS_EXIST: Final[LiteralString] = (
+    "SELECT EXISTS (SELECT 1 FROM workflow_definitions "
+    "WHERE max_concurrent_runs IS NOT NULL AND deleted_at IS NULL)"
+)
+
 # A scheduler's RUNNING workflows that it runs no more in memory (it restarted; a write of its
 # was lost; it took them over from a dead scheduler): their open task runs fail with the
 # reason, and they start over from their input.
 RESUME: Final[LiteralString] = (
     """
 WITH mine AS (
-    SELECT id, definition, definition_version, input, policy, data_plane, created_at
+    SELECT id, definition, definition_version, input, policy, data_plane, created_at, priority,
+           paused_at, timeout_s, started_at
     FROM workflows
     WHERE status = 'RUNNING' AND claimed_by = %(me)s AND NOT (id = ANY(%(running)s::uuid[]))
     FOR UPDATE
@@ -225,32 +304,58 @@ nxt AS (
 PLACE: Final[LiteralString] = "WITH " + _PLACE_CTES + "SELECT count(*) FROM nxt"
 
 # The end of a workflow, unless it has ended already (a user cancelled it meanwhile, or the
-# scheduler ended it before the cancel): then nothing changes and no row is counted.
+# scheduler ended it before the cancel): then nothing changes and no row is counted. What it
+# waited for no longer applies. The webhooks that asked to be told of such an end get a
+# delivery to send, written with the end itself (``orchestrator.notify``): an end is never told
+# twice nor lost.
 _FINISH_CTES: Final[LiteralString] = """
 fprev AS (
     SELECT id, status FROM workflows WHERE id = %(fin_id)s::uuid AND %(finish)s::bool
     FOR UPDATE
 ), fin AS (
     UPDATE workflows w
-    SET status = %(fin_status)s::workflow_status, finished_at = now(),
+    SET status = %(fin_status)s::workflow_status, finished_at = now(), status_detail = NULL,
         output = coalesce(%(fin_output)s::jsonb, w.output),
         result_uri = coalesce(%(fin_result_uri)s::text, w.result_uri),
         error = coalesce(%(fin_error)s::text, w.error)
     FROM fprev p
-    WHERE w.id = p.id AND p.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')
-    RETURNING w.id, p.status::text AS prev
-), fin_ev AS (
-    INSERT INTO events (workflow_id, kind, data)
-    SELECT id, %(fin_kind)s::text, jsonb_strip_nulls(jsonb_build_object(
-        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text))
-    FROM fin
+    WHERE w.id = p.id AND p.status IN ('PENDING', 'RUNNING')
+    RETURNING w.id, p.status::text AS prev, w.definition, w.definition_version, w.error,
+              w.result_uri, w.tags, w.started_by, w.created_at, w.started_at, w.finished_at
+), fin_hooks AS (
+    INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status)
+    SELECT h.id, %(fin_kind)s::text, f.id, jsonb_build_object(
+        'type', %(fin_kind)s::text, 'timestamp', now(), 'data', jsonb_build_object(
+            'workflow_id', f.id, 'workflow', f.definition,
+            'workflow_version', f.definition_version, 'status', %(fin_status)s::text,
+            'error', f.error, 'result_uri', f.result_uri, 'tags', to_jsonb(f.tags),
+            'started_by', f.started_by, 'created_at', f.created_at,
+            'started_at', f.started_at, 'finished_at', f.finished_at)), 'PENDING'
+    FROM fin f
+    JOIN webhooks h ON %(fin_kind)s::text = ANY(h.events)
+                   AND (h.definition IS NULL OR h.definition = f.definition)
 )
 """
+# The ending's event: the states, the reason, and the steps under way when it came.
+_FINISH_EVENT: Final[LiteralString] = """
+    SELECT id, %(fin_kind)s::text, jsonb_strip_nulls(jsonb_build_object(
+        'from', prev, 'to', %(fin_status)s::text, 'error', %(fin_error)s::text,
+        'steps', %(fin_steps)s::jsonb))
+    FROM fin"""
 
-FINISH: Final[LiteralString] = "WITH " + _FINISH_CTES + "SELECT count(*) FROM fin"
+FINISH: Final[LiteralString] = (
+    "WITH "
+    + _FINISH_CTES
+    + ", fin_ev AS (INSERT INTO events (workflow_id, kind, data)"
+    + _FINISH_EVENT
+    + ") SELECT count(*) FROM fin"
+)
 
-# A worker's report on a task run (and the hand-back of its objects), together with the next
-# steps' placements or the end of the workflow.
+# A worker's report on a task run (and the hand-back of its objects, and the deliveries of
+# the webhooks that follow steps), together with the next steps' placements or the end of
+# the workflow. Its events go in with one insert, the task's before the workflow's end. *Why
+# one:* the sub-statements of a WITH run in no set order, and two inserts gave the end an id
+# (the order clients read events in) before the task's.
 REPORT: Final[LiteralString] = (
     """
 WITH rep AS (
@@ -267,20 +372,40 @@ WITH rep AS (
         bytes_out = %(bytes_out)s,
         output = %(output)s,
         error = %(error)s,
+        traceback = %(traceback)s,
         data = CASE WHEN %(data)s::jsonb IS NULL THEN data
                     ELSE coalesce(data, '{}'::jsonb) || %(data)s::jsonb END
     WHERE id = %(task_run_id)s
-    RETURNING workflow_id, ref, attempt
-), ev AS (
-    INSERT INTO events (workflow_id, kind, data)
-    SELECT workflow_id, %(kind)s::text, jsonb_build_object(
-        'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text, 'error', %(error_text)s::text)
-    FROM rep
+    RETURNING workflow_id, ref, attempt, task
+), rep_hooks AS (
+    INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status)
+    SELECT h.id, %(kind)s::text, r.workflow_id, jsonb_build_object(
+        'type', %(kind)s::text, 'timestamp', now(), 'data', jsonb_build_object(
+            'workflow_id', r.workflow_id, 'workflow', w.definition, 'step', r.ref,
+            'task', r.task, 'attempt', r.attempt, 'status', %(status)s::text,
+            'worker', %(worker)s::text, 'error', %(error_text)s::text)), 'PENDING'
+    FROM rep r
+    JOIN webhooks h ON %(kind)s::text = ANY(h.events)
+    JOIN workflows w ON w.id = r.workflow_id
+    WHERE h.definition IS NULL OR h.definition = w.definition
 ),"""
     + _PLACE_CTES
     + ","
     + _FINISH_CTES
-    + "SELECT count(*) FROM fin"  # every data-modifying CTE runs, read or not
+    + """, ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT workflow_id, kind, data FROM (
+        SELECT 1 AS n, workflow_id, %(kind)s::text AS kind, jsonb_build_object(
+            'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text,
+            'error', %(error_text)s::text) AS data
+        FROM rep
+        UNION ALL
+        SELECT 2, e.* FROM ("""
+    + _FINISH_EVENT
+    + """) e
+    ) both_events ORDER BY n
+)
+SELECT count(*) FROM fin"""  # every data-modifying CTE runs, read or not
 )
 
 # A task run whose worker died or went silent, unless its report came first.
@@ -312,14 +437,30 @@ SUB_DEFINITIONS: Final[LiteralString] = (
     "WHERE name = ANY(%(names)s::text[]) AND deleted_at IS NULL"
 )
 TASK_DEFINITIONS: Final[LiteralString] = (
-    "SELECT name, module, timeout_s, retries, retry_backoff_s FROM task_definitions "
-    "WHERE name = ANY(%(names)s::text[])"
+    "SELECT name, module, timeout_s, retries, retry_backoff_s, max_concurrency "
+    "FROM task_definitions WHERE name = ANY(%(names)s::text[])"
+)
+
+# Which of a scheduler's RUNNING runs are paused now (a pause's wake-up is a hint).
+PAUSED: Final[LiteralString] = (
+    "SELECT id FROM workflows WHERE id = ANY(%(ids)s::uuid[]) AND paused_at IS NOT NULL"
 )
 
 # The status of each of a set of runs (those not found are missing).
 STATUSES: Final[LiteralString] = (
     "SELECT id, status::text FROM workflows WHERE id = ANY(%(ids)s::uuid[])"
 )
+
+# What a run waits for, for a person to read (``status_detail``; null once it waits no more),
+# and the event that says so; a run that has ended keeps no detail.
+WAITING: Final[LiteralString] = """
+WITH w AS (
+    UPDATE workflows SET status_detail = %(detail)s::text
+    WHERE id = %(id)s AND status = 'RUNNING'
+    RETURNING id
+)
+INSERT INTO events (workflow_id, kind, data) SELECT id, %(kind)s::text, %(data)s::jsonb FROM w
+"""
 
 # A cancelled run's task runs that no worker took.
 UNQUEUE: Final[LiteralString] = (
@@ -338,6 +479,11 @@ def claimed_from_row(row: tuple[Any, ...]) -> Claimed:
         steps=row[5],
         task_defs=row[6] or {},
         attempts={str(k): int(v) for k, v in (row[7] or {}).items()},
+        priority=int(row[8]),
+        paused=bool(row[9]),
+        timeout_s=row[10],
+        started_at=row[11],
+        worker_wait_s=row[12],
     )
 
 
@@ -371,6 +517,7 @@ def report_params(
         "output": Jsonb(report.output) if report.output else None,
         "error": report.error or None,
         "error_text": report.error,
+        "traceback": report.traceback or None,
         "kind": f"task.{report.status.lower()}",
         "data": Jsonb(data) if data else None,
         **placement_params(placements, moved),
@@ -389,6 +536,7 @@ def finish_params(finish: Finish | None) -> dict[str, Any]:
         "fin_output": Jsonb(finish.output) if finish and finish.output is not None else None,
         "fin_result_uri": finish.result_uri if finish else None,
         "fin_error": finish.error if finish else None,
+        "fin_steps": Jsonb(list(finish.steps)) if finish and finish.steps else None,
     }
 
 

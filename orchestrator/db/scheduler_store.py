@@ -22,6 +22,7 @@ from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg.pq import ExecStatus
+from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -32,9 +33,12 @@ from orchestrator.db.engine import postgres_failed
 from orchestrator.db.repository.workflows import STATUS_SQL
 from orchestrator.db.run_statements import Claimed, Finish, Handoff, Placement
 
-__all__ = ["ID_BLOCK", "SchedulerStore"]
+__all__ = ["CLAIM_LOCK_CLASS", "CLAIM_LOCK_KEY", "ID_BLOCK", "SchedulerStore"]
 
 ID_BLOCK: Final = 64  # task run ids reserved per round trip
+# The advisory lock (class, key) claims with concurrency limits are taken under.
+CLAIM_LOCK_CLASS: Final = 0x0CD21
+CLAIM_LOCK_KEY: Final = 1
 
 
 class SchedulerStore:
@@ -51,11 +55,28 @@ class SchedulerStore:
             pooled.invalidate()  # autocommit was changed: never hand it back to the pool
 
     # ------------------------------------------------------------------ a run's life
-    def claim(self, scheduler_id: str, limit: int, reclaim_after_s: float) -> list[Claimed]:
-        """Take up to ``limit`` PENDING workflows, oldest first, and mark them RUNNING; a claim
-        older than ``reclaim_after_s`` is taken over (``run_statements.CLAIM``)."""
+    def claim(
+        self, scheduler_id: str, limit: int, reclaim_after_s: float, *, limits: bool = False
+    ) -> list[Claimed]:
+        """Take up to ``limit`` PENDING workflows, highest priority and oldest first, and mark
+        them RUNNING; a claim older than ``reclaim_after_s`` is taken over
+        (``run_statements.CLAIM``). With ``limits`` (some definition has a concurrency limit)
+        the claim counts each limited definition's RUNNING runs under the claims' lock, in a
+        transaction of its own (``CLAIM_LIMITED``)."""
         params = {"me": scheduler_id, "limit": limit, "reclaim_s": reclaim_after_s}
-        return [sql.claimed_from_row(row) for row in self._run(sql.CLAIM, params)]
+        if not limits:
+            return [sql.claimed_from_row(row) for row in self._run(sql.CLAIM, params)]
+        lock = {"cls": CLAIM_LOCK_CLASS, "key": CLAIM_LOCK_KEY}
+        rows = self._transaction([(sql.CLAIM_LOCK, lock), (sql.CLAIM_LIMITED, params)])
+        return [sql.claimed_from_row(row) for row in rows]
+
+    def limits_exist(self) -> bool:
+        """Whether any workflow definition has a concurrency limit."""
+        return bool(self._run(sql.LIMITS_EXIST, {})[0][0])
+
+    def paused_among(self, ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+        """Which of ``ids`` are paused now."""
+        return {row[0] for row in self._run(sql.PAUSED, {"ids": list(ids)})} if ids else set()
 
     def resume(
         self, scheduler_id: str, reason: str, running: Collection[uuid.UUID] = ()
@@ -78,9 +99,10 @@ class SchedulerStore:
         wanted = {str(s["task"]) for steps in found.values() for s in steps if s.get("task")}
         rows = self._run(sql.TASK_DEFINITIONS, {"names": sorted(wanted)})
         tasks: dict[str, dict[str, Any]] = {
-            str(r[0]): {"module": r[1], "timeout_s": r[2], "retries": r[3], "retry_backoff_s": r[4]}
+            str(r[0]): {"module": r[1], "timeout_s": r[2], "retries": r[3],
+                        "retry_backoff_s": r[4], "max_concurrency": r[5]}
             for r in rows
-        }
+        }  # fmt: skip
         return found, tasks
 
     def next_task_run_id(self) -> int:
@@ -134,11 +156,37 @@ class SchedulerStore:
         rows = self._run(STATUS_SQL, {"id": workflow_id})
         return WorkflowStatus(rows[0][0]) if rows else None
 
+    def waiting(
+        self, workflow_id: uuid.UUID, detail: str | None, kind: str, data: dict[str, Any]
+    ) -> None:
+        """Say what a RUNNING run waits for (``detail``; None: it waits no more), with an
+        event of ``kind``."""
+        params = {"id": workflow_id, "detail": detail, "kind": kind, "data": Jsonb(data)}
+        self._run(sql.WAITING, params)
+
     def unqueue(self, workflow_id: uuid.UUID) -> None:
         """Mark a cancelled run's task runs that no worker took CANCELLED."""
         self._run(sql.UNQUEUE, {"id": workflow_id})
 
     # ------------------------------------------------------------------ connection
+    def _transaction(
+        self, statements: Sequence[tuple[LiteralString, dict[str, Any]]]
+    ) -> list[tuple[Any, ...]]:
+        """Run ``statements`` in one transaction; the rows of the last."""
+        conn = self._connection()
+        try:
+            rows: list[tuple[Any, ...]] = []
+            with conn.transaction(), conn.cursor() as cur:
+                for statement, params in statements:
+                    cur.execute(statement, params)
+                    result = cur.pgresult
+                    ok = result and result.status == ExecStatus.TUPLES_OK
+                    rows = cur.fetchall() if ok else []
+            return rows
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise postgres_failed(exc, "Postgres failed the scheduler's statement") from exc
+
     def _run(self, statement: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         conn = self._connection()
         try:
@@ -151,6 +199,11 @@ class SchedulerStore:
         except psycopg.OperationalError as exc:
             self.close()  # the next call reconnects
             raise postgres_failed(exc, "Postgres failed the scheduler's statement") from exc
+
+    def connection(self) -> psycopg.Connection[tuple[Any, ...]]:
+        """The loop's autocommit connection (made again after ``close``), for statements of
+        other stores that run on the loop thread (``schedule_store``)."""
+        return self._connection()
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._pooled is None:

@@ -57,6 +57,16 @@ class Claims:
         self.dispatch = dispatch
         self.endings = endings
         self.backlog = False  # PENDING workflows may be waiting for room
+        # Some definition has a concurrency limit: claims count (``SchedulerStore.claim``).
+        # Learnt by ``check_limits``; while it is unknown the plain claim leaves limited
+        # definitions' runs alone, so a stale value never lets a limit be passed.
+        self.limits = False
+        # The loop's tick comes no later than this (monotonic): a run's deadline.
+        self.wake_at: Callable[[float], None] = lambda moment: None
+
+    def check_limits(self) -> None:
+        """Learn again whether any definition has a concurrency limit."""
+        self.limits = self.ctx.db.limits_exist()
 
     def room(self) -> int:
         """How many more workflows this scheduler may run."""
@@ -74,7 +84,7 @@ class Claims:
             self.backlog = True
             return
         want = min(CLAIM_BATCH, room)
-        claims = self.ctx.db.claim(self.ctx.id, want, RECLAIM_AFTER_S)
+        claims = self.ctx.db.claim(self.ctx.id, want, RECLAIM_AFTER_S, limits=self.limits)
         self.backlog = len(claims) == want  # a full batch: more may be waiting
         self._start(claims)
 
@@ -94,6 +104,8 @@ class Claims:
                 self.endings.ended(claimed.id, self.ctx.db.finish(failed))
                 continue
             self.ctx.runs[run.workflow_id] = run
+            if run.deadline is not None:
+                self.wake_at(run.deadline)
             guarded(lambda run=run: self.start(run), self.ctx.faults)  # type: ignore[misc]
 
     def start(self, run: RunState, delay: float = 0.0) -> None:
@@ -159,6 +171,7 @@ def plan(
             int(spec["retries"]),
             float(spec["retry_backoff_s"]),
             dict(node.params),
+            max_concurrency=int(spec.get("max_concurrency") or 0),
         )
     data = given.get("data")
     run = RunState(
@@ -172,9 +185,23 @@ def plan(
         result_format=_format(given.get("result_format")),
         intermediate_format=_format(given.get("intermediate_format")),
         max_parallel=max_parallel,
+        priority=claimed.priority,
+        paused=claimed.paused,
+        timeout_s=claimed.timeout_s,
+        deadline=_deadline(claimed),
+        worker_wait_s=claimed.worker_wait_s,
     )
     # A run that was placed before goes on from its last attempts, under fresh object keys.
     return run.again(claimed.attempts) if claimed.attempts else run
+
+
+def _deadline(claimed: Claimed) -> float | None:
+    """When (monotonic) a claimed run passes its time limit, counted from its first start (a
+    run resumed after a restart keeps its deadline)."""
+    if claimed.timeout_s is None:
+        return None
+    started = claimed.started_at if claimed.started_at is not None else time.time()
+    return time.monotonic() + started + claimed.timeout_s - time.time()
 
 
 def _format(given: Any) -> str:

@@ -15,6 +15,7 @@ from orchestrator.db.engine import make_engine
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.logs import log_format_option, setup_logging
+from orchestrator.notify.deliverer import Deliverer
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.scheduler.minion_link import MinionLink
@@ -37,7 +38,8 @@ MINION_WAIT_S = 30.0
 @click.option("--log-level", default="INFO", show_default=True)
 @log_format_option
 def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> None:
-    """Run a scheduler: claim workflows, place tasks on workers, move CDI ownership."""
+    """Run a scheduler: claim workflows, place tasks on workers, move CDI ownership, fire
+    schedules and send webhook deliveries."""
     setup_logging(
         log_level,
         log_format,
@@ -60,9 +62,12 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: scheduler.stop())
+    deliverer = Deliverer(engine)  # webhooks: a thread of its own, beside the loop
+    deliverer.start()
     try:
         scheduler.run_forever()
     finally:
+        deliverer.stop()
         link.close()
         engine.dispose()
 

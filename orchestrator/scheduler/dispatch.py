@@ -9,7 +9,10 @@ worker, which is always current. A step goes only to a worker that loaded its ta
 (``placement.capable``). One that may go to any worker but finds none with room waits here
 (``waiting``, oldest first) until a report frees a slot (late binding); one that no live
 worker can run waits too, and ``unrunnable`` names it once it has waited
-``UNRUNNABLE_AFTER_S`` (the loop then fails its run).
+``UNRUNNABLE_AFTER_S``, or its definition's ``worker_wait_s`` (the loop then fails its
+run). While no live worker can run a step, its run says what it waits for (its
+``status_detail`` and a ``task.waiting`` event), written by ``note_waits`` once the loop has
+recorded what led there, so the events keep their order.
 
 *The objects it reads* go to the chosen worker before the instruction does
 (``object_moves.ObjectMover``): the last read of an object takes it, a read while others are
@@ -44,6 +47,7 @@ from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import chain_keeps, instruction_for, work_uri
+from orchestrator.scheduler.limits import TaskLimits
 from orchestrator.scheduler.object_moves import ObjectMover
 from orchestrator.scheduler.placement import (
     Link,
@@ -79,8 +83,13 @@ class Dispatcher:
 
     def __init__(self, ctx: SchedulerContext) -> None:
         self.ctx = ctx
-        # Step runs that wait for a worker (none alive, or none with room), oldest first.
+        # Step runs that wait for a worker (none alive, or none with room) or for a place under
+        # their task's concurrency limit; placed highest priority first, oldest first within
+        # a priority (``_queue``: the order each came in).
         self.waiting: dict[tuple[uuid.UUID, str], Waiting] = {}
+        self._queue: dict[tuple[uuid.UUID, str], int] = {}
+        self._came = 0
+        self.limits = TaskLimits(ctx.redis)
         self.task_s: dict[str, float] = defaultdict(lambda: _FIRST_GUESS_S)  # EWMA per task
         self.made_bytes: dict[str, int] = {}  # EWMA per task of the image it makes
         self._in_flight: dict[str, int] = defaultdict(int)  # instructions out, per worker
@@ -92,6 +101,10 @@ class Dispatcher:
         self.link = Link.from_env()  # what crossing to another host costs; learnt as it goes
         self.mover = ObjectMover(ctx, self.link, self._load_of)
         self.unsent: Unsent | None = None  # set by the loop (redrive)
+        # Workers starting afresh, with the ``started_at`` of the process that is ending.
+        self._restarting: dict[str, float] = {}
+        # What runs wait for, to write: (run, status detail or None, event kind, its data).
+        self._waits: list[tuple[RunState, str | None, str, dict[str, str]]] = []
 
     # ------------------------------------------------------------------ placing
     def dispatch(self, run: RunState) -> None:
@@ -103,16 +116,20 @@ class Dispatcher:
     def place(self, run: RunState, steps: list[StepRun] | None = None) -> list[Placement]:
         """Choose, move and send each of ``steps`` (default: every ready one) while the run's
         parallelism allows; the task runs to record."""
-        if run.cancelled or run.workflow_id not in self.ctx.runs:
+        if run.cancelled or run.paused or run.workflow_id not in self.ctx.runs:
             return []
         now = time.monotonic()
         ready = steps if steps is not None else list(run.steps.values())
         placed = []
+        outranked = self._outranked(run)
         for step in ready:
             if step.phase is not Phase.READY or step.retry_at > now:
                 continue
             if run.busy >= run.max_parallel:
                 break  # the rest go out as these come back
+            if outranked and (run.workflow_id, step.id) not in self.waiting:
+                self._wait(run, step)  # behind runs of a higher priority: in their order
+                continue
             with log_context(workflow_id=str(run.workflow_id), step=step.id):
                 placement = self.choose(run, step)
                 if placement is not None and self.send(run, step, placement):
@@ -120,29 +137,68 @@ class Dispatcher:
         return placed
 
     def unrunnable(self) -> list[tuple[RunState, str]]:
-        """The waiting runs whose step no live worker has been able to run for longer than
-        ``UNRUNNABLE_AFTER_S`` (some worker lives, none loaded the module), each with why;
-        they no longer wait."""
+        """The waiting runs whose step no live worker could run for longer than they may wait,
+        each with why; they no longer wait. How long: the definition's ``worker_wait_s``;
+        without one, ``UNRUNNABLE_AFTER_S`` once some worker lives but none loaded the module,
+        and for as long as no worker lives at all."""
         now = time.monotonic()
         stuck = []
         for ident, (run, step) in list(self.waiting.items()):
-            since = step.unrunnable_since
-            if since and now - since > UNRUNNABLE_AFTER_S and not run.cancelled:
-                self.waiting.pop(ident, None)
-                stuck.append((run, _unrunnable(step.current)))
+            if run.cancelled:
+                continue
+            limit, since = run.worker_wait_s, step.waiting_since
+            if limit is not None and since and now - since > limit:
+                why = (
+                    f"step {step.id!r} waited longer than the definition's worker_wait_s "
+                    f"({limit:g} s) for a worker able to run it: {step.waiting_for}"
+                )
+            elif limit is None and step.unrunnable_since:
+                if now - step.unrunnable_since <= UNRUNNABLE_AFTER_S:
+                    continue
+                why = _unrunnable(step.current)
+            else:
+                continue
+            self._unwait(ident)
+            stuck.append((run, why))
         return stuck
 
+    def _outranked(self, run: RunState) -> bool:
+        """Whether a step of a run of a higher priority waits: ``run``'s steps then wait too,
+        so that a report's next steps do not overtake it."""
+        return any(other.priority > run.priority for other, _ in self.waiting.values())
+
+    def _wait(self, run: RunState, step: StepRun) -> None:
+        ident = (run.workflow_id, step.id)
+        if ident not in self.waiting:
+            self.waiting[ident] = (run, step)
+            self._came += 1
+            self._queue[ident] = self._came
+
+    def _unwait(self, ident: tuple[uuid.UUID, str]) -> None:
+        self.waiting.pop(ident, None)
+        self._queue.pop(ident, None)
+
+    def _in_order(self) -> list[tuple[tuple[uuid.UUID, str], Waiting]]:
+        """The waiting step runs, highest priority first, then in the order they came."""
+        queue = self._queue
+        return sorted(
+            self.waiting.items(), key=lambda item: (-item[1][0].priority, queue.get(item[0], 0))
+        )
+
     def dispatch_waiting(self) -> None:
-        """Place waiting step runs, oldest first, while workers have room. A sweep tries one
-        per (task, policy, previous worker): the others like it would be refused the same way."""
+        """Place waiting step runs, highest priority first and oldest first within one, while
+        workers have room. A sweep tries one per (task, policy, previous worker): the others
+        like it would be refused the same way."""
         refused: set[tuple[str, str, str | None]] = set()
-        for ident, (run, step) in list(self.waiting.items()):
+        for ident, (run, step) in self._in_order():
             if run.cancelled or self.ctx.runs.get(run.workflow_id) is not run:
-                self.waiting.pop(ident, None)
+                self._unwait(ident)
                 continue
             if step.phase is not Phase.READY:
-                self.waiting.pop(ident, None)
+                self._unwait(ident)
                 continue
+            if run.paused:
+                continue  # stays in line until the run is resumed
             like = (step.current.task, run.policy, step.last_worker)
             if like in refused:
                 continue
@@ -161,10 +217,8 @@ class Dispatcher:
         spec = step.current
         loads = self.loads()
         able = capable(loads, spec.module)
-        if not any(w.alive for w in able) and any(w.alive for w in loads):
-            step.unrunnable_since = step.unrunnable_since or time.monotonic()
-        else:
-            step.unrunnable_since = 0.0
+        self._note_wait(run, step, loads, able)
+        able = [w for w in able if w.worker_id not in self._restarting]
         nbytes, near = self._where(run, step)
         policy = _policy(run)
         previous = run.home if policy == Policy.AFFINITY else near
@@ -183,9 +237,14 @@ class Dispatcher:
         )
         ident = (run.workflow_id, step.id)
         if worker is None:
-            self.waiting.setdefault(ident, (run, step))
+            self._wait(run, step)
             return None
-        self.waiting.pop(ident, None)
+        lease = self._lease(run, step)
+        if lease is None:
+            self._wait(run, step)  # every place under its task's limit is taken
+            return None
+        self._unwait(ident)
+        step.lease = lease
         self._loads = {w.worker_id: w for w in loads}
         try:
             moves = self.mover.move(run, step, worker)
@@ -194,6 +253,8 @@ class Dispatcher:
             # so): what was not moved is still ours; go elsewhere.
             log.warning("worker %s is gone from the minion; placing %s of %s elsewhere",
                         worker, step.id, run.workflow_id)  # fmt: skip
+            self._give_back(spec, step.lease)
+            step.lease = ""
             step.avoid = step.avoid | {worker}
             step.retry_at = time.monotonic() + _GONE_RETRY_S
             return None
@@ -210,6 +271,76 @@ class Dispatcher:
             tuple(moves),
             data={"reads": {n: d.describe() for n, d in step.reads.items()}},
         )
+
+    def _lease(self, run: RunState, step: StepRun) -> str | None:
+        """A place under the step's task's concurrency limit ("" for a task without one);
+        None while every place is taken."""
+        spec = step.current
+        if spec.max_concurrency <= 0:
+            return ""
+        member = f"{run.workflow_id}/{step.id}/{step.attempt}"
+        return member if self.limits.acquire(spec.task, spec.max_concurrency, member) else None
+
+    def _give_back(self, spec: StepSpec, lease: str) -> None:
+        if lease:
+            self.limits.release(spec.task, lease)
+
+    def leases(self) -> list[tuple[str, str]]:
+        """Every (task, lease) this scheduler holds: its steps out under a limit."""
+        return [
+            (step.in_flight.lease_task, step.in_flight.lease)
+            for run in self.ctx.runs.values()
+            for step in run.out()
+            if step.in_flight is not None and step.in_flight.lease
+        ]
+
+    def _note_wait(
+        self, run: RunState, step: StepRun, loads: list[WorkerLoad], able: list[WorkerLoad]
+    ) -> None:
+        """Whether a live worker (or one starting afresh) could run ``step``; if none can, the
+        run says what it waits for (its status detail and a ``task.waiting`` event), and once
+        one can, that it waits no more (``task.unblocked``)."""
+        now = time.monotonic()
+        if any(w.alive or w.worker_id in self._restarting for w in able):
+            step.unrunnable_since = step.waiting_since = 0.0
+            if step.waiting_for:
+                step.waiting_for = ""
+                others = [s for s in run.steps.values() if s.waiting_for]
+                detail = others[0].waiting_for if others else None
+                self._waits.append((run, detail, "task.unblocked", {"ref": step.id}))
+            return
+        alive = sorted(w.worker_id for w in loads if w.alive)
+        step.unrunnable_since = (step.unrunnable_since or now) if alive else 0.0
+        step.waiting_since = step.waiting_since or now
+        detail = _waiting_for(step, alive)
+        if detail != step.waiting_for:
+            step.waiting_for = detail
+            module = step.current.module.partition(":")[0]
+            data = {"ref": step.id, "task": step.current.task, "module": module, "reason": detail}
+            self._waits.append((run, detail, "task.waiting", data))
+
+    @property
+    def waits_to_note(self) -> bool:
+        return bool(self._waits)
+
+    def note_waits(self) -> None:
+        """Write what runs wait for, as ``choose`` found it (the loop calls this once it has
+        recorded the reports that led there)."""
+        while self._waits:
+            run, detail, kind, data = self._waits[0]
+            if not run.cancelled:
+                self.ctx.db.waiting(run.workflow_id, detail, kind, data)
+            self._waits.pop(0)
+
+    def restarting(self, worker: str) -> None:
+        """``worker`` ends the process it runs in (a task that would not stop) and starts
+        afresh: place nothing there until its new process beats (a new ``started_at``)."""
+        beat = self._beats.get(worker, {})
+        try:
+            self._restarting[worker] = float(beat.get("started_at", "0"))
+        except ValueError:
+            self._restarting[worker] = 0.0
+        self._beats_read = -math.inf
 
     def _where(self, run: RunState, step: StepRun) -> tuple[int, str | None]:
         """The bytes of the objects ``step`` reads, and the worker that has the largest."""
@@ -249,7 +380,10 @@ class Dispatcher:
             worker,
             worker_started=load.started_at if load is not None else 0.0,
             deadline=time.monotonic() + spec.timeout_s + LOST_GRACE_S,
+            lease=step.lease,
+            lease_task=spec.task if step.lease else "",
         )
+        step.lease = ""
         step.phase = Phase.OUT
         run.attempts[step.id] = step.attempt  # a recomputed step's attempts go on from here
         step.last_worker = worker
@@ -338,9 +472,12 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ what comes back
     def returned(self, flight: InFlight) -> None:
-        """A task out at a worker was reported, or given up as lost."""
+        """A task out at a worker was reported, withdrawn, or given up as lost: its worker has
+        room again, and its place under its task's limit is free."""
         self._in_flight[flight.worker] -= 1
         self._reported_at[flight.worker] = time.time()
+        if flight.lease:
+            self.limits.release(flight.lease_task, flight.lease)
 
     def ran(self, task: str, run_s: float, made_bytes: int = 0) -> None:
         """A task of ``task`` took ``run_s`` and made an image of ``made_bytes``: the running
@@ -354,7 +491,7 @@ class Dispatcher:
     def loads(self) -> list[WorkerLoad]:
         """Live worker loads: the latest heartbeats and this scheduler's in-flight counts."""
         now = time.monotonic()
-        if now - self._beats_read >= BEATS_TTL_S:
+        if now - self._beats_read >= BEATS_TTL_S or self._restarting:
             ids = sorted(str(i) for i in self.ctx.redis.smembers(keys.WORKERS))
             pipe = self.ctx.redis.pipeline(transaction=False)
             for worker_id in ids:
@@ -365,9 +502,16 @@ class Dispatcher:
                 if h
             }
             self._beats_read = now
-        return read_workers(
+        loads = read_workers(
             self._beats, self._in_flight, keys.WORKER_DEAD_AFTER_S, reported_at=self._reported_at
         )
+        if self._restarting:
+            # A worker starting afresh is back once its new process beats, or gone.
+            beating = {w.worker_id: w.started_at for w in loads if w.alive}
+            for worker, old in list(self._restarting.items()):
+                if beating.get(worker, old) != old or worker not in beating:
+                    del self._restarting[worker]
+        return loads
 
 
 def _policy(run: RunState) -> Policy:
@@ -379,6 +523,18 @@ def _policy(run: RunState) -> Policy:
     if run.policy == Policy.AFFINITY and not run.graph.is_chain:
         return Policy.TRANSFER
     return run.policy
+
+
+def _waiting_for(step: StepRun, alive: list[str]) -> str:
+    """What a step no live worker can run waits for, and what would end the wait."""
+    module = step.current.module.partition(":")[0]
+    head = f"waiting for a worker that loads {module!r} to run step {step.id!r}"
+    if not alive:
+        return f"{head}: no worker is alive; start one (cdiflow up --workers N, or cdiflow worker)"
+    return (
+        f"{head}: the live workers ({', '.join(alive)}) have not loaded it; start workers "
+        "with that task code (cdiflow up --tasks PATH, or cdiflow worker --tasks PATH)"
+    )
 
 
 def _unrunnable(step: StepSpec) -> str:

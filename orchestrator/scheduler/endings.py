@@ -1,17 +1,18 @@
-"""How a run leaves the scheduler: completed, failed, or cancelled by a user, and what it held
-(CDI objects) is freed.
+"""How a run leaves the scheduler: completed, failed, cancelled by a user or timed out, and what
+it held (CDI objects) is freed.
 
 An ending is written with one statement (``SchedulerStore.finish``, or with the last report),
 which changes nothing if the run has ended already: a user who cancelled meanwhile keeps their
 word. Once written, requests waiting on the run are told (``contract.announce_finished``).
 
-A run that fails or is cancelled while other step runs are out stops placing anything: each
-instruction no worker has taken yet is withdrawn (and what was moved to that worker for it is
-taken back), the ones running are let finish, and once nothing is out (``quiet``) its objects
-are freed and its unstarted task runs marked CANCELLED. An object a worker keeps is taken back
-with a no-op instruction (``hand_back``: the worker destroys what it owns of the run and gives
-up its shares); one Redis does not take now waits in ``outbox`` and goes at the next tick, so
-no object is left behind by a Redis outage.
+A run that fails, is cancelled or passes its time limit while step runs are out stops placing
+anything: each instruction no worker has taken yet is withdrawn (and what was moved to that
+worker for it is taken back), each one running is stopped on its worker (a ``Stop`` on the
+worker's control list: the worker interrupts the task and reports it CANCELLED or TIMED_OUT),
+and once nothing is out (``quiet``) its objects are freed and its unstarted task runs marked
+CANCELLED. An object a worker keeps is taken back with a no-op instruction (``hand_back``: the
+worker destroys what it owns of the run and gives up its shares); one Redis does not take now
+waits in ``outbox`` and goes at the next tick, so no object is left behind by a Redis outage.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import redis
 
 import cdi
 from orchestrator.contract import announce_finished, keys
-from orchestrator.contract.messages import Report
+from orchestrator.contract.messages import Report, Stop
 from orchestrator.contract.vocabulary import TaskRunStatus, WorkflowStatus
 from orchestrator.db.run_statements import Finish, Placement
 from orchestrator.db.scheduler_store import SchedulerStore
@@ -73,21 +74,60 @@ class Endings:
         failed = Finish(run.workflow_id, WorkflowStatus.FAILED, error=reason)
         self.ended(run.workflow_id, self.ctx.db.finish(failed))
         run.cancelled = True
-        self.stop(run)
+        self.stop(run, TaskRunStatus.CANCELLED, f"stopped: the run failed ({reason})")
+
+    def time_out(self, run: RunState) -> None:
+        """End the run as TIMED_OUT (unless it had ended already), naming the steps it was
+        in; those running are stopped, and report TIMED_OUT."""
+        running = list(run.out())
+        waiting = [s for s in run.steps.values() if s.phase is Phase.READY and not s.retry_at]
+        limit = f"its time limit of {run.timeout_s:g} s" if run.timeout_s else "its time limit"
+        if running:
+            where = " in " + ", ".join(_attempt(s) for s in running)
+        elif waiting:
+            where = " while " + ", ".join(f"step {s.id!r}" for s in waiting) + " waited"
+            where += f" ({waiting[0].waiting_for})" if waiting[0].waiting_for else ""
+        else:
+            where = ""
+        reason = f"the run passed {limit}{where}"
+        log.info("workflow %s %s", run.workflow_id, reason,
+                 extra={"workflow_id": str(run.workflow_id)})  # fmt: skip
+        steps = tuple(s.id for s in running or waiting)
+        timed_out = Finish(run.workflow_id, WorkflowStatus.TIMED_OUT, error=reason, steps=steps)
+        self.ended(run.workflow_id, self.ctx.db.finish(timed_out))
+        run.cancelled = True
+        self.stop(run, TaskRunStatus.TIMED_OUT, f"stopped: the run passed {limit}")
 
     # ------------------------------------------------------------------ stopping a run
     def check_cancelled(self, run: RunState) -> None:
-        """A cancellation's wake-up: stop the run if the user did cancel it. Tasks out at
-        workers are let finish; the last report then cleans up."""
+        """A cancellation's wake-up: stop the run if the user did cancel it (its tasks out at
+        workers are stopped there; their reports then clean up)."""
         if self.ctx.db.status(run.workflow_id) is WorkflowStatus.CANCELLED:
             run.cancelled = True
-            self.stop(run)
+            self.stop(run, TaskRunStatus.CANCELLED, "stopped: the run was cancelled")
 
-    def stop(self, run: RunState) -> None:
-        """Withdraw what no worker has taken yet, then free the run once nothing is out."""
+    def stop(self, run: RunState, status: TaskRunStatus, reason: str) -> None:
+        """Withdraw what no worker has taken yet, stop what runs (its task runs end ``status``
+        with ``reason``), then free the run once nothing is out."""
         for step in list(run.out()):
-            self.withdraw(run, step)
+            if not self.withdraw(run, step) and step.in_flight is not None:
+                self.stop_task(step.in_flight, status, reason)
         self.quiet(run)
+
+    def stop_task(self, flight: InFlight, status: TaskRunStatus, reason: str) -> None:
+        """Ask the worker running ``flight`` to stop it. A stop Redis does not take is not
+        kept: the task then ends by itself, and its report is one of an ended run."""
+        ins = flight.instruction
+        stop = Stop(ins.task_run_id, ins.workflow_id, status, reason)
+        control = keys.worker_control_key(flight.worker)
+        try:
+            pipe = self.ctx.redis.pipeline(transaction=False)
+            pipe.lpush(control, stop.dumps())
+            pipe.expire(control, keys.CONTROL_TTL_S)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("could not ask %s to stop task run %s: %s", flight.worker,
+                        ins.task_run_id, exc)  # fmt: skip
 
     def quiet(self, run: RunState) -> None:
         """An ending run: once nothing is out, free its objects and let it go."""
@@ -216,6 +256,13 @@ class Endings:
             obj.destroy(timeout=5)
         except cdi.CDIError as exc:
             log.warning("could not destroy %s: %s", key, exc)
+
+
+def _attempt(step: StepRun) -> str:
+    """``step 'nap' (attempt 2, on worker-1)`` for a step run out at a worker."""
+    flight = step.in_flight
+    assert flight is not None
+    return f"step {step.id!r} (attempt {flight.instruction.attempt}, on {flight.worker})"
 
 
 def _keys(described: Any) -> list[str]:

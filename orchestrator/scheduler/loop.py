@@ -8,10 +8,12 @@ hands it to the collaborator whose job it is, and then does what that made possi
 * ``dispatch.Dispatcher``: where a run's step goes, and sending it there;
 * ``reports.Reports``: what a report means for its run (the next step, the end, a retry);
 * ``recovery.Recovery``: tasks lost with their workers, and a Redis that lost its data;
-* ``endings.Endings``: completion, failure and cancellation, and freeing a run's object;
+* ``endings.Endings``: completion, failure, cancellation and time-outs (a run past its
+  ``timeout_s``: the tick comes at its deadline), and freeing a run's object;
 * ``redrive.Redrive``: a run the scheduler can no longer trust (a step raised, the minion
   restarted, Postgres failed a statement) driven again from its input;
-* ``orphans.OrphanObjects``: objects of our workflows that no run names any more.
+* ``orphans.OrphanObjects``: objects of our workflows that no run names any more;
+* ``schedules.Schedules``: the runs of schedules' due ticks.
 
 Whatever raises in a step leaves no workflow stuck (``guarded`` notes what failed; the tick
 acts on it). The scheduler's liveness lock and the lease of the reconciler live in Postgres
@@ -46,6 +48,7 @@ import redis
 
 from orchestrator.contract import keys, read_wake
 from orchestrator.contract.alive import AliveStamp
+from orchestrator.db.schedule_store import ScheduleStore
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.errors import ServiceError
@@ -60,6 +63,8 @@ from orchestrator.scheduler.orphans import OrphanObjects
 from orchestrator.scheduler.recovery import Recovery
 from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.reports import Reports
+from orchestrator.scheduler.runs import RunState
+from orchestrator.scheduler.schedules import Schedules
 from orchestrator.settings import Settings
 
 __all__ = ["REDIS_RETRY_S", "TICK_S", "Scheduler", "connect_redis"]
@@ -112,8 +117,10 @@ class Scheduler:
         self.reports.redrive = self.redrive.run
         self.recovery = Recovery(ctx, self.dispatch, self.reports, self.redrive)
         self.claims = Claims(ctx, settings, self.dispatch, self.endings)
+        self.claims.wake_at = self._tick_by  # a run's deadline
         self.redrive.claims = self.claims
         self.orphans = OrphanObjects(ctx, self.endings)
+        self.schedules = Schedules(ScheduleStore(db), self.claims, wake_at=self._tick_by)
         self._stopping = False
         self._alive = AliveStamp.from_env()  # what the supervisor watches: the loop turns
         self._next_tick = 0.0  # monotonic
@@ -140,6 +147,7 @@ class Scheduler:
                 if self.liveness is not None:
                     self.liveness.start()
                 self.claims.resume("the scheduler restarted")
+                self.claims.check_limits()
                 return
             except (psycopg.OperationalError, ServiceError) as exc:
                 log.warning("Postgres does not answer yet (%s); trying again", exc)
@@ -176,15 +184,33 @@ class Scheduler:
         if time.monotonic() >= self._next_tick:
             self._next_tick = time.monotonic() + TICK_S
             self._tick()
+        if self.dispatch.waits_to_note:
+            guarded(self.dispatch.note_waits, self.ctx.faults)
 
     def _on_wake(self, value: str) -> None:
         wake = read_wake(value)
+        if wake.schedules:
+            self.schedules.changed()
+            self._tick_by(time.monotonic())
+            return
         run = None if wake.workflow_id is None else self.runs.get(wake.workflow_id)
         if run is None:
-            self.claims.claim()  # a new or retried run (a cancelled PENDING one is not claimed)
+            if not wake.pause:  # a paused PENDING run is not claimed; a resumed one is woken
+                self.claims.claim()  # a new or retried run (a cancelled PENDING one is not)
         elif wake.cancel:
             self.endings.check_cancelled(run)
+        elif wake.pause:
+            self._check_paused([run])
         # else: a new run that an earlier claim already took, with others, in one batch
+
+    def _check_paused(self, runs: list[RunState]) -> None:
+        """Follow what Postgres says of ``runs`` being paused: a resumed one goes on."""
+        paused = self.db.paused_among([r.workflow_id for r in runs])
+        for run in runs:
+            was, run.paused = run.paused, run.workflow_id in paused
+            if was and not run.paused and not run.cancelled:
+                log.info("workflow %s resumed", run.workflow_id)
+                self.dispatch.dispatch(run)
 
     def _tick(self) -> None:
         self._alive.renew()
@@ -197,16 +223,21 @@ class Scheduler:
         guarded(self._beat, faults)
         guarded(self.endings.flush_outbox, faults)
         guarded(self.recovery.check_redis_epoch, faults)
+        guarded(self.schedules.tick, faults)
         guarded(self.claims.claim, faults)
         guarded(self.recovery.check_in_flight, faults)
         now = time.monotonic()
         for run in list(self.runs.values()):
+            if run.deadline is not None and run.deadline <= now and not run.cancelled:
+                guarded(functools.partial(self.endings.time_out, run), faults)
+                continue
             due = [s for s in run.steps.values() if s.retry_at and s.retry_at <= now]
             for step in due:
                 step.retry_at = 0.0
             if due:
                 guarded(functools.partial(self.dispatch.dispatch, run), faults)
         self.dispatch.dispatch_waiting()
+        guarded(lambda: self.dispatch.limits.renew(self.dispatch.leases()), faults)
         for run, reason in self.dispatch.unrunnable():
             guarded(functools.partial(self.endings.fail, run, reason), faults)
         self.redrive.sweep()
@@ -236,6 +267,8 @@ class Scheduler:
         if self.liveness is not None and self.liveness.tick(self.claims.room()):
             self.claims.resume("its scheduler stopped")
         self.claims.resume("it was RUNNING with nothing under way")
+        self.claims.check_limits()
+        self._check_paused(list(self.runs.values()))  # a pause's wake-up may have been lost
 
     def _tick_by(self, moment: float) -> None:
         """Bring the next tick forward to ``moment`` (monotonic) if it is later."""

@@ -114,6 +114,8 @@ class Redrive:
             if run.cancelled:
                 guarded(lambda run=run: self.endings.quiet(run), ctx.faults)  # type: ignore[misc]
                 continue
+            if run.paused:
+                continue  # its steps wait on purpose
             ready = [s for s in run.steps.values() if s.phase is Phase.READY]
             if not ready or any(s.retry_at for s in ready):
                 continue

@@ -78,6 +78,8 @@ class Reports:
             guarded(lambda: self.handle(report), self.ctx.faults)
 
     def handle(self, report: Report) -> None:
+        if report.restarting:
+            self.dispatch.restarting(report.worker_id)
         run = self.ctx.runs.get(uuid.UUID(report.workflow_id))
         step = run.flight(report.task_run_id) if run is not None else None
         if run is None or step is None or step.in_flight is None:

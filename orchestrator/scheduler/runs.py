@@ -41,6 +41,7 @@ class StepSpec:
     retries: int
     retry_backoff_s: float
     params: dict[str, Any] = field(default_factory=dict)
+    max_concurrency: int = 0  # of its task over every scheduler (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class InFlight:
     worker_started: float  # the worker's start time when it went out: a change means a restart
     deadline: float  # monotonic: when a silent task is presumed lost
     resent: bool = False  # sent once more after its deadline (no report came)
+    lease: str = ""  # its place under its task's concurrency limit (``limits.TaskLimits``)
+    lease_task: str = ""  # that task
 
     @property
     def task_run_id(self) -> int:
@@ -84,7 +87,12 @@ class StepRun:
     retry_at: float = 0.0  # monotonic: when a failed attempt goes out again
     avoid: frozenset[str] = frozenset()  # workers that lost it
     last_worker: str | None = None
-    unrunnable_since: float = 0.0  # monotonic: since when no live worker can run it
+    # Monotonic: since when workers live but none loaded its task's module; and since when
+    # no live worker can run it at all (none alive, or none loaded the module).
+    unrunnable_since: float = 0.0
+    waiting_since: float = 0.0
+    waiting_for: str = ""  # what it waits for, as the run's status detail says it
+    lease: str = ""  # its place under its task's limit, from its choice until it is sent
     reads: dict[str, Datum] = field(default_factory=dict)  # its inputs, once resolved
     modes: dict[str, Mode] = field(default_factory=dict)  # how it reads each object, once placed
 
@@ -123,6 +131,11 @@ class RunState:
     # keys never meet objects an earlier drive may have left (in a worker that kept one).
     key_prefix: str = ""
     drives: int = 1  # how many times the run was driven from its input (resumes included)
+    priority: int = 0  # its steps waiting for a worker go out highest priority first
+    paused: bool = False  # paused by a user: nothing more is placed until it is resumed
+    timeout_s: float | None = None  # its time limit (``deadline`` is when it passes)
+    deadline: float | None = None  # monotonic: past it the run ends TIMED_OUT
+    worker_wait_s: float | None = None  # how long a step may wait for a worker able to run it
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -182,6 +195,11 @@ class RunState:
             key_prefix=f"wf-{self.workflow_id}-{secrets.token_hex(3)}",
             drives=self.drives + 1,
             cancelled=self.cancelled,
+            priority=self.priority,
+            paused=self.paused,
+            timeout_s=self.timeout_s,
+            deadline=self.deadline,
+            worker_wait_s=self.worker_wait_s,
         )
         for step in fresh.steps.values():
             step.attempt = placed.get(step.id, 0) + 1

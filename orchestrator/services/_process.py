@@ -16,7 +16,9 @@ from typing import ClassVar, Self
 
 from orchestrator.child_process import ChildProcess, free_port, log_tail, port_is_free
 from orchestrator.errors import ServiceError
+from orchestrator.private import private_dir
 from orchestrator.services._unprivileged import RunAs
+from orchestrator.services.credentials import hide_password
 
 __all__ = ["HOST", "ManagedService"]
 
@@ -126,7 +128,8 @@ class ManagedService(abc.ABC):
             raise
         log.info(
             "%s ready at %s in %.2fs (pid %s, log %s)",
-            self.name, self.url, time.monotonic() - began, self.pid, self.log_file,
+            self.name, hide_password(self.url), time.monotonic() - began, self.pid,
+            self.log_file,
         )  # fmt: skip
         return self
 
@@ -185,7 +188,7 @@ class ManagedService(abc.ABC):
     # -- internals ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_file.parent)
         if self._fixed_port and not port_is_free(HOST, self._fixed_port):
             # Checked first: the readiness probe would take whatever listens there for our child.
             raise self._error(

@@ -5,7 +5,9 @@ login shell), which is what a fresh CI machine running as root needs. Without ``
 back to ``nobody``. Not running as root, nothing changes: the service runs as the caller.
 
 That user must be able to reach its data directory (and the Postgres binaries), so we add the
-search bit (x, not read) on the directories above them that lack it, and log each one.
+search bit (x, not read) on the directories above them that lack it, and log each one; the
+data folder itself, which stays private, gets that user's own group and the group's search bit
+(0710) instead.
 """
 
 from __future__ import annotations
@@ -91,10 +93,20 @@ def _can_search(st: os.stat_result, who: RunAs) -> bool:
 
 
 def ensure_searchable(path: Path, who: RunAs, *, quiet_under: Path | None = None) -> None:
-    """Let ``who`` reach ``path`` by adding the search bit where missing, from ``/`` down."""
+    """Let ``who`` reach ``path`` by adding the search bit where missing, from ``/`` down.
+
+    ``quiet_under``: our own folder (the data folder), kept private: a folder there that we
+    own gets ``who``'s own group and the group's search bit, never the others' one."""
     for directory in [*reversed(path.parents), path]:
         st = directory.stat()
         if _can_search(st, who):
+            continue
+        ours = quiet_under is not None and directory.is_relative_to(quiet_under)
+        if ours and st.st_uid == os.geteuid() and st.st_uid != who.uid:
+            os.chown(directory, -1, who.gid)
+            directory.chmod(stat.S_IMODE(st.st_mode) | stat.S_IXGRP)
+            log.debug("gave %s to group %d (search only) so user %r can reach %s",
+                      directory, who.gid, who.user, path)  # fmt: skip
             continue
         if st.st_uid == who.uid:
             bit = stat.S_IXUSR
@@ -103,7 +115,6 @@ def ensure_searchable(path: Path, who: RunAs, *, quiet_under: Path | None = None
         else:
             bit = stat.S_IXOTH
         directory.chmod(stat.S_IMODE(st.st_mode) | bit)
-        ours = quiet_under is not None and directory.is_relative_to(quiet_under)
         log.log(
             logging.DEBUG if ours else logging.WARNING,
             "added search permission on %s so user %r can reach %s",

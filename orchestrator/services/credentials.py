@@ -20,15 +20,27 @@ import stat
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Self
+from urllib.parse import urlsplit, urlunsplit
 
 from orchestrator.errors import ServiceError
+from orchestrator.private import private_dir
 
-__all__ = ["CREDENTIALS_FILE", "ServiceCredentials", "credentials_path"]
+__all__ = ["CREDENTIALS_FILE", "ServiceCredentials", "credentials_path", "hide_password"]
 
 log = logging.getLogger(__name__)
 
 CREDENTIALS_FILE = "credentials.json"
 _MODE = 0o600
+
+
+def hide_password(url: str) -> str:
+    """``url`` with any password replaced by ``***``: what logs, tables, messages and
+    stack.json show of a service's URL."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def credentials_path(data_dir: Path) -> Path:
@@ -70,7 +82,7 @@ class ServiceCredentials:
             return cls._load(path)
         except FileNotFoundError:
             pass
-        data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(data_dir)
         created = cls()
         tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, _MODE)

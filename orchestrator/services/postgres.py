@@ -38,6 +38,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from orchestrator.errors import ServiceError
+from orchestrator.private import open_private
 from orchestrator.services._process import HOST, ManagedService
 from orchestrator.services._unprivileged import (
     DEFAULT_SERVICE_USER,
@@ -166,7 +167,7 @@ class PostgresService(ManagedService):
         if not self.durable:
             cmd.append("--no-sync")
         log.info("initializing a Postgres cluster in %s", self.pgdata)
-        with self.log_file.open("ab") as out:
+        with os.fdopen(open_private(self.log_file, os.O_WRONLY | os.O_APPEND), "ab") as out:
             self._log_offset = out.tell()
             out.write(f"--- cdiflow runs: {shlex.join(cmd)}\n".encode())
             out.flush()

@@ -12,13 +12,13 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from orchestrator.errors import ServiceError
+from orchestrator.private import PRIVATE_DIR, private_dir
 from orchestrator.services._process import HOST, ManagedService
-from orchestrator.services.credentials import ServiceCredentials
+from orchestrator.services.credentials import ServiceCredentials, hide_password
 
 __all__ = ["RedisService", "check_redis", "find_redis_server"]
 
@@ -62,8 +62,8 @@ class RedisService(ManagedService):
     def _prepare(self) -> None:
         if self._executable is None:
             self._executable = find_redis_server()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.workdir.chmod(0o700)
+        private_dir(self.workdir)
+        self.workdir.chmod(PRIVATE_DIR)
         tmp = self.config_file.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as out:
@@ -105,7 +105,7 @@ def check_redis(url: str, timeout: float = 5.0) -> None:
         client.ping()
     except redis.RedisError as exc:
         raise ServiceError(
-            f"REDIS_URL={_hide_password(url)} is not reachable: {exc}. Check that Redis is "
+            f"REDIS_URL={hide_password(url)} is not reachable: {exc}. Check that Redis is "
             "running and the host, port and password are right, or unset REDIS_URL to start "
             "an embedded Redis.",
             service="redis",
@@ -130,12 +130,3 @@ def find_redis_server() -> Path:
         "install the redis-server package, or set REDIS_URL to an existing Redis",
         service="redis",
     )
-
-
-def _hide_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo = f"{parts.username or ''}:***@"
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=userinfo + host))

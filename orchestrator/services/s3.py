@@ -22,6 +22,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from orchestrator.errors import ServiceError
+from orchestrator.private import PRIVATE_DIR, private_dir
 from orchestrator.services._process import HOST, ManagedService
 from orchestrator.services.credentials import ServiceCredentials
 
@@ -93,8 +94,8 @@ class S3Service(ManagedService):
     def _prepare(self) -> None:
         if self._executable is None:
             self._executable = find_versitygw()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.workdir.chmod(0o700)
+        private_dir(self.workdir)
+        self.workdir.chmod(PRIVATE_DIR)
 
     def _command(self, port: int) -> list[str]:
         assert self._executable is not None

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import time
 from pathlib import Path
 
+from cdi.auth import ClusterCredentials
 from cdi.controller.process import ControllerChild
 from cdi.errors import CDIError
 from cdi.hosts import Host, HostNetwork
@@ -50,6 +52,17 @@ class CdiRuntime:
         self.emulator: CdiProcess | None = None  # the link between the hosts, if we made one
         self._cluster: LocalCluster | None = None
 
+    @property
+    def credentials_folder(self) -> Path:
+        """The cluster's keys and tokens (``cdi.auth``; ``LocalCluster`` keeps them there
+        too)."""
+        return self.folder / "credentials"
+
+    @property
+    def reader_token_file(self) -> Path:
+        """The token that lets the API read the controller's directory."""
+        return ClusterCredentials(self.credentials_folder).reader_token_file
+
     def socket_of(self, host: str = "host1") -> str:
         """The minion socket of ``host`` (``host1``, ...)."""
         if self.hosts == 1:
@@ -85,19 +98,23 @@ class CdiRuntime:
             self._start_hosts()
             return
         self.controller_url = f"grpc://127.0.0.1:{free_port()}"
+        host = socket.gethostname()
+        credentials = ClusterCredentials.ensure(self.credentials_folder, [host])
         self.controller = CdiProcess(
             "cdi-controller",
-            ControllerChild(self.controller_url, str(self.logs_dir / "cdi-controller.log")),
+            ControllerChild(
+                self.controller_url, str(self.logs_dir / "cdi-controller.log"), credentials
+            ),
         )
         minion = CdiProcess(
             "cdi-minion",
             MinionChild(
                 self.socket_of(),
-                "--controller",
-                self.controller_url,
+                "--host", host, "--controller", self.controller_url,
+                "--controller-token-file", str(credentials.minion_token_file(host)),
                 log_path=str(self.logs_dir / "cdi-minion.log"),
             ),
-        )
+        )  # fmt: skip
         self.minions = [minion]
         for what, child in (("CDI controller", self.controller), ("minion", minion)):
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import signal
 import sys
@@ -14,6 +15,7 @@ import psutil
 
 from orchestrator.child_process import ChildProcess, describe_exit, log_tail
 from orchestrator.errors import StackError
+from orchestrator.private import private_dir
 from orchestrator.stack.state import ProcessInfo, StackState, read_state, remove_state
 
 __all__ = [
@@ -43,13 +45,20 @@ def launch_supervisor(data_dir: Path, options: Sequence[str], *, detach: bool) -
     ``options`` are the ``supervise`` options (``--workers 2 --port 8001 ...``). Detached, its
     output goes to ``supervisor_log``; otherwise it shares the caller's terminal.
     """
-    argv = [sys.executable, "-m", "orchestrator.stack", "supervise", "--data-dir", str(data_dir)]
+    # -P: not our working directory on sys.path (a folder named `cdi` there is not ours)
+    argv = [sys.executable, "-P", "-m", "orchestrator.stack", "supervise", "--data-dir",
+            str(data_dir)]  # fmt: skip
     argv += options
     if not detach:
-        return ChildProcess("stack supervisor", argv).start()
+        return ChildProcess("supervisor", argv).start()
     log_file = supervisor_log(data_dir)
+    private_dir(log_file.parent)  # made here, by a process whose umask may be lax
     argv += ["--log-file", str(log_file)]
-    return ChildProcess("stack supervisor", argv, log_path=log_file).start()
+    # It logs JSON under --log-format json (process "supervisor"): so does its start line.
+    json_log = "--log-format=json" in argv or any(
+        a == "--log-format" and b == "json" for a, b in itertools.pairwise(argv)
+    )
+    return ChildProcess("supervisor", argv, log_path=log_file, json_log=json_log).start()
 
 
 def wait_until_up(proc: ChildProcess, data_dir: Path, timeout: float) -> StackState | None:

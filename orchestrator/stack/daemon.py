@@ -38,6 +38,9 @@ def run_supervisor(data_dir: Path, *, log_file: Path | None = None, **stack_args
     ``stack_args`` go to ``Stack``. ``log_file`` is where this process's output goes, recorded
     in ``stack.json`` for ``cdiflow status``.
     """
+    # Whatever this process and its children create (logs, a service's files, a task's) is
+    # its user's alone unless made otherwise on purpose (docs/security.md).
+    os.umask(0o077)
     terminating = False
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -16,6 +16,9 @@ DEFAULT_PORT = 8000
 DEFAULT_WORKERS = 2
 
 # Command templates; "{python}", "{id}", "{host}" and "{port}" are replaced in each argument.
-API_COMMAND = ("{python}", "-m", "orchestrator.controller", "--host", "{host}", "--port", "{port}")
-SCHEDULER_COMMAND = ("{python}", "-m", "orchestrator.scheduler", "--id", "{id}")
-WORKER_COMMAND = ("{python}", "-m", "orchestrator.worker", "--id", "{id}")
+# -P: the working directory is not put on sys.path, so a folder named like one of our packages
+# where `cdiflow up` was run cannot stand in for it.
+API_COMMAND = ("{python}", "-P", "-m", "orchestrator.controller", "--host", "{host}",
+               "--port", "{port}")  # fmt: skip
+SCHEDULER_COMMAND = ("{python}", "-P", "-m", "orchestrator.scheduler", "--id", "{id}")
+WORKER_COMMAND = ("{python}", "-P", "-m", "orchestrator.worker", "--id", "{id}")

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cdi.auth import CLUSTER_KEY_ENV, CONTROLLER_TOKEN_ENV, GATEWAY_KEY_ENV
 from orchestrator.apikeys import ensure_key_file
 from orchestrator.logs import LOG_FORMAT_ENV
 from orchestrator.services import RunningServices
@@ -18,6 +19,13 @@ from workflows.loader import with_sources
 __all__ = ["ADMIN_KEY_VARIABLES", "AdminKey", "admin_key", "host_environment", "stack_environment"]
 
 ADMIN_KEY_VARIABLES = ("CDIFLOW_ADMIN_KEY", "CDIFLOW_ADMIN_KEY_FILE")
+# The CDI cluster's secrets: the stack hands the controller token to the API alone
+# (``api_environment``); no process inherits the caller's.
+CDI_SECRET_VARIABLES = tuple(
+    name + suffix
+    for name in (CLUSTER_KEY_ENV, CONTROLLER_TOKEN_ENV, GATEWAY_KEY_ENV)
+    for suffix in ("", "_FILE")
+)
 
 
 def stack_environment(
@@ -33,10 +41,11 @@ def stack_environment(
     The service names are ``Settings`` fields upper-cased, so ``load_settings()`` in a child
     finds the services this stack resolved (embedded or configured) rather than starting its
     own; CDI_URL and CDI_CONTROLLER_URL point at this stack's minion and CDI controller.
-    The admin key is left out: the stack gives it to the API alone.
+    The admin key and the CDI controller's token are left out: the stack gives them to the
+    API alone (the scheduler and the workers, where task code runs, need neither).
     """
     env = dict(os.environ if base is None else base)
-    for name in ADMIN_KEY_VARIABLES:
+    for name in (*ADMIN_KEY_VARIABLES, *CDI_SECRET_VARIABLES):
         env.pop(name, None)
     env.update(
         CDIFLOW_DATA_DIR=str(data_dir),

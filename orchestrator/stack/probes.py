@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from orchestrator.contract.keys import worker_key
 
 __all__ = [
-    "hide_password",
     "http_ok",
     "url_host",
     "worker_heartbeat",
@@ -57,13 +55,3 @@ def worker_heartbeat(client: redis.Redis, worker_id: str, launched_at: float) ->
         return float(stamp) >= launched_at - _CLOCK_SLACK_S
     except (TypeError, ValueError):
         return True
-
-
-def hide_password(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for tables, logs and stack.json)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

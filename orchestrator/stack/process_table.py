@@ -19,7 +19,7 @@ from typing import ParamSpec
 from orchestrator.child_process import ChildProcess
 from orchestrator.errors import StackError
 from orchestrator.services import RunningServices
-from orchestrator.stack import probes
+from orchestrator.services.credentials import hide_password
 from orchestrator.stack.cdi_runtime import CdiRuntime
 from orchestrator.stack.state import ProcessInfo
 from orchestrator.stack.supervised import ServiceProcess
@@ -65,7 +65,7 @@ class ProcessTable:
             embedded = {s.name: s for s in svc.embedded}
             urls = {"postgres": svc.database_url, "redis": svc.redis_url, "s3": svc.s3_endpoint_url}
             for name, url in urls.items():
-                shown = probes.hide_password(url)
+                shown = hide_password(url)
                 if (service := embedded.get(name)) is not None:
                     rows.append(self._row(name, service.pid, shown, service.log_file))
                 else:

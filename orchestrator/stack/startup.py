@@ -19,10 +19,13 @@ from typing import Final, Protocol
 
 import redis
 
+from cdi.auth import CONTROLLER_TOKEN_ENV
 from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
 from orchestrator.contract.alive import ALIVE_FILE_ENV
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
+from orchestrator.logs import LOG_FORMAT_ENV
+from orchestrator.private import private_dir
 from orchestrator.services import start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
@@ -93,12 +96,14 @@ class StartUp:
 
     def run(self) -> None:
         table = self.table
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.logs_dir)
         table.services = table.given_services or start_services(self.data_dir)
         table.cdi.start()
         env = self.environment()
 
-        table.api = api = self._child("api", "api", env | self.admin_env())
+        # The API alone gets the admin key and the token that reads the CDI directory.
+        reader = {f"{CONTROLLER_TOKEN_ENV}_FILE": str(table.cdi.reader_token_file)}
+        table.api = api = self._child("api", "api", env | self.admin_env() | reader)
         api.start()
         healthz = f"{table.api_url}/api/healthz"
         self._wait(api, lambda: probes.http_ok(healthz), lambda: f"GET {healthz} = 200")
@@ -116,6 +121,7 @@ class StartUp:
             table.worker_metrics[wid] = f"http://{address}:{port}/metrics"
             own_env = self.environment(self.worker_host[wid], inside=host is not None)
             own_env["CDIFLOW_WORKER_METRICS_PORT"] = str(port)
+            own_env["CDIFLOW_WORKER_METRICS_HOST"] = address  # its host's, else loopback
             table.workers[wid] = self._child(
                 wid, "worker", own_env, wrap=host.wrap if host is not None else None
             )
@@ -153,9 +159,11 @@ class StartUp:
         if kind in ("scheduler", "worker"):  # the processes that keep an alive stamp
             alive = self.table.alive
             alive[name] = self.data_dir / "alive" / name
-            alive[name].parent.mkdir(exist_ok=True)
+            private_dir(alive[name].parent)
             env = env | {ALIVE_FILE_ENV: str(alive[name])}
-        return ChildProcess(name, argv, env=env, log_path=self.logs_dir / f"{name}.log")
+        json_log = env.get(LOG_FORMAT_ENV) == "json"  # the child's lines are JSON: so is ours
+        log_path = self.logs_dir / f"{name}.log"
+        return ChildProcess(name, argv, env=env, log_path=log_path, json_log=json_log)
 
     def _wait(
         self, child: ChildProcess, ready: Callable[[], bool], what: Callable[[], str]

@@ -20,6 +20,7 @@ from typing import Any, Self
 import psutil
 
 from orchestrator.errors import StackError, StackRunning
+from orchestrator.private import open_private, private_dir, write_private
 
 __all__ = [
     "DataDirLock",
@@ -107,10 +108,7 @@ def state_path(data_dir: Path) -> Path:
 
 def write_state(data_dir: Path, state: StackState) -> None:
     """Replace ``stack.json`` atomically: a reader sees the old file or the new, never half."""
-    path = state_path(data_dir)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(state.to_json())
-    os.replace(tmp, path)
+    write_private(state_path(data_dir), state.to_json())
 
 
 def read_state(data_dir: Path) -> StackState | None:
@@ -152,8 +150,8 @@ class DataDirLock:
 
     def acquire(self) -> None:
         """Take the lock or raise ``StackRunning`` naming the running stack."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        private_dir(self.data_dir)
+        fd = open_private(self.path, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

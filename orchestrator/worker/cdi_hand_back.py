@@ -45,7 +45,7 @@ def keep_or_hand_back(ins: Instruction, held: cdi.CDIObject | None, exe: Executi
         except cdi.BufferInUse:
             if not exe.exit_code:
                 raise
-            # A task thread that overran its timeout still reads the input, and this worker
+            # A task thread that would not stop still reads the input, and this worker
             # is about to exit: leave it the mapping and hand the object back now.
             held.transfer(ins.return_to, detach=True)
         exe.return_us = (time.perf_counter_ns() - started) / 1000

@@ -30,7 +30,7 @@ with no image object, and touches CDI only for the named data it has.
 
 The mapped input pins the object (no transfer or destroy while it lives), so the worker drops
 every reference it holds — the task's own frames in a traceback included — before it hands the
-object on. A task that keeps its input beyond its call (or runs on after a timeout) leaves the
+object on. A task that keeps its input beyond its call (or does not stop when asked) leaves the
 object pinned: it is then not handed back, and comes back to its recovery container when this
 worker exits.
 
@@ -211,7 +211,8 @@ class CdiPlane:
             if (exe.stored or (done and ins.discard_image)) and obj is not None:
                 self.outputs.destroy_stored(obj, exe)
                 obj = None
-            if ins.held and exe.status != TaskRunStatus.COMPLETED:
+            # Only a step that may run again needs its input (a stopped run's never does).
+            if ins.held and exe.status != TaskRunStatus.COMPLETED and exe.retryable:
                 if obj is not None and source is not None:
                     # The retry needs this task's input, which is only in our memory: write it.
                     obj = self.outputs.save_for_retry(ins, obj, source, exe)

@@ -1,7 +1,9 @@
 """``cdiflow worker`` / ``python -m orchestrator.worker``: run one worker in the foreground.
 
-Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start (the message says why),
-3 after a task overran its timeout and 4 after losing the CDI minion (restart it in both cases).
+The process started is the worker's keeper (``keeper``): it imports the task code once and
+runs the worker itself in a child process, which it starts afresh at once when a task would
+not stop. Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start (the message says why),
+4 after losing the CDI minion (restart it).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import redis
 
 import cdi
 from orchestrator.errors import ConfigError, OrchestratorError, ServiceError
+from orchestrator.listen import LOOPBACK, BindAddress
 from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
 from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.held import DEFAULT_HOLD_BYTES, HeldImages
+from orchestrator.worker.keeper import keep
 from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.store_plane import StorePlane
 from orchestrator.worker.worker import Worker
@@ -89,6 +93,16 @@ log = logging.getLogger(__name__)
     help="Serve Prometheus metrics on this port (/metrics); 0: none.",
 )
 @click.option(
+    "--metrics-host",
+    type=BindAddress(),
+    default=LOOPBACK,
+    show_default=True,
+    envvar="CDIFLOW_WORKER_METRICS_HOST",
+    show_envvar=True,
+    help="Address the metrics listen on: this machine only unless another is configured "
+    "(0.0.0.0 for a scraper elsewhere, e.g. in a container); they need no key.",
+)
+@click.option(
     "--cdi-url",
     envvar="CDI_URL",
     show_envvar=True,
@@ -111,6 +125,7 @@ def worker_command(
     hold_mib: int,
     extra_sources: tuple[str, ...],
     metrics_port: int,
+    metrics_host: str,
     cdi_url: str | None,
     log_level: str,
     log_format: str,
@@ -132,11 +147,10 @@ def worker_command(
             cdi_url=cdi_url,
             extra_sources=extra_sources,
             metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
-    except (OrchestratorError, cdi.CDIError) as exc:
+    except OrchestratorError as exc:  # a setting the keeper cannot use (the body says its own)
         raise click.ClickException(str(exc)) from exc
-    except redis.RedisError as exc:  # Redis went away between the ping and the first beat
-        raise click.ClickException(f"Redis (REDIS_URL) failed: {exc}") from exc
     ctx.exit(code)
 
 
@@ -170,10 +184,13 @@ def run_worker(
     settings: Settings | None = None,
     extra_sources: tuple[str, ...] = (),
     metrics_port: int = 0,
+    metrics_host: str = LOOPBACK,
 ) -> int:
-    """Connect, run until SIGTERM/SIGINT (or a fatal task), clean up; return the exit code."""
+    """Load the task code, then keep the worker's body running (``keeper``) until SIGTERM or
+    SIGINT, or a failure it cannot recover from; the exit code."""
     settings = settings or load_settings()
-    if settings.redis_url is None:
+    redis_url = settings.redis_url
+    if redis_url is None:
         raise ConfigError(
             "REDIS_URL is not set: a worker joins a running stack; set it to the stack's Redis "
             "(redis://host:6379/0)"
@@ -181,7 +198,42 @@ def run_worker(
     sources = task_sources(settings, extra_sources)
     sources.activate()  # deployed task folders import like installed packages
     log.info("tasks may come from %s", sources.describe())
-    redis_client = _connect_redis(settings.redis_url)
+    catalog = load_tasks(sources)  # once, here: every body the keeper forks has it loaded
+
+    def body() -> int:
+        try:
+            return _run_body(
+                worker_id, redis_url, settings, sources, catalog,
+                concurrency=concurrency, access_timeout_s=access_timeout_s,
+                hold_bytes=hold_bytes, cdi_url=cdi_url, metrics_port=metrics_port,
+                metrics_host=metrics_host,
+            )  # fmt: skip
+        except (OrchestratorError, cdi.CDIError) as exc:
+            click.ClickException(str(exc)).show()
+        except redis.RedisError as exc:  # Redis went away between the ping and the first beat
+            click.ClickException(f"Redis (REDIS_URL) failed: {exc}").show()
+        return 1
+
+    return keep(body, worker_id)
+
+
+def _run_body(
+    worker_id: str,
+    redis_url: str,
+    settings: Settings,
+    sources: TaskSources,
+    catalog: TaskCatalog,
+    *,
+    concurrency: int,
+    access_timeout_s: float,
+    hold_bytes: int,
+    cdi_url: str | None,
+    metrics_port: int,
+    metrics_host: str,
+) -> int:
+    """The worker itself, in the keeper's child: connect, run until SIGTERM/SIGINT (or a task
+    that would not stop), clean up; the exit code."""
+    redis_client = _connect_redis(redis_url)
     try:
         client = _connect_cdi(cdi_url, worker_id)
         try:
@@ -204,19 +256,19 @@ def run_worker(
                 store_plane=store_plane,
                 concurrency=concurrency,
                 sources=sources,
-                tasks=load_tasks(sources),
+                tasks=catalog,
             )
             if metrics_port:
                 worker.metrics = WorkerMetrics(running=worker.running,
                                                held=worker.cdi_plane.held.usage)  # fmt: skip
                 try:
-                    worker.metrics.serve(metrics_port)
+                    worker.metrics.serve(metrics_port, metrics_host)
                 except OSError as exc:
                     raise ConfigError(
-                        f"--metrics-port {metrics_port}: cannot listen there ({exc}); choose "
-                        "another port"
+                        f"--metrics-port {metrics_port} on {metrics_host}: cannot listen there "
+                        f"({exc}); choose another port or address"
                     ) from exc
-                log.info("metrics on :%d/metrics", metrics_port)
+                log.info("metrics on %s:%d/metrics", metrics_host, metrics_port)
             with _stop_on_signals(worker):
                 return worker.run()
         finally:

@@ -9,15 +9,17 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import cdi
-from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.messages import MAX_TRACEBACK, Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.errors import (
     InputMissing,
@@ -27,10 +29,12 @@ from orchestrator.errors import (
     ObjectGone,
     OrchestratorError,
     StorageUnavailable,
+    TaskStopped,
     TaskTimedOut,
     WorkerError,
 )
 from orchestrator.objectstore import ObjectStore
+from orchestrator.worker.stopping import StopRequest, StopRequests, ask_to_stop
 from workflows.api import Produced, TaskContext, TaskSpec, load_task, run_task_with_inputs
 from workflows.errors import (
     InputsMismatch,
@@ -42,10 +46,11 @@ from workflows.errors import (
     WorkflowsError,
 )
 from workflows.sources import BUNDLED, TaskSources
+from workflows.tracebacks import clear_frames, stack_of, task_traceback
 
 __all__ = [
     "EXIT_MINION_LOST",
-    "EXIT_TASK_TIMEOUT",
+    "EXIT_TASK_STUCK",
     "Execution",
     "TaskCall",
     "check_common",
@@ -55,8 +60,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Exit codes of a worker that must be restarted (the stack supervisor does so).
-EXIT_TASK_TIMEOUT: Final = 3  # a task thread still runs and Python cannot kill it
+# Exit codes of a worker process that must be started afresh: its keeper does so at once for a
+# stuck task (``keeper``), the stack supervisor for the rest.
+EXIT_TASK_STUCK: Final = 3  # a stopped task's thread still runs, and Python cannot kill it
 EXIT_MINION_LOST: Final = 4  # the CDI minion went away: every object of ours went with it
 
 # A retry cannot fix these: the same input or instruction fails the same way.
@@ -85,6 +91,7 @@ class Execution:
     status: TaskRunStatus = TaskRunStatus.COMPLETED
     output: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    traceback: str = ""  # where the task's code failed (``workflows.tracebacks``)
     retryable: bool = True
     key: str = ""
     kept: bool = False
@@ -114,20 +121,21 @@ class Execution:
         if self.status != TaskRunStatus.COMPLETED:
             log.warning("a second failure after %r: %s", self.error, exc)
             return
-        timed_out = isinstance(exc, TaskTimedOut)
-        self.status = TaskRunStatus.TIMED_OUT if timed_out else TaskRunStatus.FAILED
+        stopped = exc if isinstance(exc, TaskStopped) else None
+        self.status = stopped.status if stopped is not None else TaskRunStatus.FAILED
         self.output = {}
         self.objects = {}
         self.results = {}
         self.error = _describe(exc)
+        self.traceback = bounded_traceback(stopped.where) if stopped else _traceback(exc)
         self.objects_gone = isinstance(exc, ObjectGone)
         self.outage = isinstance(exc, StorageUnavailable)
         if isinstance(exc, WorkerError):
             self.retryable = exc.retryable
         else:
             self.retryable = not isinstance(exc, _PERMANENT)
-        if isinstance(exc, TaskTimedOut):
-            self.exit_code = EXIT_TASK_TIMEOUT
+        if stopped is not None and stopped.stuck:
+            self.exit_code = EXIT_TASK_STUCK
         elif isinstance(exc, cdi.MinionUnavailable):
             self.exit_code = EXIT_MINION_LOST
         if not isinstance(exc, OrchestratorError | WorkflowsError | cdi.CDIError):
@@ -149,6 +157,7 @@ class Execution:
             finished_at=finished_at,
             output=self.output,
             error=self.error,
+            traceback=self.traceback,
             retryable=self.retryable,
             key=self.key,
             kept=self.kept,
@@ -168,6 +177,7 @@ class Execution:
             results=self.results,
             released=self.released,
             returned=self.returned,
+            restarting=bool(self.exit_code),
         )
 
 
@@ -176,6 +186,24 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, OrchestratorError | WorkflowsError | cdi.CDIError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+def _traceback(exc: BaseException) -> str:
+    """What a report says of where ``exc`` came from: the task code's traceback, or ours for
+    an error of no documented tree (a bug), cut to its last ``MAX_TRACEBACK`` characters."""
+    text = task_traceback(exc)
+    if not text and not isinstance(exc, OrchestratorError | WorkflowsError | cdi.CDIError):
+        text = "".join(traceback.format_exception(exc))
+    return bounded_traceback(text)
+
+
+def bounded_traceback(text: str) -> str:
+    """``text`` cut to its last ``MAX_TRACEBACK`` characters (the end says what was raised
+    where), with a first line that says so."""
+    if len(text) <= MAX_TRACEBACK:
+        return text
+    cut = len(text) - MAX_TRACEBACK
+    return f"[the first {cut} characters of this traceback are left out]\n{text[cut:]}"
 
 
 def check_common(ins: Instruction) -> None:
@@ -209,10 +237,12 @@ def read_input_file(store: ObjectStore, uri: str, limit: int) -> bytes:
 @dataclass(frozen=True)
 class TaskCall:
     """Loads the instruction's task (only from ``sources``, whatever the instruction says)
-    and runs it in a thread of its own, under its timeout."""
+    and runs it in a thread of its own, under its timeout and until it is asked to stop
+    (``stops``, ``orchestrator.worker.stopping``)."""
 
     ins: Instruction
     sources: TaskSources = BUNDLED
+    stops: StopRequests = field(default_factory=StopRequests)
 
     def load(self) -> TaskSpec:
         return load_task(self.ins.task, self.sources)
@@ -230,7 +260,8 @@ class TaskCall:
         (``TaskContext.read_file``).
 
         Raises ``TaskTimedOut`` when ``timeout_s`` passes first (``timeout_s <= 0``: no
-        limit); the thread then runs on, as no Python thread can be stopped from outside.
+        limit), ``TaskStopped`` when it is asked to stop; either says ``stuck`` when the
+        task did not end then (its thread runs on: no Python thread can be stopped).
         """
         ctx = self._context(spec, files)
         chain = self.ins.chain is not False
@@ -240,7 +271,7 @@ class TaskCall:
         box = [dict(inputs)]
         inputs.clear()
         return self._timed(
-            spec, exe, lambda: run_task_with_inputs(spec, box.pop(), ctx, chain=chain)
+            spec, exe, ctx, lambda: run_task_with_inputs(spec, box.pop(), ctx, chain=chain)
         )
 
     def _context(self, spec: TaskSpec, files: Callable[[str], bytes] | None) -> TaskContext:
@@ -254,7 +285,9 @@ class TaskCall:
             files=files,
         )
 
-    def _timed(self, spec: TaskSpec, exe: Execution, call: Callable[[], Produced]) -> Produced:
+    def _timed(
+        self, spec: TaskSpec, exe: Execution, ctx: TaskContext, call: Callable[[], Produced]
+    ) -> Produced:
         started = time.perf_counter()
 
         def measured() -> Produced:
@@ -265,20 +298,46 @@ class TaskCall:
             finally:
                 exe.cpu_ms = (time.thread_time() - cpu) * 1000.0
 
-        future = _task_thread().submit(measured)
         timeout = float(self.ins.timeout_s)
         limited = 0 < timeout < math.inf  # 0 or less (or inf) means no limit
         try:
-            produced = future.result(timeout if limited else None)
-        except TimeoutError:
-            if future.done():  # the task itself raised TimeoutError
-                raise
-            _local.thread = None  # it runs on: the slot's next task gets a fresh thread
-            raise TaskTimedOut(spec.name, timeout) from None
+            with self.stops.watch(self.ins.task_run_id) as watch:
+                if watch.request is not None:  # stopped before it began: it does not begin
+                    raise TaskStopped(watch.request.reason, status=watch.request.status)
+                future = _task_thread().submit(measured)
+                if not watch.until_done_or_stopped(future, timeout if limited else None):
+                    self._stop(spec, ctx, future, watch.request, timeout)
+                produced = future.result()
         finally:
             exe.compute_ms = elapsed_ms(started)
         exe.output = produced.output
         return produced
+
+    def _stop(
+        self,
+        spec: TaskSpec,
+        ctx: TaskContext,
+        future: Future[Produced],
+        request: StopRequest | None,
+        timeout: float,
+    ) -> NoReturn:
+        """Stop the task behind ``future``: asked to (``request``), or past its ``timeout``.
+        Raises what the report says: where the task was, and whether it would not stop."""
+        runner = _task_thread()
+        ended = ask_to_stop(ctx, future)
+        if ended:
+            failure = future.exception()
+            where = task_traceback(failure) if failure is not None else ""
+            if failure is not None:
+                clear_frames(failure)  # its frames hold the inputs: they must not pin them
+        else:
+            _local.thread = None  # it runs on: the slot's next task gets a fresh thread
+            frame = sys._current_frames().get(runner.ident or 0)
+            where = stack_of(frame) if frame is not None else ""
+        stuck = not ended
+        if request is None:
+            raise TaskTimedOut(spec.name, timeout, where=where, stuck=stuck)
+        raise TaskStopped(request.reason, status=request.status, where=where, stuck=stuck)
 
 
 _Outcome = Produced
@@ -288,14 +347,19 @@ class _TaskThread:
     """A daemon thread that runs one worker slot's tasks, one at a time.
 
     *Why one per slot, not one per task:* starting a thread cost ~0.2 ms of every task. Daemon,
-    because a task that overran its timeout cannot be stopped and must not keep the process
-    from exiting (``ThreadPoolExecutor`` joins its threads at exit).
+    because a task that would not stop must not keep the process from exiting
+    (``ThreadPoolExecutor`` joins its threads at exit).
     """
 
     def __init__(self) -> None:
         self._calls: queue.SimpleQueue[tuple[Callable[[], _Outcome], Future[_Outcome]]]
         self._calls = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="task", daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, name="task", daemon=True)
+        self._thread.start()
+
+    @property
+    def ident(self) -> int | None:
+        return self._thread.ident
 
     def submit(self, call: Callable[[], _Outcome]) -> Future[_Outcome]:
         future: Future[_Outcome] = Future()

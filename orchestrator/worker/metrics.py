@@ -62,8 +62,8 @@ class WorkerMetrics:
         if report.cpu_ms is not None:
             self.cpu.labels(ins.task).inc(report.cpu_ms / 1000.0)
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
-        """Serve ``/metrics`` on ``port`` from a daemon thread (``OSError`` if it cannot
+    def serve(self, port: int, host: str) -> None:
+        """Serve ``/metrics`` on ``host:port`` from a daemon thread (``OSError`` if it cannot
         listen there). *Why not ``start_http_server``:* its thread wakes twice a second to
         look for a shutdown that never comes (the thread ends with the process), and an idle
         stack's CPU is its wake-ups (docs/architecture.md, *Quiet when idle*); this one

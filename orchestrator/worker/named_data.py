@@ -35,7 +35,7 @@ from orchestrator.errors import InvalidInstruction, ObjectGone, WorkerError
 from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.execution import Execution, elapsed_ms
 from workflows.errors import InvalidData
-from workflows.kinds import Kind, encode_file, file_extension, kind_of, read_value, size_of
+from workflows.kinds import Kind, encode_file, kind_of, read_value, size_of
 from workflows.kinds import write_value as write_kind
 
 __all__ = ["NamedData", "Opened", "SharedReads"]
@@ -255,9 +255,9 @@ class NamedData:
     def _put(self, store: ObjectStore, stem: str, value: Any, fmt: str, exe: Execution) -> str:
         started = time.perf_counter()
         kind = kind_of(value)
-        data, content_type = encode_file(value, kind, fmt)
-        uri = stem + file_extension(kind, fmt)
-        store.put(uri, data, content_type=content_type)
+        data, filetype = encode_file(value, kind, fmt)
+        uri = stem + filetype.extension
+        store.put(uri, data, content_type=filetype.content_type)
         exe.bytes_out += len(data)
         exe.write_ms += elapsed_ms(started)
         return uri

@@ -9,34 +9,41 @@ killed mid-task therefore leaves the instruction in flight for the scheduler to 
 instruction sent again (``repeats``) is never run twice: a repeat of one that finished gets its
 report again, a repeat of one that runs now is dropped.
 
+A task run is stopped with a ``Stop`` on the worker's control list, which a thread of its own
+pops (the slots may all be busy): ``stopping`` says how.
+
 Nothing an instruction does can end the loop, except what Python cannot recover from inside
-the process: a task that overran its timeout (its thread cannot be killed) or a lost CDI
-minion. The worker then reports, stops like on SIGTERM and exits non-zero to be restarted.
+the process. A task that would not stop (asked to, or past its timeout): the worker reports
+it, then ends the process at once (``EXIT_TASK_STUCK``); its keeper starts a fresh one
+(``keeper``). A lost CDI minion: it reports, stops like on SIGTERM and exits non-zero to be
+restarted.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from typing import Final
+from typing import Final, NoReturn
 
 import redis
 
 from orchestrator.contract import keys
-from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.messages import Instruction, Report, Stop
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 from orchestrator.errors import InvalidInstruction
 from orchestrator.logs import log_context
 from orchestrator.worker.cdi_plane import CdiPlane
-from orchestrator.worker.execution import EXIT_TASK_TIMEOUT, Execution, TaskCall
+from orchestrator.worker.execution import EXIT_TASK_STUCK, Execution, TaskCall
 from orchestrator.worker.heartbeat import Heartbeat
 from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.planes import plane_table
 from orchestrator.worker.repeats import RUNNING, Repeats
+from orchestrator.worker.stopping import StopRequest, StopRequests
 from orchestrator.worker.store_plane import StorePlane
 from workflows.loader import TaskCatalog
 from workflows.sources import BUNDLED, TaskSources
@@ -92,6 +99,8 @@ class Worker:
         self.concurrency = concurrency
         self.queue_key = keys.worker_queue_key(worker_id)
         self.inflight_key = keys.worker_inflight_key(worker_id)
+        self.control_key = keys.worker_control_key(worker_id)
+        self.stops = StopRequests()  # what the control list asked to stop
         self.exit_code = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -134,6 +143,7 @@ class Worker:
         slots = [
             threading.Thread(target=self._slot, name=f"slot-{n}") for n in range(self.concurrency)
         ]
+        slots.append(threading.Thread(target=self._listen_for_stops, name="stops"))
         for slot in slots:
             slot.start()
         log.info(
@@ -193,6 +203,35 @@ class Worker:
             log.critical("a worker slot crashed; stopping the worker", exc_info=True)
             self.request_stop(1)
             raise
+
+    def _listen_for_stops(self) -> None:
+        """Pop the control list: each ``Stop`` goes to the task run it names (``stops``)."""
+        try:
+            while not self._stop.is_set():
+                try:
+                    popped = self._own_client().blpop([self.control_key], POP_TIMEOUT_S)
+                except redis.RedisError as exc:
+                    log.warning("cannot pop %s: %s; retrying", self.control_key, exc)
+                    self._stop.wait(_REDIS_DOWN_RETRY_S)
+                    continue
+                if popped is not None:
+                    self._on_stop(popped[1])
+        except BaseException:
+            log.critical("the stop listener crashed; stopping the worker", exc_info=True)
+            self.request_stop(1)
+            raise
+
+    def _on_stop(self, raw: bytes | str) -> None:
+        try:
+            stop = Stop.loads(raw)
+            request = StopRequest(TaskRunStatus(stop.status), str(stop.reason))
+        except (ValueError, TypeError) as exc:
+            log.error("dropping an unusable stop %.300r: %s", raw, exc)
+            return
+        running = self.stops.ask(stop.task_run_id, request)
+        now = "running" if running else "not running now"
+        log.info("asked to stop task run %s (workflow %s, %s): %s",
+                 stop.task_run_id, stop.workflow_id, now, stop.reason)  # fmt: skip
 
     def _pop(self) -> bytes | None:
         try:
@@ -268,18 +307,18 @@ class Worker:
             self.metrics.observe(ins, report)
         _log_outcome(ins, report)  # after the delivery: the scheduler need not wait for a log line
         exit_code = exe.exit_code
+        if exit_code == EXIT_TASK_STUCK:
+            log.critical(
+                "task %r of task run %s did not stop when asked (%s) and its thread cannot be "
+                "killed: this process ends now (code %d), and its keeper starts a fresh one",
+                ins.task,
+                ins.task_run_id,
+                report.error,
+                exit_code,
+            )
+            _end_process(exit_code)
         if exit_code:
-            if exit_code == EXIT_TASK_TIMEOUT:
-                log.critical(
-                    "task %r of task run %s overran its timeout and its thread cannot be "
-                    "killed: this worker exits with code %d after the current instructions; "
-                    "the supervisor must restart it",
-                    ins.task,
-                    ins.task_run_id,
-                    exit_code,
-                )
-            else:
-                log.critical("%s; exiting with code %d to be restarted", report.error, exit_code)
+            log.critical("%s; exiting with code %d to be restarted", report.error, exit_code)
             self.request_stop(exit_code)
 
     def _execute(self, ins: Instruction) -> Execution:
@@ -296,7 +335,7 @@ class Worker:
                     )
                 )
             else:
-                plane.run(ins, TaskCall(ins, self.sources), exe)
+                plane.run(ins, TaskCall(ins, self.sources, self.stops), exe)
         return exe
 
     @contextmanager
@@ -355,6 +394,15 @@ _REPORT_AND_ACK = """
 redis.call('LPUSH', KEYS[2], ARGV[2])
 return redis.call('LREM', KEYS[1], 1, ARGV[1])
 """
+
+
+def _end_process(code: int) -> NoReturn:
+    """End this process now, whatever its other threads do: the stuck task's thread with it.
+    What it held goes back by the minion's recovery rule; the scheduler retries the other
+    instructions it had popped (they stay in flight) without spending their retries."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(code)
 
 
 def _about(ins: Instruction) -> AbstractContextManager[None]:

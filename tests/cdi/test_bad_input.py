@@ -42,6 +42,10 @@ def test_bad_keys(minion: MinionProcess, unique: Unique, key: object, message: s
         (True, cdi.InvalidArgument, "must be an integer"),
         ("10", cdi.InvalidArgument, "must be an integer"),
         (2.5, cdi.InvalidArgument, "must be an integer"),
+        # integers no message can carry: refused as the minion refuses any other
+        (1 << 64, cdi.InvalidArgument, "exceeds this minion's object limit"),
+        (1 << 100, cdi.InvalidArgument, "exceeds this minion's object limit"),
+        (-(1 << 63) - 1, cdi.InvalidArgument, "must not be negative"),
     ],
 )
 def test_bad_sizes(
@@ -50,6 +54,34 @@ def test_bad_sizes(
     client = minion.client(unique("c"))
     with pytest.raises(error, match=message):
         client.create(unique("k"), size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", [-1, 1 << 40, 1 << 64, -(1 << 63) - 1])
+def test_a_bad_resize_is_refused(minion: MinionProcess, unique: Unique, size: int) -> None:
+    client = minion.client(unique("c"))
+    obj = client.create(unique("k"), 10)
+    view = obj.access()
+    with pytest.raises(cdi.InvalidArgument):
+        obj.resize(size)
+    if size.bit_length() > 63:  # refused before anything is sent: no view was revoked
+        view[0] = 1
+    view.release()
+    assert client.describe(obj.key)["size"] == 10  # still ours, unchanged
+    assert len(obj.access(timeout=0)) == 10
+    obj.destroy()
+
+
+def test_any_field_no_message_can_carry_is_invalid_argument(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    """Past the checks of its own, the client turns what MessagePack cannot pack into the
+    tree's ``InvalidArgument``: never a raw ``OverflowError`` or ``TypeError``."""
+    client = minion.client(unique("c"))
+    with pytest.raises(cdi.InvalidArgument, match="cannot be sent"):
+        client.create(unique("k"), 10, generation=1 << 64)
+    with pytest.raises(cdi.InvalidArgument, match="cannot be sent"):
+        client.create(unique("k"), 10, generation=object())  # type: ignore[arg-type]
+    assert client.list_objects() == []
 
 
 def test_unknown_container_and_unregistered_calls(minion: MinionProcess, unique: Unique) -> None:

@@ -11,12 +11,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import grpc
 import pytest
 from click.testing import CliRunner
 
+from cdi.auth import ANY_HOST, ClusterCredentials, Role, mint_token, new_key
 from cdi.controller.cli import controller_command
 from cdi.controller.client import ControllerClient, parse_controller_url
 from cdi.controller.models import Changes, ContainerRecord, ObjectRecord
@@ -27,9 +28,11 @@ from cdi.controller.reporter import (
 )
 from cdi.controller.state import ControllerState
 from cdi.errors import (
+    AccessDenied,
     ConfigError,
     ControllerUnavailable,
     InvalidArgument,
+    NotAuthenticated,
     ObjectNotFound,
     UnknownContainer,
 )
@@ -71,6 +74,26 @@ def raises(call: Callable[[], object], error: type[BaseException]) -> bool:
     return False
 
 
+class DirectoryClient(ControllerClient):
+    """A reader that may also speak for any host (a token of each role), as these tests of
+    the directory itself need; ``cdi.auth``'s rules have tests of their own below."""
+
+    def __init__(self, url: str, credentials: ClusterCredentials, timeout: float = 5.0) -> None:
+        super().__init__(url, timeout=timeout, token=credentials.reader_token())
+        token = mint_token(credentials.cluster_key(), Role.MINION, ANY_HOST)
+        self._minion = ControllerClient(url, timeout=timeout, token=token)
+
+    def register_minion(self, *args: Any, **kwargs: Any) -> str:
+        return self._minion.register_minion(*args, **kwargs)
+
+    def report_changes(self, *args: Any, **kwargs: Any) -> bool:
+        return self._minion.report_changes(*args, **kwargs)
+
+    def close(self) -> None:
+        self._minion.close()
+        super().close()
+
+
 class ControllerProcess:
     """``python -m cdi.controller`` on a fixed port, restartable on that same port."""
 
@@ -78,21 +101,29 @@ class ControllerProcess:
         self.port = port
         self.url = f"grpc://127.0.0.1:{port}"
         self.log_path = log_dir / f"controller-{port}.log"
+        self.credentials = ClusterCredentials.ensure(log_dir / "credentials")
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+
+    def client(self, timeout: float = 5.0) -> DirectoryClient:
+        return DirectoryClient(self.url, self.credentials, timeout)
+
+    def minion_token(self, host: str) -> str:
+        return mint_token(self.credentials.cluster_key(), Role.MINION, host)
 
     def start(self) -> None:
         """Start the process and wait until it answers."""
         assert self._proc is None, "already running"
         self._log = self.log_path.open("ab")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "cdi.controller", "--listen", f"127.0.0.1:{self.port}"],
+            [sys.executable, "-m", "cdi.controller", "--listen", f"127.0.0.1:{self.port}",
+             "--key-file", str(self.credentials.cluster_key_file)],
             cwd=REPO_ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        with ControllerClient(self.url, timeout=1.0) as probe:
+        )  # fmt: skip
+        with self.client(timeout=1.0) as probe:
             wait_until(lambda: self._answers(probe), f"the controller on port {self.port} answers")
 
     def _answers(self, probe: ControllerClient) -> bool:
@@ -145,18 +176,21 @@ def controller(tmp_path: Path) -> Iterator[ControllerProcess]:
 
 @pytest.fixture
 def client(controller: ControllerProcess) -> Iterator[ControllerClient]:
-    with ControllerClient(controller.url) as c:
+    with controller.client() as c:
         yield c
 
 
 @pytest.fixture
-def reporter_factory() -> Iterator[Callable[..., GrpcDirectoryReporter]]:
+def reporter_factory(
+    controller: ControllerProcess,
+) -> Iterator[Callable[..., GrpcDirectoryReporter]]:
     made: list[GrpcDirectoryReporter] = []
 
     def make(url: str, host: str, heartbeat_s: float = 0.2) -> GrpcDirectoryReporter:
         reporter = GrpcDirectoryReporter(
-            url, host, f"/run/cdi/{host}.sock", rpc_address=f"{host}:7000", heartbeat_s=heartbeat_s
-        )
+            url, host, f"/run/cdi/{host}.sock", rpc_address=f"{host}:7000",
+            heartbeat_s=heartbeat_s, token=controller.minion_token(host),
+        )  # fmt: skip
         made.append(reporter)
         return reporter
 
@@ -289,11 +323,12 @@ def test_invalid_snapshot_is_rejected_whole(controller: ControllerProcess) -> No
             containers=[pb.ContainerRecord(container_id="ok", pid=1)],
             objects=[pb.ObjectRecord(key="bad key", size=1)],
         )
+        token = controller.minion_token("host-a")
         with pytest.raises(grpc.RpcError) as info:
-            stub.RegisterMinion(request, timeout=5)
+            stub.RegisterMinion(request, timeout=5, metadata=[("authorization", f"Bearer {token}")])
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "object key 'bad key'" in info.value.details()
-    with ControllerClient(controller.url) as client:
+    with controller.client() as client:
         assert client.list_minions() == []
         assert client.list_containers() == []
 
@@ -371,6 +406,78 @@ def test_cli_command_is_a_click_command() -> None:
     assert "--listen" in result.output
 
 
+# -- who may call ---------------------------------------------------------------------------
+
+
+def test_a_caller_without_this_clusters_token_is_refused(
+    controller: ControllerProcess, client: ControllerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the audit did as another local user, and more: no token, a malformed one, one
+    signed by another key. Nothing is answered and nothing changes."""
+    monkeypatch.delenv("CDI_CONTROLLER_TOKEN", raising=False)
+    monkeypatch.delenv("CDI_CONTROLLER_TOKEN_FILE", raising=False)
+    client.register_minion("vm", "/run/cdi/real.sock", containers=[ContainerRecord("w1", 5, 0)])
+    foreign = mint_token(new_key(), Role.READER, "cluster-tools")
+    for token in (None, "Bearer nonsense", "cdi1.minion.vm.AAAA", foreign,
+                  mint_token(new_key(), Role.MINION, "vm")):  # fmt: skip
+        with ControllerClient(controller.url, token=token) as stranger:
+            for call in (
+                lambda: stranger.register_minion(
+                    "vm", "/tmp/evil.sock", objects=[ObjectRecord("fake", 1, "", 1)]
+                ),
+                stranger.list_containers,
+                stranger.list_objects,
+                stranger.list_minions,
+                lambda: stranger.route_container("w1"),
+                lambda: stranger.lookup_object("fake"),
+            ):
+                with pytest.raises(NotAuthenticated) as refused:
+                    call()
+                assert token is None or token not in str(refused.value)
+    (minion,) = client.list_minions()
+    assert (minion.socket_path, minion.containers, minion.objects) == ("/run/cdi/real.sock", 1, 0)
+    assert raises(lambda: client.lookup_object("fake"), ObjectNotFound)
+
+
+def test_a_minion_speaks_for_its_own_host_only_and_lists_nothing(
+    controller: ControllerProcess, client: ControllerClient
+) -> None:
+    client.register_minion("host-b", "/run/cdi/b.sock", containers=[ContainerRecord("w2", 7, 0)])
+    with ControllerClient(controller.url, token=controller.minion_token("host-a")) as minion_a:
+        epoch = minion_a.register_minion("host-a", "/run/cdi/a.sock")
+        assert minion_a.report_changes("host-a", epoch) is False
+        with pytest.raises(AccessDenied, match="may not speak for host 'host-b'"):
+            minion_a.register_minion("host-b", "/tmp/evil.sock")
+        with pytest.raises(AccessDenied, match="host-b"):
+            minion_a.report_changes("host-b", epoch, Changes(removed_containers=["w2"]))
+        # What its gateway needs: where a container or an object is.
+        assert minion_a.route_container("w2").host == "host-b"
+        assert raises(lambda: minion_a.lookup_object("nothing"), ObjectNotFound)
+        # Not the directory's lists, nor a container's pid and uid.
+        for listing in (minion_a.list_containers, minion_a.list_objects, minion_a.list_minions,
+                        lambda: minion_a.lookup_container("w2")):  # fmt: skip
+            with pytest.raises(AccessDenied, match="may not list or look up"):
+                listing()
+    assert client.lookup_container("w2").host == "host-b"
+    b = next(m for m in client.list_minions() if m.host == "host-b")
+    assert (b.socket_path, b.containers) == ("/run/cdi/b.sock", 1)
+
+
+def test_the_controller_does_not_start_without_the_cluster_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("CDI_CLUSTER_KEY", "CDI_CLUSTER_KEY_FILE"):
+        monkeypatch.delenv(variable, raising=False)
+    missing = CliRunner().invoke(controller_command, ["--listen", f"127.0.0.1:{free_port()}"])
+    assert missing.exit_code != 0 and "needs the cluster key" in missing.output
+    readable = tmp_path / "cluster.key"
+    readable.write_text(new_key())
+    readable.chmod(0o644)
+    shown = CliRunner().invoke(controller_command, ["--key-file", str(readable)])
+    assert shown.exit_code != 0 and "chmod 600" in shown.output
+    assert readable.read_text() not in shown.output
+
+
 # -- the reporter -----------------------------------------------------------------------------
 
 
@@ -437,7 +544,7 @@ def test_reporter_reannounces_after_the_controller_restarts(
     reporter.container_registered("c1", 10, 1000)
     reporter.object_changed("kept", 100, "c1", 1)
     reporter.object_changed("doomed", 100, "c1", 1)
-    with ControllerClient(controller.url) as client:
+    with controller.client() as client:
         wait_until(lambda: len(client.list_objects()) == 2, "both objects are in the directory")
 
     controller.kill()
@@ -448,7 +555,7 @@ def test_reporter_reannounces_after_the_controller_restarts(
     reporter.object_changed("new", 5, "c2", 1)
     controller.start()
 
-    with ControllerClient(controller.url) as client:
+    with controller.client() as client:
         wait_until(
             lambda: [o.key for o in client.list_objects()] == ["kept", "new"],
             "the reporter re-announces its objects",
@@ -466,12 +573,12 @@ def test_reporter_resyncs_when_it_next_speaks_to_a_restarted_controller(
     # call carries the old epoch to the new controller, which must ask for a resync.
     reporter = reporter_factory(controller.url, "host-r", heartbeat_s=3600)
     reporter.object_changed("before", 1, "c1", 1)
-    with ControllerClient(controller.url) as client:
+    with controller.client() as client:
         wait_until(lambda: len(client.list_objects()) == 1, "the object is in the directory")
     controller.kill()
     controller.start()
     reporter.object_changed("after", 1, "c1", 1)
-    with ControllerClient(controller.url) as client:
+    with controller.client() as client:
         wait_until(
             lambda: [o.key for o in client.list_objects()] == ["after", "before"],
             "the full snapshot is re-announced",

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import cdi
+from cdi.auth import ClusterCredentials
 from cdi.controller.client import ControllerClient
 from cdi.controller.process import ControllerChild
 from tests.cdi.conftest import MinionProcess, start_minion, stop_minion
@@ -35,10 +36,14 @@ def directory(shared_dir: Path) -> Iterator[tuple[ControllerClient, MinionProces
     url = f"grpc://127.0.0.1:{free_port()}"
     folder = shared_dir / "directory"
     folder.mkdir()
-    with ControllerChild(url, str(folder / "controller.log")):
-        minion = start_minion(folder, "--controller", url, "--host", "host-a")
+    credentials = ClusterCredentials.ensure(folder / "credentials", ["host-a"])
+    token = str(credentials.minion_token_file("host-a"))
+    with ControllerChild(url, str(folder / "controller.log"), credentials) as controller:
+        minion = start_minion(
+            folder, "--controller", url, "--host", "host-a", "--controller-token-file", token
+        )
         try:
-            with ControllerClient(url) as client:
+            with controller.client() as client:
                 yield client, minion
         finally:
             stop_minion(minion)

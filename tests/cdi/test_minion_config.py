@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from cdi.errors import ConfigError
 from cdi.minion.cli import _group
+from cdi.minion.config import check_socket_dir
 from cdi.minion.names import NameRule, parse_names, uid_for
 
 
@@ -39,6 +45,30 @@ def test_the_first_matching_rule_decides_and_the_rest_is_the_minions() -> None:
 def test_bad_rules_say_what_is_wrong(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_names(spec)
+
+
+def test_a_socket_folder_another_user_controls_is_refused(tmp_path: Path) -> None:
+    """A folder someone else made first (in /tmp, say) could have the minion's socket swapped
+    for theirs: the minion does not start there."""
+    theirs = tmp_path / "cdi-theirs"
+    theirs.mkdir()
+    if os.geteuid() == 0:
+        os.chown(theirs, 1003, 1003)
+    else:
+        theirs.chmod(0o777)  # not sticky: anyone may replace what is in it
+    refused = subprocess.run(
+        [sys.executable, "-m", "cdi.minion", "--socket", str(theirs / "minion.sock")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "could put another socket" in refused.stderr
+    assert not (theirs / "minion.sock").exists()
+    with pytest.raises(ConfigError, match="a folder of your own"):
+        check_socket_dir(str(theirs / "minion.sock"))
+    check_socket_dir(str(tmp_path / "missing" / "minion.sock"))  # made by the minion, ours
+    sticky = tmp_path / "shared"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # like /tmp itself: nobody may replace another's file
+    check_socket_dir(str(sticky / "minion.sock"))
 
 
 def test_socket_groups_by_name_or_number() -> None:

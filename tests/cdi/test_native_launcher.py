@@ -6,6 +6,7 @@ are unit tests of the launcher, with a recording reporter in place of the contro
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -135,6 +136,7 @@ def test_the_binary_stops_when_its_relay_dies(tmp_path: Path) -> None:
     relay = subprocess.Popen(
         [sys.executable, "-m", "cdi.minion", "--impl", "native", "--socket", str(socket_path),
          "--controller", "grpc://127.0.0.1:1"],  # nobody answers there: the reporter retries
+        env={**os.environ, "CDI_CONTROLLER_TOKEN": "cdi1.minion.vm.unchecked-here"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -94,6 +95,45 @@ def test_numpy_view_is_zero_copy_and_blocks_transfer_while_held(
     theirs = b.use(obj.key)
     assert list(theirs.numpy(np.uint32, timeout=5)) == list(range(16))
     theirs.destroy()
+
+
+@pytest.mark.parametrize("holder", ["numpy", "slice", "buffer"])
+def test_a_refused_transfer_leaves_every_view_usable(
+    minion: MinionProcess, unique: Unique, holder: str
+) -> None:
+    """``BufferInUse`` refuses before any view is released: the caller's earlier views, and
+    the one still held, go on working, and the transfer succeeds once the holder lets go."""
+    a, b = minion.client(unique("a")), minion.client(unique("b"))
+    obj = a.create(unique("k"), 64)
+    first = obj.access()
+    first[0] = 7
+    second = obj.access()
+    held: object
+    if holder == "numpy":
+        held = np.frombuffer(second, dtype=np.uint8)
+    elif holder == "slice":
+        held = second[8:16]
+    else:
+        held = pickle.PickleBuffer(second)  # a buffer taken from the view itself
+    operations: list[Callable[[], None]] = [
+        lambda: obj.transfer(b.container_id or ""),
+        obj.destroy,
+        lambda: obj.resize(32),
+    ]
+    for operation in operations:
+        with pytest.raises(cdi.BufferInUse):
+            operation()
+        assert obj.owned
+        first[1] = 8  # still a live view of the object: nothing was revoked
+        assert bytes(second[:2]) == b"\x07\x08"
+    if isinstance(held, pickle.PickleBuffer):
+        held.release()
+    del held
+    obj.transfer(b.container_id or "")
+    with pytest.raises(ValueError, match="released"):
+        first[0]
+    assert bytes(b.use(obj.key).access(timeout=5)[:2]) == b"\x07\x08"
+    b.use(obj.key).destroy()
 
 
 def test_transfer_with_detach_leaves_a_held_view_mapped(

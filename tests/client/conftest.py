@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +57,11 @@ def stack_api() -> Iterator[StackApi]:
             with target.client() as api:
                 nap = {"ref": "nap", "task": "sleep", "params": {"ms": 4_000}}
                 api.apply_definition({"name": SLEEPER, "tasks": [nap]})
+                # Every part ready (the scheduler's loop turning) before the tests ask.
+                deadline = time.monotonic() + 120
+                while (ready := api.readiness()).status != "ok":
+                    assert time.monotonic() < deadline, f"the stack never got ready: {ready}"
+                    time.sleep(0.2)
             yield target
     finally:
         subprocess.run(["rm", "-rf", folder], check=False)

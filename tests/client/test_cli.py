@@ -31,7 +31,7 @@ class CliRunnerCommand:
 
     def __call__(self, *args: str | Path, code: int = 0) -> Result:
         command, *rest = (str(a) for a in args)
-        groups = {"workflows", "tasks", "definitions"}
+        groups = {"workflows", "tasks", "definitions", "schedules", "webhooks"}
         head = [command, rest.pop(0)] if command in groups and rest else [command]
         result = CliRunner().invoke(main, [*head, *rest, *self.stack_api.cli_args()])
         assert result.exit_code == code, (result.output, result.exception)
@@ -111,9 +111,11 @@ def test_tasks_and_definitions(cdiflow: CliRunnerCommand, tmp_path: Path) -> Non
     )
     assert f"{flow}: saved, version 2" in cdiflow("definitions", "apply", as_json).output
     versions = cdiflow("definitions", "versions", flow).output
-    assert re.search(r"2 .* d -> c", versions) and re.search(r"1 .* d\n", versions + "\n")
-    first = json.loads(cdiflow("definitions", "show", flow, "--version", "1").output)
-    assert first == {"name": flow, "version": 1, "description": "", "tasks": [
+    assert re.search(r"^version 2, saved .*: d -> c$", versions, re.M), versions
+    assert re.search(r"^version 1, saved .*: d$", versions, re.M), versions
+    first = cdiflow("definitions", "show", flow, "--version", "1")
+    assert first.stderr == f"# {flow} version 1\n"
+    assert json.loads(first.stdout) == {"name": flow, "description": "", "tasks": [
         {"ref": "d", "task": task, "depends_on": [], "params": {}}]}  # fmt: skip
     assert flow in cdiflow("definitions", "list").output
 
@@ -142,3 +144,53 @@ def test_mistakes_get_a_message_and_a_failing_status(
     assert "not a workflow run id" in cdiflow("workflows", "show", "abc", code=1).output
     nobody = str(uuid.uuid4())
     assert "not found" in cdiflow("workflows", "show", nobody, code=1).output
+
+
+def _nap_flow(stack_api: StackApi, prefix: str, ms: int) -> str:
+    """A new definition of one step that naps ``ms`` milliseconds (the bundled ``sleep``)."""
+    flow = unique(prefix)
+    with stack_api.client() as api:
+        api.apply_definition({"name": flow, "tasks": [{"ref": "nap", "task": "sleep",
+                                                         "params": {"ms": ms}}]})  # fmt: skip
+    return flow
+
+
+def test_run_wait_gives_up_after_its_timeout_while_no_event_comes(
+    cdiflow: CliRunnerCommand, stack_api: StackApi
+) -> None:
+    """`--timeout` ends the wait when it passes, not at the next event: the command gives
+    up while the run's one step still naps, and says the run goes on."""
+    flow = _nap_flow(stack_api, "long_nap", 30_000)
+    with stack_api.client() as api:
+        gave_up = cdiflow("run", flow, "--wait", "--timeout", "2", code=1)
+        assert "had not finished after 2 s" in gave_up.output, gave_up.output
+        run_id = re.search(f"run ({UUID})", gave_up.output)
+        assert run_id, gave_up.output
+        assert api.get(run_id[1]).status == "RUNNING"  # the wait ended before the nap did
+        api.cancel(run_id[1])
+
+
+def test_show_prints_the_traceback_of_the_step_that_failed(
+    cdiflow: CliRunnerCommand, stack_api: StackApi
+) -> None:
+    flow = _nap_flow(stack_api, "bad_nap", -1)  # the task refuses that: it raises
+    ran = cdiflow("run", flow, "--wait", code=1)
+    run_id = re.search(f"run ({UUID})", ran.output)
+    assert run_id, ran.output
+    for shown in (ran.output, cdiflow("workflows", "show", run_id[1]).output):
+        assert "step 'nap' (task sleep, attempt 1 on worker-" in shown, shown
+        assert "  Traceback (most recent call last):" in shown
+        assert re.search(r'  File ".*image_tasks\.py", line \d+, in sleep', shown), shown
+        assert "  ValueError: param 'ms' must be a finite number >= 0" in shown
+
+
+def test_run_with_a_time_limit_ends_timed_out_naming_the_step(
+    cdiflow: CliRunnerCommand, stack_api: StackApi
+) -> None:
+    flow = _nap_flow(stack_api, "limited_nap", 30_000)
+    ran = cdiflow("run", flow, "--time-limit", "1", "--wait", code=1)
+    assert re.search(r"TIMED_OUT in \d+\.\d\d s", ran.output), ran.output
+    assert "error: the run passed its time limit of 1 s in step 'nap' (attempt 1, on worker-" in (
+        ran.output
+    )
+    assert re.search(r"nap +TIMED OUT on worker-\d", ran.output), ran.output

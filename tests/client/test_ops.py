@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -37,16 +38,26 @@ def test_the_api_metrics_describe_runs_tasks_workers_and_cdi(
 
     for source in ("postgres", "redis", "cdi"):
         assert _value(families["cdiflow_source_up"], "cdiflow_source_up", source=source) == 1
-    completed = _value(families["cdiflow_workflows"], "cdiflow_workflows", status="COMPLETED")
+    # Runs by status and by workflow (the definition's name).
+    completed = _value(families["cdiflow_workflows"], "cdiflow_workflows", status="COMPLETED",
+                       workflow="image_pipeline")  # fmt: skip
     assert completed >= 1
+    every = sum(s.value for s in families["cdiflow_workflows"] if s.labels["status"] == "COMPLETED")
+    assert every >= completed
     assert _value(families["cdiflow_task_runs"], "cdiflow_task_runs", status="COMPLETED") >= 3
     latency = families["cdiflow_workflow_duration_seconds"]
-    count = _value(latency, "cdiflow_workflow_duration_seconds_count")
-    assert count == completed  # every completed run, in one histogram
-    buckets = [s.value for s in latency if s.name.endswith("_bucket")]
+    count = _value(latency, "cdiflow_workflow_duration_seconds_count", workflow="image_pipeline")
+    assert count == completed  # every completed run of the workflow, in its histogram
+    buckets = [
+        s.value
+        for s in latency
+        if s.name.endswith("_bucket") and s.labels["workflow"] == "image_pipeline"
+    ]
     assert buckets == sorted(buckets) and buckets[-1] == count  # cumulative, +Inf = count
     took = (done.finished_at - done.created_at).total_seconds() if done.finished_at else 0
-    assert _value(latency, "cdiflow_workflow_duration_seconds_sum") >= took
+    assert _value(latency, "cdiflow_workflow_duration_seconds_sum",
+                  workflow="image_pipeline") >= took  # fmt: skip
+    assert _value(families["cdiflow_api_long_polls"], "cdiflow_api_long_polls") >= 0
     runs = families["cdiflow_task_run_duration_seconds"]
     assert _value(runs, "cdiflow_task_run_duration_seconds_count", task="deblur") >= 1
     assert "cdiflow_task_queue_wait_seconds" in families
@@ -81,12 +92,17 @@ def test_json_logs_carry_the_run_and_task_ids(api: Client, stack_api: StackApi) 
     done = api.run("noop_pipeline", timeout=60)
     run_id = str(done.id)
     lines = []
+    ours = {"api", stack_api.stack.scheduler_id, *stack_api.stack.worker_ids}  # not the services
     for log in (stack_api.stack.logs_dir).glob("*.log"):
-        for line in log.read_text().splitlines():
-            if line.startswith("{"):  # the stack's own "--- starts" lines are not the process's
-                lines.append((log.name, json.loads(line)))
+        if log.stem in ours:
+            # Every line is JSON: the stack's line at each start too.
+            lines += [(log.name, json.loads(line)) for line in log.read_text().splitlines()]
     assert lines and all({"time", "level", "logger", "message", "process"} <= line.keys()
                          for _name, line in lines)  # fmt: skip
+    started = [line for _name, line in lines if line["message"].startswith("cdiflow starts:")]
+    assert {line["process"] for line in started} == ours
+    for _name, line in lines:  # ISO 8601, with the offset
+        assert datetime.fromisoformat(line["time"]).utcoffset() is not None, line
     about = [(name, line) for name, line in lines if line.get("workflow_id") == run_id]
     # Each worker line about the run names its task run and step: one per task run at least.
     on_workers = [line for name, line in about if name.startswith("worker-")]

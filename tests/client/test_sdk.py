@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from PIL import Image
 
@@ -114,8 +115,11 @@ def test_errors_come_from_one_tree(api: Client, stack_api: StackApi) -> None:
     with pytest.raises(InvalidRequest) as invalid:
         api.apply_definition({"name": unique("bad"), "tasks": [{"ref": "a", "task": "nope"}]})
     assert any("nope" in p for p in invalid.value.problems)
-    with pytest.raises(InvalidRequest, match="not a recognised image file"):
-        api.upload(b"plain text", "notes.txt")
+    with pytest.raises(
+        InvalidRequest, match=r"notes\.txt is text/html, which this cdiflow"
+    ) as html:
+        api.upload(b"<html><script>alert(1)</script></html>", "notes.txt")
+    assert html.value.status == 415 and "CDIFLOW_UPLOAD_TYPES" in html.value.problems[0]
     with pytest.raises(WorkflowFailed) as failed:
         api.run("image_pipeline", "s3://cdiflow/no/such/photo.jpg", timeout=120)
     assert failed.value.workflow.status == "FAILED"
@@ -169,3 +173,24 @@ def test_the_documented_example_runs(stack_api: StackApi, photo: Path) -> None:
     assert "event workflow.completed" in done.stdout and "async run" in done.stdout
     with Image.open(photo.with_name("sunset-result.png")) as result:
         assert result.format == "PNG"
+
+
+def test_a_failed_tasks_traceback_reaches_the_api_and_the_error(
+    api: Client, stack_api: StackApi
+) -> None:
+    """The task's traceback is kept with its task run: the API shows it, and the client's
+    WorkflowFailed carries it and ends its message with it."""
+    flow = unique("bad_nap")
+    api.apply_definition({"name": flow, "tasks": [{"ref": "nap", "task": "sleep",
+                                                     "params": {"ms": -1}}]})  # fmt: skip
+    with pytest.raises(WorkflowFailed) as failed:
+        api.run(flow, timeout=120)
+    lines = failed.value.traceback.splitlines()
+    assert "image_tasks.py" in lines[1] and "in sleep" in lines[1], lines
+    assert lines[-1].startswith("ValueError: param 'ms' must be a finite number >= 0")
+    assert str(failed.value).endswith(failed.value.traceback.rstrip())
+    assert "step 'nap' (task sleep, attempt 1 on worker-" in str(failed.value)
+    run_id = failed.value.workflow.id
+    detail = httpx.get(f"{stack_api.url}/api/workflows/{run_id}", headers=stack_api.headers())
+    [task_run] = detail.json()["task_runs"]
+    assert task_run["traceback"] == failed.value.traceback

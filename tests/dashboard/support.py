@@ -13,7 +13,7 @@ import httpx
 from orchestrator.stack import Stack
 from workflows.samples import bundled_samples
 
-FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED")
+FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
 UUID: Final = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 

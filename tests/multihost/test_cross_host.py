@@ -100,7 +100,7 @@ def test_the_directory_moves_the_home(
     key = unique("k")
     obj, _ = _filled(a, key, 10_000)
     obj.transfer(cid(b))
-    with ControllerClient(cluster.controller_url) as directory:
+    with cluster.controller.client() as directory:
         deadline = time.monotonic() + 10
         while (entry := _entry(directory, key)) is None or entry[:2] != (b.host, cid(b)):
             assert time.monotonic() < deadline, f"directory still says {entry}"
@@ -140,7 +140,7 @@ def test_once_a_client_has_a_slot_its_minion_hands_it_objects_for_elsewhere(
         assert _digest(got) == digest
     # 1 at creation, 2 in the slot; 3 as the other gateway's, 4 as b's.
     assert b.describe(key)["generation"] == 4
-    with ControllerClient(cluster.controller_url) as directory:
+    with cluster.controller.client() as directory:
         deadline = time.monotonic() + 10
         while (seen := _entry(directory, key)) is None or seen[::2] != (b.host, 4):
             assert time.monotonic() < deadline, f"directory still says {seen}"

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 import cdi
-from cdi.controller.client import ControllerClient
 from cdi.controller.process import ControllerChild
 from cdi.minion import native
 from cdi.remote.cluster import LocalCluster
@@ -173,7 +172,9 @@ def test_controller_restarted_mid_run(fresh: LocalCluster, unique: Unique) -> No
         before = len(done)
         fresh.controller.stop()  # SIGTERM: its directory is gone
         time.sleep(1.0)
-        fresh.controller = ControllerChild(fresh.controller.url, fresh.controller.log_path)
+        fresh.controller = ControllerChild(
+            fresh.controller.url, fresh.controller.log_path, fresh.controller.credentials
+        )
         fresh.controller.start()
         fresh.wait_for_gateways()  # the minions re-announced themselves
         late = cdi.connect(fresh.minions[1].socket_path, unique("late"))  # after the restart
@@ -186,7 +187,7 @@ def test_controller_restarted_mid_run(fresh: LocalCluster, unique: Unique) -> No
         assert _digest_of(late.use(key)) == digest
         late.use(key).destroy()
         late.close()
-        with ControllerClient(fresh.controller_url) as directory:
+        with fresh.controller.client() as directory:
             assert {m.host for m in directory.list_minions()} == {"host1", "host2"}
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cdi.auth import ClusterCredentials
 from cdi.controller.client import ControllerClient
 from cdi.controller.models import Changes, ContainerRecord, ObjectRecord
 from cdi.controller.process import ControllerChild
@@ -56,17 +57,19 @@ def test_a_home_moves_forward_only() -> None:
 
 
 @pytest.fixture
-def controller(tmp_path: Path) -> Iterator[str]:
+def controller(tmp_path: Path) -> Iterator[ControllerChild]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"grpc://127.0.0.1:{port}"
-    with ControllerChild(url, str(tmp_path / "controller.log")):
-        yield url
+    credentials = ClusterCredentials.ensure(tmp_path / "credentials", ["h2"])
+    with ControllerChild(url, str(tmp_path / "controller.log"), credentials) as child:
+        yield child
 
 
-def test_route_through_a_real_controller(controller: str) -> None:
-    with ControllerClient(controller) as client:
+def test_route_through_a_real_controller(controller: ControllerChild) -> None:
+    token = controller.credentials.minion_token_file("h2").read_text().strip()
+    with ControllerClient(controller.url, token=token) as client:  # as host h2's minion
         client.register_minion(
             "h2", "/run/h2.sock", "10.1.2.3:7100", containers=[ContainerRecord("worker", 5, 0)]
         )

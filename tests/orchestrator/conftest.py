@@ -10,6 +10,8 @@ and the API tests use their own Redis logical database, so other suites sharing 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -43,6 +45,29 @@ from workflows.sources import TaskSources
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
     from fastapi.testclient import TestClient
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def deployed_tests_package() -> Iterator[None]:
+    """Inside, a stack's processes may load the task modules of this ``tests`` package: it is
+    among the task packages, and this checkout is on ``PYTHONPATH``. *Why PYTHONPATH:* the
+    stack runs its children with ``python -P``, so the working directory is not on their
+    path, and ``tests`` is not installed."""
+    saved = {name: os.environ.get(name) for name in ("CDIFLOW_TASK_PACKAGES", "PYTHONPATH")}
+    paths = [str(CHECKOUT), *filter(None, (saved["PYTHONPATH"] or "").split(os.pathsep))]
+    os.environ["CDIFLOW_TASK_PACKAGES"] = "workflows,tests.orchestrator"
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
 
 # Redis logical database reserved for the API tests (the stack itself uses 0).
 API_REDIS_DB = 9

@@ -4,6 +4,8 @@ it: the tests deploy the ``tests`` package with ``CDIFLOW_TASK_PACKAGES``)."""
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 from PIL import Image
 
@@ -36,3 +38,20 @@ def not_a_task(img: Image.Image | None, ctx: TaskContext) -> None:
 
 
 shell = os.system  # a callable this module happens to hold
+
+
+@task(name="stubborn_sleep", timeout_s=60, needs_image=False)
+def stubborn_sleep(img: Image.Image | None, ctx: TaskContext) -> None:
+    """Sleeps ``params["ms"]`` in a call nothing in the process can interrupt, and never looks
+    at ``ctx.cancelled``: only ending its process stops it."""
+    time.sleep(float(ctx.params.get("ms", 0)) / 1000.0)
+
+
+@task(name="wait_for_cancel", timeout_s=60, needs_image=False)
+def wait_for_cancel(img: Image.Image | None, ctx: TaskContext) -> None:
+    """Waits ``params["ms"]`` for a stop; stopped, its ``on_cancel`` callback writes
+    "cancelled" into the file ``params["marker"]`` (what a task cleaning up would do)."""
+    marker = ctx.params.get("marker")
+    if isinstance(marker, str):
+        ctx.on_cancel(lambda: Path(marker).write_text("cancelled"))
+    ctx.cancelled.wait(float(ctx.params.get("ms", 0)) / 1000.0)

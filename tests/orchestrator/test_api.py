@@ -50,9 +50,9 @@ def test_readyz_names_each_part_and_what_is_missing(
     missing = api_client.get("/api/readyz")
     assert missing.status_code == 503
     checks = missing.json()["checks"]
-    assert set(checks) == {"postgres", "redis", "minion", "scheduler", "s3"}
+    assert set(checks) == {"postgres", "redis", "minion", "scheduler", "workers", "s3"}
     assert checks["scheduler"]["ok"] is False and "no scheduler" in checks["scheduler"]["detail"]
-    assert all(checks[name]["ok"] for name in ("postgres", "redis", "minion", "s3"))
+    assert all(checks[name]["ok"] for name in ("postgres", "redis", "minion", "workers", "s3"))
 
     api_redis.hset(keys.SCHEDULERS, "scheduler-stalled", f"{time.time() - 60:.3f}")
     stalled = api_client.get("/api/readyz").json()["checks"]["scheduler"]

@@ -23,6 +23,7 @@ from tests.orchestrator.api_support import KeyedCalls, admin_key_of, api_test_se
 IMAGE = {"image": "s3://cdiflow/images/cat.png"}
 OPEN_PATHS = {"/api/healthz", "/api/readyz", "/api/openapi.json", "/docs", "/",
               "/docs/oauth2-redirect"}  # fmt: skip
+READINESS_PARTS = {"postgres", "redis", "minion", "scheduler", "s3", "workers"}
 
 
 def _unique(prefix: str) -> str:
@@ -87,6 +88,22 @@ def test_every_api_route_but_health_refuses_a_client_without_a_key(
         assert reply.json()["code"] == "unauthenticated"
         assert "Authorization: Bearer" in reply.json()["detail"]
     assert anonymous.get("/api/healthz").status_code == 200  # probes need no key
+
+
+def test_readyz_tells_an_anonymous_caller_ready_or_not_and_nothing_more(
+    api_client: TestClient, as_role: Callable[[str], KeyedCalls]
+) -> None:
+    """Probes need no key, so ``/api/readyz`` answers without one, but only its status code
+    and ``ok``/``unavailable``: which part is missing and what it said (an object count, a
+    scheduler's id) needs a key of any role. A key that is sent must be valid."""
+    anonymous = KeyedCalls(api_client, None).get("/api/readyz")
+    viewer = as_role("viewer").get("/api/readyz")
+    assert anonymous.status_code in (200, 503) and viewer.status_code in (200, 503)
+    status = "ok" if anonymous.status_code == 200 else "unavailable"
+    assert anonymous.json() == {"status": status}
+    assert set(viewer.json()["checks"]) == READINESS_PARTS
+    forged = api_client.get("/api/readyz", headers={"Authorization": "Bearer cdf_" + "A" * 43})
+    assert forged.status_code == 401
 
 
 @pytest.mark.parametrize(

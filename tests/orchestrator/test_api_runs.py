@@ -308,6 +308,21 @@ def test_workflow_detail(api_client: TestClient, api_store: SchedulerStore) -> N
     assert api_client.get(f"/api/workflows/{wid}", params={"events": 0}).json()["events"] == []
 
 
+def test_the_last_report_logs_the_tasks_end_before_the_runs(
+    api_client: TestClient, api_store: SchedulerStore
+) -> None:
+    """The report that ends a run writes both events in one statement: a client reading
+    events in id order sees the step end, then the run."""
+    wid = uuid.UUID(_start(api_client, "noop_pipeline")["id"])
+    placed = Placement(api_store.next_task_run_id(), wid, "noop1", "noop", 1, "w1", 999.0)
+    api_store.place([placed])
+    done = Report(placed.task_run_id, str(wid), "w1", TaskRunStatus.COMPLETED, 1000.0, 1000.5)
+    assert api_store.report(done, (), [], Finish(wid, WorkflowStatus.COMPLETED, output={}))
+    events = api_client.get(f"/api/workflows/{wid}/events").json()["events"]
+    kinds = [e["kind"] for e in events]
+    assert kinds == ["workflow.created", "task.completed", "workflow.completed"]
+
+
 def test_task_runs_within_a_window_come_page_by_page(
     api_client: TestClient, api_store: SchedulerStore
 ) -> None:
@@ -378,7 +393,9 @@ def test_cancel(
     assert again.status_code == 409 and "already finished" in again.json()["detail"]
 
 
-@pytest.mark.parametrize("final", [WorkflowStatus.COMPLETED, WorkflowStatus.FAILED])
+@pytest.mark.parametrize(
+    "final", [WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.TIMED_OUT]
+)
 def test_finished_runs_cannot_be_cancelled(
     api_client: TestClient,
     api_sessions: sessionmaker[Session],
@@ -394,7 +411,9 @@ def test_finished_runs_cannot_be_cancelled(
     assert api_client.get(f"/api/workflows/{run['id']}").json()["status"] == final
 
 
-@pytest.mark.parametrize("final", [WorkflowStatus.FAILED, WorkflowStatus.CANCELLED])
+@pytest.mark.parametrize(
+    "final", [WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT]
+)
 def test_retry(
     api_client: TestClient,
     api_sessions: sessionmaker[Session],
@@ -408,7 +427,7 @@ def test_retry(
     assert response.status_code == 201
     new = response.json()
     assert new["id"] != run["id"] and new["status"] == "PENDING" and new["retry_of"] == run["id"]
-    same = ("workflow", "input", "policy", "data_plane")
+    same = ("workflow", "input", "policy", "data_plane", "timeout_s")
     assert {k: new[k] for k in same} == {k: run[k] for k in same}
     assert response.headers["location"] == f"/api/workflows/{new['id']}"
     assert _woken(api_redis) == [new["id"]]
@@ -417,7 +436,7 @@ def test_retry(
 
 
 @pytest.mark.parametrize("state", [None, WorkflowStatus.RUNNING, WorkflowStatus.COMPLETED])
-def test_only_failed_or_cancelled_runs_are_retried(
+def test_only_runs_that_ended_unsuccessfully_are_retried(
     api_client: TestClient, api_sessions: sessionmaker[Session], state: WorkflowStatus | None
 ) -> None:
     run = _start(api_client, "noop_pipeline")
@@ -425,4 +444,4 @@ def test_only_failed_or_cancelled_runs_are_retried(
         _set_status(api_sessions, run["id"], state)
     response = api_client.post(f"/api/workflows/{run['id']}/retry")
     assert response.status_code == 409
-    assert "only FAILED or CANCELLED" in response.json()["detail"]
+    assert "only FAILED, CANCELLED or TIMED_OUT" in response.json()["detail"]

@@ -23,15 +23,15 @@ from PIL import Image
 
 import cdi
 from orchestrator.stack import Stack
+from tests.orchestrator.conftest import deployed_tests_package
 from workflows import imagebuf
 from workflows.image_tasks import reference_pipeline
 from workflows.samples import bundled_samples
 
 MAX_INPUT_BYTES = 3_000_000
 MAX_ACTIVE = 4  # workflows the scheduler runs at once; the rest wait PENDING
-FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
 FLAKY_TASKS = "tests.orchestrator.flaky_tasks"  # the workers load it (--tasks)
-TASK_PACKAGES = "workflows,tests.orchestrator"
 
 
 def free_port() -> int:
@@ -116,9 +116,11 @@ def harness() -> Iterator[Harness]:
     previous = os.environ.get("MAX_INPUT_BYTES")
     os.environ["MAX_INPUT_BYTES"] = str(MAX_INPUT_BYTES)  # the stack's processes inherit it
     os.environ["MAX_ACTIVE_WORKFLOWS"] = str(MAX_ACTIVE)
-    os.environ["CDIFLOW_TASK_PACKAGES"] = TASK_PACKAGES  # the tests' own tasks are deployed
     try:
-        with Stack(folder, workers=2, port=free_port(), tasks=[FLAKY_TASKS]) as stack:
+        with (
+            deployed_tests_package(),  # the tests' own tasks
+            Stack(folder, workers=2, port=free_port(), tasks=[FLAKY_TASKS]) as stack,
+        ):
             h = Harness(stack)
             yield h
             h.api.close()
@@ -135,7 +137,6 @@ def harness() -> Iterator[Harness]:
                 assert stat["used_segments"] == 0
     finally:
         os.environ.pop("MAX_ACTIVE_WORKFLOWS", None)
-        os.environ.pop("CDIFLOW_TASK_PACKAGES", None)
         if previous is None:
             os.environ.pop("MAX_INPUT_BYTES", None)
         else:

@@ -22,6 +22,7 @@ from PIL import Image
 import cdi
 from orchestrator.stack import Stack
 from tests.orchestrator import graph_tasks
+from tests.orchestrator.conftest import deployed_tests_package
 from tests.orchestrator.test_e2e import Harness, free_port, wait_for
 from workflows import fanout_tasks, imagebuf
 from workflows.api import TaskContext
@@ -46,9 +47,11 @@ TASKS: dict[str, dict[str, Any]] = {
 def harness() -> Iterator[Harness]:
     folder = tempfile.mkdtemp(prefix="cdiflow-graphs-")
     os.chmod(folder, 0o755)
-    os.environ["CDIFLOW_TASK_PACKAGES"] = "workflows,tests.orchestrator"
     try:
-        with Stack(folder, workers=2, port=free_port(), tasks=[GRAPH_TASKS]) as stack:
+        with (
+            deployed_tests_package(),  # the tests' own tasks
+            Stack(folder, workers=2, port=free_port(), tasks=[GRAPH_TASKS]) as stack,
+        ):
             h = Harness(stack)
             for name, settings in TASKS.items():
                 body = {"name": name, "module": f"{GRAPH_TASKS}:{name}", "timeout_s": 30,
@@ -58,7 +61,6 @@ def harness() -> Iterator[Harness]:
             yield h
             h.api.close()
     finally:
-        os.environ.pop("CDIFLOW_TASK_PACKAGES", None)
         if not os.environ.get("KEEP_GRAPHS_STACK"):
             subprocess.run(["rm", "-rf", folder], check=False)
 

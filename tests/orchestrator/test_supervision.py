@@ -29,9 +29,11 @@ while True:
     stamp.renew()
     time.sleep(0.1)
 """
-STALL_AFTER_S = 1.0
+# The child stamps every 0.1 s once started (its start has the supervisor's start grace):
+# 2 s without a stamp leaves room for a loaded 2-core machine.
+STALL_AFTER_S = 2.0
 # Takes a while before its first stamp, as the scheduler's imports do on a loaded machine.
-SLOW_START_S = 3 * STALL_AFTER_S
+SLOW_START_S = 2 * STALL_AFTER_S
 SLOW_STARTER = f"import time; time.sleep({SLOW_START_S})\n" + RENEWING
 
 

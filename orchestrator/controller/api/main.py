@@ -15,15 +15,18 @@ from orchestrator.controller.api.routes import (
     health,
     images,
     keys,
+    results,
+    schedules,
     stats,
     task_runs,
     tasks,
+    webhooks,
     workers,
     workflow_definitions,
     workflows,
 )
 from orchestrator.controller.auth import require_viewer
-from orchestrator.controller.schemas import error_responses
+from orchestrator.schemas import error_responses
 
 # Any route may refuse a Host (400) or a request's shape (422); a keyed one a key (401, 403),
 # or, at capacity, ask for the request again later (429 with Retry-After: its key is looked up
@@ -41,8 +44,11 @@ _keyed(tasks.router)
 _keyed(workflow_definitions.router)
 _keyed(workflows.router)
 _keyed(files.router)
+_keyed(results.router)
 _keyed(workers.router)
 _keyed(keys.router)
+_keyed(schedules.router)
+_keyed(webhooks.router)
 api_router.include_router(health.router)
 # For the dashboard (dashboards/web): figures, live activity, CDI directory, thumbnails.
 _keyed(stats.router)

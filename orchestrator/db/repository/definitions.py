@@ -35,6 +35,7 @@ __all__ = [
     "list_task_definitions",
     "list_workflow_definition_versions",
     "list_workflow_definitions",
+    "pause_workflow_definition",
     "save_task_definition",
     "save_workflow_definition",
     "seed_bundled_definitions",
@@ -69,7 +70,11 @@ def task_names(session: Session, *, lock: bool = False) -> list[str]:
 
 
 def create_task_definition(
-    session: Session, definition: Mapping[str, Any], *, description: str = ""
+    session: Session,
+    definition: Mapping[str, Any],
+    *,
+    description: str = "",
+    max_concurrency: int | None = None,
 ) -> TaskDefinition:
     """Store a new task definition (the ``workflows.definitions`` dict shape).
 
@@ -78,7 +83,7 @@ def create_task_definition(
     task = _parsed_task(definition)
     row: TaskDefinition | None = session.scalar(
         insert(TaskDefinition)
-        .values(**task.to_dict(), description=description)
+        .values(**task.to_dict(), description=description, max_concurrency=max_concurrency)
         .on_conflict_do_nothing(index_elements=[TaskDefinition.name])
         .returning(TaskDefinition)
     )
@@ -90,7 +95,11 @@ def create_task_definition(
 
 
 def save_task_definition(
-    session: Session, definition: Mapping[str, Any], *, description: str = ""
+    session: Session,
+    definition: Mapping[str, Any],
+    *,
+    description: str = "",
+    max_concurrency: int | None = None,
 ) -> tuple[TaskDefinition, bool]:
     """Store a task definition, replacing the one of that name if any; ``(row, created)``.
 
@@ -98,7 +107,7 @@ def save_task_definition(
     ``InvalidDefinition`` listing every problem.
     """
     task = _parsed_task(definition)
-    values = {**task.to_dict(), "description": description}
+    values = {**task.to_dict(), "description": description, "max_concurrency": max_concurrency}
     existed = session.get(TaskDefinition, task.name, with_for_update=True) is not None
     statement = insert(TaskDefinition).values(**values)
     changes: dict[str, Any] = {k: statement.excluded[k] for k in values if k != "name"}
@@ -205,7 +214,9 @@ def get_workflow_definition_version(
     return found
 
 
-def create_workflow_definition(session: Session, data: Mapping[str, Any]) -> WorkflowDefinition:
+def create_workflow_definition(
+    session: Session, data: Mapping[str, Any], settings: Mapping[str, Any] | None = None
+) -> WorkflowDefinition:
     """Validate ``data`` against the registered tasks and store it as a new definition.
 
     Raises ``InvalidDefinition`` listing every problem (unknown task, duplicate ref, unknown
@@ -220,23 +231,38 @@ def create_workflow_definition(session: Session, data: Mapping[str, Any]) -> Wor
             f"workflow {parsed.name!r} already exists; save a new version of it with "
             f"PUT /api/workflow-definitions/{parsed.name}, or pick another name"
         )
-    row, _changed = _store_version(session, row, parsed)
+    row, _changed = _store_version(session, row, parsed, settings)
     return row
 
 
 def save_workflow_definition(
-    session: Session, data: Mapping[str, Any]
+    session: Session, data: Mapping[str, Any], settings: Mapping[str, Any] | None = None
 ) -> tuple[WorkflowDefinition, bool]:
     """Store ``data`` as the definition's new current version, creating the definition when
-    there is none; ``(row, changed)``. Steps and description equal to the current version's
-    store nothing (``changed`` is False), so applying the same file twice is harmless.
+    there is none; ``(row, changed)``. Steps, description and run limits equal to the current
+    version's store nothing (``changed`` is False), so applying the same file twice is
+    harmless. ``settings`` (``priority``, ``max_concurrent_runs``) are the queue's, not the
+    version's: those given replace the current ones, the others stay.
 
     Runs already started keep the version they were started with. Raises
     ``InvalidDefinition`` as ``create_workflow_definition`` does.
     """
     parsed = _parsed_workflow(session, data)
     row = session.get(WorkflowDefinition, parsed.name, with_for_update=True)
-    return _store_version(session, row, parsed)
+    return _store_version(session, row, parsed, settings)
+
+
+def pause_workflow_definition(session: Session, name: str, *, paused: bool) -> WorkflowDefinition:
+    """Pause (``paused``) or resume the definition's queue: while paused, none of its PENDING
+    runs is claimed. ``NotFound`` lists the known names."""
+    row = get_workflow_definition(session, name)
+    if paused and row.paused_at is None:
+        row.paused_at = func.now()
+    elif not paused:
+        row.paused_at = None
+    session.flush()
+    session.refresh(row)
+    return row
 
 
 def delete_workflow_definition(session: Session, name: str) -> None:
@@ -291,27 +317,36 @@ def _parsed_workflow(session: Session, data: Mapping[str, Any]) -> bundled.Workf
 
 
 def _store_version(
-    session: Session, row: WorkflowDefinition | None, parsed: bundled.WorkflowDefinition
+    session: Session,
+    row: WorkflowDefinition | None,
+    parsed: bundled.WorkflowDefinition,
+    settings: Mapping[str, Any] | None = None,
 ) -> tuple[WorkflowDefinition, bool]:
     """Make ``parsed`` the current version of ``row`` (locked by the caller; ``None``: a new
-    definition, version 1); ``(row, changed)``."""
-    tasks = parsed.to_dict()["tasks"]
+    definition, version 1), with the queue ``settings`` given; ``(row, changed)``."""
+    content = {
+        "description": parsed.description,
+        "tasks": parsed.to_dict()["tasks"],
+        "timeout_s": parsed.timeout_s,
+        "worker_wait_s": parsed.worker_wait_s,
+    }
     if row is None:
-        row = WorkflowDefinition(
-            name=parsed.name, description=parsed.description, tasks=tasks, version=1
-        )
+        row = WorkflowDefinition(name=parsed.name, version=1, **content)
         session.add(row)
-    elif row.deleted_at is None and row.tasks == tasks and row.description == parsed.description:
+    elif row.deleted_at is None and all(getattr(row, k) == v for k, v in content.items()):
+        for key, value in (settings or {}).items():
+            setattr(row, key, value)
+        session.flush()
         return row, False
     else:
         row.version = max(_version_numbers(session, parsed.name), default=0) + 1
-        row.tasks, row.description, row.deleted_at = tasks, parsed.description, None
+        row.deleted_at = None
+        for key, value in content.items():
+            setattr(row, key, value)
+    for key, value in (settings or {}).items():
+        setattr(row, key, value)
     session.flush()
-    session.add(
-        WorkflowDefinitionVersion(
-            name=row.name, version=row.version, description=row.description, tasks=row.tasks
-        )
-    )
+    session.add(WorkflowDefinitionVersion(name=row.name, version=row.version, **content))
     session.flush()
     session.refresh(row)
     return row, True

@@ -29,7 +29,7 @@ __all__ = [
     "window",
 ]
 
-_STOPPED: Final = (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED)
+_STOPPED: Final = (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED, WorkflowStatus.TIMED_OUT)
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Minute:
 
     minute: datetime
     completed: int
-    failed: int  # FAILED or CANCELLED
+    failed: int  # FAILED, CANCELLED or TIMED_OUT
     created: int
     p50_ms: float | None  # latency of the minute's completions
     p95_ms: float | None

@@ -13,7 +13,7 @@ has one definition.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -35,7 +35,14 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
 
 from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
-from orchestrator.db.models import Event, Handoff, TaskRun, Workflow, WorkflowDefinitionVersion
+from orchestrator.db.models import (
+    Event,
+    Handoff,
+    Schedule,
+    TaskRun,
+    Workflow,
+    WorkflowDefinitionVersion,
+)
 from orchestrator.db.repository.definitions import workflow_definition_names
 from orchestrator.db.run_statements import FINISH, Finish, finish_params
 from orchestrator.errors import Conflict, NotFound
@@ -45,6 +52,7 @@ __all__ = [
     "CREATE_STATEMENT",
     "DETAIL_SQL",
     "DETAIL_STATEMENT",
+    "IDEMPOTENT_SQL",
     "RECENT_EVENTS_SQL",
     "RECENT_EVENTS_STATEMENT",
     "STATUS_SQL",
@@ -58,6 +66,7 @@ __all__ = [
     "events_after",
     "get_workflow",
     "list_workflows",
+    "pause_workflow",
     "retry_workflow",
 ]
 
@@ -72,6 +81,9 @@ class WorkflowFilter:
     created_after: datetime | None = None  # inclusive
     created_before: datetime | None = None  # exclusive
     id_prefix: str | None = None  # leading characters of the canonical UUID text
+    tags: tuple[str, ...] = ()  # the run has every one of them
+    input_contains: dict[str, Any] | None = None  # JSON the run's input contains (``@>``)
+    schedule: str | None = None  # made by the schedule of that name
 
     def clauses(self) -> list[ColumnElement[bool]]:
         """The SQL conditions this filter stands for."""
@@ -89,6 +101,13 @@ class WorkflowFilter:
         if self.id_prefix:
             prefix = self.id_prefix.lower()
             out.append(cast(Workflow.id, String).startswith(prefix, autoescape=True))
+        if self.tags:
+            out.append(Workflow.tags.contains(list(self.tags)))
+        if self.input_contains is not None:
+            out.append(Workflow.input.contains(self.input_contains))
+        if self.schedule is not None:
+            made_by = select(Schedule.id).where(Schedule.name == self.schedule).scalar_subquery()
+            out.append(Workflow.schedule_id == made_by)
         return out
 
 
@@ -97,24 +116,32 @@ class WorkflowFilter:
 # The API runs it on its event loop (``CREATE_SQL``). A run whose id exists already is left as
 # it is (no row returned, no event): a start sent again after its connection dropped does
 # nothing the second time. The run records the definition's current version, or ``:version``
-# when one is asked for (it must exist). The definition's row is share-locked (``FOR KEY
-# SHARE``, which the foreign key's check takes anyway): a delete, which locks it first, then
-# counts this run or refuses it.
+# when one is asked for (it must exist), and its time limit: the start's, else that version's.
+# The definition's row is share-locked (``FOR KEY SHARE``, which the foreign key's check takes
+# anyway): a delete, which locks it first, then counts this run or refuses it.
 CREATE_STATEMENT = text(
     """
     WITH w AS (
         INSERT INTO workflows (id, definition, definition_version, status, policy, data_plane,
-                               input, retry_of, started_by)
+                               input, retry_of, started_by, priority, tags, idempotency_key,
+                               request_digest, timeout_s)
         SELECT CAST(:id AS uuid), d.name, coalesce(CAST(:version AS integer), d.version),
                'PENDING', CAST(:policy AS workflow_policy), CAST(:data_plane AS data_plane),
-               :input, CAST(:retry_of AS uuid), CAST(:started_by AS varchar)
+               :input, CAST(:retry_of AS uuid), CAST(:started_by AS varchar),
+               coalesce(CAST(:priority AS integer), d.priority), CAST(:tags AS varchar[]),
+               CAST(:idempotency_key AS varchar), CAST(:request_digest AS varchar),
+               coalesce(CAST(:timeout_s AS float8), CASE
+                   WHEN CAST(:version AS integer) IS NULL THEN d.timeout_s
+                   ELSE (SELECT v.timeout_s FROM workflow_definition_versions v
+                         WHERE v.name = d.name AND v.version = CAST(:version AS integer))
+               END)
         FROM workflow_definitions d
         WHERE d.name = :definition AND d.deleted_at IS NULL
           AND (CAST(:version AS integer) IS NULL OR EXISTS (
                 SELECT 1 FROM workflow_definition_versions v
                 WHERE v.name = d.name AND v.version = CAST(:version AS integer)))
         FOR KEY SHARE OF d
-        ON CONFLICT (id) DO NOTHING
+        ON CONFLICT DO NOTHING
         RETURNING *
     ), ev AS (
         INSERT INTO events (workflow_id, kind, data)
@@ -129,6 +156,13 @@ CREATE_STATEMENT = text(
     bindparam("event", type_=JSONB),
 )
 
+# The run an earlier start made with this caller's ``Idempotency-Key`` (``ON CONFLICT DO
+# NOTHING`` above leaves no row when the key is taken; this finds whose it is).
+IDEMPOTENT_STATEMENT = select(Workflow.__table__).where(
+    Workflow.started_by == bindparam("started_by"),
+    Workflow.idempotency_key == bindparam("idempotency_key"),
+)
+
 
 def create_workflow(
     session: Session,
@@ -140,12 +174,25 @@ def create_workflow(
     retry_of: uuid.UUID | None = None,
     version: int | None = None,
     started_by: str | None = None,
+    priority: int | None = None,
+    tags: Sequence[str] = (),
+    timeout_s: float | None = None,
 ) -> Workflow:
     """A new PENDING run of ``definition`` (its current version, or ``version``); ``NotFound``
     (listing the known names, or versions) if there is no such definition or version.
-    ``started_by``: the name of the API key that asked for it."""
+    ``started_by``: the name of the API key that asked for it; ``timeout_s``: the run's time
+    limit (default: the version's)."""
     params = create_params(
-        definition, input, policy, data_plane, retry_of, version=version, started_by=started_by
+        definition,
+        input,
+        policy,
+        data_plane,
+        retry_of,
+        version=version,
+        started_by=started_by,
+        priority=priority,
+        tags=tags,
+        timeout_s=timeout_s,
     )
     query = select(Workflow).from_statement(CREATE_STATEMENT)
     created: Workflow | None = session.scalars(query, params).one_or_none()
@@ -177,10 +224,16 @@ def create_params(
     *,
     version: int | None = None,
     started_by: str | None = None,
+    priority: int | None = None,
+    tags: Sequence[str] = (),
+    idempotency_key: str | None = None,
+    request_digest: str | None = None,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``CREATE_STATEMENT``; ``workflow_id``: one the caller chose (it
     listens for the run's end already); ``version``: a version of the definition to run
-    instead of its current one."""
+    instead of its current one; ``priority``: None for the definition's; ``timeout_s``: a
+    time limit instead of the version's."""
     event: dict[str, Any] = {"workflow": definition, "policy": policy, "data_plane": data_plane}
     if retry_of is not None:
         event["retry_of"] = str(retry_of)
@@ -188,6 +241,8 @@ def create_params(
         event["version"] = version
     if started_by is not None:
         event["by"] = started_by
+    if timeout_s is not None:
+        event["timeout_s"] = timeout_s
     return {
         "id": workflow_id or uuid.uuid4(),
         "definition": definition,
@@ -197,6 +252,11 @@ def create_params(
         "input": input,
         "retry_of": retry_of,
         "started_by": started_by,
+        "priority": priority,
+        "tags": list(dict.fromkeys(tags)),  # each once, in the order given
+        "idempotency_key": idempotency_key,
+        "request_digest": request_digest,
+        "timeout_s": timeout_s,
         "event": event,
     }
 
@@ -285,6 +345,49 @@ def cancel_workflow(session: Session, workflow_id: uuid.UUID, *, by: str | None 
     return workflow
 
 
+# Pause or resume a run that has not ended; the event only when that changed something.
+_PAUSE = text(
+    """
+    WITH prev AS (
+        SELECT id, paused_at FROM workflows
+        WHERE id = :id AND status IN ('PENDING', 'RUNNING')
+        FOR UPDATE
+    ), changed AS (
+        UPDATE workflows w
+        SET paused_at = CASE WHEN :paused THEN coalesce(w.paused_at, now()) END
+        FROM prev p
+        WHERE w.id = p.id AND (p.paused_at IS NULL) = :paused
+        RETURNING w.id
+    ), ev AS (
+        INSERT INTO events (workflow_id, kind, data)
+        SELECT id, :kind, jsonb_build_object('by', CAST(:by AS text)) FROM changed
+    )
+    SELECT count(*) FROM prev
+    """
+).bindparams(bindparam("id", type_=Uuid))
+
+
+def pause_workflow(
+    session: Session, workflow_id: uuid.UUID, *, paused: bool, by: str | None = None
+) -> Workflow:
+    """Pause (``paused``) or resume a PENDING or RUNNING run: a paused run's next steps wait,
+    a paused PENDING run is not claimed. Asking again changes nothing; ``Conflict`` once the
+    run has ended, ``NotFound`` if there is no such run."""
+    kind = "workflow.paused" if paused else "workflow.unpaused"
+    found = session.execute(
+        _PAUSE, {"id": workflow_id, "paused": paused, "kind": kind, "by": by}
+    ).scalar()
+    workflow = get_workflow(session, workflow_id)
+    session.refresh(workflow)
+    if not found:
+        verb = "paused" if paused else "resumed"
+        raise Conflict(
+            f"workflow run {workflow_id} has already finished ({workflow.status}); only "
+            f"PENDING or RUNNING runs can be {verb}"
+        )
+    return workflow
+
+
 def retry_workflow(
     session: Session,
     workflow_id: uuid.UUID,
@@ -292,15 +395,16 @@ def retry_workflow(
     started_by: str | None = None,
     check_input: Callable[[dict[str, Any]], None] | None = None,
 ) -> Workflow:
-    """A new PENDING run with the same definition version, input, policy and data plane as a
-    FAILED or CANCELLED one (which stays as it is); ``Conflict`` for any other state, or when
+    """A new PENDING run with the same definition version, input, policy, data plane and time
+    limit as a FAILED, CANCELLED or TIMED_OUT one (which stays as it is); ``Conflict`` for any
+    other state, or when
     the definition has been deleted since. ``check_input`` may refuse the old input (by
     raising), e.g. one that a changed policy no longer allows."""
     old = get_workflow(session, workflow_id, lock=True)
-    if old.status not in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED):
+    if not old.status.finished or old.status is WorkflowStatus.COMPLETED:
         raise Conflict(
-            f"workflow run {workflow_id} is {old.status}; only FAILED or CANCELLED runs can be "
-            "retried"
+            f"workflow run {workflow_id} is {old.status}; only FAILED, CANCELLED or TIMED_OUT "
+            "runs can be retried"
         )
     if old.definition not in workflow_definition_names(session):
         raise Conflict(
@@ -318,6 +422,9 @@ def retry_workflow(
         retry_of=old.id,
         version=old.definition_version,
         started_by=started_by,
+        priority=old.priority,
+        tags=old.tags,
+        timeout_s=old.timeout_s,
     )
 
 
@@ -362,6 +469,7 @@ def _psycopg_text(statement: ClauseElement) -> str:
 
 
 CREATE_SQL: Final = _psycopg_text(CREATE_STATEMENT)
+IDEMPOTENT_SQL: Final = _psycopg_text(IDEMPOTENT_STATEMENT)
 STATUS_SQL: Final = _psycopg_text(STATUS_STATEMENT)
 DETAIL_SQL: Final = _psycopg_text(DETAIL_STATEMENT)
 RECENT_EVENTS_SQL: Final = _psycopg_text(RECENT_EVENTS_STATEMENT)

@@ -1,13 +1,17 @@
-"""The worker process's life: timeouts, SIGKILL and SIGTERM mid-task, concurrency, a missing
-minion, dropped Redis connections, an instruction sent twice."""
+"""The worker process's life: timeouts (a task that stops when asked, and one that does not),
+SIGKILL and SIGTERM mid-task, concurrency, a missing minion, dropped Redis connections, an
+instruction sent twice."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
+import uuid
 
 from orchestrator.contract import keys
+from orchestrator.contract.messages import Instruction, Stop
+from orchestrator.contract.vocabulary import TaskRunStatus
 from tests.orchestrator.worker.support import (
     DEADLINE_S,
     ROOT,
@@ -19,16 +23,93 @@ from tests.orchestrator.worker.support import (
 )
 
 
-def test_a_timed_out_task_is_reported_and_the_worker_exits_non_zero(stack: Stack) -> None:
-    worker = stack.start_worker()
+def _started_at(stack: Stack, worker: WorkerProcess) -> bytes | str | None:
+    """The ``started_at`` of the worker's heartbeat: a new one means a new process."""
+    return stack.redis.hget(keys.worker_key(worker.worker_id), "started_at")
+
+
+def test_a_task_past_its_timeout_that_stops_when_asked_leaves_the_worker_as_it_was(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    """The bundled sleep waits on ``ctx.cancelled``: stopped at its timeout it ends at once,
+    is reported TIMED_OUT (retryable), and the same process runs the next task."""
+    before = _started_at(stack, worker)
     img = picture(8, 8)
     key = stack.put(worker, img)
-    report = stack.run(worker, task="sleep", params={"ms": 5000}, timeout_s=0.2, key=key, keep=True)
-    assert (report.status, report.retryable) == ("TIMED_OUT", True)
-    assert (report.key, report.kept) == (key, False)  # handed back despite keep: it exits
+    report = stack.run(worker, task="sleep", params={"ms": 20_000}, timeout_s=0.2, key=key,
+                       keep=True)  # fmt: skip
+    assert (report.status, report.retryable, report.restarting) == ("TIMED_OUT", True, False)
+    assert report.finished_at - report.started_at < 20, report  # it did not sleep on
+    assert (report.key, report.kept) == (key, False)  # a task that did not complete: back
     assert same_pixels(stack.take_image(key), img)
-    assert worker.wait() != 0, worker.log()
-    assert "timeout" in worker.log()
+    key = stack.put(worker, img)
+    assert stack.run(worker, task="noop", key=key).status == "COMPLETED"
+    stack.take(key)
+    assert _started_at(stack, worker) == before  # one process all along
+
+
+def test_a_task_that_will_not_stop_costs_its_process_and_a_fresh_one_goes_on(
+    stack: Stack,
+) -> None:
+    """A task in ``time.sleep`` past its timeout cannot be stopped in its thread: the report
+    says where it was and that the worker starts afresh; the process ends, the object comes
+    back, and the keeper's fresh process (same worker, same PID seen from outside) runs the
+    next task."""
+    worker = stack.start_worker()
+    before = _started_at(stack, worker)
+    img = picture(8, 8)
+    key = stack.put(worker, img)
+    report = stack.run(worker, task="tests.orchestrator.flaky_tasks:stubborn_sleep",
+                       params={"ms": 60_000}, timeout_s=0.5, key=key, keep=True)  # fmt: skip
+    assert (report.status, report.retryable, report.restarting) == ("TIMED_OUT", True, True)
+    assert "in stubborn_sleep" in report.traceback and "time.sleep(" in report.traceback
+    assert (report.key, report.kept) == (key, False)
+    assert same_pixels(stack.take_image(key), img)
+    poll(lambda: _started_at(stack, worker) not in (None, before), "a fresh process's beat")
+    key = stack.put(worker, img)
+    assert stack.run(worker, task="noop", key=key).status == "COMPLETED"
+    stack.take(key)
+    assert worker.proc.poll() is None, worker.log()  # the keeper never ended
+    assert "starting a fresh one" in worker.log()
+
+
+def _stop(stack: Stack, worker: WorkerProcess, ins: Instruction, reason: str) -> None:
+    """What the scheduler sends when the run of ``ins`` is cancelled."""
+    stop = Stop(ins.task_run_id, ins.workflow_id, TaskRunStatus.CANCELLED, reason)
+    stack.redis.lpush(keys.worker_control_key(worker.worker_id), stop.dumps())
+
+
+def test_a_stop_ends_the_running_task_after_its_cleanup_and_one_sent_early_prevents_it(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    """A stop on the control list reaches the task while it runs: its ``on_cancel`` callback
+    runs, it ends, and the report says CANCELLED with the stop's reason; the object comes
+    back. A stop for a task run not started yet stops it before its task begins."""
+    before = _started_at(stack, worker)
+    img = picture(8, 8)
+    key = stack.put(worker, img)
+    marker = stack.tmp / f"cancelled-{uuid.uuid4().hex}"
+    ins, _ = stack.send(worker, task="tests.orchestrator.flaky_tasks:wait_for_cancel",
+                        params={"ms": 60_000, "marker": str(marker)}, key=key)  # fmt: skip
+    beat = keys.worker_key(worker.worker_id)
+    poll(lambda: stack.redis.hget(beat, "running") == b"1", "the task to be running")
+    _stop(stack, worker, ins, "stopped: the run was cancelled")
+    report = stack.report(ins, worker)
+    assert (report.status, report.error) == ("CANCELLED", "stopped: the run was cancelled")
+    assert (report.retryable, report.restarting) == (False, False)
+    assert marker.read_text() == "cancelled"  # its cleanup ran
+    assert (report.key, report.kept) == (key, False)
+    assert same_pixels(stack.take_image(key), img)
+
+    key = stack.put(worker, img)
+    early = Instruction(**{**vars(ins), "task_run_id": ins.task_run_id + 1, "key": key,
+                           "params": {"ms": 60_000}})  # fmt: skip
+    _stop(stack, worker, early, "stopped: the run was cancelled")
+    stack.redis.lpush(keys.worker_queue_key(worker.worker_id), early.dumps())
+    report = stack.report(early, worker)
+    assert (report.status, report.cpu_ms) == ("CANCELLED", None)  # its task never ran
+    assert same_pixels(stack.take_image(key), img)
+    assert _started_at(stack, worker) == before
 
 
 def test_sigkill_mid_task_leaves_it_in_flight_and_the_object_comes_back(stack: Stack) -> None:

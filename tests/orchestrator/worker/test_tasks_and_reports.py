@@ -31,6 +31,24 @@ def test_classify_reports_a_label_on_the_same_object(stack: Stack, worker: Worke
     assert same_pixels(result, dark)
 
 
+def test_a_failing_task_reports_its_own_traceback(stack: Stack, worker: WorkerProcess) -> None:
+    """The report says where the task's code raised, from the task's function on (not the
+    worker's frames); a failure of the input, not of task code, carries none."""
+    key = stack.put(worker, picture(8, 8))
+    failed = stack.run(
+        worker, task="tests.orchestrator.flaky_tasks:fail_first_attempt", key=key, attempt=1
+    )
+    assert failed.status == "FAILED"
+    lines = failed.traceback.splitlines()
+    assert lines[0] == "Traceback (most recent call last):", failed.traceback
+    assert "flaky_tasks.py" in lines[1] and "in fail_first_attempt" in lines[1], lines
+    assert lines[-1] == "RuntimeError: a transient failure on the first attempt"
+    assert "run_task_with_inputs" not in failed.traceback
+    stack.take(key)
+    missing = stack.run(worker, task="deblur", key=f"obj-{uuid.uuid4().hex}")
+    assert missing.status == "FAILED" and missing.traceback == "", missing
+
+
 def test_a_non_image_fails_for_good_comes_back_intact(stack: Stack, worker: WorkerProcess) -> None:
     junk = b"this is not an image at all, just some bytes" * 4
     key = stack.put(worker, junk)

@@ -81,7 +81,9 @@ function headers(extra = {}) {
 
 async function call(method, path, body, key) {
   const init = { method, headers: key ? { Accept: "application/json", Authorization: `Bearer ${key}` } : headers({ Accept: "application/json" }) };
-  if (body !== undefined) {
+  if (body instanceof FormData) {
+    init.body = body; // the browser writes the multipart Content-Type with its boundary
+  } else if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = typeof body === "string" ? body : JSON.stringify(body);
   }
@@ -109,15 +111,19 @@ export const api = {
   get: (path) => call("GET", path),
   post: (path, body) => call("POST", path, body),
   put: (path, body) => call("PUT", path, body),
+  del: (path) => call("DELETE", path),
   /** GET with a key that is not (yet) the signed-in one: how the sign-in checks it. */
   getWith: (path, key) => call("GET", path, undefined, key),
 };
 
-/**
- * An image the API serves (a thumbnail) as an object URL: an <img src> cannot send the key.
- * The caller revokes it (URL.revokeObjectURL) when the image goes.
- */
-export async function imageUrl(path) {
+/** Store a File through POST /api/inputs: the API's answer ({uri, content_type, bytes, ...}). */
+export function uploadFile(file) {
+  const form = new FormData();
+  form.append("file", file, file.name);
+  return call("POST", "/api/inputs", form);
+}
+
+async function fetchBlob(path) {
   let response;
   try {
     response = await fetch(path, { headers: headers() });
@@ -125,8 +131,31 @@ export async function imageUrl(path) {
     throw new ApiError(0, null, `the API is unreachable (${err.message})`);
   }
   if (response.status === 401 && apiKey()) signOut(REFUSED);
-  if (!response.ok) throw new ApiError(response.status, null, `GET ${path}: HTTP ${response.status}`);
-  return URL.createObjectURL(await response.blob());
+  if (!response.ok) {
+    const body = await response.json().catch(() => null);
+    throw new ApiError(response.status, body, `GET ${path}: HTTP ${response.status}`);
+  }
+  return response.blob();
+}
+
+/**
+ * An image the API serves (a thumbnail) as an object URL: an <img src> cannot send the key.
+ * The caller revokes it (URL.revokeObjectURL) when the image goes.
+ */
+export async function imageUrl(path) {
+  return URL.createObjectURL(await fetchBlob(path));
+}
+
+/** Save a file the API serves (a run's result) as `filename`: a link cannot send the key. */
+export async function downloadFile(path, filename) {
+  const url = URL.createObjectURL(await fetchBlob(path));
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = filename;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000); // the browser has the bytes by then
 }
 
 export function query(params) {

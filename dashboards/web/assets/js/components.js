@@ -2,7 +2,7 @@
 
 import { h, s } from "./dom.js";
 
-export const WORKFLOW_STATUSES = ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED"];
+export const WORKFLOW_STATUSES = ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"];
 export const FINISHED = new Set(["COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"]);
 
 const STATUS_WORDS = {

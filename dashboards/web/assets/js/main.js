@@ -13,6 +13,8 @@ import * as workflow from "./pages/workflow.js";
 import * as workers from "./pages/workers.js";
 import * as definitions from "./pages/definitions.js";
 import * as data from "./pages/data.js";
+import * as schedules from "./pages/schedules.js";
+import * as webhooks from "./pages/webhooks.js";
 
 const ROUTES = [
   { pattern: /^\/?$/, page: overview, nav: "overview" },
@@ -21,6 +23,8 @@ const ROUTES = [
   { pattern: /^\/workers\/?$/, page: workers, nav: "workers" },
   { pattern: /^\/definitions\/?$/, page: definitions, nav: "definitions" },
   { pattern: /^\/data\/?$/, page: data, nav: "data" },
+  { pattern: /^\/schedules\/?$/, page: schedules, nav: "schedules" },
+  { pattern: /^\/webhooks\/?$/, page: webhooks, nav: "webhooks" },
 ];
 
 const main = document.getElementById("main");
@@ -129,7 +133,7 @@ function shortcuts() {
     event.preventDefault(); // "#main" is not a route
     main.focus();
   });
-  const go = { o: "/", w: "/workflows", k: "/workers", d: "/definitions", c: "/data" };
+  const go = { o: "/", w: "/workflows", k: "/workers", d: "/definitions", c: "/data", s: "/schedules", h: "/webhooks" };
   let pendingG = 0;
   document.addEventListener("keydown", (event) => {
     if (event.ctrlKey || event.metaKey || event.altKey) return;

@@ -3,7 +3,7 @@
 import { api } from "./api.js";
 import { h } from "./dom.js";
 
-const LABELS = { postgres: "Postgres", redis: "Redis", minion: "CDI minion", scheduler: "Scheduler", s3: "S3" };
+const LABELS = { postgres: "Postgres", redis: "Redis", minion: "CDI minion", scheduler: "Scheduler", workers: "Workers", s3: "S3" };
 const INTERVAL_MS = 5000;
 
 /** Paint `/api/readyz` into #ready: "All parts ready", or each part that is not, and why. */
@@ -13,11 +13,13 @@ export function readinessPanel() {
   const list = document.getElementById("ready-checks");
 
   function paint(body) {
+    // Without a key the API says only ok or unavailable; with one, each part (checks).
     const checks = (body && body.checks) || {};
     const failing = Object.entries(checks).filter(([, c]) => !c.ok);
-    box.dataset.state = body === null ? "unknown" : failing.length ? "degraded" : "ready";
-    text.textContent =
-      body === null ? "Readiness unknown" : failing.length ? `Not ready: ${failing.map(([n]) => LABELS[n] || n).join(", ")}` : "All parts ready";
+    const ready = body !== null && body.status === "ok";
+    box.dataset.state = body === null ? "unknown" : ready ? "ready" : "degraded";
+    const which = failing.length ? `: ${failing.map(([n]) => LABELS[n] || n).join(", ")}` : "";
+    text.textContent = body === null ? "Readiness unknown" : ready ? "All parts ready" : `Not ready${which}`;
     list.replaceChildren(
       ...Object.entries(checks).map(([name, check]) =>
         h("li", { "data-check": name, "data-ok": String(check.ok), title: check.detail },

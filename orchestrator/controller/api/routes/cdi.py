@@ -1,6 +1,7 @@
 """``/api/cdi``: the CDI controller's live directory — every object, its owner and host.
 
-The API process finds the controller through ``CDI_CONTROLLER_URL`` (the stack sets it). The
+The API process finds the controller through ``CDI_CONTROLLER_URL`` and shows it a reader's
+token (``CDI_CONTROLLER_TOKEN_FILE`` or ``CDI_CONTROLLER_TOKEN``; the stack sets both). The
 directory is soft state the minions report asynchronously, so it may trail the minion by a
 heartbeat; that is fine for watching ownership move. Any CDI failure answers 503.
 """
@@ -15,16 +16,16 @@ from typing import Final
 from fastapi import APIRouter
 
 from cdi.controller.client import ControllerClient
-from cdi.errors import CDIError
+from cdi.errors import AccessDenied, CDIError, NotAuthenticated
 from orchestrator.contract import keys
-from orchestrator.controller.schemas import (
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.errors import ServiceError
+from orchestrator.schemas import (
     CdiDirectoryPublic,
     CdiMinionPublic,
     CdiObjectPublic,
     error_responses,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.errors import ServiceError
 
 router = APIRouter(prefix="/cdi", tags=["cdi"], route_class=StrictJsonRoute)
 
@@ -57,6 +58,12 @@ def cdi_directory() -> CdiDirectoryPublic:
         with ControllerClient(url, timeout=_TIMEOUT_S) as client:
             objects = client.list_objects()
             minions = client.list_minions()
+    except (NotAuthenticated, AccessDenied) as exc:
+        raise ServiceError(
+            f"the CDI controller at {url} refused the API: {exc}; the API reads its token "
+            "from CDI_CONTROLLER_TOKEN_FILE (or CDI_CONTROLLER_TOKEN), a reader's",
+            service="cdi-controller",
+        ) from exc
     except CDIError as exc:
         raise ServiceError(
             f"the CDI controller at {url} did not answer: {exc}", service="cdi-controller"

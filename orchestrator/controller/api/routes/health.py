@@ -10,9 +10,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from orchestrator.controller.api.deps import RedisDep, Resources
+from orchestrator.controller.auth import MaybeKeyed
 from orchestrator.controller.readiness import check_all
-from orchestrator.controller.schemas import CheckPublic, LivenessPublic, ReadinessPublic
 from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.schemas import CheckPublic, LivenessPublic, ReadinessPublic, error_responses
 
 router = APIRouter(tags=["health"], route_class=StrictJsonRoute)
 
@@ -23,16 +24,30 @@ def healthz() -> LivenessPublic:
     return LivenessPublic(status="ok")
 
 
-@router.get("/readyz", responses={503: {"model": ReadinessPublic}})
-def readyz(request: Request, client: RedisDep, response: Response) -> ReadinessPublic:
-    """200 when Postgres, Redis, the CDI minion, a scheduler and S3 all answer; 503 naming
-    each one that does not (every check has a deadline of a few seconds)."""
+@router.get(
+    "/readyz",
+    responses={503: {"model": ReadinessPublic}, **error_responses(401)},
+    response_model_exclude_none=True,
+    # A key is optional here: probes send none. Anonymous callers learn ready or not only.
+    openapi_extra={"security": [{}]},
+)
+def readyz(
+    request: Request, client: RedisDep, response: Response, caller: MaybeKeyed
+) -> ReadinessPublic:
+    """200 when Postgres, Redis, the CDI minion, a scheduler, a worker and S3 all answer, else
+    503 (every check has a deadline of a few seconds). With a key of any role, the answer names
+    each part and what was seen, and why one is not ready (``checks``); without one it says
+    only ``ok`` or ``unavailable``: probes need no key, and anonymous callers learn nothing
+    more."""
     resources: Resources = request.app.state.resources
-    checks = check_all(resources.engine, client, request.app.state.settings)
+    settings = request.app.state.settings
+    checks = check_all(resources.engine, client, settings)
     ready = all(check.ok for check in checks.values())
     if not ready:
         response.status_code = 503
     return ReadinessPublic(
         status="ok" if ready else "unavailable",
-        checks={name: CheckPublic(ok=c.ok, detail=c.detail) for name, c in checks.items()},
+        checks=None
+        if caller is None
+        else {name: CheckPublic(ok=c.ok, detail=c.detail) for name, c in checks.items()},
     )

@@ -21,7 +21,6 @@ from PIL import Image
 
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.controller.api.deps import SessionDep, get_settings, get_store
-from orchestrator.controller.schemas import ImagePublic, WorkflowImagesPublic, error_responses
 from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.controller.ttl_cache import TtlCache
 from orchestrator.db import repository as repo
@@ -36,6 +35,7 @@ from orchestrator.errors import (
     StorageError,
 )
 from orchestrator.objectstore import ObjectStore
+from orchestrator.schemas import ImagePublic, WorkflowImagesPublic, error_responses
 from orchestrator.settings import Settings
 from workflows.errors import InvalidImage
 from workflows.imagebuf import decode_bytes

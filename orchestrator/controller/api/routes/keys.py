@@ -8,15 +8,15 @@ from fastapi import APIRouter, Request, Response
 
 from orchestrator.controller.api.deps import SessionDep
 from orchestrator.controller.auth import Admin, KeyCache, Viewer
-from orchestrator.controller.schemas import (
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.db import repository as repo
+from orchestrator.schemas import (
     IdentityPublic,
     KeyCreate,
     KeyCreated,
     KeyPublic,
     error_responses,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.db import repository as repo
 
 router = APIRouter(tags=["keys"], route_class=StrictJsonRoute)
 

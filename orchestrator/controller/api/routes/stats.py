@@ -10,14 +10,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from orchestrator.controller.api.deps import SessionDep
-from orchestrator.controller.schemas import (
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.db.repository import stats
+from orchestrator.schemas import (
     LatencyPublic,
     MinutePublic,
     StatsPublic,
     TaskTimingPublic,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.db.repository import stats
 
 router = APIRouter(prefix="/stats", tags=["stats"], route_class=StrictJsonRoute)
 
@@ -33,7 +33,7 @@ def get_stats(
     starts and latency percentiles; plus the window's latency and task timing summary."""
     now, since = stats.window(session, window_minutes)
     return StatsPublic(
-        counts=stats.status_counts(session),
+        counts={status: n for status, n in stats.status_counts(session).items()},
         window_minutes=window_minutes,
         now=now,
         minutes=[

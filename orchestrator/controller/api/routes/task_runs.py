@@ -20,13 +20,13 @@ from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.controller.api.deps import RedisDep, SessionDep, utc
 from orchestrator.controller.api.params import MAX_OFFSET, WorkerFilter
-from orchestrator.controller.schemas import (
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.db.repository import task_runs as repo
+from orchestrator.schemas import (
     ActiveTaskRunPublic,
     TaskRunInWorkflowPublic,
     error_responses,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.db.repository import task_runs as repo
 
 router = APIRouter(prefix="/task-runs", tags=["task runs"], route_class=StrictJsonRoute)
 

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Request, Response
 from orchestrator.controller.api.deps import RedisDep, SessionDep
 from orchestrator.controller.api.params import TaskName
 from orchestrator.controller.auth import Admin
-from orchestrator.controller.schemas import TaskCreate, TaskPublic, error_responses
 from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.controller.task_check import SETTINGS, live_catalogs, runnable_settings
 from orchestrator.db import repository as repo
 from orchestrator.errors import InvalidDefinition, InvalidRequest
+from orchestrator.schemas import TaskCreate, TaskPublic, error_responses
 from orchestrator.settings import Settings
 from workflows.api import registration_problem
 
@@ -30,7 +30,7 @@ def _definition(body: TaskCreate, request: Request, client: redis.Redis) -> dict
     if problem is not None:
         raise InvalidDefinition([problem], "task definition")
     spec = runnable_settings(body.module, live_catalogs(client))
-    given = body.model_dump(exclude={"description"})
+    given = body.model_dump(exclude={"description", "max_concurrency"})
     return {**given, **{k: spec[k] for k in SETTINGS if given[k] is None}}
 
 
@@ -52,14 +52,21 @@ def create_task(
     Settings left out come from the ``@task``.
     """
     row = repo.create_task_definition(
-        session, _definition(body, request, client), description=body.description
+        session,
+        _definition(body, request, client),
+        description=body.description,
+        max_concurrency=body.max_concurrency,
     )
     session.commit()
     response.headers["Location"] = f"/api/tasks/{row.name}"
     return TaskPublic.model_validate(row)
 
 
-@router.put("/{name}", responses=error_responses(422))
+@router.put(
+    "/{name}",
+    responses={201: {"model": TaskPublic, "description": "Registered: the name was new."},
+               **error_responses(422)},
+)  # fmt: skip
 def save_task(
     name: TaskName,
     body: TaskCreate,
@@ -78,7 +85,10 @@ def save_task(
         problem = f"the body names task {body.name!r} but the path {name!r}"
         raise InvalidRequest(problem, [problem])
     row, created = repo.save_task_definition(
-        session, _definition(body, request, client), description=body.description
+        session,
+        _definition(body, request, client),
+        description=body.description,
+        max_concurrency=body.max_concurrency,
     )
     session.commit()
     if created:

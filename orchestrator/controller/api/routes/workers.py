@@ -10,8 +10,8 @@ from fastapi import APIRouter
 
 from orchestrator.contract import keys
 from orchestrator.controller.api.deps import RedisDep
-from orchestrator.controller.schemas import WorkerPublic, error_responses
 from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.schemas import WorkerPublic, error_responses
 
 router = APIRouter(prefix="/workers", tags=["workers"], route_class=StrictJsonRoute)
 

@@ -6,19 +6,21 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
-from orchestrator.controller.api.deps import SessionDep
+from orchestrator.contract import wake_scheduler
+from orchestrator.controller.api.deps import RedisDep, SessionDep
 from orchestrator.controller.api.params import DefinitionName
-from orchestrator.controller.auth import Admin
-from orchestrator.controller.schemas import (
+from orchestrator.controller.auth import Admin, Operator
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.db import repository as repo
+from orchestrator.errors import InvalidRequest
+from orchestrator.schemas import (
     WorkflowDefinitionCreate,
     WorkflowDefinitionPublic,
     WorkflowDefinitionSave,
     WorkflowDefinitionVersionPublic,
     error_responses,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.db import repository as repo
-from orchestrator.errors import InvalidRequest
+from orchestrator.schemas.definitions import QUEUE_SETTINGS
 
 router = APIRouter(
     prefix="/workflow-definitions", tags=["workflow definitions"], route_class=StrictJsonRoute
@@ -38,7 +40,9 @@ def create_workflow_definition(
     422 lists every problem: an unknown task, a duplicate ref, a dependency on an unknown
     step, a cycle. 409 if the name is taken (``PUT`` saves a new version).
     """
-    row = repo.create_workflow_definition(session, body.model_dump())
+    row = repo.create_workflow_definition(
+        session, body.model_dump(exclude=set(QUEUE_SETTINGS)), body.given_settings()
+    )
     session.commit()
     _location(row.name, response)
     return WorkflowDefinitionPublic.model_validate(row)
@@ -52,7 +56,8 @@ def save_workflow_definition(
     response: Response,
     principal: Admin,
 ) -> WorkflowDefinitionPublic:
-    """Save a new version of a workflow definition (201 when it did not exist yet).
+    """Save a new version of a workflow definition (201 when it did not exist yet), and its
+    queue settings (``priority``, ``max_concurrent_runs``) that the body names.
 
     New runs run the new version; runs already started keep theirs. Steps and description
     equal to the current version's save nothing and answer the current version, so applying
@@ -63,7 +68,8 @@ def save_workflow_definition(
         problem = f"the body names workflow {body.name!r} but the path {name!r}"
         raise InvalidRequest(problem, [problem])
     existed = name in repo.workflow_definition_names(session)
-    row, _changed = repo.save_workflow_definition(session, {**body.model_dump(), "name": name})
+    steps = {**body.model_dump(exclude=set(QUEUE_SETTINGS)), "name": name}
+    row, _changed = repo.save_workflow_definition(session, steps, body.given_settings())
     session.commit()
     if not existed:
         response.status_code = 201
@@ -108,3 +114,25 @@ def delete_workflow_definition(name: DefinitionName, session: SessionDep, princi
     it. Its versions stay readable for the runs on record; the name may be created again."""
     repo.delete_workflow_definition(session, name)
     session.commit()
+
+
+@router.post("/{name}/pause", responses=error_responses(404))
+def pause_workflow_definition(
+    name: DefinitionName, session: SessionDep, principal: Operator
+) -> WorkflowDefinitionPublic:
+    """Pause the definition's queue: its new runs (and those not claimed yet) wait PENDING
+    until ``resume``; runs already RUNNING go on. Pausing a paused queue changes nothing."""
+    row = repo.pause_workflow_definition(session, name, paused=True)
+    session.commit()
+    return WorkflowDefinitionPublic.model_validate(row)
+
+
+@router.post("/{name}/resume", responses=error_responses(404))
+def resume_workflow_definition(
+    name: DefinitionName, session: SessionDep, client: RedisDep, principal: Operator
+) -> WorkflowDefinitionPublic:
+    """Let the definition's waiting runs be claimed again."""
+    row = repo.pause_workflow_definition(session, name, paused=False)
+    session.commit()
+    wake_scheduler(client, None)
+    return WorkflowDefinitionPublic.model_validate(row)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.contract import announce_finished, wake_scheduler, wake_scheduler_async
@@ -19,10 +20,22 @@ from orchestrator.controller.api.deps import (
     run_store,
     utc,
 )
-from orchestrator.controller.api.params import MAX_OFFSET, NameFilter
+from orchestrator.controller.api.params import (
+    MAX_OFFSET,
+    NAME_PATTERN,
+    DateTimeFilter,
+    NameFilter,
+    TagFilter,
+)
 from orchestrator.controller.auth import Operator
 from orchestrator.controller.finish_watch import FinishWatch
-from orchestrator.controller.schemas import (
+from orchestrator.controller.strict_json import StrictJsonRoute
+from orchestrator.db import repository as repo
+from orchestrator.db.async_run_store import AsyncRunStore
+from orchestrator.db.models import Workflow
+from orchestrator.errors import InvalidDefinition, InvalidRequest, NotFound
+from orchestrator.s3policy import S3Policy
+from orchestrator.schemas import (
     EventPage,
     EventPublic,
     HandoffPublic,
@@ -33,17 +46,26 @@ from orchestrator.controller.schemas import (
     WorkflowPublic,
     error_responses,
 )
-from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.db import repository as repo
-from orchestrator.db.async_run_store import AsyncRunStore
-from orchestrator.db.models import Workflow
-from orchestrator.errors import InvalidDefinition, NotFound
-from orchestrator.s3policy import S3Policy
 from workflows.definitions import chain_problems
 
 router = APIRouter(prefix="/workflows", tags=["workflows"], route_class=StrictJsonRoute)
 
 MAX_WAIT_S = 60.0  # a long poll answers within this; clients ask again
+MAX_INPUT_FILTER: Final = 4096  # characters of the ``input`` filter's JSON
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        pattern=r"^[!-~]+$",
+        description="Makes the start safe to retry: the same key (from the same API key) with "
+        "the same body answers the run the first request started, without starting another "
+        "(header Idempotent-Replayed: true); with another body, 422. 1-255 visible ASCII "
+        "characters, e.g. a UUID.",
+    ),
+]
 
 
 def _created(row: Workflow, response: Response) -> WorkflowPublic:
@@ -57,6 +79,7 @@ async def start_workflow(
     request: Request,
     response: Response,
     principal: Operator,
+    idempotency_key: IdempotencyKey = None,
     wait_s: Annotated[
         float,
         Query(
@@ -72,33 +95,57 @@ async def start_workflow(
     404 (listing the known workflows, or versions) if the definition (or the ``version`` of
     it asked for) does not exist. With ``wait_s`` the
     answer is the run's detail (as ``GET /api/workflows/{id}``, without events) once it has
-    ended: one request for a client that wants the result.
+    ended: one request for a client that wants the result. With an ``Idempotency-Key``, a
+    retry answers the run the first request started.
     """
     runs = run_store(request)
+    key = _Keyed(idempotency_key, principal.name, body)
     if wait_s <= 0:
-        row = await _create(request, body, uuid.uuid4(), principal.name)
-        response.headers["Location"] = f"/api/workflows/{row.id}"
+        row = await _create(request, body, uuid.uuid4(), key, response)
         return WorkflowPublic.model_validate(row)
     watch: FinishWatch = request.app.state.finish_watch
     workflow_id = uuid.uuid4()
     with watch.listen(workflow_id) as woken:  # before the run exists: no announcement is missed
-        row = await _create(request, body, workflow_id, principal.name)
-        response.headers["Location"] = f"/api/workflows/{row.id}"
-        ended = await watch.until(
-            woken,
-            wait_s,
-            lambda announced: _detail(runs, row.id, 0, finished=True, announced=announced),
-            look_first=False,
-        )
-    if ended is not None:
-        return ended
-    detail = await _detail(runs, row.id, 0)
+        row = await _create(request, body, workflow_id, key, response)
+        if row.id != workflow_id:  # a replay: the run it started is the one to wait for
+            ended = await watch.wait(
+                row.id,
+                wait_s,
+                lambda announced: _detail(runs, row.id, 0, finished=True, announced=announced),
+            )
+        else:
+            ended = await watch.until(
+                woken,
+                wait_s,
+                lambda announced: _detail(runs, row.id, 0, finished=True, announced=announced),
+                look_first=False,
+            )
+    return ended if ended is not None else await _found(runs, row.id)
+
+
+async def _found(runs: AsyncRunStore, workflow_id: uuid.UUID) -> WorkflowDetail:
+    detail = await _detail(runs, workflow_id, 0)
     assert detail is not None
     return detail
 
 
+class _Keyed:
+    """A start's ``Idempotency-Key`` (if any), whose it is, and the digest of its body."""
+
+    def __init__(self, key: str | None, caller: str, body: WorkflowCreate) -> None:
+        self.key = key
+        self.caller = caller
+        given = body.model_dump(mode="json", warnings=False)  # a plane given as text is fine
+        canonical = json.dumps(given, sort_keys=True, separators=(",", ":"))
+        self.digest = hashlib.sha256(canonical.encode()).hexdigest() if key else None
+
+
 async def _create(
-    request: Request, body: WorkflowCreate, workflow_id: uuid.UUID, started_by: str
+    request: Request,
+    body: WorkflowCreate,
+    workflow_id: uuid.UUID,
+    keyed: _Keyed,
+    response: Response,
 ) -> Any:
     if body.input.image is not None:
         policy: S3Policy = request.app.state.s3_policy
@@ -114,12 +161,21 @@ async def _create(
         data_plane=body.data_plane,
         workflow_id=workflow_id,
         version=body.version,
-        started_by=started_by,
+        started_by=keyed.caller,
+        priority=body.priority,
+        tags=body.tags,
+        idempotency_key=keyed.key,
+        request_digest=keyed.digest,
+        timeout_s=body.timeout_s,
     )
     if row is None:
         resources: Resources = request.app.state.resources
         raise await run_in_threadpool(_not_found, resources, body.workflow, body.version)
-    await wake_scheduler_async(async_redis(request), row.id)
+    response.headers["Location"] = f"/api/workflows/{row.id}"
+    if row.id != workflow_id:
+        response.headers["Idempotent-Replayed"] = "true"  # the run an earlier request started
+    else:
+        await wake_scheduler_async(async_redis(request), row.id)
     return row
 
 
@@ -150,16 +206,29 @@ def list_workflows(
     status: WorkflowStatus | None = None,
     workflow: NameFilter = None,
     policy: Policy | None = None,
-    created_after: Annotated[datetime | None, Query(description="Inclusive.")] = None,
-    created_before: Annotated[datetime | None, Query(description="Exclusive.")] = None,
+    created_after: Annotated[DateTimeFilter, Query(description="Inclusive.")] = None,
+    created_before: Annotated[DateTimeFilter, Query(description="Exclusive.")] = None,
     q: Annotated[
         str | None,
         Query(max_length=36, pattern=r"^[0-9a-fA-F-]*$", description="Leading part of the id."),
     ] = None,
+    tag: TagFilter = None,
+    input: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_INPUT_FILTER,
+            description='A JSON object the run\'s input contains, e.g. {"data": {"camera": 3}} '
+            'or {"image": "s3://cdiflow/in/a.jpg"}.',
+        ),
+    ] = None,
+    schedule: Annotated[
+        str | None, Query(pattern=f"^{NAME_PATTERN}$", description="Runs this schedule made.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> WorkflowList:
-    """Workflow runs, newest first, one page at a time; ``total`` counts every match."""
+    """Workflow runs, newest first, one page at a time; ``total`` counts every match. Filters
+    combine: every ``tag`` given, the ``input`` containing the JSON given, and the rest."""
     filters = repo.WorkflowFilter(
         status=status,
         definition=workflow,
@@ -167,10 +236,27 @@ def list_workflows(
         created_after=None if created_after is None else utc(created_after),
         created_before=None if created_before is None else utc(created_before),
         id_prefix=q or None,
+        tags=tuple(tag or ()),
+        input_contains=_input_filter(input),
+        schedule=schedule,
     )
     rows, total = repo.list_workflows(session, filters, limit=limit, offset=offset)
     items = [WorkflowPublic.model_validate(r) for r in rows]
     return WorkflowList(items=items, total=total, limit=limit, offset=offset)
+
+
+def _input_filter(given: str | None) -> dict[str, Any] | None:
+    if given is None:
+        return None
+    try:
+        value = json.loads(given)
+    except ValueError as exc:
+        problem = f"input: not JSON ({exc}); give a JSON object the runs' input contains"
+        raise InvalidRequest(problem, [problem]) from None
+    if not isinstance(value, dict):
+        problem = 'input: give a JSON object, e.g. {"data": {"camera": 3}}'
+        raise InvalidRequest(problem, [problem])
+    return value
 
 
 @router.get("/{workflow_id}", responses=error_responses(404))
@@ -257,6 +343,32 @@ def cancel_workflow(
     return WorkflowPublic.model_validate(row)
 
 
+@router.post("/{workflow_id}/pause", responses=error_responses(404, 409))
+def pause_workflow(
+    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep, principal: Operator
+) -> WorkflowPublic:
+    """Pause a PENDING or RUNNING run: steps already at a worker finish, the next ones wait
+    (a PENDING run is not claimed) until ``resume``. 409 once the run has ended; pausing a
+    paused run changes nothing."""
+    row = repo.pause_workflow(session, workflow_id, paused=True, by=principal.name)
+    session.commit()
+    wake_scheduler(client, row.id, pause=True)
+    return WorkflowPublic.model_validate(row)
+
+
+@router.post("/{workflow_id}/resume", responses=error_responses(404, 409))
+def resume_workflow(
+    workflow_id: uuid.UUID, session: SessionDep, client: RedisDep, principal: Operator
+) -> WorkflowPublic:
+    """Let a paused run go on; 409 once it has ended; resuming a run that is not paused
+    changes nothing."""
+    row = repo.pause_workflow(session, workflow_id, paused=False, by=principal.name)
+    session.commit()
+    wake_scheduler(client, row.id, pause=True)
+    wake_scheduler(client, row.id)  # a PENDING one is claimed now
+    return WorkflowPublic.model_validate(row)
+
+
 @router.post("/{workflow_id}/retry", status_code=201, responses=error_responses(404, 409, 422))
 def retry_workflow(
     workflow_id: uuid.UUID,
@@ -266,8 +378,8 @@ def retry_workflow(
     response: Response,
     principal: Operator,
 ) -> WorkflowPublic:
-    """Start a new run with the same input as a FAILED or CANCELLED one; 409 otherwise, 422
-    when the input now lies outside the S3 policy."""
+    """Start a new run with the same input as a FAILED, CANCELLED or TIMED_OUT one; 409
+    otherwise, 422 when the input now lies outside the S3 policy."""
     policy: S3Policy = request.app.state.s3_policy
 
     def check(given: dict[str, Any]) -> None:

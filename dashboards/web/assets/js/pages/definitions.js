@@ -232,6 +232,19 @@ export function mount(root, ctx) {
     textarea.focus();
   }
 
+  async function toggleQueue(flow) {
+    const verb = flow.paused_at ? "resume" : "pause";
+    try {
+      await api.post(`/api/workflow-definitions/${encodeURIComponent(flow.name)}/${verb}`);
+      toast(verb === "pause" ? `Paused the queue of ${flow.name}: its new runs wait` : `Resumed the queue of ${flow.name}`, "success");
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      toast(err.message, "error");
+    }
+    lastSnapshot = "";
+    stop.now();
+  }
+
   function renderDetail() {
     const flow = flows.find((f) => f.name === selected) || flows[0];
     if (!flow) {
@@ -249,9 +262,17 @@ export function mount(root, ctx) {
           h("div", { class: "dag-scroll" }, taskGraph(flow.tasks, {}, { label: `Graph of ${flow.name}`, plain: true })),
           h("details", {}, h("summary", {}, "JSON"), h("pre", { class: "json" }, JSON.stringify({ name: flow.name, description: flow.description, tasks: flow.tasks }, null, 2))),
           h("details", { id: "def-versions-box" }, h("summary", {}, `Versions (${flow.version})`), versionList),
+          h("p", { class: "hint", style: "margin:0", id: "def-queue" }, `Priority ${flow.priority ?? 0} · ${flow.max_concurrent_runs ? `at most ${flow.max_concurrent_runs} running at once` : "no limit on running runs"} · queue `, flow.paused_at ? h("b", { "data-queue": "paused" }, `paused since ${dateTime(flow.paused_at)}: new runs wait`) : h("span", { "data-queue": "open" }, "open")),
           h("p", { class: "hint", style: "margin:0" }, `Version ${flow.version} saved ${dateTime(flow.updated_at)} · first registered ${dateTime(flow.created_at)} · `, h("a", { href: `#/workflows?workflow=${encodeURIComponent(flow.name)}` }, "Runs of this workflow →")),
         ),
-        { id: "card-def-detail", subtitle: `Workflow definition · version ${flow.version}`, actions: h("button", { type: "button", class: "btn", id: "def-edit", onclick: () => edit(flow) }, "Edit") },
+        {
+          id: "card-def-detail",
+          subtitle: `Workflow definition · version ${flow.version}`,
+          actions: [
+            h("button", needsRole("operator", { type: "button", class: "btn", id: "def-queue-toggle", onclick: () => toggleQueue(flow) }), flow.paused_at ? "Resume queue" : "Pause queue"),
+            h("button", { type: "button", class: "btn", id: "def-edit", onclick: () => edit(flow) }, "Edit"),
+          ],
+        },
       ),
     );
     if (versionsOf !== `${flow.name}@${flow.version}`) loadVersions(flow);

@@ -87,6 +87,7 @@ export function mount(root, ctx) {
       COMPLETED: `+${inWindow("completed")} in ${label(windowMinutes)}`,
       FAILED: `${stats.counts.CANCELLED + stats.counts.FAILED ? "" : "none so far"}`,
       CANCELLED: "stopped by a user",
+      TIMED_OUT: "past their time limit",
     };
     notes.FAILED = `+${inWindow("failed")} stopped in ${label(windowMinutes)}`;
     const up = beats.filter((w) => w.alive).length;

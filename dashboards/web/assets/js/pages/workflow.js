@@ -9,6 +9,7 @@ import { gantt, timelineLegend } from "../gantt.js";
 import { card, containerChip, empty, errorBox, FINISHED, kv, mono, statusPill, table, toast } from "../components.js";
 import { between, bytes, dateTime, duration, micros, shortId } from "../format.js";
 import { workflowDuration } from "./common.js";
+import { resultsTable } from "./results.js";
 
 export function mount(root, ctx) {
   const id = ctx.params.id;
@@ -19,6 +20,7 @@ export function mount(root, ctx) {
     meta: h("div", { id: "wf-meta" }),
     graph: h("div", { class: "dag-scroll", id: "wf-graph" }),
     images: h("div", { id: "wf-images" }, h("p", { class: "loading" }, "Loading previews…")),
+    results: h("div", { id: "wf-results" }),
     timeline: h("div", { class: "gantt-scroll", id: "wf-timeline" }),
     handoffs: h("div", { id: "wf-handoffs" }),
     runs: h("div", { id: "wf-runs" }),
@@ -42,6 +44,7 @@ export function mount(root, ctx) {
         card("Run", regions.meta, { id: "card-meta" }),
         card("Images", regions.images, { id: "card-images", subtitle: "Input and result, downscaled" }),
       ),
+      card("Results", regions.results, { id: "card-results", cls: "card-flush", subtitle: "What the run stored, each to download" }),
       card("Task graph", regions.graph, { id: "card-graph", subtitle: "Each step coloured by its latest attempt" }),
       card("Timeline", h("div", {}, timelineLegend(), regions.timeline), { id: "card-timeline", subtitle: "Task runs on worker lanes: queue wait, then run; arrows are CDI ownership hand-offs" }),
       card("Data hand-offs", regions.handoffs, { id: "card-handoffs", cls: "card-flush", subtitle: "Every change of the CDI object's owner made for this run" }),
@@ -78,8 +81,18 @@ export function mount(root, ctx) {
   function renderAll(wf) {
     ctx.setTitle(`${wf.workflow} ${shortId(wf.id)}`);
     renderHead(wf);
-    render(regions.alert, wf.error ? errorBox(`This run ${wf.status === "CANCELLED" ? "was cancelled" : "failed"}: ${wf.error}`) : null);
+    const ended = { CANCELLED: "was cancelled", TIMED_OUT: "timed out" }[wf.status] || "failed";
+    // The step that ended the run, when its code raised: its traceback, unfolded on demand.
+    const failing = wf.error ? [...wf.task_runs].reverse().find((r) => r.traceback && !["COMPLETED", "SKIPPED"].includes(r.status)) : null;
+    render(
+      regions.alert,
+      wf.error ? errorBox(`This run ${ended}: ${wf.error}`) : null,
+      failing ? traceback(failing, { id: "wf-traceback", cls: "alert-traceback", title: `Traceback of step ${failing.ref} (attempt ${failing.attempt}${failing.worker_id ? `, on ${failing.worker_id}` : ""})` }) : null,
+      // What the run waits for while it cannot go on by itself (e.g. no worker has its task).
+      wf.status_detail ? h("div", { class: "alert alert-info", role: "status", id: "wf-waiting" }, "This run is ", wf.status_detail) : null,
+    );
     renderMeta(wf);
+    render(regions.results, resultsTable(wf));
     renderGraph(wf);
     renderTimeline(wf);
     renderHandoffs(wf);
@@ -91,14 +104,14 @@ export function mount(root, ctx) {
     const operator = allowed("operator");
     const roleHint = "Needs an API key with the role operator or higher";
     const cancels = wf.status === "PENDING" || wf.status === "RUNNING";
-    const retries = wf.status === "FAILED" || wf.status === "CANCELLED";
+    const retries = ["FAILED", "CANCELLED", "TIMED_OUT"].includes(wf.status);
     render(
       regions.head,
       h(
         "div",
         {},
         h("div", { class: "crumbs" }, h("a", { href: "#/workflows" }, "Workflows"), " / ", mono(shortId(wf.id))),
-        h("div", { class: "title-row" }, h("h1", { tabindex: -1 }, wf.workflow), statusPill(wf.status, { id: "wf-status" })),
+        h("div", { class: "title-row" }, h("h1", { tabindex: -1 }, wf.workflow), statusPill(wf.status, { id: "wf-status" }), wf.paused_at && !FINISHED.has(wf.status) && h("span", { class: "tag tag-warn", id: "wf-paused", title: `Paused since ${dateTime(wf.paused_at)}: its next steps wait` }, "paused")),
       ),
       // Only the action that applies: cancel while the run may still run, retry once it
       // failed or was cancelled; a completed run offers neither. Without the role, the
@@ -107,6 +120,8 @@ export function mount(root, ctx) {
         "div",
         { class: "actions" },
         cancels && h("button", { type: "button", class: "btn btn-danger", id: "cancel", "data-key": "cancel", disabled: !operator || busy, title: operator ? "Stop this run" : roleHint, onclick: cancel }, "Cancel run"),
+        cancels && !wf.paused_at && h("button", { type: "button", class: "btn", id: "pause", "data-key": "pause", disabled: !operator || busy, title: operator ? "What runs finishes; the next steps wait" : roleHint, onclick: () => act(`/api/workflows/${id}/pause`, () => toast("Paused", "success")) }, "Pause"),
+        cancels && wf.paused_at && h("button", { type: "button", class: "btn btn-primary", id: "resume", "data-key": "resume", disabled: !operator || busy, title: operator ? "Let the next steps go" : roleHint, onclick: () => act(`/api/workflows/${id}/resume`, () => toast("Resumed", "success")) }, "Resume"),
         retries && h("button", { type: "button", class: "btn btn-primary", id: "retry", "data-key": "retry", disabled: !operator || busy, title: operator ? "Start a new run with the same input" : roleHint, onclick: retry }, "Retry"),
       ),
     );
@@ -122,9 +137,14 @@ export function mount(root, ctx) {
         ["Created", dateTime(wf.created_at)],
         ["Waited", duration(between(wf.created_at, wf.started_at || wf.finished_at))],
         ["Ran for", duration(workflowDuration(wf))],
+        wf.timeout_s && ["Time limit", h("span", { id: "wf-timeout" }, duration(wf.timeout_s * 1000))],
         ["Started by", h("span", { id: "wf-started-by" }, wf.started_by || "—")],
+        ["Priority", String(wf.priority ?? 0)],
+        wf.tags?.length > 0 && ["Tags", h("span", { id: "wf-tags" }, wf.tags.map((t) => h("span", { class: "tag" }, t)))],
+        wf.schedule_id && ["Scheduled for", h("span", { id: "wf-scheduled" }, dateTime(wf.scheduled_for))],
         ["Scheduler", wf.claimed_by || "—"],
         ["Input", mono(wf.input?.image ?? "—", { title: wf.input?.image })],
+        wf.input?.data && ["Data", mono(JSON.stringify(wf.input.data), { title: JSON.stringify(wf.input.data, null, 2) })],
         wf.retry_of && ["Retry of", h("a", { href: `#/workflows/${wf.retry_of}`, class: "mono" }, shortId(wf.retry_of))],
         wf.output?.label && ["Result label", h("b", {}, wf.output.label)],
       ]),
@@ -234,11 +254,21 @@ export function mount(root, ctx) {
           { label: "Run", align: "right", cls: "num nowrap", cell: (r) => duration(r.run_ms ?? (r.started_at ? between(r.started_at, r.finished_at) : null)) },
           { label: "Task CPU", align: "right", cls: "num nowrap", cell: (r) => duration(r.cpu_ms) },
           { label: "In / out", align: "right", cls: "num nowrap", cell: (r) => `${bytes(r.bytes_in)} / ${bytes(r.bytes_out)}` },
-          { label: "Error", cls: "wrap error-text", cell: (r) => r.error || "" },
+          { label: "Error", cls: "wrap error-text", cell: (r) => h("div", {}, r.error || "", r.traceback && traceback(r)) },
         ],
         wf.task_runs,
         { rowAttrs: (r) => ({ "data-run": r.id, "data-ref": r.ref, "data-status": r.status }), caption: "Task runs", cls: "runs" },
       ),
+    );
+  }
+
+  // Where the task's code raised (or was when it was stopped), folded until asked for.
+  function traceback(r, { id = null, cls = "", title = "Traceback" } = {}) {
+    return h(
+      "details",
+      { class: ["traceback", cls], id, "data-traceback": r.id },
+      h("summary", {}, title),
+      h("pre", { class: "traceback-text" }, r.traceback),
     );
   }
 

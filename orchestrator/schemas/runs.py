@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, PlainValidator, WithJsonSchema, field_validator
+from pydantic import AliasChoices, Field, PlainValidator, WithJsonSchema, field_validator
 
 from orchestrator.contract.vocabulary import (
     CHOSEN_PLANES,
@@ -15,8 +15,18 @@ from orchestrator.contract.vocabulary import (
     TaskRunStatus,
     WorkflowStatus,
 )
-from orchestrator.controller.schemas.base import NAME_RULE, RequestBody, ResponseBody, checked_name
 from orchestrator.s3policy import check_s3_uri
+from orchestrator.schemas.base import (
+    NAME_RULE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    OpenEnum,
+    RequestBody,
+    ResponseBody,
+    Tags,
+    checked_name,
+)
+from workflows.definitions import MAX_RUN_S
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -51,7 +61,7 @@ ChosenPlane = Annotated[
 
 class WorkflowInput(RequestBody):
     image: str | None = Field(
-        None,
+        default=None,
         examples=["s3://cdiflow/images/cat.png"],
         description="S3 URI of the input image. Leave it out for a dataless workflow: nothing "
         "is downloaded or moved, and only tasks that need no image may run (e.g. noop).",
@@ -91,10 +101,29 @@ class WorkflowCreate(RequestBody):
     policy: Policy = Field(Policy.AFFINITY, description="Where the tasks run.")
     data_plane: ChosenPlane = Field(DataPlane.CDI, description="How data moves between tasks.")
     version: int | None = Field(
-        None,
+        default=None,
         ge=1,
         le=2**31 - 1,
         description="A version of the definition to run; default: its current one.",
+    )
+    priority: int | None = Field(
+        default=None,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="Waiting runs are served highest first (first come, first served within "
+        "a priority); default: the definition's.",
+        strict=True,
+    )
+    tags: Tags = Field(
+        default_factory=list, description="Labels to find the run by (GET ?tag=...)."
+    )
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_RUN_S,
+        description="The longest this run may take from its start, in seconds: past it the run "
+        "ends TIMED_OUT and its running task is stopped. Default: the definition's timeout_s "
+        "(none: no limit).",
     )
 
     @field_validator("workflow")
@@ -111,9 +140,9 @@ class WorkflowPublic(ResponseBody):
         validation_alias=AliasChoices("workflow_version", "definition_version"),
         description="The version of the definition this run runs.",
     )
-    status: WorkflowStatus
-    policy: Policy
-    data_plane: DataPlane
+    status: OpenEnum[WorkflowStatus]
+    policy: OpenEnum[Policy]
+    data_plane: OpenEnum[DataPlane]
     input: dict[str, Any]
     output: dict[str, Any] | None
     error: str | None
@@ -125,6 +154,31 @@ class WorkflowPublic(ResponseBody):
     claimed_by: str | None
     claimed_at: datetime | None
     started_by: str | None = Field(description="Name of the API key that started the run.")
+    priority: int = 0
+    tags: list[str] = Field(default_factory=list)
+    paused_at: datetime | None = Field(
+        default=None, description="Since when its next steps wait (POST .../resume lifts it)."
+    )
+    schedule_id: uuid.UUID | None = Field(default=None, description="The schedule that started it.")
+    scheduled_for: datetime | None = Field(
+        default=None, description="The schedule's tick it ran for."
+    )
+    timeout_s: float | None = Field(
+        default=None, description="The run's time limit from its start, in seconds (null: none)."
+    )
+    status_detail: str | None = Field(
+        default=None,
+        description="What the run waits for while it cannot go on by itself, e.g. for a "
+        "worker that loads its next step's task; null otherwise.",
+    )
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended. A status this version does not know (from a newer API)
+        counts as ended once the run has an end time."""
+        if isinstance(self.status, WorkflowStatus):
+            return self.status.finished
+        return self.finished_at is not None
 
 
 class TaskRunPublic(ResponseBody):
@@ -132,7 +186,7 @@ class TaskRunPublic(ResponseBody):
     ref: str
     task: str
     attempt: int
-    status: TaskRunStatus
+    status: OpenEnum[TaskRunStatus]
     worker_id: str | None
     queued_at: datetime
     started_at: datetime | None
@@ -143,9 +197,15 @@ class TaskRunPublic(ResponseBody):
     bytes_in: int | None
     bytes_out: int | None
     error: str | None
+    traceback: str | None = Field(
+        default=None,
+        description="Where the task's own code raised (its Python traceback, the last 16 KiB), "
+        "or, for a task that was stopped, where it was then; null when the failure was not "
+        "the task code's.",
+    )
     output: dict[str, Any] | None
     data: dict[str, Any] | None = Field(
-        None,
+        default=None,
         description='The named data it read and made: {"reads": {name: datum}, "made": '
         '{name: datum}}, a datum {"key", "kind"} (a CDI object), {"value"} or '
         '{"items": [...]}; "results": the S3 URIs of what it stored.',
@@ -162,7 +222,7 @@ class HandoffPublic(ResponseBody):
     at: datetime
     from_host: str | None = None
     to_host: str | None = None
-    datum: str | None = Field(None, description='What moved: "<step run>.<output>".')
+    datum: str | None = Field(default=None, description='What moved: "<step run>.<output>".')
     mode: str | None = Field(
         None, description="transfer (ownership), share (read-only) or copy (another host)."
     )
@@ -181,15 +241,15 @@ class WorkflowDetail(WorkflowPublic):
     events: list[EventPublic] = Field(description="The latest events, oldest first.")
 
 
-class EventPage(BaseModel):
+class EventPage(ResponseBody):
     """A run's events after a given one, and its status when they were read: a client that
     follows a run stops once the run has finished and a page comes back short."""
 
-    status: WorkflowStatus
+    status: OpenEnum[WorkflowStatus]
     events: list[EventPublic] = Field(description="Oldest first.")
 
 
-class WorkflowList(BaseModel):
+class WorkflowList(ResponseBody):
     items: list[WorkflowPublic]
     total: int = Field(description="Workflows matching the filters, over all pages.")
     limit: int

@@ -5,10 +5,16 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
 from orchestrator.apikeys import ADMIN_KEY_NAME, Role
-from orchestrator.controller.schemas.base import NAME_RULE, RequestBody, ResponseBody, checked_name
+from orchestrator.schemas.base import (
+    NAME_RULE,
+    OpenEnum,
+    RequestBody,
+    ResponseBody,
+    checked_name,
+)
 
 __all__ = ["IdentityPublic", "KeyCreate", "KeyCreated", "KeyPublic"]
 
@@ -16,8 +22,8 @@ __all__ = ["IdentityPublic", "KeyCreate", "KeyCreated", "KeyPublic"]
 class KeyCreate(RequestBody):
     name: str = Field(
         examples=["ci-runner"],
-        description="Letters, digits, '_', '-'; unique.",
-        json_schema_extra=NAME_RULE,
+        description="Letters, digits, '_', '-'; unique; not 'admin' (the configured key's).",
+        json_schema_extra={**NAME_RULE, "not": {"const": ADMIN_KEY_NAME}},
     )
     role: Role = Field(
         Role.VIEWER,
@@ -36,7 +42,7 @@ class KeyCreate(RequestBody):
 class KeyPublic(ResponseBody):
     id: uuid.UUID
     name: str
-    role: Role
+    role: OpenEnum[Role]
     configured: bool = Field(description="The admin key from the API's settings (not revocable).")
     created_by: str | None = Field(description="Name of the key that issued it.")
     created_at: datetime
@@ -46,9 +52,9 @@ class KeyCreated(KeyPublic):
     key: str = Field(description="The key itself: shown this once; the API keeps a digest.")
 
 
-class IdentityPublic(BaseModel):
+class IdentityPublic(ResponseBody):
     """The key a request was made with."""
 
     id: uuid.UUID
     name: str
-    role: Role
+    role: OpenEnum[Role]

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import Field, field_validator
 
-from orchestrator.controller.schemas.base import (
+from orchestrator.schemas.base import (
     MAX_DESCRIPTION,
     MODULE_RULE,
     NAME_RULE,
@@ -40,6 +40,14 @@ class TaskCreate(RequestBody):
         None, ge=0, le=MAX_BACKOFF_S, description="Default: the function's @task setting."
     )
     description: str = Field("", max_length=MAX_DESCRIPTION)
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="At most this many runs of this task at once, over every scheduler "
+        "(further ones wait); default: no limit.",
+        strict=True,
+    )
 
     @field_validator("name")
     @classmethod
@@ -64,5 +72,6 @@ class TaskPublic(ResponseBody):
     retries: int
     retry_backoff_s: float
     description: str
+    max_concurrency: int | None = None
     created_at: datetime
     updated_at: datetime

@@ -3,35 +3,40 @@ resource; every body is importable from here.
 
 ``XCreate`` is what a client sends, ``XPublic`` what it gets back. Names, module paths and
 bounds come from ``workflows`` so the API and the validator never disagree.
+
+The API (``orchestrator.controller``) and its clients (``cdiflow.client`` and the ``cdiflow``
+commands) both read these classes, so the two cannot disagree on a field. The package imports
+pydantic, the vocabulary and ``workflows``' names only: no web framework, no database driver,
+nothing that slows a client's start.
 """
 
-from orchestrator.controller.schemas.cdi_directory import (
+from orchestrator.schemas.cdi_directory import (
     CdiDirectoryPublic,
     CdiMinionPublic,
     CdiObjectPublic,
 )
-from orchestrator.controller.schemas.definitions import (
+from orchestrator.schemas.definitions import (
     StepSchema,
     WorkflowDefinitionCreate,
     WorkflowDefinitionPublic,
     WorkflowDefinitionSave,
     WorkflowDefinitionVersionPublic,
 )
-from orchestrator.controller.schemas.errors import (
+from orchestrator.schemas.errors import (
     ErrorPublic,
     FieldErrorPublic,
     ValidationErrorPublic,
     error_responses,
 )
-from orchestrator.controller.schemas.health import (
+from orchestrator.schemas.health import (
     CheckPublic,
     LivenessPublic,
     ReadinessPublic,
     WorkerPublic,
 )
-from orchestrator.controller.schemas.images import ImagePublic, InputPublic, WorkflowImagesPublic
-from orchestrator.controller.schemas.keys import IdentityPublic, KeyCreate, KeyCreated, KeyPublic
-from orchestrator.controller.schemas.runs import (
+from orchestrator.schemas.images import ImagePublic, InputPublic, WorkflowImagesPublic
+from orchestrator.schemas.keys import IdentityPublic, KeyCreate, KeyCreated, KeyPublic
+from orchestrator.schemas.runs import (
     ActiveTaskRunPublic,
     EventPage,
     EventPublic,
@@ -44,13 +49,21 @@ from orchestrator.controller.schemas.runs import (
     WorkflowList,
     WorkflowPublic,
 )
-from orchestrator.controller.schemas.stats import (
+from orchestrator.schemas.schedules import ScheduleCreate, SchedulePublic
+from orchestrator.schemas.stats import (
     LatencyPublic,
     MinutePublic,
     StatsPublic,
     TaskTimingPublic,
 )
-from orchestrator.controller.schemas.tasks import TaskCreate, TaskPublic
+from orchestrator.schemas.tasks import TaskCreate, TaskPublic
+from orchestrator.schemas.webhooks import (
+    DeliveryPage,
+    DeliveryPublic,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookPublic,
+)
 
 __all__ = [
     "ActiveTaskRunPublic",
@@ -58,6 +71,8 @@ __all__ = [
     "CdiMinionPublic",
     "CdiObjectPublic",
     "CheckPublic",
+    "DeliveryPage",
+    "DeliveryPublic",
     "ErrorPublic",
     "EventPage",
     "EventPublic",
@@ -73,6 +88,8 @@ __all__ = [
     "LivenessPublic",
     "MinutePublic",
     "ReadinessPublic",
+    "ScheduleCreate",
+    "SchedulePublic",
     "StatsPublic",
     "StepSchema",
     "TaskCreate",
@@ -81,6 +98,9 @@ __all__ = [
     "TaskRunPublic",
     "TaskTimingPublic",
     "ValidationErrorPublic",
+    "WebhookCreate",
+    "WebhookCreated",
+    "WebhookPublic",
     "WorkerPublic",
     "WorkflowCreate",
     "WorkflowDefinitionCreate",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from orchestrator.schemas.base import ResponseBody
 
 __all__ = ["CheckPublic", "LivenessPublic", "ReadinessPublic", "WorkerPublic"]
 
 
-class WorkerPublic(BaseModel):
+class WorkerPublic(ResponseBody):
     id: str
     host: str | None
     cpu: float | None = Field(
@@ -17,9 +19,13 @@ class WorkerPublic(BaseModel):
     mem: float | None = Field(
         description="The worker process's resident memory, percent of its host's memory."
     )
-    rss_bytes: int | None = Field(None, description="The worker process's resident memory.")
-    host_cpu: float | None = Field(None, description="CPU in use on the whole host, percent.")
-    host_mem: float | None = Field(None, description="Memory in use on the whole host, percent.")
+    rss_bytes: int | None = Field(default=None, description="The worker process's resident memory.")
+    host_cpu: float | None = Field(
+        default=None, description="CPU in use on the whole host, percent."
+    )
+    host_mem: float | None = Field(
+        default=None, description="Memory in use on the whole host, percent."
+    )
     queue_depth: int | None
     running: int | None
     slots: int | None = Field(description="Tasks the worker runs at once (--concurrency).")
@@ -34,17 +40,19 @@ class WorkerPublic(BaseModel):
     alive: bool
 
 
-class LivenessPublic(BaseModel):
+class LivenessPublic(ResponseBody):
     status: str = Field(description="'ok': this API process serves requests.")
 
 
-class CheckPublic(BaseModel):
+class CheckPublic(ResponseBody):
     ok: bool = Field(description="False: this part keeps workflows from running.")
     detail: str = Field(description="What was seen: 'ok', or why it is unavailable.")
 
 
-class ReadinessPublic(BaseModel):
+class ReadinessPublic(ResponseBody):
     status: str = Field(description="'ok' when every part answers, else 'unavailable'.")
-    checks: dict[str, CheckPublic] = Field(
-        description="postgres, redis, minion, scheduler and s3, each with its answer."
+    checks: dict[str, CheckPublic] | None = Field(
+        default=None,
+        description="postgres, redis, minion, scheduler, workers and s3, each with its answer; "
+        "only for a caller with a key (of any role).",
     )

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import uuid
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from orchestrator.schemas.base import ResponseBody
 
 __all__ = ["CdiDirectoryPublic", "CdiMinionPublic", "CdiObjectPublic"]
 
 
-class CdiObjectPublic(BaseModel):
+class CdiObjectPublic(ResponseBody):
     key: str
     host: str = Field(description="Host whose minion holds the object's memory.")
     size: int = Field(description="Bytes.")
@@ -21,7 +23,7 @@ class CdiObjectPublic(BaseModel):
     workflow_id: uuid.UUID | None = Field(description="The workflow whose data it is, if any.")
 
 
-class CdiMinionPublic(BaseModel):
+class CdiMinionPublic(ResponseBody):
     host: str
     alive: bool
     containers: int
@@ -30,7 +32,7 @@ class CdiMinionPublic(BaseModel):
     heartbeat_age_s: float
 
 
-class CdiDirectoryPublic(BaseModel):
+class CdiDirectoryPublic(ResponseBody):
     """What the CDI controller knows now: every object and every minion."""
 
     objects: list[CdiObjectPublic]

@@ -1,0 +1,97 @@
+"""The worker process as the stack (or Kubernetes) sees it: a keeper that runs the worker
+itself (its body: slots, heartbeat, connections) in a child process, and starts a fresh body at
+once when the last one ended because a task would not stop (``EXIT_TASK_STUCK``,
+``orchestrator.worker.stopping``).
+
+*Why a keeper:* a Python thread cannot be killed, so the only way to stop a task that ignores a
+stop is to end the process it runs in; and a worker started anew spends seconds importing
+(about two on a busy 2-core machine) before it takes work again. The keeper forks each body
+from its own state, where every module and the deployed task code are imported already, so a
+fresh body beats and pops within a fraction of a second. The keeper itself holds no connection,
+object or thread: it forwards SIGTERM and SIGINT to the body and ends with the body's exit
+status (128 + the signal's number for a body killed by one). A body gets SIGKILL when its
+keeper dies (``PR_SET_PDEATHSIG``), so killing the keeper, as the supervisor and the chaos
+tests do, leaves no body behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, Final
+
+from orchestrator.worker.execution import EXIT_TASK_STUCK
+
+__all__ = ["keep"]
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG: Final = 1
+_FORWARDED: Final = (signal.SIGTERM, signal.SIGINT)
+
+
+def keep(body: Callable[[], int], name: str) -> int:
+    """Run ``body()`` in a child process until it ends other than stuck; its exit status.
+    Call from the main thread of a process with no other threads."""
+    stopping = False
+    child = 0
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        if child:
+            _signal(child, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    try:
+        while True:
+            child = _fork(body, previous)
+            if stopping:  # asked to stop while it was being forked
+                _signal(child, signal.SIGTERM)
+            _, status = os.waitpid(child, 0)
+            code = os.waitstatus_to_exitcode(status)
+            if code != EXIT_TASK_STUCK or stopping:
+                return code if code >= 0 else 128 - code
+            log.warning("worker %s ended its process to stop a task; starting a fresh one", name)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _fork(body: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:
+    """Fork a body; in the child, run it and end the process with its code."""
+    keeper = os.getpid()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    child = os.fork()
+    if child:
+        return child
+    code = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        if os.getppid() != keeper:  # the keeper died before the call: nobody keeps this one
+            os._exit(1)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)  # the keeper's own, as the process had them
+        code = body()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        log.critical("the worker's body crashed", exc_info=True)
+    finally:
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: waitpid tells how
+        os.kill(pid, sig)
