@@ -186,8 +186,14 @@ class Client:
             reply = self._gateway.call("locate", key=key)
         return int(reply["size"])
 
-    def _crosses_hosts(self) -> bool:
+    @property
+    def spans_hosts(self) -> bool:
+        """Whether objects may reach this container from other hosts (a gateway runs beside
+        the minion, and forwarding is on): an object not here may then be on its way."""
         return self.forwarding and self._gateway.present
+
+    def _crosses_hosts(self) -> bool:
+        return self.spans_hosts
 
     def _transfer(self, key: str, to: str, detach: bool) -> None:
         """Make ``to`` the owner of ``key``, on this host or (through the gateway) another.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import time
 import click
 
 import cdi
+from cdi.auth import CONTROLLER_TOKEN_ENV, read_secret
 from cdi.controller.client import ControllerClient
 from orchestrator.db.engine import make_engine
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
@@ -26,6 +28,9 @@ __all__ = ["scheduler_command"]
 # A scheduler restarted with its stack's minion (which restarts too) waits this long for it,
 # rather than exiting at once into the supervisor's growing back-off.
 MINION_WAIT_S = 30.0
+DIRECTORY_TIMEOUT_S = 2.0  # each question the loop asks the CDI controller's directory
+
+log = logging.getLogger(__name__)
 
 
 @click.command("scheduler")
@@ -74,9 +79,9 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
 
 def _connect_minion(url: str | None, scheduler_id: str) -> MinionLink:
     """The minion link (with the CDI controller's directory when ``CDI_CONTROLLER_URL`` names
-    one), waiting up to ``MINION_WAIT_S`` for a minion that is (re)starting."""
-    controller = os.environ.get("CDI_CONTROLLER_URL", "").strip()
-    directory = ControllerClient(controller) if controller else None
+    one and the scheduler was given a reader's token for it: ``cdiflow up`` gives it one),
+    waiting up to ``MINION_WAIT_S`` for a minion that is (re)starting."""
+    directory = _directory()
     deadline = time.monotonic() + MINION_WAIT_S
     while True:
         try:
@@ -86,3 +91,19 @@ def _connect_minion(url: str | None, scheduler_id: str) -> MinionLink:
             if time.monotonic() > deadline:
                 raise click.ClickException(f"{exc}; start this host's CDI minion") from exc
             time.sleep(0.2)
+
+
+def _directory() -> ControllerClient | None:
+    """The CDI controller's directory, or None: no controller named, or no token to read it
+    with (the scheduler then looks for objects on its own host only, as on one host)."""
+    controller = os.environ.get("CDI_CONTROLLER_URL", "").strip()
+    try:
+        token = read_secret(CONTROLLER_TOKEN_ENV, what="controller token")
+        if not controller or token is None:
+            if controller:
+                log.info("no CDI controller token: objects are looked for on this host only")
+            return None
+        # A short deadline: the loop asks it, and a slow controller must not hold every run.
+        return ControllerClient(controller, timeout=DIRECTORY_TIMEOUT_S, token=token)
+    except cdi.CDIError as exc:  # a token file others may read, a URL that is not one
+        raise click.ClickException(str(exc)) from exc

@@ -13,6 +13,12 @@ and once nothing is out (``quiet``) its objects are freed and its unstarted task
 CANCELLED. An object a worker keeps is taken back with a no-op instruction (``hand_back``: the
 worker destroys what it owns of the run and gives up its shares); one Redis does not take now
 waits in ``outbox`` and goes at the next tick, so no object is left behind by a Redis outage.
+
+An object of ours to destroy that is not back with us yet (on its way from a worker, or lost
+with its host) is never waited for: the loop is single, and one wait per object, one after
+another, held every run back while a host's objects were lost. It is tried again without
+waiting at each tick (``retry_destroys``) until ``DESTROY_WAIT_S`` pass; one that comes back
+later is the orphan sweep's (``orphans``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import redis
 
@@ -38,9 +44,12 @@ from orchestrator.scheduler.instructions import release_instruction
 from orchestrator.scheduler.progress import Moves
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun
 
-__all__ = ["Endings", "completion", "ended_rows"]
+__all__ = ["DESTROY_WAIT_S", "Endings", "completion", "ended_rows"]
 
 log = logging.getLogger(__name__)
+
+DESTROY_WAIT_S: Final = 5.0  # how long an object to destroy is looked for, at each tick
+_NOT_HERE: Final = "not on this host"
 
 
 class Endings:
@@ -49,6 +58,7 @@ class Endings:
     def __init__(self, ctx: SchedulerContext) -> None:
         self.ctx = ctx
         self.outbox: list[tuple[str, str]] = []  # (worker queue, message) not sent yet
+        self.to_destroy: dict[str, float] = {}  # key -> monotonic time to stop looking for it
         # A withdrawn instruction is no longer out at its worker (set by the loop: dispatch).
         self.returned: Callable[[InFlight], None] = lambda flight: None
 
@@ -234,28 +244,44 @@ class Endings:
             self.destroy(key)
 
     def destroy(self, key: str) -> None:
-        """Destroy an object of ours: at once, or once the readers it is shared with let go
-        of it or a worker handing it back is done (briefly). One not on our host is left to
-        the orphan sweep, which finds it here once it arrives. *Why not wait for it:* asking
-        the other hosts after a key that is gone (its host's minion restarted) took 5 s a key,
-        the scheduler's whole loop standing still."""
-        obj = self.ctx.cdi.use(key, check=False)
+        """Destroy an object of ours now if it is with us; else look for it again at the next
+        ticks (``retry_destroys``), never waiting for it here."""
+        if self._destroy_now(key) is not None:
+            self.to_destroy.setdefault(key, time.monotonic() + DESTROY_WAIT_S)
+
+    def retry_destroys(self) -> None:
+        """Each tick: destroy the objects that came back since; stop looking for those that
+        did not within ``DESTROY_WAIT_S`` (the orphan sweep frees one that comes later)."""
+        now = time.monotonic()
+        for key, give_up_at in list(self.to_destroy.items()):
+            elsewhere = self._destroy_now(key)
+            if elsewhere is None or now >= give_up_at:
+                del self.to_destroy[key]
+            if elsewhere is not None and now >= give_up_at:
+                # Held by another container: worth a line. Not found on any host of ours: it
+                # was never made, or was lost with its host; nothing is left to free.
+                level = logging.DEBUG if elsewhere == _NOT_HERE else logging.INFO
+                log.log(level, "object %s did not come back to be destroyed within %g s (%s); "
+                        "the orphan sweep frees it if it does", key, DESTROY_WAIT_S,
+                        elsewhere)  # fmt: skip
+
+    def _destroy_now(self, key: str) -> str | None:
+        """Destroy ``key`` if it is ours now, without waiting: None when that is done (or can
+        never be), else what keeps it (another owner, a share, not here yet)."""
         try:
-            obj.destroy(timeout=5)
-            return
+            obj = self.ctx.cdi.use(key, check=False)
+            obj.access(timeout=0).release()
+            obj.destroy()
+        except (cdi.NotOwner, cdi.ObjectShared) as exc:
+            return str(exc)  # not (yet) with us: another owner, or a reader's share
         except cdi.ObjectNotFound:
-            log.info("%s is not on our host (on its way here, or gone): the sweep frees it", key)
-            return
-        except cdi.NotOwner:
-            pass  # a worker's still: it is handing it back
+            # On one host, gone for good; with several, it may be on its way from another.
+            return _NOT_HERE if self.ctx.cdi.spans_hosts else None
+        except cdi.MinionUnavailable as exc:
+            return str(exc)  # the tick's minion check follows; a restarted one holds nothing
         except cdi.CDIError as exc:
             log.warning("could not destroy %s: %s", key, exc)
-            return
-        try:
-            obj.access(timeout=5).release()
-            obj.destroy(timeout=5)
-        except cdi.CDIError as exc:
-            log.warning("could not destroy %s: %s", key, exc)
+        return None
 
 
 def _attempt(step: StepRun) -> str:

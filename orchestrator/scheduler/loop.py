@@ -222,6 +222,7 @@ class Scheduler:
         guarded(self._check_minion, faults)
         guarded(self._beat, faults)
         guarded(self.endings.flush_outbox, faults)
+        guarded(self.endings.retry_destroys, faults)
         guarded(self.recovery.check_redis_epoch, faults)
         guarded(self.schedules.tick, faults)
         guarded(self.claims.claim, faults)

@@ -62,12 +62,18 @@ class MinionLink:
         if self._directory is None:
             return []
         here = self.host
-        others = [m.host for m in self._directory.list_minions() if m.host != here]
+        # A dead minion's entries stay in the directory, but its objects went with it.
+        others = [m.host for m in self._directory.list_minions() if m.alive and m.host != here]
         return [
             {"key": o.key, "owner": o.owner, "host": o.host}
             for host in others
             for o in self._directory.list_objects(host=host)
         ]
+
+    @property
+    def spans_hosts(self) -> bool:
+        """Whether objects may come to us from other hosts (``cdi.Client.spans_hosts``)."""
+        return self._client is not None and self._client.spans_hosts
 
     @property
     def host(self) -> str:

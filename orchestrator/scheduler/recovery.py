@@ -195,16 +195,9 @@ class Recovery:
 
     def _drop_orphan(self, key: str) -> None:
         """A half-written object of a dead worker (an output, or the object it was making from
-        the input) came back to us too: destroy it. One that is not here (never made, or still
-        on another host) is left to the orphan sweep."""
-        if key not in {str(o.get("key", "")) for o in self.ctx.cdi.list_objects()}:
-            return
-        try:
-            orphan = self.ctx.cdi.use(key, check=False)
-            orphan.access(timeout=1).release()
-            orphan.destroy()
-        except cdi.CDIError:
-            pass  # gone meanwhile
+        the input) comes back to us too: destroy it, without waiting for it (one that never
+        got created is simply not found)."""
+        self.reports.endings.destroy(key)
 
     # ------------------------------------------------------------------ Redis data loss
     def check_redis_epoch(self) -> None:

@@ -19,8 +19,8 @@ from workflows.loader import with_sources
 __all__ = ["ADMIN_KEY_VARIABLES", "AdminKey", "admin_key", "host_environment", "stack_environment"]
 
 ADMIN_KEY_VARIABLES = ("CDIFLOW_ADMIN_KEY", "CDIFLOW_ADMIN_KEY_FILE")
-# The CDI cluster's secrets: the stack hands the controller token to the API alone
-# (``api_environment``); no process inherits the caller's.
+# The CDI cluster's secrets: the stack hands the reader's controller token to the API and
+# the scheduler; no process inherits the caller's.
 CDI_SECRET_VARIABLES = tuple(
     name + suffix
     for name in (CLUSTER_KEY_ENV, CONTROLLER_TOKEN_ENV, GATEWAY_KEY_ENV)
@@ -41,8 +41,9 @@ def stack_environment(
     The service names are ``Settings`` fields upper-cased, so ``load_settings()`` in a child
     finds the services this stack resolved (embedded or configured) rather than starting its
     own; CDI_URL and CDI_CONTROLLER_URL point at this stack's minion and CDI controller.
-    The admin key and the CDI controller's token are left out: the stack gives them to the
-    API alone (the scheduler and the workers, where task code runs, need neither).
+    The admin key and the CDI controller's token are left out: the stack gives the key to the
+    API alone and the token to the API and the scheduler (the workers, where task code runs,
+    get neither).
     """
     env = dict(os.environ if base is None else base)
     for name in (*ADMIN_KEY_VARIABLES, *CDI_SECRET_VARIABLES):

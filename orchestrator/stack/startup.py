@@ -101,14 +101,15 @@ class StartUp:
         table.cdi.start()
         env = self.environment()
 
-        # The API alone gets the admin key and the token that reads the CDI directory.
+        # The API alone gets the admin key; it and the scheduler (which runs no task code, and
+        # looks on every host for objects its runs left) the token that reads the directory.
         reader = {f"{CONTROLLER_TOKEN_ENV}_FILE": str(table.cdi.reader_token_file)}
         table.api = api = self._child("api", "api", env | self.admin_env() | reader)
         api.start()
         healthz = f"{table.api_url}/api/healthz"
         self._wait(api, lambda: probes.http_ok(healthz), lambda: f"GET {healthz} = 200")
 
-        table.scheduler = scheduler = self._child(self.scheduler_id, "scheduler", env)
+        table.scheduler = scheduler = self._child(self.scheduler_id, "scheduler", env | reader)
         scheduler.start()
         self._wait(scheduler, lambda: time.monotonic() - scheduler.started_at >= self.grace,
                    lambda: f"it to stay up for {self.grace:g}s")  # fmt: skip

@@ -1,11 +1,9 @@
-"""What the scheduler's loop waits for when an object is on another host, or on none, on a small
-fake of its CDI link (a host cut off or killed made it stand still for 10 s and more):
-
-* whether a silent worker's step got its objects back (``Recovery._regain``): an object the
-  directory places on the worker's host (held there, or that host is cut off) is not waited
-  for, the next tick asks again; one no host has is gone; one here is looked at as before;
-* destroying an object of ours that is not on our host (``Endings.destroy``): not waited for,
-  the orphan sweep frees it once it is here.
+"""What the scheduler's loop waits for when it asks whether a silent worker's step got its
+objects back (``Recovery._regain``), on a small fake of its CDI link (a host cut off or killed
+made it stand still for 10 s and more): an object the directory places on the worker's host
+(held there, or that host is cut off) is not waited for, the next tick asks again; one no host
+has is gone; one here is looked at as before. (Destroying one that is not back without waiting:
+``test_scheduler_destroy``.)
 """
 
 from __future__ import annotations
@@ -16,11 +14,10 @@ from typing import Any
 
 import pytest
 
-import cdi
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane
+from orchestrator.scheduler.cli import _directory
 from orchestrator.scheduler.data import Mode
-from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.recovery import Recovery
 
 
@@ -60,11 +57,6 @@ class _Handle:
         self.link.waited.append(self.key)
         raise _Waited(self.key)
 
-    def destroy(self, timeout: float | None = None) -> None:
-        if self.key not in self.link.here:
-            raise cdi.ObjectNotFound(f"no object with key {self.key!r}")
-        self.link.here.remove(self.key)
-
 
 def _regain(link: _Link) -> bool:
     recovery = Recovery(SimpleNamespace(cdi=link), None, None, None)  # type: ignore[arg-type]
@@ -97,17 +89,16 @@ def test_an_object_here_is_looked_at() -> None:
     assert link.waited == ["k1"]
 
 
-def _endings(link: _Link) -> Endings:
-    return Endings(SimpleNamespace(cdi=link))  # type: ignore[arg-type]
-
-
-def test_destroying_an_object_not_on_our_host_does_not_wait() -> None:
-    link = _Link(directory={"gone": "host2"})
-    _endings(link).destroy("gone")
-    assert link.waited == []
-
-
-def test_destroying_an_object_of_ours_here_is_done_at_once() -> None:
-    link = _Link(here=["mine"])
-    _endings(link).destroy("mine")
-    assert (link.here, link.waited) == ([], [])
+def test_the_directory_is_asked_only_with_a_token_to_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a reader's token every question would be refused, and a silent worker's step,
+    its object "not known yet", would wait for ever: the scheduler then looks on its own host."""
+    monkeypatch.setenv("CDI_CONTROLLER_URL", "grpc://127.0.0.1:1")
+    monkeypatch.delenv("CDI_CONTROLLER_TOKEN", raising=False)
+    monkeypatch.delenv("CDI_CONTROLLER_TOKEN_FILE", raising=False)
+    assert _directory() is None
+    monkeypatch.setenv("CDI_CONTROLLER_TOKEN", "v1.reader.scheduler.mac")
+    directory = _directory()
+    assert directory is not None
+    directory.close()
