@@ -4,12 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lock check lint typecheck bench browser kustomize nft proto clean native s3server
+.PHONY: demo test lock check lint typecheck imports bench browser kustomize nft proto clean native s3server \
+  podman image test-image
 
-# The native minion (Rust). Rust comes with rustup, often outside a non-login shell's PATH.
+# The CDI minion (Rust) is built by installing the package (setup.py, setuptools-rust) into
+# cdi/minion/bin/. Rust comes with rustup, often outside a non-login shell's PATH: put it there.
+export PATH := $(if $(wildcard $(HOME)/.cargo/bin),$(HOME)/.cargo/bin:)$(PATH)
 CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
 NATIVE_DIR := cdi/minion-native
-NATIVE_MINION := $(NATIVE_DIR)/target/release/cdi-minion
+MINION := cdi/minion/bin/cdi-minion
 NATIVE_SOURCES := $(NATIVE_DIR)/Cargo.toml $(NATIVE_DIR)/Cargo.lock $(wildcard $(NATIVE_DIR)/src/*.rs)
 
 UV := $(BIN)/uv
@@ -17,7 +20,8 @@ UV := $(BIN)/uv
 # resolves, so a release elsewhere changes nothing here. uv itself comes from the lock too
 # (tools/lockfile.py prints its pinned, hashed requirement for pip).
 export UV_PYTHON_DOWNLOADS := never
-$(STAMP): pyproject.toml uv.lock tools/lockfile.py
+# The editable install builds the minion (uv rebuilds it when its sources change: cache-keys).
+$(STAMP): pyproject.toml uv.lock tools/lockfile.py setup.py $(NATIVE_SOURCES)
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(PYTHON) tools/lockfile.py uv-requirement > $(VENV)/uv-requirement.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
@@ -32,12 +36,9 @@ lock: $(STAMP)
 	$(UV) sync --frozen --extra dev
 	@echo "uv.lock refreshed: run make test, and commit uv.lock once it passes"
 
-# Without cargo the build is skipped with a note: the minion then runs as Python, slower.
-native: $(NATIVE_MINION)
-$(NATIVE_MINION): $(NATIVE_SOURCES)
-	@if [ -x "$(CARGO)" ]; then \
-	  "$(CARGO)" build --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; \
-	else echo "cargo not found: the CDI minion will run as Python (install Rust to build $(NATIVE_MINION))"; fi
+# After changing the minion's Rust: the re-sync rebuilds it. Without Rust the install stops and
+# says what to install.
+native: $(STAMP)
 
 # The embedded S3 endpoint: Versity's S3 gateway, built with Go into the venv (keep the version
 # in step with orchestrator/services/s3.py). Without Go the build is skipped with a note: the
@@ -52,7 +53,7 @@ $(VERSITYGW): | $(STAMP)
 	  GOBIN="$(abspath $(BIN))" GOFLAGS=-modcacherw "$(GO)" install $(VERSITYGW_MODULE); \
 	else echo "go not found: no embedded S3 endpoint (install Go, or set S3_ENDPOINT_URL)"; fi
 
-demo: $(STAMP) native s3server
+demo: $(STAMP) s3server
 	$(BIN)/cdiflow demo
 
 # The dashboard tests drive Debian's Chromium (no browser download): install it when missing.
@@ -77,13 +78,37 @@ nft:
 	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq nftables >/dev/null; \
 	    else echo "nft is missing: the emulated-link tests will be skipped (run as root, or apt-get install nftables)"; fi; }
 
-test: $(STAMP) native s3server browser kustomize nft
+# The stack as containers and the Kubernetes manifests played with podman (tests/deploy/) need
+# podman with runc, and debootstrap for the images' Debian base: installed when missing (as
+# root; the container tests are skipped otherwise, with the reason).
+podman:
+	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq podman runc debootstrap >/dev/null; \
+	    else echo "podman, runc or debootstrap is missing: the container tests will be skipped (run as root, or apt-get install podman runc debootstrap)"; fi; }
+
+# The product's image and the services' (deploy/containers/images.py), built here with podman
+# from Debian's packages, uv.lock and this tree; cached (a second build of an unchanged tree
+# takes seconds). Needs root, the minion the install built (cargo) and versitygw (Go).
+image: $(STAMP) s3server podman
+	$(BIN)/python -m deploy.containers build
+
+# What `make test` builds: the images where they can be built here, else a note (the tests
+# that need them say why they are skipped).
+test-image: $(STAMP) s3server podman
+	@if [ "$$(id -u)" != 0 ] || ! command -v podman >/dev/null 2>&1; then \
+	  echo "no root podman: the images are not built (the container tests will be skipped)"; \
+	elif [ ! -x $(MINION) ] || [ ! -x $(VERSITYGW) ]; then \
+	  echo "no minion or versitygw: the images are not built (the container tests will be skipped)"; \
+	else $(BIN)/python -m deploy.containers build; fi
+
+test: $(STAMP) s3server browser kustomize nft test-image
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
+	$(BIN)/lint-imports
 	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; fi
 	$(BIN)/pytest
 
-check: lint typecheck
+check: lint typecheck imports
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -94,12 +119,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy .
 
+# The import contracts in pyproject.toml ([tool.importlinter]): which package may import which.
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
 # The set docs/benchmarks.md reports (hours on 2 cores: run it on a quiet machine, first field
 # of /proc/loadavg below 1.0). JSON in $(BENCH_OUT), plots in docs/images/bench.
 BENCH_OUT ?= .data/bench-results
 BENCH := $(BIN)/cdiflow bench
 PLOTS := --plots docs/images/bench
-bench: $(STAMP) native s3server
+bench: $(STAMP) s3server
 	mkdir -p $(BENCH_OUT)
 	$(BENCH) cdi --repeat 300 --backends tcp,grpc,cdi-shm,relay --json > $(BENCH_OUT)/cdi.json
 	$(BENCH) images --size 2MB --json > $(BENCH_OUT)/images.json
@@ -128,4 +157,5 @@ proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. cdi/proto/cdi.proto
 
 clean:
-	rm -rf $(VENV) .data .pytest_cache .mypy_cache .ruff_cache test-artifacts $(NATIVE_DIR)/target
+	rm -rf $(VENV) .data .pytest_cache .mypy_cache .ruff_cache test-artifacts $(NATIVE_DIR)/target \
+	  cdi/minion/bin build

@@ -30,6 +30,7 @@ import base64
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import stat
 from collections.abc import Mapping
@@ -49,8 +50,11 @@ __all__ = [
     "Credential",
     "Role",
     "check_key",
+    "check_token",
+    "controller_token",
     "mint_token",
     "new_key",
+    "placeholder_reason",
     "read_secret",
     "read_secret_file",
     "require",
@@ -65,6 +69,15 @@ ANY_HOST: Final = "*"
 _VERSION: Final = "cdi1"
 _MIN_KEY_CHARS: Final = 32  # 24 random bytes or more, as URL-safe base64
 _MAX_SECRET_CHARS: Final = 1024
+# What an example secret in a manifest or a document says instead of being secret: a
+# configured key that reads like one is refused (``placeholder_reason``), so that a forgotten
+# edit never deploys a published key (the API's admin key is held to the same rule).
+_PLACEHOLDER_WORDS: Final = re.compile(
+    r"change[-_.]?me|replace[-_.]?me|placeholder|example|your[-_.]?(admin[-_.]?)?key|"
+    r"random[-_.]?key|not[-_.]?a[-_.]?secret",
+    re.IGNORECASE,
+)
+_MIN_DISTINCT: Final = 12  # a random key of 32+ characters has ~30 distinct ones
 
 
 class Role(StrEnum):
@@ -93,15 +106,63 @@ def new_key() -> str:
     return secrets.token_urlsafe(32)
 
 
+def placeholder_reason(secret: str) -> str | None:
+    """Why ``secret`` is no secret (a placeholder's words, or too few distinct characters to
+    be random), or ``None`` for one that may be."""
+    if found := _PLACEHOLDER_WORDS.search(secret):
+        return f"it is a placeholder (it says {found.group(0)!r})"
+    if len(set(secret)) < _MIN_DISTINCT:
+        return f"it has only {len(set(secret))} distinct characters, too few for a random key"
+    return None
+
+
 def check_key(key: str, what: str) -> str:
-    """``key`` if it is long enough to be a key of ours; ``ConfigError`` saying so."""
+    """``key`` if it can be a key of ours: long enough, and not a placeholder;
+    ``ConfigError`` saying so (never repeating it)."""
     key = key.strip()
     if len(key) < _MIN_KEY_CHARS or len(key) > _MAX_SECRET_CHARS or not key.isascii():
         raise ConfigError(
             f"the {what} must be {_MIN_KEY_CHARS} to {_MAX_SECRET_CHARS} ASCII characters; "
             "make one with `cdiflow cdi credentials`"
         )
+    if why := placeholder_reason(key):
+        raise ConfigError(
+            f"the {what} is not a secret: {why}; make a random one with `cdiflow cdi credentials`"
+        )
     return key
+
+
+def check_token(token: str, role: Role) -> str:
+    """``token`` if it reads as a token of ``role`` (the controller alone can tell whether
+    its cluster's key signed it); ``ConfigError`` saying what it is instead, never repeating
+    it: a placeholder left in a manifest is refused when the process starts."""
+    token = token.strip()
+    version, _, rest = token.partition(".")
+    given, _, rest = rest.partition(".")
+    subject, _, mac = rest.rpartition(".")
+    if version != _VERSION or given not in {r.value for r in Role} or not subject or not mac:
+        raise ConfigError(
+            f"the controller token is not a CDI token ({_VERSION}.<role>.<subject>.<signature>)"
+            f": a placeholder? `cdiflow cdi credentials` makes this process's {role} token"
+        )
+    if given != role:
+        raise ConfigError(
+            f"the controller token is a {given} token; this process needs a {role} token "
+            "(`cdiflow cdi credentials` makes each)"
+        )
+    return token
+
+
+def controller_token(role: Role) -> str | None:
+    """The controller token this process was given (``$CDI_CONTROLLER_TOKEN``, or the file
+    ``$CDI_CONTROLLER_TOKEN_FILE`` names), checked to be one of ``role`` (``check_token``);
+    ``None`` when it was given none."""
+    token = read_secret(CONTROLLER_TOKEN_ENV, what="controller token")
+    try:
+        return None if token is None else check_token(token, role)
+    except ConfigError as exc:
+        where = f"{CONTROLLER_TOKEN_ENV} (or {CONTROLLER_TOKEN_ENV}_FILE)"
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _mac(key: str, role: str, subject: str) -> str:

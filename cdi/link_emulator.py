@@ -1,6 +1,10 @@
-"""An emulated link between the hosts of a ``HostNetwork``: a round trip in user space.
+"""An emulated link: a round trip (and, for one target, a bandwidth) added in user space.
 
-    net.emulate_link(Link(mbit=1000, rtt_ms=0.5))    # tbf for the bandwidth, this for the delay
+    net.emulate_link(Link(mbit=1000, rtt_ms=0.5))    # between hosts: tbf for the bandwidth
+    with LinkProxy("127.0.0.1:9000", Link(mbit=800, rtt_ms=10)) as proxy:   # to one server
+        ...                                            # connect to proxy.url instead
+
+*Between the hosts of a* ``HostNetwork``:
 
 This kernel has ``tbf`` but no ``netem``, so the delay cannot be a qdisc. Instead every TCP
 connection a host opens to another host, or to the services in the root namespace, is turned
@@ -18,10 +22,20 @@ of one host, and those opened from the root namespace, are not touched.
 
 *Known difference from a wire:* the caller's connect always succeeds (the kernel hands it to
 this process); a connection the far end refuses reaches the caller as a reset right after.
-
 Run by ``LinkEmulator`` as a child process: ``python -m cdi.link_emulator --spec FILE``.
+
+*To one server* (``LinkProxy``: ``python -m cdi.link_emulator --target HOST:PORT``, no root
+and no namespaces; the load tests' regional S3 link): a proxy on a local port. Each direction
+of each connection is a link of ``rtt/2`` one way and ``mbit`` (no ``tbf`` here: the proxy
+paces the bytes itself): a chunk read at ``t`` leaves the link at ``max(t, previous chunk
+done) + len/rate`` and arrives ``rtt/2`` later, in order. A request and its answer pay one round
+trip plus their bytes at that rate, as on a kept-alive connection; the connect pays nothing (an
+endpoint that closes the connection after every response, as moto's server does, would
+otherwise make each request pay two round trips).
+
 Each connection costs four threads (a reader and a writer per direction): sleeps of a quarter
-millisecond need ``nanosleep``, not an event loop's millisecond timer.
+millisecond need ``nanosleep``, not an event loop's millisecond timer. What is read and not yet
+delivered is bounded per direction, so a slow reader pushes back on the sender as TCP would.
 """
 
 from __future__ import annotations
@@ -43,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from cdi.child import ChildProcess, python_module
+from cdi.child import ServiceChild, python_module
 
 if TYPE_CHECKING:
     from cdi.hosts import HostNetwork
@@ -55,9 +69,11 @@ __all__ = [
     "SERVICES_ONLY",
     "Link",
     "LinkEmulator",
+    "LinkProxy",
     "on_own_thread",
     "rules",
     "serve",
+    "serve_proxy",
 ]
 
 PORT: Final = 15001  # in each host's namespace, on loopback
@@ -137,16 +153,20 @@ def _setns(fd: int) -> None:
 
 
 class _Pipe:
-    """One direction of one connection: bytes read at ``t`` are written at ``t + delay``."""
+    """One direction of one connection: bytes read at ``t`` are written at ``t + delay``;
+    with a ``rate`` (bytes/s), no sooner than the link has carried the bytes before them."""
 
-    def __init__(self, source: socket.socket, sink: socket.socket, delay: float) -> None:
-        self.source, self.sink, self.delay = source, sink, delay
+    def __init__(
+        self, source: socket.socket, sink: socket.socket, delay: float, rate: float | None = None
+    ) -> None:
+        self.source, self.sink, self.delay, self.rate = source, sink, delay, rate
         self.queue: deque[tuple[float, bytes]] = deque()
         self.held = 0
         self.cond = threading.Condition()
         self.failed = False
 
     def read(self) -> None:
+        link_free_at = 0.0  # when the link has carried what was read before
         try:
             while data := self.source.recv(_CHUNK):
                 with self.cond:
@@ -154,7 +174,11 @@ class _Pipe:
                         self.cond.wait()
                     if self.failed:
                         return
-                    self.queue.append((time.monotonic() + self.delay, data))
+                    sent = time.monotonic()
+                    if self.rate is not None:
+                        link_free_at = max(sent, link_free_at) + len(data) / self.rate
+                        sent = link_free_at
+                    self.queue.append((sent + self.delay, data))
                     self.held += len(data)
                     self.cond.notify_all()
         except OSError:
@@ -188,6 +212,23 @@ class _Pipe:
             with self.cond:
                 self.held -= len(data)
                 self.cond.notify_all()
+
+
+def carry(
+    client: socket.socket, onward: socket.socket, delay: float, rate: float | None = None
+) -> None:
+    """Carry both directions between ``client`` and ``onward`` until both end; close them."""
+    for sock in (client, onward):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    pipes = [_Pipe(client, onward, delay, rate), _Pipe(onward, client, delay, rate)]
+    steps = [step for pipe in pipes for step in (pipe.read, pipe.write)]
+    threads = [threading.Thread(target=step, daemon=True) for step in steps]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    client.close()
+    onward.close()
 
 
 @dataclass(frozen=True)
@@ -242,17 +283,7 @@ class _Emulator:
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             client.close()
             return
-        for sock in (client, onward):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        pipes = [_Pipe(client, onward, delay), _Pipe(onward, client, delay)]
-        steps = [step for pipe in pipes for step in (pipe.read, pipe.write)]
-        threads = [threading.Thread(target=step, daemon=True) for step in steps]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        client.close()
-        onward.close()
+        carry(client, onward, delay)
 
     def _dial_host(self, address: str, port: int) -> socket.socket:
         sock = socket.socket()
@@ -306,8 +337,8 @@ class LinkEmulator:
         self._ready.unlink(missing_ok=True)
         argv = python_module("cdi.link_emulator", "--spec", str(self._spec),
                              "--ready-file", str(self._ready))  # fmt: skip
-        self.child = ChildProcess(argv, str(base / "link-emulator.log"), self._answers,
-                                  "link emulator")  # fmt: skip
+        self.child = ServiceChild("link emulator", argv, base / "link-emulator.log",
+                                  self._answers)  # fmt: skip
 
     def _answers(self) -> bool:
         """Serving: its ready file names it (not a former life that was killed)."""
@@ -329,6 +360,104 @@ class LinkEmulator:
         self._ready.unlink(missing_ok=True)
 
 
+class LinkProxy:
+    """A proxy to ``target`` (``host:port`` or ``http://host:port``) over ``link``, as a child
+    process (its own core time, not the caller's): ``with LinkProxy(...) as proxy:``, then
+    connect to ``proxy.port`` (``proxy.url`` for HTTP).
+
+    ``port``: where to listen (0: any free port, known once started); a fixed one lets a
+    proxy stopped and started again stand in the same place."""
+
+    def __init__(
+        self, target: str, link: Link, folder: str | Path, timeout: float = 10.0, port: int = 0
+    ) -> None:
+        if link.mbit is None and link.rtt_ms == 0:
+            raise ValueError("a link proxy needs a bandwidth or a round trip to add")
+        self.target, self.link, self.timeout = target, link, timeout
+        base = Path(folder)
+        base.mkdir(parents=True, exist_ok=True)
+        self._port_file = base / "link-proxy.port"
+        self._port_file.unlink(missing_ok=True)
+        argv = python_module("cdi.link_emulator", "--target", target, "--rtt-ms", f"{link.rtt_ms}",
+                             "--port-file", str(self._port_file))  # fmt: skip
+        if link.mbit is not None:
+            argv += ["--mbit", f"{link.mbit}"]
+        if port:
+            argv += ["--port", str(port)]
+        self.child = ServiceChild("link proxy", argv, base / "link-proxy.log", self._answers)
+        self.port = port
+
+    def _answers(self) -> bool:
+        try:
+            pid, _, port = self._port_file.read_text().partition(":")
+        except OSError:
+            return False
+        if pid != str(self.child.pid):
+            return False  # a former life's
+        self.port = int(port)
+        return True
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid if self.child.running else None
+
+    def start(self) -> str:
+        """Start it; its URL once it listens."""
+        self.child.start(self.timeout)
+        return self.url
+
+    def stop(self) -> None:
+        self.child.stop(5.0)
+
+    def __enter__(self) -> LinkProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.removeprefix("http://").rstrip("/").rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def serve_proxy(target: str, link: Link, port_file: Path | None = None, port: int = 0) -> None:
+    """Listen on ``port`` of ``127.0.0.1`` (0: a free one) and carry connections to ``target``
+    until killed."""
+    _libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    to = _host_port(target)
+    delay = link.rtt_ms / 2000
+    rate = None if link.mbit is None else link.mbit * 1e6 / 8
+    server = socket.create_server(("127.0.0.1", port), backlog=512)
+
+    def connect(client: socket.socket) -> None:
+        try:
+            onward = socket.create_connection(to)
+        except OSError:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()
+            return
+        carry(client, onward, delay, rate)
+
+    def accept() -> None:
+        while True:
+            client, _ = server.accept()
+            threading.Thread(target=connect, args=(client,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    if port_file is not None:
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(f"{os.getpid()}:{server.getsockname()[1]}")
+        tmp.replace(port_file)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    server.close()
+
+
 def serve(spec: dict[str, object], ready_file: Path | None = None) -> None:
     """Listen in every host's namespace and carry connections until killed."""
     _libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)  # sleeps end within a microsecond or so
@@ -345,12 +474,31 @@ def serve(spec: dict[str, object], ready_file: Path | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m cdi.link_emulator", description=__doc__)
-    parser.add_argument("--spec", type=Path, required=True, help="JSON: hosts, gateway, ...")
-    parser.add_argument("--ready-file", type=Path, help="written once every host is served")
+    parser = argparse.ArgumentParser(
+        prog="python -m cdi.link_emulator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--spec", type=Path, help="between hosts: JSON of hosts, gateway, ...")
+    mode.add_argument("--target", help="to one server: HOST:PORT (or http://HOST:PORT)")
+    parser.add_argument("--ready-file", type=Path, help="--spec: written once every host is served")
+    parser.add_argument("--rtt-ms", type=float, default=10.0, help="--target: the round trip")
+    parser.add_argument("--mbit", type=float, help="--target: the bandwidth (default: unpaced)")
+    parser.add_argument("--port-file", type=Path, help="--target: PID:PORT written once listening")
+    parser.add_argument(
+        "--port", type=int, default=0, help="--target: where (default: a free port)"
+    )
     args = parser.parse_args(argv)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    serve(json.loads(args.spec.read_text()), args.ready_file)
+    if args.target:
+        try:
+            link = Link(mbit=args.mbit, rtt_ms=args.rtt_ms)
+        except ValueError as exc:
+            parser.error(str(exc))
+        serve_proxy(args.target, link, args.port_file, args.port)
+    else:
+        serve(json.loads(args.spec.read_text()), args.ready_file)
     sys.exit(0)
 
 

@@ -14,6 +14,7 @@ from apps.ar.errors import ARError
 from cdi.errors import CDIError
 from cdiflow.client.errors import CdiflowError
 from orchestrator.errors import OrchestratorError
+from orchestrator.pid_one import stop_on_sigterm
 from workflows.errors import WorkflowsError
 
 __all__ = ["main"]
@@ -48,6 +49,7 @@ COMMANDS: Final = {
     "schedules": "cdiflow.commands.schedules:schedules_group",
     "webhooks": "cdiflow.commands.schedules:webhooks_group",
     "ar": "apps.ar.cli:ar_group",
+    "containers": "deploy.containers.cli:containers_group",
 }
 CDI_COMMANDS: Final = {
     "controller": "cdi.controller.cli:controller_command",
@@ -111,10 +113,10 @@ def _unavailable(name: str, why: str) -> click.Command:
 def _missing(group: str, command: str, module: str, exc: ModuleNotFoundError) -> str:
     package = module.partition(".")[0]
     if exc.name is not None and exc.name.partition(".")[0] == package:
+        extra = " (`pip install -e '.[bench]'` there)" if group.endswith(" bench") else ""
         return (
-            f"`{group} {command}` is part of the repository's benchmark harness "
-            f"({package}/), which an installed cdiflow does not include: run it from a "
-            "source checkout (`pip install -e '.[bench]'` there)"
+            f"`{group} {command}` is part of the repository's source checkout ({package}/), "
+            f"which an installed cdiflow does not include: run it from a checkout{extra}"
         )
     return f"`{group} {command}` needs {exc.name!r}, which is not installed: " + (
         "pip install 'cdiflow[bench]'" if group.endswith(" bench") else "reinstall cdiflow"
@@ -139,6 +141,7 @@ class _Commands(_LazyCommands):
 @click.version_option(package_name="cdiflow")
 def main() -> None:
     """cdiflow: a workflow orchestrator whose intermediate data moves as Container Data Items."""
+    stop_on_sigterm()  # a container's roles run as its first process
 
 
 @main.group("cdi", cls=_LazyCommands, lazy=CDI_COMMANDS)

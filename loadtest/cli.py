@@ -22,7 +22,7 @@ from cdi.link_emulator import Link
 from cdi.minion.config import parse_bytes
 from orchestrator.stack.state import DataDirLock
 
-__all__ = ["bench_workflows_command", "one_run_per_folder", "terminated_by_signal"]
+__all__ = ["bench_workflows_command", "one_run_per_folder", "parse_sizes", "terminated_by_signal"]
 
 _LOCK_FILE = "bench.lock"
 
@@ -51,7 +51,8 @@ def _shares(text: str) -> tuple[float, ...]:
     return values
 
 
-def _sizes(text: str) -> tuple[int, ...]:
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """Image sizes as the benchmarks' options give them (``10KB,2MB``)."""
     try:
         values = tuple(parse_bytes(v) for v in text.split(",") if v.strip())
     except CDIError as exc:  # ConfigError: not a size
@@ -249,7 +250,7 @@ def bench_workflows_command(
         payload = _scenarios(
             scenario or "all",
             chosen,
-            _sizes(sizes),
+            parse_sizes(sizes),
             _ints(concurrency, "concurrency"),
             _ints(tasks, "tasks"),
             s3_link,

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import IO, Final
 
+from cdi.child import ChildProcess
 from loadtest import harness_env
 from loadtest.plan import Target
 from loadtest.stats import WorkflowRecord
-from orchestrator.child_process import ChildProcess
 
 __all__ = ["LOCUSTFILE", "read_records", "run_locust"]
 

@@ -134,9 +134,9 @@ def bench_images_command(size: str, repeat: int, as_json: bool) -> None:
     """What one pass over an image costs: decode, the image tasks, encodes, CDI buffer copies."""
     import json
 
-    from loadtest.cli import _sizes
+    from loadtest.cli import parse_sizes
 
-    (nbytes,) = _sizes(size)
+    (nbytes,) = parse_sizes(size)
     result = measure_image_costs(nbytes, repeat)
     if as_json:
         click.echo(json.dumps(result))

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from locust.contrib.fasthttp import FastHttpSession
 
-from loadtest.rest import LONG_POLL_S
+from loadtest.cdiflow_api import LONG_POLL_S
 
 __all__ = ["LONG_POLL_S", "OPEN_LOOP_CONNECTIONS", "http_session"]
 

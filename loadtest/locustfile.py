@@ -51,11 +51,11 @@ from locust import User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 
+from loadtest.cdiflow_api import FINISHED, SYSTEM_MODES, stamp, while_busy
 from loadtest.images import chain_ops, chain_workflow
 from loadtest.locust_http import LONG_POLL_S, http_session
 from loadtest.pipeline_ops import RESULT_FORMAT
 from loadtest.plan import Target, client_usage_path
-from loadtest.rest import FINISHED, SYSTEM_MODES, stamp, while_busy
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.conductor_client import ConductorBackend
 
@@ -406,10 +406,10 @@ def _interactive_target(environment: Environment) -> Target:
 def _ensure_workflow(api_url: str, api_key: str, tasks: int) -> str:
     if tasks == 3:
         return chain_workflow(3)
-    from loadtest.rest import CdiflowApi
+    from loadtest.cdiflow_api import connect, ensure_chain
 
-    with CdiflowApi(api_url, api_key) as api:
-        return api.ensure_chain(tasks)
+    with connect(api_url, api_key) as api:
+        return ensure_chain(api, tasks)
 
 
 def _prepare(environment: Environment, **_: Any) -> None:

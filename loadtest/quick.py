@@ -32,6 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from cdiflow.client import Client
+from cdiflow.client.models import WorkflowDetail
+from loadtest import cdiflow_api
+from loadtest.cdiflow_api import connect, latency_ms, unix
 from loadtest.images import make_jpeg
 from loadtest.quick_graphs import (
     GRAPH_SYSTEMS,
@@ -41,7 +45,6 @@ from loadtest.quick_graphs import (
     measure_graphs,
     measure_tiles,
 )
-from loadtest.rest import CdiflowApi, stamp
 from loadtest.stats import summarize
 from loadtest.systems.services import BenchServices, s3_client
 from orchestrator.child_process import free_port
@@ -100,7 +103,7 @@ class QuickReport:
         }
 
 
-def phases_ms(detail: dict[str, Any]) -> dict[str, float]:
+def phases_ms(detail: WorkflowDetail) -> dict[str, float]:
     """Split one finished workflow's latency along its timestamps (milliseconds).
 
     admit: created -> claimed by the scheduler; input: claimed -> first task queued (download,
@@ -108,35 +111,33 @@ def phases_ms(detail: dict[str, Any]) -> dict[str, float]:
     started -> finished (summed); report: task finished -> next task queued (summed);
     output: last task finished -> workflow finished (encode and upload the result, commit).
     """
-    runs = sorted(
-        (r for r in detail["task_runs"] if r["status"] == "COMPLETED"), key=lambda r: r["id"]
-    )
-    created, started = stamp(detail["created_at"]), stamp(detail["started_at"])
-    finished = stamp(detail["finished_at"])
+    runs = sorted((r for r in detail.task_runs if r.status == "COMPLETED"), key=lambda r: r.id)
+    created, started = unix(detail.created_at), unix(detail.started_at)
+    finished = unix(detail.finished_at)
     out = {"admit": started - created, "dispatch": 0.0, "run": 0.0, "report": 0.0}
-    out["input"] = stamp(runs[0]["queued_at"]) - started
+    out["input"] = unix(runs[0].queued_at) - started
     for i, r in enumerate(runs):
-        out["dispatch"] += stamp(r["started_at"]) - stamp(r["queued_at"])
-        out["run"] += stamp(r["finished_at"]) - stamp(r["started_at"])
+        out["dispatch"] += unix(r.started_at) - unix(r.queued_at)
+        out["run"] += unix(r.finished_at) - unix(r.started_at)
         if i + 1 < len(runs):
-            out["report"] += stamp(runs[i + 1]["queued_at"]) - stamp(r["finished_at"])
-    out["output"] = finished - stamp(runs[-1]["finished_at"])
+            out["report"] += unix(runs[i + 1].queued_at) - unix(r.finished_at)
+    out["output"] = finished - unix(runs[-1].finished_at)
     return {k: round(out[k] * 1000, 2) for k in PHASES}
 
 
-def _latency_ms(detail: dict[str, Any]) -> float:
-    return (stamp(detail["finished_at"]) - stamp(detail["created_at"])) * 1000
-
-
-def _check(details: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
-    failed = [d for d in details if d["status"] != "COMPLETED"]
+def _check(details: list[WorkflowDetail], what: str) -> list[WorkflowDetail]:
+    failed = [d for d in details if d.status != "COMPLETED"]
     if failed:
-        raise RuntimeError(f"{what}: {len(failed)} workflow(s) failed, e.g. {failed[0]['error']}")
+        raise RuntimeError(f"{what}: {len(failed)} workflow(s) failed, e.g. {failed[0].error}")
     return details
 
 
+def _run_ms(detail: WorkflowDetail) -> float:
+    return sum(r.run_ms or 0.0 for r in detail.task_runs)
+
+
 def _measure(
-    api: CdiflowApi,
+    api: Client,
     system: str,
     workflow: str,
     image: str | None,
@@ -146,21 +147,20 @@ def _measure(
 ) -> QuickRow:
     sequential = []
     for _ in range(repeat):
-        sequential.append(api.run(workflow, image, system))
+        sequential.append(cdiflow_api.run(api, workflow, image, system))
     _check(sequential, f"{system} {workflow}")
     with ThreadPoolExecutor(8) as pool:  # start the burst as fast as a client can
-        ids = list(pool.map(lambda _: api.start(workflow, image, system), range(burst)))
-    burst_details = list(api.wait(ids).values())
-    done = [d for d in burst_details if d["status"] == "COMPLETED"]
-    span = max((stamp(d["finished_at"]) for d in done), default=0.0) - min(
-        stamp(d["created_at"]) for d in burst_details
+        started = pool.map(lambda _: cdiflow_api.start(api, workflow, image, system), range(burst))
+        ids = [str(run.id) for run in started]
+    burst_details = list(cdiflow_api.wait_all(api, ids).values())
+    done = [d for d in burst_details if d.status == "COMPLETED"]
+    span = max((unix(d.finished_at) for d in done), default=0.0) - min(
+        unix(d.created_at) for d in burst_details
     )
-    latency = summarize(_latency_ms(d) for d in sequential)
-    tasks = len([r for r in sequential[0]["task_runs"] if r["status"] == "COMPLETED"])
-    run = [sum(r["run_ms"] for r in d["task_runs"]) for d in sequential]
-    overhead = [
-        (_latency_ms(d) - sum(r["run_ms"] for r in d["task_runs"])) / tasks for d in sequential
-    ]
+    latency = summarize(latency_ms(d) for d in sequential)
+    tasks = len([r for r in sequential[0].task_runs if r.status == "COMPLETED"])
+    run = [_run_ms(d) for d in sequential]
+    overhead = [(latency_ms(d) - _run_ms(d)) / tasks for d in sequential]
     phases = [phases_ms(d) for d in sequential]
     chains = _chains(api, system, repeat) if image is None else {}
     return QuickRow(
@@ -176,7 +176,7 @@ def _measure(
         p50_overhead_per_task_ms=round(statistics.median(overhead), 1),
         burst=burst,
         burst_completed=len(done),
-        burst_p50_latency_ms=round(summarize(_latency_ms(d) for d in done).p50, 1),
+        burst_p50_latency_ms=round(summarize(latency_ms(d) for d in done).p50, 1),
         throughput_wps=round(len(done) / span, 2) if span > 0 else 0.0,
         phases_p50_ms={k: round(statistics.median(p[k] for p in phases), 1) for k in PHASES},
         chain_p50_ms=chains,
@@ -188,17 +188,17 @@ def _measure(
     )
 
 
-def _chains(api: CdiflowApi, system: str, repeat: int) -> dict[int, float]:
+def _chains(api: Client, system: str, repeat: int) -> dict[int, float]:
     """p50 latency (ms) of dataless no-op chains of ``CHAIN`` lengths, run one at a time."""
     out = {}
     for length in CHAIN:
-        name = api.ensure_noop_chain(length)
-        api.run(name, None, system)  # warm-up
+        name = cdiflow_api.ensure_noop_chain(api, length)
+        cdiflow_api.run(api, name, None, system)  # warm-up
         runs = []
         for _ in range(repeat):
-            runs.append(api.run(name, None, system))
+            runs.append(cdiflow_api.run(api, name, None, system))
         _check(runs, f"{system} {name}")
-        out[length] = round(statistics.median(_latency_ms(d) for d in runs), 2)
+        out[length] = round(statistics.median(latency_ms(d) for d in runs), 2)
     return out
 
 
@@ -237,12 +237,12 @@ def run_quick(
         stack = Stack(
             folder / "stack", workers=workers, port=free_port(), services=shared.for_system("quick")
         )
-        with stack, CdiflowApi(stack.api_url, stack.api_key) as api:
+        with stack, connect(stack.api_url, stack.api_key) as api:
             for workflow in workflows:
                 given = None if workflow in DATALESS else image
                 for system in systems:
                     for _ in range(warmup):
-                        _check([api.run(workflow, given, system)], "warm-up")
+                        _check([cdiflow_api.run(api, workflow, given, system)], "warm-up")
                     began = time.monotonic()
                     size = 0 if given is None else len(image_bytes)
                     rows.append(_measure(api, system, workflow, given, size, repeat, burst))

@@ -30,7 +30,10 @@ from typing import Any, Final
 
 from PIL import Image
 
-from loadtest.rest import CdiflowApi, stamp
+from cdiflow.client import Client
+from cdiflow.client.models import WorkflowDetail
+from loadtest import cdiflow_api
+from loadtest.cdiflow_api import latency_ms, unix
 from workflows import fanout_tasks, imagebuf
 from workflows.api import TaskContext
 from workflows.memory import tune_for_images
@@ -84,18 +87,18 @@ class TileRow:
         return asdict(self)
 
 
-def _fork_join(api: CdiflowApi, width: int) -> str:
+def _fork_join(api: Client, width: int) -> str:
     name = f"noop_fork_join_{width}"
     branches = [f"b{i}" for i in range(width)]
     steps: list[dict[str, Any]] = [{"ref": "src", "task": "spread", "params": {"n": 1}}]
     steps += [{"ref": b, "task": "pass_item", "inputs": {"item": "src.items"}} for b in branches]
     steps.append({"ref": "join", "task": "merge", "inputs": {b: f"{b}.item" for b in branches}})
-    return api.ensure_definition({"name": name, "tasks": steps})
+    return cdiflow_api.ensure_definition(api, {"name": name, "tasks": steps})
 
 
-def _fan_out(api: CdiflowApi, elements: int) -> str:
+def _fan_out(api: Client, elements: int) -> str:
     name = f"noop_fan_out_{elements}"
-    return api.ensure_definition({"name": name, "tasks": [
+    return cdiflow_api.ensure_definition(api, {"name": name, "tasks": [
         {"ref": "spread", "task": "spread", "params": {"n": elements}},
         {"ref": "pass", "task": "pass_item", "inputs": {"item": "spread.items"},
          "for_each": "item"},
@@ -103,8 +106,9 @@ def _fan_out(api: CdiflowApi, elements: int) -> str:
     ]})  # fmt: skip
 
 
-def _tiled(api: CdiflowApi) -> str:
-    return api.ensure_definition({"name": f"tiled_blur_{TILE_GRID * TILE_GRID}", "tasks": [
+def _tiled(api: Client) -> str:
+    name = f"tiled_blur_{TILE_GRID * TILE_GRID}"
+    return cdiflow_api.ensure_definition(api, {"name": name, "tasks": [
         {"ref": "split", "task": "tiles", "params": {"n": TILE_GRID}},
         {"ref": "blur", "task": "blur_tile", "inputs": {"tile": "split.tiles"},
          "for_each": "tile"},
@@ -112,40 +116,37 @@ def _tiled(api: CdiflowApi) -> str:
     ]})  # fmt: skip
 
 
-def _latency_ms(detail: dict[str, Any]) -> float:
-    return (stamp(detail["finished_at"]) - stamp(detail["created_at"])) * 1000
-
-
 def _runs(
-    api: CdiflowApi, name: str, image: str | None, system: str, repeat: int
-) -> list[dict[str, Any]]:
-    api.run(name, image, system)  # warm-up
-    details = [api.run(name, image, system) for _ in range(repeat)]
-    failed = [d for d in details if d["status"] != "COMPLETED"]
+    api: Client, name: str, image: str | None, system: str, repeat: int
+) -> list[WorkflowDetail]:
+    cdiflow_api.run(api, name, image, system)  # warm-up
+    details = [cdiflow_api.run(api, name, image, system) for _ in range(repeat)]
+    failed = [d for d in details if d.status != "COMPLETED"]
     if failed:
-        raise RuntimeError(f"{system} {name}: {len(failed)} failed, e.g. {failed[0]['error']}")
+        raise RuntimeError(f"{system} {name}: {len(failed)} failed, e.g. {failed[0].error}")
     return details
 
 
 def _p50(
-    api: CdiflowApi, name: str, system: str, repeat: int, expect: dict[str, Any] | None = None
+    api: Client, name: str, system: str, repeat: int, expect: dict[str, Any] | None = None
 ) -> float:
     """p50 latency (ms) of ``repeat`` dataless runs, each checked to output ``expect``."""
     details = _runs(api, name, None, system, repeat)
     for d in details:
-        if expect and {k: d["output"].get(k) for k in expect} != expect:
-            raise RuntimeError(f"{system} {name}: output {d['output']}, expected {expect}")
-    return round(statistics.median(_latency_ms(d) for d in details), 2)
+        output = d.output or {}
+        if expect and {k: output.get(k) for k in expect} != expect:
+            raise RuntimeError(f"{system} {name}: output {output}, expected {expect}")
+    return round(statistics.median(latency_ms(d) for d in details), 2)
 
 
-def register_tasks(api: CdiflowApi) -> None:
+def register_tasks(api: Client) -> None:
     """Register the bundled fan-out tasks the graph rows run."""
     for name in _TASKS:
-        api.ensure_task(name, f"workflows.fanout_tasks:{name}")
+        cdiflow_api.ensure_task(api, name, f"workflows.fanout_tasks:{name}")
 
 
 def measure_graphs(
-    api: CdiflowApi,
+    api: Client,
     systems: Sequence[str],
     repeat: int,
     progress: Callable[[str], None] = lambda _: None,
@@ -205,17 +206,17 @@ def _floor_ms(image_bytes: bytes, workers: int, repeat: int) -> tuple[float, int
     return statistics.median(times), image.width * image.height
 
 
-def _fan_out_span_ms(detail: dict[str, Any]) -> float:
-    runs = detail["task_runs"]
-    [cut] = [r for r in runs if r["ref"] == "split" and r["status"] == "COMPLETED"]
-    tiles = [r for r in runs if r["ref"].startswith("blur[") and r["status"] == "COMPLETED"]
+def _fan_out_span_ms(detail: WorkflowDetail) -> float:
+    runs = detail.task_runs
+    [cut] = [r for r in runs if r.ref == "split" and r.status == "COMPLETED"]
+    tiles = [r for r in runs if r.ref.startswith("blur[") and r.status == "COMPLETED"]
     if len(tiles) != TILE_GRID * TILE_GRID:
-        raise RuntimeError(f"{detail['id']}: {len(tiles)} tile runs completed, not 16")
-    return (max(stamp(r["finished_at"]) for r in tiles) - stamp(cut["finished_at"])) * 1000
+        raise RuntimeError(f"{detail.id}: {len(tiles)} tile runs completed, not 16")
+    return (max(unix(r.finished_at) for r in tiles) - unix(cut.finished_at)) * 1000
 
 
 def measure_tiles(
-    api: CdiflowApi,
+    api: Client,
     systems: Sequence[str],
     image: str,
     image_bytes: bytes,
@@ -233,8 +234,7 @@ def measure_tiles(
         details = _runs(api, name, image, system, repeat)
         span = statistics.median(_fan_out_span_ms(d) for d in details)
         tile_run = [
-            sum(r["run_ms"] for r in d["task_runs"] if r["ref"].startswith("blur["))
-            for d in details
+            sum(r.run_ms or 0.0 for r in d.task_runs if r.ref.startswith("blur[")) for d in details
         ]
         rows.append(
             TileRow(
@@ -246,7 +246,7 @@ def measure_tiles(
                 n=repeat,
                 fan_out_p50_ms=round(span, 1),
                 tile_run_p50_ms=round(statistics.median(tile_run), 1),
-                latency_p50_ms=round(statistics.median(_latency_ms(d) for d in details), 1),
+                latency_p50_ms=round(statistics.median(latency_ms(d) for d in details), 1),
                 floor_p50_ms=round(floor, 1),
                 share_of_floor=round(floor / span, 3) if span > 0 else 0.0,
             )

@@ -35,13 +35,14 @@ _COMPONENTS: Final = (
     ("-m orchestrator.scheduler", "cdiflow scheduler"),
     ("-m orchestrator.worker", "cdiflow workers"),
     ("-m cdi.minion", "cdi minion"),
+    ("cdi-minion", "cdi minion"),  # the binary, once the launcher has exec-ed it
     ("-m cdi.controller", "cdi controller"),
     # Before the services: Conductor's command line names the Postgres and Redis it uses.
     ("conductor-server", "conductor server"),
     ("conductor_worker", "conductor workers"),
     ("versitygw", "s3 (versitygw)"),
     ("moto.server", "s3 (moto)"),
-    ("netem_proxy", "s3 link proxy"),
+    ("-m cdi.link_emulator --target", "s3 link proxy"),
     ("-m cdi.link_emulator", "host link emulator"),  # --hosts: the link between the hosts
     ("redis-server", "redis"),
     ("postgres", "postgres"),

@@ -181,12 +181,12 @@ def _per_call(costs: list[tuple[float, float, float]], column: int, calls: int) 
 def bench_s3_command(sizes: str, calls: int, blocks: int, servers: str, as_json: bool) -> None:
     """Cost of one S3 GET and PUT: boto3 against cdiflow's client, on each server asked for
     (default: the embedded endpoint)."""
-    from loadtest.cli import _sizes
+    from loadtest.cli import parse_sizes
 
     chosen = tuple(s.strip() for s in servers.split(",") if s.strip())
     if unknown := [s for s in chosen if s not in SERVERS]:
         raise click.BadParameter(f"unknown {unknown}; choose from {', '.join(SERVERS)}")
-    results = measure_s3_costs(list(_sizes(sizes)), calls, blocks, chosen)
+    results = measure_s3_costs(list(parse_sizes(sizes)), calls, blocks, chosen)
     if as_json:
         click.echo(json.dumps({"results": results}))
         return

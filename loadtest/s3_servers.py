@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from loadtest.maven import fetch_jar
-from orchestrator.services._process import HOST, ManagedService
+from orchestrator.services import HOST, ManagedService
 from orchestrator.services.credentials import ServiceCredentials
 from orchestrator.services.s3 import S3Service
 

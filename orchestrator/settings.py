@@ -29,6 +29,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from cdi.auth import placeholder_reason  # one rule for every secret an operator configures
 from orchestrator.apikeys import KEY_RE, MIN_KEY_LENGTH, read_key_file
 from orchestrator.errors import ConfigError
 from workflows.sources import TaskSources
@@ -272,6 +273,8 @@ class Settings(BaseSettings):
                 f"not a usable key: use {MIN_KEY_LENGTH}-256 letters, digits or ._~+/=- "
                 f"(make one with {_GENERATE_KEY})"
             )
+        if value is not None and (why := placeholder_reason(value.get_secret_value())):
+            raise ValueError(f"not a secret: {why}; make a random key with {_GENERATE_KEY}")
         return value
 
     @field_validator("allowed_hosts", mode="before")
@@ -369,13 +372,21 @@ class Settings(BaseSettings):
         return TaskSources(tuple(self.task_packages), tuple(self.task_paths))
 
     def resolved_admin_key(self) -> str | None:
-        """The admin key from ``admin_key`` or ``admin_key_file`` (``ConfigError`` if that
-        file is unusable), or ``None`` when neither is set."""
+        """The admin key from ``admin_key`` or ``admin_key_file``, or ``None`` when neither is
+        set; ``ConfigError`` if that file is unusable or the key is a placeholder (the API
+        refuses to start with one: ``cdi.auth.placeholder_reason``)."""
         if self.admin_key is not None:
-            return self.admin_key.get_secret_value()
-        if self.admin_key_file is not None:
-            return read_key_file(self.admin_key_file)
-        return None
+            key, where = self.admin_key.get_secret_value(), "CDIFLOW_ADMIN_KEY"
+        elif self.admin_key_file is not None:
+            key = read_key_file(self.admin_key_file)
+            where = f"CDIFLOW_ADMIN_KEY_FILE: the key in {self.admin_key_file}"
+        else:
+            return None
+        if why := placeholder_reason(key):
+            raise ConfigError(
+                f"{where} is not a secret: {why}; make a random key with {_GENERATE_KEY}"
+            )
+        return key
 
     @field_validator("aws_region")
     @classmethod

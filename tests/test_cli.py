@@ -1,5 +1,6 @@
-"""The ``cdiflow`` command as a product: its benchmark commands are the source checkout's
-harness, loaded only when one is called, and the installed package does not include it."""
+"""The ``cdiflow`` command as a product: its benchmark and container commands are the source
+checkout's (``loadtest/``, ``deploy/``), loaded only when one is called, and the installed
+package does not include them."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from setuptools import find_packages  # type: ignore[import-untyped]
+from setuptools import find_packages
 
 from cdiflow.cli import BENCH_COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
-_HARNESS = ("loadtest", "locust", "ray", "celery", "matplotlib", "conductor")
+# The benchmark harness and the deployment tools (deploy/): the checkout's, not the product's.
+_HARNESS = ("loadtest", "locust", "ray", "celery", "matplotlib", "conductor", "deploy")
 
 
 def test_the_command_loads_no_benchmark_code_until_one_is_called() -> None:
@@ -67,4 +69,4 @@ def test_the_wheel_holds_the_product_not_the_harness() -> None:
     include = config["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = set(find_packages(where=str(ROOT), include=include))
     assert {"cdiflow", "orchestrator.contract", "orchestrator.db", "cdi", "workflows"} <= packages
-    assert not {p for p in packages if p.partition(".")[0] in ("loadtest", "tests")}
+    assert not {p for p in packages if p.partition(".")[0] in ("loadtest", "tests", "deploy")}

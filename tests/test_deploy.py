@@ -19,12 +19,18 @@ from orchestrator.contract.alive import ALIVE_FILE_ENV, STALL_AFTER_S
 from orchestrator.settings import Settings
 
 K8S = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
+ANOTHER_INSTALL = K8S.parent / "overlays" / "another-install"
+BASE_SOCKET_DIR = "/run/cdi/cdiflow"  # the base install's folder on each node
+
+
+def kustomization(folder: Path = K8S) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    return loaded
 
 
 def documents() -> list[dict[str, Any]]:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     docs: list[dict[str, Any]] = []
-    for name in kustomization["resources"]:
+    for name in kustomization()["resources"]:
         docs.extend(d for d in yaml.safe_load_all((K8S / name).read_text()) if d)
     return docs
 
@@ -62,15 +68,86 @@ def test_every_listed_manifest_exists_and_selectors_match() -> None:
     } <= workloads
 
 
-def test_pods_that_use_cdi_mount_the_minion_socket_directory() -> None:
+SOCKET_PODS = ("cdi-minion", "cdiflow-scheduler", "cdiflow-worker")
+
+
+def test_pods_that_use_cdi_mount_the_install_socket_directory() -> None:
+    """The node's socket folder is the install's own, not a folder every install would
+    share; the socket-dir component sets another install's into each pod that mounts it."""
     for d in documents():
         if d["kind"] not in ("Deployment", "DaemonSet"):
             continue
         spec = d["spec"]["template"]["spec"]
         assert not spec.get("hostIPC"), "CDI needs no hostIPC: memory travels as fds"
-        if d["metadata"]["name"] in ("cdi-minion", "cdiflow-scheduler", "cdiflow-worker"):
+        if d["metadata"]["name"] in SOCKET_PODS:
             volumes = {v["name"]: v for v in spec["volumes"]}
-            assert volumes["cdi-socket"]["hostPath"]["path"] == "/run/cdi"
+            assert volumes["cdi-socket"]["hostPath"]["path"] == BASE_SOCKET_DIR
+            for container in spec["containers"]:
+                mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+                assert mounts["cdi-socket"] == "/run/cdi", (d["metadata"]["name"], mounts)
+    component = kustomization(K8S / "components" / "socket-dir")
+    targets = {t["select"]["name"] for r in component["replacements"] for t in r["targets"]}
+    assert targets == set(SOCKET_PODS)
+
+
+def test_every_container_has_a_liveness_probe_and_the_api_a_readiness_on_readyz() -> None:
+    for name, spec in _pods():
+        for container in spec["containers"]:
+            assert "livenessProbe" in container, (name, container["name"])
+    api = dict(_pods())["cdiflow-api"]["containers"][0]
+    # Ready while the API itself can answer: workers scaled to zero, or no scheduler, must not
+    # take every API pod out of its Service (deploy/k8s/README.md, Probes).
+    assert api["readinessProbe"]["httpGet"]["path"] == "/api/readyz?scope=api"
+    assert api["livenessProbe"]["httpGet"]["path"] == "/api/healthz"
+    [minion] = [c for c in containers() if c["name"] == "cdi-minion"]
+    probe = minion["livenessProbe"]["exec"]["command"]
+    assert probe[:3] == ["python", "-m", "cdi.minion.probe"] and "/run/cdi/minion.sock" in probe
+
+
+def test_every_container_asks_for_cpu_and_memory_and_is_capped() -> None:
+    for name, spec in _pods():
+        for container in [*spec["containers"], *spec.get("initContainers", [])]:
+            resources = container["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]), (name, container["name"])
+            assert "memory" in resources["limits"], (name, container["name"])
+    worker = dict(_pods())["cdiflow-worker"]["containers"][0]
+    assert {"cpu", "memory"} <= set(worker["resources"]["limits"])
+
+
+def test_the_metrics_ports_are_declared_and_let_in() -> None:
+    """The API and the workers serve /metrics without a key on a port they declare, and a
+    NetworkPolicy lets the monitoring namespace (and only it) reach that port."""
+    ports = {}
+    for name, spec in _pods():
+        [container] = spec["containers"]
+        declared = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+        if "metrics" in declared:
+            ports[name] = declared["metrics"]
+    assert set(ports) == {"cdiflow-api", "cdiflow-worker"}
+    api = dict(_pods())["cdiflow-api"]["containers"][0]
+    argv = _full_argv(api)
+    assert argv[argv.index("--metrics-port") + 1] == str(ports["cdiflow-api"])
+    assert argv[argv.index("--metrics-host") + 1] == "0.0.0.0"
+    worker = dict(_pods())["cdiflow-worker"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["CDIFLOW_WORKER_METRICS_PORT"] == str(ports["cdiflow-worker"])
+    # A worker listens on loopback unless told: the scraper in another pod must reach it.
+    assert env["CDIFLOW_WORKER_METRICS_HOST"] == "0.0.0.0"
+    policies = {d["metadata"]["name"]: d["spec"] for d in documents()
+                if d["kind"] == "NetworkPolicy"}  # fmt: skip
+    metrics = policies["cdiflow-metrics-ingress"]
+    selected = metrics["podSelector"]["matchExpressions"][0]["values"]
+    assert set(selected) == set(ports)
+    [rule] = metrics["ingress"]
+    assert rule["ports"] == [{"port": p, "protocol": "TCP"} for p in sorted(set(ports.values()))]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]  # fmt: skip
+
+
+def test_the_image_is_named_in_one_place() -> None:
+    [override] = kustomization()["images"]
+    for container in containers():
+        assert container["image"].partition(":")[0] == override["name"]
 
 
 def _argv(container: dict[str, Any]) -> list[str]:
@@ -145,12 +222,77 @@ def test_network_policies_deny_by_default() -> None:
     assert policies["default-deny-ingress"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
     controller = policies["cdi-controller-ingress"]["ingress"][0]
     allowed = controller["from"][0]["podSelector"]["matchExpressions"][0]["values"]
-    assert "cdiflow-api" in allowed and controller["ports"] == [{"port": 50051, "protocol": "TCP"}]
+    # The pods that hold a token of the cluster, and only they, reach the controller.
+    holders = {name for name, refs in _cdi_secrets().items() if name != "cdi-controller" and refs}
+    assert set(allowed) == holders == {"cdi-minion", "cdiflow-api", "cdiflow-scheduler"}
+    assert controller["ports"] == [{"port": 50051, "protocol": "TCP"}]
     gateway = policies["cdi-minion-gateway-ingress"]["ingress"][0]
     assert gateway["from"] == [{"podSelector": {"matchLabels": {"app": "cdi-minion"}}}]
     [minion] = [c for c in containers() if c["name"] == "cdi-minion"]
     assert gateway["ports"] == [{"port": p["containerPort"], "protocol": "TCP"}
                                 for p in minion["ports"]]  # fmt: skip
+
+
+def _cdi_secrets() -> dict[str, dict[str, str]]:
+    """Each workload's variables taken from the cdi-credentials Secret: variable -> key."""
+    found = {}
+    for name, spec in _pods():
+        refs = {}
+        for container in spec["containers"]:
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref is not None and ref["name"] == "cdi-credentials":
+                    refs[env["name"]] = ref["key"]
+        found[name] = refs
+    return found
+
+
+def test_each_pod_gets_the_cdi_credentials_it_needs_and_no_other() -> None:
+    """The controller the cluster key; a minion its token and the gateway key; the API and the
+    schedulers a reader's token; the workers, where task code runs, nothing. The Secret's keys
+    are the files `cdiflow cdi credentials --any-host` writes, so it can be made from them."""
+    from cdi.auth import ANY_HOST, ClusterCredentials
+
+    made = ClusterCredentials(Path("cdi-credentials"))
+    files = {made.cluster_key_file.name, made.gateway_key_file.name,
+             made.reader_token_file.name, made.minion_token_file(ANY_HOST).name}  # fmt: skip
+    [secret] = [d for d in documents() if d["metadata"]["name"] == "cdi-credentials"]
+    assert set(secret["stringData"]) == files
+    assert _cdi_secrets() == {
+        "cdi-controller": {"CDI_CLUSTER_KEY": made.cluster_key_file.name},
+        "cdi-minion": {"CDI_CONTROLLER_TOKEN": made.minion_token_file(ANY_HOST).name,
+                       "CDI_GATEWAY_KEY": made.gateway_key_file.name},
+        "cdiflow-api": {"CDI_CONTROLLER_TOKEN": made.reader_token_file.name},
+        "cdiflow-scheduler": {"CDI_CONTROLLER_TOKEN": made.reader_token_file.name},
+        "cdiflow-worker": {},
+    }  # fmt: skip
+    for name, spec in _pods():  # never the whole Secret into a pod
+        for container in spec["containers"]:
+            whole = [r["secretRef"]["name"] for r in container.get("envFrom", [])
+                     if "secretRef" in r]  # fmt: skip
+            assert "cdi-credentials" not in whole, name
+
+
+def test_the_shipped_cdi_credentials_stop_every_process_at_its_start(tmp_path: Path) -> None:
+    """A forgotten edit must not deploy: the controller refuses the Secret's cluster key as
+    it would start in its pod, and the minion's, the API's and the schedulers' token and the
+    gateway key are refused by the checks they run before they serve."""
+    from cdi.auth import Role, check_key, check_token
+    from cdi.errors import ConfigError
+
+    [secret] = [d for d in documents() if d["metadata"]["name"] == "cdi-credentials"]
+    shipped = secret["stringData"]
+    env = {"PATH": os.environ["PATH"], "CDI_CLUSTER_KEY": shipped["cluster.key"]}
+    done = subprocess.run([sys.executable, "-m", "cdiflow", "cdi", "controller", "--listen",
+                           "127.0.0.1:0"], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, check=False)  # fmt: skip
+    assert done.returncode != 0 and "the cluster key is not a secret" in done.stderr, done.stderr
+    assert shipped["cluster.key"] not in done.stderr + done.stdout
+    with pytest.raises(ConfigError, match="not a secret"):
+        check_key(shipped["gateway.key"], "gateway key")
+    for key, role in (("minion-any-host.token", Role.MINION), ("reader.token", Role.READER)):
+        with pytest.raises(ConfigError, match="not a CDI token"):
+            check_token(shipped[key], role)
 
 
 # -- rendered and validated; every flag and variable checked against the code ------------------
@@ -170,25 +312,75 @@ def _renderer() -> list[str] | None:
 
 
 def test_manifests_render_with_kustomize_and_validate_against_the_kubernetes_schemas() -> None:
-    import kubernetes_validate
-
     renderer = _renderer()
     if renderer is None:
         reason = "neither kustomize nor kubectl is installed (`make kustomize` builds it with go)"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    done = subprocess.run([*renderer, str(K8S)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    rendered = [d for d in yaml.safe_load_all(done.stdout) if d]
+    rendered = _render(renderer, K8S)
     assert {(d["kind"], d["metadata"]["name"]) for d in rendered} == {
         (d["kind"], d["metadata"]["name"]) for d in documents()
     }
     for doc in rendered:
-        try:
-            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {exc}") from None
+        kubernetes_validate_strict(doc)
+
+
+def kubernetes_validate_strict(doc: dict[str, Any]) -> None:
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {exc}") from None
+
+
+def _render(renderer: list[str], folder: Path) -> list[dict[str, Any]]:
+    done = subprocess.run([*renderer, str(folder)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def test_another_install_has_its_own_namespace_and_socket_folder() -> None:
+    """deploy/overlays/another-install, as README.md there says a second install is made:
+    every object in its namespace, every pod on its own socket folder."""
+    renderer = _renderer()
+    if renderer is None:
+        pytest.skip("neither kustomize nor kubectl is installed (`make kustomize` builds it)")
+    [install] = [d for d in yaml.safe_load_all((ANOTHER_INSTALL / "install.yaml").read_text())]
+    socket_dir = install["data"]["socketDir"]
+    assert socket_dir != BASE_SOCKET_DIR
+    rendered = _render(renderer, ANOTHER_INSTALL)
+    namespace = kustomization(ANOTHER_INSTALL)["namespace"]
+    assert {d["metadata"]["name"] for d in rendered if d["kind"] == "Namespace"} == {namespace}
+    assert {d["metadata"].get("namespace") for d in rendered if d["kind"] != "Namespace"} == {
+        namespace
+    }
+    workloads = [d["spec"]["template"]["spec"] for d in rendered
+                 if d["kind"] in ("Deployment", "DaemonSet")]  # fmt: skip
+    volumes = [v for w in workloads for v in w.get("volumes", [])]
+    paths = {v["hostPath"]["path"] for v in volumes if "hostPath" in v}
+    assert paths == {socket_dir}
+    for doc in rendered:
+        kubernetes_validate_strict(doc)
+
+
+def test_the_image_is_set_once_for_every_pod(tmp_path: Path) -> None:
+    renderer = _renderer()
+    if renderer is None:
+        pytest.skip("neither kustomize nor kubectl is installed (`make kustomize` builds it)")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(K8S, overlay)],
+        "images": [{"name": "cdiflow", "newName": "registry.example/cdiflow", "newTag": "9.9"}],
+    }))  # fmt: skip
+    images = {c["image"] for d in _render(renderer, overlay)
+              if d["kind"] in ("Deployment", "DaemonSet")
+              for c in [*d["spec"]["template"]["spec"]["containers"],
+                        *d["spec"]["template"]["spec"].get("initContainers", [])]}  # fmt: skip
+    assert images == {"registry.example/cdiflow:9.9"}
 
 
 def _help(argv: list[str]) -> str:
@@ -214,6 +406,18 @@ def _full_argv(container: dict[str, Any]) -> list[str]:
         script = command[2].replace('"$@"', shlex.join(args)).replace("exec ", "", 1)
         return shlex.split(script)
     return [*command, *args]
+
+
+def test_every_exec_probe_runs_a_command_we_have() -> None:
+    """Each exec liveness probe that runs our Python names a module that answers --help."""
+    probes = [c["livenessProbe"]["exec"]["command"] for c in containers()
+              if "exec" in c.get("livenessProbe", {})]  # fmt: skip
+    modules = [p for p in probes if p[0] == "python"]
+    assert modules, "no probe runs our code"
+    for command in modules:
+        done = subprocess.run([sys.executable, *command[1:3], "--help"], capture_output=True,
+                              text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 0, (command, done.stderr)
 
 
 def test_every_flag_the_manifests_pass_is_one_the_command_takes() -> None:

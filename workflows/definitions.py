@@ -34,7 +34,7 @@ from typing import Any, Final
 
 from workflows.errors import InvalidDefinition
 from workflows.names import MODULE_PATH_RE, name_problem
-from workflows.steps import Shape, edges, graph_problems, step_problems, topological
+from workflows.steps import Shape, StepKind, edges, graph_problems, step_problems, topological
 
 __all__ = [
     "AR_VIDEO",
@@ -102,7 +102,7 @@ class Step:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ref": self.ref}
-        for kind in ("task", "switch", "workflow"):
+        for kind in StepKind:
             if getattr(self, kind) is not None:
                 out[kind] = getattr(self, kind)
         if self.depends_on:
@@ -284,7 +284,7 @@ def chain_problems(steps: Iterable[Mapping[str, Any]]) -> list[str]:
     problems = [
         f"step {s['ref']!r}: {field!r} needs the cdi plane"
         for s in listed
-        for field in ("inputs", "for_each", "switch", "workflow")
+        for field in ("inputs", "for_each", StepKind.SWITCH, StepKind.WORKFLOW)
         if s.get(field) is not None
     ]
     graph = {s["ref"]: _after(s) for s in listed}

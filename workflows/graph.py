@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Final
 
 from workflows.binding import IMAGE
 from workflows.errors import InvalidDefinition
-from workflows.steps import INPUT, DataRef, parse_ref, topological
+from workflows.steps import INPUT, DataRef, StepKind, parse_ref, step_kind, topological
 
 __all__ = ["MAX_DEPTH", "SEP", "Graph", "Node", "build_graph"]
 
@@ -82,10 +83,11 @@ class Graph:
         waited = {r for n in self.nodes.values() for r in n.after}
         return [n.ref for n in self.nodes.values() if not n.is_switch and n.ref not in waited]
 
-    @property
+    @cached_property
     def is_chain(self) -> bool:
-        """One line of task steps, each reading the one before it: today's single-image
-        pipeline, which the fast paths (held images, one object moving along) are for."""
+        """One line of task steps, each reading the one before it: the single-image
+        pipeline, which the fast paths (held images, one object moving along) are for (the
+        graph never changes: worked out once)."""
         refs = list(self.nodes)
         for i, node in enumerate(self.nodes.values()):
             before = {refs[i - 1]} if i else set()
@@ -103,10 +105,10 @@ def build_graph(steps: Iterable[Mapping[str, Any]], lookup: Lookup, *, depth: in
     expanded: dict[str, tuple[list[str], list[str]]] = {}  # sub step -> (its nodes, its sinks)
     nodes: dict[str, Node] = {}
     for step in listed:
-        if step.get("workflow") is None:
-            nodes[step["ref"]] = _node(step, kinds)
+        if step_kind(step) is not StepKind.WORKFLOW:
+            nodes[step["ref"]] = _node(step, kinds)  # a task, or a switch (no task)
             continue
-        inner = _sub_graph(step, kinds, lookup, depth)
+        inner = _sub_graph(step, kinds, lookup, depth)  # its definition's nodes, inlined
         expanded[step["ref"]] = (list(inner), [n.ref for n in inner.values() if _is_sink(n, inner)])
         nodes.update(inner)
     if expanded:
@@ -133,7 +135,8 @@ def _switches_listing(ref: str, kinds: Mapping[str, Mapping[str, Any]]) -> set[s
 
 def _node(step: Mapping[str, Any], kinds: Mapping[str, Mapping[str, Any]]) -> Node:
     given = step.get("inputs")
-    if step.get("switch") is not None:
+    is_switch = step_kind(step) is StepKind.SWITCH
+    if is_switch:
         inputs: dict[str, tuple[DataRef, ...]] = {}  # a switch reads only its value
     elif given is None:
         inputs = _default_inputs(step)
@@ -141,7 +144,7 @@ def _node(step: Mapping[str, Any], kinds: Mapping[str, Mapping[str, Any]]) -> No
         inputs = {name: _alternatives(value) for name, value in given.items()}
     after = set(step.get("depends_on") or [])
     after |= {d.ref for refs in inputs.values() for d in refs if d.ref != INPUT}
-    switch = parse_ref(step["switch"]) if step.get("switch") is not None else None
+    switch = parse_ref(step[StepKind.SWITCH]) if is_switch else None
     if switch is not None:
         after.add(switch.ref)
     after |= _switches_listing(step["ref"], kinds)

@@ -23,14 +23,20 @@ A value read from an object is read-only and maps the object's memory: an image 
 ``imagebuf.map_image``, an array through ``np.frombuffer`` (``writeable`` False), bytes as a
 read-only ``memoryview``. A task that wants to change it makes a copy; a task that wants to keep
 it beyond its call copies it too (the object is freed once its last reader is done).
+
+Each kind is one ``Codec`` in ``CODECS``: its size in an object, writing and reading it there,
+and its file. Adding a kind: its ``Kind`` member, its codec and row, what values travel as it
+(``kind_of``), and its tests.
 """
 
 from __future__ import annotations
 
+import abc
 import enum
 import io
 import json
 import math
+from collections.abc import Mapping
 from typing import Any, Final
 
 import numpy as np
@@ -42,7 +48,9 @@ from workflows.errors import InvalidData, InvalidImage
 from workflows.filetypes import FileType
 
 __all__ = [
+    "CODECS",
     "INLINE_LIMIT",
+    "Codec",
     "Kind",
     "decode_file",
     "encode_file",
@@ -94,30 +102,61 @@ def json_bytes(value: Any) -> bytes:
         ) from exc
 
 
-def _npy_header(array: npt.NDArray[Any]) -> bytes:
-    out = io.BytesIO()
-    np.lib.format.write_array_header_1_0(out, np.lib.format.header_data_from_array_1_0(array))
-    return out.getvalue()
+class Codec(abc.ABC):
+    """How one kind of value lies in a CDI object and in a file."""
+
+    @abc.abstractmethod
+    def size(self, value: Any) -> int:
+        """Bytes an object needs to hold ``value``."""
+
+    @abc.abstractmethod
+    def write(self, buf: memoryview, value: Any) -> int:
+        """Write ``value`` at the start of ``buf`` (sized by ``size``); the bytes written."""
+
+    @abc.abstractmethod
+    def read(self, view: memoryview) -> Any:
+        """The value an object holds, read-only and mapped over ``view`` where it can be."""
+
+    @abc.abstractmethod
+    def encode(self, value: Any, image_format: str) -> tuple[bytes, FileType]:
+        """``value`` as a file's bytes, with its content type and extension."""
+
+    @abc.abstractmethod
+    def decode(self, data: bytes, max_pixels: int) -> Any:
+        """A value from a file's bytes (``encode``'s reverse)."""
 
 
-def size_of(value: Any, kind: Kind) -> int:
-    """Bytes an object of ``kind`` needs to hold ``value``."""
-    if kind is Kind.IMAGE:
+class _Image(Codec):
+    """A Pillow image: ``imagebuf``'s layout; as a file, the run's result format."""
+
+    def size(self, value: Any) -> int:
         img = imagebuf.normalize_mode(value)
         return imagebuf.required_size(img.width, img.height, img.mode)
-    if kind is Kind.ARRAY:
-        return len(_npy_header(value)) + int(value.nbytes)
-    if kind is Kind.BYTES:
-        return int(memoryview(value).nbytes)
-    return len(json_bytes(value))
 
-
-def write_value(buf: memoryview, value: Any, kind: Kind) -> int:
-    """Write ``value`` at the start of ``buf`` (sized by ``size_of``); the bytes written. One
-    copy of the data, nothing allocated for it on the way."""
-    if kind is Kind.IMAGE:
+    def write(self, buf: memoryview, value: Any) -> int:
         return imagebuf.write_image(buf, value)
-    if kind is Kind.ARRAY:
+
+    def read(self, view: memoryview) -> Any:
+        return imagebuf.map_image(view)
+
+    def encode(self, value: Any, image_format: str) -> tuple[bytes, FileType]:
+        fmt = imagebuf.RESULT_FORMATS[image_format]
+        return imagebuf.encode_image(value, fmt.pillow), FileType(fmt.content_type, fmt.extension)
+
+    def decode(self, data: bytes, max_pixels: int) -> Any:
+        try:
+            return imagebuf.decode_bytes(data, max_pixels)
+        except InvalidImage as exc:
+            raise InvalidData(str(exc)) from exc
+
+
+class _Array(Codec):
+    """A NumPy array: the ``.npy`` format, in an object and as a file."""
+
+    def size(self, value: Any) -> int:
+        return len(_npy_header(value)) + int(value.nbytes)
+
+    def write(self, buf: memoryview, value: Any) -> int:
         header = _npy_header(value)
         buf[: len(header)] = header
         if value.nbytes:
@@ -125,24 +164,116 @@ def write_value(buf: memoryview, value: Any, kind: Kind) -> int:
             order = "F" if value.flags.f_contiguous and not value.flags.c_contiguous else "C"
             target.view(value.dtype).reshape(value.shape, order=order)[...] = value
         return len(header) + int(value.nbytes)
-    data = memoryview(value).cast("B") if kind is Kind.BYTES else memoryview(json_bytes(value))
-    buf[: data.nbytes] = data
-    return int(data.nbytes)
+
+    def read(self, view: memoryview) -> Any:
+        return _map_array(view)
+
+    def encode(self, value: Any, image_format: str) -> tuple[bytes, FileType]:
+        out = io.BytesIO()
+        np.save(out, value, allow_pickle=False)
+        return out.getvalue(), FileType(filetypes.NPY, ".npy")
+
+    def decode(self, data: bytes, max_pixels: int) -> Any:
+        try:
+            return np.load(io.BytesIO(data), allow_pickle=False)
+        except ValueError as exc:
+            raise InvalidData(f"not a .npy array: {exc}") from exc
+
+
+class _Bytes(Codec):
+    """Bytes as they are; read as a read-only ``memoryview``; as a file, typed by content."""
+
+    def size(self, value: Any) -> int:
+        return int(memoryview(value).nbytes)
+
+    def write(self, buf: memoryview, value: Any) -> int:
+        return _copy_in(buf, memoryview(value).cast("B"))
+
+    def read(self, view: memoryview) -> Any:
+        return view.toreadonly()
+
+    def encode(self, value: Any, image_format: str) -> tuple[bytes, FileType]:
+        data = bytes(value)
+        try:
+            return data, filetypes.detect(data)
+        except InvalidData:  # looks like a .npy it is not: plain bytes
+            return data, FileType(filetypes.OCTET_STREAM, ".bin")
+
+    def decode(self, data: bytes, max_pixels: int) -> Any:
+        return data
+
+
+class _Json(Codec):
+    """Anything ``json.dumps`` takes, as UTF-8 JSON."""
+
+    def size(self, value: Any) -> int:
+        return len(json_bytes(value))
+
+    def write(self, buf: memoryview, value: Any) -> int:
+        return _copy_in(buf, memoryview(json_bytes(value)))
+
+    def read(self, view: memoryview) -> Any:
+        try:
+            return json.loads(bytes(view))
+        except ValueError as exc:
+            raise InvalidData(f"an object of kind json holds no JSON: {exc}") from exc
+
+    def encode(self, value: Any, image_format: str) -> tuple[bytes, FileType]:
+        return json_bytes(value), FileType(filetypes.JSON, ".json")
+
+    def decode(self, data: bytes, max_pixels: int) -> Any:
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise InvalidData(f"not JSON: {exc}") from exc
+
+
+# Each kind with how it lies in an object and in a file: the one place that says so.
+CODECS: Final[Mapping[Kind, Codec]] = {
+    Kind.IMAGE: _Image(),
+    Kind.ARRAY: _Array(),
+    Kind.BYTES: _Bytes(),
+    Kind.JSON: _Json(),
+}
+
+
+def size_of(value: Any, kind: Kind) -> int:
+    """Bytes an object of ``kind`` needs to hold ``value``."""
+    return CODECS[kind].size(value)
+
+
+def write_value(buf: memoryview, value: Any, kind: Kind) -> int:
+    """Write ``value`` at the start of ``buf`` (sized by ``size_of``); the bytes written. One
+    copy of the data, nothing allocated for it on the way."""
+    return CODECS[kind].write(buf, value)
 
 
 def read_value(view: memoryview, kind: Kind) -> Any:
     """The value an object of ``kind`` holds, read-only and mapped over ``view`` where the
     kind allows (image, array, bytes): it pins the object while it lives."""
-    if kind is Kind.IMAGE:
-        return imagebuf.map_image(view)
-    if kind is Kind.ARRAY:
-        return _map_array(view)
-    if kind is Kind.BYTES:
-        return view.toreadonly()
-    try:
-        return json.loads(bytes(view))
-    except ValueError as exc:
-        raise InvalidData(f"an object of kind json holds no JSON: {exc}") from exc
+    return CODECS[kind].read(view)
+
+
+def encode_file(value: Any, kind: Kind, image_format: str = "png") -> tuple[bytes, FileType]:
+    """``value`` as a file's bytes, with its content type and extension (an image in
+    ``image_format``, bytes as ``filetypes.detect`` finds them: an MP4 is ``video/mp4``)."""
+    return CODECS[kind].encode(value, image_format)
+
+
+def decode_file(data: bytes, kind: Kind, max_pixels: int = imagebuf.DEFAULT_MAX_PIXELS) -> Any:
+    """A value of ``kind`` from a file's bytes (``encode_file``'s reverse)."""
+    return CODECS[kind].decode(data, max_pixels)
+
+
+def _copy_in(buf: memoryview, data: memoryview) -> int:
+    buf[: data.nbytes] = data
+    return int(data.nbytes)
+
+
+def _npy_header(array: npt.NDArray[Any]) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, np.lib.format.header_data_from_array_1_0(array))
+    return out.getvalue()
 
 
 def _map_array(view: memoryview) -> npt.NDArray[Any]:
@@ -160,42 +291,3 @@ def _map_array(view: memoryview) -> npt.NDArray[Any]:
     array = array.reshape(shape, order="F" if fortran else "C")
     array.flags.writeable = False
     return array
-
-
-def encode_file(value: Any, kind: Kind, image_format: str = "png") -> tuple[bytes, FileType]:
-    """``value`` as a file's bytes, with its content type and extension (an image in
-    ``image_format``, bytes as ``filetypes.detect`` finds them: an MP4 is ``video/mp4``)."""
-    if kind is Kind.IMAGE:
-        fmt = imagebuf.RESULT_FORMATS[image_format]
-        return imagebuf.encode_image(value, fmt.pillow), FileType(fmt.content_type, fmt.extension)
-    if kind is Kind.ARRAY:
-        out = io.BytesIO()
-        np.save(out, value, allow_pickle=False)
-        return out.getvalue(), FileType(filetypes.NPY, ".npy")
-    if kind is Kind.BYTES:
-        data = bytes(value)
-        try:
-            return data, filetypes.detect(data)
-        except InvalidData:  # looks like a .npy it is not: plain bytes
-            return data, FileType(filetypes.OCTET_STREAM, ".bin")
-    return json_bytes(value), FileType(filetypes.JSON, ".json")
-
-
-def decode_file(data: bytes, kind: Kind, max_pixels: int = imagebuf.DEFAULT_MAX_PIXELS) -> Any:
-    """A value of ``kind`` from a file's bytes (``encode_file``'s reverse)."""
-    if kind is Kind.IMAGE:
-        try:
-            return imagebuf.decode_bytes(data, max_pixels)
-        except InvalidImage as exc:
-            raise InvalidData(str(exc)) from exc
-    if kind is Kind.ARRAY:
-        try:
-            return np.load(io.BytesIO(data), allow_pickle=False)
-        except ValueError as exc:
-            raise InvalidData(f"not a .npy array: {exc}") from exc
-    if kind is Kind.BYTES:
-        return data
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise InvalidData(f"not JSON: {exc}") from exc

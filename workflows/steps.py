@@ -1,6 +1,7 @@
 """The checks of a workflow definition's steps: each step alone, then the graph they make.
 
-A step is one of three kinds:
+A step is one of three kinds (``StepKind``; what each may hold and how the graph reads it is
+its row in ``STEP_KINDS``):
 
 * a **task** step (``task``): runs a registered task. ``inputs`` maps the function's parameters
   to data (``"<ref>.<output>"``, ``"input.<name>"``, or a list of such: the first whose step
@@ -13,6 +14,10 @@ A step is one of three kinds:
 * a **sub-workflow** step (``workflow``): runs another registered definition on its
   ``inputs`` (the sub-workflow's ``input.<name>``); later steps read its outputs.
 
+Adding a kind: its ``StepKind`` member (its value is the field that names it), its row in
+``STEP_KINDS``, the field in ``STEP_KEYS``, ``definitions.Step`` and the API's ``StepSchema``,
+what it becomes in the graph that runs (``graph.build_graph``), and its tests.
+
 Every edge of the graph — ``depends_on``, each ref an input reads, a switch's value and cases —
 orders the steps; the graph may have no cycle.
 """
@@ -20,9 +25,10 @@ orders the steps; the graph may have no cycle.
 from __future__ import annotations
 
 import difflib
+import enum
 import keyword
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from workflows.names import NAME_RE, name_problem
@@ -30,11 +36,15 @@ from workflows.names import NAME_RE, name_problem
 __all__ = [
     "INPUT",
     "STEP_KEYS",
+    "STEP_KINDS",
     "DataRef",
+    "KindRule",
     "Shape",
+    "StepKind",
     "cycles",
     "graph_problems",
     "parse_ref",
+    "step_kind",
     "step_problems",
 ]
 
@@ -43,10 +53,21 @@ STEP_KEYS: Final = frozenset(
     {"ref", "task", "depends_on", "params", "inputs", "for_each", "switch", "cases", "default",
      "workflow"}
 )  # fmt: skip
-_KINDS: Final = ("task", "switch", "workflow")
-_FOR_TASKS: Final = ("params", "for_each")
-_FOR_SWITCHES: Final = ("cases", "default")
 MAX_INPUTS: Final = 64
+
+
+class StepKind(enum.StrEnum):
+    """What a step is; the value is the field that names it (``{"task": "deblur"}``)."""
+
+    TASK = "task"
+    SWITCH = "switch"
+    WORKFLOW = "workflow"
+
+
+def step_kind(step: Mapping[str, Any]) -> StepKind | None:
+    """The kind of a step (as stored: valid), by the first kind's field it sets; None when it
+    sets none (a kind a later version added)."""
+    return next((k for k in StepKind if step.get(k) is not None), None)
 
 
 @dataclass(frozen=True)
@@ -75,11 +96,34 @@ class Shape:
     """A step as far as the graph checks need it (only for steps with a usable ref)."""
 
     ref: str
-    kind: str  # "task", "switch" or "workflow"
+    kind: StepKind
     depends_on: list[str]
     reads: list[DataRef]  # every datum its inputs (or its switch) name
     inputs_given: bool  # False: the single-image chain's default
     cases: list[str]  # a switch's refs, every case and the default
+
+
+@dataclass
+class _Step:
+    """One step being checked: where it is, what it may name, and what it reads."""
+
+    where: str  # "tasks[<i>]"
+    data: Mapping[str, Any]
+    known_tasks: set[str]
+    known_workflows: set[str] | None  # None: not checked (only the name's form)
+    reads: list[DataRef] = field(default_factory=list)  # every datum it names
+    cases: list[str] = field(default_factory=list)  # a switch's refs, every case and default
+
+
+@dataclass(frozen=True)
+class KindRule:
+    """What a step of one kind may hold, and how the graph checks read it."""
+
+    noun: str  # what a person calls it
+    fields: tuple[str, ...]  # fields only a step of this kind may set (besides its own)
+    check: Callable[[_Step], list[str]]  # its own problems (its name, its switch ...)
+    takes_inputs: bool = True  # it reads ``inputs`` (or the chain's image when it names none)
+    has_outputs: bool = True  # later steps may read what it makes
 
 
 def step_problems(
@@ -112,25 +156,22 @@ def step_problems(
     elif ref in shapes:
         problems.append(f"{where}: duplicate ref {ref!r}")
         ref = None
-    kinds = [k for k in _KINDS if step.get(k) is not None]
+    kinds = [k for k in StepKind if step.get(k) is not None]
     if not kinds:
-        problems.append(f"{where}: missing 'task' (or 'switch', or 'workflow')")
+        first, *others = StepKind
+        named = ", or ".join(repr(str(k)) for k in others)
+        problems.append(f"{where}: missing {str(first)!r} (or {named})")
     elif len(kinds) > 1:
         problems.append(f"{where}: a step is one of {', '.join(kinds)}, not several")
-    kind = kinds[0] if kinds else "task"
-    if kind == "task" and "task" in step:
-        problems += _name_in(where, "task", step["task"], known_tasks)
-    if kind == "workflow" and known_workflows is not None:
-        problems += _name_in(where, "workflow", step["workflow"], known_workflows)
-    elif kind == "workflow" and (p := name_problem("workflow", step["workflow"])) is not None:
-        problems.append(f"{where}: {p}")
+    kind = kinds[0] if kinds else StepKind.TASK
+    rule = STEP_KINDS[kind]
+    checked = _Step(where, step, known_tasks, known_workflows)
+    if kind in step:
+        problems += rule.check(checked)
     problems += [
-        f"{where}: {field!r} belongs to task steps" for field in _FOR_TASKS
-        if step.get(field) not in (None, {}) and kind != "task"
-    ]  # fmt: skip
-    problems += [
-        f"{where}: {field!r} belongs to switch steps" for field in _FOR_SWITCHES
-        if field in step and kind != "switch"
+        f"{where}: {field!r} belongs to {other.noun} steps"
+        for other_kind, other in STEP_KINDS.items() if other_kind is not kind
+        for field in other.fields if step.get(field) not in (None, {})
     ]  # fmt: skip
     deps = step.get("depends_on", [])
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
@@ -142,30 +183,40 @@ def step_problems(
         problems.append(f"{where}: step {ref!r} depends on itself")
     if not isinstance(step.get("params", {}), Mapping):
         problems.append(f"{where}: 'params' must be an object")
-    reads: list[DataRef] = []
+    reads = checked.reads
     inputs = step.get("inputs")
     if inputs is not None:
         problems += _input_problems(where, inputs, reads)
-        if kind == "switch":
-            problems.append(f"{where}: a switch step reads only its 'switch' value, not 'inputs'")
+        if not rule.takes_inputs:
+            problems.append(f"{where}: a {rule.noun} step reads only its {str(kind)!r} value, "
+                            "not 'inputs'")  # fmt: skip
     for_each = step.get("for_each")
     if for_each is not None and (not isinstance(inputs, Mapping) or for_each not in inputs):
         problems.append(
             f"{where}: 'for_each' must name one of the step's 'inputs' (the list it runs over), "
             f"got {for_each!r}"
         )
-    cases: list[str] = []
-    if kind == "switch":
-        problems += _switch_problems(where, step, reads, cases)
     if ref is not None:
         problems += [
             f"{where}: step {ref!r} reads its own output {r}" for r in reads if r.ref == ref
         ]
         shapes[ref] = Shape(
             ref, kind, [d for d in dict.fromkeys(deps) if d != ref], reads, inputs is not None,
-            cases,
+            checked.cases,
         )  # fmt: skip
     return problems
+
+
+def _task_problems(step: _Step) -> list[str]:
+    return _name_in(step.where, "task", step.data["task"], step.known_tasks)
+
+
+def _workflow_problems(step: _Step) -> list[str]:
+    name = step.data["workflow"]
+    if step.known_workflows is not None:
+        return _name_in(step.where, "workflow", name, step.known_workflows)
+    problem = name_problem("workflow", name)
+    return [] if problem is None else [f"{step.where}: {problem}"]
 
 
 def _name_in(where: str, kind: str, name: Any, known: set[str]) -> list[str]:
@@ -203,9 +254,8 @@ def _input_problems(where: str, inputs: Any, reads: list[DataRef]) -> list[str]:
     return problems
 
 
-def _switch_problems(
-    where: str, step: Mapping[str, Any], reads: list[DataRef], cases: list[str]
-) -> list[str]:
+def _switch_problems(checked: _Step) -> list[str]:
+    where, step, reads, cases = checked.where, checked.data, checked.reads, checked.cases
     problems = []
     value = parse_ref(step["switch"])
     if value is None:
@@ -231,6 +281,20 @@ def _refs(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(r, str) for r in value)
 
 
+# What each kind of step may hold and how the graph reads it: the one place that says so.
+STEP_KINDS: Final[Mapping[StepKind, KindRule]] = {
+    StepKind.TASK: KindRule("task", ("params", "for_each"), _task_problems),
+    StepKind.SWITCH: KindRule(
+        "switch",
+        ("cases", "default"),
+        _switch_problems,
+        takes_inputs=False,  # it reads only its value
+        has_outputs=False,  # it chooses; it makes nothing
+    ),
+    StepKind.WORKFLOW: KindRule("sub-workflow", (), _workflow_problems),
+}
+
+
 def graph_problems(shapes: Mapping[str, Shape]) -> list[str]:
     """Problems of the graph the steps make: unknown refs, cycles, and steps whose input the
     default cannot tell."""
@@ -247,9 +311,10 @@ def graph_problems(shapes: Mapping[str, Shape]) -> list[str]:
                 continue
             if source is None:
                 problems.append(f"step {s.ref!r}: reads {read}, but there is no step {read.ref!r}")
-            elif source.kind == "switch":
+            elif not STEP_KINDS[source.kind].has_outputs:
+                noun = STEP_KINDS[source.kind].noun
                 problems.append(
-                    f"step {s.ref!r}: reads {read}, but switch {read.ref!r} has no outputs; read "
+                    f"step {s.ref!r}: reads {read}, but {noun} {read.ref!r} has no outputs; read "
                     "the step its value comes from"
                 )
         problems += [
@@ -259,7 +324,7 @@ def graph_problems(shapes: Mapping[str, Shape]) -> list[str]:
         ]
         if s.ref in s.cases:
             problems.append(f"switch {s.ref!r}: lists itself in its cases")
-        if s.kind != "switch" and not s.inputs_given:
+        if STEP_KINDS[s.kind].takes_inputs and not s.inputs_given:
             problems += _default_problems(s, shapes)
     graph = edges(shapes)
     problems += [
@@ -278,10 +343,11 @@ def _default_problems(s: Shape, shapes: Mapping[str, Shape]) -> list[str]:
             f"'inputs', so which image it reads is not said; name them, e.g. "
             f'"inputs": {{{example}}} (a join gets every input it names)'
         ]
-    if s.depends_on and (dep := shapes.get(s.depends_on[0])) is not None and dep.kind == "switch":
+    dep = shapes.get(s.depends_on[0]) if s.depends_on else None
+    if dep is not None and not STEP_KINDS[dep.kind].has_outputs:
         return [
-            f"step {s.ref!r}: depends only on switch {dep.ref!r}, which has no image; name its "
-            "'inputs', or depend on the step whose image it reads"
+            f"step {s.ref!r}: depends only on {STEP_KINDS[dep.kind].noun} {dep.ref!r}, which has "
+            "no image; name its 'inputs', or depend on the step whose image it reads"
         ]
     return []
 

@@ -7,14 +7,19 @@ peak memory are that run's. Across two hosts (``hosts=2``: the paper's multi-hos
 the pipelines run spread over them (``apps.ar.runtime``) and ``cdi-rpc`` gets a cluster of
 its own per run, minions and gateways on both hosts; ``floor`` and ``pool`` stay one process
 and N processes on the launcher's host, as they move nothing. With ``rounds`` > 1 the whole
-set runs again in turn and each figure is the median of its rounds; every moving cost is
-taken against its own round's floor, as the machine may drift between rounds.
+set runs again in turn and each figure is the median of its rounds.
 
 Each row: ``fps`` frames out per second, from the first role's start to the last one's end;
 ``latency_ms_p50`` from the start of a frame's decode to the end of its encode;
 ``cpu_ms_per_frame`` CPU per frame by role (all detectors together; for CDI the runtime's as
 ``minion``: minion and gateway of every host, and the controller across hosts);
-``cpu_ms_per_frame_moving`` all roles' CPU per frame minus the floor's; ``peak_rss_mb`` peak
+``cpu_ms_per_frame_compute``, ``cpu_ms_per_frame_moving`` and ``cpu_ms_per_frame_other``
+split that CPU (their sum is the sum over roles), each part measured in the roles' own
+processes where it is spent, never a difference between runs: the application's own work
+(decode, detect, draw, encode, timed on the role's thread); moving frames (the role's
+thread inside its end of the pipeline, the role's other threads — the link's servers — and
+the CDI runtime; ``None`` for the references, which move nothing); the roles' own loops
+(message headers, boxes). ``peak_rss_mb`` peak
 resident memory by role (the largest detector). Shared memory counts in every process that
 touched it (a CDI object in the extractor's, a detector's, the combinator's): resident
 memory is not additive across roles.
@@ -50,8 +55,6 @@ class BenchPlan:
     depth: int = 2
     hosts: int = 1
     """2: the pipelines across two hosts (``run_bench`` is given their network)."""
-    minion: str | None = None
-    """``native`` or ``python``; ``None`` as ``cdiflow cdi minion`` chooses."""
     busy_poll_us: int = 0
     """The minion's polling after a container starts waiting (see ``apps.ar.links.cdi_link``
     on why not to poll in this application)."""
@@ -67,15 +70,17 @@ def sample_for_bench(data_dir: Path, frames: int) -> Path:
     return path
 
 
-def _row(name: str, result: PipelineResult, floor_cpu: float | None) -> dict[str, Any]:
-    cpu = result.cpu_ms_per_frame()
+def _row(name: str, result: PipelineResult) -> dict[str, Any]:
+    compute, moving, other = result.cpu_ms_per_frame_split()
     return {
         "backend": name,
         "detectors": result.config.detectors,
         "fps": result.fps,
         "latency_ms_p50": result.latency_ms_p50,
-        "cpu_ms_per_frame": cpu,
-        "cpu_ms_per_frame_moving": None if floor_cpu is None else sum(cpu.values()) - floor_cpu,
+        "cpu_ms_per_frame": result.cpu_ms_per_frame(),
+        "cpu_ms_per_frame_compute": compute,
+        "cpu_ms_per_frame_moving": moving,
+        "cpu_ms_per_frame_other": other,
         "peak_rss_mb": result.peak_rss_mb(),
         # Not in the published row shape: kept beside it (see ``_split_extras``).
         "_outside": None if name == "pool" else result.cpu_ms_per_frame_outside_compute(),
@@ -90,27 +95,36 @@ def _one_round(
     progress: Callable[[str], None],
 ) -> list[dict[str, Any]]:
     progress("floor: the whole application in one process")
-    floor = run_floor(replace(base, backend="floor", detectors=1))
-    floor_cpu = sum(floor.cpu_ms_per_frame().values())
-    rows = [_row("floor", floor, floor_cpu)]
+    rows = [_row("floor", run_floor(replace(base, backend="floor", detectors=1)))]
     for count in plan.detectors:
         progress(f"pool: detection alone in {count} processes")
-        rows.append(_row("pool", run_pool(replace(base, backend="pool", detectors=count)), None))
+        rows.append(_row("pool", run_pool(replace(base, backend="pool", detectors=count))))
         for name in plan.backends:
             progress(f"{name}: {count} detector(s)")
             config = replace(base, backend=name, detectors=count, run_id=f"ar{os.getpid()}-{count}")
-            rows.append(_row(name, _run_backend(plan, config, network), floor_cpu))
+            rows.append(_row(name, _run_backend(plan, config, network)))
     return rows
 
 
 def _run_backend(plan: BenchPlan, config: RunConfig, network: HostNetwork | None) -> PipelineResult:
-    impl = ("--impl", plan.minion) if plan.minion else ()
-    with prepare(config, network, ("--busy-poll-us", str(plan.busy_poll_us), *impl)) as ready:
+    with prepare(config, network, ("--busy-poll-us", str(plan.busy_poll_us))) as ready:
         return run_pipeline(ready.config, ready.runtime_pids)
 
 
+# A row's CPU figures, which add up: they all come from one round, the one whose total CPU
+# per frame is the median (the lower of the two middle ones for an even count).
+_CPU_KEYS = (
+    "cpu_ms_per_frame",
+    "cpu_ms_per_frame_compute",
+    "cpu_ms_per_frame_moving",
+    "cpu_ms_per_frame_other",
+    "_outside",
+)
+
+
 def _median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Each row's figures, the median over rounds (rows match by position: same plan)."""
+    """Each row's figures, the median over rounds (rows match by position: same plan); its
+    CPU figures those of its median round (``_CPU_KEYS``)."""
     merged = []
     for same in zip(*rounds, strict=True):
         row = dict(same[0])
@@ -119,6 +133,9 @@ def _median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 row[key] = statistics.median(r[key] for r in same)
             elif isinstance(value, dict):
                 row[key] = {k: statistics.median(r[key][k] for r in same) for k in value}
+        totals = [sum(r["cpu_ms_per_frame"].values()) for r in same]
+        middle = same[totals.index(statistics.median_low(totals))]
+        row.update({key: middle[key] for key in _CPU_KEYS})
         merged.append(row)
     return merged
 

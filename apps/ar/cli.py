@@ -193,7 +193,6 @@ def run_command(
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 20))
 @click.option("--depth", default=2, show_default=True, type=click.IntRange(1, 8))
 @click.option("--hosts", default=1, show_default=True, type=click.IntRange(1, 2), help=_HOSTS_HELP)
-@click.option("--minion", type=click.Choice(["native", "python"]), default=None)
 @click.option("--busy-poll-us", default=0, show_default=True, type=click.IntRange(0, 10**6))
 @click.option("--option", "pairs", multiple=True, help="Backend option key=value (cache=0).")
 @click.option("--data-dir", default=".data/bench-ar", show_default=True, type=click.Path())
@@ -207,7 +206,6 @@ def bench_ar_command(
     rounds: int,
     depth: int,
     hosts: int,
-    minion: str | None,
     busy_poll_us: int,
     pairs: tuple[str, ...],
     data_dir: str,
@@ -235,7 +233,6 @@ def bench_ar_command(
         rounds=rounds,
         depth=depth,
         hosts=hosts,
-        minion=minion,
         busy_poll_us=busy_poll_us,
         options=_options(pairs),
     )

@@ -96,6 +96,30 @@ class PipelineResult:
             totals["minion"] = self.minion_cpu_s
         return {role: 1000 * cpu / self.frames for role, cpu in totals.items()}
 
+    def cpu_ms_per_frame_split(self) -> tuple[float, float | None, float]:
+        """All roles' CPU per frame (the sum of ``cpu_ms_per_frame``) as three parts, each
+        measured where it is spent and none below zero: the application's own work
+        (decode, detect, draw, encode); moving frames (each role's thread inside its end
+        of the pipeline, the role's other threads, and the CDI runtime); the roles' own
+        loops (the rest). Moving is ``None`` for the references, which move nothing (their
+        other threads, if any, count in the rest)."""
+        compute = sum(r.compute_s for r in self.roles)
+        moves = self.config.backend not in ("floor", "pool")
+        moving = (
+            sum(r.link_s + r.threads_s for r in self.roles) + (self.minion_cpu_s or 0.0)
+            if moves
+            else None
+        )
+        rest = sum(
+            r.cpu_s - r.compute_s - ((r.link_s + r.threads_s) if moves else 0.0) for r in self.roles
+        )
+        per_frame = 1000 / self.frames
+        return (
+            compute * per_frame,
+            None if moving is None else moving * per_frame,
+            rest * per_frame,
+        )
+
     def cpu_ms_per_frame_outside_compute(self) -> float:
         """CPU per frame of every role outside the application's own work (decode, detect,
         draw, encode, each timed on its thread), the minion's included: moving frames,
@@ -216,13 +240,15 @@ def _converse(
             _send(role, peers)
         _gather(roles, "connected", setup_s)
         runtime = [psutil.Process(pid) for pid in runtime_pids]
-        runtime_cpu = _cpu(runtime)
+        runtime_cpu = _cpu_by_pid(runtime)
         for role in sorted(roles, key=lambda r: r.name == "extractor"):
             _send(role, "go")
         stats: list[RoleStats] = _gather(roles, "done", config.timeout_s * 4)
         result = PipelineResult(config, stats)
         if runtime:
-            result.minion_cpu_s = _cpu(runtime) - runtime_cpu
+            result.minion_cpu_s = sum(
+                cpu - runtime_cpu.get(pid, 0.0) for pid, cpu in _cpu_by_pid(runtime).items()
+            )
             result.minion_peak_rss = max(_peak_rss_with_children(p) for p in runtime)
         return result
 
@@ -231,15 +257,16 @@ def _family(process: psutil.Process) -> list[psutil.Process]:
     return [process, *process.children(recursive=True)]
 
 
-def _cpu(processes: list[psutil.Process]) -> float:
-    """CPU time of ``processes`` and of their children, seconds (children live as long as
-    their parents here; one that ended meanwhile is not counted)."""
-    total = 0.0
+def _cpu_by_pid(processes: list[psutil.Process]) -> dict[int, float]:
+    """CPU time of ``processes`` and of their children, seconds, by PID. Differences are
+    taken PID by PID, so none is below zero: a child that ended meanwhile is missing from
+    the second reading and left out, one started meanwhile counts from its start."""
+    cpu: dict[int, float] = {}
     for one in (one for process in processes for one in _family(process)):
         with suppress(psutil.NoSuchProcess):
             times = one.cpu_times()
-            total += times.user + times.system
-    return total
+            cpu[one.pid] = times.user + times.system
+    return cpu
 
 
 def _peak_rss_with_children(process: psutil.Process) -> int:

@@ -45,7 +45,11 @@ def render_table(doc: dict[str, Any]) -> str:
             f"{row['latency_ms_p50']:>8.0f}{'-' if moving is None else f'{moving:.2f}':>8}"
             f"  {_cells(row['cpu_ms_per_frame'], 2):<46}{_cells(row['peak_rss_mb'], 0)}"
         )
-    lines += ["", "moving: all roles' CPU per frame minus the floor's (same round)"]
+    lines += [
+        "",
+        "moving: CPU per frame inside the roles' ends of the pipeline, their other threads "
+        "and the CDI runtime",
+    ]
     if doc["outside_compute"]:
         outside = ", ".join(
             f"{r['backend']}/{r['detectors']} {r['cpu_ms_per_frame']:.2f}"

@@ -4,7 +4,9 @@ process each runs in.
 A role process opens its end of the pipeline, says it is ready (with its address), connects
 to the peers the launcher sends, says so, waits for ``go`` and runs. What it reports is
 measured from ``go`` to its end: the CPU time of the whole process (every thread: a server's
-too), its peak RSS, and for the combinator each frame's latency and boxes.
+too), split into the application's own work (``compute_s``), moving frames (``link_s`` and
+``threads_s``) and the rest, its peak RSS, and for the combinator each frame's latency and
+boxes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from workflows.ar.video import Frame, VideoWriter, decode, probe, read_frames, t
 
 __all__ = [
     "ROLES",
+    "LinkMeter",
     "RoleStats",
     "combine",
     "detect",
@@ -60,17 +63,44 @@ class RoleStats:
     end_ns: int
     compute_s: float = 0.0
     """CPU time of this process's thread inside the application's own work (decode, detect
-    and draw, encode): what the floor does too. The rest of ``cpu_s`` is moving frames."""
+    and draw, encode): what the floor does too."""
+    link_s: float = 0.0
+    """CPU time of this process's thread inside its end of the pipeline (``slot``, ``send``,
+    ``receive``, ``forward``, ``release``, ``close``): moving frames."""
+    threads_s: float = 0.0
+    """CPU time of the process's other threads from ``go`` to its end: the link's own (a
+    gRPC or HTTP server, a client's I/O threads), as the codecs and OpenCV run on the
+    calling thread (``workflows.ar.threads``); moving frames too. What ``cpu_s`` holds
+    besides ``compute_s``, ``link_s`` and ``threads_s`` is the role's own loop: message
+    headers, boxes, latencies."""
     latencies_ns: list[int] = field(default_factory=list)
     boxes: list[list[list[float]]] = field(default_factory=list)
     network_namespace: int = 0
     """The inode of the process's network namespace: which host it ran on."""
 
 
+class LinkMeter:
+    """``with link:`` around a call to the role's end adds the calling thread's CPU time in
+    it to ``stats.link_s`` (a thread's clock: time spent waiting costs nothing)."""
+
+    __slots__ = ("_started", "_stats")
+
+    def __init__(self, stats: RoleStats) -> None:
+        self._stats = stats
+        self._started = 0
+
+    def __enter__(self) -> None:
+        self._started = time.thread_time_ns()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stats.link_s += (time.thread_time_ns() - self._started) / 1e9
+
+
 def extract(end: ExtractorEnd, config: RunConfig, stats: RoleStats) -> None:
     """Decode the video into frame messages for the detectors in turn; then one end message
     for each detector."""
     frames = decode(config.video, config.frames)
+    link = LinkMeter(stats)
     seq = 0
     while True:
         started = time.perf_counter_ns()  # a frame's latency includes its decode
@@ -79,24 +109,33 @@ def extract(end: ExtractorEnd, config: RunConfig, stats: RoleStats) -> None:
         stats.compute_s += time.thread_time() - cpu
         if decoded is None:
             break
-        pixels = framebuf.start_frame(end.slot(seq), seq, started, decoded.height, decoded.width)
+        with link:
+            message = end.slot(seq)
+        pixels = framebuf.start_frame(message, seq, started, decoded.height, decoded.width)
         cpu = time.thread_time()
         to_bgr(decoded, out=pixels)  # straight into the message: no copy
         stats.compute_s += time.thread_time() - cpu
-        del pixels
-        end.send(seq)
+        del pixels, message
+        with link:
+            end.send(seq)
         seq += 1
     for last in range(seq, seq + config.detectors):
-        framebuf.write_end(end.slot(last), last)
-        end.send(last)
+        with link:
+            message = end.slot(last)
+        framebuf.write_end(message, last)
+        del message
+        with link:
+            end.send(last)
     stats.frames = seq
 
 
 def detect(end: DetectorEnd, detector: PeopleDetector, stats: RoleStats) -> None:
     """Find people in each frame that comes, draw them on it in place, record the boxes in
     its header and pass it on; pass the end message on and stop."""
+    link = LinkMeter(stats)
     while True:
-        message = end.receive()
+        with link:
+            message = end.receive()
         header = framebuf.read_header(message)
         if not header.end:
             frame = framebuf.pixels(message, header.height, header.width)
@@ -107,7 +146,9 @@ def detect(end: DetectorEnd, detector: PeopleDetector, stats: RoleStats) -> None
             framebuf.write_boxes(message, boxes)
             del frame  # no array may hold a CDI object's memory when it is handed on
             stats.frames += 1
-        end.forward()
+        del message
+        with link:
+            end.forward()
         if header.end:
             return
 
@@ -115,23 +156,28 @@ def detect(end: DetectorEnd, detector: PeopleDetector, stats: RoleStats) -> None
 def combine(end: CombinatorEnd, config: RunConfig, writer: VideoWriter, stats: RoleStats) -> None:
     """Encode the frames in order; record each one's latency and boxes; stop at the first
     end message after taking every detector's."""
+    link = LinkMeter(stats)
     seq = 0
     while True:
-        message = end.receive(seq)
+        with link:
+            message = end.receive(seq)
         header = framebuf.read_header(message)
         if header.end:
-            end.release(seq)
-            for other in range(seq + 1, seq + config.detectors):
-                end.receive(other)
-                end.release(other)
+            del message
+            with link:
+                end.release(seq)
+                for other in range(seq + 1, seq + config.detectors):
+                    end.receive(other)
+                    end.release(other)
             return
         frame = framebuf.pixels(message, header.height, header.width)
         cpu = time.thread_time()
         writer.write(frame)
         stats.compute_s += time.thread_time() - cpu
         stats.boxes.append([box.as_list() for box in framebuf.read_boxes(message, header)])
-        del frame
-        end.release(seq)
+        del frame, message
+        with link:
+            end.release(seq)
         stats.latencies_ns.append(time.perf_counter_ns() - header.t0_ns)
         stats.frames += 1
         seq += 1
@@ -201,11 +247,18 @@ def role_main(role: str, index: int, config: RunConfig, control: Connection) -> 
             if control.recv() != "go":
                 return
             stats = RoleStats(role, index, 0.0, 0, base_rss, 0, 0, 0)
-            cpu = time.process_time()
+            # The process's clock read before this thread's at the start and after it at
+            # the end: the process's time then holds this thread's whole, so the other
+            # threads' share (the difference) is never below zero.
+            process_ns = time.process_time_ns()
+            thread_ns = time.thread_time_ns()
             stats.go_ns = time.perf_counter_ns()
             run.body(stats)
             stats.end_ns = time.perf_counter_ns()
-            stats.cpu_s = time.process_time() - cpu
+            thread_ns = time.thread_time_ns() - thread_ns
+            process_ns = time.process_time_ns() - process_ns
+            stats.cpu_s = process_ns / 1e9
+            stats.threads_s = (process_ns - thread_ns) / 1e9
             stats.peak_rss = peak_rss()
             stats.network_namespace = os.stat("/proc/self/ns/net").st_ino
         control.send(("done", stats))
@@ -259,7 +312,8 @@ def _set_up(role: str, index: int, config: RunConfig, cleanup: ExitStack) -> _Ru
 
         def extract_all(stats: RoleStats) -> None:
             extract(extractor, config, stats)
-            extractor.close()
+            with LinkMeter(stats):
+                extractor.close()
 
         return _Run(extract_all, extractor.address, extractor.connect)
     if role == "detector":
@@ -268,7 +322,8 @@ def _set_up(role: str, index: int, config: RunConfig, cleanup: ExitStack) -> _Ru
 
         def detect_all(stats: RoleStats) -> None:
             detect(detector_end, model, stats)
-            detector_end.close()
+            with LinkMeter(stats):
+                detector_end.close()
 
         return _Run(detect_all, detector_end.address, detector_end.connect)
     if role == "combinator":
@@ -278,7 +333,8 @@ def _set_up(role: str, index: int, config: RunConfig, cleanup: ExitStack) -> _Ru
         def combine_all(stats: RoleStats) -> None:
             combine(combinator, config, writer, stats)
             _close_timed(writer, stats)
-            combinator.close()
+            with LinkMeter(stats):
+                combinator.close()
 
         return _Run(combine_all, combinator.address, combinator.connect)
     raise ValueError(f"unknown role {role!r}; one of {ROLES}")

@@ -5,7 +5,7 @@ unless the configuration names one. Across two hosts (``cdi.hosts``: network nam
 loopback addresses where none can be made) the extractor and the combinator run on the first
 host and the detectors on the second, so every frame crosses the link twice, whatever the
 backend: to its detector, and on to the combinator. The CDI backends then get a cluster (a
-controller, and per host a minion with its gateway: ``cdi.remote.cluster``) of their own.
+controller, and per host a minion with its gateway: ``cdi.cluster``) of their own.
 
 The processes of the CDI runtime a run started (minions, gateways, the controller) are given
 to the launcher, which counts their CPU and memory as the ``minion`` role's.
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from apps.ar.config import RunConfig, Site
 from apps.ar.links import backend
+from cdi.cluster import LocalCluster
 from cdi.hosts import HostNetwork
 from cdi.minion.process import MinionChild
-from cdi.remote.cluster import LocalCluster
 
 __all__ = ["HOST_OF_ROLE", "Prepared", "prepare", "spread"]
 

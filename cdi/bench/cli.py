@@ -13,10 +13,10 @@ import click
 
 from cdi.bench.handoff import BACKENDS, DEFAULT_BACKENDS, HandoffConfig, measure
 from cdi.bench.stats import Result, format_size, render_table, summarize
+from cdi.cluster import LocalCluster
 from cdi.hosts import HostNetwork
 from cdi.minion.config import parse_bytes
 from cdi.minion.process import MinionChild
-from cdi.remote.cluster import LocalCluster
 
 __all__ = ["CROSS_HOST_BACKENDS", "bench_cdi_command", "run_handoff_benchmark"]
 
@@ -34,28 +34,25 @@ def run_handoff_benchmark(
     spin_us: int,
     busy_poll_us: int,
     gap_us: int,
-    minion: str | None = None,
     progress: bool = False,
     network: HostNetwork | None = None,
 ) -> list[Result]:
-    """Measure every backend at every size in one run, against a minion started for it
-    (``minion``: ``native`` or ``python``; ``None`` chooses as ``cdiflow cdi minion`` does).
+    """Measure every backend at every size in one run, against a minion started for it.
     ``network``: the sender runs on its first host, the receiver on its second, and CDI-RPC
-    between a minion on each (with a controller; ``cdi.remote.cluster``)."""
+    between a minion on each (with a controller; ``cdi.cluster``)."""
     results = []
-    impl = ("--impl", minion) if minion else ()
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdi-bench-")))
         sockets = ["", ""]
         if network is not None and "cdi-rpc" in backends:
             cluster = LocalCluster.start(
-                2, folder / "hosts", "--busy-poll-us", str(busy_poll_us), *impl, network=network
+                2, folder / "hosts", "--busy-poll-us", str(busy_poll_us), network=network
             )
             stack.callback(cluster.close, False)
             sockets = [m.socket_path for m in cluster.minions]
         elif network is None:
             sockets[0] = str(folder / "minion.sock")
-            stack.enter_context(MinionChild(sockets[0], "--busy-poll-us", str(busy_poll_us), *impl))
+            stack.enter_context(MinionChild(sockets[0], "--busy-poll-us", str(busy_poll_us)))
         hosts = (network.hosts[0], network.hosts[1]) if network else (None, None)
         for size in sizes:
             for backend in backends:
@@ -122,12 +119,6 @@ def run_handoff_benchmark(
     "idle state; a short gap measures back-to-back hand-offs on warm caches instead.",
 )
 @click.option(
-    "--minion",
-    type=click.Choice(["native", "python"]),
-    default=None,
-    help="Which minion serves CDI-SHM (default: as `cdiflow cdi minion`, native when built).",
-)
-@click.option(
     "--hosts",
     type=click.IntRange(1, 2),
     default=1,
@@ -144,7 +135,6 @@ def bench_cdi_command(
     spin_us: int,
     busy_poll_us: int,
     gap_us: int,
-    minion: str | None,
     hosts: int,
     as_json: bool,
 ) -> None:
@@ -176,7 +166,6 @@ def bench_cdi_command(
             spin_us=spin_us,
             busy_poll_us=busy_poll_us,
             gap_us=gap_us,
-            minion=minion,
             progress=not as_json,
             network=network,
         )
@@ -191,8 +180,7 @@ def bench_cdi_command(
         sys.stdout.write("\n")
         return
     what = "hand-off + reading every byte" if read_all else "hand-off (receiver holds the data)"
-    served = f"{minion} minion" if minion else "minion as `cdiflow cdi minion` chooses"
     where = f"between two hosts ({network.kind})" if network else "on one host"
-    click.echo(f"\n{what} {where}, {repeat} rounds each, {served}; lower is better\n")
+    click.echo(f"\n{what} {where}, {repeat} rounds each; lower is better\n")
     subject = chosen[-1] if network else "cdi-shm"
     click.echo(render_table(results, baseline="tcp", subject=subject))

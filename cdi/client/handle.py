@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -12,12 +12,9 @@ import numpy.typing as npt
 from cdi import protocol
 from cdi.client.mapping import Mapping
 from cdi.errors import InvalidArgument, ObjectShared
-from cdi.protocol import Isolation, Op
+from cdi.protocol import Isolation
 
-if TYPE_CHECKING:
-    from cdi.client.client import Client
-
-__all__ = ["CDIObject"]
+__all__ = ["CDIObject", "ObjectOps"]
 
 T = TypeVar("T")
 
@@ -25,6 +22,28 @@ T = TypeVar("T")
 def _check_timeout(timeout: float | None) -> None:
     if timeout is not None and timeout < 0:
         raise InvalidArgument(f"timeout must not be negative, got {timeout}")
+
+
+class ObjectOps(Protocol):
+    """What a handle asks of its client (``cdi.client.session.Session`` answers): the
+    object's mappings and the minion's operations on one key. Nothing else of the client."""
+
+    @property
+    def container_id(self) -> str | None: ...
+    @property
+    def max_object(self) -> int | None: ...
+    def mapping(self, key: str) -> Mapping | None: ...
+    def known_size(self, key: str) -> int | None: ...
+    def size_of(self, key: str) -> int: ...
+    def access(self, key: str, timeout: float | None, populate: bool = False) -> Mapping: ...
+    def copy(self, key: str, new_key: str) -> int: ...
+    def resize(self, key: str, size: int) -> int: ...
+    def destroy(self, key: str) -> None: ...
+    def set_recovery(self, key: str, container_id: str) -> None: ...
+    def transfer(self, key: str, to: str, detach: bool) -> None: ...
+    def share(self, key: str, readers: list[str]) -> list[str]: ...
+    def read(self, key: str, timeout: float | None) -> Mapping: ...
+    def release(self, key: str) -> bool: ...
 
 
 class CDIObject:
@@ -35,36 +54,36 @@ class CDIObject:
     holds its share, the owner's writes wait (``access``) or raise ``ObjectShared`` (``write``,
     ``transfer``, ``resize``, ``destroy``; give those a ``timeout`` to wait instead)."""
 
-    def __init__(self, client: Client, key: str, size: int | None) -> None:
-        self.client = client
+    def __init__(self, ops: ObjectOps, key: str, size: int | None) -> None:
+        self._ops = ops
         self.key = key
         self._size = size  # None: not asked yet (``use(key, check=False)``)
 
     def __repr__(self) -> str:
-        mapping = self.client._maps.get(self.key)
+        mapping = self._ops.mapping(self.key)
         size = mapping.size if mapping is not None else self._size  # no round trip in a repr
         return f"CDIObject(key={self.key!r}, size={size})"
 
     @property
     def size(self) -> int:
-        mapping = self.client._maps.get(self.key) or self.client._reads.get(self.key)
-        if mapping is not None:
-            return mapping.size
+        known = self._ops.known_size(self.key)
+        if known is not None:
+            return known
         if self._size is None:
-            self._size = self.client._size_of(self.key)
+            self._size = self._ops.size_of(self.key)
         return self._size
 
     @property
     def isolation(self) -> str:
         """``cooperative`` or ``strict``, as far as this process knows (it maps the object)."""
-        mapping = self.client._maps.get(self.key)
+        mapping = self._ops.mapping(self.key)
         strict = mapping is not None and not mapping.cacheable
         return str(Isolation.STRICT if strict else Isolation.COOPERATIVE)
 
     @property
     def owned(self) -> bool:
         """True while this process holds the object's memory to write (it owns it alone)."""
-        return self.key in self.client._maps
+        return self._ops.mapping(self.key) is not None
 
     # ------------------------------------------------------------- the owner's
     def access(self, timeout: float | None = None, *, populate: bool = False) -> memoryview:
@@ -78,23 +97,14 @@ class CDIObject:
         (for a caller about to read it all; it delays the return by ~0.1 ms a MB).
         """
         _check_timeout(timeout)
-        mapping = self.client._maps.get(self.key)
-        if mapping is None:
-            if timeout == 0:
-                mapping = self.client._grant(self.key, Op.ACCESS, populate=populate, wait=False)
-            else:
-                # An object on its way from another host: wait for it to arrive.
-                mapping = self.client._grant_arriving(self.key, timeout, populate)
+        mapping = self._ops.access(self.key, timeout, populate)
         self._size = mapping.size
         return mapping.view()
 
     def _owned_mapping(self) -> Mapping:
         """Our mapping if we own the object now; ``NotOwner`` (or ``ObjectShared``) at once
         otherwise (no waiting)."""
-        mapping = self.client._maps.get(self.key)
-        if mapping is None:
-            mapping = self.client._grant(self.key, Op.ACCESS, wait=False)
-        return mapping
+        return self._ops.access(self.key, 0)
 
     @contextmanager
     def view(self, timeout: float | None = None, *, populate: bool = False) -> Iterator[memoryview]:
@@ -141,37 +151,28 @@ class CDIObject:
         about to exit with a thread it cannot stop still reading the object. While readers
         hold a share: ``ObjectShared``, or, with a ``timeout``, wait for their release."""
         to = protocol.check_container_id(container_id)
-        if to == self.client.container_id and self.owned:
+        if to == self._ops.container_id and self.owned:
             return  # already ours: nothing to hand over
-        self._alone(lambda: self._hand_over(to, detach), timeout)
-
-    def _hand_over(self, to: str, detach: bool) -> None:
-        self.client._transfer(self.key, to, detach)
+        self._alone(lambda: self._ops.transfer(self.key, to, detach), timeout)
 
     def copy(self, new_key: str) -> CDIObject:
         """A new, independent object with the same bytes, owned by this container."""
         new_key = protocol.check_key(new_key)
-        reply, fd = self.client._conn.call(Op.COPY, key=self.key, new_key=new_key)
-        self.client._map(new_key, reply, fd)
-        return CDIObject(self.client, new_key, reply["size"])
+        return CDIObject(self._ops, new_key, self._ops.copy(self.key, new_key))
 
     def resize(self, new_size: int, *, timeout: float | None = None) -> None:
         """Change the object's size (the owner only); bytes up to the smaller size are kept.
         ``timeout``: as for ``transfer``, while readers hold a share."""
-        protocol.check_sendable_size(new_size, self.client.max_object)  # before views go
-        reply = self._alone(
-            lambda: self.client._give_up(self.key, Op.RESIZE, size=new_size), timeout
-        )
-        self._size = reply["size"]
+        protocol.check_sendable_size(new_size, self._ops.max_object)  # before views go
+        self._size = self._alone(lambda: self._ops.resize(self.key, new_size), timeout)
 
     def destroy(self, *, timeout: float | None = None) -> None:
         """Free the object (the owner only). ``timeout``: as for ``transfer``."""
-        self._alone(lambda: self.client._give_up(self.key, Op.DESTROY), timeout)
+        self._alone(lambda: self._ops.destroy(self.key), timeout)
 
     def set_recovery(self, container_id: str | int) -> None:
         """Who gets the object back if its owner dies (default: its creator)."""
-        cid = protocol.check_container_id(container_id)
-        self.client._conn.call(Op.SET_RECOVERY, key=self.key, container=cid)
+        self._ops.set_recovery(self.key, protocol.check_container_id(container_id))
 
     def _alone(self, operation: Callable[[], T], timeout: float | None) -> T:
         """Run an operation that needs the object to ourselves; while readers hold it, raise
@@ -193,18 +194,7 @@ class CDIObject:
         nothing is shared). Until every reader has released its share, nobody writes the
         object, we included. Returns every container that holds a share now."""
         ids = [protocol.check_container_id(r) for r in readers]
-        client = self.client
-        client._require_registered()
-        mapping = client._owned.revoke(self.key)
-        try:
-            reply, _ = client._conn.call(Op.SHARE, key=self.key, readers=ids)
-        except BaseException:
-            if mapping is not None:
-                client._owned.install(self.key, mapping)  # nothing was shared: still ours alone
-            raise
-        if mapping is not None:
-            client._owned.keep(self.key, mapping)  # for the object's return to us alone
-        return list(reply["readers"])
+        return self._ops.share(self.key, ids)
 
     def read(self, timeout: float | None = None) -> memoryview:
         """A read-only view of the object's bytes, for its owner or a reader of a share.
@@ -214,18 +204,14 @@ class CDIObject:
         once. A copy of the bytes: ``bytes(obj.read())``. A reader's mapping is read-only in the
         kernel: no write through it can succeed. The view is revoked by ``release()``."""
         _check_timeout(timeout)
-        self.client._require_registered()
-        mapping = self.client._maps.get(self.key)  # ours alone: read through our own mapping
-        if mapping is None:
-            mapping = self.client._reads.read(self.key, timeout)
+        mapping = self._ops.read(self.key, timeout)
         self._size = mapping.size
         return mapping.read_view()
 
     def release(self) -> bool:
         """Give up our share (a reader) and unmap what ``read()`` mapped; whether we held a
         share. When the last reader releases, the owner may write again."""
-        self.client._require_registered()
-        return self.client._reads.release(self.key)
+        return self._ops.release(self.key)
 
     @contextmanager
     def reading(self, timeout: float | None = None) -> Iterator[memoryview]:

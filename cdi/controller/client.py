@@ -130,9 +130,9 @@ class ControllerClient:
             rpc_address=rpc_address,
             heartbeat_s=heartbeat_s,
             containers=[
-                convert.container_record_to_pb(check_container_record(c)) for c in containers
+                convert.to_pb(check_container_record(c), pb.ContainerRecord) for c in containers
             ],
-            objects=[convert.object_record_to_pb(check_object_record(o)) for o in objects],
+            objects=[convert.to_pb(check_object_record(o), pb.ObjectRecord) for o in objects],
         )
         reply: pb.RegisterMinionResponse = self._invoke("RegisterMinion", request, timeout)
         return reply.epoch
@@ -163,7 +163,7 @@ class ControllerClient:
         reply: pb.ContainerInfo = self._invoke(
             "LookupContainer", request, timeout, not_found=UnknownContainer
         )
-        return convert.container_info_from_pb(reply)
+        return convert.from_pb(reply, ContainerInfo)
 
     def route_container(self, container_id: str, *, timeout: float | None = None) -> Route:
         """Where a transfer to ``container_id`` goes; raise ``UnknownContainer``."""
@@ -171,7 +171,7 @@ class ControllerClient:
         reply: pb.Route = self._invoke(
             "RouteContainer", request, timeout, not_found=UnknownContainer
         )
-        return convert.route_from_pb(reply)
+        return convert.from_pb(reply, Route)
 
     def list_containers(
         self, host: str | None = None, *, timeout: float | None = None
@@ -179,7 +179,7 @@ class ControllerClient:
         """All registered containers, or only those on ``host``; sorted by id."""
         request = pb.ListContainersRequest(host=host or "")
         reply: pb.ListContainersResponse = self._invoke("ListContainers", request, timeout)
-        return [convert.container_info_from_pb(c) for c in reply.containers]
+        return [convert.from_pb(c, ContainerInfo) for c in reply.containers]
 
     def lookup_object(self, key: str, *, timeout: float | None = None) -> ObjectInfo:
         """Return the directory entry of ``key``; raise ``ObjectNotFound``."""
@@ -187,7 +187,7 @@ class ControllerClient:
         reply: pb.ObjectInfo = self._invoke(
             "LookupObject", request, timeout, not_found=ObjectNotFound
         )
-        return convert.object_info_from_pb(reply)
+        return convert.from_pb(reply, ObjectInfo)
 
     def list_objects(
         self,
@@ -199,14 +199,14 @@ class ControllerClient:
         """Directory entries matching every given filter; sorted by key."""
         request = pb.ListObjectsRequest(owner=owner or "", host=host or "")
         reply: pb.ListObjectsResponse = self._invoke("ListObjects", request, timeout)
-        return [convert.object_info_from_pb(o) for o in reply.objects]
+        return [convert.from_pb(o, ObjectInfo) for o in reply.objects]
 
     def list_minions(self, *, timeout: float | None = None) -> list[MinionInfo]:
         """Every minion the controller heard from since it started; sorted by host."""
         reply: pb.ListMinionsResponse = self._invoke(
             "ListMinions", pb.ListMinionsRequest(), timeout
         )
-        return [convert.minion_info_from_pb(m) for m in reply.minions]
+        return [convert.from_pb(m, MinionInfo) for m in reply.minions]
 
     # -- lifecycle -----------------------------------------------------------------------------
 

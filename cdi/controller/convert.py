@@ -1,6 +1,19 @@
-"""Conversions between the ``cdi.v1`` wire messages and the plain models, both directions."""
+"""Conversions between the ``cdi.v1`` wire messages and the plain models, both directions.
+
+Each model (``models.py``) has exactly its message's fields, by name and meaning, so one
+function converts any of them: the model's fields are the message's keyword arguments, and
+the message's fields (its descriptor's) are the model's. *Why not ``json_format.MessageToDict``
+and ``ParseDict``:* the JSON mapping turns 64-bit integers into strings and leaves out fields
+at their defaults, so every model would need a second conversion back; reading the fields by
+name needs none. ``tests/cdi/test_controller_convert.py`` holds each pair to the same fields.
+"""
 
 from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Final, TypeVar
+
+from google.protobuf.message import Message
 
 from cdi.controller.models import (
     Changes,
@@ -13,66 +26,35 @@ from cdi.controller.models import (
 )
 from cdi.proto import cdi_pb2 as pb
 
-__all__ = [
-    "MAX_MESSAGE_BYTES",
-    "changes_from_pb",
-    "changes_to_pb",
-    "container_info_from_pb",
-    "container_info_to_pb",
-    "container_record_from_pb",
-    "container_record_to_pb",
-    "minion_info_from_pb",
-    "minion_info_to_pb",
-    "object_info_from_pb",
-    "object_info_to_pb",
-    "object_record_from_pb",
-    "object_record_to_pb",
-]
+__all__ = ["MAX_MESSAGE_BYTES", "WIRE", "changes_from_pb", "changes_to_pb", "from_pb", "to_pb"]
 
 # A RegisterMinion snapshot or a ListObjects answer for a busy host outgrows gRPC's 4 MiB default;
 # client and server both raise their limits to this.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+Model = ContainerRecord | ObjectRecord | ContainerInfo | ObjectInfo | Route | MinionInfo
+M = TypeVar("M", ContainerRecord, ObjectRecord, ContainerInfo, ObjectInfo, Route, MinionInfo)
+P = TypeVar("P", bound=Message)
 
-def container_record_to_pb(record: ContainerRecord) -> pb.ContainerRecord:
-    """Model → wire."""
-    return pb.ContainerRecord(
-        container_id=record.container_id,
-        pid=record.pid,
-        uid=record.uid,
-        registered_at=record.registered_at,
-    )
-
-
-def container_record_from_pb(msg: pb.ContainerRecord) -> ContainerRecord:
-    """Wire → model."""
-    return ContainerRecord(
-        container_id=msg.container_id, pid=msg.pid, uid=msg.uid, registered_at=msg.registered_at
-    )
+WIRE: Final[dict[type[Any], type[Message]]] = {
+    ContainerRecord: pb.ContainerRecord,
+    ObjectRecord: pb.ObjectRecord,
+    ContainerInfo: pb.ContainerInfo,
+    ObjectInfo: pb.ObjectInfo,
+    Route: pb.Route,
+    MinionInfo: pb.MinionInfo,
+}
+"""Each model and the message that carries it."""
 
 
-def object_record_to_pb(record: ObjectRecord) -> pb.ObjectRecord:
-    """Model → wire."""
-    return pb.ObjectRecord(
-        key=record.key,
-        size=record.size,
-        owner=record.owner,
-        generation=record.generation,
-        created_at=record.created_at,
-        updated_at=record.updated_at,
-    )
+def to_pb(model: Model, message: type[P]) -> P:
+    """Model → wire: ``message`` (``WIRE[type(model)]``) with the model's fields."""
+    return message(**{f.name: getattr(model, f.name) for f in fields(model)})
 
 
-def object_record_from_pb(msg: pb.ObjectRecord) -> ObjectRecord:
-    """Wire → model."""
-    return ObjectRecord(
-        key=msg.key,
-        size=msg.size,
-        owner=msg.owner,
-        generation=msg.generation,
-        created_at=msg.created_at,
-        updated_at=msg.updated_at,
-    )
+def from_pb(message: Message, model: type[M]) -> M:
+    """Wire → model: every field of ``message`` (a message of ``WIRE[model]``)."""
+    return model(**{f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields})
 
 
 def changes_to_pb(host: str, epoch: str, changes: Changes) -> pb.ReportChangesRequest:
@@ -80,9 +62,9 @@ def changes_to_pb(host: str, epoch: str, changes: Changes) -> pb.ReportChangesRe
     return pb.ReportChangesRequest(
         host=host,
         epoch=epoch,
-        upsert_containers=[container_record_to_pb(c) for c in changes.upsert_containers],
+        upsert_containers=[to_pb(c, pb.ContainerRecord) for c in changes.upsert_containers],
         removed_containers=list(changes.removed_containers),
-        upsert_objects=[object_record_to_pb(o) for o in changes.upsert_objects],
+        upsert_objects=[to_pb(o, pb.ObjectRecord) for o in changes.upsert_objects],
         removed_objects=list(changes.removed_objects),
     )
 
@@ -90,103 +72,8 @@ def changes_to_pb(host: str, epoch: str, changes: Changes) -> pb.ReportChangesRe
 def changes_from_pb(msg: pb.ReportChangesRequest) -> Changes:
     """Extract the batch from a ReportChanges request."""
     return Changes(
-        upsert_containers=[container_record_from_pb(c) for c in msg.upsert_containers],
+        upsert_containers=[from_pb(c, ContainerRecord) for c in msg.upsert_containers],
         removed_containers=list(msg.removed_containers),
-        upsert_objects=[object_record_from_pb(o) for o in msg.upsert_objects],
+        upsert_objects=[from_pb(o, ObjectRecord) for o in msg.upsert_objects],
         removed_objects=list(msg.removed_objects),
-    )
-
-
-def container_info_to_pb(info: ContainerInfo) -> pb.ContainerInfo:
-    """Model → wire."""
-    return pb.ContainerInfo(
-        container_id=info.container_id,
-        host=info.host,
-        pid=info.pid,
-        uid=info.uid,
-        registered_at=info.registered_at,
-    )
-
-
-def container_info_from_pb(msg: pb.ContainerInfo) -> ContainerInfo:
-    """Wire → model."""
-    return ContainerInfo(
-        container_id=msg.container_id,
-        host=msg.host,
-        pid=msg.pid,
-        uid=msg.uid,
-        registered_at=msg.registered_at,
-    )
-
-
-def route_to_pb(route: Route) -> pb.Route:
-    """Model → wire."""
-    return pb.Route(
-        container_id=route.container_id,
-        host=route.host,
-        rpc_address=route.rpc_address,
-        alive=route.alive,
-    )
-
-
-def route_from_pb(msg: pb.Route) -> Route:
-    """Wire → model."""
-    return Route(
-        container_id=msg.container_id, host=msg.host, rpc_address=msg.rpc_address, alive=msg.alive
-    )
-
-
-def object_info_to_pb(info: ObjectInfo) -> pb.ObjectInfo:
-    """Model → wire."""
-    return pb.ObjectInfo(
-        key=info.key,
-        host=info.host,
-        size=info.size,
-        owner=info.owner,
-        generation=info.generation,
-        created_at=info.created_at,
-        updated_at=info.updated_at,
-    )
-
-
-def object_info_from_pb(msg: pb.ObjectInfo) -> ObjectInfo:
-    """Wire → model."""
-    return ObjectInfo(
-        key=msg.key,
-        host=msg.host,
-        size=msg.size,
-        owner=msg.owner,
-        generation=msg.generation,
-        created_at=msg.created_at,
-        updated_at=msg.updated_at,
-    )
-
-
-def minion_info_to_pb(info: MinionInfo) -> pb.MinionInfo:
-    """Model → wire."""
-    return pb.MinionInfo(
-        host=info.host,
-        socket_path=info.socket_path,
-        rpc_address=info.rpc_address,
-        registered_at=info.registered_at,
-        last_heartbeat=info.last_heartbeat,
-        heartbeat_s=info.heartbeat_s,
-        alive=info.alive,
-        containers=info.containers,
-        objects=info.objects,
-    )
-
-
-def minion_info_from_pb(msg: pb.MinionInfo) -> MinionInfo:
-    """Wire → model."""
-    return MinionInfo(
-        host=msg.host,
-        socket_path=msg.socket_path,
-        rpc_address=msg.rpc_address,
-        registered_at=msg.registered_at,
-        last_heartbeat=msg.last_heartbeat,
-        heartbeat_s=msg.heartbeat_s,
-        alive=msg.alive,
-        containers=msg.containers,
-        objects=msg.objects,
     )

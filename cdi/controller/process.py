@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from cdi.auth import ClusterCredentials
-from cdi.child import ChildProcess, python_module
+from cdi.child import ServiceChild, python_module
 from cdi.controller.client import ControllerClient, parse_controller_url
 from cdi.errors import CDIError
 
 __all__ = ["ControllerChild"]
 
 
-class ControllerChild(ChildProcess):
+class ControllerChild(ServiceChild):
     """``python -m cdi.controller --listen host:port --key-file ...``; ``start()`` returns
     once it answers.
 
@@ -20,7 +20,7 @@ class ControllerChild(ChildProcess):
     the log. Its minions and readers get their tokens from there (``self.credentials``)."""
 
     def __init__(
-        self, url: str, log_path: str, credentials: ClusterCredentials | None = None
+        self, url: str, log_path: str | Path, credentials: ClusterCredentials | None = None
     ) -> None:
         self.url = url
         self.credentials = credentials or ClusterCredentials.ensure(
@@ -28,12 +28,12 @@ class ControllerChild(ChildProcess):
         )
         key_file = str(self.credentials.cluster_key_file)
         super().__init__(
+            "CDI controller",
             python_module(
                 "cdi.controller", "--listen", parse_controller_url(url), "--key-file", key_file
             ),
-            log_path,
+            Path(log_path),
             self._answers,
-            "CDI controller",
         )
 
     def client(self, timeout: float = 5.0) -> ControllerClient:
@@ -47,10 +47,3 @@ class ControllerChild(ChildProcess):
         except CDIError:
             return False
         return True
-
-    def __enter__(self) -> ControllerChild:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

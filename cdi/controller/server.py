@@ -14,6 +14,7 @@ import grpc
 
 from cdi.auth import Credential, Role, check_key, require, verify_token
 from cdi.controller import convert
+from cdi.controller.models import ContainerRecord, ObjectRecord
 from cdi.controller.state import ControllerState
 from cdi.errors import (
     AccessDenied,
@@ -91,8 +92,8 @@ class ControllerServicer(pb_grpc.ControllerServicer):
                 socket_path=request.socket_path,
                 rpc_address=request.rpc_address,
                 heartbeat_s=request.heartbeat_s,
-                containers=[convert.container_record_from_pb(c) for c in request.containers],
-                objects=[convert.object_record_from_pb(o) for o in request.objects],
+                containers=[convert.from_pb(c, ContainerRecord) for c in request.containers],
+                objects=[convert.from_pb(o, ObjectRecord) for o in request.objects],
             ),
         )
         log.info(
@@ -125,7 +126,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         """One container by id (its pid and uid: readers only)."""
         self._allow(context, Role.READER)
         info = _answer(context, lambda: self._state.lookup_container(request.container_id))
-        return convert.container_info_to_pb(info)
+        return convert.to_pb(info, pb.ContainerInfo)
 
     def RouteContainer(
         self, request: pb.LookupContainerRequest, context: grpc.ServicerContext
@@ -133,7 +134,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         """Where a transfer to a container goes (a gateway asks)."""
         self._allow(context, Role.MINION)
         route = _answer(context, lambda: self._state.route(request.container_id))
-        return convert.route_to_pb(route)
+        return convert.to_pb(route, pb.Route)
 
     def ListContainers(
         self, request: pb.ListContainersRequest, context: grpc.ServicerContext
@@ -142,7 +143,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         self._allow(context, Role.READER)
         found = _answer(context, lambda: self._state.list_containers(host=request.host))
         return pb.ListContainersResponse(
-            containers=[convert.container_info_to_pb(c) for c in found]
+            containers=[convert.to_pb(c, pb.ContainerInfo) for c in found]
         )
 
     def LookupObject(
@@ -151,7 +152,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         """One directory entry by key (a gateway asks where an object is)."""
         self._allow(context, Role.MINION)
         info = _answer(context, lambda: self._state.lookup_object(request.key))
-        return convert.object_info_to_pb(info)
+        return convert.to_pb(info, pb.ObjectInfo)
 
     def ListObjects(
         self, request: pb.ListObjectsRequest, context: grpc.ServicerContext
@@ -161,7 +162,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         found = _answer(
             context, lambda: self._state.list_objects(owner=request.owner, host=request.host)
         )
-        return pb.ListObjectsResponse(objects=[convert.object_info_to_pb(o) for o in found])
+        return pb.ListObjectsResponse(objects=[convert.to_pb(o, pb.ObjectInfo) for o in found])
 
     def ListMinions(
         self, request: pb.ListMinionsRequest, context: grpc.ServicerContext
@@ -170,7 +171,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         self._allow(context, Role.READER)
         minions = self._state.list_minions()
         return pb.ListMinionsResponse(
-            minions=[convert.minion_info_to_pb(m) for m in minions], epoch=self._state.epoch
+            minions=[convert.to_pb(m, pb.MinionInfo) for m in minions], epoch=self._state.epoch
         )
 
 

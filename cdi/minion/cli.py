@@ -5,7 +5,6 @@ from __future__ import annotations
 import grp
 import logging
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,15 +14,16 @@ import click
 from cdi.auth import (
     CONTROLLER_TOKEN_ENV,
     GATEWAY_KEY_ENV,
+    Role,
     check_key,
+    check_token,
     read_secret,
     read_secret_file,
 )
 from cdi.errors import ConfigError
-from cdi.minion import native
+from cdi.minion import launcher
 from cdi.minion.config import MinionConfig, check_socket_dir, parse_bytes
 from cdi.minion.names import parse_names
-from cdi.minion.server import Minion
 from cdi.protocol import Isolation
 from cdi.remote.transport import TRANSPORTS
 from cdi.url import default_socket_path
@@ -32,9 +32,7 @@ if TYPE_CHECKING:
     from cdi.controller.reporter import DirectoryReporter
     from cdi.remote.gateway import Gateway
 
-__all__ = ["IMPLEMENTATIONS", "build_minion", "choose_binary", "minion_command"]
-
-log = logging.getLogger(__name__)
+__all__ = ["minion_command", "require_binary"]
 
 
 def _prewarm(spec: str) -> dict[int, int]:
@@ -46,9 +44,6 @@ def _prewarm(spec: str) -> dict[int, int]:
             raise ConfigError(f"--prewarm {part!r}: write SIZE:COUNT, e.g. 1MB:4")
         result[parse_bytes(size)] = int(count or 1)
     return result
-
-
-IMPLEMENTATIONS = ("auto", "native", "python")
 
 
 def reporter_factory(config: MinionConfig) -> Callable[[], DirectoryReporter] | None:
@@ -96,6 +91,7 @@ def _config(
                 f"token; give it --controller-token-file (${CONTROLLER_TOKEN_ENV}_FILE) or "
                 f"${CONTROLLER_TOKEN_ENV} (`cdiflow cdi credentials` makes them)"
             )
+        token = check_token(token, Role.MINION)  # a placeholder is refused before anything runs
     return MinionConfig(
         socket_path=socket_path,
         max_object=parse_bytes(max_object),
@@ -127,21 +123,11 @@ def _group(name: str) -> int:
         raise ConfigError(f"--socket-group {name!r}: no such group on this machine") from None
 
 
-def build_minion(config: MinionConfig) -> Minion:
-    """The Python minion, in this process."""
-    make_reporter = reporter_factory(config)
-    return Minion(config, make_reporter() if make_reporter else None)
-
-
-def choose_binary(implementation: str) -> str | None:
-    """The native binary to run, or ``None`` for the Python minion."""
-    if implementation == "python":
-        return None
-    binary = native.find_binary()
-    if binary is None and implementation == "native":
-        raise ConfigError(f"the native minion is not built; {native.build_hint()}")
+def require_binary() -> str:
+    """The minion's binary; ``ConfigError`` saying how to get it where there is none."""
+    binary = launcher.find_binary()
     if binary is None:
-        log.warning("native minion not built, running the Python one; %s", native.build_hint())
+        raise ConfigError(launcher.missing_binary())
     return binary
 
 
@@ -202,15 +188,6 @@ def choose_binary(implementation: str) -> str | None:
     help="Poll this long for a transfer while a container waits in access(); 0: never.",
 )
 @click.option(
-    "--impl",
-    "implementation",
-    type=click.Choice(IMPLEMENTATIONS),
-    default="auto",
-    show_default=True,
-    envvar="CDI_MINION_IMPL",
-    help="native: the Rust binary; python: this process; auto: native when it is built.",
-)
-@click.option(
     "--rpc-listen",
     default=None,
     envvar="CDI_RPC_LISTEN",
@@ -242,7 +219,6 @@ def choose_binary(implementation: str) -> str | None:
 )
 @click.option("--log-level", default="INFO", show_default=True)
 def minion_command(
-    implementation: str,
     log_level: str,
     rpc_listen: str | None,
     rpc_advertise: str | None,
@@ -255,21 +231,14 @@ def minion_command(
     try:
         config = _config(**options)
         check_socket_dir(config.socket_path)
-        binary = choose_binary(implementation)
+        binary = require_binary()
         gateway = _gateway(config, rpc_listen, rpc_advertise, transport, gateway_key_file)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     if gateway is not None:
         config.rpc_address = gateway.address
     try:
-        if binary is not None:
-            sys.exit(native.run_native(binary, config, reporter_factory(config), gateway))
-        minion = build_minion(config)
-        minion.install_signal_handlers()
-        minion.bind()
-        if gateway is not None:  # it registers with the minion: the loop must be running
-            threading.Thread(target=gateway.start, name="cdi-gateway-start", daemon=True).start()
-        minion.serve_forever()
+        sys.exit(launcher.run_binary(binary, config, reporter_factory(config), gateway))
     finally:
         if gateway is not None:
             gateway.close()

@@ -4,6 +4,9 @@ A rule is ``PATTERN=UID``: ``PATTERN`` is a container id, or a prefix ending in 
 number or a user name. The first rule that matches an id decides which uid may register it; an id
 no rule matches may be registered only by the minion's own uid. So a process of another uid can
 never take the name a container of the stack will register (and so receive its objects).
+
+The rules are parsed and their user names resolved here; the minion applies them
+(``cdi/minion-native/src/args.rs``, ``uid_for``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from cdi.errors import ConfigError
 from cdi.protocol import check_container_id
 
-__all__ = ["NameRule", "parse_names", "uid_for"]
+__all__ = ["NameRule", "parse_names"]
 
 
 @dataclass(frozen=True)
@@ -23,21 +26,8 @@ class NameRule:
     """A container id, or a prefix ending in ``*``."""
     uid: int
 
-    def matches(self, name: str) -> bool:
-        if self.pattern.endswith("*"):
-            return name.startswith(self.pattern[:-1])
-        return name == self.pattern
-
     def __str__(self) -> str:
         return f"{self.pattern}={self.uid}"
-
-
-def uid_for(rules: tuple[NameRule, ...], name: str, default: int) -> int:
-    """The uid that may register ``name``: the first matching rule's, else ``default``."""
-    for rule in rules:
-        if rule.matches(name):
-            return rule.uid
-    return default
 
 
 def parse_names(spec: str) -> tuple[NameRule, ...]:

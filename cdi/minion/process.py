@@ -6,14 +6,14 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from cdi.child import ChildProcess, python_module
+from cdi.child import ServiceChild, python_module
 from cdi.client import Client
 from cdi.errors import MinionUnavailable
 
 __all__ = ["MinionChild"]
 
 
-class MinionChild(ChildProcess):
+class MinionChild(ServiceChild):
     """``python -m cdi.minion`` in a child process; ``start()`` returns once it answers."""
 
     def __init__(
@@ -27,10 +27,10 @@ class MinionChild(ChildProcess):
         self.socket_path = socket_path
         argv = python_module("cdi.minion", "--socket", socket_path, *args)
         super().__init__(
-            wrap(argv) if wrap else argv,
-            log_path or str(Path(socket_path).with_suffix(".log")),
-            self._answers,
             "minion",
+            wrap(argv) if wrap else argv,
+            Path(log_path or Path(socket_path).with_suffix(".log")),
+            self._answers,
         )
 
     def _answers(self) -> bool:
@@ -40,13 +40,6 @@ class MinionChild(ChildProcess):
             return False
         return True
 
-    def start(self, timeout: float = 20.0) -> MinionChild:  # type: ignore[override]
+    def start(self, timeout: float = 20.0) -> MinionChild:
         os.makedirs(os.path.dirname(self.socket_path), exist_ok=True)
-        super().start(timeout)
-        return self
-
-    def __enter__(self) -> MinionChild:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return super().start(timeout)

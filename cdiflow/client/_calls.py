@@ -256,6 +256,7 @@ class Calls:
         tags: Sequence[str] | None = None,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        wait_s: float = 0.0,
     ) -> Call[Workflow]:
         given = _given(
             image=image_uri, data=dict(data) if data else None, result_format=result_format
@@ -273,9 +274,13 @@ class Calls:
             **({"tags": list(tags)} if tags else {}),
         }
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        # The API answers the new run; asked to wait (``wait_s``, which this call does not
-        # send), its detail.
-        return Call("POST", "/api/workflows", WorkflowDetail | Workflow, json=body, headers=headers)
+        # The API answers the new run; asked to wait (``wait_s``), its detail once it has ended
+        # or the wait is over.
+        params = {"wait_s": round(wait_s, 3)} if wait_s > 0 else None
+        return Call(
+            "POST", "/api/workflows", WorkflowDetail | Workflow, params, json=body,
+            headers=headers, wait_s=wait_s,
+        )  # fmt: skip
 
     def get(
         self, workflow_id: RunId, *, wait_s: float = 0.0, events: int = 100
@@ -443,9 +448,10 @@ class Calls:
     def health(self) -> Call[Liveness]:
         return Call("GET", "/api/healthz", Liveness)
 
-    def readiness(self) -> Call[Readiness]:
+    def readiness(self, scope: str | None = None) -> Call[Readiness]:
         # 503 answers the same body, saying which part is not ready.
-        return Call("GET", "/api/readyz", Readiness, answers_with=frozenset({503}))
+        return Call("GET", "/api/readyz", Readiness, params=_given(scope=scope),
+                    answers_with=frozenset({503}))  # fmt: skip
 
 
 def busy_delay(response: httpx.Response, waited_s: float, budget_s: float) -> float | None:

@@ -258,6 +258,7 @@ class AsyncClient:
         tags: Sequence[str] | None = None,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        wait_s: float = 0.0,
     ) -> Workflow:
         """Start a run of ``workflow`` on ``image``: an ``s3://`` URI, or a local file (path,
         bytes or open file) uploaded first; ``None`` starts a dataless run. ``data`` reaches
@@ -267,7 +268,9 @@ class AsyncClient:
         (-100..100, default the definition's) orders it among waiting runs; ``tags`` label it.
         With ``idempotency_key`` a start sent again (after a timeout, say) answers the run the
         first one started instead of starting another. ``timeout_s`` is the run's time limit
-        (past it, it ends TIMED_OUT), instead of the definition's."""
+        (past it, it ends TIMED_OUT), instead of the definition's. With ``wait_s`` (at most
+        60) the answer comes once the run has ended or that many seconds have passed, as its
+        detail (a ``WorkflowDetail``): one request for a run expected to be short."""
         uri, local = as_image_source(image)
         if local is not None:
             uri = (await self.upload(local)).uri
@@ -288,6 +291,7 @@ class AsyncClient:
             tags=tags,
             idempotency_key=idempotency_key,
             timeout_s=timeout_s,
+            wait_s=wait_s,
         )
         return await self._send(call)
 
@@ -515,10 +519,11 @@ class AsyncClient:
         """Whether the API process answers."""
         return await self._send(self._calls.health())
 
-    async def readiness(self) -> Readiness:
+    async def readiness(self, scope: str | None = None) -> Readiness:
         """Whether every part behind the API answers: ``status`` and each check, also when
-        one is down (the API's 503)."""
-        return await self._send(self._calls.readiness())
+        one is down (the API's 503). ``scope="api"``: whether the API process itself can
+        answer (Postgres and Redis)."""
+        return await self._send(self._calls.readiness(scope))
 
     # -- schedules ---------------------------------------------------------------------------
     async def create_schedule(

@@ -255,6 +255,7 @@ class Client:
         tags: Sequence[str] | None = None,
         idempotency_key: str | None = None,
         timeout_s: float | None = None,
+        wait_s: float = 0.0,
     ) -> Workflow:
         """Start a run of ``workflow`` on ``image``: an ``s3://`` URI, or a local file (path,
         bytes or open file) uploaded first; ``None`` starts a dataless run. ``data`` reaches
@@ -264,7 +265,9 @@ class Client:
         (-100..100, default the definition's) orders it among waiting runs; ``tags`` label it.
         With ``idempotency_key`` a start sent again (after a timeout, say) answers the run the
         first one started instead of starting another. ``timeout_s`` is the run's time limit
-        (past it, it ends TIMED_OUT), instead of the definition's."""
+        (past it, it ends TIMED_OUT), instead of the definition's. With ``wait_s`` (at most
+        60) the answer comes once the run has ended or that many seconds have passed, as its
+        detail (a ``WorkflowDetail``): one request for a run expected to be short."""
         uri, local = as_image_source(image)
         if local is not None:
             uri = self.upload(local).uri
@@ -285,6 +288,7 @@ class Client:
             tags=tags,
             idempotency_key=idempotency_key,
             timeout_s=timeout_s,
+            wait_s=wait_s,
         )
         return self._send(call)
 
@@ -511,10 +515,11 @@ class Client:
         """Whether the API process answers."""
         return self._send(self._calls.health())
 
-    def readiness(self) -> Readiness:
+    def readiness(self, scope: str | None = None) -> Readiness:
         """Whether every part behind the API answers: ``status`` and each check, also when
-        one is down (the API's 503)."""
-        return self._send(self._calls.readiness())
+        one is down (the API's 503). ``scope="api"``: whether the API process itself can
+        answer (Postgres and Redis)."""
+        return self._send(self._calls.readiness(scope))
 
     # -- schedules ---------------------------------------------------------------------------
     def create_schedule(

@@ -9,10 +9,18 @@ version does not know is drawn with the fields it has.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
-from workflows.steps import STEP_KEYS, Shape, edges, step_problems, topological
+from workflows.steps import (
+    STEP_KEYS,
+    Shape,
+    StepKind,
+    edges,
+    step_kind,
+    step_problems,
+    topological,
+)
 
 __all__ = ["Graph"]
 
@@ -38,7 +46,7 @@ class Graph:
         kinds = [_kind(s) for s in self.steps.values()]
         fans_out = any(s.get("for_each") for s in self.steps.values())
         chain = all(self.after[r] == self.order[i - 1 : i] for i, r in enumerate(self.order))
-        if chain and set(kinds) <= {"task"} and not fans_out:
+        if chain and set(kinds) <= {StepKind.TASK} and not fans_out:
             return " -> ".join(self.order)
         starts = [r for r in self.order if not self.after[r]]
         has = [
@@ -47,13 +55,13 @@ class Graph:
                 (f"{len(starts)} starting steps", len(starts) > 1),
                 ("fork", any(len(f) > 1 for f in followers.values())),
                 ("join", any(len(a) > 1 for a in self.after.values())),
-                ("switch", "switch" in kinds),
+                ("switch", StepKind.SWITCH in kinds),
                 ("for_each", fans_out),
-                ("sub-workflow", "workflow" in kinds),
+                ("sub-workflow", StepKind.WORKFLOW in kinds),
             )
             if present
         ]
-        has += sorted({k for k in kinds if k not in ("task", "switch", "workflow")})
+        has += sorted({k for k in kinds if k not in tuple(StepKind)})
         return f"{len(self.steps)} steps: {', '.join(has)}"
 
     def rows(self) -> list[tuple[str, str, str]]:
@@ -64,26 +72,36 @@ class Graph:
         ]
 
 
-def _kind(step: Mapping[str, Any]) -> str:
-    for kind in ("task", "switch", "workflow"):
-        if step.get(kind) is not None:
-            return kind
+def _kind(step: Mapping[str, Any]) -> StepKind | str:
+    """The step's ``StepKind``, or the first field this version does not know (a kind a
+    later one added)."""
+    kind = step_kind(step)
+    if kind is not None:
+        return kind
     unknown = [k for k in step if k not in STEP_KEYS]
-    return unknown[0] if unknown else "task"
+    return unknown[0] if unknown else StepKind.TASK
+
+
+def _switch(step: Mapping[str, Any]) -> str:
+    cases = step.get("cases") or {}
+    choices = [f"{value} -> {', '.join(refs)}" for value, refs in cases.items()]
+    if step.get("default"):
+        choices.append(f"otherwise {', '.join(step['default'])}")
+    return f"switch on {step['switch']}: {'; '.join(choices)}"
+
+
+# What each kind of step is drawn as.
+_DRAWN: Final[Mapping[StepKind, Callable[[Mapping[str, Any]], str]]] = {
+    StepKind.TASK: lambda step: f"task {step.get('task')}",
+    StepKind.SWITCH: _switch,
+    StepKind.WORKFLOW: lambda step: f"sub-workflow {step['workflow']}",
+}
 
 
 def _describe(step: Mapping[str, Any]) -> str:
     kind = _kind(step)
-    if kind == "task":
-        what = f"task {step.get('task')}"
-    elif kind == "switch":
-        cases = step.get("cases") or {}
-        choices = [f"{value} -> {', '.join(refs)}" for value, refs in cases.items()]
-        if step.get("default"):
-            choices.append(f"otherwise {', '.join(step['default'])}")
-        what = f"switch on {step['switch']}: {'; '.join(choices)}"
-    elif kind == "workflow":
-        what = f"sub-workflow {step['workflow']}"
+    if isinstance(kind, StepKind):
+        what = _DRAWN[kind](step)
     else:
         what = "a step of a kind this cdiflow does not know:"
     inputs = step.get("inputs") or {}

@@ -87,7 +87,7 @@ def run_burst(
         plans = [load.next_run() for _ in range(workflows)]
         runs = asyncio.run(_start_all(target, plans, clients, answers))
         accepted_s = time.monotonic() - began
-        tally = judge(load, runs, target.stack, since=since, deadline_s=deadline_s)
+        tally = judge(load, runs, target, since=since, deadline_s=deadline_s)
         ends = [r.finished_at for r in runs.values() if r.finished_at is not None]
         drained = max(ends) - since if len(ends) == len(runs) else None
         problems = all_running(target)

@@ -8,13 +8,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import psycopg
 from sqlalchemy import make_url
 
-from loadtest.chaos.faults import Target
 from loadtest.chaos.workload import api_client
+
+if TYPE_CHECKING:  # faults strikes with these checks
+    from loadtest.chaos.faults import Target
 
 __all__ = [
     "Facts",
@@ -38,7 +40,7 @@ class Facts:
     refusals: Mapping[str, str] = field(default_factory=dict)
 
 
-Check = Callable[[Target, Facts], list[str]]
+Check = Callable[["Target", Facts], list[str]]
 
 
 def all_running(target: Target, wait_s: float = SETTLE_S) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import click
 
 from loadtest.chaos.burst import BurstResult, run_burst
-from loadtest.chaos.faults import FAULTS, Fault, Kind, disk_full, partition, s3_outage
+from loadtest.chaos.faults import FAULTS, Fault, Kind, Target, disk_full, partition, s3_outage
 from loadtest.chaos.run import CaseResult, chaos_stack, run_case
 from loadtest.chaos.soak import GROWTH_GOAL_PCT, SoakResult, run_soak
 from orchestrator.stack import RestartPolicy
@@ -157,7 +157,7 @@ def bench_chaos_command(
 
 def _catalogue(
     cut_s: float, s3_down_s: float, s3_slow_s: float, s3_delay_s: float, disk_full_s: float
-) -> dict[str, Fault]:
+) -> dict[str, Fault[Target]]:
     """Every fault by name, the held ones as long as asked."""
     held = (partition(cut_s), s3_outage(s3_down_s, s3_slow_s, s3_delay_s), disk_full(disk_full_s))
     return {f.name: f for f in FAULTS} | {f.name: f for f in held}

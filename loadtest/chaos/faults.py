@@ -8,6 +8,10 @@ own supervisor (systemd, Kubernetes) would, and cdiflow has to find it again on 
 A fault is one or more phases: most strike at once; a *held* fault lasts (a network cut, an
 S3 outage, a full disk) and ends with a phase that undoes it. Some need a stack of their own
 (``Rig``): two hosts, a gate in front of S3, the data folder on a small disk.
+
+A case (``run.run_case``) strikes any stack reachable from here (``CaseTarget``): the stack of
+processes (``Target``) with the faults here, the stack as containers
+(``deploy.containers.faults``) with its own, judged by the same checks.
 """
 
 from __future__ import annotations
@@ -19,22 +23,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import redis
 
+import cdi
 from cdi.hosts import Host
 from loadtest.chaos import host_faults
 from loadtest.chaos.api_probes import s3_routes
+from loadtest.chaos.checks import Facts, check_for
 from loadtest.chaos.s3_gate import S3Gate
+from loadtest.chaos.sampling import LoopWatch
 from loadtest.chaos.small_disk import SmallDisk
+from loadtest.chaos.workload import Reachable, Workload
 from orchestrator.errors import StackError
 from orchestrator.services import ManagedService, RunningServices
-from orchestrator.stack import Stack
+from orchestrator.stack import RestartPolicy, Stack
 
 __all__ = [
+    "EXTERNAL_RESTART_S",
     "FAULTS",
+    "POLICY",
     "QUICK_FAULTS",
+    "CaseTarget",
     "Fault",
     "Kind",
     "Phase",
@@ -46,8 +57,14 @@ __all__ = [
     "s3_outage",
 ]
 
+T = TypeVar("T")
+
 EXTERNAL_RESTART_S: Final = 1.0
 DISK_MB: Final = 256  # the data folder's own disk: room for a fresh stack and a case's load
+# A stuck (SIGSTOPped) process is killed once its alive stamp is this old: shorter than the
+# default (``contract.alive.STALL_AFTER_S``) so that a case ends sooner; recovery from the
+# frozen faults counts this wait.
+POLICY: Final = RestartPolicy(stall_after=10.0)
 
 
 class Kind(StrEnum):
@@ -66,10 +83,84 @@ class Rig:
     disk_mb: int | None = None  # the data folder on a disk of its own this size (``SmallDisk``)
 
 
+@dataclass(frozen=True)
+class Phase(Generic[T]):
+    """One step of a fault: what is done to a target of type ``T``, and how long that lasts
+    before the next step."""
+
+    what: str
+    act: Callable[[T], None]
+    hold_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fault(Generic[T]):
+    """A fault on a target of type ``T``: its phases in order (the first strikes, the last ends
+    it), the stack it needs and the targets it runs on; ``no_failed``: the goal is that no
+    workflow ends FAILED."""
+
+    name: str
+    what: str
+    phases: tuple[Phase[T], ...]
+    rig: Rig = Rig()
+    kinds: tuple[Kind, ...] = (Kind.EMBEDDED, Kind.EXTERNAL)
+    no_failed: bool = False
+
+    @classmethod
+    def at_once(cls, name: str, what: str, act: Callable[[T], None]) -> Fault[T]:
+        """A fault of one phase: it strikes, and nothing undoes it but the stack itself."""
+        return cls(name, what, (Phase(what, act),))
+
+    @property
+    def held_s(self) -> float:
+        """From the strike to the end of the last phase."""
+        return sum(p.hold_s for p in self.phases)
+
+    def strike(self, target: T) -> None:
+        """The first phase (a held fault's later ones follow on the case's timeline)."""
+        self.phases[0].act(target)
+
+
+class CaseTarget(Protocol):
+    """What a chaos case (``run.run_case``) strikes: a running stack, reachable from here."""
+
+    @property
+    def stack(self) -> Reachable: ...
+
+    @property
+    def kind(self) -> str:
+        """Where the stack runs, for the report: embedded, external, containers."""
+        ...
+
+    @property
+    def observed(self) -> dict[str, str]:
+        """What the API answered while a fault held (route -> "<status> <code>"), filled by
+        the fault's phases (empty: it asked nothing)."""
+        ...
+
+    def strike(self, fault: Fault[Any], load: Workload) -> None:
+        """Strike ``fault`` (its first phase); ``load`` follows the stack if it changes (down
+        and up)."""
+        ...
+
+    def objects_held(self) -> int | None:
+        """The CDI objects the stack's minions hold now; None when one does not answer."""
+        ...
+
+    def loop_watch(self) -> LoopWatch | None:
+        """What times the scheduler's longest stall from its alive stamp (None: not seen from
+        here)."""
+        ...
+
+    def check(self, fault: Fault[Any], facts: Facts) -> list[str]:
+        """The fault's own checks once every workflow has ended: the problems found."""
+        ...
+
+
 @dataclass
 class Target:
-    """The stack under test, the external services it uses (None: embedded), and what its
-    rig added: the gate in front of S3, the data folder's own disk."""
+    """The stack of processes under test, the external services it uses (None: embedded),
+    and what its rig added: the gate in front of S3, the data folder's own disk."""
 
     stack: Stack
     external: RunningServices | None = None
@@ -77,6 +168,39 @@ class Target:
     disk: SmallDisk | None = None
     # What the API answered while a fault held (route -> "<status> <code>"), for its check.
     observed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return str(Kind.EXTERNAL if self.external is not None else Kind.EMBEDDED)
+
+    def strike(self, fault: Fault[Any], load: Workload) -> None:
+        if fault.name != "down-up":
+            fault.strike(self)
+            return
+        # The stack stops in order and starts again on its data folder: nothing else is kept.
+        old = self.stack
+        old.stop()
+        again = Stack(old.data_dir, workers=len(old.worker_ids), port=old.port,
+                      services=self.external, restart_policy=POLICY)  # fmt: skip
+        again.start()
+        self.stack = again
+        load.reconnect(again)
+
+    def objects_held(self) -> int | None:
+        count = 0
+        try:
+            for n in range(1, self.stack.hosts + 1):
+                with cdi.Client(self.stack.cdi.socket_of(f"host{n}")) as probe:
+                    count += int(probe.stat()["objects"])
+        except cdi.CDIError:
+            return None
+        return count
+
+    def loop_watch(self) -> LoopWatch:
+        return LoopWatch(self.stack)
+
+    def check(self, fault: Fault[Any], facts: Facts) -> list[str]:
+        return check_for(fault.name)(self, facts)
 
     def host(self, number: int) -> Host:
         """Host ``number`` of a ``--hosts`` stack, as a network namespace."""
@@ -105,8 +229,6 @@ class Target:
             return
         pid = service.pid
         assert pid is not None, f"{name} is not running"
-        import os
-
         os.kill(pid, signal.SIGKILL)
         threading.Thread(target=_restart_later, args=(service,), daemon=True).start()
 
@@ -147,37 +269,6 @@ def _restart_later(service: ManagedService) -> None:
     service.restart()
 
 
-@dataclass(frozen=True)
-class Phase:
-    """One step of a fault: what is done, and how long that lasts before the next step."""
-
-    what: str
-    act: Callable[[Target], None]
-    hold_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A fault: its phases in order (the first strikes, the last ends it), the stack it needs
-    and the targets it runs on; ``no_failed``: the goal is that no workflow ends FAILED."""
-
-    name: str
-    what: str
-    phases: tuple[Phase, ...]
-    rig: Rig = Rig()
-    kinds: tuple[Kind, ...] = (Kind.EMBEDDED, Kind.EXTERNAL)
-    no_failed: bool = False
-
-    @property
-    def held_s(self) -> float:
-        """From the strike to the end of the last phase."""
-        return sum(p.hold_s for p in self.phases)
-
-
-def _at_once(name: str, what: str, act: Callable[[Target], None]) -> Fault:
-    return Fault(name, what, (Phase(what, act),))
-
-
 def _kill(*names: str) -> Callable[[Target], None]:
     def strike(target: Target) -> None:
         for name in names:
@@ -216,7 +307,7 @@ def _s3_down(target: Target) -> None:
 
 
 # ---------------------------------------------------------------------- held faults
-def partition(cut_s: float = 10.0) -> Fault:
+def partition(cut_s: float = 10.0) -> Fault[Target]:
     """Host 2 of two cut off the network for ``cut_s``, then mended."""
     return Fault(
         "partition",
@@ -235,7 +326,7 @@ def _kill_host_2(target: Target) -> None:
     host_faults.kill_all_on(target.host(2))
 
 
-def host_killed() -> Fault:
+def host_killed() -> Fault[Target]:
     """Every process of host 2 (its minion with its gateway, its worker) killed at once."""
     return Fault(
         "host-kill",
@@ -246,7 +337,9 @@ def host_killed() -> Fault:
     )
 
 
-def s3_outage(down_s: float = 30.0, slow_s: float = 30.0, per_request_s: float = 1.0) -> Fault:
+def s3_outage(
+    down_s: float = 30.0, slow_s: float = 30.0, per_request_s: float = 1.0
+) -> Fault[Target]:
     """The S3 endpoint refusing connections for ``down_s``, then answering each request
     ``per_request_s`` late for ``slow_s``."""
     return Fault(
@@ -263,7 +356,7 @@ def s3_outage(down_s: float = 30.0, slow_s: float = 30.0, per_request_s: float =
     )
 
 
-def disk_full(full_s: float = 30.0, size_mb: int = DISK_MB) -> Fault:
+def disk_full(full_s: float = 30.0, size_mb: int = DISK_MB) -> Fault[Target]:
     """The data folder's disk (Postgres, S3, logs) full for ``full_s``, then freed."""
     return Fault(
         "disk-full",
@@ -277,30 +370,30 @@ def disk_full(full_s: float = 30.0, size_mb: int = DISK_MB) -> Fault:
     )
 
 
-FAULTS: Final = (
-    _at_once("scheduler", "kill -9 of the scheduler", _kill("scheduler-1")),
-    _at_once("postgres", "kill -9 of Postgres", _kill("postgres")),
-    _at_once("redis", "kill -9 of Redis", _kill("redis")),
-    _at_once("redis-flushall", "Redis FLUSHALL", _flushall),
-    _at_once("s3", "kill -9 of the S3 endpoint", _kill("s3")),
-    _at_once("minion", "kill -9 of the CDI minion", _kill("cdi-minion")),
-    _at_once("controller", "kill -9 of the CDI controller", _kill("cdi-controller")),
-    _at_once("worker", "kill -9 of a worker", _kill("worker-1")),
-    _at_once(
+FAULTS: Final[tuple[Fault[Target], ...]] = (
+    Fault.at_once("scheduler", "kill -9 of the scheduler", _kill("scheduler-1")),
+    Fault.at_once("postgres", "kill -9 of Postgres", _kill("postgres")),
+    Fault.at_once("redis", "kill -9 of Redis", _kill("redis")),
+    Fault.at_once("redis-flushall", "Redis FLUSHALL", _flushall),
+    Fault.at_once("s3", "kill -9 of the S3 endpoint", _kill("s3")),
+    Fault.at_once("minion", "kill -9 of the CDI minion", _kill("cdi-minion")),
+    Fault.at_once("controller", "kill -9 of the CDI controller", _kill("cdi-controller")),
+    Fault.at_once("worker", "kill -9 of a worker", _kill("worker-1")),
+    Fault.at_once(
         "scheduler+worker",
         "kill -9 of the scheduler and a worker together",
         _kill("scheduler-1", "worker-1"),
     ),
-    _at_once(
+    Fault.at_once(
         "redis-during-scheduler-restart",
         "kill -9 of Redis while the scheduler restarts",
         _redis_during_scheduler_restart,
     ),
-    _at_once(
+    Fault.at_once(
         "scheduler-frozen", "SIGSTOP of the scheduler: stuck, not dead", _freeze("scheduler-1")
     ),
-    _at_once("worker-frozen", "SIGSTOP of a worker: stuck, not dead", _freeze("worker-1")),
-    _at_once("down-up", "cdiflow down, then up on the same data folder", lambda target: None),
+    Fault.at_once("worker-frozen", "SIGSTOP of a worker: stuck, not dead", _freeze("worker-1")),
+    Fault.at_once("down-up", "cdiflow down, then up on the same data folder", lambda target: None),
     partition(),
     host_killed(),
     s3_outage(),

@@ -1,12 +1,12 @@
 """How a case's workflows ended, every one of them: waited for, read and judged.
 
-    tally = judge(load, runs, stack, since=began, deadline_s=180)
+    tally = judge(load, runs, target, since=began, deadline_s=180)
     tally.stuck, tally.lost, tally.wrong, tally.leaked_objects   # the goal: all 0
 
 Every case ends with this: it waits (at most ``deadline_s``) until the API counts as many
 finished runs since the case began as it started, reads each run's last word, judges each
 (``Workload.verdict``: completed with the right pixels and label, or failed saying why) and
-waits for every minion to hold no object.
+waits for every minion to hold no object (``CaseTarget.objects_held``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import cdi
 from loadtest.chaos.workload import FINISHED, Started, Workload
-from orchestrator.stack import Stack
+
+if TYPE_CHECKING:
+    from loadtest.chaos.faults import CaseTarget
 
 __all__ = ["Tally", "judge", "until"]
 
@@ -38,7 +40,12 @@ class Tally:
 
 
 def judge(
-    load: Workload, runs: dict[str, Started], stack: Stack, *, since: float, deadline_s: float
+    load: Workload,
+    runs: dict[str, Started],
+    target: CaseTarget,
+    *,
+    since: float,
+    deadline_s: float,
 ) -> Tally:
     until(lambda: finished(load, since) >= len(runs), deadline_s)
     read_all(load, runs)
@@ -51,7 +58,7 @@ def judge(
         stuck=values.count("stuck"),
         lost=values.count("lost"),
         wrong=values.count("wrong"),
-        leaked_objects=leaked_objects(stack),
+        leaked_objects=leaked_objects(target),
         failures=sorted(
             {str(r.detail.get("error")) for r in runs.values() if r.status == "FAILED"}
         ),
@@ -83,21 +90,15 @@ def until(check: Callable[[], bool], deadline_s: float, every_s: float = 0.25) -
     return True
 
 
-def leaked_objects(stack: Stack, wait_s: float = 30.0) -> int:
+def leaked_objects(target: CaseTarget, wait_s: float = 30.0) -> int:
     """Objects the minions still hold once every workflow has ended (after a grace: the last
-    ones are handed back and destroyed just after their workflow ends)."""
-    sockets = [stack.cdi.socket_of(f"host{n}") for n in range(1, stack.hosts + 1)]
+    ones are handed back and destroyed just after their workflow ends); 1 if a minion never
+    answered."""
     deadline = time.monotonic() + wait_s
-    count = -1
+    count: int | None = None
     while time.monotonic() < deadline:
-        try:
-            count = 0
-            for socket_path in sockets:
-                with cdi.Client(socket_path) as probe:
-                    count += int(probe.stat()["objects"])
-        except cdi.CDIError:
-            count = -1
+        count = target.objects_held()
         if count == 0:
             return 0
         time.sleep(0.5)
-    return max(count, 0) if count >= 0 else 1
+    return 1 if count is None else count

@@ -11,7 +11,9 @@ thread of its own; once its last phase has undone it, probes go on until one sta
 that completes: the **recovery after the end**. The case then waits (at most ``deadline_s``
 past the fault's end) for every workflow to end and judges each one (``Workload.verdict``):
 0 stuck, 0 lost, 0 wrong is the goal. Finally it waits for every minion to hold no object: one
-left behind is a leak (``leaked_objects``), and runs the fault's own checks (``checks``).
+left behind is a leak (``CaseTarget.objects_held``), and runs the fault's own checks
+(``CaseTarget.check``). The target is any stack reachable from here (``faults.CaseTarget``):
+the stack of processes here, or the stack as containers (``deploy.containers.faults``).
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.chaos.checks import Facts, check_for
-from loadtest.chaos.faults import Fault, Kind, Rig, Target
+from loadtest.chaos.checks import Facts
+from loadtest.chaos.faults import POLICY, CaseTarget, Fault, Rig, Target
 from loadtest.chaos.judge import Tally, finished, judge, until
 from loadtest.chaos.s3_gate import S3Gate
-from loadtest.chaos.sampling import LoopWatch
 from loadtest.chaos.small_disk import SmallDisk
 from loadtest.chaos.workload import Started, Workload
 from orchestrator.child_process import free_port
@@ -43,10 +44,6 @@ from orchestrator.stack import RestartPolicy, Stack
 __all__ = ["CaseResult", "chaos_stack", "external_services", "run_case"]
 
 PROBE_EVERY_S = 1.0
-# A stuck (SIGSTOPped) process is killed once its alive stamp is this old: shorter than the
-# default (``contract.alive.STALL_AFTER_S``) so that a case ends sooner; recovery from the
-# frozen faults counts this wait.
-POLICY = RestartPolicy(stall_after=10.0)
 PLAIN = Rig()
 
 
@@ -56,7 +53,7 @@ class CaseResult(Tally):
 
     fault: str
     what: str
-    target: str  # "embedded" or "external"
+    target: str  # where the stack ran: "embedded", "external", "containers"
     workflows: int
     probes: int
     recovery_s: float | None  # strike to the first probe completed; None: none did
@@ -127,7 +124,7 @@ def chaos_stack(
             given = services
             if rig.s3_gate:
                 assert services is not None
-                gate = stack.enter_context(S3Gate(services.s3_endpoint_url))
+                gate = stack.enter_context(S3Gate(services.s3_endpoint_url, root / "s3-gate"))
                 given = dataclasses.replace(services, s3_endpoint_url=gate.url, embedded=())
             running = Stack(
                 data, workers=workers, hosts=rig.hosts, port=free_port(), services=given,
@@ -143,7 +140,7 @@ def chaos_stack(
 
 
 def run_case(
-    target: Target, fault: Fault, *, workflows: int = 60, deadline_s: float = 180.0
+    target: CaseTarget, fault: Fault[Any], *, workflows: int = 60, deadline_s: float = 180.0
 ) -> CaseResult:
     """Strike ``fault`` with ``workflows`` in flight and judge how every workflow ends."""
     began = time.monotonic()
@@ -156,20 +153,21 @@ def run_case(
             started = load.start()
             runs[started.id] = started
         until(lambda: finished(load, since) >= workflows // 3, deadline_s)
-        with LoopWatch(target.stack) as watch:
+        watch = target.loop_watch()
+        with watch if watch is not None else contextlib.nullcontext():
             timeline = _Timeline(target, fault, load)
             recovery, after_end = _probe(load, runs, timeline, deadline_s + fault.held_s)
             timeline.join()
-            tally = judge(load, runs, target.stack, since=since, deadline_s=deadline_s)
+            tally = judge(load, runs, target, since=since, deadline_s=deadline_s)
             facts = Facts(timeline.ended_at, dict(load.refusal_texts))
-            problems = check_for(fault.name)(target, facts)
+            problems = target.check(fault, facts)
     finally:
         load.close()
     return CaseResult(
         **vars(tally),
         fault=fault.name,
         what=fault.what,
-        target=Kind.EXTERNAL if target.external is not None else Kind.EMBEDDED,
+        target=target.kind,
         workflows=workflows,
         probes=sum(r.probe for r in runs.values()),
         recovery_s=None if recovery is None else round(recovery - timeline.struck, 2),
@@ -181,7 +179,7 @@ def run_case(
         refusal_texts=dict(load.refusal_texts),
         problems=problems,
         observed=dict(target.observed),
-        scheduler_stalled_s=watch.longest_s,
+        scheduler_stalled_s=watch.longest_s if watch is not None else 0.0,
     )
 
 
@@ -189,10 +187,10 @@ class _Timeline:
     """A fault's phases: the first acts at once (``struck``), each later one when the one
     before has held; ``ended_at`` once the last has acted (unix seconds)."""
 
-    def __init__(self, target: Target, fault: Fault, load: Workload) -> None:
+    def __init__(self, target: CaseTarget, fault: Fault[Any], load: Workload) -> None:
         self.target, self.fault = target, fault
         self.struck = time.time()
-        _strike(target, fault, load)
+        target.strike(fault, load)
         self.ended_at: float | None = self.struck if len(fault.phases) == 1 else None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -218,20 +216,6 @@ class _Timeline:
     @property
     def over(self) -> bool:
         return not self._thread.is_alive()
-
-
-def _strike(target: Target, fault: Fault, load: Workload) -> None:
-    if fault.name != "down-up":
-        fault.phases[0].act(target)
-        return
-    # The stack stops in order and starts again on its data folder: nothing else is kept.
-    old = target.stack
-    old.stop()
-    again = Stack(old.data_dir, workers=len(old.worker_ids), port=old.port,
-                  services=target.external, restart_policy=POLICY)  # fmt: skip
-    again.start()
-    target.stack = again
-    load.reconnect(again)
 
 
 def _probe(

@@ -88,7 +88,7 @@ def run_soak(
             done_before = finished(work, since)
             _open_loop(work, runs, rate=rate, duration_s=duration_s)
             completed_wps = (finished(work, since) - done_before) / (time.time() - steady_from)
-        tally = judge(work, runs, stack, since=since, deadline_s=deadline_s)
+        tally = judge(work, runs, target, since=since, deadline_s=deadline_s)
         problems = all_running(target)
     finally:
         work.close()

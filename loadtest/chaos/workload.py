@@ -16,17 +16,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import httpx
 import numpy as np
 from PIL import Image
 
 from loadtest.systems.services import s3_client
-from orchestrator.stack import Stack
+from orchestrator.services import RunningServices
 from workflows.image_tasks import reference_pipeline
 
-__all__ = ["PIPELINE", "Planned", "Started", "Workload", "pixels_digest"]
+__all__ = ["PIPELINE", "Planned", "Reachable", "Started", "Workload", "pixels_digest"]
 
 PIPELINE: Final = "chaos_pipeline"
 NAP_TASK: Final = "chaos_nap"
@@ -41,6 +41,22 @@ FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
 PAGE: Final = 200  # the API's largest page of runs
 MAX_SINGLES: Final = 50  # runs a refresh asks for one by one (those the list did not show)
 CLOCK_SLACK_S: Final = 5.0  # a run's created_at may come a little before we saw it start
+
+
+class Reachable(Protocol):
+    """A running stack as a chaos run reaches it from this machine: its API's address, the
+    header that makes a request its admin's, and its services (the S3 bucket). A process
+    stack (``orchestrator.stack.Stack``) is one, the stack as containers
+    (``deploy.containers.stack.ContainerStack``) another."""
+
+    @property
+    def api_url(self) -> str: ...
+
+    @property
+    def auth_headers(self) -> dict[str, str]: ...
+
+    @property
+    def services(self) -> RunningServices: ...
 
 
 def pixels_digest(img: Image.Image) -> str:
@@ -90,7 +106,7 @@ class Planned:
 class Workload:
     """Inputs in the stack's S3 bucket, the pipeline registered, and its expected results."""
 
-    def __init__(self, stack: Stack, *, images: int = 4, nap_ms: int = 300) -> None:
+    def __init__(self, stack: Reachable, *, images: int = 4, nap_ms: int = 300) -> None:
         self.stack = stack
         self.nap_ms = nap_ms
         self.bucket = stack.services.s3_bucket
@@ -110,7 +126,7 @@ class Workload:
         self.api.close()
         self.s3.close()
 
-    def reconnect(self, stack: Stack) -> None:
+    def reconnect(self, stack: Reachable) -> None:
         """Follow a stack started again on the same data folder (``down`` + ``up``)."""
         self.stack = stack
         self.api.close()
@@ -281,6 +297,6 @@ class Workload:
         return "ok" if got == digest and output.get("label") == label else "wrong"
 
 
-def api_client(stack: Stack) -> httpx.Client:
+def api_client(stack: Reachable) -> httpx.Client:
     """The one place the chaos runs make their API client (as the stack's admin)."""
     return httpx.Client(base_url=stack.api_url, timeout=30, headers=stack.auth_headers)

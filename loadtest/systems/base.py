@@ -12,14 +12,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any
 
 from cdi.hosts import HostNetwork
 from loadtest.pipeline_ops import DEFAULT_INTERMEDIATE
 from loadtest.plan import Point, Target, client_usage_path
 from loadtest.resources import LOCUST_COMPONENT, ExitedUsage
 from loadtest.stats import WorkflowRecord
+from orchestrator.started import StartStop
 
 __all__ = ["Inputs", "RunContext", "System"]
 
@@ -47,7 +47,7 @@ class RunContext:
     network: HostNetwork | None = None
 
 
-class System(abc.ABC):
+class System(StartStop):
     name: str
     ctx: RunContext
     # Warm up until two batches of small workflows run at the same pace (a JIT compiler's
@@ -125,17 +125,5 @@ class System(abc.ABC):
             return {}  # a locust killed mid-write: its share is unknown, as before
         return {LOCUST_COMPONENT: measured}
 
-    def after_point(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+    def after_point(self) -> None:
         """Clean up between points (results pile up in the embedded S3's memory)."""
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from cdiflow.client.models import TaskRunInWorkflow
+from loadtest.cdiflow_api import SYSTEM_MODES, connect, ensure_chain, task_runs_within, unix
 from loadtest.drive import run_locust
 from loadtest.images import chain_workflow
 from loadtest.plan import Point, poll_max_s
-from loadtest.rest import SYSTEM_MODES, CdiflowApi, stamp
 from loadtest.stats import WorkflowRecord, busy_shares
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.services import BenchServices, clear_prefixes
@@ -32,7 +32,7 @@ class CdiflowSystem(System):
         self.ctx = ctx
         self._stack: Stack | None = None
         self._chains: set[int] = set()
-        self._window_runs: tuple[tuple[float, float], list[dict[str, Any]]] | None = None
+        self._window_runs: tuple[tuple[float, float], list[TaskRunInWorkflow]] | None = None
 
     def start(self) -> None:
         self._stack = Stack(
@@ -60,8 +60,8 @@ class CdiflowSystem(System):
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
         if point.tasks not in self._chains:
-            with CdiflowApi(self.stack.api_url, self.stack.api_key) as api:
-                api.ensure_chain(point.tasks)
+            with connect(self.stack.api_url, self.stack.api_key) as api:
+                ensure_chain(api, point.tasks)
             self._chains.add(point.tasks)
         target, folder = self.point_target(
             point,
@@ -77,9 +77,9 @@ class CdiflowSystem(System):
 
     def workers_busy(self, since: float, until: float) -> dict[str, float]:
         runs = (
-            (str(r["worker_id"]), stamp(r["started_at"]), stamp(r["finished_at"]))
+            (r.worker_id, unix(r.started_at), unix(r.finished_at))
             for r in self._task_runs(since, until)
-            if r["worker_id"] and r["finished_at"]
+            if r.worker_id and r.finished_at
         )
         return busy_shares(runs, since, until)
 
@@ -87,14 +87,14 @@ class CdiflowSystem(System):
         self, records: Sequence[WorkflowRecord], since: float, until: float
     ) -> float | None:
         # Every attempt's own CPU time, as its worker measured it (``task_runs.cpu_ms``).
-        spent = [r["cpu_ms"] for r in self._task_runs(since, until) if r["cpu_ms"] is not None]
+        spent = [r.cpu_ms for r in self._task_runs(since, until) if r.cpu_ms is not None]
         return float(sum(spent)) if spent else None
 
-    def _task_runs(self, since: float, until: float) -> list[dict[str, Any]]:
+    def _task_runs(self, since: float, until: float) -> list[TaskRunInWorkflow]:
         """The task runs of ``[since, until]``, read once for both figures of a point."""
         if self._window_runs is None or self._window_runs[0] != (since, until):
-            with CdiflowApi(self.stack.api_url, self.stack.api_key) as api:
-                self._window_runs = ((since, until), api.task_runs_within(since, until))
+            with connect(self.stack.api_url, self.stack.api_key) as api:
+                self._window_runs = ((since, until), task_runs_within(api, since, until))
         return self._window_runs[1]
 
     def after_point(self) -> None:

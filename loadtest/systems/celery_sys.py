@@ -1,4 +1,8 @@
-"""Celery 5 with the Redis broker: ``workers`` prefork processes, as cdiflow gets workers."""
+"""Celery 5 with the Redis broker: ``workers`` prefork processes, as cdiflow gets workers.
+
+The worker runs on the peer's own state (``peer_state.PeerState``): no ``CELERY_*`` setting
+or file of the user's reaches it.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,13 @@ import os
 import sys
 import time
 
+from cdi.child import ChildProcess
 from loadtest.drive import run_locust
 from loadtest.plan import Point, poll_max_s
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
+from loadtest.systems.peer_state import PeerState
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
-from orchestrator.child_process import ChildProcess
 
 __all__ = ["CelerySystem"]
 
@@ -27,10 +32,11 @@ class CelerySystem(System):
         self.broker = services.redis_url()
         self.backend = services.redis_url()
         self._proc: ChildProcess | None = None
+        self._state: PeerState | None = None
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, state: PeerState) -> dict[str, str]:
         return dict(
-            peer_env(self.services),
+            state.env(peer_env(self.services)),
             LOADTEST_CELERY_BROKER=self.broker,
             LOADTEST_CELERY_BACKEND=self.backend,
         )
@@ -56,8 +62,10 @@ class CelerySystem(System):
             "--without-heartbeat",
         ]
         log = self.ctx.folder / "celery-worker.log"
-        self._proc = ChildProcess("celery worker", argv, log_path=log, env=self._env()).start()
+        self._state = state = PeerState("celery")
         try:
+            env = self._env(state)
+            self._proc = ChildProcess("celery worker", argv, log_path=log, env=env).start()
             self._wait_ready(timeout=60)
         except BaseException:
             self.stop()
@@ -84,6 +92,9 @@ class CelerySystem(System):
         proc, self._proc = self._proc, None
         if proc is not None:  # SIGTERM is Celery's warm shutdown: the pool children end with it
             proc.stop(20.0, sweep_group=True)
+        state, self._state = self._state, None
+        if state is not None:
+            state.remove()
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
         target, folder = self.point_target(

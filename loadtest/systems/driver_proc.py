@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cdi.child import ChildProcess
 from loadtest.drive import read_records
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, System
-from orchestrator.child_process import ChildProcess
 
 __all__ = ["DriverProcess"]
 

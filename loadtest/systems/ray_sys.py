@@ -6,11 +6,14 @@ worker node on each other host, in its namespace, the CPUs shared out as cdiflow
     ray start --head --block --num-cpus 2 --include-dashboard false ...  # what RaySystem starts
 
 The cluster is one child process (``ray start --block`` keeps the head in the foreground and
-takes its GCS, raylet, agents and workers down when it gets SIGTERM); its temp dir is a fresh
-folder under /tmp (Ray's socket paths must stay short), removed at stop. A driver in a child
-process (``loadtest.systems.ray_driver``) submits the chains and writes the workflow
-records, as locust does for the other peers. See ray_tasks for the data path: S3 in,
-shared memory between tasks, S3 out.
+takes its GCS, raylet, agents and workers down when it gets SIGTERM). Every process of it
+runs on the peer's own state (``peer_state.PeerState``, removed at stop): its temp dir is
+in that folder (Ray's socket paths must stay short), and it authenticates with a token of its
+own (``RAY_AUTH_MODE=token``, the token in a file of that folder's home readable by its owner
+alone), as a cluster ``ray.init()`` starts does, never with a user's ``~/.ray/auth_token``.
+A driver in a child process (``loadtest.systems.ray_driver``) submits the chains and writes
+the workflow records, as locust does for the other peers. See ray_tasks for the data path:
+S3 in, shared memory between tasks, S3 out.
 
 One driver (child process, one Ray job) serves every point, the point's target file named on
 its stdin: Ray starts workers per job, so a driver per point would start cold workers.
@@ -18,22 +21,22 @@ its stdin: Ray starts workers per job, so a driver per point would start cold wo
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Final
 
 import psutil
 
+from cdi.child import ChildProcess
 from cdi.hosts import Host
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.driver_proc import DriverProcess
+from loadtest.systems.peer_state import PeerState
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
-from orchestrator.child_process import ChildProcess, free_port
+from orchestrator.child_process import free_port
 
 __all__ = ["RaySystem"]
 
@@ -73,12 +76,12 @@ class RaySystem(System):
         self._proc: ChildProcess | None = None
         self._nodes: list[ChildProcess] = []  # worker nodes, on hosts 2.. (``--hosts``)
         self._driver: DriverProcess | None = None
-        self._temp: Path | None = None
+        self._state: PeerState | None = None
         self._stats: dict[str, Any] = {}
         self._stats_before: dict[str, Any] = {}
 
     def start(self) -> None:
-        self._temp = Path(tempfile.mkdtemp(prefix="cdiflow-ray-"))
+        self._state = PeerState("ray")
         network = self.ctx.network
         head = network.hosts[0] if network is not None else None
         port = free_port()
@@ -95,7 +98,7 @@ class RaySystem(System):
             "--include-dashboard=false",
         ]
         log = self.ctx.folder / "ray-head.log"
-        env = self._env()
+        env = self._env(self._state)
         self._proc = ChildProcess("ray head", _on(head, argv), log_path=log, env=env).start()
         self.address = f"{address}:{port}"
         try:
@@ -122,7 +125,7 @@ class RaySystem(System):
             raise
 
     def _ray_start(self, cpus: int, store: int, node_ip: str) -> list[str]:
-        assert self._temp is not None
+        assert self._state is not None
         return [
             sys.executable,
             "-m",
@@ -134,11 +137,16 @@ class RaySystem(System):
             "--num-gpus=0",
             f"--object-store-memory={store}",
             "--disable-usage-stats",
-            f"--temp-dir={self._temp}",
+            # Within the state's folder, which stays 0700 where Ray opens its own to all.
+            f"--temp-dir={self._state.root / 'ray'}",
         ]
 
-    def _env(self) -> dict[str, str]:
-        env = peer_env(self.services) | {"RAY_USAGE_STATS_ENABLED": "0"}
+    def _env(self, state: PeerState) -> dict[str, str]:
+        env = state.env(peer_env(self.services)) | {
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(state.secret_file(".ray/auth_token")),
+        }
         if self.ctx.network is not None:  # S3 as the hosts reach it
             env["S3_ENDPOINT_URL"] = self.ctx.network.reachable(env["S3_ENDPOINT_URL"])
         return env
@@ -163,9 +171,9 @@ class RaySystem(System):
         proc, self._proc = self._proc, None
         if proc is not None:
             proc.stop(30.0, sweep_group=True)
-        if self._temp is not None:
-            shutil.rmtree(self._temp, ignore_errors=True)
-            self._temp = None
+        state, self._state = self._state, None
+        if state is not None:
+            state.remove()
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
         if self._proc is None or self._driver is None:

@@ -3,7 +3,8 @@
 Always embedded (a user's DATABASE_URL is never touched: the benchmark creates databases).
 Each cdiflow system gets a fresh database and its own Redis logical database, so no system
 inherits another's rows, queues or task-time estimates. With ``link="regional"`` the systems
-reach S3 through ``NetemProxy``; the benchmark's own uploads go straight to the endpoint.
+reach S3 through a ``LinkProxy`` (``cdi.link_emulator``: ~10 ms a round trip, ~100 MB/s a
+connection); the benchmark's own uploads go straight to the endpoint.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import itertools
 import os
 import uuid
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, Self
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,15 +21,17 @@ import boto3
 import redis
 from botocore.config import Config
 
+from cdi.link_emulator import Link, LinkProxy
 from loadtest import harness_env
-from loadtest.netem_proxy import LinkSpec, NetemProxy
 from orchestrator.services import RunningServices, resolve_services
 from orchestrator.services.postgres import create_database
 from orchestrator.settings import load_settings
+from orchestrator.started import StartStop
 
 __all__ = ["LINKS", "BenchServices", "clear_prefixes", "peer_env", "s3_client"]
 
 LINKS: Final = ("loopback", "regional")
+REGIONAL: Final = Link(mbit=800, rtt_ms=10)  # an S3 bucket in the same region
 _REDIS_DBS: Final = 16
 
 
@@ -59,14 +61,14 @@ def clear_prefixes(services: RunningServices, prefixes: tuple[str, ...]) -> int:
     return deleted
 
 
-class BenchServices:
+class BenchServices(StartStop):
     """``with BenchServices(folder, link) as services:`` start, share, stop."""
 
     def __init__(
         self,
         folder: Path,
         link: str = "loopback",
-        spec: LinkSpec | None = None,
+        spec: Link = REGIONAL,
         *,
         given: RunningServices | None = None,
         first_redis_db: int = 1,
@@ -77,9 +79,9 @@ class BenchServices:
             raise ValueError(f"unknown link {link!r}; choose from {LINKS}")
         self.folder = folder
         self.link = link
-        self._spec = spec or LinkSpec()
+        self._spec = spec
         self._running: RunningServices | None = None
-        self._proxy: NetemProxy | None = None
+        self._proxy: LinkProxy | None = None
         self._s3_url = ""
         self._given = given
         self._first_redis_db = first_redis_db
@@ -119,7 +121,9 @@ class BenchServices:
         try:
             self._s3_url = self._running.s3_endpoint_url
             if self.link == "regional":
-                self._proxy = NetemProxy(self._running.s3_endpoint_url, self._spec)
+                self._proxy = LinkProxy(
+                    self._running.s3_endpoint_url, self._spec, self.folder / "s3-link"
+                )
                 self._s3_url = self._proxy.start()
         except BaseException:
             self.stop()
@@ -169,17 +173,6 @@ class BenchServices:
             s3_endpoint_url=self.s3_url,
             embedded=(),
         )
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def peer_env(services: BenchServices) -> dict[str, str]:

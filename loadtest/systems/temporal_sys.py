@@ -7,9 +7,11 @@
 The CLI is built from its Go module with ``go install`` on first use and kept in
 ``<data dir>/peers`` (``CDIFLOW_DATA_DIR``, default ``.data``), as Conductor's jar is; it
 takes minutes. The dev server keeps its state in a SQLite file (``--db-filename``, in WAL mode:
-durable, as cdiflow's and Conductor's state is; its default is memory only) in a fresh temp
-folder removed at stop, with an environment stripped to PATH and HOME. Workflows are started
-and followed by one driver process (``loadtest.systems.driver_proc``), as Ray's are.
+durable, as cdiflow's and Conductor's state is; its default is memory only) in a folder of
+its own (``peer_state.PeerState``, removed at stop), with an environment stripped to PATH,
+HOME and TMPDIR; its workers and driver run on the same state, so no ``TEMPORAL_*`` setting
+or configuration file of the user's reaches them. Workflows are started and followed by one
+driver process (``loadtest.systems.driver_proc``), as Ray's are.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ import time
 from pathlib import Path
 from typing import Final
 
+from cdi.child import ChildProcess
 from loadtest.plan import Point
 from loadtest.stats import WorkflowRecord
 from loadtest.systems.base import Inputs, RunContext, System
 from loadtest.systems.driver_proc import DriverProcess
+from loadtest.systems.peer_state import PeerState
 from loadtest.systems.services import BenchServices, clear_prefixes, peer_env
 from loadtest.systems.temporal_app import PREFIX
-from orchestrator.child_process import ChildProcess, free_port
+from orchestrator.child_process import free_port
 from orchestrator.settings import load_settings
 
 __all__ = ["CLI_MODULE", "CLI_VERSION", "TemporalSystem", "temporal_cli"]
@@ -83,13 +87,14 @@ class TemporalSystem(System):
         self._server: ChildProcess | None = None
         self._workers: list[ChildProcess] = []
         self._driver: DriverProcess | None = None
-        self._temp: Path | None = None
+        self._state: PeerState | None = None
 
     def start(self) -> None:
         cli = temporal_cli()
         try:
-            self._start_server(cli)
-            env = peer_env(self.services)
+            self._state = state = PeerState("temporal")
+            self._start_server(cli, state)
+            env = state.env(peer_env(self.services))
             argv = [sys.executable, "-m", "loadtest.systems.temporal_worker", self.address]
             for i in range(self.ctx.workers):
                 log = self.ctx.folder / f"temporal-worker-{i + 1}.log"
@@ -108,8 +113,7 @@ class TemporalSystem(System):
             self.stop()
             raise
 
-    def _start_server(self, cli: Path) -> None:
-        self._temp = Path(tempfile.mkdtemp(prefix="cdiflow-temporal-"))
+    def _start_server(self, cli: Path, state: PeerState) -> None:
         port = free_port()
         argv = [
             str(cli),
@@ -120,17 +124,18 @@ class TemporalSystem(System):
             f"--port={port}",
             f"--http-port={free_port()}",
             f"--metrics-port={free_port()}",
-            f"--db-filename={self._temp / 'temporal.db'}",
+            f"--db-filename={state.root / 'temporal.db'}",
             # One fsync a commit, as cdiflow's and Conductor's Postgres (synchronous_commit
             # on); SQLite's default rollback journal syncs several times a commit.
             "--sqlite-pragma=journal_mode=wal",
             "--sqlite-pragma=synchronous=full",
             "--log-level=warn",
         ]
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(self._temp), "LANG": "C.UTF-8"}
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(state.home), "TMPDIR": str(state.tmp),
+               "LANG": "C.UTF-8"}  # fmt: skip
         log = self.ctx.folder / "temporal-server.log"
         self._server = ChildProcess(
-            "temporal server", argv, log_path=log, env=env, cwd=self._temp
+            "temporal server", argv, log_path=log, env=env, cwd=state.root
         ).start()
         self.address = f"127.0.0.1:{port}"
         health = [str(cli), "operator", "cluster", "health", f"--address={self.address}"]
@@ -166,9 +171,9 @@ class TemporalSystem(System):
         server, self._server = self._server, None
         if server is not None:
             server.stop(30.0, sweep_group=True)
-        if self._temp is not None:
-            shutil.rmtree(self._temp, ignore_errors=True)
-            self._temp = None
+        state, self._state = self._state, None
+        if state is not None:
+            state.remove()
 
     def run_point(self, point: Point, inputs: Inputs) -> list[WorkflowRecord]:
         if self._driver is None:

@@ -43,6 +43,7 @@ from starlette.types import Scope
 
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
+from orchestrator.controller.api.routes.cdi import check_reader_token
 from orchestrator.controller.api.routes.files import UPLOAD_ADVICE, upload_limit
 from orchestrator.controller.auth import KeyCache, Viewer
 from orchestrator.controller.finish_watch import FinishWatch
@@ -272,6 +273,7 @@ def create_app(
             "file of mode 0600) to a random string of 32 characters or more; `cdiflow up` makes "
             "one in <data>/api-key"
         )
+    check_reader_token()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -9,7 +9,8 @@
     s3         the bucket answers HeadBucket
 
 The checks run side by side, so the answer takes as long as the slowest one (at most
-``TIMEOUT_S`` each), not their sum.
+``TIMEOUT_S`` each), not their sum. ``ReadinessScope.API`` asks only what the API process
+itself needs to answer (``SCOPES``): a probe that decides whether the API takes requests.
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ import cdi
 from cdi.url import resolve_socket_path
 from orchestrator.contract import keys
 from orchestrator.errors import ServiceError
+from orchestrator.schemas import ReadinessScope
 from orchestrator.services.s3 import check_s3
 from orchestrator.settings import Settings
 
-__all__ = ["CHECKS", "Check", "check_all"]
+__all__ = ["CHECKS", "SCOPES", "Check", "check_all"]
 
 TIMEOUT_S: Final = 2.0
 CHECKS: Final = ("postgres", "redis", "minion", "scheduler", "workers", "s3")
+SCOPES: Final = {ReadinessScope.WORKFLOWS: CHECKS, ReadinessScope.API: ("postgres", "redis")}
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,14 @@ class Check:
     detail: str
 
 
-def check_all(engine: Engine, client: redis.Redis, settings: Settings) -> dict[str, Check]:
-    """Every check of ``CHECKS``, run side by side."""
-    probes: dict[str, Callable[[], Check]] = {
+def check_all(
+    engine: Engine,
+    client: redis.Redis,
+    settings: Settings,
+    scope: ReadinessScope = ReadinessScope.WORKFLOWS,
+) -> dict[str, Check]:
+    """Every check of ``scope`` (``SCOPES``), run side by side."""
+    every: dict[str, Callable[[], Check]] = {
         "postgres": lambda: _postgres(engine),
         "redis": lambda: _redis(client),
         "minion": _minion,
@@ -55,6 +63,7 @@ def check_all(engine: Engine, client: redis.Redis, settings: Settings) -> dict[s
         "workers": lambda: _workers(client),
         "s3": lambda: _s3(settings),
     }
+    probes = {name: every[name] for name in SCOPES[scope]}
     with ThreadPoolExecutor(len(probes), thread_name_prefix="readyz") as pool:
         futures = {name: pool.submit(_safely, probe) for name, probe in probes.items()}
         return {name: future.result() for name, future in futures.items()}

@@ -1,11 +1,15 @@
-"""A small thread-safe cache: the most recently used ``entries`` values, each for ``ttl`` s."""
+"""The API's caches (keys, image previews): cachetools' ``TTLCache`` behind a lock.
+
+*Why a lock:* cachetools' caches are not thread-safe, and the API's event loop and the threads
+its routes run on share these.
+"""
 
 from __future__ import annotations
 
 import threading
-import time
-from collections import OrderedDict
 from typing import Generic, TypeVar
+
+from cachetools import TTLCache
 
 __all__ = ["TtlCache"]
 
@@ -13,29 +17,19 @@ V = TypeVar("V")
 
 
 class TtlCache(Generic[V]):
-    """Values by string key, least recently used dropped first, each kept ``ttl`` seconds."""
+    """Values by string key: the most recently used ``entries``, each for ``ttl`` seconds."""
 
     def __init__(self, entries: int, ttl: float) -> None:
-        self._entries = entries
-        self._ttl = ttl
-        self._items: OrderedDict[str, tuple[float, V]] = OrderedDict()
+        self._items: TTLCache[str, V] = TTLCache(maxsize=entries, ttl=ttl)
         self._lock = threading.Lock()
 
     def get(self, key: str) -> V | None:
         with self._lock:
-            item = self._items.get(key)
-            if item is None or time.monotonic() - item[0] > self._ttl:
-                self._items.pop(key, None)
-                return None
-            self._items.move_to_end(key)
-            return item[1]
+            return self._items.get(key)
 
     def put(self, key: str, value: V) -> None:
         with self._lock:
-            self._items[key] = (time.monotonic(), value)
-            self._items.move_to_end(key)
-            while len(self._items) > self._entries:
-                self._items.popitem(last=False)
+            self._items[key] = value
 
     def clear(self) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings, ended_rows
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import RELEASE_TASK
+from orchestrator.scheduler.planes import PLANES
 from orchestrator.scheduler.runs import DEFAULT_MAX_PARALLEL, RunState, StepSpec
 from orchestrator.settings import Settings
 from workflows import imagebuf
@@ -61,8 +62,6 @@ class Claims:
         # Learnt by ``check_limits``; while it is unknown the plain claim leaves limited
         # definitions' runs alone, so a stale value never lets a limit be passed.
         self.limits = False
-        # The loop's tick comes no later than this (monotonic): a run's deadline.
-        self.wake_at: Callable[[float], None] = lambda moment: None
 
     def check_limits(self) -> None:
         """Learn again whether any definition has a concurrency limit."""
@@ -105,7 +104,7 @@ class Claims:
                 continue
             self.ctx.runs[run.workflow_id] = run
             if run.deadline is not None:
-                self.wake_at(run.deadline)
+                self.ctx.tick.by(run.deadline)  # it times out at its deadline's tick
             guarded(lambda run=run: self.start(run), self.ctx.faults)  # type: ignore[misc]
 
     def start(self, run: RunState, delay: float = 0.0) -> None:
@@ -151,11 +150,9 @@ def plan(
     given = claimed.input
     image = str(given.get("image") or "")
     plane = claimed.data_plane if image else DataPlane.NONE  # no image: nothing to fetch
-    if plane == DataPlane.OBJECT_STORE and not graph.is_chain:
-        raise OrchestratorError(
-            f"workflow definition {claimed.definition!r} is not one chain of steps: the "
-            "object-store plane carries one image from step to step; start it on the cdi plane"
-        )
+    problem = PLANES[plane].problem(graph)
+    if problem is not None:
+        raise OrchestratorError(f"workflow definition {claimed.definition!r} {problem}")
     specs = {}
     for ref, node in graph.nodes.items():
         if node.task is None:

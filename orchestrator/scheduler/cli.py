@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -11,16 +10,17 @@ import time
 import click
 
 import cdi
-from cdi.auth import CONTROLLER_TOKEN_ENV, read_secret
 from cdi.controller.client import ControllerClient
 from orchestrator.db.engine import make_engine
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.errors import ConfigError
 from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.notify.deliverer import Deliverer
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.scheduler.minion_link import MinionLink
+from orchestrator.scheduler.object_directory import ObjectDirectory, controller_from_env
 from orchestrator.settings import load_settings
 
 __all__ = ["scheduler_command"]
@@ -28,9 +28,6 @@ __all__ = ["scheduler_command"]
 # A scheduler restarted with its stack's minion (which restarts too) waits this long for it,
 # rather than exiting at once into the supervisor's growing back-off.
 MINION_WAIT_S = 30.0
-DIRECTORY_TIMEOUT_S = 2.0  # each question the loop asks the CDI controller's directory
-
-log = logging.getLogger(__name__)
 
 
 @click.command("scheduler")
@@ -55,7 +52,12 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
     if not settings.database_url or not settings.redis_url:
         raise click.UsageError("DATABASE_URL and REDIS_URL must be set (`cdiflow up` sets them)")
     engine = make_engine(settings.database_url, synchronous_commit=False)
-    link = _connect_minion(os.environ.get("CDI_URL"), scheduler_id)
+    try:
+        controller = controller_from_env()  # every host's objects, with a reader token
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    link = _connect_minion(os.environ.get("CDI_URL"), scheduler_id, controller)
+    directory = ObjectDirectory(link, controller)
     scheduler = Scheduler(
         scheduler_id,
         settings,
@@ -64,6 +66,7 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
         link,
         ObjectStore(settings),
         liveness=SchedulerLiveness(engine, scheduler_id),
+        directory=directory,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: scheduler.stop())
@@ -73,15 +76,17 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
         scheduler.run_forever()
     finally:
         deliverer.stop()
+        directory.close()
         link.close()
         engine.dispose()
 
 
-def _connect_minion(url: str | None, scheduler_id: str) -> MinionLink:
-    """The minion link (with the CDI controller's directory when ``CDI_CONTROLLER_URL`` names
-    one and the scheduler was given a reader's token for it: ``cdiflow up`` gives it one),
-    waiting up to ``MINION_WAIT_S`` for a minion that is (re)starting."""
-    directory = _directory()
+def _connect_minion(
+    url: str | None, scheduler_id: str, directory: ControllerClient | None
+) -> MinionLink:
+    """The minion link (with the CDI controller's directory when the scheduler was given a
+    reader's token for it: ``cdiflow up`` gives it one), waiting up to ``MINION_WAIT_S`` for a
+    minion that is (re)starting."""
     deadline = time.monotonic() + MINION_WAIT_S
     while True:
         try:
@@ -91,19 +96,3 @@ def _connect_minion(url: str | None, scheduler_id: str) -> MinionLink:
             if time.monotonic() > deadline:
                 raise click.ClickException(f"{exc}; start this host's CDI minion") from exc
             time.sleep(0.2)
-
-
-def _directory() -> ControllerClient | None:
-    """The CDI controller's directory, or None: no controller named, or no token to read it
-    with (the scheduler then looks for objects on its own host only, as on one host)."""
-    controller = os.environ.get("CDI_CONTROLLER_URL", "").strip()
-    try:
-        token = read_secret(CONTROLLER_TOKEN_ENV, what="controller token")
-        if not controller or token is None:
-            if controller:
-                log.info("no CDI controller token: objects are looked for on this host only")
-            return None
-        # A short deadline: the loop asks it, and a slow controller must not hold every run.
-        return ControllerClient(controller, timeout=DIRECTORY_TIMEOUT_S, token=token)
-    except cdi.CDIError as exc:  # a token file others may read, a URL that is not one
-        raise click.ClickException(str(exc)) from exc

@@ -14,7 +14,19 @@ from orchestrator.scheduler.guarded import Faults
 from orchestrator.scheduler.minion_link import MinionLink
 from orchestrator.scheduler.runs import RunState
 
-__all__ = ["SchedulerContext"]
+__all__ = ["NextTick", "SchedulerContext"]
+
+
+@dataclass
+class NextTick:
+    """When the loop's next tick is due (monotonic). A collaborator that needs it sooner (a
+    retry falls due, a run reaches its deadline, a schedule fires) brings it forward."""
+
+    at: float = 0.0
+
+    def by(self, moment: float) -> None:
+        """Make the tick come no later than ``moment``."""
+        self.at = min(self.at, moment)
 
 
 @dataclass(frozen=True)
@@ -23,7 +35,8 @@ class SchedulerContext:
 
     ``id`` is also its CDI container id (the recovery container of the runs' objects);
     ``runs`` holds the workflows it runs, by id, and only the loop thread touches it;
-    ``faults`` what steps that raised said about Postgres and the minion (``guarded``).
+    ``faults`` what steps that raised said about Postgres and the minion (``guarded``);
+    ``tick`` when the loop's next tick is due.
     """
 
     id: str
@@ -33,6 +46,7 @@ class SchedulerContext:
     objects: ObjectStore  # where results and object-store images go in S3
     runs: dict[uuid.UUID, RunState] = field(default_factory=dict)
     faults: Faults = field(default_factory=Faults)
+    tick: NextTick = field(default_factory=NextTick)
 
     @property
     def reply_key(self) -> str:

@@ -2,14 +2,14 @@
 instruction, record the task run.
 
 A run's ready step runs go out at once, as many as workers have room for and the run's
-parallelism allows (``RunState.max_parallel``): each is placed by ``placement.choose_worker``
-(one function of the step, where its data is and the live workers), from heartbeats re-read
-at most every ``BEATS_TTL_S`` plus this scheduler's own count of instructions out at each
-worker, which is always current. A step goes only to a worker that loaded its task's module
-(``placement.capable``). One that may go to any worker but finds none with room waits here
-(``waiting``, oldest first) until a report frees a slot (late binding); one that no live
-worker can run waits too, and ``unrunnable`` names it once it has waited
-``UNRUNNABLE_AFTER_S``, or its definition's ``worker_wait_s`` (the loop then fails its
+parallelism allows (``RunState.max_parallel``): each is placed by its run's policy
+(``policies``: a choice from the step, where its data is and the live workers), from
+heartbeats re-read at most every ``BEATS_TTL_S`` plus this scheduler's own count of
+instructions out at each worker, which is always current. A step goes only to a worker that
+loaded its task's module (``placement.capable``). One that may go to any worker but finds
+none with room waits here (``waiting``, oldest first) until a report frees a slot (late
+binding); one that no live worker can run waits too, and ``unrunnable`` names it once it has
+waited ``UNRUNNABLE_AFTER_S``, or its definition's ``worker_wait_s`` (the loop then fails its
 run). While no live worker can run a step, its run says what it waits for (its
 ``status_detail`` and a ``task.waiting`` event), written by ``note_waits`` once the loop has
 recorded what led there, so the events keep their order.
@@ -20,9 +20,10 @@ to come gets a read-only share, a worker on another host its own copy.
 
 *Send, then record:* an instruction is pushed before its task run is recorded, so the record
 overlaps the worker's run; its report waits in the scheduler's list until the loop thread, the
-one recording, reads it. An instruction Redis does not take goes to ``unsent`` (the loop places
-the run again, ``redrive.Redrive.unsent``); a worker gone from the minion when an object is
-moved there is avoided and the step placed elsewhere.
+one recording, reads it. An instruction Redis does not take is placed again soon; if objects
+had already gone to that worker, its run is left to the loop to drive again
+(``take_unsent``). A worker gone from the minion when an object is moved there is avoided and
+the step placed elsewhere.
 """
 
 from __future__ import annotations
@@ -34,30 +35,22 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Final
 
 import redis
 
 import cdi
 from orchestrator.contract import keys
-from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.db.run_statements import Placement
 from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.instructions import chain_keeps, instruction_for, work_uri
+from orchestrator.scheduler.instructions import chain_keeps
 from orchestrator.scheduler.limits import TaskLimits
 from orchestrator.scheduler.object_moves import ObjectMover
-from orchestrator.scheduler.placement import (
-    Link,
-    Route,
-    WorkerLoad,
-    capable,
-    choose_worker,
-    read_workers,
-    stays,
-)
+from orchestrator.scheduler.placement import Link, Route, WorkerLoad, capable, read_workers
+from orchestrator.scheduler.planes import plane_of
+from orchestrator.scheduler.policies import Choice, NextStep, pinned, policy_of
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun, StepSpec
 
 __all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "UNRUNNABLE_AFTER_S", "Dispatcher"]
@@ -69,12 +62,10 @@ UNRUNNABLE_AFTER_S = 30.0
 LOST_GRACE_S: Final = 5.0  # beyond a task's timeout before its silent worker is presumed gone
 _FIRST_GUESS_S: Final = 0.05  # a task's expected run time before one has been measured
 _GONE_RETRY_S: Final = 0.2  # a step whose worker vanished at the hand-off is placed again after
+_UNSENT_RETRY_S: Final = 0.5  # a step whose instruction Redis did not take is placed again after
 
 log = logging.getLogger(__name__)
 
-# What to do with a run whose instruction Redis did not take: (run, its step run, the worker,
-# whether objects had been moved to that worker, the error).
-Unsent = Callable[[RunState, StepRun, str, bool, Exception], None]
 Waiting = tuple[RunState, StepRun]
 
 
@@ -99,8 +90,10 @@ class Dispatcher:
         self._beats_read = -math.inf  # monotonic time of the last heartbeat read
         self._loads: dict[str, WorkerLoad] = {}  # as the latest choice saw them
         self.link = Link.from_env()  # what crossing to another host costs; learnt as it goes
-        self.mover = ObjectMover(ctx, self.link, self._load_of)
-        self.unsent: Unsent | None = None  # set by the loop (redrive)
+        self.mover = ObjectMover(ctx, self.link, self.load_of)
+        # Runs to drive again, with why: an instruction Redis did not take after objects had
+        # gone to its worker (the loop drives them, ``take_unsent``).
+        self._unsent: list[tuple[RunState, str]] = []
         # Workers starting afresh, with the ``started_at`` of the process that is ending.
         self._restarting: dict[str, float] = {}
         # What runs wait for, to write: (run, status detail or None, event kind, its data).
@@ -132,8 +125,11 @@ class Dispatcher:
                 continue
             with log_context(workflow_id=str(run.workflow_id), step=step.id):
                 placement = self.choose(run, step)
-                if placement is not None and self.send(run, step, placement):
-                    placed.append(placement)
+                if placement is None:
+                    continue
+                if not self.send(run, step, placement):
+                    break  # Redis failed: the rest would fail too (the step goes again soon)
+                placed.append(placement)
         return placed
 
     def unrunnable(self) -> list[tuple[RunState, str]]:
@@ -220,21 +216,21 @@ class Dispatcher:
         self._note_wait(run, step, loads, able)
         able = [w for w in able if w.worker_id not in self._restarting]
         nbytes, near = self._where(run, step)
-        policy = _policy(run)
-        previous = run.home if policy == Policy.AFFINITY else near
-        kept_by = self._kept_by(run, step)
-        if kept_by is not None:  # auto kept the object on its worker for this step
-            policy, previous = Policy.AFFINITY, kept_by
-        worker = choose_worker(
+        choice = Choice(
             able,
-            policy,
-            previous,
-            task_s=self.task_s[spec.task],
-            nbytes=nbytes,
-            rng=self._rng,
+            self.task_s[spec.task],
+            nbytes,
+            near=near,
+            home=run.home,
+            chain=run.graph.is_chain,
             avoid=step.avoid,
             route=self._route(run, near, loads),
+            rng=self._rng,
         )
+        kept_by = self._kept_by(run, step)
+        policy = policy_of(run)
+        # A worker kept an object this step reads (``keeps``): the step can run only there.
+        worker = pinned(choice, kept_by) if kept_by is not None else policy.choose(choice)
         ident = (run.workflow_id, step.id)
         if worker is None:
             self._wait(run, step)
@@ -258,8 +254,7 @@ class Dispatcher:
             step.avoid = step.avoid | {worker}
             step.retry_at = time.monotonic() + _GONE_RETRY_S
             return None
-        if run.policy == Policy.AFFINITY:
-            run.home = run.home or worker
+        policy.placed(run, worker)
         return Placement(
             self.ctx.db.next_task_run_id(),
             run.workflow_id,
@@ -358,21 +353,16 @@ class Dispatcher:
 
     def send(self, run: RunState, step: StepRun, placement: Placement) -> bool:
         """Push the instruction for ``placement`` (before its task run is recorded) and note
-        it as the step's task in flight; False (the run handed to ``unsent``) when Redis did
-        not take it."""
+        it as the step's task in flight; False when Redis did not take it (``_unsent``)."""
         spec, worker = step.current, placement.worker
         assert worker is not None
-        instruction = instruction_for(
+        instruction = plane_of(run).instruction(
+            self.ctx,
             run,
             step,
             placement.task_run_id,
             placement.queued_at,
-            step.modes,
-            scheduler_id=self.ctx.id,
-            reply_to=self.ctx.reply_key,
-            objects=self.ctx.objects,
             keep=self._keeps(run, step, worker),
-            object_store_uri=self._store_input(run, step),
         )
         load = self._loads.get(worker)
         step.in_flight = InFlight(
@@ -391,43 +381,37 @@ class Dispatcher:
         try:
             self.ctx.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
         except redis.RedisError as exc:
-            if self.unsent is None:
-                raise
-            self.unsent(run, step, worker, bool(placement.handoffs), exc)
+            self._unsent_one(run, step, worker, bool(placement.handoffs), exc)
             return False
         return True
 
-    def _store_input(self, run: RunState, step: StepRun) -> str:
-        """Object-store plane: where the step's image is (the step before's output, or the
-        input)."""
-        if run.data_plane != DataPlane.OBJECT_STORE:
-            return ""
-        before = [r for r in step.node.after if r in run.steps]
-        if not before:
-            return run.input_uri
-        return work_uri(self.ctx.objects, run, run.steps[before[0]])
+    def _unsent_one(
+        self, run: RunState, step: StepRun, worker: str, moved: bool, exc: Exception
+    ) -> None:
+        """Redis did not take ``step``'s instruction for ``worker``: nothing is out, and the
+        step goes again soon. If objects had already gone to that worker, the run is to be
+        driven again (the worker is asked to give them back): the loop does it."""
+        flight = step.in_flight
+        if flight is not None:
+            self.returned(flight)
+            step.in_flight = None
+        step.phase = Phase.READY
+        step.retry_at = time.monotonic() + _UNSENT_RETRY_S
+        reason = f"Redis failed the instruction for {worker} ({exc})"
+        if moved:
+            self._unsent.append((run, reason))
+        else:
+            log.warning("workflow %s: %s; placing it again", run.workflow_id, reason)
+
+    def take_unsent(self) -> list[tuple[RunState, str]]:
+        """The runs to drive again since the last call, each with why (``_unsent_one``)."""
+        unsent, self._unsent = self._unsent, []
+        return unsent
 
     def _keeps(self, run: RunState, step: StepRun, worker: str) -> bool:
-        """Whether ``worker`` keeps what ``step`` makes, the next step then pinned to it:
-        always under ``affinity`` where it may (``chain_keeps``), under ``auto`` when the next
-        step is predicted to stay there (``placement.stays``, from the loads as this choice
-        saw them: the rule ``choose_worker`` applies when the next step is ready, applied now,
-        so a stay costs no hand-back through the scheduler)."""
-        if run.policy not in (Policy.AFFINITY, Policy.AUTO) or run.data_plane != DataPlane.CDI:
-            return False
-        if not chain_keeps(run, step) or not self._runs_next(run, step, worker):
-            return False
-        if run.policy == Policy.AFFINITY:
-            return True
-        here = self._loads.get(worker)
-        after = [run.specs[r] for r in self._readers(run, step) if r in run.specs]
-        if here is None or len(after) != 1:
-            return False
-        others = [w for w in capable(list(self._loads.values()), after[0].module)
-                  if w.alive and w.worker_id != worker]  # fmt: skip
-        nbytes = max(self._where(run, step)[0], self.made_bytes.get(step.current.task, 0))
-        route = Route(here.host, self.ctx.cdi.host, self.link)
-        return stays(here, others, task_s=self.task_s[after[0].task], nbytes=nbytes, route=route)
+        """Whether ``worker`` keeps what ``step`` makes, the next step then pinned to it: the
+        run's policy's call (``PlacementPolicy.keeps``)."""
+        return policy_of(run).keeps(_Ahead(self, run, step, worker))
 
     def _kept_by(self, run: RunState, step: StepRun) -> str | None:
         """The worker that kept an object ``step`` reads (the scheduler owns every other
@@ -439,16 +423,16 @@ class Dispatcher:
                     return obj.owner
         return None
 
-    def _runs_next(self, run: RunState, step: StepRun, worker: str) -> bool:
+    def runs_next(self, run: RunState, step: StepRun, worker: str) -> bool:
         """Whether ``worker`` loaded the module of every step that reads what ``step`` makes."""
         load = self._loads.get(worker)
         if load is None:
             return False
-        readers = self._readers(run, step)
+        readers = self.readers(run, step)
         return all(capable([load], run.specs[r].module) for r in readers if r in run.specs)
 
     @staticmethod
-    def _readers(run: RunState, step: StepRun) -> set[str]:
+    def readers(run: RunState, step: StepRun) -> set[str]:
         """The steps that read what ``step`` makes."""
         return {r for name in run.graph.read_outputs(step.node.ref)
                 for r in run.graph.readers(step.node.ref, name)}  # fmt: skip
@@ -457,14 +441,15 @@ class Dispatcher:
         """The CDI host of ``worker`` as its latest heartbeat said ("" if unknown)."""
         return self.mover.host_of(worker)
 
-    def _load_of(self, worker: str) -> WorkerLoad | None:
+    def load_of(self, worker: str) -> WorkerLoad | None:
+        """``worker``'s load as the latest choice saw it."""
         return self._loads.get(worker)
 
     def _route(self, run: RunState, near: str | None, loads: list[WorkerLoad]) -> Route:
-        """Where the step's largest object is, for pricing a move to another host. A step
-        with no CDI object (dataless, object-store, or the step that fetches the input) moves
+        """Where the step's largest object is, for pricing a move to another host. A run
+        with no CDI object (dataless, object-store, or before its input is fetched) moves
         nothing: no route."""
-        if run.data_plane == DataPlane.OBJECT_STORE or not run.objects:
+        if not run.objects:
             return Route()
         hub = self.ctx.cdi.host
         holder = next((w for w in loads if w.worker_id == near), None)
@@ -514,15 +499,32 @@ class Dispatcher:
         return loads
 
 
-def _policy(run: RunState) -> Policy:
-    """The policy a step is placed by. *Why affinity is transfer beyond a chain:* pinning
-    every step to one worker would run parallel branches one after another, and so would
-    ``auto`` while the branches' run times are not measured yet (a task's first guess is
-    short, so waiting looks cheaper than moving); each of a graph's steps goes to the
-    least-loaded worker with room, so branches start together."""
-    if run.policy == Policy.AFFINITY and not run.graph.is_chain:
-        return Policy.TRANSFER
-    return run.policy
+class _Ahead:
+    """The step after one being sent, as the dispatcher tells its run's policy
+    (``policies.Ahead``): worked out only when the policy asks."""
+
+    def __init__(self, dispatch: Dispatcher, run: RunState, step: StepRun, worker: str) -> None:
+        self._dispatch, self._run, self._step, self._worker = dispatch, run, step, worker
+
+    def may_keep(self) -> bool:
+        run, step = self._run, self._step
+        if not plane_of(run).may_keep or not chain_keeps(run, step):
+            return False
+        return self._dispatch.runs_next(run, step, self._worker)
+
+    def next_step(self) -> NextStep | None:
+        dispatch, run, step = self._dispatch, self._run, self._step
+        here = dispatch.load_of(self._worker)
+        after = [run.specs[r] for r in dispatch.readers(run, step) if r in run.specs]
+        if here is None or len(after) != 1:
+            return None
+        loads = list(dispatch._loads.values())
+        others = [w for w in capable(loads, after[0].module)
+                  if w.alive and w.worker_id != self._worker]  # fmt: skip
+        made = dispatch.made_bytes.get(step.current.task, 0)
+        nbytes = max(dispatch._where(run, step)[0], made)
+        route = Route(here.host, dispatch.ctx.cdi.host, dispatch.link)
+        return NextStep(here, others, dispatch.task_s[after[0].task], nbytes, route)
 
 
 def _waiting_for(step: StepRun, alive: list[str]) -> str:

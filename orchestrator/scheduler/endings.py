@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any, Final
 
 import redis
@@ -40,9 +39,11 @@ from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Mode, Obj
+from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.instructions import release_instruction
 from orchestrator.scheduler.progress import Moves
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun
+from workflows.steps import StepKind
 
 __all__ = ["DESTROY_WAIT_S", "Endings", "completion", "ended_rows"]
 
@@ -55,12 +56,11 @@ _NOT_HERE: Final = "not on this host"
 class Endings:
     """Ends runs and frees what they held."""
 
-    def __init__(self, ctx: SchedulerContext) -> None:
+    def __init__(self, ctx: SchedulerContext, dispatch: Dispatcher) -> None:
         self.ctx = ctx
+        self.dispatch = dispatch  # told of each instruction taken back from its worker
         self.outbox: list[tuple[str, str]] = []  # (worker queue, message) not sent yet
         self.to_destroy: dict[str, float] = {}  # key -> monotonic time to stop looking for it
-        # A withdrawn instruction is no longer out at its worker (set by the loop: dispatch).
-        self.returned: Callable[[InFlight], None] = lambda flight: None
 
     def ended(self, workflow_id: uuid.UUID, ended: bool) -> None:
         """After a workflow's end was written: wake who waits for it (``ended``), or note that
@@ -161,7 +161,7 @@ class Endings:
             return False
         if not taken:
             return False  # it runs: its report comes
-        self.returned(flight)
+        self.dispatch.returned(flight)
         step.in_flight = None
         step.phase = Phase.READY
         moved = [run.objects[k] for k, m in step.modes.items() if k in run.objects]
@@ -324,13 +324,14 @@ def ended_rows(db: SchedulerStore, run: RunState, moves: Moves) -> list[Placemen
     now = time.time()
     rows = [
         Placement(db.next_task_run_id(), run.workflow_id, step.id,
-                  step.spec.task if step.spec is not None else "switch", step.attempt, None, now,
+                  step.spec.task if step.spec is not None else StepKind.SWITCH, step.attempt,
+                  None, now,
                   status=TaskRunStatus.SKIPPED)
         for step in moves.skipped
     ]  # fmt: skip
     rows += [
-        Placement(db.next_task_run_id(), run.workflow_id, step.id, "switch", step.attempt, None,
-                  now, status=TaskRunStatus.COMPLETED, output=output)
+        Placement(db.next_task_run_id(), run.workflow_id, step.id, StepKind.SWITCH, step.attempt,
+                  None, now, status=TaskRunStatus.COMPLETED, output=output)
         for step, output in moves.switched
     ]  # fmt: skip
     return rows

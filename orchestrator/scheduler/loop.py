@@ -59,7 +59,9 @@ from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.minion_link import MinionLink
+from orchestrator.scheduler.object_directory import ObjectDirectory
 from orchestrator.scheduler.orphans import OrphanObjects
+from orchestrator.scheduler.planes import uses_objects
 from orchestrator.scheduler.recovery import Recovery
 from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.reports import Reports
@@ -103,27 +105,23 @@ class Scheduler:
         objects: ObjectStore,
         *,
         liveness: SchedulerLiveness | None = None,
+        directory: ObjectDirectory | None = None,
     ) -> None:
         self.ctx = ctx = SchedulerContext(scheduler_id, db, redis_client, cdi_client, objects)
         self.id, self.db, self.redis, self.runs = ctx.id, ctx.db, ctx.redis, ctx.runs
         self.reply_key = ctx.reply_key
         self.liveness = liveness
-        self.endings = Endings(ctx)
+        # Each collaborator is given those it calls; none calls back up this list.
         self.dispatch = Dispatcher(ctx)
-        self.endings.returned = self.dispatch.returned
-        self.reports = Reports(ctx, self.dispatch, self.endings, wake_at=self._tick_by)
-        self.redrive = Redrive(ctx, self.dispatch, self.endings)
-        self.dispatch.unsent = self.redrive.unsent
-        self.reports.redrive = self.redrive.run
-        self.recovery = Recovery(ctx, self.dispatch, self.reports, self.redrive)
+        self.endings = Endings(ctx, self.dispatch)
         self.claims = Claims(ctx, settings, self.dispatch, self.endings)
-        self.claims.wake_at = self._tick_by  # a run's deadline
-        self.redrive.claims = self.claims
-        self.orphans = OrphanObjects(ctx, self.endings)
-        self.schedules = Schedules(ScheduleStore(db), self.claims, wake_at=self._tick_by)
+        self.redrive = Redrive(ctx, self.dispatch, self.endings, self.claims)
+        self.reports = Reports(ctx, self.dispatch, self.endings, self.redrive)
+        self.recovery = Recovery(ctx, self.dispatch, self.reports, self.redrive)
+        self.orphans = OrphanObjects(ctx, self.endings, directory or ObjectDirectory(cdi_client))
+        self.schedules = Schedules(ScheduleStore(db), self.claims, ctx.tick)
         self._stopping = False
         self._alive = AliveStamp.from_env()  # what the supervisor watches: the loop turns
-        self._next_tick = 0.0  # monotonic
         self._reconcile_at = 0.0  # monotonic
 
     def run_forever(self) -> None:
@@ -159,7 +157,8 @@ class Scheduler:
     def step(self) -> None:
         """One turn of the loop: a report or wake-up (waiting for one until the next tick is
         due), then whatever it made possible."""
-        wait_s = max(_MIN_WAIT_S, self._next_tick - time.monotonic())
+        tick = self.ctx.tick
+        wait_s = max(_MIN_WAIT_S, tick.at - time.monotonic())
         try:
             popped = self.redis.brpop([self.reply_key, keys.WAKE], timeout=wait_s)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -181,9 +180,10 @@ class Scheduler:
                 self.dispatch.dispatch_waiting()  # a report may have freed a slot
         if self.claims.due():
             guarded(self.claims.claim, self.ctx.faults)  # runs ended: take the next ones waiting
-        if time.monotonic() >= self._next_tick:
-            self._next_tick = time.monotonic() + TICK_S
+        if time.monotonic() >= tick.at:
+            tick.at = time.monotonic() + TICK_S
             self._tick()
+        self._redrive_unsent()
         if self.dispatch.waits_to_note:
             guarded(self.dispatch.note_waits, self.ctx.faults)
 
@@ -191,7 +191,7 @@ class Scheduler:
         wake = read_wake(value)
         if wake.schedules:
             self.schedules.changed()
-            self._tick_by(time.monotonic())
+            self.ctx.tick.by(time.monotonic())
             return
         run = None if wake.workflow_id is None else self.runs.get(wake.workflow_id)
         if run is None:
@@ -255,7 +255,7 @@ class Scheduler:
         """While any run keeps an object in the minion (or a call found it gone), ask whether
         the minion is still the one we know; if it restarted, its objects are gone."""
         faults = self.ctx.faults
-        if not faults.minion and not any(r.uses_objects() for r in self.runs.values()):
+        if not faults.minion and not any(uses_objects(r) for r in self.runs.values()):
             return
         restarted = self.ctx.cdi.check()
         faults.minion = False
@@ -271,6 +271,9 @@ class Scheduler:
         self.claims.check_limits()
         self._check_paused(list(self.runs.values()))  # a pause's wake-up may have been lost
 
-    def _tick_by(self, moment: float) -> None:
-        """Bring the next tick forward to ``moment`` (monotonic) if it is later."""
-        self._next_tick = min(self._next_tick, moment)
+    def _redrive_unsent(self) -> None:
+        """Drive again each run whose instruction Redis did not take after objects had gone
+        to its worker (``Dispatcher.take_unsent``), unless it has ended or been driven again."""
+        for run, reason in self.dispatch.take_unsent():
+            if self.runs.get(run.workflow_id) is run:
+                guarded(functools.partial(self.redrive.run, run, reason), self.ctx.faults)

@@ -3,8 +3,8 @@
 A minion that restarts comes back empty: every object it held is gone. ``epoch`` counts the
 connections made, so the scheduler knows when that happened and drives the workflows whose
 images were there again from their input in S3 (``recovery.Recovery.minion_restarted``).
-With the CDI controller's ``directory``, ``objects_elsewhere`` lists the objects on the other
-hosts too (a worker there may keep one that nothing names any more).
+With the CDI controller's ``directory``, ``located`` says which host has an object (a silent
+worker's, which the scheduler does not wait for when it is on the worker's host).
 """
 
 from __future__ import annotations
@@ -56,20 +56,6 @@ class MinionLink:
         except cdi.ObjectNotFound:
             return None
 
-    def objects_elsewhere(self) -> list[dict[str, Any]]:
-        """The objects the directory lists on the other hosts (``key``, ``owner``, ``host``);
-        none without a directory. ``cdi.CDIError`` while the controller does not answer."""
-        if self._directory is None:
-            return []
-        here = self.host
-        # A dead minion's entries stay in the directory, but its objects went with it.
-        others = [m.host for m in self._directory.list_minions() if m.alive and m.host != here]
-        return [
-            {"key": o.key, "owner": o.owner, "host": o.host}
-            for host in others
-            for o in self._directory.list_objects(host=host)
-        ]
-
     @property
     def spans_hosts(self) -> bool:
         """Whether objects may come to us from other hosts (``cdi.Client.spans_hosts``)."""
@@ -98,9 +84,7 @@ class MinionLink:
         return True
 
     def close(self) -> None:
-        self._drop()
-        if self._directory is not None:
-            self._directory.close()
+        self._drop()  # the directory is its giver's to close (``ObjectDirectory``'s)
 
     def _live(self) -> cdi.Client:
         if self._client is None:

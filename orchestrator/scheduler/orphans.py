@@ -1,31 +1,29 @@
-"""Objects in the minion that no run stands for any more, found and freed.
+"""Objects on any host that no run stands for any more, found and freed.
 
 Each workflow's objects are named ``wf-<workflow id>-...`` (``RunState.next_object_key``, and
 ``.<output>`` or ``.<output>.<i>`` after it for named data). A
 run driven again, or a fault that took its messages with it (Redis lost a report naming an
 object a worker kept), can leave such an object behind: owned by a worker, or by us, and
-referenced by nothing. Every ``RECONCILE_S`` the scheduler lists the minion's objects; one
+referenced by nothing, on any host. Every ``RECONCILE_S`` the scheduler lists the objects of
+every host (``object_directory``: its own minion's, and the other hosts' from the CDI
+controller's directory); one
 whose workflow is ours (in memory, or ended) and that none of our runs names, seen so twice in
 a row, is destroyed when it is ours or asked back from the worker that holds it. *Why twice:*
 an object in transit (handed back with a report not read yet) is named by nothing for a moment.
-Objects of workflows another scheduler runs are left alone. With several hosts the sweep also
-looks at the other hosts' objects in the CDI controller's directory (``objects_elsewhere``): a
-worker there may keep one that a scheduler restarted (or driving the run again) no longer
-names, and only that worker can give it back; one in a gateway's hands is in transit.
+Objects of workflows another scheduler runs are left alone.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
 
-import cdi
-from cdi.remote.gateway import GATEWAY_PREFIX
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.endings import Endings
+from orchestrator.scheduler.object_directory import ObjectDirectory
+from orchestrator.scheduler.planes import uses_objects
 
 __all__ = ["OrphanObjects"]
 
@@ -35,15 +33,16 @@ log = logging.getLogger(__name__)
 class OrphanObjects:
     """Finds the objects of our workflows that nothing names, and frees them."""
 
-    def __init__(self, ctx: SchedulerContext, endings: Endings) -> None:
+    def __init__(self, ctx: SchedulerContext, endings: Endings, directory: ObjectDirectory) -> None:
         self.ctx = ctx
         self.endings = endings
+        self.directory = directory
         self._suspects: set[str] = set()  # keys found orphaned at the last sweep
 
     def sweep(self) -> None:
-        """One look at the minion's objects (skipped while no CDI run was seen)."""
+        """One look at every host's objects (skipped while no CDI run was seen)."""
         ctx = self.ctx
-        if not self._suspects and not any(r.uses_objects() for r in ctx.runs.values()):
+        if not self._suspects and not any(uses_objects(r) for r in ctx.runs.values()):
             return
         named: set[str] = set()
         prefixes: list[str] = []  # list outputs out at a worker: "<key>.<i>"
@@ -55,11 +54,10 @@ class OrphanObjects:
                 named.update((sent.key, sent.output_key, *sent.outputs.values()))
                 prefixes += [f"{k}." for k in sent.outputs.values()]
         found: dict[str, tuple[uuid.UUID, str]] = {}
-        for obj in [*ctx.cdi.list_objects(), *self._elsewhere()]:
-            key = str(obj.get("key", ""))
+        for key, owner in self.directory.objects():
             workflow_id = keys.workflow_of_object(key)
             if workflow_id is not None and key not in named and not key.startswith(tuple(prefixes)):
-                found[key] = (workflow_id, str(obj.get("owner", "")))
+                found[key] = (workflow_id, owner)
         orphans = self._ours(found)
         act = orphans & self._suspects
         self._suspects = orphans - act
@@ -71,16 +69,6 @@ class OrphanObjects:
                 self.endings.destroy(key)
             elif owner:
                 self.endings.ask_back(str(workflow_id), owner, key)
-
-    def _elsewhere(self) -> list[dict[str, Any]]:
-        """The other hosts' objects not in a gateway's hands (none while the controller does
-        not answer: our own host's are swept all the same)."""
-        try:
-            objects = self.ctx.cdi.objects_elsewhere()
-        except cdi.CDIError as exc:
-            log.info("the CDI controller did not list the other hosts' objects: %s", exc)
-            return []
-        return [o for o in objects if not str(o.get("owner", "")).startswith(GATEWAY_PREFIX)]
 
     def _ours(self, found: dict[str, tuple[uuid.UUID, str]]) -> set[str]:
         """The keys whose workflow this scheduler runs in memory, or that has ended."""

@@ -1,38 +1,24 @@
-"""Which worker runs a task: live metrics, the workflow's policy and a small cost model.
+"""What placement weighs: the workers' loads, and what moving an object to one costs.
 
-Metrics come from worker heartbeats in Redis (CPU, memory, queue depth, running tasks) and from
+Loads come from worker heartbeats in Redis (CPU, memory, queue depth, running tasks) and from
 the scheduler's own count of instructions it sent that have not come back yet (heartbeats are up
 to two seconds old; without that count a burst of placements would all land on the same worker).
+Which worker a step goes to is its run's policy's choice (``policies``).
 
-Policies:
-* ``affinity`` (paper option 1): the first task goes to the least-loaded worker; every later task
-  of the workflow goes to that same worker, which keeps the CDI ownership between tasks.
-* ``transfer`` (paper option 2): every task goes to the least-loaded worker.
-* ``auto``: stay on the previous task's worker unless its expected wait exceeds the best worker's
-  expected wait plus the cost of moving (``stays``). Expected wait = (queued + running + in
-  flight) x the mean run time of that task; moving costs two hand-offs plus the bytes at memory
-  bandwidth (an allowance for caches gone cold; zero-copy on one host), and for every host
-  boundary the object crosses on its way (through the scheduler), the bytes over the link's
-  bandwidth plus its round trip (``Link``, learnt from the scheduler's own cross-host
-  transfers). Along a chain the rule is applied a step early, when a task is sent: if its
-  successor is predicted to stay, the worker keeps what the task makes and the successor is
-  pinned to it, as under ``affinity`` (the object never goes back to the scheduler, nor across
-  the link and back); otherwise the object comes back and the successor is placed when ready.
-
-Hosts: each worker's heartbeat names its CDI host. Under ``transfer`` (and for ``auto``'s
-"best" worker) workers are compared by expected wait plus what moving the object to them costs,
-so of two equally loaded workers the one on the object's host wins, and a worker on another
-host wins when its queue is shorter by more than the crossing costs.
+Hosts: each worker's heartbeat names its CDI host. Workers are compared by expected wait plus
+what moving the object to them costs (``Route``, ``move_cost_s``), so of two equally loaded
+workers the one on the object's host wins, and a worker on another host wins when its queue is
+shorter by more than the crossing costs.
 
 Late binding: a task that is free to go anywhere (every task under ``transfer`` and ``auto``,
 the first under ``affinity``) is sent only to a worker with *room*: fewer of this scheduler's
 instructions in flight there than its slots plus a short prefetch (``has_room``). Otherwise it
 waits in the scheduler, which places it when a report frees a slot. *Why:* a task pushed into a
-worker's queue is bound to that worker; with long tasks (2 MB images: ~0.4 s) one worker then
+worker's queue is bound to that worker; with long tasks (large images) one worker then
 idled while the other had a backlog of bound tasks (``workers_busy`` of ``cdiflow bench
 workflows`` shows each worker's busy share).
 The prefetch hides the round trip between a report and the next push; with short tasks it
-grows so large that nothing waits (``PREFETCH_S``). Tasks pinned by ``affinity`` are not
+grows so large that nothing waits (``PREFETCH_S``). Tasks pinned to a worker are not
 held: they can run nowhere else.
 
 Capable workers only: a worker announces the task modules it loaded (the heartbeat's
@@ -46,12 +32,10 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.contract.vocabulary import Policy
 from workflows.loader import TaskCatalog
 
 __all__ = [
@@ -60,11 +44,9 @@ __all__ = [
     "Route",
     "WorkerLoad",
     "capable",
-    "choose_worker",
     "loaded_modules",
     "move_cost_s",
     "read_workers",
-    "stays",
 ]
 
 HANDOFF_S = 0.0003  # one same-host CDI hand-off, measured with `cdiflow bench cdi`
@@ -209,72 +191,3 @@ class Route:
             return 0
         via = [h for h in (self.here, self.hub, to) if h]
         return sum(1 for a, b in itertools.pairwise(via) if a != b)
-
-
-def choose_worker(
-    workers: Sequence[WorkerLoad],
-    policy: Policy,
-    previous: str | None,
-    *,
-    task_s: float,
-    nbytes: int,
-    rng: random.Random | None = None,
-    avoid: frozenset[str] = frozenset(),
-    route: Route | None = None,
-) -> str | None:
-    """The worker for the next task, or ``None`` when no worker is alive or none that may take
-    it has room (the task then waits). Workers in ``avoid`` (one that just lost this task) are
-    used only when no other is alive. ``route``: where the object is, to price crossing hosts
-    (none: one host)."""
-    alive = [w for w in workers if w.alive and w.worker_id not in avoid] or [
-        w for w in workers if w.alive
-    ]
-    if not alive:
-        return None
-    current = next((w for w in alive if w.worker_id == previous), None)
-    if policy == Policy.AFFINITY and current is not None:
-        return current.worker_id  # pinned: it can run nowhere else, so it queues there
-    rng = rng or random.Random()
-    route = route or Route()
-
-    def crossing_s(w: WorkerLoad) -> float:
-        crossings = route.crossings(w.host)
-        return crossings * (route.link or Link()).cost_s(nbytes) if crossings else 0.0
-
-    free = [w for w in alive if w.has_room(task_s)]
-    best = None
-    if free:
-        # Load first, as on one host; what reaching a worker's host costs is added in seconds.
-        ranked = {w.worker_id: w.score() + crossing_s(w) / max(task_s, 1e-6) for w in free}
-        best_score = min(ranked.values())
-        best = rng.choice([w for w in free if ranked[w.worker_id] == best_score])
-    if current is None or policy != Policy.AUTO:
-        return best.worker_id if best else None
-    # auto: stay unless waiting here costs more than moving to the best worker with room
-    stay = current.worker_id if current.has_room(task_s) else None  # None: wait for it
-    if best is None or best is current:
-        return stay
-    if stays(current, [best], task_s=task_s, nbytes=nbytes, route=route):
-        return stay
-    return best.worker_id
-
-
-def stays(
-    current: WorkerLoad,
-    others: Sequence[WorkerLoad],
-    *,
-    task_s: float,
-    nbytes: int,
-    route: Route | None = None,
-) -> bool:
-    """``auto``'s rule: whether the next task (expected to take ``task_s``) should run where
-    the object is, on ``current``: waiting there costs no more than waiting at any of
-    ``others`` plus moving the object of ``nbytes`` to it (from ``current``'s host, through
-    the scheduler's, to the other's)."""
-    route = route or Route()
-    wait_here = current.backlog * task_s
-    way = Route(current.host, route.hub, route.link)
-    return all(
-        wait_here <= w.backlog * task_s + move_cost_s(nbytes, way.crossings(w.host), route.link)
-        for w in others
-    )

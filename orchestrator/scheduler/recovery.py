@@ -26,14 +26,12 @@ import time
 import uuid
 from collections.abc import Mapping
 
-import cdi
 from orchestrator.contract import keys
-from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.scheduler import progress
 from orchestrator.scheduler.context import SchedulerContext
-from orchestrator.scheduler.data import Mode
 from orchestrator.scheduler.dispatch import LOST_GRACE_S, Dispatcher
 from orchestrator.scheduler.placement import WorkerLoad
+from orchestrator.scheduler.planes import plane_of
 from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.reports import Reports
 from orchestrator.scheduler.runs import InFlight, RunState, StepRun
@@ -80,7 +78,7 @@ class Recovery:
             flight = step.in_flight
             if dead is None or flight is None:
                 continue  # its report had arrived
-            if not self._regain(run, step, flight):
+            if not plane_of(run).regain(self.ctx, run, step, flight, self.reports.endings.destroy):
                 # The worker still holds an object of the step: it is alive after all. If it
                 # is overdue, its report (or our instruction) may have been lost.
                 if not dead:
@@ -143,61 +141,6 @@ class Recovery:
         """Handle every report already waiting on our list, without blocking."""
         while (text := self.ctx.redis.rpop(self.ctx.reply_key)) is not None:
             self.reports.read(str(text))
-
-    def _regain(self, run: RunState, step: StepRun, flight: InFlight) -> bool:
-        """Wait briefly for the step's objects to come back by the minion's recovery rule;
-        False while the worker still holds one (then it is alive after all). An object the
-        worker was making from the S3 input may be half-written: it is dropped like a
-        half-written output, and the retry fetches the input again. Its shares end with it."""
-        if run.data_plane != DataPlane.CDI:
-            return True  # no object to regain
-        lost = flight.instruction
-        fetched = lost.key if lost.input_uri else ""
-        owned = [k for k, m in step.modes.items() if m is Mode.OWN]
-        here = {str(o.get("key", "")) for o in self.ctx.cdi.list_objects()}
-        for key in [fetched] if fetched else owned:
-            if key not in here:
-                if self._held_elsewhere(key):
-                    return False  # on the worker's host: it holds it, or its host is cut off
-                continue  # gone
-            try:
-                with self.ctx.cdi.use(key, check=False).view(timeout=2):
-                    pass
-            except cdi.AccessTimeout:
-                return False
-            except cdi.ObjectNotFound:
-                pass
-        if fetched:
-            self._drop_orphan(fetched)
-        for key in owned:
-            obj = run.objects.get(key)
-            if obj is not None:
-                obj.owner = self.ctx.id
-        for key, mode in step.modes.items():
-            obj = run.objects.get(key)
-            if mode is Mode.READ and obj is not None:
-                obj.read_failed(flight.worker)
-        for key in [lost.output_key, *lost.outputs.values()]:
-            if key:
-                self._drop_orphan(key)
-        return True
-
-    def _held_elsewhere(self, key: str) -> bool:
-        """Whether the directory places ``key`` on another host. *Why ask it, not wait for the
-        object:* waiting for one held on a host that is cut off took the loop seconds per step
-        and tick, during which no workflow moved; the recovery rule brings it here if its
-        holder dies, and a later tick sees it."""
-        try:
-            host = self.ctx.cdi.located(key)
-        except cdi.CDIError:
-            return True  # the directory is away: look again at the next tick
-        return host is not None and host != self.ctx.cdi.host
-
-    def _drop_orphan(self, key: str) -> None:
-        """A half-written object of a dead worker (an output, or the object it was making from
-        the input) comes back to us too: destroy it, without waiting for it (one that never
-        got created is simply not found)."""
-        self.reports.endings.destroy(key)
 
     # ------------------------------------------------------------------ Redis data loss
     def check_redis_epoch(self) -> None:

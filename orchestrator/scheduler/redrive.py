@@ -6,8 +6,8 @@ step's attempts going on from the last one placed (``RunState.again``), with fre
 That one mechanism serves every failure the scheduler cannot repair in place:
 
 * a step that raised while being placed, dispatched or finished (``sweep`` finds a run with
-  nothing under way and places its ready steps again; ``unsent`` handles an instruction Redis
-  did not take);
+  nothing under way and places its ready steps again), or an instruction Redis did not take
+  after objects had gone to its worker (``Dispatcher.take_unsent``);
 * the CDI minion restarted, so every object is gone (``minion_restarted``);
 * Postgres failed a statement, so what it holds may differ from memory (``resync``: drop every
   run and resume our RUNNING workflows from what Postgres has, ``Claims.resume``).
@@ -19,21 +19,19 @@ a FAILED workflow that says why, not in a loop.
 from __future__ import annotations
 
 import logging
-import time
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import redis
 
 import cdi
 from orchestrator.contract import keys
+from orchestrator.scheduler.claims import Claims
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.runs import Phase, RunState, StepRun
-
-if TYPE_CHECKING:
-    from orchestrator.scheduler.claims import Claims
+from orchestrator.scheduler.planes import uses_objects
+from orchestrator.scheduler.runs import Phase, RunState
 
 __all__ = ["MAX_DRIVES", "Redrive"]
 
@@ -44,13 +42,15 @@ _BACKOFF_S: Final = (0.2, 0.5, 1.0, 2.0, 4.0)  # before drive 2, 3, ... (then th
 
 
 class Redrive:
-    """Drives runs again; the claims it resumes through are set once the loop has them."""
+    """Drives runs again, starting them over through ``claims``."""
 
-    def __init__(self, ctx: SchedulerContext, dispatch: Dispatcher, endings: Endings) -> None:
+    def __init__(
+        self, ctx: SchedulerContext, dispatch: Dispatcher, endings: Endings, claims: Claims
+    ) -> None:
         self.ctx = ctx
         self.dispatch = dispatch
         self.endings = endings
-        self.claims: Claims | None = None
+        self.claims = claims
 
     def run(self, run: RunState, reason: str, *, objects_gone: bool = False) -> None:
         """Withdraw what ``run`` has out, release its objects, and drive it again from its
@@ -75,34 +75,15 @@ class Redrive:
         log.warning("workflow %s: %s; driving it again from its input (drive %d)",
                     run.workflow_id, reason, again.drives)  # fmt: skip
         guarded(lambda: ctx.db.redriven(run.workflow_id, reason), ctx.faults)
-        assert self.claims is not None
-        guarded(lambda: self.claims.start(again, delay), ctx.faults)  # type: ignore[union-attr]
+        guarded(lambda: self.claims.start(again, delay), ctx.faults)
 
     def minion_restarted(self) -> None:
         """Every object is gone: drive again each run that had one (or was making one)."""
         for run in list(self.ctx.runs.values()):
-            if run.uses_objects():
+            if uses_objects(run):
                 self.run(
                     run, "the CDI minion restarted and its objects are gone", objects_gone=True
                 )
-
-    def unsent(
-        self, run: RunState, step: StepRun, worker: str, moved: bool, exc: Exception
-    ) -> None:
-        """Redis did not take ``step``'s instruction for ``worker``. Nothing is out: place it
-        again soon; if objects were already moved to that worker, drive the run again (the
-        worker is asked to give them back)."""
-        flight = step.in_flight
-        if flight is not None:
-            self.dispatch.returned(flight)
-            step.in_flight = None
-        step.phase = Phase.READY
-        if moved:
-            self.run(run, f"Redis failed the instruction for {worker} ({exc})")
-            return
-        step.retry_at = time.monotonic() + _BACKOFF_S[1]
-        log.warning("workflow %s: Redis failed the instruction for %s (%s); placing it again",
-                    run.workflow_id, worker, exc)  # fmt: skip
 
     def sweep(self) -> None:
         """Place again every run with nothing under way: no instruction out, no retry due, not
@@ -142,7 +123,6 @@ class Redrive:
             self._release(run)
         ctx.runs.clear()
         self.dispatch.waiting.clear()
-        assert self.claims is not None
         self.claims.resume("Postgres failed a statement of its scheduler")
         ctx.faults.postgres = False
 

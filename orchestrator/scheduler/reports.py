@@ -1,5 +1,6 @@
-"""What the scheduler does with a worker's report: follow the objects, start the steps it made
-possible (or end the run), or retry a failed attempt.
+"""What the scheduler does with a worker's report: take in what it says of the run's data (the
+run's plane's part, ``planes``), start the steps it made possible (or end the run), or retry a
+failed attempt.
 
 A report and what follows from it are written in one statement (``SchedulerStore.report``):
 the task run's outcome, the hand-backs of its objects, the task runs of the steps it lets start
@@ -12,25 +13,23 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any, Final
 
 import redis
 
 import cdi
-from orchestrator.contract.messages import Instruction, Report
-from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
+from orchestrator.contract.messages import Report
+from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.db.run_statements import Finish, Handoff, Placement
 from orchestrator.logs import log_context
 from orchestrator.scheduler import progress
 from orchestrator.scheduler.context import SchedulerContext
-from orchestrator.scheduler.data import Datum, Mode, Obj
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings, completion, ended_rows
 from orchestrator.scheduler.guarded import guarded
+from orchestrator.scheduler.planes import plane_of
+from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.runs import Phase, RunState, StepRun
-from workflows.binding import IMAGE
-from workflows.kinds import Kind
 
 __all__ = ["Reports"]
 
@@ -53,19 +52,12 @@ class Reports:
     """Turns reports into the runs' next moves."""
 
     def __init__(
-        self,
-        ctx: SchedulerContext,
-        dispatch: Dispatcher,
-        endings: Endings,
-        *,
-        wake_at: Callable[[float], None],
+        self, ctx: SchedulerContext, dispatch: Dispatcher, endings: Endings, redrive: Redrive
     ) -> None:
         self.ctx = ctx
         self.dispatch = dispatch
         self.endings = endings
-        self._wake_at = wake_at  # the loop's tick comes no later than this (monotonic)
-        # Drives a run again from its input (``Redrive.run``); the loop sets it.
-        self.redrive: Callable[[RunState, str], None] | None = None
+        self.redrive = redrive
 
     def read(self, text: str) -> None:
         """Handle one report as it came off the list; an unreadable one is dropped."""
@@ -92,24 +84,18 @@ class Reports:
         step.in_flight = None
         completed = report.status == TaskRunStatus.COMPLETED
         back = self._hand_backs(run, report)
+        got = plane_of(run).received(self.ctx, run, step, report, ins)
         moves = progress.Moves()
-        lost, shared = False, list[str]()
-        if run.data_plane != DataPlane.OBJECT_STORE:
-            lost, shared = self._follow_objects(run, step, report, ins, completed)
         made: dict[str, Any] | None = None
-        if completed and not lost:
+        if got.made is not None:
             run_s = max(0.0, report.finished_at - report.started_at)
             self.dispatch.ran(step.current.task, run_s, report.bytes_out)
-            data = self._made(run, step, report, ins)
-            made = {"made": {n: d.describe() for n, d in data.items()}}
-            results = dict(report.results)
-            if run.data_plane == DataPlane.OBJECT_STORE and step.node.ref in run.graph.sinks:
-                results[IMAGE] = ins.output_uri  # every step of this plane PUTs its image
-            if results:
-                made["results"] = results
-                run.results.update({f"{step.id}.{n}": u for n, u in results.items()})
-            progress.done(run, step, data, report.output, moves)
-        for key in shared:  # after ``done``: a datum passed on unchanged reads it on
+            made = {"made": {n: d.describe() for n, d in got.made.items()}}
+            if got.results:
+                made["results"] = got.results
+                run.results.update({f"{step.id}.{n}": u for n, u in got.results.items()})
+            progress.done(run, step, got.made, report.output, moves)
+        for key in got.shared:  # after ``done``: a datum passed on unchanged reads it on
             progress.read_done(run, key, report.worker_id, moves)
         placements: list[Placement] = []
         finish: Finish | None = None
@@ -121,13 +107,13 @@ class Reports:
         # One statement records the report and the next steps' task runs, or ends the run.
         ended = self.ctx.db.report(report, back, rows, finish, made)
         self.endings.free(run, moves.freed)
-        if lost:
+        if got.lost:
             self.after_lost_image(run, step)
-        elif not completed and report.objects_gone and self.redrive is not None:
+        elif not completed and report.objects_gone:
             # An object the scheduler handed out is gone: most likely the minion restarted
             # before the tick noticed. Not the task's fault: no attempt is spent on it.
             self.ctx.faults.minion = True  # the next tick asks the minion
-            self.redrive(run, f"worker {report.worker_id}: {report.error}")
+            self.redrive.run(run, f"worker {report.worker_id}: {report.error}")
         elif not completed:
             self.after_failure(
                 run, step, report.error or report.status, report.retryable, outage=report.outage
@@ -191,7 +177,7 @@ class Reports:
     def _retry(self, step: StepRun, at: float) -> None:
         step.retry_at = at
         step.attempt += 1
-        self._wake_at(step.retry_at)  # the tick dispatches it
+        self.ctx.tick.by(step.retry_at)  # the tick dispatches it
 
     def after_lost_image(self, run: RunState, step: StepRun) -> None:
         """The image ``step`` read was lost with its worker's memory: the steps that made it
@@ -235,113 +221,6 @@ class Reports:
             ))  # fmt: skip
         return back
 
-    def _follow_objects(
-        self, run: RunState, step: StepRun, report: Report, ins: Instruction, completed: bool
-    ) -> tuple[bool, list[str]]:
-        """Where each object the step read is now: ``(lost, shared)``. ``lost``: the image it
-        read was only in its worker's memory and is gone (the run rewinds); ``shared``: the
-        objects it read through shares, whose reads are done once its outputs are known."""
-        worker = report.worker_id
-        shared: list[str] = []
-        for key, mode in step.modes.items():
-            obj = run.objects.get(key)
-            if obj is None:
-                continue
-            if mode is Mode.READ:
-                # Reads of it by this worker still on the way besides this one.
-                others = obj.readers.get(worker, 0) - 1
-                if completed:
-                    shared.append(key)  # this read ends in ``read_done``, below
-                else:
-                    obj.read_failed(worker)
-                if key in report.released and others > 0:
-                    self._share_again(obj, worker)
-            elif key in report.returned or (key == report.key and not report.kept):
-                obj.owner = self.ctx.id
-            elif key == report.key:
-                obj.owner = worker
-            elif completed:
-                run.objects.pop(key, None)  # the worker destroyed it after its task
-        if not completed and ins.input_uri and report.key and report.key == ins.key:
-            # The input it fetched came back: the retry reads it, fetching nothing.
-            run.objects[ins.key] = Obj(ins.key, Kind.IMAGE, report.bytes_in, self.ctx.id,
-                                       pending=1, datum=f"input.{IMAGE}")  # fmt: skip
-            step.reads[IMAGE] = Datum(key=ins.key, kind=Kind.IMAGE)
-        elif not completed and ins.held and report.key and report.key != ins.key:
-            # Its held input, written into an object for the retry.
-            old = run.objects.pop(ins.key, None)
-            run.objects[report.key] = Obj(
-                report.key, Kind.IMAGE, report.bytes_out or report.bytes_in, self.ctx.id,
-                pending=1, datum=old.datum if old is not None else "",
-            )  # fmt: skip
-            step.reads[IMAGE] = Datum(key=report.key, kind=Kind.IMAGE)
-        if ins.key and report.held_lost:
-            obj = run.objects.get(ins.key)
-            if obj is not None and obj.held:
-                obj.owner = self.ctx.id if not report.kept else worker
-                progress.rewind(run, obj, reader=step)
-                return True, shared
-        return False, shared
-
-    def _share_again(self, obj: Obj, worker: str) -> None:
-        """``worker`` gave up its share while another of its reads was on the way: share again
-        (the read waits for it)."""
-        try:
-            self.ctx.cdi.use(obj.key, check=False).share([worker])
-        except cdi.CDIError as exc:
-            log.warning("could not share %s with %s again: %s", obj.key, worker, exc)
-
-    def _made(
-        self, run: RunState, step: StepRun, report: Report, ins: Instruction
-    ) -> dict[str, Datum]:
-        """The data ``step`` made, its objects registered in the run."""
-        worker = report.worker_id
-        owner = worker if report.kept else self.ctx.id
-        made: dict[str, Datum] = {}
-        if report.key and not report.stored:
-            made[IMAGE] = self._image(run, step, report, owner, ins)
-        elif IMAGE in step.reads and not report.key and not ins.output_key:
-            made[IMAGE] = step.reads[IMAGE]  # read through a share, passed on unchanged
-        for name, described in report.objects.items():
-            made[name] = self._registered(run, step, name, described, self.ctx.id, worker)
-        return made
-
-    def _image(
-        self, run: RunState, step: StepRun, report: Report, owner: str, ins: Instruction
-    ) -> Datum:
-        key = report.key
-        obj = run.objects.get(key)
-        if obj is None:
-            obj = run.objects[key] = Obj(key, Kind.IMAGE, report.bytes_out or report.bytes_in,
-                                         owner, made_by=report.worker_id)  # fmt: skip
-        obj.owner, obj.pending, obj.datum = owner, 0, f"{step.id}.{IMAGE}"
-        obj.nbytes = report.bytes_out or report.bytes_in or obj.nbytes
-        if report.held:
-            read = step.reads.get(IMAGE)
-            if obj.held and ins.held:
-                obj.held_chain = (*obj.held_chain, step.id)
-            else:
-                producer = _producer(run, read)
-                obj.held_chain, obj.held_base = (step.id,), producer
-            obj.held = str(report.task_run_id)
-        else:
-            obj.held, obj.held_chain, obj.held_base = "", (), ("", "")
-        return Datum(key=key, kind=Kind.IMAGE)
-
-    def _registered(
-        self, run: RunState, step: StepRun, name: str, described: Any, owner: str, worker: str
-    ) -> Datum:
-        if isinstance(described, dict) and "items" in described:
-            items = described["items"]
-            return Datum(items=tuple(
-                self._registered(run, step, f"{name}.{i}", d, owner, worker)
-                for i, d in enumerate(items)
-            ))  # fmt: skip
-        key, kind = str(described["key"]), Kind(described["kind"])
-        run.objects[key] = Obj(key, kind, int(described.get("nbytes", 0)), owner,
-                               datum=f"{step.id}.{name}", made_by=worker)  # fmt: skip
-        return Datum(key=key, kind=kind)
-
 
 def _written_keys(report: Report) -> list[str]:
     keys: list[str] = []
@@ -356,14 +235,3 @@ def _written_keys(report: Report) -> list[str]:
     for described in report.objects.values():
         walk(described)
     return keys
-
-
-def _producer(run: RunState, read: Datum | None) -> tuple[str, str]:
-    """Which step run made ``read`` and under which name (``input``: the run's input)."""
-    if read is None or read.uri:
-        return ("input", IMAGE)
-    for step_id, data in run.made.items():
-        for name, datum in data.items():
-            if datum.key == read.key:
-                return (step_id, name)
-    return ("input", IMAGE)

@@ -165,12 +165,6 @@ class RunState:
         """Every step run ended (done or skipped)."""
         return all(s.phase in (Phase.DONE, Phase.SKIPPED) for s in self.steps.values())
 
-    def uses_objects(self) -> bool:
-        """Whether the run has (or is making) CDI objects."""
-        return bool(self.objects) or (
-            self.data_plane == DataPlane.CDI and any(True for _ in self.out())
-        )
-
     def next_object_key(self) -> str:
         self.generation += 1
         return f"{self.key_prefix or f'wf-{self.workflow_id}'}-{self.generation}"

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Final
 
 from orchestrator.db.schedule_store import ScheduleStore
 from orchestrator.scheduler.claims import Claims
+from orchestrator.scheduler.context import NextTick
 
 __all__ = ["RECHECK_S", "Schedules"]
 
@@ -30,12 +30,10 @@ _AGAIN_S: Final = 1.0  # after a look that failed
 class Schedules:
     """The schedules' side of one scheduler's loop."""
 
-    def __init__(
-        self, store: ScheduleStore, claims: Claims, *, wake_at: Callable[[float], None]
-    ) -> None:
+    def __init__(self, store: ScheduleStore, claims: Claims, tick: NextTick) -> None:
         self.store = store
         self.claims = claims
-        self._wake_at = wake_at  # the loop's tick comes no later than this (monotonic)
+        self._tick = tick  # brought forward to the next look
         self._look_at = 0.0  # monotonic
 
     def changed(self) -> None:
@@ -52,7 +50,7 @@ class Schedules:
         self._look_at = now + RECHECK_S
         if fired.next_due_s is not None and fired.next_due_s < RECHECK_S:
             self._look_at = now + max(_SOONEST_S, fired.next_due_s)
-            self._wake_at(self._look_at)
+            self._tick.by(self._look_at)
         if fired.runs:
             log.info("schedules made %d run(s)", fired.runs)
             self.claims.claim()

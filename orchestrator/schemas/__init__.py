@@ -32,6 +32,7 @@ from orchestrator.schemas.health import (
     CheckPublic,
     LivenessPublic,
     ReadinessPublic,
+    ReadinessScope,
     WorkerPublic,
 )
 from orchestrator.schemas.images import ImagePublic, InputPublic, WorkflowImagesPublic
@@ -88,6 +89,7 @@ __all__ = [
     "LivenessPublic",
     "MinutePublic",
     "ReadinessPublic",
+    "ReadinessScope",
     "ScheduleCreate",
     "SchedulePublic",
     "StatsPublic",

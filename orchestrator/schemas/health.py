@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import enum
+
 from pydantic import Field
 
 from orchestrator.schemas.base import ResponseBody
 
-__all__ = ["CheckPublic", "LivenessPublic", "ReadinessPublic", "WorkerPublic"]
+__all__ = ["CheckPublic", "LivenessPublic", "ReadinessPublic", "ReadinessScope", "WorkerPublic"]
+
+
+class ReadinessScope(enum.StrEnum):
+    """What ``/api/readyz`` asks about (``?scope=``)."""
+
+    WORKFLOWS = "workflows"
+    """Can a workflow run: every part it needs (the default)."""
+    API = "api"
+    """Can this API process answer: Postgres and Redis, which nearly every route needs. A
+    Kubernetes readiness probe asks this: a missing scheduler or no live worker must not take
+    every API pod out of its Service (docs: deploy/k8s/README.md, *Probes*)."""
 
 
 class WorkerPublic(ResponseBody):
@@ -53,6 +66,6 @@ class ReadinessPublic(ResponseBody):
     status: str = Field(description="'ok' when every part answers, else 'unavailable'.")
     checks: dict[str, CheckPublic] | None = Field(
         default=None,
-        description="postgres, redis, minion, scheduler, workers and s3, each with its answer; "
-        "only for a caller with a key (of any role).",
+        description="postgres, redis, minion, scheduler, workers and s3 (scope 'api': postgres "
+        "and redis), each with its answer; only for a caller with a key (of any role).",
     )

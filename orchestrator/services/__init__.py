@@ -11,13 +11,14 @@ folder (``CDIFLOW_DATA_DIR``, default ``./.data``): ``postgres/`` (persists), ``
 ``s3/`` and ``logs/<service>.log``.
 """
 
-from orchestrator.services._process import ManagedService
+from orchestrator.services.managed import HOST, ManagedService
 from orchestrator.services.postgres import PostgresService, check_postgres
 from orchestrator.services.redis_server import RedisService, check_redis
 from orchestrator.services.s3 import S3Service, check_s3
 from orchestrator.services.stack_services import RunningServices, resolve_services, start_services
 
 __all__ = [
+    "HOST",
     "ManagedService",
     "PostgresService",
     "RedisService",

@@ -39,7 +39,6 @@ from sqlalchemy.pool import NullPool
 
 from orchestrator.errors import ServiceError
 from orchestrator.private import open_private
-from orchestrator.services._process import HOST, ManagedService
 from orchestrator.services._unprivileged import (
     DEFAULT_SERVICE_USER,
     chown_tree,
@@ -47,6 +46,7 @@ from orchestrator.services._unprivileged import (
     service_identity,
 )
 from orchestrator.services.credentials import ServiceCredentials
+from orchestrator.services.managed import HOST, ManagedService
 
 __all__ = ["PostgresService", "check_postgres", "create_database", "find_postgres_bin_dir"]
 

@@ -17,8 +17,8 @@ import redis
 
 from orchestrator.errors import ServiceError
 from orchestrator.private import PRIVATE_DIR, private_dir
-from orchestrator.services._process import HOST, ManagedService
 from orchestrator.services.credentials import ServiceCredentials, hide_password
+from orchestrator.services.managed import HOST, ManagedService
 
 __all__ = ["RedisService", "check_redis", "find_redis_server"]
 

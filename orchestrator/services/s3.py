@@ -23,8 +23,8 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from orchestrator.errors import ServiceError
 from orchestrator.private import PRIVATE_DIR, private_dir
-from orchestrator.services._process import HOST, ManagedService
 from orchestrator.services.credentials import ServiceCredentials
+from orchestrator.services.managed import HOST, ManagedService
 
 __all__ = [
     "REGION",

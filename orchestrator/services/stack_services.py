@@ -12,8 +12,8 @@ from types import TracebackType
 from typing import Self
 
 from orchestrator.errors import ServiceError
-from orchestrator.services._process import ManagedService
 from orchestrator.services.credentials import ServiceCredentials
+from orchestrator.services.managed import ManagedService
 from orchestrator.services.postgres import PostgresService, check_postgres
 from orchestrator.services.redis_server import RedisService, check_redis
 from orchestrator.services.s3 import S3Service, check_s3

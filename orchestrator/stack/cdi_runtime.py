@@ -5,16 +5,15 @@ from __future__ import annotations
 import logging
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from cdi.auth import ClusterCredentials
+from cdi.cluster import LocalCluster
 from cdi.controller.process import ControllerChild
 from cdi.errors import CDIError
 from cdi.hosts import Host, HostNetwork
 from cdi.link_emulator import SERVICES_ONLY, Link
 from cdi.minion.process import MinionChild
-from cdi.remote.cluster import LocalCluster
 from orchestrator.child_process import free_port
 from orchestrator.errors import StackError
 from orchestrator.stack.supervised import CdiProcess
@@ -26,7 +25,7 @@ log = logging.getLogger(__name__)
 
 class CdiRuntime:
     """``hosts`` 1: a controller and a minion on this machine. More: each host a network
-    namespace (or a loopback address) with its minion and gateway (``cdi.remote.cluster``);
+    namespace (or a loopback address) with its minion and gateway (``cdi.cluster``);
     host ``n``'s minion socket is ``<data>/cdi/host<n>/minion.sock``. Its processes are
     ``CdiProcess``es, which the stack's supervisor restarts."""
 
@@ -139,12 +138,12 @@ class CdiRuntime:
             log.warning("hosts on loopback addresses: %s", cluster.network.reason)
         self._cluster = cluster
         self.controller_url = cluster.controller_url
-        self.controller = _running(CdiProcess("cdi-controller", cluster.controller))
+        self.controller = CdiProcess("cdi-controller", cluster.controller)
         if network is not self.network and network.emulator is not None:
             # Ours to supervise: the workers on the hosts reach the services through it.
-            self.emulator = _running(CdiProcess("link-emulator", network.emulator.child))
+            self.emulator = CdiProcess("link-emulator", network.emulator.child)
         self.minions = [
-            _running(CdiProcess(f"cdi-minion-{host.name}", minion))
+            CdiProcess(f"cdi-minion-{host.name}", minion)
             for host, minion in zip(cluster.network.hosts, cluster.minions, strict=True)
         ]
 
@@ -177,9 +176,3 @@ class CdiRuntime:
                     socket_path.unlink(missing_ok=True)
             self.controller, self.minions, self._cluster = None, [], None
             self.emulator = None
-
-
-def _running(process: CdiProcess) -> CdiProcess:
-    """A ``CdiProcess`` over a child the cluster has started already."""
-    process.started_at = time.monotonic()
-    return process

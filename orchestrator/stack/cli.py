@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from cdi.child import ChildProcess
 from orchestrator.apikeys import read_key_file
-from orchestrator.child_process import ChildProcess
 from orchestrator.errors import OrchestratorError
 from orchestrator.logs import LOG_FORMAT_ENV, LOG_FORMATS, setup_logging
 from orchestrator.stack.access import service_access

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from orchestrator.child_process import ChildProcess, describe_exit, log_tail
+from cdi.child import ChildProcess, describe_exit, log_tail
 from orchestrator.errors import StackError
 from orchestrator.private import private_dir
 from orchestrator.stack.state import ProcessInfo, StackState, read_state, remove_state

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec
 
-from orchestrator.child_process import ChildProcess
+from cdi.child import ChildProcess
 from orchestrator.errors import StackError
 from orchestrator.services import RunningServices
 from orchestrator.services.credentials import hide_password

@@ -14,7 +14,6 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from cdi.hosts import HostNetwork
@@ -38,13 +37,14 @@ from orchestrator.stack.restarts import RestartPolicy
 from orchestrator.stack.startup import StartUp, check_can_start
 from orchestrator.stack.state import DataDirLock, ProcessInfo
 from orchestrator.stack.supervision import Supervised, Supervisor
+from orchestrator.started import StartStop
 
 __all__ = ["Stack"]
 
 log = logging.getLogger(__name__)
 
 
-class Stack:
+class Stack(StartStop):
     """Services, CDI controller and minion, API, scheduler and workers, as child processes.
 
         with Stack("/tmp/data", workers=2, port=8001) as stack:
@@ -97,7 +97,7 @@ class Stack:
         self.host = host
         self.port = port
         self.api_url = f"http://{probes.url_host(host)}:{port}"
-        # Several hosts: a minion with a gateway per host (cdi.remote.cluster); the scheduler
+        # Several hosts: a minion with a gateway per host (cdi.cluster); the scheduler
         # and the API use host 1's, worker n host ((n - 1) mod hosts) + 1's.
         self.hosts = hosts
         # Several hosts: each worker on its host (in its namespace), reaching the services
@@ -243,17 +243,6 @@ class Stack:
             log_format=self.log_format,
             tasks=self.tasks,
         )
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- start-up -------------------------------------------------------------------------
 

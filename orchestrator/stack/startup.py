@@ -20,7 +20,8 @@ from typing import Final, Protocol
 import redis
 
 from cdi.auth import CONTROLLER_TOKEN_ENV
-from orchestrator.child_process import ChildProcess, describe_exit, free_port, port_is_free
+from cdi.child import ChildProcess, describe_exit
+from orchestrator.child_process import free_port, port_is_free
 from orchestrator.contract.alive import ALIVE_FILE_ENV
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
@@ -102,7 +103,7 @@ class StartUp:
         env = self.environment()
 
         # The API alone gets the admin key; it and the scheduler (which runs no task code, and
-        # looks on every host for objects its runs left) the token that reads the directory.
+        # looks for objects its runs left on every host) the token that reads the directory.
         reader = {f"{CONTROLLER_TOKEN_ENV}_FILE": str(table.cdi.reader_token_file)}
         table.api = api = self._child("api", "api", env | self.admin_env() | reader)
         api.start()

@@ -5,10 +5,9 @@ The API, scheduler and workers are ``Child`` processes, which already have that 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from cdi.child import ChildProcess
+from cdi.child import ServiceChild
 from orchestrator.services import ManagedService
 
 __all__ = ["CdiProcess", "ServiceProcess"]
@@ -45,34 +44,33 @@ class ServiceProcess:
 
 
 class CdiProcess:
-    """The CDI controller or minion, started (and restarted) until it answers."""
+    """The CDI controller, a minion or the link emulator under the stack's name for it:
+    started (and restarted) until it answers."""
 
-    def __init__(self, name: str, child: ChildProcess) -> None:
+    def __init__(self, name: str, child: ServiceChild) -> None:
         self.name = name
         self.child = child
-        self.started_at = 0.0
 
     @property
     def pid(self) -> int | None:
-        process = self.child.process
-        return process.pid if process is not None else None
+        return self.child.pid if self.child.launched_at else None
 
     @property
-    def log_path(self) -> Path:
-        return Path(self.child.log_path)
+    def log_path(self) -> Path | None:
+        return self.child.log_path
+
+    @property
+    def started_at(self) -> float:
+        return self.child.started_at
 
     def poll(self) -> int | None:
-        process = self.child.process
-        return process.poll() if process is not None else 1
+        return self.child.poll() if self.child.launched_at else 1
 
     def start(self) -> None:
         """Launch and wait until it answers; ``cdi.CDIError`` if it does not."""
-        process = self.child.process
-        if process is not None and process.poll() is None:
+        if self.child.running:
             return
-        if process is not None:
-            process.wait()  # reap the dead one
-        self.started_at = time.monotonic()
+        self.child.wait()  # reap the dead one
         self.child.start()
 
     def stop(self, timeout: float) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.child_process import describe_exit
+from cdi.child import describe_exit
 from orchestrator.contract.alive import stamp_age
 from orchestrator.stack.restarts import RestartPolicy
 

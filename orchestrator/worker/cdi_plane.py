@@ -42,7 +42,6 @@ The parts: what an instruction must hold (``cdi_checks``), the image coming in
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +51,6 @@ import cdi
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.errors import ObjectGone
-from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.cdi_checks import check_cdi_instruction
 from orchestrator.worker.cdi_hand_back import keep_or_hand_back
 from orchestrator.worker.cdi_inputs import (
@@ -64,8 +62,9 @@ from orchestrator.worker.cdi_inputs import (
 )
 from orchestrator.worker.cdi_outputs import ImageOutput
 from orchestrator.worker.execution import Execution, TaskCall, read_input_file
-from orchestrator.worker.held import Held, HeldImages
+from orchestrator.worker.held import Held
 from orchestrator.worker.named_data import NamedData, Opened
+from orchestrator.worker.plane_parts import PlaneParts
 from workflows.binding import IMAGE
 from workflows.imagebuf import required_size
 from workflows.tracebacks import clear_frames
@@ -88,23 +87,19 @@ class _After:
 class CdiPlane:
     """Runs ``cdi`` instructions through this worker's CDI client."""
 
-    def __init__(
-        self,
-        client: cdi.Client,
-        access_timeout_s: float,
-        held: HeldImages,
-        store: Callable[[], ObjectStore],
-        *,
-        max_input_bytes: int,
-        max_pixels: int,
-    ) -> None:
+    def __init__(self, parts: PlaneParts) -> None:
+        client, store, held = parts.client, parts.store, parts.held
         self.client = client
         self.held = held
         self.store = store  # the S3 store of the input and result, made on first use
-        self.max_input_bytes = max_input_bytes
-        self.named = NamedData(client, access_timeout_s, store)
+        self.max_input_bytes = parts.max_input_bytes
+        self.named = NamedData(client, parts.access_timeout_s, store)
         self.inputs = ImageInput(
-            client, store, access_timeout_s, max_input_bytes=max_input_bytes, max_pixels=max_pixels
+            client,
+            store,
+            parts.access_timeout_s,
+            max_input_bytes=parts.max_input_bytes,
+            max_pixels=parts.max_pixels,
         )
         self.outputs = ImageOutput(client, held, store, self.named)
 

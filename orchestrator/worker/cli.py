@@ -24,11 +24,11 @@ from orchestrator.listen import LOOPBACK, BindAddress
 from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
-from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.held import DEFAULT_HOLD_BYTES, HeldImages
 from orchestrator.worker.keeper import keep
 from orchestrator.worker.metrics import WorkerMetrics
-from orchestrator.worker.store_plane import StorePlane
+from orchestrator.worker.plane_parts import LazyStore, PlaneParts
+from orchestrator.worker.planes import build_planes
 from orchestrator.worker.worker import Worker
 from workflows.loader import TaskCatalog, load_deployed, with_sources
 from workflows.memory import tune_for_images
@@ -237,30 +237,27 @@ def _run_body(
     try:
         client = _connect_cdi(cdi_url, worker_id)
         try:
-            store_plane = StorePlane(
-                lambda: ObjectStore(settings, enforce=True),  # only the policy's locations
+            parts = PlaneParts(
+                client,
+                HeldImages(hold_bytes),
+                # One S3 client for every plane, reading and writing only the policy's places.
+                LazyStore(lambda: ObjectStore(settings, enforce=True)),
+                access_timeout_s,
                 max_input_bytes=settings.max_input_bytes,
                 max_pixels=settings.max_pixels,
             )
             worker = Worker(
                 worker_id,
                 redis_client=redis_client,
-                cdi_plane=CdiPlane(
-                    client,
-                    access_timeout_s,
-                    HeldImages(hold_bytes),
-                    store=lambda: store_plane.store,  # one S3 client for both planes
-                    max_input_bytes=settings.max_input_bytes,
-                    max_pixels=settings.max_pixels,
-                ),
-                store_plane=store_plane,
+                planes=build_planes(parts),
+                host=client.host,
+                held=parts.held.usage,
                 concurrency=concurrency,
                 sources=sources,
                 tasks=catalog,
             )
             if metrics_port:
-                worker.metrics = WorkerMetrics(running=worker.running,
-                                               held=worker.cdi_plane.held.usage)  # fmt: skip
+                worker.metrics = WorkerMetrics(running=worker.running, held=parts.held.usage)
                 try:
                     worker.metrics.serve(metrics_port, metrics_host)
                 except OSError as exc:

@@ -12,6 +12,14 @@ object or thread: it forwards SIGTERM and SIGINT to the body and ends with the b
 status (128 + the signal's number for a body killed by one). A body gets SIGKILL when its
 keeper dies (``PR_SET_PDEATHSIG``), so killing the keeper, as the supervisor and the chaos
 tests do, leaves no body behind.
+
+*In a container* (Kubernetes runs the command itself as PID 1): the keeper handles SIGTERM and
+SIGINT from the start (``keep`` installs ``forward`` before the first body), so a stop is never
+ignored as the kernel ignores an unhandled signal sent to PID 1; a body inherits the process's
+own handler (``orchestrator.pid_one``), so one stopped before it set up its own ends with
+SIGTERM's status. And as PID 1 the keeper is every orphan's parent: a process a task started
+that outlives its body (the body replaced because its task would not stop) is reaped while the
+keeper waits, rather than left a zombie for the container's life.
 """
 
 from __future__ import annotations
@@ -54,14 +62,25 @@ def keep(body: Callable[[], int], name: str) -> int:
             child = _fork(body, previous)
             if stopping:  # asked to stop while it was being forked
                 _signal(child, signal.SIGTERM)
-            _, status = os.waitpid(child, 0)
-            code = os.waitstatus_to_exitcode(status)
+            code = os.waitstatus_to_exitcode(_wait_for(child))
             if code != EXIT_TASK_STUCK or stopping:
                 return code if code >= 0 else 128 - code
             log.warning("worker %s ended its process to stop a task; starting a fresh one", name)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _wait_for(child: int) -> int:
+    """``child``'s wait status once it ends. As PID 1, the orphans that end meanwhile are
+    reaped too (nobody else will); otherwise only ``child`` is waited for (a process that runs
+    ``keep`` may have children of its own to wait for)."""
+    if os.getpid() != 1:
+        return os.waitpid(child, 0)[1]
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            return status
 
 
 def _fork(body: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:

@@ -8,10 +8,8 @@ of the last heartbeat.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import Any, Final
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from typing import Final
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,15 +19,13 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    make_wsgi_app,
 )
-from prometheus_client.exposition import ThreadingWSGIServer
 
 from orchestrator.contract.messages import Instruction, Report
+from orchestrator.metrics_http import serve_metrics
 
 __all__ = ["WorkerMetrics"]
 
-_NEVER_S: Final = 24 * 3600.0  # how often the server looks for a shutdown: never asked for
 _BUCKETS_S: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -64,21 +60,5 @@ class WorkerMetrics:
 
     def serve(self, port: int, host: str) -> None:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread (``OSError`` if it cannot
-        listen there). *Why not ``start_http_server``:* its thread wakes twice a second to
-        look for a shutdown that never comes (the thread ends with the process), and an idle
-        stack's CPU is its wake-ups (docs/architecture.md, *Quiet when idle*); this one
-        sleeps until a scrape arrives."""
-        server = make_server(host, port, make_wsgi_app(self.registry), ThreadingWSGIServer,
-                             handler_class=_Unlogged)  # fmt: skip
-        thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": _NEVER_S}, name="metrics",
-            daemon=True,
-        )  # fmt: skip
-        thread.start()
-
-
-class _Unlogged(WSGIRequestHandler):
-    """No access line on standard error for each scrape."""
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return None
+        listen there)."""
+        serve_metrics(lambda: self.registry, host, port)

@@ -6,9 +6,7 @@ its input at the previous task's ``output_uri``, in the workflow's ``intermediat
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 
 from PIL import Image
 
@@ -23,6 +21,7 @@ from orchestrator.worker.execution import (
     elapsed_ms,
     read_input_file,
 )
+from orchestrator.worker.plane_parts import PlaneParts
 from workflows.binding import IMAGE
 from workflows.errors import InvalidImage
 from workflows.imagebuf import RESULT_FORMATS, decode_bytes, encode_image
@@ -33,21 +32,14 @@ __all__ = ["StorePlane", "check_output", "check_uri", "put_image"]
 class StorePlane:
     """Runs ``object-store`` instructions; the S3 client is made on first use only."""
 
-    def __init__(
-        self, make_store: Callable[[], ObjectStore], *, max_input_bytes: int, max_pixels: int
-    ) -> None:
-        self._make_store = make_store
-        self._store: ObjectStore | None = None
-        self._lock = threading.Lock()  # boto3 clients are thread-safe, their creation is not
-        self.max_input_bytes = max_input_bytes
-        self.max_pixels = max_pixels
+    def __init__(self, parts: PlaneParts) -> None:
+        self._store = parts.store
+        self.max_input_bytes = parts.max_input_bytes
+        self.max_pixels = parts.max_pixels
 
     @property
     def store(self) -> ObjectStore:
-        with self._lock:
-            if self._store is None:
-                self._store = self._make_store()
-            return self._store
+        return self._store()
 
     def read_file(self, uri: str) -> bytes:
         """A file a task names (``TaskContext.read_file``)."""

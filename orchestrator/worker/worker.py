@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import Final, NoReturn
@@ -37,14 +37,12 @@ from orchestrator.contract.messages import Instruction, Report, Stop
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 from orchestrator.errors import InvalidInstruction
 from orchestrator.logs import log_context
-from orchestrator.worker.cdi_plane import CdiPlane
 from orchestrator.worker.execution import EXIT_TASK_STUCK, Execution, TaskCall
 from orchestrator.worker.heartbeat import Heartbeat
 from orchestrator.worker.metrics import WorkerMetrics
-from orchestrator.worker.planes import plane_table
+from orchestrator.worker.planes import Plane
 from orchestrator.worker.repeats import RUNNING, Repeats
 from orchestrator.worker.stopping import StopRequest, StopRequests
-from orchestrator.worker.store_plane import StorePlane
 from workflows.loader import TaskCatalog
 from workflows.sources import BUNDLED, TaskSources
 
@@ -72,15 +70,18 @@ def parse_instruction(raw: bytes) -> Instruction:
 
 
 class Worker:
-    """One worker process's slots, heartbeat and data planes."""
+    """One worker process's slots, heartbeat and data planes (``planes``: what runs each
+    instruction, by its ``data_plane``). ``host``: its CDI host, for the heartbeat;
+    ``held``: the images it holds between tasks now, and their bytes."""
 
     def __init__(
         self,
         worker_id: str,
         *,
         redis_client: redis.Redis,
-        cdi_plane: CdiPlane,
-        store_plane: StorePlane,
+        planes: Mapping[DataPlane, Plane],
+        host: str | None = None,
+        held: Callable[[], tuple[int, int]] = lambda: (0, 0),
         concurrency: int = 1,
         heartbeat_interval_s: float = keys.HEARTBEAT_INTERVAL_S,
         sources: TaskSources = BUNDLED,
@@ -93,9 +94,7 @@ class Worker:
         self._report_and_ack = redis_client.register_script(_REPORT_AND_ACK)
         self._thread_local = threading.local()
         self._thread_clients: list[redis.Redis] = []
-        self.cdi_plane = cdi_plane
-        self.store_plane = store_plane
-        self._planes = plane_table(cdi_plane, store_plane)
+        self._planes = planes  # what runs each instruction, by its ``data_plane``
         self.concurrency = concurrency
         self.queue_key = keys.worker_queue_key(worker_id)
         self.inflight_key = keys.worker_inflight_key(worker_id)
@@ -113,10 +112,10 @@ class Worker:
             redis_client,
             worker_id,
             running=self.running,
-            held=cdi_plane.held.usage,
+            held=held,
             slots=concurrency,
             interval_s=heartbeat_interval_s,
-            host=cdi_plane.client.host,
+            host=host,
             tasks=tasks,
         )
 
@@ -327,7 +326,7 @@ class Worker:
             # The JSON may hold anything there: only a string can name a plane.
             plane = self._planes.get(ins.data_plane) if isinstance(ins.data_plane, str) else None
             if plane is None:
-                known = ", ".join(repr(p.value) for p in DataPlane)
+                known = ", ".join(repr(str(p)) for p in self._planes)
                 exe.fail(
                     InvalidInstruction(
                         f"instruction {ins.task_run_id}: unknown data_plane "

@@ -72,6 +72,13 @@ def test_every_backend_gives_the_reference_video_frame_by_frame(
     assert_like_reference(result, reference, out, FRAMES)
     assert set(result.cpu_ms_per_frame()) >= {"extractor", "detector", "combinator"}
     assert result.fps > 0 and result.latency_ms_p50 > 0
+    # The CPU splits into parts measured where each is spent, none below zero, adding up.
+    compute, moving, other = result.cpu_ms_per_frame_split()
+    assert moving is not None and moving >= 0 and other >= 0 and compute > 0
+    assert compute + moving + other == pytest.approx(sum(result.cpu_ms_per_frame().values()))
+    assert all(r.link_s > 0 and r.threads_s >= 0 for r in result.roles)
+    if backend in ("rest", "grpc"):  # their servers' threads receive the frames
+        assert sum(r.threads_s for r in result.of("detector")) > 0
     if backend == "cdi-shm":
         assert result.minion_cpu_s is not None
         assert _objects(minion) == 0  # the ring came back and was freed

@@ -105,11 +105,11 @@ def stale_reader(socket_path: str, cid: str, key: str, back_to: str) -> None:
     """A former owner that cheats: it maps the object itself and keeps the mapping."""
     client = cdi.connect(socket_path, cid)
     client.use(key)
-    reply, fd = client._conn.call_blocking(Op.ACCESS, 30, key=key)
+    reply, fd = client._session.conn.call_blocking(Op.ACCESS, 30, key=key)
     assert fd is not None
     kept = mmap.mmap(fd, reply["capacity"], mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     os.close(fd)
-    client._conn.call(Op.TRANSFER, key=key, to=back_to)
+    client._session.conn.call(Op.TRANSFER, key=key, to=back_to)
     emit(ready=True)
     sys.stdin.readline()
     emit(stale=kept[:16].hex())  # faults (SIGBUS) if the segment was truncated
@@ -156,7 +156,7 @@ def reader(socket_path: str, cid: str, key: str, uid: int) -> None:
     array = obj.numpy(readonly=True)
     result["numpy_writeable"] = bool(array.flags.writeable)
     del array
-    reply, fd = client._conn.call(Op.READ, key=key)  # the fd itself, as a cheat would
+    reply, fd = client._session.conn.call(Op.READ, key=key)  # the fd itself, as a cheat would
     assert fd is not None
     size = reply["capacity"]
     result["mmap_write"] = _attempt(
@@ -234,11 +234,11 @@ def fd_keeper(socket_path: str, cid: str, key: str, uid: int) -> None:
     destroys the object, and later reads what that memory holds."""
     drop_to(uid)
     client = cdi.connect(socket_path, cid)
-    reply, fd = client._conn.call(Op.CREATE, key=key, size=4096)
+    reply, fd = client._session.conn.call(Op.CREATE, key=key, size=4096)
     assert fd is not None
     kept = mmap.mmap(fd, reply["capacity"], mmap.MAP_SHARED, mmap.PROT_READ)
     os.close(fd)
-    client._conn.call(Op.DESTROY, key=key)
+    client._session.conn.call(Op.DESTROY, key=key)
     emit(segment=reply["segment"])
     sys.stdin.readline()
     emit(kept=kept[:64].hex())
@@ -257,11 +257,12 @@ def cache_keeper(socket_path: str, cid: str, key: str, to: str, uid: int) -> Non
     first.write(b"first")
     second.write(b"second")
     first.destroy()
-    emit(cached_after_destroy=list(client._cache))
+    emit(cached_after_destroy=list(client._session.owned.cache))
     second.transfer(to)
-    emit(cached_after_transfer=list(client._cache))
+    emit(cached_after_transfer=list(client._session.owned.cache))
     sys.stdin.readline()
-    emit(seen=[client._cache.get(k).mm[:64].hex() for k in client._cache])  # type: ignore[union-attr]
+    cache = client._session.owned.cache
+    emit(seen=[cache.get(k).mm[:64].hex() for k in cache])  # type: ignore[union-attr]
     client.close()
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import cdi
-from cdi.minion import native
+from cdi.minion import launcher
 from cdi.minion.process import MinionChild
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,38 +60,20 @@ REQUIRE_NATIVE = "CDI_REQUIRE_NATIVE"
 
 def require_native() -> None:
     """Skip (locally, with the reason) or fail (where ``$CDI_REQUIRE_NATIVE`` is set, as CI
-    sets it) when the native minion is not built."""
-    if native.find_binary() is not None:
+    sets it) when the minion's binary is not installed."""
+    if launcher.find_binary() is not None:
         return
-    reason = f"the native minion is not built: {native.build_hint()}"
+    reason = launcher.missing_binary()
     if os.environ.get(REQUIRE_NATIVE):
         pytest.fail(f"{reason} (${REQUIRE_NATIVE} is set: CI needs it)", pytrace=False)
     pytest.skip(reason)
-
-
-@pytest.fixture(scope="module", params=["native", "python"], autouse=True)
-def minion_impl(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every CDI test module runs against both minions: the native one the product runs and
-    the Python one that serves where no Rust toolchain exists; both obey ``cdi/PROTOCOL.md``.
-    Every minion a test starts inherits the choice through ``CDI_MINION_IMPL``."""
-    impl: str = request.param
-    if impl == "native":
-        require_native()
-    previous = os.environ.get("CDI_MINION_IMPL")
-    os.environ["CDI_MINION_IMPL"] = impl
-    try:
-        yield impl
-    finally:
-        if previous is None:
-            os.environ.pop("CDI_MINION_IMPL", None)
-        else:
-            os.environ["CDI_MINION_IMPL"] = previous
 
 
 def start_minion(directory: Path, *extra: str) -> MinionProcess:
     """Start a real minion with its socket in ``directory``; wait until it answers. Ids
     ``uid1001-*``, ``uid1002-*`` are those uids'; as root (who may give the socket any group),
     the socket belongs to ``SOCKET_GROUP``, which the actors under those uids join."""
+    require_native()
     access: tuple[str, ...] = ("--names", TEST_NAMES)
     if os.geteuid() == 0:
         access += ("--socket-group", str(SOCKET_GROUP))
@@ -105,16 +87,16 @@ def stop_minion(minion: MinionProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def shared_dir(minion_impl: str) -> Iterator[Path]:
+def shared_dir() -> Iterator[Path]:
     """A temp folder other uids can traverse (pytest's own tmp folders are 0700); one per
-    module and minion implementation."""
+    module."""
     with tempfile.TemporaryDirectory(prefix="cdi-test-") as name:
         os.chmod(name, 0o755)
         yield Path(name)
 
 
 @pytest.fixture(scope="module")
-def minion(shared_dir: Path, minion_impl: str) -> Iterator[MinionProcess]:
+def minion(shared_dir: Path) -> Iterator[MinionProcess]:
     """One real minion per test module; at the end nothing may be left in it."""
     running = start_minion(shared_dir)
     try:

@@ -478,6 +478,16 @@ def test_the_controller_does_not_start_without_the_cluster_key(
     assert readable.read_text() not in shown.output
 
 
+def test_the_controller_refuses_a_placeholder_cluster_key() -> None:
+    """A Secret left as the manifests ship it stops the controller before it listens."""
+    from cdi.controller.server import serve
+
+    placeholder = "CHANGE-ME: the cluster.key file of cdiflow cdi credentials"
+    with pytest.raises(ConfigError, match="the cluster key is not a secret") as refused:
+        serve(f"127.0.0.1:{free_port()}", key=placeholder).stop(0)
+    assert placeholder not in str(refused.value)
+
+
 # -- the reporter -----------------------------------------------------------------------------
 
 

@@ -104,7 +104,7 @@ def test_memory_one_uid_was_handed_never_serves_another(
         client = minion.client(unique("root"))
         obj = client.create(unique("k"), 4096, zeroed=False)
         obj.write(b"ROOT SECRET")
-        assert client._maps[obj.key].segment != kept_segment
+        assert client._session.owned.maps[obj.key].segment != kept_segment
         assert keeper.stdin is not None
         keeper.stdin.write("go\n")
         keeper.stdin.flush()

@@ -123,8 +123,10 @@ def test_a_creator_that_overwrites_skips_zeroing_its_own_uids_bytes(
     # A smaller object of the same class: the old bytes beyond its size are zeroed anyway, or
     # they would travel with the object to whoever gets it next.
     smaller = a.create(unique("k"), 34 * 4096, zeroed=False)
-    assert a._maps[smaller.key].capacity == size
-    raw = a._maps[smaller.key].mm  # the whole capacity, as a reader bypassing views maps it
+    assert a._session.owned.maps[smaller.key].capacity == size
+    raw = a._session.owned.maps[
+        smaller.key
+    ].mm  # the whole capacity, as a reader bypassing views maps it
     assert raw[: 34 * 4096] == b"x" * (34 * 4096)
     assert raw[34 * 4096 : size] == bytes(6 * 4096)
     smaller.destroy()
@@ -132,7 +134,7 @@ def test_a_creator_that_overwrites_skips_zeroing_its_own_uids_bytes(
     assert bytes(third.read()) == bytes(size)
     third.destroy()
     with pytest.raises(cdi.InvalidArgument, match="zeroed must be true or false"):
-        a._conn.call(Op.CREATE, key=unique("k"), size=10, zeroed="no")
+        a._session.conn.call(Op.CREATE, key=unique("k"), size=10, zeroed="no")
 
 
 def test_a_dead_waiter_leaves_nothing_behind(minion: MinionProcess, unique: Unique) -> None:

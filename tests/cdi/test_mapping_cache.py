@@ -19,7 +19,7 @@ Unique = Callable[[str], str]
 
 
 def _mm_of(client: cdi.Client, key: str) -> object:
-    return client._maps[key].mm
+    return client._session.owned.maps[key].mm
 
 
 def test_an_object_that_comes_back_reuses_the_mapping(
@@ -81,12 +81,12 @@ def test_a_new_object_reuses_the_mapping_of_a_freed_segment(
     first = a.create(unique("k"), size)
     first.write(b"secret")
     first_mm = _mm_of(a, first.key)
-    segment = a._maps[first.key].segment
+    segment = a._session.owned.maps[first.key].segment
     first.destroy()
     assert first_mm.closed is False  # type: ignore[attr-defined]
 
     second = a.create(unique("k"), size)
-    assert a._maps[second.key].segment == segment
+    assert a._session.owned.maps[second.key].segment == segment
     assert _mm_of(a, second.key) is first_mm  # no mmap, and its pages are already mapped
     assert bytes(second.read()[:6]) == bytes(6)  # zeroed by the minion: no old bytes show
     second.destroy()
@@ -107,13 +107,13 @@ def test_an_object_in_a_segment_we_mapped_under_another_key_reuses_it(
     one.destroy()
 
     two = a.create(unique("k"), size)  # the same segment, now under another key
-    assert a._maps[two.key].segment == b._cache.get(one.key).segment  # type: ignore[union-attr]
+    assert a._session.owned.maps[two.key].segment == b._session.owned.cache.get(one.key).segment  # type: ignore[union-attr]
     two.write(b"fresh")
     two.transfer(b.container_id or "")
     with b.use(two.key).view(timeout=5) as buf:
         assert _mm_of(b, two.key) is b_mm  # the fd came, the cached mapping served
         assert bytes(buf[:5]) == b"fresh"
-    assert one.key not in b._cache
+    assert one.key not in b._session.owned.cache
     b.use(two.key).destroy()
 
 
@@ -121,15 +121,17 @@ def test_create_checks_the_segments_it_is_offered(minion: MinionProcess, unique:
     a = minion.client(unique("a"))
     for bad in ("1", [1.5], list(range(65)), {"x": 1}):
         with pytest.raises(cdi.InvalidArgument, match="have must be a list"):
-            a._conn.call(Op.CREATE, key=unique("k"), size=10, have=bad)
+            a._session.conn.call(Op.CREATE, key=unique("k"), size=10, have=bad)
     # Naming a segment that is not free (or not ours) just gets a new one, with its fd.
     obj = a.create(unique("k"), 10)
     other = unique("k")
-    reply, fd = a._conn.call(Op.CREATE, key=other, size=10, have=[a._maps[obj.key].segment])
-    assert fd is not None and reply["segment"] != a._maps[obj.key].segment
+    reply, fd = a._session.conn.call(
+        Op.CREATE, key=other, size=10, have=[a._session.owned.maps[obj.key].segment]
+    )
+    assert fd is not None and reply["segment"] != a._session.owned.maps[obj.key].segment
     os.close(fd)
     obj.destroy()
-    a._conn.call(Op.DESTROY, key=other)
+    a._session.conn.call(Op.DESTROY, key=other)
 
 
 def test_strict_objects_are_never_cached(shared_dir: Path, unique: Unique) -> None:
@@ -142,7 +144,7 @@ def test_strict_objects_are_never_cached(shared_dir: Path, unique: Unique) -> No
         obj = a.create(key, 10_000)
         first_mm = _mm_of(a, key)
         obj.transfer(b.container_id or "")
-        assert key not in a._cache
+        assert key not in a._session.owned.cache
         assert first_mm.closed  # type: ignore[attr-defined]
         b.use(key).transfer(a.container_id or "")
         obj.access(timeout=5).release()
@@ -159,16 +161,18 @@ def test_the_cache_keeps_to_its_budget(minion: MinionProcess, unique: Unique) ->
     objects = [a.create(k, 10_000) for k in keys]
     for obj in objects:
         obj.transfer(b.container_id or "")
-    assert list(a._cache) == keys[-1:]
-    assert a._cache.bytes == 12_288
+    assert list(a._session.owned.cache) == keys[-1:]
+    assert a._session.owned.cache.bytes == 12_288
     for key in keys:
         theirs = b.use(key)
         theirs.access(timeout=5).release()
         theirs.transfer(a.container_id or "")
-        assert not b._cache  # cache_bytes=0 keeps nothing
+        assert not b._session.owned.cache  # cache_bytes=0 keeps nothing
     for obj in objects:
         obj.destroy()
-    assert len(a._cache) == 1 and a._cache.bytes == 12_288  # still within budget
+    assert (
+        len(a._session.owned.cache) == 1 and a._session.owned.cache.bytes == 12_288
+    )  # still within budget
 
 
 def test_claiming_a_mapping_gives_a_non_owner_nothing(
@@ -177,13 +181,13 @@ def test_claiming_a_mapping_gives_a_non_owner_nothing(
     owner, other = minion.client(unique("owner")), minion.client(unique("other"))
     key = unique("k")
     obj = owner.create(key, 4096)
-    segment = owner._maps[key].segment
+    segment = owner._session.owned.maps[key].segment
     with pytest.raises(cdi.NotOwner):
-        other._conn.call(Op.ACCESS, key=key, wait=False, have=segment)
+        other._session.conn.call(Op.ACCESS, key=key, wait=False, have=segment)
     with pytest.raises(cdi.AccessTimeout):
-        other._conn.call_blocking(Op.ACCESS, 0.05, key=key, have=segment)
+        other._session.conn.call_blocking(Op.ACCESS, 0.05, key=key, have=segment)
     # The owner that claims a mapping it does not have (a wrong id) gets the fd as usual.
-    reply, fd = owner._conn.call(Op.ACCESS, key=key, wait=False, have=-1)
+    reply, fd = owner._session.conn.call(Op.ACCESS, key=key, wait=False, have=-1)
     assert fd is not None and reply["segment"] == segment
     os.close(fd)
     obj.destroy()

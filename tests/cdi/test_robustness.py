@@ -30,8 +30,7 @@ def own_minion(shared_dir: Path, name: str, *extra: str) -> Iterator[MinionProce
     running = start_minion(directory, *extra)
     try:
         yield running
-        assert running.child.process is not None
-        assert running.child.process.poll() is None, "the minion died"
+        assert running.child.running, "the minion died"
     finally:
         stop_minion(running)
 
@@ -64,8 +63,9 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10) ->
 
 
 def reply_to(client: cdi.Client, request_id: int) -> dict[str, Any]:
-    """The reply to ``request_id`` sent with ``client._conn._send``, checked only for its id."""
-    body, fd = client._conn._next_reply(deadline=time.monotonic() + 10)
+    """The reply to ``request_id`` sent with ``client._session.conn._send``, checked for its
+    id only."""
+    body, fd = client._session.conn._next_reply(deadline=time.monotonic() + 10)
     if fd is not None:
         os.close(fd)
     assert body.get("id") == request_id, f"expected the reply to {request_id}, got {body}"
@@ -88,30 +88,30 @@ def test_a_strict_owner_that_truncates_its_segment_cannot_kill_the_minion(
         a, b = running.client(unique("a")), running.client(unique("b"))
         key, copy_key = unique("k"), unique("copy")
         size = 10_000  # capacity 3 pages
-        reply, fd = a._conn.call(Op.CREATE, key=key, size=size, isolation="strict")
+        reply, fd = a._session.conn.call(Op.CREATE, key=key, size=size, isolation="strict")
         assert fd is not None and reply["capacity"] == 3 * PAGE
         try:
             os.pwrite(fd, b"A" * size, 0)
             os.ftruncate(fd, PAGE)  # the owner shrinks its own segment to one page
 
             # copy: the page that is left, then zeros
-            _, copy_fd = a._conn.call(Op.COPY, key=key, new_key=copy_key)
+            _, copy_fd = a._session.conn.call(Op.COPY, key=key, new_key=copy_key)
             assert copy_fd is not None
             assert os.pread(copy_fd, size, 0) == b"A" * PAGE + bytes(size - PAGE)
             os.close(copy_fd)
 
             # resize within the capacity: the growth is zeroed past the file's end
-            reply, _ = a._conn.call(Op.RESIZE, key=key, size=12_000)
+            reply, _ = a._session.conn.call(Op.RESIZE, key=key, size=12_000)
             assert reply["size"] == 12_000
             assert os.pread(fd, 12_000, 0) == b"A" * PAGE + bytes(12_000 - PAGE)
 
             # resize beyond the capacity: copied into a bigger segment
             os.ftruncate(fd, 0)
-            reply, _ = a._conn.call(Op.RESIZE, key=key, size=50_000)
+            reply, _ = a._session.conn.call(Op.RESIZE, key=key, size=50_000)
             assert reply["size"] == 50_000
         finally:
             os.close(fd)
-        reply, fd = a._conn.call(Op.ACCESS, key=key, wait=False)
+        reply, fd = a._session.conn.call(Op.ACCESS, key=key, wait=False)
         assert fd is not None
         try:
             assert os.pread(fd, 50_000, 0) == bytes(50_000)
@@ -122,17 +122,17 @@ def test_a_strict_owner_that_truncates_its_segment_cannot_kill_the_minion(
 
         # transfer: moved to a fresh segment for the new owner
         assert b.container_id is not None
-        a._conn.call(Op.TRANSFER, key=key, to=b.container_id)
-        _, fd = b._conn.call(Op.ACCESS, key=key, wait=False)
+        a._session.conn.call(Op.TRANSFER, key=key, to=b.container_id)
+        _, fd = b._session.conn.call(Op.ACCESS, key=key, wait=False)
         assert fd is not None
         os.close(fd)
 
         # a copy of a truncated copy, and the minion still answers everyone
-        _, copy_fd = a._conn.call(Op.ACCESS, key=copy_key, wait=False)
+        _, copy_fd = a._session.conn.call(Op.ACCESS, key=copy_key, wait=False)
         assert copy_fd is not None
         os.ftruncate(copy_fd, 0)
         os.close(copy_fd)
-        _, copy_fd = a._conn.call(Op.COPY, key=copy_key, new_key=unique("copy"))
+        _, copy_fd = a._session.conn.call(Op.COPY, key=copy_key, new_key=unique("copy"))
         assert copy_fd is not None
         assert os.pread(copy_fd, size, 0) == bytes(size)
         os.close(copy_fd)
@@ -166,7 +166,7 @@ def test_running_out_of_fds_refuses_connections_and_keeps_serving(
         pid = running.pid
         keeper = running.client(unique("keeper"))
         key = unique("k")
-        keeper._conn.call(Op.CREATE, key=key, size=10)
+        keeper._session.conn.call(Op.CREATE, key=key, size=10)
         limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
         top = max(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (top + 3, limits[1]))  # 2 fds to spare
@@ -180,16 +180,16 @@ def test_running_out_of_fds_refuses_connections_and_keeps_serving(
             answered = [_answered(raw) for raw in crowd]
             assert any(answered), "no connection was served"
             assert not all(answered), "the fd limit did not bite"
-            assert running.child.process is not None
-            assert running.child.process.poll() is None, "the minion died"
-            assert keeper._conn.call(Op.STAT)[0]["objects"] == 1  # old connections still served
+            assert running.child.running, "the minion died"
+            stat = keeper._session.conn.call(Op.STAT)[0]
+            assert stat["objects"] == 1  # old connections still served
         finally:
             for raw in crowd:
                 raw.close()
         # Once the crowd is gone, new connections are served again (under the same limit).
         wait_until(lambda: _asks(running.socket_path), "the minion to serve again")
         resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
-        keeper._conn.call(Op.DESTROY, key=key)
+        keeper._session.conn.call(Op.DESTROY, key=key)
 
 
 # ---------------------------------------------------------------- 3. out of memory in recovery
@@ -207,7 +207,7 @@ def test_recovery_reclaims_an_object_it_cannot_move_and_recovers_the_rest(
             (small, 100, "cooperative"),
             (strict, 100, "strict"),  # one more page: fits once the big one is gone
         ):
-            _, fd = doomed._conn.call(
+            _, fd = doomed._session.conn.call(
                 Op.CREATE, key=key, size=size, isolation=isolation, recovery=rescuer.container_id
             )
             assert fd is not None
@@ -216,10 +216,10 @@ def test_recovery_reclaims_an_object_it_cannot_move_and_recovers_the_rest(
         wait_until(lambda: doomed.container_id not in running.stat()["containers"], "the death")
         assert owners(running) == {small: rescuer.container_id, strict: rescuer.container_id}
         for key in (small, strict):
-            _, fd = rescuer._conn.call(Op.ACCESS, key=key, wait=False)
+            _, fd = rescuer._session.conn.call(Op.ACCESS, key=key, wait=False)
             assert fd is not None
             os.close(fd)
-            rescuer._conn.call(Op.DESTROY, key=key)
+            rescuer._session.conn.call(Op.DESTROY, key=key)
         assert running.stat()["used_segments"] == 0
 
 
@@ -233,26 +233,26 @@ def test_recovery_that_runs_out_of_memory_does_not_answer_another_request(
         giver, dead = running.client(unique("giver")), running.client(unique("dead"))
         assert dead.container_id is not None
         key, big = unique("k"), unique("big")
-        _, fd = giver._conn.call(Op.CREATE, key=key, size=100)
+        _, fd = giver._session.conn.call(Op.CREATE, key=key, size=100)
         assert fd is not None
         os.close(fd)
-        _, fd = dead._conn.call(
+        _, fd = dead._session.conn.call(
             Op.CREATE, key=big, size=10 * PAGE, isolation="strict", recovery=giver.container_id
         )
         assert fd is not None
         os.close(fd)
-        dead._conn._send(Op.ACCESS, {"key": key})  # waits for the object
+        dead._session.conn._send(Op.ACCESS, {"key": key})  # waits for the object
         wait_until(lambda: running.stat()["waiters"] == 1, "the access to wait")
         with stopped(running.pid):
-            transfer = giver._conn._send(Op.TRANSFER, {"key": key, "to": dead.container_id})
+            transfer = giver._session.conn._send(Op.TRANSFER, {"key": key, "to": dead.container_id})
             dead.close()  # gone before the minion sees the transfer: its grant cannot be sent
         reply = reply_to(giver, transfer)
         assert reply["ok"] is True, reply
         # The object came back to the giver, its recovery container.
-        _, fd = giver._conn.call_blocking(Op.ACCESS, 10, key=key)
+        _, fd = giver._session.conn.call_blocking(Op.ACCESS, 10, key=key)
         if fd is not None:
             os.close(fd)
-        giver._conn.call(Op.DESTROY, key=key)
+        giver._session.conn.call(Op.DESTROY, key=key)
 
 
 # ---------------------------------------------------------------- 4. sends that fail mid-loop
@@ -265,21 +265,21 @@ def test_a_grant_that_fails_mid_loop_grants_every_waiter_once(
         giver, dead, heir = (running.client(unique(n)) for n in ("giver", "dead", "heir"))
         assert dead.container_id is not None and heir.container_id is not None
         key = unique("k")
-        _, fd = giver._conn.call(Op.CREATE, key=key, size=100, recovery=heir.container_id)
+        _, fd = giver._session.conn.call(Op.CREATE, key=key, size=100, recovery=heir.container_id)
         assert fd is not None
         os.close(fd)
-        dead._conn._send(Op.ACCESS, {"key": key})
+        dead._session.conn._send(Op.ACCESS, {"key": key})
         wait_until(lambda: running.stat()["waiters"] == 1, "the first waiter")
-        waiting = heir._conn._send(Op.ACCESS, {"key": key})
+        waiting = heir._session.conn._send(Op.ACCESS, {"key": key})
         wait_until(lambda: running.stat()["waiters"] == 2, "the second waiter")
         with stopped(running.pid):
-            transfer = giver._conn._send(Op.TRANSFER, {"key": key, "to": dead.container_id})
+            transfer = giver._session.conn._send(Op.TRANSFER, {"key": key, "to": dead.container_id})
             dead.close()  # the grant to it fails; it owned the object: back to its recovery
         assert reply_to(giver, transfer)["ok"] is True
         grant = reply_to(heir, waiting)
         assert grant["ok"] is True and grant["generation"] == 3
         # The next message the heir gets is the answer to its next request: no second grant.
-        stat = heir._conn._send(Op.STAT, {})
+        stat = heir._session.conn._send(Op.STAT, {})
         assert reply_to(heir, stat)["waiters"] == 0
         assert owners(running) == {key: heir.container_id}
-        heir._conn.call(Op.DESTROY, key=key)
+        heir._session.conn.call(Op.DESTROY, key=key)

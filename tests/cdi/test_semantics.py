@@ -225,9 +225,9 @@ def test_two_concurrent_transfers_cannot_both_succeed(
     obj = owner.create(unique("k"), 10)
     # A container has one connection, so race from the owner's own socket by pipelining both
     # requests without waiting for the first reply: the minion must order them.
-    sock = owner._conn._sock
+    sock = owner._session.conn._sock
     assert sock is not None
-    mapping = owner._owned.revoke(obj.key)
+    mapping = owner._session.owned.revoke(obj.key)
     assert mapping is not None
     mapping.close(obj.key)
     for request_id, to in ((9001, b.container_id), (9002, c.container_id)):

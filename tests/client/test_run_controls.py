@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from cdiflow.client import Client, InvalidRequest, NotFound
+from cdiflow.client.models import WorkflowDetail
 from tests.client.conftest import SLEEPER, unique
 from tests.client.test_cli import CliRunnerCommand, cdiflow
 
@@ -25,6 +26,15 @@ def test_an_idempotent_start_with_tags_is_found_again(api: Client) -> None:
     found = api.list_workflows(tags=[tag], input={"data": {"n": 1}})
     assert [r.id for r in found.items] == [first.id]
     api.cancel(first.id)
+
+
+def test_a_start_that_waits_answers_with_the_ended_runs_detail(api: Client) -> None:
+    started = api.start("noop_pipeline", data={"n": 1}, wait_s=30)
+    assert isinstance(started, WorkflowDetail), started
+    assert started.status == "COMPLETED" and len(started.task_runs) == 3
+    at_once = api.start("noop_pipeline", data={"n": 1})
+    assert not isinstance(at_once, WorkflowDetail) and at_once.status == "PENDING"
+    api.wait(at_once.id, timeout=60)
 
 
 def test_a_run_is_paused_and_resumed(api: Client) -> None:

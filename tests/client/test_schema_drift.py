@@ -47,6 +47,7 @@ SAMPLES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("start", ("flow", "s3://cdiflow/uploads/photo.png"),
      {"data": {"n": 1}, "policy": "transfer", "data_plane": "cdi", "result_format": "jpeg",
       "version": 2, "priority": 5, "tags": ["nightly"], "idempotency_key": "k-1"}),
+    ("start", ("flow", None), {"timeout_s": 60.0, "wait_s": 30.0}),
     ("get", (RUN,), {"wait_s": 5.0, "events": 10}),
     ("list_workflows", (), {"status": "COMPLETED", "workflow": "flow", "policy": "auto",
                             "tags": ["nightly"], "input": {"data": {"n": 1}},
@@ -85,6 +86,7 @@ SAMPLES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("revoke_key", (RUN,), {}),
     ("health", (), {}),
     ("readiness", (), {}),
+    ("readiness", (), {"scope": "api"}),
 ]  # fmt: skip
 
 

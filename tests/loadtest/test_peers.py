@@ -9,6 +9,7 @@ test runs where it is built already (a benchmark run built it) or with
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -69,6 +70,30 @@ def test_ray_completes_a_tiny_scenario_run(service_stack: RunningServices, tmp_p
     # Its object store said what it spilled to disk: nothing, at the size it was given.
     stats = report.results[0].peer_stats
     assert stats["spilled_bytes"] == 0 and stats["store_capacity_bytes"] > 0, stats
+    assert _descendants() <= before, "Ray left processes behind"
+
+
+@pytest.mark.timeout(600)
+def test_ray_runs_beside_a_users_own_ray_token(
+    service_stack: RunningServices, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's ``ray.init()`` leaves ``~/.ray/auth_token`` behind (Ray 2.60); the
+    benchmark's cluster keeps its own and neither reads nor changes the user's."""
+    if importlib.util.find_spec("ray") is None:
+        reason = "ray is not importable here (pip install -e '.[bench]')"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+    home = tmp_path / "home"
+    token = home / ".ray" / "auth_token"
+    token.parent.mkdir(parents=True)
+    token.write_text("a-token-of-another-cluster")
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    before = _descendants()
+    _check(_run("ray", service_stack, tmp_path / "run"), "ray")
+    assert token.read_text() == "a-token-of-another-cluster"
+    assert sorted(p.name for p in home.rglob("*")) == [".ray", "auth_token"]
     assert _descendants() <= before, "Ray left processes behind"
 
 

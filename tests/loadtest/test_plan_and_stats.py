@@ -12,13 +12,13 @@ from click.testing import CliRunner
 
 from cdiflow.cli import main
 from loadtest.arrivals import Arrivals
+from loadtest.cdiflow_api import while_busy
 from loadtest.cli import bench_workflows_command
 from loadtest.image_costs import bench_images_command, measure_image_costs
 from loadtest.images import chain_definition, chain_ops, chain_workflow, make_jpeg
 from loadtest.plan import Point, Target, plan_points, poll_max_s
 from loadtest.plots import write_plots
 from loadtest.resources import ExitedUsage, ResourceMeter, component_of
-from loadtest.rest import while_busy
 from loadtest.runner import compare_to_floor, median_over_rounds
 from loadtest.stats import (
     PointResult,

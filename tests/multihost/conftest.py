@@ -10,22 +10,20 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import cdi
-from cdi.minion import native
-from cdi.remote.cluster import LocalCluster
+from cdi.cluster import LocalCluster
+from tests.cdi.conftest import require_native
 
 
-@pytest.fixture(scope="module", params=["native", "python"])
-def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    """A controller and two minions with gateways, per module and minion implementation; at
-    the end no object may be left on either host."""
-    impl: str = request.param
-    if impl == "native" and native.find_binary() is None:
-        pytest.skip(f"the native minion is not built: {native.build_hint()}")
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """A controller and two minions with gateways, per module; at the end no object may be
+    left on either host."""
+    require_native()
     with tempfile.TemporaryDirectory(prefix="cdi-hosts-") as folder:
         # A dropped link is noticed after 2 s without progress (10 by default).
         os.environ["CDI_LINK_TIMEOUT_S"] = "2"
         try:
-            with LocalCluster.start(2, folder, "--impl", impl) as running:
+            with LocalCluster.start(2, folder) as running:
                 yield running
                 for minion in running.minions:
                     deadline = time.monotonic() + 5  # a closed client's objects are reclaimed

@@ -136,5 +136,9 @@ def test_bench_ar_across_hosts_prints_cdi_rpc_rows(tmp_path: Path) -> None:
         "extractor", "detector", "combinator", "minion",
     }  # fmt: skip
     assert rows["cdi-rpc"]["fps"] > 0 and rows["cdi-rpc"]["cpu_ms_per_frame_moving"] is not None
+    for name in ("tcp", "cdi-rpc"):  # measured where spent, none below zero, adding up
+        parts = [rows[name][f"cpu_ms_per_frame_{p}"] for p in ("compute", "moving", "other")]
+        assert min(parts) >= 0, rows[name]
+        assert sum(parts) == pytest.approx(sum(rows[name]["cpu_ms_per_frame"].values()))
     assert [(g["backend"], g["detectors"]) for g in doc["goals"]] == [("cdi-rpc", 1)]
     assert "moving_vs_tcp" in doc["goals"][0]

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import cdi
+from cdi.cluster import LocalCluster
 from cdi.controller.client import ControllerClient
 from cdi.protocol import Op
-from cdi.remote.cluster import LocalCluster
 
 Unique = Callable[[str], str]
 
@@ -119,16 +119,16 @@ def test_once_a_client_has_a_slot_its_minion_hands_it_objects_for_elsewhere(
     a, b = pair
     first, _ = _filled(a, unique("k"), 1000)
     first.transfer(cid(b))
-    slot = a._gateway.slot
+    slot = a._session.gateway.slot
     assert slot is not None
     calls: list[tuple[Op, dict[str, Any]]] = []
-    real = a._conn.call
+    real = a._session.conn.call
 
     def spy(op: Op, **args: Any) -> Any:
         calls.append((op, args))
         return real(op, **args)
 
-    monkeypatch.setattr(a._conn, "call", spy)
+    monkeypatch.setattr(a._session.conn, "call", spy)
     key = unique("k")
     obj, digest = _filled(a, key, 20_000)
     assert a.describe(key)["generation"] == 1

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 import cdi
+from cdi.cluster import LocalCluster
 from cdi.controller.process import ControllerChild
-from cdi.minion import native
-from cdi.remote.cluster import LocalCluster
 from cdi.remote.gateway import container_prefix
+from tests.cdi.conftest import require_native
 from tests.multihost.test_cross_host import cid
 
 Unique = Callable[[str], str]
@@ -29,11 +29,11 @@ BIG = 64_000_000
 @pytest.fixture
 def fresh(tmp_path: Path) -> Iterator[LocalCluster]:
     """A cluster of its own: these tests kill its parts."""
-    impl = "native" if native.find_binary() else "python"
+    require_native()
     folder = Path(f"/tmp/cdi-faults-{os.getpid()}-{time.monotonic_ns()}")
     os.environ["CDI_LINK_TIMEOUT_S"] = "2"
     try:
-        with LocalCluster.start(2, folder, "--impl", impl) as running:
+        with LocalCluster.start(2, folder) as running:
             yield running
     finally:
         del os.environ["CDI_LINK_TIMEOUT_S"]
@@ -101,7 +101,7 @@ def test_source_minion_killed_after_the_hand_off(fresh: LocalCluster, unique: Un
         obj, digest = _filled(a, key, 8_000_000)
         obj.transfer(cid(b))
         os.kill(fresh.minions[0].pid, signal.SIGKILL)
-        fresh.minions[0].process.wait(10)  # type: ignore[union-attr]
+        fresh.minions[0].wait(10)
         theirs = b.use(key, check=False)
         assert _digest_of(theirs) == digest  # the destination copy is intact
         with pytest.raises(cdi.TransferFailed):

@@ -12,9 +12,9 @@ import pytest
 
 import cdi
 from cdi.auth import new_key
+from cdi.cluster import LocalCluster
 from cdi.errors import TransferFailed
 from cdi.remote import handshake
-from cdi.remote.cluster import LocalCluster
 from cdi.remote.handshake import answer
 from cdi.remote.outbound import Sender
 from cdi.remote.transport import TcpTransport, parse_address

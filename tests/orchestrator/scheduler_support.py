@@ -33,6 +33,44 @@ class NoCDI:
         raise AssertionError(f"a dataless workflow must not call cdi.{name}")
 
 
+class MinionUp(NoCDI):
+    """The loop's own checks between steps: the minion has not restarted and holds no
+    object. Everything else (``use``, ``transfer``, ...) still fails."""
+
+    def check(self) -> bool:
+        return False
+
+    def list_objects(self) -> list[Any]:
+        return []
+
+
+class Handle:
+    """A CDI object as the scheduler's moves see it: every hand-over succeeds."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def transfer(self, worker: str) -> None:
+        pass
+
+    def access(self, timeout: float | None = None) -> Handle:
+        return self
+
+    def release(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass
+
+
+class MinionHands(MinionUp):
+    """A minion that takes every hand-over and destroy, for a test of what the scheduler does
+    around them (an end-to-end test runs a real one)."""
+
+    def use(self, key: str, *, check: bool = True) -> Handle:
+        return Handle(key)
+
+
 def beat(
     client: redis.Redis,
     started_at: float,

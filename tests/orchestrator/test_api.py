@@ -21,6 +21,7 @@ from orchestrator.controller import create_app
 from orchestrator.db import repository as repo
 from orchestrator.errors import ConfigError
 from orchestrator.settings import Settings
+from tests.orchestrator.api_support import KeyedCalls
 
 # Tasks are registered only when a live worker loaded them.
 pytestmark = pytest.mark.usefixtures("task_worker")
@@ -63,6 +64,26 @@ def test_readyz_names_each_part_and_what_is_missing(
     assert ready.status_code == 200, ready.text
     assert ready.json()["checks"]["scheduler"] == {"ok": True, "detail": "ok (scheduler-live)"}
     api_redis.delete(keys.SCHEDULERS)
+
+
+def test_readyz_of_the_api_alone_ignores_schedulers_and_workers(
+    api_client: TestClient, api_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scope=api`` (what a load balancer's readiness probe asks): the API answers while
+    Postgres and Redis do, with no scheduler and no live worker (workers scaled to zero); an
+    anonymous probe learns ready or not only, and an unknown scope is a 422."""
+    monkeypatch.delenv("CDI_URL", raising=False)
+    api_redis.delete(keys.SCHEDULERS)
+    api_redis.delete(keys.WORKERS)
+    assert api_client.get("/api/readyz").status_code == 503  # no workflow can run
+    alone = api_client.get("/api/readyz", params={"scope": "api"})
+    assert alone.status_code == 200, alone.text
+    fine = {"ok": True, "detail": "ok"}
+    assert alone.json() == {"status": "ok", "checks": {"postgres": fine, "redis": fine}}
+    anonymous = KeyedCalls(api_client, None).get("/api/readyz", params={"scope": "api"})
+    assert anonymous.status_code == 200 and anonymous.json() == {"status": "ok"}
+    wrong = api_client.get("/api/readyz", params={"scope": "everything"})
+    assert wrong.status_code == 422 and "scope" in wrong.text
 
 
 def test_bundled_definitions_are_seeded_once(

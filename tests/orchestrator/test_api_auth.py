@@ -4,15 +4,20 @@ origin. Real app on real Postgres and Redis; keys issued through the API itself.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
+import yaml
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -256,6 +261,75 @@ def test_an_admin_key_file_must_be_private(
     path.chmod(0o600)
     with keyed_client(create_app(shared), admin_key_of(api_settings)) as client:
         assert client.get("/api/whoami").json()["name"] == "admin"
+
+
+def _manifest_admin_key() -> str:
+    """The example admin key the Kubernetes manifests ship with (deploy/k8s/config.yaml)."""
+    config = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "config.yaml"
+    [secret] = [d for d in yaml.safe_load_all(config.read_text())
+                if d and d["metadata"]["name"] == "cdiflow-api-key"]  # fmt: skip
+    return str(secret["stringData"]["CDIFLOW_ADMIN_KEY"])
+
+
+PLACEHOLDERS = [_manifest_admin_key(), "your-admin-key-here-0123456789-abcdefgh", "x" * 40]
+
+
+@pytest.mark.parametrize("key", PLACEHOLDERS)
+def test_the_api_refuses_to_start_with_a_placeholder_admin_key(
+    api_settings: Settings, tmp_path: Path, key: str
+) -> None:
+    """A forgotten edit must not deploy a published key: the manifests' example key, or one
+    that reads like an example, stops the API at its start, given directly or in a file."""
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="CDIFLOW_ADMIN_KEY is not a secret"):
+        create_app(api_settings.model_copy(update={"admin_key": SecretStr(key)}))
+    path = tmp_path / "api-key"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    in_file = api_settings.model_copy(update={"admin_key": None, "admin_key_file": path})
+    with pytest.raises(ConfigError, match=r"CDIFLOW_ADMIN_KEY_FILE: .* is not a secret"):
+        create_app(in_file)
+
+
+def test_the_api_process_exits_saying_its_admin_key_is_a_placeholder(tmp_path: Path) -> None:
+    """As a pod would start it: the process ends at once with the reason, before it connects
+    to anything (the URLs point nowhere)."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "CDIFLOW_ADMIN_KEY": _manifest_admin_key(),
+        "DATABASE_URL": "postgresql+psycopg://cdiflow:x@127.0.0.1:9/cdiflow",
+        "REDIS_URL": "redis://127.0.0.1:9/0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.controller", "--port", "9"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "CDIFLOW_ADMIN_KEY: not a secret: it is a placeholder" in done.stderr
+    assert _manifest_admin_key() not in done.stderr + done.stdout
+
+
+def test_the_api_refuses_a_controller_token_that_is_no_readers(
+    api_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a CDI controller to read, the token it was given must be a reader's: a placeholder
+    left in a Secret, or a minion's token, stops the API at its start, never repeated."""
+    from cdi.auth import ANY_HOST, Role, mint_token, new_key
+    from orchestrator.errors import ConfigError
+
+    monkeypatch.setenv("CDI_CONTROLLER_URL", "grpc://127.0.0.1:9")
+    monkeypatch.delenv("CDI_CONTROLLER_TOKEN_FILE", raising=False)
+    placeholder = "CHANGE-ME: the reader.token file of cdiflow cdi credentials"
+    monkeypatch.setenv("CDI_CONTROLLER_TOKEN", placeholder)
+    with pytest.raises(ConfigError, match=r"CDI_CONTROLLER_TOKEN .*not a CDI token") as refused:
+        create_app(api_settings)
+    assert placeholder not in str(refused.value)
+    monkeypatch.setenv("CDI_CONTROLLER_TOKEN", mint_token(new_key(), Role.MINION, ANY_HOST))
+    with pytest.raises(ConfigError, match="this process needs a reader token"):
+        create_app(api_settings)
+    monkeypatch.setenv("CDI_CONTROLLER_TOKEN", mint_token(new_key(), Role.READER, "api"))
+    create_app(api_settings)  # a reader's: the controller alone can tell if its key signed it
 
 
 # --- hosts and origins -----------------------------------------------------------------------

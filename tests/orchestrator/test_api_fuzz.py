@@ -69,6 +69,7 @@ STATE_DEPENDENT: Final = (
     "POST /api/workflows",
     "POST /api/inputs",
     "POST /api/schedules",
+    "POST /api/webhooks",  # its URL: http(s) with a host, no user, as urlsplit reads it
     "GET /api/workflows",
 )
 ACCEPTED: Final = '["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]'

@@ -31,7 +31,7 @@ def target() -> Iterator[Target]:
 @pytest.mark.parametrize(
     "fault", [f for f in FAULTS if f.name in QUICK_FAULTS], ids=lambda f: str(f.name)
 )
-def test_every_workflow_ends_right_after(target: Target, fault: Fault) -> None:
+def test_every_workflow_ends_right_after(target: Target, fault: Fault[Target]) -> None:
     result = run_case(target, fault, workflows=WORKFLOWS, deadline_s=120.0)
     assert result.passed, result.as_dict()
     assert result.completed + result.failed == result.workflows + result.probes

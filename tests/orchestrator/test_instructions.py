@@ -1,18 +1,19 @@
-"""What the scheduler tells a worker for a step (pure, no services): here, the last step of an
-affinity run that reads an image its worker holds in memory."""
+"""What the scheduler tells a worker for a step on the ``cdi`` plane (pure, no services): here,
+the last step of an affinity run that reads an image its worker holds in memory."""
 
 from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler import progress
 from orchestrator.scheduler.claims import with_input_fetch
+from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Datum, Mode, Obj
-from orchestrator.scheduler.instructions import instruction_for
+from orchestrator.scheduler.planes.cdi import CdiPlane
 from orchestrator.scheduler.runs import RunState, StepSpec
 from orchestrator.settings import load_settings
 from workflows.graph import build_graph
@@ -39,8 +40,10 @@ def _last(run: RunState, objects: ObjectStore, *, held: str) -> dict[str, object
     obj = run.objects["k1"] = Obj("k1", Kind.IMAGE, 100, "worker-1")
     obj.held = held  # a's image, newer than k1, in worker-1's memory (or written into k1)
     [b] = progress.done(run, run.steps["a"], {"image": Datum(key="k1", kind=Kind.IMAGE)}, {}).ready
-    ins = instruction_for(run, b, 7, 0.0, {"k1": Mode.OWN}, scheduler_id="scheduler-1",
-                          reply_to="r", objects=objects)  # fmt: skip
+    b.modes = {"k1": Mode.OWN}
+    nothing = cast(Any, None)  # an instruction reads the scheduler's id and the object store
+    ctx = SchedulerContext("scheduler-1", nothing, nothing, nothing, objects)
+    ins = CdiPlane().instruction(ctx, run, b, 7, 0.0, keep=False)
     return {"key": ins.key, "held": ins.held, "output_key": ins.output_key,
             "output_uri": ins.output_uri}  # fmt: skip
 

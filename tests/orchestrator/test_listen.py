@@ -41,6 +41,16 @@ def test_the_worker_and_the_api_listen_on_loopback_unless_told(
     assert refused.exit_code == 2 and "CDIFLOW_WORKER_METRICS_HOST" in refused.output
 
 
+def test_the_apis_scrape_port_listens_where_its_port_does_unless_told() -> None:
+    """The API's ``--metrics-port`` binds ``--host``'s address unless ``--metrics-host`` says
+    another, which is checked like every address before anything binds."""
+    assert _default(controller_command, "metrics_host") is None  # then --host's
+    refused = CliRunner().invoke(
+        controller_command, ["--metrics-port", "9", "--metrics-host", "scraper.example"]
+    )
+    assert refused.exit_code == 2 and "not an address to listen on" in refused.output
+
+
 def _default(command: object, name: str) -> object:
     params = getattr(command, "params", [])
     return next(p.default for p in params if p.name == name)

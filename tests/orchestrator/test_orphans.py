@@ -1,15 +1,18 @@
 """The scheduler's sweep of objects nothing names, on a small fake of its context (the minion
-and the directory as lists, Postgres's statuses as a dict): one kept by a worker on another
-host is asked back like one on ours; one in a gateway's hands (in transit) is left alone."""
+and the controller's directory as lists, Postgres's statuses as a dict), read through the
+``ObjectDirectory``: one kept by a worker on another host is asked back like one on ours; one
+in a gateway's hands (in transit) is left alone."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import cdi
 from orchestrator.contract.vocabulary import WorkflowStatus
+from orchestrator.scheduler.object_directory import ObjectDirectory
 from orchestrator.scheduler.orphans import OrphanObjects
 
 
@@ -18,14 +21,29 @@ class _Link:
     here: list[dict[str, Any]] = field(default_factory=list)
     elsewhere: list[dict[str, Any]] = field(default_factory=list)
     directory_up: bool = True
+    host: str = "host1"
 
     def list_objects(self) -> list[dict[str, Any]]:
         return self.here
 
-    def objects_elsewhere(self) -> list[dict[str, Any]]:
-        if not self.directory_up:
+
+@dataclass
+class _Controller:
+    """The CDI controller's directory, as the link's lists say (two live hosts)."""
+
+    link: _Link
+
+    def list_minions(self) -> list[SimpleNamespace]:
+        self._answers()
+        return [SimpleNamespace(host=h, alive=True) for h in ("host1", "host2")]
+
+    def list_objects(self) -> list[SimpleNamespace]:
+        self._answers()
+        return [SimpleNamespace(**o) for o in self.link.elsewhere]
+
+    def _answers(self) -> None:
+        if not self.link.directory_up:
             raise cdi.ControllerUnavailable("the controller does not answer")
-        return self.elsewhere
 
 
 @dataclass
@@ -60,7 +78,8 @@ class _Endings:
 
 def _sweeper(link: _Link, ended: uuid.UUID) -> tuple[OrphanObjects, _Endings]:
     endings = _Endings()
-    sweeper = OrphanObjects(_Ctx(link, _Db({ended})), endings)  # type: ignore[arg-type]
+    directory = ObjectDirectory(link, _Controller(link))  # type: ignore[arg-type]
+    sweeper = OrphanObjects(_Ctx(link, _Db({ended})), endings, directory)  # type: ignore[arg-type]
     sweeper._suspects = {"seen"}  # the sweep runs once a run used objects, or with suspects
     return sweeper, endings
 

@@ -1,9 +1,11 @@
-"""Placement decisions from worker loads (pure functions; no services needed)."""
+"""Placement decisions from worker loads: each policy's choice (``policies``) and the loads and
+costs it weighs (``placement``); pure functions, no services needed."""
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 
 from orchestrator.contract.vocabulary import Policy
 from orchestrator.scheduler.placement import (
@@ -11,12 +13,32 @@ from orchestrator.scheduler.placement import (
     Route,
     WorkerLoad,
     capable,
-    choose_worker,
     loaded_modules,
     move_cost_s,
     read_workers,
-    stays,
 )
+from orchestrator.scheduler.policies import POLICIES, Choice, pinned
+from orchestrator.scheduler.policies.auto import stays
+
+
+def choose_worker(
+    workers: Sequence[WorkerLoad],
+    policy: Policy,
+    previous: str | None,
+    *,
+    task_s: float,
+    nbytes: int,
+    rng: random.Random | None = None,
+    route: Route | None = None,
+) -> str | None:
+    """``policy``'s choice for a step of a chain whose data (and home) is on ``previous``."""
+    choice = Choice(workers, task_s, nbytes, near=previous, home=previous,
+                    route=route or Route(), rng=rng or random.Random())  # fmt: skip
+    return POLICIES[policy].choose(choice)
+
+
+def test_every_policy_has_its_part() -> None:
+    assert set(POLICIES) == set(Policy)
 
 
 def load(worker_id: str, backlog: int = 0, alive: bool = True, cpu: float = 0.0) -> WorkerLoad:
@@ -45,6 +67,23 @@ def test_affinity_stays_while_its_worker_lives() -> None:
     assert choose_worker(workers, Policy.AFFINITY, "w1", task_s=0.1, nbytes=0) == "w1"
     workers = [load("w1", 0, alive=False), load("w2", 0)]
     assert choose_worker(workers, Policy.AFFINITY, "w1", task_s=0.1, nbytes=0) == "w2"
+
+
+def test_affinity_beyond_a_chain_places_each_step_on_the_best_worker() -> None:
+    workers = [load("w1", 9), load("w2", 0)]
+    graph = Choice(workers, 0.1, 0, home="w1", chain=False)
+    assert POLICIES[Policy.AFFINITY].choose(graph) == "w2"
+
+
+def test_a_step_pinned_to_a_worker_queues_there_until_it_dies() -> None:
+    workers = [busy("w1", 5), busy("w2", 0)]
+    assert pinned(Choice(workers, 0.4, 0), "w1") == "w1"  # no room, yet it can run only there
+    workers = [busy("w1", 0, alive=False), busy("w2", 0)]
+    assert pinned(Choice(workers, 0.4, 0), "w1") == "w2"
+    # A worker that lost the step is taken only when no other lives.
+    workers = [busy("w1", 0), busy("w2", 0)]
+    assert pinned(Choice(workers, 0.4, 0, avoid=frozenset({"w1"})), None) == "w2"
+    assert pinned(Choice(workers[:1], 0.4, 0, avoid=frozenset({"w1"})), None) == "w1"
 
 
 def test_auto_moves_only_when_waiting_costs_more_than_moving() -> None:
@@ -92,9 +131,11 @@ def test_stale_or_malformed_heartbeats_read_as_dead() -> None:
 # --- late binding: tasks free to go anywhere wait for a worker with room ---------------------
 
 
-def busy(worker_id: str, in_flight: int, slots: int = 1, backlog: int | None = None) -> WorkerLoad:
+def busy(
+    worker_id: str, in_flight: int, slots: int = 1, backlog: int | None = None, alive: bool = True
+) -> WorkerLoad:
     queued = in_flight if backlog is None else backlog
-    return WorkerLoad(worker_id, True, 0.0, 10.0, queued, 0, in_flight, slots=slots)
+    return WorkerLoad(worker_id, alive, 0.0, 10.0, queued, 0, in_flight, slots=slots)
 
 
 def test_room_is_the_slots_plus_a_prefetch_that_grows_for_short_tasks() -> None:

@@ -58,8 +58,9 @@ def minion_socket() -> Iterator[str]:
 
 
 def _endings(link: MinionLink | AccessSeen) -> Endings:
-    nothing = cast(Any, None)  # destroying objects reads the minion link alone
-    return Endings(SchedulerContext(SCHEDULER, nothing, nothing, cast(MinionLink, link), nothing))
+    nothing = cast(Any, None)  # destroying objects reads the minion link alone (no dispatch)
+    ctx = SchedulerContext(SCHEDULER, nothing, nothing, cast(MinionLink, link), nothing)
+    return Endings(ctx, nothing)
 
 
 def test_an_object_not_back_yet_costs_no_wait_and_goes_once_it_is_back(minion_socket: str) -> None:

@@ -4,7 +4,8 @@ leaves a workflow RUNNING with nothing under way.
 * A restarted scheduler resumes its RUNNING workflows with every step's attempts going on from
   what Postgres has (it used to place step 1 as attempt 1 again and die on the unique key).
 * A step that raises while being placed (Redis away) leaves the run for the tick's sweep; an
-  instruction Redis did not take is placed again.
+  instruction Redis did not take is placed again, and its run driven again from its input if
+  objects had already gone to that worker.
 * Postgres failing a write makes the scheduler resume from what Postgres has once it answers.
 * A dead scheduler's workflows are taken over by the lease holder and driven again, attempts
   going on; a live scheduler's are never touched.
@@ -31,7 +32,13 @@ from orchestrator.errors import ServiceError
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.settings import Settings
-from tests.orchestrator.scheduler_support import WORKER, beat, close_scheduler, make_scheduler
+from tests.orchestrator.scheduler_support import (
+    WORKER,
+    MinionHands,
+    beat,
+    close_scheduler,
+    make_scheduler,
+)
 
 
 def _start(api_client: TestClient, api_redis: redis.Redis, n: int = 1) -> list[str]:
@@ -136,6 +143,48 @@ def test_an_instruction_redis_did_not_take_is_placed_again(
     step.retry_at = 1e-9  # due now
     scheduler._tick()
     assert [i.workflow_id for i in _queued(api_redis)] == [workflow_id]
+
+
+def test_an_instruction_redis_did_not_take_after_a_move_drives_the_run_again(
+    api_settings: Settings,
+    api_client: TestClient,
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api_redis.delete(keys.worker_queue_key(WORKER))
+    beat(api_redis, started_at=1000.0)
+    own = make_scheduler(api_settings, cdi=MinionHands())
+    try:
+        body = {"workflow": "image_pipeline", "input": {"image": "s3://cdiflow/images/a.jpg"},
+                "policy": "transfer"}  # fmt: skip
+        started = api_client.post("/api/workflows", json=body)
+        assert started.status_code == 201, started.text
+        workflow_id = started.json()["id"]
+        own.claims.claim()
+        (first,) = _queued(api_redis)
+        api_redis.delete(keys.worker_queue_key(WORKER))
+        # Its image comes back to the scheduler, which hands it to the next step's worker.
+        now = time.time()
+        done = Report(first.task_run_id, workflow_id, WORKER, TaskRunStatus.COMPLETED,
+                      now - 0.1, now, key=first.output_key, bytes_out=1_000)  # fmt: skip
+        real, failures = own.redis.lpush, [redis.ConnectionError("connection reset")]
+
+        def flaky_lpush(key: str, *values: Any) -> Any:
+            if failures and key == keys.worker_queue_key(WORKER):
+                raise failures.pop()
+            return real(key, *values)
+
+        monkeypatch.setattr(own.redis, "lpush", flaky_lpush)
+        api_redis.lpush(own.reply_key, done.dumps())
+        own.step()  # the image went to the worker, its instruction did not: drive it again
+        run = own.runs[uuid.UUID(workflow_id)]
+        assert run.drives == 2 and not failures
+        assert [s.id for s in run.steps.values() if s.retry_at] == ["deblur"]  # after a pause
+        # The worker is asked to give back what it was handed for the lost instruction.
+        (release,) = _queued(api_redis)
+        assert release.ref == "release" and release.inputs["owned0"]["key"] == first.output_key
+    finally:
+        close_scheduler(own)
 
 
 def test_postgres_failing_a_write_makes_the_scheduler_resume_from_what_it_has(

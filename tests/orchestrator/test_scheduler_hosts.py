@@ -1,5 +1,5 @@
 """What the scheduler's loop waits for when it asks whether a silent worker's step got its
-objects back (``Recovery._regain``), on a small fake of its CDI link (a host cut off or killed
+objects back (``CdiPlane.regain``), on a small fake of its CDI link (a host cut off or killed
 made it stand still for 10 s and more): an object the directory places on the worker's host
 (held there, or that host is cut off) is not waited for, the next tick asks again; one no host
 has is gone; one here is looked at as before. (Destroying one that is not back without waiting:
@@ -16,9 +16,9 @@ import pytest
 
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane
-from orchestrator.scheduler.cli import _directory
 from orchestrator.scheduler.data import Mode
-from orchestrator.scheduler.recovery import Recovery
+from orchestrator.scheduler.object_directory import controller_from_env
+from orchestrator.scheduler.planes.cdi import CdiPlane
 
 
 class _Waited(AssertionError):
@@ -59,7 +59,7 @@ class _Handle:
 
 
 def _regain(link: _Link) -> bool:
-    recovery = Recovery(SimpleNamespace(cdi=link), None, None, None)  # type: ignore[arg-type]
+    ctx = SimpleNamespace(cdi=link, id="scheduler-1")
     instruction = Instruction(
         task_run_id=7, workflow_id="w", ref="b", task="m:t", attempt=1, timeout_s=30,
         reply_to="r", data_plane=DataPlane.CDI, key="k1",
@@ -67,7 +67,8 @@ def _regain(link: _Link) -> bool:
     run = SimpleNamespace(data_plane=DataPlane.CDI, objects={})
     step = SimpleNamespace(modes={"k1": Mode.OWN})
     flight = SimpleNamespace(instruction=instruction, worker="worker-2")
-    return recovery._regain(run, step, flight)  # type: ignore[arg-type]
+    dropped: list[str] = []
+    return CdiPlane().regain(ctx, run, step, flight, dropped.append)  # type: ignore[arg-type]
 
 
 def test_an_object_on_the_silent_workers_host_is_not_waited_for() -> None:
@@ -97,8 +98,8 @@ def test_the_directory_is_asked_only_with_a_token_to_read_it(
     monkeypatch.setenv("CDI_CONTROLLER_URL", "grpc://127.0.0.1:1")
     monkeypatch.delenv("CDI_CONTROLLER_TOKEN", raising=False)
     monkeypatch.delenv("CDI_CONTROLLER_TOKEN_FILE", raising=False)
-    assert _directory() is None
-    monkeypatch.setenv("CDI_CONTROLLER_TOKEN", "v1.reader.scheduler.mac")
-    directory = _directory()
+    assert controller_from_env() is None
+    monkeypatch.setenv("CDI_CONTROLLER_TOKEN", "cdi1.reader.scheduler.mac")
+    directory = controller_from_env()
     assert directory is not None
     directory.close()

@@ -2,13 +2,12 @@
 to stay on it, and that step is then pinned there: the object goes neither back to the
 scheduler nor out again. The scheduler is driven by hand against real Postgres and Redis, with
 the workers' heartbeats written by the test; its CDI client only answers that the minion is up
-and holds nothing (``_MinionUp``), so any move of an object would fail the test."""
+and holds nothing (``MinionUp``), so any move of an object would fail the test."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -22,7 +21,7 @@ from orchestrator.scheduler.loop import Scheduler
 from orchestrator.settings import Settings
 from tests.orchestrator.scheduler_support import (
     WORKER,
-    NoCDI,
+    MinionUp,
     beat,
     close_scheduler,
     make_scheduler,
@@ -32,20 +31,9 @@ OTHER = "worker-other"
 IMAGE = "s3://cdiflow/images/any.jpg"
 
 
-class _MinionUp(NoCDI):
-    """The loop's own checks between steps: the minion has not restarted and holds no
-    object. Everything else (``use``, ``transfer``, ...) still fails."""
-
-    def check(self) -> bool:
-        return False
-
-    def list_objects(self) -> list[Any]:
-        return []
-
-
 @pytest.fixture
 def scheduler(api_settings: Settings, api_client: TestClient) -> Iterator[Scheduler]:
-    own = make_scheduler(api_settings, cdi=_MinionUp())
+    own = make_scheduler(api_settings, cdi=MinionUp())
     try:
         yield own
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.child_process import ChildProcess
+from cdi.child import ChildProcess
 from orchestrator.contract.alive import ALIVE_FILE_ENV, AliveStamp, stamp_age
 from orchestrator.stack import RestartPolicy
 from orchestrator.stack.supervision import Supervisor

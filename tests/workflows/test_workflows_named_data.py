@@ -12,6 +12,7 @@ from PIL import Image
 from workflows.api import TaskContext, TaskResult, run_task_on_image, run_task_with_inputs, task
 from workflows.errors import InputsMismatch, InvalidData, InvalidTaskResult, NeedsImage
 from workflows.kinds import (
+    CODECS,
     INLINE_LIMIT,
     Kind,
     decode_file,
@@ -161,6 +162,10 @@ def test_an_array_is_mapped_back_read_only_and_identical(value: np.ndarray[Any, 
     assert not back.flags.writeable
     data, _ = encode_file(value, Kind.ARRAY)
     assert data == bytes(buf) or np.array_equal(decode_file(data, Kind.ARRAY), value)
+
+
+def test_every_kind_has_its_codec() -> None:
+    assert set(CODECS) == set(Kind)
 
 
 @pytest.mark.parametrize(

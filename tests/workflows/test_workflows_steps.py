@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from workflows.definitions import Step, validate_workflow
-from workflows.steps import DataRef, parse_ref
+from workflows.steps import STEP_KEYS, STEP_KINDS, DataRef, StepKind, parse_ref
 
 KNOWN = ["deblur", "denoise", "classify", "noop", "sleep"]
 
@@ -15,6 +15,12 @@ KNOWN = ["deblur", "denoise", "classify", "noop", "sleep"]
 def problems_of(*steps: dict[str, Any], workflows: list[str] | None = None) -> list[str]:
     defn = {"name": "wf", "description": "", "tasks": list(steps)}
     return validate_workflow(defn, KNOWN, workflows)
+
+
+def test_every_step_kind_has_its_rule_and_its_fields() -> None:
+    assert set(STEP_KINDS) == set(StepKind)
+    owned = {f for rule in STEP_KINDS.values() for f in rule.fields}
+    assert set(StepKind) | owned <= STEP_KEYS
 
 
 def test_a_data_reference_is_ref_dot_output() -> None:

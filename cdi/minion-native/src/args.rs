@@ -1,4 +1,4 @@
-//! The command line, parsed with clap. `cdiflow cdi minion` (cdi/minion/native.py) resolves the
+//! The command line, parsed with clap. `cdiflow cdi minion` (cdi/minion/launcher.py) resolves the
 //! user's config and passes plain values: every size in bytes, the socket mode in octal.
 
 use std::ffi::OsString;
@@ -100,6 +100,14 @@ impl NameRule {
             None => name == self.pattern,
         }
     }
+}
+
+/// The uid that may register `name`: the first matching rule's, else `default` (the minion's).
+pub fn uid_for(rules: &[NameRule], name: &str, default: u32) -> u32 {
+    rules
+        .iter()
+        .find(|rule| rule.matches(name))
+        .map_or(default, |rule| rule.uid)
 }
 
 /// "PATTERN=UID[,PATTERN=UID...]" (the wrapper resolves user names to uids before us).
@@ -360,6 +368,20 @@ mod tests {
         assert_eq!(help.kind(), ErrorKind::DisplayHelp);
         assert_eq!(help.exit_code(), 0);
         assert_eq!(err("-h").kind(), ErrorKind::DisplayHelp);
+    }
+
+    #[test]
+    fn the_first_matching_rule_decides_and_the_rest_is_the_minions() {
+        let rules = run(&format!(
+            "{BASE} --names worker-*=1001,worker-admin=0,sched=7"
+        ))
+        .unwrap()
+        .names;
+        assert_eq!(uid_for(&rules, "worker-7", 42), 1001);
+        assert_eq!(uid_for(&rules, "worker-admin", 42), 1001); // the prefix rule came first
+        assert_eq!(uid_for(&rules, "sched", 42), 7);
+        assert_eq!(uid_for(&rules, "sched-2", 42), 42); // an exact name is not a prefix
+        assert_eq!(uid_for(&[], "anything", 42), 42);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Object and container events for the controller's directory, written to an inherited pipe
-//! (`--events-fd`) as a stream of msgpack arrays that `cdi/minion/native.py` relays:
+//! (`--events-fd`) as a stream of msgpack arrays that `cdi/minion/launcher.py` relays:
 //! `["registered", cid, pid, uid]`, `["gone", cid]`, `["changed", key, size, owner,
 //! generation]`, `["removed", key]`.
 //!

@@ -1,4 +1,4 @@
-//! One plain-text line per event on stderr, stamped like the Python minion's log format
+//! One plain-text line per event on stderr, stamped like cdiflow's Python logs
 //! (`%(asctime)s %(name)s %(message)s`), written whole so lines never interleave.
 
 use std::fmt::Arguments;

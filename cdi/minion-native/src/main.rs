@@ -1,6 +1,6 @@
-//! `cdi-minion`: the CDI per-host minion in Rust. It serves `cdi/PROTOCOL.md`, like the Python
-//! minion (`cdi/minion/`); it exists because the minion sits on every hand-off and an
-//! interpreter spent most of a hand-off's microseconds.
+//! `cdi-minion`: the CDI per-host minion. It serves `cdi/PROTOCOL.md`; `cdiflow cdi minion`
+//! (`cdi/minion/`, Python) checks its configuration and runs it. It is Rust because the minion
+//! sits on every hand-off, where an interpreter spends most of a hand-off's microseconds.
 
 mod args;
 mod epoll;

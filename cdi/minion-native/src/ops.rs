@@ -7,6 +7,7 @@ use std::os::fd::RawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 
+use crate::args::uid_for;
 use crate::log;
 use crate::msgpack::{unpack, Value, NIL};
 use crate::objects::{RequestId, StoredObject, Waiter};
@@ -132,12 +133,7 @@ fn register(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
         ))
         .into());
     }
-    let allowed = reg
-        .config
-        .names
-        .iter()
-        .find(|rule| rule.matches(&cid))
-        .map_or(reg.own_uid, |rule| rule.uid);
+    let allowed = uid_for(&reg.config.names, &cid, reg.own_uid);
     if conn.uid != allowed {
         return Err(CdiError::name_not_allowed(format!(
             "container id {cid:?} is reserved for uid {allowed} by the minion's configuration \

@@ -78,7 +78,7 @@ impl Segment {
         // SAFETY: the name is a NUL-terminated literal.
         let fd = unsafe { libc::memfd_create(c"cdi-segment".as_ptr(), flags) };
         if fd < 0 {
-            // Outside the Python minion's OSError guard: it reports an internal error.
+            // No memfd at all (a descriptor limit), not a shortage of pages: an internal error.
             return Err(Failure::Internal(sys::last_os_error_text()));
         }
         match Self::prepare(fd, capacity, sealed) {

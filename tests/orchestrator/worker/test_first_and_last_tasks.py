@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import signal
 import uuid
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,7 +14,7 @@ import pytest
 from PIL import Image
 
 import cdi
-from loadtest.netem_proxy import LinkSpec, NetemProxy
+from cdi.link_emulator import Link, LinkProxy
 from orchestrator.worker.worker import FINISH_AHEAD
 from tests.orchestrator.worker.support import (
     BUCKET,
@@ -216,11 +217,11 @@ def test_a_worker_reads_and_writes_s3_only_within_the_policy(
 
 
 def test_a_slow_result_store_does_not_hold_up_the_workers_next_task(
-    stack: Stack, s3_endpoint: str, s3: Any
+    stack: Stack, s3_endpoint: str, s3: Any, tmp_path: Path
 ) -> None:
     """Storing a last task's result waits for S3; the worker's one slot goes on meanwhile."""
     target = urlsplit(s3_endpoint).netloc
-    with NetemProxy(target, LinkSpec(rtt_s=SLOW_S3_RTT_S)) as slow_s3:
+    with LinkProxy(target, Link(mbit=None, rtt_ms=SLOW_S3_RTT_S * 1000), tmp_path) as slow_s3:
         worker = stack.start_worker(env={"S3_ENDPOINT_URL": slow_s3.url})
         img = picture()
         last_key, next_key = stack.put(worker, img), stack.put(worker, img)

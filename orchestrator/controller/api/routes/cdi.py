@@ -15,11 +15,12 @@ from typing import Final
 
 from fastapi import APIRouter
 
+from cdi.auth import Role, controller_token
 from cdi.controller.client import ControllerClient
 from cdi.errors import AccessDenied, CDIError, NotAuthenticated
 from orchestrator.contract import keys
 from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.errors import ServiceError
+from orchestrator.errors import ConfigError, ServiceError
 from orchestrator.schemas import (
     CdiDirectoryPublic,
     CdiMinionPublic,
@@ -37,6 +38,18 @@ _TIMEOUT_S: Final = 2.0
 def workflow_of(key: str) -> uuid.UUID | None:
     """The workflow an object key belongs to, when it follows the scheduler's naming."""
     return keys.workflow_of_object(key)
+
+
+def check_reader_token() -> None:
+    """At start: with ``CDI_CONTROLLER_URL`` set, a token the API was given must read as a
+    reader's (a placeholder left in a Secret is refused here, not at the first request);
+    ``ConfigError`` saying so. Without a token, the directory answers 503 saying why."""
+    if not os.environ.get(CONTROLLER_URL_ENV):
+        return
+    try:
+        controller_token(Role.READER)
+    except CDIError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _controller_url() -> str:

@@ -1,0 +1,157 @@
+"""The Python side of the minion: its arguments, its event relay, finding its binary.
+
+The binary itself is tested by every other module here; these are unit tests of the launcher,
+with a recording reporter in place of the controller.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
+import psutil
+import pytest
+
+from cdi.minion import launcher
+from cdi.minion.config import MinionConfig
+from cdi.minion.names import parse_names
+from cdi.protocol import Isolation
+from tests.cdi.conftest import require_native
+
+
+class RecordingReporter:
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    def container_registered(self, container_id: str, pid: int, uid: int) -> None:
+        self.calls.append(("registered", container_id, pid, uid))
+
+    def container_gone(self, container_id: str) -> None:
+        self.calls.append(("gone", container_id))
+
+    def object_changed(self, key: str, size: int, owner: str, generation: int) -> None:
+        self.calls.append(("changed", key, size, owner, generation))
+
+    def object_removed(self, key: str) -> None:
+        self.calls.append(("removed", key))
+
+    def close(self) -> None:
+        self.calls.append(("closed",))
+
+
+def _chunks(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def _reader(pieces: list[bytes]) -> Callable[[int], bytes]:
+    """A pipe's ``read`` that returns ``pieces`` one by one."""
+    feed = iter(pieces)
+    return lambda _n: next(feed)
+
+
+def test_events_reach_the_reporter_whatever_the_pipe_splits() -> None:
+    events: list[list[object]] = [
+        ["registered", "a", 10, 0],
+        ["changed", "k", 4096, "a", 1],
+        ["changed", "k", 4096, "b", 2],
+        ["removed", "k"],
+        ["gone", "a"],
+    ]
+    stream = b"".join(msgpack.packb(e) for e in events)
+    for size in (1, 3, 7, len(stream)):
+        reporter = RecordingReporter()
+        launcher.relay_events(_reader([*_chunks(stream, size), b""]), reporter)
+        assert reporter.calls == [tuple(e) for e in events], size
+
+
+def test_a_malformed_event_is_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    stream = b"".join(
+        msgpack.packb(e)
+        for e in (["exploded", 1], "not an array", ["gone"], ["removed", "bad key!"], ["gone", "a"])
+    )
+    reporter = RecordingReporter()
+    launcher.relay_events(_reader([stream, b""]), reporter)
+    assert reporter.calls == [("removed", "bad key!"), ("gone", "a")]
+    assert caplog.text.count("ignoring a malformed minion event") == 3
+
+
+def test_argv_carries_the_resolved_config(tmp_path: Path) -> None:
+    config = MinionConfig(
+        socket_path=str(tmp_path / "m.sock"),
+        host="h1",
+        memory_limit=1 << 30,
+        max_object=1 << 20,
+        isolation=Isolation.STRICT,
+        prewarm={4096: 2, 1_000_000: 1},
+        busy_poll_us=0,
+        socket_group=1100,
+        names=parse_names("worker-*=1001,sched=0"),
+    )
+    argv = launcher.binary_argv("/bin/cdi-minion", config)
+    pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert pairs == {
+        "--socket": str(tmp_path / "m.sock"),
+        "--host": "h1",
+        "--memory-limit": str(1 << 30),
+        "--max-object": str(1 << 20),
+        "--idle-limit": str((1 << 30) // 4),
+        "--isolation": "strict",
+        "--busy-poll-us": "0",
+        "--socket-mode": "660",
+        "--socket-group": "1100",
+        "--names": "worker-*=1001,sched=0",
+        "--prewarm": "4096:2,1000000:1",
+    }
+
+
+def test_asking_for_a_missing_binary_is_a_clear_usage_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "cdi.minion", "--socket", str(tmp_path / "s")],
+        env={"CDI_MINION_BIN": str(tmp_path / "nowhere"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "is not an executable file" in result.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_binary_stops_when_its_relay_dies(tmp_path: Path) -> None:
+    """With a controller, a Python parent relays events; if it is killed, the minion goes too
+    (and removes its socket) instead of serving on as an orphan nobody reports for."""
+    require_native()
+    socket_path = tmp_path / "m.sock"
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "cdi.minion", "--socket", str(socket_path),
+         "--controller", "grpc://127.0.0.1:1"],  # nobody answers there: the reporter retries
+        env={**os.environ, "CDI_CONTROLLER_TOKEN": "cdi1.minion.vm.unchecked-here"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    minion: psutil.Process | None = None
+    try:
+        deadline = time.monotonic() + 20
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert socket_path.exists(), "the minion did not start"
+        children = Path(f"/proc/{relay.pid}/task/{relay.pid}/children").read_text().split()
+        assert len(children) == 1
+        minion = psutil.Process(int(children[0]))
+        assert minion.name() == launcher.BINARY_NAME
+        relay.kill()
+        relay.wait(10)
+        minion.wait(10)  # raises TimeoutExpired if the minion outlives its relay
+        assert not socket_path.exists()
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait()
+        if minion is not None and minion.is_running():
+            minion.terminate()  # the test failed: leave no orphan behind
+            minion.wait(10)
