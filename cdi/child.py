@@ -259,11 +259,12 @@ class ServiceChild(ChildProcess):
 
 def _open_log(path: Path) -> int:
     """``path`` opened to append, 0600 if created, made 0600 if an earlier run left it readable
-    by others."""
+    by others (a file only: a device such as ``/dev/null`` is the machine's, left as it is)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        if mode & 0o077:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISREG(st.st_mode) and mode & 0o077:
             os.fchmod(fd, mode & ~0o077)
     except BaseException:
         os.close(fd)
