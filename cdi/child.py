@@ -115,11 +115,17 @@ class ChildProcess:
             self._launch(self.stream)
         else:
             self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            # 0600: a log may name what its process saw; only our user reads it
-            with os.fdopen(_open_log(self.log_path), "ab") as out:
+            # 0600: a log may name what its process saw; only our user reads it.
+            # Unbuffered: a start line the disk has no room for fails here, not at the close.
+            with os.fdopen(_open_log(self.log_path), "ab", buffering=0) as out:
                 self.log_offset = out.tell()
-                out.write(self._start_line())
-                out.flush()
+                try:
+                    out.write(self._start_line())
+                except OSError as exc:
+                    # A full disk: the process must run all the same (its own output is lost
+                    # as long as the disk stays full); not starting it would outlast the fault.
+                    log.warning("%s: cannot write to its log %s (%s); starting it anyway",
+                                self.name, self.log_path, exc.strerror or exc)  # fmt: skip
                 self._launch(out)
         assert self._proc is not None
         log.debug("%s started (pid %d): %s", self.name, self._proc.pid, shlex.join(self.argv))
@@ -253,11 +259,12 @@ class ServiceChild(ChildProcess):
 
 def _open_log(path: Path) -> int:
     """``path`` opened to append, 0600 if created, made 0600 if an earlier run left it readable
-    by others."""
+    by others (a file only: a device such as ``/dev/null`` is the machine's, left as it is)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        mode = stat.S_IMODE(os.fstat(fd).st_mode)
-        if mode & 0o077:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISREG(st.st_mode) and mode & 0o077:
             os.fchmod(fd, mode & ~0o077)
     except BaseException:
         os.close(fd)

@@ -363,9 +363,14 @@ class LinkEmulator:
 class LinkProxy:
     """A proxy to ``target`` (``host:port`` or ``http://host:port``) over ``link``, as a child
     process (its own core time, not the caller's): ``with LinkProxy(...) as proxy:``, then
-    connect to ``proxy.port`` (``proxy.url`` for HTTP)."""
+    connect to ``proxy.port`` (``proxy.url`` for HTTP).
 
-    def __init__(self, target: str, link: Link, folder: str | Path, timeout: float = 10.0) -> None:
+    ``port``: where to listen (0: any free port, known once started); a fixed one lets a
+    proxy stopped and started again stand in the same place."""
+
+    def __init__(
+        self, target: str, link: Link, folder: str | Path, timeout: float = 10.0, port: int = 0
+    ) -> None:
         if link.mbit is None and link.rtt_ms == 0:
             raise ValueError("a link proxy needs a bandwidth or a round trip to add")
         self.target, self.link, self.timeout = target, link, timeout
@@ -377,8 +382,10 @@ class LinkProxy:
                              "--port-file", str(self._port_file))  # fmt: skip
         if link.mbit is not None:
             argv += ["--mbit", f"{link.mbit}"]
+        if port:
+            argv += ["--port", str(port)]
         self.child = ServiceChild("link proxy", argv, base / "link-proxy.log", self._answers)
-        self.port = 0
+        self.port = port
 
     def _answers(self) -> bool:
         try:
@@ -419,13 +426,14 @@ def _host_port(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def serve_proxy(target: str, link: Link, port_file: Path | None = None) -> None:
-    """Listen on a free port of ``127.0.0.1`` and carry connections to ``target`` until killed."""
+def serve_proxy(target: str, link: Link, port_file: Path | None = None, port: int = 0) -> None:
+    """Listen on ``port`` of ``127.0.0.1`` (0: a free one) and carry connections to ``target``
+    until killed."""
     _libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
     to = _host_port(target)
     delay = link.rtt_ms / 2000
     rate = None if link.mbit is None else link.mbit * 1e6 / 8
-    server = socket.create_server(("127.0.0.1", 0), backlog=512)
+    server = socket.create_server(("127.0.0.1", port), backlog=512)
 
     def connect(client: socket.socket) -> None:
         try:
@@ -478,6 +486,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rtt-ms", type=float, default=10.0, help="--target: the round trip")
     parser.add_argument("--mbit", type=float, help="--target: the bandwidth (default: unpaced)")
     parser.add_argument("--port-file", type=Path, help="--target: PID:PORT written once listening")
+    parser.add_argument(
+        "--port", type=int, default=0, help="--target: where (default: a free port)"
+    )
     args = parser.parse_args(argv)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     if args.target:
@@ -485,7 +496,7 @@ def main(argv: list[str] | None = None) -> None:
             link = Link(mbit=args.mbit, rtt_ms=args.rtt_ms)
         except ValueError as exc:
             parser.error(str(exc))
-        serve_proxy(args.target, link, args.port_file)
+        serve_proxy(args.target, link, args.port_file, args.port)
     else:
         serve(json.loads(args.spec.read_text()), args.ready_file)
     sys.exit(0)

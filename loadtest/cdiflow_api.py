@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 from cdiflow.client import Client, Conflict, InvalidRequest, NotFound
 from cdiflow.client.models import TaskRunInWorkflow, Workflow, WorkflowDetail, has_ended
@@ -36,6 +36,7 @@ __all__ = [
     "task_runs_within",
     "unix",
     "wait_all",
+    "while_busy",
 ]
 
 FINISHED: Final = frozenset(str(s) for s in WorkflowStatus if s.finished)
@@ -52,6 +53,29 @@ SYSTEM_MODES: Final[dict[str, tuple[str, str]]] = {
 LONG_POLL_S: Final = 55.0  # how long one request waits for a workflow's end (the API allows 60 s)
 TASK_RUNS_PAGE: Final = 1000  # task runs per request (the API's largest page)
 WAIT_S: Final = 300.0  # the longest a benchmark waits for one run
+
+
+class _Reply(Protocol):
+    @property
+    def status_code(self) -> int | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, object] | None: ...
+
+
+R = TypeVar("R", bound=_Reply)
+
+
+def while_busy(send: Callable[[], R]) -> R:
+    """``send()``'s reply, sent again after the API's ``Retry-After`` (whole seconds; 1 if it
+    gives none) while it answers 429: at capacity, it did nothing with the request. What
+    cdiflow's own client does, for the load tests' users (thousands may start at once)."""
+    while True:
+        reply = send()
+        if reply.status_code != 429:
+            return reply
+        wait = str((reply.headers or {}).get("Retry-After") or "1").strip()
+        time.sleep(float(wait) if wait.isdigit() else 1.0)
 
 
 def stamp(text: str) -> float:

@@ -51,7 +51,7 @@ from locust import User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
 
-from loadtest.cdiflow_api import FINISHED, SYSTEM_MODES, stamp
+from loadtest.cdiflow_api import FINISHED, SYSTEM_MODES, stamp, while_busy
 from loadtest.images import chain_ops, chain_workflow
 from loadtest.locust_http import LONG_POLL_S, http_session
 from loadtest.pipeline_ops import RESULT_FORMAT
@@ -139,7 +139,9 @@ class CdiflowBackend:
             "policy": self.policy,
             "data_plane": self.plane,
         }
-        reply = self.http.post(f"/api/workflows?wait_s={LONG_POLL_S:g}", json=body)
+        reply = while_busy(
+            lambda: self.http.post(f"/api/workflows?wait_s={LONG_POLL_S:g}", json=body)
+        )
         _check(reply, "POST /api/workflows")
         answer = reply.json()
         handle = str(answer["id"])
@@ -152,9 +154,11 @@ class CdiflowBackend:
         ended = self._ended.pop(handle, None)
         if ended is not None:
             return ended
-        reply = self.http.get(
-            f"/api/workflows/{handle}?events=0&wait_s={LONG_POLL_S:g}",
-            name="/api/workflows/[id]",
+        reply = while_busy(
+            lambda: self.http.get(
+                f"/api/workflows/{handle}?events=0&wait_s={LONG_POLL_S:g}",
+                name="/api/workflows/[id]",
+            )
         )
         _check(reply, f"GET /api/workflows/{handle}")
         return _outcome(reply.json())

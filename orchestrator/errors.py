@@ -23,10 +23,14 @@ what failed, why, and what to change (an environment variable, a log file to rea
     │   └── UnsupportedType     an uploaded file of a content type the operator does not
     │                           take (HTTP 415)
     ├── RequestTooLarge   a request body over the API's size limit
+    ├── Overloaded        the API has more requests waiting than it can serve soon; carries
+    │                     ``retry_after_s`` (HTTP 429 with Retry-After)
     ├── DataError         a workflow's data cannot be had or stored
     │   ├── InputMissing      the input object does not exist in S3
     │   ├── InputTooLarge     the input is over MAX_INPUT_BYTES
     │   └── StorageError      S3 refused or failed a read or write
+    │       └── StorageUnavailable  S3 did not answer (no connection, a timeout, a 5xx):
+    │                               an outage, which a later try may outlast
     ├── StackError        the local stack (``cdiflow up``) failed to start or stop a piece;
     │   │                 carries ``log_file`` when a log tells why
     │   └── StackRunning      a stack already runs from that data folder
@@ -69,12 +73,14 @@ __all__ = [
     "NotFound",
     "ObjectGone",
     "OrchestratorError",
+    "Overloaded",
     "RequestTooLarge",
     "S3NotAllowed",
     "ServiceError",
     "StackError",
     "StackRunning",
     "StorageError",
+    "StorageUnavailable",
     "TaskStopped",
     "TaskTimedOut",
     "Unauthenticated",
@@ -219,6 +225,18 @@ class RequestTooLarge(OrchestratorError):
         self.limit = limit
 
 
+class Overloaded(OrchestratorError):
+    """More requests wait for the API's database connections than it can serve soon: this one
+    is refused at once (rather than queued until it times out), to be sent again after
+    ``retry_after_s`` seconds."""
+
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class DataError(OrchestratorError):
     """A workflow's data cannot be read or stored."""
 
@@ -241,6 +259,14 @@ class StorageError(DataError):
     """S3 refused or failed a read or write."""
 
     code = "storage_error"
+
+
+class StorageUnavailable(StorageError):
+    """S3 did not answer a read or write: no connection, a timeout, or an error of its own
+    (5xx) after the client's few quick tries. An outage, not a refusal: a later try may
+    outlast it."""
+
+    code = "storage_unavailable"
 
 
 class StackError(OrchestratorError):

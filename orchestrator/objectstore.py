@@ -9,13 +9,18 @@ serialisation, signing and parsing in Python, holding the GIL) is most of a call
 of the CPU of the process making them.
 
 No library error leaves this module: a missing object or bucket is ``InputMissing``, an object
-over the limit ``InputTooLarge``, anything else ``StorageError`` naming the URI. A URI whose
+over the limit ``InputTooLarge``, an endpoint that did not answer (no connection, a timeout, a
+5xx after the few quick tries) ``StorageUnavailable``, anything else (a refusal: permissions,
+credentials, a bad request) ``StorageError``, each naming the URI. *Why the difference:* an
+outage is worth trying again later (the scheduler does so for as long as it lasts, within a
+bound), a refusal is not. A URI whose
 key no store can hold (``..``, control characters) is ``S3NotAllowed`` before any request;
 with ``enforce`` so is one outside the ``S3Policy`` (the workers' and the API's stores).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -25,10 +30,10 @@ from typing import TYPE_CHECKING, Final
 import boto3
 import obstore
 from obstore.auth.boto3 import Boto3CredentialProvider
-from obstore.exceptions import BaseError, NotFoundError
+from obstore.exceptions import BaseError, GenericError, NotFoundError
 from obstore.store import S3Store
 
-from orchestrator.errors import InputMissing, InputTooLarge, StorageError
+from orchestrator.errors import InputMissing, InputTooLarge, StorageError, StorageUnavailable
 from orchestrator.s3policy import S3Policy, check_s3_uri
 
 if TYPE_CHECKING:
@@ -50,6 +55,7 @@ _RETRY: Final[RetryConfig] = {
 # obstore raises its own tree and, for some failures, Python's (a 404 is FileNotFoundError).
 _MISSING: Final = (NotFoundError, FileNotFoundError)
 _FAILED: Final = (BaseError, OSError)
+_STATUS: Final = re.compile(r"status code: (\d{3})")
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,7 @@ class ObjectStore:
         except _MISSING as exc:
             raise InputMissing(f"{uri} does not exist") from exc
         except _FAILED as exc:
-            raise StorageError(f"cannot read {uri}: {_reason(exc)}") from exc
+            raise _failed(f"cannot read {uri}", exc) from exc
 
     def stream(self, uri: str, chunk: int = 1 << 20) -> Streamed:
         """The object at ``uri``, read as its chunks are taken, for a response that must not
@@ -157,14 +163,14 @@ class ObjectStore:
         except _MISSING as exc:
             raise InputMissing(f"{uri} does not exist") from exc
         except _FAILED as exc:
-            raise StorageError(f"cannot read {uri}: {_reason(exc)}") from exc
+            raise _failed(f"cannot read {uri}", exc) from exc
 
         def chunks() -> Iterator[bytes]:
             try:
                 for part in reply.stream(min_chunk_size=chunk):
                     yield bytes(part)
             except _FAILED as exc:
-                raise StorageError(f"reading {uri} failed midway: {_reason(exc)}") from exc
+                raise _failed(f"reading {uri} failed midway", exc) from exc
 
         return Streamed(size, str(content_type) if content_type else None, chunks())
 
@@ -193,7 +199,7 @@ class ObjectStore:
                 use_multipart=False,
             )
         except _FAILED as exc:
-            raise StorageError(f"cannot write {uri}: {_reason(exc)}") from exc
+            raise _failed(f"cannot write {uri}", exc) from exc
 
     def delete(self, uri: str) -> None:
         bucket, key = parse_s3_uri(uri)
@@ -202,7 +208,7 @@ class ObjectStore:
         try:
             obstore.delete(self._store(bucket), key)
         except _FAILED as exc:
-            raise StorageError(f"cannot delete {uri}: {_reason(exc)}") from exc
+            raise _failed(f"cannot delete {uri}", exc) from exc
 
     def delete_many(self, uris: Iterable[str]) -> None:
         """Delete every object of ``uris`` (one request per bucket and thousand keys); a
@@ -235,6 +241,24 @@ def _chain_credentials(region: str) -> Boto3CredentialProvider:
             "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an AWS "
             "profile (AWS_PROFILE), or run where an instance role provides them"
         ) from exc
+
+
+def _failed(what: str, exc: Exception) -> StorageError:
+    """``what`` failed with ``exc``: an outage (``StorageUnavailable``) or a refusal."""
+    if _unavailable(exc):
+        return StorageUnavailable(f"{what}: S3 did not answer: {_reason(exc)}")
+    return StorageError(f"{what}: {_reason(exc)}")
+
+
+def _unavailable(exc: Exception) -> bool:
+    """No connection, a timeout, or a 5xx: obstore says so in a ``GenericError`` without a
+    status or with a 5xx one (a 403, 404... has a class of its own or a 4xx status)."""
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    if not isinstance(exc, GenericError):
+        return False
+    status = _STATUS.search(str(exc))
+    return status is None or status.group(1).startswith("5")
 
 
 def _reason(exc: Exception) -> str:

@@ -12,7 +12,8 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import IO, Any, Final, Generic, TypeAlias, TypeVar, cast
 from urllib.parse import quote
@@ -24,6 +25,7 @@ from cdiflow.client.errors import (
     CdiflowError,
     ConfigError,
     NotFound,
+    TooManyRequests,
     TransportError,
     WaitTimeout,
     WorkflowFailed,
@@ -60,6 +62,7 @@ from cdiflow.client.models import (
 from orchestrator.contract.vocabulary import WorkflowStatus
 
 __all__ = [
+    "BUSY_TIMEOUT_S",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_WAITS",
     "Call",
@@ -70,6 +73,7 @@ __all__ = [
     "SavedResult",
     "WaitClock",
     "as_image_source",
+    "busy_delay",
     "parse_response",
 ]
 
@@ -82,6 +86,8 @@ ImageSource: TypeAlias = FileSource
 MAX_WAIT_S: Final = 55.0  # a long poll's wait; the API answers within 60 s
 CONNECT_TIMEOUT_S: Final = 10.0
 READ_TIMEOUT_S: Final = 60.0  # transfers and ordinary answers
+BUSY_TIMEOUT_S: Final = 60.0  # how long a request the API answers 429 is sent again
+DEFAULT_RETRY_AFTER_S: Final = 1.0  # a 429 without a usable Retry-After
 DEFAULT_MAX_CONNECTIONS: Final = 100  # httpx's own default, for every call but long polls
 # Long polls in flight at once; each holds a connection (a file descriptor) while it waits,
 # and more wait their turn for one (up to a poll's timeout), never for the other calls' pool.
@@ -466,6 +472,31 @@ class Calls:
                     answers_with=frozenset({503}))  # fmt: skip
 
 
+def busy_delay(response: httpx.Response, waited_s: float, budget_s: float) -> float | None:
+    """Seconds to wait before sending a request again that the API answered ``response``: its
+    ``Retry-After`` for a 429 (the API is at capacity and did nothing with the request), as
+    long as ``waited_s`` so far plus that stays within ``budget_s``; ``None``: take the answer
+    as it is (always with a ``budget_s`` of 0)."""
+    if response.status_code != 429 or budget_s <= 0:
+        return None
+    delay = retry_after_s(response)
+    return delay if waited_s + delay <= budget_s else None
+
+
+def retry_after_s(response: httpx.Response) -> float:
+    """The response's ``Retry-After`` in seconds (RFC 9110: seconds, or an HTTP date)."""
+    value = response.headers.get("Retry-After", "").strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return DEFAULT_RETRY_AFTER_S
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
 def parse_response(call: Call[T], response: httpx.Response) -> T:
     """The answer of ``call`` read from ``response``: its model, or the error it is."""
     if response.is_error and response.status_code not in call.answers_with:
@@ -474,7 +505,10 @@ def parse_response(call: Call[T], response: httpx.Response) -> T:
         except ValueError:
             body = None
         fallback = f"{call.method} {call.path}: HTTP {response.status_code} {response.text[:200]}"
-        raise api_error(response.status_code, body, fallback)
+        error = api_error(response.status_code, body, fallback)
+        if isinstance(error, TooManyRequests):
+            error.retry_after_s = retry_after_s(response)
+        raise error
     if call.model is bytes:
         return call.parse(response.content)
     if response.status_code == 204 or not response.content:

@@ -28,6 +28,7 @@ import httpx
 from pydantic import BaseModel
 
 from cdiflow.client._calls import (
+    BUSY_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_WAITS,
     Call,
@@ -39,6 +40,7 @@ from cdiflow.client._calls import (
     SavedResult,
     WaitClock,
     as_image_source,
+    busy_delay,
     parse_response,
     the_only_result,
     transport_error,
@@ -89,6 +91,10 @@ class AsyncClient:
     and at most ``max_waits`` for the long polls of ``wait`` and ``run`` (each holds one while
     it waits), so waits never hold up starts, uploads or reads. A ``transport`` replaces both
     pools (it is its own).
+
+    A request the API answers 429 (at capacity: it did nothing with it) is sent again after
+    the ``Retry-After`` the API gives, for up to ``busy_timeout`` seconds in all; then, or at
+    once with ``busy_timeout=0``, it raises ``TooManyRequests``.
     """
 
     def __init__(
@@ -100,8 +106,10 @@ class AsyncClient:
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_waits: int = DEFAULT_MAX_WAITS,
+        busy_timeout: float = BUSY_TIMEOUT_S,
     ) -> None:
         self.endpoint: Endpoint = resolve(api_url, api_key, data_dir)
+        self.busy_timeout = busy_timeout
         pools = Pools.sized(max_connections, max_waits)
         headers = {"Accept": "application/json"}
         if self.endpoint.key:
@@ -135,19 +143,25 @@ class AsyncClient:
 
     async def _send(self, call: Call[T]) -> T:
         pool = self._waits if call.wait_s > 0 else self._http
-        try:
-            response = await pool.request(
-                call.method,
-                call.path,
-                params=call.params,
-                json=call.json,
-                files=call.files,
-                headers=call.headers,
-                timeout=call.timeout,
-            )
-        except httpx.TransportError as exc:
-            raise transport_error(self.api_url, exc) from exc
-        return parse_response(call, response)
+        waited = 0.0
+        while True:
+            try:
+                response = await pool.request(
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    json=call.json,
+                    files=call.files,
+                    headers=call.headers,
+                    timeout=call.timeout,
+                )
+            except httpx.TransportError as exc:
+                raise transport_error(self.api_url, exc) from exc
+            delay = busy_delay(response, waited, self.busy_timeout)
+            if delay is None:
+                return parse_response(call, response)
+            await asyncio.sleep(delay)
+            waited += delay
 
     # -- tasks ---------------------------------------------------------------------------
     async def register_task(

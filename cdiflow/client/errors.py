@@ -16,6 +16,8 @@
     │   ├── RequestTooLarge   413: a body or an upload over the API's limit
     │   ├── InvalidRequest    400, 415 or 422: content the API does not accept (also
     │   │                     ValueError; 415: an upload of a type the operator does not take)
+    │   ├── TooManyRequests   429 for longer than the client's ``busy_timeout``: the API is at
+    │   │                     capacity; ``retry_after_s`` says when it asked to be tried again
     │   └── ServiceUnavailable  503: Postgres, Redis, S3 or the CDI controller is not answering
     ├── WaitTimeout           a wait ended before the run did (also TimeoutError)
     └── WorkflowFailed        a run that had to complete ended FAILED, CANCELLED or TIMED_OUT;
@@ -41,6 +43,7 @@ __all__ = [
     "NotFound",
     "RequestTooLarge",
     "ServiceUnavailable",
+    "TooManyRequests",
     "TransportError",
     "Unauthorized",
     "WaitTimeout",
@@ -117,6 +120,14 @@ class InvalidRequest(APIError, ValueError):
     """400, 415 or 422: content the API does not accept; ``problems`` lists every issue."""
 
 
+class TooManyRequests(APIError):
+    """429: the API is at capacity. The client sends a request again after the ``Retry-After``
+    the API gives, for up to its ``busy_timeout``; this is raised once that has run out (or
+    at once with ``busy_timeout=0``). ``retry_after_s``: the API's last ``Retry-After``."""
+
+    retry_after_s: float = 0.0
+
+
 class ServiceUnavailable(APIError):
     """503: a service behind the API is not answering; try again shortly."""
 
@@ -171,6 +182,7 @@ _BY_CODE: Final[dict[str, type[APIError]]] = {
     "invalid_request": InvalidRequest,
     "invalid_definition": InvalidRequest,
     "unsupported_type": InvalidRequest,
+    "overloaded": TooManyRequests,
     "service": ServiceUnavailable,
 }
 _BY_STATUS: Final[dict[int, type[APIError]]] = {
@@ -182,6 +194,7 @@ _BY_STATUS: Final[dict[int, type[APIError]]] = {
     413: RequestTooLarge,
     415: InvalidRequest,
     422: InvalidRequest,
+    429: TooManyRequests,
     503: ServiceUnavailable,
 }
 

@@ -27,11 +27,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from deploy.containers.stack import ContainerStack
+from loadtest.chaos.checks import Facts
 from loadtest.chaos.faults import EXTERNAL_RESTART_S, Fault
 from loadtest.chaos.run import CaseResult, run_case
 from loadtest.chaos.workload import Workload
@@ -52,12 +53,22 @@ class ContainerTarget:
 
     stack: ContainerStack
     kind: str = "containers"
+    observed: dict[str, str] = field(default_factory=dict)  # no fault here asks the API
 
     def strike(self, fault: Fault[Any], load: Workload) -> None:
         fault.strike(self)
 
     def objects_held(self) -> int | None:
         return self.stack.objects_held()
+
+    def loop_watch(self) -> None:
+        """None: the scheduler's alive stamp is inside its container."""
+        return None
+
+    def check(self, fault: Fault[Any], facts: Facts) -> list[str]:
+        """None beyond how every workflow ended: the checks of the process stack look at its
+        processes, which run in containers here."""
+        return []
 
     def later(self, delay: float, action: Callable[[], None], what: str) -> None:
         """``action`` after ``delay`` seconds, on a thread of its own (the repair the
@@ -98,19 +109,23 @@ def _recreate(role: str) -> Callable[[ContainerTarget], None]:
 
 
 CONTAINER_FAULTS: Final[tuple[Fault[ContainerTarget], ...]] = (
-    Fault("kill-postgres", "podman kill of Postgres", _kill("postgres")),
-    Fault("kill-redis", "podman kill of Redis", _kill("redis")),
-    Fault("kill-s3", "podman kill of the S3 endpoint", _kill("s3")),
-    Fault("kill-controller", "podman kill of the CDI controller", _kill("cdi-controller")),
-    Fault("kill-api", "podman kill of the API", _kill("api")),
-    Fault("kill-scheduler", "podman kill of the scheduler (host 1)", _kill("scheduler-1")),
-    Fault("kill-worker", "podman kill of the worker on host 2", _kill("worker-2")),
-    Fault("kill-minion-host2", "podman kill of host 2's minion", _kill("host2-minion")),
-    Fault("kill-minion-host1", "podman kill of host 1's minion", _kill("host1-minion")),
-    Fault("partition-host2", "host 2 cut from the network, then joined", _partition("host2")),
-    Fault("partition-host1", "host 1 cut from the network, then joined", _partition("host1")),
-    Fault("recreate-postgres", "Postgres run again on its volume", _recreate("postgres")),
-    Fault("recreate-s3", "the S3 endpoint run again on its volume", _recreate("s3")),
+    Fault.at_once("kill-postgres", "podman kill of Postgres", _kill("postgres")),
+    Fault.at_once("kill-redis", "podman kill of Redis", _kill("redis")),
+    Fault.at_once("kill-s3", "podman kill of the S3 endpoint", _kill("s3")),
+    Fault.at_once("kill-controller", "podman kill of the CDI controller", _kill("cdi-controller")),
+    Fault.at_once("kill-api", "podman kill of the API", _kill("api")),
+    Fault.at_once("kill-scheduler", "podman kill of the scheduler (host 1)", _kill("scheduler-1")),
+    Fault.at_once("kill-worker", "podman kill of the worker on host 2", _kill("worker-2")),
+    Fault.at_once("kill-minion-host2", "podman kill of host 2's minion", _kill("host2-minion")),
+    Fault.at_once("kill-minion-host1", "podman kill of host 1's minion", _kill("host1-minion")),
+    Fault.at_once(
+        "partition-host2", "host 2 cut from the network, then joined", _partition("host2")
+    ),
+    Fault.at_once(
+        "partition-host1", "host 1 cut from the network, then joined", _partition("host1")
+    ),
+    Fault.at_once("recreate-postgres", "Postgres run again on its volume", _recreate("postgres")),
+    Fault.at_once("recreate-s3", "the S3 endpoint run again on its volume", _recreate("s3")),
 )
 
 

@@ -5,57 +5,80 @@
 
 A case starts ``workflows`` workflows, waits until a third of them have finished (the rest are
 in flight or waiting), strikes, and from then on starts a *probe* workflow every second until
-one completes: the **recovery time** is from the strike to that probe's completion. It then
-waits (at most ``deadline_s``) for every workflow to end and judges each one
-(``Workload.verdict``): 0 stuck, 0 lost, 0 wrong is the goal. Finally it waits for the minion to
-hold no object: one left behind is a leak (``leaked_objects``).
+one completes: the **recovery time** is from the strike to that probe's completion. A held
+fault (a network cut, an S3 outage, a full disk) goes on meanwhile, phase after phase, on a
+thread of its own; once its last phase has undone it, probes go on until one started after
+that completes: the **recovery after the end**. The case then waits (at most ``deadline_s``
+past the fault's end) for every workflow to end and judges each one (``Workload.verdict``):
+0 stuck, 0 lost, 0 wrong is the goal. Finally it waits for every minion to hold no object: one
+left behind is a leak (``CaseTarget.objects_held``), and runs the fault's own checks
+(``CaseTarget.check``). The target is any stack reachable from here (``faults.CaseTarget``):
+the stack of processes here, or the stack as containers (``deploy.containers.faults``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest.chaos.faults import POLICY, CaseTarget, Fault, Target
-from loadtest.chaos.workload import FINISHED, Started, Workload
+from loadtest.chaos.checks import Facts
+from loadtest.chaos.faults import POLICY, CaseTarget, Fault, Rig, Target
+from loadtest.chaos.judge import Tally, finished, judge, until
+from loadtest.chaos.s3_gate import S3Gate
+from loadtest.chaos.small_disk import SmallDisk
+from loadtest.chaos.workload import Started, Workload
 from orchestrator.child_process import free_port
 from orchestrator.services import RunningServices, resolve_services
 from orchestrator.settings import load_settings
-from orchestrator.stack import Stack
+from orchestrator.stack import RestartPolicy, Stack
 
 __all__ = ["CaseResult", "chaos_stack", "external_services", "run_case"]
 
 PROBE_EVERY_S = 1.0
+PLAIN = Rig()
 
 
-@dataclass
-class CaseResult:
+@dataclass(kw_only=True)
+class CaseResult(Tally):
+    """How a fault's case went: its workflows' ``Tally``, then what the fault did."""
+
     fault: str
     what: str
     target: str  # where the stack ran: "embedded", "external", "containers"
     workflows: int
     probes: int
-    completed: int
-    failed: int
-    stuck: int
-    lost: int
-    wrong: int
-    leaked_objects: int
     recovery_s: float | None  # strike to the first probe completed; None: none did
     duration_s: float
-    failures: list[str] = field(default_factory=list)  # reasons of FAILED workflows
+    held_s: float = 0.0  # how long the fault lasted (0: it struck at once)
+    recovery_after_end_s: float | None = None  # held: its end to a probe started after it done
+    no_failed: bool = False  # the fault's goal: no workflow FAILED
+    refused: dict[str, int] = field(default_factory=dict)  # non-201 answers to starts
+    refusal_texts: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # what the fault's own checks found
+    observed: dict[str, str] = field(default_factory=dict)  # the API's answers while it held
+    scheduler_stalled_s: float = 0.0  # the longest its loop did not turn, strike to the checks
 
     @property
     def passed(self) -> bool:
-        return (self.stuck, self.lost, self.wrong, self.leaked_objects) == (0, 0, 0, 0) and (
-            self.recovery_s is not None
+        recovered = self.recovery_s is not None and (
+            not self.held_s or self.recovery_after_end_s is not None
+        )
+        crashed = any(status.startswith("5") and status != "503" for status in self.refused)
+        return (
+            self.ended_right
+            and recovered
+            and not crashed
+            and not self.problems
+            and not (self.no_failed and self.failed)
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -75,22 +98,39 @@ def external_services(folder: Path) -> Iterator[RunningServices]:
 
 @contextlib.contextmanager
 def chaos_stack(
-    folder: Path | None = None, *, external: bool = False, workers: int = 2
+    folder: Path | None = None,
+    *,
+    external: bool = False,
+    workers: int = 2,
+    rig: Rig = PLAIN,
+    policy: RestartPolicy = POLICY,
 ) -> Iterator[Target]:
-    """A fresh stack (and its own services when ``external``), stopped and removed after."""
+    """A fresh stack (and its own services when ``external``) with what ``rig`` asks for,
+    stopped and removed after."""
     own = folder is None
     root = Path(tempfile.mkdtemp(prefix="cdiflow-chaos-")) if folder is None else folder
     os.chmod(root, 0o755)
     try:
         with contextlib.ExitStack() as stack:
+            disk = None
+            data = root / "data"
+            if rig.disk_mb is not None:
+                disk = stack.enter_context(SmallDisk(root / "disk", rig.disk_mb))
+                data = disk.folder / "data"
             services = None
-            if external:
+            if external or rig.s3_gate:
                 services = stack.enter_context(external_services(root / "services"))
+            gate = None
+            given = services
+            if rig.s3_gate:
+                assert services is not None
+                gate = stack.enter_context(S3Gate(services.s3_endpoint_url, root / "s3-gate"))
+                given = dataclasses.replace(services, s3_endpoint_url=gate.url, embedded=())
             running = Stack(
-                root / "data", workers=workers, port=free_port(), services=services,
-                restart_policy=POLICY,
+                data, workers=workers, hosts=rig.hosts, port=free_port(), services=given,
+                restart_policy=policy,
             )  # fmt: skip
-            target = Target(running, services)
+            target = Target(running, services, s3_gate=gate, disk=disk)
             stack.callback(lambda: target.stack.stop())  # the latest: down-up makes a new one
             running.start()
             yield target
@@ -104,81 +144,106 @@ def run_case(
 ) -> CaseResult:
     """Strike ``fault`` with ``workflows`` in flight and judge how every workflow ends."""
     began = time.monotonic()
+    since = time.time()
+    target.observed.clear()
     load = Workload(target.stack)
     try:
         runs: dict[str, Started] = {}
         for _ in range(workflows):
             started = load.start()
             runs[started.id] = started
-        _until(lambda: _finished(load, runs) >= workflows // 3, deadline_s)
-        struck = time.time()
-        target.strike(fault, load)
-        recovery = _probe(load, runs, struck, deadline_s)
-        _until(lambda: _finished(load, runs) == len(runs), deadline_s)
-        verdicts = {run.id: load.verdict(run) for run in runs.values()}
-        leaked = _leaked_objects(target)
+        until(lambda: finished(load, since) >= workflows // 3, deadline_s)
+        watch = target.loop_watch()
+        with watch if watch is not None else contextlib.nullcontext():
+            timeline = _Timeline(target, fault, load)
+            recovery, after_end = _probe(load, runs, timeline, deadline_s + fault.held_s)
+            timeline.join()
+            tally = judge(load, runs, target, since=since, deadline_s=deadline_s)
+            facts = Facts(timeline.ended_at, dict(load.refusal_texts))
+            problems = target.check(fault, facts)
     finally:
         load.close()
-    values = list(verdicts.values())
     return CaseResult(
+        **vars(tally),
         fault=fault.name,
         what=fault.what,
         target=target.kind,
         workflows=workflows,
         probes=sum(r.probe for r in runs.values()),
-        completed=sum(r.status == "COMPLETED" and verdicts[r.id] == "ok" for r in runs.values()),
-        failed=sum(r.status == "FAILED" and verdicts[r.id] == "ok" for r in runs.values()),
-        stuck=values.count("stuck"),
-        lost=values.count("lost"),
-        wrong=values.count("wrong"),
-        leaked_objects=leaked,
-        recovery_s=None if recovery is None else round(recovery - struck, 2),
+        recovery_s=None if recovery is None else round(recovery - timeline.struck, 2),
         duration_s=round(time.monotonic() - began, 1),
-        failures=sorted(
-            {str(r.detail.get("error")) for r in runs.values() if r.status == "FAILED"}
-        ),
+        held_s=fault.held_s,
+        recovery_after_end_s=None if after_end is None else round(after_end, 2),
+        no_failed=fault.no_failed,
+        refused=dict(load.refused),
+        refusal_texts=dict(load.refusal_texts),
+        problems=problems,
+        observed=dict(target.observed),
+        scheduler_stalled_s=watch.longest_s if watch is not None else 0.0,
     )
 
 
+class _Timeline:
+    """A fault's phases: the first acts at once (``struck``), each later one when the one
+    before has held; ``ended_at`` once the last has acted (unix seconds)."""
+
+    def __init__(self, target: CaseTarget, fault: Fault[Any], load: Workload) -> None:
+        self.target, self.fault = target, fault
+        self.struck = time.time()
+        target.strike(fault, load)
+        self.ended_at: float | None = self.struck if len(fault.phases) == 1 else None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for before, phase in zip(self.fault.phases, self.fault.phases[1:], strict=False):
+                time.sleep(before.hold_s)
+                phase.act(self.target)
+            if len(self.fault.phases) > 1:
+                self.ended_at = time.time()
+        except BaseException as exc:  # raised in the case's thread by join()
+            self._error = exc
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"the fault {self.fault.name} failed: {self._error}") from (
+                self._error
+            )
+
+    @property
+    def over(self) -> bool:
+        return not self._thread.is_alive()
+
+
 def _probe(
-    load: Workload, runs: dict[str, Started], struck: float, deadline_s: float
-) -> float | None:
-    """Start a probe every ``PROBE_EVERY_S`` until one completes; its completion time."""
+    load: Workload, runs: dict[str, Started], timeline: _Timeline, deadline_s: float
+) -> tuple[float | None, float | None]:
+    """Start a probe every ``PROBE_EVERY_S`` until one completes and, for a held fault, one
+    started after its end: the first one's completion time (unix), and the seconds from the
+    fault's end to the second's completion."""
     deadline = time.monotonic() + deadline_s
     next_probe = 0.0
+    probes: dict[str, Started] = {}
+    first: float | None = None
+    after_end: float | None = None
+    held = len(timeline.fault.phases) > 1
     while time.monotonic() < deadline:
         if time.monotonic() >= next_probe:
             probe = load.start(probe=True, deadline_s=deadline_s)
-            runs[probe.id] = probe
+            runs[probe.id] = probes[probe.id] = probe
             next_probe = time.monotonic() + PROBE_EVERY_S
-        load.refresh(runs)
-        done = [r.finished_at for r in runs.values()
-                if r.probe and r.status == "COMPLETED" and r.finished_at]  # fmt: skip
-        if done:
-            return min(done)
+        load.refresh(probes)
+        done = [r for r in probes.values() if r.status == "COMPLETED" and r.finished_at]
+        if done and first is None:
+            first = min(r.finished_at for r in done if r.finished_at)
+        ended = timeline.ended_at
+        if held and ended is not None and after_end is None:
+            later = [r.finished_at for r in done if r.finished_at and r.started_at >= ended]
+            after_end = min(later) - ended if later else None
+        if first is not None and (not held or after_end is not None):
+            break
         time.sleep(0.2)
-    return None
-
-
-def _finished(load: Workload, runs: dict[str, Started]) -> int:
-    load.refresh(runs)
-    return sum(r.status in FINISHED or r.status == "LOST" for r in runs.values())
-
-
-def _until(check: Any, deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.25)
-
-
-def _leaked_objects(target: CaseTarget, wait_s: float = 30.0) -> int:
-    """Objects the minions still hold once every workflow has ended (after a grace: the last
-    ones are handed back and destroyed just after their workflow ends)."""
-    deadline = time.monotonic() + wait_s
-    count: int | None = None
-    while time.monotonic() < deadline:
-        count = target.objects_held()
-        if count == 0:
-            return 0
-        time.sleep(0.5)
-    return 1 if count is None else count
+    return first, after_end

@@ -8,13 +8,14 @@ strikes: ``deblur -> nap -> denoise -> classify``. Its result equals the bundled
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 import httpx
@@ -25,7 +26,7 @@ from loadtest.systems.services import s3_client
 from orchestrator.services import RunningServices
 from workflows.image_tasks import reference_pipeline
 
-__all__ = ["PIPELINE", "Reachable", "Started", "Workload", "pixels_digest"]
+__all__ = ["PIPELINE", "Planned", "Reachable", "Started", "Workload", "pixels_digest"]
 
 PIPELINE: Final = "chaos_pipeline"
 NAP_TASK: Final = "chaos_nap"
@@ -37,6 +38,9 @@ MIX: Final = (
     ("affinity", "object-store"),
 )
 FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
+PAGE: Final = 200  # the API's largest page of runs
+MAX_SINGLES: Final = 50  # runs a refresh asks for one by one (those the list did not show)
+CLOCK_SLACK_S: Final = 5.0  # a run's created_at may come a little before we saw it start
 
 
 class Reachable(Protocol):
@@ -76,6 +80,29 @@ class Started:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A workflow about to be started: its input and how it runs."""
+
+    input_key: str
+    policy: str
+    plane: str
+    bucket: str
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.input_key}"
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The start request's body."""
+        return {"workflow": PIPELINE, "input": {"image": self.uri}, "policy": self.policy,
+                "data_plane": self.plane}  # fmt: skip
+
+    def started(self, workflow_id: str, *, probe: bool = False) -> Started:
+        return Started(workflow_id, self.input_key, self.policy, self.plane, time.time(), probe)
+
+
 class Workload:
     """Inputs in the stack's S3 bucket, the pipeline registered, and its expected results."""
 
@@ -86,6 +113,11 @@ class Workload:
         self.s3 = s3_client(stack.services)
         self.api = api_client(stack)
         self.expected: dict[str, tuple[str, str]] = {}  # input key -> (digest, label)
+        # Answers other than 201 to a start, by status ("no answer": none came), and the
+        # first words of each kind, to tell a clear refusal from a crash.
+        self.refused: collections.Counter[str] = collections.Counter()
+        self.refusal_texts: dict[str, str] = {}
+        self._singles = 0  # where the last refresh's one-by-one reads stopped
         self._mix = itertools.cycle(MIX)
         self._inputs = itertools.cycle(self._upload(images))
         self._register()
@@ -138,52 +170,101 @@ class Workload:
                 raise RuntimeError(f"POST {path}: {reply.status_code} {reply.text}")
 
     # ------------------------------------------------------------------ runs
+    def next_run(self, *, probe: bool = False) -> Planned:
+        """What the next workflow runs on: the next policy and plane in turn (a probe's are
+        always affinity on CDI), and the next input."""
+        policy, plane = ("affinity", "cdi") if probe else next(self._mix)
+        return Planned(next(self._inputs), policy, plane, self.bucket)
+
     def start(self, *, probe: bool = False, deadline_s: float = 60.0) -> Started:
         """Start one workflow (the next policy and input in turn); retries while the API
         cannot take it (a fault may be under way)."""
-        policy, plane = ("affinity", "cdi") if probe else next(self._mix)
-        key = next(self._inputs)
-        body = {
-            "workflow": PIPELINE,
-            "input": {"image": f"s3://{self.bucket}/{key}"},
-            "policy": policy,
-            "data_plane": plane,
-        }
+        run = self.next_run(probe=probe)
         deadline = time.monotonic() + deadline_s
         while True:
             try:
-                reply = self.api.post("/api/workflows", json=body)
+                reply = self.api.post("/api/workflows", json=run.body)
                 if reply.status_code == 201:
-                    started = Started(reply.json()["id"], key, policy, plane, time.time(), probe)
-                    return started
+                    return run.started(reply.json()["id"], probe=probe)
                 problem = f"{reply.status_code} {reply.text[:200]}"
+                self.note_refusal(str(reply.status_code), reply.text)
             except httpx.HTTPError as exc:
                 problem = str(exc)
+                self.note_refusal("no answer", f"{type(exc).__name__}: {exc}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the API took no workflow for {deadline_s:g} s: {problem}")
             time.sleep(0.2)
 
+    def note_refusal(self, status: str, text: str) -> None:
+        self.refused[status] += 1
+        self.refusal_texts.setdefault(status, text[:300])
+
     def refresh(self, runs: dict[str, Started]) -> None:
-        """Read the status of every run not yet finished: one page of the newest runs, and
-        any run older than that page on its own."""
+        """Read the status of every run not yet finished: the list's pages of the runs created
+        since the oldest of them, newest first, until every one was seen; then any the list
+        did not show on its own (``MAX_SINGLES`` a call, taking turns: a run the API does
+        not know is LOST). Thousands in flight cost a page per 200, not a request each."""
         waiting = [r for r in runs.values() if r.status not in FINISHED and r.status != "LOST"]
         if not waiting:
             return
-        try:
-            reply = self.api.get("/api/workflows", params={"workflow": PIPELINE, "limit": 200})
-        except httpx.HTTPError:
-            return  # the API is away now: look again later
-        if reply.status_code != 200:
-            return
-        rows = {item["id"]: item for item in reply.json()["items"]}
+        since = datetime.fromtimestamp(min(r.started_at for r in waiting) - CLOCK_SLACK_S, UTC)
+        rows: dict[str, dict[str, Any]] = {}
+        wanted = {r.id for r in waiting}
+        for offset in itertools.count(0, PAGE):
+            found = self._page({"created_after": since.isoformat()}, offset)
+            if found is None:
+                return  # the API is away now: look again later
+            rows.update((item["id"], item) for item in found if item["id"] in wanted)
+            if len(found) < PAGE or len(rows) == len(wanted):
+                break
+        unseen = [r for r in waiting if r.id not in rows]
+        if unseen:
+            first = self._singles % len(unseen)
+            for run in (unseen[first:] + unseen[:first])[:MAX_SINGLES]:
+                row = self._one(run.id)
+                if row is not None:
+                    rows[run.id] = row
+            self._singles = first + MAX_SINGLES
         for run in waiting:
-            row = rows.get(run.id) or self._one(run.id)
+            row = rows.get(run.id)
             if row is None:
                 continue
             run.status = row["status"]
             run.detail = row
             if row.get("finished_at"):
                 run.finished_at = datetime.fromisoformat(row["finished_at"]).timestamp()
+
+    def finished_since(self, since: float) -> int | None:
+        """How many of the pipeline's runs created since ``since`` (unix seconds) have
+        finished, from the list's counts (three requests, however many runs); ``None``
+        while the API does not answer. ``since``: a time read before the first of them was
+        started (one machine: the API's clock is ours)."""
+        after = datetime.fromtimestamp(since, UTC).isoformat()
+        total = 0
+        for status in FINISHED:
+            try:
+                reply = self.api.get("/api/workflows", params={
+                    "workflow": PIPELINE, "status": status, "created_after": after, "limit": 1,
+                })  # fmt: skip
+            except httpx.HTTPError:
+                return None
+            if reply.status_code != 200:
+                return None
+            total += int(reply.json()["total"])
+        return total
+
+    def _page(self, filters: dict[str, str], offset: int) -> list[dict[str, Any]] | None:
+        params: dict[str, str | int] = {
+            "workflow": PIPELINE, "limit": PAGE, "offset": offset, **filters,
+        }  # fmt: skip
+        try:
+            reply = self.api.get("/api/workflows", params=params)
+        except httpx.HTTPError:
+            return None
+        if reply.status_code != 200:
+            return None
+        items: list[dict[str, Any]] = reply.json()["items"]
+        return items
 
     def _one(self, workflow_id: str) -> dict[str, Any] | None:
         try:

@@ -22,7 +22,8 @@ Data planes (``DataPlane``):
   ``Report.held_lost``, and the scheduler recomputes it from ``key``, the last object
   (``orchestrator.worker.held``). The last task's instruction names ``output_uri`` and
   ``output_format``: the worker encodes the result, PUTs it there, destroys the object and says
-  ``Report.stored`` (nothing comes back to the scheduler).
+  ``Report.stored`` (nothing comes back to the scheduler); if it read a held image, its
+  ``output_key`` is where a failed attempt writes that image for the retry.
 * ``object-store``: like Conductor/Orkes users do, the worker GETs ``input_uri`` from S3, decodes,
   runs the task, encodes (PNG, lossless, so every plane computes the same pixels) and PUTs
   ``output_uri``.
@@ -133,6 +134,7 @@ class Report:
     held: bool = False  # cdi plane: the new image is in the worker's memory, newer than ``key``
     held_lost: bool = False  # cdi plane: the instruction's held input is gone; ``key`` is older
     objects_gone: bool = False  # cdi plane: an object it named does not exist (minion restarted)
+    outage: bool = False  # S3 did not answer (``StorageUnavailable``): not the task's failure
     stored: bool = False  # cdi plane: the result is at ``output_uri``, the object destroyed
     bytes_in: int = 0
     bytes_out: int = 0

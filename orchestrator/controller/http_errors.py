@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
+from orchestrator.db.engine import disk_full, postgres_failed
 from orchestrator.errors import (
     BadHost,
     ConfigError,
@@ -29,8 +30,10 @@ from orchestrator.errors import (
     InvalidRequest,
     NotFound,
     OrchestratorError,
+    Overloaded,
     RequestTooLarge,
     ServiceError,
+    StorageError,
     Unauthenticated,
     UnsupportedType,
 )
@@ -49,7 +52,9 @@ STATUS_BY_ERROR: Final[dict[type[OrchestratorError], int]] = {
     RequestTooLarge: 413,
     UnsupportedType: 415,
     InvalidRequest: 422,
+    Overloaded: 429,
     ServiceError: 503,
+    StorageError: 503,  # S3 did not answer, or refused what the API asked of it
     ConfigError: 500,
 }
 
@@ -67,6 +72,8 @@ def translate(exc: Exception) -> OrchestratorError | None:
     """``exc`` as an ``OrchestratorError``, or ``None`` when it is a bug (a 500)."""
     if isinstance(exc, OrchestratorError):
         return exc
+    if isinstance(exc, sa_exc.OperationalError) and disk_full(exc):
+        return postgres_failed(exc, "postgres failed")
     if isinstance(exc, _UNAVAILABLE):
         service = "redis" if isinstance(exc, redis.RedisError) else "postgres"
         return ServiceError(
@@ -91,8 +98,11 @@ def error_response(exc: OrchestratorError) -> JSONResponse:
         body["known"] = exc.known
     if isinstance(exc, InvalidRequest) and exc.problems:
         body["problems"] = exc.problems
-    # RFC 6750: a 401 names the scheme the client should use.
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+    headers: dict[str, str] | None = None
+    if isinstance(exc, Unauthenticated):  # RFC 6750: a 401 names the scheme to use
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif isinstance(exc, Overloaded):  # RFC 9110: when to send the request again
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return JSONResponse(body, status_code=status_for(exc), headers=headers)
 
 

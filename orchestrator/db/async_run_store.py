@@ -14,6 +14,12 @@ steady use is not, which saves a round trip a statement. If Postgres drops a con
 steady use, the pool's idle connections are checked and the statement runs once more on
 another connection: a read changes nothing, and a start that committed before its connection
 dropped finds its run the second time instead of inserting it again (the API chose its id).
+
+*Back-pressure.* At most ``MAX_WAITING`` statements wait for a connection; one more is refused
+at once with ``Overloaded`` (HTTP 429, ``Retry-After``) instead of joining a queue it would
+leave only by the pool's timeout, as a 503 naming a Postgres that is in fact answering. *Why
+here:* the connections are what a burst of starts runs out of; the event loop takes
+thousands of requests, each a few bytes, and refuses the excess cheaply.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolTimeout, TooManyRequests
 from sqlalchemy import URL
 
 from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
+from orchestrator.db.engine import disk_full, postgres_failed
 from orchestrator.db.repository.api_keys import KEY_BY_HASH_SQL
 from orchestrator.db.repository.workflows import (
     CREATE_SQL,
@@ -42,14 +49,18 @@ from orchestrator.db.repository.workflows import (
     STATUS_SQL,
     create_params,
 )
-from orchestrator.errors import IdempotencyKeyReused, NotFound, ServiceError
+from orchestrator.errors import IdempotencyKeyReused, NotFound, Overloaded, ServiceError
 
-__all__ = ["CHECK_IDLE_S", "AsyncRunStore"]
+__all__ = ["CHECK_IDLE_S", "MAX_WAITING", "AsyncRunStore"]
 
 log = logging.getLogger(__name__)
 
 CHECK_IDLE_S: Final = 2.0
 POOL_MAX: Final = 8  # statements in flight at once; the loop thread runs one at a time anyway
+# Statements waiting for a connection: a fraction of a second's work for the pool on a busy
+# machine, far below its timeout.
+MAX_WAITING: Final = 16 * POOL_MAX
+RETRY_AFTER_S: Final = 1
 
 T = TypeVar("T")
 _Row = Any  # a named tuple: attributes by column name, as the API's schemas read rows
@@ -59,14 +70,17 @@ class AsyncRunStore:
     """An asyncio psycopg pool for the API's per-request statements: a run's start, status
     and detail, and the API key a request came with."""
 
-    def __init__(self, database_url: URL, *, max_size: int = POOL_MAX) -> None:
+    def __init__(
+        self, database_url: URL, *, max_size: int | None = None, max_waiting: int | None = None
+    ) -> None:
         conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._returned: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float]
         self._returned = weakref.WeakKeyDictionary()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[_Row]] = AsyncConnectionPool(
             conninfo,
             min_size=1,
-            max_size=max_size,
+            max_size=POOL_MAX if max_size is None else max_size,
+            max_waiting=MAX_WAITING if max_waiting is None else max_waiting,
             open=False,
             timeout=10.0,
             name="api-runs",
@@ -185,12 +199,13 @@ class AsyncRunStore:
         """``work`` on a pooled connection; once more on another if Postgres dropped the first.
         Everything here may run twice: reads change nothing, and a start inserts a run whose id
         the API chose, which the second try finds instead of inserting again. A pool with no
-        connection to give within its timeout is not asked twice."""
+        connection to give within its timeout is not asked twice, nor one with too many
+        statements waiting (``Overloaded``)."""
         try:
             async with self._connection() as conn:
                 return await work(conn)
         except ServiceError as exc:
-            if isinstance(exc.__cause__, PoolTimeout):
+            if isinstance(exc.__cause__, PoolTimeout) or disk_full(exc.__cause__ or exc):
                 raise
             log.warning("Postgres dropped a connection (%s); trying again on another", exc)
             # A restarted Postgres dropped them all: check the idle ones before the next try.
@@ -206,10 +221,15 @@ class AsyncRunStore:
                     yield conn
                 finally:
                     self._returned[conn] = time.monotonic()
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise ServiceError(
-                f"Postgres is unreachable: {type(exc).__name__}: {exc}", service="postgres"
+        except TooManyRequests as exc:
+            raise Overloaded(
+                f"the API is at capacity ({self._pool.max_waiting} requests already wait for "
+                f"its {self._pool.max_size} database connections); send the request again in "
+                f"{RETRY_AFTER_S} s",
+                retry_after_s=RETRY_AFTER_S,
             ) from exc
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise postgres_failed(exc, "Postgres is unreachable") from exc
 
     async def _check_if_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
         returned = self._returned.get(conn)

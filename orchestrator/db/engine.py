@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import psycopg
 from sqlalchemy import Engine, NullPool, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, ServiceError
 
-__all__ = ["make_engine", "make_session_factory"]
+__all__ = ["disk_full", "make_engine", "make_session_factory", "postgres_failed"]
 
 # Several processes (controller, scheduler, a few workers) share one server whose
 # max_connections is typically 100: keep each process's pool small.
@@ -68,3 +69,21 @@ def make_engine(
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     """Sessions that keep loaded attributes after commit, so routes can serialise them."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (psycopg's, or SQLAlchemy's around it) is Postgres out of disk space."""
+    return isinstance(getattr(exc, "orig", exc), psycopg.errors.DiskFull)
+
+
+def postgres_failed(exc: BaseException, what: str) -> ServiceError:
+    """``exc`` from Postgres as a ``ServiceError`` a person can act on: ``what`` failed, or,
+    for a full disk, that (Postgres answers, but cannot write until space is freed)."""
+    if disk_full(exc):
+        reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+        return ServiceError(
+            f"Postgres cannot write: the disk of its data folder is full ({reason}); free "
+            "space there and it goes on by itself",
+            service="postgres",
+        )
+    return ServiceError(f"{what}: {type(exc).__name__}: {exc}", service="postgres")

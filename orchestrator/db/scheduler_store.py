@@ -29,9 +29,9 @@ from sqlalchemy.pool import PoolProxiedConnection
 from orchestrator.contract.messages import Report
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.db import run_statements as sql
+from orchestrator.db.engine import postgres_failed
 from orchestrator.db.repository.workflows import STATUS_SQL
 from orchestrator.db.run_statements import Claimed, Finish, Handoff, Placement
-from orchestrator.errors import ServiceError
 
 __all__ = ["CLAIM_LOCK_CLASS", "CLAIM_LOCK_KEY", "ID_BLOCK", "SchedulerStore"]
 
@@ -185,9 +185,7 @@ class SchedulerStore:
             return rows
         except psycopg.OperationalError as exc:
             self.close()
-            raise ServiceError(
-                f"Postgres failed the scheduler's statement: {exc}", service="postgres"
-            ) from exc
+            raise postgres_failed(exc, "Postgres failed the scheduler's statement") from exc
 
     def _run(self, statement: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         conn = self._connection()
@@ -200,9 +198,7 @@ class SchedulerStore:
                 return cur.fetchall() if result and result.status == ExecStatus.TUPLES_OK else []
         except psycopg.OperationalError as exc:
             self.close()  # the next call reconnects
-            raise ServiceError(
-                f"Postgres failed the scheduler's statement: {exc}", service="postgres"
-            ) from exc
+            raise postgres_failed(exc, "Postgres failed the scheduler's statement") from exc
 
     def connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         """The loop's autocommit connection (made again after ``close``), for statements of

@@ -10,6 +10,7 @@ import time
 import click
 
 import cdi
+from cdi.controller.client import ControllerClient
 from orchestrator.db.engine import make_engine
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
@@ -19,7 +20,7 @@ from orchestrator.notify.deliverer import Deliverer
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.loop import Scheduler, connect_redis
 from orchestrator.scheduler.minion_link import MinionLink
-from orchestrator.scheduler.object_directory import ObjectDirectory
+from orchestrator.scheduler.object_directory import ObjectDirectory, controller_from_env
 from orchestrator.settings import load_settings
 
 __all__ = ["scheduler_command"]
@@ -51,12 +52,12 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
     if not settings.database_url or not settings.redis_url:
         raise click.UsageError("DATABASE_URL and REDIS_URL must be set (`cdiflow up` sets them)")
     engine = make_engine(settings.database_url, synchronous_commit=False)
-    link = _connect_minion(os.environ.get("CDI_URL"), scheduler_id)
     try:
-        directory = ObjectDirectory.from_env(link)  # every host's objects, with a reader token
+        controller = controller_from_env()  # every host's objects, with a reader token
     except ConfigError as exc:
-        link.close()
         raise click.ClickException(str(exc)) from exc
+    link = _connect_minion(os.environ.get("CDI_URL"), scheduler_id, controller)
+    directory = ObjectDirectory(link, controller)
     scheduler = Scheduler(
         scheduler_id,
         settings,
@@ -80,12 +81,16 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
         engine.dispose()
 
 
-def _connect_minion(url: str | None, scheduler_id: str) -> MinionLink:
-    """The minion link, waiting up to ``MINION_WAIT_S`` for a minion that is (re)starting."""
+def _connect_minion(
+    url: str | None, scheduler_id: str, directory: ControllerClient | None
+) -> MinionLink:
+    """The minion link (with the CDI controller's directory when the scheduler was given a
+    reader's token for it: ``cdiflow up`` gives it one), waiting up to ``MINION_WAIT_S`` for a
+    minion that is (re)starting."""
     deadline = time.monotonic() + MINION_WAIT_S
     while True:
         try:
-            return MinionLink(url, scheduler_id)
+            return MinionLink(url, scheduler_id, directory=directory)
         except (cdi.MinionUnavailable, cdi.ContainerExists) as exc:
             # ContainerExists: the minion has not yet noticed our previous process is gone.
             if time.monotonic() > deadline:

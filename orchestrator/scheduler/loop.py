@@ -174,7 +174,8 @@ class Scheduler:
             if key == self.reply_key:
                 self.reports.read(value)
             else:
-                self._on_wake(value)
+                # Its claim writes to Postgres: a failure there must not end the loop.
+                guarded(lambda: self._on_wake(value), self.ctx.faults)
             if self.dispatch.waiting:
                 self.dispatch.dispatch_waiting()  # a report may have freed a slot
         if self.claims.due():

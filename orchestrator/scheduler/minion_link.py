@@ -3,6 +3,8 @@
 A minion that restarts comes back empty: every object it held is gone. ``epoch`` counts the
 connections made, so the scheduler knows when that happened and drives the workflows whose
 images were there again from their input in S3 (``recovery.Recovery.minion_restarted``).
+With the CDI controller's ``directory``, ``located`` says which host has an object (a silent
+worker's, which the scheduler does not wait for when it is on the worker's host).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import cdi
+from cdi.controller.client import ControllerClient
 
 __all__ = ["MinionLink"]
 
@@ -28,10 +31,12 @@ class MinionLink:
         container_id: str,
         *,
         connect: Callable[[str | None, str], cdi.Client] = cdi.connect,
+        directory: ControllerClient | None = None,
     ) -> None:
         self._url = url
         self._id = container_id
         self._connect = connect
+        self._directory = directory
         self._client: cdi.Client | None = connect(url, container_id)
         self.epoch = 1
 
@@ -40,6 +45,16 @@ class MinionLink:
 
     def list_objects(self) -> list[dict[str, Any]]:
         return self._live().list_objects()
+
+    def located(self, key: str) -> str | None:
+        """The host the directory places ``key`` on (one question to the controller, with no
+        wait for it to catch up), or ``None``: no directory, or no host has it."""
+        if self._directory is None:
+            return None
+        try:
+            return self._directory.lookup_object(key).host
+        except cdi.ObjectNotFound:
+            return None
 
     @property
     def spans_hosts(self) -> bool:
@@ -69,7 +84,7 @@ class MinionLink:
         return True
 
     def close(self) -> None:
-        self._drop()
+        self._drop()  # the directory is its giver's to close (``ObjectDirectory``'s)
 
     def _live(self) -> cdi.Client:
         if self._client is None:

@@ -8,6 +8,10 @@ sweep takes its own host's objects from its minion (the directory may trail it),
 hosts' from the directory, those of hosts whose minion is alive only: a dead minion's entries
 stay in the directory, but its objects went with it. Without a token, or while the controller
 does not answer, the sweep sees its own host's objects alone, as on a stack of one host.
+
+The same client (``controller_from_env``) tells the scheduler where a silent worker's object is
+(``MinionLink.located``): one on the worker's host is not waited for. Without a token it is not
+asked at all: every question would be refused, and that step would wait for ever for an answer.
 """
 
 from __future__ import annotations
@@ -23,12 +27,27 @@ from cdi.remote.gateway import GATEWAY_PREFIX
 from orchestrator.errors import ConfigError
 from orchestrator.scheduler.minion_link import MinionLink
 
-__all__ = ["ObjectDirectory", "Seen"]
+__all__ = ["ObjectDirectory", "Seen", "controller_from_env"]
 
 log = logging.getLogger(__name__)
 
 Seen = tuple[str, str]  # an object's key and its owner
-_TIMEOUT_S: Final = 2.0  # a sweep is housekeeping: a slow controller must not hold the loop
+# The loop asks it: a slow controller must not hold every run (nor the sweep, housekeeping).
+_TIMEOUT_S: Final = 2.0
+
+
+def controller_from_env() -> ControllerClient | None:
+    """The CDI controller's directory when the scheduler was given its URL and a reader's
+    token, else None; ``ConfigError`` for a token that is not one (a placeholder)."""
+    url = os.environ.get("CDI_CONTROLLER_URL", "").strip()
+    try:
+        token = controller_token(Role.READER) if url else None
+    except cdi.CDIError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not url or token is None:
+        log.info("no CDI controller token: objects are looked for on this host only")
+        return None
+    return ControllerClient(url, timeout=_TIMEOUT_S, token=token)
 
 
 class ObjectDirectory:
@@ -43,15 +62,7 @@ class ObjectDirectory:
     def from_env(cls, link: MinionLink) -> ObjectDirectory:
         """Every host's objects when the scheduler was given the controller's URL and a
         reader's token; ``ConfigError`` for a token that is not one (a placeholder)."""
-        url = os.environ.get("CDI_CONTROLLER_URL")
-        try:
-            token = controller_token(Role.READER) if url else None
-        except cdi.CDIError as exc:
-            raise ConfigError(str(exc)) from exc
-        if url is None or token is None:
-            log.info("no CDI controller token: left objects are looked for on this host only")
-            return cls(link)
-        return cls(link, ControllerClient(url, timeout=_TIMEOUT_S, token=token))
+        return cls(link, controller_from_env())
 
     def objects(self) -> list[Seen]:
         """This host's objects from its minion (which the directory may trail), and those of

@@ -3,14 +3,15 @@ or went silent with a task, and a Redis that lost its data.
 
 *Lost workers.* A worker whose heartbeat is older than ``keys.WORKER_DEAD_AFTER_S``, or that
 restarted (a new ``started_at``), or a task past its timeout plus ``LOST_GRACE_S``: the
-scheduler waits for the run's object to come back by the minion's recovery rule (if the worker
-still holds it, it is alive after all), drops what it may have half-written, records the task
-run as lost and retries the step elsewhere. Before it declares anything lost it reads the
-reports already waiting: a worker whose task overran its timeout reports TIMED_OUT and exits,
-and its restart could otherwise be seen before its report. A task past its deadline on a live
-worker that still holds the object (its report, or the instruction, may have been lost) is
-sent once more; a worker answers a repeat with its report, not a second run. If that brings
-nothing either, the run is driven again from its input (``redrive``).
+scheduler waits briefly for the run's object to come back by the minion's recovery rule (if the
+worker still holds it, it is alive after all; one the directory places on the worker's other
+host is not waited for, the next tick looks again), drops what it may have half-written,
+records the task run as lost and retries the step elsewhere. Before it declares anything lost
+it reads the reports already waiting: a worker whose task overran its timeout reports TIMED_OUT
+and exits, and its restart could otherwise be seen before its report. A task past its deadline
+on a live worker that still holds the object (its report, or the instruction, may have been
+lost) is sent once more; a worker answers a repeat with its report, not a second run. If that
+brings nothing either, the run is driven again from its input (``redrive``).
 
 *Redis data loss.* Redis holds only what can be rebuilt; when its ``keys.EPOCH`` token changes,
 the scheduler sends again every instruction it has out, and presumes no worker dead for a

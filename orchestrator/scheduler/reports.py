@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 # own ``retries``, which count only the task's failures. Bounded: a task that kills its worker
 # every time (out of memory, a crash in native code) must still end its workflow.
 MAX_LOST_ATTEMPTS: Final = 3
+# A step whose attempts fail because S3 does not answer (``Report.outage``) is tried again,
+# spending none of its ``retries``, for this long from the first such failure in a row, at
+# growing intervals of at most ``OUTAGE_BACKOFF_MAX_S``: an S3 outage of a few minutes delays
+# the workflow instead of failing it.
+OUTAGE_PATIENCE_S: Final = 300.0
+OUTAGE_BACKOFF_S: Final = 0.5
+OUTAGE_BACKOFF_MAX_S: Final = 5.0
 
 
 class Reports:
@@ -108,7 +115,9 @@ class Reports:
             self.ctx.faults.minion = True  # the next tick asks the minion
             self.redrive.run(run, f"worker {report.worker_id}: {report.error}")
         elif not completed:
-            self.after_failure(run, step, report.error or report.status, report.retryable)
+            self.after_failure(
+                run, step, report.error or report.status, report.retryable, outage=report.outage
+            )
         elif moves.failure:
             self.endings.fail(run, moves.failure)
         elif finish is not None:
@@ -128,25 +137,47 @@ class Reports:
             return []
 
     def after_failure(
-        self, run: RunState, step: StepRun, reason: str, retryable: bool, *, lost: bool = False
+        self,
+        run: RunState,
+        step: StepRun,
+        reason: str,
+        retryable: bool,
+        *,
+        lost: bool = False,
+        outage: bool = False,
     ) -> None:
         """A failed attempt of ``step``: retry it after its backoff, or fail the run. A
         ``lost`` attempt (its worker died) spends none of the step's ``retries``, up to
-        ``MAX_LOST_ATTEMPTS``."""
+        ``MAX_LOST_ATTEMPTS``; nor does an ``outage`` (S3 did not answer), for up to
+        ``OUTAGE_PATIENCE_S``."""
         spec = step.current
         step.phase = Phase.READY
+        now = time.monotonic()
         step.lost += lost
-        own_failures = step.attempt - step.lost
+        step.outages += outage
+        step.outage_since = (step.outage_since or now) if outage else 0.0
+        own_failures = step.attempt - step.lost - step.outages
         if run.cancelled:
             self.endings.quiet(run)
+        elif outage and now - step.outage_since <= OUTAGE_PATIENCE_S:
+            backoff = OUTAGE_BACKOFF_S * 2 ** min(step.outages - 1, 8)
+            self._retry(step, now + min(OUTAGE_BACKOFF_MAX_S, backoff))
+        elif outage:
+            self.endings.fail(
+                run, f"task {step.id!r} failed after {step.attempt} attempt(s): S3 has not "
+                f"answered for {OUTAGE_PATIENCE_S:g} s: {reason}",
+            )  # fmt: skip
         elif retryable and own_failures <= spec.retries and step.lost <= MAX_LOST_ATTEMPTS:
-            step.retry_at = time.monotonic() + spec.retry_backoff_s * 2 ** (step.attempt - 1)
-            step.attempt += 1
-            self.ctx.tick.by(step.retry_at)  # the tick dispatches it
+            self._retry(step, now + spec.retry_backoff_s * 2 ** (own_failures + step.lost - 1))
         else:
             self.endings.fail(
                 run, f"task {step.id!r} failed after {step.attempt} attempt(s): {reason}"
             )
+
+    def _retry(self, step: StepRun, at: float) -> None:
+        step.retry_at = at
+        step.attempt += 1
+        self.ctx.tick.by(step.retry_at)  # the tick dispatches it
 
     def after_lost_image(self, run: RunState, step: StepRun) -> None:
         """The image ``step`` read was lost with its worker's memory: the steps that made it
@@ -163,7 +194,7 @@ class Reports:
                 self.endings.fail(run, f"task {again.id!r} lost its image with its worker's "
                                        f"memory {again.lost} times")  # fmt: skip
                 return
-            if again.attempt - again.lost > again.spec.retries + 1:
+            if again.attempt - again.lost - again.outages > again.spec.retries + 1:
                 self.endings.fail(
                     run, f"task {again.id!r} lost its image with its worker's memory and has "
                     f"no retries left (attempt {again.attempt} of {again.spec.retries + 1})",

@@ -81,6 +81,8 @@ class StepRun:
     phase: Phase = Phase.WAITING
     attempt: int = 1
     lost: int = 0  # of its attempts, those lost with their worker (not the task's failures)
+    outages: int = 0  # of its attempts, those S3 failed by not answering (nor the task's)
+    outage_since: float = 0.0  # monotonic: the first of its outage failures in a row (0: none)
     in_flight: InFlight | None = None
     retry_at: float = 0.0  # monotonic: when a failed attempt goes out again
     avoid: frozenset[str] = frozenset()  # workers that lost it

@@ -31,6 +31,12 @@ class RestartPolicy:
     """A process whose alive stamp (``contract.alive``) has not moved for this many seconds is
     stuck: it is killed and so restarted like one that crashed."""
 
+    start_grace: float = STALL_AFTER_S
+    """Seconds a process may take from its launch to its first stamp (imports, first
+    connections: on a loaded machine the scheduler's take over ten): it is starting, not stuck.
+    ``stall_after`` counts from that first stamp on; a short one thus catches a process that
+    stops, without killing every start of a slow machine over and over."""
+
     def delay(self, now: float, recent: Sequence[float], quick_crashes: int) -> float:
         """Seconds to wait before the next restart.
 

@@ -165,8 +165,14 @@ class Supervisor:
         child = watch.child
         if watch.alive_file is None or child.pid is None:
             return
-        age = stamp_age(watch.alive_file, now - child.started_at)
-        if age <= self.policy.stall_after:
+        running = now - child.started_at
+        age = stamp_age(watch.alive_file, running)
+        # No stamp of its own yet (the age is its whole run): still starting.
+        starting = age >= running
+        limit = self.policy.stall_after
+        if starting:
+            limit = max(limit, self.policy.start_grace)
+        if age <= limit:
             return
         watch.stalls += 1
         log.error("%s (pid %s) has not renewed %s for %.0fs: it is stuck; killing it so that it "

@@ -28,6 +28,7 @@ from orchestrator.errors import (
     InvalidRequest,
     ObjectGone,
     OrchestratorError,
+    StorageUnavailable,
     TaskStopped,
     TaskTimedOut,
     WorkerError,
@@ -97,6 +98,7 @@ class Execution:
     held: bool = False
     held_lost: bool = False
     objects_gone: bool = False
+    outage: bool = False  # S3 did not answer: the scheduler tries again while that lasts
     stored: bool = False
     bytes_in: int = 0
     bytes_out: int = 0
@@ -127,6 +129,7 @@ class Execution:
         self.error = _describe(exc)
         self.traceback = bounded_traceback(stopped.where) if stopped else _traceback(exc)
         self.objects_gone = isinstance(exc, ObjectGone)
+        self.outage = isinstance(exc, StorageUnavailable)
         if isinstance(exc, WorkerError):
             self.retryable = exc.retryable
         else:
@@ -161,6 +164,7 @@ class Execution:
             held=self.held,
             held_lost=self.held_lost,
             objects_gone=self.objects_gone,
+            outage=self.outage,
             stored=self.stored,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 
 from cdiflow.cli import main
 from loadtest.arrivals import Arrivals
+from loadtest.cdiflow_api import while_busy
 from loadtest.cli import bench_workflows_command
 from loadtest.image_costs import bench_images_command, measure_image_costs
 from loadtest.images import chain_definition, chain_ops, chain_workflow, make_jpeg
@@ -367,3 +369,22 @@ def test_an_open_loop_row_is_set_against_the_floors_latency_at_the_same_load() -
     closed, opened = rows[2], rows[3]
     assert closed.throughput_vs_floor == 0.4 and closed.overhead_p50_s == 0.2
     assert opened.throughput_vs_floor is None and opened.overhead_p50_s == 0.15
+
+
+def test_a_load_test_user_sends_a_429_again_after_retry_after() -> None:
+    """At capacity the API answers 429 (and did nothing): the users wait and send it again."""
+
+    @dataclass
+    class Reply:
+        status_code: int
+        headers: dict[str, str]
+
+    replies = iter([Reply(429, {"Retry-After": "0"}), Reply(429, {}), Reply(201, {})])
+    sent: list[Reply] = []
+
+    def send() -> Reply:
+        sent.append(next(replies))
+        return sent[-1]
+
+    assert while_busy(send).status_code == 201
+    assert [r.status_code for r in sent] == [429, 429, 201]

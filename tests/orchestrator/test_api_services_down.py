@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
+from PIL import Image
 from sqlalchemy import make_url
 
 from orchestrator.child_process import free_port
@@ -40,6 +42,18 @@ def test_redis_down(api_settings: Settings) -> None:
         # The run is committed in Postgres; the lost wake-up only delays the scheduler's poll.
         assert client.post("/api/workflows", json={"workflow": "noop_pipeline",
                                                    "input": IMAGE}).status_code == 201  # fmt: skip
+
+
+def test_s3_down_is_a_503_from_the_routes_that_reach_it(api_settings: Settings) -> None:
+    """An upload while S3 does not answer says so (503, naming the outage), not a 500."""
+    dead = api_settings.model_copy(update={"s3_endpoint_url": f"http://127.0.0.1:{free_port()}"})
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4), (10, 200, 30)).save(png, "PNG")
+    with keyed_client(create_app(dead), admin_key_of(dead)) as client:
+        upload = client.post("/api/inputs", files={"file": ("in.png", png.getvalue())})
+    assert upload.status_code == 503, upload.text
+    assert upload.json()["code"] == "storage_unavailable"
+    assert "S3 did not answer" in upload.json()["detail"]
 
 
 def _drop_connections(database_url: str) -> int:

@@ -67,3 +67,12 @@ def test_a_pool_timeout_is_not_waited_out_twice() -> None:
     with pytest.raises(ServiceError, match="PoolTimeout"):
         asyncio.run(_store(pool)._twice(_answer))
     assert pool.handed == 1 and pool.checks == 0
+
+
+def test_a_full_disk_says_so_and_is_not_tried_twice() -> None:
+    full = psycopg.errors.DiskFull('could not extend file "base/1/2": No space left on device')
+    pool = _FakePool(full, failures=2)
+    with pytest.raises(ServiceError, match="the disk of its data folder is full") as caught:
+        asyncio.run(_store(pool)._twice(_answer))
+    assert "unreachable" not in str(caught.value)
+    assert pool.handed == 1  # another connection would meet the same full disk

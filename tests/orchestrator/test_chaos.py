@@ -1,8 +1,11 @@
-"""The chaos suite's short version: on one real stack under load, each fault that used to leave
-workflows stuck, struck for real (SIGKILL by PID, FLUSHALL). Every workflow must end completed
-with the right pixels or failed with a reason, none lost, no object left in the minion, and a
-workflow started after the fault must complete. ``cdiflow bench chaos`` runs the whole
-catalogue, 60 workflows a case, embedded and against external services."""
+"""The chaos suite's short version, on one real stack under load: each fault that used to leave
+workflows stuck, struck for real (SIGKILL by PID, FLUSHALL); then a burst of starts at once and
+a short soak. Every workflow must end completed with the right pixels or failed with a reason,
+none lost, no object left in the minion, and a workflow started after the fault must complete.
+``cdiflow bench chaos`` runs the whole catalogue, 60 workflows a case, embedded and against
+external services, a burst of 5,000 and an hour's soak; the faults that last (an S3 outage, a
+full disk, a partition between hosts) have short versions of their own in
+``test_chaos_held.py`` and ``tests/multihost/test_chaos_hosts.py``."""
 
 from __future__ import annotations
 
@@ -10,8 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from loadtest.chaos.burst import run_burst
 from loadtest.chaos.faults import FAULTS, QUICK_FAULTS, Fault, Target
 from loadtest.chaos.run import chaos_stack, run_case
+from loadtest.chaos.sampling import pieces_of
+from loadtest.chaos.soak import run_soak
 
 WORKFLOWS = 12  # a case: some in flight on each policy when the fault strikes
 
@@ -29,3 +35,26 @@ def test_every_workflow_ends_right_after(target: Target, fault: Fault[Target]) -
     result = run_case(target, fault, workflows=WORKFLOWS, deadline_s=120.0)
     assert result.passed, result.as_dict()
     assert result.completed + result.failed == result.workflows + result.probes
+
+
+def test_a_burst_is_taken_without_a_5xx_and_every_run_completes(target: Target) -> None:
+    """200 starts from 100 connections at once: where the API is full it answers 429 and the
+    client sends the start again after its Retry-After; no 5xx; each taken once."""
+    result = run_burst(target, workflows=200, clients=100, deadline_s=600.0)
+    assert result.passed, result.as_dict()
+    assert result.server_errors == 0, result.answers
+    assert result.answers.get("201") == 200, result.answers
+    assert result.completed == 200
+
+
+def test_a_soak_samples_every_piece_and_every_run_ends_right(target: Target) -> None:
+    """The machinery of the hour's soak, for half a minute: the peak, the steady load, a
+    sample of every piece. Whether memory stays flat is the benchmark's to judge (over half an
+    hour; this is all warm-up)."""
+    result = run_soak(target, duration_s=20.0, peak_s=10.0, inflight=16, sample_every_s=2.0)
+    assert (result.stuck, result.lost, result.wrong, result.leaked_objects) == (0, 0, 0, 0)
+    assert result.completed + result.failed == result.workflows and not result.problems
+    assert result.peak_wps > 0
+    expected = {f"{kind}:{piece}" for piece in pieces_of(target.stack) for kind in ("rss", "fds")}
+    assert expected | {"postgres_bytes", "redis_bytes"} <= set(result.growth)
+    assert len(result.samples) >= 5

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import InputMissing, InputTooLarge, InvalidRequest, StorageError
+from orchestrator.errors import (
+    InputMissing,
+    InputTooLarge,
+    InvalidRequest,
+    StorageError,
+    StorageUnavailable,
+)
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
 
@@ -65,10 +71,20 @@ def test_an_endpoint_that_is_down_fails_fast_with_the_uri(tmp_path: Path) -> Non
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     store = ObjectStore(_settings(tmp_path, f"http://127.0.0.1:{port}", ("any", "key")))
-    with pytest.raises(StorageError, match=r"cannot read s3://cdiflow/x\.png"):
+    # An outage, which the scheduler waits out, not a refusal.
+    with pytest.raises(StorageUnavailable, match=r"cannot read s3://cdiflow/x\.png: S3 did not"):
         store.get(store.uri("x.png"), limit=10)
-    with pytest.raises(StorageError, match=r"cannot write s3://cdiflow/y\.png"):
+    with pytest.raises(StorageUnavailable, match=r"cannot write s3://cdiflow/y\.png"):
         store.put(store.uri("y.png"), b"data")
+
+
+def test_a_refusal_is_not_taken_for_an_outage(
+    tmp_path: Path, s3_endpoint: str, s3_keys: tuple[str, str]
+) -> None:
+    wrong = ObjectStore(_settings(tmp_path, s3_endpoint, (s3_keys[0], "not-" + s3_keys[1])))
+    with pytest.raises(StorageError, match=r"cannot write s3://cdiflow/z\.png") as caught:
+        wrong.put(wrong.uri("z.png"), b"data")
+    assert not isinstance(caught.value, StorageUnavailable), caught.value
 
 
 def test_no_credentials_anywhere_is_a_clear_error_at_the_first_call(

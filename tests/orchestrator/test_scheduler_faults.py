@@ -220,6 +220,30 @@ def test_postgres_failing_a_write_makes_the_scheduler_resume_from_what_it_has(
     assert "workflow.resumed" in kinds
 
 
+def test_postgres_failing_the_claim_of_a_wake_up_does_not_end_the_loop(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new run's wake-up makes the loop claim it; Postgres failing that write (its disk
+    full, say) is noted, and the run is claimed once Postgres answers."""
+    (workflow_id,) = _start(api_client, api_redis)  # its wake-up waits on keys.WAKE
+    real = scheduler.db.claim
+
+    def disk_full(*args: Any, **kwargs: Any) -> list[Any]:
+        raise ServiceError("Postgres cannot write: the disk of its data folder is full",
+                           service="postgres")  # fmt: skip
+
+    monkeypatch.setattr(scheduler.db, "claim", disk_full)
+    scheduler.step()  # takes the wake-up: the claim fails, the loop goes on
+    assert scheduler.ctx.faults.postgres
+    assert not api_redis.llen(keys.WAKE)
+    monkeypatch.setattr(scheduler.db, "claim", real)
+    scheduler._tick()  # Postgres answers again: resync, then the claim
+    assert [i.workflow_id for i in _queued(api_redis)] == [workflow_id]
+
+
 def test_a_dead_schedulers_workflows_go_to_a_live_one_and_a_live_ones_stay(
     api_settings: Settings,
     api_client: TestClient,

@@ -181,13 +181,16 @@ def test_no_secret_in_a_log_a_command_line_or_what_another_user_reads(running: R
     leaks = [(name, where) for name, secret in secrets.items()
              for where, text in texts.items() if secret in text]  # fmt: skip
     assert leaks == []
-    # The admin key and the CDI tokens go to the API alone: not where task code runs.
+    # The admin key and the CDI tokens are not where task code runs; the scheduler (no task
+    # code) is named the reader token's file, the workers no CDI credential at all.
     for proc in running.processes():
         command = " ".join(proc.cmdline())
         if "orchestrator.scheduler" in command or "orchestrator.worker" in command:
             environment = "\0".join(f"{k}={v}" for k, v in proc.environ().items())
             given = [n for n, secret in secrets.items() if secret in environment]
             assert not [n for n in given if n.startswith(("api-key", "cdi/"))], command
+        if "orchestrator.worker" in command:
+            assert not [n for n in proc.environ() if n.startswith("CDI_CONTROLLER_TOKEN")], command
 
 
 def test_the_data_folder_is_its_owners_alone(running: Running) -> None:

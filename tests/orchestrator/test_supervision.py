@@ -3,6 +3,7 @@ moving is killed and restarted; one that renews it is left alone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -28,8 +29,12 @@ while True:
     stamp.renew()
     time.sleep(0.1)
 """
-# Long enough for a Python child to start and stamp on a loaded 2-core machine.
-STALL_AFTER_S = 4.0
+# The child stamps every 0.1 s once started (its start has the supervisor's start grace):
+# 2 s without a stamp leaves room for a loaded 2-core machine.
+STALL_AFTER_S = 2.0
+# Takes a while before its first stamp, as the scheduler's imports do on a loaded machine.
+SLOW_START_S = 2 * STALL_AFTER_S
+SLOW_STARTER = f"import time; time.sleep({SLOW_START_S})\n" + RENEWING
 
 
 def _eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -40,14 +45,14 @@ def _eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> 
         time.sleep(0.05)
 
 
-@pytest.fixture
-def renewing(tmp_path: Path) -> Iterator[tuple[ChildProcess, Path]]:
-    stamp = tmp_path / "renewing.alive"
+@contextlib.contextmanager
+def _child(tmp_path: Path, name: str, code: str) -> Iterator[tuple[ChildProcess, Path]]:
+    stamp = tmp_path / f"{name}.alive"
     child = ChildProcess(
-        "renewing",
-        [sys.executable, "-c", RENEWING],
+        name,
+        [sys.executable, "-c", code],
         env={"PATH": "/usr/bin:/bin", ALIVE_FILE_ENV: str(stamp)},
-        log_path=tmp_path / "renewing.log",
+        log_path=tmp_path / f"{name}.log",
     )
     child.start()
     try:
@@ -56,7 +61,14 @@ def renewing(tmp_path: Path) -> Iterator[tuple[ChildProcess, Path]]:
         child.stop(5.0)
 
 
+@pytest.fixture
+def renewing(tmp_path: Path) -> Iterator[tuple[ChildProcess, Path]]:
+    with _child(tmp_path, "renewing", RENEWING) as running:
+        yield running
+
+
 def _supervise(child: ChildProcess, stamp: Path) -> Supervisor:
+    # The start grace is the default (a minute): ``stall_after`` counts from the first stamp.
     policy = RestartPolicy(initial_backoff=0.05, stall_after=STALL_AFTER_S)
     supervisor = Supervisor([child], policy, interval=0.1, alive_files={child.name: stamp})
     supervisor.start()
@@ -99,6 +111,21 @@ def test_a_stopped_process_is_killed_and_restarted_and_its_successor_kept(
         supervisor.stop()
 
 
+def test_a_slow_start_is_not_taken_for_a_stall(tmp_path: Path) -> None:
+    """Its first stamp comes after more than ``stall_after``: it is starting, left alone, and
+    once it stamps, a stop is caught as soon as ever."""
+    with _child(tmp_path, "slow", SLOW_STARTER) as (child, stamp):
+        first = child.pid
+        supervisor = _supervise(child, stamp)
+        try:
+            _eventually(stamp.exists, "the first stamp")
+            assert (supervisor.stalls(child.name), child.pid) == (0, first)
+            child.send_signal(signal.SIGSTOP)
+            _eventually(lambda: supervisor.stalls(child.name) == 1, "the stop caught")
+        finally:
+            supervisor.stop()
+
+
 def test_a_process_that_never_stamps_counts_from_its_launch(tmp_path: Path) -> None:
     missing = tmp_path / "never"
     assert stamp_age(missing, running_s=0.5) == 0.5
@@ -115,3 +142,13 @@ def test_a_stamp_that_cannot_be_written_does_not_stop_its_process(tmp_path: Path
     stamp.renew()  # logged once, never raised
     stamp.renew()
     assert not (tmp_path / "no-such-folder").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full to stand for a full disk")
+def test_a_full_disk_does_not_keep_a_process_from_starting() -> None:
+    """Its log cannot take a byte (``/dev/full`` answers every write with ENOSPC): the process
+    starts all the same, as the supervisor's restart of it must while the disk is full."""
+    child = ChildProcess("full", ["/bin/sh", "-c", "exit 3"], log_path=Path("/dev/full"))
+    child.start()
+    _eventually(lambda: child.poll() is not None, "the child to run and exit")
+    assert child.poll() == 3

@@ -29,13 +29,15 @@ from orchestrator.controller.api.routes import (
 from orchestrator.controller.auth import require_viewer
 from orchestrator.schemas import error_responses
 
-# Any route may refuse a Host (400) or a request's shape (422); a keyed one a key (401, 403).
+# Any route may refuse a Host (400) or a request's shape (422); a keyed one a key (401, 403),
+# or, at capacity, ask for the request again later (429 with Retry-After: its key is looked up
+# on the connections a burst of starts fills).
 api_router = APIRouter(responses=error_responses(400, 422))
 
 
 def _keyed(router: APIRouter) -> None:
     api_router.include_router(
-        router, dependencies=[Depends(require_viewer)], responses=error_responses(401, 403)
+        router, dependencies=[Depends(require_viewer)], responses=error_responses(401, 403, 429)
     )
 
 

@@ -9,7 +9,8 @@ step, ``hold`` when the step may run again (a lost held image is recomputed). Ev
 input is in ``inputs`` (an object owned or shared, an inline value, or a list), every output
 a later step reads has its key in ``outputs``, and a step whose outputs are the run's results
 stores them itself (``output_uri`` for its image, ``store_prefix`` for the rest): the run ends
-with its report.
+with its report. The last step, which stores its image in S3, gets an ``output_key`` too when
+it reads a held image: where a failed attempt writes that image for the retry.
 
 *The report* (``received``, ``objects``): where each object the step read is now (handed
 back, kept, destroyed, its share given up), the image it held lost with its worker (the run
@@ -17,7 +18,9 @@ rewinds), and the objects it made, registered in the run.
 
 *A lost worker* (``regain``): what it was given comes back to the scheduler by the minion's
 recovery rule; the scheduler waits briefly for it, and drops what the worker may have
-half-written (``Endings.destroy``: without waiting for it).
+half-written (``Endings.destroy``: without waiting for it). One that is not on the scheduler's
+host is not waited for: if the directory places it on another host (the worker holds it
+there, or that host is cut off) the next tick asks again, else it is gone.
 """
 
 from __future__ import annotations
@@ -87,6 +90,11 @@ class CdiPlane(Plane):
                 output_format=run.result_format,
                 store_prefix=stem,
             )
+            if fields.get("held"):
+                # The image it reads is only in its worker's memory: if the attempt fails (S3
+                # did not take the result), the worker writes it here for the retry instead of
+                # losing it, which would run the steps that made it again.
+                fields["output_key"] = f"{run.next_object_key()}.{IMAGE}"
         else:
             base = run.next_object_key()
             fields |= dict(
@@ -119,15 +127,21 @@ class CdiPlane(Plane):
         drop: Callable[[str], None],
     ) -> bool:
         """Wait briefly for the step's objects to come back by the minion's recovery rule;
-        False while the worker still holds one. An object the worker was making from the S3
-        input may be half-written: it is dropped like a half-written output, and the retry
-        fetches the input again. Its shares end with it."""
+        False while the worker still holds one (one on another host is not waited for:
+        ``_held_elsewhere``). An object the worker was making from the S3 input may be
+        half-written: it is dropped like a half-written output, and the retry fetches the
+        input again. Its shares end with it."""
         lost = flight.instruction
         fetched = lost.key if lost.input_uri else ""
         owned = [k for k, m in step.modes.items() if m is Mode.OWN]
+        here = {str(o.get("key", "")) for o in ctx.cdi.list_objects()}
         for key in [fetched] if fetched else owned:
+            if key not in here:
+                if _held_elsewhere(ctx, key):
+                    return False  # on the worker's host: it holds it, or its host is cut off
+                continue  # gone
             try:
-                with ctx.cdi.use(key).view(timeout=_REGAIN_WAIT_S):
+                with ctx.cdi.use(key, check=False).view(timeout=_REGAIN_WAIT_S):
                     pass
             except cdi.AccessTimeout:
                 return False
@@ -147,6 +161,18 @@ class CdiPlane(Plane):
             if key:
                 drop(key)
         return True
+
+
+def _held_elsewhere(ctx: SchedulerContext, key: str) -> bool:
+    """Whether the directory places ``key`` on another host. *Why ask it, not wait for the
+    object:* waiting for one held on a host that is cut off took the loop seconds per step and
+    tick, during which no workflow moved; the recovery rule brings it here if its holder dies,
+    and a later tick sees it."""
+    try:
+        host = ctx.cdi.located(key)
+    except cdi.CDIError:
+        return True  # the directory is away: look again at the next tick
+    return host is not None and host != ctx.cdi.host
 
 
 def _image_lane(datum: Datum | None, modes: Mapping[str, Mode]) -> Datum | None:

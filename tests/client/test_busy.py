@@ -1,0 +1,90 @@
+"""The client honours the API's back-pressure: a 429 is sent again after its ``Retry-After``,
+for up to ``busy_timeout``, then raised as ``TooManyRequests``. A small fake transport plays the
+API here (what the API answers at capacity is tested against the real one in
+``tests/orchestrator/test_api_back_pressure.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import httpx
+import pytest
+
+from cdiflow.client import AsyncClient, Client, TooManyRequests
+from cdiflow.client._calls import retry_after_s
+
+BUSY = {"detail": "the API is at capacity; send the request again in 1 s", "code": "overloaded"}
+
+
+class _Busy:
+    """Answers 429 (``Retry-After: <retry_after>``) to the first ``times`` requests, then 200."""
+
+    def __init__(self, times: int, retry_after: str = "0") -> None:
+        self.times, self.retry_after, self.seen = times, retry_after, 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.seen += 1
+        if self.seen <= self.times:
+            return httpx.Response(429, json=BUSY, headers={"Retry-After": self.retry_after})
+        return httpx.Response(200, json=[])
+
+
+def _client(api: _Busy, busy_timeout: float = 60.0) -> Client:
+    return Client(
+        "http://api.test", api_key="k" * 32, transport=httpx.MockTransport(api),
+        busy_timeout=busy_timeout,
+    )  # fmt: skip
+
+
+def test_a_429_is_sent_again_after_retry_after() -> None:
+    api = _Busy(times=3)
+    with _client(api) as client:
+        assert client.workers() == []
+    assert api.seen == 4
+
+
+def test_the_async_client_sends_it_again_too() -> None:
+    api = _Busy(times=2)
+
+    async def workers() -> list[object]:
+        async with AsyncClient(
+            "http://api.test", api_key="k" * 32, transport=httpx.MockTransport(api)
+        ) as client:
+            return list(await client.workers())
+
+    assert asyncio.run(workers()) == []
+    assert api.seen == 3
+
+
+def test_past_busy_timeout_it_raises_too_many_requests() -> None:
+    api = _Busy(times=10, retry_after="5")
+    with _client(api, busy_timeout=4.0) as client, pytest.raises(TooManyRequests) as caught:
+        client.workers()  # the first wait (5 s) would already pass the 4 s allowed
+    assert api.seen == 1
+    assert caught.value.status == 429 and caught.value.code == "overloaded"
+    assert caught.value.retry_after_s == 5.0
+    assert "send the request again" in str(caught.value)
+
+
+def test_busy_timeout_0_raises_at_once() -> None:
+    api = _Busy(times=1)
+    with _client(api, busy_timeout=0) as client, pytest.raises(TooManyRequests):
+        client.workers()
+    assert api.seen == 1
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("3", 3.0), ("", 1.0), ("soon", 1.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)],
+)
+def test_retry_after_seconds_or_a_date(header: str, seconds: float) -> None:
+    response = httpx.Response(429, headers={"Retry-After": header})
+    assert retry_after_s(response) == seconds
+
+
+def test_retry_after_a_date_to_come() -> None:
+    when = datetime.now(UTC) + timedelta(seconds=30)
+    response = httpx.Response(429, headers={"Retry-After": format_datetime(when, usegmt=True)})
+    assert 25.0 < retry_after_s(response) <= 30.0
