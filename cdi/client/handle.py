@@ -186,15 +186,32 @@ class CDIObject:
         return operation()
 
     # ------------------------------------------------------------- sharing
-    def share(self, readers: Iterable[str | int]) -> list[str]:
+    def share(self, readers: Iterable[str | int], *, live: bool = False) -> list[str]:
         """Grant the containers ``readers`` read-only access, all at once (the owner only).
 
         Our own views are revoked first (``BufferInUse`` if one is still referenced, and
         nothing is shared). Until every reader has released its share, nobody writes the
-        object, we included. Returns every container that holds a share now."""
+        object, we included. Returns every container that holds a share now.
+
+        ``live``: we go on writing and the readers see each write as it happens (a channel's
+        ring, ``cdi.channels``); our views stay valid, except that a strict object moves to
+        fresh memory when its first share starts (``access()`` maps it anew)."""
         ids = [protocol.check_container_id(r) for r in readers]
         client = self.client
         client._require_registered()
+        if live:
+            mapping = client._maps.get(self.key)
+            strict = mapping is not None and not mapping.cacheable
+            moved = client._owned.revoke(self.key) if strict else None  # before: BufferInUse
+            try:
+                reply, _ = client._conn.call(Op.SHARE, key=self.key, readers=ids, live=True)
+            except BaseException:
+                if moved is not None:
+                    client._owned.install(self.key, moved)  # nothing was shared
+                raise
+            if moved is not None:
+                moved.close(self.key)  # the strict object moved to fresh memory
+            return list(reply["readers"])
         mapping = client._owned.revoke(self.key)
         try:
             reply, _ = client._conn.call(Op.SHARE, key=self.key, readers=ids)

@@ -61,12 +61,19 @@ class StoredObject:
     readers: list[str] = field(default_factory=list)
     """Containers holding a read share, in the order granted: while any does, nobody writes,
     transfers, resizes or destroys the object."""
+    live: bool = False
+    """A live share (a channel's ring): its owner goes on writing while readers hold it."""
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
 
     @property
     def shared(self) -> bool:
         return bool(self.readers)
+
+    @property
+    def writable_by_owner(self) -> bool:
+        """Whether its owner may write it now: nobody reads it, or its share is live."""
+        return not self.readers or self.live
 
     def readable_by(self, container: str | None) -> bool:
         """Whether ``container`` may read the object now: its owner, or a reader of a share."""

@@ -136,7 +136,7 @@ class Operations:
         wait = optional_bool(request, "wait", True)
         obj = self.registry.get(request, conn, waiting=wait)
         owner = obj.owner == conn.container
-        if owner and not obj.readers:
+        if owner and obj.writable_by_owner:
             return (obj.grant_fields(), obj.grant_fd(have))
         if not wait:
             if owner:

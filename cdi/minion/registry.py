@@ -172,7 +172,7 @@ class Registry:
             if conn.doomed or not (
                 obj.readable_by(conn.container)
                 if reading
-                else conn.container == obj.owner and not obj.readers
+                else conn.container == obj.owner and obj.writable_by_owner
             ):
                 keep.append(waiter)
                 continue
@@ -288,6 +288,7 @@ class Registry:
         obj.readers.remove(reader)
         if obj.readers:
             return True
+        obj.live = False
         if obj.isolation is Isolation.STRICT:
             try:
                 self.move_to_fresh_segment(obj)

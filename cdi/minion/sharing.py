@@ -4,7 +4,8 @@ The owner grants several containers read access at once. While any of them holds
 nobody writes: the owner's ``access`` waits (or is refused with ``shared``), and its ``transfer``,
 ``resize`` and ``destroy`` are refused with ``shared``. Readers get a read-only fd (opened through
 /proc/self/fd, so the kernel refuses a writable mapping of it). When the last reader releases (or
-dies), the object is its owner's alone again.
+dies), the object is its owner's alone again. A *live* share (a channel's ring) lets the owner
+go on writing while readers hold it; transfer, resize and destroy still wait for their release.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Sharing:
     def share(self, conn: Connection, request: dict[str, Any]) -> Reply:
         reg = self.registry
         obj = reg.owned(conn, request)
+        live = optional_bool(request, "live", False)
         readers: list[str] = []
         for cid in protocol.check_container_ids(request.get("readers")):
             if cid not in reg.containers:
@@ -40,6 +42,12 @@ class Sharing:
                 )
             if cid not in readers:
                 readers.append(cid)
+        if obj.readers and obj.live != live:
+            kind = "live" if obj.live else "read-only (not live)"
+            raise InvalidArgument(
+                f"{obj.key!r} is already shared {kind}; a second share must be of the same kind"
+            )
+        obj.live = live
         if not obj.readers and obj.isolation is Isolation.STRICT:
             # The owner's mapping is of the old segment, which is truncated: it cannot write on.
             reg.move_to_fresh_segment(obj)
