@@ -5,6 +5,7 @@ Ring (owned by the writer, shared *live* with the readers it grants, who map it 
     header, one page, 64-bit little-endian words:
       0 magic   1 slots   2 slot_bytes   3 max_message   4 head (last sequence written)
       5 closed  6 epoch (bumped when the member table changes)   7 doorbell (never written)
+      8 waiting (the writer sleeps until a reader makes room)
       16.. member table: MAX_MEMBERS pairs (reader id hash, first sequence it is owed - 1)
     then ``slots`` slots of ``stride`` bytes:
       0 sequence (0 while the writer fills it)   1 message length   2 chunk length
@@ -19,17 +20,23 @@ sequence before and after copying the payload, so a slot overwritten under it is
 Cursor (owned by one reader, shared live with the writer, who maps it read-only)::
 
     0 magic   1 consumed (the last sequence the reader is done with)   2 closed
+    3 sleeping (the reader sleeps until the writer writes)
 
 Futex words (``cdi.channels.futex``) are the low halves of ``head`` (readers sleep on it),
 ``epoch`` (a joining or leaving reader sleeps on it), ``doorbell`` (the writer's housekeeping
 thread sleeps on it; a reader rings it after joining or leaving) and ``consumed`` (a writer held
-back by that reader sleeps on it).
+back by that reader sleeps on it). A side wakes the other only when that one said it sleeps
+(``sleeping``, ``waiting``): it stores its progress, then passes a full fence (``fence``), then
+reads the flag; the sleeper stores its flag and sleeps in ``futex.wait``, where the kernel
+passes a full fence before it compares the word. So either the waker sees the flag, or the
+sleeper's kernel sees the new value: no wake-up is lost, and none is paid for when nobody sleeps.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -49,6 +56,7 @@ __all__ = [
     "Geometry",
     "cursor_key",
     "destroy_once_alone",
+    "fence",
     "reader_tag",
     "ring_key",
 ]
@@ -62,12 +70,12 @@ MAX_MEMBERS = 64
 FIRST, LAST = 1, 2
 
 # Header words.
-MAGIC, SLOTS, SLOT_BYTES, MAX_MESSAGE, HEAD, CLOSED, EPOCH, DOORBELL = range(8)
+MAGIC, SLOTS, SLOT_BYTES, MAX_MESSAGE, HEAD, CLOSED, EPOCH, DOORBELL, WAITING = range(9)
 MEMBERS = 16
 # Slot words (from the slot's first word).
 SEQ, TOTAL, LENGTH, FLAGS = range(4)
 # Cursor words.
-C_MAGIC, C_CONSUMED, C_CLOSED = range(3)
+C_MAGIC, C_CONSUMED, C_CLOSED, C_SLEEPING = range(4)
 
 KEY_PREFIX = "channel/"
 RETRY_S = 0.002
@@ -85,6 +93,17 @@ def ring_key(name: str) -> str:
 def cursor_key(name: str, reader: str) -> str:
     """The CDI key of ``reader``'s cursor on topic ``name``."""
     return protocol.check_key(f"{ring_key(name)}/reader/{reader}")
+
+
+_fence_lock = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory fence: an uncontended lock's acquire and release are atomic
+    read-modify-write instructions (CPython's locks are glibc semaphores), which x86-64 never
+    reorders with loads or stores. A tenth of a futex wake-up's cost."""
+    with _fence_lock:
+        pass
 
 
 def reader_tag(reader: str) -> int:

@@ -49,7 +49,11 @@ class Subscription:
         self._cursor_obj: CDIObject | None = None
         self._closed = False
         try:
-            self.geometry = r.Geometry.read(self._words, len(self._view))
+            self.geometry = geometry = r.Geometry.read(self._words, len(self._view))
+            self._slots, self._slot_bytes = geometry.slots, geometry.slot_bytes
+            self._max_message = geometry.max_message
+            self._first_word, self._stride_words = r.HEADER_BYTES // 8, geometry.stride // 8
+            self._head_address = self._address + 8 * r.HEAD
             self.writer = str(client.describe(self.key)["owner"])
             cursor = client.create(r.cursor_key(name, self.container), r.CURSOR_BYTES)
             self._cursor = cursor.access()
@@ -81,25 +85,25 @@ class Subscription:
         if self._closed:
             raise ChannelClosed(f"this subscription to {self.name!r} is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
-        seq, length, total, flags, data = self._chunk(deadline)
+        while True:
+            length, total, flags, data = self._chunk(deadline)
+            if flags & r.FIRST:
+                break  # a chunk without its start: the tail of a message cut short, or one
+                # that began before we joined
         if flags & r.LAST:
-            if not flags & r.FIRST or length != total:
-                raise ChannelError(f"{self.name!r}: message {seq} is a chunk without its start")
             return data
-        if not flags & r.FIRST:
-            raise ChannelError(f"{self.name!r}: message {seq} is a chunk without its start")
-        message = bytearray(total)
-        message[:length] = data
-        got = length
-        while not flags & r.LAST:
-            seq, length, part_total, flags, data = self._chunk(deadline)
-            if part_total != total or flags & r.FIRST or got + length > total:
-                raise ChannelError(f"{self.name!r}: message {seq} lost chunks")
-            message[got : got + length] = data
-            got += length
-        if got != total:
-            raise ChannelError(f"{self.name!r}: message {seq} lost chunks")
-        return bytes(message)
+        parts, got = [data], length
+        while True:
+            length, part_total, flags, data = self._chunk(deadline)
+            if flags & r.FIRST:  # the writer gave up on the message we were reading
+                parts, got, total = [data], length, part_total
+            else:
+                parts.append(data)
+                got += length
+            if flags & r.LAST:
+                if got != total:
+                    raise ChannelError(f"{self.name!r}: a message of {total} bytes lost chunks")
+                return b"".join(parts)
 
     def close(self, linger: float = LEAVE_S) -> None:
         """Leave the topic: tell the writer, wait up to ``linger`` seconds for it to let go of
@@ -133,54 +137,61 @@ class Subscription:
             raise StopIteration from None
 
     # ------------------------------------------------------------- internals
-    def _chunk(self, deadline: float | None) -> tuple[int, int, int, int, bytes]:
+    def _chunk(self, deadline: float | None) -> tuple[int, int, int, bytes]:
+        """The next slot's chunk: its length, its message's length, its flags and its bytes."""
         seq = self._next
-        self._await(seq, deadline)
-        words, geometry = self._words, self.geometry
-        base = geometry.slot_word(seq)
-        if words[base + r.SEQ] != seq:
+        words = self._words
+        if words[r.HEAD] < seq:
+            self._await(seq, deadline)
+        base = self._first_word + (seq - 1) % self._slots * self._stride_words
+        if words[base] != seq:  # r.SEQ
             raise self._overrun(seq)
         total, length, flags = words[base + r.TOTAL], words[base + r.LENGTH], words[base + r.FLAGS]
-        if length > geometry.slot_bytes or total > geometry.max_message:
+        if length > self._slot_bytes or total > self._max_message:
             raise self._overrun(seq)
         start = base * 8 + r.SLOT_HEADER_BYTES
         data = bytes(self._view[start : start + length])
-        if words[base + r.SEQ] != seq:
+        if words[base] != seq:
             raise self._overrun(seq)
         self._next = seq + 1
         self._cursor_words[r.C_CONSUMED] = seq
-        futex.wake(self._cursor_address)
-        return seq, length, total, flags, data
+        r.fence()  # our store of consumed before our load of the writer's flag (ring)
+        if words[r.WAITING]:
+            futex.wake(self._cursor_address)
+        return length, total, flags, data
 
     def _await(self, seq: int, deadline: float | None) -> None:
         """Until the writer has written sequence ``seq``."""
         words = self._words
-        if words[r.HEAD] >= seq:
-            return
         if self.spin_ns:
             clock = time.perf_counter_ns
             stop = clock() + self.spin_ns
             while clock() < stop:
                 if words[r.HEAD] >= seq:
                     return
-        head_address = self._address + 8 * r.HEAD
-        while True:
-            head = words[r.HEAD]
-            if head >= seq:
-                return
-            if words[r.CLOSED]:
-                self.close(linger=0)
-                raise ChannelClosed(f"the writer closed {self.name!r}")
-            now = time.monotonic()
-            if now >= self._next_check:
-                self._check_writer()
-                self._next_check = now + LIVENESS_S
-            wait = self._next_check - now
-            if deadline is not None:
-                if now >= deadline:
-                    raise AccessTimeout(f"no message on {self.name!r} within the timeout")
-                wait = min(wait, deadline - now)
-            futex.wait(head_address, head & 0xFFFFFFFF, wait)
+        cursor = self._cursor_words
+        try:
+            while True:
+                cursor[r.C_SLEEPING] = 1  # before we look: the writer wakes us if it writes
+                head = words[r.HEAD]
+                if head >= seq:
+                    return
+                if words[r.CLOSED]:
+                    self.close(linger=0)
+                    raise ChannelClosed(f"the writer closed {self.name!r}")
+                now = time.monotonic()
+                if now >= self._next_check:
+                    self._check_writer()
+                    self._next_check = now + LIVENESS_S
+                wait = self._next_check - now
+                if deadline is not None:
+                    if now >= deadline:
+                        raise AccessTimeout(f"no message on {self.name!r} within the timeout")
+                    wait = min(wait, deadline - now)
+                futex.wait(self._head_address, head & 0xFFFFFFFF, wait)
+        finally:
+            if not self._closed:
+                cursor[r.C_SLEEPING] = 0
 
     def _check_writer(self) -> None:
         """``ChannelClosed`` if the writer no longer holds our cursor (it died, or dropped us)."""

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
@@ -222,3 +223,31 @@ def test_bad_arguments_get_the_package_errors(minion: MinionProcess, unique: Uni
         topic.publish(b"x" * 11)
     with pytest.raises(cdi.ObjectNotFound):
         channels.subscribe(client, unique("absent"), timeout=0)
+
+
+def test_a_message_cut_short_is_dropped_and_a_refused_one_never_starts(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    writer, reader = minion.client(unique("writer")), minion.client(unique("reader"))
+    assert reader.container_id is not None
+    name = unique("topic")
+    topic = channels.open_topic(
+        writer, name, readers=[reader.container_id], slots=4, slot_bytes=64,
+        policy=BackPressure.FAIL,
+    )  # fmt: skip
+    sub = channels.subscribe(reader, name, timeout=30)
+    for i in range(3):
+        topic.publish(b"small %d" % i)
+    with pytest.raises(cdi.ChannelFull):
+        topic.publish(bytes(200))  # four slots; one is free: nothing of it is written
+    assert [sub.receive(timeout=30) for _ in range(3)] == [b"small %d" % i for i in range(3)]
+    # Longer than the whole ring: it waits chunk by chunk, and gives up after its timeout.
+    with pytest.raises(cdi.ChannelFull, match="behind"):
+        topic.publish(os.urandom(64 * 10), timeout=0.05)
+    topic.policy = BackPressure.BLOCK
+    with ThreadPoolExecutor(1) as pool:
+        received = pool.submit(sub.receive, 30)  # reads the four chunks that went out
+        topic.publish(b"after", timeout=30)  # once the reader has made room
+        assert received.result(timeout=30) == b"after"  # the cut message is dropped
+    sub.close()
+    topic.close()
