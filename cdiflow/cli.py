@@ -29,6 +29,7 @@ BENCH_COMMANDS: Final = {
     "idle": "loadtest.idle:bench_idle_command",
     "chaos": "loadtest.chaos.cli:bench_chaos_command",
     "ar": "apps.ar.cli:bench_ar_command",
+    "channels": "loadtest.channels:bench_channels_command",
 }
 
 
