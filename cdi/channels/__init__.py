@@ -7,7 +7,8 @@
     data = sub.receive()
 
 A topic's ring is a CDI object (a memfd) its writer shares *live* with the containers it
-grants: only they can map it, and only read-only. See ``docs/channels.md``.
+grants: only they can map it, and only read-only. See *Channels* in
+``docs/architecture.md``.
 """
 
 from cdi.channels.stream import Stream, open_stream
