@@ -105,6 +105,7 @@ bench: $(STAMP) native s3server
 	$(BENCH) images --size 2MB --json > $(BENCH_OUT)/images.json
 	$(BENCH) s3 --sizes 10KB,2MB --json > $(BENCH_OUT)/s3.json
 	$(BENCH) idle --seconds 40 --json > $(BENCH_OUT)/idle.json
+	$(BENCH) channels --json > $(BENCH_OUT)/channels.json
 	$(BENCH) ar --rounds 3 --json --plots docs/images/ar > $(BENCH_OUT)/ar.json
 	$(BENCH) ar --hosts 2 --rounds 3 --json --plots docs/images/ar-hosts > $(BENCH_OUT)/ar-hosts.json
 	$(BENCH) workflows --quick --json $(BENCH_OUT)/quick.json
