@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lock check lint typecheck imports bench browser kustomize nft proto clean native s3server \
-  podman image test-image
+  podman image test-image mosquitto
 
 # The CDI minion (Rust) is built by installing the package (setup.py, setuptools-rust) into
 # cdi/minion/bin/. Rust comes with rustup, often outside a non-login shell's PATH: put it there.
@@ -78,6 +78,13 @@ nft:
 	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq nftables >/dev/null; \
 	    else echo "nft is missing: the emulated-link tests will be skipped (run as root, or apt-get install nftables)"; fi; }
 
+# The channels bench's MQTT peer is Debian's Mosquitto: installed when missing (as root; its
+# rows say "not run" otherwise).
+mosquitto:
+	@[ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq mosquitto >/dev/null; \
+	    else echo "mosquitto is missing: the channels bench's MQTT rows will say not run (apt-get install mosquitto)"; fi; }
+
 # The stack as containers and the Kubernetes manifests played with podman (tests/deploy/) need
 # podman with runc, and debootstrap for the images' Debian base: installed when missing (as
 # root; the container tests are skipped otherwise, with the reason).
@@ -101,7 +108,7 @@ test-image: $(STAMP) s3server podman
 	  echo "no minion or versitygw: the images are not built (the container tests will be skipped)"; \
 	else $(BIN)/python -m deploy.containers build; fi
 
-test: $(STAMP) s3server browser kustomize nft test-image
+test: $(STAMP) s3server browser kustomize nft mosquitto test-image
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 	$(BIN)/lint-imports
@@ -128,13 +135,14 @@ imports: $(STAMP)
 BENCH_OUT ?= .data/bench-results
 BENCH := $(BIN)/cdiflow bench
 PLOTS := --plots docs/images/bench
-bench: $(STAMP) s3server
+bench: $(STAMP) s3server mosquitto
 	mkdir -p $(BENCH_OUT)
 	$(BENCH) cdi --repeat 300 --backends tcp,grpc,cdi-shm,relay --json > $(BENCH_OUT)/cdi.json
 	$(BENCH) images --size 2MB --json > $(BENCH_OUT)/images.json
 	$(BENCH) s3 --sizes 10KB,2MB --json > $(BENCH_OUT)/s3.json
 	$(BENCH) idle --seconds 40 --json > $(BENCH_OUT)/idle.json
 	$(BENCH) history --sizes 10k,100k,1M --json > $(BENCH_OUT)/history.json
+	$(BENCH) channels --json > $(BENCH_OUT)/channels.json
 	$(BENCH) ar --rounds 3 --json --plots docs/images/ar > $(BENCH_OUT)/ar.json
 	$(BENCH) ar --hosts 2 --rounds 3 --json --plots docs/images/ar-hosts > $(BENCH_OUT)/ar-hosts.json
 	$(BENCH) workflows --quick --json $(BENCH_OUT)/quick.json

@@ -8,7 +8,8 @@ The public API::
     obj.access()[:4] = b"data"
     obj.transfer("worker-1")
 
-Errors are the tree in ``cdi.errors``; the paper's return codes are in ``cdi.codes``.
+Errors are the tree in ``cdi.errors``; the paper's return codes are in ``cdi.codes``. Pub/sub
+topics and bidirectional streams between containers are in ``cdi.channels``.
 """
 
 from cdi.client import CDIObject, Client, connect
@@ -17,6 +18,9 @@ from cdi.errors import (
     AccessTimeout,
     BufferInUse,
     CDIError,
+    ChannelClosed,
+    ChannelError,
+    ChannelFull,
     ConfigError,
     ConnectionFailed,
     ContainerError,
@@ -45,6 +49,9 @@ __all__ = [
     "BufferInUse",
     "CDIError",
     "CDIObject",
+    "ChannelClosed",
+    "ChannelError",
+    "ChannelFull",
     "Client",
     "ConfigError",
     "ConnectionFailed",

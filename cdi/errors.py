@@ -27,6 +27,11 @@ catch ``CDIError`` (or a branch of it) and get a message a person can act on.
     │   └── BufferInUse             views of the data are still alive at transfer/destroy
     ├── OutOfMemory                 the minion cannot hold another object of that size (paper: -1)
     ├── AccessTimeout               ``access(timeout=)`` expired        (also TimeoutError)
+    ├── ChannelError                a channel (``cdi.channels``) cannot go on
+    │   ├── ChannelFull             a reader is a whole ring behind: ``publish`` may not wait
+    │   │                             (policy ``fail``) or waited out its timeout
+    │   │                             (also TimeoutError)
+    │   └── ChannelClosed           the other end closed the channel or is gone
     └── TransferFailed              a cross-host transfer did not happen; the caller still owns
                                     the object (``in_doubt``: the other host did not say)
 
@@ -41,6 +46,9 @@ __all__ = [
     "AccessTimeout",
     "BufferInUse",
     "CDIError",
+    "ChannelClosed",
+    "ChannelError",
+    "ChannelFull",
     "ConfigError",
     "ConnectionFailed",
     "ContainerError",
@@ -198,6 +206,26 @@ class AccessTimeout(CDIError, TimeoutError):
     code = "access_timeout"
 
 
+class ChannelError(CDIError):
+    """A channel (``cdi.channels``) cannot go on: its ring is not one, or a reader fell a
+    whole ring behind the writer."""
+
+    code = "channel"
+
+
+class ChannelFull(ChannelError, TimeoutError):
+    """A reader has not yet read the message a ``publish`` would overwrite: the writer may not
+    wait (back-pressure policy ``fail``), or waited as long as its ``timeout`` allowed."""
+
+    code = "channel_full"
+
+
+class ChannelClosed(ChannelError):
+    """The other end closed the channel, or its process is gone: nothing more will come."""
+
+    code = "channel_closed"
+
+
 class TransferFailed(CDIError):
     """A transfer to a container on another host did not happen.
 
@@ -238,6 +266,9 @@ _BY_CODE: dict[str, type[CDIError]] = {
         BufferInUse,
         OutOfMemory,
         AccessTimeout,
+        ChannelError,
+        ChannelFull,
+        ChannelClosed,
         TransferFailed,
     )
 }

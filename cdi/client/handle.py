@@ -41,7 +41,7 @@ class ObjectOps(Protocol):
     def destroy(self, key: str) -> None: ...
     def set_recovery(self, key: str, container_id: str) -> None: ...
     def transfer(self, key: str, to: str, detach: bool) -> None: ...
-    def share(self, key: str, readers: list[str]) -> list[str]: ...
+    def share(self, key: str, readers: list[str], live: bool = False) -> list[str]: ...
     def read(self, key: str, timeout: float | None) -> Mapping: ...
     def release(self, key: str) -> bool: ...
 
@@ -187,14 +187,18 @@ class CDIObject:
         return operation()
 
     # ------------------------------------------------------------- sharing
-    def share(self, readers: Iterable[str | int]) -> list[str]:
+    def share(self, readers: Iterable[str | int], *, live: bool = False) -> list[str]:
         """Grant the containers ``readers`` read-only access, all at once (the owner only).
 
         Our own views are revoked first (``BufferInUse`` if one is still referenced, and
         nothing is shared). Until every reader has released its share, nobody writes the
-        object, we included. Returns every container that holds a share now."""
+        object, we included. Returns every container that holds a share now.
+
+        ``live``: we go on writing and the readers see each write as it happens (a channel's
+        ring, ``cdi.channels``); our views stay valid, except that a strict object moves to
+        fresh memory when its first share starts (``access()`` maps it anew)."""
         ids = [protocol.check_container_id(r) for r in readers]
-        return self._ops.share(self.key, ids)
+        return self._ops.share(self.key, ids, live)
 
     def read(self, timeout: float | None = None) -> memoryview:
         """A read-only view of the object's bytes, for its owner or a reader of a share.

@@ -149,10 +149,13 @@ class Session:
             with self._forward_lock:
                 self.gateway.call("forward", key=key, to=to, **{"from": self.container_id})
 
-    def share(self, key: str, readers: list[str]) -> list[str]:
+    def share(self, key: str, readers: list[str], live: bool = False) -> list[str]:
         """Grant ``readers`` a share of ``key``; our views are revoked first and our mapping
-        kept for the object's return to us alone. Every reader that holds a share now."""
+        kept for the object's return to us alone. Every reader that holds a share now.
+        ``live``: our views stay valid and we go on writing (``CDIObject.share``)."""
         self.require_registered()
+        if live:
+            return self._share_live(key, readers)
         mapping = self.owned.revoke(key)
         try:
             reply, _ = self.conn.call(Op.SHARE, key=key, readers=readers)
@@ -162,6 +165,22 @@ class Session:
             raise
         if mapping is not None:
             self.owned.keep(key, mapping)
+        return list(reply["readers"])
+
+    def _share_live(self, key: str, readers: list[str]) -> list[str]:
+        """A live share: a strict object moves to fresh memory when its first share starts, so
+        our mapping of it is closed (``access()`` maps it anew); a cooperative one stays."""
+        mapping = self.owned.maps.get(key)
+        strict = mapping is not None and not mapping.cacheable
+        moved = self.owned.revoke(key) if strict else None  # before the call: BufferInUse
+        try:
+            reply, _ = self.conn.call(Op.SHARE, key=key, readers=readers, live=True)
+        except BaseException:
+            if moved is not None:
+                self.owned.install(key, moved)  # nothing was shared
+            raise
+        if moved is not None:
+            moved.close(key)
         return list(reply["readers"])
 
     def read(self, key: str, timeout: float | None) -> Mapping:

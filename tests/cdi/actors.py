@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import hashlib
 import json
 import mmap
 import os
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import cdi
+from cdi import channels
 from cdi.protocol import Op
 from tests.cdi.conftest import SOCKET_GROUP
 
@@ -279,6 +281,64 @@ def forking_owner(socket_path: str, cid: str, key: str) -> None:
     os._exit(0)
 
 
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def channel_subscriber(socket_path: str, cid: str, topic: str, count: int, hold: str) -> None:
+    """Join ``topic``, say so; if ``hold`` is "hold", read nothing until told; then read
+    ``count`` messages and report their lengths and digests."""
+    client = cdi.connect(socket_path, cid)
+    sub = channels.subscribe(client, topic, timeout=30)
+    emit(joined=True, pid=os.getpid())
+    if hold == "hold":
+        sys.stdin.readline()
+    got = [sub.receive(timeout=30) for _ in range(count)]
+    emit(lengths=[len(m) for m in got], digests=[digest(m) for m in got])
+    try:
+        sub.receive(timeout=30)
+        emit(after="a message")
+    except cdi.ChannelClosed as exc:
+        emit(after="closed", message=str(exc))
+    sub.close()
+    client.close()
+
+
+def channel_intruder(socket_path: str, cid: str, topic: str, uid: int) -> None:
+    """Try to join and to map ``topic``'s ring without a grant; report what each attempt got."""
+    if uid:
+        drop_to(uid)
+    client = cdi.connect(socket_path, cid)
+    outcomes: dict[str, str] = {}
+    try:
+        channels.subscribe(client, topic, timeout=0.5)
+        outcomes["subscribe"] = "joined"
+    except cdi.CDIError as exc:
+        outcomes["subscribe"] = type(exc).__name__
+    try:
+        client.use(f"channel/{topic}", check=False).read(timeout=0)
+        outcomes["read"] = "mapped"
+    except cdi.CDIError as exc:
+        outcomes["read"] = type(exc).__name__
+    emit(**outcomes)
+    client.close()
+
+
+def channel_echo(socket_path: str, cid: str, name: str, peer: str) -> None:
+    """One end of stream ``name``: send back each message reversed until the peer closes."""
+    client = cdi.connect(socket_path, cid)
+    with channels.open_stream(client, name, peer, timeout=30) as stream:
+        emit(open=True)
+        while True:
+            try:
+                message = stream.receive(timeout=30)
+            except cdi.ChannelClosed:
+                break
+            stream.send(message[::-1])
+    emit(done=True)
+    client.close()
+
+
 ROLES: dict[str, Callable[..., None]] = {
     "owner": owner,
     "intruder": intruder,
@@ -291,6 +351,9 @@ ROLES: dict[str, Callable[..., None]] = {
     "fd_keeper": fd_keeper,
     "cache_keeper": cache_keeper,
     "forking_owner": forking_owner,
+    "channel_subscriber": channel_subscriber,
+    "channel_intruder": channel_intruder,
+    "channel_echo": channel_echo,
 }
 
 if __name__ == "__main__":

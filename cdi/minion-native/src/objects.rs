@@ -83,6 +83,8 @@ pub struct StoredObject {
     /// Containers holding a read share, in the order they were granted: while any does, nobody
     /// writes, transfers, resizes or destroys the object.
     pub readers: Vec<Rc<str>>,
+    /// A live share (a channel's ring): its owner goes on writing while readers hold it.
+    pub live: bool,
     /// Creation order: `list` and recovery follow it.
     pub order: u64,
 }
@@ -98,6 +100,11 @@ pub struct Waiter {
 impl StoredObject {
     pub fn shared(&self) -> bool {
         !self.readers.is_empty()
+    }
+
+    /// Whether its owner may write it now: nobody reads it, or its share is live.
+    pub fn writable_by_owner(&self) -> bool {
+        !self.shared() || self.live
     }
 
     /// Whether `container` may read the object now: its owner, or a reader of a share.

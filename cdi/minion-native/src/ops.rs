@@ -253,7 +253,7 @@ fn access(
     let obj = reg.lookup(request, token, wait)?;
     let container = reg.conns.get(&token).and_then(|c| c.container.as_ref());
     let owner = container == Some(&obj.owner);
-    if owner && !obj.shared() {
+    if owner && obj.writable_by_owner() {
         return Ok(Some((Body::grant(obj), obj.grant_fd(have))));
     }
     if !wait {

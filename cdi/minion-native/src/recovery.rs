@@ -95,6 +95,7 @@ pub fn release_share(reg: &mut Registry, key: &Rc<str>, reader: &str) -> bool {
     if obj.shared() {
         return true;
     }
+    obj.live = false;
     if obj.isolation == Isolation::Strict {
         if let Err(failure) = move_to_fresh_segment(&mut reg.pool, obj) {
             let why = match failure {

@@ -181,6 +181,7 @@ impl Registry {
             generation,
             uids: UidSet::of(uid),
             readers: Vec::new(),
+            live: false,
             created_at: now,
             updated_at: now,
             order: self.next_order,
@@ -239,7 +240,7 @@ impl Registry {
                     && if waiter.read {
                         obj.readable_by(container)
                     } else {
-                        *obj.owner == *container && !obj.shared()
+                        *obj.owner == *container && obj.writable_by_owner()
                     }
             });
             let Some(conn) = conn.filter(|_| granted) else {

@@ -4,7 +4,9 @@
 //! nobody writes: the owner's `access` waits (or is refused with `shared`), and its `transfer`,
 //! `resize` and `destroy` are refused with `shared`. Readers get a read-only fd (opened
 //! through /proc/self/fd, so the kernel refuses a writable mapping of it). When the last reader
-//! releases (or dies), the object is its owner's alone again.
+//! releases (or dies), the object is its owner's alone again. A *live* share (a channel's
+//! ring) lets the owner go on writing while readers hold it; transfer, resize and destroy
+//! still wait for their release.
 
 use std::rc::Rc;
 
@@ -39,6 +41,7 @@ pub fn owned_alone(reg: &Registry, token: u64, request: Entries) -> Result<Rc<st
 pub fn share(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
     let key = reg.owned(token, request)?;
     let names = check_container_ids(arg(request, "readers"))?;
+    let live = optional_bool(request, "live", false)?;
     let owner = reg.container_of(token)?;
     let mut readers: Vec<Rc<str>> = Vec::with_capacity(names.len());
     for name in &names {
@@ -59,6 +62,19 @@ pub fn share(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, 
         }
     }
     let obj = reg.objects.get_mut(&key).ok_or_else(vanished)?;
+    if obj.shared() && obj.live != live {
+        return Err(CdiError::invalid_argument(format!(
+            "{:?} is already shared {}; a second share must be of the same kind",
+            &*obj.key,
+            if obj.live {
+                "live"
+            } else {
+                "read-only (not live)"
+            }
+        ))
+        .into());
+    }
+    obj.live = live;
     if !obj.shared() && obj.isolation == Isolation::Strict {
         // The owner's mapping is of the old segment, which is truncated: it cannot write on.
         move_to_fresh_segment(&mut reg.pool, obj)?;
