@@ -56,7 +56,7 @@ PAGE = mmap.PAGESIZE
 _NAME = re.compile(r"[A-Za-z0-9_.:/@+=-]+")  # whole string: fullmatch (``$`` allows a "\n")
 
 # Plain ints: the socket module's flags are IntFlag members, and one `|` or `&` on them runs
-# enum code (~3 us each here), on every message.
+# enum code, on every message.
 DONTWAIT = int(socket.MSG_DONTWAIT)
 _TRUNC = int(socket.MSG_TRUNC)
 _TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
@@ -190,7 +190,7 @@ def size_class(size: int) -> int:
 class Receiver:
     """Receives messages (and at most one fd) into one reused buffer.
 
-    ``recvmsg(1 MiB)`` allocates a fresh megabyte per call (~30 us); reusing a buffer does not.
+    ``recvmsg(1 MiB)`` allocates a fresh megabyte per call; reusing a buffer does not.
     The buffer is an anonymous mapping, not a ``bytearray`` (which zeroes, so holds, every
     page): only the pages messages reach become resident, a few KB for most clients.
     """
@@ -207,7 +207,7 @@ class Receiver:
         """One message and its fd; ``(None, None)`` when the peer hung up.
 
         ``flags=MSG_DONTWAIT`` polls without touching the socket's blocking mode (changing the
-        mode costs two ``fcntl`` calls, ~2 us here, on every switch)."""
+        mode costs two ``fcntl`` calls on every switch)."""
         nbytes, ancdata, msg_flags, _ = sock.recvmsg_into([self._view], self._ANC, flags)
         fd: int | None = None
         for level, kind, data in ancdata:
@@ -249,8 +249,8 @@ def pack(message: dict[str, Any]) -> bytes:
 
 
 def packer() -> Callable[[dict[str, Any]], bytes]:
-    """A reusable ``pack`` for one thread at a time: ~0.4 us a message against ~1.3 us for
-    ``pack``, which builds a new packer per call."""
+    """A reusable ``pack`` for one thread at a time, cheaper per message than ``pack``, which
+    builds a new packer per call."""
     return msgpack.Packer(use_bin_type=True).pack
 
 

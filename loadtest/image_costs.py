@@ -1,9 +1,10 @@
 """``cdiflow bench images``: what one pass over an image's pixels costs, in this process.
 
-The figures behind two design choices (docs/architecture.md): PNG at zlib level 1 rather than
-Pillow's default 6, JPEG as an optional result format, and what a task pays to read its image
-out of a CDI buffer and write a new one in. Each step runs ``repeat`` times on a photo-like
-image of the given size; the best time is reported (the least disturbed by other work).
+The figures behind two design choices (docs/decisions/2026-12-05-images-on-the-workers.md):
+PNG at zlib level 1 rather than Pillow's default 6, JPEG as an optional result format, and
+what a task pays to read its image out of a CDI buffer and write a new one in. Each step runs
+``repeat`` times on a photo-like image of the given size; the best time is reported (the least
+disturbed by other work).
 """
 
 from __future__ import annotations

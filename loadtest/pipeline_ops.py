@@ -41,7 +41,7 @@ __all__ = [
 
 # Every system stores its result image in this format (``workflows.imagebuf.RESULT_FORMATS``).
 # *Why JPEG:* photos in, photos out; a lossless PNG of a 6.5-megapixel result costs more CPU
-# than the three image tasks (0.48 s against 0.66 s, `cdiflow bench images`), which would bury
+# as the three image tasks together (`cdiflow bench images`), which would bury
 # every system's orchestration under an encode the floor does not do.
 RESULT_FORMAT: Final = "jpeg"
 

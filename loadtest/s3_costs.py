@@ -1,10 +1,11 @@
 """``cdiflow bench s3``: what one S3 GET or PUT costs through boto3 and through cdiflow's client,
 on each S3 server asked for.
 
-The figures behind two design choices (docs/architecture.md, *S3 access* and *Embedded
-services*): cdiflow makes its S3 requests with obstore, not boto3; and its embedded endpoint is
-versitygw (``--server versitygw,moto,s3proxy`` sets the candidates side by side, see
-``loadtest/s3_servers.py``). Each server is started here in a folder of its own and stopped
+The figures behind two design choices
+(docs/decisions/2026-12-05-s3-client-and-embedded-endpoint.md): cdiflow makes its S3 requests
+with obstore, not boto3; and its embedded endpoint is versitygw (``--server
+versitygw,moto,s3proxy`` sets the candidates side by side, see ``loadtest/s3_servers.py``).
+Each server is started here in a folder of its own and stopped
 after; blocks of calls alternate between the clients so a machine that speeds up or slows down
 meanwhile favours neither. Per call: wall time, the client process's CPU (every thread:
 obstore's I/O threads count) and the server's CPU; per server: how long it took from launch to

@@ -1,7 +1,8 @@
 """S3-compatible servers ``cdiflow bench s3 --server ...`` sets side by side.
 
 ``versitygw`` is the stack's embedded endpoint (``orchestrator.services.s3``); the others are
-the candidates it was chosen against (``docs/architecture.md``, *Embedded services*):
+the candidates it was chosen against
+(``docs/decisions/2026-12-05-s3-client-and-embedded-endpoint.md``):
 
 * ``moto``: moto's server mode, the endpoint the stack used before. It keeps objects in memory
   (nothing survives a restart) and accepts any key.

@@ -75,9 +75,9 @@ PIXEL_BYTES: Final[dict[str, int]] = {"L": 1, "RGB": 4, "RGBA": 4}  # mode -> st
 _MAX_DIM: Final = 2**32 - 1
 _ORIENTATION: Final = 0x0112  # the EXIF tag
 
-# zlib level of every PNG we write. *Why 1, not Pillow's 6:* on a 6.6-megapixel photo level 6
-# took 2.0 s and level 1 0.48 s for the same size (`cdiflow bench images`): at 6 the encode
-# cost three times the image tasks themselves.
+# zlib level of every PNG we write. *Why 1, not Pillow's 6:* on a photo level 6 takes several
+# times as long as level 1 for about the same size, more than the image tasks themselves
+# (`cdiflow bench images`).
 PNG_COMPRESS_LEVEL: Final = 1
 JPEG_RESULT_QUALITY: Final = 90
 
@@ -330,7 +330,7 @@ def decodes_in_place(img: Image.Image) -> bool:
 def decode_into(buf: memoryview, img: Image.Image) -> int:
     """Decode an ``open_image`` result for which ``decodes_in_place`` holds straight into
     ``buf``, as ``write_image(buf, finish_decode(img))`` would store it, without the decoded
-    image in between (one pass over the pixels instead of two: 4.5 ms less for a 2 MB photo);
+    image in between (one pass over the pixels instead of two);
     return the bytes used. ``img`` is spent afterwards."""
     if not decodes_in_place(img):
         raise ValueError("decode_into takes a JPEG in mode L or RGB with no EXIF rotation")

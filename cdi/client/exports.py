@@ -113,7 +113,7 @@ def views_in_use(handed: Sequence[tuple[memoryview, memoryview]]) -> bool | None
     view we handed out and the base it was sliced from (which nobody else holds), sharing one
     buffer. In use: a buffer taken from a view and still held, or a slice, cast or NumPy array
     made from it (one more memoryview registered on the shared buffer than ours). ``None`` if
-    this interpreter hides it. ~1 us a pair whose view is still alive."""
+    this interpreter hides it. Cheap: one read per pair whose view is still alive."""
     layout = _VIEWS
     if layout is None:
         return None

@@ -94,7 +94,7 @@ class CDIObject:
         ``timeout=0`` does not wait: ``NotOwner`` (or ``ObjectShared``) at once. The view is
         revoked (released) when the object is transferred, shared, resized or
         destroyed. ``populate``: if this process maps the object now, map every page at once
-        (for a caller about to read it all; it delays the return by ~0.1 ms a MB).
+        (for a caller about to read it all; the return then waits for every page to be mapped).
         """
         _check_timeout(timeout)
         mapping = self._ops.access(self.key, timeout, populate)

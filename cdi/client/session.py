@@ -288,8 +288,8 @@ class Session:
         the bytes any more), send, then unmap — or, after a transfer or destroy of a cooperative
         object whose memory only our uid was ever handed (the minion says ``keep_mapping``),
         keep the mapping for the object's return, or for a later object of ours in the same
-        segment: the minion's pool gives that segment to our uid only. Unmapping 10 MB costs
-        ~0.5 ms, which the new owner must not wait for: it happens after the reply."""
+        segment: the minion's pool gives that segment to our uid only. Unmapping a large
+        object takes time the new owner must not wait for: it happens after the reply."""
         self.reads.drop(key)  # what we read while we had shared it
         mapping = self.owned.revoke(key, detach)
         keep = op is Op.TRANSFER or op is Op.DESTROY

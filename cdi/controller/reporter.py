@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HEARTBEAT_S = 2.0
 # After a change, wait this long for more before calling the controller. *Why:* a workflow makes
-# several object changes within milliseconds; one call each cost the minion's host ~12 ms of
-# CPU per workflow (gRPC on both ends), and an object created and destroyed in between never
+# several object changes within milliseconds; one call each would cost the minion's host a gRPC
+# call's CPU on both ends per change, and an object created and destroyed in between never
 # needs to travel at all. The directory serves lookups and dashboards, not same-host hand-offs.
 # 0.2 s rather than 0.05: fewer, fuller calls, and more short-lived objects never sent (the
 # minion and the controller use less CPU per workflow at every image size).

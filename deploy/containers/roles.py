@@ -161,8 +161,8 @@ def mac_for(address: str) -> str:
     """The MAC that goes with a planned IPv4 ``address`` (locally administered, unicast).
     *Why a fixed one:* podman gives a container started again a new MAC; at the same address
     the other containers' neighbour tables then point at the old one, and their connections
-    to it go nowhere until those entries expire (up to ~45 s: a Postgres or S3 run again was
-    unreachable that long)."""
+    to it go nowhere until those entries expire (a Postgres or S3 run again would be unreachable
+    until then)."""
     packed = ipaddress.IPv4Address(address).packed
     return ":".join(f"{b:02x}" for b in (0x02, 0x00, *packed))
 

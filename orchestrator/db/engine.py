@@ -52,7 +52,7 @@ def make_engine(
         return create_engine(url, poolclass=NullPool, echo=echo, connect_args=connect_args)
     # Prepare a statement on the server the second time a connection runs it (psycopg's default
     # is the sixth): a pool's connections each see a hot query only every few requests, and an
-    # unprepared one is parsed and planned again each time (~0.4 ms for the API's insert).
+    # unprepared one is parsed and planned again each time.
     connect_args["prepare_threshold"] = 1
     return create_engine(
         url,

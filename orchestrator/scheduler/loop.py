@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 # Housekeeping: claims a wake-up missed, lost workers, a Redis that lost its data, runs waiting
 # for room. *Why 1 s, not less:* each tick costs a claim statement and Redis round trips even
-# when nothing happens (4 ticks a second were the idle scheduler's whole CPU); new workflows
+# when nothing happens, and ticks are most of an idle scheduler's CPU; new workflows
 # and reports wake the loop at once, and a retry that falls due brings the tick forward.
 TICK_S: Final = 1.0
 _MIN_WAIT_S: Final = 0.01  # Redis reads a blocking timeout of 0 as "forever"

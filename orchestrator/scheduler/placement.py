@@ -52,7 +52,7 @@ __all__ = [
 HANDOFF_S = 0.0003  # one same-host CDI hand-off, measured with `cdiflow bench cdi`
 MEMORY_BANDWIDTH_BPS = 2e9
 # Work queued at a worker beyond its running tasks: at least one task, else this many seconds
-# of the task being placed (a report-to-push round trip is ~1-2 ms, a 10 KB task ~1-3 ms).
+# of the task being placed (enough to hide the report-to-push round trip behind short tasks).
 PREFETCH_S = 0.1
 
 

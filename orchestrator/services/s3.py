@@ -4,7 +4,7 @@ Objects are files under ``<data_dir>/s3/<bucket>/`` (their metadata in extended 
 so they outlive ``cdiflow down`` / ``up`` like the Postgres data. The gateway checks every
 request's signature against the access key and secret in ``<data_dir>/credentials.json``,
 which it gets through its environment (readable by its own user only), not its command line.
-*Why versitygw:* see ``docs/architecture.md``, *Embedded services* (figures from
+*Why versitygw:* see ``docs/decisions/2026-12-05-s3-client-and-embedded-endpoint.md`` (figures from
 ``cdiflow bench s3 --server ...``). ``make`` builds the binary with Go into ``.venv/bin``.
 """
 

@@ -346,7 +346,7 @@ _Outcome = Produced
 class _TaskThread:
     """A daemon thread that runs one worker slot's tasks, one at a time.
 
-    *Why one per slot, not one per task:* starting a thread cost ~0.2 ms of every task. Daemon,
+    *Why one per slot, not one per task:* starting a thread is a cost every task would pay. Daemon,
     because a task that would not stop must not keep the process from exiting
     (``ThreadPoolExecutor`` joins its threads at exit).
     """

@@ -1,8 +1,8 @@
 //! Shared-memory segments and the pool that keeps them warm (`cdi/minion/segments.py`).
 //!
 //! A segment is a memfd (shared memory no process can map unless handed the fd) whose pages
-//! are allocated up front with posix_fallocate: first touch of fresh pages costs ~0.8 ms/MB
-//! against ~0.035 ms/MB for pages in use, so released segments go back to a pool by size class
+//! are allocated up front with posix_fallocate: first touch of fresh pages costs far more than
+//! pages already in use, so released segments go back to a pool by size class
 //! and a `create` of a size seen before never allocates again.
 //!
 //! Cooperative segments are sealed against shrinking and growing, so the minion's own mapping

@@ -235,8 +235,8 @@ impl Minion {
 
     /// Send what the registry owes waiting containers (grants, refusals); after a grant, yield
     /// the core once: if the new owner runs on this core (polling, or just woken by the grant),
-    /// it takes the object now rather than after our ack and epoll round (p50 ~138 -> ~105 us
-    /// in alternating bench runs; the sender's ack waits those microseconds instead).
+    /// it takes the object now rather than after our ack and epoll round (the sender's ack
+    /// waits instead; docs/decisions/2026-12-05-cdi-hand-off-latency.md).
     fn flush_outbox(&mut self) {
         let mut granted = false;
         while !self.registry.outbox.is_empty() {
