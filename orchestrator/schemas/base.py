@@ -26,6 +26,7 @@ __all__ = [
     "ResponseBody",
     "Tags",
     "checked_name",
+    "whole_number",
 ]
 
 # Documented in the schema (clients and the fuzzer see the rule); checked by the validators,
@@ -42,6 +43,19 @@ MAX_TAGS: Final = 16
 Tags = Annotated[
     list[Annotated[str, StringConstraints(pattern=TAG_PATTERN)]], Field(max_length=MAX_TAGS)
 ]
+
+
+def whole_number(value: object) -> object:
+    """A ``mode="before"`` field validator: a JSON integer as JSON Schema reads it (``5`` or
+    ``5.0``) or null, never ``true`` or ``"5"`` (which pydantic's lax mode would take for 1 and
+    5; its strict mode refuses ``5.0``)."""
+    if value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("a whole number is needed")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError("a whole number is needed")
+    return value
 
 
 class RequestBody(BaseModel):

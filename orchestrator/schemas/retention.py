@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from orchestrator.contract.vocabulary import ResultRetention
-from orchestrator.schemas.base import OpenEnum, RequestBody, ResponseBody
+from orchestrator.schemas.base import OpenEnum, RequestBody, ResponseBody, whole_number
 
 __all__ = ["DefinitionRetentionPublic", "RetentionPassPublic", "RetentionPublic", "RetentionSet"]
 
@@ -19,17 +19,19 @@ class RetentionSet(RequestBody):
     """A definition's own retention; a field left null (or out) follows the default."""
 
     days: int | None = Field(
-        None,
+        default=None,
         ge=0,
         le=MAX_DAYS,
         description="Days a finished run is kept from its end, then pruned; 0 keeps runs for "
         "ever; null: the default (CDIFLOW_RETENTION_DAYS).",
     )
     results: ResultRetention | None = Field(
-        None,
+        default=None,
         description="What pruning does to a run's results in S3: keep or delete; null: the "
         "default (CDIFLOW_RETENTION_RESULTS).",
     )
+
+    _days_whole = field_validator("days", mode="before")(whole_number)
 
 
 class DefinitionRetentionPublic(ResponseBody):

@@ -9,6 +9,7 @@ not stop. Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start (the messag
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -278,11 +279,27 @@ def _run_body(
 # A worker restarted with its stack's Redis or minion (both restart too) waits this long for
 # them, rather than exiting at once into the supervisor's growing back-off.
 CONNECT_WAIT_S = 30.0
+CONNECT_WAIT_ENV = "CDIFLOW_WORKER_CONNECT_WAIT_S"
 
 
-def _connect_redis(url: str, wait_s: float = CONNECT_WAIT_S) -> redis.Redis:
+def connect_wait_s() -> float:
+    """How long a starting worker waits for Redis and its minion: ``CONNECT_WAIT_S``, or
+    ``$CDIFLOW_WORKER_CONNECT_WAIT_S`` (seconds, 0 to 3600); ``ConfigError`` for another value."""
+    raw = os.environ.get(CONNECT_WAIT_ENV, "").strip()
+    if not raw:
+        return CONNECT_WAIT_S
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not 0.0 <= wait <= 3600.0:
+        raise ConfigError(f"{CONNECT_WAIT_ENV}={raw!r}: give seconds from 0 to 3600")
+    return wait
+
+
+def _connect_redis(url: str, wait_s: float | None = None) -> redis.Redis:
     client = redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + (connect_wait_s() if wait_s is None else wait_s)
     while True:
         try:
             client.ping()
@@ -302,8 +319,8 @@ def _connect_redis(url: str, wait_s: float = CONNECT_WAIT_S) -> redis.Redis:
         ) from problem
 
 
-def _connect_cdi(url: str | None, worker_id: str, wait_s: float = CONNECT_WAIT_S) -> cdi.Client:
-    deadline = time.monotonic() + wait_s
+def _connect_cdi(url: str | None, worker_id: str, wait_s: float | None = None) -> cdi.Client:
+    deadline = time.monotonic() + (connect_wait_s() if wait_s is None else wait_s)
     while True:
         try:
             return cdi.connect(url, worker_id)

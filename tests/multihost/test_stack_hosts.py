@@ -160,6 +160,11 @@ def test_the_dashboard_shows_hosts_and_every_cross_host_move(harness: Harness, u
     from playwright.sync_api import expect
 
     sample = bundled_samples()["sunset.jpg"]
+
+    def both_alive() -> bool:  # the test before killed worker-2: placement skips it till back
+        return all(w["alive"] for w in harness.api.get("/api/workers").json())
+
+    wait_for(both_alive, "both workers alive", 60)
     image = harness.upload("in/hosts-dashboard.jpg", sample.read_bytes())
     # Four at once: host 1's worker has room for two, so placement sends some to host 2 (one
     # at a time, each would stay on the scheduler's host, where moving costs nothing).

@@ -38,20 +38,21 @@ def test_every_workflow_ends_right_after(target: Target, fault: Fault[Target]) -
 
 
 def test_a_burst_is_taken_without_a_5xx_and_every_run_completes(target: Target) -> None:
-    """200 starts from 100 connections at once: where the API is full it answers 429 and the
-    client sends the start again after its Retry-After; no 5xx; each taken once."""
-    result = run_burst(target, workflows=200, clients=100, deadline_s=600.0)
+    """100 starts from 50 connections at once: where the API is full it answers 429 and the
+    client sends the start again after its Retry-After; no 5xx; each taken once (the 429 itself:
+    test_api_back_pressure.py)."""
+    result = run_burst(target, workflows=100, clients=50, deadline_s=600.0)
     assert result.passed, result.as_dict()
     assert result.server_errors == 0, result.answers
-    assert result.answers.get("201") == 200, result.answers
-    assert result.completed == 200
+    assert result.answers.get("201") == 100, result.answers
+    assert result.completed == 100
 
 
 def test_a_soak_samples_every_piece_and_every_run_ends_right(target: Target) -> None:
-    """The machinery of the hour's soak, for half a minute: the peak, the steady load, a
+    """The machinery of the hour's soak, for a few seconds: the peak, the steady load, a
     sample of every piece. Whether memory stays flat is the benchmark's to judge (over half an
     hour; this is all warm-up)."""
-    result = run_soak(target, duration_s=20.0, peak_s=10.0, inflight=16, sample_every_s=2.0)
+    result = run_soak(target, duration_s=12.0, peak_s=6.0, inflight=16, sample_every_s=1.5)
     assert (result.stuck, result.lost, result.wrong, result.leaked_objects) == (0, 0, 0, 0)
     assert result.completed + result.failed == result.workflows and not result.problems
     assert result.peak_wps > 0

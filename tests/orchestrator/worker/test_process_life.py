@@ -157,7 +157,8 @@ def test_concurrency_runs_instructions_side_by_side(stack: Stack) -> None:
 
 def test_no_minion_is_a_clear_startup_error(stack: Stack) -> None:
     missing = stack.tmp / "nowhere" / "minion.sock"
-    env = stack.env | {"CDI_URL": f"unix://{missing}"}
+    # A second, not the 30 s a worker restarted with its minion waits for it.
+    env = stack.env | {"CDI_URL": f"unix://{missing}", "CDIFLOW_WORKER_CONNECT_WAIT_S": "1"}
     argv = [sys.executable, "-m", "orchestrator.worker", "--id", "wt-nominion"]
     result = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True,
                             timeout=DEADLINE_S, check=False)  # fmt: skip
