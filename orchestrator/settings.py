@@ -205,6 +205,14 @@ class Settings(BaseSettings):
         "runs, hand-offs and events) is archived first, as gzipped JSON lines; unset: pruned "
         "runs are not archived.",
     )
+    worker_connect_wait_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        validation_alias="CDIFLOW_WORKER_CONNECT_WAIT_S",
+        description="Seconds a starting worker waits for Redis and its CDI minion (a worker "
+        "restarted with them waits rather than exiting into the supervisor's back-off).",
+    )
     retention_interval_s: float = Field(
         default=60.0,
         gt=0,

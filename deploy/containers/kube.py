@@ -47,7 +47,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, Self
 
 import yaml
@@ -62,6 +61,7 @@ from deploy.containers.stack import ContainerStack
 from orchestrator.apikeys import generate_key
 from orchestrator.services import RunningServices
 from orchestrator.stack.probes import http_ok
+from orchestrator.started import StartStop
 
 __all__ = ["K8S", "KubeStack", "PlayedPod", "kustomize_command", "render"]
 
@@ -115,7 +115,7 @@ class PlayedPod:
     containers: list[str] = field(default_factory=list)
 
 
-class KubeStack:
+class KubeStack(StartStop):
     """``deploy/k8s`` played with podman on ``nodes`` nodes, with the service images for
     Postgres, Redis and S3. Reachable like any stack (``api_url``, ``auth_headers``,
     ``services``)."""
@@ -194,17 +194,6 @@ class KubeStack:
         self.secrets.clear()
         self.services_stack.stop(remove_data=True, timeout=5)
         shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def replay(self, workload: str, node: str | None = None) -> PlayedPod:
         """Remove the pod of ``workload`` (on ``node``) and play it again, as Kubernetes

@@ -32,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, Self
 
 import boto3
@@ -52,6 +51,7 @@ from orchestrator.child_process import free_port
 from orchestrator.contract import keys
 from orchestrator.services import RunningServices
 from orchestrator.stack.probes import http_ok, worker_heartbeat
+from orchestrator.started import StartStop
 
 __all__ = ["ROLE_LABEL", "ContainerStack", "container_rows"]
 
@@ -78,7 +78,7 @@ def container_rows(name: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (order.get(r["role"], 99), r["name"]))
 
 
-class ContainerStack:
+class ContainerStack(StartStop):
     """See the module's docstring. ``stop()`` removes every container, pod and network of
     the stack (by its label), and keeps the data folder unless asked."""
 
@@ -199,17 +199,6 @@ class ContainerStack:
         self.specs.clear()
         if remove_data:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- faults and their repair -------------------------------------------------------------
 

@@ -58,12 +58,6 @@ class ObjectDirectory:
         self.controller = controller
         self._warned = False
 
-    @classmethod
-    def from_env(cls, link: MinionLink) -> ObjectDirectory:
-        """Every host's objects when the scheduler was given the controller's URL and a
-        reader's token; ``ConfigError`` for a token that is not one (a placeholder)."""
-        return cls(link, controller_from_env())
-
     def objects(self) -> list[Seen]:
         """This host's objects from its minion (which the directory may trail), and those of
         every other live host from the directory."""

@@ -9,7 +9,6 @@ not stop. Exit codes: 0 after SIGTERM/SIGINT, 1 when it cannot start (the messag
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -234,9 +233,11 @@ def _run_body(
 ) -> int:
     """The worker itself, in the keeper's child: connect, run until SIGTERM/SIGINT (or a task
     that would not stop), clean up; the exit code."""
-    redis_client = _connect_redis(redis_url)
+    # A worker restarted with its stack's Redis or minion waits for them (the settings' wait)
+    # rather than exiting at once into the supervisor's growing back-off.
+    redis_client = _connect_redis(redis_url, settings.worker_connect_wait_s)
     try:
-        client = _connect_cdi(cdi_url, worker_id)
+        client = _connect_cdi(cdi_url, worker_id, settings.worker_connect_wait_s)
         try:
             parts = PlaneParts(
                 client,
@@ -276,30 +277,9 @@ def _run_body(
         redis_client.close()
 
 
-# A worker restarted with its stack's Redis or minion (both restart too) waits this long for
-# them, rather than exiting at once into the supervisor's growing back-off.
-CONNECT_WAIT_S = 30.0
-CONNECT_WAIT_ENV = "CDIFLOW_WORKER_CONNECT_WAIT_S"
-
-
-def connect_wait_s() -> float:
-    """How long a starting worker waits for Redis and its minion: ``CONNECT_WAIT_S``, or
-    ``$CDIFLOW_WORKER_CONNECT_WAIT_S`` (seconds, 0 to 3600); ``ConfigError`` for another value."""
-    raw = os.environ.get(CONNECT_WAIT_ENV, "").strip()
-    if not raw:
-        return CONNECT_WAIT_S
-    try:
-        wait = float(raw)
-    except ValueError:
-        wait = -1.0
-    if not 0.0 <= wait <= 3600.0:
-        raise ConfigError(f"{CONNECT_WAIT_ENV}={raw!r}: give seconds from 0 to 3600")
-    return wait
-
-
-def _connect_redis(url: str, wait_s: float | None = None) -> redis.Redis:
+def _connect_redis(url: str, wait_s: float) -> redis.Redis:
     client = redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
-    deadline = time.monotonic() + (connect_wait_s() if wait_s is None else wait_s)
+    deadline = time.monotonic() + wait_s
     while True:
         try:
             client.ping()
@@ -319,8 +299,8 @@ def _connect_redis(url: str, wait_s: float | None = None) -> redis.Redis:
         ) from problem
 
 
-def _connect_cdi(url: str | None, worker_id: str, wait_s: float | None = None) -> cdi.Client:
-    deadline = time.monotonic() + (connect_wait_s() if wait_s is None else wait_s)
+def _connect_cdi(url: str | None, worker_id: str, wait_s: float) -> cdi.Client:
+    deadline = time.monotonic() + wait_s
     while True:
         try:
             return cdi.connect(url, worker_id)

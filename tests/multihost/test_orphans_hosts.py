@@ -24,7 +24,7 @@ from orchestrator.scheduler.data import Obj
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.endings import Endings
 from orchestrator.scheduler.minion_link import MinionLink
-from orchestrator.scheduler.object_directory import ObjectDirectory
+from orchestrator.scheduler.object_directory import ObjectDirectory, controller_from_env
 from orchestrator.scheduler.orphans import OrphanObjects
 from orchestrator.scheduler.runs import RunState, StepSpec
 from workflows.graph import build_graph
@@ -55,7 +55,7 @@ def test_an_object_left_on_another_host_is_asked_back_from_its_worker(
     monkeypatch.delenv("CDI_CONTROLLER_TOKEN", raising=False)
     monkeypatch.setenv("CDI_CONTROLLER_TOKEN_FILE", str(reader))
     link = MinionLink(cluster.minions[0].socket_path, scheduler)  # the scheduler: host 1
-    directory = ObjectDirectory.from_env(link)
+    directory = ObjectDirectory(link, controller_from_env())
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     queue = keys.worker_queue_key(far_worker)
     nothing = cast(Any, None)  # the sweep reads no run store for runs it has in memory
