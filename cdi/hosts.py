@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import itertools
 import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -44,6 +46,8 @@ __all__ = ["Host", "HostNetwork", "enter_namespace", "namespaces_available"]
 _CLONE_NEWNET = 0x40000000
 _NETNS_DIR = "/run/netns"
 _counter = itertools.count(1)
+# Taken while a bridge's subnet is chosen and claimed (namespaces need root: /run is root's).
+_BLOCKS_LOCK = Path("/run/cdi-hosts.lock")
 
 
 def namespaces_available() -> tuple[bool, str]:
@@ -141,11 +145,15 @@ class HostNetwork:
 
     def _make_namespaces(self, count: int, subnet: int) -> None:
         tag = f"cdi{os.getpid()}x{next(_counter)}"
-        block = (os.getpid() * 7 + next(_counter)) % 250 + 1
-        prefix = f"10.{subnet}.{block}"
         self._bridge = f"{tag}br"[:15]
         self._ip("link", "add", self._bridge, "type", "bridge")
-        self._ip("addr", "add", f"{prefix}.1/24", "dev", self._bridge)
+        # Another process (a parallel test run) may be picking a block now: choosing one no
+        # address is in and taking it are one step under a lock, so two bridges never share
+        # a subnet (their routes would clash).
+        with _BLOCKS_LOCK.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            prefix = _free_prefix(subnet, (os.getpid() * 7 + next(_counter)) % 250)
+            self._ip("addr", "add", f"{prefix}.1/24", "dev", self._bridge)
         self._ip("link", "set", self._bridge, "up")
         self.gateway = f"{prefix}.1"
         self._subnet = f"{prefix}.0/24"
@@ -268,6 +276,18 @@ class HostNetwork:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _free_prefix(subnet: int, start: int) -> str:
+    """``10.<subnet>.<n>``, the first ``n`` from ``start`` (wrapping within 1..250) that no
+    address on this machine's root namespace is in."""
+    shown = subprocess.run(["ip", "-4", "-o", "addr", "show"], check=True, capture_output=True,
+                           text=True, timeout=30).stdout  # fmt: skip
+    for step in range(250):
+        prefix = f"10.{subnet}.{(start + step) % 250 + 1}"
+        if f" {prefix}." not in shown:
+            return prefix
+    raise ConfigError(f"no free /24 left in 10.{subnet}.0.0/16 for a host network")
 
 
 def _reason(exc: BaseException) -> str:

@@ -522,6 +522,21 @@ def parse_response(call: Call[T], response: httpx.Response) -> T:
         ) from exc
 
 
+RESENDS: Final = 2  # times a read whose connection was closed unanswered is sent again
+
+
+def resend_delay(call: Call[Any], exc: httpx.TransportError, attempt: int) -> float | None:
+    """Seconds to pause before sending ``call`` again after its ``attempt``-th try (from 1)
+    failed with ``exc``, or ``None`` to give up. Only a read (GET: sending it twice changes
+    nothing) whose connection the server closed without an answer: a kept-alive connection
+    the server closed just as it was reused, or one dropped under load. A refused connection
+    (the API is down) is said at once."""
+    closed = isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError)
+    if call.method != "GET" or not closed or attempt > RESENDS:
+        return None
+    return 0.1 * attempt
+
+
 def transport_error(url: str, exc: httpx.TransportError) -> TransportError:
     return TransportError(
         f"cannot reach the cdiflow API at {url} ({type(exc).__name__}: {exc}); is the stack "

@@ -42,6 +42,7 @@ from cdiflow.client._calls import (
     as_image_source,
     busy_delay,
     parse_response,
+    resend_delay,
     the_only_result,
     transport_error,
 )
@@ -144,7 +145,9 @@ class AsyncClient:
     async def _send(self, call: Call[T]) -> T:
         pool = self._waits if call.wait_s > 0 else self._http
         waited = 0.0
+        tries = 0
         while True:
+            tries += 1
             try:
                 response = await pool.request(
                     call.method,
@@ -156,7 +159,11 @@ class AsyncClient:
                     timeout=call.timeout,
                 )
             except httpx.TransportError as exc:
-                raise transport_error(self.api_url, exc) from exc
+                pause = resend_delay(call, exc, tries)
+                if pause is None:
+                    raise transport_error(self.api_url, exc) from exc
+                await asyncio.sleep(pause)
+                continue
             delay = busy_delay(response, waited, self.busy_timeout)
             if delay is None:
                 return parse_response(call, response)

@@ -39,6 +39,7 @@ from cdiflow.client._calls import (
     as_image_source,
     busy_delay,
     parse_response,
+    resend_delay,
     the_only_result,
     transport_error,
 )
@@ -141,7 +142,9 @@ class Client:
     def _send(self, call: Call[T]) -> T:
         pool = self._waits if call.wait_s > 0 else self._http
         waited = 0.0
+        tries = 0
         while True:
+            tries += 1
             try:
                 response = pool.request(
                     call.method,
@@ -153,7 +156,11 @@ class Client:
                     timeout=call.timeout,
                 )
             except httpx.TransportError as exc:
-                raise transport_error(self.api_url, exc) from exc
+                pause = resend_delay(call, exc, tries)
+                if pause is None:
+                    raise transport_error(self.api_url, exc) from exc
+                time.sleep(pause)
+                continue
             delay = busy_delay(response, waited, self.busy_timeout)
             if delay is None:
                 return parse_response(call, response)

@@ -1,6 +1,7 @@
 """The client honours the API's back-pressure: a 429 is sent again after its ``Retry-After``,
-for up to ``busy_timeout``, then raised as ``TooManyRequests``. A small fake transport plays the
-API here (what the API answers at capacity is tested against the real one in
+for up to ``busy_timeout``, then raised as ``TooManyRequests``; a read whose connection was
+closed unanswered is sent again (twice at most). A small fake transport plays the API here
+(what the API answers at capacity is tested against the real one in
 ``tests/orchestrator/test_api_back_pressure.py``)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from email.utils import format_datetime
 import httpx
 import pytest
 
-from cdiflow.client import AsyncClient, Client, TooManyRequests
+from cdiflow.client import AsyncClient, Client, TooManyRequests, TransportError
 from cdiflow.client._calls import retry_after_s
 
 BUSY = {"detail": "the API is at capacity; send the request again in 1 s", "code": "overloaded"}
@@ -88,3 +89,54 @@ def test_retry_after_a_date_to_come() -> None:
     when = datetime.now(UTC) + timedelta(seconds=30)
     response = httpx.Response(429, headers={"Retry-After": format_datetime(when, usegmt=True)})
     assert 25.0 < retry_after_s(response) <= 30.0
+
+
+class _Hangs:
+    """Closes the connection unanswered on the first ``times`` requests, then answers 200."""
+
+    def __init__(self, times: int) -> None:
+        self.times, self.seen = times, 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.seen += 1
+        if self.seen <= self.times:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, json=[])
+
+
+def test_a_read_the_server_closed_unanswered_is_sent_again() -> None:
+    api = _Hangs(times=2)
+    with Client("http://api.test", api_key="k" * 32, transport=httpx.MockTransport(api)) as c:
+        assert c.workers() == []
+    assert api.seen == 3
+
+
+def test_the_async_client_sends_a_closed_read_again_too() -> None:
+    api = _Hangs(times=1)
+
+    async def workers() -> list[object]:
+        async with AsyncClient(
+            "http://api.test", api_key="k" * 32, transport=httpx.MockTransport(api)
+        ) as client:
+            return list(await client.workers())
+
+    assert asyncio.run(workers()) == []
+    assert api.seen == 2
+
+
+def test_a_read_closed_every_time_says_the_api_cannot_be_reached() -> None:
+    api = _Hangs(times=10)
+    client = Client("http://api.test", api_key="k" * 32, transport=httpx.MockTransport(api))
+    with client, pytest.raises(TransportError, match="cannot reach the cdiflow API"):
+        client.workers()
+    assert api.seen == 3  # the first try and two more
+
+
+def test_a_write_the_server_closed_unanswered_is_not_sent_again() -> None:
+    """A start may have been made before the connection dropped: sending it again could
+    start a second run, so the caller decides (an idempotency key makes that safe)."""
+    api = _Hangs(times=1)
+    client = Client("http://api.test", api_key="k" * 32, transport=httpx.MockTransport(api))
+    with client, pytest.raises(TransportError):
+        client.cancel("3f2b8c1e-0000-4000-8000-000000000000")
+    assert api.seen == 1

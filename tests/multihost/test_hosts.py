@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -26,12 +27,15 @@ _DIAL = "import socket,sys; print(socket.create_connection((sys.argv[1], 7077)).
 
 
 def _names() -> tuple[set[str], set[str]]:
+    """This process's namespaces and links (a parallel run makes and removes its own)."""
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    mine = f"cdi{os.getpid()}x"
     return (
-        {line.split()[0] for line in namespaces.splitlines() if line.strip()},
-        {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()},
-    )
+        {line.split()[0] for line in namespaces.splitlines() if line.startswith(mine)},
+        {name for line in links.splitlines()
+         if (name := line.split(":")[1].strip().split("@")[0]).startswith(mine)},
+    )  # fmt: skip
 
 
 def _echo_from(host_argv: list[str], address: str) -> bytes:
