@@ -117,6 +117,14 @@ class CacheIndex:
                     return Verdict.SKIP
                 self._cond.wait(remaining)
 
+    def find(self, digest: str) -> Entry | None:
+        """The entry of ``digest`` if it is still here (now the most recently used)."""
+        with self._cond:
+            entry = self._entries.get(digest)
+            if entry is not None:
+                self._entries.move_to_end(digest)
+            return entry
+
     def put(self, key: CacheKey, caller: object, entry: Entry) -> bool:
         """Add ``caller``'s fill, evicting as the budget needs; False if it does not fit (the
         caller still owns the object then and frees it)."""

@@ -11,11 +11,13 @@ next worker that finds the address free holds the cache anew, empty.
 *A fetch through the cache* (``HostInputCache.fetch``): a HEAD, with the worker's own
 credentials, gives the object's ETag and version and refuses a caller S3 would refuse (so an
 input the caller may not read is never served from the cache); then the holder is asked for the
-key. On a hit it shares the object read-only with the worker, which copies it into the task's
-own object (one ``memcpy``) and releases the share: the workflow's object must be its own to
-transfer, keep or destroy, which a share is not. On a miss the worker GETs and decodes as
-without the cache, then copies the image into a new object it hands to the holder. A GET whose
-tag is not the HEAD's (the object changed in between) is used but not cached.
+key. On a hit the worker asks for a share (one at a time per worker process: a container
+holds one share of an object) and the holder shares the object read-only with it; the worker
+copies it into the task's own object (one ``memcpy``) and releases the share: the workflow's
+object must be its own to transfer, keep or destroy, which a share is not. On a miss the
+worker GETs and decodes as without the cache, then copies the image into a new object it hands
+to the holder. A GET whose tag is not the HEAD's (the object changed in between) is used but
+not cached.
 
 Anything that goes wrong with the cache itself (no holder, a dead connection, an object gone)
 falls back to the plain fetch: the cache only ever saves work.
@@ -32,6 +34,7 @@ import os
 import socket
 import struct
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Final
@@ -48,6 +51,7 @@ __all__ = ["Fetched", "HostInputCache", "InputStats", "cache_address"]
 log = logging.getLogger(__name__)
 
 WAIT_S: Final = 10.0  # how long a worker waits for another's fill of the same input
+RETRY_S: Final = 30.0  # how long after a failed registration of the holder it is tried again
 _KEY_PREFIX: Final = "cdiflow-input-cache/"
 
 
@@ -172,16 +176,22 @@ class _Holder:
                 pending.add(digest)
                 return {"status": "fill", "holder": self.container_id,
                         "budget": self.index.budget}  # fmt: skip
-            if not isinstance(got, Entry):
-                return {"status": "skip"}
+            return {"status": "hit" if isinstance(got, Entry) else "skip"}
+        if op == "share":
+            # Asked apart from ``get``, by a worker holding its lock on reading the cache: a
+            # container holds one share of an object, which one thread's release would end
+            # under another thread of the same worker still reading it.
+            entry = self.index.find(digest)
+            if entry is None:
+                return {"ok": False}  # evicted since
             try:
-                self.client.use(got.object_key, check=False).share([str(req["reader"])])
+                self.client.use(entry.object_key, check=False).share([str(req["reader"])])
             except cdi.CDIError as exc:
                 log.warning("cached input %s cannot be shared: %s", key.uri, exc)
                 if isinstance(exc, (cdi.ObjectNotFound, cdi.NotOwner)):
                     self.index.drop(digest)
-                return {"status": "skip"}
-            return {"status": "hit", "object": got.object_key, "source_bytes": got.source_bytes}
+                return {"ok": False}
+            return {"ok": True, "object": entry.object_key, "source_bytes": entry.source_bytes}
         pending.discard(digest)
         if op == "abandon":
             self.index.abandon(digest, caller, too_big=bool(req.get("too_big")))
@@ -218,6 +228,7 @@ class HostInputCache:
         self._holder: _Holder | None = None
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()  # one share of an object per container at a time
+        self._retry_at = 0.0  # when to try holding again after the minion refused the holder
         self._try_hold()
 
     @property
@@ -237,7 +248,7 @@ class HostInputCache:
 
     def _try_hold(self) -> None:
         with self._lock:
-            if self._holder is not None:
+            if self._holder is not None or time.monotonic() < self._retry_at:
                 return
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -250,7 +261,9 @@ class HostInputCache:
                 client = cdi.connect(self.cdi_url, self.holder_id)
             except cdi.CDIError as exc:
                 listener.close()
-                log.warning("the input cache cannot register %s: %s", self.holder_id, exc)
+                self._retry_at = time.monotonic() + RETRY_S
+                log.warning("the input cache cannot register %s (tried again in %g s): %s",
+                            self.holder_id, RETRY_S, exc)  # fmt: skip
                 return
             self._holder = _Holder(client, self.budget, listener)
             self._holder.start()
@@ -259,6 +272,7 @@ class HostInputCache:
     def _connect(self) -> socket.socket | None:
         for _ in range(2):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(WAIT_S + 5.0)  # a holder that stopped answering is not waited for
             try:
                 sock.connect(self.address)
                 return sock
@@ -299,9 +313,9 @@ class HostInputCache:
                 log.warning("the input cache did not answer: %s", exc)
                 reply = {"status": "skip"}
             if reply["status"] == "hit":
-                obj = self._copy(client, str(reply["object"]), key, recovery)
-                if obj is not None:
-                    return obj, Fetched(True, 0, int(reply["source_bytes"]))
+                copied = self._copy(channel, client, ckey, key, recovery)
+                if copied is not None:
+                    return copied
             elif reply["status"] == "fill":
                 return self._fill(channel, reply, client, store, ckey, stored, key, recovery)
             return self._plain(client, store, uri, key, recovery, max_input_bytes, max_pixels)
@@ -324,17 +338,30 @@ class HostInputCache:
         return obj, Fetched(False, len(data), len(data))
 
     def _copy(
-        self, client: cdi.Client, object_key: str, key: str, recovery: str | None
-    ) -> cdi.CDIObject | None:
-        """A new object ``key`` with the bytes of the cached ``object_key`` (shared with us);
-        None if the cached one cannot be read (the caller fetches the input itself)."""
+        self,
+        channel: _Channel,
+        client: cdi.Client,
+        ckey: CacheKey,
+        key: str,
+        recovery: str | None,
+    ) -> tuple[cdi.CDIObject, Fetched] | None:
+        """A new object ``key`` with the bytes of the cached input of ``ckey``, shared with us
+        for the copy; None if it cannot be read (the caller fetches the input itself)."""
         with self._read_lock:
-            cached = client.use(object_key, check=False)
+            try:
+                shared = channel.call({"op": "share", "key": dataclasses.asdict(ckey),
+                                       "reader": client.container_id})  # fmt: skip
+            except (OSError, ValueError) as exc:
+                log.warning("the input cache did not answer: %s", exc)
+                return None
+            if not shared.get("ok"):
+                return None  # evicted between the two calls
+            cached = client.use(str(shared["object"]), check=False)
             try:
                 try:
                     view = cached.read(timeout=5.0)
                 except cdi.CDIError as exc:
-                    log.warning("cached input %s cannot be read: %s", object_key, exc)
+                    log.warning("cached input %s cannot be read: %s", cached.key, exc)
                     return None
                 try:
                     obj = client.create(key, len(view), recovery=recovery, zeroed=False)
@@ -350,7 +377,7 @@ class HostInputCache:
             finally:
                 with contextlib.suppress(cdi.CDIError):
                     cached.release()
-        return obj
+        return obj, Fetched(True, 0, int(shared["source_bytes"]))
 
     def _fill(
         self,

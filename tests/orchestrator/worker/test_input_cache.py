@@ -7,6 +7,7 @@ import io
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -315,3 +316,45 @@ def test_the_store_names_who_reads_never_the_secret() -> None:
     )
     identity = ObjectStore(settings).identity
     assert "AKID" in identity and "127.0.0.1:9000" in identity and "s3cr3t" not in identity
+
+
+def test_threads_of_one_worker_hit_the_same_entry_at_once(minion: MinionChild) -> None:
+    """A container holds one share of an object: the slots of one worker take their copies in
+    turn, so no slot's release ends the share another slot is still reading through."""
+    url = f"unix://{minion.socket_path}"
+    s3 = FakeS3()
+    s3.put(URI, jpeg((90, 90, 90), (640, 480)))
+    store: Any = s3
+    holding = HostInputCache(url, "t1", 16 << 20)
+    joining = HostInputCache(url, "t2", 16 << 20)
+    results: list[bool] = []
+    errors: list[BaseException] = []
+    with cdi.connect(url, "t2") as t2:
+        try:
+
+            def slot(n: int) -> None:
+                try:
+                    for i in range(15):
+                        obj, fetched = joining.fetch(
+                            t2, store, URI, f"wf-{n}-{i}", recovery=None,
+                            max_input_bytes=1 << 20, max_pixels=10**6,
+                        )  # fmt: skip
+                        results.append(fetched.hit)
+                        obj.destroy()
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+            started = time.monotonic()
+            slots = [threading.Thread(target=slot, args=(n,)) for n in range(3)]
+            for t in slots:
+                t.start()
+            for t in slots:
+                t.join(60)
+            assert not errors, errors
+            # One fetch from S3, every other a hit, and none waited out a share (5 s).
+            assert s3.gets == 1 and results.count(False) == 1 and len(results) == 45
+            assert time.monotonic() - started < 5
+        finally:
+            joining.close()
+            holding.close()
+        assert t2.list_objects() == []
