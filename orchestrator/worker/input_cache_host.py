@@ -158,7 +158,7 @@ class _Holder:
                 reply = self._answer(json.loads(line), caller, pending)
                 file.write(json.dumps(reply).encode() + b"\n")
                 file.flush()
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, cdi.CDIError) as exc:
             log.debug("input cache connection ended: %s", exc)
         finally:
             for digest in pending:  # a fill that never came: the next waiter fetches
