@@ -147,6 +147,7 @@ bench: $(STAMP) s3server mosquitto
 	$(BENCH) idle --seconds 40 --json > $(BENCH_OUT)/idle.json
 	$(BENCH) history --sizes 10k,100k,1M --json > $(BENCH_OUT)/history.json
 	$(BENCH) channels --json > $(BENCH_OUT)/channels.json
+	$(BENCH) cache --rounds 2 --json > $(BENCH_OUT)/cache.json
 	$(BENCH) ar --rounds 3 --json --plots docs/images/ar > $(BENCH_OUT)/ar.json
 	$(BENCH) ar --hosts 2 --rounds 3 --json --plots docs/images/ar-hosts > $(BENCH_OUT)/ar-hosts.json
 	$(BENCH) workflows --quick --json $(BENCH_OUT)/quick.json

@@ -32,6 +32,7 @@ BENCH_COMMANDS: Final = {
     "chaos": "loadtest.chaos.cli:bench_chaos_command",
     "ar": "apps.ar.cli:bench_ar_command",
     "channels": "loadtest.channels:bench_channels_command",
+    "cache": "loadtest.cache_bench:bench_cache_command",
 }
 
 

@@ -20,6 +20,7 @@ with ``enforce`` so is one outside the ``S3Policy`` (the workers' and the API's 
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
@@ -37,11 +38,12 @@ from orchestrator.errors import InputMissing, InputTooLarge, StorageError, Stora
 from orchestrator.s3policy import S3Policy, check_s3_uri
 
 if TYPE_CHECKING:
+    from obstore import ObjectMeta
     from obstore.store import ClientConfig, RetryConfig, S3Config
 
     from orchestrator.settings import Settings
 
-__all__ = ["ObjectStore", "Streamed", "parse_s3_uri"]
+__all__ = ["ObjectStore", "Stored", "Streamed", "parse_s3_uri"]
 
 # Like boto3's "standard" mode: a few attempts, not object_store's ten over three minutes, so
 # an endpoint that is down fails the task in seconds with a reason.
@@ -66,6 +68,16 @@ class Streamed:
     size: int
     content_type: str | None
     chunks: Iterator[bytes]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What S3 says of an object without its bytes (a HEAD): its size and the tags that
+    change whenever it does (``etag``; ``version`` on a versioned bucket)."""
+
+    size: int
+    etag: str | None
+    version: str | None
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -132,18 +144,43 @@ class ObjectStore:
                 self._stores[bucket] = store
             return store
 
+    @property
+    def identity(self) -> str:
+        """Who this store reads as: the endpoint, region and access key (``chain`` plus the
+        profile when boto3's chain picks the key). Never the secret."""
+        endpoint = self._config.get("endpoint", "aws")
+        key_id = self._config.get("access_key_id") or f"chain:{os.environ.get('AWS_PROFILE', '')}"
+        return f"{endpoint}|{self._config['region']}|{key_id}"
+
     def get(self, uri: str, limit: int) -> bytes:
+        return self.get_stored(uri, limit)[0]
+
+    def get_stored(self, uri: str, limit: int) -> tuple[bytes, Stored]:
+        """The bytes at ``uri`` and what S3 said of them (their ETag and version)."""
         bucket, key = parse_s3_uri(uri)
         if self.enforce:
             self.policy.check_read(uri)
         try:
             reply = obstore.get(self._store(bucket), key)
-            size = int(reply.meta["size"])
-            if size > limit:
+            stored = _stored(reply.meta)
+            if stored.size > limit:
                 raise InputTooLarge(
-                    f"{uri} is {size} bytes; the limit is {limit} (MAX_INPUT_BYTES)"
+                    f"{uri} is {stored.size} bytes; the limit is {limit} (MAX_INPUT_BYTES)"
                 )
-            return bytes(reply.bytes())
+            return bytes(reply.bytes()), stored
+        except _MISSING as exc:
+            raise InputMissing(f"{uri} does not exist") from exc
+        except _FAILED as exc:
+            raise _failed(f"cannot read {uri}", exc) from exc
+
+    def head(self, uri: str) -> Stored:
+        """What S3 says of the object at ``uri`` (one HEAD, no bytes): a caller that may not
+        read it is refused as a GET would be. Errors as ``get``."""
+        bucket, key = parse_s3_uri(uri)
+        if self.enforce:
+            self.policy.check_read(uri)
+        try:
+            return _stored(obstore.head(self._store(bucket), key))
         except _MISSING as exc:
             raise InputMissing(f"{uri} does not exist") from exc
         except _FAILED as exc:
@@ -229,6 +266,10 @@ class ObjectStore:
                     raise StorageError(
                         f"cannot delete {len(keys)} objects in s3://{bucket}/: {_reason(exc)}"
                     ) from exc
+
+
+def _stored(meta: ObjectMeta) -> Stored:
+    return Stored(int(meta["size"]), meta.get("e_tag") or None, meta.get("version") or None)
 
 
 def _chain_credentials(region: str) -> Boto3CredentialProvider:

@@ -213,6 +213,22 @@ class Settings(BaseSettings):
         description="Seconds a starting worker waits for Redis and its CDI minion (a worker "
         "restarted with them waits rather than exiting into the supervisor's back-off).",
     )
+    input_cache: bool = Field(
+        default=False,
+        validation_alias="CDIFLOW_INPUT_CACHE",
+        description="Fetch each workflow input once per host: the first task on a host that "
+        "reads an S3 input keeps its decoded image in a per-host cache of CDI objects, which "
+        "later workflows on the host reading the same version copy from (a HEAD checks the "
+        "version and the caller's right to read it). Off by default.",
+    )
+    input_cache_mib: int = Field(
+        default=1024,
+        gt=0,
+        le=1 << 20,
+        validation_alias="CDIFLOW_INPUT_CACHE_MIB",
+        description="MiB of decoded inputs the input cache keeps per host; the least recently "
+        "used go first.",
+    )
     retention_interval_s: float = Field(
         default=60.0,
         gt=0,

@@ -1,5 +1,6 @@
 """The workflow's image coming in on the ``cdi`` plane (``cdi_plane``): the object made from
-the S3 input (the first task) or the one handed over, mapped read-only over its memory (no
+the S3 input (the first task; through the host's input cache when it is on,
+``input_cache_host``) or the one handed over, mapped read-only over its memory (no
 copy), or the image this worker held from the task before; and letting go of that mapping,
 which pins the object while it lives.
 """
@@ -19,7 +20,8 @@ from orchestrator.errors import HeldImageLost, ObjectGone, WorkerError
 from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.execution import Execution, elapsed_ms
 from orchestrator.worker.held import Held
-from orchestrator.worker.input_fetch import fetch_into_object
+from orchestrator.worker.input_cache_host import Fetched, HostInputCache, InputStats
+from orchestrator.worker.input_fetch import decode_into_object
 from workflows.errors import InvalidImage
 from workflows.imagebuf import map_image, required_size
 
@@ -40,33 +42,41 @@ class ImageInput:
         *,
         max_input_bytes: int,
         max_pixels: int,
+        cache: HostInputCache | None = None,
+        stats: InputStats | None = None,
     ) -> None:
         self.client = client
         self.store = store  # the S3 store of the input, made on first use
         self.access_timeout_s = access_timeout_s
         self.max_input_bytes = max_input_bytes
         self.max_pixels = max_pixels
+        self.cache = cache  # the host's input cache, if it is on
+        self.stats = stats or InputStats()
 
     def fetch(self, ins: Instruction, exe: Execution) -> cdi.CDIObject:
         """The first task: make the workflow's object ``key`` from ``input_uri``."""
         started = time.perf_counter()
         try:
-            obj = fetch_into_object(
-                self.client,
-                self.store(),
-                ins.input_uri,
-                ins.key,
-                recovery=ins.return_to or None,
-                max_input_bytes=self.max_input_bytes,
-                max_pixels=self.max_pixels,
-            )
+            obj, fetched = self._fetch(ins.input_uri, ins.key, ins.return_to or None)
         except cdi.KeyExists as exc:
             raise WorkerError(
                 f"CDI object {ins.key!r} already exists; the scheduler must name a fresh key "
                 "for every attempt that fetches the input"
             ) from exc
+        self.stats.count(fetched, cached=self.cache is not None)
         exe.read_ms = elapsed_ms(started)
         return obj
+
+    def _fetch(self, uri: str, key: str, recovery: str | None) -> tuple[cdi.CDIObject, Fetched]:
+        store = self.store()
+        if self.cache is not None:
+            return self.cache.fetch(self.client, store, uri, key, recovery=recovery,
+                                    max_input_bytes=self.max_input_bytes,
+                                    max_pixels=self.max_pixels)  # fmt: skip
+        data = store.get(uri, self.max_input_bytes)
+        obj = decode_into_object(self.client, data, uri, key, recovery=recovery,
+                                 max_pixels=self.max_pixels)  # fmt: skip
+        return obj, Fetched(False, len(data), len(data))
 
     def use(self, key: str) -> cdi.CDIObject:
         # No round trip to check the key: access() is the next call and reports a missing one.

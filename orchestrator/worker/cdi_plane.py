@@ -100,6 +100,8 @@ class CdiPlane:
             parts.access_timeout_s,
             max_input_bytes=parts.max_input_bytes,
             max_pixels=parts.max_pixels,
+            cache=parts.input_cache,
+            stats=parts.input_stats,
         )
         self.outputs = ImageOutput(client, held, store, self.named)
 

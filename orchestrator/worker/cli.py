@@ -25,6 +25,7 @@ from orchestrator.logs import log_format_option, setup_logging
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings, load_settings
 from orchestrator.worker.held import DEFAULT_HOLD_BYTES, HeldImages
+from orchestrator.worker.input_cache_host import HostInputCache
 from orchestrator.worker.keeper import keep
 from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.plane_parts import LazyStore, PlaneParts
@@ -238,6 +239,11 @@ def _run_body(
     redis_client = _connect_redis(redis_url, settings.worker_connect_wait_s)
     try:
         client = _connect_cdi(cdi_url, worker_id, settings.worker_connect_wait_s)
+        cache = (
+            HostInputCache(cdi_url, worker_id, settings.input_cache_mib << 20)
+            if settings.input_cache
+            else None
+        )
         try:
             parts = PlaneParts(
                 client,
@@ -247,6 +253,7 @@ def _run_body(
                 access_timeout_s,
                 max_input_bytes=settings.max_input_bytes,
                 max_pixels=settings.max_pixels,
+                input_cache=cache,
             )
             worker = Worker(
                 worker_id,
@@ -259,7 +266,12 @@ def _run_body(
                 tasks=catalog,
             )
             if metrics_port:
-                worker.metrics = WorkerMetrics(running=worker.running, held=parts.held.usage)
+                worker.metrics = WorkerMetrics(
+                    running=worker.running,
+                    held=parts.held.usage,
+                    inputs=parts.input_stats,
+                    cached=cache.held if cache is not None else None,
+                )
                 try:
                     worker.metrics.serve(metrics_port, metrics_host)
                 except OSError as exc:
@@ -271,6 +283,8 @@ def _run_body(
             with _stop_on_signals(worker):
                 return worker.run()
         finally:
+            if cache is not None:
+                cache.close()  # the host's cached inputs, if we held them, go with us
             # Objects still ours (kept for affinity) go back to their recovery containers.
             client.close()
     finally:

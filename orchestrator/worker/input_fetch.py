@@ -19,26 +19,23 @@ from __future__ import annotations
 import contextlib
 
 import cdi
-from orchestrator.objectstore import ObjectStore
 from workflows import imagebuf
 from workflows.errors import InvalidImage
 
-__all__ = ["fetch_into_object"]
+__all__ = ["decode_into_object"]
 
 
-def fetch_into_object(
+def decode_into_object(
     client: cdi.Client,
-    store: ObjectStore,
+    data: bytes,
     uri: str,
     key: str,
     *,
     recovery: str | None,
-    max_input_bytes: int,
     max_pixels: int,
 ) -> cdi.CDIObject:
-    """GET ``uri`` and decode it into a new object ``key`` owned by ``client``. Raises the
-    store's ``DataError`` tree, ``InvalidImage`` (naming ``uri``) or ``cdi.CDIError``."""
-    data = store.get(uri, max_input_bytes)
+    """Decode ``data`` (the input read from ``uri``) into a new object ``key`` owned by
+    ``client``; ``InvalidImage`` (naming ``uri``) or ``cdi.CDIError``."""
     try:
         image = imagebuf.open_image(data, max_pixels)
         in_place = imagebuf.decodes_in_place(image)

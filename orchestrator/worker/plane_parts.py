@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cdi
 from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.held import HeldImages
+from orchestrator.worker.input_cache_host import HostInputCache, InputStats
 
 __all__ = ["LazyStore", "PlaneParts"]
 
@@ -39,3 +40,5 @@ class PlaneParts:
     access_timeout_s: float  # how long an object handed over is waited for
     max_input_bytes: int
     max_pixels: int
+    input_cache: HostInputCache | None = None  # the host's input cache, when it is on
+    input_stats: InputStats = field(default_factory=InputStats)  # inputs fetched, for metrics

@@ -49,6 +49,35 @@ def test_put_get_delete_round_trip(store: ObjectStore) -> None:
         store.get(uri, limit=len(data))
 
 
+def test_a_head_tells_the_tag_a_get_sees_and_a_new_one_after_a_change(
+    store: ObjectStore,
+) -> None:
+    """What the input cache keys on: the HEAD's ETag is the GET's, and changes with the bytes;
+    a missing object, or one outside the policy, is refused as a GET would be."""
+    uri = store.uri(f"tests/objectstore/{uuid.uuid4()}.bin")
+    store.put(uri, b"first")
+    head = store.head(uri)
+    data, got = store.get_stored(uri, limit=100)
+    assert data == b"first" and head.size == 5 and head.etag and got == head
+    store.put(uri, b"second")
+    assert store.head(uri).etag not in (None, head.etag)
+    store.delete(uri)
+    with pytest.raises(InputMissing, match="does not exist"):
+        store.head(uri)
+    with pytest.raises(InvalidRequest):
+        store.head("s3://cdiflow/../x")
+
+
+def test_a_head_outside_the_inputs_is_refused_before_any_request(
+    tmp_path: Path, s3_endpoint: str, s3_keys: tuple[str, str]
+) -> None:
+    settings = _settings(tmp_path, s3_endpoint, s3_keys).model_copy(
+        update={"s3_inputs": ["s3://cdiflow/inputs-only/"]}
+    )
+    with pytest.raises(InvalidRequest, match="outside the S3 locations"):
+        ObjectStore(settings, enforce=True).head("s3://cdiflow/elsewhere/a.jpg")
+
+
 def test_an_object_over_the_limit_is_refused_with_its_size(store: ObjectStore) -> None:
     uri = store.uri(f"tests/objectstore/{uuid.uuid4()}.bin")
     store.put(uri, b"x" * 1001)
