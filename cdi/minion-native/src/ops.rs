@@ -149,6 +149,8 @@ fn register(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
         ))
         .into());
     }
+    let (pid, uid) = (conn.pid, conn.uid);
+    crate::resume::come_back(reg, &cid, pid, uid).map_err(CdiError::container_exists)?;
     reg.register(token, Rc::from(&*cid));
     Ok(Some((Body::Registered, None)))
 }
@@ -412,5 +414,6 @@ fn set_recovery(reg: &mut Registry, token: u64, request: Entries) -> Result<Repl
     let key = reg.owned(token, request)?;
     let recovery: Rc<str> = Rc::from(&*check_container_id(arg(request, "container"))?);
     reg.objects.get_mut(&key).ok_or_else(vanished)?.recovery = recovery.clone();
+    reg.mark(&key);
     Ok(Some((Body::Recovery(recovery), None)))
 }

@@ -87,6 +87,7 @@ pub fn share(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, 
         }
     }
     let body = Body::Readers(obj.readers.clone());
+    reg.mark(&key);
     reg.grant_waiters(&key);
     Ok(Some((body, None)))
 }
@@ -107,7 +108,9 @@ pub fn read(
             obj.uids.add(conn.uid);
             obj.segment.uids.add(conn.uid);
         }
-        return Ok(Some((Body::grant(obj), Some(fd))));
+        let reply = (Body::grant(obj), Some(fd));
+        reg.mark(&key);
+        return Ok(Some(reply));
     }
     if !wait {
         return Err(CdiError::not_owner(format!(
