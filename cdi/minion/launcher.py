@@ -126,9 +126,10 @@ def run_binary(
             env=without_secrets(os.environ),  # the binary talks to no controller, no gateway
             pass_fds=(write_end,),
             # One prctl call (takes no locks). With a state folder, the relay's death is a
-            # restart: the binary stops keeping its objects for the next one (SIGUSR2).
+            # restart: the binary serves on until its successor takes the folder over, or a
+            # few seconds, then stops keeping its objects (SIGUSR1, docs/minion-restart.md).
             preexec_fn=_die_with_parent(
-                signal.SIGUSR2 if config.state_dir is not None else signal.SIGTERM
+                signal.SIGUSR1 if config.state_dir is not None else signal.SIGTERM
             ),
         )
     finally:

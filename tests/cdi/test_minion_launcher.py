@@ -164,8 +164,9 @@ def test_the_binary_stops_when_its_relay_dies(tmp_path: Path) -> None:
 def test_with_a_state_folder_the_binary_keeps_its_objects_when_its_relay_dies(
     tmp_path: Path,
 ) -> None:
-    """The relay's death is a restart (its supervisor starts another): the binary stops, and
-    leaves its journal for the next minion of the folder (docs/minion-restart.md)."""
+    """The relay's death is a restart (its supervisor starts another): the binary serves on
+    until its successor takes the folder over, or a few seconds, then stops and leaves its
+    journal for the next minion of the folder (docs/minion-restart.md)."""
     require_native()
     socket_path, state = tmp_path / "m.sock", tmp_path / "state"
     relay = subprocess.Popen(
@@ -187,7 +188,9 @@ def test_with_a_state_folder_the_binary_keeps_its_objects_when_its_relay_dies(
             minion = psutil.Process(int(children[0]))
             relay.kill()
             relay.wait(10)
-            minion.wait(10)
+            time.sleep(0.2)
+            assert client.stat()["objects"] == 1  # served on without its relay
+            minion.wait(15)  # --successor-wait-ms (5 s) without a successor
         assert (state / "journal").exists()
     finally:
         if relay.poll() is None:

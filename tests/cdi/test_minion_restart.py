@@ -76,6 +76,8 @@ def test_objects_owners_shares_and_isolation_survive_a_kill(minion: Restartable)
     shared.access()[:5] = b"hello"
     shared.share(["reader"])
     assert bytes(reader.use("shared").read()[:5]) == b"hello"
+    later = writer.create("later", 100)
+    later.access()[:5] = b"later"
     before = {o["key"]: o for o in writer.list_objects()}
 
     minion.kill()
@@ -83,7 +85,9 @@ def test_objects_owners_shares_and_isolation_survive_a_kill(minion: Restartable)
 
     # Every client carries on: its next call registers it again with the new minion.
     after = {o["key"]: o for o in writer.list_objects()}
-    assert set(after) == {"given", "shared"}
+    assert set(after) == {"given", "shared", "later"}
+    # A hand-over to a container not back yet goes through: it finds the object when it is.
+    writer.use("later").transfer("reader")
     for key in after:
         for field in ("owner", "generation", "size", "isolation", "readers", "segment"):
             assert after[key][field] == before[key][field], (key, field)
@@ -105,8 +109,9 @@ def test_objects_owners_shares_and_isolation_survive_a_kill(minion: Restartable)
     # Hand-overs go on as before.
     writer.use("shared").transfer("reader")
     assert bytes(reader.use("shared").access()[:5]) == b"again"
+    assert bytes(reader.use("later").access(timeout=0)[:5]) == b"later"
     stat = writer.stat()
-    assert stat["objects"] == 2
+    assert stat["objects"] == 3
     assert set(stat["containers"]) >= {"writer", "reader", "former"}
 
 
@@ -153,3 +158,21 @@ def test_a_stop_for_good_leaves_nothing_and_a_fresh_minion_is_told_apart(
         client.use("temp")
     fresh = minion.client("alone-again")
     assert fresh.stat()["objects"] == 0
+
+
+def test_a_second_minion_on_the_folder_takes_over_from_a_running_one(
+    minion: Restartable,
+) -> None:
+    """An upgrade: the new minion asks the running one to hand over (SIGUSR2), which records
+    what it has and stops; clients carry on with the new one."""
+    client = minion.client("upgraded")
+    obj = client.create("carried", 64)
+    obj.access()[:7] = b"carried"
+    old = minion.child
+    assert old is not None
+    minion.start()  # the same socket and state folder
+    assert old.wait(10)  # handed over: nobody but its successor told it to stop
+    assert old.returncode == 0
+    assert client.describe("carried")["owner"] == "upgraded"
+    assert bytes(client.use("carried").access()[:7]) == b"carried"
+    assert minion.child is not None and minion.child.pid != old.pid

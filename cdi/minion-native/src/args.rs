@@ -36,6 +36,8 @@ pub struct Config {
     /// After a restart, how long containers have to come back before the objects of those
     /// that ended go to recovery.
     pub resume_grace_ms: u64,
+    /// With its launcher gone (SIGUSR1), how long to serve on waiting for a successor.
+    pub successor_wait_ms: u64,
 }
 
 /// The CDI per-host minion: holds shared-memory objects and enforces single ownership.
@@ -91,6 +93,11 @@ struct Cli {
     #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
           default_value = "2000")]
     resume_grace_ms: u64,
+    /// With a state folder, after SIGUSR1 (the launcher died): milliseconds to serve on until
+    /// a successor takes the folder over
+    #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
+          default_value = "5000")]
+    successor_wait_ms: u64,
 }
 
 /// Wrapped so that clap takes the whole list as one value instead of one per item.
@@ -180,6 +187,7 @@ where
         events_fd: cli.events_fd,
         state_dir: cli.state_dir,
         resume_grace_ms: cli.resume_grace_ms,
+        successor_wait_ms: cli.successor_wait_ms,
     })
 }
 

@@ -24,7 +24,7 @@ mod sys;
 use std::sync::atomic::Ordering;
 
 use events::EventSink;
-use server::{Minion, KEEP, STOP, WAKE_FD};
+use server::{Minion, KEEP, ORPHANED, STOP, WAKE_FD};
 
 fn main() {
     std::process::exit(run());
@@ -75,10 +75,14 @@ fn run() -> i32 {
 }
 
 extern "C" fn on_signal(signal: libc::c_int) {
-    if signal == libc::SIGUSR2 {
-        KEEP.store(true, Ordering::SeqCst);
+    if signal == libc::SIGUSR1 {
+        ORPHANED.store(true, Ordering::SeqCst); // the loop decides, once woken
+    } else {
+        if signal == libc::SIGUSR2 {
+            KEEP.store(true, Ordering::SeqCst);
+        }
+        STOP.store(true, Ordering::SeqCst);
     }
-    STOP.store(true, Ordering::SeqCst);
     let fd = WAKE_FD.load(Ordering::SeqCst);
     // SAFETY: only async-signal-safe calls (write) and errno is restored for the code we
     // interrupted.
@@ -93,8 +97,9 @@ extern "C" fn on_signal(signal: libc::c_int) {
 
 /// SIGTERM and SIGINT stop the loop cleanly: the socket is removed, the segments freed.
 /// SIGUSR2 stops it for a restart: with a state folder, the objects stay for the next minion.
+/// SIGUSR1 (its launcher died) lets it serve on until a successor asks for the state folder.
 fn install_signal_handlers() {
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGUSR2] {
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGUSR2, libc::SIGUSR1] {
         // SAFETY: a zeroed sigaction with a handler and an empty mask is valid.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();

@@ -308,8 +308,15 @@ fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
         Some((cid, _)) => cid.clone(),
         None => {
             let name = check_container_id(to.unwrap_or(&NIL))?;
+            // A container of the minion before this one, not back yet, gets it as it would
+            // have (a restart is no reason for a hand-over to fail).
+            let expected = reg
+                .expected
+                .get_key_value(&*name)
+                .map(|(cid, _)| cid.clone());
             match reg.containers.get_key_value(&*name) {
                 Some((cid, _)) => cid.clone(),
+                None if expected.is_some() => expected.unwrap_or_default(),
                 None => match via.as_deref().and_then(|v| reg.containers.get_key_value(v)) {
                     Some((cid, _)) => cid.clone(),
                     None => {

@@ -341,9 +341,13 @@ impl Registry {
         if obj.isolation == Isolation::Strict && owner != obj.owner && !obj.shared() {
             move_to_fresh_segment(&mut self.pool, obj)?;
         }
-        if let Some(conn) = self.containers.get(&owner).and_then(|t| self.conns.get(t)) {
-            obj.uids.add(conn.uid);
-            obj.segment.uids.add(conn.uid);
+        let uid = match self.containers.get(&owner).and_then(|t| self.conns.get(t)) {
+            Some(conn) => Some(conn.uid),
+            None => self.expected.get(&owner).map(|e| e.saved.uid),
+        };
+        if let Some(uid) = uid {
+            obj.uids.add(uid);
+            obj.segment.uids.add(uid);
         }
         obj.owner = owner;
         obj.generation += 1;

@@ -31,6 +31,9 @@ pub static STOP: AtomicBool = AtomicBool::new(false);
 /// Set by SIGUSR2 (with STOP): stop keeping the objects, segment files and journal for the
 /// next minion of the state folder, as if the process had been killed.
 pub static KEEP: AtomicBool = AtomicBool::new(false);
+/// Set by SIGUSR1 (the launcher's death, with a state folder): serve on until a successor
+/// asks to take over (SIGUSR2), for `--successor-wait-ms` at most, then stop keeping.
+pub static ORPHANED: AtomicBool = AtomicBool::new(false);
 pub static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
 // epoll tokens; connections count up from FIRST_CONNECTION and are never reused, so an event
@@ -54,6 +57,8 @@ pub struct Minion {
     out: Vec<u8>,
     /// After a restart: when to settle the containers that have not come back.
     resume_at: Option<u64>,
+    /// With its launcher gone: when to stop if no successor has asked to take over.
+    orphaned_until: Option<u64>,
 }
 
 impl Minion {
@@ -79,6 +84,7 @@ impl Minion {
             events_watched: false,
             out: Vec::with_capacity(4096),
             resume_at: None,
+            orphaned_until: None,
         })
     }
 
@@ -145,10 +151,15 @@ impl Minion {
             // budget: waking a sleeping process costs ~40 us on a VM, the hand-off ~10.
             let spinning =
                 !self.registry.waiters.is_empty() && sys::monotonic_ns() < self.registry.spin_until;
+            self.check_orphaned();
+            let wake_at = match (self.resume_at, self.orphaned_until) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let timeout = if spinning {
                 0
             } else {
-                match self.resume_at {
+                match wake_at {
                     Some(at) => (at.saturating_sub(sys::monotonic_ns()) / 1_000_000 + 1) as i32,
                     None => -1,
                 }
@@ -190,6 +201,30 @@ impl Minion {
         }
         self.shutdown();
         false
+    }
+
+    /// The launcher is gone (SIGUSR1): serve on for a while, so that the clients lose
+    /// nothing until a successor asks to take over; then stop, keeping the objects.
+    fn check_orphaned(&mut self) {
+        if !ORPHANED.load(Ordering::Relaxed) || self.registry.journal.is_none() {
+            return;
+        }
+        let now = sys::monotonic_ns();
+        match self.orphaned_until {
+            None => {
+                let wait = self.registry.config.successor_wait_ms;
+                log::info(format_args!(
+                    "the minion's launcher is gone; serving until a successor takes over \
+                     (at most {wait} ms)"
+                ));
+                self.orphaned_until = Some(now.saturating_add(wait.saturating_mul(1_000_000)));
+            }
+            Some(until) if now >= until => {
+                KEEP.store(true, Ordering::SeqCst);
+                STOP.store(true, Ordering::SeqCst);
+            }
+            Some(_) => {}
+        }
     }
 
     /// After a restart: recover the objects of containers that ended meanwhile, once the
