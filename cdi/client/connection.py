@@ -17,7 +17,10 @@ from cdi.errors import (
     AccessTimeout,
     CDIError,
     InvalidArgument,
+    KeyExists,
     MinionUnavailable,
+    NotOwner,
+    ObjectNotFound,
     error_from_code,
 )
 
@@ -31,17 +34,31 @@ class MinionConnection:
     has its file descriptor closed so nothing leaks.
     """
 
-    def __init__(self, path: str, timeout: float, spin_us: int = 0) -> None:
+    def __init__(
+        self, path: str, timeout: float, spin_us: int = 0, reconnect_s: float = 10.0
+    ) -> None:
+        """``reconnect_s``: how long a registered connection that loses its minion tries to
+        register again with the minion's successor, when that one kept the objects."""
         self.path = path
         self.timeout = timeout
         self.spin_ns = max(0, spin_us) * 1000
+        self.reconnect_s = reconnect_s
         self._receiver = protocol.Receiver()
         self._pack = protocol.packer()  # used under self._lock only
         self._lock = threading.Lock()
         self._next_id = 1
+        # (container id, the minion's store) once registered: what a reconnection needs.
+        self._registration: tuple[str, str] | None = None
+        self.reconnections = 0
+        self._poller = select.poll()
+        self._sock: socket.socket | None = None
+        self._open()
+
+    def _open(self) -> None:
+        path = self.path
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
-            sock.settimeout(timeout)
+            sock.settimeout(self.timeout)
             sock.connect(path)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
@@ -58,7 +75,17 @@ class MinionConnection:
         sock.settimeout(None)
         self._poller = select.poll()
         self._poller.register(sock.fileno(), select.POLLIN)
-        self._sock: socket.socket | None = sock
+        self._receiver = protocol.Receiver()
+        self._sock = sock
+
+    def register(self, container_id: str) -> dict[str, Any]:
+        """Register as ``container_id``; the reply. Remembered: if the minion restarts and
+        its successor holds the same objects (the same ``store``), the connection registers
+        again on its own and carries on."""
+        reply, _ = self.call(protocol.Op.REGISTER, container=container_id)
+        store = reply.get("store")
+        self._registration = (container_id, store) if isinstance(store, str) and store else None
+        return reply
 
     def close(self) -> None:
         with self._lock:
@@ -77,10 +104,15 @@ class MinionConnection:
 
         ``after_send`` runs between sending and waiting, for work that overlaps the minion's."""
         with self._lock:
-            request_id = self._send(op, args)
-            if after_send is not None:
-                after_send()
-            reply, fd = self._receive(request_id, deadline=None)
+            try:
+                request_id = self._send(op, args)
+                if after_send is not None:
+                    after_send()
+                reply, fd = self._receive(request_id, deadline=None)
+            except MinionUnavailable:
+                if not self._resume():
+                    raise
+                return self._again(op, args)
             return _checked(reply), fd
 
     def call_blocking(
@@ -88,10 +120,16 @@ class MinionConnection:
     ) -> tuple[dict[str, Any], int | None]:
         """Like ``call`` for a request the minion may defer (``access``); honours ``timeout``."""
         with self._lock:
-            request_id = self._send(op, args)
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
+                request_id = self._send(op, args)
                 reply, fd = self._receive(request_id, deadline=deadline, spin=True)
+            except MinionUnavailable:
+                if not self._resume():
+                    raise
+                # A deferred request is not carried over: ask the successor, as long as is left.
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                return self._blocking_again(op, left, args)
             except AccessTimeout:
                 # Withdraw the request; a grant that crossed our cancel still counts.
                 cancel_id = self._send(protocol.Op.CANCEL, {"ref": request_id})
@@ -108,6 +146,108 @@ class MinionConnection:
                     raise
                 reply, fd = granted
             return _checked(reply), fd
+
+    # ---------------------------------------------------------------- reconnection
+    def _resume(self) -> bool:
+        """The minion went away: register again with its successor (``reconnect_s`` long at
+        most). True if that one holds our objects still (the same ``store``); else the
+        connection stays closed, as it would without a successor."""
+        if self._registration is None:
+            return False
+        container_id, store = self._registration
+        self.close_quietly()
+        deadline = time.monotonic() + self.reconnect_s
+        while True:
+            try:
+                self._open()
+                request_id = self._send(protocol.Op.REGISTER, {"container": container_id})
+                reply = _checked(self._receive(request_id, deadline=None)[0])
+                break
+            except MinionUnavailable:
+                self.close_quietly()
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.02)
+            except CDIError:  # the successor refuses us the name: we are not who it expects
+                self.close_quietly()
+                self._registration = None
+                return False
+        if reply.get("store") != store:
+            # A minion that started afresh: our objects are gone with the one before.
+            self.close_quietly()
+            self._registration = None
+            return False
+        self.reconnections += 1
+        return True
+
+    def _again(self, op: protocol.Op, args: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        """Ask the successor what we asked its predecessor, which may or may not have done it
+        before it went (it journals each change before its reply): an operation that finds
+        its own work done answers as if it had done it."""
+        args.pop("id", None)
+        args.pop("op", None)
+        try:
+            reply, fd = self._receive(self._send(op, args), deadline=None)
+            return _checked(reply), fd
+        except KeyExists:
+            if op not in (protocol.Op.CREATE, protocol.Op.COPY):
+                raise
+            key = args["key" if op is protocol.Op.CREATE else "new_key"]
+            if self._owner(key) != self._container():
+                raise
+            reply, fd = self._receive(
+                self._send(protocol.Op.ACCESS, {"key": key, "wait": False}), deadline=None
+            )
+            return _checked(reply), fd
+        except NotOwner:
+            if op is not protocol.Op.TRANSFER:
+                raise
+            owner = self._owner(args["key"])
+            if owner not in (args.get("to"), args.get("via")):
+                raise
+            use = self._use(args["key"])
+            return {"generation": use["generation"], "keep_mapping": False, "to": owner}, None
+        except ObjectNotFound:
+            if op is not protocol.Op.DESTROY:
+                raise
+            return {"keep_mapping": False}, None
+
+    def _blocking_again(
+        self, op: protocol.Op, timeout: float | None, args: dict[str, Any]
+    ) -> tuple[dict[str, Any], int | None]:
+        args.pop("id", None)
+        args.pop("op", None)
+        request_id = self._send(op, args)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            reply, fd = self._receive(request_id, deadline=deadline, spin=True)
+        except AccessTimeout:
+            cancel_id = self._send(protocol.Op.CANCEL, {"ref": request_id})
+            granted: tuple[dict[str, Any], int | None] | None = None
+            while True:
+                body, fd = self._next_reply(deadline=None)
+                if body.get("id") == request_id:
+                    granted = (body, fd)
+                elif body.get("id") == cancel_id:
+                    break
+                elif fd is not None:
+                    os.close(fd)
+            if granted is None:
+                raise
+            reply, fd = granted
+        return _checked(reply), fd
+
+    def _use(self, key: str) -> dict[str, Any]:
+        return _checked(self._receive(self._send(protocol.Op.USE, {"key": key}), None)[0])
+
+    def _owner(self, key: str) -> str | None:
+        try:
+            return str(self._use(key)["owner"])
+        except ObjectNotFound:
+            return None
+
+    def _container(self) -> str | None:
+        return self._registration[0] if self._registration is not None else None
 
     # ---------------------------------------------------------------- internals
     def _send(self, op: protocol.Op, args: dict[str, Any]) -> int:

@@ -52,7 +52,7 @@ class Session:
 
     # ------------------------------------------------------------- lifecycle
     def register(self, container_id: str) -> None:
-        reply, _ = self.conn.call(Op.REGISTER, container=container_id)
+        reply = self.conn.register(container_id)
         self.container_id = container_id
         self.host = reply["host"]
         self.max_object = reply["max_object"]

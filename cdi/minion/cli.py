@@ -75,6 +75,7 @@ def _config(
     busy_poll_us: int,
     names: str,
     socket_group: str | None,
+    state_dir: Path | None = None,
 ) -> MinionConfig:
     """The command's options, checked: ``ConfigError`` says what is wrong."""
     extra: dict[str, Any] = {}
@@ -102,6 +103,7 @@ def _config(
         busy_poll_us=busy_poll_us,
         names=parse_names(names),
         socket_group=_group(socket_group) if socket_group else None,
+        state_dir=str(state_dir) if state_dir is not None else None,
         **extra,
     )
 
@@ -179,6 +181,14 @@ def require_binary() -> str:
     envvar="CDI_SOCKET_GROUP",
     help="Group (name or gid) whose members may connect to the socket (mode 0660); default: "
     "the minion's own group.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    envvar="CDI_MINION_STATE_DIR",
+    help="Folder for the minion's journal: its objects then outlive a restart of the minion "
+    "(in /dev/shm: not a reboot of the host).",
 )
 @click.option(
     "--busy-poll-us",

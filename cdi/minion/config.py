@@ -105,6 +105,10 @@ class MinionConfig:
     names: tuple[NameRule, ...] = ()
     """Which uid may register which container ids (``--names``, see ``cdi.minion.names``);
     an id no rule matches may be registered only by the minion's own uid."""
+    state_dir: str | None = None
+    """Folder of the minion's journal (``--state-dir``): its objects then outlive its process
+    (a crash, a kill, an upgrade) but not a reboot (docs/minion-restart.md). None: a minion
+    that stops loses its objects."""
 
     def __post_init__(self) -> None:
         if self.memory_limit <= 0:
@@ -118,5 +122,7 @@ class MinionConfig:
             self.idle_limit = self.memory_limit // 4
         if not os.path.isabs(self.socket_path):
             self.socket_path = os.path.abspath(self.socket_path)
+        if self.state_dir is not None and not os.path.isabs(self.state_dir):
+            self.state_dir = os.path.abspath(self.state_dir)
         if len(self.socket_path.encode()) > 107:
             raise ConfigError(f"socket path {self.socket_path!r} is longer than Unix sockets allow")

@@ -88,6 +88,8 @@ def binary_argv(binary: str, config: MinionConfig) -> list[str]:
         argv += ["--names", ",".join(str(rule) for rule in config.names)]
     if config.prewarm:
         argv += ["--prewarm", ",".join(f"{size}:{n}" for size, n in config.prewarm.items())]
+    if config.state_dir is not None:
+        argv += ["--state-dir", config.state_dir]
     return argv
 
 
@@ -123,7 +125,12 @@ def run_binary(
             [*argv, "--events-fd", str(write_end)],
             env=without_secrets(os.environ),  # the binary talks to no controller, no gateway
             pass_fds=(write_end,),
-            preexec_fn=_die_with_parent(),  # one prctl call: takes no locks
+            # One prctl call (takes no locks). With a state folder, the relay's death is a
+            # restart: the binary serves on until its successor takes the folder over, or a
+            # few seconds, then stops keeping its objects (SIGUSR1, docs/minion-restart.md).
+            preexec_fn=_die_with_parent(
+                signal.SIGUSR1 if config.state_dir is not None else signal.SIGTERM
+            ),
         )
     finally:
         os.close(write_end)
@@ -191,13 +198,13 @@ def _forwarder(child: subprocess.Popen[bytes]) -> Callable[[int, object], None]:
     return forward
 
 
-def _die_with_parent() -> Callable[[], None]:
-    """What the child runs before exec: get SIGTERM if this relay dies, so no minion is
+def _die_with_parent(sig: signal.Signals) -> Callable[[], None]:
+    """What the child runs before exec: get ``sig`` if this relay dies, so no minion is
     orphaned. Resolved here, in the parent: the child only makes the call."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     pr_set_pdeathsig = 1
 
     def preexec() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        prctl(pr_set_pdeathsig, int(sig))
 
     return preexec

@@ -178,8 +178,9 @@ def report(results: Sequence[_Result]) -> str:
 
 def table(results: Sequence[CaseResult]) -> str:
     header = ("fault", "target", "held s", "wf", "done", "failed", "stuck", "lost", "wrong",
-              "leaked", "recovery s", "after end s", "took s", "ok")  # fmt: skip
-    line = "{:32} {:9} {:>6} {:>4} {:>5} {:>6} {:>5} {:>4} {:>5} {:>6} {:>10} {:>11} {:>7} {:>3}"
+              "leaked", "rerun", "recovery s", "after end s", "took s", "ok")  # fmt: skip
+    line = ("{:32} {:9} {:>6} {:>4} {:>5} {:>6} {:>5} {:>4} {:>5} {:>6} {:>5} {:>10} {:>11} "
+            "{:>7} {:>3}")  # fmt: skip
     lines = [line.format(*header)]
     for r in results:
         recovery = "-" if r.recovery_s is None else f"{r.recovery_s:.1f}"
@@ -190,7 +191,9 @@ def table(results: Sequence[CaseResult]) -> str:
         )
         lines.append(line.format(
             r.fault, r.target, f"{r.held_s:g}", r.workflows + r.probes, r.completed, r.failed,
-            r.stuck, r.lost, r.wrong, r.leaked_objects, recovery, after, f"{r.duration_s:.1f}",
+            r.stuck, r.lost, r.wrong, r.leaked_objects,
+            "-" if r.rerun_from_input is None else r.rerun_from_input,
+            recovery, after, f"{r.duration_s:.1f}",
             "yes" if r.passed else "NO",
         ))  # fmt: skip
     for r in results:

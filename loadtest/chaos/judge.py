@@ -32,6 +32,8 @@ class Tally:
     lost: int = 0
     wrong: int = 0
     leaked_objects: int = 0
+    # Workflows that ran again from their input (``Workload.reruns_from_input``); None: unknown.
+    rerun_from_input: int | None = None
     failures: list[str] = field(default_factory=list)  # the distinct reasons of FAILED runs
 
     @property
@@ -59,6 +61,7 @@ def judge(
         lost=values.count("lost"),
         wrong=values.count("wrong"),
         leaked_objects=leaked_objects(target),
+        rerun_from_input=load.reruns_from_input(runs),
         failures=sorted(
             {str(r.detail.get("error")) for r in runs.values() if r.status == "FAILED"}
         ),

@@ -30,6 +30,7 @@ __all__ = ["PIPELINE", "Planned", "Reachable", "Started", "Workload", "pixels_di
 
 PIPELINE: Final = "chaos_pipeline"
 NAP_TASK: Final = "chaos_nap"
+INPUT_STEP: Final = "deblur"  # the step that reads the workflow's input from S3
 # (policy, data plane) in turn: the three CDI policies and the Conductor-style plane.
 MIX: Final = (
     ("affinity", "cdi"),
@@ -274,6 +275,20 @@ class Workload:
         if reply.status_code == 404:
             return {"status": "LOST", "finished_at": None}
         return reply.json() if reply.status_code == 200 else None
+
+    def reruns_from_input(self, runs: dict[str, Started]) -> int | None:
+        """How many of ``runs`` ran again from their input: their input step (the one that
+        reads the input from S3) ran more than once — a redrive after lost objects, or a retry
+        of that step; counted from each workflow's task runs. ``None`` if the API did not
+        answer for one of them."""
+        again = 0
+        for run in runs.values():
+            detail = self._one(run.id)
+            if detail is None:
+                return None
+            steps = [t for t in detail.get("task_runs") or () if t.get("ref") == INPUT_STEP]
+            again += len(steps) > 1
+        return again
 
     def verdict(self, run: Started) -> str:
         """``ok`` (completed with the right pixels and label, or failed saying why), else

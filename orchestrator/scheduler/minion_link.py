@@ -1,8 +1,10 @@
 """The scheduler's connection to its host's CDI minion, made again when the minion restarts.
 
-A minion that restarts comes back empty: every object it held is gone. ``epoch`` counts the
-connections made, so the scheduler knows when that happened and drives the workflows whose
-images were there again from their input in S3 (``recovery.Recovery.minion_restarted``).
+A minion with a state folder that restarts keeps its objects, and the client rides the restart
+out on its own (docs/minion-restart.md). One that comes back empty has lost every object: the
+client reports the minion gone, ``epoch`` counts the connections made, so the scheduler knows
+when that happened and drives the workflows whose images were there again from their input in
+S3 (``redrive.Redrive.minion_restarted``).
 With the CDI controller's ``directory``, ``located`` says which host has an object (a silent
 worker's, which the scheduler does not wait for when it is on the worker's host).
 """

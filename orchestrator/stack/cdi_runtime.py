@@ -111,6 +111,8 @@ class CdiRuntime:
                 self.socket_of(),
                 "--host", host, "--controller", self.controller_url,
                 "--controller-token-file", str(credentials.minion_token_file(host)),
+                # Its objects outlive a restart of the minion (docs/minion-restart.md).
+                "--state-dir", str(self.folder / "minion-state"),
                 log_path=str(self.logs_dir / "cdi-minion.log"),
             ),
         )  # fmt: skip

@@ -17,9 +17,11 @@ import msgpack
 import psutil
 import pytest
 
+import cdi
 from cdi.minion import launcher
 from cdi.minion.config import MinionConfig
 from cdi.minion.names import parse_names
+from cdi.minion.process import MinionChild
 from cdi.protocol import Isolation
 from tests.cdi.conftest import require_native
 
@@ -91,6 +93,7 @@ def test_argv_carries_the_resolved_config(tmp_path: Path) -> None:
         busy_poll_us=0,
         socket_group=1100,
         names=parse_names("worker-*=1001,sched=0"),
+        state_dir="state",
     )
     argv = launcher.binary_argv("/bin/cdi-minion", config)
     pairs = dict(zip(argv[1::2], argv[2::2], strict=True))
@@ -106,6 +109,7 @@ def test_argv_carries_the_resolved_config(tmp_path: Path) -> None:
         "--socket-group": "1100",
         "--names": "worker-*=1001,sched=0",
         "--prewarm": "4096:2,1000000:1",
+        "--state-dir": os.path.abspath("state"),
     }
 
 
@@ -155,3 +159,48 @@ def test_the_binary_stops_when_its_relay_dies(tmp_path: Path) -> None:
         if minion is not None and minion.is_running():
             minion.terminate()  # the test failed: leave no orphan behind
             minion.wait(10)
+
+
+def test_with_a_state_folder_the_binary_keeps_its_objects_when_its_relay_dies(
+    tmp_path: Path,
+) -> None:
+    """The relay's death is a restart (its supervisor starts another): the binary serves on
+    until its successor takes the folder over, or a few seconds, then stops and leaves its
+    journal for the next minion of the folder (docs/minion-restart.md)."""
+    require_native()
+    socket_path, state = tmp_path / "m.sock", tmp_path / "state"
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "cdi.minion", "--socket", str(socket_path),
+         "--controller", "grpc://127.0.0.1:1", "--state-dir", str(state)],
+        env={**os.environ, "CDI_CONTROLLER_TOKEN": "cdi1.minion.vm.unchecked-here"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    minion: psutil.Process | None = None
+    try:
+        deadline = time.monotonic() + 20
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert socket_path.exists(), "the minion did not start"
+        with cdi.connect(str(socket_path), "kept") as client:
+            client.create("kept", 100).access()[:4] = b"kept"
+            children = Path(f"/proc/{relay.pid}/task/{relay.pid}/children").read_text().split()
+            minion = psutil.Process(int(children[0]))
+            relay.kill()
+            relay.wait(10)
+            time.sleep(0.2)
+            assert client.stat()["objects"] == 1  # served on without its relay
+            minion.wait(15)  # --successor-wait-ms (5 s) without a successor
+        assert (state / "journal").exists()
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait()
+        if minion is not None and minion.is_running():
+            minion.terminate()
+            minion.wait(10)
+    # The next minion of the folder has the object; stopped for good, it frees it all.
+    again = MinionChild(str(socket_path), "--state-dir", str(state))
+    with again, cdi.connect(again.socket_path, "other") as probe:
+        assert probe.stat()["objects"] == 1
+    assert not (state / "journal").exists()

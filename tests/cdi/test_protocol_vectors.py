@@ -33,7 +33,7 @@ from tests.cdi.wire import Peer, problems_with
 
 VECTORS = Path(__file__).with_name("vectors") / "protocol_script.jsonl"
 RECORD = "CDI_RECORD_VECTORS"
-VOLATILE = ("msg", "minion_pid", "created_at", "updated_at")
+VOLATILE = ("msg", "minion_pid", "store", "created_at", "updated_at")
 
 Step = tuple[int, dict[str, Any] | None]  # (connection, request; None: hang up and reconnect)
 

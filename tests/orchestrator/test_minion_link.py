@@ -36,3 +36,23 @@ def test_a_restarted_minion_starts_a_new_epoch_and_the_link_works_again() -> Non
             link.close()
         finally:
             minion.stop()
+
+
+def test_a_minion_that_kept_its_objects_is_no_new_epoch() -> None:
+    """With a state folder the restarted minion holds what it held: the link's client carries
+    on under the same registration, and nothing is driven again (docs/minion-restart.md)."""
+    with tempfile.TemporaryDirectory(prefix="cdiflow-link-") as tmp:
+        socket, state = str(Path(tmp) / "minion.sock"), str(Path(tmp) / "state")
+        minion = MinionChild(socket, "--state-dir", state).start()
+        try:
+            link = MinionLink(socket, "scheduler-link-kept")
+            with cdi.connect(socket, "creator") as creator:
+                creator.create("kept", 16).transfer("scheduler-link-kept")
+            minion.send_signal(signal.SIGKILL)
+            minion.wait()
+            minion = MinionChild(socket, "--state-dir", state).start()
+            assert link.check() is False and link.epoch == 1
+            assert [o["key"] for o in link.list_objects()] == ["kept"]
+            link.close()
+        finally:
+            minion.stop()

@@ -31,6 +31,13 @@ pub struct Config {
     /// Object size -> segments to allocate at start, in the order given.
     pub prewarm: Vec<(u64, u64)>,
     pub events_fd: Option<i32>,
+    /// Where the journal is kept, so that objects outlive the process (`journal.rs`).
+    pub state_dir: Option<PathBuf>,
+    /// After a restart, how long containers have to come back before the objects of those
+    /// that ended go to recovery.
+    pub resume_grace_ms: u64,
+    /// With its launcher gone (SIGUSR1), how long to serve on waiting for a successor.
+    pub successor_wait_ms: u64,
 }
 
 /// The CDI per-host minion: holds shared-memory objects and enforces single ownership.
@@ -77,6 +84,20 @@ struct Cli {
     /// File descriptor to write directory events to
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = events_fd)]
     events_fd: Option<i32>,
+    /// Folder for the journal: objects then outlive the process (in /dev/shm, not a reboot)
+    #[arg(long, value_name = "PATH", allow_hyphen_values = true,
+          value_parser = OsStringValueParser::new().try_map(absolute_dir))]
+    state_dir: Option<PathBuf>,
+    /// After a restart: milliseconds containers have to come back before the objects of
+    /// those that ended go to recovery
+    #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
+          default_value = "2000")]
+    resume_grace_ms: u64,
+    /// With a state folder, after SIGUSR1 (the launcher died): milliseconds to serve on until
+    /// a successor takes the folder over
+    #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
+          default_value = "5000")]
+    successor_wait_ms: u64,
 }
 
 /// Wrapped so that clap takes the whole list as one value instead of one per item.
@@ -164,6 +185,9 @@ where
         names: cli.names.map_or_else(Vec::new, |n| n.0),
         prewarm: cli.prewarm.map_or_else(Vec::new, |p| p.0),
         events_fd: cli.events_fd,
+        state_dir: cli.state_dir,
+        resume_grace_ms: cli.resume_grace_ms,
+        successor_wait_ms: cli.successor_wait_ms,
     })
 }
 
@@ -219,6 +243,20 @@ fn prewarm(spec: &str) -> Result<Prewarm, String> {
         }
     }
     Ok(Prewarm(result))
+}
+
+/// A folder path made absolute (no length limit).
+fn absolute_dir(raw: OsString) -> Result<PathBuf, String> {
+    let path = Path::new(&raw);
+    if path.as_os_str().is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if path.is_absolute() {
+        return Ok(path.to_path_buf());
+    }
+    std::env::current_dir()
+        .map(|cwd| cwd.join(path))
+        .map_err(|e| format!("cannot resolve it: {e}"))
 }
 
 /// The socket path made absolute (lexically, like Python's os.path.abspath), checked to fit.
@@ -303,6 +341,18 @@ mod tests {
         );
         assert_eq!(run(BASE).unwrap().prewarm, vec![]);
         assert_eq!(run(BASE).unwrap().events_fd, None);
+        assert_eq!(
+            (
+                run(BASE).unwrap().state_dir,
+                run(BASE).unwrap().resume_grace_ms
+            ),
+            (None, 2000)
+        );
+        let kept = run(&format!("{BASE} --state-dir /var/x --resume-grace-ms 50")).unwrap();
+        assert_eq!(
+            (kept.state_dir, kept.resume_grace_ms),
+            (Some(PathBuf::from("/var/x")), 50)
+        );
         assert_eq!(
             run(&BASE.replace("666", "0o600")).unwrap().socket_mode,
             0o600

@@ -5,6 +5,7 @@
 mod args;
 mod epoll;
 mod events;
+mod journal;
 mod listener;
 mod log;
 mod msgpack;
@@ -14,6 +15,7 @@ mod protocol;
 mod recovery;
 mod registry;
 mod replies;
+mod resume;
 mod segments;
 mod server;
 mod sharing;
@@ -22,7 +24,7 @@ mod sys;
 use std::sync::atomic::Ordering;
 
 use events::EventSink;
-use server::{Minion, STOP, WAKE_FD};
+use server::{Minion, KEEP, ORPHANED, STOP, WAKE_FD};
 
 fn main() {
     std::process::exit(run());
@@ -65,12 +67,22 @@ fn run() -> i32 {
         log::error(format_args!("{message}"));
         return 1;
     }
-    minion.serve_forever();
+    if minion.serve_forever() {
+        // Nothing is torn down: the segment files and the journal stay for the next minion.
+        std::process::exit(0);
+    }
     0
 }
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
+extern "C" fn on_signal(signal: libc::c_int) {
+    if signal == libc::SIGUSR1 {
+        ORPHANED.store(true, Ordering::SeqCst); // the loop decides, once woken
+    } else {
+        if signal == libc::SIGUSR2 {
+            KEEP.store(true, Ordering::SeqCst);
+        }
+        STOP.store(true, Ordering::SeqCst);
+    }
     let fd = WAKE_FD.load(Ordering::SeqCst);
     // SAFETY: only async-signal-safe calls (write) and errno is restored for the code we
     // interrupted.
@@ -84,8 +96,10 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 /// SIGTERM and SIGINT stop the loop cleanly: the socket is removed, the segments freed.
+/// SIGUSR2 stops it for a restart: with a state folder, the objects stay for the next minion.
+/// SIGUSR1 (its launcher died) lets it serve on until a successor asks for the state folder.
 fn install_signal_handlers() {
-    for signal in [libc::SIGTERM, libc::SIGINT] {
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGUSR2, libc::SIGUSR1] {
         // SAFETY: a zeroed sigaction with a handler and an empty mask is valid.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();

@@ -47,6 +47,8 @@ impl<T> ByRequest<T> {
 pub struct Connection {
     pub fd: RawFd,
     pub pid: i32,
+    /// The process's start time (with a state folder: it names the process in the journal).
+    pub start: u64,
     pub uid: u32,
     #[allow(dead_code)] // known from SO_PEERCRED like pid and uid; nothing uses it yet
     pub gid: u32,

@@ -149,6 +149,8 @@ fn register(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
         ))
         .into());
     }
+    let (pid, uid) = (conn.pid, conn.uid);
+    crate::resume::come_back(reg, &cid, pid, uid).map_err(CdiError::container_exists)?;
     reg.register(token, Rc::from(&*cid));
     Ok(Some((Body::Registered, None)))
 }
@@ -306,8 +308,15 @@ fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
         Some((cid, _)) => cid.clone(),
         None => {
             let name = check_container_id(to.unwrap_or(&NIL))?;
+            // A container of the minion before this one, not back yet, gets it as it would
+            // have (a restart is no reason for a hand-over to fail).
+            let expected = reg
+                .expected
+                .get_key_value(&*name)
+                .map(|(cid, _)| cid.clone());
             match reg.containers.get_key_value(&*name) {
                 Some((cid, _)) => cid.clone(),
+                None if expected.is_some() => expected.unwrap_or_default(),
                 None => match via.as_deref().and_then(|v| reg.containers.get_key_value(v)) {
                     Some((cid, _)) => cid.clone(),
                     None => {
@@ -412,5 +421,6 @@ fn set_recovery(reg: &mut Registry, token: u64, request: Entries) -> Result<Repl
     let key = reg.owned(token, request)?;
     let recovery: Rc<str> = Rc::from(&*check_container_id(arg(request, "container"))?);
     reg.objects.get_mut(&key).ok_or_else(vanished)?.recovery = recovery.clone();
+    reg.mark(&key);
     Ok(Some((Body::Recovery(recovery), None)))
 }

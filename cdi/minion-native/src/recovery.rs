@@ -92,6 +92,9 @@ pub fn release_share(reg: &mut Registry, key: &Rc<str>, reader: &str) -> bool {
     if obj.readers.len() == before {
         return false;
     }
+    if reg.journal.is_some() {
+        reg.dirty.push(key.clone());
+    }
     if obj.shared() {
         return true;
     }

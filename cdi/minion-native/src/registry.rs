@@ -11,6 +11,7 @@ use std::rc::Rc;
 
 use crate::args::Config;
 use crate::events::EventSink;
+use crate::journal::{Journal, Record, SavedContainer, SavedObject};
 use crate::log;
 use crate::msgpack::{Value, NIL};
 use crate::objects::{Connection, RequestId, StoredObject, Waiter};
@@ -64,6 +65,32 @@ pub struct Registry {
     pub events: Option<EventSink>,
     /// Monotonic ns until which the loop polls instead of sleeping (a container waits).
     pub spin_until: u64,
+    /// With a state folder: the journal, what changed since it was last written (objects;
+    /// containers registered or gone), and this boot of the host.
+    pub journal: Option<Journal>,
+    pub dirty: Vec<Rc<str>>,
+    pub dirty_containers: Vec<(Rc<str>, bool)>,
+    pub boot_id: String,
+    /// The id of the objects this minion holds (`register`'s `store`) with a state folder,
+    /// carried on by its journal; empty without one (the objects end with the process).
+    pub store: String,
+    /// After a restart: containers registered with the minion that went before, not yet
+    /// registered again (their processes run, or cannot be seen from here).
+    pub expected: HashMap<Rc<str>, Expected>,
+    /// Containers whose process ended while no minion ran (or before they came back): their
+    /// objects go to recovery once the others had `resume_until` to come back.
+    pub pending_gone: Vec<SavedContainer>,
+    pub resume_until: u64,
+}
+
+/// A container of the minion that went before whose process may still come back.
+#[derive(Debug)]
+pub struct Expected {
+    pub saved: SavedContainer,
+    /// Watched until it comes back; None: a process not seen from here (pid 0).
+    pub pidfd: Option<RawFd>,
+    /// The loop's token for the pidfd.
+    pub token: u64,
 }
 
 impl Registry {
@@ -83,7 +110,119 @@ impl Registry {
             outbox: Vec::new(),
             events,
             spin_until: 0,
+            journal: None,
+            dirty: Vec::new(),
+            dirty_containers: Vec::new(),
+            boot_id: String::new(),
+            store: String::new(),
+            expected: HashMap::new(),
+            pending_gone: Vec::new(),
+            resume_until: 0,
         }
+    }
+
+    /// Count on from a restored object's creation order.
+    pub fn restore_order(&mut self, order: u64) {
+        self.next_order = self.next_order.max(order);
+    }
+
+    /// Count on from a restored container's registration order.
+    pub fn restore_registration(&mut self, registered: u64) {
+        self.next_registration = self.next_registration.max(registered);
+    }
+
+    // ------------------------------------------------------------------ journal
+    /// Note that `key` changed (or is gone), for the journal.
+    pub fn mark(&mut self, key: &Rc<str>) {
+        if self.journal.is_some() {
+            self.dirty.push(key.clone());
+        }
+    }
+
+    /// Write what changed to the journal, before any reply or grant that tells of it.
+    pub fn persist(&mut self) {
+        let Some(journal) = self.journal.as_mut() else {
+            return;
+        };
+        if self.pool.next_id >= journal.ids {
+            journal.add(&Record::Ids(self.pool.next_id + crate::journal::ID_BLOCK));
+        }
+        for (cid, registered) in std::mem::take(&mut self.dirty_containers) {
+            let record = match self.containers.get(&cid).and_then(|t| self.conns.get(t)) {
+                Some(conn) if registered => Record::Registered(SavedContainer {
+                    id: cid.to_string(),
+                    pid: conn.pid,
+                    start: conn.start,
+                    uid: conn.uid,
+                    registered: conn.registered,
+                }),
+                _ => Record::Gone(cid.to_string()),
+            };
+            journal.add(&record);
+        }
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for key in dirty {
+            journal.add(&match self.objects.get(&key) {
+                Some(obj) => Record::Put(saved(obj)),
+                None => Record::Del(key.to_string()),
+            });
+        }
+        let written = if journal.wants_compaction() {
+            let path = journal.path().to_path_buf();
+            let records = self.snapshot();
+            Journal::rewrite(&path, &records).map(|fresh| self.journal = Some(fresh))
+        } else {
+            journal.flush()
+        };
+        let Some(journal) = self.journal.as_ref() else {
+            return;
+        };
+        if let Err(err) = written {
+            // A journal that misses a change could give an object back to a former owner:
+            // none is better. A restart then loses the objects, as without a state folder.
+            let path = journal.path().to_path_buf();
+            log::error(format_args!(
+                "cannot write the journal {} ({err}); removing it: objects will not outlive \
+                 this minion",
+                path.display()
+            ));
+            let _ = std::fs::remove_file(&path);
+            self.journal = None;
+        }
+    }
+
+    /// Everything the journal needs, as records (its snapshot).
+    pub fn snapshot(&self) -> Vec<Record> {
+        let mut records = vec![Record::Boot {
+            boot_id: self.boot_id.clone(),
+            store: self.store.clone(),
+        }];
+        let reserved = self.journal.as_ref().map_or(0, |j| j.ids);
+        records.push(Record::Ids(
+            reserved.max(self.pool.next_id + crate::journal::ID_BLOCK),
+        ));
+        for (cid, token) in &self.containers {
+            if let Some(conn) = self.conns.get(token) {
+                records.push(Record::Registered(SavedContainer {
+                    id: cid.to_string(),
+                    pid: conn.pid,
+                    start: conn.start,
+                    uid: conn.uid,
+                    registered: conn.registered,
+                }));
+            }
+        }
+        for expected in self.expected.values() {
+            records.push(Record::Registered(expected.saved.clone()));
+        }
+        // Dead ones stay in the journal until their objects are recovered.
+        records.extend(self.pending_gone.iter().cloned().map(Record::Registered));
+        let mut objects: Vec<&StoredObject> = self.objects.values().collect();
+        objects.sort_unstable_by_key(|o| o.order);
+        records.extend(objects.into_iter().map(|o| Record::Put(saved(o))));
+        records
     }
 
     // ------------------------------------------------------------------ lookups
@@ -202,9 +341,13 @@ impl Registry {
         if obj.isolation == Isolation::Strict && owner != obj.owner && !obj.shared() {
             move_to_fresh_segment(&mut self.pool, obj)?;
         }
-        if let Some(conn) = self.containers.get(&owner).and_then(|t| self.conns.get(t)) {
-            obj.uids.add(conn.uid);
-            obj.segment.uids.add(conn.uid);
+        let uid = match self.containers.get(&owner).and_then(|t| self.conns.get(t)) {
+            Some(conn) => Some(conn.uid),
+            None => self.expected.get(&owner).map(|e| e.saved.uid),
+        };
+        if let Some(uid) = uid {
+            obj.uids.add(uid);
+            obj.segment.uids.add(uid);
         }
         obj.owner = owner;
         obj.generation += 1;
@@ -252,6 +395,9 @@ impl Registry {
             let fd = if waiter.read {
                 obj.uids.add(conn.uid);
                 obj.segment.uids.add(conn.uid);
+                if self.journal.is_some() {
+                    self.dirty.push(key.clone());
+                }
                 match obj.segment.read_only_fd() {
                     Ok(fd) => Some(fd),
                     Err(Failure::Cdi(err)) => {
@@ -284,6 +430,7 @@ impl Registry {
         let Some(obj) = self.objects.remove(key) else {
             return;
         };
+        self.mark(key);
         let StoredObject {
             segment,
             size,
@@ -309,8 +456,13 @@ impl Registry {
     }
 
     pub fn changed(&mut self, key: &str) {
-        if let (Some(sink), Some(obj)) = (self.events.as_mut(), self.objects.get(key)) {
-            sink.changed(&obj.key, obj.size, &obj.owner, obj.generation);
+        if let Some(obj) = self.objects.get(key) {
+            if let Some(sink) = self.events.as_mut() {
+                sink.changed(&obj.key, obj.size, &obj.owner, obj.generation);
+            }
+            if self.journal.is_some() {
+                self.dirty.push(obj.key.clone());
+            }
         }
     }
 
@@ -323,6 +475,10 @@ impl Registry {
         conn.container = Some(cid.clone());
         conn.registered = self.next_registration;
         let (pid, uid) = (conn.pid, conn.uid);
+        if self.journal.is_some() {
+            conn.start = sys::process_start(conn.pid).unwrap_or(0);
+            self.dirty_containers.push((cid.clone(), true));
+        }
         self.containers.insert(cid.clone(), token);
         self.registered_now.push(token);
         if let Some(sink) = self.events.as_mut() {
@@ -376,6 +532,9 @@ impl Registry {
                 if let Some(sink) = self.events.as_mut() {
                     sink.gone(&cid);
                 }
+                if self.journal.is_some() && reclaim {
+                    self.dirty_containers.push((cid.clone(), false));
+                }
                 if reclaim {
                     recovery::recover_objects_of(self, &cid);
                     recovery::release_shares_of(self, &cid);
@@ -394,6 +553,28 @@ impl Registry {
             .collect();
         registered.sort_unstable();
         registered.into_iter().map(|(_, t)| t).collect()
+    }
+}
+
+/// An object as the journal keeps it.
+pub fn saved(obj: &StoredObject) -> SavedObject {
+    SavedObject {
+        key: obj.key.to_string(),
+        size: obj.size,
+        segment: obj.segment.id,
+        capacity: obj.segment.capacity,
+        isolation: obj.isolation,
+        owner: obj.owner.to_string(),
+        creator: obj.creator.to_string(),
+        recovery: obj.recovery.to_string(),
+        generation: obj.generation,
+        uids: obj.uids.as_slice().to_vec(),
+        segment_uids: obj.segment.uids.as_slice().to_vec(),
+        readers: obj.readers.iter().map(|r| r.to_string()).collect(),
+        live: obj.live,
+        created_at: obj.created_at,
+        updated_at: obj.updated_at,
+        order: obj.order,
     }
 }
 

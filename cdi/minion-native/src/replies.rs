@@ -75,7 +75,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
     }
     let fields = match body {
         Body::Grant { .. } => 5,
-        Body::Registered => 4,
+        Body::Registered => 5,
         Body::Use { .. } => 5,
         Body::Stat => 11,
         Body::Transferred { .. } => 3,
@@ -115,6 +115,8 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
             enc.uint(reg.config.max_object);
             enc.str("isolation");
             enc.str(reg.config.isolation.as_str());
+            enc.str("store");
+            enc.str(&reg.store);
         }
         Body::Use {
             size,

@@ -10,9 +10,15 @@
 //! it; their owner holds the fd and may truncate it too, so the minion never touches their
 //! bytes through its mapping: it copies out of them with pread and zeroes them with pwrite,
 //! which see a truncated file as a short one instead of killing the process with SIGBUS.
+//!
+//! A minion with a state folder (`--state-dir`, `journal.rs`) keeps its segments as files in a
+//! folder of its own under /dev/shm instead, so that they outlive its process. Such files
+//! cannot be sealed: every one of them is treated like a strict segment as far as the minion's
+//! own access goes (pread and pwrite only), while cooperative ones still go back to the pool.
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
 
 use crate::protocol::{size_class, CdiError, Failure};
 use crate::sys;
@@ -24,6 +30,18 @@ pub struct UidSet(Vec<u32>);
 impl UidSet {
     pub fn of(uid: u32) -> Self {
         UidSet(vec![uid])
+    }
+
+    pub fn from_list(uids: &[u32]) -> Self {
+        let mut set = UidSet::default();
+        for &uid in uids {
+            set.add(uid);
+        }
+        set
+    }
+
+    pub fn as_slice(&self) -> &[u32] {
+        &self.0
     }
 
     pub fn add(&mut self, uid: u32) {
@@ -50,12 +68,17 @@ impl UidSet {
     }
 }
 
-/// One memfd plus the minion's own mapping of it.
+/// One memfd (or file under /dev/shm) plus the minion's own mapping of it.
 #[derive(Debug)]
 pub struct Segment {
     pub fd: RawFd,
     pub capacity: u64,
+    /// The kernel keeps its size: the minion may touch it through its own mapping.
     pub sealed: bool,
+    /// A cooperative segment: it goes back to the pool when its object is gone.
+    pub poolable: bool,
+    /// Where the file of a segment that outlives the minion is (unlinked when it is freed).
+    pub path: Option<PathBuf>,
     addr: *mut u8,
     /// Unique for the minion's life: a client that cached a mapping names the memory by it.
     pub id: u64,
@@ -70,13 +93,35 @@ pub struct Segment {
 }
 
 impl Segment {
-    fn allocate(capacity: u64, sealed: bool, id: u64) -> Result<Segment, Failure> {
-        let mut flags = libc::MFD_CLOEXEC;
-        if sealed {
-            flags |= libc::MFD_ALLOW_SEALING;
-        }
-        // SAFETY: the name is a NUL-terminated literal.
-        let fd = unsafe { libc::memfd_create(c"cdi-segment".as_ptr(), flags) };
+    fn allocate(
+        capacity: u64,
+        poolable: bool,
+        id: u64,
+        dir: Option<&Path>,
+    ) -> Result<Segment, Failure> {
+        let path = dir.map(|dir| segment_path(dir, id));
+        let sealed = poolable && path.is_none();
+        let fd = match &path {
+            Some(path) => {
+                let name = sys::c_path(path)?;
+                // SAFETY: name is NUL-terminated; O_EXCL: never another's file.
+                unsafe {
+                    libc::open(
+                        name.as_ptr(),
+                        libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                        0o600,
+                    )
+                }
+            }
+            None => {
+                let mut flags = libc::MFD_CLOEXEC;
+                if sealed {
+                    flags |= libc::MFD_ALLOW_SEALING;
+                }
+                // SAFETY: the name is a NUL-terminated literal.
+                unsafe { libc::memfd_create(c"cdi-segment".as_ptr(), flags) }
+            }
+        };
         if fd < 0 {
             // No memfd at all (a descriptor limit), not a shortage of pages: an internal error.
             return Err(Failure::Internal(sys::last_os_error_text()));
@@ -86,6 +131,8 @@ impl Segment {
                 fd,
                 capacity,
                 sealed,
+                poolable,
+                path,
                 addr,
                 id,
                 dirty: 0,
@@ -94,6 +141,9 @@ impl Segment {
             }),
             Err(code) => {
                 sys::close(fd);
+                if let Some(path) = &path {
+                    let _ = std::fs::remove_file(path);
+                }
                 Err(CdiError::out_of_memory(format!(
                     "cannot allocate a {capacity}-byte segment: {}",
                     sys::os_error_text(code)
@@ -101,6 +151,47 @@ impl Segment {
                 .into())
             }
         }
+    }
+
+    /// The segment file `id` of a minion that went before, as it left it: `None` if it is not
+    /// there (the host rebooted) or cannot be mapped.
+    pub fn reopen(dir: &Path, id: u64, capacity: u64, poolable: bool) -> Option<Segment> {
+        let path = segment_path(dir, id);
+        let name = sys::c_path(&path).ok()?;
+        // SAFETY: name is NUL-terminated.
+        let fd = unsafe { libc::open(name.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        let length = capacity as usize;
+        // SAFETY: a fresh shared mapping of an fd we hold; the minion touches unsealed
+        // segments only with pread and pwrite, so a short file cannot fault it.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                length,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            sys::close(fd);
+            return None;
+        }
+        Some(Segment {
+            fd,
+            capacity,
+            sealed: false,
+            poolable,
+            path: Some(path),
+            addr: addr.cast(),
+            id,
+            dirty: capacity,
+            uids: UidSet::default(),
+            read_only: None,
+        })
     }
 
     /// Size the memfd, allocate its pages now (not on first touch), seal, map; an errno if not.
@@ -254,6 +345,10 @@ impl Drop for Segment {
         if let Some(fd) = self.read_only {
             sys::close(fd);
         }
+        if let Some(path) = &self.path {
+            // The memory goes once every mapping of it does, as a memfd's would.
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -271,7 +366,9 @@ pub struct SegmentPool {
     idle_limit: u64,
     page: u64,
     idle: BTreeMap<(u64, bool, Option<u32>), Vec<Segment>>,
-    next_id: u64,
+    pub next_id: u64,
+    /// Where segments that outlive the minion are kept (a state folder's); None: memfds.
+    pub dir: Option<PathBuf>,
     pub idle_bytes: u64,
     pub used_bytes: u64,
     pub used_segments: u64,
@@ -290,6 +387,7 @@ impl SegmentPool {
             page,
             idle: BTreeMap::new(),
             next_id: 1,
+            dir: None,
             idle_bytes: 0,
             used_bytes: 0,
             used_segments: 0,
@@ -324,6 +422,11 @@ impl SegmentPool {
                 }
             }
         }
+        // A file segment its last owner shrank while it was idle is not handed out again.
+        if let Some(shrunk) = reused.take_if(|s| !s.intact(s.capacity)) {
+            self.idle_bytes -= shrunk.capacity;
+            shrunk.close(true);
+        }
         let mut segment = match reused {
             Some(mut segment) => {
                 self.idle_bytes -= segment.capacity;
@@ -333,7 +436,8 @@ impl SegmentPool {
             }
             None => {
                 let capacity = self.make_room(class)?;
-                let segment = Segment::allocate(capacity, sealed, self.next_id)?;
+                let segment =
+                    Segment::allocate(capacity, sealed, self.next_id, self.dir.as_deref())?;
                 self.next_id += 1;
                 self.allocations += 1;
                 segment
@@ -365,19 +469,26 @@ impl SegmentPool {
     /// Whether only `uid` was handed `segment`, so a mapping of it that a process of `uid`
     /// keeps can only ever serve that uid's objects again.
     pub fn returns_to(segment: &Segment, uid: u32) -> bool {
-        segment.sealed && segment.uids.within(uid)
+        segment.poolable && segment.uids.within(uid)
+    }
+
+    /// Take a segment a minion that went before left in use (its object is restored).
+    pub fn adopt(&mut self, segment: &Segment) {
+        self.used_bytes += segment.capacity;
+        self.used_segments += 1;
+        self.next_id = self.next_id.max(segment.id + 1);
     }
 
     /// Return a segment whose object is gone; `used` bytes of it may hold its data.
     pub fn release(&mut self, mut segment: Segment, used: u64) {
         self.forget(&segment);
-        if !segment.sealed || !segment.intact(segment.capacity) {
+        if !segment.poolable || !segment.intact(segment.capacity) {
             segment.close(true);
             return;
         }
         if segment.uids.len() > 1 {
             self.retired += 1;
-            segment.close(false); // sealed: it cannot be truncated; nobody gets it again
+            segment.close(false); // cooperative: its readers' mappings stay; nobody gets it again
             return;
         }
         if self.idle_bytes + segment.capacity > self.idle_limit {
@@ -387,7 +498,7 @@ impl SegmentPool {
         segment.dirty = segment.dirty.max(used.min(segment.capacity));
         self.idle_bytes += segment.capacity;
         self.idle
-            .entry((segment.capacity, segment.sealed, segment.uids.only()))
+            .entry((segment.capacity, segment.poolable, segment.uids.only()))
             .or_default()
             .push(segment);
     }
@@ -446,6 +557,16 @@ impl SegmentPool {
         }
         Ok(class as u64) // <= memory_limit, a u64
     }
+}
+
+/// The file of segment `id` in a state folder's segment folder.
+pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("segment-{id}"))
+}
+
+/// The id of a segment file by its name, if it is one.
+pub fn segment_id(name: &str) -> Option<u64> {
+    name.strip_prefix("segment-")?.parse().ok()
 }
 
 /// The most recently released segment of `bucket` whose id is in `prefer`; else the most
@@ -547,5 +668,52 @@ mod tests {
         source.zero(3 * PAGE, 0); // no SIGBUS: pwrite extends the file
         pool.discard(source);
         pool.discard(fresh);
+    }
+
+    fn pread_all(segment: &Segment, n: usize) -> Vec<u8> {
+        let mut out = vec![0u8; n];
+        // SAFETY: out is valid for n bytes.
+        let got = unsafe { libc::pread(segment.fd, out.as_mut_ptr().cast(), n, 0) };
+        assert_eq!(got, n as isize);
+        out
+    }
+
+    #[test]
+    fn file_segments_outlive_their_handle_until_freed() {
+        let dir = std::env::temp_dir().join(format!("cdi-segments-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut pool = SegmentPool::new(1 << 30, 1 << 28, PAGE);
+        pool.dir = Some(dir.clone());
+        let mut first = pool.acquire(5_000, true, &[], Some(1000), true).unwrap();
+        // A file: not sealed, but pooled like a cooperative memfd; touched with pwrite only.
+        assert!(!first.sealed && first.poolable);
+        assert_eq!(first.path, Some(segment_path(&dir, first.id)));
+        let source = pool.acquire(5_000, false, &[], None, true).unwrap();
+        // SAFETY: b"kept" is valid for 4 bytes.
+        unsafe { libc::pwrite(source.fd, b"kept".as_ptr().cast(), 4, 0) };
+        first.copy_from(&source, 5_000);
+        drop(source); // freed: its file goes
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        // What a restarted minion does: open the file again by its id.
+        let again = Segment::reopen(&dir, first.id, first.capacity, true).unwrap();
+        assert_eq!(pread_all(&again, 4), b"kept");
+        assert!(Segment::reopen(&dir, 999, PAGE, true).is_none());
+        let mut next = SegmentPool::new(1 << 30, 1 << 28, PAGE);
+        next.adopt(&again);
+        assert_eq!((next.next_id, next.used_segments), (first.id + 1, 1));
+        assert_eq!(segment_id("segment-17"), Some(17));
+        assert_eq!(segment_id("journal"), None);
+        // Released to the pool it stays; shrunk while idle, it is not handed out again.
+        pool.release(first, 5_000);
+        assert_eq!(pool.idle_bytes, 8_192);
+        // SAFETY: truncating the file of the fd we reopened.
+        unsafe { libc::ftruncate(again.fd, 0) };
+        let fresh = pool.acquire(5_000, true, &[], Some(1000), true).unwrap();
+        assert_eq!((pool.reuses, pool.idle_bytes), (0, 0));
+        drop(fresh);
+        drop(again);
+        pool.close();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir(&dir).unwrap();
     }
 }

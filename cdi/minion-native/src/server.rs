@@ -28,6 +28,12 @@ use crate::sys;
 
 /// Set by SIGTERM/SIGINT; the handler also writes to the wake pipe so epoll_wait returns.
 pub static STOP: AtomicBool = AtomicBool::new(false);
+/// Set by SIGUSR2 (with STOP): stop keeping the objects, segment files and journal for the
+/// next minion of the state folder, as if the process had been killed.
+pub static KEEP: AtomicBool = AtomicBool::new(false);
+/// Set by SIGUSR1 (the launcher's death, with a state folder): serve on until a successor
+/// asks to take over (SIGUSR2), for `--successor-wait-ms` at most, then stop keeping.
+pub static ORPHANED: AtomicBool = AtomicBool::new(false);
 pub static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
 // epoll tokens; connections count up from FIRST_CONNECTION and are never reused, so an event
@@ -49,6 +55,10 @@ pub struct Minion {
     wake: (RawFd, RawFd),
     events_watched: bool,
     out: Vec<u8>,
+    /// After a restart: when to settle the containers that have not come back.
+    resume_at: Option<u64>,
+    /// With its launcher gone: when to stop if no successor has asked to take over.
+    orphaned_until: Option<u64>,
 }
 
 impl Minion {
@@ -73,12 +83,32 @@ impl Minion {
             wake: (pipe[0], pipe[1]),
             events_watched: false,
             out: Vec::with_capacity(4096),
+            resume_at: None,
+            orphaned_until: None,
         })
     }
 
     // ------------------------------------------------------------------ lifecycle
     /// Listen, prewarm, watch. On error the socket file, if this call created it, is removed.
     pub fn bind(&mut self) -> Result<(), String> {
+        if let Some(dir) = self.registry.config.state_dir.clone() {
+            crate::resume::open(&mut self.registry, &dir)?;
+            let tokens: Vec<(std::rc::Rc<str>, RawFd)> = self
+                .registry
+                .expected
+                .iter()
+                .filter_map(|(cid, e)| e.pidfd.map(|fd| (cid.clone(), fd)))
+                .collect();
+            for (cid, pidfd) in tokens {
+                let token = self.next_connection;
+                self.next_connection += 1;
+                if let Some(expected) = self.registry.expected.get_mut(&cid) {
+                    expected.token = token;
+                }
+                self.epoll.watch(pidfd, token | PROCESS, libc::EPOLLIN)?;
+            }
+            self.resume_at = Some(0); // settles on the first turn of the loop
+        }
         let config = &self.registry.config;
         let listener =
             Listener::bind(&config.socket_path, config.socket_mode, config.socket_group)?;
@@ -112,7 +142,8 @@ impl Minion {
         Ok(())
     }
 
-    pub fn serve_forever(&mut self) {
+    /// Serve until stopped; true if it stopped for a restart, keeping the objects.
+    pub fn serve_forever(&mut self) -> bool {
         let mut buffer = vec![0u8; MAX_MESSAGE]; // reused for every request
         let mut ready = vec![libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS];
         while !STOP.load(Ordering::Relaxed) {
@@ -120,7 +151,20 @@ impl Minion {
             // budget: waking a sleeping process costs ~40 us on a VM, the hand-off ~10.
             let spinning =
                 !self.registry.waiters.is_empty() && sys::monotonic_ns() < self.registry.spin_until;
-            let n = self.epoll.wait(&mut ready, if spinning { 0 } else { -1 });
+            self.check_orphaned();
+            let wake_at = match (self.resume_at, self.orphaned_until) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let timeout = if spinning {
+                0
+            } else {
+                match wake_at {
+                    Some(at) => (at.saturating_sub(sys::monotonic_ns()) / 1_000_000 + 1) as i32,
+                    None => -1,
+                }
+            };
+            let n = self.epoll.wait(&mut ready, timeout);
             if n < 0 {
                 if sys::errno() == libc::EINTR {
                     continue;
@@ -144,9 +188,54 @@ impl Minion {
                     token => self.on_readable(token, &mut buffer),
                 }
             }
+            self.settle_resume();
+            self.registry.persist();
             self.flush_events();
         }
+        if KEEP.load(Ordering::SeqCst) && self.registry.journal.is_some() {
+            self.registry.persist();
+            log::info(format_args!(
+                "minion stopped, keeping its objects for the next one"
+            ));
+            return true;
+        }
         self.shutdown();
+        false
+    }
+
+    /// The launcher is gone (SIGUSR1): serve on for a while, so that the clients lose
+    /// nothing until a successor asks to take over; then stop, keeping the objects.
+    fn check_orphaned(&mut self) {
+        if !ORPHANED.load(Ordering::Relaxed) || self.registry.journal.is_none() {
+            return;
+        }
+        let now = sys::monotonic_ns();
+        match self.orphaned_until {
+            None => {
+                let wait = self.registry.config.successor_wait_ms;
+                log::info(format_args!(
+                    "the minion's launcher is gone; serving until a successor takes over \
+                     (at most {wait} ms)"
+                ));
+                self.orphaned_until = Some(now.saturating_add(wait.saturating_mul(1_000_000)));
+            }
+            Some(until) if now >= until => {
+                KEEP.store(true, Ordering::SeqCst);
+                STOP.store(true, Ordering::SeqCst);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// After a restart: recover the objects of containers that ended meanwhile, once the
+    /// others had their grace to come back.
+    fn settle_resume(&mut self) {
+        if self.registry.pending_gone.is_empty() && self.resume_at.is_none() {
+            return;
+        }
+        self.resume_at = crate::resume::settle(&mut self.registry);
+        self.flush_outbox();
+        self.settle();
     }
 
     fn drain_wake_pipe(&self) {
@@ -166,6 +255,13 @@ impl Minion {
         if let Some(listener) = self.listener.take() {
             self.epoll.unwatch(listener.fd);
             listener.close();
+        }
+        if let Some(journal) = self.registry.journal.take() {
+            // A stop for good: the objects are gone, and so is what described them.
+            let _ = std::fs::remove_file(journal.path());
+            if let Some(dir) = self.registry.pool.dir.as_ref() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
         }
         if let Some(sink) = self.registry.events.as_mut() {
             sink.drain(1000);
@@ -191,6 +287,7 @@ impl Minion {
             Connection {
                 fd,
                 pid,
+                start: 0,
                 uid,
                 gid,
                 container: None,
@@ -238,6 +335,7 @@ impl Minion {
     /// it takes the object now rather than after our ack and epoll round (the sender's ack
     /// waits instead; docs/decisions/2026-12-05-cdi-hand-off-latency.md).
     fn flush_outbox(&mut self) {
+        self.registry.persist(); // the journal first: what a grant tells has been recorded
         let mut granted = false;
         while !self.registry.outbox.is_empty() {
             for (token, id, body, fd) in std::mem::take(&mut self.registry.outbox) {
@@ -258,6 +356,7 @@ impl Minion {
             return;
         }
         let (sock, pid) = (conn.fd, conn.pid);
+        self.registry.persist(); // the journal first: what a reply tells has been recorded
         let mut out = std::mem::take(&mut self.out);
         out.clear();
         encode(&mut out, &self.registry, token, body, id);
@@ -338,6 +437,13 @@ impl Minion {
 
     /// The registered process exited: its connection closes, its objects are recovered.
     fn on_exit(&mut self, token: u64) {
+        if !self.registry.conns.contains_key(&token) {
+            if crate::resume::exited(&mut self.registry, token) {
+                self.resume_at = Some(0); // settle now (or set the deadline)
+                self.settle_resume();
+            }
+            return;
+        }
         if let Some(conn) = self.registry.conns.get(&token) {
             log::info(format_args!("process {} exited", conn.pid));
         }

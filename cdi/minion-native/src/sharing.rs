@@ -45,7 +45,12 @@ pub fn share(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, 
     let owner = reg.container_of(token)?;
     let mut readers: Vec<Rc<str>> = Vec::with_capacity(names.len());
     for name in &names {
-        let Some((cid, _)) = reg.containers.get_key_value(&**name) else {
+        let known = reg
+            .containers
+            .get_key_value(&**name)
+            .map(|(cid, _)| cid)
+            .or_else(|| reg.expected.get_key_value(&**name).map(|(cid, _)| cid)); // not back yet
+        let Some(cid) = known else {
             return Err(CdiError::unknown_container(format!(
                 "no live container {name:?} is registered with this minion"
             ))
@@ -81,12 +86,19 @@ pub fn share(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, 
     }
     for reader in readers {
         if !obj.readers.contains(&reader) {
-            let uid = reg.containers.get(&reader).and_then(|t| reg.conns.get(t));
-            obj.uids.add(uid.map_or(reg.own_uid, |c| c.uid)); // it sees the object now
+            let uid = match reg.containers.get(&reader).and_then(|t| reg.conns.get(t)) {
+                Some(conn) => conn.uid,
+                None => reg
+                    .expected
+                    .get(&reader)
+                    .map_or(reg.own_uid, |e| e.saved.uid),
+            };
+            obj.uids.add(uid); // it sees the object now
             obj.readers.push(reader);
         }
     }
     let body = Body::Readers(obj.readers.clone());
+    reg.mark(&key);
     reg.grant_waiters(&key);
     Ok(Some((body, None)))
 }
@@ -107,7 +119,9 @@ pub fn read(
             obj.uids.add(conn.uid);
             obj.segment.uids.add(conn.uid);
         }
-        return Ok(Some((Body::grant(obj), Some(fd))));
+        let reply = (Body::grant(obj), Some(fd));
+        reg.mark(&key);
+        return Ok(Some(reply));
     }
     if !wait {
         return Err(CdiError::not_owner(format!(

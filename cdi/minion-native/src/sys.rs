@@ -179,3 +179,53 @@ pub fn seqpacket_socket() -> io::Result<RawFd> {
         Ok(fd)
     }
 }
+
+/// A path as a NUL-terminated C string.
+pub fn c_path(path: &std::path::Path) -> Result<std::ffi::CString, crate::protocol::Failure> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        crate::protocol::Failure::Internal(format!("{} holds a NUL byte", path.display()))
+    })
+}
+
+/// When process `pid` started (clock ticks after boot, /proc/<pid>/stat's 22nd field): with
+/// the pid, it names one process for the life of the host. `None` if it is not running.
+pub fn process_start(pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (2nd field) is in parentheses and may hold spaces: count after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// This boot of the host (/proc/sys/kernel/random/boot_id): /dev/shm does not outlive it.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|id| id.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// A pidfd (close-on-exec) of process `pid`, if it runs.
+pub fn pidfd_open(pid: i32) -> Option<RawFd> {
+    if pid <= 0 {
+        return None;
+    }
+    // SAFETY: a plain system call.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    (fd >= 0).then_some(fd as RawFd)
+}
+
+/// 16 random hex digits (getrandom; the clock and pid if it fails).
+pub fn random_id() -> String {
+    let mut bytes = [0u8; 8];
+    // SAFETY: bytes is valid for its length.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    let value = if got == bytes.len() as isize {
+        u64::from_le_bytes(bytes)
+    } else {
+        monotonic_ns() ^ (u64::from(std::process::id()) << 40)
+    };
+    format!("{value:016x}")
+}

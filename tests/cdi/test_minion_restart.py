@@ -1,0 +1,178 @@
+"""A minion with a state folder that is killed and started again finds its objects: bytes,
+owners, generations and shares, and the isolation between containers (docs/minion-restart.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import cdi
+from cdi.minion.process import MinionChild
+from tests.cdi.conftest import require_native
+
+
+class Restartable:
+    """A real minion on a socket and state folder, killed and started again by the test."""
+
+    def __init__(self, folder: Path) -> None:
+        self.socket = str(folder / "minion.sock")
+        self.state = str(folder / "state")
+        self.child: MinionChild | None = None
+        self.clients: list[cdi.Client] = []
+
+    def start(self) -> None:
+        self.child = MinionChild(self.socket, "--state-dir", self.state).start()
+
+    def kill(self) -> None:
+        assert self.child is not None and self.child.pid is not None
+        os.kill(self.child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while self.child.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def client(self, container_id: str) -> cdi.Client:
+        client = cdi.connect(self.socket, container_id)
+        self.clients.append(client)
+        return client
+
+    def stop(self) -> None:
+        for client in self.clients:
+            client.close()
+        if self.child is not None:
+            self.child.stop()
+
+
+@pytest.fixture
+def minion(tmp_path: Path) -> Iterator[Restartable]:
+    require_native()
+    running = Restartable(tmp_path)
+    running.start()
+    try:
+        yield running
+    finally:
+        if running.child is not None and not running.child.running:
+            running.start()  # a stop for good (below) frees what a killed one left in /dev/shm
+        running.stop()
+
+
+def test_objects_owners_shares_and_isolation_survive_a_kill(minion: Restartable) -> None:
+    writer = minion.client("writer")
+    reader = minion.client("reader")
+    former = minion.client("former")
+    # "given": written by `former`, given away to `writer` (a strict object: a fresh segment).
+    given = former.create("given", 4096, isolation="strict")
+    given.access()[:6] = b"handed"
+    given.transfer("writer")
+    # "shared": the writer's, with a read share held by `reader`.
+    shared = writer.create("shared", 10_000, isolation="strict")
+    shared.access()[:5] = b"hello"
+    shared.share(["reader"])
+    assert bytes(reader.use("shared").read()[:5]) == b"hello"
+    later = writer.create("later", 100)
+    later.access()[:5] = b"later"
+    before = {o["key"]: o for o in writer.list_objects()}
+
+    minion.kill()
+    minion.start()
+
+    # Every client carries on: its next call registers it again with the new minion.
+    after = {o["key"]: o for o in writer.list_objects()}
+    assert set(after) == {"given", "shared", "later"}
+    # A hand-over to a container not back yet goes through: it finds the object when it is.
+    writer.use("later").transfer("reader")
+    for key in after:
+        for field in ("owner", "generation", "size", "isolation", "readers", "segment"):
+            assert after[key][field] == before[key][field], (key, field)
+    assert after["shared"]["readers"] == ["reader"]
+    assert writer.describe("given")["owner"] == "writer"
+    # The bytes are the ones written before the kill.
+    assert bytes(writer.use("given").access()[:6]) == b"handed"
+    assert bytes(reader.use("shared").read()[:5]) == b"hello"
+    # Isolation holds: the former owner cannot map what it gave away; the share still
+    # stops the owner's writes until the reader releases it.
+    with pytest.raises(cdi.NotOwner):
+        former.use("given").access(timeout=0)
+    with pytest.raises(cdi.ObjectShared):
+        writer.use("shared").access(timeout=0)
+    assert reader.use("shared").release()
+    view = writer.use("shared").access(timeout=0)
+    view[:5] = b"again"
+    assert bytes(view[:5]) == b"again"
+    # Hand-overs go on as before.
+    writer.use("shared").transfer("reader")
+    assert bytes(reader.use("shared").access()[:5]) == b"again"
+    assert bytes(reader.use("later").access(timeout=0)[:5]) == b"later"
+    stat = writer.stat()
+    assert stat["objects"] == 3
+    assert set(stat["containers"]) >= {"writer", "reader", "former"}
+
+
+_ORPHAN = """
+import sys, time, cdi
+client = cdi.connect(sys.argv[1], "orphan")
+obj = client.create("orphaned", 100, recovery="keeper")
+obj.access()[:3] = b"abc"
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_objects_of_a_container_that_died_meanwhile_go_to_recovery(minion: Restartable) -> None:
+    keeper = minion.client("keeper")
+    with subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN, minion.socket], stdout=subprocess.PIPE, text=True
+    ) as orphan:
+        try:
+            assert orphan.stdout is not None and orphan.stdout.readline().strip() == "ready"
+            minion.kill()
+        finally:
+            orphan.kill()  # dies while no minion runs
+            orphan.wait()
+    minion.start()
+    # The keeper comes back; the orphan never will: its object goes to its recovery container.
+    obj = keeper.use("orphaned", check=False)
+    assert bytes(obj.access(timeout=10)[:3]) == b"abc"
+    assert keeper.describe("orphaned")["owner"] == "keeper"
+
+
+def test_a_stop_for_good_leaves_nothing_and_a_fresh_minion_is_told_apart(
+    minion: Restartable,
+) -> None:
+    client = minion.client("alone")
+    client.create("temp", 100)
+    assert minion.child is not None
+    minion.child.stop()  # SIGTERM: a stop for good, nothing kept
+    assert not os.path.exists(os.path.join(minion.state, "journal"))
+    minion.start()
+    # The new minion holds other objects (none): the client does not carry on as if it had
+    # its object back, it reports the minion lost.
+    with pytest.raises(cdi.MinionUnavailable):
+        client.use("temp")
+    fresh = minion.client("alone-again")
+    assert fresh.stat()["objects"] == 0
+
+
+def test_a_second_minion_on_the_folder_takes_over_from_a_running_one(
+    minion: Restartable,
+) -> None:
+    """An upgrade: the new minion asks the running one to hand over (SIGUSR2), which records
+    what it has and stops; clients carry on with the new one."""
+    client = minion.client("upgraded")
+    obj = client.create("carried", 64)
+    obj.access()[:7] = b"carried"
+    old = minion.child
+    assert old is not None
+    minion.start()  # the same socket and state folder
+    assert old.wait(10)  # handed over: nobody but its successor told it to stop
+    assert old.returncode == 0
+    assert client.describe("carried")["owner"] == "upgraded"
+    assert bytes(client.use("carried").access()[:7]) == b"carried"
+    assert minion.child is not None and minion.child.pid != old.pid
