@@ -21,7 +21,7 @@ from sqlalchemy.sql import ClauseElement
 from orchestrator.contract.vocabulary import Policy, WorkflowStatus
 from orchestrator.db import repository as repo
 from orchestrator.db.repository import task_runs as task_repo
-from orchestrator.db.repository.workflows import page_statement
+from orchestrator.db.repository.workflows import beyond_statement, page_statement
 
 BIG = 60_000  # runs of the module's own definition, for the plans
 
@@ -336,6 +336,13 @@ def test_every_filter_and_page_reads_an_index_and_only_about_the_page(
             if not {"id_prefix", "tags", "input_contains"} & set(filters):
                 # (a prefix's range, a tag's or input's matches are read whole, then sorted)
                 assert _rows_visited(plan, "workflows") <= 10 * 51, (filters, at, plan)
+        # Whether rows lie beyond a page, either way: one row from the cursor in the index.
+        for edge in (cursor, repo.Cursor(cursor.created_at, cursor.id, newer=True)):
+            plan = _plan(session, beyond_statement(wanted, edge))
+            reads = _reads(plan, "workflows")
+            assert reads and "Seq Scan" not in reads, (filters, edge, reads)
+            if not {"id_prefix", "tags", "input_contains"} & set(filters):
+                assert _rows_visited(plan, "workflows") <= 10, (filters, edge, plan)
 
 
 def test_a_window_of_task_runs_reads_the_span_index_however_old_or_empty(

@@ -112,9 +112,19 @@ class Keyset:
         self, session: Session, query: Select[Any], edge: Cursor
     ) -> bool:  # fmt: skip
         """Whether a row lies past ``edge`` the way it points (one index probe)."""
-        beyond = self.newer(edge) if edge.newer else self.older(edge)
-        probe = select(query.where(beyond).exists())
-        return bool(session.scalar(probe))
+        return session.execute(self.beyond_statement(query, edge)).first() is not None
+
+    def beyond_statement(self, query: Select[Any], edge: Cursor) -> Select[Any]:
+        """The first row of ``query`` past ``edge`` in the keyset's order.
+
+        Not ``EXISTS``: the planner may answer that with a scan in table order, which for
+        newer rows (appended last) reads every older row first; the order makes it start at
+        ``edge`` in the index."""
+        if edge.newer:
+            beyond, order = self.newer(edge), (self.created_at.asc(), self.id.asc())
+        else:
+            beyond, order = self.older(edge), (self.created_at.desc(), self.id.desc())
+        return query.where(beyond).order_by(None).order_by(*order).limit(1)
 
 
 def capped_count(session: Session, query: Select[Any]) -> tuple[int, bool]:

@@ -61,6 +61,7 @@ __all__ = [
     "STATUS_SQL",
     "STATUS_STATEMENT",
     "WorkflowFilter",
+    "beyond_statement",
     "cancel_workflow",
     "create_params",
     "create_workflow",
@@ -389,6 +390,11 @@ def page_statement(
     """The query of one page (``limit + 1`` rows: the last says whether more follow)."""
     matching = select(Workflow).where(*filters.clauses())
     return _NEWEST_FIRST.page_query(matching, cursor, limit, offset)
+
+
+def beyond_statement(filters: WorkflowFilter, edge: Cursor) -> Select[Any]:
+    """The probe of whether rows match past ``edge`` (a page's place), the way it points."""
+    return _NEWEST_FIRST.beyond_statement(select(Workflow).where(*filters.clauses()), edge)
 
 
 def _place(row: Workflow, *, newer: bool = False) -> Cursor:
