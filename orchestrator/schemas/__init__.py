@@ -30,6 +30,7 @@ from orchestrator.schemas.errors import (
 )
 from orchestrator.schemas.health import (
     CheckPublic,
+    InputCachePublic,
     LivenessPublic,
     ReadinessPublic,
     ReadinessScope,
@@ -88,6 +89,7 @@ __all__ = [
     "HandoffPublic",
     "IdentityPublic",
     "ImagePublic",
+    "InputCachePublic",
     "InputPublic",
     "KeyCreate",
     "KeyCreated",

@@ -230,8 +230,12 @@ def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis)
         fresh: {"cpu": "97.5", "mem": "40", "queue_depth": "3", "running": "1", "slots": "2",
                 "host": "h1", "held_images": "2", "held_bytes": "52428800",
                 "last_heartbeat": now - 1, "started_at": now - 60, "proc_cpu": "12.5",
-                "proc_rss": "104857600", "proc_mem": "1.3"},
-        stale: {"cpu": "1", "host": "h2", "last_heartbeat": now - silent_for},
+                "proc_rss": "104857600", "proc_mem": "1.3", "input_cache_hits": "9",
+                "input_cache_misses": "1", "input_cache_saved_bytes": "18000000",
+                "input_cache_s3_bytes": "2000000", "input_cache_holder": "1",
+                "input_cache_entries": "1", "input_cache_bytes": "26000000"},
+        stale: {"cpu": "1", "host": "h2", "last_heartbeat": now - silent_for,
+                "input_cache_hits": "", "input_cache_misses": ""},  # the cache is off
         garbled: {"cpu": "lots", "queue_depth": "nan", "last_heartbeat": now},
     }  # fmt: skip
     for worker_id, fields in beats.items():
@@ -251,6 +255,11 @@ def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis)
     assert listed[fresh]["slots"] == 2 and listed[stale]["slots"] is None
     assert (listed[fresh]["held_images"], listed[fresh]["held_bytes"]) == (2, 52428800)
     assert listed[stale]["held_images"] is None  # an older worker's heartbeat has no such field
+    assert listed[fresh]["input_cache"] == {
+        "hits": 9, "misses": 1, "saved_bytes": 18000000, "s3_bytes": 2000000, "holder": True,
+        "entries": 1, "bytes": 26000000,
+    }  # fmt: skip
+    assert listed[stale]["input_cache"] is None and listed[gone]["input_cache"] is None
     assert 0.5 < listed[fresh]["heartbeat_age_s"] < 5
     assert listed[stale]["alive"] is False and listed[stale]["host"] == "h2"
     assert listed[garbled]["alive"] is True
