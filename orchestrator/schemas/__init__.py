@@ -11,6 +11,7 @@ nothing that slows a client's start.
 """
 
 from orchestrator.schemas.cdi_directory import (
+    CdiChannelPublic,
     CdiDirectoryPublic,
     CdiMinionPublic,
     CdiObjectPublic,
@@ -75,6 +76,7 @@ from orchestrator.schemas.webhooks import (
 
 __all__ = [
     "ActiveTaskRunPublic",
+    "CdiChannelPublic",
     "CdiDirectoryPublic",
     "CdiMinionPublic",
     "CdiObjectPublic",

@@ -16,8 +16,10 @@ from fastapi.testclient import TestClient
 from redis.typing import EncodableT, FieldT
 from sqlalchemy.orm import Session, sessionmaker
 
+from cdi.controller.models import ObjectInfo
 from orchestrator.contract import keys
 from orchestrator.controller import create_app
+from orchestrator.controller.api.routes.cdi import channels
 from orchestrator.db import repository as repo
 from orchestrator.errors import ConfigError
 from orchestrator.settings import Settings
@@ -265,6 +267,25 @@ def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis)
     assert listed[garbled]["alive"] is True
     assert (listed[garbled]["cpu"], listed[garbled]["queue_depth"]) == (None, None)
     assert listed[gone]["alive"] is False and listed[gone]["last_heartbeat"] is None
+
+
+def test_channels_are_found_from_their_objects() -> None:
+    def obj(key: str, owner: str, host: str = "h1", size: int = 4096) -> ObjectInfo:
+        return ObjectInfo(key, host, size, owner, 1, 10.0, 11.0)
+
+    listed = channels([
+        obj("channel/frames", "cam", size=1 << 20),
+        obj("channel/frames/reader/det-2", "det-2"),
+        obj("channel/frames/reader/det-1", "det-1"),
+        obj("channel/frames/reader/far", "far", host="h2"),  # another host's: not this ring's
+        obj("channel/left/reader/r", "r"),  # a cursor whose ring is gone: no channel
+        obj("channel/frames/other/x", "x"),  # not a channel's key
+        obj("wf-1", "worker-1"),
+    ])  # fmt: skip
+    assert [c.model_dump() for c in listed] == [{
+        "name": "frames", "host": "h1", "writer": "cam", "readers": ["det-1", "det-2"],
+        "ring_bytes": 1 << 20, "created_at": 10.0,
+    }]  # fmt: skip
 
 
 # --- request size --------------------------------------------------------------------------
