@@ -54,6 +54,7 @@ __all__ = [
     "RING_MAGIC",
     "SLOT_HEADER_BYTES",
     "Geometry",
+    "channel_of",
     "cursor_key",
     "destroy_once_alone",
     "fence",
@@ -94,6 +95,20 @@ def ring_key(name: str) -> str:
 def cursor_key(name: str, reader: str) -> str:
     """The CDI key of ``reader``'s cursor on topic ``name``."""
     return protocol.check_key(f"{ring_key(name)}/reader/{reader}")
+
+
+def channel_of(key: str) -> tuple[str, str | None] | None:
+    """The topic a CDI key serves: ``(name, None)`` for its ring, ``(name, reader)`` for a
+    reader's cursor; None for a key of no channel."""
+    if not key.startswith(KEY_PREFIX):
+        return None
+    name, _, rest = key[len(KEY_PREFIX) :].partition("/")
+    if not name:
+        return None
+    if not rest:
+        return name, None
+    kind, _, reader = rest.partition("/")
+    return (name, reader) if kind == "reader" and reader and "/" not in reader else None
 
 
 _fence_lock = threading.Lock()

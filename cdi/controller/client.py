@@ -18,9 +18,14 @@ from cdi.controller.models import (
     MinionInfo,
     ObjectInfo,
     ObjectRecord,
+    Restarts,
     Route,
 )
-from cdi.controller.validation import check_container_record, check_object_record
+from cdi.controller.validation import (
+    check_container_record,
+    check_object_record,
+    check_restarts,
+)
 from cdi.errors import (
     AccessDenied,
     CDIError,
@@ -41,6 +46,7 @@ __all__ = [
     "ControllerClient",
     "MinionInfo",
     "ObjectInfo",
+    "Restarts",
     "Route",
     "parse_controller_url",
 ]
@@ -120,9 +126,11 @@ class ControllerClient:
         heartbeat_s: float = 0.0,
         containers: Iterable[ContainerRecord] = (),
         objects: Iterable[ObjectRecord] = (),
+        restarts: Restarts | None = None,
         timeout: float | None = None,
     ) -> str:
         """Announce a minion with its full snapshot; return the controller's epoch."""
+        kept = check_restarts(restarts or Restarts())
         # Checked here too: protobuf would raise a bare ValueError on an out-of-range number.
         request = pb.RegisterMinionRequest(
             host=host,
@@ -133,6 +141,9 @@ class ControllerClient:
                 convert.to_pb(check_container_record(c), pb.ContainerRecord) for c in containers
             ],
             objects=[convert.to_pb(check_object_record(o), pb.ObjectRecord) for o in objects],
+            keeps_objects=kept.keeps_objects,
+            restarts=kept.restarts,
+            kept_objects=kept.kept_objects,
         )
         reply: pb.RegisterMinionResponse = self._invoke("RegisterMinion", request, timeout)
         return reply.epoch

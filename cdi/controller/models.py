@@ -12,6 +12,7 @@ __all__ = [
     "MinionInfo",
     "ObjectInfo",
     "ObjectRecord",
+    "Restarts",
     "Route",
 ]
 
@@ -36,6 +37,17 @@ class ObjectRecord:
     generation: int
     created_at: float = 0.0
     updated_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Restarts:
+    """What a minion keeps across its restarts, as it announces it (docs/minion-restart.md):
+    whether it has a state folder, how many minions took its objects over from another since
+    they began (itself included), and the objects it found again when it started."""
+
+    keeps_objects: bool = False
+    restarts: int = 0
+    kept_objects: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +115,6 @@ class MinionInfo:
     alive: bool
     containers: int = 0
     objects: int = 0
+    keeps_objects: bool = False  # a state folder: its objects outlive its process
+    restarts: int = 0  # minions that took its objects over from another (docs/minion-restart.md)
+    kept_objects: int = 0  # objects the latest of them found again at its start

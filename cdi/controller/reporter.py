@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Protocol
 
 from cdi.controller.client import DEFAULT_TIMEOUT_S, ControllerClient
-from cdi.controller.models import Changes, ContainerRecord, ObjectRecord
+from cdi.controller.models import Changes, ContainerRecord, ObjectRecord, Restarts
 from cdi.controller.validation import (
     check_container_id,
     check_container_record,
@@ -27,6 +27,7 @@ from cdi.controller.validation import (
     check_interval,
     check_key,
     check_object_record,
+    check_restarts,
     check_rpc_address,
     check_socket_path,
 )
@@ -74,6 +75,10 @@ class DirectoryReporter(Protocol):
     def object_removed(self, key: str) -> None:
         """An object was destroyed or reclaimed."""
 
+    def store_resumed(self, restarts: Restarts) -> None:
+        """The minion keeps its objects across restarts (a state folder): how often it was
+        restarted, and what it found again."""
+
     def close(self) -> None:
         """Flush what can be flushed quickly and release resources."""
 
@@ -93,6 +98,9 @@ class NullDirectoryReporter:
     def object_removed(self, key: str) -> None:
         """Ignore."""
 
+    def store_resumed(self, restarts: Restarts) -> None:
+        """Ignore."""
+
     def close(self) -> None:
         """Nothing to release."""
 
@@ -108,7 +116,7 @@ class _ObjectRemoved:
 
 
 # ``None`` only wakes the thread up (on close).
-_Event = ContainerRecord | ObjectRecord | _ContainerGone | _ObjectRemoved | None
+_Event = ContainerRecord | ObjectRecord | _ContainerGone | _ObjectRemoved | Restarts | None
 
 
 class GrpcDirectoryReporter:
@@ -147,6 +155,7 @@ class GrpcDirectoryReporter:
         self._objects: dict[str, ObjectRecord] = {}
         self._pending_containers: dict[str, ContainerRecord | None] = {}  # None: removed
         self._pending_objects: dict[str, ObjectRecord | None] = {}
+        self._restarts = Restarts()  # what the minion keeps across restarts: nothing, until told
         self._epoch: str | None = None  # None: the controller must get the full snapshot
         self._failing = False
         self._thread = threading.Thread(target=self._run, name=f"cdi-reporter-{host}", daemon=True)
@@ -170,6 +179,10 @@ class GrpcDirectoryReporter:
     def object_removed(self, key: str) -> None:
         """Report an object that no longer exists on this minion."""
         self._put(_ObjectRemoved(check_key(key)))
+
+    def store_resumed(self, restarts: Restarts) -> None:
+        """Report what the minion keeps across restarts (sent with the next full snapshot)."""
+        self._put(check_restarts(restarts))
 
     def close(self) -> None:
         """Flush pending changes best-effort within about a second and stop the thread."""
@@ -279,6 +292,12 @@ class GrpcDirectoryReporter:
                 self._objects.pop(key, None)
                 if tracking:
                     self._pending_objects[key] = None
+            case Restarts():
+                # Told once, at the minion's start: the controller gets it with a snapshot.
+                self._restarts = event
+                self._epoch = None
+                self._pending_containers.clear()
+                self._pending_objects.clear()
             case None:
                 pass
 
@@ -322,6 +341,7 @@ class GrpcDirectoryReporter:
             heartbeat_s=self.heartbeat_s,
             containers=list(self._containers.values()),
             objects=list(self._objects.values()),
+            restarts=self._restarts,
             timeout=timeout,
         )
         self._pending_containers.clear()

@@ -14,7 +14,7 @@ import grpc
 
 from cdi.auth import Credential, Role, check_key, require, verify_token
 from cdi.controller import convert
-from cdi.controller.models import ContainerRecord, ObjectRecord
+from cdi.controller.models import ContainerRecord, ObjectRecord, Restarts
 from cdi.controller.state import ControllerState
 from cdi.errors import (
     AccessDenied,
@@ -94,6 +94,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
                 heartbeat_s=request.heartbeat_s,
                 containers=[convert.from_pb(c, ContainerRecord) for c in request.containers],
                 objects=[convert.from_pb(o, ObjectRecord) for o in request.objects],
+                restarts=Restarts(request.keeps_objects, request.restarts, request.kept_objects),
             ),
         )
         log.info(

@@ -20,6 +20,7 @@ from cdi.controller.models import (
     MinionInfo,
     ObjectInfo,
     ObjectRecord,
+    Restarts,
     Route,
 )
 from cdi.controller.validation import (
@@ -30,6 +31,7 @@ from cdi.controller.validation import (
     check_key,
     check_object_record,
     check_owner,
+    check_restarts,
     check_rpc_address,
     check_socket_path,
 )
@@ -51,6 +53,7 @@ class _Minion:
     registered_at: float
     last_heartbeat: float  # wall clock, for display
     last_seen: float  # monotonic, for liveness: immune to wall-clock jumps
+    restarts: Restarts
 
 
 class ControllerState:
@@ -87,10 +90,12 @@ class ControllerState:
         heartbeat_s: float = 0.0,
         containers: Iterable[ContainerRecord] = (),
         objects: Iterable[ObjectRecord] = (),
+        restarts: Restarts | None = None,
     ) -> str:
         """Replace everything known about ``host`` with this snapshot; return the epoch.
 
-        ``heartbeat_s`` 0 means the default (2 s). Nothing changes if any input is invalid.
+        ``heartbeat_s`` 0 means the default (2 s). ``restarts``: what the minion keeps across
+        its restarts, as it says. Nothing changes if any input is invalid.
         """
         check_host(host)
         check_socket_path(socket_path)
@@ -98,6 +103,7 @@ class ControllerState:
         beat = DEFAULT_HEARTBEAT_S if heartbeat_s == 0 else check_interval(heartbeat_s, "heartbeat")
         container_list = [check_container_record(c) for c in containers]
         object_list = [check_object_record(o) for o in objects]
+        kept = check_restarts(restarts or Restarts())
         with self._lock:
             now = self._clock()
             for container_id in self._containers_by_host.pop(host, set()):
@@ -112,6 +118,7 @@ class ControllerState:
                 registered_at=now,
                 last_heartbeat=now,
                 last_seen=self._monotonic(),
+                restarts=kept,
             )
             for container in container_list:
                 self._upsert_container(host, container, now)
@@ -220,6 +227,9 @@ class ControllerState:
                     alive=self._alive(m, mono),
                     containers=len(self._containers_by_host.get(m.host, ())),
                     objects=len(self._objects_by_host.get(m.host, ())),
+                    keeps_objects=m.restarts.keeps_objects,
+                    restarts=m.restarts.restarts,
+                    kept_objects=m.restarts.kept_objects,
                 )
                 for m in self._minions.values()
             ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from cdi.controller.models import ContainerRecord, ObjectRecord
+from cdi.controller.models import ContainerRecord, ObjectRecord, Restarts
 from cdi.errors import InvalidArgument
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "check_name",
     "check_object_record",
     "check_owner",
+    "check_restarts",
     "check_rpc_address",
     "check_socket_path",
     "check_timestamp",
@@ -110,6 +111,15 @@ def check_object_record(record: ObjectRecord) -> ObjectRecord:
     check_timestamp(record.created_at, f"created_at of object {record.key!r}")
     check_timestamp(record.updated_at, f"updated_at of object {record.key!r}")
     return record
+
+
+def check_restarts(restarts: Restarts) -> Restarts:
+    """Validate what a minion says it keeps across restarts."""
+    if not isinstance(restarts.keeps_objects, bool):
+        raise InvalidArgument("keeps_objects must be a boolean")
+    check_uint(restarts.restarts, "restarts", 32)
+    check_uint(restarts.kept_objects, "kept_objects", 32)
+    return restarts
 
 
 def check_socket_path(value: object) -> str:

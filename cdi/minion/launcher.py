@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgpack
 
 from cdi.auth import without_secrets
+from cdi.controller.models import Restarts
 from cdi.errors import CDIError, ConfigError
 
 if TYPE_CHECKING:
@@ -186,6 +187,9 @@ def _dispatch(event: Any, reporter: DirectoryReporter) -> None:
     elif kind == "removed":
         (key,) = args
         reporter.object_removed(key)
+    elif kind == "store":
+        store, restarts, kept = args
+        reporter.store_resumed(Restarts(bool(store), restarts, kept))
     else:
         raise ValueError(f"unknown event kind {kind!r}")
 

@@ -35,20 +35,26 @@ class ObjectRecord(_message.Message):
     def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., owner: _Optional[str] = ..., generation: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ...) -> None: ...
 
 class RegisterMinionRequest(_message.Message):
-    __slots__ = ("host", "socket_path", "rpc_address", "heartbeat_s", "containers", "objects")
+    __slots__ = ("host", "socket_path", "rpc_address", "heartbeat_s", "containers", "objects", "keeps_objects", "restarts", "kept_objects")
     HOST_FIELD_NUMBER: _ClassVar[int]
     SOCKET_PATH_FIELD_NUMBER: _ClassVar[int]
     RPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    KEEPS_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_OBJECTS_FIELD_NUMBER: _ClassVar[int]
     host: str
     socket_path: str
     rpc_address: str
     heartbeat_s: float
     containers: _containers.RepeatedCompositeFieldContainer[ContainerRecord]
     objects: _containers.RepeatedCompositeFieldContainer[ObjectRecord]
-    def __init__(self, host: _Optional[str] = ..., socket_path: _Optional[str] = ..., rpc_address: _Optional[str] = ..., heartbeat_s: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerRecord, _Mapping]]] = ..., objects: _Optional[_Iterable[_Union[ObjectRecord, _Mapping]]] = ...) -> None: ...
+    keeps_objects: bool
+    restarts: int
+    kept_objects: int
+    def __init__(self, host: _Optional[str] = ..., socket_path: _Optional[str] = ..., rpc_address: _Optional[str] = ..., heartbeat_s: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerRecord, _Mapping]]] = ..., objects: _Optional[_Iterable[_Union[ObjectRecord, _Mapping]]] = ..., keeps_objects: _Optional[bool] = ..., restarts: _Optional[int] = ..., kept_objects: _Optional[int] = ...) -> None: ...
 
 class RegisterMinionResponse(_message.Message):
     __slots__ = ("epoch",)
@@ -125,7 +131,7 @@ class Route(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., host: _Optional[str] = ..., rpc_address: _Optional[str] = ..., alive: _Optional[bool] = ...) -> None: ...
 
 class MinionInfo(_message.Message):
-    __slots__ = ("host", "socket_path", "rpc_address", "registered_at", "last_heartbeat", "heartbeat_s", "alive", "containers", "objects")
+    __slots__ = ("host", "socket_path", "rpc_address", "registered_at", "last_heartbeat", "heartbeat_s", "alive", "containers", "objects", "keeps_objects", "restarts", "kept_objects")
     HOST_FIELD_NUMBER: _ClassVar[int]
     SOCKET_PATH_FIELD_NUMBER: _ClassVar[int]
     RPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +141,9 @@ class MinionInfo(_message.Message):
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    KEEPS_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_OBJECTS_FIELD_NUMBER: _ClassVar[int]
     host: str
     socket_path: str
     rpc_address: str
@@ -144,7 +153,10 @@ class MinionInfo(_message.Message):
     alive: bool
     containers: int
     objects: int
-    def __init__(self, host: _Optional[str] = ..., socket_path: _Optional[str] = ..., rpc_address: _Optional[str] = ..., registered_at: _Optional[float] = ..., last_heartbeat: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., alive: _Optional[bool] = ..., containers: _Optional[int] = ..., objects: _Optional[int] = ...) -> None: ...
+    keeps_objects: bool
+    restarts: int
+    kept_objects: int
+    def __init__(self, host: _Optional[str] = ..., socket_path: _Optional[str] = ..., rpc_address: _Optional[str] = ..., registered_at: _Optional[float] = ..., last_heartbeat: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., alive: _Optional[bool] = ..., containers: _Optional[int] = ..., objects: _Optional[int] = ..., keeps_objects: _Optional[bool] = ..., restarts: _Optional[int] = ..., kept_objects: _Optional[int] = ...) -> None: ...
 
 class LookupContainerRequest(_message.Message):
     __slots__ = ("container_id",)

@@ -66,9 +66,17 @@ WORKER_PREFIX: Final = "cdiflow:worker:"
 #   held_bytes       bytes those images take (int)
 #   tasks            the task code the worker loaded: ``workflows.loader.TaskCatalog`` JSON
 #                    (modules with their @task settings, and modules that failed to import)
+#   input_cache_*    the host's input cache as this worker sees it (docs/input-cache.md), all
+#                    empty strings when the cache is off: ``hits``, ``misses`` (its own fetches
+#                    through the cache, ints), ``saved_bytes`` (S3 bytes its hits spared),
+#                    ``s3_bytes`` (input bytes it GET from S3), ``holder`` ("1" when this worker
+#                    holds the host's cache, else "0"), ``entries`` and ``bytes`` (what it
+#                    holds; 0 on the other workers)
 WORKER_FIELDS: Final = (
     "cpu", "mem", "queue_depth", "running", "slots", "host", "last_heartbeat", "started_at",
     "held_images", "held_bytes", "tasks", "proc_cpu", "proc_rss", "proc_mem",
+    "input_cache_hits", "input_cache_misses", "input_cache_saved_bytes", "input_cache_s3_bytes",
+    "input_cache_holder", "input_cache_entries", "input_cache_bytes",
 )  # fmt: skip
 
 # Workers refresh their hash this often; one silent for WORKER_DEAD_AFTER_S is presumed dead.

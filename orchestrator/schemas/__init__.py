@@ -11,6 +11,7 @@ nothing that slows a client's start.
 """
 
 from orchestrator.schemas.cdi_directory import (
+    CdiChannelPublic,
     CdiDirectoryPublic,
     CdiMinionPublic,
     CdiObjectPublic,
@@ -30,6 +31,7 @@ from orchestrator.schemas.errors import (
 )
 from orchestrator.schemas.health import (
     CheckPublic,
+    InputCachePublic,
     LivenessPublic,
     ReadinessPublic,
     ReadinessScope,
@@ -74,6 +76,7 @@ from orchestrator.schemas.webhooks import (
 
 __all__ = [
     "ActiveTaskRunPublic",
+    "CdiChannelPublic",
     "CdiDirectoryPublic",
     "CdiMinionPublic",
     "CdiObjectPublic",
@@ -88,6 +91,7 @@ __all__ = [
     "HandoffPublic",
     "IdentityPublic",
     "ImagePublic",
+    "InputCachePublic",
     "InputPublic",
     "KeyCreate",
     "KeyCreated",

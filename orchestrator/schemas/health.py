@@ -8,7 +8,14 @@ from pydantic import Field
 
 from orchestrator.schemas.base import ResponseBody
 
-__all__ = ["CheckPublic", "LivenessPublic", "ReadinessPublic", "ReadinessScope", "WorkerPublic"]
+__all__ = [
+    "CheckPublic",
+    "InputCachePublic",
+    "LivenessPublic",
+    "ReadinessPublic",
+    "ReadinessScope",
+    "WorkerPublic",
+]
 
 
 class ReadinessScope(enum.StrEnum):
@@ -20,6 +27,20 @@ class ReadinessScope(enum.StrEnum):
     """Can this API process answer: Postgres and Redis, which nearly every route needs. A
     Kubernetes readiness probe asks this: a missing scheduler or no live worker must not take
     every API pod out of its Service (docs: deploy/k8s/README.md, *Probes*)."""
+
+
+class InputCachePublic(ResponseBody):
+    """The host's input cache as one worker sees it (docs/input-cache.md)."""
+
+    hits: int = Field(description="This worker's inputs copied from the host's cache.")
+    misses: int = Field(description="This worker's inputs fetched from S3 with the cache on.")
+    saved_bytes: int = Field(description="S3 bytes this worker's hits did not fetch.")
+    s3_bytes: int = Field(description="Input bytes this worker GET from S3.")
+    holder: bool = Field(
+        description="This worker holds the host's cache (one worker per host and uid does)."
+    )
+    entries: int = Field(description="Inputs the cache holds; 0 unless this worker holds it.")
+    bytes: int = Field(description="Bytes those inputs' objects take; 0 unless it holds it.")
 
 
 class WorkerPublic(ResponseBody):
@@ -49,6 +70,11 @@ class WorkerPublic(ResponseBody):
         description="Images the worker holds in memory between a workflow's tasks (affinity).",
     )
     held_bytes: int | None = Field(default=None, description="Bytes those images take.")
+    input_cache: InputCachePublic | None = Field(
+        default=None,
+        description="The host's input cache as this worker sees it; null when it is off "
+        "(CDIFLOW_INPUT_CACHE).",
+    )
     heartbeat_age_s: float | None
     alive: bool
 

@@ -261,6 +261,9 @@ def _run_body(
                 planes=build_planes(parts),
                 host=client.host,
                 held=parts.held.usage,
+                input_cache=(
+                    (lambda: parts.input_stats.figures(cache)) if cache is not None else None
+                ),
                 concurrency=concurrency,
                 sources=sources,
                 tasks=catalog,

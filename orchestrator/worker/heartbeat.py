@@ -19,6 +19,7 @@ from redis.typing import EncodableT, FieldT
 
 from orchestrator.contract import keys
 from orchestrator.contract.alive import AliveStamp
+from orchestrator.worker.input_cache_host import CacheFigures
 from workflows.loader import TaskCatalog
 
 __all__ = ["Heartbeat"]
@@ -38,13 +39,15 @@ class Heartbeat:
         *,
         running: Callable[[], int],
         held: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        input_cache: Callable[[], CacheFigures] | None = None,
         slots: int = 1,
         interval_s: float = keys.HEARTBEAT_INTERVAL_S,
         host: str | None = None,
         tasks: TaskCatalog | None = None,
     ) -> None:
         """``host``: the CDI host the worker's minion serves (what placement prices moves
-        between); the machine's name when it has none."""
+        between); the machine's name when it has none. ``input_cache``: the host's input
+        cache as this worker sees it, None when the cache is off."""
         self.client = client
         self.worker_id = worker_id
         self.key = keys.worker_key(worker_id)
@@ -52,6 +55,7 @@ class Heartbeat:
         self.interval_s = interval_s
         self._running = running
         self._held = held  # (images, bytes) held between tasks
+        self._input_cache = input_cache
         self.slots = slots
         # Written with every beat: a Redis that lost its data learns it again within one.
         self.tasks = (tasks or TaskCatalog()).to_json()
@@ -85,6 +89,7 @@ class Heartbeat:
             rss = self._process.memory_info().rss
             values["proc_rss"] = str(rss)
             values["proc_mem"] = f"{100.0 * rss / self._host_memory:.1f}"
+        values.update(_cache_fields(None if self._input_cache is None else self._input_cache()))
         assert tuple(values) == keys.WORKER_FIELDS, "keep in step with keys.WORKER_FIELDS"
         return values
 
@@ -135,3 +140,11 @@ class Heartbeat:
             if failing:
                 log.info("heartbeat restored")
                 failing = False
+
+
+def _cache_fields(figures: CacheFigures | None) -> dict[str, str]:
+    """The ``input_cache_*`` fields: empty strings when the cache is off."""
+    names = ("hits", "misses", "saved_bytes", "s3_bytes", "holder", "entries", "bytes")
+    if figures is None:
+        return {f"input_cache_{name}": "" for name in names}
+    return {f"input_cache_{name}": str(int(getattr(figures, name))) for name in names}

@@ -46,7 +46,7 @@ from orchestrator.objectstore import ObjectStore, Stored
 from orchestrator.worker.input_cache import CacheIndex, CacheKey, Entry, Verdict
 from orchestrator.worker.input_fetch import decode_into_object
 
-__all__ = ["Fetched", "HostInputCache", "InputStats", "cache_address"]
+__all__ = ["CacheFigures", "Fetched", "HostInputCache", "InputStats", "cache_address"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,28 @@ class InputStats:
                 self.saved_bytes += fetched.source_bytes
             elif cached:
                 self.misses += 1
+
+    def figures(self, cache: HostInputCache) -> CacheFigures:
+        """These counts and what ``cache`` holds for the host, read now."""
+        entries, used = cache.held()
+        with self._lock:
+            return CacheFigures(self.hits, self.misses, self.saved_bytes, self.s3_bytes,
+                                cache.holding, entries, used)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CacheFigures:
+    """A worker's input cache as its heartbeat reports it: its own hits, misses, S3 bytes its
+    hits spared and input bytes it GET, and what it holds for the host (``holder``: this
+    worker holds the host's cache; ``entries`` and ``bytes`` are 0 on the others)."""
+
+    hits: int
+    misses: int
+    saved_bytes: int
+    s3_bytes: int
+    holder: bool
+    entries: int
+    bytes: int
 
 
 class _Channel:

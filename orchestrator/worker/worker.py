@@ -39,6 +39,7 @@ from orchestrator.errors import InvalidInstruction
 from orchestrator.logs import log_context
 from orchestrator.worker.execution import EXIT_TASK_STUCK, Execution, TaskCall
 from orchestrator.worker.heartbeat import Heartbeat
+from orchestrator.worker.input_cache_host import CacheFigures
 from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.planes import Plane
 from orchestrator.worker.repeats import RUNNING, Repeats
@@ -72,7 +73,8 @@ def parse_instruction(raw: bytes) -> Instruction:
 class Worker:
     """One worker process's slots, heartbeat and data planes (``planes``: what runs each
     instruction, by its ``data_plane``). ``host``: its CDI host, for the heartbeat;
-    ``held``: the images it holds between tasks now, and their bytes."""
+    ``held``: the images it holds between tasks now, and their bytes; ``input_cache``: the
+    host's input cache as it sees it, when the cache is on."""
 
     def __init__(
         self,
@@ -82,6 +84,7 @@ class Worker:
         planes: Mapping[DataPlane, Plane],
         host: str | None = None,
         held: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        input_cache: Callable[[], CacheFigures] | None = None,
         concurrency: int = 1,
         heartbeat_interval_s: float = keys.HEARTBEAT_INTERVAL_S,
         sources: TaskSources = BUNDLED,
@@ -113,6 +116,7 @@ class Worker:
             worker_id,
             running=self.running,
             held=held,
+            input_cache=input_cache,
             slots=concurrency,
             interval_s=heartbeat_interval_s,
             host=host,

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from cdi.auth import ANY_HOST, ClusterCredentials, Role, mint_token, new_key
 from cdi.controller.cli import controller_command
 from cdi.controller.client import ControllerClient, parse_controller_url
-from cdi.controller.models import Changes, ContainerRecord, ObjectRecord
+from cdi.controller.models import Changes, ContainerRecord, ObjectRecord, Restarts
 from cdi.controller.reporter import (
     DirectoryReporter,
     GrpcDirectoryReporter,
@@ -215,6 +215,7 @@ def test_register_lookup_and_list(client: ControllerClient) -> None:
             ObjectRecord("image-1", size=4096, owner="scheduler", generation=1),
             ObjectRecord("image-2", size=10, owner="w1", generation=3),
         ],
+        restarts=Restarts(keeps_objects=True, restarts=2, kept_objects=7),
     )
     client.register_minion(
         "host-b", "/run/cdi/b.sock", containers=[ContainerRecord("w2", 200, 2000)]
@@ -243,6 +244,10 @@ def test_register_lookup_and_list(client: ControllerClient) -> None:
         2,
         2,
     )
+    # What each keeps across restarts, as it said: a state folder, or none.
+    assert (a.keeps_objects, a.restarts, a.kept_objects) == (True, 2, 7)
+    b = minions["host-b"]
+    assert (b.keeps_objects, b.restarts, b.kept_objects) == (False, 0, 0)
 
 
 def test_report_changes_applies_batches_and_asks_for_resync(client: ControllerClient) -> None:
@@ -528,6 +533,13 @@ def test_reporter_changes_appear_in_the_controller(
         "host-r:7000",
     )
     assert minion.heartbeat_s == pytest.approx(0.2)
+    assert (minion.keeps_objects, minion.restarts) == (False, 0)  # not told otherwise
+
+    # What the minion keeps across restarts goes with a new snapshot, the rest unchanged.
+    reporter.store_resumed(Restarts(keeps_objects=True, restarts=1, kept_objects=1))
+    wait_until(lambda: client.list_minions()[0].keeps_objects, "the restart shows")
+    minion = client.list_minions()[0]
+    assert (minion.restarts, minion.kept_objects, minion.containers) == (1, 1, 1)
 
 
 def test_reporter_coalesces_a_burst(

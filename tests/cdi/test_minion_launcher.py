@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 import cdi
+from cdi.controller.models import Restarts
 from cdi.minion import launcher
 from cdi.minion.config import MinionConfig
 from cdi.minion.names import parse_names
@@ -42,6 +43,9 @@ class RecordingReporter:
     def object_removed(self, key: str) -> None:
         self.calls.append(("removed", key))
 
+    def store_resumed(self, restarts: Restarts) -> None:
+        self.calls.append(("store", restarts))
+
     def close(self) -> None:
         self.calls.append(("closed",))
 
@@ -64,11 +68,13 @@ def test_events_reach_the_reporter_whatever_the_pipe_splits() -> None:
         ["removed", "k"],
         ["gone", "a"],
     ]
-    stream = b"".join(msgpack.packb(e) for e in events)
+    stream = b"".join(msgpack.packb(e) for e in [["store", "s-1", 2, 5], *events])
     for size in (1, 3, 7, len(stream)):
         reporter = RecordingReporter()
         launcher.relay_events(_reader([*_chunks(stream, size), b""]), reporter)
-        assert reporter.calls == [tuple(e) for e in events], size
+        # The store: a state folder (an id), the restarts and the objects kept.
+        assert reporter.calls[0] == ("store", Restarts(True, 2, 5)), size
+        assert reporter.calls[1:] == [tuple(e) for e in events], size
 
 
 def test_a_malformed_event_is_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:

@@ -131,6 +131,11 @@ def test_data_page_shows_ownership_move(ui: UI, harness: Harness, napping: str) 
     moved = page.locator(f"#moves-list li[data-move=moved][data-workflow='{run_id}']")
     expect(moved.first).to_be_visible(timeout=30_000)
     wait_for(lambda: page.locator("tr[data-object]").count() >= 2, "two objects", timeout=10)
+    # The stack's minion keeps its objects across a restart; no channel is open.
+    survival = page.locator("#minions [data-survival]")
+    expect(survival).to_have_attribute("data-survival", "on")
+    expect(survival).to_contain_text("keeps objects")
+    expect(page.locator("#channels")).to_contain_text("No channel open")
     ui.shot("data", full_page=False)
     assert harness.wait(run_id)["status"] == "COMPLETED"
     assert all(harness.wait(other)["status"] == "COMPLETED" for other in others)

@@ -53,11 +53,14 @@ def test_workers_page_shows_live_metrics(ui: UI, harness: Harness, napping: str)
         expect(card.locator("[data-metric=cpu]")).to_have_text(re.compile(r"^\d+%$"))
         expect(card.locator("[data-metric=memory]")).to_have_text(re.compile(r"^[\d.]+ [KMG]?B$"))
         expect(card.locator("[data-host-load]")).to_contain_text("Host: ")
+        # This stack runs without the input cache (test_dashboard_host_data: with it).
+        expect(card.locator("[data-input-cache]")).to_have_text("Input cache off")
     beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
     for worker_id in harness.stack.worker_ids:
         beat = beats[worker_id]
         assert beat["rss_bytes"] > 10 * 2**20 and beat["cpu"] is not None  # a Python process
         assert beat["mem"] < beat["host_mem"]  # its own share, not the host's
+        assert beat["input_cache"] is None
     ui.shot("workers", full_page=False)
     assert harness.wait(run_id)["status"] == "COMPLETED"
     expect(busy).to_have_count(0)

@@ -97,7 +97,9 @@ def beat(
         "proc_cpu": "0.5",
         "proc_rss": "104857600",
         "proc_mem": "0.5",
-    }
+        **{f"input_cache_{name}": "" for name in ("hits", "misses", "saved_bytes", "s3_bytes",
+                                                   "holder", "entries", "bytes")},  # off
+    }  # fmt: skip
     assert tuple(fields) == keys.WORKER_FIELDS
     client.hset(keys.worker_key(worker), mapping=fields)  # type: ignore[arg-type]
     client.sadd(keys.WORKERS, worker)

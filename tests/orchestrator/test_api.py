@@ -16,8 +16,10 @@ from fastapi.testclient import TestClient
 from redis.typing import EncodableT, FieldT
 from sqlalchemy.orm import Session, sessionmaker
 
+from cdi.controller.models import ObjectInfo
 from orchestrator.contract import keys
 from orchestrator.controller import create_app
+from orchestrator.controller.api.routes.cdi import channels
 from orchestrator.db import repository as repo
 from orchestrator.errors import ConfigError
 from orchestrator.settings import Settings
@@ -230,8 +232,12 @@ def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis)
         fresh: {"cpu": "97.5", "mem": "40", "queue_depth": "3", "running": "1", "slots": "2",
                 "host": "h1", "held_images": "2", "held_bytes": "52428800",
                 "last_heartbeat": now - 1, "started_at": now - 60, "proc_cpu": "12.5",
-                "proc_rss": "104857600", "proc_mem": "1.3"},
-        stale: {"cpu": "1", "host": "h2", "last_heartbeat": now - silent_for},
+                "proc_rss": "104857600", "proc_mem": "1.3", "input_cache_hits": "9",
+                "input_cache_misses": "1", "input_cache_saved_bytes": "18000000",
+                "input_cache_s3_bytes": "2000000", "input_cache_holder": "1",
+                "input_cache_entries": "1", "input_cache_bytes": "26000000"},
+        stale: {"cpu": "1", "host": "h2", "last_heartbeat": now - silent_for,
+                "input_cache_hits": "", "input_cache_misses": ""},  # the cache is off
         garbled: {"cpu": "lots", "queue_depth": "nan", "last_heartbeat": now},
     }  # fmt: skip
     for worker_id, fields in beats.items():
@@ -251,11 +257,35 @@ def test_workers_from_heartbeats(api_client: TestClient, api_redis: redis.Redis)
     assert listed[fresh]["slots"] == 2 and listed[stale]["slots"] is None
     assert (listed[fresh]["held_images"], listed[fresh]["held_bytes"]) == (2, 52428800)
     assert listed[stale]["held_images"] is None  # an older worker's heartbeat has no such field
+    assert listed[fresh]["input_cache"] == {
+        "hits": 9, "misses": 1, "saved_bytes": 18000000, "s3_bytes": 2000000, "holder": True,
+        "entries": 1, "bytes": 26000000,
+    }  # fmt: skip
+    assert listed[stale]["input_cache"] is None and listed[gone]["input_cache"] is None
     assert 0.5 < listed[fresh]["heartbeat_age_s"] < 5
     assert listed[stale]["alive"] is False and listed[stale]["host"] == "h2"
     assert listed[garbled]["alive"] is True
     assert (listed[garbled]["cpu"], listed[garbled]["queue_depth"]) == (None, None)
     assert listed[gone]["alive"] is False and listed[gone]["last_heartbeat"] is None
+
+
+def test_channels_are_found_from_their_objects() -> None:
+    def obj(key: str, owner: str, host: str = "h1", size: int = 4096) -> ObjectInfo:
+        return ObjectInfo(key, host, size, owner, 1, 10.0, 11.0)
+
+    listed = channels([
+        obj("channel/frames", "cam", size=1 << 20),
+        obj("channel/frames/reader/det-2", "det-2"),
+        obj("channel/frames/reader/det-1", "det-1"),
+        obj("channel/frames/reader/far", "far", host="h2"),  # another host's: not this ring's
+        obj("channel/left/reader/r", "r"),  # a cursor whose ring is gone: no channel
+        obj("channel/frames/other/x", "x"),  # not a channel's key
+        obj("wf-1", "worker-1"),
+    ])  # fmt: skip
+    assert [c.model_dump() for c in listed] == [{
+        "name": "frames", "host": "h1", "writer": "cam", "readers": ["det-1", "det-2"],
+        "ring_bytes": 1 << 20, "created_at": 10.0,
+    }]  # fmt: skip
 
 
 # --- request size --------------------------------------------------------------------------

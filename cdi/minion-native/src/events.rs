@@ -1,7 +1,9 @@
 //! Object and container events for the controller's directory, written to an inherited pipe
 //! (`--events-fd`) as a stream of msgpack arrays that `cdi/minion/launcher.py` relays:
 //! `["registered", cid, pid, uid]`, `["gone", cid]`, `["changed", key, size, owner,
-//! generation]`, `["removed", key]`.
+//! generation]`, `["removed", key]`, and, first of all from a minion with a state folder,
+//! `["store", store, restarts, kept_objects]` (`docs/minion-restart.md`: its store's id, how
+//! many minions took the store over from another, the objects this one found again).
 //!
 //! The loop never waits for the reader: events collect in an outbox that is written after each
 //! epoll batch (after the replies, which are what clients wait for), EPOLLOUT is watched while
@@ -59,6 +61,15 @@ impl EventSink {
             enc.str(container);
             enc.int(pid as i128);
             enc.uint(uid as u64);
+        }
+    }
+
+    pub fn store(&mut self, store: &str, restarts: u64, kept_objects: u64) {
+        if let Some(mut enc) = self.event(4) {
+            enc.str("store");
+            enc.str(store);
+            enc.uint(restarts);
+            enc.uint(kept_objects);
         }
     }
 

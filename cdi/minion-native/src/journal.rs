@@ -67,11 +67,13 @@ pub struct SavedContainer {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
-    /// First in every journal: the boot it was written in, and the store's id (the same for
-    /// every minion that takes the store on: clients tell a resumed minion by it).
+    /// First in every journal: the boot it was written in, the store's id (the same for
+    /// every minion that takes the store on: clients tell a resumed minion by it), and how
+    /// many minions took the store over from another (0 for the one that began it).
     Boot {
         boot_id: String,
         store: String,
+        restarts: u64,
     },
     /// Segment ids below this may be in use.
     Ids(u64),
@@ -86,6 +88,7 @@ pub enum Record {
 pub struct State {
     pub boot_id: String,
     pub store: String,
+    pub restarts: u64,
     pub ids: u64,
     pub objects: BTreeMap<String, SavedObject>,
     pub containers: BTreeMap<String, SavedContainer>,
@@ -94,9 +97,14 @@ pub struct State {
 impl State {
     pub fn apply(&mut self, record: Record) {
         match record {
-            Record::Boot { boot_id, store } => {
+            Record::Boot {
+                boot_id,
+                store,
+                restarts,
+            } => {
                 self.boot_id = boot_id;
                 self.store = store;
+                self.restarts = restarts;
             }
             Record::Ids(n) => self.ids = self.ids.max(n),
             Record::Put(obj) => {
@@ -141,14 +149,20 @@ pub fn encode(out: &mut Vec<u8>, record: &Record) {
     out.extend_from_slice(&[0; 8]);
     let mut enc = Enc(out);
     match record {
-        Record::Boot { boot_id, store } => {
-            enc.map(3);
+        Record::Boot {
+            boot_id,
+            store,
+            restarts,
+        } => {
+            enc.map(4);
             enc.str("t");
             enc.str("boot");
             enc.str("boot_id");
             enc.str(boot_id);
             enc.str("store");
             enc.str(store);
+            enc.str("restarts");
+            enc.uint(*restarts);
         }
         Record::Ids(n) => {
             enc.map(2);
@@ -268,6 +282,7 @@ fn decode_payload(payload: &[u8]) -> Option<Record> {
         "boot" => Record::Boot {
             boot_id: text(&e, "boot_id")?,
             store: text(&e, "store")?,
+            restarts: uint(&e, "restarts").unwrap_or(0), // not in a journal of before it
         },
         "ids" => Record::Ids(uint(&e, "below")?),
         "del" => Record::Del(text(&e, "key")?),
@@ -459,6 +474,7 @@ mod tests {
         Record::Boot {
             boot_id: id.to_owned(),
             store: "s".to_owned(),
+            restarts: 2,
         }
     }
 

@@ -74,6 +74,10 @@ pub struct Registry {
     /// The id of the objects this minion holds (`register`'s `store`) with a state folder,
     /// carried on by its journal; empty without one (the objects end with the process).
     pub store: String,
+    /// With a state folder: how many minions took its store over from another (this one
+    /// included; 0 when this one began it), and the objects this one found again at start.
+    pub restarts: u64,
+    pub kept_objects: u64,
     /// After a restart: containers registered with the minion that went before, not yet
     /// registered again (their processes run, or cannot be seen from here).
     pub expected: HashMap<Rc<str>, Expected>,
@@ -115,6 +119,8 @@ impl Registry {
             dirty_containers: Vec::new(),
             boot_id: String::new(),
             store: String::new(),
+            restarts: 0,
+            kept_objects: 0,
             expected: HashMap::new(),
             pending_gone: Vec::new(),
             resume_until: 0,
@@ -198,6 +204,7 @@ impl Registry {
         let mut records = vec![Record::Boot {
             boot_id: self.boot_id.clone(),
             store: self.store.clone(),
+            restarts: self.restarts,
         }];
         let reserved = self.journal.as_ref().map_or(0, |j| j.ids);
         records.push(Record::Ids(

@@ -152,10 +152,10 @@ pub fn open(reg: &mut Registry, state_dir: &Path) -> Result<(), String> {
         state = journal::State::default();
     }
     // The same objects: clients carry on with them. A new store otherwise.
-    reg.store = if state.store.is_empty() {
-        sys::random_id()
+    (reg.store, reg.restarts) = if state.store.is_empty() {
+        (sys::random_id(), 0)
     } else {
-        state.store.clone()
+        (state.store.clone(), state.restarts + 1)
     };
     let mut saved: Vec<_> = state.objects.into_values().collect();
     saved.sort_unstable_by_key(|o| o.order);
@@ -220,11 +220,13 @@ pub fn open(reg: &mut Registry, state_dir: &Path) -> Result<(), String> {
     }
     let grace = reg.config.resume_grace_ms.saturating_mul(1_000_000);
     reg.resume_until = sys::monotonic_ns().saturating_add(grace);
+    reg.kept_objects = reg.objects.len() as u64;
     let keys: Vec<Rc<str>> = reg.objects.keys().cloned().collect();
     for key in &keys {
         reg.changed(key); // the directory learns of them again
     }
     if let Some(sink) = reg.events.as_mut() {
+        sink.store(&reg.store, reg.restarts, reg.kept_objects);
         for (cid, expected) in &reg.expected {
             sink.registered(cid, expected.saved.pid, expected.saved.uid);
         }

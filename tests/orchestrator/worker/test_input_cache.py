@@ -22,7 +22,7 @@ from orchestrator.errors import InputMissing
 from orchestrator.objectstore import ObjectStore, Stored
 from orchestrator.settings import Settings
 from orchestrator.worker.input_cache import CacheIndex, CacheKey, Entry, Verdict
-from orchestrator.worker.input_cache_host import HostInputCache
+from orchestrator.worker.input_cache_host import HostInputCache, InputStats
 from workflows.imagebuf import map_image
 
 URI = "s3://cdiflow/in/a.jpg"
@@ -240,6 +240,16 @@ def test_workers_of_a_host_fetch_an_input_once_and_own_their_copies(minion: Mini
             assert fa.s3_bytes == fb.source_bytes == len(s3.objects[URI][0]) and fb.s3_bytes == 0
             assert pixels(w1, a) == pixels(w2, b)  # the same image, in two objects
             assert holding.held()[0] == 1
+            # What each worker's heartbeat reports: its own fetches, the holder's entries.
+            stats = InputStats()
+            stats.count(fa, cached=True)
+            stats.count(fb, cached=True)
+            figures = stats.figures(holding)
+            assert (figures.hits, figures.misses, figures.saved_bytes) == (1, 1, fb.source_bytes)
+            assert (figures.s3_bytes, figures.holder, figures.entries) == (fa.s3_bytes, True, 1)
+            assert figures.bytes == holding.held()[1] > 0
+            assert not stats.figures(joining).holder
+            assert (stats.figures(joining).entries, stats.figures(joining).bytes) == (0, 0)
             # Each copy is its worker's own: it transfers and destroys it like any other.
             b.transfer("sched")
             sched.use("wf-b").destroy()

@@ -1,4 +1,6 @@
-"""``/api/cdi``: the CDI controller's live directory — every object, its owner and host.
+"""``/api/cdi``: the CDI controller's live directory — every object, its owner and host, every
+minion, and the channel topics open now (found from their objects: there is no other record of
+them).
 
 The API process finds the controller through ``CDI_CONTROLLER_URL`` and shows it a reader's
 token (``CDI_CONTROLLER_TOKEN_FILE`` or ``CDI_CONTROLLER_TOKEN``; the stack sets both). The
@@ -16,12 +18,14 @@ from typing import Final
 from fastapi import APIRouter
 
 from cdi.auth import Role, controller_token
-from cdi.controller.client import ControllerClient
+from cdi.channels.ring import channel_of
+from cdi.controller.client import ControllerClient, ObjectInfo
 from cdi.errors import AccessDenied, CDIError, NotAuthenticated
 from orchestrator.contract import keys
 from orchestrator.controller.strict_json import StrictJsonRoute
 from orchestrator.errors import ConfigError, ServiceError
 from orchestrator.schemas import (
+    CdiChannelPublic,
     CdiDirectoryPublic,
     CdiMinionPublic,
     CdiObjectPublic,
@@ -61,6 +65,33 @@ def _controller_url() -> str:
             service="cdi-controller",
         )
     return url
+
+
+def channels(objects: list[ObjectInfo]) -> list[CdiChannelPublic]:
+    """The channel topics among ``objects``: each ring, with the readers whose cursor is on
+    its host (``cdi.channels``: a reader's cursor lives beside the ring it reads)."""
+    rings: dict[tuple[str, str], ObjectInfo] = {}
+    readers: dict[tuple[str, str], list[str]] = {}
+    for o in objects:
+        found = channel_of(o.key)
+        if found is None:
+            continue
+        name, reader = found
+        if reader is None:
+            rings[(o.host, name)] = o
+        else:
+            readers.setdefault((o.host, name), []).append(reader)
+    return [
+        CdiChannelPublic(
+            name=name,
+            host=host,
+            writer=ring.owner,
+            readers=sorted(readers.get((host, name), [])),
+            ring_bytes=ring.size,
+            created_at=ring.created_at,
+        )
+        for (host, name), ring in sorted(rings.items())
+    ]
 
 
 @router.get("/objects", responses=error_responses(503))
@@ -105,8 +136,12 @@ def cdi_directory() -> CdiDirectoryPublic:
                 objects=m.objects,
                 last_heartbeat=m.last_heartbeat,
                 heartbeat_age_s=max(0.0, now - m.last_heartbeat),
+                keeps_objects=m.keeps_objects,
+                restarts=m.restarts,
+                kept_objects=m.kept_objects,
             )
             for m in minions
         ],
+        channels=channels(objects),
         total_bytes=sum(o.size for o in objects),
     )

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from orchestrator.contract import keys
 from orchestrator.controller.api.deps import RedisDep
 from orchestrator.controller.strict_json import StrictJsonRoute
-from orchestrator.schemas import WorkerPublic, error_responses
+from orchestrator.schemas import InputCachePublic, WorkerPublic, error_responses
 
 router = APIRouter(prefix="/workers", tags=["workers"], route_class=StrictJsonRoute)
 
@@ -53,8 +53,27 @@ def worker_status(worker_id: str, fields: Mapping[str, str], now: float) -> Work
         started_at=_number(fields, "started_at"),
         held_images=_count(fields, "held_images"),
         held_bytes=_count(fields, "held_bytes"),
+        input_cache=_input_cache(fields),
         heartbeat_age_s=age,
         alive=age is not None and age < keys.WORKER_DEAD_AFTER_S,
+    )
+
+
+def _input_cache(fields: Mapping[str, str]) -> InputCachePublic | None:
+    """The ``input_cache_*`` fields; None when the cache is off (or any is missing)."""
+    names = ("hits", "misses", "saved_bytes", "s3_bytes", "holder", "entries", "bytes")
+    counts = {name: _count(fields, f"input_cache_{name}") for name in names}
+    values = {name: count for name, count in counts.items() if count is not None}
+    if len(values) != len(names):
+        return None
+    return InputCachePublic(
+        hits=values["hits"],
+        misses=values["misses"],
+        saved_bytes=values["saved_bytes"],
+        s3_bytes=values["s3_bytes"],
+        holder=bool(values["holder"]),
+        entries=values["entries"],
+        bytes=values["bytes"],
     )
 
 

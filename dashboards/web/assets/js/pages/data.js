@@ -1,5 +1,6 @@
 // Data: the CDI controller's live directory — every object with its owner, host, size and age —
-// and the ownership moves seen while this page is open.
+// the ownership moves seen while this page is open, each minion (with whether its objects
+// outlive a restart, and what its last restart kept) and the channel topics open now.
 
 import { h, render } from "../dom.js";
 import { api } from "../api.js";
@@ -16,6 +17,7 @@ export function mount(root, ctx) {
   const objects = h("div", { id: "objects" }, h("p", { class: "loading", style: "padding:0 16px" }, "Loading…"));
   const movesBox = h("div", { id: "moves" });
   const minions = h("div", { id: "minions" });
+  const channels = h("div", { id: "channels" });
   const problems = h("div", { class: "slot" });
   const objectsNote = h("span", {}, "Refreshed every second");
   const moves = [];
@@ -42,6 +44,7 @@ export function mount(root, ctx) {
           card("Who holds the data", owners, { id: "card-owners", subtitle: "Bytes by owning container" }),
           card("Ownership moves", movesBox, { id: "card-moves", subtitle: "Seen since this page opened" }),
           card("Minions", minions, { id: "card-minions", cls: "card-flush", subtitle: "One per host" }),
+          card("Channels", channels, { id: "card-channels", cls: "card-flush", subtitle: "Shared-memory topics open now" }),
         ),
       ),
     ),
@@ -155,16 +158,52 @@ export function mount(root, ctx) {
                 mono(m.host),
                 statusPill(m.alive ? "UP" : "GONE"),
                 h("span", { class: "muted" }, `${plural(m.containers, "container")} · ${plural(m.objects, "object")}`),
+                survival(m),
                 h("span", { class: "when" }, `heartbeat ${agoSeconds(m.heartbeat_age_s)}`),
               ),
             ),
           )
         : h("div", { style: "padding:0 16px 4px" }, empty("No minion has registered", null)),
     );
+
+    render(
+      channels,
+      dir.channels.length
+        ? h(
+            "ul",
+            { class: "moves", style: "padding:0 16px 10px" },
+            dir.channels.map((c) =>
+              h(
+                "li",
+                { "data-channel": c.name, "data-host": c.host },
+                mono(c.name, { title: `channel/${c.name} on ${c.host}` }),
+                containerChip(c.writer),
+                "→",
+                c.readers.length ? c.readers.map((r) => containerChip(r)) : h("span", { class: "muted" }, "no reader yet"),
+                h("span", { class: "when num", title: "The ring's size" }, bytes(c.ring_bytes)),
+              ),
+            ),
+          )
+        : h("div", { style: "padding:0 16px 4px" }, empty("No channel open", "A topic (cdi.channels) shows here while its writer holds its ring: its writer, the readers that joined it and its ring's size.")),
+    );
     objectsNote.textContent = `${plural(dir.objects.length, "object")} · refreshed every second`;
   }
 
   return poll(refresh, 1000, (err) => render(problems, errorBox(err.message, err.problems)));
+}
+
+/** Whether a minion's objects outlive its restarts (a state folder), how often it restarted and
+ * what its last start found again. */
+function survival(m) {
+  if (!m.keeps_objects) return h("span", { class: "tag", "data-survival": "off", title: "No state folder: a restart of this minion loses its objects" }, "objects end with it");
+  const text = m.restarts ? `kept ${plural(m.kept_objects, "object")} at restart ${m.restarts}` : "no restart yet";
+  return h(
+    "span",
+    { class: "muted", "data-survival": "on", "data-restarts": String(m.restarts), "data-kept": String(m.kept_objects), title: "A state folder: its objects, owners and shares outlive a restart of the minion (not a host reboot)" },
+    h("span", { class: "tag" }, "keeps objects"),
+    " ",
+    text,
+  );
 }
 
 /** "now", "4 s", "3 min": an age that fits a narrow column. */

@@ -1,6 +1,6 @@
 // Workers: each worker process's own CPU and memory (with a short history; its host's beside
-// them), queue depth, the images held between tasks, the task running now and the last
-// heartbeat. A worker that stopped heartbeating is shown as gone.
+// them), queue depth, the images held between tasks, its host's input cache as it sees it, the
+// task running now and the last heartbeat. A worker that stopped heartbeating is shown as gone.
 
 import { h, render } from "../dom.js";
 import { api } from "../api.js";
@@ -81,6 +81,7 @@ export function mount(root, ctx) {
         ),
         h("div", { class: "stat" }, h("div", { class: "stat-label" }, "Heartbeat"), h("div", { class: "stat-value", "data-stat": "heartbeat" }, w.heartbeat_age_s === null ? "—" : duration(w.heartbeat_age_s * 1000))),
       ),
+      inputCache(w),
       h(
         "div",
         { class: "worker-task", "data-running": running.map((r) => r.ref).join(",") },
@@ -96,6 +97,24 @@ export function mount(root, ctx) {
         h("span", { "data-heartbeat": "" }, w.last_heartbeat ? `Last heartbeat at ${clock(new Date(w.last_heartbeat * 1000))}` : "No heartbeat on record"),
         h("span", {}, uptime !== null && !gone ? `up ${duration(uptime * 1000)}` : queued.length ? `${queued.length} queued` : ""),
       ),
+    );
+  }
+
+  // The host's input cache (docs/input-cache.md): this worker's hits and misses, the S3 bytes
+  // its hits spared, and, on the one worker that holds the host's cache, what it holds.
+  function inputCache(w) {
+    const c = w.input_cache;
+    if (!c) return h("div", { class: "muted input-cache", "data-input-cache": "off", title: "CDIFLOW_INPUT_CACHE is off: every workflow fetches its input from S3" }, "Input cache off");
+    return h(
+      "div",
+      { class: "input-cache", "data-input-cache": c.holder ? "holder" : "on", title: "Inputs fetched once per host: this worker's fetches through the host's cache" },
+      h("span", {}, "Input cache: "),
+      h("span", { "data-cache": "hits" }, plural(c.hits, "hit")),
+      ", ",
+      h("span", { "data-cache": "misses" }, plural(c.misses, "miss", "misses")),
+      " · ",
+      h("span", { "data-cache": "saved", title: `${c.saved_bytes.toLocaleString()} bytes not fetched from S3; ${c.s3_bytes.toLocaleString()} fetched` }, `${bytes(c.saved_bytes)} saved`),
+      c.holder ? [" · holds ", h("span", { "data-cache": "held", title: `This worker holds the input cache of ${w.host || "its host"}` }, `${plural(c.entries, "input")} (${bytes(c.bytes)})`)] : null,
     );
   }
 
