@@ -119,7 +119,7 @@ class ImageInput:
 
 def held_input(ins: Instruction, entry: Held | None, worker_id: str | None) -> Image.Image:
     """The image held from task run ``ins.held``; ``HeldImageLost`` if this worker has none."""
-    if entry is None or entry.token != ins.held or entry.base != ins.key:
+    if entry is None or entry.token != ins.held or entry.key != ins.key:
         raise HeldImageLost(
             f"worker {worker_id} holds no image from task run {ins.held} of workflow "
             f"{ins.workflow_id} (it restarted, or had to give it up); the scheduler recomputes "

@@ -94,7 +94,7 @@ def test_least_recently_used_entries_go_first_within_the_budget() -> None:
     assert isinstance(index.acquire(a, object(), 0), Entry)  # a is now the most recent
     d = key(uri="s3://x/d")
     assert fill(index, d, 150)  # b and c go, a stays
-    assert objects.destroyed == [entry(b, 0).object_key, entry(c, 0).object_key]
+    assert objects.destroyed == [entry(b, 0).key, entry(c, 0).key]
     assert index.used == 250 and len(index) == 2
     assert isinstance(index.acquire(a, object(), 0), Entry)
     assert index.acquire(b, object(), 0) is Verdict.FILL
@@ -117,7 +117,7 @@ def test_a_new_tag_retires_the_old_entry_at_once() -> None:
     assert fill(index, old, 100)
     new = key(etag='"2"')
     assert index.acquire(new, object(), 0) is Verdict.FILL  # S3 has "2" now
-    assert objects.destroyed == [entry(old, 0).object_key]
+    assert objects.destroyed == [entry(old, 0).key]
     assert index.used == 0 and len(index) == 0
 
 
@@ -126,13 +126,13 @@ def test_an_evicted_entry_still_read_is_freed_when_its_reader_lets_go() -> None:
     index = CacheIndex(100, objects.destroy)
     a = key(uri="s3://x/a")
     assert fill(index, a, 100)
-    objects.shared.add(entry(a, 0).object_key)  # a reader copies it right now
+    objects.shared.add(entry(a, 0).key)  # a reader copies it right now
     b = key(uri="s3://x/b")
     assert not fill(index, b, 100)  # a left the index but its bytes still count
     assert index.acquire(a, object(), 0) is Verdict.FILL and index.used == 100
     objects.shared.clear()
     index.reap()
-    assert index.used == 0 and objects.destroyed == [entry(a, 0).object_key]
+    assert index.used == 0 and objects.destroyed == [entry(a, 0).key]
 
 
 def test_one_caller_fetches_while_the_others_wait_for_its_entry() -> None:
