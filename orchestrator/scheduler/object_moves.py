@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.db.run_statements import Handoff
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Datum, Mode, Obj
@@ -83,7 +84,7 @@ class ObjectMover:
         self,
         run: RunState,
         step: StepRun,
-        key: str,
+        key: ObjectKey,
         worker: str,
         moves: list[Handoff],
         started: int,

@@ -9,6 +9,7 @@ import logging
 import time
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.worker.execution import EXIT_MINION_LOST, Execution
@@ -22,11 +23,12 @@ def keep_or_hand_back(ins: Instruction, obj: cdi.CDIObject | None, exe: Executio
     """Keep the current object or hand it to ``return_to``; record which in ``exe``."""
     exe.kept = False
     if exe.stored:
-        exe.key = ""  # the result is in S3 and the object destroyed: nothing to hand back
+        # The result is in S3 and the object destroyed: nothing to hand back.
+        exe.key = ObjectKey("")
         return
     if obj is None:
         # A fetch that failed made no object: the retry fetches again.
-        exe.key = "" if ins.input_uri else ins.key
+        exe.key = ObjectKey("") if ins.input_uri else ins.key
         return
     exe.key = obj.key
     # A worker about to exit gives everything back: what it kept would die with it. A

@@ -23,6 +23,8 @@ from typing import Final
 
 from PIL import Image
 
+from cdi import ObjectKey
+
 __all__ = ["DEFAULT_HOLD_BYTES", "Held", "HeldImages"]
 
 DEFAULT_HOLD_BYTES: Final = 512 * 2**20
@@ -35,7 +37,7 @@ STALE_AFTER_S: Final = 300.0
 class Held:
     """One workflow's image, newer than the CDI object ``key`` it was computed from."""
 
-    key: str  # the CDI object this worker keeps for the workflow
+    key: ObjectKey  # the CDI object this worker keeps for the workflow
     token: str  # the task run that produced the image (what the next instruction names)
     image: Image.Image
     nbytes: int
@@ -50,11 +52,11 @@ class HeldImages:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._held: dict[str, Held] = {}
+        self._held: dict[ObjectKey, Held] = {}
         self._in_use: list[Held] = []  # taken by a running instruction, not yet released
         self._bytes = 0  # of both: the memory the images take
 
-    def take(self, key: str) -> Held | None:
+    def take(self, key: ObjectKey) -> Held | None:
         """Remove and return the image held over object ``key``, if any; it counts against
         the budget until ``release``."""
         with self._lock:
@@ -69,7 +71,7 @@ class HeldImages:
             self._in_use.remove(held)
             self._bytes -= held.nbytes
 
-    def put(self, key: str, held: Held) -> bool:
+    def put(self, key: ObjectKey, held: Held) -> bool:
         """Hold ``held`` over object ``key``; False (nothing held) when it does not fit, or
         when that object has a held image already (the same instruction run twice, e.g.
         re-sent after Redis lost its data): the caller then writes the image instead."""

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from cdi import ObjectKey
+
 __all__ = ["CacheIndex", "CacheKey", "Entry", "Verdict"]
 
 
@@ -63,7 +65,7 @@ class Entry:
 
     digest: str
     family: str
-    key: str
+    key: ObjectKey
     size: int  # the object's bytes, counted against the budget
     source_bytes: int
 
@@ -77,12 +79,12 @@ class CacheIndex:
     """The LRU index. ``destroy(key)`` frees an evicted object and says whether it
     could (False: a reader still holds a share; tried again at the next ``reap``)."""
 
-    def __init__(self, budget: int, destroy: Callable[[str], bool]) -> None:
+    def __init__(self, budget: int, destroy: Callable[[ObjectKey], bool]) -> None:
         self.budget = budget
         self._destroy = destroy
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._pending: dict[str, object] = {}  # digest -> the caller fetching it
-        self._doomed: dict[str, int] = {}  # evicted objects still shared -> their bytes
+        self._doomed: dict[ObjectKey, int] = {}  # evicted objects still shared -> their bytes
         self._too_big: set[str] = set()  # digests larger than the budget: never waited for
         self._used = 0
         self._cond = threading.Condition()

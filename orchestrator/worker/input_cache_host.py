@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import cdi
+from cdi import ObjectKey
 from cdi.url import resolve_socket_path
 from orchestrator.errors import InputTooLarge
 from orchestrator.objectstore import ObjectStore, Stored
@@ -128,7 +129,7 @@ class _Holder:
             self.index.clear()
         self.client.close()  # what is still shared dies with our container once released
 
-    def _destroy(self, key: str) -> bool:
+    def _destroy(self, key: ObjectKey) -> bool:
         try:
             self.client.use(key, check=False).destroy()
         except cdi.ObjectShared:
@@ -198,7 +199,7 @@ class _Holder:
             return {"ok": True}
         if op != "put":
             raise ValueError(f"unknown input cache operation {op!r}")
-        key = str(req["object"])
+        key = ObjectKey(str(req["object"]))
         if not key.startswith(_KEY_PREFIX):
             raise ValueError(f"{key!r} is not an input cache object")
         try:
@@ -286,7 +287,7 @@ class HostInputCache:
         client: cdi.Client,
         store: ObjectStore,
         uri: str,
-        key: str,
+        key: ObjectKey,
         *,
         recovery: str | None,
         max_input_bytes: int,
@@ -328,7 +329,7 @@ class HostInputCache:
         client: cdi.Client,
         store: ObjectStore,
         uri: str,
-        key: str,
+        key: ObjectKey,
         recovery: str | None,
         max_input_bytes: int,
         max_pixels: int,
@@ -342,7 +343,7 @@ class HostInputCache:
         channel: _Channel,
         client: cdi.Client,
         ckey: CacheKey,
-        key: str,
+        key: ObjectKey,
         recovery: str | None,
     ) -> tuple[cdi.CDIObject, Fetched] | None:
         """A new object ``key`` with the bytes of the cached input of ``ckey``, shared with us
@@ -387,7 +388,7 @@ class HostInputCache:
         store: ObjectStore,
         ckey: CacheKey,
         stored: Stored,
-        key: str,
+        key: ObjectKey,
         recovery: str | None,
     ) -> tuple[cdi.CDIObject, Fetched]:
         """Fetch and decode as without the cache, then offer the holder a copy."""
