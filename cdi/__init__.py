@@ -41,6 +41,7 @@ from cdi.errors import (
     TransferFailed,
     UnknownContainer,
 )
+from cdi.keys import ObjectKey
 from cdi.protocol import Isolation
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "NotOwner",
     "NotRegistered",
     "ObjectError",
+    "ObjectKey",
     "ObjectNotFound",
     "ObjectShared",
     "OutOfMemory",

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from cdi import protocol
 from cdi.client.mapping import Mapping
 from cdi.errors import InvalidArgument, ObjectShared
+from cdi.keys import ObjectKey
 from cdi.protocol import Isolation
 
 __all__ = ["CDIObject", "ObjectOps"]
@@ -56,7 +57,7 @@ class CDIObject:
 
     def __init__(self, ops: ObjectOps, key: str, size: int | None) -> None:
         self._ops = ops
-        self.key = key
+        self.key = ObjectKey(key)
         self._size = size  # None: not asked yet (``use(key, check=False)``)
 
     def __repr__(self) -> str:

@@ -61,15 +61,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
+
+if TYPE_CHECKING:
+    from cdi import ObjectKey
 
 __all__ = ["MAX_TRACEBACK", "Instruction", "Report", "Stop"]
 
 # The longest traceback a report carries (and a task run keeps): its end, where the exception
 # was raised, is kept when it is longer.
 MAX_TRACEBACK: Final = 16_384
+
+# No object. A cast, not ``cdi.ObjectKey("")``: the API's clients read this module (through
+# ``orchestrator.schemas``) without loading the CDI runtime.
+_NO_KEY: Final = cast("ObjectKey", "")
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,8 @@ class Instruction:
     params: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)  # the workflow's input.data
     # cdi plane
-    key: str = ""
-    output_key: str = ""
+    key: ObjectKey = _NO_KEY
+    output_key: ObjectKey = _NO_KEY
     keep: bool = False
     return_to: str = ""  # CDI container id that gets the object back when not keeping it
     hold: bool = False  # the worker may hold a new image in memory instead of writing it
@@ -101,7 +108,7 @@ class Instruction:
     # named data (``cdi`` and ``none`` planes)
     chain: bool = True  # the step named no inputs: its first parameter takes the image
     inputs: dict[str, Any] = field(default_factory=dict)  # name -> object, value or items
-    outputs: dict[str, str] = field(default_factory=dict)  # output name -> key of its object
+    outputs: dict[str, ObjectKey] = field(default_factory=dict)  # output name -> its object
     store_prefix: str = ""  # the step's outputs are results: stored under this S3 prefix
     discard_image: bool = False  # no step reads its image: destroy it, do not pass it on
 
@@ -129,7 +136,7 @@ class Report:
     # ``MAX_TRACEBACK`` characters); "" when the failure was not the task code's.
     traceback: str = ""
     retryable: bool = True  # False for failures a retry cannot fix (e.g. not an image)
-    key: str = ""  # cdi plane: the object that now holds the image (input or output_key)
+    key: ObjectKey = _NO_KEY  # cdi plane: the object holding the image (input or output_key)
     kept: bool = False  # cdi plane: the worker still owns ``key``
     held: bool = False  # cdi plane: the new image is in the worker's memory, newer than ``key``
     held_lost: bool = False  # cdi plane: the instruction's held input is gone; ``key`` is older
@@ -146,8 +153,8 @@ class Report:
     # named data
     objects: dict[str, Any] = field(default_factory=dict)  # output -> {key, kind, nbytes}|items
     results: dict[str, Any] = field(default_factory=dict)  # output -> S3 URI(s) it was stored at
-    released: list[str] = field(default_factory=list)  # shared objects it gave up reading
-    returned: list[str] = field(default_factory=list)  # owned inputs it handed back
+    released: list[ObjectKey] = field(default_factory=list)  # shared objects it gave up reading
+    returned: list[ObjectKey] = field(default_factory=list)  # owned inputs it handed back
     # The task would not stop, so its worker ends the process it ran in and starts afresh:
     # whatever else that process held (other tasks, held images) is gone with it.
     restarting: bool = False

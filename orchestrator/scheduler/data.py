@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdi import ObjectKey
 from workflows.kinds import Kind
 
 __all__ = ["Datum", "Mode", "Obj"]
@@ -34,7 +35,7 @@ class Mode(enum.StrEnum):
 class Datum:
     """One datum a step made (or the run's input): inline JSON, an object, or a list."""
 
-    key: str = ""  # the CDI object holding it ("" when inline or a list)
+    key: ObjectKey = ObjectKey("")  # the CDI object holding it ("" when inline or a list)
     kind: Kind = Kind.JSON
     value: Any = None  # inline JSON
     items: tuple[Datum, ...] | None = None  # a list of data
@@ -44,7 +45,7 @@ class Datum:
     def is_object(self) -> bool:
         return bool(self.key)
 
-    def object_keys(self) -> Iterator[str]:
+    def object_keys(self) -> Iterator[ObjectKey]:
         """Every object this datum holds (a list's, in order)."""
         if self.key:
             yield self.key
@@ -66,7 +67,7 @@ class Datum:
 class Obj:
     """A CDI object of the run."""
 
-    key: str
+    key: ObjectKey
     kind: Kind
     nbytes: int
     owner: str  # the container that owns it: the scheduler, or a worker that kept it

@@ -31,6 +31,7 @@ from typing import Any, Final
 import redis
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract import announce_finished, keys
 from orchestrator.contract.messages import Report, Stop
 from orchestrator.contract.vocabulary import TaskRunStatus, WorkflowStatus
@@ -60,7 +61,7 @@ class Endings:
         self.ctx = ctx
         self.dispatch = dispatch  # told of each instruction taken back from its worker
         self.outbox: list[tuple[str, str]] = []  # (worker queue, message) not sent yet
-        self.to_destroy: dict[str, float] = {}  # key -> monotonic time to stop looking for it
+        self.to_destroy: dict[ObjectKey, float] = {}  # key -> monotonic time to stop looking
 
     def ended(self, workflow_id: uuid.UUID, ended: bool) -> None:
         """After a workflow's end was written: wake who waits for it (``ended``), or note that
@@ -201,7 +202,7 @@ class Endings:
         self,
         workflow_id: str,
         worker: str,
-        key: str = "",
+        key: ObjectKey = ObjectKey(""),
         *,
         owned: list[Obj] = (),  # type: ignore[assignment]
         shared: list[Obj] = (),  # type: ignore[assignment]
@@ -243,7 +244,7 @@ class Endings:
         for key in keys_named:
             self.destroy(key)
 
-    def destroy(self, key: str) -> None:
+    def destroy(self, key: ObjectKey) -> None:
         """Destroy an object of ours now if it is with us; else look for it again at the next
         ticks (``retry_destroys``), never waiting for it here."""
         if self._destroy_now(key) is not None:
@@ -265,7 +266,7 @@ class Endings:
                         "the orphan sweep frees it if it does", key, DESTROY_WAIT_S,
                         elsewhere)  # fmt: skip
 
-    def _destroy_now(self, key: str) -> str | None:
+    def _destroy_now(self, key: ObjectKey) -> str | None:
         """Destroy ``key`` if it is ours now, without waiting: None when that is done (or can
         never be), else what keeps it (another owner, a share, not here yet)."""
         try:
@@ -291,11 +292,11 @@ def _attempt(step: StepRun) -> str:
     return f"step {step.id!r} (attempt {flight.instruction.attempt}, on {flight.worker})"
 
 
-def _keys(described: Any) -> list[str]:
+def _keys(described: Any) -> list[ObjectKey]:
     if isinstance(described, dict) and "items" in described:
         return [k for item in described["items"] for k in _keys(item)]
     if isinstance(described, dict) and "key" in described:
-        return [str(described["key"])]
+        return [ObjectKey(str(described["key"]))]
     return []
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, Final
 
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.objectstore import ObjectStore
@@ -72,12 +73,12 @@ def common_fields(
 
 def release_instruction(
     workflow_id: str,
-    key: str = "",
+    key: ObjectKey = ObjectKey(""),
     *,
     scheduler_id: str,
     reply_to: str,
-    owned: tuple[tuple[str, str], ...] = (),
-    shared: tuple[tuple[str, str], ...] = (),
+    owned: tuple[tuple[ObjectKey, str], ...] = (),
+    shared: tuple[tuple[ObjectKey, str], ...] = (),
 ) -> Instruction:
     """A no-op that makes a worker hand object ``key`` of a workflow back, destroy the objects
     ``owned`` and give up its shares of ``shared`` ((key, kind) pairs)."""

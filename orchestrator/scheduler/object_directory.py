@@ -21,6 +21,7 @@ import os
 from typing import Final
 
 import cdi
+from cdi import ObjectKey
 from cdi.auth import Role, controller_token
 from cdi.controller.client import ControllerClient
 from cdi.remote.gateway import GATEWAY_PREFIX
@@ -31,7 +32,7 @@ __all__ = ["ObjectDirectory", "Seen", "controller_from_env"]
 
 log = logging.getLogger(__name__)
 
-Seen = tuple[str, str]  # an object's key and its owner
+Seen = tuple[ObjectKey, str]  # an object's key and its owner
 # The loop asks it: a slow controller must not hold every run (nor the sweep, housekeeping).
 _TIMEOUT_S: Final = 2.0
 
@@ -61,7 +62,10 @@ class ObjectDirectory:
     def objects(self) -> list[Seen]:
         """This host's objects from its minion (which the directory may trail), and those of
         every other live host from the directory."""
-        here = [(str(o.get("key", "")), str(o.get("owner", ""))) for o in self.link.list_objects()]
+        here = [
+            (ObjectKey(str(o.get("key", ""))), str(o.get("owner", "")))
+            for o in self.link.list_objects()
+        ]
         if self.controller is None:
             return here
         try:
@@ -78,7 +82,7 @@ class ObjectDirectory:
         alive = {m.host for m in controller.list_minions() if m.alive and m.host != own}
         # One in a gateway's hands is in transit between hosts, not left over.
         found = [
-            (o.key, o.owner)
+            (ObjectKey(o.key), o.owner)
             for o in controller.list_objects()
             if o.host in alive and not o.owner.startswith(GATEWAY_PREFIX)
         ]

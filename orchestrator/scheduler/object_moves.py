@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.db.run_statements import Handoff
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Datum, Mode, Obj
@@ -83,7 +84,7 @@ class ObjectMover:
         self,
         run: RunState,
         step: StepRun,
-        key: str,
+        key: ObjectKey,
         worker: str,
         moves: list[Handoff],
         started: int,
@@ -91,15 +92,14 @@ class ObjectMover:
         """A reader on another host: its own copy of ``key``, handed over (a share reaches
         only containers of the object's own minion)."""
         obj = run.objects[key]
-        copy_key = f"{run.next_object_key()}.copy"
-        copied = self.ctx.cdi.use(key, check=False).copy(copy_key)
+        copied = self.ctx.cdi.use(key, check=False).copy(f"{run.next_object_key()}.copy")
         copied.transfer(worker)
-        run.objects[copy_key] = Obj(copy_key, obj.kind, obj.nbytes, worker, pending=1,
+        run.objects[copied.key] = Obj(copied.key, obj.kind, obj.nbytes, worker, pending=1,
                                     datum=obj.datum)  # fmt: skip
         obj.pending -= 1  # this read reads the copy
         moves.append(self._handoff(self.ctx.id, worker, obj, started, "copy"))
-        step.modes[copy_key] = Mode.OWN
-        return Datum(key=copy_key, kind=obj.kind)
+        step.modes[copied.key] = Mode.OWN
+        return Datum(key=copied.key, kind=obj.kind)
 
     def _handoff(self, src: str, dst: str, obj: Obj, started: int, mode: str) -> Handoff:
         took_us = (time.perf_counter_ns() - started) / 1000

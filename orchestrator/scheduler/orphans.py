@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from cdi import ObjectKey
 from orchestrator.contract import keys
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.scheduler.context import SchedulerContext
@@ -37,14 +38,14 @@ class OrphanObjects:
         self.ctx = ctx
         self.endings = endings
         self.directory = directory
-        self._suspects: set[str] = set()  # keys found orphaned at the last sweep
+        self._suspects: set[ObjectKey] = set()  # keys found orphaned at the last sweep
 
     def sweep(self) -> None:
         """One look at every host's objects (skipped while no CDI run was seen)."""
         ctx = self.ctx
         if not self._suspects and not any(uses_objects(r) for r in ctx.runs.values()):
             return
-        named: set[str] = set()
+        named: set[ObjectKey] = set()
         prefixes: list[str] = []  # list outputs out at a worker: "<key>.<i>"
         for run in ctx.runs.values():
             named.update(run.objects)
@@ -53,7 +54,7 @@ class OrphanObjects:
                 sent = step.in_flight.instruction
                 named.update((sent.key, sent.output_key, *sent.outputs.values()))
                 prefixes += [f"{k}." for k in sent.outputs.values()]
-        found: dict[str, tuple[uuid.UUID, str]] = {}
+        found: dict[ObjectKey, tuple[uuid.UUID, str]] = {}
         for key, owner in self.directory.objects():
             workflow_id = keys.workflow_of_object(key)
             if workflow_id is not None and key not in named and not key.startswith(tuple(prefixes)):
@@ -70,7 +71,7 @@ class OrphanObjects:
             elif owner:
                 self.endings.ask_back(str(workflow_id), owner, key)
 
-    def _ours(self, found: dict[str, tuple[uuid.UUID, str]]) -> set[str]:
+    def _ours(self, found: dict[ObjectKey, tuple[uuid.UUID, str]]) -> set[ObjectKey]:
         """The keys whose workflow this scheduler runs in memory, or that has ended."""
         runs = self.ctx.runs
         others = {w for w, _ in found.values() if w not in runs}

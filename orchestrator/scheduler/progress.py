@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdi import ObjectKey
 from orchestrator.scheduler.data import Datum, Obj
 from orchestrator.scheduler.runs import Phase, RunState, StepRun
 from workflows.binding import IMAGE
@@ -98,7 +99,7 @@ def _reader_counts(run: RunState, ref: str) -> dict[str, int]:
     return counts
 
 
-def read_done(run: RunState, key: str, worker: str, moves: Moves) -> None:
+def read_done(run: RunState, key: ObjectKey, worker: str, moves: Moves) -> None:
     """A shared read of ``key`` by ``worker`` was reported."""
     obj = run.objects.get(key)
     if obj is None:

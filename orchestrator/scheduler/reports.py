@@ -18,6 +18,7 @@ from typing import Any, Final
 import redis
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract.messages import Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.db.run_statements import Finish, Handoff, Placement
@@ -222,15 +223,15 @@ class Reports:
         return back
 
 
-def _written_keys(report: Report) -> list[str]:
-    keys: list[str] = []
+def _written_keys(report: Report) -> list[ObjectKey]:
+    keys: list[ObjectKey] = []
 
     def walk(described: Any) -> None:
         if isinstance(described, dict) and "items" in described:
             for item in described["items"]:
                 walk(item)
         elif isinstance(described, dict) and "key" in described:
-            keys.append(str(described["key"]))
+            keys.append(ObjectKey(str(described["key"])))
 
     for described in report.objects.values():
         walk(described)

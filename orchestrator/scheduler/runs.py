@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.scheduler.data import Datum, Mode, Obj
@@ -94,7 +95,7 @@ class StepRun:
     waiting_for: str = ""  # what it waits for, as the run's status detail says it
     lease: str = ""  # its place under its task's limit, from its choice until it is sent
     reads: dict[str, Datum] = field(default_factory=dict)  # its inputs, once resolved
-    modes: dict[str, Mode] = field(default_factory=dict)  # how it reads each object, once placed
+    modes: dict[ObjectKey, Mode] = field(default_factory=dict)  # each object's mode, once placed
 
     @property
     def current(self) -> StepSpec:
@@ -119,7 +120,7 @@ class RunState:
     made: dict[str, dict[str, Datum]] = field(default_factory=dict)  # step run -> outputs
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # step run -> JSON output
     results: dict[str, str] = field(default_factory=dict)  # "<step run>.<output>" -> S3 URI
-    objects: dict[str, Obj] = field(default_factory=dict)  # key -> the run's CDI objects
+    objects: dict[ObjectKey, Obj] = field(default_factory=dict)  # the run's CDI objects
     fanned: dict[str, list[str]] = field(default_factory=dict)  # node ref -> its step runs
     attempts: dict[str, int] = field(default_factory=dict)  # step run id -> last attempt placed
     generation: int = 0  # suffix of the next object key
@@ -165,9 +166,9 @@ class RunState:
         """Every step run ended (done or skipped)."""
         return all(s.phase in (Phase.DONE, Phase.SKIPPED) for s in self.steps.values())
 
-    def next_object_key(self) -> str:
+    def next_object_key(self) -> ObjectKey:
         self.generation += 1
-        return f"{self.key_prefix or f'wf-{self.workflow_id}'}-{self.generation}"
+        return ObjectKey(f"{self.key_prefix or f'wf-{self.workflow_id}'}-{self.generation}")
 
     def again(self, attempts: dict[str, int] | None = None) -> RunState:
         """The same workflow driven again from its input: every step waiting, no object,

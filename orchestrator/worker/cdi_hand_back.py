@@ -9,6 +9,7 @@ import logging
 import time
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.worker.execution import EXIT_MINION_LOST, Execution
@@ -18,17 +19,18 @@ __all__ = ["keep_or_hand_back"]
 log = logging.getLogger(__name__)
 
 
-def keep_or_hand_back(ins: Instruction, held: cdi.CDIObject | None, exe: Execution) -> None:
+def keep_or_hand_back(ins: Instruction, obj: cdi.CDIObject | None, exe: Execution) -> None:
     """Keep the current object or hand it to ``return_to``; record which in ``exe``."""
     exe.kept = False
     if exe.stored:
-        exe.key = ""  # the result is in S3 and the object destroyed: nothing to hand back
+        # The result is in S3 and the object destroyed: nothing to hand back.
+        exe.key = ObjectKey("")
         return
-    if held is None:
+    if obj is None:
         # A fetch that failed made no object: the retry fetches again.
-        exe.key = "" if ins.input_uri else ins.key
+        exe.key = ObjectKey("") if ins.input_uri else ins.key
         return
-    exe.key = held.key
+    exe.key = obj.key
     # A worker about to exit gives everything back: what it kept would die with it. A
     # failed task gives it back too, so the scheduler can retry elsewhere or clean up.
     if ins.keep and not exe.exit_code and exe.status == TaskRunStatus.COMPLETED:
@@ -36,27 +38,27 @@ def keep_or_hand_back(ins: Instruction, held: cdi.CDIObject | None, exe: Executi
         return
     if not ins.return_to:
         exe.kept = True
-        exe.note(f"the instruction names no return_to, so this worker keeps {held.key!r}")
+        exe.note(f"the instruction names no return_to, so this worker keeps {obj.key!r}")
         return
     started = time.perf_counter_ns()
     try:
         try:
-            held.transfer(ins.return_to)
+            obj.transfer(ins.return_to)
         except cdi.BufferInUse:
             if not exe.exit_code:
                 raise
             # A task thread that would not stop still reads the input, and this worker
             # is about to exit: leave it the mapping and hand the object back now.
-            held.transfer(ins.return_to, detach=True)
+            obj.transfer(ins.return_to, detach=True)
         exe.return_us = (time.perf_counter_ns() - started) / 1000
     except cdi.NotOwner:
-        log.warning("%r is not ours to hand back to %s", held.key, ins.return_to)
+        log.warning("%r is not ours to hand back to %s", obj.key, ins.return_to)
     except cdi.ObjectNotFound:
-        log.warning("%r vanished before it could be handed back", held.key)
+        log.warning("%r vanished before it could be handed back", obj.key)
     except cdi.MinionUnavailable as exc:
         exe.fail(exc)  # the object died with the minion: the task must run again
         exe.exit_code = EXIT_MINION_LOST
     except cdi.CDIError as exc:
         # E.g. return_to is not registered (a scheduler restarting): it stays with us.
         exe.kept = True
-        exe.note(f"could not hand {held.key!r} back to {ins.return_to!r}: {exc}")
+        exe.note(f"could not hand {obj.key!r} back to {ins.return_to!r}: {exc}")

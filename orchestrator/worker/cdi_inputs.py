@@ -15,6 +15,7 @@ from collections.abc import Callable
 from PIL import Image
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction
 from orchestrator.errors import HeldImageLost, ObjectGone, WorkerError
 from orchestrator.objectstore import ObjectStore
@@ -67,7 +68,9 @@ class ImageInput:
         exe.read_ms = elapsed_ms(started)
         return obj
 
-    def _fetch(self, uri: str, key: str, recovery: str | None) -> tuple[cdi.CDIObject, Fetched]:
+    def _fetch(
+        self, uri: str, key: ObjectKey, recovery: str | None
+    ) -> tuple[cdi.CDIObject, Fetched]:
         store = self.store()
         if self.cache is not None:
             return self.cache.fetch(self.client, store, uri, key, recovery=recovery,
@@ -78,7 +81,7 @@ class ImageInput:
                                  max_pixels=self.max_pixels)  # fmt: skip
         return obj, Fetched(False, len(data), len(data))
 
-    def use(self, key: str) -> cdi.CDIObject:
+    def use(self, key: ObjectKey) -> cdi.CDIObject:
         # No round trip to check the key: access() is the next call and reports a missing one.
         return self.client.use(key, check=False)
 
@@ -108,7 +111,7 @@ class ImageInput:
         exe.read_ms += elapsed_ms(started)  # after the fetch's, for a first task
         return img
 
-    def find(self, key: str) -> cdi.CDIObject | None:
+    def find(self, key: ObjectKey) -> cdi.CDIObject | None:
         """The input after an early failure, to keep or hand back; None if there is none."""
         try:
             return self.client.use(key)
@@ -119,7 +122,7 @@ class ImageInput:
 
 def held_input(ins: Instruction, entry: Held | None, worker_id: str | None) -> Image.Image:
     """The image held from task run ``ins.held``; ``HeldImageLost`` if this worker has none."""
-    if entry is None or entry.token != ins.held or entry.base != ins.key:
+    if entry is None or entry.token != ins.held or entry.key != ins.key:
         raise HeldImageLost(
             f"worker {worker_id} holds no image from task run {ins.held} of workflow "
             f"{ins.workflow_id} (it restarted, or had to give it up); the scheduler recomputes "

@@ -169,11 +169,11 @@ class ImageOutput:
         exe.write_ms = elapsed_ms(started)
         return out
 
-    def _destroy_input(self, held: cdi.CDIObject) -> None:
+    def _destroy_input(self, obj: cdi.CDIObject) -> None:
         try:
-            held.destroy()
+            obj.destroy()
         except cdi.MinionUnavailable:
             raise
         except cdi.CDIError as exc:
             # The output is complete, so the task succeeded; the input merely leaks to us.
-            log.error("could not destroy input %r after writing its output: %s", held.key, exc)
+            log.error("could not destroy input %r after writing its output: %s", obj.key, exc)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract.messages import MAX_TRACEBACK, Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.errors import (
@@ -93,7 +94,7 @@ class Execution:
     error: str = ""
     traceback: str = ""  # where the task's code failed (``workflows.tracebacks``)
     retryable: bool = True
-    key: str = ""
+    key: ObjectKey = ObjectKey("")
     kept: bool = False
     held: bool = False
     held_lost: bool = False
@@ -109,8 +110,8 @@ class Execution:
     return_us: float = 0.0
     objects: dict[str, Any] = field(default_factory=dict)  # named outputs written
     results: dict[str, Any] = field(default_factory=dict)  # named outputs stored in S3
-    released: list[str] = field(default_factory=list)  # shares given up
-    returned: list[str] = field(default_factory=list)  # owned inputs handed back
+    released: list[ObjectKey] = field(default_factory=list)  # shares given up
+    returned: list[ObjectKey] = field(default_factory=list)  # owned inputs handed back
     exit_code: int = 0  # non-zero: the worker must exit after reporting
     # The rest of the instruction, for the worker to run once the slot has moved on; it
     # completes this record before the report is made.

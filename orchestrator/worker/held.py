@@ -23,6 +23,8 @@ from typing import Final
 
 from PIL import Image
 
+from cdi import ObjectKey
+
 __all__ = ["DEFAULT_HOLD_BYTES", "Held", "HeldImages"]
 
 DEFAULT_HOLD_BYTES: Final = 512 * 2**20
@@ -33,9 +35,9 @@ STALE_AFTER_S: Final = 300.0
 
 @dataclass(frozen=True)
 class Held:
-    """One workflow's image, newer than the CDI object ``base`` it was computed from."""
+    """One workflow's image, newer than the CDI object ``key`` it was computed from."""
 
-    base: str  # key of the CDI object this worker keeps for the workflow
+    key: ObjectKey  # the CDI object this worker keeps for the workflow
     token: str  # the task run that produced the image (what the next instruction names)
     image: Image.Image
     nbytes: int
@@ -50,15 +52,15 @@ class HeldImages:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._held: dict[str, Held] = {}
+        self._held: dict[ObjectKey, Held] = {}
         self._in_use: list[Held] = []  # taken by a running instruction, not yet released
         self._bytes = 0  # of both: the memory the images take
 
-    def take(self, base: str) -> Held | None:
-        """Remove and return the image held over object ``base``, if any; it counts against
+    def take(self, key: ObjectKey) -> Held | None:
+        """Remove and return the image held over object ``key``, if any; it counts against
         the budget until ``release``."""
         with self._lock:
-            held = self._held.pop(base, None)
+            held = self._held.pop(key, None)
             if held is not None:
                 self._in_use.append(held)
             return held
@@ -69,18 +71,18 @@ class HeldImages:
             self._in_use.remove(held)
             self._bytes -= held.nbytes
 
-    def put(self, base: str, held: Held) -> bool:
-        """Hold ``held`` over object ``base``; False (nothing held) when it does not fit, or
+    def put(self, key: ObjectKey, held: Held) -> bool:
+        """Hold ``held`` over object ``key``; False (nothing held) when it does not fit, or
         when that object has a held image already (the same instruction run twice, e.g.
         re-sent after Redis lost its data): the caller then writes the image instead."""
         with self._lock:
-            if base in self._held:
+            if key in self._held:
                 return False
             if self._bytes + held.nbytes > self.max_bytes:
                 self._drop_stale()
             if self._bytes + held.nbytes > self.max_bytes:
                 return False
-            self._held[base] = held
+            self._held[key] = held
             self._bytes += held.nbytes
             return True
 
@@ -98,5 +100,5 @@ class HeldImages:
 
     def _drop_stale(self) -> None:
         cutoff = time.monotonic() - STALE_AFTER_S
-        for base in [b for b, h in self._held.items() if h.since < cutoff]:
-            self._bytes -= self._held.pop(base).nbytes
+        for key in [k for k, h in self._held.items() if h.since < cutoff]:
+            self._bytes -= self._held.pop(key).nbytes

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from cdi import ObjectKey
+
 __all__ = ["CacheIndex", "CacheKey", "Entry", "Verdict"]
 
 
@@ -63,7 +65,7 @@ class Entry:
 
     digest: str
     family: str
-    object_key: str
+    key: ObjectKey
     size: int  # the object's bytes, counted against the budget
     source_bytes: int
 
@@ -74,15 +76,15 @@ class Verdict(Enum):
 
 
 class CacheIndex:
-    """The LRU index. ``destroy(object_key)`` frees an evicted object and says whether it
+    """The LRU index. ``destroy(key)`` frees an evicted object and says whether it
     could (False: a reader still holds a share; tried again at the next ``reap``)."""
 
-    def __init__(self, budget: int, destroy: Callable[[str], bool]) -> None:
+    def __init__(self, budget: int, destroy: Callable[[ObjectKey], bool]) -> None:
         self.budget = budget
         self._destroy = destroy
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._pending: dict[str, object] = {}  # digest -> the caller fetching it
-        self._doomed: dict[str, int] = {}  # evicted objects still shared -> their bytes
+        self._doomed: dict[ObjectKey, int] = {}  # evicted objects still shared -> their bytes
         self._too_big: set[str] = set()  # digests larger than the budget: never waited for
         self._used = 0
         self._cond = threading.Condition()
@@ -172,9 +174,9 @@ class CacheIndex:
     def reap(self) -> None:
         """Free the evicted objects their readers have let go of."""
         with self._cond:
-            for object_key, size in list(self._doomed.items()):
-                if self._destroy(object_key):
-                    del self._doomed[object_key]
+            for key, size in list(self._doomed.items()):
+                if self._destroy(key):
+                    del self._doomed[key]
                     self._used -= size
 
     def clear(self) -> None:
@@ -191,7 +193,7 @@ class CacheIndex:
 
     def _evict(self, digest: str) -> None:
         entry = self._entries.pop(digest)
-        if self._destroy(entry.object_key):
+        if self._destroy(entry.key):
             self._used -= entry.size
         else:
-            self._doomed[entry.object_key] = entry.size
+            self._doomed[entry.key] = entry.size

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import cdi
+from cdi import ObjectKey
 from cdi.url import resolve_socket_path
 from orchestrator.errors import InputTooLarge
 from orchestrator.objectstore import ObjectStore, Stored
@@ -150,9 +151,9 @@ class _Holder:
             self.index.clear()
         self.client.close()  # what is still shared dies with our container once released
 
-    def _destroy(self, object_key: str) -> bool:
+    def _destroy(self, key: ObjectKey) -> bool:
         try:
-            self.client.use(object_key, check=False).destroy()
+            self.client.use(key, check=False).destroy()
         except cdi.ObjectShared:
             return False
         except (cdi.ObjectNotFound, cdi.NotOwner):
@@ -189,11 +190,11 @@ class _Holder:
             conn.close()
 
     def _answer(self, req: dict[str, Any], caller: object, pending: set[str]) -> dict[str, Any]:
-        key = CacheKey(**req["key"])
-        digest = key.digest
+        ckey = CacheKey(**req["key"])
+        digest = ckey.digest
         op = req["op"]
         if op == "get":
-            got = self.index.acquire(key, caller, WAIT_S)
+            got = self.index.acquire(ckey, caller, WAIT_S)
             if got is Verdict.FILL:
                 pending.add(digest)
                 return {"status": "fill", "holder": self.container_id,
@@ -207,31 +208,31 @@ class _Holder:
             if entry is None:
                 return {"ok": False}  # evicted since
             try:
-                self.client.use(entry.object_key, check=False).share([str(req["reader"])])
+                self.client.use(entry.key, check=False).share([str(req["reader"])])
             except cdi.CDIError as exc:
-                log.warning("cached input %s cannot be shared: %s", key.uri, exc)
+                log.warning("cached input %s cannot be shared: %s", ckey.uri, exc)
                 if isinstance(exc, (cdi.ObjectNotFound, cdi.NotOwner)):
                     self.index.drop(digest)
                 return {"ok": False}
-            return {"ok": True, "object": entry.object_key, "source_bytes": entry.source_bytes}
+            return {"ok": True, "object": entry.key, "source_bytes": entry.source_bytes}
         pending.discard(digest)
         if op == "abandon":
             self.index.abandon(digest, caller, too_big=bool(req.get("too_big")))
             return {"ok": True}
         if op != "put":
             raise ValueError(f"unknown input cache operation {op!r}")
-        object_key = str(req["object"])
-        if not object_key.startswith(_KEY_PREFIX):
-            raise ValueError(f"{object_key!r} is not an input cache object")
+        key = ObjectKey(str(req["object"]))
+        if not key.startswith(_KEY_PREFIX):
+            raise ValueError(f"{key!r} is not an input cache object")
         try:
-            handle = self.client.use(object_key)
+            handle = self.client.use(key)
             handle.set_recovery(self.container_id)  # it dies with the holder, not elsewhere
-            entry = Entry(digest, key.family, object_key, handle.size, int(req["source_bytes"]))
+            entry = Entry(digest, ckey.family, key, handle.size, int(req["source_bytes"]))
         except cdi.CDIError as exc:
-            log.warning("input cache: %s offered an object we cannot take: %s", key.uri, exc)
+            log.warning("input cache: %s offered an object we cannot take: %s", ckey.uri, exc)
             self.index.abandon(digest, caller)
             return {"ok": False}
-        if self.index.put(key, caller, entry):
+        if self.index.put(ckey, caller, entry):
             return {"ok": True}
         with contextlib.suppress(cdi.CDIError):
             handle.destroy()
@@ -308,7 +309,7 @@ class HostInputCache:
         client: cdi.Client,
         store: ObjectStore,
         uri: str,
-        key: str,
+        key: ObjectKey,
         *,
         recovery: str | None,
         max_input_bytes: int,
@@ -350,7 +351,7 @@ class HostInputCache:
         client: cdi.Client,
         store: ObjectStore,
         uri: str,
-        key: str,
+        key: ObjectKey,
         recovery: str | None,
         max_input_bytes: int,
         max_pixels: int,
@@ -364,7 +365,7 @@ class HostInputCache:
         channel: _Channel,
         client: cdi.Client,
         ckey: CacheKey,
-        key: str,
+        key: ObjectKey,
         recovery: str | None,
     ) -> tuple[cdi.CDIObject, Fetched] | None:
         """A new object ``key`` with the bytes of the cached input of ``ckey``, shared with us
@@ -409,7 +410,7 @@ class HostInputCache:
         store: ObjectStore,
         ckey: CacheKey,
         stored: Stored,
-        key: str,
+        key: ObjectKey,
         recovery: str | None,
     ) -> tuple[cdi.CDIObject, Fetched]:
         """Fetch and decode as without the cache, then offer the holder a copy."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 
 import cdi
+from cdi import ObjectKey
 from workflows import imagebuf
 from workflows.errors import InvalidImage
 
@@ -29,7 +30,7 @@ def decode_into_object(
     client: cdi.Client,
     data: bytes,
     uri: str,
-    key: str,
+    key: ObjectKey,
     *,
     recovery: str | None,
     max_pixels: int,

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction
 from orchestrator.errors import InvalidInstruction, ObjectGone, WorkerError
 from orchestrator.objectstore import ObjectStore
@@ -50,9 +51,9 @@ class SharedReads:
     def __init__(self, client: cdi.Client) -> None:
         self.client = client
         self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
+        self._counts: dict[ObjectKey, int] = {}
 
-    def open(self, key: str, timeout: float) -> memoryview:
+    def open(self, key: ObjectKey, timeout: float) -> memoryview:
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
         try:
@@ -63,7 +64,7 @@ class SharedReads:
             self.close(key)
             raise
 
-    def close(self, key: str) -> bool:
+    def close(self, key: ObjectKey) -> bool:
         """One slot is done with ``key``; whether the worker gave up its share."""
         with self._lock:
             left = self._counts.get(key, 0) - 1
@@ -84,9 +85,9 @@ class Opened:
     """A task's named inputs, open."""
 
     values: dict[str, Any] = field(default_factory=dict)
-    owned: dict[str, cdi.CDIObject] = field(default_factory=dict)
-    shared: list[str] = field(default_factory=list)
-    views: dict[str, memoryview] = field(default_factory=dict)  # by key: one per object
+    owned: dict[ObjectKey, cdi.CDIObject] = field(default_factory=dict)
+    shared: list[ObjectKey] = field(default_factory=list)
+    views: dict[ObjectKey, memoryview] = field(default_factory=dict)  # one per object
     nbytes: int = 0
 
 
@@ -129,6 +130,7 @@ class NamedData:
                 f"instruction {ins.task_run_id}: input {name!r} needs a key, a kind (one of "
                 f"{', '.join(Kind)}) and a mode (own or read), got {given!r}"
             )
+        key = ObjectKey(key)
         view = opened.views.get(key)
         if view is None:
             view = self._map(key, mode, opened)
@@ -139,7 +141,7 @@ class NamedData:
         except InvalidData as exc:
             raise InvalidData(f"input {name!r} (object {key!r}): {exc}") from exc
 
-    def _map(self, key: str, mode: str, opened: Opened) -> memoryview:
+    def _map(self, key: ObjectKey, mode: str, opened: Opened) -> memoryview:
         try:
             if mode == "read":
                 view = self.shares.open(key, self.access_timeout_s)
@@ -198,7 +200,10 @@ class NamedData:
                 if not key:
                     continue  # no step reads it
                 if isinstance(value, list):
-                    items = [self._write(f"{key}.{i}", v, ins, made) for i, v in enumerate(value)]
+                    items = [
+                        self._write(ObjectKey(f"{key}.{i}"), v, ins, made)
+                        for i, v in enumerate(value)
+                    ]
                     exe.objects[name] = {"items": items}
                 else:
                     exe.objects[name] = self._write(key, value, ins, made)
@@ -211,7 +216,9 @@ class NamedData:
         exe.write_ms += elapsed_ms(started)
         return made
 
-    def _write(self, key: str, value: Any, ins: Instruction, made: list[cdi.CDIObject]) -> Any:
+    def _write(
+        self, key: ObjectKey, value: Any, ins: Instruction, made: list[cdi.CDIObject]
+    ) -> Any:
         kind = kind_of(value)
         size = size_of(value, kind)
         try:
@@ -263,7 +270,7 @@ class NamedData:
         return uri
 
 
-def _release_view(view: memoryview, key: str) -> None:
+def _release_view(view: memoryview, key: ObjectKey) -> None:
     try:
         view.release()
     except BufferError:

@@ -32,6 +32,7 @@ from typing import Final, NoReturn
 
 import redis
 
+from cdi import ObjectKey
 from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Report, Stop
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
@@ -325,7 +326,7 @@ class Worker:
             self.request_stop(exit_code)
 
     def _execute(self, ins: Instruction) -> Execution:
-        exe = Execution(key=ins.key if isinstance(ins.key, str) else "")
+        exe = Execution(key=ins.key if isinstance(ins.key, str) else ObjectKey(""))
         with self._counted():
             # The JSON may hold anything there: only a string can name a plane.
             plane = self._planes.get(ins.data_plane) if isinstance(ins.data_plane, str) else None

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 import cdi
+from cdi import ObjectKey
 from cdi.auth import ClusterCredentials
 from cdi.cluster import LocalCluster
 from cdi.controller.client import ControllerClient
@@ -37,7 +38,7 @@ def _run(workflow_id: uuid.UUID, held: str, owner: str) -> RunState:
     specs = {r: StepSpec(r, n.task, f"m:{n.task}", 30.0, 2, 0.1)
              for r, n in graph.nodes.items() if n.task}  # fmt: skip
     run = RunState(workflow_id, Policy.TRANSFER, DataPlane.CDI, graph, specs, "s3://b/in.jpg")
-    run.objects[held] = Obj(held, Kind.IMAGE, 64, owner)
+    run.objects[ObjectKey(held)] = Obj(ObjectKey(held), Kind.IMAGE, 64, owner)
     return run
 
 

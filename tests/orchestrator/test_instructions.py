@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 from typing import Any, cast
 
+from cdi import ObjectKey
 from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler import progress
@@ -37,10 +38,12 @@ def _chain(tmp_path: Path) -> tuple[RunState, ObjectStore]:
 
 def _last(run: RunState, objects: ObjectStore, *, held: str) -> dict[str, object]:
     progress.settle(run)
-    obj = run.objects["k1"] = Obj("k1", Kind.IMAGE, 100, "worker-1")
+    obj = run.objects[ObjectKey("k1")] = Obj(ObjectKey("k1"), Kind.IMAGE, 100, "worker-1")
     obj.held = held  # a's image, newer than k1, in worker-1's memory (or written into k1)
-    [b] = progress.done(run, run.steps["a"], {"image": Datum(key="k1", kind=Kind.IMAGE)}, {}).ready
-    b.modes = {"k1": Mode.OWN}
+    [b] = progress.done(
+        run, run.steps["a"], {"image": Datum(key=ObjectKey("k1"), kind=Kind.IMAGE)}, {}
+    ).ready
+    b.modes = {ObjectKey("k1"): Mode.OWN}
     nothing = cast(Any, None)  # an instruction reads the scheduler's id and the object store
     ctx = SchedulerContext("scheduler-1", nothing, nothing, nothing, objects)
     ins = CdiPlane().instruction(ctx, run, b, 7, 0.0, keep=False)

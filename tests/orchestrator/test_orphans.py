@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.scheduler.object_directory import ObjectDirectory
 from orchestrator.scheduler.orphans import OrphanObjects
@@ -80,7 +81,8 @@ def _sweeper(link: _Link, ended: uuid.UUID) -> tuple[OrphanObjects, _Endings]:
     endings = _Endings()
     directory = ObjectDirectory(link, _Controller(link))  # type: ignore[arg-type]
     sweeper = OrphanObjects(_Ctx(link, _Db({ended})), endings, directory)  # type: ignore[arg-type]
-    sweeper._suspects = {"seen"}  # the sweep runs once a run used objects, or with suspects
+    # The sweep runs once a run used objects, or with suspects.
+    sweeper._suspects = {ObjectKey("seen")}
     return sweeper, endings
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from cdi import ObjectKey
 from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.scheduler import progress
 from orchestrator.scheduler.claims import with_input_fetch
@@ -23,8 +24,8 @@ def _run(*steps: dict[str, Any], image: str = "s3://b/in.jpg") -> RunState:
 
 
 def _image(run: RunState, key: str, owner: str = "sched") -> dict[str, Datum]:
-    run.objects[key] = Obj(key, Kind.IMAGE, 100, owner)
-    return {"image": Datum(key=key, kind=Kind.IMAGE)}
+    run.objects[ObjectKey(key)] = Obj(ObjectKey(key), Kind.IMAGE, 100, owner)
+    return {"image": Datum(key=ObjectKey(key), kind=Kind.IMAGE)}
 
 
 def test_a_diamond_starts_both_branches_and_joins_both_inputs() -> None:
@@ -38,17 +39,21 @@ def test_a_diamond_starts_both_branches_and_joins_both_inputs() -> None:
     assert run.steps["a"].reads["image"].uri == "s3://b/in.jpg"  # its worker fetches the input
     moves = progress.done(run, run.steps["a"], _image(run, "k1"), {})
     assert [s.id for s in moves.ready] == ["b1", "b2"]
-    assert run.objects["k1"].pending == 2  # two reads to come: both get a share
-    assert run.objects["k1"].mode_for() is Mode.READ
+    assert run.objects[ObjectKey("k1")].pending == 2  # two reads to come: both get a share
+    assert run.objects[ObjectKey("k1")].mode_for() is Mode.READ
     moves = progress.done(run, run.steps["b1"], _image(run, "k2"), {})
     assert moves.ready == []  # c waits for b2 too
     moves = progress.done(run, run.steps["b2"], {}, {"label": "blue"})
-    progress.read_done(run, "k1", "w1", moves)
-    progress.read_done(run, "k1", "w2", moves)
+    progress.read_done(run, ObjectKey("k1"), "w1", moves)
+    progress.read_done(run, ObjectKey("k1"), "w2", moves)
     [c] = moves.ready
-    assert c.reads == {"left": Datum(key="k2", kind=Kind.IMAGE), "label": Datum(value="blue")}
+    assert c.reads == {
+        "left": Datum(key=ObjectKey("k2"), kind=Kind.IMAGE),
+        "label": Datum(value="blue"),
+    }
     assert [o.key for o in moves.freed] == ["k1"]  # nothing reads a's image any more
-    assert run.objects["k2"].mode_for() is Mode.OWN  # the last read takes the object itself
+    # The last read takes the object itself.
+    assert run.objects[ObjectKey("k2")].mode_for() is Mode.OWN
 
 
 def test_a_switch_runs_one_case_and_skips_the_other_and_what_only_follows_it() -> None:
@@ -86,8 +91,8 @@ def test_a_fan_out_runs_once_per_element_and_the_join_gets_them_in_order() -> No
     progress.settle(run)
     tiles = []
     for i in range(3):
-        run.objects[f"t{i}"] = Obj(f"t{i}", Kind.IMAGE, 10, "sched")
-        tiles.append(Datum(key=f"t{i}", kind=Kind.IMAGE))
+        run.objects[ObjectKey(f"t{i}")] = Obj(ObjectKey(f"t{i}"), Kind.IMAGE, 10, "sched")
+        tiles.append(Datum(key=ObjectKey(f"t{i}"), kind=Kind.IMAGE))
     made = {"tiles": Datum(items=tuple(tiles))}
     moves = progress.done(run, run.steps["split"], made, {"k": 3})
     assert [s.id for s in moves.ready] == ["blur[0]", "blur[1]", "blur[2]"]
@@ -128,7 +133,7 @@ def test_the_input_image_read_by_two_steps_is_fetched_once_by_a_step_of_its_own(
     assert [s.id for s in progress.settle(run).ready] == ["input"]
     moves = progress.done(run, run.steps["input"], _image(run, "k0"), {})
     assert [s.id for s in moves.ready] == ["left", "right"]
-    assert run.objects["k0"].pending == 2
+    assert run.objects[ObjectKey("k0")].pending == 2
 
 
 def test_a_chain_without_an_image_reads_none() -> None:
@@ -150,7 +155,7 @@ def test_a_lost_held_image_rewinds_the_steps_that_made_it() -> None:
     progress.settle(run)
     progress.done(run, run.steps["a"], _image(run, "k1", owner="w"), {})  # a's image written
     run.attempts.update(a=1, b=1, c=1)
-    base = run.objects["k1"]
+    base = run.objects[ObjectKey("k1")]
     base.held, base.held_chain, base.held_base = "7", ("b", "c"), ("a", "image")
     for ref in ("b", "c"):  # they held their images over k1
         run.steps[ref].phase = Phase.DONE
@@ -162,4 +167,4 @@ def test_a_lost_held_image_rewinds_the_steps_that_made_it() -> None:
     assert (reader.phase, reader.attempt, reader.lost) == (Phase.WAITING, 2, 1)
     assert (base.held, base.pending) == ("", 1)
     [b] = progress.settle(run).ready
-    assert b.id == "b" and b.reads == {"image": Datum(key="k1", kind=Kind.IMAGE)}
+    assert b.id == "b" and b.reads == {"image": Datum(key=ObjectKey("k1"), kind=Kind.IMAGE)}

@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 import cdi
+from cdi import ObjectKey
 from cdi.minion.process import MinionChild
 from orchestrator.scheduler import endings as endings_module
 from orchestrator.scheduler.context import SchedulerContext
@@ -70,7 +71,8 @@ def test_an_object_not_back_yet_costs_no_wait_and_goes_once_it_is_back(minion_so
     try:
         with cdi.connect(minion_socket, "worker-keeps") as worker:
             worker.create("wf-held-1", 64, recovery=SCHEDULER).release()
-            endings.destroy("wf-held-1")  # still the worker's: the loop must not wait for it
+            # Still the worker's: the loop must not wait for it.
+            endings.destroy(ObjectKey("wf-held-1"))
             assert seen.timeouts == [0]
             assert [o["key"] for o in link.list_objects()] == ["wf-held-1"]
             worker.use("wf-held-1").transfer(SCHEDULER)  # handed back
@@ -91,12 +93,12 @@ def test_one_that_never_comes_back_is_let_go_for_the_orphan_sweep(
         with cdi.connect(minion_socket, "worker-keeps") as worker:
             worker.create("wf-held-2", 64).release()
             monkeypatch.setattr(endings_module, "DESTROY_WAIT_S", 0.0)
-            endings.destroy("wf-held-2")
+            endings.destroy(ObjectKey("wf-held-2"))
             endings.retry_destroys()
             assert endings.to_destroy == {}  # no longer looked for at every tick
             assert [o["key"] for o in link.list_objects()] == ["wf-held-2"]
             worker.use("wf-held-2").destroy()
-        endings.destroy("wf-never-made")  # one host, no such object: nothing to look for
+        endings.destroy(ObjectKey("wf-never-made"))  # one host, no such object: nothing to look for
         assert endings.to_destroy == {}
     finally:
         link.close()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import DataPlane
 from orchestrator.scheduler.data import Mode
@@ -62,7 +63,7 @@ def _regain(link: _Link) -> bool:
     ctx = SimpleNamespace(cdi=link, id="scheduler-1")
     instruction = Instruction(
         task_run_id=7, workflow_id="w", ref="b", task="m:t", attempt=1, timeout_s=30,
-        reply_to="r", data_plane=DataPlane.CDI, key="k1",
+        reply_to="r", data_plane=DataPlane.CDI, key=ObjectKey("k1"),
     )  # fmt: skip
     run = SimpleNamespace(data_plane=DataPlane.CDI, objects={})
     step = SimpleNamespace(modes={"k1": Mode.OWN})

@@ -55,8 +55,8 @@ def combinator_id(config: RunConfig) -> str:
     return f"{config.run_id}-combinator"
 
 
-def object_key(config: RunConfig, index: int) -> str:
-    return f"{config.run_id}-frame-{index}"
+def object_key(config: RunConfig, index: int) -> cdi.ObjectKey:
+    return cdi.ObjectKey(f"{config.run_id}-frame-{index}")
 
 
 def _detector_cache_bytes(config: RunConfig) -> int | None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Datum
@@ -29,7 +30,7 @@ class Received:
     # steps that made it run again (``progress.rewind``), and the report ends nothing.
     lost: bool = False
     # Objects the step read through shares: their reads end once its outputs are known.
-    shared: list[str] = field(default_factory=list)
+    shared: list[ObjectKey] = field(default_factory=list)
     made: dict[str, Datum] | None = None  # what it made (None: it did not complete)
     results: dict[str, str] = field(default_factory=dict)  # output -> S3 URI it is stored at
 
@@ -78,7 +79,7 @@ class Plane(abc.ABC):
         run: RunState,
         step: StepRun,
         flight: InFlight,
-        drop: Callable[[str], None],
+        drop: Callable[[ObjectKey], None],
     ) -> bool:
         """``flight``'s worker is presumed lost: take back what it was given, waiting briefly
         for it; False while the worker still holds some of it (it is alive after all).

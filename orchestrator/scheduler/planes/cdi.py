@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Final
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.scheduler.context import SchedulerContext
@@ -94,12 +95,12 @@ class CdiPlane(Plane):
                 # The image it reads is only in its worker's memory: if the attempt fails (S3
                 # did not take the result), the worker writes it here for the retry instead of
                 # losing it, which would run the steps that made it again.
-                fields["output_key"] = f"{run.next_object_key()}.{IMAGE}"
+                fields["output_key"] = ObjectKey(f"{run.next_object_key()}.{IMAGE}")
         else:
             base = run.next_object_key()
             fields |= dict(
-                output_key=f"{base}.{IMAGE}" if IMAGE in read else "",
-                outputs={name: f"{base}.{name}" for name in sorted(read - {IMAGE})},
+                output_key=ObjectKey(f"{base}.{IMAGE}" if IMAGE in read else ""),
+                outputs={name: ObjectKey(f"{base}.{name}") for name in sorted(read - {IMAGE})},
                 discard_image=IMAGE not in read,
                 keep=keep,
                 # Only a step that may run again holds: a lost held image is recomputed.
@@ -124,7 +125,7 @@ class CdiPlane(Plane):
         run: RunState,
         step: StepRun,
         flight: InFlight,
-        drop: Callable[[str], None],
+        drop: Callable[[ObjectKey], None],
     ) -> bool:
         """Wait briefly for the step's objects to come back by the minion's recovery rule;
         False while the worker still holds one (one on another host is not waited for:
@@ -132,7 +133,7 @@ class CdiPlane(Plane):
         half-written: it is dropped like a half-written output, and the retry fetches the
         input again. Its shares end with it."""
         lost = flight.instruction
-        fetched = lost.key if lost.input_uri else ""
+        fetched = lost.key if lost.input_uri else ObjectKey("")
         owned = [k for k, m in step.modes.items() if m is Mode.OWN]
         here = {str(o.get("key", "")) for o in ctx.cdi.list_objects()}
         for key in [fetched] if fetched else owned:
@@ -163,7 +164,7 @@ class CdiPlane(Plane):
         return True
 
 
-def _held_elsewhere(ctx: SchedulerContext, key: str) -> bool:
+def _held_elsewhere(ctx: SchedulerContext, key: ObjectKey) -> bool:
     """Whether the directory places ``key`` on another host. *Why ask it, not wait for the
     object:* waiting for one held on a host that is cut off took the loop seconds per step and
     tick, during which no workflow moved; the recovery rule brings it here if its holder dies,
@@ -175,7 +176,7 @@ def _held_elsewhere(ctx: SchedulerContext, key: str) -> bool:
     return host is not None and host != ctx.cdi.host
 
 
-def _image_lane(datum: Datum | None, modes: Mapping[str, Mode]) -> Datum | None:
+def _image_lane(datum: Datum | None, modes: Mapping[ObjectKey, Mode]) -> Datum | None:
     """The step's image when it goes in the classic fields: the run's input image (fetched
     by this step), or one object handed to its worker."""
     if datum is None:
@@ -197,7 +198,7 @@ def _holds(run: RunState, step: StepRun) -> bool:
     return reader.for_each is None and len(reader.inputs.get(IMAGE, ())) == 1
 
 
-def _described(datum: Datum, modes: Mapping[str, Mode]) -> dict[str, Any]:
+def _described(datum: Datum, modes: Mapping[ObjectKey, Mode]) -> dict[str, Any]:
     if datum.items is not None:
         return {"items": [_described(item, modes) for item in datum.items]}
     if datum.is_object:

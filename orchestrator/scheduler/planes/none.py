@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
+from cdi import ObjectKey
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.planes.cdi import CdiPlane
 from orchestrator.scheduler.runs import InFlight, RunState, StepRun
@@ -25,6 +26,6 @@ class NonePlane(CdiPlane):
         run: RunState,
         step: StepRun,
         flight: InFlight,
-        drop: Callable[[str], None],
+        drop: Callable[[ObjectKey], None],
     ) -> bool:
         return True  # no image object to wait for

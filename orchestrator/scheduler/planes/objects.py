@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 import cdi
+from cdi import ObjectKey
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.scheduler import progress
@@ -134,7 +135,7 @@ def _registered(
         return Datum(items=tuple(
             _registered(run, step, f"{name}.{i}", d, owner, worker) for i, d in enumerate(items)
         ))  # fmt: skip
-    key, kind = str(described["key"]), Kind(described["kind"])
+    key, kind = ObjectKey(str(described["key"])), Kind(described["kind"])
     run.objects[key] = Obj(key, kind, int(described.get("nbytes", 0)), owner,
                            datum=f"{step.id}.{name}", made_by=worker)  # fmt: skip
     return Datum(key=key, kind=kind)

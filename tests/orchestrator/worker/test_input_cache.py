@@ -17,6 +17,7 @@ from PIL import Image
 from pydantic import SecretStr
 
 import cdi
+from cdi import ObjectKey
 from cdi.minion.process import MinionChild
 from orchestrator.errors import InputMissing
 from orchestrator.objectstore import ObjectStore, Stored
@@ -41,7 +42,7 @@ def key(uri: str = URI, etag: str | None = '"1"', **changes: Any) -> CacheKey:
 
 
 def entry(k: CacheKey, size: int, name: str | None = None) -> Entry:
-    return Entry(k.digest, k.family, name or f"obj-{k.digest[:8]}", size, size // 10)
+    return Entry(k.digest, k.family, ObjectKey(name or f"obj-{k.digest[:8]}"), size, size // 10)
 
 
 class Objects:
@@ -94,7 +95,7 @@ def test_least_recently_used_entries_go_first_within_the_budget() -> None:
     assert isinstance(index.acquire(a, object(), 0), Entry)  # a is now the most recent
     d = key(uri="s3://x/d")
     assert fill(index, d, 150)  # b and c go, a stays
-    assert objects.destroyed == [entry(b, 0).object_key, entry(c, 0).object_key]
+    assert objects.destroyed == [entry(b, 0).key, entry(c, 0).key]
     assert index.used == 250 and len(index) == 2
     assert isinstance(index.acquire(a, object(), 0), Entry)
     assert index.acquire(b, object(), 0) is Verdict.FILL
@@ -117,7 +118,7 @@ def test_a_new_tag_retires_the_old_entry_at_once() -> None:
     assert fill(index, old, 100)
     new = key(etag='"2"')
     assert index.acquire(new, object(), 0) is Verdict.FILL  # S3 has "2" now
-    assert objects.destroyed == [entry(old, 0).object_key]
+    assert objects.destroyed == [entry(old, 0).key]
     assert index.used == 0 and len(index) == 0
 
 
@@ -126,13 +127,13 @@ def test_an_evicted_entry_still_read_is_freed_when_its_reader_lets_go() -> None:
     index = CacheIndex(100, objects.destroy)
     a = key(uri="s3://x/a")
     assert fill(index, a, 100)
-    objects.shared.add(entry(a, 0).object_key)  # a reader copies it right now
+    objects.shared.add(entry(a, 0).key)  # a reader copies it right now
     b = key(uri="s3://x/b")
     assert not fill(index, b, 100)  # a left the index but its bytes still count
     assert index.acquire(a, object(), 0) is Verdict.FILL and index.used == 100
     objects.shared.clear()
     index.reap()
-    assert index.used == 0 and objects.destroyed == [entry(a, 0).object_key]
+    assert index.used == 0 and objects.destroyed == [entry(a, 0).key]
 
 
 def test_one_caller_fetches_while_the_others_wait_for_its_entry() -> None:
@@ -231,10 +232,22 @@ def test_workers_of_a_host_fetch_an_input_once_and_own_their_copies(minion: Mini
     ):
         try:
             a, fa = holding.fetch(
-                w1, store, URI, "wf-a", recovery="sched", max_input_bytes=1 << 20, max_pixels=10**6
+                w1,
+                store,
+                URI,
+                ObjectKey("wf-a"),
+                recovery="sched",
+                max_input_bytes=1 << 20,
+                max_pixels=10**6,
             )
             b, fb = joining.fetch(
-                w2, store, URI, "wf-b", recovery="sched", max_input_bytes=1 << 20, max_pixels=10**6
+                w2,
+                store,
+                URI,
+                ObjectKey("wf-b"),
+                recovery="sched",
+                max_input_bytes=1 << 20,
+                max_pixels=10**6,
             )
             assert (fa.hit, fb.hit) == (False, True) and s3.gets == 1
             assert fa.s3_bytes == fb.source_bytes == len(s3.objects[URI][0]) and fb.s3_bytes == 0
@@ -258,7 +271,13 @@ def test_workers_of_a_host_fetch_an_input_once_and_own_their_copies(minion: Mini
             # The object changes in S3: fetched again, and the old entry is retired.
             s3.put(URI, jpeg((10, 40, 200)))
             c, fc = joining.fetch(
-                w2, store, URI, "wf-c", recovery="sched", max_input_bytes=1 << 20, max_pixels=10**6
+                w2,
+                store,
+                URI,
+                ObjectKey("wf-c"),
+                recovery="sched",
+                max_input_bytes=1 << 20,
+                max_pixels=10**6,
             )
             assert not fc.hit and s3.gets == 2 and holding.held()[0] == 1
             assert pixels(w2, c) != pixels(w1, a)
@@ -267,7 +286,13 @@ def test_workers_of_a_host_fetch_an_input_once_and_own_their_copies(minion: Mini
             other: Any = FakeS3(identity="http://s3|us-east-1|OTHER")
             other.objects = dict(s3.objects)
             d, fd = joining.fetch(
-                w2, other, URI, "wf-d", recovery="sched", max_input_bytes=1 << 20, max_pixels=10**6
+                w2,
+                other,
+                URI,
+                ObjectKey("wf-d"),
+                recovery="sched",
+                max_input_bytes=1 << 20,
+                max_pixels=10**6,
             )
             assert not fd.hit and other.gets == 1
             # One S3 refuses (the HEAD): the cache never answers for it.
@@ -277,7 +302,7 @@ def test_workers_of_a_host_fetch_an_input_once_and_own_their_copies(minion: Mini
                     w2,
                     other,
                     URI,
-                    "wf-e",
+                    ObjectKey("wf-e"),
                     recovery="sched",
                     max_input_bytes=1 << 20,
                     max_pixels=10**6,
@@ -304,12 +329,24 @@ def test_without_a_holder_a_worker_fetches_plainly_and_holds_the_cache_next(
         try:
             first.close()  # the holder's process ends
             obj, fetched = second.fetch(
-                v2, store, URI, "wf-x", recovery=None, max_input_bytes=1 << 20, max_pixels=10**6
+                v2,
+                store,
+                URI,
+                ObjectKey("wf-x"),
+                recovery=None,
+                max_input_bytes=1 << 20,
+                max_pixels=10**6,
             )
             assert not fetched.hit and second.holding  # it took the address over
             obj.destroy()
             obj, fetched = second.fetch(
-                v2, store, URI, "wf-y", recovery=None, max_input_bytes=1 << 20, max_pixels=10**6
+                v2,
+                store,
+                URI,
+                ObjectKey("wf-y"),
+                recovery=None,
+                max_input_bytes=1 << 20,
+                max_pixels=10**6,
             )
             assert fetched.hit and s3.gets == 1
             obj.destroy()
@@ -346,7 +383,7 @@ def test_threads_of_one_worker_hit_the_same_entry_at_once(minion: MinionChild) -
                 try:
                     for i in range(15):
                         obj, fetched = joining.fetch(
-                            t2, store, URI, f"wf-{n}-{i}", recovery=None,
+                            t2, store, URI, ObjectKey(f"wf-{n}-{i}"), recovery=None,
                             max_input_bytes=1 << 20, max_pixels=10**6,
                         )  # fmt: skip
                         results.append(fetched.hit)
