@@ -35,11 +35,29 @@ class Turn:
     """What a loop turn lets be seen outside the scheduler only once its writes are committed
     (``SchedulerStore.end_turn``): a run's end announced, the reports it read trimmed, the
     objects it freed destroyed. Outside a turn (a test driving one part by hand) an action
-    runs at once, its statements having been committed one by one."""
+    runs at once, its statements having been committed one by one.
+
+    An end someone waits for (``tell``) does not wait for the rest of the turn's reports: the
+    turn commits after the report that ended it (``commit_if_told``, through ``commit``, which
+    the loop sets) and goes on in a new transaction. *Why:* a client waiting for a run's end
+    would otherwise wait for every report of the batch to be handled, and a closed loop of
+    clients starts that much less work."""
 
     open: bool = False
+    commit: Callable[[], None] | None = None  # commit now and go on (the loop's)
+    _told: bool = False
     _committed: list[Callable[[], None]] = field(default_factory=list)
     _ended: list[Callable[[], None]] = field(default_factory=list)
+
+    def tell(self, action: Callable[[], None]) -> None:
+        """``later``, for what a client waits for (an end's announcement)."""
+        self.later(action)
+        self._told = self.open
+
+    def commit_if_told(self) -> None:
+        """Commit now if something the turn wrote is waited for (``tell``)."""
+        if self._told and self.commit is not None:
+            self.commit()
 
     def later(self, action: Callable[[], None], *, even_if_rolled_back: bool = False) -> None:
         """Run ``action`` after the turn's commit; if the turn's writes were lost (rolled
@@ -52,16 +70,16 @@ class Turn:
             self._committed.append(action)
 
     def begin(self) -> None:
-        self.open = True
+        self.open, self._told = True, False
 
     def drop(self) -> None:
         """The turn is abandoned (its process is ending): nothing that waited runs."""
-        self.open = False
+        self.open, self._told = False, False
         self._committed, self._ended = [], []
 
     def end(self, committed: bool, faults: Faults) -> None:
         """The turn is over (``committed``: its writes are in Postgres): run what waited."""
-        self.open = False
+        self.open, self._told = False, False
         actions = (self._committed if committed else []) + self._ended
         self._committed, self._ended = [], []
         for action in actions:

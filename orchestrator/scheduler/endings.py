@@ -68,7 +68,7 @@ class Endings:
         turn's commit has made it durable, or note that it had ended already (a user
         cancelled it meanwhile)."""
         if ended:
-            self.ctx.turn.later(lambda: announce_finished(self.ctx.redis, workflow_id))
+            self.ctx.turn.tell(lambda: announce_finished(self.ctx.redis, workflow_id))
         else:
             log.info("workflow %s had already ended (cancelled?)", workflow_id)
 

@@ -127,6 +127,7 @@ class Scheduler:
         self._stopping = False
         self._alive = AliveStamp.from_env()  # what the supervisor watches: the loop turns
         self._reconcile_at = 0.0  # monotonic
+        ctx.turn.commit = self._commit_now
 
     def run_forever(self) -> None:
         log.info("scheduler %s started", self.id)
@@ -197,6 +198,11 @@ class Scheduler:
             faults.postgres = True
         self.ctx.turn.end(committed, faults)
         return committed
+
+    def _commit_now(self) -> None:
+        """Commit the turn so far and let it be seen, then go on in a new transaction."""
+        self._end_turn(commit=True)
+        self._begin_turn()
 
     def _abandon_turn(self) -> None:
         with contextlib.suppress(Exception):

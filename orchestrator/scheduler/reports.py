@@ -85,6 +85,7 @@ class Reports:
         self.redrive = redrive
         self._take = ctx.redis.register_script(_TAKE)
         self._trim_due = False
+        self._read = 0  # reports read since the taken list was last trimmed
 
     def take(self, *, wake: bool = False) -> tuple[list[str], str | None]:
         """The reports waiting (up to ``REPORT_BATCH``, moved into the taken list) and, with
@@ -95,18 +96,24 @@ class Reports:
         return [str(t) for t in taken], (None if woke is None else str(woke))
 
     def read_all(self, texts: list[str]) -> None:
-        """Handle reports taken by ``take``; they leave the taken list after the turn."""
+        """Handle reports taken by ``take``, oldest first; they leave the taken list once the
+        turn has committed what they wrote (after the one that ended a run someone waits for,
+        ``Turn.commit_if_told``, or at the turn's end)."""
+        turn = self.ctx.turn
         for text in texts:
             self.read(text)
-        if texts and not self._trim_due:
-            self._trim_due = True
-            self.ctx.turn.later(self._trim, even_if_rolled_back=True)
+            self._read += 1
+            if not self._trim_due:
+                self._trim_due = True
+                turn.later(self._trim, even_if_rolled_back=True)
+            turn.commit_if_told()
 
     def _trim(self) -> None:
-        """The turn is over: what it read is committed (or was lost with the turn's writes,
-        and the tick resyncs with Postgres): its reports leave the taken list."""
-        self._trim_due = False
-        self.ctx.redis.delete(self.ctx.taken_key)
+        """What the reports read so far wrote is committed (or was lost with the turn's
+        writes, and the tick resyncs with Postgres): they leave the taken list, where they are
+        the oldest, at its right end."""
+        read, self._read, self._trim_due = self._read, 0, False
+        self.ctx.redis.ltrim(self.ctx.taken_key, 0, -read - 1)
 
     def read_again(self) -> None:
         """As the scheduler starts: the reports its previous process took and had not
@@ -124,8 +131,11 @@ class Reports:
                 log.info("recorded task run %s from its report, read again after a restart",
                          report.task_run_id)  # fmt: skip
             self.endings.drop_stale(report)
-        if texts:
-            self.ctx.turn.later(self._trim)  # only once those records are committed
+        if texts:  # all of them leave once those records are committed
+            self.ctx.turn.later(self._trim_all)
+
+    def _trim_all(self) -> None:
+        self.ctx.redis.delete(self.ctx.taken_key)
 
     def read(self, text: str) -> None:
         """Handle one report as it came off the list; an unreadable one is dropped."""
