@@ -152,3 +152,49 @@ def test_a_scheduler_killed_mid_turn_loses_none_of_the_reports_it_took(
             report.worker_id,
             None,
         ), row
+
+
+def test_an_end_is_announced_once_committed_and_without_waiting_for_the_batch(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs of one task each: every report of the batch ends a run. Each end is announced
+    after it is committed (a reader outside the scheduler sees it ended), and as soon as it is:
+    the runs' ends are each their own commit, not one after the whole batch."""
+    name = f"one_noop_{uuid.uuid4().hex[:8]}"
+    registered = api_client.post(
+        "/api/workflow-definitions", json={"name": name, "tasks": [{"ref": "n", "task": "noop"}]}
+    )
+    assert registered.status_code == 201, registered.text
+    for worker in WORKERS:
+        beat(api_redis, started_at=1000.0, worker=worker)
+        api_redis.delete(keys.worker_queue_key(worker))
+    body = {"workflow": name, "input": {"data": {}}, "policy": "transfer"}
+    ids = [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(3)]
+    api_redis.delete(keys.WAKE)
+    scheduler.claims.claim()
+    now = time.time()
+    for worker in WORKERS:
+        for raw in api_redis.lrange(keys.worker_queue_key(worker), 0, -1):
+            ins = Instruction.loads(raw)
+            done = Report(ins.task_run_id, ins.workflow_id, worker, TaskRunStatus.COMPLETED,
+                          now - 0.1, now)  # fmt: skip
+            api_redis.lpush(scheduler.reply_key, done.dumps())
+    seen: dict[str, str] = {}
+
+    def announce(client: redis.Redis, workflow_id: uuid.UUID) -> None:
+        with api_sessions() as session:  # a reader outside the scheduler, at the announcement
+            status = session.execute(
+                text("SELECT status::text FROM workflows WHERE id = :id"), {"id": workflow_id}
+            ).one()[0]
+        seen[str(workflow_id)] = str(status)
+
+    monkeypatch.setattr("orchestrator.scheduler.endings.announce_finished", announce)
+    last_event = _last_event(api_sessions)
+    scheduler.step()
+
+    assert seen == dict.fromkeys(ids, "COMPLETED")
+    assert len(set(_event_xids(api_sessions, last_event))) == 3  # one commit a run's end
