@@ -85,7 +85,7 @@ class SchedulerStore:
                 return True
             conn.execute("ROLLBACK", prepare=False)
             return False
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:  # the connection lost, or the commit refused: rolled back
             self.close()
             raise postgres_failed(exc, "Postgres failed the scheduler's commit") from exc
 
