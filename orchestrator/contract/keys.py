@@ -24,6 +24,8 @@ __all__ = [
     "WORKER_DEAD_AFTER_S",
     "WORKER_FIELDS",
     "WORKER_PREFIX",
+    "report_bell_key",
+    "reports_taken_key",
     "scheduler_reports_key",
     "task_leases_key",
     "worker_control_key",
@@ -133,8 +135,24 @@ SCHEDULER_STALE_S: Final = 10.0
 
 def scheduler_reports_key(scheduler_id: str) -> str:
     """Reports of finished task runs for one scheduler, ``cdiflow:reports:<id>``: workers LPUSH
-    ``contract.messages.Report`` JSON, the scheduler BRPOPs."""
+    ``contract.messages.Report`` JSON (and ring ``report_bell_key``); the scheduler moves up to
+    a batch of them at a time into ``reports_taken_key`` (LMOVE, in one script)."""
     return f"cdiflow:reports:{scheduler_id}"
+
+
+def report_bell_key(reply_to: str) -> str:
+    """The bell of a report list, ``<reply_to>:bell``: the worker's report script LPUSHes a
+    ring with each report. The scheduler blocks on its bell and the wake-up list at once
+    (BRPOP), so that no report leaves Redis by a blocking pop: reports only move, by LMOVE,
+    into its taken list."""
+    return f"{reply_to}:bell"
+
+
+def reports_taken_key(reply_to: str) -> str:
+    """The reports a scheduler took from ``reply_to`` for its loop turn, ``<reply_to>:taken``;
+    emptied once the turn's writes are committed, and read again by a scheduler that starts
+    (its previous process may have died mid-turn)."""
+    return f"{reply_to}:taken"
 
 
 # CDI objects (not Redis keys, but named here too): a workflow's objects are

@@ -32,8 +32,8 @@ def make_engine(
     failed ping, not one failed request; waiting for a free connection gives up after 10 s.
     ``pooled=False`` opens a connection per use, for one-shot jobs such as migrations.
     ``synchronous_commit=False`` lets a commit return before its WAL reaches disk (Postgres
-    stays consistent; a crash can lose the last fraction of a second of commits): for the
-    scheduler's task-run bookkeeping, which a restarted scheduler redoes from the input anyway.
+    stays consistent; a crash can lose the last fraction of a second of commits), for a
+    caller whose writes can be redone.
     """
     try:
         url = make_url(database_url)

@@ -31,6 +31,7 @@ __all__ = [
     "CLAIM_LIMITED",
     "CLAIM_LOCK",
     "FINISH",
+    "LATE_REPORT",
     "LOST",
     "PLACE",
     "REPORT",
@@ -351,14 +352,18 @@ FINISH: Final[LiteralString] = (
     + ") SELECT count(*) FROM fin"
 )
 
+
 # A worker's report on a task run (and the hand-back of its objects, and the deliveries of
 # the webhooks that follow steps), together with the next steps' placements or the end of
 # the workflow. Its events go in with one insert, the task's before the workflow's end. *Why
 # one:* the sub-statements of a WITH run in no set order, and two inserts gave the end an id
 # (the order clients read events in) before the task's.
-REPORT: Final[LiteralString] = (
-    """
-WITH rep AS (
+def _report_ctes(only_open: LiteralString) -> LiteralString:
+    """The ``rep`` (the task run's outcome; ``only_open``: a condition added to its WHERE) and
+    ``rep_hooks`` CTEs of a report."""
+    return (
+        """
+rep AS (
     UPDATE task_runs SET
         status = %(status)s::task_run_status,
         worker_id = %(worker)s,
@@ -375,7 +380,9 @@ WITH rep AS (
         traceback = %(traceback)s,
         data = CASE WHEN %(data)s::jsonb IS NULL THEN data
                     ELSE coalesce(data, '{}'::jsonb) || %(data)s::jsonb END
-    WHERE id = %(task_run_id)s
+    WHERE id = %(task_run_id)s"""
+        + only_open
+        + """
     RETURNING workflow_id, ref, attempt, task
 ), rep_hooks AS (
     INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status)
@@ -388,7 +395,14 @@ WITH rep AS (
     JOIN webhooks h ON %(kind)s::text = ANY(h.events)
     JOIN workflows w ON w.id = r.workflow_id
     WHERE h.definition IS NULL OR h.definition = w.definition
-),"""
+)"""
+    )
+
+
+REPORT: Final[LiteralString] = (
+    "WITH"
+    + _report_ctes("")
+    + ","
     + _PLACE_CTES
     + ","
     + _FINISH_CTES
@@ -406,6 +420,21 @@ WITH rep AS (
     ) both_events ORDER BY n
 )
 SELECT count(*) FROM fin"""  # every data-modifying CTE runs, read or not
+)
+
+# A report a scheduler took but had not committed when it stopped (``keys.reports_taken_key``),
+# read again as it starts: the outcome of its task run, unless that run has ended meanwhile.
+# Only the task run's own record: the run goes on from what Postgres has (``RESUME``).
+LATE_REPORT: Final[LiteralString] = (
+    "WITH"
+    + _report_ctes(" AND status IN ('QUEUED', 'RUNNING')")
+    + """
+INSERT INTO events (workflow_id, kind, data)
+SELECT workflow_id, %(kind)s::text, jsonb_build_object(
+    'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text,
+    'error', %(error_text)s::text)
+FROM rep
+RETURNING workflow_id"""
 )
 
 # A task run whose worker died or went silent, unless its report came first.

@@ -1,9 +1,13 @@
-"""The scheduler's reads and writes of Postgres: one statement, one round trip, per event.
+"""The scheduler's reads and writes of Postgres: one statement, one round trip, per event; one
+transaction, one durable commit, per loop turn.
 
-The statements are ``run_statements``'; this sends them on one autocommit psycopg connection
-(a single statement is its own transaction), which the engine made with
-``synchronous_commit=off`` for the scheduler and which prepares a statement on the server at
-its second use, so its text is parsed once.
+The statements are ``run_statements``'; this sends them on one psycopg connection, which
+prepares a statement on the server at its second use, so its text is parsed once. Inside a
+loop turn (``begin_turn`` … ``end_turn``) the turn's first statement opens a transaction and
+``end_turn`` commits it, with ``synchronous_commit`` as the server has it (on in a durable
+stack, ``services.postgres``): every report, claim, placement and ending of the turn is on disk
+in one WAL flush before anything the turn decided is seen outside the scheduler (the loop runs
+that after ``end_turn``). Outside a turn a statement is its own transaction (autocommit).
 
 Task run ids are reserved ahead (a block of the table's sequence per round trip) so that the
 scheduler can push an instruction *before* it records the task run: the record then overlaps
@@ -21,7 +25,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, Final, LiteralString
 
 import psycopg
-from psycopg.pq import ExecStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.types.json import Jsonb
 from sqlalchemy import Engine
 from sqlalchemy.pool import PoolProxiedConnection
@@ -48,11 +52,42 @@ class SchedulerStore:
         self._engine = engine
         self._pooled: PoolProxiedConnection | None = None
         self._ids: deque[int] = deque()
+        self._turn = False  # inside a loop turn: statements join its transaction
+        self._turn_broken = False  # the turn's connection was lost: its writes with it
 
     def close(self) -> None:
         if self._pooled is not None:
             pooled, self._pooled = self._pooled, None
             pooled.invalidate()  # autocommit was changed: never hand it back to the pool
+            self._turn_broken = self._turn
+
+    # ------------------------------------------------------------------ a loop turn
+    def begin_turn(self) -> None:
+        """Statements from now to ``end_turn`` go in one transaction (opened by the first)."""
+        self._turn, self._turn_broken = True, False
+
+    def end_turn(self, *, commit: bool = True) -> bool:
+        """Commit the turn's transaction (durably: one WAL flush); whether its writes are in
+        Postgres. False when a statement of the turn failed (the transaction is rolled back, or
+        was lost with its connection) or ``commit`` is False: memory may then differ from
+        Postgres. Raises ``ServiceError`` if Postgres failed the commit."""
+        self._turn = False
+        broken, self._turn_broken = self._turn_broken, False
+        if self._pooled is None:
+            return not broken
+        conn = self._connection()
+        state = conn.info.transaction_status
+        if state is TransactionStatus.IDLE:
+            return not broken
+        try:
+            if state is TransactionStatus.INTRANS and commit and not broken:
+                conn.execute("COMMIT", prepare=False)
+                return True
+            conn.execute("ROLLBACK", prepare=False)
+            return False
+        except psycopg.Error as exc:  # the connection lost, or the commit refused: rolled back
+            self.close()
+            raise postgres_failed(exc, "Postgres failed the scheduler's commit") from exc
 
     # ------------------------------------------------------------------ a run's life
     def claim(
@@ -132,6 +167,12 @@ class SchedulerStore:
         rows = self._run(sql.REPORT, params)
         return bool(rows[0][0])
 
+    def late_report(self, report: Report) -> bool:
+        """Record a report read again as the scheduler starts (``run_statements.LATE_REPORT``):
+        whether its task run was still open."""
+        params = sql.report_params(report, (), (), None)
+        return bool(self._run(sql.LATE_REPORT, params))
+
     def finish(self, finish: Finish) -> bool:
         """End a workflow; False if it had already ended (a user cancelled it meanwhile)."""
         rows = self._run(sql.FINISH, sql.finish_params(finish))
@@ -176,6 +217,7 @@ class SchedulerStore:
         conn = self._connection()
         try:
             rows: list[tuple[Any, ...]] = []
+            # In a turn, a savepoint inside the turn's transaction.
             with conn.transaction(), conn.cursor() as cur:
                 for statement, params in statements:
                     cur.execute(statement, params)
@@ -201,8 +243,9 @@ class SchedulerStore:
             raise postgres_failed(exc, "Postgres failed the scheduler's statement") from exc
 
     def connection(self) -> psycopg.Connection[tuple[Any, ...]]:
-        """The loop's autocommit connection (made again after ``close``), for statements of
-        other stores that run on the loop thread (``schedule_store``)."""
+        """The loop's connection (made again after ``close``), for statements of other stores
+        that run on the loop thread (``schedule_store``): autocommit, or in a turn inside the
+        turn's transaction (so ``conn.transaction()`` there is a savepoint)."""
         return self._connection()
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
@@ -214,4 +257,10 @@ class SchedulerStore:
             driver.autocommit = True
         driver = self._pooled.driver_connection
         assert isinstance(driver, psycopg.Connection)
+        if self._turn and driver.info.transaction_status is TransactionStatus.IDLE:
+            try:
+                driver.execute("BEGIN", prepare=False)
+            except psycopg.OperationalError as exc:
+                self.close()
+                raise postgres_failed(exc, "Postgres failed the scheduler's statement") from exc
         return driver

@@ -51,7 +51,7 @@ def scheduler_command(scheduler_id: str, log_level: str, log_format: str) -> Non
     settings = load_settings()
     if not settings.database_url or not settings.redis_url:
         raise click.UsageError("DATABASE_URL and REDIS_URL must be set (`cdiflow up` sets them)")
-    engine = make_engine(settings.database_url, synchronous_commit=False)
+    engine = make_engine(settings.database_url)
     try:
         controller = controller_from_env()  # every host's objects, with a reader token
     except ConfigError as exc:

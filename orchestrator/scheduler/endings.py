@@ -3,7 +3,8 @@ it held (CDI objects) is freed.
 
 An ending is written with one statement (``SchedulerStore.finish``, or with the last report),
 which changes nothing if the run has ended already: a user who cancelled meanwhile keeps their
-word. Once written, requests waiting on the run are told (``contract.announce_finished``).
+word. Once the loop's turn has committed it, requests waiting on the run are told
+(``contract.announce_finished``) and what the run held is freed (``context.Turn``).
 
 A run that fails, is cancelled or passes its time limit while step runs are out stops placing
 anything: each instruction no worker has taken yet is withdrawn (and what was moved to that
@@ -64,10 +65,11 @@ class Endings:
         self.to_destroy: dict[ObjectKey, float] = {}  # key -> monotonic time to stop looking
 
     def ended(self, workflow_id: uuid.UUID, ended: bool) -> None:
-        """After a workflow's end was written: wake who waits for it (``ended``), or note that
-        it had ended already (a user cancelled it meanwhile)."""
+        """After a workflow's end was written: wake who waits for it (``ended``) once the
+        turn's commit has made it durable, or note that it had ended already (a user
+        cancelled it meanwhile)."""
         if ended:
-            announce_finished(self.ctx.redis, workflow_id)
+            self.ctx.turn.tell(lambda: announce_finished(self.ctx.redis, workflow_id))
         else:
             log.info("workflow %s had already ended (cancelled?)", workflow_id)
 
@@ -175,7 +177,13 @@ class Endings:
 
     # ------------------------------------------------------------------ objects
     def free(self, run: RunState, objects: list[Obj]) -> None:
-        """Objects no read is left for: destroyed when ours, taken back from a worker."""
+        """Objects no read is left for: destroyed when ours, taken back from a worker, once
+        the turn that freed them has ended (``Turn.later``; also when its writes were lost:
+        the run is then resumed from Postgres, under fresh object keys)."""
+        if objects:
+            self.ctx.turn.later(lambda: self._free(run, objects), even_if_rolled_back=True)
+
+    def _free(self, run: RunState, objects: list[Obj]) -> None:
         by_worker: dict[str, list[Obj]] = {}
         for obj in objects:
             if obj.readers:

@@ -1,8 +1,12 @@
 """The scheduler: turns wake-ups and worker reports into placements (paper section V-D).
 
 One thread runs the loop and is the only one writing this scheduler's task runs to Postgres.
-Each turn waits for a worker's report or a wake-up on Redis (until the next tick is due),
-hands it to the collaborator whose job it is, and then does what that made possible:
+Each turn takes the workers' reports waiting and a wake-up (``Reports.take``, one round trip;
+with none, it waits on Redis for either until the next tick is due), hands them to the
+collaborators whose job they are, and then does what that made possible. A turn's writes go
+to Postgres in one transaction, committed durably at its end (``SchedulerStore.end_turn``);
+only then is what the turn decided seen outside the scheduler: ends announced, objects
+destroyed, the reports read trimmed (``context.Turn``). Its collaborators:
 
 * ``claims.Claims``: which workflows to run (claimed, or resumed after a restart);
 * ``dispatch.Dispatcher``: where a run's step goes, and sending it there;
@@ -123,6 +127,7 @@ class Scheduler:
         self._stopping = False
         self._alive = AliveStamp.from_env()  # what the supervisor watches: the loop turns
         self._reconcile_at = 0.0  # monotonic
+        ctx.turn.commit = self._commit_now
 
     def run_forever(self) -> None:
         log.info("scheduler %s started", self.id)
@@ -137,30 +142,90 @@ class Scheduler:
         log.info("scheduler %s stopped", self.id)
 
     def start_up(self) -> None:
-        """Take the liveness lock, then resume our RUNNING workflows; while Postgres does not
-        answer, wait for it (a stack may be restarting it right now)."""
+        """Take the liveness lock, record the reports our previous process took and had not
+        committed (``Reports.read_again``), then resume our RUNNING workflows; while Postgres
+        or Redis does not answer, wait for it (a stack may be restarting it right now)."""
         while not self._stopping:
             self._alive.renew()
+            self._begin_turn()
+            done = False
             try:
                 if self.liveness is not None:
                     self.liveness.start()
+                self.reports.read_again()
                 self.claims.resume("the scheduler restarted")
                 self.claims.check_limits()
+                done = True
+            except (psycopg.OperationalError, ServiceError, redis.RedisError) as exc:
+                log.warning("Postgres or Redis does not answer yet (%s); trying again", exc)
+            # A start-up whose writes were lost leaves the first tick to resync.
+            if self._end_turn(commit=done) and done:
                 return
-            except (psycopg.OperationalError, ServiceError) as exc:
-                log.warning("Postgres does not answer yet (%s); trying again", exc)
-                time.sleep(REDIS_RETRY_S)
+            time.sleep(REDIS_RETRY_S)
 
     def stop(self) -> None:
         self._stopping = True
 
     def step(self) -> None:
-        """One turn of the loop: a report or wake-up (waiting for one until the next tick is
-        due), then whatever it made possible."""
-        tick = self.ctx.tick
-        wait_s = max(_MIN_WAIT_S, tick.at - time.monotonic())
+        """One turn of the loop: the reports waiting and a wake-up (waiting for one until the
+        next tick is due), then whatever they made possible; its writes committed at its end,
+        and then what waited for that commit."""
+        self._begin_turn()
         try:
-            popped = self.redis.brpop([self.reply_key, keys.WAKE], timeout=wait_s)
+            self._turn()
+        except BaseException:
+            # What escapes the guarded steps ends the process: nothing of the turn is seen
+            # outside (its reports stay taken, for the next process to read again).
+            self._abandon_turn()
+            raise
+        self._end_turn(commit=True)
+
+    def _begin_turn(self) -> None:
+        self.db.begin_turn()
+        self.ctx.turn.begin()
+
+    def _end_turn(self, *, commit: bool) -> bool:
+        """Commit the turn's writes, then run what waited for that; whether they were
+        committed. Writes lost (a statement failed, the commit failed) leave memory ahead of
+        Postgres: the tick resyncs with it."""
+        faults = self.ctx.faults
+        try:
+            committed = self.db.end_turn(commit=commit)
+        except ServiceError as exc:
+            log.warning("Postgres failed the turn's commit (%s); resuming from what it has", exc)
+            committed = False
+        if not committed:
+            faults.postgres = True
+        self.ctx.turn.end(committed, faults)
+        return committed
+
+    def _commit_now(self) -> None:
+        """Commit the turn so far and let it be seen, then go on in a new transaction."""
+        self._end_turn(commit=True)
+        self._begin_turn()
+
+    def _abandon_turn(self) -> None:
+        with contextlib.suppress(Exception):
+            self.db.end_turn(commit=False)
+        self.ctx.turn.drop()
+
+    def _take(self) -> tuple[list[str], str | None]:
+        """The reports waiting and a wake-up; with neither, wait for one until the tick is
+        due. *Why the bell:* a blocking pop takes a report out of Redis before it is recorded;
+        the wait is on the report list's bell and the wake-up list, and reports only move."""
+        tick = self.ctx.tick
+        try:
+            taken, wake = self.reports.take(wake=True)
+            if taken or wake is not None:
+                return taken, wake
+            wait_s = max(_MIN_WAIT_S, tick.at - time.monotonic())
+            bell = keys.report_bell_key(self.reply_key)
+            popped = self.redis.brpop([bell, keys.WAKE], timeout=wait_s)
+            if popped is None:
+                return [], None
+            if str(popped[0]) == keys.WAKE:
+                return [], str(popped[1])
+            return self.reports.take(wake=False)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Redis restarted or dropped our connection: the next command reconnects. What
             # it lost is noticed by the tick's epoch check; what a wake-up missed, by its claim.
@@ -168,16 +233,18 @@ class Scheduler:
                 "Redis failed the loop's read (%s); trying again in %g s", exc, REDIS_RETRY_S
             )
             time.sleep(REDIS_RETRY_S)
-            popped = None
-        if popped is not None:
-            key, value = str(popped[0]), str(popped[1])
-            if key == self.reply_key:
-                self.reports.read(value)
-            else:
-                # Its claim writes to Postgres: a failure there must not end the loop.
-                guarded(lambda: self._on_wake(value), self.ctx.faults)
-            if self.dispatch.waiting:
-                self.dispatch.dispatch_waiting()  # a report may have freed a slot
+            return [], None
+
+    def _turn(self) -> None:
+        tick = self.ctx.tick
+        taken, wake = self._take()
+        if taken:
+            self.reports.read_all(taken)
+        if wake is not None:
+            # Its claim writes to Postgres: a failure there must not end the loop.
+            guarded(functools.partial(self._on_wake, wake), self.ctx.faults)
+        if (taken or wake is not None) and self.dispatch.waiting:
+            self.dispatch.dispatch_waiting()  # a report may have freed a slot
         if self.claims.due():
             guarded(self.claims.claim, self.ctx.faults)  # runs ended: take the next ones waiting
         if time.monotonic() >= tick.at:

@@ -139,8 +139,8 @@ class Recovery:
 
     def _take_arrived_reports(self) -> None:
         """Handle every report already waiting on our list, without blocking."""
-        while (text := self.ctx.redis.rpop(self.ctx.reply_key)) is not None:
-            self.reports.read(str(text))
+        while texts := self.reports.take()[0]:
+            self.reports.read_all(texts)
 
     # ------------------------------------------------------------------ Redis data loss
     def check_redis_epoch(self) -> None:

@@ -6,6 +6,12 @@ A report and what follows from it are written in one statement (``SchedulerStore
 the task run's outcome, the hand-backs of its objects, the task runs of the steps it lets start
 (and of those it made skipped, or a switch it decided) or the run's end. The next steps'
 instructions go out before that statement (*send, then record*, ``dispatch``).
+
+The loop takes the reports waiting, up to ``REPORT_BATCH``, in one round trip (``take``): a
+script moves them (LMOVE) from the report list into the scheduler's taken list, where they stay
+until the turn that read them has committed (``Turn``). A scheduler that dies mid-turn leaves
+them there; as it starts again it records each one's outcome on its task run, if that is still
+open, and frees the objects it names (``read_again``), before resuming its runs.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import redis
 
 import cdi
 from cdi import ObjectKey
+from orchestrator.contract import keys
 from orchestrator.contract.messages import Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.db.run_statements import Finish, Handoff, Placement
@@ -32,7 +39,7 @@ from orchestrator.scheduler.planes import plane_of
 from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.runs import Phase, RunState, StepRun
 
-__all__ = ["Reports"]
+__all__ = ["REPORT_BATCH", "Reports"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,24 @@ MAX_LOST_ATTEMPTS: Final = 3
 OUTAGE_PATIENCE_S: Final = 300.0
 OUTAGE_BACKOFF_S: Final = 0.5
 OUTAGE_BACKOFF_MAX_S: Final = 5.0
+# Reports a loop turn takes at most: their statements go in the turn's one transaction.
+REPORT_BATCH: Final = 64
+
+# KEYS: the report list, the taken list, the wake-up list, the report list's bell; ARGV: how
+# many reports at most, whether to pop a wake-up too. Moves the reports waiting into the taken
+# list (oldest first in the answer), silences the bell once none is left, and pops a wake-up.
+_TAKE = """
+local taken = {}
+for i = 1, tonumber(ARGV[1]) do
+  local report = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+  if not report then break end
+  taken[#taken + 1] = report
+end
+if redis.call('LLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[4]) end
+local wake = false
+if ARGV[2] == '1' then wake = redis.call('RPOP', KEYS[3]) end
+return {taken, wake}
+"""
 
 
 class Reports:
@@ -59,6 +84,59 @@ class Reports:
         self.dispatch = dispatch
         self.endings = endings
         self.redrive = redrive
+        self._take = ctx.redis.register_script(_TAKE)
+        self._trim_due = False
+        self._read = 0  # reports read since the taken list was last trimmed
+
+    def take(self, *, wake: bool = False) -> tuple[list[str], str | None]:
+        """The reports waiting (up to ``REPORT_BATCH``, moved into the taken list) and, with
+        ``wake``, a wake-up, in one round trip."""
+        ctx = self.ctx
+        lists = [ctx.reply_key, ctx.taken_key, keys.WAKE, keys.report_bell_key(ctx.reply_key)]
+        taken, woke = self._take(keys=lists, args=[REPORT_BATCH, int(wake)])
+        return [str(t) for t in taken], (None if woke is None else str(woke))
+
+    def read_all(self, texts: list[str]) -> None:
+        """Handle reports taken by ``take``, oldest first; they leave the taken list once the
+        turn has committed what they wrote (after the one that ended a run someone waits for,
+        ``Turn.commit_if_told``, or at the turn's end)."""
+        turn = self.ctx.turn
+        for text in texts:
+            self.read(text)
+            self._read += 1
+            if not self._trim_due:
+                self._trim_due = True
+                turn.later(self._trim, even_if_rolled_back=True)
+            turn.commit_if_told()
+
+    def _trim(self) -> None:
+        """What the reports read so far wrote is committed (or was lost with the turn's
+        writes, and the tick resyncs with Postgres): they leave the taken list, where they are
+        the oldest, at its right end."""
+        read, self._read, self._trim_due = self._read, 0, False
+        self.ctx.redis.ltrim(self.ctx.taken_key, 0, -read - 1)
+
+    def read_again(self) -> None:
+        """As the scheduler starts: the reports its previous process took and had not
+        finished with. Each one's outcome is recorded on its task run unless that run has
+        ended (``SchedulerStore.late_report``), and the objects it names are freed; the runs
+        then go on from what Postgres has (``Claims.resume``)."""
+        texts = self.ctx.redis.lrange(self.ctx.taken_key, 0, -1)
+        for text in reversed(texts):  # oldest first
+            try:
+                report = Report.loads(str(text))
+            except (ValueError, TypeError):
+                log.warning("dropping an unreadable report: %.200s", text)
+                continue
+            if self.ctx.db.late_report(report):
+                log.info("recorded task run %s from its report, read again after a restart",
+                         report.task_run_id)  # fmt: skip
+            self.endings.drop_stale(report)
+        if texts:  # all of them leave once those records are committed
+            self.ctx.turn.later(self._trim_all)
+
+    def _trim_all(self) -> None:
+        self.ctx.redis.delete(self.ctx.taken_key)
 
     def read(self, text: str) -> None:
         """Handle one report as it came off the list; an unreadable one is dropped."""

@@ -2,7 +2,8 @@
 
 Each slot (``concurrency`` of them) BLMOVEs one instruction from ``keys.worker_queue_key`` into
 ``keys.worker_inflight_key``, runs it on its data plane, and in one Redis transaction LPUSHes
-the ``Report`` onto ``reply_to`` and LREMs the instruction from the in-flight list. What waits
+the ``Report`` onto ``reply_to`` (ringing its bell, ``keys.report_bell_key``) and LREMs the
+instruction from the in-flight list. What waits
 only for S3 (a last task's store, ``Execution.later``) is finished and reported by a thread of
 its own, while the slot goes on to its next instruction. A worker
 killed mid-task therefore leaves the instruction in flight for the scheduler to requeue. An
@@ -366,7 +367,7 @@ class Worker:
             attempt += 1
             try:
                 if reply_to is not None and report is not None:
-                    lists = [self.inflight_key, reply_to]
+                    lists = [self.inflight_key, reply_to, keys.report_bell_key(reply_to)]
                     self._report_and_ack(
                         keys=lists, args=[raw, report.dumps()], client=self._own_client()
                     )
@@ -392,10 +393,12 @@ class Worker:
             log.error("cannot remove an instruction from %s: %s", self.inflight_key, exc)
 
 
-# KEYS: the worker's in-flight list, the scheduler's report list; ARGV: the instruction as
-# popped, the report. A WRONGTYPE on the report list aborts the script before the LREM.
+# KEYS: the worker's in-flight list, the scheduler's report list and its bell; ARGV: the
+# instruction as popped, the report. A WRONGTYPE on the report list aborts the script before
+# the LREM.
 _REPORT_AND_ACK = """
 redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('LPUSH', KEYS[3], '1')
 return redis.call('LREM', KEYS[1], 1, ARGV[1])
 """
 

@@ -114,7 +114,7 @@ def make_scheduler(
 ) -> Scheduler:
     """A scheduler as the command line makes it (``close_scheduler`` ends it)."""
     assert settings.database_url and settings.redis_url
-    engine = make_engine(settings.database_url, synchronous_commit=False)
+    engine = make_engine(settings.database_url)
     name = scheduler_id or f"scheduler-{uuid.uuid4().hex[:8]}"
     return Scheduler(
         name,

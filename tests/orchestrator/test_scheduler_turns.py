@@ -1,0 +1,200 @@
+"""The scheduler's loop turn (``orchestrator.scheduler.loop``): the reports it takes together are
+written in one transaction with what they lead to (group commit), and a scheduler that dies
+mid-turn loses none of the reports it took: its next process records them as it starts."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.contract import keys
+from orchestrator.contract.messages import Instruction, Report
+from orchestrator.contract.vocabulary import TaskRunStatus
+from orchestrator.scheduler.loop import Scheduler
+from orchestrator.settings import Settings
+from tests.orchestrator.scheduler_support import beat, close_scheduler, make_scheduler
+
+RUNS = 6
+WORKERS = [f"worker-turn-{i}" for i in range(RUNS)]
+
+
+class Killed(BaseException):
+    """The process ends here, as on SIGKILL: nothing after this point runs."""
+
+
+def _first_tasks_out(
+    scheduler: Scheduler, api_client: TestClient, api_redis: redis.Redis
+) -> list[Report]:
+    """``RUNS`` workflows of three no-op steps claimed, each first task out at a live worker;
+    the reports of those tasks, completed, as their workers would send them."""
+    for worker in WORKERS:
+        beat(api_redis, started_at=1000.0, worker=worker)
+        api_redis.delete(keys.worker_queue_key(worker))
+    body = {"workflow": "noop_pipeline", "input": {"data": {}}, "policy": "transfer"}
+    ids = []
+    for _ in range(RUNS):
+        started = api_client.post("/api/workflows", json=body)
+        assert started.status_code == 201, started.text
+        ids.append(started.json()["id"])
+    api_redis.delete(keys.WAKE)  # the starts' wake-ups: the claim below takes them all
+    scheduler.claims.claim()
+    now = time.time()
+    reports = [
+        Report(ins.task_run_id, ins.workflow_id, worker, TaskRunStatus.COMPLETED, now - 0.1, now)
+        for worker in WORKERS
+        for ins in map(Instruction.loads, api_redis.lrange(keys.worker_queue_key(worker), 0, -1))
+    ]
+    assert sorted(r.workflow_id for r in reports) == sorted(ids)
+    return reports
+
+
+def _task_runs(api_sessions: sessionmaker[Session], reports: list[Report]) -> list[dict[str, Any]]:
+    ids = [uuid.UUID(r.workflow_id) for r in reports]
+    with api_sessions() as session:
+        rows = session.execute(
+            text(
+                "SELECT id, ref, status::text AS status, worker_id, error, "
+                "xmin::text AS xid FROM task_runs WHERE workflow_id = ANY(:ids)"
+            ),
+            {"ids": ids},
+        )
+        return [dict(row._mapping) for row in rows]
+
+
+def _last_event(api_sessions: sessionmaker[Session]) -> int:
+    with api_sessions() as session:
+        return int(session.execute(text("SELECT coalesce(max(id), 0) FROM events")).one()[0])
+
+
+def _event_xids(api_sessions: sessionmaker[Session], after: int) -> list[str]:
+    """The transaction of each event written since event ``after``."""
+    with api_sessions() as session:
+        rows = session.execute(
+            text("SELECT xmin::text FROM events WHERE id > :after ORDER BY id"), {"after": after}
+        )
+        return [str(row[0]) for row in rows]
+
+
+def test_the_reports_a_turn_takes_are_written_in_one_transaction(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+) -> None:
+    reports = _first_tasks_out(scheduler, api_client, api_redis)
+    for report in reports:
+        api_redis.lpush(scheduler.reply_key, report.dumps())
+
+    last_event = _last_event(api_sessions)
+    scheduler.step()
+
+    assert api_redis.llen(scheduler.reply_key) == 0
+    assert api_redis.llen(scheduler.ctx.taken_key) == 0, "the turn's reports were not trimmed"
+    rows = _task_runs(api_sessions, reports)
+    first = {r.task_run_id for r in reports}
+    assert sorted(row["status"] for row in rows if row["id"] in first) == ["COMPLETED"] * RUNS
+    nexts = [row for row in rows if row["id"] not in first]
+    assert [row["ref"] for row in nexts] == ["noop2"] * RUNS
+    # The reports' outcomes, the next steps' task runs and every event the turn wrote (one a
+    # report): one transaction (a row's xmin), so one commit and one WAL flush for the turn.
+    events = _event_xids(api_sessions, last_event)
+    assert len(events) >= RUNS
+    assert len({row["xid"] for row in rows} | set(events)) == 1, (rows, events)
+
+
+def test_a_scheduler_killed_mid_turn_loses_none_of_the_reports_it_took(
+    api_settings: Settings,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    own = make_scheduler(api_settings)
+    try:
+        reports = _first_tasks_out(own, api_client, api_redis)
+        for report in reports:
+            api_redis.lpush(own.reply_key, report.dumps())
+
+        def killed(*, commit: bool) -> bool:
+            raise Killed
+
+        monkeypatch.setattr(own, "_end_turn", killed)  # dies as its turn's writes are done
+        with pytest.raises(Killed):
+            own.step()
+    finally:
+        close_scheduler(own)  # its connection goes: Postgres rolls the open turn back
+
+    first = {r.task_run_id for r in reports}
+    rows = _task_runs(api_sessions, reports)
+    assert sorted(row["status"] for row in rows if row["id"] in first) == ["QUEUED"] * RUNS
+    assert api_redis.llen(own.reply_key) == 0
+    assert api_redis.llen(own.ctx.taken_key) == RUNS, "the reports taken left Redis"
+
+    again = make_scheduler(api_settings, own.id)
+    try:
+        again.start_up()
+    finally:
+        close_scheduler(again)
+
+    assert api_redis.llen(again.ctx.taken_key) == 0
+    by_id = {row["id"]: row for row in _task_runs(api_sessions, reports)}
+    for report in reports:
+        row = by_id[report.task_run_id]
+        assert (row["status"], row["worker_id"], row["error"]) == (
+            "COMPLETED",
+            report.worker_id,
+            None,
+        ), row
+
+
+def test_an_end_is_announced_once_committed_and_without_waiting_for_the_batch(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs of one task each: every report of the batch ends a run. Each end is announced
+    after it is committed (a reader outside the scheduler sees it ended), and as soon as it is:
+    the runs' ends are each their own commit, not one after the whole batch."""
+    name = f"one_noop_{uuid.uuid4().hex[:8]}"
+    registered = api_client.post(
+        "/api/workflow-definitions", json={"name": name, "tasks": [{"ref": "n", "task": "noop"}]}
+    )
+    assert registered.status_code == 201, registered.text
+    for worker in WORKERS:
+        beat(api_redis, started_at=1000.0, worker=worker)
+        api_redis.delete(keys.worker_queue_key(worker))
+    body = {"workflow": name, "input": {"data": {}}, "policy": "transfer"}
+    ids = [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(3)]
+    api_redis.delete(keys.WAKE)
+    scheduler.claims.claim()
+    now = time.time()
+    for worker in WORKERS:
+        for raw in api_redis.lrange(keys.worker_queue_key(worker), 0, -1):
+            ins = Instruction.loads(raw)
+            done = Report(ins.task_run_id, ins.workflow_id, worker, TaskRunStatus.COMPLETED,
+                          now - 0.1, now)  # fmt: skip
+            api_redis.lpush(scheduler.reply_key, done.dumps())
+    seen: dict[str, str] = {}
+
+    def announce(client: redis.Redis, workflow_id: uuid.UUID) -> None:
+        with api_sessions() as session:  # a reader outside the scheduler, at the announcement
+            status = session.execute(
+                text("SELECT status::text FROM workflows WHERE id = :id"), {"id": workflow_id}
+            ).one()[0]
+        seen[str(workflow_id)] = str(status)
+
+    monkeypatch.setattr("orchestrator.scheduler.endings.announce_finished", announce)
+    last_event = _last_event(api_sessions)
+    scheduler.step()
+
+    assert seen == dict.fromkeys(ids, "COMPLETED")
+    assert len(set(_event_xids(api_sessions, last_event))) == 3  # one commit a run's end
