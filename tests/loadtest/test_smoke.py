@@ -68,7 +68,7 @@ def _descendants() -> set[int]:
 
 @pytest.mark.timeout(600)
 def test_every_cheap_system_completes_a_tiny_scenario_run(
-    service_stack: RunningServices, tmp_path: Path
+    service_stack: RunningServices, short_dir: Path
 ) -> None:
     require("locust", "celery")
     before = _descendants()
@@ -78,7 +78,7 @@ def test_every_cheap_system_completes_a_tiny_scenario_run(
         sizes=(10_000,),
         parallel=2,
         min_workflows=2,
-        data_dir=tmp_path,
+        data_dir=short_dir,
         time_limit_s=240,
         loads=(0.5,),
     )
@@ -148,7 +148,7 @@ def test_every_cheap_system_completes_a_tiny_scenario_run(
 
 @pytest.mark.timeout(300)
 def test_quick_measures_each_policy_on_one_stack(
-    service_stack: RunningServices, tmp_path: Path
+    service_stack: RunningServices, short_dir: Path
 ) -> None:
     before = _descendants()
     report = run_quick(
@@ -156,7 +156,7 @@ def test_quick_measures_each_policy_on_one_stack(
         burst=2,
         warmup=1,
         systems=("affinity", "object-store"),
-        data_dir=tmp_path,
+        data_dir=short_dir,
         services=service_stack,
         redis_db_from=5,
         tile_bytes=200_000,
@@ -209,10 +209,10 @@ def used_faults(rows: list[dict[str, Any]], system: str, component: str) -> floa
 
 @pytest.mark.timeout(300)
 def test_idle_meters_every_process_of_a_waiting_stack(
-    service_stack: RunningServices, tmp_path: Path
+    service_stack: RunningServices, short_dir: Path
 ) -> None:
     before = _descendants()
-    result = measure_idle(tmp_path, 2.0, 0.0, 2, services=service_stack, redis_db=12)
+    result = measure_idle(short_dir, 2.0, 0.0, 2, services=service_stack, redis_db=12)
     used = result["components"]
     assert {"cdiflow scheduler", "cdiflow workers", "cdiflow api", "cdi minion"} <= set(used)
     assert all(c["cpu_ms_per_s"] >= c["sys_ms_per_s"] >= 0 for c in used.values()), used
