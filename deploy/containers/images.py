@@ -231,9 +231,11 @@ def _dependencies(python_image: str, say: _Say) -> str:
             [str(Path(sys.executable).parent / "uv"), "pip", "install", "--quiet",
              "--target", str(target), "--python-version", version,
              "--python-platform", platform_tag, "--require-hashes", "--no-deps",
-             "--compile-bytecode", "-r", str(requirements)],
+             "--compile-bytecode", "--link-mode", "copy", "-r", str(requirements)],
             "uv pip install (the lock's packages for the image)",
         )  # fmt: skip
+        # Copies, not hard links into uv's cache: another install linking the same file
+        # changes its inode while tar reads it ("file changed as we read it").
         # One archive for the build to add: podman hashes one file far faster than the
         # thousands of a site-packages folder, on every build.
         _run(["tar", "--sort=name", "--numeric-owner", "--owner=0", "--group=0", "-C",
