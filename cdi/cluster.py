@@ -55,10 +55,14 @@ class LocalCluster:
         *minion_args: str,
         network: HostNetwork | None = None,
         logs: str | Path | None = None,
+        keep_objects: bool = False,
     ) -> LocalCluster:
         """Start a controller and ``hosts`` minions with gateways; wait until every gateway
         is in the controller's directory. Host ``n``'s minion socket is
-        ``<directory>/host<n>/minion.sock``; logs go to ``logs`` (default: beside them)."""
+        ``<directory>/host<n>/minion.sock``; logs go to ``logs`` (default: beside them).
+        ``keep_objects``: each minion gets its own state folder, ``<directory>/host<n>/
+        minion-state`` (the minion makes it private), so its objects outlive a restart of it
+        (docs/minion-restart.md)."""
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o755)
@@ -77,12 +81,13 @@ class LocalCluster:
                 home = folder / host.name
                 home.mkdir(exist_ok=True)
                 os.chmod(home, 0o755)
+                state = ("--state-dir", str(home / "minion-state")) if keep_objects else ()
                 minion = MinionChild(
                     str(home / "minion.sock"),
                     "--host", host.name, "--controller", url,
                     "--controller-token-file", str(credentials.minion_token_file(host.name)),
                     "--gateway-key-file", str(credentials.gateway_key_file),
-                    "--rpc-listen", f"{host.address}:0", *minion_args,
+                    "--rpc-listen", f"{host.address}:0", *state, *minion_args,
                     log_path=str(
                         (log_dir / f"cdi-minion-{host.name}.log") if logs else home / "minion.log"
                     ),

@@ -69,8 +69,11 @@ class DirectoryReporter(Protocol):
     def container_gone(self, container_id: str) -> None:
         """A container unregistered or died."""
 
-    def object_changed(self, key: str, size: int, owner: str, generation: int) -> None:
-        """An object was created, resized, transferred or otherwise changed."""
+    def object_changed(
+        self, key: str, size: int, owner: str, generation: int, created_at: float = 0.0
+    ) -> None:
+        """An object was created, resized, transferred or otherwise changed; ``created_at``:
+        when it was made (Unix seconds, as its minion knows it across restarts), 0 if unknown."""
 
     def object_removed(self, key: str) -> None:
         """An object was destroyed or reclaimed."""
@@ -92,7 +95,9 @@ class NullDirectoryReporter:
     def container_gone(self, container_id: str) -> None:
         """Ignore."""
 
-    def object_changed(self, key: str, size: int, owner: str, generation: int) -> None:
+    def object_changed(
+        self, key: str, size: int, owner: str, generation: int, created_at: float = 0.0
+    ) -> None:
         """Ignore."""
 
     def object_removed(self, key: str) -> None:
@@ -171,9 +176,11 @@ class GrpcDirectoryReporter:
         """Report a container that left or died."""
         self._put(_ContainerGone(check_container_id(container_id)))
 
-    def object_changed(self, key: str, size: int, owner: str, generation: int) -> None:
+    def object_changed(
+        self, key: str, size: int, owner: str, generation: int, created_at: float = 0.0
+    ) -> None:
         """Report an object's current state (created, resized, transferred, ...)."""
-        record = ObjectRecord(key, size, owner, generation, updated_at=time.time())
+        record = ObjectRecord(key, size, owner, generation, created_at, updated_at=time.time())
         self._put(check_object_record(record))
 
     def object_removed(self, key: str) -> None:
@@ -283,7 +290,11 @@ class GrpcDirectoryReporter:
                     self._pending_containers[container_id] = None
             case ObjectRecord(key=key):
                 previous = self._objects.get(key)
-                created = previous.created_at if previous else event.updated_at
+                # The minion's own time of creation (it outlives a restart of the minion),
+                # else the first report of the object.
+                created = event.created_at or (
+                    previous.created_at if previous else event.updated_at
+                )
                 record = replace(event, created_at=created)
                 self._objects[key] = record
                 if tracking:

@@ -182,8 +182,11 @@ def _dispatch(event: Any, reporter: DirectoryReporter) -> None:
         (cid,) = args
         reporter.container_gone(cid)
     elif kind == "changed":
-        key, size, owner, generation = args
-        reporter.object_changed(key, size, owner, generation)
+        # created_at: from a minion that reports it (a fifth item); 0 means unknown.
+        key, size, owner, generation, *created = args
+        if len(created) > 1:
+            raise ValueError("a changed event has at most five items")
+        reporter.object_changed(key, size, owner, generation, *created)
     elif kind == "removed":
         (key,) = args
         reporter.object_removed(key)

@@ -129,8 +129,10 @@ class CdiRuntime:
         except CDIError as exc:
             raise StackError(f"CDI hosts: {exc}", log_file=self.logs_dir) from exc
         try:
+            # Each host's minion keeps its objects across a restart of it, in its own state
+            # folder <folder>/host<n>/minion-state (docs/minion-restart.md).
             cluster = LocalCluster.start(
-                self.hosts, self.folder, logs=self.logs_dir, network=network
+                self.hosts, self.folder, logs=self.logs_dir, network=network, keep_objects=True
             )
         except CDIError as exc:
             if network is not self.network:

@@ -37,8 +37,10 @@ class RecordingReporter:
     def container_gone(self, container_id: str) -> None:
         self.calls.append(("gone", container_id))
 
-    def object_changed(self, key: str, size: int, owner: str, generation: int) -> None:
-        self.calls.append(("changed", key, size, owner, generation))
+    def object_changed(
+        self, key: str, size: int, owner: str, generation: int, created_at: float = 0.0
+    ) -> None:
+        self.calls.append(("changed", key, size, owner, generation, created_at))
 
     def object_removed(self, key: str) -> None:
         self.calls.append(("removed", key))
@@ -63,18 +65,21 @@ def _reader(pieces: list[bytes]) -> Callable[[int], bytes]:
 def test_events_reach_the_reporter_whatever_the_pipe_splits() -> None:
     events: list[list[object]] = [
         ["registered", "a", 10, 0],
-        ["changed", "k", 4096, "a", 1],
-        ["changed", "k", 4096, "b", 2],
+        ["changed", "k", 4096, "a", 1, 1_700_000_000.5],
+        ["changed", "k", 4096, "b", 2, 1_700_000_000.5],
         ["removed", "k"],
         ["gone", "a"],
     ]
-    stream = b"".join(msgpack.packb(e) for e in [["store", "s-1", 2, 5], *events])
+    # A "changed" without its time of creation (five items) is taken too: 0, unknown.
+    older = ["changed", "o", 1, "a", 1]
+    stream = b"".join(msgpack.packb(e) for e in [["store", "s-1", 2, 5], *events, older])
     for size in (1, 3, 7, len(stream)):
         reporter = RecordingReporter()
         launcher.relay_events(_reader([*_chunks(stream, size), b""]), reporter)
         # The store: a state folder (an id), the restarts and the objects kept.
         assert reporter.calls[0] == ("store", Restarts(True, 2, 5)), size
-        assert reporter.calls[1:] == [tuple(e) for e in events], size
+        assert reporter.calls[1:-1] == [tuple(e) for e in events], size
+        assert reporter.calls[-1] == (*older, 0.0), size
 
 
 def test_a_malformed_event_is_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:

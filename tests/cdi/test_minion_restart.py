@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import cdi
+from cdi.auth import ClusterCredentials
+from cdi.controller.client import ControllerClient
+from cdi.controller.process import ControllerChild
 from cdi.minion.process import MinionChild
 from tests.cdi.conftest import require_native
 
@@ -22,14 +26,16 @@ from tests.cdi.conftest import require_native
 class Restartable:
     """A real minion on a socket and state folder, killed and started again by the test."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *args: str) -> None:
+        """``args``: more of the minion's options (a controller to report to)."""
         self.socket = str(folder / "minion.sock")
         self.state = str(folder / "state")
+        self.args = args
         self.child: MinionChild | None = None
         self.clients: list[cdi.Client] = []
 
     def start(self) -> None:
-        self.child = MinionChild(self.socket, "--state-dir", self.state).start()
+        self.child = MinionChild(self.socket, "--state-dir", self.state, *self.args).start()
 
     def kill(self) -> None:
         assert self.child is not None and self.child.pid is not None
@@ -176,3 +182,63 @@ def test_a_second_minion_on_the_folder_takes_over_from_a_running_one(
     assert client.describe("carried")["owner"] == "upgraded"
     assert bytes(client.use("carried").access()[:7]) == b"carried"
     assert minion.child is not None and minion.child.pid != old.pid
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _eventually(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _reported_since(directory: ControllerClient, key: str, since: float) -> bool:
+    try:
+        return directory.lookup_object(key).updated_at > since
+    except cdi.ObjectNotFound:
+        return False
+
+
+def test_the_directory_keeps_an_objects_time_of_creation_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The restarted minion announces its objects again with the time each was made, so the
+    directory (and the dashboard's ages) do not take the restart for their creation."""
+    require_native()
+    url = f"grpc://127.0.0.1:{_free_port()}"
+    credentials = ClusterCredentials.ensure(tmp_path / "credentials", ["host-a"])
+    token = str(credentials.minion_token_file("host-a"))
+    with (
+        ControllerChild(url, str(tmp_path / "controller.log"), credentials) as controller,
+        controller.client() as directory,
+    ):
+        minion = Restartable(
+            tmp_path, "--controller", url, "--host", "host-a", "--controller-token-file", token
+        )
+        minion.start()
+        try:
+            made = time.time()
+            writer = minion.client("writer")
+            writer.create("aged", 100).access()[:4] = b"aged"
+            _eventually(lambda: _reported_since(directory, "aged", 0), "the object's report")
+            created = directory.lookup_object("aged").created_at
+            assert made - 1 < created <= time.time()
+            time.sleep(1)  # a time of creation taken at the restart would differ by this much
+            killed_at = time.time()
+            minion.kill()  # the launcher, which relays the events: the minion hands over
+            minion.start()
+            # The new launcher's report of the object (its announce of the kept objects).
+            _eventually(lambda: _reported_since(directory, "aged", killed_at), "the re-announce")
+            again = directory.lookup_object("aged")
+            assert (again.created_at, again.owner, again.host) == (created, "writer", "host-a")
+            assert bytes(writer.use("aged").access()[:4]) == b"aged"
+            writer.use("aged").destroy()
+        finally:
+            minion.stop()

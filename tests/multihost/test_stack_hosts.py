@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -229,6 +231,43 @@ def test_two_schedulers_on_two_hosts(harness: Harness) -> None:
                 else (handoff["to_host"])
             )
             assert mine == home, (done["claimed_by"], handoff)
+
+
+def test_a_killed_minion_on_the_second_host_comes_back_with_its_objects(harness: Harness) -> None:
+    """Host 2's minion keeps its objects in its own state folder: killed (its launcher, the
+    piece the stack supervises), it is started again, and an object that lived there is found
+    again with its owner, its bytes and, in the directory, its time of creation."""
+    stack = harness.stack
+    socket_path = stack.cdi.socket_of("host2")
+    state = Path(socket_path).parent / "minion-state"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700, "the state folder is the minion's only"
+    me = f"hosts-keeper-{os.getpid()}"
+    made = time.time()
+    with cdi.connect(socket_path, me) as keeper:
+        obj = keeper.create("hosts-kept", 4096)
+        obj.access()[:4] = b"kept"
+        time.sleep(2)  # an age counted from the restart would be this much short
+        before = stack.restarts("cdi-minion-host2")
+        killed_at = time.time()
+        stack.kill("cdi-minion-host2")
+        wait_for(lambda: stack.restarts("cdi-minion-host2") > before, "its restart", 60)
+        # The client carries on with the new minion: the same store, the object as it was.
+        assert keeper.describe("hosts-kept")["owner"] == me
+        assert bytes(keeper.use("hosts-kept").access()[:4]) == b"kept"
+
+        def reannounced() -> dict[str, Any] | None:
+            directory = harness.api.get("/api/cdi/objects").json()
+            host2 = [m for m in directory["minions"] if m["host"] == "host2"]
+            if not host2 or host2[0]["restarts"] < 1:
+                return None
+            kept = [o for o in directory["objects"] if o["key"] == "hosts-kept"]
+            return kept[0] if kept and kept[0]["updated_at"] > killed_at else None
+
+        info = wait_for(reannounced, "the object announced again by host 2's minion", 30)
+        assert (info["host"], info["owner"]) == ("host2", me)
+        assert made - 1 < info["created_at"] < killed_at, "its time of creation, not the restart's"
+        assert info["age_s"] > 2
+        keeper.use("hosts-kept").destroy()
 
 
 def test_a_killed_link_emulator_is_restarted_and_the_hosts_workers_go_on(

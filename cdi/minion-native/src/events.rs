@@ -1,7 +1,8 @@
 //! Object and container events for the controller's directory, written to an inherited pipe
 //! (`--events-fd`) as a stream of msgpack arrays that `cdi/minion/launcher.py` relays:
 //! `["registered", cid, pid, uid]`, `["gone", cid]`, `["changed", key, size, owner,
-//! generation]`, `["removed", key]`, and, first of all from a minion with a state folder,
+//! generation, created_at]` (`created_at`: the object's creation, Unix seconds, kept across a
+//! restart), `["removed", key]`, and, first of all from a minion with a state folder,
 //! `["store", store, restarts, kept_objects]` (`docs/minion-restart.md`: its store's id, how
 //! many minions took the store over from another, the objects this one found again).
 //!
@@ -80,13 +81,14 @@ impl EventSink {
         }
     }
 
-    pub fn changed(&mut self, key: &str, size: u64, owner: &str, generation: u64) {
-        if let Some(mut enc) = self.event(5) {
+    pub fn changed(&mut self, key: &str, size: u64, owner: &str, generation: u64, created_at: f64) {
+        if let Some(mut enc) = self.event(6) {
             enc.str("changed");
             enc.str(key);
             enc.uint(size);
             enc.str(owner);
             enc.uint(generation);
+            enc.float(created_at);
         }
     }
 

@@ -465,7 +465,13 @@ impl Registry {
     pub fn changed(&mut self, key: &str) {
         if let Some(obj) = self.objects.get(key) {
             if let Some(sink) = self.events.as_mut() {
-                sink.changed(&obj.key, obj.size, &obj.owner, obj.generation);
+                sink.changed(
+                    &obj.key,
+                    obj.size,
+                    &obj.owner,
+                    obj.generation,
+                    obj.created_at,
+                );
             }
             if self.journal.is_some() {
                 self.dirty.push(obj.key.clone());
