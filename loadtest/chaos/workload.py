@@ -211,12 +211,14 @@ class Workload:
         since = datetime.fromtimestamp(min(r.started_at for r in waiting) - CLOCK_SLACK_S, UTC)
         rows: dict[str, dict[str, Any]] = {}
         wanted = {r.id for r in waiting}
-        for offset in itertools.count(0, PAGE):
-            found = self._page({"created_after": since.isoformat()}, offset)
-            if found is None:
+        cursor: str | None = None
+        while True:  # by cursor: an offset past the API's MAX_OFFSET is refused (422)
+            page = self._page({"created_after": since.isoformat()}, cursor)
+            if page is None:
                 return  # the API is away now: look again later
+            found, cursor = page
             rows.update((item["id"], item) for item in found if item["id"] in wanted)
-            if len(found) < PAGE or len(rows) == len(wanted):
+            if cursor is None or len(rows) == len(wanted):
                 break
         unseen = [r for r in waiting if r.id not in rows]
         if unseen:
@@ -254,18 +256,23 @@ class Workload:
             total += int(reply.json()["total"])
         return total
 
-    def _page(self, filters: dict[str, str], offset: int) -> list[dict[str, Any]] | None:
-        params: dict[str, str | int] = {
-            "workflow": PIPELINE, "limit": PAGE, "offset": offset, **filters,
-        }  # fmt: skip
+    def _page(
+        self, filters: dict[str, str], cursor: str | None
+    ) -> tuple[list[dict[str, Any]], str | None] | None:
+        """One page of the pipeline's runs from ``cursor`` (the first without one) and the
+        cursor of the next (``None`` at the last); ``None`` while the API does not answer."""
+        params: dict[str, str | int] = {"workflow": PIPELINE, "limit": PAGE, **filters}
+        if cursor is not None:
+            params["cursor"] = cursor
         try:
             reply = self.api.get("/api/workflows", params=params)
         except httpx.HTTPError:
             return None
         if reply.status_code != 200:
             return None
-        items: list[dict[str, Any]] = reply.json()["items"]
-        return items
+        body = reply.json()
+        items: list[dict[str, Any]] = body["items"]
+        return items, body.get("next_cursor")
 
     def _one(self, workflow_id: str) -> dict[str, Any] | None:
         try:

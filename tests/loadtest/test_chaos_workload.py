@@ -1,0 +1,53 @@
+"""How a chaos case reads back what it started: every run, however many, by the list's
+cursor. A small fake API here: the real list's cursor paging is tested against Postgres in
+``tests/orchestrator/test_history_lists.py``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from loadtest.chaos.workload import PAGE, Started, Workload
+
+MAX_OFFSET = 10_000  # the API's, past which an offset is refused
+
+
+class _Api:
+    """``GET /api/workflows``: ``rows`` newest first, by cursor (an index here), refusing an
+    offset past ``MAX_OFFSET`` as the API does."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows, self.calls = rows, 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        offset = int(request.url.params.get("offset", "0"))
+        if offset > MAX_OFFSET:
+            return httpx.Response(422, json={"detail": "offset too large"})
+        limit = int(request.url.params["limit"])
+        start = offset + int(request.url.params.get("cursor", "0"))
+        page = self.rows[start : start + limit]
+        after = start + limit
+        cursor = str(after) if after < len(self.rows) else None
+        return httpx.Response(200, json={"items": page, "next_cursor": cursor})
+
+
+def _workload(api: _Api) -> Workload:
+    work = Workload.__new__(Workload)  # no stack: only its API client is used here
+    work.api = httpx.Client(base_url="http://api.test", transport=httpx.MockTransport(api))
+    work._singles = 0
+    return work
+
+
+def test_every_run_is_read_past_the_apis_offset_limit() -> None:
+    count = MAX_OFFSET + 3 * PAGE
+    now = time.time()
+    runs = {f"run-{i}": Started(f"run-{i}", "in.jpg", "auto", "cdi", now) for i in range(count)}
+    rows = [{"id": run_id, "status": "COMPLETED", "finished_at": None} for run_id in runs]
+    api = _Api(rows[::-1])
+    work = _workload(api)
+    work.refresh(runs)
+    assert all(r.status == "COMPLETED" for r in runs.values())
+    assert api.calls == -(-count // PAGE)  # a page per 200, not a request per run
