@@ -22,10 +22,9 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import boto3
 import click
@@ -44,21 +43,6 @@ __all__ = ["bench_cache_command", "measure_cache"]
 
 SYSTEMS = ("no-cache", "cache")
 _SAMPLE = re.compile(r"^(cdiflow_worker_input_\w+?)(?:_total)? ([0-9.e+]+)$", re.M)
-
-
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """The stack's processes inherit the environment: set ``values`` while it starts."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _input_figures(stack: Stack) -> dict[str, float]:
@@ -100,7 +84,7 @@ def _run_system(
     env = {"CDIFLOW_INPUT_CACHE": "1" if system == "cache" else "0",
            "CDIFLOW_INPUT_CACHE_MIB": str(budget_mib)}  # fmt: skip
     with (
-        _environment(env),
+        mock.patch.dict(os.environ, env),  # the stack's processes inherit it
         Stack(
             folder / f"stack-{label}",
             workers=workers,

@@ -74,3 +74,15 @@ def s3(s3_endpoint: str, s3_keys: tuple[str, str]) -> Any:
     """A boto3 client of the session's S3 endpoint."""
     return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
                         aws_access_key_id=s3_keys[0], aws_secret_access_key=s3_keys[1])  # fmt: skip
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A data folder with a short path: a stack's minion socket under pytest's ``tmp_path``
+    (deeper under parallel runs, ``popen-gw<n>/``) can pass the 107 bytes a Unix socket's
+    path may have."""
+    folder = Path(tempfile.mkdtemp(prefix="cdiflow-short-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -131,21 +131,25 @@ class MinionConnection:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 return self._blocking_again(op, left, args)
             except AccessTimeout:
-                # Withdraw the request; a grant that crossed our cancel still counts.
-                cancel_id = self._send(protocol.Op.CANCEL, {"ref": request_id})
-                granted: tuple[dict[str, Any], int | None] | None = None
-                while True:
-                    body, fd = self._next_reply(deadline=None)
-                    if body.get("id") == request_id:
-                        granted = (body, fd)
-                    elif body.get("id") == cancel_id:
-                        break
-                    elif fd is not None:
-                        os.close(fd)
+                granted = self._withdraw(request_id)
                 if granted is None:
                     raise
                 reply, fd = granted
             return _checked(reply), fd
+
+    def _withdraw(self, request_id: int) -> tuple[dict[str, Any], int | None] | None:
+        """Cancel a deferred request that timed out: the grant that crossed the cancel (it
+        still counts), else ``None``."""
+        cancel_id = self._send(protocol.Op.CANCEL, {"ref": request_id})
+        granted: tuple[dict[str, Any], int | None] | None = None
+        while True:
+            body, fd = self._next_reply(deadline=None)
+            if body.get("id") == request_id:
+                granted = (body, fd)
+            elif body.get("id") == cancel_id:
+                return granted
+            elif fd is not None:
+                os.close(fd)
 
     # ---------------------------------------------------------------- reconnection
     def _resume(self) -> bool:
@@ -222,16 +226,7 @@ class MinionConnection:
         try:
             reply, fd = self._receive(request_id, deadline=deadline, spin=True)
         except AccessTimeout:
-            cancel_id = self._send(protocol.Op.CANCEL, {"ref": request_id})
-            granted: tuple[dict[str, Any], int | None] | None = None
-            while True:
-                body, fd = self._next_reply(deadline=None)
-                if body.get("id") == request_id:
-                    granted = (body, fd)
-                elif body.get("id") == cancel_id:
-                    break
-                elif fd is not None:
-                    os.close(fd)
+            granted = self._withdraw(request_id)
             if granted is None:
                 raise
             reply, fd = granted

@@ -10,13 +10,14 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from unittest import mock
 
-import boto3
 import httpx
 import pytest
 
 import cdi
 from cdi import channels
+from loadtest.systems.services import s3_client
 from orchestrator.stack import Stack
 from tests.dashboard.browser import UI, browser, ui
 from tests.dashboard.support import Harness, free_port, sample, wait_for
@@ -33,28 +34,19 @@ def harness() -> Iterator[Harness]:
     """This module's own stack: the cache is on for its workers (they inherit the setting)."""
     folder = tempfile.mkdtemp(prefix="cdiflow-ui-host-")
     os.chmod(folder, 0o755)
-    saved = {name: os.environ.get(name) for name in CACHE_ENV}
-    os.environ.update(CACHE_ENV)
     try:
-        with Stack(folder, workers=2, port=free_port()) as stack:
+        # The stack's processes inherit the setting.
+        with (
+            mock.patch.dict(os.environ, CACHE_ENV),
+            Stack(folder, workers=2, port=free_port()) as stack,
+        ):
             services = stack.services
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=services.s3_endpoint_url,
-                region_name=services.aws_region,
-                aws_access_key_id=services.aws_access_key_id,
-                aws_secret_access_key=services.aws_secret_access_key,
-            )
+            s3 = s3_client(services)
             with httpx.Client(
                 base_url=stack.api_url, timeout=30, headers=stack.auth_headers
             ) as api:
                 yield Harness(stack, api, s3, services.s3_bucket)
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         subprocess.run(["rm", "-rf", folder], check=False)
 
 

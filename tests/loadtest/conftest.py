@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -33,15 +29,3 @@ def unavailable(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(reason)
     pytest.skip(reason)
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A data folder with a short path: a stack's minion socket under pytest's ``tmp_path``
-    (deeper under parallel runs, ``popen-gw<n>/``) can pass the 107 bytes a Unix socket's
-    path may have."""
-    folder = Path(tempfile.mkdtemp(prefix="cdiflow-lt-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)

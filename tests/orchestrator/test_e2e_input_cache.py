@@ -8,6 +8,7 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from unittest import mock
 
 import httpx
 import pytest
@@ -30,10 +31,12 @@ _SAMPLE = re.compile(r"^(cdiflow_worker_input_\w+?)(?:_total)? ([0-9.e+]+)$", re
 def harness() -> Iterator[Harness]:
     folder = tempfile.mkdtemp(prefix="cdiflow-e2e-cache-")
     os.chmod(folder, 0o755)
-    saved = {name: os.environ.get(name) for name in CACHE_ENV}
-    os.environ.update(CACHE_ENV)  # the stack's processes inherit it
     try:
-        with Stack(folder, workers=2, port=free_port()) as stack:
+        # The stack's processes inherit the setting.
+        with (
+            mock.patch.dict(os.environ, CACHE_ENV),
+            Stack(folder, workers=2, port=free_port()) as stack,
+        ):
             h = Harness(stack)
             yield h
             h.api.close()
@@ -44,11 +47,6 @@ def harness() -> Iterator[Harness]:
                 assert all(o["owner"].endswith(".input-cache") for o in left), left
                 assert sum(o["size"] for o in left) <= 256 << 20
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         subprocess.run(["rm", "-rf", folder], check=False)
 
 

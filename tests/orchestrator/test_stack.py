@@ -106,11 +106,9 @@ def _redis_db(url: str, db: int) -> str:
 
 
 @pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A data folder with a short path (a Unix socket path is limited to 107 bytes)."""
-    folder = Path(tempfile.mkdtemp(prefix="cdiflow-stack-"))
-    yield folder / "data"
-    shutil.rmtree(folder, ignore_errors=True)
+def short_dir(short_dir: Path) -> Path:
+    """The shared short folder's ``data``, not made yet (as on a first ``cdiflow up``)."""
+    return short_dir / "data"
 
 
 @pytest.fixture(scope="module")
