@@ -35,8 +35,8 @@ if TYPE_CHECKING:
         SCHEDULES,
         announce_finished,
         read_wake,
+        wake_for_starts,
         wake_scheduler,
-        wake_scheduler_async,
     )
 
 __all__ = [
@@ -51,12 +51,12 @@ __all__ = [
     "announce_finished",
     "keys",
     "read_wake",
+    "wake_for_starts",
     "wake_scheduler",
-    "wake_scheduler_async",
 ]
 
 _WAKEUPS: Final = frozenset({"SCHEDULES", "announce_finished", "read_wake", "wake_scheduler",
-                             "wake_scheduler_async"})  # fmt: skip
+                             "wake_for_starts"})  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 import redis
@@ -32,9 +33,9 @@ __all__ = [
     "Wake",
     "announce_finished",
     "read_wake",
+    "wake_for_starts",
     "wake_message",
     "wake_scheduler",
-    "wake_scheduler_async",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,14 +91,15 @@ def wake_scheduler(
         log.warning("could not wake the scheduler (%s): %s", message, exc)
 
 
-async def wake_scheduler_async(
-    client: redis.asyncio.Redis, workflow_id: uuid.UUID, *, cancel: bool = False
-) -> None:
-    """``wake_scheduler`` for a caller on an event loop."""
+async def wake_for_starts(client: redis.asyncio.Redis, workflow_ids: Sequence[uuid.UUID]) -> None:
+    """Wake the schedulers once for ``workflow_ids``, started by one commit, from an event loop.
+    *Why once:* a claim takes every run waiting, so one wake-up brings them all in."""
+    if not workflow_ids:
+        return
     try:
-        await client.lpush(keys.WAKE, wake_message(workflow_id, cancel=cancel))
+        await client.lpush(keys.WAKE, wake_message(workflow_ids[-1]))
     except redis.RedisError as exc:
-        log.warning("could not wake the scheduler for workflow %s: %s", workflow_id, exc)
+        log.warning("could not wake the scheduler for %d new runs: %s", len(workflow_ids), exc)
 
 
 def announce_finished(client: redis.Redis, workflow_id: uuid.UUID) -> None:

@@ -42,6 +42,7 @@ from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
+from orchestrator.contract import wake_for_starts
 from orchestrator.controller.api.deps import Resources
 from orchestrator.controller.api.main import api_router
 from orchestrator.controller.api.routes.cdi import check_reader_token
@@ -290,9 +291,11 @@ def create_app(
             )
         )
         app.state.resources = resources
-        app.state.run_store = runs = AsyncRunStore(resources.engine.url)
-        app.state.async_redis = loop_redis = redis.asyncio.Redis.from_url(
+        loop_redis = redis.asyncio.Redis.from_url(
             redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=5
+        )
+        app.state.run_store = runs = AsyncRunStore(
+            resources.engine.url, started=partial(wake_for_starts, loop_redis)
         )
         await runs.open()
         app.state.finish_watch = watch = FinishWatch(

@@ -15,26 +15,39 @@ steady use, the pool's idle connections are checked and the statement runs once 
 another connection: a read changes nothing, and a start that committed before its connection
 dropped finds its run the second time instead of inserting it again (the API chose its id).
 
-*Back-pressure.* At most ``MAX_WAITING`` statements wait for a connection; one more is refused
-at once with ``Overloaded`` (HTTP 429, ``Retry-After``) instead of joining a queue it would
-leave only by the pool's timeout, as a 503 naming a Postgres that is in fact answering. *Why
-here:* the connections are what a burst of starts runs out of; the event loop takes
-thousands of requests, each a few bytes, and refuses the excess cheaply.
+*Starts go in groups* (group commit). A start that finds no group being written is written at
+once, alone; those that arrive while a group's statement and commit are in flight wait for it
+and then go together, up to ``MAX_GROUP``, in one statement (``CREATE_STATEMENT`` takes arrays)
+and one commit: one WAL flush and one wake-up of the scheduler for the group instead of one
+each. Each request is answered once its run is committed. Under load a group takes what
+arrived during the last commit; idle, a start waits for nothing. A start that makes no run
+(its definition gone, its ``Idempotency-Key`` taken) is told so alone, as before; a statement
+that fails for a reason other than the connection is tried again one start at a time, so a
+start Postgres refuses fails alone.
+
+*Back-pressure.* At most ``MAX_WAITING`` statements wait for a connection, and at most
+``MAX_WAITING`` starts for their group; one more is refused at once with ``Overloaded`` (HTTP
+429, ``Retry-After``) instead of joining a queue it would leave only by the pool's timeout, as a
+503 naming a Postgres that is in fact answering. *Why here:* the connections are what a burst
+of starts runs out of; the event loop takes thousands of requests, each a few bytes, and
+refuses the excess cheaply.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 import psycopg
 from psycopg.rows import namedtuple_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout, TooManyRequests
 from sqlalchemy import URL
 
@@ -47,6 +60,7 @@ from orchestrator.db.repository.workflows import (
     IDEMPOTENT_SQL,
     RECENT_EVENTS_SQL,
     STATUS_SQL,
+    create_many_params,
     create_params,
 )
 from orchestrator.errors import IdempotencyKeyReused, NotFound, Overloaded, ServiceError
@@ -61,17 +75,47 @@ POOL_MAX: Final = 8  # statements in flight at once; the loop thread runs one at
 # machine, far below its timeout.
 MAX_WAITING: Final = 16 * POOL_MAX
 RETRY_AFTER_S: Final = 1
+MAX_GROUP: Final = 64  # starts in one statement and commit
+
+Started = Callable[[Sequence[uuid.UUID]], Awaitable[None]]
 
 T = TypeVar("T")
 _Row = Any  # a named tuple: attributes by column name, as the API's schemas read rows
 
 
+@dataclass
+class _Start:
+    """A start waiting for its group: its parameters, and the answer it waits for."""
+
+    params: dict[str, Any]
+    answer: asyncio.Future[_Row | None] = field(repr=False)
+
+    @property
+    def id(self) -> uuid.UUID:
+        workflow_id: uuid.UUID = self.params["id"]
+        return workflow_id
+
+    def tell(self, outcome: _Row | BaseException | None) -> None:
+        if self.answer.done():  # its request went away: the run stands, nobody asks
+            return
+        if isinstance(outcome, BaseException):
+            self.answer.set_exception(outcome)
+        else:
+            self.answer.set_result(outcome)
+
+
 class AsyncRunStore:
     """An asyncio psycopg pool for the API's per-request statements: a run's start, status
-    and detail, and the API key a request came with."""
+    and detail, and the API key a request came with. ``started`` is told the ids of the runs
+    each commit made (to wake the scheduler once for them)."""
 
     def __init__(
-        self, database_url: URL, *, max_size: int | None = None, max_waiting: int | None = None
+        self,
+        database_url: URL,
+        *,
+        max_size: int | None = None,
+        max_waiting: int | None = None,
+        started: Started | None = None,
     ) -> None:
         conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._returned: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float]
@@ -89,11 +133,17 @@ class AsyncRunStore:
             # round trips; prepared on the server at its second use, like the engine's.
             kwargs={"autocommit": True, "prepare_threshold": 1, "row_factory": namedtuple_row},
         )
+        self._started = started
+        self._max_waiting = MAX_WAITING if max_waiting is None else max_waiting
+        self._waiting: list[_Start] = []  # for the next group
+        self._writer: asyncio.Task[None] | None = None  # writes groups while starts wait
 
     async def open(self) -> None:
         await self._pool.open()
 
     async def close(self) -> None:
+        if self._writer is not None:
+            await asyncio.wait([self._writer])
         await self._pool.close()
 
     # ------------------------------------------------------------------ statements
@@ -135,25 +185,88 @@ class AsyncRunStore:
             request_digest=request_digest,
             timeout_s=timeout_s,
         )
-        params["input"], params["event"] = Jsonb(params["input"]), Jsonb(params["event"])
+        if len(self._waiting) >= self._max_waiting:
+            raise Overloaded(
+                f"the API is at capacity ({len(self._waiting)} starts already wait for the one "
+                f"being written); send the request again in {RETRY_AFTER_S} s",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        start = _Start(params, asyncio.get_running_loop().create_future())
+        self._waiting.append(start)
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_groups())
+        return await start.answer
 
-        async def insert(conn: psycopg.AsyncConnection[_Row]) -> _Row | None:
-            cursor = await conn.execute(CREATE_SQL, params)
+    async def _write_groups(self) -> None:
+        """Write the starts waiting, a group at a time, until none waits."""
+        group: list[_Start] = []
+        try:
+            while self._waiting:
+                group, self._waiting = self._waiting[:MAX_GROUP], self._waiting[MAX_GROUP:]
+                outcomes: list[_Row | Exception | None]
+                try:
+                    outcomes = await self._twice(functools.partial(self._insert, group))
+                except Exception as exc:  # the connection, the pool, the disk: the group's
+                    outcomes = [exc] * len(group)
+                made = [
+                    s.id
+                    for s, row in zip(group, outcomes, strict=True)
+                    if row is not None and not isinstance(row, Exception) and row.id == s.id
+                ]
+                if made and self._started is not None:
+                    try:
+                        await self._started(made)
+                    except Exception:  # a hint: the scheduler also looks at Postgres
+                        log.exception("could not tell that %d runs were started", len(made))
+                for start, outcome in zip(group, outcomes, strict=True):
+                    start.tell(outcome)
+        finally:
+            for start in [*group, *self._waiting]:
+                start.answer.cancel()  # only those not told: the store is closing
+            self._waiting, self._writer = [], None
+
+    async def _insert(
+        self, group: list[_Start], conn: psycopg.AsyncConnection[_Row]
+    ) -> list[_Row | Exception | None]:
+        """The group's runs in one statement (one transaction), then what each start made;
+        one start at a time if Postgres refused the statement (connection failures go up)."""
+        try:
+            cursor = await conn.execute(CREATE_SQL, create_many_params([s.params for s in group]))
+            rows = {row.id: row for row in await cursor.fetchall()}
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            if len(group) == 1:
+                return [exc]
+            log.warning("Postgres refused %d starts together (%s): one at a time", len(group), exc)
+            return [outcome for s in group for outcome in await self._insert([s], conn)]
+        outcomes: list[_Row | Exception | None] = []
+        for start in group:
+            try:
+                outcomes.append(rows.get(start.id) or await self._not_inserted(conn, start))
+            except IdempotencyKeyReused as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    @staticmethod
+    async def _not_inserted(conn: psycopg.AsyncConnection[_Row], start: _Start) -> _Row | None:
+        """Why the statement made no run for ``start``: its key's run, an earlier try's run, or
+        ``None`` (no such definition)."""
+        params = start.params
+        key, digest = params["idempotency_key"], params["request_digest"]
+        if key is not None:
+            # The key is taken (by a start committed before, or one before it in the group):
+            # the run it made, if the body is the same.
+            found = {"started_by": params["started_by"], "idempotency_key": key}
+            cursor = await conn.execute(IDEMPOTENT_SQL, found)
             row = await cursor.fetchone()
-            if row is None and idempotency_key is not None:
-                # The key is taken (a concurrent start with it waited for that one's commit
-                # and inserted nothing): the run it made, if the body is the same.
-                key = {"started_by": started_by, "idempotency_key": idempotency_key}
-                cursor = await conn.execute(IDEMPOTENT_SQL, key)
-                row = await cursor.fetchone()
-                if row is not None and row.request_digest != request_digest:
-                    raise IdempotencyKeyReused(idempotency_key, row.id)
-            if row is None:  # no such definition, or an earlier try committed this very run
-                cursor = await conn.execute(DETAIL_SQL, {"id": workflow_id})
-                row = await cursor.fetchone()
-            return row
-
-        return await self._twice(insert)
+            if row is not None:
+                if row.request_digest != digest:
+                    raise IdempotencyKeyReused(key, row.id)
+                return row
+        # No such definition, or an earlier try committed this very run.
+        cursor = await conn.execute(DETAIL_SQL, {"id": start.id})
+        return await cursor.fetchone()
 
     async def status(self, workflow_id: uuid.UUID) -> WorkflowStatus:
         """The run's status alone (what a long poll looks at before an announcement);

@@ -11,13 +11,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import boto3
 import httpx
 import numpy as np
+import psycopg
 import pytest
 from PIL import Image
 
@@ -313,6 +316,67 @@ def test_a_burst_waits_pending_beyond_the_active_limit(harness: Harness) -> None
         raise AssertionError("the burst did not finish within 120 s")
     assert 0 < running_at_most <= MAX_ACTIVE
     assert all(harness.get(i)["status"] == "COMPLETED" for i in ids)
+
+
+def _at_once(harness: Harness, bodies: list[tuple[dict[str, Any], dict[str, str]]]) -> list[Any]:
+    """Each (body, headers) posted as a start, all at once from as many connections."""
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(
+            pool.map(lambda b: harness.api.post("/api/workflows", json=b[0], headers=b[1]), bodies)
+        )
+
+
+def _created_events(harness: Harness, ids: list[str]) -> dict[str, int]:
+    """How many ``workflow.created`` events each run has."""
+    url = harness.stack.services.database_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT workflow_id::text, count(*) FROM events WHERE kind = 'workflow.created' "
+            "AND workflow_id = ANY(%s::uuid[]) GROUP BY workflow_id",
+            (ids,),
+        ).fetchall()
+    return {str(i): int(str(n)) for i, n in rows}
+
+
+def test_concurrent_starts_are_each_recorded_once_and_run(harness: Harness) -> None:
+    """40 starts from 40 connections at once (the API writes those that arrive together in one
+    statement and commit): 40 runs, each recorded once, each completed."""
+    tag = f"together-{uuid.uuid4().hex[:8]}"
+    body = {"workflow": "noop_pipeline", "input": {}, "tags": [tag], "policy": "transfer"}
+    replies = _at_once(harness, [(body, {})] * 40)
+    assert [r.status_code for r in replies] == [201] * 40, [r.text for r in replies]
+    ids = [r.json()["id"] for r in replies]
+    assert len(set(ids)) == 40
+    listed = harness.api.get("/api/workflows", params={"tag": tag, "limit": 100}).json()
+    assert sorted(w["id"] for w in listed["items"]) == sorted(ids)
+    assert _created_events(harness, ids) == dict.fromkeys(ids, 1)
+    assert all(harness.wait(i)["status"] == "COMPLETED" for i in ids)
+
+
+def test_a_bad_start_among_concurrent_ones_fails_alone(harness: Harness) -> None:
+    """Among 12 good starts sent at once: one of a workflow that does not exist (404), one
+    reusing an Idempotency-Key with another body (422), one repeating a keyed start (the run
+    that start made, replayed). The good ones are answered and run as if alone."""
+    key = {"Idempotency-Key": f"e2e-{uuid.uuid4()}"}
+    good = {"workflow": "noop_pipeline", "input": {}}
+    first = harness.api.post("/api/workflows", json=good, headers=key)
+    assert first.status_code == 201, first.text
+    other = {"workflow": "noop_pipeline", "input": {"data": {"n": 1}}}
+    missing = {"workflow": "no_such_workflow", "input": {}}
+    bodies: list[tuple[dict[str, Any], dict[str, str]]] = [(good, {}) for _ in range(12)]
+    bodies[3], bodies[7], bodies[9] = (missing, {}), (other, key), (good, key)
+    replies = _at_once(harness, bodies)
+    assert replies[3].status_code == 404, replies[3].text
+    assert replies[7].status_code == 422 and replies[7].json()["code"] == "idempotency_key_reused"
+    assert replies[9].status_code == 201 and replies[9].headers["Idempotent-Replayed"] == "true"
+    assert replies[9].json()["id"] == first.json()["id"]
+    fine = [r for n, r in enumerate(replies) if n not in (3, 7, 9)]
+    assert [r.status_code for r in fine] == [201] * 9, [r.text for r in fine]
+    assert all("Idempotent-Replayed" not in r.headers for r in fine)
+    ids = [r.json()["id"] for r in fine] + [first.json()["id"]]
+    assert len(set(ids)) == 10
+    assert _created_events(harness, ids) == dict.fromkeys(ids, 1)
+    assert all(harness.wait(i)["status"] == "COMPLETED" for i in ids)
 
 
 def test_an_image_task_in_a_dataless_workflow_fails_it_with_a_reason(harness: Harness) -> None:

@@ -25,7 +25,6 @@ __all__ = [
     "SessionDep",
     "SettingsDep",
     "StoreDep",
-    "async_redis",
     "get_db",
     "get_redis",
     "get_settings",
@@ -98,12 +97,6 @@ def run_store(request: Request) -> AsyncRunStore:
     """The app's store for a workflow's start and reads on the event loop."""
     store: AsyncRunStore = request.app.state.run_store
     return store
-
-
-def async_redis(request: Request) -> redis.asyncio.Redis:
-    """The app's Redis client for the event loop (the new run's wake-up)."""
-    client: redis.asyncio.Redis = request.app.state.async_redis
-    return client
 
 
 def utc(moment: datetime) -> datetime:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from psycopg.types.json import Jsonb
 from sqlalchemy import (
     ColumnElement,
     Connection,
@@ -30,7 +31,7 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import ClauseElement
@@ -63,6 +64,7 @@ __all__ = [
     "WorkflowFilter",
     "beyond_statement",
     "cancel_workflow",
+    "create_many_params",
     "create_params",
     "create_workflow",
     "definition_not_found",
@@ -148,49 +150,61 @@ def _id_prefix(prefix: str) -> list[ColumnElement[bool]]:
     return out
 
 
-# One statement (one round trip): the definition must exist, the run and its event are written
-# together. *Why:* starting workflows is the API's hottest write; the ORM took four round trips.
-# The API runs it on its event loop (``CREATE_SQL``). A run whose id exists already is left as
-# it is (no row returned, no event): a start sent again after its connection dropped does
-# nothing the second time. The run records the definition's current version, or ``:version``
-# when one is asked for (it must exist), and its time limit: the start's, else that version's.
-# The definition's row is share-locked (``FOR KEY SHARE``, which the foreign key's check takes
-# anyway): a delete, which locks it first, then counts this run or refuses it.
+# One statement (one round trip) for any number of starts: the definition must exist, each run
+# and its event are written together. *Why:* starting workflows is the API's hottest write; the
+# ORM took four round trips, and starts that arrive together share one statement and one
+# commit (``db.async_run_store``). Its parameters are arrays, one element a start
+# (``create_many_params``); the API runs it on its event loop (``CREATE_SQL``). A run whose id
+# exists already, or whose caller's ``Idempotency-Key`` is taken (by an earlier start, or by one
+# before it in the same statement), is left as it is (no row returned, no event): a start sent
+# again after its connection dropped does nothing the second time. A run records the
+# definition's current version, or its ``version`` when one is asked for (it must exist), and
+# its time limit: the start's, else that version's. The definitions' rows are share-locked
+# (``FOR KEY SHARE``, which the foreign key's check takes anyway): a delete, which locks its row
+# first, then counts these runs or refuses them.
 CREATE_STATEMENT = text(
     """
-    WITH w AS (
+    WITH given AS (
+        SELECT * FROM unnest(
+            CAST(:ids AS uuid[]), CAST(:definitions AS varchar[]), CAST(:versions AS integer[]),
+            CAST(:policies AS workflow_policy[]), CAST(:data_planes AS data_plane[]),
+            CAST(:inputs AS jsonb[]), CAST(:retry_ofs AS uuid[]),
+            CAST(:started_bys AS varchar[]), CAST(:priorities AS integer[]),
+            CAST(:tags AS jsonb[]), CAST(:idempotency_keys AS varchar[]),
+            CAST(:request_digests AS varchar[]), CAST(:timeouts AS float8[]),
+            CAST(:events AS jsonb[])
+        ) WITH ORDINALITY AS g(id, definition, version, policy, data_plane, input, retry_of,
+                               started_by, priority, tags, idempotency_key, request_digest,
+                               timeout_s, event, n)
+    ), w AS (
         INSERT INTO workflows (id, definition, definition_version, status, policy, data_plane,
                                input, retry_of, started_by, priority, tags, idempotency_key,
                                request_digest, timeout_s)
-        SELECT CAST(:id AS uuid), d.name, coalesce(CAST(:version AS integer), d.version),
-               'PENDING', CAST(:policy AS workflow_policy), CAST(:data_plane AS data_plane),
-               :input, CAST(:retry_of AS uuid), CAST(:started_by AS varchar),
-               coalesce(CAST(:priority AS integer), d.priority), CAST(:tags AS varchar[]),
-               CAST(:idempotency_key AS varchar), CAST(:request_digest AS varchar),
-               coalesce(CAST(:timeout_s AS float8), CASE
-                   WHEN CAST(:version AS integer) IS NULL THEN d.timeout_s
+        SELECT g.id, d.name, coalesce(g.version, d.version), 'PENDING', g.policy, g.data_plane,
+               g.input, g.retry_of, g.started_by, coalesce(g.priority, d.priority),
+               CAST(ARRAY(SELECT jsonb_array_elements_text(g.tags)) AS varchar[]),
+               g.idempotency_key, g.request_digest,
+               coalesce(g.timeout_s, CASE
+                   WHEN g.version IS NULL THEN d.timeout_s
                    ELSE (SELECT v.timeout_s FROM workflow_definition_versions v
-                         WHERE v.name = d.name AND v.version = CAST(:version AS integer))
+                         WHERE v.name = d.name AND v.version = g.version)
                END)
-        FROM workflow_definitions d
-        WHERE d.name = :definition AND d.deleted_at IS NULL
-          AND (CAST(:version AS integer) IS NULL OR EXISTS (
+        FROM given g
+        JOIN workflow_definitions d ON d.name = g.definition AND d.deleted_at IS NULL
+        WHERE g.version IS NULL OR EXISTS (
                 SELECT 1 FROM workflow_definition_versions v
-                WHERE v.name = d.name AND v.version = CAST(:version AS integer)))
+                WHERE v.name = d.name AND v.version = g.version)
+        ORDER BY g.n
         FOR KEY SHARE OF d
         ON CONFLICT DO NOTHING
         RETURNING *
     ), ev AS (
         INSERT INTO events (workflow_id, kind, data)
-        SELECT id, 'workflow.created', :event FROM w
+        SELECT w.id, 'workflow.created', g.event FROM w JOIN given g ON g.id = w.id
+        ORDER BY g.n
     )
     SELECT * FROM w
     """
-).bindparams(
-    bindparam("id", type_=Uuid),
-    bindparam("retry_of", type_=Uuid),
-    bindparam("input", type_=JSONB),
-    bindparam("event", type_=JSONB),
 )
 
 # The run an earlier start made with this caller's ``Idempotency-Key`` (``ON CONFLICT DO
@@ -232,7 +246,7 @@ def create_workflow(
         timeout_s=timeout_s,
     )
     query = select(Workflow).from_statement(CREATE_STATEMENT)
-    created: Workflow | None = session.scalars(query, params).one_or_none()
+    created: Workflow | None = session.scalars(query, create_many_params([params])).one_or_none()
     if created is None:
         raise definition_not_found(session, definition, version)
     return created
@@ -267,7 +281,8 @@ def create_params(
     request_digest: str | None = None,
     timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """The parameters of ``CREATE_STATEMENT``; ``workflow_id``: one the caller chose (it
+    """One start's values for ``CREATE_STATEMENT`` (``create_many_params``); ``workflow_id``:
+    one the caller chose (it
     listens for the run's end already); ``version``: a version of the definition to run
     instead of its current one; ``priority``: None for the definition's; ``timeout_s``: a
     time limit instead of the version's."""
@@ -295,6 +310,26 @@ def create_params(
         "request_digest": request_digest,
         "timeout_s": timeout_s,
         "event": event,
+    }
+
+
+# ``create_params``'s keys and the array parameters of ``CREATE_STATEMENT`` they fill.
+_ARRAYS: Final = {
+    "id": "ids", "definition": "definitions", "version": "versions", "policy": "policies",
+    "data_plane": "data_planes", "input": "inputs", "retry_of": "retry_ofs",
+    "started_by": "started_bys", "priority": "priorities", "tags": "tags",
+    "idempotency_key": "idempotency_keys", "request_digest": "request_digests",
+    "timeout_s": "timeouts", "event": "events",
+}  # fmt: skip
+_JSON: Final = ("input", "tags", "event")
+
+
+def create_many_params(starts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters of ``CREATE_STATEMENT`` for ``starts`` (each ``create_params``'s), in
+    their order."""
+    return {
+        name: [Jsonb(s[key]) if key in _JSON else s[key] for s in starts]
+        for key, name in _ARRAYS.items()
     }
 
 

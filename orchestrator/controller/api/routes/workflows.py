@@ -10,13 +10,12 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from orchestrator.contract import announce_finished, wake_scheduler, wake_scheduler_async
+from orchestrator.contract import announce_finished, wake_scheduler
 from orchestrator.contract.vocabulary import DataPlane, Policy, WorkflowStatus
 from orchestrator.controller.api.deps import (
     RedisDep,
     Resources,
     SessionDep,
-    async_redis,
     run_store,
     utc,
 )
@@ -175,9 +174,7 @@ async def _create(
     response.headers["Location"] = f"/api/workflows/{row.id}"
     if row.id != workflow_id:
         response.headers["Idempotent-Replayed"] = "true"  # the run an earlier request started
-    else:
-        await wake_scheduler_async(async_redis(request), row.id)
-    return row
+    return row  # the store woke the scheduler for the runs its commit made
 
 
 def _check_one_chain(resources: Resources, workflow: str, version: int | None) -> None:
