@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Final
 import psycopg
 from sqlalchemy import make_url
 
+from loadtest.chaos.mid_turn import turn_lost
 from loadtest.chaos.workload import api_client
 
 if TYPE_CHECKING:  # faults strikes with these checks
@@ -26,6 +27,7 @@ __all__ = [
     "host_back",
     "postgres_intact",
     "s3_said_so",
+    "turn_was_lost",
 ]
 
 SETTLE_S: Final = 60.0  # how long a piece may take to be back once its fault has ended
@@ -136,12 +138,18 @@ def _running(target: Target, facts: Facts) -> list[str]:
     return all_running(target)
 
 
+def turn_was_lost(target: Target, facts: Facts) -> list[str]:
+    """Everything runs again, and the turn Postgres was killed inside never committed."""
+    return [*all_running(target), *turn_lost(target, facts, target.turn)]
+
+
 # By fault name; every other fault gets ``all_running``.
 CHECKS: Final[dict[str, Check]] = {
     "partition": host_back,
     "host-kill": host_back,
     "disk-full": disk_said_so,
     "s3-outage": s3_said_so,
+    "postgres-mid-turn": turn_was_lost,
 }
 
 

@@ -32,6 +32,7 @@ from cdi.hosts import Host
 from loadtest.chaos import host_faults
 from loadtest.chaos.api_probes import s3_routes
 from loadtest.chaos.checks import Facts, check_for
+from loadtest.chaos.mid_turn import Caught, kill_postgres_mid_turn
 from loadtest.chaos.s3_gate import S3Gate
 from loadtest.chaos.sampling import LoopWatch
 from loadtest.chaos.small_disk import SmallDisk
@@ -168,6 +169,8 @@ class Target:
     disk: SmallDisk | None = None
     # What the API answered while a fault held (route -> "<status> <code>"), for its check.
     observed: dict[str, str] = field(default_factory=dict)
+    # The scheduler's turn that Postgres was killed inside (``mid_turn``), for its check.
+    turn: Caught | None = None
 
     @property
     def kind(self) -> str:
@@ -297,6 +300,11 @@ def _redis_during_scheduler_restart(target: Target) -> None:
     target.kill("redis")  # while the new scheduler resumes its workflows
 
 
+def _postgres_mid_turn(target: Target) -> None:
+    target.turn = None
+    target.turn = kill_postgres_mid_turn(target)
+
+
 def _flushall(target: Target) -> None:
     target.flush_redis()
 
@@ -373,6 +381,11 @@ def disk_full(full_s: float = 30.0, size_mb: int = DISK_MB) -> Fault[Target]:
 FAULTS: Final[tuple[Fault[Target], ...]] = (
     Fault.at_once("scheduler", "kill -9 of the scheduler", _kill("scheduler-1")),
     Fault.at_once("postgres", "kill -9 of Postgres", _kill("postgres")),
+    Fault.at_once(
+        "postgres-mid-turn",
+        "kill -9 of Postgres inside a scheduler turn's transaction",
+        _postgres_mid_turn,
+    ),
     Fault.at_once("redis", "kill -9 of Redis", _kill("redis")),
     Fault.at_once("redis-flushall", "Redis FLUSHALL", _flushall),
     Fault.at_once("s3", "kill -9 of the S3 endpoint", _kill("s3")),
@@ -400,10 +413,12 @@ FAULTS: Final[tuple[Fault[Target], ...]] = (
     disk_full(),
 )
 # What `make test` runs of these (tests/orchestrator/test_chaos.py): the faults that used to
-# leave workflows stuck. The held faults run shorter there (tests/orchestrator/test_chaos_*.py).
+# leave workflows stuck, and Postgres killed inside a scheduler turn (its one commit must hold).
+# The held faults run shorter there (tests/orchestrator/test_chaos_*.py).
 QUICK_FAULTS: Final = (
     "scheduler",
     "postgres",
+    "postgres-mid-turn",
     "redis-flushall",
     "minion",
     "worker",

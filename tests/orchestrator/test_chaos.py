@@ -1,7 +1,8 @@
 """The chaos suite's short version, on one real stack under load: each fault that used to leave
-workflows stuck, struck for real (SIGKILL by PID, FLUSHALL); then a burst of starts at once and
-a short soak. Every workflow must end completed with the right pixels or failed with a reason,
-none lost, no object left in the minion, and a workflow started after the fault must complete.
+workflows stuck, and Postgres killed inside a scheduler turn's transaction, struck for real
+(SIGKILL by PID, FLUSHALL); then a burst of starts at once and a short soak. Every workflow must
+end completed with the right pixels or failed with a reason, none lost, no object left in the
+minion, and a workflow started after the fault must complete.
 ``cdiflow bench chaos`` runs the whole catalogue, 60 workflows a case, embedded and against
 external services, a burst of 5,000 and an hour's soak; the faults that last (an S3 outage, a
 full disk, a partition between hosts) have short versions of their own in
