@@ -163,13 +163,14 @@ class AsyncRunStore:
         request_digest: str | None = None,
         timeout_s: float | None = None,
     ) -> _Row | None:
-        """Insert a PENDING run (and its event) in one statement and return it; a run with
-        this id that exists already is returned as it is; ``None`` if ``definition`` (or that
-        ``version`` of it) does not exist. ``started_by``: the name of the API key that
-        asked. With ``idempotency_key``, the run that key of that caller made already is
-        returned (its id is not ``workflow_id``), or ``IdempotencyKeyReused`` when that run
-        was started with another body (``request_digest``). ``timeout_s``: the run's time
-        limit (default: the version's)."""
+        """Insert a PENDING run (and its event) in its group's statement (*Starts go in
+        groups*, above) and return it once committed; a run with this id that exists already
+        is returned as it is; ``None`` if ``definition`` (or that ``version`` of it) does not
+        exist. ``started_by``: the name of the API key that asked. With ``idempotency_key``,
+        the run that key of that caller made already is returned (its id is not
+        ``workflow_id``), or ``IdempotencyKeyReused`` when that run was started with another
+        body (``request_digest``). ``timeout_s``: the run's time limit (default: the
+        version's)."""
         params = create_params(
             definition,
             input,
