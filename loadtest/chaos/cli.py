@@ -224,7 +224,8 @@ def _burst(r: BurstResult) -> str:
 def _soak(r: SoakResult) -> str:
     lines = [
         f"soak: {r.duration_s:g} s at {r.rate_wps:.2f} workflows/s ({r.load:g} of the peak, "
-        f"{r.peak_wps:.2f}/s); {r.completed_wps:.2f}/s completed; {r.workflows} workflows: "
+        f"{r.peak_wps:.2f}/s); {r.completed_wps:.2f}/s finished meanwhile, "
+        f"{r.behind_at_end} behind at its end; {r.workflows} workflows: "
         f"completed {r.completed}, failed {r.failed}, stuck {r.stuck}, lost {r.lost}, "
         f"wrong {r.wrong}, objects left {r.leaked_objects}; restarts {r.restarts}",
         f"  growth over the last {r.window_s:g} s (goal <= {GROWTH_GOAL_PCT:g} %):",

@@ -38,7 +38,8 @@ class SoakResult(Tally):
     load: float  # rate / peak
     window_s: float  # the span at the end over which growth is judged
     workflows: int
-    completed_wps: float  # workflows a second completed during the steady load
+    completed_wps: float  # workflows a second that finished during the steady load
+    behind_at_end: int  # started during the steady load, not finished at its end
     growth: dict[str, dict[str, float]]  # metric -> first, last, percent (over the window)
     postgres_bytes_per_workflow: float | None
     restarts: dict[str, int]  # by the supervisor, during the soak, per piece
@@ -85,9 +86,8 @@ def run_soak(
         rate = load * peak
         with Sampler(stack, every_s=sample_every_s) as sampler:
             steady_from = time.time()
-            done_before = finished(work, since)
             _open_loop(work, runs, rate=rate, duration_s=duration_s)
-            completed_wps = (finished(work, since) - done_before) / (time.time() - steady_from)
+            steady_to = time.time()
         tally = judge(work, runs, target, since=since, deadline_s=deadline_s)
         problems = all_running(target)
     finally:
@@ -104,7 +104,8 @@ def run_soak(
         load=load,
         window_s=window,
         workflows=len(runs),
-        completed_wps=round(completed_wps, 2),
+        completed_wps=round(_finished_in(runs, steady_from, steady_to) / duration_s, 2),
+        behind_at_end=_behind(runs, steady_from, steady_to),
         growth={m: g.as_dict() for m, g in grown.items()},
         postgres_bytes_per_workflow=_per_workflow(samples, runs, steady_from),
         restarts={p.name: p.restarts - restarts_before.get(p.name, 0) for p in stack.processes()},
@@ -145,6 +146,20 @@ def _open_loop(work: Workload, runs: dict[str, Started], *, rate: float, duratio
             runs[started.id] = started
             made += 1
         time.sleep(max(0.0, made / rate - (time.monotonic() - began)))
+
+
+def _finished_in(runs: dict[str, Started], begin: float, end: float) -> int:
+    """Runs that finished between ``begin`` and ``end``, by the end times the judge read."""
+    return sum(r.finished_at is not None and begin <= r.finished_at <= end for r in runs.values())
+
+
+def _behind(runs: dict[str, Started], begin: float, end: float) -> int:
+    """Runs started from ``begin`` that had not finished by ``end``: the backlog the steady
+    load left (0 when the stack kept up with the rate offered)."""
+    return sum(
+        begin <= r.started_at <= end and (r.finished_at is None or r.finished_at > end)
+        for r in runs.values()
+    )
 
 
 def _per_workflow(

@@ -239,22 +239,44 @@ class Workload:
 
     def finished_since(self, since: float) -> int | None:
         """How many of the pipeline's runs created since ``since`` (unix seconds) have
-        finished, from the list's counts (three requests, however many runs); ``None``
-        while the API does not answer. ``since``: a time read before the first of them was
-        started (one machine: the API's clock is ours)."""
+        finished; ``None`` while the API does not answer. ``since``: a time read before the
+        first of them was started (one machine: the API's clock is ours). From the list's
+        totals (one request a status) while they are exact; a total the API capped (past
+        ``COUNT_CAP`` matches, ``total_exact`` false) is counted from that status's pages."""
         after = datetime.fromtimestamp(since, UTC).isoformat()
         total = 0
         for status in FINISHED:
+            filters = {"status": status, "created_after": after}
             try:
-                reply = self.api.get("/api/workflows", params={
-                    "workflow": PIPELINE, "status": status, "created_after": after, "limit": 1,
-                })  # fmt: skip
+                reply = self.api.get(
+                    "/api/workflows", params={"workflow": PIPELINE, "limit": 1, **filters}
+                )
             except httpx.HTTPError:
                 return None
             if reply.status_code != 200:
                 return None
-            total += int(reply.json()["total"])
+            body = reply.json()
+            if body.get("total_exact", True):
+                total += int(body["total"])
+                continue
+            counted = self._count(filters)
+            if counted is None:
+                return None
+            total += counted
         return total
+
+    def _count(self, filters: dict[str, str]) -> int | None:
+        """The pipeline's runs that match ``filters``, page by page; ``None`` while the API
+        does not answer."""
+        counted, cursor = 0, None
+        while True:
+            page = self._page(filters, cursor)
+            if page is None:
+                return None
+            items, cursor = page
+            counted += len(items)
+            if cursor is None:
+                return counted
 
     def _page(
         self, filters: dict[str, str], cursor: str | None

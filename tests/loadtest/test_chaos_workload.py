@@ -12,11 +12,13 @@ import httpx
 from loadtest.chaos.workload import PAGE, Started, Workload
 
 MAX_OFFSET = 10_000  # the API's, past which an offset is refused
+COUNT_CAP = 10_000  # the API's: a filtered list's total counts at most this many
 
 
 class _Api:
     """``GET /api/workflows``: ``rows`` newest first, by cursor (an index here), refusing an
-    offset past ``MAX_OFFSET`` as the API does."""
+    offset past ``MAX_OFFSET`` and capping the total at ``COUNT_CAP`` as the API does (every
+    row matches every filter here)."""
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows, self.calls = rows, 0
@@ -31,7 +33,11 @@ class _Api:
         page = self.rows[start : start + limit]
         after = start + limit
         cursor = str(after) if after < len(self.rows) else None
-        return httpx.Response(200, json={"items": page, "next_cursor": cursor})
+        total = min(len(self.rows), COUNT_CAP)
+        return httpx.Response(200, json={
+            "items": page, "next_cursor": cursor, "total": total,
+            "total_exact": total == len(self.rows),
+        })  # fmt: skip
 
 
 def _workload(api: _Api) -> Workload:
@@ -51,3 +57,19 @@ def test_every_run_is_read_past_the_apis_offset_limit() -> None:
     work.refresh(runs)
     assert all(r.status == "COMPLETED" for r in runs.values())
     assert api.calls == -(-count // PAGE)  # a page per 200, not a request per run
+
+
+def test_finished_runs_are_counted_past_the_apis_count_cap() -> None:
+    count = COUNT_CAP + 2 * PAGE + 7
+    rows = [{"id": f"run-{i}", "status": "COMPLETED", "finished_at": None} for i in range(count)]
+    work = _workload(_Api(rows))
+    # Each of the four finished statuses matches every row in this fake: four times the rows,
+    # each past the cap counted page by page.
+    assert work.finished_since(time.time() - 60) == 4 * count
+
+
+def test_finished_runs_under_the_cap_take_one_request_a_status() -> None:
+    rows = [{"id": f"run-{i}", "status": "COMPLETED", "finished_at": None} for i in range(30)]
+    api = _Api(rows)
+    assert _workload(api).finished_since(time.time() - 60) == 4 * 30
+    assert api.calls == 4

@@ -60,6 +60,10 @@ def test_a_soak_samples_every_piece_and_every_run_ends_right(target: Target) -> 
     assert (result.stuck, result.lost, result.wrong, result.leaked_objects) == (0, 0, 0, 0)
     assert result.completed + result.failed == result.workflows and not result.problems
     assert result.peak_wps > 0
+    # Read from the runs' own end times: some finished during the steady load, and no more
+    # were behind at its end than were started in it.
+    assert 0 < result.completed_wps * result.duration_s <= result.workflows
+    assert 0 <= result.behind_at_end <= result.workflows
     expected = {f"{kind}:{piece}" for piece in pieces_of(target.stack) for kind in ("rss", "fds")}
     assert expected | {"postgres_bytes", "redis_bytes"} <= set(result.growth)
     assert len(result.samples) >= 5
