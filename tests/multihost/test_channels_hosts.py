@@ -122,26 +122,48 @@ def test_a_stream_carries_both_ways_between_hosts(
             _check(ours.receive(timeout=30), number, 70_000)
 
 
+@pytest.mark.parametrize("policy", list(channels.BackPressure))
 def test_a_slow_reader_on_the_other_host_holds_the_writer_back_and_loses_nothing(
-    pair: tuple[cdi.Client, cdi.Client], unique: Unique
+    pair: tuple[cdi.Client, cdi.Client], unique: Unique, policy: channels.BackPressure
 ) -> None:
-    """The topic's policy is to wait: once the reader's ring, the link's buffers and the
-    writer's ring are full, ``publish`` waits (here until its timeout: ``ChannelFull``)."""
+    """Once the reader's ring, the link's buffers and the writer's ring are full, the topic's
+    policy applies as for a reader on the writer's host: ``block`` waits (here until the
+    publish's timeout), ``fail`` refuses at once; either way ``ChannelFull``, and nothing
+    published before is lost."""
     a, b = pair
     name, size = unique("t"), 64 << 10
-    with channels.open_topic(a, name, slots=8, slot_bytes=size) as topic:
+    with channels.open_topic(a, name, slots=8, slot_bytes=size, policy=policy) as topic:
         topic.grant([cid(b)])
         sub = channels.subscribe(b, name, timeout=30)
         topic.wait_for_readers(1, timeout=30)
-        sent = 0
-        with pytest.raises(cdi.ChannelFull):
-            while sent < 5000:  # 320 MB: far more than any buffer between the two rings
+        sent, refused_since = 0, None
+        while sent < 5000:  # 320 MB: far more than any buffer between the two rings
+            started = time.monotonic()
+            try:
                 topic.publish(_message(sent, size), timeout=3)
-                sent += 1
+            except cdi.ChannelFull:
+                waited = time.monotonic() - started
+                if policy is channels.BackPressure.BLOCK:
+                    assert waited >= 2.9
+                    break
+                assert waited < 1  # ``fail`` refuses at once: it may refuse while the relay
+                refused_since = refused_since or started  # catches up, so it tries again
+                if time.monotonic() - refused_since > 3:  # until refused for 3 s
+                    break
+                time.sleep(0.001)
+                continue
+            sent, refused_since = sent + 1, None
         assert 16 <= sent < 5000, sent
         for number in range(sent):
             _check(sub.receive(timeout=30), number, size)
-        topic.publish(_message(sent, size), timeout=30)  # room again
+        deadline = time.monotonic() + 30
+        while True:  # room again once the relay has caught up
+            try:
+                topic.publish(_message(sent, size), timeout=30)
+                break
+            except cdi.ChannelFull:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
         _check(sub.receive(timeout=30), sent, size)
         sub.close()
 
