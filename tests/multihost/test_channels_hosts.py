@@ -197,6 +197,18 @@ def test_granting_a_reader_no_host_has_fails(a_only: cdi.Client, unique: Unique)
         topic.grant([unique("nobody")])
 
 
+def test_only_the_writer_may_carry_its_topic_to_another_host(
+    pair: tuple[cdi.Client, cdi.Client], cluster: LocalCluster, unique: Unique
+) -> None:
+    a, b = pair
+    with (
+        cdi.connect(cluster.minions[0].socket_path, unique("x")) as other,
+        channels.open_topic(a, unique("t")) as topic,
+        pytest.raises(cdi.NotOwner),
+    ):
+        other.bridge_channel(topic.name, cid(b), slots=8, slot_bytes=64, max_message=64)
+
+
 @pytest.fixture
 def a_only(cluster: LocalCluster, unique: Unique) -> Iterator[cdi.Client]:
     with cdi.connect(cluster.minions[0].socket_path, unique("w")) as a:
@@ -241,11 +253,13 @@ def test_a_gateway_of_protocol_1_is_refused_clearly(
 def test_a_link_that_breaks_ends_the_reader_with_channel_broken(
     unique: Unique, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """host 2 goes off the network: its reader gets ``ChannelBroken`` (not a hang) once the
-    link timeout passes, and the writer's topic lets the relay go (publish never hangs)."""
+    """host 2 goes off the network while the writer is held back by its reader there: the
+    writer's blocked ``publish`` goes on once the link timeout has passed (the relay leaves),
+    and the reader gets, in order, what had crossed, then ``ChannelBroken``: no hang."""
     require_native()
     folder = Path(f"/tmp/cdi-chan-{os.getpid()}-{time.monotonic_ns()}")
     monkeypatch.setenv("CDI_LINK_TIMEOUT_S", "2")  # the gateways' (the cluster's own)
+    size, total = 64 << 10, 2000
     try:
         with LocalCluster.start(2, folder) as fresh:
             if fresh.network.kind != "netns":
@@ -255,30 +269,42 @@ def test_a_link_that_breaks_ends_the_reader_with_channel_broken(
             with (
                 cdi.connect(fresh.minions[0].socket_path, unique("w")) as a,
                 cdi.connect(fresh.minions[1].socket_path, unique("r")) as b,
-                channels.open_topic(a, unique("t"), slots=8, slot_bytes=4096) as topic,
+                channels.open_topic(a, unique("t"), slots=8, slot_bytes=size) as topic,
             ):
                 topic.grant([cid(b)])
                 sub = channels.subscribe(b, topic.name, timeout=30)
                 topic.wait_for_readers(1, timeout=30)
-                for number in range(10):
-                    topic.publish(_message(number, 100), timeout=10)
-                for number in range(10):
-                    _check(sub.receive(timeout=10), number, 100)
+                published: list[int] = []
+                done = threading.Event()
+
+                def write() -> None:  # no timeout: only the relay leaving lets it go on
+                    for number in range(total):
+                        topic.publish(_message(number, size))
+                        published.append(number)
+                    done.set()
+
+                writer = threading.Thread(target=write, daemon=True)
+                writer.start()
+                deadline = time.monotonic() + 30
+                while True:  # until the writer is held back: its count stops growing
+                    seen = len(published)
+                    time.sleep(0.5)
+                    assert time.monotonic() < deadline and not done.is_set(), seen
+                    if len(published) == seen:
+                        break
                 subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "down"], check=True)
                 try:
-                    started = time.monotonic()
+                    assert done.wait(20), f"the writer is still held back after {len(published)}"
+                    got = 0
                     with pytest.raises(cdi.ChannelBroken):
-                        sub.receive(timeout=30)
-                    assert time.monotonic() - started < 10
-                    # The writer is not held back by a reader it can no longer reach.
-                    deadline = time.monotonic() + 10
-                    while topic.readers:
-                        assert time.monotonic() < deadline, topic.readers
-                        time.sleep(0.05)
-                    for number in range(100):
-                        topic.publish(_message(number, 1000), timeout=5)
+                        while True:
+                            _check(sub.receive(timeout=20), got, size)
+                            got += 1
+                    assert 0 < got < total
+                    assert topic.readers == []
                 finally:
                     subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "up"], check=True)
+                writer.join(5)
                 sub.close()
     finally:
         subprocess.run(["rm", "-rf", str(folder)], check=False)
