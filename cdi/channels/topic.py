@@ -113,6 +113,8 @@ class Topic:
         self._joining = threading.Lock()  # one admission round at a time
         self._closed = False
         self._stop = False
+        self.members_changed = threading.Event()
+        """Set whenever a reader is admitted or let go (whoever waits on it clears it)."""
         self._housekeeper = threading.Thread(
             target=self._housekeep_forever, name=f"channel-{name}", daemon=True
         )
@@ -416,6 +418,7 @@ class Topic:
     def _bump_epoch(self) -> None:
         self._words[r.EPOCH] = (self._words[r.EPOCH] + 1) & 0xFFFFFFFF
         futex.wake(self._address + 8 * r.EPOCH)
+        self.members_changed.set()
 
 
 def _let_go(cursor: CDIObject, view: memoryview, words: memoryview) -> None:

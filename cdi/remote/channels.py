@@ -66,7 +66,6 @@ log = logging.getLogger(__name__)
 
 CHANNELS_VERSION = 2  # the first protocol version that carries channels
 HEARTBEAT_S = max(0.05, LINK_TIMEOUT_S / 4)  # a side that sent nothing for this long says H
-SEATS_S = 0.01  # how often the mirror's side looks whether its readers changed
 SUBSCRIBE_S = 30.0  # how long a relay waits for the writer to grant and admit it
 BATCH_BYTES = 1 << 20  # messages already in the ring go out in one send, up to this much
 _HEAD = struct.Struct("!cI")  # a channel frame: kind, then the body's length
@@ -361,7 +360,7 @@ class _Bridge:
         link = self._link
         try:
             while not self._down.is_set():
-                frame = link.next(HEARTBEAT_S)
+                frame = link.next(HEARTBEAT_S / 2)
                 if frame is None:
                     if link.silent_for() > LINK_TIMEOUT_S:
                         raise TimeoutError(f"nothing from {self.host} for {LINK_TIMEOUT_S} s")
@@ -447,6 +446,7 @@ class _Mirror:
             log.warning("the link feeding %r from %s broke: %s", self._topic.name, self._peer, exc)
         finally:
             self._stop.set()
+            self._topic.members_changed.set()
             keeper.join()
             self._topic.close(broken=broken)
 
@@ -481,10 +481,13 @@ class _Mirror:
         self._link.send(_frame(ANSWER, protocol.pack(answer)))
 
     def _keep(self) -> None:
-        """Tell the relay how many readers joined here (``S``), and that we are here (``H``)."""
-        seats = 0
+        """Tell the relay how many readers joined here (``S``, as they join or leave), and
+        that we are here (``H``)."""
+        seats, changed = 0, self._topic.members_changed
         with contextlib.suppress(OSError):
-            while not self._stop.wait(SEATS_S):
+            while not self._stop.is_set():
+                changed.wait(HEARTBEAT_S / 2)
+                changed.clear()
                 now = len(self._topic.readers)
                 if now != seats:
                     self._link.send(_frame(SEATS, _SEATS.pack(now)))
