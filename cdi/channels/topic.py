@@ -153,14 +153,20 @@ class Topic:
         except UnknownContainer:
             # Not on this host: our gateway carries the topic to the reader's host and joins
             # here as a relay (the same relay for every reader of that host).
-            container = self.client.bridge_channel(
-                self.name, container, slots=self._slots, slot_bytes=self._slot_bytes,
-                max_message=self._max_message,
-            )  # fmt: skip
-            with self._lock:
-                if container in self._granted:
-                    return
-            self._obj.share([container], live=True)
+            try:
+                relay = self.client.bridge_channel(
+                    self.name, container, slots=self._slots, slot_bytes=self._slot_bytes,
+                    max_message=self._max_message,
+                )  # fmt: skip
+            except UnknownContainer:
+                # On no host, or registered here meanwhile (then this share goes through).
+                self._obj.share([container], live=True)
+            else:
+                with self._lock:
+                    if relay in self._granted:
+                        return
+                self._obj.share([relay], live=True)
+                container = relay
         with self._lock:
             self._granted.add(container)
 

@@ -53,6 +53,7 @@ from cdi.errors import (
     NotOwner,
     ProtocolError,
     TransferFailed,
+    UnknownContainer,
     error_from_code,
 )
 from cdi.remote.handshake import VERSION, greet
@@ -182,9 +183,11 @@ class Bridges:
             *(_integer(request.get(f)) for f in ("slots", "slot_bytes", "max_message"))
         )
         try:
-            route = self._routes.route(reader)
+            route = self._routes.route(reader, here=True)
         except TransferFailed as exc:
             raise ChannelBroken(str(exc)) from exc
+        if route.host == self.host:  # it registered here since the topic's share failed
+            raise UnknownContainer(f"{reader!r} is on this host: the topic grants it here")
         with self._opening:
             with self._lock:
                 bridge = self._bridges.get((name, route.host))

@@ -192,6 +192,30 @@ def test_a_second_reader_on_the_other_host_shares_the_link(
             _check(message, number, 1000)
 
 
+def test_a_stream_with_a_peer_that_registers_late_on_the_same_host_opens_at_once(
+    a_only: cdi.Client, cluster: LocalCluster, unique: Unique
+) -> None:
+    """Where a gateway runs, a grant to a container not registered yet asks the gateway; a
+    peer that then registers on this host is granted here as soon as the directory has it."""
+    peer, name = unique("late"), unique("s")
+    opened: list[float] = []
+
+    def open_ours() -> None:
+        with channels.open_stream(a_only, name, peer, timeout=30) as ours:
+            opened.append(time.monotonic())
+            ours.send(b"hello")
+
+    thread = threading.Thread(target=open_ours)
+    thread.start()
+    time.sleep(0.3)
+    with cdi.connect(cluster.minions[0].socket_path, peer) as late:
+        registered = time.monotonic()
+        with channels.open_stream(late, name, cid(a_only), timeout=30) as theirs:
+            assert theirs.receive(timeout=30) == b"hello"
+        thread.join(30)
+    assert opened and opened[0] - registered < 3, opened
+
+
 def test_granting_a_reader_no_host_has_fails(a_only: cdi.Client, unique: Unique) -> None:
     with channels.open_topic(a_only, unique("t")) as topic, pytest.raises(cdi.UnknownContainer):
         topic.grant([unique("nobody")])
