@@ -31,7 +31,8 @@ catch ``CDIError`` (or a branch of it) and get a message a person can act on.
     │   ├── ChannelFull             a reader is a whole ring behind: ``publish`` may not wait
     │   │                             (policy ``fail``) or waited out its timeout
     │   │                             (also TimeoutError)
-    │   └── ChannelClosed           the other end closed the channel or is gone
+    │   ├── ChannelClosed           the other end closed the channel or is gone
+    │   └── ChannelBroken           the link carrying a channel between hosts broke
     └── TransferFailed              a cross-host transfer did not happen; the caller still owns
                                     the object (``in_doubt``: the other host did not say)
 
@@ -46,6 +47,7 @@ __all__ = [
     "AccessTimeout",
     "BufferInUse",
     "CDIError",
+    "ChannelBroken",
     "ChannelClosed",
     "ChannelError",
     "ChannelFull",
@@ -226,6 +228,13 @@ class ChannelClosed(ChannelError):
     code = "channel_closed"
 
 
+class ChannelBroken(ChannelError):
+    """The link that carried a channel between two hosts broke (a host's gateway went away, or
+    nothing crossed for the link timeout): messages not received by then are lost."""
+
+    code = "channel_broken"
+
+
 class TransferFailed(CDIError):
     """A transfer to a container on another host did not happen.
 
@@ -269,6 +278,7 @@ _BY_CODE: dict[str, type[CDIError]] = {
         ChannelError,
         ChannelFull,
         ChannelClosed,
+        ChannelBroken,
         TransferFailed,
     )
 }

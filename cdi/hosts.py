@@ -31,7 +31,7 @@ import itertools
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -70,12 +70,16 @@ def enter_namespace(name: str) -> None:
     except OSError as exc:
         raise ConfigError(f"no network namespace {name!r} ({path}): {exc}") from exc
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise ConfigError(f"cannot enter network namespace {name!r}: {os.strerror(err)}")
+        _setns(fd, name)
     finally:
         os.close(fd)
+
+
+def _setns(fd: int, name: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise ConfigError(f"cannot enter network namespace {name!r}: {os.strerror(err)}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,23 @@ class Host:
         """Move the calling thread onto this host (see ``enter_namespace``)."""
         if self.namespace is not None:
             enter_namespace(self.namespace)
+
+    @contextlib.contextmanager
+    def visit(self) -> Iterator[None]:
+        """The calling thread on this host for the block, then back where it was: sockets it
+        makes meanwhile stay on this host (a publisher's connection, say)."""
+        if self.namespace is None:
+            yield
+            return
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            enter_namespace(self.namespace)
+            try:
+                yield
+            finally:
+                _setns(own, "the thread's own")
+        finally:
+            os.close(own)
 
 
 @dataclass

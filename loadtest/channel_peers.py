@@ -1,13 +1,19 @@
 """The three systems ``cdiflow bench channels`` compares, each as a publisher and a subscriber
 of one topic: CDI channels (``cdi.channels``, a minion started for the run), Mosquitto (MQTT,
 QoS 0, the paho client; a broker started for the run) and Redis pub/sub (a redis-server
-started for the run). Each subscriber runs in a process of its own."""
+started for the run). Each subscriber runs in a process of its own.
+
+Across two hosts (``running(system, network)``, network namespaces): the publisher is on host
+1 and the subscriber on host 2. CDI: a minion and gateway per host (``LocalCluster``), the topic
+carried between them by the gateways. Mosquitto and Redis: the server on host 1, beside the
+publisher; the subscriber connects to it across the link."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
 import enum
+import os
 import shutil
 import socket
 import subprocess
@@ -19,6 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import click
+
+from cdi.hosts import Host, HostNetwork
 
 __all__ = [
     "Endpoint",
@@ -47,11 +55,25 @@ class System(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a system listens: a minion's socket path, or a broker's TCP port on loopback."""
+    """Where a system listens: a minion's socket path, or a broker's address and TCP port;
+    across hosts, where the subscriber connects and the hosts each side runs on."""
 
     system: System
     address: str
     port: int = 0
+    subscriber_address: str | None = None  # another host's minion (CDI, two hosts)
+    publisher_host: Host | None = None
+    subscriber_host: Host | None = None
+
+    @property
+    def hosts(self) -> int:
+        return 1 if self.subscriber_host is None else 2
+
+    def on_publisher_host(self) -> contextlib.AbstractContextManager[None]:
+        """The calling thread on the publisher's host while it connects."""
+        if self.publisher_host is None:
+            return contextlib.nullcontext()
+        return self.publisher_host.visit()
 
 
 class Publisher(Protocol):
@@ -71,22 +93,22 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
+def _wait_for_port(address: str, port: int, process: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ServerUnavailable(f"{what} exited with {process.returncode} as it started")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        with contextlib.suppress(OSError), socket.create_connection((address, port), 0.2):
             return
         time.sleep(0.05)
-    raise ServerUnavailable(f"{what} did not listen on port {port} within 15 s")
+    raise ServerUnavailable(f"{what} did not listen on {address}:{port} within 15 s")
 
 
 @contextlib.contextmanager
-def _child(argv: list[str], port: int, what: str) -> Iterator[None]:
+def _child(argv: list[str], address: str, port: int, what: str) -> Iterator[None]:
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for_port(port, process, what)
+        _wait_for_port(address, port, process, what)
         yield
     finally:
         process.terminate()
@@ -98,10 +120,27 @@ def _child(argv: list[str], port: int, what: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def running(system: System) -> Iterator[Endpoint]:
-    """Start ``system``'s server for the run (minion, broker or redis-server); stop it after."""
+def running(system: System, network: HostNetwork | None = None) -> Iterator[Endpoint]:
+    """Start ``system``'s server for the run (minion, broker or redis-server); stop it after.
+    With ``network`` (two hosts), the publisher's side on its first host, the subscriber's on
+    its second."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{system}-") as folder:
+        os.chmod(folder, 0o755)
+        near, far = (network.hosts[0], network.hosts[1]) if network else (None, None)
         if system is System.CDI:
+            if network is not None:
+                from cdi.cluster import LocalCluster
+
+                cluster = LocalCluster.start(2, folder, network=network)
+                try:
+                    yield Endpoint(
+                        system, cluster.minions[0].socket_path,
+                        subscriber_address=cluster.minions[1].socket_path,
+                        publisher_host=near, subscriber_host=far,
+                    )  # fmt: skip
+                finally:
+                    cluster.close(remove_network=False)  # the other systems run on it next
+                return
             from cdi.minion.process import MinionChild
 
             path = str(Path(folder) / "minion.sock")
@@ -109,6 +148,11 @@ def running(system: System) -> Iterator[Endpoint]:
                 yield Endpoint(system, path)
             return
         port = _free_port()
+        address = near.address if near is not None else "127.0.0.1"
+
+        def on_host(argv: list[str]) -> list[str]:
+            return near.wrap(argv) if near is not None else argv
+
         if system is System.MOSQUITTO:
             binary = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin")
             if binary is None:
@@ -116,14 +160,14 @@ def running(system: System) -> Iterator[Endpoint]:
                     "mosquitto is not installed: apt-get install -y mosquitto (Debian's broker)"
                 )
             config = Path(folder) / "mosquitto.conf"
-            # Loopback only; no persistence; Nagle off (its best latency); no cap on queued
+            # One address only; no persistence; Nagle off (its best latency); no cap on queued
             # messages, so a burst is not thinned (delivered counts say if any were lost).
             config.write_text(
-                f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+                f"listener {port} {address}\nallow_anonymous true\npersistence false\n"
                 "set_tcp_nodelay true\nmax_queued_messages 0\nlog_dest none\n"
             )
-            with _child([binary, "-c", str(config)], port, "mosquitto"):
-                yield Endpoint(system, "127.0.0.1", port)
+            with _child(on_host([binary, "-c", str(config)]), address, port, "mosquitto"):
+                yield Endpoint(system, address, port, None, near, far)
             return
         from orchestrator.errors import ServiceError
         from orchestrator.services.redis_server import find_redis_server
@@ -133,13 +177,13 @@ def running(system: System) -> Iterator[Endpoint]:
         except ServiceError as exc:
             raise ServerUnavailable(str(exc)) from exc
         argv = [
-            str(redis_server), "--port", str(port), "--bind", "127.0.0.1",
+            str(redis_server), "--port", str(port), "--bind", address,
             "--save", "", "--appendonly", "no", "--dir", folder,
             # A subscriber is never cut off for being behind (the default caps it at 32 MB).
             "--client-output-buffer-limit", "pubsub", "0", "0", "0",
         ]  # fmt: skip
-        with _child(argv, port, "redis-server"):
-            yield Endpoint(system, "127.0.0.1", port)
+        with _child(on_host(argv), address, port, "redis-server"):
+            yield Endpoint(system, address, port, None, near, far)
 
 
 # ------------------------------------------------------------------ CDI channels
@@ -174,7 +218,7 @@ class _CdiSubscriber:
         import cdi
         from cdi import channels
 
-        self.client = cdi.connect(endpoint.address, CDI_READER)
+        self.client = cdi.connect(endpoint.subscriber_address or endpoint.address, CDI_READER)
         self.sub = channels.subscribe(self.client, TOPIC, timeout=60, spin_us=spin_us)
         self._timeout_error = cdi.AccessTimeout
 
@@ -195,7 +239,7 @@ def _mqtt_client(endpoint: Endpoint) -> Any:
     from paho.mqtt.enums import CallbackAPIVersion
 
     client = mqtt.Client(CallbackAPIVersion.VERSION2)
-    client.connect("127.0.0.1", endpoint.port)
+    client.connect(endpoint.address, endpoint.port)
     deadline = time.monotonic() + 15
     while not client.is_connected():
         if time.monotonic() > deadline:
@@ -257,7 +301,7 @@ class _RedisPublisher:
     def __init__(self, endpoint: Endpoint) -> None:
         import redis
 
-        self.client = redis.Redis(host="127.0.0.1", port=endpoint.port)
+        self.client = redis.Redis(host=endpoint.address, port=endpoint.port)
         deadline = time.monotonic() + 15
         while self.client.pubsub_numsub(TOPIC)[0][1] < 1:  # the subscriber is in
             if time.monotonic() > deadline:
@@ -278,7 +322,7 @@ class _RedisSubscriber:
     def __init__(self, endpoint: Endpoint) -> None:
         import redis
 
-        self.client = redis.Redis(host="127.0.0.1", port=endpoint.port)
+        self.client = redis.Redis(host=endpoint.address, port=endpoint.port)
         self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         self.pubsub.subscribe(TOPIC)
         while self.pubsub.get_message(timeout=1.0) is None and not self.pubsub.subscribed:

@@ -1,5 +1,7 @@
 """``cdiflow bench channels``: pub/sub latency and throughput of CDI channels against Mosquitto
-(MQTT, QoS 0) and Redis pub/sub, one publisher and one subscriber on one host.
+(MQTT, QoS 0) and Redis pub/sub, one publisher and one subscriber, on one host or (``--hosts
+2``) on two hosts: network namespaces on one bridge (``cdi.hosts``), the publisher on the first,
+the subscriber on the second, CDI's topic carried between them by the gateways.
 
 Each row: a subscriber process joins, then the publisher (this process) sends ``samples``
 messages one at a time, ``gap_us`` apart, each stamped with the monotonic clock (shared by the
@@ -10,11 +12,12 @@ the default wake-up (the reader sleeps on a futex) and with the reader polling (
 
 Every message is its send time, its number, a fixed pseudo-random body and (from 24 bytes) its
 number again at the end: the subscriber counts the messages that arrived whole and unaltered
-(``intact``). Two hosts are not measured: channels are not carried between hosts yet.
+(``intact``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -28,6 +31,7 @@ import click
 
 from cdi.bench.stats import summarize
 from cdi.errors import CDIError
+from cdi.hosts import HostNetwork
 from cdi.minion.config import parse_bytes
 from loadtest.channel_peers import (
     Endpoint,
@@ -44,7 +48,6 @@ SIZES = "16,100KiB"
 RECEIVE_TIMEOUT_S = 10.0
 STAMP = 16  # bytes: the send time, then the message's number
 TAIL = 8  # bytes: the number again, at the end of a message of STAMP + TAIL bytes or more
-TWO_HOSTS = "not measured: channels are not carried between hosts yet"
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ def _subscribe_and_measure(
     endpoint: Endpoint, spin_us: int, size: int, samples: int, burst: int, results: Connection
 ) -> None:
     """The subscriber's process: latencies of the paced messages, then the burst's timing."""
+    if endpoint.subscriber_host is not None:
+        endpoint.subscriber_host.enter()  # before any socket: they are made on that host
     subscriber = open_subscriber(endpoint, spin_us)
     body = _body(size)
     results.send("ready")
@@ -133,7 +138,8 @@ def _measure_one(
     child.start()
     body = _body(size)
     try:
-        publisher = open_publisher(endpoint)
+        with endpoint.on_publisher_host():
+            publisher = open_publisher(endpoint)
         if not ours.poll(60) or ours.recv() != "ready":
             raise click.ClickException(f"the {system} subscriber did not start")
         try:
@@ -159,7 +165,7 @@ def _measure_one(
     wake = "socket" if system is not System.CDI else ("spin" if spin_us else "futex")
     return ChannelRow(
         system=str(system),
-        hosts=1,
+        hosts=endpoint.hosts,
         message_bytes=size,
         wake=wake,
         p50_us=latency.p50_us,
@@ -175,14 +181,16 @@ def _measure_one(
 
 def measure_channels(
     systems: list[System], sizes: list[int], *, samples: int, burst: int, gap_us: int,
-    spin_us: int,
+    spin_us: int, network: HostNetwork | None = None,
 ) -> list[ChannelRow]:  # fmt: skip
-    """Every system at every size, each against a server started for it; a system whose
-    server cannot start here gets rows saying why."""
+    """Every system at every size, each against a server started for it (across the first two
+    hosts of ``network`` if given); a system whose server cannot start here gets rows saying
+    why."""
     rows: list[ChannelRow] = []
+    hosts = 1 if network is None else 2
     for system in systems:
         try:
-            with running(system) as endpoint:
+            with running(system, network) as endpoint:
                 for size in sizes:
                     spins = (0, spin_us) if system is System.CDI and spin_us else (0,)
                     for spin in spins:
@@ -190,13 +198,13 @@ def measure_channels(
                         row = _measure_one(system, endpoint, size, samples, n_burst, gap_us, spin)
                         rows.append(row)
         except ServerUnavailable as exc:
-            rows.extend(_not_run(system, size, str(exc)) for size in sizes)
+            rows.extend(_not_run(system, hosts, size, str(exc)) for size in sizes)
     return rows
 
 
-def _not_run(system: System, size: int, reason: str) -> ChannelRow:
+def _not_run(system: System, hosts: int, size: int, reason: str) -> ChannelRow:
     return ChannelRow(
-        system=str(system), hosts=1, message_bytes=size, wake="socket", p50_us=None,
+        system=str(system), hosts=hosts, message_bytes=size, wake="socket", p50_us=None,
         p99_us=None, samples=0, messages_per_s=None, sent=0, delivered=0, received=0,
         intact=0, not_run=reason,
     )  # fmt: skip
@@ -210,26 +218,28 @@ def format_size(size: int) -> str:
 
 
 def ratios(rows: list[ChannelRow]) -> list[dict[str, Any]]:
-    """How many times lower CDI's p50 is than each peer's, per size and CDI wake-up."""
+    """How many times lower CDI's p50 is than each peer's, per hosts, size and CDI wake-up."""
     out = []
     for cdi_row in (r for r in rows if r.system == System.CDI):
         for peer in (r for r in rows if r.system != System.CDI):
             ours, theirs = cdi_row.p50_us, peer.p50_us
-            if peer.message_bytes == cdi_row.message_bytes and ours and theirs is not None:
+            same = (peer.hosts, peer.message_bytes) == (cdi_row.hosts, cdi_row.message_bytes)
+            if same and ours and theirs is not None:
                 out.append({
-                    "message_bytes": cdi_row.message_bytes, "cdi_wake": cdi_row.wake,
+                    "hosts": cdi_row.hosts, "message_bytes": cdi_row.message_bytes,
+                    "cdi_wake": cdi_row.wake,
                     "peer": peer.system, "p50_ratio": round(theirs / ours, 2),
                 })  # fmt: skip
     return out
 
 
-def render(rows: list[ChannelRow], load: tuple[float, float]) -> str:
+def render(rows: list[ChannelRow], load: tuple[float, float], where: str) -> str:
     lines = [
-        f"{'system':<10}{'wake':<8}{'size':>9}{'p50 us':>10}{'p99 us':>10}"
+        f"{'system':<10}{'hosts':<6}{'wake':<8}{'size':>9}{'p50 us':>10}{'p99 us':>10}"
         f"{'msgs/s':>12}{'delivered':>12}{'intact':>12}"
     ]
     for r in rows:
-        head = f"{r.system:<10}{r.wake:<8}{format_size(r.message_bytes):>9}"
+        head = f"{r.system:<10}{r.hosts:<6}{r.wake:<8}{format_size(r.message_bytes):>9}"
         if r.not_run is not None:
             lines.append(f"{head}  not run: {r.not_run}")
             continue
@@ -237,12 +247,12 @@ def render(rows: list[ChannelRow], load: tuple[float, float]) -> str:
             f"{head}{r.p50_us or 0:>10.1f}{r.p99_us or 0:>10.1f}{r.messages_per_s or 0:>12.0f}"
             f"{f'{r.delivered}/{r.sent}':>12}{f'{r.intact}/{r.received}':>12}"
         )
-    lines.append(f"two hosts: {TWO_HOSTS}")
+    lines.append(where)
     lines.append("")
     for ratio in ratios(rows):
         lines.append(
             f"cdi ({ratio['cdi_wake']}) p50 {ratio['p50_ratio']}x lower than "
-            f"{ratio['peer']} at {format_size(ratio['message_bytes'])}"
+            f"{ratio['peer']} at {format_size(ratio['message_bytes'])}, {ratio['hosts']} host(s)"
         )
     lines.append(f"load average before / after: {load[0]:.2f} / {load[1]:.2f}")
     return "\n".join(lines)
@@ -270,6 +280,13 @@ def render(rows: list[ChannelRow], load: tuple[float, float]) -> str:
     type=click.IntRange(1, 10_000_000),
     help="Messages sent back to back for messages_per_s (a twentieth of it at 100 KB).",
 )
+@click.option(
+    "--hosts",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 2),
+    help="2: the publisher on one host, the subscriber on another (network namespaces).",
+)
 @click.option("--gap-us", default=1000, show_default=True, type=click.IntRange(0, 1_000_000))
 @click.option(
     "--spin-us",
@@ -279,9 +296,11 @@ def render(rows: list[ChannelRow], load: tuple[float, float]) -> str:
     help="CDI's second run: the reader polls this long before it sleeps (0: no such run).",
 )
 def bench_channels_command(
-    as_json: bool, systems: str, sizes: str, samples: int, burst: int, gap_us: int, spin_us: int
-) -> None:
-    """Pub/sub p50 latency and messages a second: CDI channels, Mosquitto, Redis (one host)."""
+    as_json: bool, systems: str, sizes: str, samples: int, burst: int, hosts: int, gap_us: int,
+    spin_us: int,
+) -> None:  # fmt: skip
+    """Pub/sub p50 latency and messages a second: CDI channels, Mosquitto, Redis (on one host,
+    or from one host to another)."""
     try:
         chosen = [System(s.strip()) for s in systems.split(",") if s.strip()]
     except ValueError as exc:
@@ -295,18 +314,33 @@ def bench_channels_command(
             f"give at least one size, each {STAMP} B or more", param_hint="--sizes"
         )
     before = os.getloadavg()[0]
-    rows = measure_channels(
-        chosen, lengths, samples=samples, burst=burst, gap_us=gap_us, spin_us=spin_us
-    )
+    with contextlib.ExitStack() as stack:
+        network = None if hosts == 1 else stack.enter_context(HostNetwork.create(2))
+        rows = measure_channels(
+            chosen, lengths, samples=samples, burst=burst, gap_us=gap_us, spin_us=spin_us,
+            network=network,
+        )  # fmt: skip
+        where = _where(network)
     load = (before, os.getloadavg()[0])
     if as_json:
         document = {
             "rows": [asdict(r) for r in rows],
             "ratios": ratios(rows),
-            "two_hosts": TWO_HOSTS,
+            "hosts": {"count": hosts, "where": where},
             "load_average": {"before": load[0], "after": load[1]},
             "cpus": os.cpu_count(),
         }
         click.echo(json.dumps(document, indent=1))
     else:
-        click.echo(render(rows, load))
+        click.echo(render(rows, load, where))
+
+
+def _where(network: HostNetwork | None) -> str:
+    if network is None:
+        return "one host: publisher and subscriber processes side by side"
+    if network.kind == "netns":
+        return (
+            "two hosts: network namespaces on one bridge (veth, no emulated delay); publisher "
+            "and server on host 1, subscriber on host 2"
+        )
+    return f"two hosts: loopback addresses, not namespaces ({network.reason})"

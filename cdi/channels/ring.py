@@ -4,7 +4,8 @@ Ring (owned by the writer, shared *live* with the readers it grants, who map it 
 
     header, one page, 64-bit little-endian words:
       0 magic   1 slots   2 slot_bytes   3 max_message   4 head (last sequence written)
-      5 closed  6 epoch (bumped when the member table changes)   7 doorbell (never written)
+      5 closed (1: by the writer; 2: broken, the link that fed it from another host failed)
+      6 epoch (bumped when the member table changes)   7 doorbell (never written)
       8 waiting (the writer sleeps until a reader makes room)
       16.. member table: MAX_MEMBERS pairs (reader id hash, first sequence it is owed - 1)
     then ``slots`` slots of ``stride`` bytes:
@@ -21,6 +22,8 @@ Cursor (owned by one reader, shared live with the writer, who maps it read-only)
 
     0 magic   1 consumed (the last sequence the reader is done with)   2 closed
     3 sleeping (the reader sleeps until the writer writes)
+    4 relay (1: a gateway carrying the topic to another host, ``cdi.remote.channels``)
+    5 seats (a relay's: how many readers it has admitted on that host; counted as readers)
 
 Futex words (``cdi.channels.futex``) are the low halves of ``head`` (readers sleep on it),
 ``epoch`` (a joining or leaving reader sleeps on it), ``doorbell`` (the writer's housekeeping
@@ -77,7 +80,8 @@ MEMBERS = 16
 # Slot words (from the slot's first word).
 SEQ, TOTAL, LENGTH, FLAGS = range(4)
 # Cursor words.
-C_MAGIC, C_CONSUMED, C_CLOSED, C_SLEEPING = range(4)
+C_MAGIC, C_CONSUMED, C_CLOSED, C_SLEEPING, C_RELAY, C_SEATS = range(6)
+CLOSED_BY_WRITER, CLOSED_BROKEN = 1, 2
 
 KEY_PREFIX = "channel/"
 RETRY_S = 0.002

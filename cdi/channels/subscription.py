@@ -18,6 +18,7 @@ from cdi.client import CDIObject, Client
 from cdi.errors import (
     AccessTimeout,
     CDIError,
+    ChannelBroken,
     ChannelClosed,
     ChannelError,
     KeyExists,
@@ -35,7 +36,11 @@ LEAVE_S = 2.0  # how long close() waits for the writer to let go of the cursor
 class Subscription:
     """One reader of a topic. Not for concurrent ``receive`` from several threads."""
 
-    def __init__(self, client: Client, name: str, timeout: float | None, spin_us: int) -> None:
+    def __init__(
+        self, client: Client, name: str, timeout: float | None, spin_us: int, relay: bool = False
+    ) -> None:
+        """``relay``: this reader is a gateway carrying the topic to another host; the writer
+        counts it as the readers it says it admitted there (``relay_seats``)."""
         self.client = client
         self.name = name
         self.key = r.ring_key(name)
@@ -59,6 +64,7 @@ class Subscription:
             self._cursor = cursor.access()
             self._cursor_words = self._cursor.cast("Q")
             self._cursor_address = futex.address_of_view(self._cursor) + 8 * r.C_CONSUMED
+            self._cursor_words[r.C_RELAY] = int(relay)
             self._cursor_words[r.C_MAGIC] = r.CURSOR_MAGIC
             self._cursor_obj = cursor
             cursor.share([self.writer], live=True)
@@ -104,6 +110,15 @@ class Subscription:
                 if got != total:
                     raise ChannelError(f"{self.name!r}: a message of {total} bytes lost chunks")
                 return b"".join(parts)
+
+    def available(self) -> bool:
+        """Whether a message (or its first part) is waiting: ``receive`` would not sleep."""
+        return not self._closed and self._words[r.HEAD] >= self._next
+
+    def relay_seats(self, seats: int) -> None:
+        """A relay's count of the readers it admitted on its host (see ``relay``)."""
+        if not self._closed:
+            self._cursor_words[r.C_SEATS] = max(0, seats)
 
     def close(self, linger: float = LEAVE_S) -> None:
         """Leave the topic: tell the writer, wait up to ``linger`` seconds for it to let go of
@@ -176,8 +191,13 @@ class Subscription:
                 head = words[r.HEAD]
                 if head >= seq:
                     return
-                if words[r.CLOSED]:
+                if closed := words[r.CLOSED]:
                     self.close(linger=0)
+                    if closed == r.CLOSED_BROKEN:
+                        raise ChannelBroken(
+                            f"the link that carried {self.name!r} from another host broke; "
+                            "messages not received before it are lost"
+                        )
                     raise ChannelClosed(f"the writer closed {self.name!r}")
                 now = time.monotonic()
                 if now >= self._next_check:

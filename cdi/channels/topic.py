@@ -5,6 +5,10 @@ Each reader that subscribes creates a one-page cursor object of its own and shar
 the writer: the writer reads there how far the reader has got, and only that reader can write
 it. A housekeeping thread admits readers as they join (it maps their cursor and writes their
 entry in the ring's member table) and lets go of those that leave or die.
+
+A reader on another host is granted through this host's gateway: it answers with a relay, a
+container of its own that joins here as one reader and carries every message to a ring of the
+same name on that host, where the reader subscribes as on one host (``cdi.remote.channels``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from cdi.errors import (
     InvalidArgument,
     NotOwner,
     ObjectNotFound,
+    UnknownContainer,
 )
 
 __all__ = ["BackPressure", "Topic", "open_topic"]
@@ -67,6 +72,11 @@ class _Member:
     def closed(self) -> bool:
         return bool(self.words[r.C_CLOSED])
 
+    def seats(self) -> int:
+        """How many readers this member counts as: a relay to another host, those it has
+        admitted there; any other reader, one."""
+        return int(self.words[r.C_SEATS]) if self.words[r.C_RELAY] else 1
+
 
 class Topic:
     """A channel's one writer. Not for concurrent ``publish`` from several threads."""
@@ -103,6 +113,8 @@ class Topic:
         self._joining = threading.Lock()  # one admission round at a time
         self._closed = False
         self._stop = False
+        self.members_changed = threading.Event()
+        """Set whenever a reader is admitted or let go (whoever waits on it clears it)."""
         self._housekeeper = threading.Thread(
             target=self._housekeep_forever, name=f"channel-{name}", daemon=True
         )
@@ -111,32 +123,66 @@ class Topic:
     # ------------------------------------------------------------- the public API
     @property
     def readers(self) -> list[str]:
-        """The readers admitted now (joined and not gone)."""
+        """The readers admitted now (joined and not gone); readers on another host appear as
+        the relay that carries the topic there."""
         with self._lock:
             return sorted(self._members)
 
     def grant(self, readers: Iterable[str | int]) -> None:
-        """Let the containers ``readers`` (live, registered now) subscribe: they may map the
-        ring read-only; nobody else can."""
+        """Let the containers ``readers`` (live, registered now, on this host or another)
+        subscribe: they may map the ring, or its copy on their host, read-only; nobody else
+        can. ``UnknownContainer`` if one is registered on no host."""
         ids = [protocol.check_container_id(c) for c in readers]
         if not ids:
             return
-        self._obj.share(ids, live=True)
-        with self._lock:
-            self._granted.update(ids)
+        try:
+            self._obj.share(ids, live=True)
+        except UnknownContainer:
+            if not self.client.spans_hosts:
+                raise
+            for container in ids:  # some are on other hosts: one at a time
+                self._grant_one(container)
+        else:
+            with self._lock:
+                self._granted.update(ids)
         futex.wake(self._address + 8 * r.DOORBELL)
 
+    def _grant_one(self, container: str) -> None:
+        try:
+            self._obj.share([container], live=True)
+        except UnknownContainer:
+            # Not on this host: our gateway carries the topic to the reader's host and joins
+            # here as a relay (the same relay for every reader of that host).
+            try:
+                relay = self.client.bridge_channel(
+                    self.name, container, slots=self._slots, slot_bytes=self._slot_bytes,
+                    max_message=self._max_message,
+                )  # fmt: skip
+            except UnknownContainer:
+                # On no host, or registered here meanwhile (then this share goes through).
+                self._obj.share([container], live=True)
+            else:
+                with self._lock:
+                    if relay in self._granted:
+                        return
+                self._obj.share([relay], live=True)
+                container = relay
+        with self._lock:
+            self._granted.add(container)
+
     def wait_for_readers(self, count: int, timeout: float | None = None) -> list[str]:
-        """Until ``count`` readers have joined; their ids. ``TimeoutError`` after ``timeout``."""
+        """Until ``count`` readers have joined (a relay counts as the readers it admitted on
+        its host); the ids of those admitted here. ``TimeoutError`` after ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._admit_joiners()
             with self._lock:
-                if len(self._members) >= count:
+                joined = sum(member.seats() for member in self._members.values())
+                if joined >= count:
                     return sorted(self._members)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"{len(self._members)} of {count} readers joined {self.name!r} in {timeout} s"
+                    f"{joined} of {count} readers joined {self.name!r} in {timeout} s"
                 )
             time.sleep(0.005)
 
@@ -204,15 +250,16 @@ class Topic:
         if sleeping:
             futex.wake(self._head_address)
 
-    def close(self, linger: float = LINGER_S) -> None:
+    def close(self, linger: float = LINGER_S, *, broken: bool = False) -> None:
         """Tell the readers nothing more comes (they read what is left, then get
-        ``ChannelClosed``), let go of their cursors and free the ring once they have let go
-        of it (waiting up to ``linger`` seconds; after that it goes when they do and this
-        client closes)."""
+        ``ChannelClosed``; ``ChannelBroken`` with ``broken``, which a gateway says when the
+        link that fed this ring from another host failed), let go of their cursors and free
+        the ring once they have let go of it (waiting up to ``linger`` seconds; after that it
+        goes when they do and this client closes)."""
         if self._closed:
             return
         self._closed = True
-        self._words[r.CLOSED] = 1
+        self._words[r.CLOSED] = r.CLOSED_BROKEN if broken else r.CLOSED_BY_WRITER
         futex.wake(self._address + 8 * r.HEAD)
         self._stop = True
         futex.wake(self._address + 8 * r.DOORBELL)
@@ -377,6 +424,7 @@ class Topic:
     def _bump_epoch(self) -> None:
         self._words[r.EPOCH] = (self._words[r.EPOCH] + 1) & 0xFFFFFFFF
         futex.wake(self._address + 8 * r.EPOCH)
+        self.members_changed.set()
 
 
 def _let_go(cursor: CDIObject, view: memoryview, words: memoryview) -> None:

@@ -162,6 +162,17 @@ class Client:
         objects: list[dict[str, Any]] = reply["objects"]
         return objects
 
+    def bridge_channel(self, name: str, reader: str, **geometry: int) -> str:
+        """Ask this host's gateway to carry our topic ``name`` to ``reader`` on another host
+        (``Topic.grant`` does, for a reader that is not here); the gateway's relay container,
+        which the topic grants instead. ``UnknownContainer`` if no host has ``reader``,
+        ``ChannelBroken`` if its host's gateway cannot be reached or carries no channels."""
+        self._session.require_registered()
+        reply = self._session.gateway.call(
+            "channel", name=name, to=reader, **{"from": self.container_id}, **geometry
+        )
+        return str(reply["relay"])
+
 
 def connect(
     url: str | None = None,

@@ -1,4 +1,5 @@
-"""Cross-host CDI: a per-host gateway that moves objects between minions (CDI-RPC).
+"""Cross-host CDI: a per-host gateway that moves objects between minions, and carries channels
+to readers on other hosts (CDI-RPC; channels: ``cdi.remote.channels``).
 
 The gateway runs beside its host's minion (in the ``cdiflow cdi minion`` process, started with
 ``--rpc-listen``). To the minion it is a few ordinary containers (``cdi-gateway.<host>.*``);

@@ -36,6 +36,7 @@ from cdi.errors import (
     TransferFailed,
     UnknownContainer,
 )
+from cdi.remote.channels import Bridges, Mirrors
 from cdi.remote.inbound import InboundServer
 from cdi.remote.local import LocalService
 from cdi.remote.outbound import Sender
@@ -97,14 +98,20 @@ class Gateway:
         # Keys whose copy here waits for the other host's answer: an object with the same key
         # can come back before the copy is destroyed (its new owner sends it straight back).
         self._leaving: dict[str, threading.Event] = {}
+        # Channels between hosts (cdi.remote.channels): relays of this host's topics, and
+        # mirrors of other hosts' topics for readers here.
+        self.bridges = Bridges(self._transport, config.key, config.host, config.minion_socket,
+                               f"{prefix}relay", self._routes)  # fmt: skip
+        self.mirrors = Mirrors(config.minion_socket, f"{prefix}mirror")
         self.local = LocalService(
             gateway_socket_path(config.minion_socket), config.minion_socket, f"{prefix}out",
             self.forward, self._locate, self._routes.locate,
-            config.socket_mode, config.socket_group,
+            config.socket_mode, config.socket_group, channel=self.bridges.open,
         )  # fmt: skip
         self.inbound = InboundServer(
             self._transport, config.listen, config.minion_socket, f"{prefix}in",
             self._recovery_for, self.local.arrived, self._left, config.key,
+            channel=self.mirrors.serve,
         )  # fmt: skip
         host, _, port = self.inbound.address.rpartition(":")
         self.address = config.advertise or (
@@ -135,6 +142,7 @@ class Gateway:
     def close(self) -> None:
         self._stop.set()
         self.local.close()
+        self.bridges.close()
         self.inbound.close()
         self._poller.join(5)
         self._sender.close()

@@ -8,6 +8,9 @@ both sides: no proof can be replayed, and the labels keep one side's proof from 
 other's. A side that fails to prove itself gets ``{"ok": false, "code": "unauthenticated"}``
 and the link is closed. *What it does not do:* encrypt, or protect a frame after the
 handshake from someone on the path between the hosts (docs/security.md).
+
+Both sides also say which version of the protocol they speak (``version``; a gateway that
+says none speaks 1, which has no channels): ``cdi/remote/PROTOCOL.md``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from typing import Any, Final
 from cdi.errors import NotAuthenticated, ProtocolError
 from cdi.remote.wire import LINK_TIMEOUT_S, receive_header, send_frame
 
-__all__ = ["answer", "greet"]
+__all__ = ["VERSION", "answer", "greet", "version_of"]
+
+VERSION: Final = 2
+"""This gateway's protocol: 1, objects; 2, channels too (``cdi.remote.channels``)."""
 
 _NONCE: Final = 16
 _LABEL: Final = b"cdi-gateway-1\0"
@@ -40,13 +46,19 @@ def _nonce(frame: dict[str, Any] | None, field: str = "nonce") -> bytes:
     return value
 
 
-def greet(sock: socket.socket, key: str, host: str, address: str) -> None:
-    """The connecting side's handshake on a fresh link to the gateway at ``address``;
-    ``NotAuthenticated`` if that gateway does not prove it holds ``key`` (or refuses ours),
-    ``OSError``/``ProtocolError`` if the link fails."""
+def version_of(frame: dict[str, Any]) -> int:
+    """The protocol version a handshake frame states (1 if none)."""
+    version = frame.get("version")
+    return version if type(version) is int and version >= 1 else 1
+
+
+def greet(sock: socket.socket, key: str, host: str, address: str) -> int:
+    """The connecting side's handshake on a fresh link to the gateway at ``address``; the
+    protocol version that gateway speaks. ``NotAuthenticated`` if it does not prove it holds
+    ``key`` (or refuses ours), ``OSError``/``ProtocolError`` if the link fails."""
     ours = secrets.token_bytes(_NONCE)
     sock.settimeout(LINK_TIMEOUT_S)
-    send_frame(sock, {"op": "hello", "from": host, "nonce": ours})
+    send_frame(sock, {"op": "hello", "from": host, "nonce": ours, "version": VERSION})
     reply = receive_header(sock)
     if reply is not None and reply.get("ok") is False:
         raise NotAuthenticated(f"the gateway at {address} refused this one: {reply.get('msg')}")
@@ -59,6 +71,8 @@ def greet(sock: socket.socket, key: str, host: str, address: str) -> None:
         )
     send_frame(sock, {"op": "proof", "proof": _proof(key, b"client", theirs, ours, host.encode())})
     sock.settimeout(None)
+    assert reply is not None
+    return version_of(reply)
 
 
 def answer(sock: socket.socket, key: str) -> str:
@@ -74,7 +88,8 @@ def answer(sock: socket.socket, key: str) -> str:
     if hello.get("op") != "hello" or not isinstance(host, str) or not 0 < len(host) <= 256:
         raise ProtocolError("a gateway link must start with hello")
     ours = secrets.token_bytes(_NONCE)
-    send_frame(sock, {"ok": True, "nonce": ours, "proof": _proof(key, b"server", theirs, ours)})
+    shown = _proof(key, b"server", theirs, ours)
+    send_frame(sock, {"ok": True, "nonce": ours, "proof": shown, "version": VERSION})
     frame = receive_header(sock)
     proof = frame.get("proof") if frame is not None and frame.get("op") == "proof" else None
     expected = _proof(key, b"client", ours, theirs, host.encode())

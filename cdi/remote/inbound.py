@@ -46,12 +46,16 @@ class InboundServer:
         delivered: Callable[[str], None],
         departed: Callable[[str], None],
         key: str,
+        *,
+        channel: Callable[[socket.socket, dict[str, Any]], None] | None = None,
     ) -> None:
         """``key``: the cluster's gateway key, which a link must prove it holds before it
         offers or asks anything (``cdi.remote.handshake``).
         ``recovery(key, their_recovery)``: the recovery container to give a new object;
         ``delivered(key)``: called once an object has been handed to its owner;
-        ``departed(key)``: waits until a copy of ``key`` leaving this host is gone."""
+        ``departed(key)``: waits until a copy of ``key`` leaving this host is gone;
+        ``channel(sock, request)``: serves a link that carries a channel here, to its end."""
+        self._channel = channel
         self.minion_socket = minion_socket
         self._prefix = container_prefix
         self._recovery = recovery
@@ -89,6 +93,9 @@ class InboundServer:
                         client = cdi.connect(self.minion_socket, f"{self._prefix}{next(self._ids)}")
                         client.forwarding = False  # it hands objects to containers of this host
                     send_frame(sock, self._take(client, sock, header))
+                elif op == "channel" and self._channel is not None:
+                    self._channel(sock, header)  # the link is the channel's from now on
+                    return
                 else:
                     raise ProtocolError(f"unknown gateway operation {op!r}")
         except (OSError, CDIError) as exc:

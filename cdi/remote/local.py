@@ -12,6 +12,9 @@ Requests (msgpack maps on ``SOCK_SEQPACKET``, answered in order, each with its `
              another host after ``since`` (``CLOCK_MONOTONIC`` seconds, one clock for every
              process of a host); ``access_timeout`` after ``timeout`` seconds;
              ``not_found`` at once if no host has such an object.
+``channel`` ``{name, to, from, slots, slot_bytes, max_message}`` -> ``{relay}``: carry topic
+             ``name``, which ``from`` writes, to reader ``to`` on another host; the topic
+             grants ``relay``, a container of the gateway's (``cdi.remote.channels``).
 
 Whoever may connect to the minion may connect here (the same mode and group as the minion's
 socket); nothing here grants more than the minion does: the gateway forwards only objects that
@@ -45,6 +48,7 @@ _ARRIVALS_KEPT_S = 30.0
 Forward = Callable[[cdi.Client, str, str, str], None]
 Locate = Callable[[str], dict[str, Any]]
 Exists = Callable[[str], object]
+Channel = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class LocalService:
@@ -60,8 +64,12 @@ class LocalService:
         exists: Exists,
         mode: int = 0o660,
         group: int | None = None,
+        *,
+        channel: Channel | None = None,
     ) -> None:
-        """``mode`` and ``group``: the socket file's, as the minion's (``MinionConfig``)."""
+        """``mode`` and ``group``: the socket file's, as the minion's (``MinionConfig``);
+        ``channel``: carries a topic to a reader on another host (``cdi.remote.channels``)."""
+        self._channel = channel
         self.path = path
         self.minion_socket = minion_socket
         self._prefix = prefix
@@ -161,6 +169,8 @@ class LocalService:
                 float(since) if isinstance(since, int | float) else 0.0,
             )
             return {}
+        if op == "channel" and self._channel is not None:
+            return self._channel(request)
         raise ProtocolError(f"unknown gateway operation {op!r}")
 
     def _await(self, key: str, timeout: float, since: float) -> None:

@@ -37,9 +37,10 @@ class RouteCache:
                 self._client = ControllerClient(self._url, token=self._token)
             return self._client
 
-    def route(self, container_id: str) -> Route:
+    def route(self, container_id: str, *, here: bool = False) -> Route:
         """The route to ``container_id`` on another host; ``UnknownContainer`` if it has none,
-        ``TransferFailed`` if its host serves no transfers."""
+        ``TransferFailed`` if its host serves no transfers. ``here``: a container the directory
+        lists on this host is answered at once, with this host's route (not cached)."""
         now = time.monotonic()
         with self._lock:
             cached = self._routes.get(container_id)
@@ -66,6 +67,8 @@ class RouteCache:
                 continue
             if route.host != self.this_host:
                 break
+            if here:
+                return route
             if time.monotonic() >= deadline:  # the directory still lists it here: it left
                 raise UnknownContainer(
                     f"no live container {container_id!r} is registered with this minion"

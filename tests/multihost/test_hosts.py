@@ -100,3 +100,18 @@ def test_loopback_fallback_gives_distinct_addresses(monkeypatch: pytest.MonkeyPa
 def test_host_count_is_checked() -> None:
     with pytest.raises(ConfigError, match="between 1 and 200"):
         HostNetwork.create(0)
+
+
+@needs_netns
+def test_a_thread_visits_a_host_and_comes_back() -> None:
+    """Sockets made during ``visit`` are on that host; after it, the thread is back."""
+    with HostNetwork.create(1, fallback=False) as net:
+        host = net.hosts[0]
+        with host.visit():
+            server = socket.create_server((host.address, 0))  # only that host has the address
+        with server:
+            with pytest.raises(OSError):
+                socket.create_server((host.address, 0)).close()  # not here
+            port = server.getsockname()[1]
+            with socket.create_connection((host.address, port), timeout=5):  # across the bridge
+                pass
