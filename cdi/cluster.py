@@ -42,6 +42,7 @@ class LocalCluster:
     controller: ControllerChild
     minions: list[MinionChild] = field(default_factory=list)
     directory: Path = Path()
+    owns_network: bool = True  # made by ``start`` (not passed in): removed when it closes
 
     @property
     def controller_url(self) -> str:
@@ -74,7 +75,7 @@ class LocalCluster:
             folder / "credentials", [host.name for host in net.hosts]
         )
         controller = ControllerChild(url, str(log_dir / "cdi-controller.log"), credentials)
-        cluster = cls(net, controller, directory=folder)
+        cluster = cls(net, controller, directory=folder, owns_network=network is None)
         try:
             cluster.controller.start()
             for host in net.hosts:
@@ -97,7 +98,7 @@ class LocalCluster:
                 minion.start()
             cluster.wait_for_gateways()
         except BaseException:
-            cluster.close(network is None)
+            cluster.close()
             raise
         return cluster
 
@@ -117,12 +118,14 @@ class LocalCluster:
                     )
                 time.sleep(0.05)
 
-    def close(self, remove_network: bool = True) -> None:
+    def close(self, remove_network: bool | None = None) -> None:
+        """Stop the minions and the controller; remove the host network if
+        ``remove_network`` (by default: if this cluster made it)."""
         for minion in reversed(self.minions):
             with contextlib.suppress(Exception):
                 minion.stop()
         self.controller.stop()
-        if remove_network:
+        if self.owns_network if remove_network is None else remove_network:
             self.network.close()
 
     def __enter__(self) -> LocalCluster:

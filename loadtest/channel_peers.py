@@ -131,15 +131,13 @@ def running(system: System, network: HostNetwork | None = None) -> Iterator[Endp
             if network is not None:
                 from cdi.cluster import LocalCluster
 
-                cluster = LocalCluster.start(2, folder, network=network)
-                try:
+                # The network outlives the cluster: the other systems run on it next.
+                with LocalCluster.start(2, folder, network=network) as cluster:
                     yield Endpoint(
                         system, cluster.minions[0].socket_path,
                         subscriber_address=cluster.minions[1].socket_path,
                         publisher_host=near, subscriber_host=far,
                     )  # fmt: skip
-                finally:
-                    cluster.close(remove_network=False)  # the other systems run on it next
                 return
             from cdi.minion.process import MinionChild
 

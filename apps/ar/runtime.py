@@ -67,10 +67,7 @@ def prepare(
         elif not needs_minion:
             yield Prepared(replace(config, placement=spread(network)))
         else:
-            cluster = LocalCluster.start(2, folder, *minion_args, network=network)
-            try:
+            with LocalCluster.start(2, folder, *minion_args, network=network) as cluster:
                 sockets = [m.socket_path for m in cluster.minions]
                 pids = [*(m.pid for m in cluster.minions), cluster.controller.pid]
                 yield Prepared(replace(config, placement=spread(network, sockets)), pids)
-            finally:
-                cluster.close(remove_network=False)

@@ -6,11 +6,14 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from cdi.cluster import LocalCluster
 from cdi.errors import ConfigError
 from cdi.hosts import HostNetwork, namespaces_available
+from tests.cdi.conftest import require_native
 
 NETNS, WHY_NOT = namespaces_available()
 needs_netns = pytest.mark.skipif(not NETNS, reason=f"no network namespaces here: {WHY_NOT}")
@@ -115,3 +118,19 @@ def test_a_thread_visits_a_host_and_comes_back() -> None:
             port = server.getsockname()[1]
             with socket.create_connection((host.address, port), timeout=5):  # across the bridge
                 pass
+
+
+@needs_netns
+def test_a_cluster_removes_only_the_network_it_made(tmp_path: Path) -> None:
+    """A network passed to ``LocalCluster.start`` outlives the cluster (the next system of a
+    benchmark runs on it); one the cluster made goes with it."""
+    require_native()
+    before = _names()
+    with HostNetwork.create(2, fallback=False) as net:
+        with LocalCluster.start(2, tmp_path / "given", network=net):
+            pass
+        assert _names() != before, "the network passed in was removed with the cluster"
+    assert _names() == before
+    with LocalCluster.start(2, tmp_path / "made"):
+        assert _names() != before
+    assert _names() == before
