@@ -236,6 +236,11 @@ class History:
         with connect(self._url, autocommit=True) as conn:
             for table in ("workflows", "task_runs", "events", "handoffs", "webhook_deliveries"):
                 conn.execute(f"VACUUM (ANALYZE) {table}")
+            # The fold emptied the clones' deltas at once; until vacuumed, every reader of the
+            # figures (stats, a list's total) scans their dead rows (the table has no index).
+            # A stack that lived those days folded a few rows a second, autovacuum keeping
+            # the table small.
+            conn.execute("VACUUM (ANALYZE) tally_deltas")
             # The clones' per-minute figures came in passes over all their days, and all but
             # two days of them were dropped at once; a stack that lived those days wrote and
             # dropped them minute by minute, its table holding two days' rows in the order
