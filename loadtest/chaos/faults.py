@@ -371,6 +371,9 @@ def disk_full(full_s: float = 30.0, size_mb: int = DISK_MB) -> Fault[Target]:
 
 
 FAULTS: Final[tuple[Fault[Target], ...]] = (
+    # The control: nothing is struck. Its recovery is the probe's own wait behind the workflows
+    # in flight (in the scheduler's queue for a free worker slot), which every case's includes.
+    Fault.at_once("none", "nothing struck (the control)", lambda target: None),
     Fault.at_once("scheduler", "kill -9 of the scheduler", _kill("scheduler-1")),
     Fault.at_once("postgres", "kill -9 of Postgres", _kill("postgres")),
     Fault.at_once("redis", "kill -9 of Redis", _kill("redis")),
