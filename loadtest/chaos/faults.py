@@ -33,7 +33,7 @@ from loadtest.chaos import host_faults
 from loadtest.chaos.api_probes import s3_routes
 from loadtest.chaos.checks import Facts, check_for
 from loadtest.chaos.s3_gate import S3Gate
-from loadtest.chaos.sampling import LoopWatch
+from loadtest.chaos.sampling import LoopWatch, MinionWatch
 from loadtest.chaos.small_disk import SmallDisk
 from loadtest.chaos.workload import Reachable, Workload
 from orchestrator.errors import StackError
@@ -152,6 +152,11 @@ class CaseTarget(Protocol):
         here)."""
         ...
 
+    def minion_watch(self) -> MinionWatch | None:
+        """What times the longest a minion answered nothing (None: its socket is not reachable
+        from here)."""
+        ...
+
     def check(self, fault: Fault[Any], facts: Facts) -> list[str]:
         """The fault's own checks once every workflow has ended: the problems found."""
         ...
@@ -198,6 +203,9 @@ class Target:
 
     def loop_watch(self) -> LoopWatch:
         return LoopWatch(self.stack)
+
+    def minion_watch(self) -> MinionWatch:
+        return MinionWatch(self.stack)
 
     def check(self, fault: Fault[Any], facts: Facts) -> list[str]:
         return check_for(fault.name)(self, facts)
