@@ -65,6 +65,10 @@ class ContainerTarget:
         """None: the scheduler's alive stamp is inside its container."""
         return None
 
+    def minion_watch(self) -> None:
+        """None: the minion's socket is inside its pod."""
+        return None
+
     def check(self, fault: Fault[Any], facts: Facts) -> list[str]:
         """None beyond how every workflow ended: the checks of the process stack look at its
         processes, which run in containers here."""

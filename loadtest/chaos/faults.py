@@ -34,7 +34,7 @@ from loadtest.chaos.api_probes import s3_routes
 from loadtest.chaos.checks import Facts, check_for
 from loadtest.chaos.mid_turn import Caught, kill_postgres_mid_turn
 from loadtest.chaos.s3_gate import S3Gate
-from loadtest.chaos.sampling import LoopWatch
+from loadtest.chaos.sampling import LoopWatch, MinionWatch
 from loadtest.chaos.small_disk import SmallDisk
 from loadtest.chaos.workload import Reachable, Workload
 from orchestrator.errors import StackError
@@ -153,6 +153,11 @@ class CaseTarget(Protocol):
         here)."""
         ...
 
+    def minion_watch(self) -> MinionWatch | None:
+        """What times the longest a minion answered nothing (None: its socket is not reachable
+        from here)."""
+        ...
+
     def check(self, fault: Fault[Any], facts: Facts) -> list[str]:
         """The fault's own checks once every workflow has ended: the problems found."""
         ...
@@ -201,6 +206,9 @@ class Target:
 
     def loop_watch(self) -> LoopWatch:
         return LoopWatch(self.stack)
+
+    def minion_watch(self) -> MinionWatch:
+        return MinionWatch(self.stack)
 
     def check(self, fault: Fault[Any], facts: Facts) -> list[str]:
         return check_for(fault.name)(self, facts)
@@ -379,6 +387,9 @@ def disk_full(full_s: float = 30.0, size_mb: int = DISK_MB) -> Fault[Target]:
 
 
 FAULTS: Final[tuple[Fault[Target], ...]] = (
+    # The control: nothing is struck. Its recovery is the probe's own wait behind the workflows
+    # in flight (in the scheduler's queue for a free worker slot), which every case's includes.
+    Fault.at_once("none", "nothing struck (the control)", lambda target: None),
     Fault.at_once("scheduler", "kill -9 of the scheduler", _kill("scheduler-1")),
     Fault.at_once("postgres", "kill -9 of Postgres", _kill("postgres")),
     Fault.at_once(

@@ -66,6 +66,8 @@ class CaseResult(Tally):
     problems: list[str] = field(default_factory=list)  # what the fault's own checks found
     observed: dict[str, str] = field(default_factory=dict)  # the API's answers while it held
     scheduler_stalled_s: float = 0.0  # the longest its loop did not turn, strike to the checks
+    # The longest a minion answered nothing, strike to the checks (None: not watched).
+    minion_unanswered_s: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -153,8 +155,11 @@ def run_case(
             started = load.start()
             runs[started.id] = started
         until(lambda: finished(load, since) >= workflows // 3, deadline_s)
-        watch = target.loop_watch()
-        with watch if watch is not None else contextlib.nullcontext():
+        watch, minion = target.loop_watch(), target.minion_watch()
+        with contextlib.ExitStack() as watching:
+            for watcher in (watch, minion):
+                if watcher is not None:
+                    watching.enter_context(watcher)
             timeline = _Timeline(target, fault, load)
             recovery, after_end = _probe(load, runs, timeline, deadline_s + fault.held_s)
             timeline.join()
@@ -180,6 +185,7 @@ def run_case(
         problems=problems,
         observed=dict(target.observed),
         scheduler_stalled_s=watch.longest_s if watch is not None else 0.0,
+        minion_unanswered_s=minion.longest_s if minion is not None else None,
     )
 
 

@@ -26,9 +26,19 @@ import psycopg
 import redis
 from sqlalchemy import make_url
 
+import cdi
 from orchestrator.stack import Stack
 
-__all__ = ["PIECES", "Growth", "LoopWatch", "Sample", "Sampler", "growth", "pieces_of"]
+__all__ = [
+    "PIECES",
+    "Growth",
+    "LoopWatch",
+    "MinionWatch",
+    "Sample",
+    "Sampler",
+    "growth",
+    "pieces_of",
+]
 
 PIECES: Final = ("api", "scheduler-1", "cdi-minion")  # and every worker
 
@@ -91,6 +101,9 @@ class _Every:
     def look(self) -> None:
         raise NotImplementedError
 
+    def done(self) -> None:
+        """After the last ``look()``."""
+
     def __enter__(self) -> Self:
         self._began = time.monotonic()
         self._thread.start()
@@ -104,6 +117,7 @@ class _Every:
     ) -> None:
         self._stop.set()
         self._thread.join(60)
+        self.done()
 
     def _run(self) -> None:
         while True:
@@ -185,3 +199,48 @@ class LoopWatch(_Every):
             age = time.time() - self.stamp.stat().st_mtime
             if age < running:  # a stamp of this process's own
                 self.longest_s = max(self.longest_s, round(age, 1))
+
+
+class MinionWatch(_Every):
+    """The longest time a minion of the stack answered no request, asked every ``every_s``
+    (``stat`` on a connection of no container, made again once it fails): what a fault cost
+    the minion's clients, apart from what the workflows do meanwhile. A minion whose launcher
+    died serves on until its successor takes over, so its restart counts only the hand-over."""
+
+    def __init__(self, stack: Stack, every_s: float = 0.01) -> None:
+        super().__init__(every_s)
+        self.sockets = [stack.cdi.socket_of(f"host{n}") for n in range(1, stack.hosts + 1)]
+        self.longest_s = 0.0
+        self._clients: dict[str, cdi.Client] = {}
+        self._unanswered_since: dict[str, float] = {}
+
+    def look(self) -> None:
+        for path in self.sockets:
+            now = time.monotonic()
+            if self._answers(path):
+                since = self._unanswered_since.pop(path, None)
+                if since is not None:
+                    self.longest_s = max(self.longest_s, round(now - since, 3))
+            else:
+                self._unanswered_since.setdefault(path, now)
+
+    def _answers(self, path: str) -> bool:
+        try:
+            client = self._clients.get(path) or cdi.Client(path, timeout=1.0)
+            self._clients[path] = client
+            client.stat()
+        except (cdi.CDIError, OSError):
+            broken = self._clients.pop(path, None)
+            if broken is not None:
+                with contextlib.suppress(cdi.CDIError, OSError):
+                    broken.close()
+            return False
+        return True
+
+    def done(self) -> None:
+        now = time.monotonic()
+        for since in self._unanswered_since.values():  # still away at the end
+            self.longest_s = max(self.longest_s, round(now - since, 3))
+        for client in self._clients.values():
+            with contextlib.suppress(cdi.CDIError, OSError):
+                client.close()

@@ -14,8 +14,10 @@ from cdi.errors import CDIError
 from cdi.hosts import Host, HostNetwork
 from cdi.link_emulator import SERVICES_ONLY, Link
 from cdi.minion.process import MinionChild
+from cdi.minion.state import discard_kept
 from orchestrator.child_process import free_port
 from orchestrator.errors import StackError
+from orchestrator.stack.defaults import MINION_STATE, minion_state_folders
 from orchestrator.stack.supervised import CdiProcess
 
 __all__ = ["CdiRuntime"]
@@ -112,7 +114,7 @@ class CdiRuntime:
                 "--host", host, "--controller", self.controller_url,
                 "--controller-token-file", str(credentials.minion_token_file(host)),
                 # Its objects outlive a restart of the minion (docs/minion-restart.md).
-                "--state-dir", str(self.folder / "minion-state"),
+                "--state-dir", str(self.folder / MINION_STATE),
                 log_path=str(self.logs_dir / "cdi-minion.log"),
             ),
         )  # fmt: skip
@@ -164,7 +166,9 @@ class CdiRuntime:
         return network
 
     def stop(self, timeout: float) -> None:
-        """Minions, then the controller (and the hosts' namespaces)."""
+        """Minions, then the controller (and the hosts' namespaces). A stop for good: what
+        each minion kept for a successor goes too (its memory in /dev/shm and its journal),
+        whether or not its process could remove it (``cdi.minion.state``)."""
         try:
             for minion in self.minions:
                 minion.stop(timeout)
@@ -174,6 +178,8 @@ class CdiRuntime:
                 self._cluster.network.close()
             log.info("cdi controller and minions stopped")
         finally:
+            for state in minion_state_folders(self.folder.parent):
+                discard_kept(state, timeout)
             for n in range(1, self.hosts + 1):
                 socket_path = Path(self.socket_of(f"host{n}"))
                 if socket_path.is_socket():  # a minion that was killed cannot remove its socket

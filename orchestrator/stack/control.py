@@ -14,8 +14,10 @@ from pathlib import Path
 import psutil
 
 from cdi.child import ChildProcess, describe_exit, log_tail
+from cdi.minion.state import discard_kept
 from orchestrator.errors import StackError
 from orchestrator.private import private_dir
+from orchestrator.stack.defaults import minion_state_folders
 from orchestrator.stack.state import ProcessInfo, StackState, read_state, remove_state
 
 __all__ = [
@@ -147,6 +149,8 @@ def stop_stack(data_dir: Path, timeout: float) -> StackState | None:
     socket_path = Path(state.minion_socket)
     if socket_path.is_socket():  # left by a minion that was killed
         socket_path.unlink(missing_ok=True)
+    for minion_state in minion_state_folders(data_dir):  # a minion that outlived its launcher
+        discard_kept(minion_state, _FORCED_STOP_S)
     remove_state(data_dir)
     return state
 

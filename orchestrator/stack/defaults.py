@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 __all__ = [
     "API_COMMAND",
     "DEFAULT_HOST",
     "DEFAULT_PORT",
     "DEFAULT_WORKERS",
+    "MINION_STATE",
     "SCHEDULER_COMMAND",
     "WORKER_COMMAND",
+    "minion_state_folders",
 ]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -22,3 +26,14 @@ API_COMMAND = ("{python}", "-P", "-m", "orchestrator.controller", "--host", "{ho
                "--port", "{port}")  # fmt: skip
 SCHEDULER_COMMAND = ("{python}", "-P", "-m", "orchestrator.scheduler", "--id", "{id}")
 WORKER_COMMAND = ("{python}", "-P", "-m", "orchestrator.worker", "--id", "{id}")
+
+# A minion's state folder (docs/minion-restart.md): <data>/cdi/minion-state, or with --hosts N
+# each host's <data>/cdi/host<n>/minion-state (``cdi.cluster``).
+MINION_STATE = "minion-state"
+
+
+def minion_state_folders(data_dir: Path) -> list[Path]:
+    """The state folders of the minions a stack of ``data_dir`` started, those that exist."""
+    folder = data_dir / "cdi"
+    found = [folder / MINION_STATE, *sorted(folder.glob(f"host*/{MINION_STATE}"))]
+    return [path for path in found if path.is_dir()]

@@ -69,6 +69,16 @@ def require_native() -> None:
     pytest.skip(reason)
 
 
+def minion_segment_folder(state_dir: str | Path) -> Path:
+    """Where the minion of ``state_dir`` keeps its segment files: ``/dev/shm/cdi-minion-<uid>-
+    <FNV-1a of the folder's path>`` (``resume.rs``), worked out here on its own so that a test
+    finds a folder the minion did not record."""
+    digest = 0xCBF29CE484222325
+    for byte in os.fsencode(os.path.abspath(state_dir)):
+        digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return Path(f"/dev/shm/cdi-minion-{os.geteuid()}-{digest:016x}")
+
+
 def start_minion(directory: Path, *extra: str) -> MinionProcess:
     """Start a real minion with its socket in ``directory``; wait until it answers. Ids
     ``uid1001-*``, ``uid1002-*`` are those uids'; as root (who may give the socket any group),

@@ -20,7 +20,8 @@ from cdi.auth import ClusterCredentials
 from cdi.controller.client import ControllerClient
 from cdi.controller.process import ControllerChild
 from cdi.minion.process import MinionChild
-from tests.cdi.conftest import require_native
+from cdi.minion.state import segment_folder
+from tests.cdi.conftest import minion_segment_folder, require_native
 
 
 class Restartable:
@@ -64,9 +65,20 @@ def minion(tmp_path: Path) -> Iterator[Restartable]:
     try:
         yield running
     finally:
-        if running.child is not None and not running.child.running:
-            running.start()  # a stop for good (below) frees what a killed one left in /dev/shm
-        running.stop()
+        running.stop()  # for good: it frees what a killed one left in /dev/shm too
+
+
+def test_a_stop_after_a_kill_frees_what_the_minion_kept(minion: Restartable) -> None:
+    """A killed minion leaves its memory for its successor; stopping it for good instead
+    (``MinionChild.stop``, what the stack and the test fixtures do) removes it."""
+    segments = minion_segment_folder(minion.state)
+    assert segment_folder(minion.state) == segments  # the minion names it in its state folder
+    minion.client("kept").create("kept", 4096).access()[:4] = b"kept"
+    minion.kill()
+    assert segments.is_dir() and os.listdir(segments)  # kept for a successor
+    minion.stop()
+    assert not segments.exists()
+    assert not os.path.exists(os.path.join(minion.state, "journal"))
 
 
 def test_objects_owners_shares_and_isolation_survive_a_kill(minion: Restartable) -> None:

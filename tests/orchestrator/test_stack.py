@@ -35,11 +35,13 @@ import pytest
 import redis
 from sqlalchemy.engine import make_url
 
+import cdi
 from orchestrator.child_process import free_port
 from orchestrator.errors import StackError, StackRunning
 from orchestrator.services import RunningServices
 from orchestrator.stack import RestartPolicy, Stack, read_state
 from orchestrator.stack.state import DataDirLock, ProcessInfo
+from tests.cdi.conftest import minion_segment_folder
 
 # Each stack gets a Redis database of its own (the API tests use 9): worker ids repeat across
 # stacks, and a namesake's heartbeat must not pass for another stack's worker.
@@ -243,6 +245,29 @@ def test_stop_leaves_no_process_and_no_socket(
     assert [pid for pid in pids if not _gone(pid)] == []
     assert not Path(running.minion_socket).exists()
     assert not DataDirLock(short_dir).held_elsewhere()
+
+
+def test_stop_frees_the_memory_of_a_minion_that_outlived_its_launcher(
+    own_services: RunningServices, short_dir: Path
+) -> None:
+    """The minion's launcher killed and not yet restarted: the minion serves on for a
+    successor, keeping its objects in /dev/shm. A stop of the stack is for good: that goes too
+    (this stack's own folder: other runs' minions may have theirs beside it)."""
+    policy = RestartPolicy(initial_backoff=60.0)  # no successor before the stop
+    running = Stack(short_dir, workers=1, port=free_port(), services=own_services,
+                    restart_policy=policy, **_stand_ins()).start()  # fmt: skip
+    state = short_dir / "cdi" / "minion-state"
+    segments = minion_segment_folder(state)
+    try:
+        with cdi.connect(running.minion_socket, "outlived") as client:
+            client.create("outlived", 4096).access()[:4] = b"kept"
+            running.kill("cdi-minion")
+            assert client.stat()["objects"] == 1  # served on without its launcher
+            assert segments.is_dir()
+    finally:
+        running.stop()
+    assert not segments.exists()
+    assert not (state / "journal").exists()
 
 
 def test_a_taken_port_is_refused_before_anything_starts(

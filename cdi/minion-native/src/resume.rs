@@ -28,6 +28,11 @@ use crate::sys;
 /// How long `open` waits for a minion that is stopping to let go of the folder.
 const LOCK_WAIT_MS: u64 = 10_000;
 
+/// The file in the state folder that names the segment folder (its path and a newline), so
+/// that whoever stops the minion for good finds what to remove even when the minion could
+/// not (`cdi/minion/state.py`).
+pub const SEGMENTS_FILE: &str = "segments";
+
 /// Where the segment files of the minion of `state_dir` are: a folder of the minion's uid
 /// under /dev/shm (memory: nothing there survives a reboot).
 pub fn segment_dir(state_dir: &Path) -> PathBuf {
@@ -110,6 +115,18 @@ fn lock(state_dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Write the segment folder's path into the state folder (before the folder is made: a
+/// minion killed in between leaves a name, never a folder nobody knows of).
+fn record_segment_dir(state_dir: &Path, segments: &Path) -> Result<(), String> {
+    let path = state_dir.join(SEGMENTS_FILE);
+    let mut text = segments.as_os_str().as_encoded_bytes().to_vec();
+    text.push(b'\n');
+    if std::fs::read(&path).is_ok_and(|old| old == text) {
+        return Ok(());
+    }
+    std::fs::write(&path, &text).map_err(|err| format!("cannot write {}: {err}", path.display()))
+}
+
 /// SIGUSR2 to the minion whose pid the lock file names, if it is one; whether it was sent.
 fn ask_to_hand_over(lock: &Path) -> bool {
     let Some(pid) = std::fs::read_to_string(lock)
@@ -135,6 +152,7 @@ pub fn open(reg: &mut Registry, state_dir: &Path) -> Result<(), String> {
     private_dir(state_dir)?;
     lock(state_dir)?;
     let segments = segment_dir(state_dir);
+    record_segment_dir(state_dir, &segments)?;
     private_dir(&segments)?;
     reg.pool.dir = Some(segments.clone());
     reg.boot_id = sys::boot_id();
@@ -386,5 +404,24 @@ fn gone(reg: &mut Registry, dead: &SavedContainer) {
     recovery::release_shares_of(reg, &cid);
     if reg.journal.is_some() {
         reg.dirty_containers.push((cid, false));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_folder_names_its_segment_folder() {
+        let dir = std::env::temp_dir().join(format!("cdi-resume-record-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let segments = segment_dir(&dir);
+        assert!(segments.starts_with("/dev/shm"));
+        assert_ne!(segments, segment_dir(&dir.join("other")));
+        record_segment_dir(&dir, &segments).unwrap();
+        record_segment_dir(&dir, &segments).unwrap(); // a restart finds it already there
+        let text = std::fs::read_to_string(dir.join(SEGMENTS_FILE)).unwrap();
+        assert_eq!(text, format!("{}\n", segments.display()));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

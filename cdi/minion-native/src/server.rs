@@ -259,8 +259,12 @@ impl Minion {
         if let Some(journal) = self.registry.journal.take() {
             // A stop for good: the objects are gone, and so is what described them.
             let _ = std::fs::remove_file(journal.path());
-            if let Some(dir) = self.registry.pool.dir.as_ref() {
-                let _ = std::fs::remove_dir_all(dir);
+        }
+        if let Some(dir) = self.registry.pool.dir.as_ref() {
+            // Whether or not the journal could be kept: nothing in it outlives this stop.
+            let _ = std::fs::remove_dir_all(dir);
+            if let Some(state_dir) = self.registry.config.state_dir.as_ref() {
+                let _ = std::fs::remove_file(state_dir.join(crate::resume::SEGMENTS_FILE));
             }
         }
         if let Some(sink) = self.registry.events.as_mut() {
