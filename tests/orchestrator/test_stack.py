@@ -349,8 +349,10 @@ def _http_status(url: str, key: str | None) -> int:
 
 
 def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # Longer than `up`'s own wait (300 s): a slow `up --detach` then gives up and stops the
+    # stack it started, where a command killed by this timeout would leave it running.
     return subprocess.run(
-        [*_cli(), *args], env=env, capture_output=True, text=True, timeout=300, check=False
+        [*_cli(), *args], env=env, capture_output=True, text=True, timeout=420, check=False
     )
 
 
