@@ -40,10 +40,10 @@ def keep_or_hand_back(ins: Instruction, obj: cdi.CDIObject | None, exe: Executio
     exe.key = obj.key
     # A worker about to exit gives everything back: what it kept would die with it. A
     # failed task gives it back too, so the scheduler can retry elsewhere or clean up.
-    if ins.keep and not exe.exit_code and exe.status == TaskRunStatus.COMPLETED:
+    done = not exe.exit_code and exe.status == TaskRunStatus.COMPLETED
+    if ins.keep and done:
         exe.kept = True
         return
-    done = not exe.exit_code and exe.status == TaskRunStatus.COMPLETED
     if ins.hand_to and done and _hand_on(ins.hand_to, obj, exe):
         return
     if not ins.return_to:

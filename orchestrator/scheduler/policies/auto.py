@@ -66,8 +66,8 @@ def stays(
 ) -> bool:
     """Whether the next task (expected to take ``task_s``) should run where the object is, on
     ``current``: waiting there costs no more than waiting at any of ``others`` plus moving the
-    object of ``nbytes`` to it (from ``current``'s host, through the scheduler's, to the
-    other's)."""
+    object of ``nbytes`` to it (from ``current``'s host, through ``route.hub``'s, to the
+    other's: along a chain the hub is ``current``'s own host, the object handed on straight)."""
     route = route or Route()
     wait_here = current.backlog * task_s
     way = Route(current.host, route.hub, route.link)
