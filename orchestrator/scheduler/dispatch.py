@@ -551,8 +551,9 @@ class _Ahead:
             rng=dispatch._rng,
         )
         chosen = policy.choose(choice)
-        if chosen is None and choice.live(self._worker) is not None:
-            return self._worker  # no worker has room now: it queues where its object is
+        if chosen is None:  # no worker has room now: it queues at the least loaded
+            least = choice.best(room=False)
+            chosen = least.worker_id if least is not None else None
         return chosen
 
     def next_step(self) -> NextStep | None:

@@ -48,9 +48,10 @@ class Choice:
         """``worker``'s load if it is among ``alive``."""
         return next((w for w in self.alive if w.worker_id == worker), None)
 
-    def best(self) -> WorkerLoad | None:
-        """The best live worker with room (module docstring); None while none has room."""
-        free = [w for w in self.alive if w.has_room(self.task_s)]
+    def best(self, *, room: bool = True) -> WorkerLoad | None:
+        """The best live worker with room (module docstring); None while none has room.
+        ``room=False``: the best live worker, room or not (None while none lives)."""
+        free = [w for w in self.alive if not room or w.has_room(self.task_s)]
         if not free:
             return None
         # Load first, as on one host; what reaching a worker's host costs is added in seconds.
@@ -107,8 +108,8 @@ class Ahead(Protocol):
     def next_worker(self, policy: PlacementPolicy) -> str | None:
         """The worker ``policy`` chooses for the next step now, from the loads this step's
         choice saw (its own task not counted: it is done by then), as if the object were
-        on the step's worker; that worker itself when none has room (the next step then
-        queues where its object is); None when the next step is not one step on its own."""
+        on the step's worker; when none has room, the least loaded (the next step then
+        queues there); None when the next step is not one step on its own."""
 
 
 class PlacementPolicy(abc.ABC):
