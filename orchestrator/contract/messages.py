@@ -15,7 +15,9 @@ Data planes (``DataPlane``):
   ``output_key`` (created with the scheduler as recovery container) and destroys the input. A
   worker that dies mid-task therefore leaves the input intact, and it returns to the scheduler
   for the retry. When the task is done the worker keeps the current object if ``keep``
-  (affinity: the next task comes to it too) or transfers it to ``return_to`` (the scheduler).
+  (affinity: the next task comes to it too), transfers it to ``hand_to`` (the worker chosen for
+  the next step, ``transfer`` and ``auto``; ``Report.handed_to`` says it did), or to
+  ``return_to`` (the scheduler): a failed task's, or when ``hand_to`` is gone.
   With ``hold`` (affinity, and a step that may run again) the worker may instead keep a new
   image in its own memory, unwritten, and say so with ``Report.held``; the next instruction then
   names that report's task run in ``held``. A worker that lost the image says
@@ -98,6 +100,7 @@ class Instruction:
     output_key: ObjectKey = _NO_KEY
     keep: bool = False
     return_to: str = ""  # CDI container id that gets the object back when not keeping it
+    hand_to: str = ""  # the next step's worker: a completed task's object goes straight there
     hold: bool = False  # the worker may hold a new image in memory instead of writing it
     held: str = ""  # the input is the image held from this task run (computed from ``key``)
     # object-store plane (and the cdi plane's first task: input_uri; last: output_uri, format)
@@ -138,6 +141,7 @@ class Report:
     retryable: bool = True  # False for failures a retry cannot fix (e.g. not an image)
     key: ObjectKey = _NO_KEY  # cdi plane: the object holding the image (input or output_key)
     kept: bool = False  # cdi plane: the worker still owns ``key``
+    handed_to: str = ""  # cdi plane: ``key`` went to this container (``Instruction.hand_to``)
     held: bool = False  # cdi plane: the new image is in the worker's memory, newer than ``key``
     held_lost: bool = False  # cdi plane: the instruction's held input is gone; ``key`` is older
     objects_gone: bool = False  # cdi plane: an object it named does not exist (minion restarted)
@@ -149,7 +153,7 @@ class Report:
     compute_ms: float = 0.0
     cpu_ms: float | None = None  # the task function's own CPU (its thread); None: it never ran
     write_ms: float = 0.0
-    return_us: float = 0.0  # cdi plane: how long handing the object back took
+    return_us: float = 0.0  # cdi plane: how long handing the object back (or on) took
     # named data
     objects: dict[str, Any] = field(default_factory=dict)  # output -> {key, kind, nbytes}|items
     results: dict[str, Any] = field(default_factory=dict)  # output -> S3 URI(s) it was stored at

@@ -50,7 +50,13 @@ from orchestrator.scheduler.limits import TaskLimits
 from orchestrator.scheduler.object_moves import ObjectMover
 from orchestrator.scheduler.placement import Link, Route, WorkerLoad, capable, read_workers
 from orchestrator.scheduler.planes import plane_of
-from orchestrator.scheduler.policies import Choice, NextStep, pinned, policy_of
+from orchestrator.scheduler.policies import (
+    Choice,
+    NextStep,
+    PlacementPolicy,
+    pinned,
+    policy_of,
+)
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun, StepSpec
 
 __all__ = ["BEATS_TTL_S", "LOST_GRACE_S", "UNRUNNABLE_AFTER_S", "Dispatcher"]
@@ -356,13 +362,15 @@ class Dispatcher:
         it as the step's task in flight; False when Redis did not take it (``_unsent``)."""
         spec, worker = step.current, placement.worker
         assert worker is not None
+        keep, hand_to = self._next_holder(run, step, worker)
         instruction = plane_of(run).instruction(
             self.ctx,
             run,
             step,
             placement.task_run_id,
             placement.queued_at,
-            keep=self._keeps(run, step, worker),
+            keep=keep,
+            hand_to=hand_to,
         )
         load = self._loads.get(worker)
         step.in_flight = InFlight(
@@ -408,10 +416,16 @@ class Dispatcher:
         unsent, self._unsent = self._unsent, []
         return unsent
 
-    def _keeps(self, run: RunState, step: StepRun, worker: str) -> bool:
-        """Whether ``worker`` keeps what ``step`` makes, the next step then pinned to it: the
-        run's policy's call (``PlacementPolicy.keeps``)."""
-        return policy_of(run).keeps(_Ahead(self, run, step, worker))
+    def _next_holder(self, run: RunState, step: StepRun, worker: str) -> tuple[bool, str]:
+        """Where what ``step`` makes goes when its task is done, the next step then pinned
+        there: kept by ``worker`` (True), handed on to another worker (its id), or, when
+        neither (False, ""), back to the scheduler. The run's policy's call
+        (``PlacementPolicy.keeps``, ``hands_on``); a hand-on to ``worker`` itself is a keep."""
+        policy, ahead = policy_of(run), _Ahead(self, run, step, worker)
+        if policy.keeps(ahead):
+            return True, ""
+        hand_to = policy.hands_on(ahead) or ""
+        return (True, "") if hand_to == worker else (False, hand_to)
 
     def _kept_by(self, run: RunState, step: StepRun) -> str | None:
         """The worker that kept an object ``step`` reads (the scheduler owns every other
@@ -512,6 +526,36 @@ class _Ahead:
             return False
         return self._dispatch.runs_next(run, step, self._worker)
 
+    def may_hand_on(self) -> bool:
+        run, step = self._run, self._step
+        return plane_of(run).may_keep and chain_keeps(run, step)
+
+    def next_worker(self, policy: PlacementPolicy) -> str | None:
+        dispatch, run, step = self._dispatch, self._run, self._step
+        here = dispatch.load_of(self._worker)
+        after = [run.specs[r] for r in dispatch.readers(run, step) if r in run.specs]
+        if here is None or len(after) != 1:
+            return None
+        able = [w for w in capable(list(dispatch._loads.values()), after[0].module)
+                if w.worker_id not in dispatch._restarting]  # fmt: skip
+        made = dispatch.made_bytes.get(step.current.task, 0)
+        choice = Choice(
+            able,
+            dispatch.task_s[after[0].task],
+            max(dispatch._where(run, step)[0], made),
+            near=self._worker,
+            home=run.home,
+            chain=run.graph.is_chain,
+            # Handed on straight from this worker's host: no way through the scheduler's.
+            route=Route(here.host, here.host, dispatch.link),
+            rng=dispatch._rng,
+        )
+        chosen = policy.choose(choice)
+        if chosen is None:  # no worker has room now: it queues at the least loaded
+            least = choice.best(room=False)
+            chosen = least.worker_id if least is not None else None
+        return chosen
+
     def next_step(self) -> NextStep | None:
         dispatch, run, step = self._dispatch, self._run, self._step
         here = dispatch.load_of(self._worker)
@@ -523,7 +567,7 @@ class _Ahead:
                   if w.alive and w.worker_id != self._worker]  # fmt: skip
         made = dispatch.made_bytes.get(step.current.task, 0)
         nbytes = max(dispatch._where(run, step)[0], made)
-        route = Route(here.host, dispatch.ctx.cdi.host, dispatch.link)
+        route = Route(here.host, here.host, dispatch.link)  # handed on straight, if it moves
         return NextStep(here, others, dispatch.task_s[after[0].task], nbytes, route)
 
 

@@ -241,14 +241,16 @@ class Endings:
 
     def drop_stale(self, report: Report) -> None:
         """The objects a report of an abandoned attempt (or an ended run) names: destroyed when
-        they came back to us, taken back from the worker that kept them."""
+        they came back to us, taken back from the worker that kept them (or got them handed
+        on)."""
         keys_named = [report.key] if report.key else []
         keys_named += report.returned
         for described in report.objects.values():
             keys_named += _keys(described)  # named outputs always come back to us
-        if report.key and report.kept:
+        holder = report.worker_id if report.kept else report.handed_to
+        if report.key and holder:
             keys_named.remove(report.key)
-            self.ask_back(report.workflow_id, report.worker_id, report.key)
+            self.ask_back(report.workflow_id, holder, report.key)
         for key in keys_named:
             self.destroy(key)
 

@@ -179,8 +179,8 @@ def move_cost_s(nbytes: int, crossings: int = 0, link: Link | None = None) -> fl
 @dataclass(frozen=True)
 class Route:
     """Where the object is and who holds it between tasks, for pricing a move: ``here`` the
-    host the object is on now, ``hub`` the scheduler's host (an object moving between workers
-    passes through the scheduler)."""
+    host the object is on now, ``hub`` the host it passes through on its way: the scheduler's,
+    or ``here`` for one handed on straight from worker to worker (``PlacementPolicy.hands_on``)."""
 
     here: str = ""
     hub: str = ""

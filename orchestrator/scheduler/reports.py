@@ -285,7 +285,8 @@ class Reports:
 
     # ------------------------------------------------------------------ objects
     def _hand_backs(self, run: RunState, report: Report) -> list[Handoff]:
-        """The objects the report's worker handed back to us."""
+        """The objects the report's worker handed back to us, or on to the next step's
+        worker (``Report.handed_to``)."""
         back = []
         keys = [report.key] if report.key and not report.kept else []
         keys += report.returned
@@ -293,9 +294,12 @@ class Reports:
         for key in keys:
             obj = run.objects.get(key)
             nbytes = obj.nbytes if obj is not None else report.bytes_out
+            on = key == report.key and bool(report.handed_to)
+            dst = report.handed_to if on else self.ctx.id
             back.append(Handoff(
-                report.worker_id, self.ctx.id, nbytes, report.return_us,
-                self.dispatch.host_of(report.worker_id), self.ctx.cdi.host,
+                report.worker_id, dst, nbytes, report.return_us,
+                self.dispatch.host_of(report.worker_id),
+                self.dispatch.host_of(dst) if on else self.ctx.cdi.host,
                 datum=obj.datum if obj is not None else "", mode="transfer",
             ))  # fmt: skip
         return back

@@ -26,6 +26,11 @@ def check_cdi_instruction(ins: Instruction) -> None:
         raise InvalidInstruction(
             f"instruction {ins.task_run_id}: held must be a string and hold a boolean"
         )
+    if not isinstance(ins.hand_to, str) or (ins.hand_to and ins.keep):
+        raise InvalidInstruction(
+            f"instruction {ins.task_run_id}: hand_to must be a string, and not beside keep "
+            "(the object either stays with this worker or goes on to the next one)"
+        )
     if ins.hold and not ins.keep:
         raise InvalidInstruction(
             f"instruction {ins.task_run_id}: hold without keep; a worker can hold a new image "

@@ -1,6 +1,11 @@
 """The end of a ``cdi`` instruction (``cdi_plane``): the object that holds the workflow's
-image now is kept by this worker or handed back to the instruction's ``return_to``, and the
-report says which.
+image now is kept by this worker, handed on to the next step's worker (``hand_to``), or handed
+back to the instruction's ``return_to``, and the report says which.
+
+A hand-on is one ownership transfer from this worker to the next one; the object keeps the
+scheduler as its recovery container (set when it was made), so if the next worker dies holding
+it, it goes back to the scheduler. If that worker is gone already (``UnknownContainer``), the
+object goes back to ``return_to`` as after a failed task.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ log = logging.getLogger(__name__)
 
 
 def keep_or_hand_back(ins: Instruction, obj: cdi.CDIObject | None, exe: Execution) -> None:
-    """Keep the current object or hand it to ``return_to``; record which in ``exe``."""
+    """Keep the current object, hand it on to ``hand_to`` or back to ``return_to``; record
+    which in ``exe``."""
     exe.kept = False
+    exe.handed_to = ""
     if exe.stored:
         # The result is in S3 and the object destroyed: nothing to hand back.
         exe.key = ObjectKey("")
@@ -33,8 +40,11 @@ def keep_or_hand_back(ins: Instruction, obj: cdi.CDIObject | None, exe: Executio
     exe.key = obj.key
     # A worker about to exit gives everything back: what it kept would die with it. A
     # failed task gives it back too, so the scheduler can retry elsewhere or clean up.
-    if ins.keep and not exe.exit_code and exe.status == TaskRunStatus.COMPLETED:
+    done = not exe.exit_code and exe.status == TaskRunStatus.COMPLETED
+    if ins.keep and done:
         exe.kept = True
+        return
+    if ins.hand_to and done and _hand_on(ins.hand_to, obj, exe):
         return
     if not ins.return_to:
         exe.kept = True
@@ -62,3 +72,20 @@ def keep_or_hand_back(ins: Instruction, obj: cdi.CDIObject | None, exe: Executio
         # E.g. return_to is not registered (a scheduler restarting): it stays with us.
         exe.kept = True
         exe.note(f"could not hand {obj.key!r} back to {ins.return_to!r}: {exc}")
+
+
+def _hand_on(to: str, obj: cdi.CDIObject, exe: Execution) -> bool:
+    """Transfer ``obj`` to the next step's worker ``to``; False when it did not go (that
+    worker is gone, or the transfer failed otherwise): it is then handed back."""
+    started = time.perf_counter_ns()
+    try:
+        obj.transfer(to)
+    except cdi.UnknownContainer:
+        log.info("the next step's worker %s is gone; handing %r back", to, obj.key)
+        return False
+    except cdi.CDIError as exc:
+        log.warning("could not hand %r on to %s (%s); handing it back", obj.key, to, exc)
+        return False
+    exe.return_us = (time.perf_counter_ns() - started) / 1000
+    exe.handed_to = to
+    return True

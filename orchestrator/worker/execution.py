@@ -96,6 +96,7 @@ class Execution:
     retryable: bool = True
     key: ObjectKey = ObjectKey("")
     kept: bool = False
+    handed_to: str = ""  # the container ``key`` went to (``Instruction.hand_to``)
     held: bool = False
     held_lost: bool = False
     objects_gone: bool = False
@@ -162,6 +163,7 @@ class Execution:
             retryable=self.retryable,
             key=self.key,
             kept=self.kept,
+            handed_to=self.handed_to,
             held=self.held,
             held_lost=self.held_lost,
             objects_gone=self.objects_gone,

@@ -60,7 +60,21 @@ def napping(harness: Harness) -> str:
             ],
         },
     )
-    # Two naps in a row keep one CDI object alive across a hand-off.
+    # A nap's object read by two steps: it goes back to the scheduler, which shares it with
+    # both (a chain's may stay on its worker throughout).
+    harness.register(
+        "/api/workflow-definitions",
+        {
+            "name": "nap_then_fork",
+            "tasks": [
+                {"ref": "nap1", "task": "nap", "params": {"ms": 2500}},
+                {"ref": "nap2", "task": "nap", "inputs": {"img": "nap1.image"},
+                 "params": {"ms": 2500}},
+                {"ref": "label", "task": "classify", "inputs": {"img": "nap1.image"}},
+            ],
+        },
+    )  # fmt: skip
+    # Two naps in a row keep one CDI object alive, on its worker or across a hand-off.
     harness.register(
         "/api/workflow-definitions",
         {

@@ -80,6 +80,27 @@ def run_pipelines(api_url: str, headers: dict[str, str], runs: int = 4) -> list[
             return list(pool.map(one, range(runs)))
 
 
+def run_forks(api_url: str, headers: dict[str, str], runs: int = 2) -> list[dict[str, Any]]:
+    """``runs`` fork_join_pipeline runs under transfer, one after the other, each completed:
+    their two branches start side by side on the two (idle) workers, one a host, and the join
+    reads both through the scheduler, so a branch's object crosses between the hosts (a
+    chain's goes straight from worker to worker, and only where its next step runs on the
+    other host). Their details."""
+    with httpx.Client(base_url=api_url, headers=headers, timeout=120) as api:
+        uploaded = api.post("/api/inputs", files={"file": (PHOTO.name, PHOTO.read_bytes())})
+        assert uploaded.status_code == 201, uploaded.text
+        body = {"workflow": "fork_join_pipeline", "input": {"image": uploaded.json()["uri"]},
+                "policy": "transfer"}  # fmt: skip
+        details = []
+        for _ in range(runs):
+            started = api.post("/api/workflows", json=body)
+            assert started.status_code == 201, started.text
+            done = api.get(f"/api/workflows/{started.json()['id']}", params={"wait_s": 55})
+            assert done.status_code == 200 and done.json()["status"] == "COMPLETED", done.text
+            details.append(done.json())
+        return details
+
+
 def crossings(details: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The hand-offs that crossed between two hosts."""
     return [h for d in details for h in d["handoffs"]

@@ -1,7 +1,7 @@
 """The stack as containers (``cdiflow containers up``): every role in the product's image,
 services in theirs, two hosts (pods) on one podman network with CDI-RPC between their minions.
-It runs ``image_pipeline`` under ``transfer`` with hand-offs that cross hosts and the right
-pixels, runs task code from a folder it was given, serves the dashboard, and leaves nothing
+It runs ``image_pipeline`` under ``transfer`` with the right pixels, and forks whose hand-offs
+cross hosts, runs task code from a folder it was given, serves the dashboard, and leaves nothing
 behind when it stops."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from deploy.containers.images import images
 from deploy.containers.podman import LABEL, inspect, podman
 from deploy.containers.stack import ContainerStack, container_rows
 from orchestrator.child_process import free_port
-from tests.deploy.support import crossings, require_podman_stack, run_pipelines
+from tests.deploy.support import crossings, require_podman_stack, run_forks, run_pipelines
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -66,6 +66,7 @@ def test_image_pipeline_under_transfer_crosses_hosts_with_the_right_pixels(
     stack: ContainerStack,
 ) -> None:
     details = run_pipelines(stack.api_url, stack.auth_headers, runs=4)
+    details += run_forks(stack.api_url, stack.auth_headers)
     crossed = crossings(details)
     assert crossed, "no hand-off crossed between the hosts"
     assert {h["from_host"] for h in crossed} | {h["to_host"] for h in crossed} == {

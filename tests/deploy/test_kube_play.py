@@ -17,7 +17,7 @@ import pytest
 from deploy.containers.images import images
 from deploy.containers.kube import KubeStack, kustomize_command
 from deploy.containers.podman import podman, podman_env
-from tests.deploy.support import crossings, require_podman_stack, run_pipelines
+from tests.deploy.support import crossings, require_podman_stack, run_forks, run_pipelines
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -75,6 +75,7 @@ def _probe(kube: KubeStack, address: str, name: str, container: dict[str, Any],
 
 def test_the_played_stack_runs_image_pipeline_across_the_nodes(kube: KubeStack) -> None:
     details = run_pipelines(kube.api_url, kube.auth_headers, runs=4)
+    details += run_forks(kube.api_url, kube.auth_headers)
     assert crossings(details), "no hand-off crossed between the nodes"
 
 

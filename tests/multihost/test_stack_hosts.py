@@ -1,9 +1,11 @@
 """The whole stack on two hosts (`cdiflow up --hosts 2`): the image pipeline under every policy
-gives what it gives on one host, objects cross between the hosts, and a worker killed on the
-second host has its task rerun with its object recovered across."""
+gives what it gives on one host, objects cross between the hosts (at most once a step along a
+chain), and a worker killed on the second host has its task rerun with its object recovered
+across."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import stat
@@ -92,28 +94,34 @@ def test_every_policy_gives_the_one_host_result(harness: Harness, policy: str, p
     assert_result_is_the_pipelines(harness, done, sample)
 
 
-def test_transfer_moves_objects_between_hosts(harness: Harness) -> None:
-    """Under transfer every task goes back to the scheduler (host 1) and on: the workflows that
-    ran a task on worker-2 moved their object to host 2 and back."""
+def test_transfer_hands_objects_between_hosts_straight_from_worker_to_worker(
+    harness: Harness,
+) -> None:
+    """Under transfer a chain's object goes from one step's worker straight to the next one's:
+    it crosses between the hosts at most once a step, and never through the scheduler."""
     sample = bundled_samples()["sunset.jpg"]
     image = harness.upload("in/hosts-crossing.jpg", sample.read_bytes())
     ids = [harness.start(image, "transfer") for _ in range(4)]
     done = [harness.wait(i) for i in ids]
     assert all(d["status"] == "COMPLETED" for d in done), [d["error"] for d in done]
+    where = harness.stack.worker_host
     for d in done:
         assert_result_is_the_pipelines(harness, d, sample)
-    crossed = [h for d in done for h in _crossed(harness, d)]
+        runs = d["task_runs"]
+        steps = [(a["worker_id"], b["worker_id"]) for a, b in itertools.pairwise(runs)]
+        moves = [(h["from_container"], h["to_container"]) for h in d["handoffs"]]
+        assert moves == [(a, b) for a, b in steps if a != b], (steps, d["handoffs"])
+        crossings = sum(1 for a, b in steps if where[a] != where[b])
+        assert len(_crossed(harness, d)) == crossings, d["handoffs"]
     ran_on_host2 = [d for d in done if any(r["worker_id"] == "worker-2" for r in d["task_runs"])]
     assert ran_on_host2, "no task ran on host 2"
-    assert crossed, "no hand-off crossed between the hosts"
 
 
 def test_auto_keeps_each_chains_object_on_its_worker_and_never_crosses(harness: Harness) -> None:
     """Two runs at once under auto: one starts on each worker (the first is in flight when
     the second is placed), and with nothing queued anywhere every next step is predicted to
     stay, so each worker keeps its run's object: all of a run's tasks on one worker, and no
-    hand-off between the hosts (under transfer the object goes back to the scheduler on host
-    1 after every task)."""
+    hand-off between the hosts."""
     sample = bundled_samples()["blue_sky.jpg"]
     image = harness.upload("in/hosts-auto-keeps.jpg", sample.read_bytes())
     ids = [harness.start(image, "auto") for _ in range(2)]
@@ -170,10 +178,10 @@ def test_the_dashboard_shows_hosts_and_every_cross_host_move(
 
     wait_for(both_alive, "both workers alive", 60)
     image = harness.upload("in/hosts-dashboard.jpg", sample.read_bytes())
-    # Three 3 s naps at once: host 1's worker has room for two (one running, one queued), so
-    # the third goes to host 2. Short tasks would not do: their wait on host 1 costs less than
-    # the crossing, so placement rightly keeps them all on the scheduler's host.
-    ids = [harness.start(image, "transfer", workflow=napping) for _ in range(3)]
+    # A fork whose branches start side by side, one on each (idle) host: its join reads both,
+    # through the scheduler on host 1. Then three 3 s naps at once.
+    ids = [harness.start(image, "transfer", workflow="fork_join_pipeline")]
+    ids += [harness.start(image, "transfer", workflow=napping) for _ in range(3)]
     runs = [harness.wait(i) for i in ids]
     assert all(r["status"] == "COMPLETED" for r in runs), [r["error"] for r in runs]
     done = next((r for r in runs if _crossed(harness, r)), None)
@@ -221,16 +229,14 @@ def test_two_schedulers_on_two_hosts(harness: Harness) -> None:
         assert done["status"] == "COMPLETED", done["error"]
         assert [r["ref"] for r in done["task_runs"]] == ["deblur", "denoise", "classify"]
         assert_result_is_the_pipelines(harness, done, sample)
-    # Each scheduler's hand-offs name its own host.
+    # Each scheduler's hand-offs name its own host (the others go from worker to worker).
     for done in finished:
         home = "host2" if done["claimed_by"] == "scheduler-2" else "host1"
         for handoff in done["handoffs"]:
-            mine = (
-                handoff["from_host"]
-                if handoff["from_container"].startswith("scheduler")
-                else (handoff["to_host"])
-            )
-            assert mine == home, (done["claimed_by"], handoff)
+            if handoff["from_container"].startswith("scheduler"):
+                assert handoff["from_host"] == home, (done["claimed_by"], handoff)
+            elif handoff["to_container"].startswith("scheduler"):
+                assert handoff["to_host"] == home, (done["claimed_by"], handoff)
 
 
 def test_a_killed_minion_on_the_second_host_comes_back_with_its_objects(harness: Harness) -> None:

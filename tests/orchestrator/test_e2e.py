@@ -4,6 +4,7 @@ minion, API, scheduler, two workers as processes), driven over its REST API like
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import signal
 import socket
@@ -180,12 +181,40 @@ def test_result_equals_the_same_pillow_operations_applied_locally(
     assert all(0 < r["cpu_ms"] <= r["run_ms"] for r in runs), runs
     if policy == "affinity":
         assert len({r["worker_id"] for r in runs}) == 1
-    if plane == "cdi" and policy == "transfer":
-        # The object goes back to the scheduler after each task and on to the next's worker.
-        assert len(done["handoffs"]) == 2 * (len(runs) - 1), done["handoffs"]
+    if plane == "cdi" and policy in ("transfer", "auto"):
+        # Each task's worker hands the object straight to the next one's, or keeps it.
+        assert_handed_from_worker_to_worker(done)
     elif policy == "affinity":
         # One worker makes the object from the input, runs every task and stores the result.
         assert not done["handoffs"], done["handoffs"]
+
+
+def assert_handed_from_worker_to_worker(done: dict[str, Any]) -> None:
+    """Between two steps of the chain the image moved at most once, straight from the first
+    step's worker to the next one's, and not at all when both ran on the same worker: no
+    hand-off went through the scheduler."""
+    runs, handoffs = done["task_runs"], done["handoffs"]
+    moves = [(h["from_container"], h["to_container"], h["mode"]) for h in handoffs]
+    boundaries = [(a["worker_id"], b["worker_id"]) for a, b in itertools.pairwise(runs)]
+    assert moves == [(a, b, "transfer") for a, b in boundaries if a != b], (boundaries, handoffs)
+
+
+@pytest.mark.parametrize("policy", ["transfer", "auto"])
+def test_each_step_hands_its_image_on_in_at_most_one_transfer(
+    harness: Harness, policy: str
+) -> None:
+    """Runs side by side, so that both workers take steps: each run's image moves once at a
+    step boundary whose two steps ran on two workers, from the one to the other, and not at
+    all where they ran on one; every result is the pipeline's."""
+    sample = bundled_samples()["green_field.jpg"]
+    image = harness.upload(f"in/direct-{policy}.jpg", sample.read_bytes())
+    ids = [harness.start(image, policy) for _ in range(8)]
+    for workflow_id in ids:
+        done = harness.wait(workflow_id)
+        assert done["status"] == "COMPLETED", done["error"]
+        assert_result_is_the_pipelines(harness, done, sample)
+        assert [r["ref"] for r in done["task_runs"]] == ["deblur", "denoise", "classify"]
+        assert_handed_from_worker_to_worker(done)
 
 
 @pytest.mark.parametrize("plane", ["cdi", "object-store"])

@@ -101,12 +101,12 @@ def test_a_toy_policy_in_the_table_places_the_steps(
     api_redis: redis.Redis,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The policy as it is: the idle worker, and transfer keeps nothing.
+    # The policy as it is: the idle worker, which is the next step's choice too (it keeps).
     worker, first = _first_step(api_settings, api_client, api_redis)
-    assert (worker, first.keep) == (WORKER, False)
+    assert (worker, first.keep, first.hand_to) == (WORKER, True, "")
     monkeypatch.setitem(POLICIES, Policy.TRANSFER, Last())
     worker, first = _first_step(api_settings, api_client, api_redis)
-    assert (worker, first.keep) == (OTHER, True)
+    assert (worker, first.keep, first.hand_to) == (OTHER, True, "")
 
 
 # -- a toy data plane, both sides --------------------------------------------------------------
@@ -125,6 +125,7 @@ class Tally(Plane):
         queued_at: float,
         *,
         keep: bool,
+        hand_to: str = "",
     ) -> Instruction:
         before = step.reads.get(IMAGE)
         count = before.value if before is not None and before.value is not None else 0

@@ -86,6 +86,15 @@ def test_a_step_pinned_to_a_worker_queues_there_until_it_dies() -> None:
     assert pinned(Choice(workers[:1], 0.4, 0, avoid=frozenset({"w1"})), None) == "w1"
 
 
+def test_the_best_worker_regardless_of_room_is_the_least_loaded_alive() -> None:
+    """What a chain's next step is handed to when no worker has room for it."""
+    workers = [busy("w1", 3), busy("w2", 2), busy("w3", 0, alive=False)]
+    assert Choice(workers, 0.4, 0).best() is None
+    least = Choice(workers, 0.4, 0).best(room=False)
+    assert least is not None and least.worker_id == "w2"
+    assert Choice(workers[2:], 0.4, 0).best(room=False) is None
+
+
 def test_auto_moves_only_when_waiting_costs_more_than_moving() -> None:
     busy_here = [load("w1", 4), load("w2", 0)]
     assert choose_worker(busy_here, Policy.AUTO, "w1", task_s=0.05, nbytes=1_000_000) == "w2"

@@ -62,9 +62,12 @@ class Plane(abc.ABC):
         queued_at: float,
         *,
         keep: bool,
+        hand_to: str = "",
     ) -> Instruction:
         """The instruction for ``step``, recorded as task run ``task_run_id``; ``keep``:
-        its worker keeps what it makes (the next step comes to it too)."""
+        its worker keeps what it makes (the next step comes to it too); ``hand_to``: its
+        worker hands what it makes straight to that worker, the next step's (planes that
+        may keep only)."""
 
     @abc.abstractmethod
     def received(

@@ -1,20 +1,22 @@
 """The ``cdi`` plane, the scheduler's side: a run's data are CDI objects, handed from worker to
-worker through the scheduler, and a step's worker gets them by a transfer or a share.
+worker (straight along a chain, else through the scheduler), and a step's worker gets them by a
+transfer or a share.
 
 *The instruction.* The step's ``image``, when it reads one object of its own, goes in the
 classic fields: ``key`` (made by the worker from ``input_uri`` for the step that reads the
 run's input image), ``held`` (an image the worker holds, newer than ``key``), a fresh
 ``output_key`` for a new image, ``keep`` when the run's policy keeps it there for the next
-step, ``hold`` when the step may run again (a lost held image is recomputed). Every other
-input is in ``inputs`` (an object owned or shared, an inline value, or a list), every output
-a later step reads has its key in ``outputs``, and a step whose outputs are the run's results
-stores them itself (``output_uri`` for its image, ``store_prefix`` for the rest): the run ends
-with its report. The last step, which stores its image in S3, gets an ``output_key`` too when
-it reads a held image: where a failed attempt writes that image for the retry.
+step, ``hand_to`` when it goes straight on to the next step's worker, ``hold`` when the step
+may run again (a lost held image is recomputed). Every other input is in ``inputs`` (an
+object owned or shared, an inline value, or a list), every output a later step reads has its
+key in ``outputs``, and a step whose outputs are the run's results stores them itself
+(``output_uri`` for its image, ``store_prefix`` for the rest): the run ends with its report.
+The last step, which stores its image in S3, gets an ``output_key`` too when it reads a held
+image: where a failed attempt writes that image for the retry.
 
 *The report* (``received``, ``objects``): where each object the step read is now (handed
-back, kept, destroyed, its share given up), the image it held lost with its worker (the run
-rewinds), and the objects it made, registered in the run.
+back, kept, handed on, destroyed, its share given up), the image it held lost with its worker
+(the run rewinds), and the objects it made, registered in the run.
 
 *A lost worker* (``regain``): what it was given comes back to the scheduler by the minion's
 recovery rule; the scheduler waits briefly for it, and drops what the worker may have
@@ -63,6 +65,7 @@ class CdiPlane(Plane):
         queued_at: float,
         *,
         keep: bool,
+        hand_to: str = "",
     ) -> Instruction:
         modes = step.modes
         lane = _image_lane(step.reads.get(IMAGE), modes)
@@ -103,6 +106,7 @@ class CdiPlane(Plane):
                 outputs={name: ObjectKey(f"{base}.{name}") for name in sorted(read - {IMAGE})},
                 discard_image=IMAGE not in read,
                 keep=keep,
+                hand_to=hand_to,
                 # Only a step that may run again holds: a lost held image is recomputed.
                 hold=keep and lane is not None and step.current.retries > 0 and _holds(run, step),
                 output_format=_BETWEEN_TASKS,

@@ -40,6 +40,7 @@ class ObjectStorePlane(Plane):
         queued_at: float,
         *,
         keep: bool,
+        hand_to: str = "",
     ) -> Instruction:
         sink = step.node.ref in run.graph.sinks
         return Instruction(

@@ -2,11 +2,12 @@
 step read is now (``follow``), and the objects it made, registered in the run (``made_by``).
 
 An object the worker handed back is the scheduler's again; one it kept (``Report.kept``)
-stays its; one it owned and destroyed after its task is gone; a share it gave up while
-another read of it by the same worker was still on its way is shared again. A step that failed
-leaves what the retry reads: the input it fetched, or the image it held, written into an
-object. An image that was only in the worker's memory (``Report.held_lost``) makes the run
-rewind to the step that made it.
+stays its; one it handed on to the next step's worker (``Report.handed_to``) is that one's;
+one it owned and destroyed after its task is gone; a share it gave up while another read of
+it by the same worker was still on its way is shared again. A step that failed leaves what the
+retry reads: the input it fetched, or the image it held, written into an object. An image that
+was only in the worker's memory (``Report.held_lost``) makes the run rewind to the step that
+made it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from orchestrator.scheduler.runs import RunState, StepRun
 from workflows.binding import IMAGE
 from workflows.kinds import Kind
 
-__all__ = ["follow", "made_by"]
+__all__ = ["follow", "holder", "made_by"]
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,10 @@ def follow(
                 obj.read_failed(worker)
             if key in report.released and others > 0:
                 _share_again(ctx, obj, worker)
-        elif key in report.returned or (key == report.key and not report.kept):
+        elif key in report.returned:
             obj.owner = ctx.id
         elif key == report.key:
-            obj.owner = worker
+            obj.owner = holder(ctx, report)
         elif completed:
             run.objects.pop(key, None)  # the worker destroyed it after its task
     if not completed and sent.input_uri and report.key and report.key == sent.key:
@@ -75,10 +76,18 @@ def follow(
     if sent.key and report.held_lost:
         obj = run.objects.get(sent.key)
         if obj is not None and obj.held:
-            obj.owner = ctx.id if not report.kept else worker
+            obj.owner = holder(ctx, report)
             progress.rewind(run, obj, reader=step)
             got.lost = True
     return got
+
+
+def holder(ctx: SchedulerContext, report: Report) -> str:
+    """Who owns the report's ``key`` now: the worker that kept it, the worker it handed it on
+    to, or the scheduler."""
+    if report.kept:
+        return report.worker_id
+    return report.handed_to or ctx.id
 
 
 def _share_again(ctx: SchedulerContext, obj: Obj, worker: str) -> None:
@@ -95,7 +104,7 @@ def made_by(
 ) -> dict[str, Datum]:
     """The data ``step`` made, its objects registered in the run."""
     worker = report.worker_id
-    owner = worker if report.kept else ctx.id
+    owner = holder(ctx, report)
     made: dict[str, Datum] = {}
     if report.key and not report.stored:
         made[IMAGE] = _image(run, step, report, owner, sent)

@@ -4,21 +4,25 @@ costs more than moving to the best worker with room (``stays``).
 Expected wait = tasks ahead (queued + running + in flight) x the mean run time of the step's
 task; moving costs two hand-offs plus the bytes at memory bandwidth (an allowance for caches
 gone cold; zero-copy on one host), and for every host boundary the object crosses on its way
-(through the scheduler) the bytes over the link's bandwidth plus its round trip (``Link``,
-learnt from the scheduler's own cross-host transfers). A worker that would stay but has no
-room is waited for.
+(``Route``: straight from worker to worker along a chain, else through the scheduler) the bytes
+over the link's bandwidth plus its round trip (``Link``, learnt from the scheduler's own
+cross-host transfers). A worker that would stay but has no room is waited for.
 
 Along a chain the rule is applied a step early, when a step is sent: if its successor is
 predicted to stay, the worker keeps what the step makes and the successor is pinned to it, as
 under ``affinity`` (the object never goes back to the scheduler, nor across the link and
-back); otherwise the object comes back and the successor is placed when ready. The prediction
-uses the loads as this choice saw them: the rule ``choose`` applies when the next step is
-ready, applied now, so a stay costs no hand-back through the scheduler.
+back); otherwise the worker hands it straight to the worker ``choose`` picks for the
+successor now (``hands_on``: one ownership transfer, crossing to another host at most once),
+where the successor is then pinned. The prediction uses the loads as this choice saw them:
+the rule ``choose`` applies when the next step is ready, applied now, so neither a stay nor a
+move goes through the scheduler. Beyond a chain the object comes back and the successor is
+placed when ready.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from orchestrator.scheduler.placement import Route, WorkerLoad, move_cost_s
 from orchestrator.scheduler.policies.base import Ahead, Choice, PlacementPolicy
@@ -28,6 +32,8 @@ __all__ = ["Auto", "stays"]
 
 class Auto(PlacementPolicy):
     """Stay where the data is unless moving beats waiting."""
+
+    direct: ClassVar[bool] = True
 
     def choose(self, choice: Choice) -> str | None:
         best = choice.best()
@@ -60,8 +66,8 @@ def stays(
 ) -> bool:
     """Whether the next task (expected to take ``task_s``) should run where the object is, on
     ``current``: waiting there costs no more than waiting at any of ``others`` plus moving the
-    object of ``nbytes`` to it (from ``current``'s host, through the scheduler's, to the
-    other's)."""
+    object of ``nbytes`` to it (from ``current``'s host, through ``route.hub``'s, to the
+    other's: along a chain the hub is ``current``'s own host, the object handed on straight)."""
     route = route or Route()
     wait_here = current.backlog * task_s
     way = Route(current.host, route.hub, route.link)

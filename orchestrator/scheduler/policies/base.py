@@ -16,7 +16,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from orchestrator.scheduler.placement import Link, Route, WorkerLoad
 from orchestrator.scheduler.runs import RunState
@@ -48,9 +48,10 @@ class Choice:
         """``worker``'s load if it is among ``alive``."""
         return next((w for w in self.alive if w.worker_id == worker), None)
 
-    def best(self) -> WorkerLoad | None:
-        """The best live worker with room (module docstring); None while none has room."""
-        free = [w for w in self.alive if w.has_room(self.task_s)]
+    def best(self, *, room: bool = True) -> WorkerLoad | None:
+        """The best live worker with room (module docstring); None while none has room.
+        ``room=False``: the best live worker, room or not (None while none lives)."""
+        free = [w for w in self.alive if not room or w.has_room(self.task_s)]
         if not free:
             return None
         # Load first, as on one host; what reaching a worker's host costs is added in seconds.
@@ -99,9 +100,22 @@ class Ahead(Protocol):
         """The next step as ``NextStep`` says; None when it is not one step on its own or the
         worker's load is unknown."""
 
+    def may_hand_on(self) -> bool:
+        """Whether the run's plane and graph allow the worker to hand what the step makes
+        straight to the next step's worker, that step then pinned there: the plane hands
+        objects over, and the run is a chain whose next step alone reads them."""
+
+    def next_worker(self, policy: PlacementPolicy) -> str | None:
+        """The worker ``policy`` chooses for the next step now, from the loads this step's
+        choice saw (its own task not counted: it is done by then), as if the object were
+        on the step's worker; when none has room, the least loaded (the next step then
+        queues there); None when the next step is not one step on its own."""
+
 
 class PlacementPolicy(abc.ABC):
     """Where a run's steps go: one subclass per ``Policy``, chosen from ``POLICIES``."""
+
+    direct: ClassVar[bool] = False  # a step's worker hands what it makes on (``hands_on``)
 
     @abc.abstractmethod
     def choose(self, choice: Choice) -> str | None:
@@ -113,6 +127,16 @@ class PlacementPolicy(abc.ABC):
         then pinned to it (the object goes neither back to the scheduler nor out again).
         Default: never."""
         return False
+
+    def hands_on(self, ahead: Ahead) -> str | None:
+        """The worker a step's worker hands what it makes to when its task is done (the next
+        step's, chosen now, and then pinned there: one ownership transfer a step, none when it
+        is the step's own worker); None: it comes back to the scheduler. Asked when the worker
+        does not keep it. Default: the next step's choice, for a policy that ``hands_on``
+        directly; else never."""
+        if not self.direct or not ahead.may_hand_on():
+            return None
+        return ahead.next_worker(self)
 
     def placed(self, run: RunState, worker: str) -> None:
         """A step of ``run`` went to ``worker``. Default: nothing to remember."""

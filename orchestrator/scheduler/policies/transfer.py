@@ -1,7 +1,13 @@
-"""``transfer`` (the paper's option 2): every step to the best worker with room; what it makes
-comes back to the scheduler, which hands it to the next step's worker."""
+"""``transfer`` (the paper's option 2): every step to the best worker with room. Along a chain
+the next step's worker is chosen when a step is sent, by the same rule with the loads as that
+choice saw them, and the step's worker hands what it makes straight to it (``hands_on``): one
+ownership transfer a step, none when it is the step's own worker, which then keeps it. Beyond
+a chain, what a step makes comes back to the scheduler, which hands it to the next step's
+worker."""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from orchestrator.scheduler.policies.base import Choice, PlacementPolicy
 
@@ -10,6 +16,8 @@ __all__ = ["Transfer"]
 
 class Transfer(PlacementPolicy):
     """The best worker with room for every step."""
+
+    direct: ClassVar[bool] = True
 
     def choose(self, choice: Choice) -> str | None:
         best = choice.best()

@@ -12,6 +12,7 @@ from PIL import Image, ImageFilter
 import cdi
 from tests.orchestrator.worker.support import (
     BUCKET,
+    SCHEDULER,
     Stack,
     WorkerProcess,
     picture,
@@ -62,6 +63,47 @@ def test_keep_leaves_the_object_with_the_worker(stack: Stack, worker: WorkerProc
     report = stack.run(worker, task="noop", key=f"{key}-1", output_key=f"{key}-2")
     assert report.status == "COMPLETED", report.error
     assert (report.key, report.kept, report.bytes_out) == (f"{key}-1", False, 0)
+    stack.take(f"{key}-1")
+
+
+def test_hand_to_gives_the_new_image_straight_to_the_next_worker_and_the_scheduler_recovers_it(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    """One transfer from worker to worker; the object keeps the scheduler as its recovery
+    container, so when the next worker dies holding it, it comes back to the scheduler."""
+    img = picture()
+    key = stack.put(worker, img)
+    other = stack.start_worker()
+    try:
+        report = stack.run(worker, task="deblur", key=key, output_key=f"{key}-1",
+                           hand_to=other.worker_id)  # fmt: skip
+        assert report.status == "COMPLETED", report.error
+        assert (report.key, report.kept, report.handed_to) == (f"{key}-1", False, other.worker_id)
+        assert report.return_us > 0
+        assert stack.owner(f"{key}-1") == other.worker_id
+        # The next task, on the other worker, reads it where it is and hands it on again.
+        report = stack.run(other, task="noop", key=f"{key}-1", hand_to=worker.worker_id)
+        assert report.status == "COMPLETED", report.error
+        assert (report.key, report.handed_to) == (f"{key}-1", worker.worker_id)
+        report = stack.run(worker, task="noop", key=f"{key}-1", hand_to=other.worker_id)
+        assert stack.owner(f"{key}-1") == other.worker_id
+    finally:
+        other.kill()
+    assert same_pixels(stack.take_image(f"{key}-1"), unsharp(img))  # recovered by the scheduler
+
+
+def test_hand_to_a_worker_that_is_gone_or_after_a_failure_hands_the_image_back(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    key = stack.put(worker, picture())
+    report = stack.run(worker, task="deblur", key=key, output_key=f"{key}-1", hand_to="wt-gone")
+    assert report.status == "COMPLETED", report.error
+    assert (report.key, report.kept, report.handed_to) == (f"{key}-1", False, "")
+    assert stack.owner(f"{key}-1") == SCHEDULER
+    stack.sched.use(f"{key}-1").transfer(worker.worker_id)
+    report = stack.run(worker, task="no_such_task", key=f"{key}-1", hand_to=SCHEDULER + "-x")
+    assert report.status == "FAILED"
+    assert (report.key, report.handed_to) == (f"{key}-1", "")
     stack.take(f"{key}-1")
 
 

@@ -197,7 +197,7 @@ export function mount(root, ctx) {
   function renderHandoffs(wf) {
     const list = wf.handoffs;
     if (!list.length) {
-      const why = wf.data_plane === "cdi" ? "No hand-off: the first task's worker makes the object from the input in S3, and it moves only when a later task runs on another worker (always under transfer, never under affinity)." : "This run uses the object-store data plane: every task downloads and uploads through S3, so no CDI ownership moves.";
+      const why = wf.data_plane === "cdi" ? "No hand-off: the first task's worker makes the object from the input in S3, and it moves only when a later task runs on another worker (straight from worker to worker along a chain; never under affinity)." : "This run uses the object-store data plane: every task downloads and uploads through S3, so no CDI ownership moves.";
       render(regions.handoffs, h("div", { style: "padding:0 16px 4px" }, empty("No hand-offs", why)));
       return;
     }
