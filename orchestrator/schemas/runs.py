@@ -263,7 +263,7 @@ class WorkflowList(ResponseBody):
     has_more: bool = Field(description="Whether older runs follow (next_cursor is set).")
     total: int = Field(
         description="Runs matching the filters over all pages: exact without a filter or "
-        "with a status alone (counts kept as runs change), otherwise counted up to 10,000 "
+        "with a status alone (counts kept as runs change), otherwise counted up to 1,000 "
         "(then total_exact is false and more may match)."
     )
     total_exact: bool

@@ -139,7 +139,7 @@ class DeliveryPage(BaseModel):
     )
     has_more: bool = Field(False, description="Whether older deliveries follow.")
     total: int = Field(
-        description="Deliveries matching over all pages, counted up to 10,000 (then "
+        description="Deliveries matching over all pages, counted up to 1,000 (then "
         "total_exact is false and more may match)."
     )
     total_exact: bool = True

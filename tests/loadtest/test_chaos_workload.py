@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 
 from loadtest.chaos.workload import PAGE, Started, Workload
+from orchestrator.db.repository import COUNT_CAP  # a filtered list's total counts up to it
 
 MAX_OFFSET = 10_000  # the API's, past which an offset is refused
-COUNT_CAP = 10_000  # the API's: a filtered list's total counts at most this many
 
 
 class _Api:
