@@ -79,6 +79,12 @@ function headers(extra = {}) {
   return key ? { ...extra, Authorization: `Bearer ${key}` } : extra;
 }
 
+// A GET the browser dropped without an answer is sent again, twice at most, after these pauses:
+// Chromium drops requests in flight when the machine's network changes (ERR_NETWORK_CHANGED,
+// e.g. a container or VPN interface coming up). Other methods are not sent again: the first
+// may have landed.
+const RESENDS_MS = [250, 1000];
+
 async function call(method, path, body, key) {
   const init = { method, headers: key ? { Accept: "application/json", Authorization: `Bearer ${key}` } : headers({ Accept: "application/json" }) };
   if (body instanceof FormData) {
@@ -88,10 +94,15 @@ async function call(method, path, body, key) {
     init.body = typeof body === "string" ? body : JSON.stringify(body);
   }
   let response;
-  try {
-    response = await fetch(path, init);
-  } catch (err) {
-    throw new ApiError(0, null, `the API is unreachable (${err.message})`);
+  for (let sent = 0; response === undefined; sent++) {
+    try {
+      response = await fetch(path, init);
+    } catch (err) {
+      if (method !== "GET" || sent >= RESENDS_MS.length) {
+        throw new ApiError(0, null, `the API is unreachable (${err.message})`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, RESENDS_MS[sent]));
+    }
   }
   const text = await response.text();
   let data = null;
