@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -112,7 +113,11 @@ class StopRequests:
 
 def ask_to_stop(ctx: TaskContext, future: Future[T], grace_s: float = STOP_GRACE_S) -> bool:
     """Ask the task behind ``future`` to stop (``ctx.cancelled``, its ``on_cancel``
-    callbacks) and wait up to ``grace_s`` for it to end; whether it did."""
+    callbacks) and wait up to ``grace_s`` for it to end and for its callbacks; whether it
+    ended. *Why wait for the callbacks:* the report that follows says the task was stopped,
+    so what they clean up (a process it started, a remote job) is done by then, unless they
+    outlast the same grace."""
+    deadline = time.monotonic() + grace_s
     ctx.cancelled.set()
     callbacks = threading.Thread(
         target=_call_back, args=(ctx,), name=f"on-cancel-{ctx.task_name}", daemon=True
@@ -120,7 +125,9 @@ def ask_to_stop(ctx: TaskContext, future: Future[T], grace_s: float = STOP_GRACE
     callbacks.start()
     ended = threading.Event()
     future.add_done_callback(lambda _done: ended.set())
-    return ended.wait(grace_s)
+    stopped = ended.wait(grace_s)
+    callbacks.join(max(0.0, deadline - time.monotonic()))
+    return stopped
 
 
 def _call_back(ctx: TaskContext) -> None:
