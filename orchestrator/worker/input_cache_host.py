@@ -146,6 +146,10 @@ class _Holder:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
+        # The address stays bound while the accept thread is inside accept(): once it has
+        # returned, the next worker of the host can hold the cache at once.
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
         self.listener.close()
         with contextlib.suppress(cdi.CDIError):
             self.index.clear()

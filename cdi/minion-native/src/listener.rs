@@ -23,6 +23,15 @@ pub struct Accepted {
     pub gid: u32,
 }
 
+/// `.<name>.<pid>.binding` beside `path`.
+fn staging_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.binding", std::process::id()))
+}
+
 impl Listener {
     /// Create the socket at `path` (replacing a stale one) with `group` and `mode`, and listen.
     /// On error the socket file, if this call created it, is removed again.
@@ -48,10 +57,20 @@ impl Listener {
             // A stale socket left by a minion that died.
             std::fs::remove_file(path).map_err(|e| format!("cannot remove {shown}: {e}"))?;
         }
+        // Bound and listening under a staging name, then linked into place: the socket's path
+        // appears only once a connect to it is accepted (a caller may wait for the file).
+        let staging = staging_path(path);
+        let (bound_path, (addr, len)) = match sys::unix_address(staging.as_os_str().as_bytes()) {
+            Some(staged) => (staging, staged),
+            None => (path.to_owned(), (addr, len)), // no room for a longer name: bind the path
+        };
+        if bound_path != path {
+            let _ = std::fs::remove_file(&bound_path); // one left by a start killed right here
+        }
         let fd = sys::seqpacket_socket().map_err(|e| format!("cannot listen on {shown}: {e}"))?;
-        let listener = Listener {
+        let mut listener = Listener {
             fd,
-            path: path.to_owned(),
+            path: bound_path,
             spare_fd: open_spare(),
         };
         // Created 0600 (no moment when anyone else may connect), then given its group and mode.
@@ -71,6 +90,21 @@ impl Listener {
         if let Err(err) = listener.open(mode, group) {
             listener.close();
             return Err(err);
+        }
+        if listener.path != path {
+            // A link, not a rename: a minion that bound `path` meanwhile keeps it (EEXIST).
+            let linked = std::fs::hard_link(&listener.path, path);
+            let _ = std::fs::remove_file(&listener.path);
+            if let Err(e) = linked {
+                listener.close_fds();
+                return Err(match e.kind() {
+                    std::io::ErrorKind::AlreadyExists => {
+                        format!("another minion is already listening on {shown}")
+                    }
+                    _ => format!("cannot listen on {shown}: {e}"),
+                });
+            }
+            listener.path = path.to_owned();
         }
         Ok(listener)
     }
