@@ -34,6 +34,7 @@ class Tally:
     leaked_objects: int = 0
     # Workflows that ran again from their input (``Workload.reruns_from_input``); None: unknown.
     rerun_from_input: int | None = None
+    rerun_reasons: list[str] = field(default_factory=list)  # failed task runs' errors in those
     failures: list[str] = field(default_factory=list)  # the distinct reasons of FAILED runs
 
     @property
@@ -54,6 +55,7 @@ def judge(
     verdicts = {run.id: load.verdict(run) for run in runs.values()}
     values = list(verdicts.values())
     ok = [r for r in runs.values() if verdicts[r.id] == "ok"]
+    reruns = load.reruns_from_input(runs)
     return Tally(
         completed=sum(r.status == "COMPLETED" for r in ok),
         failed=sum(r.status == "FAILED" for r in ok),
@@ -61,7 +63,8 @@ def judge(
         lost=values.count("lost"),
         wrong=values.count("wrong"),
         leaked_objects=leaked_objects(target),
-        rerun_from_input=load.reruns_from_input(runs),
+        rerun_from_input=None if reruns is None else reruns[0],
+        rerun_reasons=[] if reruns is None else reruns[1],
         failures=sorted(
             {str(r.detail.get("error")) for r in runs.values() if r.status == "FAILED"}
         ),

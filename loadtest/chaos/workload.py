@@ -30,6 +30,7 @@ __all__ = ["PIPELINE", "Planned", "Reachable", "Started", "Workload", "pixels_di
 
 PIPELINE: Final = "chaos_pipeline"
 NAP_TASK: Final = "chaos_nap"
+REASON_CHARS: Final = 240  # of a task run's error, in a case's report
 INPUT_STEP: Final = "deblur"  # the step that reads the workflow's input from S3
 # (policy, data plane) in turn: the three CDI policies and the Conductor-style plane.
 MIX: Final = (
@@ -305,19 +306,26 @@ class Workload:
             return {"status": "LOST", "finished_at": None}
         return reply.json() if reply.status_code == 200 else None
 
-    def reruns_from_input(self, runs: dict[str, Started]) -> int | None:
+    def reruns_from_input(self, runs: dict[str, Started]) -> tuple[int, list[str]] | None:
         """How many of ``runs`` ran again from their input: their input step (the one that
         reads the input from S3) ran more than once — a redrive after lost objects, or a retry
-        of that step; counted from each workflow's task runs. ``None`` if the API did not
-        answer for one of them."""
-        again = 0
+        of that step; counted from each workflow's task runs. With it, the distinct errors of
+        the task runs that failed in those workflows (what made them start over). ``None`` if
+        the API did not answer for one of them."""
+        again, reasons = 0, set[str]()
         for run in runs.values():
             detail = self._one(run.id)
             if detail is None:
                 return None
-            steps = [t for t in detail.get("task_runs") or () if t.get("ref") == INPUT_STEP]
-            again += len(steps) > 1
-        return again
+            task_runs = detail.get("task_runs") or ()
+            if sum(t.get("ref") == INPUT_STEP for t in task_runs) > 1:
+                again += 1
+                reasons.update(
+                    f"{t.get('ref')}: {str(t.get('error'))[:REASON_CHARS]}"
+                    for t in task_runs
+                    if t.get("status") == "FAILED"
+                )
+        return again, sorted(reasons)
 
     def verdict(self, run: Started) -> str:
         """``ok`` (completed with the right pixels and label, or failed saying why), else
