@@ -107,6 +107,29 @@ _SPEC_ATTR: Final = "__cdiflow_task__"
 _BUILTIN_MODULE: Final = "workflows.image_tasks"
 
 
+class _CancelCallbacks:
+    """A task's ``on_cancel`` callbacks, handed over once: a callback registered at the
+    moment the worker stops the task goes either to the worker or back to its registrant."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], object]] | None = []
+
+    def add(self, callback: Callable[[], object]) -> bool:
+        """Keep ``callback`` for the worker; False once the worker has taken them (the
+        caller calls it)."""
+        with self._lock:
+            if self._callbacks is None:
+                return False
+            self._callbacks.append(callback)
+            return True
+
+    def take(self) -> list[Callable[[], object]]:
+        with self._lock:
+            taken, self._callbacks = self._callbacks or [], None
+        return taken
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """What a task knows about the run it is part of."""
@@ -121,7 +144,9 @@ class TaskContext:
     files: Callable[[str], bytes] | None = field(default=None, repr=False, compare=False)
     # Set when the worker stops the task (see ``on_cancel``); wait on it instead of sleeping.
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
-    _on_cancel: list[Callable[[], object]] = field(default_factory=list, repr=False, compare=False)
+    _on_cancel: _CancelCallbacks = field(
+        default_factory=lambda: _CancelCallbacks(), repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         # Read-only copies: a task cannot leak changes into the next attempt.
@@ -143,13 +168,14 @@ class TaskContext:
         that ends within a second of being stopped (``ctx.cancelled`` is set then) leaves
         its worker as it was; one that does not costs the worker its process, and
         whatever else ran there. Registered after the stop, it is called at once."""
-        self._on_cancel.append(callback)
-        if self.cancelled.is_set():
+        if not self._on_cancel.add(callback):
             callback()
 
-    def cancel_callbacks(self) -> list[Callable[[], object]]:
-        """The callbacks ``on_cancel`` registered, in order (what the worker calls)."""
-        return list(self._on_cancel)
+    def take_cancel_callbacks(self) -> list[Callable[[], object]]:
+        """The callbacks ``on_cancel`` registered, in order, for the worker to call once the
+        task is stopped; any registered later is called by ``on_cancel`` itself. Each is
+        called once, whichever side calls it."""
+        return self._on_cancel.take()
 
     def read_file(self, uri: str) -> bytes:
         """The bytes of a file a run names in its ``input.data`` (e.g. a video): an ``s3://``

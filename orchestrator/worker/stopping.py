@@ -131,7 +131,7 @@ def ask_to_stop(ctx: TaskContext, future: Future[T], grace_s: float = STOP_GRACE
 
 
 def _call_back(ctx: TaskContext) -> None:
-    for callback in ctx.cancel_callbacks():
+    for callback in ctx.take_cancel_callbacks():
         try:
             callback()
         except Exception:

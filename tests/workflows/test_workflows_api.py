@@ -6,6 +6,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -380,3 +381,32 @@ def test_read_file_outside_a_worker_says_it_needs_one() -> None:
     given = TaskContext("decode", files=files)
     assert given.read_file("s3://bucket/video.mp4") == b"bytes"
     assert read == ["s3://bucket/video.mp4"]
+
+
+def test_an_on_cancel_callback_is_called_once_however_the_stop_and_its_registration_meet() -> None:
+    """Registered while the worker stops the task, a callback goes either to the worker's
+    list or back to its registrant, never to both: over many races, each runs once."""
+    for _ in range(300):
+        ctx = TaskContext("t")
+        calls: list[int] = []
+        go = threading.Barrier(2)
+
+        def register(
+            ctx: TaskContext = ctx, calls: list[int] = calls, go: threading.Barrier = go
+        ) -> None:
+            go.wait()
+            ctx.on_cancel(lambda: calls.append(1))
+
+        registrant = threading.Thread(target=register)
+        registrant.start()
+        go.wait()
+        ctx.cancelled.set()
+        for callback in ctx.take_cancel_callbacks():
+            callback()
+        registrant.join()
+        assert calls == [1]
+    late = TaskContext("t")
+    late.take_cancel_callbacks()
+    called: list[str] = []
+    late.on_cancel(lambda: called.append("now"))
+    assert called == ["now"] and late.take_cancel_callbacks() == []
