@@ -425,12 +425,12 @@ FAULTS: Final[tuple[Fault[Target], ...]] = (
 )
 # What `make test` runs of these (tests/orchestrator/test_chaos.py): the faults that used to
 # leave workflows stuck. The held faults run shorter there (tests/orchestrator/test_chaos_*.py).
-# Not Postgres killed inside a turn: catching a turn open needs the scheduler busy for the
-# watch's whole look, which a suite sharing two cores with it did not give (no turn seen in
-# 60 s while its workflows drained); `cdiflow bench chaos --faults postgres-mid-turn` runs it.
+# Postgres killed inside a turn needs turns with writes while it stops the scheduler: the test
+# gives it more workflows in flight (tests/orchestrator/test_chaos.py, MID_TURN_WORKFLOWS).
 QUICK_FAULTS: Final = (
     "scheduler",
     "postgres",
+    "postgres-mid-turn",
     "redis-flushall",
     "minion",
     "worker",

@@ -6,11 +6,14 @@ lands between turns, where there is nothing to lose; this one is aimed at the in
 from outside the scheduler, with signals alone (no code path of the scheduler's is there for
 it):
 
-1. watch the scheduler's own Postgres connections (matched by their client ports) until one is
-   *idle in transaction* with a transaction id: the turn has written and not committed;
-2. stop the scheduler (SIGSTOP to its process group) and look again: still idle in that same
-   transaction, so its commit cannot come now;
-3. SIGKILL the turn's backend and the postmaster (the supervisor starts Postgres again), then
+1. stop the scheduler (SIGSTOP to its process group) at a random moment and, once a statement
+   it had sent has ended, look at its own Postgres connections (matched by their client
+   ports): one *idle in transaction* with a transaction id is a turn that has written and not
+   committed, and cannot commit now; if none is, let it go on (SIGCONT) and try again a few
+   milliseconds later. *Why stop first:* what is seen is the scheduler's state, not a race
+   between a watch's poll and a turn's commit (a watch that polled a running scheduler could
+   miss every turn of a loaded machine);
+2. SIGKILL the turn's backend and the postmaster (the supervisor starts Postgres again), then
    SIGCONT the scheduler: it goes on mid-turn, on a connection that is gone.
 
 Postgres, back, is asked whether the turn's transaction was lost (``pg_xact_status``:
@@ -21,9 +24,12 @@ judges every workflow as any other, and the fault's own check asks once more.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import math
 import os
+import random
 import signal
 import time
 from dataclasses import dataclass
@@ -42,19 +48,17 @@ __all__ = ["SCHEDULER", "Caught", "kill_postgres_mid_turn", "turn_lost"]
 log = logging.getLogger(__name__)
 
 SCHEDULER: Final = "scheduler-1"
-CATCH_S: Final = 60.0  # how long to watch for a turn with writes not yet committed
+CATCH_S: Final = 60.0  # how long to try for a turn with writes not yet committed
 SETTLE_S: Final = 0.05  # after the stop: a statement already sent has ended by then
-TRIES: Final = 200  # turns caught but committed before the stop took hold, at most
-POLL_S: Final = 0.001  # between looks at the scheduler's connections
+GAP_S: Final = 0.03  # the scheduler runs a random time up to this between two stops
 PORTS_EVERY_S: Final = 0.25  # how often its connections are listed again
 KILLS: Final = 5  # kills of Postgres at most, until one lands inside a turn
 BACK_S: Final = 60.0  # for Postgres to answer again after a kill
 
-# The scheduler's connections (by client port) inside a transaction that has written.
-_OPEN_TURN: Final = """
+# The scheduler's connections (by client port): a transaction id when it has written.
+_STATES: Final = """
 SELECT pid, backend_xid::text::bigint, state FROM pg_stat_activity
 WHERE datname = current_database() AND client_port = ANY(%(ports)s)
-  AND backend_xid IS NOT NULL
 """
 
 
@@ -87,13 +91,6 @@ def _ports(pid: int, postgres_port: int) -> list[int]:
     return ports
 
 
-def _open_turns(
-    watch: psycopg.Connection[tuple[object, ...]], ports: list[int]
-) -> dict[int, tuple[int, str]]:
-    rows = watch.execute(_OPEN_TURN, {"ports": ports}).fetchall()
-    return {int(str(pid)): (int(str(xid)), str(state)) for pid, xid, state in rows}
-
-
 def kill_postgres_mid_turn(target: Target) -> Caught:
     """Catch the scheduler inside a turn that has written, hold it there, SIGKILL Postgres and
     let the scheduler go on, until Postgres, back, says a caught turn was lost (a commit that
@@ -115,25 +112,50 @@ def _kill_inside_a_turn(target: Target) -> Caught:
         raise RuntimeError(f"{SCHEDULER} is not running")
     postgres_port = make_url(services.database_url).port
     assert postgres_port is not None
-    deadline = time.monotonic() + CATCH_S
+    deadline, stops = time.monotonic() + CATCH_S, 0
+    seen: collections.Counter[str] = collections.Counter()  # the states its connections were in
+    ports, looked = [], -math.inf
     with _connect(services.database_url) as watch:
-        for _ in range(TRIES):
-            caught = _catch(watch, scheduler, postgres_port, deadline)
+        while time.monotonic() < deadline:
+            if time.monotonic() - looked > PORTS_EVERY_S:
+                ports, looked = _ports(scheduler, postgres_port), time.monotonic()
+            time.sleep(random.uniform(0.0, GAP_S))
             os.killpg(scheduler, signal.SIGSTOP)
+            stops += 1
             try:
                 time.sleep(SETTLE_S)
-                held = _open_turns(watch, _ports(scheduler, postgres_port)).get(caught.backend)
-                if held == (caught.xid, "idle in transaction"):
+                caught = _open_turn(watch, ports, seen)
+                if caught is not None:
                     caught = _durable_past(watch, caught)
                     # The turn's backend first: a backend outlives its postmaster until it
                     # notices, and would take the commit sent once the scheduler goes on.
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(caught.backend, signal.SIGKILL)
                     target.kill("postgres")
+                    log.info("caught a turn after %d stops of the scheduler", stops)
                     return caught
             finally:
                 os.killpg(scheduler, signal.SIGCONT)
-    raise RuntimeError(f"the scheduler's turns all committed before they could be held ({TRIES})")
+    raise RuntimeError(
+        f"no turn of the scheduler's had writes not yet committed at any of {stops} stops "
+        f"in {CATCH_S:g} s (its connections were seen: {dict(seen)})"
+    )
+
+
+def _open_turn(
+    watch: psycopg.Connection[tuple[object, ...]],
+    ports: list[int],
+    seen: collections.Counter[str],
+) -> Caught | None:
+    """A connection of the (stopped) scheduler's idle inside a transaction that has written;
+    ``seen`` counts the states its connections are in."""
+    rows = watch.execute(_STATES, {"ports": ports}).fetchall()
+    seen.update(f"{state}{'' if xid is None else ', written'}" for _pid, xid, state in rows)
+    seen["no connection"] += not rows
+    for backend, xid, state in rows:
+        if xid is not None and state == "idle in transaction":
+            return Caught(int(str(xid)), int(str(backend)))
+    return None
 
 
 def _durable_past(watch: psycopg.Connection[tuple[object, ...]], caught: Caught) -> Caught:
@@ -171,25 +193,6 @@ def _status(target: Target, caught: Caught) -> str | None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-
-
-def _catch(
-    watch: psycopg.Connection[tuple[object, ...]], scheduler: int, postgres_port: int,
-    deadline: float,
-) -> Caught:  # fmt: skip
-    """The first scheduler connection seen idle inside a transaction that has written. Its
-    connections are looked up again now and then: after a restart of Postgres they are new."""
-    ports, looked = [], 0.0
-    while time.monotonic() < deadline:
-        if time.monotonic() - looked > PORTS_EVERY_S:
-            ports, looked = _ports(scheduler, postgres_port), time.monotonic()
-        for backend, (xid, state) in _open_turns(watch, ports).items():
-            if state == "idle in transaction":
-                return Caught(xid, backend)
-        time.sleep(POLL_S)
-    raise RuntimeError(
-        f"no turn of the scheduler's was seen with writes not yet committed in {CATCH_S:g} s"
-    )
 
 
 def turn_lost(target: Target, facts: Facts, caught: Caught | None) -> list[str]:
