@@ -269,3 +269,45 @@ def test_the_ends_a_turn_told_are_committed_before_its_tick(
 
     assert told_at_tick == [dict.fromkeys(ids, "COMPLETED")]
     assert len(set(_ended_in(api_sessions, ids).values())) == 1
+
+
+def test_a_scheduler_killed_before_its_turn_commits_tells_no_end(
+    api_settings: Settings,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs ended in a turn that dies before its commit: none is announced nor ended in
+    Postgres, and the next process takes them up again (their reports recorded, the runs
+    resumed), so none is lost or stuck."""
+    own = make_scheduler(api_settings)
+    seen = _status_at_announcement(api_sessions, monkeypatch)
+    try:
+        ids = _one_task_runs_out(own, api_client, api_redis, RUNS)
+
+        def killed(*, commit: bool) -> bool:
+            raise Killed
+
+        monkeypatch.setattr(own, "_end_turn", killed)
+        with pytest.raises(Killed):
+            own.step()
+    finally:
+        close_scheduler(own)
+
+    assert seen == {}
+    with api_sessions() as session:
+        statuses = session.execute(
+            text("SELECT status::text FROM workflows WHERE id = ANY(:ids)"),
+            {"ids": [uuid.UUID(i) for i in ids]},
+        ).all()
+    assert sorted(row[0] for row in statuses) == ["RUNNING"] * RUNS
+    assert api_redis.llen(own.ctx.taken_key) == RUNS
+
+    again = make_scheduler(api_settings, own.id)
+    try:
+        again.start_up()
+        assert sorted(str(i) for i in again.runs) == sorted(ids)
+    finally:
+        close_scheduler(again)
+    assert api_redis.llen(again.ctx.taken_key) == 0
