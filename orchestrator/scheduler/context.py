@@ -37,11 +37,11 @@ class Turn:
     objects it freed destroyed. Outside a turn (a test driving one part by hand) an action
     runs at once, its statements having been committed one by one.
 
-    An end someone waits for (``tell``) does not wait for the rest of the turn's reports: the
-    turn commits after the report that ended it (``commit_if_told``, through ``commit``, which
-    the loop sets) and goes on in a new transaction. *Why:* a client waiting for a run's end
-    would otherwise wait for every report of the batch to be handled, and a closed loop of
-    clients starts that much less work."""
+    The runs a turn ends are written in the turn's transaction with everything else it
+    writes (the reports, the next steps, the claims of the runs waiting), and told together
+    after its one commit. The loop's tick is the exception: a turn that has an end to tell
+    commits before the tick's housekeeping (``commit_if_told``, through ``commit``, which the
+    loop sets), so no end waits for it; that is one commit more a second at most."""
 
     open: bool = False
     commit: Callable[[], None] | None = None  # commit now and go on (the loop's)

@@ -4,9 +4,10 @@ One thread runs the loop and is the only one writing this scheduler's task runs 
 Each turn takes the workers' reports waiting and a wake-up (``Reports.take``, one round trip;
 with none, it waits on Redis for either until the next tick is due), hands them to the
 collaborators whose job they are, and then does what that made possible. A turn's writes go
-to Postgres in one transaction, committed durably at its end (``SchedulerStore.end_turn``);
-only then is what the turn decided seen outside the scheduler: ends announced, objects
-destroyed, the reports read trimmed (``context.Turn``). Its collaborators:
+to Postgres in one transaction, the runs it ended with the rest, committed durably at its end
+(``SchedulerStore.end_turn``; a turn that ended runs commits before the tick's housekeeping if
+that is due); only then is what the turn decided seen outside the scheduler: ends announced,
+objects destroyed, the reports read trimmed (``context.Turn``). Its collaborators:
 
 * ``claims.Claims``: which workflows to run (claimed, or resumed after a restart);
 * ``dispatch.Dispatcher``: where a run's step goes, and sending it there;
@@ -248,6 +249,7 @@ class Scheduler:
         if self.claims.due():
             guarded(self.claims.claim, self.ctx.faults)  # runs ended: take the next ones waiting
         if time.monotonic() >= tick.at:
+            self.ctx.turn.commit_if_told()  # the ends told so far do not wait for the tick
             tick.at = time.monotonic() + TICK_S
             self._tick()
         self._redrive_unsent()

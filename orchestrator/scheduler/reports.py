@@ -98,16 +98,13 @@ class Reports:
 
     def read_all(self, texts: list[str]) -> None:
         """Handle reports taken by ``take``, oldest first; they leave the taken list once the
-        turn has committed what they wrote (after the one that ended a run someone waits for,
-        ``Turn.commit_if_told``, or at the turn's end)."""
-        turn = self.ctx.turn
+        turn has committed what they wrote (``Turn``)."""
         for text in texts:
             self.read(text)
-            self._read += 1
-            if not self._trim_due:
-                self._trim_due = True
-                turn.later(self._trim, even_if_rolled_back=True)
-            turn.commit_if_told()
+        self._read += len(texts)
+        if texts and not self._trim_due:
+            self._trim_due = True
+            self.ctx.turn.later(self._trim, even_if_rolled_back=True)
 
     def _trim(self) -> None:
         """What the reports read so far wrote is committed (or was lost with the turn's

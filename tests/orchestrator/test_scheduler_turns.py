@@ -1,6 +1,7 @@
 """The scheduler's loop turn (``orchestrator.scheduler.loop``): the reports it takes together are
-written in one transaction with what they lead to (group commit), and a scheduler that dies
-mid-turn loses none of the reports it took: its next process records them as it starts."""
+written in one transaction with what they lead to (group commit), the runs they end included,
+which are told only once that is committed; and a scheduler that dies mid-turn loses none of
+the reports it took: its next process records them as it starts."""
 
 from __future__ import annotations
 
@@ -154,16 +155,11 @@ def test_a_scheduler_killed_mid_turn_loses_none_of_the_reports_it_took(
         ), row
 
 
-def test_an_end_is_announced_once_committed_and_without_waiting_for_the_batch(
-    scheduler: Scheduler,
-    api_client: TestClient,
-    api_sessions: sessionmaker[Session],
-    api_redis: redis.Redis,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Runs of one task each: every report of the batch ends a run. Each end is announced
-    after it is committed (a reader outside the scheduler sees it ended), and as soon as it is:
-    the runs' ends are each their own commit, not one after the whole batch."""
+def _one_task_runs_out(
+    scheduler: Scheduler, api_client: TestClient, api_redis: redis.Redis, count: int
+) -> list[str]:
+    """``count`` runs of one no-op task each, claimed and out at live workers, their reports
+    (completed) waiting for the scheduler: each report ends its run. Their ids."""
     name = f"one_noop_{uuid.uuid4().hex[:8]}"
     registered = api_client.post(
         "/api/workflow-definitions", json={"name": name, "tasks": [{"ref": "n", "task": "noop"}]}
@@ -173,7 +169,7 @@ def test_an_end_is_announced_once_committed_and_without_waiting_for_the_batch(
         beat(api_redis, started_at=1000.0, worker=worker)
         api_redis.delete(keys.worker_queue_key(worker))
     body = {"workflow": name, "input": {"data": {}}, "policy": "transfer"}
-    ids = [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(3)]
+    ids = [api_client.post("/api/workflows", json=body).json()["id"] for _ in range(count)]
     api_redis.delete(keys.WAKE)
     scheduler.claims.claim()
     now = time.time()
@@ -183,18 +179,135 @@ def test_an_end_is_announced_once_committed_and_without_waiting_for_the_batch(
             done = Report(ins.task_run_id, ins.workflow_id, worker, TaskRunStatus.COMPLETED,
                           now - 0.1, now)  # fmt: skip
             api_redis.lpush(scheduler.reply_key, done.dumps())
+    assert api_redis.llen(scheduler.reply_key) == count
+    return ids
+
+
+def _ended_in(api_sessions: sessionmaker[Session], ids: list[str]) -> dict[str, str]:
+    """The transaction that wrote each run's end (its ``workflow.completed`` event)."""
+    with api_sessions() as session:
+        rows = session.execute(
+            text(
+                "SELECT workflow_id::text, xmin::text FROM events "
+                "WHERE kind = 'workflow.completed' AND workflow_id = ANY(:ids)"
+            ),
+            {"ids": [uuid.UUID(i) for i in ids]},
+        )
+        return {str(row[0]): str(row[1]) for row in rows}
+
+
+def _status_at_announcement(
+    api_sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """Each announced run's status as a reader outside the scheduler sees it at the
+    announcement (filled in as the scheduler announces)."""
     seen: dict[str, str] = {}
 
     def announce(client: redis.Redis, workflow_id: uuid.UUID) -> None:
-        with api_sessions() as session:  # a reader outside the scheduler, at the announcement
+        with api_sessions() as session:
             status = session.execute(
                 text("SELECT status::text FROM workflows WHERE id = :id"), {"id": workflow_id}
             ).one()[0]
         seen[str(workflow_id)] = str(status)
 
     monkeypatch.setattr("orchestrator.scheduler.endings.announce_finished", announce)
+    return seen
+
+
+def test_the_runs_a_turn_ends_share_its_one_commit_and_are_told_after_it(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs of one task each: every report of the batch ends a run. The ends, the reports
+    that made them and the claim of a run that was waiting go in one transaction (one commit,
+    one WAL flush for the turn); each end is announced only after that commit (a reader
+    outside the scheduler then sees it ended)."""
+    ids = _one_task_runs_out(scheduler, api_client, api_redis, RUNS)
+    scheduler.ctx.tick.at = time.monotonic() + 60  # the tick is not due in this turn
+    waiting = api_client.post("/api/workflows", json={"workflow": "noop_pipeline", "input": {}})
+    assert waiting.status_code == 201, waiting.text  # its wake-up is taken with the reports
+    seen = _status_at_announcement(api_sessions, monkeypatch)
     last_event = _last_event(api_sessions)
+
     scheduler.step()
 
     assert seen == dict.fromkeys(ids, "COMPLETED")
-    assert len(set(_event_xids(api_sessions, last_event))) == 3  # one commit a run's end
+    ended = _ended_in(api_sessions, ids)
+    assert sorted(ended) == sorted(ids)
+    events = _event_xids(api_sessions, last_event)  # reports, ends, the claim, its first step
+    assert len(events) >= 2 * RUNS + 1
+    assert set(events) == set(ended.values()) and len(set(events)) == 1, events
+    assert api_redis.llen(scheduler.ctx.taken_key) == 0
+    assert uuid.UUID(waiting.json()["id"]) in scheduler.runs
+
+
+def test_the_ends_a_turn_told_are_committed_before_its_tick(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A turn whose tick is due commits the runs it ended, together, and tells them before
+    the tick's housekeeping runs: an end never waits for it."""
+    ids = _one_task_runs_out(scheduler, api_client, api_redis, RUNS)
+    seen = _status_at_announcement(api_sessions, monkeypatch)
+    told_at_tick: list[dict[str, str]] = []
+    tick = scheduler._tick
+
+    def noting_tick() -> None:
+        told_at_tick.append(dict(seen))
+        tick()
+
+    monkeypatch.setattr(scheduler, "_tick", noting_tick)
+    scheduler.ctx.tick.at = 0.0  # due
+
+    scheduler.step()
+
+    assert told_at_tick == [dict.fromkeys(ids, "COMPLETED")]
+    assert len(set(_ended_in(api_sessions, ids).values())) == 1
+
+
+def test_a_scheduler_killed_before_its_turn_commits_tells_no_end(
+    api_settings: Settings,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs ended in a turn that dies before its commit: none is announced nor ended in
+    Postgres, and the next process takes them up again (their reports recorded, the runs
+    resumed), so none is lost or stuck."""
+    own = make_scheduler(api_settings)
+    seen = _status_at_announcement(api_sessions, monkeypatch)
+    try:
+        ids = _one_task_runs_out(own, api_client, api_redis, RUNS)
+
+        def killed(*, commit: bool) -> bool:
+            raise Killed
+
+        monkeypatch.setattr(own, "_end_turn", killed)
+        with pytest.raises(Killed):
+            own.step()
+    finally:
+        close_scheduler(own)
+
+    assert seen == {}
+    with api_sessions() as session:
+        statuses = session.execute(
+            text("SELECT status::text FROM workflows WHERE id = ANY(:ids)"),
+            {"ids": [uuid.UUID(i) for i in ids]},
+        ).all()
+    assert sorted(row[0] for row in statuses) == ["RUNNING"] * RUNS
+    assert api_redis.llen(own.ctx.taken_key) == RUNS
+
+    again = make_scheduler(api_settings, own.id)
+    try:
+        again.start_up()
+        assert sorted(str(i) for i in again.runs) == sorted(ids)
+    finally:
+        close_scheduler(again)
+    assert api_redis.llen(again.ctx.taken_key) == 0
