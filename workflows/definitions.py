@@ -42,6 +42,7 @@ __all__ = [
     "IMAGE_PIPELINE",
     "MAX_RUN_S",
     "NOOP_PIPELINE",
+    "STREAM_NUMBERS",
     "TASK_DEFINITIONS",
     "Step",
     "TaskDefinition",
@@ -99,6 +100,7 @@ class Step:
     cases: Mapping[str, list[str]] = field(default_factory=dict)
     default: tuple[str, ...] = ()
     workflow: str | None = None
+    channels: Mapping[str, list[str]] | None = None  # a streaming step's channels
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ref": self.ref}
@@ -117,12 +119,15 @@ class Step:
             out["cases"] = copy.deepcopy(dict(self.cases))
         if self.default:
             out["default"] = list(self.default)
+        if self.channels is not None:
+            out["channels"] = copy.deepcopy(dict(self.channels))
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Step:
         """A step from its (validated) JSON shape."""
         inputs = data.get("inputs")
+        channels = data.get("channels")
         return cls(
             ref=data["ref"],
             task=data.get("task"),
@@ -134,6 +139,7 @@ class Step:
             cases=copy.deepcopy(dict(data.get("cases", {}))),
             default=tuple(data.get("default", ())),
             workflow=data.get("workflow"),
+            channels=None if channels is None else copy.deepcopy(dict(channels)),
         )
 
 
@@ -357,6 +363,12 @@ TASK_DEFINITIONS: Final[list[dict[str, Any]]] = [
      "timeout_s": 60.0, "retries": 2, "retry_backoff_s": 0.5},
     {"name": "ar_combine", "module": "workflows.ar.tasks:ar_combine",
      "timeout_s": 120.0, "retries": 1, "retry_backoff_s": 0.5},
+    {"name": "stream_count", "module": "workflows.stream_tasks:stream_count",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "stream_double", "module": "workflows.stream_tasks:stream_double",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "stream_total", "module": "workflows.stream_tasks:stream_total",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
 ]  # fmt: skip
 
 IMAGE_PIPELINE: Final[dict[str, Any]] = {
@@ -410,9 +422,23 @@ AR_VIDEO: Final[dict[str, Any]] = {
 }  # fmt: skip
 
 
+STREAM_NUMBERS: Final[dict[str, Any]] = {
+    "name": "stream_numbers",
+    "description": "Streaming steps: count to input.data.count on channel 'numbers', double "
+    "each number onto 'doubled', and total them; the three run at once, items flowing "
+    "through shared-memory channels (docs/streaming.md).",
+    "tasks": [
+        {"ref": "count", "task": "stream_count", "channels": {"publish": ["numbers"]}},
+        {"ref": "double", "task": "stream_double",
+         "channels": {"subscribe": ["numbers"], "publish": ["doubled"]}},
+        {"ref": "total", "task": "stream_total", "channels": {"subscribe": ["doubled"]}},
+    ],
+}  # fmt: skip
+
+
 def bundled_workflows() -> dict[str, dict[str, Any]]:
     """The bundled workflow definitions by name (deep copies: safe to modify)."""
-    bundled = (IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE, AR_VIDEO)
+    bundled = (IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE, AR_VIDEO, STREAM_NUMBERS)
     return {d["name"]: copy.deepcopy(d) for d in bundled}
 
 

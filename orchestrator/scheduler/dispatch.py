@@ -121,8 +121,18 @@ class Dispatcher:
         ready = steps if steps is not None else list(run.steps.values())
         placed = []
         outranked = self._outranked(run)
+        grouped: set[str] = set()
         for step in ready:
             if step.phase is not Phase.READY or step.retry_at > now:
+                continue
+            group = run.graph.stream_groups.get(step.node.ref)
+            if group is not None:  # a streaming group goes out whole, or waits whole
+                if step.id not in grouped:
+                    grouped.update(group)
+                    sent, ok = self._place_group(run, group, now)
+                    placed += sent
+                    if not ok:
+                        break
                 continue
             if run.busy >= run.max_parallel:
                 break  # the rest go out as these come back
@@ -137,6 +147,48 @@ class Dispatcher:
                     break  # Redis failed: the rest would fail too (the step goes again soon)
                 placed.append(placement)
         return placed
+
+    def _place_group(
+        self, run: RunState, group: tuple[str, ...], now: float
+    ) -> tuple[list[Placement], bool]:
+        """Place every step of a streaming group, each on a free worker slot (its steps run
+        at the same time and wait for each other, so none may queue behind another task), or
+        none: they wait until enough slots are free. Not before every one of them is ready;
+        above the run's parallelism if need be. The placements, and False if Redis failed."""
+        members = [run.steps.get(ref) for ref in group]
+        steps = [m for m in members if m is not None]
+        if len(steps) < len(members) or any(
+            m.phase is not Phase.READY or m.retry_at > now for m in steps
+        ):
+            return [], True  # placed once the last of them is ready
+        loads = self.loads()
+        free = {
+            w.worker_id: w.slots - w.in_flight
+            for w in loads
+            if w.alive and w.worker_id not in self._restarting
+        }
+        chosen: list[tuple[StepRun, str]] = []
+        for step in steps:
+            able = capable(loads, step.current.module)
+            self._note_wait(run, step, loads, able)
+            options = [w for w in able if free.get(w.worker_id, 0) > 0]
+            if not options:
+                for waiting in steps:
+                    self._wait(run, waiting)
+                return [], True
+            best = max(options, key=lambda w: (free[w.worker_id], -w.score()))
+            free[best.worker_id] -= 1
+            chosen.append((step, best.worker_id))
+        placed: list[Placement] = []
+        for step, worker in chosen:
+            with log_context(workflow_id=str(run.workflow_id), step=step.id):
+                placement = self.choose(run, step, worker=worker)
+                if placement is None:
+                    continue  # its worker just went: it goes again, and its peers fail alone
+                if not self.send(run, step, placement):
+                    return placed, False
+                placed.append(placement)
+        return placed, True
 
     def unrunnable(self) -> list[tuple[RunState, str]]:
         """The waiting runs whose step no live worker could run for longer than they may wait,
@@ -213,9 +265,10 @@ class Dispatcher:
         if placed:
             self.ctx.db.place(placed)
 
-    def choose(self, run: RunState, step: StepRun) -> Placement | None:
-        """Choose the worker for ``step`` and move its objects there: the task run to record;
-        ``None`` while no worker may take it (it then waits)."""
+    def choose(self, run: RunState, step: StepRun, worker: str | None = None) -> Placement | None:
+        """Choose the worker for ``step`` (``worker``: that one, chosen already) and move its
+        objects there: the task run to record; ``None`` while no worker may take it (it then
+        waits)."""
         spec = step.current
         loads = self.loads()
         able = capable(loads, spec.module)
@@ -235,8 +288,9 @@ class Dispatcher:
         )
         kept_by = self._kept_by(run, step)
         policy = policy_of(run)
-        # A worker kept an object this step reads (``keeps``): the step can run only there.
-        worker = pinned(choice, kept_by) if kept_by is not None else policy.choose(choice)
+        if worker is None:
+            # A worker kept an object this step reads (``keeps``): the step runs only there.
+            worker = pinned(choice, kept_by) if kept_by is not None else policy.choose(choice)
         ident = (run.workflow_id, step.id)
         if worker is None:
             self._wait(run, step)
