@@ -38,6 +38,7 @@ from workflows.steps import Shape, StepKind, edges, graph_problems, step_problem
 
 __all__ = [
     "AR_VIDEO",
+    "AR_VIDEO_STREAM",
     "FORK_JOIN_PIPELINE",
     "IMAGE_PIPELINE",
     "MAX_RUN_S",
@@ -47,6 +48,7 @@ __all__ = [
     "Step",
     "TaskDefinition",
     "WorkflowDefinition",
+    "ar_stream_definition",
     "bundled_task_definitions",
     "bundled_workflows",
     "chain_problems",
@@ -363,6 +365,12 @@ TASK_DEFINITIONS: Final[list[dict[str, Any]]] = [
      "timeout_s": 60.0, "retries": 2, "retry_backoff_s": 0.5},
     {"name": "ar_combine", "module": "workflows.ar.tasks:ar_combine",
      "timeout_s": 120.0, "retries": 1, "retry_backoff_s": 0.5},
+    {"name": "ar_decode_stream", "module": "workflows.ar.tasks:ar_decode_stream",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "ar_detect_stream", "module": "workflows.ar.tasks:ar_detect_stream",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "ar_combine_stream", "module": "workflows.ar.tasks:ar_combine_stream",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
     {"name": "stream_count", "module": "workflows.stream_tasks:stream_count",
      "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
     {"name": "stream_double", "module": "workflows.stream_tasks:stream_double",
@@ -422,6 +430,35 @@ AR_VIDEO: Final[dict[str, Any]] = {
 }  # fmt: skip
 
 
+def ar_stream_definition(detectors: int = 2, name: str = "ar_video_stream") -> dict[str, Any]:
+    """The streaming AR workflow with ``detectors`` detect steps: it runs on ``detectors`` + 2
+    worker slots at once (``workflows.ar.tasks``, the streaming variant)."""
+    frames = [f"frames{i}" for i in range(detectors)]
+    labelled = [f"labelled{i}" for i in range(detectors)]
+    detect = [
+        {"ref": f"detect{i}", "task": "ar_detect_stream",
+         "params": {"from": frames[i], "to": labelled[i]},
+         "channels": {"subscribe": [frames[i]], "publish": [labelled[i]]}}
+        for i in range(detectors)
+    ]  # fmt: skip
+    return {
+        "name": name,
+        "description": "The AR application as streaming steps: decode the video at "
+        f"input.data.video and deal its frames to {detectors} detect steps over channels, which "
+        "box the people and pass each frame on to combine, encoding the output video as the "
+        "frames come; every step runs at once, one task per step, not per frame.",
+        "tasks": [
+            {"ref": "decode", "task": "ar_decode_stream", "params": {"to": frames},
+             "channels": {"publish": [*frames, "meta"]}},
+            *detect,
+            {"ref": "combine", "task": "ar_combine_stream", "params": {"from": labelled},
+             "channels": {"subscribe": [*labelled, "meta"]}},
+        ],
+    }  # fmt: skip
+
+
+AR_VIDEO_STREAM: Final[dict[str, Any]] = ar_stream_definition(2)
+
 STREAM_NUMBERS: Final[dict[str, Any]] = {
     "name": "stream_numbers",
     "description": "Streaming steps: count to input.data.count on channel 'numbers', double "
@@ -438,7 +475,10 @@ STREAM_NUMBERS: Final[dict[str, Any]] = {
 
 def bundled_workflows() -> dict[str, dict[str, Any]]:
     """The bundled workflow definitions by name (deep copies: safe to modify)."""
-    bundled = (IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE, AR_VIDEO, STREAM_NUMBERS)
+    bundled = (
+        IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE, AR_VIDEO, AR_VIDEO_STREAM,
+        STREAM_NUMBERS,
+    )  # fmt: skip
     return {d["name"]: copy.deepcopy(d) for d in bundled}
 
 
