@@ -102,6 +102,9 @@ class Dispatcher:
         self._unsent: list[tuple[RunState, str]] = []
         # Workers starting afresh, with the ``started_at`` of the process that is ending.
         self._restarting: dict[str, float] = {}
+        # Streaming groups that need more slots at once than the live workers have: (run,
+        # steps, slots, since when), by (run, the group's first step).
+        self._too_few_slots: dict[tuple[uuid.UUID, str], tuple[RunState, int, int, float]] = {}
         # What runs wait for, to write: (run, status detail or None, event kind, its data).
         self._waits: list[tuple[RunState, str | None, str, dict[str, str]]] = []
 
@@ -167,6 +170,16 @@ class Dispatcher:
             for w in loads
             if w.alive and w.worker_id not in self._restarting
         }
+        ident = (run.workflow_id, group[0])
+        slots = sum(w.slots for w in loads if w.alive)
+        if 0 < slots < len(steps):
+            # It cannot start until workers with enough slots live: it fails its run once that
+            # lasted as long as a step may wait for a worker.
+            self._too_few_slots.setdefault(ident, (run, len(steps), slots, time.monotonic()))
+            for waiting in steps:
+                self._wait(run, waiting)
+            return [], True
+        self._too_few_slots.pop(ident, None)
         chosen: list[tuple[StepRun, str]] = []
         for step in steps:
             able = capable(loads, step.current.module)
@@ -194,9 +207,24 @@ class Dispatcher:
         """The waiting runs whose step no live worker could run for longer than they may wait,
         each with why; they no longer wait. How long: the definition's ``worker_wait_s``;
         without one, ``UNRUNNABLE_AFTER_S`` once some worker lives but none loaded the module,
-        and for as long as no worker lives at all."""
+        and for as long as no worker lives at all. A streaming group that needs more slots at
+        once than the live workers have in all fails its run after as long."""
         now = time.monotonic()
         stuck = []
+        for group, (run, steps, slots, since) in list(self._too_few_slots.items()):
+            patience = run.worker_wait_s if run.worker_wait_s is not None else UNRUNNABLE_AFTER_S
+            ended = run.cancelled or self.ctx.runs.get(run.workflow_id) is not run
+            if ended or now - since > patience:
+                del self._too_few_slots[group]
+                for ref in list(run.steps):
+                    self._unwait((run.workflow_id, ref))
+                if not ended:
+                    stuck.append((run, (
+                        f"streaming step {group[1]!r} and the {steps - 1} joined to it by "
+                        f"channels run at once, each on a worker slot, but the live workers have "
+                        f"{slots} slot(s) in all (waited {patience:g} s); start more workers, or "
+                        "workers with more slots (cdiflow worker --concurrency)"
+                    )))  # fmt: skip
         for ident, (run, step) in list(self.waiting.items()):
             if run.cancelled:
                 continue

@@ -1,8 +1,9 @@
 """Streaming steps end to end on a real stack (Postgres, Redis, S3, CDI controller and minion,
 API, scheduler, two workers of two slots each): the bundled ``stream_numbers`` runs its three
 steps at once with the items flowing over channels, two runs at once never see each other's
-items, a definition with a broken stream is refused at the API, and a worker killed under a
-streaming step fails its run with a clear error instead of leaving it stuck."""
+items, a definition with a broken stream is refused at the API, a worker killed under a
+streaming step fails its run with a clear error instead of leaving it stuck, a cancel stops
+every step, and a group wider than all the workers' slots fails its run saying so."""
 
 from __future__ import annotations
 
@@ -131,3 +132,46 @@ def test_a_worker_killed_under_a_streaming_step_fails_the_run_clearly(harness: H
     )
     states = {t["ref"]: t["status"] for t in settled["task_runs"]}
     assert states["double"] in ("FAILED", "CANCELLED"), states
+
+
+def test_a_cancelled_streaming_run_stops_every_step(harness: Harness) -> None:
+    run = _start(harness, {"count": 100_000, "pause_ms": 1})
+    wait_for(lambda: _out(harness, run) >= {"count", "double", "total"}, "the group to run")
+    time.sleep(1.0)
+    reply = harness.api.post(f"/api/workflows/{run}/cancel")
+    assert reply.status_code == 200, reply.text
+    done = harness.wait(run, timeout=60)
+    assert done["status"] == "CANCELLED", done["error"]
+    states = wait_for(lambda: _settled(harness, run), "every step to stop", timeout=30)
+    assert set(states.values()) == {"CANCELLED"}, states
+
+
+def test_a_group_larger_than_every_slot_fails_its_run_saying_so(harness: Harness) -> None:
+    readers = [
+        {"ref": f"total{i}", "task": "stream_total", "params": {"from": "numbers"},
+         "channels": {"subscribe": ["numbers"]}}
+        for i in range(2 * SLOTS)
+    ]  # fmt: skip
+    body = {
+        "name": "stream_too_wide",
+        "worker_wait_s": 2,
+        "tasks": [{"ref": "count", "task": "stream_count", "channels": {"publish": ["numbers"]}},
+                  *readers],
+    }  # fmt: skip
+    reply = harness.api.post("/api/workflow-definitions", json=body)
+    assert reply.status_code == 201, reply.text
+    done = harness.wait(_start(harness, {"count": 10}, "stream_too_wide"), timeout=60)
+    assert done["status"] == "FAILED"
+    assert "the live workers have 4 slot(s) in all" in done["error"], done["error"]
+    assert all(t["ref"] == "input" for t in done["task_runs"]), done["task_runs"]
+
+
+def _settled(harness: Harness, run: str) -> dict[str, str] | None:
+    """Each step's status once none of ``run``'s steps is out at a worker."""
+    states = {t["ref"]: t["status"] for t in harness.get(run)["task_runs"] if t["ref"] != "input"}
+    return None if "QUEUED" in states.values() else states
+
+
+def _out(harness: Harness, run: str) -> set[str]:
+    """The steps of ``run`` out at a worker now."""
+    return {t["ref"] for t in harness.get(run)["task_runs"] if t["status"] == "QUEUED"}
