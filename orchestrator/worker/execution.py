@@ -305,7 +305,8 @@ class TaskCall:
         failed = True
         try:
             produced = call()
-            failed = False
+            # A task that returned once it was stopped did not finish its streams.
+            failed = ctx.cancelled.is_set()
             return produced
         finally:
             if channels is not None:
