@@ -31,6 +31,7 @@ BENCH_COMMANDS: Final = {
     "history": "loadtest.history.cli:bench_history_command",
     "chaos": "loadtest.chaos.cli:bench_chaos_command",
     "ar": "apps.ar.cli:bench_ar_command",
+    "ar-workflows": "loadtest.ar_workflows:bench_ar_workflows_command",
     "channels": "loadtest.channels:bench_channels_command",
     "cache": "loadtest.cache_bench:bench_cache_command",
 }

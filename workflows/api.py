@@ -84,6 +84,7 @@ from workflows.errors import (
 from workflows.imagebuf import ImageHeader, read_image, write_image
 from workflows.names import MODULE_PATH_RE
 from workflows.sources import BUNDLED, TaskSources
+from workflows.streaming import Channels
 from workflows.tracebacks import from_callee
 
 __all__ = [
@@ -144,6 +145,8 @@ class TaskContext:
     files: Callable[[str], bytes] | None = field(default=None, repr=False, compare=False)
     # Set when the worker stops the task (see ``on_cancel``); wait on it instead of sleeping.
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    # A streaming step's channels (``workflows.streaming``); None for any other step.
+    streams: Channels | None = field(default=None, repr=False, compare=False)
     _on_cancel: _CancelCallbacks = field(
         default_factory=lambda: _CancelCallbacks(), repr=False, compare=False
     )
@@ -176,6 +179,17 @@ class TaskContext:
         task is stopped; any registered later is called by ``on_cancel`` itself. Each is
         called once, whichever side calls it."""
         return self._on_cancel.take()
+
+    @property
+    def channels(self) -> Channels:
+        """The channels of a streaming step (one whose definition names ``channels``):
+        ``publish(name)`` and ``subscribe(name)``, see ``workflows.streaming``."""
+        if self.streams is None:
+            raise InvalidData(
+                f"task {self.task_name!r} has no channels: its step names no 'channels' "
+                "(a streaming step does)"
+            )
+        return self.streams
 
     def read_file(self, uri: str) -> bytes:
         """The bytes of a file a run names in its ``input.data`` (e.g. a video): an ``s3://``

@@ -38,14 +38,17 @@ from workflows.steps import Shape, StepKind, edges, graph_problems, step_problem
 
 __all__ = [
     "AR_VIDEO",
+    "AR_VIDEO_STREAM",
     "FORK_JOIN_PIPELINE",
     "IMAGE_PIPELINE",
     "MAX_RUN_S",
     "NOOP_PIPELINE",
+    "STREAM_NUMBERS",
     "TASK_DEFINITIONS",
     "Step",
     "TaskDefinition",
     "WorkflowDefinition",
+    "ar_stream_definition",
     "bundled_task_definitions",
     "bundled_workflows",
     "chain_problems",
@@ -99,6 +102,7 @@ class Step:
     cases: Mapping[str, list[str]] = field(default_factory=dict)
     default: tuple[str, ...] = ()
     workflow: str | None = None
+    channels: Mapping[str, list[str]] | None = None  # a streaming step's channels
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ref": self.ref}
@@ -117,12 +121,15 @@ class Step:
             out["cases"] = copy.deepcopy(dict(self.cases))
         if self.default:
             out["default"] = list(self.default)
+        if self.channels is not None:
+            out["channels"] = copy.deepcopy(dict(self.channels))
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Step:
         """A step from its (validated) JSON shape."""
         inputs = data.get("inputs")
+        channels = data.get("channels")
         return cls(
             ref=data["ref"],
             task=data.get("task"),
@@ -134,6 +141,7 @@ class Step:
             cases=copy.deepcopy(dict(data.get("cases", {}))),
             default=tuple(data.get("default", ())),
             workflow=data.get("workflow"),
+            channels=None if channels is None else copy.deepcopy(dict(channels)),
         )
 
 
@@ -357,6 +365,18 @@ TASK_DEFINITIONS: Final[list[dict[str, Any]]] = [
      "timeout_s": 60.0, "retries": 2, "retry_backoff_s": 0.5},
     {"name": "ar_combine", "module": "workflows.ar.tasks:ar_combine",
      "timeout_s": 120.0, "retries": 1, "retry_backoff_s": 0.5},
+    {"name": "ar_decode_stream", "module": "workflows.ar.tasks:ar_decode_stream",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "ar_detect_stream", "module": "workflows.ar.tasks:ar_detect_stream",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "ar_combine_stream", "module": "workflows.ar.tasks:ar_combine_stream",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "stream_count", "module": "workflows.stream_tasks:stream_count",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "stream_double", "module": "workflows.stream_tasks:stream_double",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
+    {"name": "stream_total", "module": "workflows.stream_tasks:stream_total",
+     "timeout_s": 600.0, "retries": 0, "retry_backoff_s": 0.5},
 ]  # fmt: skip
 
 IMAGE_PIPELINE: Final[dict[str, Any]] = {
@@ -410,9 +430,55 @@ AR_VIDEO: Final[dict[str, Any]] = {
 }  # fmt: skip
 
 
+def ar_stream_definition(detectors: int = 2, name: str = "ar_video_stream") -> dict[str, Any]:
+    """The streaming AR workflow with ``detectors`` detect steps: it runs on ``detectors`` + 2
+    worker slots at once (``workflows.ar.tasks``, the streaming variant)."""
+    frames = [f"frames{i}" for i in range(detectors)]
+    labelled = [f"labelled{i}" for i in range(detectors)]
+    detect = [
+        {"ref": f"detect{i}", "task": "ar_detect_stream",
+         "params": {"from": frames[i], "to": labelled[i]},
+         "channels": {"subscribe": [frames[i]], "publish": [labelled[i]]}}
+        for i in range(detectors)
+    ]  # fmt: skip
+    return {
+        "name": name,
+        "description": "The AR application as streaming steps: decode the video at "
+        f"input.data.video and deal its frames to {detectors} detect steps over channels, which "
+        "box the people and pass each frame on to combine, encoding the output video as the "
+        "frames come; every step runs at once, one task per step, not per frame.",
+        "tasks": [
+            {"ref": "decode", "task": "ar_decode_stream", "params": {"to": frames},
+             "channels": {"publish": [*frames, "meta"]}},
+            *detect,
+            {"ref": "combine", "task": "ar_combine_stream", "params": {"from": labelled},
+             "channels": {"subscribe": [*labelled, "meta"]}},
+        ],
+    }  # fmt: skip
+
+
+AR_VIDEO_STREAM: Final[dict[str, Any]] = ar_stream_definition(2)
+
+STREAM_NUMBERS: Final[dict[str, Any]] = {
+    "name": "stream_numbers",
+    "description": "Streaming steps: count to input.data.count on channel 'numbers', double "
+    "each number onto 'doubled', and total them; the three run at once, items flowing "
+    "through shared-memory channels (docs/streaming.md).",
+    "tasks": [
+        {"ref": "count", "task": "stream_count", "channels": {"publish": ["numbers"]}},
+        {"ref": "double", "task": "stream_double",
+         "channels": {"subscribe": ["numbers"], "publish": ["doubled"]}},
+        {"ref": "total", "task": "stream_total", "channels": {"subscribe": ["doubled"]}},
+    ],
+}  # fmt: skip
+
+
 def bundled_workflows() -> dict[str, dict[str, Any]]:
     """The bundled workflow definitions by name (deep copies: safe to modify)."""
-    bundled = (IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE, AR_VIDEO)
+    bundled = (
+        IMAGE_PIPELINE, FORK_JOIN_PIPELINE, NOOP_PIPELINE, AR_VIDEO, AR_VIDEO_STREAM,
+        STREAM_NUMBERS,
+    )  # fmt: skip
     return {d["name"]: copy.deepcopy(d) for d in bundled}
 
 

@@ -19,7 +19,15 @@ from typing import Any, Final
 
 from workflows.binding import IMAGE
 from workflows.errors import InvalidDefinition
-from workflows.steps import INPUT, DataRef, StepKind, parse_ref, step_kind, topological
+from workflows.steps import (
+    INPUT,
+    DataRef,
+    StepKind,
+    parse_ref,
+    step_kind,
+    stream_groups,
+    topological,
+)
 
 __all__ = ["MAX_DEPTH", "SEP", "Graph", "Node", "build_graph"]
 
@@ -44,6 +52,8 @@ class Node:
     switch: DataRef | None = None
     cases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     default: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()  # the channels a streaming step writes
+    subscribe: tuple[str, ...] = ()  # the channels it reads
 
     @property
     def is_switch(self) -> bool:
@@ -82,6 +92,33 @@ class Graph:
         """The task nodes no other node waits for: their outputs are the run's results."""
         waited = {r for n in self.nodes.values() for r in n.after}
         return [n.ref for n in self.nodes.values() if not n.is_switch and n.ref not in waited]
+
+    @cached_property
+    def stream_groups(self) -> dict[str, tuple[str, ...]]:
+        """Each streaming node's group: every node joined to it by channels (itself too),
+        which the scheduler starts together."""
+        groups = stream_groups(
+            {n.ref: n.publish for n in self.nodes.values() if n.publish},
+            {n.ref: n.subscribe for n in self.nodes.values() if n.subscribe},
+        )
+        return {ref: tuple(group) for group in groups for ref in group}
+
+    def channel_plan(self, ref: str) -> dict[str, dict[str, Any]]:
+        """What node ``ref``'s instruction says of its channels: each channel it publishes
+        with the nodes that subscribe to it, each it subscribes to with its publisher."""
+        node = self.nodes[ref]
+        if not node.publish and not node.subscribe:
+            return {}
+        others = [n for n in self.nodes.values() if n.ref != ref]
+        return {
+            "publish": {
+                name: [n.ref for n in others if name in n.subscribe] for name in node.publish
+            },
+            "subscribe": {
+                name: next((n.ref for n in others if name in n.publish), "")
+                for name in node.subscribe
+            },
+        }
 
     @cached_property
     def is_chain(self) -> bool:
@@ -159,6 +196,8 @@ def _node(step: Mapping[str, Any], kinds: Mapping[str, Mapping[str, Any]]) -> No
         switch=switch,
         cases={k: tuple(v) for k, v in (step.get("cases") or {}).items()},
         default=tuple(step.get("default") or ()),
+        publish=tuple((step.get("channels") or {}).get("publish", ())),
+        subscribe=tuple((step.get("channels") or {}).get("subscribe", ())),
     )
 
 
@@ -215,6 +254,8 @@ def _sub_graph(
             switch=None if node.switch is None else reread(node.switch)[0],
             cases={k: tuple(map(rename, v)) for k, v in node.cases.items()},
             default=tuple(map(rename, node.default)),
+            publish=tuple(map(rename, node.publish)),  # the run's channels are per sub-step
+            subscribe=tuple(map(rename, node.subscribe)),
         )
     return nodes
 

@@ -19,10 +19,10 @@ loaded with the tasks it registered (and their settings), and every module that 
 its error. The worker announces the catalog with its heartbeat; the API refuses to register a
 task no live worker loaded (with the import error a worker met) and fills the settings a
 registration leaves out from the ``@task``; the scheduler places a task only on a worker that
-loaded its module. The bundled tasks (``workflows.image_tasks``, ``workflows.fanout_tasks``)
-are always in the catalog; the AR application's (``workflows.ar.tasks``) are when the optional
-``ar`` dependencies are installed (otherwise the catalog records why that module did not
-import).
+loaded its module. The bundled tasks (``workflows.image_tasks``, ``workflows.fanout_tasks``,
+``workflows.stream_tasks``) are always in the catalog; the AR application's
+(``workflows.ar.tasks``) are when the optional ``ar`` dependencies are installed (otherwise the
+catalog records why that module did not import).
 """
 
 from __future__ import annotations
@@ -50,7 +50,12 @@ __all__ = [
 ]
 
 BUNDLED_MODULE: Final = "workflows.image_tasks"
-BUNDLED_MODULES: Final = (BUNDLED_MODULE, "workflows.fanout_tasks", "workflows.ar.tasks")
+BUNDLED_MODULES: Final = (
+    BUNDLED_MODULE,
+    "workflows.fanout_tasks",
+    "workflows.stream_tasks",
+    "workflows.ar.tasks",
+)
 _BUNDLED_PACKAGE: Final = "workflows"  # its task modules are the bundled ones above
 
 

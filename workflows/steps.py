@@ -8,6 +8,10 @@ its row in ``STEP_KINDS``):
   ran and produced it); without ``inputs`` it reads the single-image chain's ``image`` — from
   the one step it depends on, or the workflow's input image when it depends on none.
   ``for_each`` names one of its inputs, a list: the step runs once per element.
+  ``channels`` (``{"publish": [names], "subscribe": [names]}``) makes it a *streaming* step:
+  a long-running task that reads and writes items on channels of its run while its peers
+  run (``docs/streaming.md``). Each channel has one publishing step and at least one
+  subscriber; the steps joined by channels form a *streaming group* that starts at once.
 * a **switch** step (``switch: "<ref>.<output>"``): compares that JSON value with the keys of
   ``cases`` (each a list of refs; ``default`` when none matches) and the steps of every other
   case end ``SKIPPED``. Steps listed in ``cases`` run after the switch.
@@ -46,13 +50,15 @@ __all__ = [
     "parse_ref",
     "step_kind",
     "step_problems",
+    "stream_groups",
 ]
 
 INPUT: Final = "input"  # the ref that names the workflow's own inputs (``input.image``)
 STEP_KEYS: Final = frozenset(
     {"ref", "task", "depends_on", "params", "inputs", "for_each", "switch", "cases", "default",
-     "workflow"}
+     "workflow", "channels"}
 )  # fmt: skip
+CHANNEL_ROLES: Final = ("publish", "subscribe")  # the keys of a streaming step's ``channels``
 MAX_INPUTS: Final = 64
 
 
@@ -101,6 +107,8 @@ class Shape:
     reads: list[DataRef]  # every datum its inputs (or its switch) name
     inputs_given: bool  # False: the single-image chain's default
     cases: list[str]  # a switch's refs, every case and the default
+    publish: list[str] = field(default_factory=list)  # channels it writes (a streaming step)
+    subscribe: list[str] = field(default_factory=list)  # channels it reads
 
 
 @dataclass
@@ -168,6 +176,11 @@ def step_problems(
     checked = _Step(where, step, known_tasks, known_workflows)
     if kind in step:
         problems += rule.check(checked)
+    publish, subscribe = _channel_lists(where, step.get("channels"), problems)
+    if (publish or subscribe) and step.get("for_each") is not None:
+        problems.append(
+            f"{where}: a streaming step (one with 'channels') runs once; it cannot 'for_each'"
+        )
     problems += [
         f"{where}: {field!r} belongs to {other.noun} steps"
         for other_kind, other in STEP_KINDS.items() if other_kind is not kind
@@ -202,9 +215,47 @@ def step_problems(
         ]
         shapes[ref] = Shape(
             ref, kind, [d for d in dict.fromkeys(deps) if d != ref], reads, inputs is not None,
-            checked.cases,
+            checked.cases, publish, subscribe,
         )  # fmt: skip
     return problems
+
+
+def _channel_lists(where: str, given: Any, problems: list[str]) -> tuple[list[str], list[str]]:
+    """The channels a step publishes and subscribes to (``channels``), adding what is wrong
+    with them to ``problems``."""
+    if given is None:
+        return [], []
+    shape = (f'{where}: \'channels\' must be an object {{"publish": [names], "subscribe": '
+             '[names]}} (either may be left out)')  # fmt: skip
+    if not isinstance(given, Mapping) or not given:
+        problems.append(shape)
+        return [], []
+    problems += [
+        f"{where}: 'channels': unknown field {key!r} (allowed: {', '.join(CHANNEL_ROLES)})"
+        for key in given
+        if key not in CHANNEL_ROLES
+    ]
+    lists: list[list[str]] = []
+    for role in CHANNEL_ROLES:
+        names = given.get(role, [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            problems.append(f"{where}: 'channels.{role}' must be a list of channel names")
+            names = []
+        for name in names:
+            if (p := name_problem("channel", name)) is not None:
+                problems.append(f"{where}: {p}")
+        if len(set(names)) != len(names):
+            problems.append(f"{where}: 'channels.{role}' lists a channel more than once")
+        lists.append([n for n in dict.fromkeys(names) if name_problem("channel", n) is None])
+    publish, subscribe = lists
+    both = sorted(set(publish) & set(subscribe))
+    if both:
+        problems.append(
+            f"{where}: a step does not subscribe to its own channel ({', '.join(both)})"
+        )
+    if not publish and not subscribe and isinstance(given, Mapping) and given:
+        problems.append(f"{where}: 'channels' names no channel")
+    return publish, subscribe
 
 
 def _task_problems(step: _Step) -> list[str]:
@@ -283,7 +334,7 @@ def _refs(value: Any) -> bool:
 
 # What each kind of step may hold and how the graph reads it: the one place that says so.
 STEP_KINDS: Final[Mapping[StepKind, KindRule]] = {
-    StepKind.TASK: KindRule("task", ("params", "for_each"), _task_problems),
+    StepKind.TASK: KindRule("task", ("params", "for_each", "channels"), _task_problems),
     StepKind.SWITCH: KindRule(
         "switch",
         ("cases", "default"),
@@ -330,7 +381,91 @@ def graph_problems(shapes: Mapping[str, Shape]) -> list[str]:
     problems += [
         f"dependency cycle: {' -> '.join(c)} (each step depends on the next)" for c in cycles(graph)
     ]
+    problems += _stream_problems(shapes, graph)
     return problems
+
+
+def stream_groups(publish: Mapping[str, Iterable[str]], subscribe: Mapping[str, Iterable[str]]
+                  ) -> list[list[str]]:  # fmt: skip
+    """The streaming groups: the steps joined (directly or not) by channels, each group's
+    refs in the order given; ``publish`` and ``subscribe`` map a step's ref to its channels."""
+    refs = list(dict.fromkeys([*publish, *subscribe]))
+    users: dict[str, list[str]] = {}
+    for ref in refs:
+        for name in [*publish.get(ref, ()), *subscribe.get(ref, ())]:
+            users.setdefault(name, []).append(ref)
+    group_of: dict[str, int] = {}
+    groups: list[set[str]] = []
+    for ref in refs:
+        if ref in group_of:
+            continue
+        index, todo, members = len(groups), [ref], {ref}
+        while todo:
+            current = todo.pop()
+            group_of[current] = index
+            for name in [*publish.get(current, ()), *subscribe.get(current, ())]:
+                for peer in users[name]:
+                    if peer not in members:
+                        members.add(peer)
+                        todo.append(peer)
+        groups.append(members)
+    return [[r for r in refs if r in g] for g in groups]
+
+
+def _stream_problems(shapes: Mapping[str, Shape], graph: Mapping[str, list[str]]) -> list[str]:
+    """A channel needs one publisher and a subscriber; the steps of a streaming group run at
+    the same time, so none may wait for another's end."""
+    publishers: dict[str, list[str]] = {}
+    subscribers: dict[str, list[str]] = {}
+    for s in shapes.values():
+        for name in s.publish:
+            publishers.setdefault(name, []).append(s.ref)
+        for name in s.subscribe:
+            subscribers.setdefault(name, []).append(s.ref)
+    problems = []
+    for name in sorted({*publishers, *subscribers}):
+        writers, readers = publishers.get(name, []), subscribers.get(name, [])
+        if len(writers) > 1:
+            problems.append(
+                f"channel {name!r}: published by {len(writers)} steps "
+                f"({', '.join(map(repr, writers))}); a channel has one publisher"
+            )
+        if not writers:
+            problems.append(
+                f"channel {name!r}: step(s) {', '.join(map(repr, readers))} subscribe to it, "
+                "but no step publishes it"
+            )
+        if not readers:
+            problems.append(
+                f"channel {name!r}: step {writers[0]!r} publishes it, but no step subscribes to it"
+            )
+    groups = stream_groups(
+        {s.ref: s.publish for s in shapes.values() if s.publish},
+        {s.ref: s.subscribe for s in shapes.values() if s.subscribe},
+    )
+    for group in groups:
+        members = set(group)
+        for ref in group:
+            waits = _waits_on(ref, graph) & members
+            if waits:
+                problems.append(
+                    f"step {ref!r}: waits for {', '.join(map(repr, sorted(waits)))} to end, but "
+                    "the steps of a streaming group (joined by channels) run at the same time; "
+                    "pass what it needs over a channel instead"
+                )
+    return problems
+
+
+def _waits_on(ref: str, graph: Mapping[str, list[str]]) -> set[str]:
+    """Every step ``ref`` waits for, directly or through others."""
+    seen: set[str] = set()
+    todo = list(graph.get(ref, []))
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(graph.get(current, []))
+    return seen
 
 
 def _default_problems(s: Shape, shapes: Mapping[str, Shape]) -> list[str]:

@@ -110,6 +110,10 @@ def _describe(step: Mapping[str, Any]) -> str:
         what += f", reads {', '.join(given)}"
     if step.get("for_each"):
         what += f", once per element of {step['for_each']}"
+    channels = step.get("channels") or {}
+    for role, verb in (("publish", "publishes"), ("subscribe", "subscribes to")):
+        if channels.get(role):
+            what += f", streaming: {verb} {', '.join(channels[role])}"
     if step.get("params"):
         what += f", params {_compact(step['params'])}"
     unknown = {k: v for k, v in step.items() if k not in STEP_KEYS}

@@ -19,6 +19,7 @@ __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "SCHEDULERS",
     "SCHEDULER_STALE_S",
+    "STREAM_PEERS_TTL_S",
     "WAKE",
     "WORKERS",
     "WORKER_DEAD_AFTER_S",
@@ -27,6 +28,7 @@ __all__ = [
     "report_bell_key",
     "reports_taken_key",
     "scheduler_reports_key",
+    "stream_peers_key",
     "task_leases_key",
     "worker_control_key",
     "worker_inflight_key",
@@ -109,6 +111,17 @@ def worker_control_key(worker_id: str) -> str:
     ``contract.messages.Stop`` for a task run the worker must stop, and the worker BLPOPs it
     (on a thread of its own: its slots may all be busy). It expires when nobody reads it."""
     return f"cdiflow:control:{worker_id}"
+
+
+def stream_peers_key(workflow_id: str) -> str:
+    """Where a run's streaming steps find each other, ``cdiflow:streams:<run>``: a hash of
+    ``<channel>.pub`` and ``<channel>.sub.<ref>`` -> the CDI container of the worker running
+    that end (``orchestrator.worker.streams``). It expires ``STREAM_PEERS_TTL_S`` after the
+    last step of the run joined."""
+    return f"cdiflow:streams:{workflow_id}"
+
+
+STREAM_PEERS_TTL_S: Final = 24 * 3600
 
 
 # A control list no worker pops (its worker is gone) expires this long after its last stop.

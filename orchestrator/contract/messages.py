@@ -114,6 +114,9 @@ class Instruction:
     outputs: dict[str, ObjectKey] = field(default_factory=dict)  # output name -> its object
     store_prefix: str = ""  # the step's outputs are results: stored under this S3 prefix
     discard_image: bool = False  # no step reads its image: destroy it, do not pass it on
+    # A streaming step's channels (``Graph.channel_plan``): {"publish": {name: [subscriber
+    # refs]}, "subscribe": {name: publisher ref}}; empty for any other step.
+    channels: dict[str, Any] = field(default_factory=dict)
 
     def dumps(self) -> str:
         return _dumps(self)

@@ -102,6 +102,9 @@ class Dispatcher:
         self._unsent: list[tuple[RunState, str]] = []
         # Workers starting afresh, with the ``started_at`` of the process that is ending.
         self._restarting: dict[str, float] = {}
+        # Streaming groups that need more slots at once than the live workers have: (run,
+        # steps, slots, since when), by (run, the group's first step).
+        self._too_few_slots: dict[tuple[uuid.UUID, str], tuple[RunState, int, int, float]] = {}
         # What runs wait for, to write: (run, status detail or None, event kind, its data).
         self._waits: list[tuple[RunState, str | None, str, dict[str, str]]] = []
 
@@ -121,8 +124,18 @@ class Dispatcher:
         ready = steps if steps is not None else list(run.steps.values())
         placed = []
         outranked = self._outranked(run)
+        grouped: set[str] = set()
         for step in ready:
             if step.phase is not Phase.READY or step.retry_at > now:
+                continue
+            group = run.graph.stream_groups.get(step.node.ref)
+            if group is not None:  # a streaming group goes out whole, or waits whole
+                if step.id not in grouped:
+                    grouped.update(group)
+                    sent, ok = self._place_group(run, group, now)
+                    placed += sent
+                    if not ok:
+                        break
                 continue
             if run.busy >= run.max_parallel:
                 break  # the rest go out as these come back
@@ -138,13 +151,80 @@ class Dispatcher:
                 placed.append(placement)
         return placed
 
+    def _place_group(
+        self, run: RunState, group: tuple[str, ...], now: float
+    ) -> tuple[list[Placement], bool]:
+        """Place every step of a streaming group, each on a free worker slot (its steps run
+        at the same time and wait for each other, so none may queue behind another task), or
+        none: they wait until enough slots are free. Not before every one of them is ready;
+        above the run's parallelism if need be. The placements, and False if Redis failed."""
+        members = [run.steps.get(ref) for ref in group]
+        steps = [m for m in members if m is not None]
+        if len(steps) < len(members) or any(
+            m.phase is not Phase.READY or m.retry_at > now for m in steps
+        ):
+            return [], True  # placed once the last of them is ready
+        loads = self.loads()
+        free = {
+            w.worker_id: w.slots - w.in_flight
+            for w in loads
+            if w.alive and w.worker_id not in self._restarting
+        }
+        ident = (run.workflow_id, group[0])
+        slots = sum(w.slots for w in loads if w.alive)
+        if 0 < slots < len(steps):
+            # It cannot start until workers with enough slots live: it fails its run once that
+            # lasted as long as a step may wait for a worker.
+            self._too_few_slots.setdefault(ident, (run, len(steps), slots, time.monotonic()))
+            for waiting in steps:
+                self._wait(run, waiting)
+            return [], True
+        self._too_few_slots.pop(ident, None)
+        chosen: list[tuple[StepRun, str]] = []
+        for step in steps:
+            able = capable(loads, step.current.module)
+            self._note_wait(run, step, loads, able)
+            options = [w for w in able if free.get(w.worker_id, 0) > 0]
+            if not options:
+                for waiting in steps:
+                    self._wait(run, waiting)
+                return [], True
+            best = max(options, key=lambda w: (free[w.worker_id], -w.score()))
+            free[best.worker_id] -= 1
+            chosen.append((step, best.worker_id))
+        placed: list[Placement] = []
+        for step, worker in chosen:
+            with log_context(workflow_id=str(run.workflow_id), step=step.id):
+                placement = self.choose(run, step, worker=worker)
+                if placement is None:
+                    continue  # its worker just went: it goes again, and its peers fail alone
+                if not self.send(run, step, placement):
+                    return placed, False
+                placed.append(placement)
+        return placed, True
+
     def unrunnable(self) -> list[tuple[RunState, str]]:
         """The waiting runs whose step no live worker could run for longer than they may wait,
         each with why; they no longer wait. How long: the definition's ``worker_wait_s``;
         without one, ``UNRUNNABLE_AFTER_S`` once some worker lives but none loaded the module,
-        and for as long as no worker lives at all."""
+        and for as long as no worker lives at all. A streaming group that needs more slots at
+        once than the live workers have in all fails its run after as long."""
         now = time.monotonic()
         stuck = []
+        for group, (run, steps, slots, since) in list(self._too_few_slots.items()):
+            patience = run.worker_wait_s if run.worker_wait_s is not None else UNRUNNABLE_AFTER_S
+            ended = run.cancelled or self.ctx.runs.get(run.workflow_id) is not run
+            if ended or now - since > patience:
+                del self._too_few_slots[group]
+                for ref in list(run.steps):
+                    self._unwait((run.workflow_id, ref))
+                if not ended:
+                    stuck.append((run, (
+                        f"streaming step {group[1]!r} and the {steps - 1} joined to it by "
+                        f"channels run at once, each on a worker slot, but the live workers have "
+                        f"{slots} slot(s) in all (waited {patience:g} s); start more workers, or "
+                        "workers with more slots (cdiflow worker --concurrency)"
+                    )))  # fmt: skip
         for ident, (run, step) in list(self.waiting.items()):
             if run.cancelled:
                 continue
@@ -213,9 +293,10 @@ class Dispatcher:
         if placed:
             self.ctx.db.place(placed)
 
-    def choose(self, run: RunState, step: StepRun) -> Placement | None:
-        """Choose the worker for ``step`` and move its objects there: the task run to record;
-        ``None`` while no worker may take it (it then waits)."""
+    def choose(self, run: RunState, step: StepRun, worker: str | None = None) -> Placement | None:
+        """Choose the worker for ``step`` (``worker``: that one, chosen already) and move its
+        objects there: the task run to record; ``None`` while no worker may take it (it then
+        waits)."""
         spec = step.current
         loads = self.loads()
         able = capable(loads, spec.module)
@@ -235,8 +316,9 @@ class Dispatcher:
         )
         kept_by = self._kept_by(run, step)
         policy = policy_of(run)
-        # A worker kept an object this step reads (``keeps``): the step can run only there.
-        worker = pinned(choice, kept_by) if kept_by is not None else policy.choose(choice)
+        if worker is None:
+            # A worker kept an object this step reads (``keeps``): the step runs only there.
+            worker = pinned(choice, kept_by) if kept_by is not None else policy.choose(choice)
         ident = (run.workflow_id, step.id)
         if worker is None:
             self._wait(run, step)

@@ -68,6 +68,7 @@ def common_fields(
         data=run.data,
         queued_at=queued_at,
         chain=step.node.chain,
+        channels=run.graph.channel_plan(step.node.ref),
     )
 
 

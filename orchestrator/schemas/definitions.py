@@ -65,6 +65,12 @@ class StepSchema(RequestBody):
         description="Name of another workflow definition this step runs.",
         json_schema_extra=NAME_RULE,
     )
+    channels: dict[str, list[str]] | None = Field(
+        default=None,
+        description='A streaming task step: {"publish": [channel names], "subscribe": '
+        "[channel names]}. It runs while the steps joined to it by channels run, reading and "
+        "writing items until its input channels end (docs/streaming.md).",
+    )
 
     @model_serializer(mode="wrap")
     def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

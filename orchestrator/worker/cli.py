@@ -30,6 +30,7 @@ from orchestrator.worker.keeper import keep
 from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.plane_parts import LazyStore, PlaneParts
 from orchestrator.worker.planes import build_planes
+from orchestrator.worker.streams import StreamHub
 from orchestrator.worker.worker import Worker
 from workflows.loader import TaskCatalog, load_deployed, with_sources
 from workflows.memory import tune_for_images
@@ -267,6 +268,7 @@ def _run_body(
                 concurrency=concurrency,
                 sources=sources,
                 tasks=catalog,
+                streams=StreamHub(client, redis_client),
             )
             if metrics_port:
                 worker.metrics = WorkerMetrics(

@@ -36,6 +36,7 @@ from orchestrator.errors import (
 )
 from orchestrator.objectstore import ObjectStore
 from orchestrator.worker.stopping import StopRequest, StopRequests, ask_to_stop
+from orchestrator.worker.streams import StreamHub
 from workflows.api import Produced, TaskContext, TaskSpec, load_task, run_task_with_inputs
 from workflows.errors import (
     InputsMismatch,
@@ -47,6 +48,7 @@ from workflows.errors import (
     WorkflowsError,
 )
 from workflows.sources import BUNDLED, TaskSources
+from workflows.streaming import StreamBroken
 from workflows.tracebacks import clear_frames, stack_of, task_traceback
 
 __all__ = [
@@ -246,6 +248,7 @@ class TaskCall:
     ins: Instruction
     sources: TaskSources = BUNDLED
     stops: StopRequests = field(default_factory=StopRequests)
+    streams: StreamHub | None = None  # opens a streaming step's channels
 
     def load(self) -> TaskSpec:
         return load_task(self.ins.task, self.sources)
@@ -274,8 +277,40 @@ class TaskCall:
         box = [dict(inputs)]
         inputs.clear()
         return self._timed(
-            spec, exe, ctx, lambda: run_task_with_inputs(spec, box.pop(), ctx, chain=chain)
+            spec,
+            exe,
+            ctx,
+            lambda: self._streaming(
+                ctx, lambda: run_task_with_inputs(spec, box.pop(), ctx, chain=chain)
+            ),
         )
+
+    def _streaming(self, ctx: TaskContext, call: Callable[[], Produced]) -> Produced:
+        """``call()``, a streaming step's with its channels open (``streams``): joined to its
+        peers first, their streams ended (or broken, when it fails) once it returns."""
+        if not self.ins.channels:
+            return call()
+        if self.streams is None:
+            raise InvalidInstruction(
+                f"instruction {self.ins.task_run_id}: a streaming step, and this worker has no "
+                "channels (it runs without a CDI minion)"
+            )
+        if self.ins.attempt > 1:
+            raise StreamBroken(
+                f"streaming step {self.ins.ref!r} cannot run again (attempt {self.ins.attempt}): "
+                "the items its channels carried are gone; start the run again"
+            )
+        channels = self.streams.open(self.ins, ctx.cancelled)
+        object.__setattr__(ctx, "streams", channels)  # the context is the task's, made above
+        failed = True
+        try:
+            produced = call()
+            # A task that returned once it was stopped did not finish its streams.
+            failed = ctx.cancelled.is_set()
+            return produced
+        finally:
+            if channels is not None:
+                channels.close(failed=failed)
 
     def _context(self, spec: TaskSpec, files: Callable[[str], bytes] | None) -> TaskContext:
         data = self.ins.data if isinstance(self.ins.data, dict) else {}

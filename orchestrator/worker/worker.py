@@ -46,6 +46,7 @@ from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.planes import Plane
 from orchestrator.worker.repeats import RUNNING, Repeats
 from orchestrator.worker.stopping import StopRequest, StopRequests
+from orchestrator.worker.streams import StreamHub
 from workflows.loader import TaskCatalog
 from workflows.sources import BUNDLED, TaskSources
 
@@ -91,6 +92,7 @@ class Worker:
         heartbeat_interval_s: float = keys.HEARTBEAT_INTERVAL_S,
         sources: TaskSources = BUNDLED,
         tasks: TaskCatalog | None = None,
+        streams: StreamHub | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.sources = sources  # where tasks may be loaded from
@@ -100,6 +102,7 @@ class Worker:
         self._thread_local = threading.local()
         self._thread_clients: list[redis.Redis] = []
         self._planes = planes  # what runs each instruction, by its ``data_plane``
+        self.streams = streams  # streaming steps' channels (None: this worker runs none)
         self.concurrency = concurrency
         self.queue_key = keys.worker_queue_key(worker_id)
         self.inflight_key = keys.worker_inflight_key(worker_id)
@@ -340,7 +343,10 @@ class Worker:
                     )
                 )
             else:
-                plane.run(ins, TaskCall(ins, self.sources, self.stops), exe)
+                plane.run(ins, TaskCall(ins, self.sources, self.stops, self.streams), exe)
+                if ins.channels:
+                    # Its peers ran with it: a retry alone would find its channels gone.
+                    exe.retryable = False
         return exe
 
     @contextmanager

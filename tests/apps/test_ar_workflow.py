@@ -1,7 +1,9 @@
 """The AR application as the bundled ``ar_video`` workflow on a real stack (two workers as
-processes), started as ``cdiflow demo`` starts it: the generated video decoded, one detect
-step per frame fanned out over both workers, the labelled frames combined into the output
-video in S3; checked frame by frame against the single-process reference run."""
+processes, two slots each), started as ``cdiflow demo`` starts it: the generated video decoded,
+one detect step per frame fanned out over both workers, the labelled frames combined into the
+output video in S3; checked frame by frame against the single-process reference run. Its
+streaming variant, ``ar_video_stream`` (decode, two detectors and combine running at once,
+frames flowing over channels), gives the same video and boxes."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 from apps.ar.launch import PipelineResult, run_floor
 from cdiflow.demo_ar import demo_sample, start_ar_video, video_uri
 from orchestrator.stack import Stack
+from orchestrator.stack.defaults import WORKER_COMMAND
 from tests.apps.ar_checks import assert_video_like_reference, config_for
 from tests.orchestrator.test_e2e import Harness, free_port
 from tests.orchestrator.test_e2e_graphs import _no_object_left
@@ -44,7 +47,8 @@ def harness() -> Iterator[Harness]:
     folder = tempfile.mkdtemp(prefix="cdiflow-ar-wf-")
     os.chmod(folder, 0o755)
     try:
-        with Stack(folder, workers=2, port=free_port()) as stack:
+        worker = (*WORKER_COMMAND, "--concurrency", "2")  # ar_video_stream's four steps at once
+        with Stack(folder, workers=2, port=free_port(), worker_command=worker) as stack:
             h = Harness(stack)
             yield h
             h.api.close()
@@ -52,8 +56,8 @@ def harness() -> Iterator[Harness]:
         subprocess.run(["rm", "-rf", folder], check=False)
 
 
-def _start(harness: Harness, data: dict[str, object]) -> str:
-    body = {"workflow": "ar_video", "input": {"data": data}, "policy": "transfer"}
+def _start(harness: Harness, data: dict[str, object], workflow: str = "ar_video") -> str:
+    body = {"workflow": workflow, "input": {"data": data}, "policy": "transfer"}
     reply = harness.api.post("/api/workflows", json=body)
     assert reply.status_code == 201, reply.text
     workflow_id: str = reply.json()["id"]
@@ -85,6 +89,25 @@ def test_ar_video_fans_out_per_frame_and_gives_the_reference_video(
     out.write_bytes(harness.download(uri))
     assert_video_like_reference(output["boxes"], out, reference, FRAMES)
     _no_object_left(harness, workflow_id)
+
+
+def test_ar_video_stream_gives_the_same_video_and_boxes_with_every_step_at_once(
+    harness: Harness, video: Path, reference: PipelineResult, tmp_path: Path
+) -> None:
+    uri = harness.upload("in/ar-stream.mp4", video.read_bytes())
+    done = harness.wait(_start(harness, {"video": uri}, "ar_video_stream"), timeout=180)
+    assert done["status"] == "COMPLETED", done["error"]
+    runs = {r["ref"]: r for r in done["task_runs"]}
+    assert {"decode", "detect0", "detect1", "combine"} <= runs.keys()
+    assert runs["detect0"]["output"]["frames"] + runs["detect1"]["output"]["frames"] == FRAMES
+    output = done["output"]
+    assert output["frame_count"] == FRAMES
+    out = tmp_path / "out.mp4"
+    result = video_uri(done)
+    assert result is not None, output
+    out.write_bytes(harness.download(result))
+    assert_video_like_reference(output["boxes"], out, reference, FRAMES)
+    _no_object_left(harness, done["id"])
 
 
 def test_a_video_outside_the_input_locations_or_not_a_video_fails_with_a_reason(

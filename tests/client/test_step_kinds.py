@@ -56,6 +56,13 @@ KINDS: dict[str, tuple[list[dict[str, Any]], str]] = {
          {"ref": "post", "task": "denoise", "inputs": {"image": "enhance.image"}}],
         r"enhance +pre +sub-workflow image_pipeline",
     ),
+    "streaming": (  # two steps at once: the stack's two workers have a slot each
+        [{"ref": "count", "task": "stream_count", "channels": {"publish": ["n"]},
+          "params": {"to": "n"}},
+         {"ref": "total", "task": "stream_total", "channels": {"subscribe": ["n"]},
+          "params": {"from": "n"}}],
+        r"total +- +task stream_total, streaming: subscribes to n",
+    ),
 }  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from workflows.definitions import Step, validate_workflow
+from workflows.graph import build_graph
 from workflows.steps import STEP_KEYS, STEP_KINDS, DataRef, StepKind, parse_ref
 
 KNOWN = ["deblur", "denoise", "classify", "noop", "sleep"]
@@ -141,3 +142,51 @@ def test_cycles_through_inputs_and_cases_are_found() -> None:
         {"ref": "b", "task": "noop", "inputs": {"x": "a.image"}},
     )
     assert any(p.startswith("dependency cycle: a -> b -> a") for p in found), found
+
+
+def test_streaming_steps_joined_by_channels_are_valid_and_form_one_group() -> None:
+    steps = [
+        {"ref": "src", "task": "noop", "channels": {"publish": ["frames"]}},
+        {"ref": "mid", "task": "noop", "channels": {"subscribe": ["frames"], "publish": ["out"]}},
+        {"ref": "sink", "task": "noop", "channels": {"subscribe": ["out"]}},
+        {"ref": "after", "task": "noop", "inputs": {"x": "sink.total"}},  # waits for the group
+    ]
+    assert problems_of(*steps) == []
+    graph = build_graph(steps, lambda name: None)
+    assert graph.stream_groups["mid"] == ("src", "mid", "sink")
+    assert "after" not in graph.stream_groups
+    assert graph.channel_plan("mid") == {
+        "publish": {"out": ["sink"]},
+        "subscribe": {"frames": "src"},
+    }
+    assert graph.channel_plan("after") == {}
+
+
+@pytest.mark.parametrize(
+    ("steps", "fragment"),
+    [
+        ([{"ref": "a", "task": "noop", "channels": {"publish": ["c"]}}],
+         "channel 'c': step 'a' publishes it, but no step subscribes to it"),
+        ([{"ref": "a", "task": "noop", "channels": {"subscribe": ["c"]}}],
+         "no step publishes it"),
+        ([{"ref": "a", "task": "noop", "channels": {"publish": ["c"]}},
+          {"ref": "b", "task": "noop", "channels": {"publish": ["c"]}},
+          {"ref": "r", "task": "noop", "channels": {"subscribe": ["c"]}}],
+         "a channel has one publisher"),
+        ([{"ref": "a", "task": "noop", "channels": {"publish": ["c"]}},
+          {"ref": "b", "task": "noop", "channels": {"subscribe": ["c"]}, "depends_on": ["a"]}],
+         "step 'b': waits for 'a' to end, but the steps of a streaming group"),
+        ([{"ref": "a", "task": "noop", "channels": {"publish": ["c"], "subscribe": ["c"]}}],
+         "does not subscribe to its own channel"),
+        ([{"ref": "a", "task": "noop", "channels": {"send": ["c"]}}], "unknown field 'send'"),
+        ([{"ref": "a", "task": "noop", "channels": ["c"]}], "'channels' must be an object"),
+        ([{"ref": "a", "task": "noop", "channels": {"publish": ["no way"]}}],
+         "channel name 'no way' is not valid"),
+        ([{"ref": "s", "switch": "a.x", "default": ["a"], "channels": {"publish": ["c"]}},
+          {"ref": "a", "task": "noop"}],
+         "'channels' belongs to task steps"),
+    ],
+)  # fmt: skip
+def test_each_problem_of_a_streaming_step(steps: list[dict[str, Any]], fragment: str) -> None:
+    found = problems_of(*steps)
+    assert any(fragment in p for p in found), found

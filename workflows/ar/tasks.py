@@ -23,6 +23,7 @@ longer video short.
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from fractions import Fraction
 from pathlib import Path
@@ -39,8 +40,11 @@ from workflows.errors import InvalidVideo
 __all__ = [
     "MAX_FRAMES",
     "ar_combine",
+    "ar_combine_stream",
     "ar_decode",
+    "ar_decode_stream",
     "ar_detect",
+    "ar_detect_stream",
     "chunks_of",
     "combine_chunks",
     "detect_chunk",
@@ -146,5 +150,106 @@ def ar_combine(
         count = combine_chunks(frames, Fraction(*fps), path)
         video = path.read_bytes()
     every = [frame for chunk in boxes for frame in chunk]
+    ctx.logger.info("encoded %d frames, %d bytes", count, len(video))
+    return {"video": video, "boxes": every, "frame_count": count}
+
+
+# --- the streaming variant (``ar_video_stream``): frames flow over channels ----------------
+#
+#   decode --frames<i>--> detect<i> --labelled<i>--> combine        (i = 0 .. detectors-1)
+#          --meta-----------------------------------> combine
+#
+# ``decode`` deals frame k to channel ``params.to[k % n]``; detector i sends each labelled
+# frame and then its boxes (JSON) on its own channel; ``combine`` takes frame k from
+# ``params.from[k % n]`` (every stream is in order), so the output is in the video's order,
+# encoded as it comes. ``meta`` carries the frame rate ahead of the first frame. No step
+# holds the whole video: no ``MAX_FRAMES``.
+
+
+def _channel_names(ctx: TaskContext, name: str) -> list[str]:
+    names = ctx.params.get(name)
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise InvalidVideo(f"params.{name} must be a non-empty list of channel names")
+    return names
+
+
+@task(name="ar_decode_stream", timeout_s=600, needs_image=False)
+def ar_decode_stream(img: None, ctx: TaskContext) -> dict[str, Any]:
+    """Decode ``input.data.video`` (its first ``input.data.frames`` frames, when given), dealing
+    frame k to channel ``params.to[k % n]``; the frame rate goes first on ``meta``."""
+    outputs = [ctx.channels.publish(name) for name in _channel_names(ctx, "to")]
+    meta = ctx.channels.publish("meta")
+    limit = ctx.input.get("frames")
+    if limit is not None:
+        limit = _positive_int(limit, "input.data.frames", 1)
+    data = _fetch(ctx.input.get("video"), ctx)
+    count = 0
+    with tempfile.TemporaryDirectory(prefix="cdiflow-ar-") as folder:
+        path = Path(folder) / "in"
+        path.write_bytes(data)
+        fps = probe(path).fps
+        meta.send({"fps": [fps.numerator, fps.denominator]})
+        for frame in read_frames(path, limit):
+            outputs[count % len(outputs)].send(frame)
+            count += 1
+    if not count:
+        raise InvalidVideo("the video has no frames")
+    ctx.logger.info("decoded %d frames onto %d channels", count, len(outputs))
+    return {"frame_count": count}
+
+
+@task(name="ar_detect_stream", timeout_s=600, needs_image=False)
+def ar_detect_stream(img: None, ctx: TaskContext) -> dict[str, Any]:
+    """Box the people in every frame of channel ``params.from``, sending each labelled frame
+    and then its boxes on ``params.to``."""
+    width = _positive_int(ctx.params.get("detect_width"), "params.detect_width", 640)
+    out = ctx.channels.publish(str(ctx.params.get("to")))
+    count = 0
+    for frame in ctx.channels.subscribe(str(ctx.params.get("from"))):
+        if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[-1] != 3:
+            raise InvalidVideo(f"expected height x width x 3 frames, got {type(frame).__name__}")
+        drawn, boxes = detect_chunk(frame[None], width)
+        out.send(drawn[0])
+        out.send(boxes[0])
+        count += 1
+    return {"frames": count}
+
+
+@task(name="ar_combine_stream", timeout_s=600, needs_image=False)
+def ar_combine_stream(img: None, ctx: TaskContext) -> dict[str, Any]:
+    """Encode the labelled frames of channels ``params.from`` (frame k from the k % n-th) as
+    they come: the output video (``video``), every frame's boxes (``boxes``) and
+    ``frame_count``, as ``ar_combine`` gives them."""
+    streams = [iter(ctx.channels.subscribe(name)) for name in _channel_names(ctx, "from")]
+    meta = next(iter(ctx.channels.subscribe("meta")), None)
+    if not isinstance(meta, dict) or "fps" not in meta:
+        raise InvalidVideo("the decode step ended before it said the video's frame rate")
+    fps = Fraction(*meta["fps"])
+    every: list[list[list[float]]] = []
+    writer: VideoWriter | None = None
+    with tempfile.TemporaryDirectory(prefix="cdiflow-ar-") as folder:
+        path = Path(folder) / "out.mp4"
+        try:
+            for k in itertools.count():
+                stream = streams[k % len(streams)]
+                frame = next(stream, None)
+                if frame is None:
+                    break  # the streams end in turn: the video is over
+                boxes = next(stream)
+                if writer is None:
+                    height, width = frame.shape[:2]
+                    writer = VideoWriter(path, width, height, fps)
+                writer.write(frame)
+                every.append(boxes)
+            for stream in streams:  # every other stream has ended too
+                if next(stream, None) is not None:
+                    raise InvalidVideo("a detector sent more frames than its turn")
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise InvalidVideo("no frames to combine")
+        count = writer.frames
+        video = path.read_bytes()
     ctx.logger.info("encoded %d frames, %d bytes", count, len(video))
     return {"video": video, "boxes": every, "frame_count": count}
