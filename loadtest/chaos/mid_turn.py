@@ -55,6 +55,9 @@ PORTS_EVERY_S: Final = 0.25  # how often its connections are listed again
 KILLS: Final = 5  # kills of Postgres at most, until one lands inside a turn
 BACK_S: Final = 60.0  # for Postgres to answer again after a kill
 
+_RECENT_RUNS: Final = """
+SELECT status, count(*) FROM workflows WHERE created_at > now() - interval '5 minutes' GROUP BY 1
+"""
 # The scheduler's connections (by client port): a transaction id when it has written.
 _STATES: Final = """
 SELECT pid, backend_xid::text::bigint, state FROM pg_stat_activity
@@ -136,9 +139,11 @@ def _kill_inside_a_turn(target: Target) -> Caught:
                     return caught
             finally:
                 os.killpg(scheduler, signal.SIGCONT)
+        runs = {str(row[0]): row[1] for row in watch.execute(_RECENT_RUNS).fetchall()}
     raise RuntimeError(
         f"no turn of the scheduler's had writes not yet committed at any of {stops} stops "
-        f"in {CATCH_S:g} s (its connections were seen: {dict(seen)})"
+        f"in {CATCH_S:g} s (its connections were seen: {dict(seen)}; runs of the last "
+        f"5 min by status: {runs})"
     )
 
 
