@@ -2,10 +2,12 @@
 run's plane's part, ``planes``), start the steps it made possible (or end the run), or retry a
 failed attempt.
 
-A report and what follows from it are written in one statement (``SchedulerStore.report``):
-the task run's outcome, the hand-backs of its objects, the task runs of the steps it lets start
-(and of those it made skipped, or a switch it decided) or the run's end. The next steps'
-instructions go out before that statement (*send, then record*, ``dispatch``).
+A report and what follows from it are written together: the task run's outcome, the
+hand-backs of its objects, the task runs of the steps it lets start (and of those it made
+skipped, or a switch it decided) or the run's end. The reports of a loop turn are written in
+one statement (``SchedulerStore.report_later``, recorded by ``flush`` once the turn has read
+them all, or before any other statement of the turn). The next steps' instructions go out
+before that statement (*send, then record*, ``dispatch``).
 
 The loop takes the reports waiting, up to ``REPORT_BATCH``, in one round trip (``take``): a
 script moves them (LMOVE) from the report list into the scheduler's taken list, where they stay
@@ -28,7 +30,7 @@ from cdi import ObjectKey
 from orchestrator.contract import keys
 from orchestrator.contract.messages import Report
 from orchestrator.contract.vocabulary import TaskRunStatus
-from orchestrator.db.run_statements import Finish, Handoff, Placement
+from orchestrator.db.run_statements import Finish, Handoff, Placement, Reported
 from orchestrator.logs import log_context
 from orchestrator.scheduler import progress
 from orchestrator.scheduler.context import SchedulerContext
@@ -97,10 +99,12 @@ class Reports:
         return [str(t) for t in taken], (None if woke is None else str(woke))
 
     def read_all(self, texts: list[str]) -> None:
-        """Handle reports taken by ``take``, oldest first; they leave the taken list once the
-        turn has committed what they wrote (``Turn``)."""
+        """Handle reports taken by ``take``, oldest first, and record them in one statement
+        (``SchedulerStore.flush``); they leave the taken list once the turn has committed what
+        they wrote (``Turn``)."""
         for text in texts:
             self.read(text)
+        guarded(self.ctx.db.flush, self.ctx.faults)
         self._read += len(texts)
         if texts and not self._trim_due:
             self._trim_due = True
@@ -180,8 +184,9 @@ class Reports:
             if run.finished:
                 finish = completion(run, self.ctx.objects)
         rows = [*placements, *ended_rows(self.ctx.db, run, moves)]
-        # One statement records the report and the next steps' task runs, or ends the run.
-        ended = self.ctx.db.report(report, back, rows, finish, made)
+        # The report and the next steps' task runs, or the run's end, are recorded with the
+        # turn's other reports in one statement (before any other of the turn's statements).
+        recorded = self.ctx.db.report_later(Reported(report, back, rows, finish, made))
         self.endings.free(run, moves.freed)
         if got.lost:
             self.after_lost_image(run, step)
@@ -197,7 +202,7 @@ class Reports:
         elif moves.failure:
             self.endings.fail(run, moves.failure)
         elif finish is not None:
-            self.endings.completed(run, ended)
+            self.endings.completed(run, recorded)
         elif run.cancelled:
             self.endings.quiet(run)
 
