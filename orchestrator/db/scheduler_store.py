@@ -30,6 +30,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from typing import Any, Final, LiteralString
 
 import psycopg
@@ -88,6 +89,10 @@ class SchedulerStore:
         self._turn = False  # inside a loop turn: statements join its transaction
         self._turn_broken = False  # the turn's connection was lost: its writes with it
         self._pending: list[tuple[Reported, Recorded]] = []  # reports held for ``flush``
+        # Called as ``flush`` begins: it sends the instructions of the steps the held reports
+        # place (*send, then record*), and names the task runs of those Redis did not take,
+        # which are not recorded (``Dispatcher.unrecorded``).
+        self.before_flush: Callable[[], Collection[int]] | None = None
 
     def close(self) -> None:
         if self._pooled is not None:
@@ -229,8 +234,15 @@ class SchedulerStore:
         ``Recorded`` whether it ended its workflow."""
         if not self._pending:
             return
+        unsent = self.before_flush() if self.before_flush is not None else ()
         pending, self._pending = self._pending, []
-        ended = self._record([entry for entry, _ in pending])
+        batch = [entry for entry, _ in pending]
+        if unsent:
+            batch = [
+                replace(e, placements=[p for p in e.placements if p.task_run_id not in unsent])
+                for e in batch
+            ]
+        ended = self._record(batch)
         for entry, recorded in pending:
             finish = entry.finish
             recorded.done(finish is not None and finish.workflow_id in ended)

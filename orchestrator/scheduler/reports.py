@@ -7,7 +7,10 @@ hand-backs of its objects, the task runs of the steps it lets start (and of thos
 skipped, or a switch it decided) or the run's end. The reports of a loop turn are written in
 one statement (``SchedulerStore.report_later``, recorded by ``flush`` once the turn has read
 them all, or before any other statement of the turn). The next steps' instructions go out
-before that statement (*send, then record*, ``dispatch``).
+before that statement (*send, then record*, ``dispatch``), all in one pipeline (one LPUSH a
+worker) once the turn has read its reports (``Dispatcher.hold``); a report that stops or
+drives a run again, or is stale, first sends those held, as what it does next tells workers
+more (a stop, objects to give back).
 
 The loop takes the reports waiting, up to ``REPORT_BATCH``, in one round trip (``take``): a
 script moves them (LMOVE) from the report list into the scheduler's taken list, where they stay
@@ -87,6 +90,7 @@ class Reports:
         self.endings = endings
         self.redrive = redrive
         self._take = ctx.redis.register_script(_TAKE)
+        ctx.db.before_flush = dispatch.unrecorded  # a turn's instructions go before its records
         self._trim_due = False
         self._read = 0  # reports read since the taken list was last trimmed
 
@@ -102,8 +106,10 @@ class Reports:
         """Handle reports taken by ``take``, oldest first, and record them in one statement
         (``SchedulerStore.flush``); they leave the taken list once the turn has committed what
         they wrote (``Turn``)."""
+        self.dispatch.hold()
         for text in texts:
             self.read(text)
+        self.dispatch.release()
         guarded(self.ctx.db.flush, self.ctx.faults)
         self._read += len(texts)
         if texts and not self._trim_due:
@@ -156,6 +162,7 @@ class Reports:
         step = run.flight(report.task_run_id) if run is not None else None
         if run is None or step is None or step.in_flight is None:
             log.info("stale report for task run %s", report.task_run_id)
+            self.dispatch.release()  # the instructions held go before what follows
             self.endings.drop_stale(report)
             return
         flight = step.in_flight
@@ -188,6 +195,10 @@ class Reports:
         # turn's other reports in one statement (before any other of the turn's statements).
         recorded = self.ctx.db.report_later(Reported(report, back, rows, finish, made))
         self.endings.free(run, moves.freed)
+        if got.lost or not completed or moves.failure or (finish is None and run.cancelled):
+            # What follows tells workers more (a stop, objects to give back) or places steps
+            # again: the instructions held go first, and the turn's next ones at once.
+            self.dispatch.release()
         if got.lost:
             self.after_lost_image(run, step)
         elif not completed and report.objects_gone:

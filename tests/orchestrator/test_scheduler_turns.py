@@ -329,6 +329,33 @@ def _statements(scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> list[s
     return ran
 
 
+def _pushes(scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The scheduler's pushes onto Redis lists from now on: ``lpush`` for each one alone,
+    ``pipeline`` for each pipeline sent (whatever it holds)."""
+    pushed: list[str] = []
+    client = scheduler.ctx.redis
+    lpush, pipeline = client.lpush, client.pipeline
+
+    def one(*args: Any, **kwargs: Any) -> Any:
+        pushed.append("lpush")
+        return lpush(*args, **kwargs)
+
+    def piped(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        def sent(*a: Any, **k: Any) -> Any:
+            pushed.append("pipeline")
+            return execute(*a, **k)
+
+        pipe.execute = sent  # type: ignore[method-assign]
+        return pipe
+
+    monkeypatch.setattr(client, "lpush", one)
+    monkeypatch.setattr(client, "pipeline", piped)
+    return pushed
+
+
 def test_the_reports_a_turn_takes_are_recorded_in_one_statement(
     scheduler: Scheduler,
     api_client: TestClient,
@@ -337,20 +364,69 @@ def test_the_reports_a_turn_takes_are_recorded_in_one_statement(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``RUNS`` reports taken together: their outcomes and the next steps they place are one
-    statement (one round trip), not one a report."""
+    statement, and the next steps' instructions (to ``RUNS`` workers) one Redis round trip,
+    not one each a report."""
     reports = _first_tasks_out(scheduler, api_client, api_redis)
     for report in reports:
         api_redis.lpush(scheduler.reply_key, report.dumps())
     scheduler.ctx.tick.at = time.monotonic() + 60  # no tick in this turn
     ran = _statements(scheduler, monkeypatch)
+    pushed = _pushes(scheduler, monkeypatch)
 
     scheduler.step()
 
     assert ran.count("REPORTS") == 1, ran
+    assert pushed == ["pipeline"], pushed
     rows = _task_runs(api_sessions, reports)
     first = {r.task_run_id for r in reports}
     assert sorted(row["status"] for row in rows if row["id"] in first) == ["COMPLETED"] * RUNS
-    assert [row["ref"] for row in rows if row["id"] not in first] == ["noop2"] * RUNS
+    nexts = {row["id"] for row in rows if row["id"] not in first and row["ref"] == "noop2"}
+    assert len(nexts) == RUNS
+    queued = {
+        Instruction.loads(raw).task_run_id
+        for worker in WORKERS
+        for raw in api_redis.lrange(keys.worker_queue_key(worker), 0, -1)
+    }
+    assert nexts <= queued  # every next step recorded was sent
+
+
+def test_next_steps_redis_did_not_take_are_not_recorded_and_go_again(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis fails the turn's one push of its next steps' instructions: the reports are
+    recorded, those steps' task runs are not (nothing went out), and the steps are placed
+    again soon."""
+    reports = _first_tasks_out(scheduler, api_client, api_redis)
+    for report in reports:
+        api_redis.lpush(scheduler.reply_key, report.dumps())
+    scheduler.ctx.tick.at = time.monotonic() + 60
+    client = scheduler.ctx.redis
+    pipeline = client.pipeline
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+
+        def fail(*a: Any, **k: Any) -> Any:
+            raise redis.ConnectionError("Redis went away")
+
+        pipe.execute = fail  # type: ignore[method-assign]
+        return pipe
+
+    monkeypatch.setattr(client, "pipeline", failing)
+
+    scheduler.step()
+
+    rows = _task_runs(api_sessions, reports)
+    first = {r.task_run_id for r in reports}
+    assert sorted(row["status"] for row in rows if row["id"] in first) == ["COMPLETED"] * RUNS
+    assert [row for row in rows if row["id"] not in first] == []
+    for report in reports:
+        step = scheduler.runs[uuid.UUID(report.workflow_id)].steps["noop2"]
+        assert step.in_flight is None and step.retry_at > 0, step
 
 
 def test_runs_ended_in_one_statement_keep_each_ones_events_in_order(
