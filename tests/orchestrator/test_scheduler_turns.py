@@ -19,6 +19,7 @@ from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.db import run_statements as sql
+from orchestrator.db.scheduler_store import _native
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.settings import Settings
 from tests.orchestrator.scheduler_support import beat, close_scheduler, make_scheduler
@@ -489,3 +490,13 @@ def test_a_statement_of_the_turn_records_the_reports_held_before_it(
 
     by_id = {row["id"]: row["status"] for row in _task_runs(api_sessions, reports)}
     assert [by_id[r.task_run_id] for r in reports[:3]] == ["QUEUED"] * 3  # rolled back
+
+
+def test_statements_go_with_postgres_placeholders_converted_once() -> None:
+    """The store sends its statements with ``$n`` placeholders, one a name, converted once
+    (psycopg keeps its own conversion only for statements up to 4 KiB; ``REPORTS`` is
+    longer)."""
+    text, names = _native("SELECT %(a)s::int, %(b)s::text WHERE %(a)s::int > 0")
+    assert (text, names) == ("SELECT $1::int, $2::text WHERE $1::int > 0", ("a", "b"))
+    assert _native(sql.REPORTS) is _native(sql.REPORTS)
+    assert "%(" not in _native(sql.REPORTS)[0] and len(sql.REPORTS) > 4096
