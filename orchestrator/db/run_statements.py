@@ -4,8 +4,9 @@ report, end, and a scheduler's resumption after a restart. One SQL statement eac
 A task costs the scheduler a report to record and the next step to place. Through the ORM that
 was a ``BEGIN``, a ``SELECT``, an ``UPDATE``, two or three ``INSERT``s and a ``COMMIT`` — seven
 round trips and the unit of work's Python, most of a no-op workflow's latency on a 2-core
-machine. Here each event is one statement whose data-modifying CTEs do every write at once, so
-it is atomic without a transaction around it (``SchedulerStore`` sends them on an autocommit
+machine. Here each event is one statement whose data-modifying CTEs do every write at once (the
+reports of a scheduler's loop turn: one statement for them all, ``REPORTS``), so it is atomic
+without a transaction around it (``SchedulerStore`` sends them on an autocommit
 connection; see ``docs/architecture.md``, *Commits*). The ending (``FINISH``) is also how the
 API cancels a run, inside its request's transaction.
 
@@ -34,7 +35,7 @@ __all__ = [
     "LATE_REPORT",
     "LOST",
     "PLACE",
-    "REPORT",
+    "REPORTS",
     "RESERVE_IDS",
     "RESUME",
     "UNQUEUE",
@@ -43,10 +44,11 @@ __all__ = [
     "Finish",
     "Handoff",
     "Placement",
+    "Reported",
     "claimed_from_row",
     "finish_params",
     "placement_params",
-    "report_params",
+    "reports_params",
 ]
 
 
@@ -353,87 +355,149 @@ FINISH: Final[LiteralString] = (
 )
 
 
-# A worker's report on a task run (and the hand-back of its objects, and the deliveries of
-# the webhooks that follow steps), together with the next steps' placements or the end of
-# the workflow. Its events go in with one insert, the task's before the workflow's end. *Why
-# one:* the sub-statements of a WITH run in no set order, and two inserts gave the end an id
-# (the order clients read events in) before the task's.
-def _report_ctes(only_open: LiteralString) -> LiteralString:
-    """The ``rep`` (the task run's outcome; ``only_open``: a condition added to its WHERE) and
-    ``rep_hooks`` CTEs of a report."""
+# Workers' reports on task runs (and the hand-back of their objects, and the deliveries of
+# the webhooks that follow steps), together with the next steps' placements and the ends of
+# workflows: a loop turn's reports in one statement, one element of each array a report (its
+# position in the batch ``n``, from 1). Their events go in with one insert, in the reports'
+# order, each report's task event before the end it brought; the webhook deliveries likewise.
+# *Why one insert:* the sub-statements of a WITH run in no set order, and two inserts gave an
+# end an id (the order clients read events in) before its task's.
+def _report_cte(only_open: LiteralString) -> LiteralString:
+    """The ``rep`` CTE: the task runs' outcomes (``only_open``: a condition added to its
+    WHERE)."""
     return (
         """
 rep AS (
-    UPDATE task_runs SET
-        status = %(status)s::task_run_status,
-        worker_id = %(worker)s,
-        started_at = to_timestamp(%(started)s::float8),
-        finished_at = to_timestamp(%(finished)s::float8),
+    UPDATE task_runs t SET
+        status = r.status::task_run_status,
+        worker_id = r.worker,
+        started_at = to_timestamp(r.started),
+        finished_at = to_timestamp(r.finished),
         queue_wait_ms = greatest(0.0,
-            (%(started)s::float8 - extract(epoch FROM queued_at)::float8) * 1000.0),
-        run_ms = %(run_ms)s,
-        cpu_ms = %(cpu_ms)s,
-        bytes_in = %(bytes_in)s,
-        bytes_out = %(bytes_out)s,
-        output = %(output)s,
-        error = %(error)s,
-        traceback = %(traceback)s,
-        data = CASE WHEN %(data)s::jsonb IS NULL THEN data
-                    ELSE coalesce(data, '{}'::jsonb) || %(data)s::jsonb END
-    WHERE id = %(task_run_id)s"""
+            (r.started - extract(epoch FROM t.queued_at)::float8) * 1000.0),
+        run_ms = r.run_ms,
+        cpu_ms = r.cpu_ms,
+        bytes_in = r.bytes_in,
+        bytes_out = r.bytes_out,
+        output = r.output,
+        error = nullif(r.error, ''),
+        traceback = nullif(r.traceback, ''),
+        data = CASE WHEN r.data IS NULL THEN t.data
+                    ELSE coalesce(t.data, '{}'::jsonb) || r.data END
+    FROM unnest(%(r_ids)s::bigint[], %(r_statuses)s::text[], %(r_workers)s::text[],
+                %(r_started)s::float8[], %(r_finished)s::float8[], %(r_run_ms)s::float8[],
+                %(r_cpu_ms)s::float8[], %(r_bytes_in)s::bigint[], %(r_bytes_out)s::bigint[],
+                %(r_outputs)s::jsonb[], %(r_errors)s::text[], %(r_tracebacks)s::text[],
+                %(r_data)s::jsonb[]) WITH ORDINALITY
+         AS r(id, status, worker, started, finished, run_ms, cpu_ms, bytes_in, bytes_out,
+              output, error, traceback, data, n)
+    WHERE t.id = r.id"""
         + only_open
         + """
-    RETURNING workflow_id, ref, attempt, task
-), rep_hooks AS (
-    INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status)
-    SELECT h.id, %(kind)s::text, r.workflow_id, jsonb_build_object(
-        'type', %(kind)s::text, 'timestamp', now(), 'data', jsonb_build_object(
-            'workflow_id', r.workflow_id, 'workflow', w.definition, 'step', r.ref,
-            'task', r.task, 'attempt', r.attempt, 'status', %(status)s::text,
-            'worker', %(worker)s::text, 'error', %(error_text)s::text)), 'PENDING'
-    FROM rep r
-    JOIN webhooks h ON %(kind)s::text = ANY(h.events)
-    JOIN workflows w ON w.id = r.workflow_id
-    WHERE h.definition IS NULL OR h.definition = w.definition
+    RETURNING t.workflow_id, t.ref, t.attempt, t.task, r.n, r.status, r.worker, r.error,
+              'task.' || lower(r.status) AS kind
 )"""
     )
 
 
-REPORT: Final[LiteralString] = (
+# The deliveries of the webhooks that follow a report's step (``o``: their order).
+_REPORT_HOOKS: Final[LiteralString] = """
+    SELECT 2 * r.n AS o, h.id AS hook, r.kind, r.workflow_id, jsonb_build_object(
+        'type', r.kind, 'timestamp', now(), 'data', jsonb_build_object(
+            'workflow_id', r.workflow_id, 'workflow', w.definition, 'step', r.ref,
+            'task', r.task, 'attempt', r.attempt, 'status', r.status,
+            'worker', r.worker, 'error', r.error)) AS payload
+    FROM rep r
+    JOIN webhooks h ON r.kind = ANY(h.events)
+    JOIN workflows w ON w.id = r.workflow_id
+    WHERE h.definition IS NULL OR h.definition = w.definition"""
+# A report's task event.
+_REPORT_EVENT: Final[LiteralString] = """
+    SELECT 2 * n AS o, workflow_id, kind, jsonb_build_object(
+        'ref', ref, 'attempt', attempt, 'worker', worker, 'error', error) AS data
+    FROM rep"""
+
+# The ends of workflows that reports brought (``f_n``: the report's ``n``), each unless the
+# run has ended already (a user cancelled it meanwhile): ``FINISH``'s, for several runs.
+_ENDS_CTES: Final[LiteralString] = """
+ends AS (
+    SELECT * FROM unnest(%(f_ids)s::uuid[], %(f_n)s::bigint[], %(f_statuses)s::text[],
+                         %(f_outputs)s::jsonb[], %(f_result_uris)s::text[],
+                         %(f_errors)s::text[], %(f_steps)s::jsonb[])
+        AS f(id, n, status, output, result_uri, error, steps)
+), eprev AS (
+    SELECT id, status FROM workflows WHERE id = ANY(%(f_ids)s::uuid[]) FOR UPDATE
+), ended AS (
+    UPDATE workflows w
+    SET status = f.status::workflow_status, finished_at = now(), status_detail = NULL,
+        output = coalesce(f.output, w.output),
+        result_uri = coalesce(f.result_uri, w.result_uri),
+        error = coalesce(f.error, w.error)
+    FROM eprev p JOIN ends f ON f.id = p.id
+    WHERE w.id = p.id AND p.status IN ('PENDING', 'RUNNING')
+    RETURNING w.id, f.n, f.status, 'workflow.' || lower(f.status) AS kind, f.error AS reason,
+              f.steps, p.status::text AS prev, w.definition, w.definition_version, w.error,
+              w.result_uri, w.tags, w.started_by, w.created_at, w.started_at, w.finished_at
+)
+"""
+
+REPORTS: Final[LiteralString] = (
     "WITH"
-    + _report_ctes("")
+    + _report_cte("")
     + ","
     + _PLACE_CTES
     + ","
-    + _FINISH_CTES
-    + """, ev AS (
-    INSERT INTO events (workflow_id, kind, data)
-    SELECT workflow_id, kind, data FROM (
-        SELECT 1 AS n, workflow_id, %(kind)s::text AS kind, jsonb_build_object(
-            'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text,
-            'error', %(error_text)s::text) AS data
-        FROM rep
+    + _ENDS_CTES
+    + """, hooks AS (
+    INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status)
+    SELECT hook, kind, workflow_id, payload, 'PENDING' FROM ("""
+    + _REPORT_HOOKS
+    + """
         UNION ALL
-        SELECT 2, e.* FROM ("""
-    + _FINISH_EVENT
-    + """) e
-    ) both_events ORDER BY n
+        SELECT 2 * f.n + 1, h.id, f.kind, f.id, jsonb_build_object(
+            'type', f.kind, 'timestamp', now(), 'data', jsonb_build_object(
+                'workflow_id', f.id, 'workflow', f.definition,
+                'workflow_version', f.definition_version, 'status', f.status,
+                'error', f.error, 'result_uri', f.result_uri, 'tags', to_jsonb(f.tags),
+                'started_by', f.started_by, 'created_at', f.created_at,
+                'started_at', f.started_at, 'finished_at', f.finished_at))
+        FROM ended f
+        JOIN webhooks h ON f.kind = ANY(h.events)
+                       AND (h.definition IS NULL OR h.definition = f.definition)
+    ) both_hooks ORDER BY o, hook
+), ev AS (
+    INSERT INTO events (workflow_id, kind, data)
+    SELECT workflow_id, kind, data FROM ("""
+    + _REPORT_EVENT
+    + """
+        UNION ALL
+        SELECT 2 * n + 1, id, kind, jsonb_strip_nulls(jsonb_build_object(
+            'from', prev, 'to', status, 'error', reason, 'steps', steps))
+        FROM ended
+    ) both_events ORDER BY o
 )
-SELECT count(*) FROM fin"""  # every data-modifying CTE runs, read or not
+SELECT id FROM ended"""  # every data-modifying CTE runs, read or not
 )
 
-# A report a scheduler took but had not committed when it stopped (``keys.reports_taken_key``),
-# read again as it starts: the outcome of its task run, unless that run has ended meanwhile.
-# Only the task run's own record: the run goes on from what Postgres has (``RESUME``).
+# Reports a scheduler took but had not committed when it stopped (``keys.reports_taken_key``),
+# read again as it starts: the outcome of each one's task run, unless that run has ended
+# meanwhile. Only the task runs' own records: the runs go on from what Postgres has
+# (``RESUME``).
 LATE_REPORT: Final[LiteralString] = (
     "WITH"
-    + _report_ctes(" AND status IN ('QUEUED', 'RUNNING')")
+    + _report_cte(" AND t.status IN ('QUEUED', 'RUNNING')")
+    + """, hooks AS (
+    INSERT INTO webhook_deliveries (webhook_id, event, workflow_id, payload, status)
+    SELECT hook, kind, workflow_id, payload, 'PENDING' FROM ("""
+    + _REPORT_HOOKS
     + """
+    ) report_hooks ORDER BY o, hook
+)
 INSERT INTO events (workflow_id, kind, data)
-SELECT workflow_id, %(kind)s::text, jsonb_build_object(
-    'ref', ref, 'attempt', attempt, 'worker', %(worker)s::text,
-    'error', %(error_text)s::text)
-FROM rep
+SELECT workflow_id, kind, data FROM ("""
+    + _REPORT_EVENT
+    + """
+) report_events ORDER BY o
 RETURNING workflow_id"""
 )
 
@@ -516,46 +580,59 @@ def claimed_from_row(row: tuple[Any, ...]) -> Claimed:
     )
 
 
-def report_params(
-    report: Report,
-    back: Sequence[Handoff],
-    placements: Sequence[Placement],
-    finish: Finish | None,
-    data: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The parameters of ``REPORT``; ``data`` what the task run made (merged into its
-    ``data``)."""
+@dataclass(frozen=True)
+class Reported:
+    """A report to record (``REPORTS``): its hand-backs, what its task run made (``data``,
+    merged into its ``data``), the next steps' task runs, or its workflow's end."""
+
+    report: Report
+    back: Sequence[Handoff] = ()
+    placements: Sequence[Placement] = ()
+    finish: Finish | None = None
+    data: dict[str, Any] | None = None
+
+
+def reports_params(batch: Sequence[Reported]) -> dict[str, Any]:
+    """The parameters of ``REPORTS`` (and of ``LATE_REPORT``): one element a report."""
+    reports = [b.report for b in batch]
     moved = [
         replace(
             h,
-            task_run_id=h.task_run_id or report.task_run_id,
-            workflow_id=h.workflow_id or uuid.UUID(report.workflow_id),
+            task_run_id=h.task_run_id or b.report.task_run_id,
+            workflow_id=h.workflow_id or uuid.UUID(b.report.workflow_id),
         )
-        for h in back
+        for b in batch
+        for h in b.back
     ]
+    ends = [(n, b.finish) for n, b in enumerate(batch, 1) if b.finish is not None]
+    assert all(f.status.finished for _, f in ends)
     return {
-        "task_run_id": report.task_run_id,
-        "status": report.status,
-        "worker": report.worker_id,
-        "started": float(report.started_at),
-        "finished": float(report.finished_at),
-        "run_ms": max(0.0, (report.finished_at - report.started_at) * 1000.0),
-        "cpu_ms": report.cpu_ms,
-        "bytes_in": report.bytes_in,
-        "bytes_out": report.bytes_out,
-        "output": Jsonb(report.output) if report.output else None,
-        "error": report.error or None,
-        "error_text": report.error,
-        "traceback": report.traceback or None,
-        "kind": f"task.{report.status.lower()}",
-        "data": Jsonb(data) if data else None,
-        **placement_params(placements, moved),
-        **finish_params(finish),
+        "r_ids": [r.task_run_id for r in reports],
+        "r_statuses": [str(r.status) for r in reports],
+        "r_workers": [r.worker_id for r in reports],
+        "r_started": [float(r.started_at) for r in reports],
+        "r_finished": [float(r.finished_at) for r in reports],
+        "r_run_ms": [max(0.0, (r.finished_at - r.started_at) * 1000.0) for r in reports],
+        "r_cpu_ms": [None if r.cpu_ms is None else float(r.cpu_ms) for r in reports],
+        "r_bytes_in": [int(r.bytes_in) for r in reports],
+        "r_bytes_out": [int(r.bytes_out) for r in reports],
+        "r_outputs": [Jsonb(r.output) if r.output else None for r in reports],
+        "r_errors": [r.error for r in reports],
+        "r_tracebacks": [r.traceback for r in reports],
+        "r_data": [Jsonb(b.data) if b.data else None for b in batch],
+        **placement_params([p for b in batch for p in b.placements], moved),
+        "f_ids": [f.workflow_id for _, f in ends],
+        "f_n": [n for n, _ in ends],
+        "f_statuses": [str(f.status) for _, f in ends],
+        "f_outputs": [None if f.output is None else Jsonb(f.output) for _, f in ends],
+        "f_result_uris": [f.result_uri for _, f in ends],
+        "f_errors": [f.error for _, f in ends],
+        "f_steps": [Jsonb(list(f.steps)) if f.steps else None for _, f in ends],
     }
 
 
 def finish_params(finish: Finish | None) -> dict[str, Any]:
-    """The parameters of ``FINISH`` (and of the ending in ``REPORT``)."""
+    """The parameters of ``FINISH``."""
     assert finish is None or finish.status.finished
     return {
         "finish": finish is not None,
@@ -572,7 +649,7 @@ def finish_params(finish: Finish | None) -> dict[str, Any]:
 def placement_params(
     placements: Sequence[Placement], handoffs: Sequence[Handoff] = ()
 ) -> dict[str, Any]:
-    """The parameters of ``PLACE`` (and of the placements in ``REPORT``): the rows, and every
+    """The parameters of ``PLACE`` (and of the placements in ``REPORTS``): the rows, and every
     hand-off (``handoffs`` besides those of the placements, which name their task run)."""
     rows = list(placements)
     moved = [*handoffs, *(replace(h, task_run_id=p.task_run_id) for p in rows for h in p.handoffs)]

@@ -1,5 +1,5 @@
-"""The scheduler's reads and writes of Postgres: one statement, one round trip, per event; one
-transaction, one durable commit, per loop turn.
+"""The scheduler's reads and writes of Postgres: one statement, one round trip, per event (the
+reports a loop turn reads: one for them all); one transaction, one durable commit, per turn.
 
 The statements are ``run_statements``'; this sends them on one psycopg connection, which
 prepares a statement on the server at its second use, so its text is parsed once. Inside a
@@ -8,6 +8,13 @@ loop turn (``begin_turn`` … ``end_turn``) the turn's first statement opens a t
 stack, ``services.postgres``): every report, claim, placement and ending of the turn is on disk
 in one WAL flush before anything the turn decided is seen outside the scheduler (the loop runs
 that after ``end_turn``). Outside a turn a statement is its own transaction (autocommit).
+
+A turn's reports are held (``report_later``) and recorded together in one set-based statement
+(``run_statements.REPORTS``, one array element a report) by ``flush``: the loop calls it once
+the turn has read them, and every other statement of the turn, and its commit, call it first,
+so the turn's writes reach Postgres in the order they were made. *Why:* psycopg's Python for
+one execute (the query's conversion, its parameters' dumping, the round trip) cost more than
+the statement's own work, once per report.
 
 Task run ids are reserved ahead (a block of the table's sequence per round trip) so that the
 scheduler can push an instruction *before* it records the task run: the record then overlaps
@@ -19,9 +26,13 @@ Only the scheduler's loop thread uses a ``SchedulerStore``.
 
 from __future__ import annotations
 
+import functools
+import logging
+import re
 import uuid
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from typing import Any, Final, LiteralString
 
 import psycopg
@@ -35,14 +46,56 @@ from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.db import run_statements as sql
 from orchestrator.db.engine import postgres_failed
 from orchestrator.db.repository.workflows import STATUS_SQL
-from orchestrator.db.run_statements import Claimed, Finish, Handoff, Placement
+from orchestrator.db.run_statements import Claimed, Finish, Handoff, Placement, Reported
+from orchestrator.errors import ServiceError
 
-__all__ = ["CLAIM_LOCK_CLASS", "CLAIM_LOCK_KEY", "ID_BLOCK", "SchedulerStore"]
+__all__ = ["CLAIM_LOCK_CLASS", "CLAIM_LOCK_KEY", "ID_BLOCK", "Recorded", "SchedulerStore"]
+
+log = logging.getLogger(__name__)
 
 ID_BLOCK: Final = 64  # task run ids reserved per round trip
 # The advisory lock (class, key) claims with concurrency limits are taken under.
 CLAIM_LOCK_CLASS: Final = 0x0CD21
 CLAIM_LOCK_KEY: Final = 1
+
+
+_PLACEHOLDER: Final = re.compile(r"%\((\w+)\)s")
+
+
+@functools.cache
+def _native(statement: LiteralString) -> tuple[LiteralString, tuple[str, ...]]:
+    """``statement`` with Postgres's own placeholders (``$1``, ``$2`` …, one a name) and the
+    names in their order. *Why:* psycopg converts a ``%(name)s`` statement on every execute,
+    and keeps the conversion only for statements up to 4 KiB; ``REPORTS`` is longer, and
+    converting it was a fifth of the cost of recording a turn's reports (py-spy)."""
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${names.setdefault(match.group(1), len(names) + 1)}"
+
+    return _PLACEHOLDER.sub(number, statement), tuple(names)
+
+
+class Recorded:
+    """A report ``SchedulerStore.report_later`` holds: once recorded, whether it ended its
+    workflow (``ended``), and what waited for that (``then``) is run."""
+
+    def __init__(self) -> None:
+        self.ended: bool | None = None  # None: not recorded yet
+        self._then: list[Callable[[bool], None]] = []
+
+    def then(self, action: Callable[[bool], None]) -> None:
+        """Run ``action(ended)`` once the report is recorded (at once if it is)."""
+        if self.ended is None:
+            self._then.append(action)
+        else:
+            action(self.ended)
+
+    def done(self, ended: bool) -> None:
+        self.ended = ended
+        then, self._then = self._then, []
+        for action in then:
+            action(ended)
 
 
 class SchedulerStore:
@@ -54,12 +107,18 @@ class SchedulerStore:
         self._ids: deque[int] = deque()
         self._turn = False  # inside a loop turn: statements join its transaction
         self._turn_broken = False  # the turn's connection was lost: its writes with it
+        self._pending: list[tuple[Reported, Recorded]] = []  # reports held for ``flush``
+        # Called as ``flush`` begins: it sends the instructions of the steps the held reports
+        # place (*send, then record*), and names the task runs of those Redis did not take,
+        # which are not recorded (``Dispatcher.unrecorded``).
+        self.before_flush: Callable[[], Collection[int]] | None = None
 
     def close(self) -> None:
         if self._pooled is not None:
             pooled, self._pooled = self._pooled, None
             pooled.invalidate()  # autocommit was changed: never hand it back to the pool
             self._turn_broken = self._turn
+        self._pending = []  # they belonged to the turn's transaction, lost with it
 
     # ------------------------------------------------------------------ a loop turn
     def begin_turn(self) -> None:
@@ -70,7 +129,15 @@ class SchedulerStore:
         """Commit the turn's transaction (durably: one WAL flush); whether its writes are in
         Postgres. False when a statement of the turn failed (the transaction is rolled back, or
         was lost with its connection) or ``commit`` is False: memory may then differ from
-        Postgres. Raises ``ServiceError`` if Postgres failed the commit."""
+        Postgres. Raises ``ServiceError`` if Postgres failed the commit. The reports held
+        (``report_later``) are recorded first."""
+        if commit and not self._turn_broken:
+            try:
+                self.flush()
+            except (psycopg.Error, ServiceError) as exc:
+                log.warning("Postgres failed the turn's reports (%s); rolling the turn back", exc)
+                self._turn_broken = True
+        self._pending = []
         self._turn = False
         broken, self._turn_broken = self._turn_broken, False
         if self._pooled is None:
@@ -143,7 +210,9 @@ class SchedulerStore:
     def next_task_run_id(self) -> int:
         """A task run id nobody else gets (reserved from the table's sequence in blocks)."""
         if not self._ids:
-            self._ids.extend(int(row[0]) for row in self._run(sql.RESERVE_IDS, {"n": ID_BLOCK}))
+            # No write waits for this read of the sequence: the reports held stay held.
+            rows = self._run(sql.RESERVE_IDS, {"n": ID_BLOCK}, flush=False)
+            self._ids.extend(int(row[0]) for row in rows)
         return self._ids.popleft()
 
     def place(self, placements: Sequence[Placement]) -> None:
@@ -161,16 +230,51 @@ class SchedulerStore:
         data: dict[str, Any] | None = None,
     ) -> bool:
         """Record ``report`` (its hand-backs, and ``data``: the named data it made), place the
-        next steps or end the workflow, in one transaction; whether ``finish`` ended the
+        next steps or end the workflow, now, in one statement; whether ``finish`` ended the
         workflow (False: it had ended already)."""
-        params = sql.report_params(report, back, placements, finish, data)
-        rows = self._run(sql.REPORT, params)
-        return bool(rows[0][0])
+        ended = self._record([Reported(report, back, placements, finish, data)])
+        return finish is not None and finish.workflow_id in ended
+
+    def report_later(self, entry: Reported) -> Recorded:
+        """``report``, with the other reports of the loop turn: they are recorded together,
+        in one statement, by ``flush``, which every other statement of the turn and its
+        commit call first, so the turn's writes keep their order. Outside a turn, at once
+        (through ``report``)."""
+        recorded = Recorded()
+        if not self._turn:
+            recorded.done(self.report(entry.report, entry.back, entry.placements,
+                                      entry.finish, entry.data))  # fmt: skip
+            return recorded
+        self._pending.append((entry, recorded))
+        return recorded
+
+    def flush(self) -> None:
+        """Record the reports ``report_later`` holds, in one statement; then tell each one's
+        ``Recorded`` whether it ended its workflow."""
+        if not self._pending:
+            return
+        unsent = self.before_flush() if self.before_flush is not None else ()
+        pending, self._pending = self._pending, []
+        batch = [entry for entry, _ in pending]
+        if unsent:
+            batch = [
+                replace(e, placements=[p for p in e.placements if p.task_run_id not in unsent])
+                for e in batch
+            ]
+        ended = self._record(batch)
+        for entry, recorded in pending:
+            finish = entry.finish
+            recorded.done(finish is not None and finish.workflow_id in ended)
+
+    def _record(self, batch: Sequence[Reported]) -> set[uuid.UUID]:
+        """Run ``REPORTS`` for ``batch``: the workflows it ended."""
+        rows = self._run(sql.REPORTS, sql.reports_params(batch), flush=False)
+        return {row[0] for row in rows}
 
     def late_report(self, report: Report) -> bool:
         """Record a report read again as the scheduler starts (``run_statements.LATE_REPORT``):
         whether its task run was still open."""
-        params = sql.report_params(report, (), (), None)
+        params = sql.reports_params([Reported(report)])
         return bool(self._run(sql.LATE_REPORT, params))
 
     def finish(self, finish: Finish) -> bool:
@@ -214,6 +318,7 @@ class SchedulerStore:
         self, statements: Sequence[tuple[LiteralString, dict[str, Any]]]
     ) -> list[tuple[Any, ...]]:
         """Run ``statements`` in one transaction; the rows of the last."""
+        self.flush()
         conn = self._connection()
         try:
             rows: list[tuple[Any, ...]] = []
@@ -229,11 +334,18 @@ class SchedulerStore:
             self.close()
             raise postgres_failed(exc, "Postgres failed the scheduler's statement") from exc
 
-    def _run(self, statement: LiteralString, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _run(
+        self, statement: LiteralString, params: dict[str, Any], *, flush: bool = True
+    ) -> list[tuple[Any, ...]]:
+        """Run ``statement``, after the reports held (``flush``: the turn's writes keep their
+        order); its rows."""
+        if flush and self._pending:
+            self.flush()
         conn = self._connection()
+        text, names = _native(statement)
         try:
-            with conn.cursor() as cur:
-                cur.execute(statement, params)
+            with psycopg.RawCursor(conn) as cur:
+                cur.execute(text, [params[name] for name in names])
                 # The result's status, not ``cur.description``: that builds a Column per field
                 # on every call (3 % of the scheduler's GIL samples at 10 KB, py-spy).
                 result = cur.pgresult
@@ -245,7 +357,9 @@ class SchedulerStore:
     def connection(self) -> psycopg.Connection[tuple[Any, ...]]:
         """The loop's connection (made again after ``close``), for statements of other stores
         that run on the loop thread (``schedule_store``): autocommit, or in a turn inside the
-        turn's transaction (so ``conn.transaction()`` there is a savepoint)."""
+        turn's transaction (so ``conn.transaction()`` there is a savepoint), after the
+        reports held."""
+        self.flush()
         return self._connection()
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:

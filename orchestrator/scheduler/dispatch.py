@@ -20,10 +20,11 @@ to come gets a read-only share, a worker on another host its own copy.
 
 *Send, then record:* an instruction is pushed before its task run is recorded, so the record
 overlaps the worker's run; its report waits in the scheduler's list until the loop thread, the
-one recording, reads it. An instruction Redis does not take is placed again soon; if objects
-had already gone to that worker, its run is left to the loop to drive again
-(``take_unsent``). A worker gone from the minion when an object is moved there is avoided and
-the step placed elsewhere.
+one recording, reads it. While the loop reads a turn's reports, their next steps' instructions
+are held and pushed together, one pipeline, still before they are recorded (``hold``). An
+instruction Redis does not take is placed again soon; if objects had already gone to that
+worker, its run is left to the loop to drive again (``take_unsent``). A worker gone from the
+minion when an object is moved there is avoided and the step placed elsewhere.
 """
 
 from __future__ import annotations
@@ -107,6 +108,10 @@ class Dispatcher:
         self._too_few_slots: dict[tuple[uuid.UUID, str], tuple[RunState, int, int, float]] = {}
         # What runs wait for, to write: (run, status detail or None, event kind, its data).
         self._waits: list[tuple[RunState, str | None, str, dict[str, str]]] = []
+        # Instructions ``send`` holds while a loop turn reads its reports (``hold``), to go
+        # out together (``send_held``); the task runs of those Redis did not take.
+        self._held: list[tuple[RunState, StepRun, Placement, str]] | None = None
+        self._unrecorded: set[int] = set()
 
     # ------------------------------------------------------------------ placing
     def dispatch(self, run: RunState) -> None:
@@ -468,12 +473,55 @@ class Dispatcher:
         run.attempts[step.id] = step.attempt  # a recomputed step's attempts go on from here
         step.last_worker = worker
         self._in_flight[worker] += 1
+        if self._held is not None:
+            self._held.append((run, step, placement, instruction.dumps()))
+            return True
         try:
             self.ctx.redis.lpush(keys.worker_queue_key(worker), instruction.dumps())
         except redis.RedisError as exc:
             self._unsent_one(run, step, worker, bool(placement.handoffs), exc)
             return False
         return True
+
+    def hold(self) -> None:
+        """From now on ``send`` holds the instructions, to push them in one round trip
+        (``send_held``, ``release``). The caller sends them before their task runs are
+        recorded and before any other message to their workers (*send, then record*)."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> None:
+        """Push the instructions held and hold no more."""
+        self.send_held()
+        self._held = None
+
+    def send_held(self) -> None:
+        """Push the instructions held (one LPUSH a worker, in one pipeline), in the order they
+        were sent. Those Redis did not take are placed again soon (``_unsent_one``), their
+        task runs not to be recorded (``unrecorded``)."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        by_worker: dict[str, list[str]] = defaultdict(list)
+        for _, _, placement, text in held:
+            by_worker[str(placement.worker)].append(text)
+        pipe = self.ctx.redis.pipeline(transaction=False)
+        for worker, texts in by_worker.items():
+            pipe.lpush(keys.worker_queue_key(worker), *texts)  # the first pushed is popped first
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            for run, step, placement, _ in held:
+                self._unsent_one(run, step, str(placement.worker), bool(placement.handoffs), exc)
+                self._unrecorded.add(placement.task_run_id)
+
+    def unrecorded(self) -> set[int]:
+        """Push the instructions held (``send_held``); the task runs of those Redis did not
+        take since the last call, which are not to be recorded."""
+        self.send_held()
+        unrecorded, self._unrecorded = self._unrecorded, set()
+        return unrecorded
 
     def _unsent_one(
         self, run: RunState, step: StepRun, worker: str, moved: bool, exc: Exception

@@ -37,7 +37,7 @@ from orchestrator.contract import announce_finished, keys
 from orchestrator.contract.messages import Report, Stop
 from orchestrator.contract.vocabulary import TaskRunStatus, WorkflowStatus
 from orchestrator.db.run_statements import Finish, Placement
-from orchestrator.db.scheduler_store import SchedulerStore
+from orchestrator.db.scheduler_store import Recorded, SchedulerStore
 from orchestrator.objectstore import ObjectStore
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Mode, Obj
@@ -73,12 +73,14 @@ class Endings:
         else:
             log.info("workflow %s had already ended (cancelled?)", workflow_id)
 
-    def completed(self, run: RunState, ended: bool) -> None:
-        """The run's ending was written with its last report (``ended``: it was not over
-        already); the objects it still has (results stored, nothing read them) go."""
+    def completed(self, run: RunState, recorded: Recorded) -> None:
+        """The run's ending is written with its last report (``recorded``: once it is,
+        whether the run was not over already); the objects it still has (results stored,
+        nothing read them) go."""
         self.release_objects(run)
         self.ctx.runs.pop(run.workflow_id, None)
-        self.ended(run.workflow_id, ended)
+        workflow_id = run.workflow_id
+        recorded.then(lambda ended: self.ended(workflow_id, ended))
 
     def fail(self, run: RunState, reason: str) -> None:
         """End the run as FAILED (unless it had ended already); its other step runs stop."""

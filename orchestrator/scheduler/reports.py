@@ -2,10 +2,15 @@
 run's plane's part, ``planes``), start the steps it made possible (or end the run), or retry a
 failed attempt.
 
-A report and what follows from it are written in one statement (``SchedulerStore.report``):
-the task run's outcome, the hand-backs of its objects, the task runs of the steps it lets start
-(and of those it made skipped, or a switch it decided) or the run's end. The next steps'
-instructions go out before that statement (*send, then record*, ``dispatch``).
+A report and what follows from it are written together: the task run's outcome, the
+hand-backs of its objects, the task runs of the steps it lets start (and of those it made
+skipped, or a switch it decided) or the run's end. The reports of a loop turn are written in
+one statement (``SchedulerStore.report_later``, recorded by ``flush`` once the turn has read
+them all, or before any other statement of the turn). The next steps' instructions go out
+before that statement (*send, then record*, ``dispatch``), all in one pipeline (one LPUSH a
+worker) once the turn has read its reports (``Dispatcher.hold``); a report that stops or
+drives a run again, or is stale, first sends those held, as what it does next tells workers
+more (a stop, objects to give back).
 
 The loop takes the reports waiting, up to ``REPORT_BATCH``, in one round trip (``take``): a
 script moves them (LMOVE) from the report list into the scheduler's taken list, where they stay
@@ -28,7 +33,7 @@ from cdi import ObjectKey
 from orchestrator.contract import keys
 from orchestrator.contract.messages import Report
 from orchestrator.contract.vocabulary import TaskRunStatus
-from orchestrator.db.run_statements import Finish, Handoff, Placement
+from orchestrator.db.run_statements import Finish, Handoff, Placement, Reported
 from orchestrator.logs import log_context
 from orchestrator.scheduler import progress
 from orchestrator.scheduler.context import SchedulerContext
@@ -85,6 +90,7 @@ class Reports:
         self.endings = endings
         self.redrive = redrive
         self._take = ctx.redis.register_script(_TAKE)
+        ctx.db.before_flush = dispatch.unrecorded  # a turn's instructions go before its records
         self._trim_due = False
         self._read = 0  # reports read since the taken list was last trimmed
 
@@ -97,10 +103,14 @@ class Reports:
         return [str(t) for t in taken], (None if woke is None else str(woke))
 
     def read_all(self, texts: list[str]) -> None:
-        """Handle reports taken by ``take``, oldest first; they leave the taken list once the
-        turn has committed what they wrote (``Turn``)."""
+        """Handle reports taken by ``take``, oldest first, and record them in one statement
+        (``SchedulerStore.flush``); they leave the taken list once the turn has committed what
+        they wrote (``Turn``)."""
+        self.dispatch.hold()
         for text in texts:
             self.read(text)
+        self.dispatch.release()
+        guarded(self.ctx.db.flush, self.ctx.faults)
         self._read += len(texts)
         if texts and not self._trim_due:
             self._trim_due = True
@@ -152,6 +162,7 @@ class Reports:
         step = run.flight(report.task_run_id) if run is not None else None
         if run is None or step is None or step.in_flight is None:
             log.info("stale report for task run %s", report.task_run_id)
+            self.dispatch.release()  # the instructions held go before what follows
             self.endings.drop_stale(report)
             return
         flight = step.in_flight
@@ -180,9 +191,14 @@ class Reports:
             if run.finished:
                 finish = completion(run, self.ctx.objects)
         rows = [*placements, *ended_rows(self.ctx.db, run, moves)]
-        # One statement records the report and the next steps' task runs, or ends the run.
-        ended = self.ctx.db.report(report, back, rows, finish, made)
+        # The report and the next steps' task runs, or the run's end, are recorded with the
+        # turn's other reports in one statement (before any other of the turn's statements).
+        recorded = self.ctx.db.report_later(Reported(report, back, rows, finish, made))
         self.endings.free(run, moves.freed)
+        if got.lost or not completed or moves.failure or (finish is None and run.cancelled):
+            # What follows tells workers more (a stop, objects to give back) or places steps
+            # again: the instructions held go first, and the turn's next ones at once.
+            self.dispatch.release()
         if got.lost:
             self.after_lost_image(run, step)
         elif not completed and report.objects_gone:
@@ -197,7 +213,7 @@ class Reports:
         elif moves.failure:
             self.endings.fail(run, moves.failure)
         elif finish is not None:
-            self.endings.completed(run, ended)
+            self.endings.completed(run, recorded)
         elif run.cancelled:
             self.endings.quiet(run)
 

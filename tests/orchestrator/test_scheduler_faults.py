@@ -168,13 +168,28 @@ def test_an_instruction_redis_did_not_take_after_a_move_drives_the_run_again(
         done = Report(first.task_run_id, workflow_id, WORKER, TaskRunStatus.COMPLETED,
                       now - 0.1, now, key=first.output_key, bytes_out=1_000)  # fmt: skip
         real, failures = own.redis.lpush, [redis.ConnectionError("connection reset")]
+        pipeline = own.redis.pipeline
+        queue = keys.worker_queue_key(WORKER)
 
         def flaky_lpush(key: str, *values: Any) -> Any:
-            if failures and key == keys.worker_queue_key(WORKER):
+            if failures and key == queue:
                 raise failures.pop()
             return real(key, *values)
 
+        def flaky_pipeline(*args: Any, **kwargs: Any) -> Any:  # a turn's instructions, together
+            pipe = pipeline(*args, **kwargs)
+            execute = pipe.execute
+
+            def flaky_execute(*a: Any, **k: Any) -> Any:
+                if failures and any(queue in c[0] for c in pipe.command_stack):
+                    raise failures.pop()
+                return execute(*a, **k)
+
+            pipe.execute = flaky_execute  # type: ignore[method-assign]
+            return pipe
+
         monkeypatch.setattr(own.redis, "lpush", flaky_lpush)
+        monkeypatch.setattr(own.redis, "pipeline", flaky_pipeline)
         api_redis.lpush(own.reply_key, done.dumps())
         own.step()  # the image went to the worker, its instruction did not: drive it again
         run = own.runs[uuid.UUID(workflow_id)]

@@ -18,6 +18,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Report
 from orchestrator.contract.vocabulary import TaskRunStatus
+from orchestrator.db import run_statements as sql
+from orchestrator.db.scheduler_store import _native
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.settings import Settings
 from tests.orchestrator.scheduler_support import beat, close_scheduler, make_scheduler
@@ -311,3 +313,190 @@ def test_a_scheduler_killed_before_its_turn_commits_tells_no_end(
     finally:
         close_scheduler(again)
     assert api_redis.llen(again.ctx.taken_key) == 0
+
+
+def _statements(scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements the scheduler's store runs from now on (filled in as each returns):
+    ``REPORTS`` named, every other one as ``other``."""
+    ran: list[str] = []
+    run = scheduler.db._run
+
+    def counting(statement: Any, params: dict[str, Any], **kwargs: Any) -> Any:
+        rows = run(statement, params, **kwargs)  # the reports held first, if any
+        ran.append("REPORTS" if statement is sql.REPORTS else "other")
+        return rows
+
+    monkeypatch.setattr(scheduler.db, "_run", counting)
+    return ran
+
+
+def _pushes(scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The scheduler's pushes onto Redis lists from now on: ``lpush`` for each one alone,
+    ``pipeline`` for each pipeline sent (whatever it holds)."""
+    pushed: list[str] = []
+    client = scheduler.ctx.redis
+    lpush, pipeline = client.lpush, client.pipeline
+
+    def one(*args: Any, **kwargs: Any) -> Any:
+        pushed.append("lpush")
+        return lpush(*args, **kwargs)
+
+    def piped(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        def sent(*a: Any, **k: Any) -> Any:
+            pushed.append("pipeline")
+            return execute(*a, **k)
+
+        pipe.execute = sent  # type: ignore[method-assign]
+        return pipe
+
+    monkeypatch.setattr(client, "lpush", one)
+    monkeypatch.setattr(client, "pipeline", piped)
+    return pushed
+
+
+def test_the_reports_a_turn_takes_are_recorded_in_one_statement(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``RUNS`` reports taken together: their outcomes and the next steps they place are one
+    statement, and the next steps' instructions (to ``RUNS`` workers) one Redis round trip,
+    not one each a report."""
+    reports = _first_tasks_out(scheduler, api_client, api_redis)
+    for report in reports:
+        api_redis.lpush(scheduler.reply_key, report.dumps())
+    scheduler.ctx.tick.at = time.monotonic() + 60  # no tick in this turn
+    ran = _statements(scheduler, monkeypatch)
+    pushed = _pushes(scheduler, monkeypatch)
+
+    scheduler.step()
+
+    assert ran.count("REPORTS") == 1, ran
+    assert pushed == ["pipeline"], pushed
+    rows = _task_runs(api_sessions, reports)
+    first = {r.task_run_id for r in reports}
+    assert sorted(row["status"] for row in rows if row["id"] in first) == ["COMPLETED"] * RUNS
+    nexts = {row["id"] for row in rows if row["id"] not in first and row["ref"] == "noop2"}
+    assert len(nexts) == RUNS
+    queued = {
+        Instruction.loads(raw).task_run_id
+        for worker in WORKERS
+        for raw in api_redis.lrange(keys.worker_queue_key(worker), 0, -1)
+    }
+    assert nexts <= queued  # every next step recorded was sent
+
+
+def test_next_steps_redis_did_not_take_are_not_recorded_and_go_again(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis fails the turn's one push of its next steps' instructions: the reports are
+    recorded, those steps' task runs are not (nothing went out), and the steps are placed
+    again soon."""
+    reports = _first_tasks_out(scheduler, api_client, api_redis)
+    for report in reports:
+        api_redis.lpush(scheduler.reply_key, report.dumps())
+    scheduler.ctx.tick.at = time.monotonic() + 60
+    client = scheduler.ctx.redis
+    pipeline = client.pipeline
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+
+        def fail(*a: Any, **k: Any) -> Any:
+            raise redis.ConnectionError("Redis went away")
+
+        pipe.execute = fail  # type: ignore[method-assign]
+        return pipe
+
+    monkeypatch.setattr(client, "pipeline", failing)
+
+    scheduler.step()
+
+    rows = _task_runs(api_sessions, reports)
+    first = {r.task_run_id for r in reports}
+    assert sorted(row["status"] for row in rows if row["id"] in first) == ["COMPLETED"] * RUNS
+    assert [row for row in rows if row["id"] not in first] == []
+    for report in reports:
+        step = scheduler.runs[uuid.UUID(report.workflow_id)].steps["noop2"]
+        assert step.in_flight is None and step.retry_at > 0, step
+
+
+def test_runs_ended_in_one_statement_keep_each_ones_events_in_order(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every report of the turn ends its run, all in one statement: each run's task event
+    comes before its end's, in the order the reports were taken, and every end is told."""
+    ids = _one_task_runs_out(scheduler, api_client, api_redis, RUNS)
+    scheduler.ctx.tick.at = time.monotonic() + 60
+    seen = _status_at_announcement(api_sessions, monkeypatch)
+    last_event = _last_event(api_sessions)
+    ran = _statements(scheduler, monkeypatch)
+
+    scheduler.step()
+
+    assert ran.count("REPORTS") == 1, ran
+    assert seen == dict.fromkeys(ids, "COMPLETED")
+    with api_sessions() as session:
+        rows = session.execute(
+            text(
+                "SELECT workflow_id::text, kind FROM events WHERE id > :after "
+                "AND kind IN ('task.completed', 'workflow.completed') ORDER BY id"
+            ),
+            {"after": last_event},
+        ).all()
+    order = [str(row[0]) for row in rows[::2]]
+    assert sorted(order) == sorted(ids)
+    assert [(str(r[0]), str(r[1])) for r in rows] == [
+        (wid, kind) for wid in order for kind in ("task.completed", "workflow.completed")
+    ]
+
+
+def test_a_statement_of_the_turn_records_the_reports_held_before_it(
+    scheduler: Scheduler,
+    api_client: TestClient,
+    api_sessions: sessionmaker[Session],
+    api_redis: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reports held for the turn's one statement are recorded before any other statement of
+    the turn (the turn's writes keep their order), and a turn that is not committed records
+    none of them."""
+    reports = _first_tasks_out(scheduler, api_client, api_redis)
+    db = scheduler.db
+    ran = _statements(scheduler, monkeypatch)
+
+    db.begin_turn()
+    held = [db.report_later(sql.Reported(r)) for r in reports[:2]]
+    assert ran == [] and [h.ended for h in held] == [None, None]
+    db.status(uuid.UUID(reports[0].workflow_id))
+    assert ran == ["REPORTS", "other"]
+    assert [h.ended for h in held] == [False, False]  # recorded; neither ended its run
+    db.report_later(sql.Reported(reports[2]))
+    assert db.end_turn(commit=False) is False
+    assert ran == ["REPORTS", "other"]
+
+    by_id = {row["id"]: row["status"] for row in _task_runs(api_sessions, reports)}
+    assert [by_id[r.task_run_id] for r in reports[:3]] == ["QUEUED"] * 3  # rolled back
+
+
+def test_statements_go_with_postgres_placeholders_converted_once() -> None:
+    """The store sends its statements with ``$n`` placeholders, one a name, converted once
+    (psycopg keeps its own conversion only for statements up to 4 KiB; ``REPORTS`` is
+    longer)."""
+    text, names = _native("SELECT %(a)s::int, %(b)s::text WHERE %(a)s::int > 0")
+    assert (text, names) == ("SELECT $1::int, $2::text WHERE $1::int > 0", ("a", "b"))
+    assert _native(sql.REPORTS) is _native(sql.REPORTS)
+    assert "%(" not in _native(sql.REPORTS)[0] and len(sql.REPORTS) > 4096
