@@ -20,6 +20,7 @@ mod segments;
 mod server;
 mod sharing;
 mod sys;
+mod token;
 
 use std::sync::atomic::Ordering;
 

@@ -8,7 +8,8 @@
 //! ends before it comes back) is gone: once the others had the resume grace to come back (so
 //! that a recovery container is there to take them), its objects go to their recovery
 //! containers and its shares end, by the rule for any container that dies. A process that
-//! cannot be seen from here (pid 0: another pid namespace) has the grace to come back.
+//! cannot be seen from here (pid 0: another pid namespace) has the grace to come back, and
+//! proves it is the container by its resume token (`token.rs`).
 
 use std::collections::HashSet;
 use std::os::fd::RawFd;
@@ -132,9 +133,11 @@ fn ask_to_hand_over(lock: &Path) -> bool {
     let Some(pid) = std::fs::read_to_string(lock)
         .ok()
         .and_then(|text| text.trim().parse::<i32>().ok())
-        .filter(|pid| *pid > 0)
+        .filter(|pid| *pid > 0 && *pid as u32 != std::process::id())
     else {
-        return false; // its holder has not written its pid yet: look again
+        // Its holder has not written its pid yet: look again. (Or the pid is ours: a holder
+        // in another pid namespace, which only its own ending lets go of.)
+        return false;
     };
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     if comm.trim() != "cdi-minion" {
@@ -303,38 +306,65 @@ fn forget_unheld_segments(dir: &Path, kept: &HashSet<u64>) {
     }
 }
 
-/// Whether `cid` registering from this process is the container that went away; an `Err`
-/// names why it may not have the name yet. A different process takes a name only once the
-/// old one has ended (its objects are recovered first, as when any container dies).
-pub fn come_back(reg: &mut Registry, cid: &str, pid: i32, uid: u32) -> Result<(), String> {
+/// Whether `cid` registering from this process, with this resume token, is the container
+/// that went away: `Ok` with the digest of the token it keeps (empty: it gets a new one), or
+/// an `Err` naming why it may not have the name yet. A process the minion sees must be the
+/// journaled one (pid, start time; a token it presents must be its own too); one it cannot
+/// see (pid 0) must present the container's token, unless the journal holds none (a minion
+/// of before tokens registered it: its uid decides then). A different process takes a name
+/// only once the old one has ended (its objects are recovered first, as when any container
+/// dies). No error names the token.
+pub fn come_back(
+    reg: &mut Registry,
+    cid: &str,
+    pid: i32,
+    uid: u32,
+    resume: Option<&str>,
+) -> Result<String, String> {
     let Some(expected) = reg.expected.get(cid) else {
         if let Some(at) = reg.pending_gone.iter().position(|c| c.id == cid) {
             let dead = reg.pending_gone.remove(at);
             gone(reg, &dead);
         }
-        return Ok(());
+        return Ok(String::new());
     };
     let saved = &expected.saved;
+    let seen = saved.pid > 0;
+    let token_fits = match resume {
+        Some(token) => crate::token::matches(token, &saved.resume),
+        None => false,
+    };
+    let wrong_token = resume.is_some() && !saved.resume.is_empty() && !token_fits;
     let same = saved.uid == uid
-        && (saved.pid <= 0 || (saved.pid == pid && sys::process_start(pid) == Some(saved.start)));
-    let running = saved.pid > 0 && sys::process_start(saved.pid) == Some(saved.start);
-    if !same && (running || saved.pid <= 0) {
+        && !wrong_token
+        && if seen {
+            saved.pid == pid && sys::process_start(pid) == Some(saved.start)
+        } else {
+            token_fits || saved.resume.is_empty()
+        };
+    let running = seen && sys::process_start(saved.pid) == Some(saved.start);
+    if !same && (running || !seen) {
+        let why = if seen {
+            format!("by pid {}", saved.pid)
+        } else {
+            "from another pid namespace; it comes back with its resume token".to_owned()
+        };
         return Err(format!(
-            "container id {cid:?} was registered by pid {} before the minion restarted; it \
-             may register again, another process once it has ended",
-            saved.pid
+            "container id {cid:?} was registered {why} before the minion restarted; it may \
+             register again, another process once it has ended"
         ));
     }
     let Some(expected) = reg.expected.remove(cid) else {
-        return Ok(());
+        return Ok(String::new());
     };
     if let Some(pidfd) = expected.pidfd {
         sys::close(pidfd); // closing it takes it out of the epoll set
     }
     if !same {
         gone(reg, &expected.saved);
+        return Ok(String::new());
     }
-    Ok(())
+    Ok(expected.saved.resume)
 }
 
 /// An expected container's process ended (its pidfd told, by `token`).
