@@ -199,6 +199,27 @@ def test_a_second_minion_on_the_folder_takes_over_from_a_running_one(
     assert minion.child is not None and minion.child.pid != old.pid
 
 
+def test_with_term_keeps_a_sigterm_is_a_stop_for_a_restart(tmp_path: Path) -> None:
+    """``--term-keeps`` (a container's minion): the SIGTERM a container runtime sends to
+    restart a container keeps the objects for the next minion; a stop for good
+    (``MinionChild.stop``) still removes them."""
+    require_native()
+    minion = Restartable(tmp_path, "--term-keeps")
+    minion.start()
+    try:
+        client = minion.client("termed")
+        client.create("kept", 64).access()[:4] = b"kept"
+        assert minion.child is not None and minion.child.pid is not None
+        os.kill(minion.child.pid, signal.SIGTERM)
+        assert minion.child.wait(10)
+        assert os.path.exists(os.path.join(minion.state, "journal"))
+        minion.start()
+        assert bytes(client.use("kept").access()[:4]) == b"kept"
+    finally:
+        minion.stop()
+    assert not os.path.exists(os.path.join(minion.state, "journal"))
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
