@@ -344,14 +344,20 @@ pub fn come_back(
         };
     let running = seen && sys::process_start(saved.pid) == Some(saved.start);
     if !same && (running || !seen) {
-        let why = if seen {
-            format!("by pid {}", saved.pid)
+        let (who, again) = if seen {
+            (
+                format!("pid {}", saved.pid),
+                "that process may register it again",
+            )
         } else {
-            "from another pid namespace; it comes back with its resume token".to_owned()
+            (
+                "a process in another pid namespace".to_owned(),
+                "that container may register it again, with its resume token",
+            )
         };
         return Err(format!(
-            "container id {cid:?} was registered {why} before the minion restarted; it may \
-             register again, another process once it has ended"
+            "container id {cid:?} was registered by {who} before the minion restarted; {again}, \
+             another process once it has ended"
         ));
     }
     let Some(expected) = reg.expected.remove(cid) else {
