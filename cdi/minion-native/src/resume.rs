@@ -446,6 +446,103 @@ fn gone(reg: &mut Registry, dead: &SavedContainer) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::token;
+
+    fn registry() -> Registry {
+        let args = "cdi-minion --socket /tmp/cdi-resume-test.sock --host h --memory-limit \
+                    1000000 --max-object 500000 --idle-limit 0 --isolation strict \
+                    --busy-poll-us 0 --socket-mode 600";
+        Registry::new(crate::args::parse(args.split_whitespace()).unwrap(), None)
+    }
+
+    /// `cid` registered before the restart by `pid` (0: not seen from here), started at
+    /// `start`, of uid 1000, with the token whose digest is `resume`.
+    fn expect(reg: &mut Registry, cid: &str, pid: i32, start: u64, resume: &str) {
+        let saved = SavedContainer {
+            id: cid.to_owned(),
+            pid,
+            start,
+            uid: 1000,
+            registered: 1,
+            resume: resume.to_owned(),
+        };
+        let expected = Expected {
+            saved,
+            pidfd: None,
+            token: 0,
+        };
+        reg.expected.insert(Rc::from(cid), expected);
+    }
+
+    #[test]
+    fn a_container_not_seen_from_here_comes_back_with_its_token_only() {
+        let mut reg = registry();
+        let secret = token::new_token().unwrap();
+        let other = token::new_token().unwrap();
+        let digest = token::digest(&secret);
+        expect(&mut reg, "far", 0, 0, &digest);
+        for (uid, presented) in [(1000, None), (1000, Some(&*other)), (1001, Some(&*secret))] {
+            let refused = come_back(&mut reg, "far", 0, uid, presented).unwrap_err();
+            assert!(!refused.contains(&secret) && !refused.contains(&digest));
+            assert!(reg.expected.contains_key("far"), "still expected");
+        }
+        // Its token and uid: the same container, which keeps its token.
+        assert_eq!(
+            come_back(&mut reg, "far", 0, 1000, Some(&secret)),
+            Ok(digest)
+        );
+        assert!(reg.expected.is_empty());
+    }
+
+    #[test]
+    fn a_journal_of_before_tokens_knows_an_unseen_container_by_its_uid() {
+        let mut reg = registry();
+        expect(&mut reg, "old", 0, 0, "");
+        assert!(come_back(&mut reg, "old", 0, 1001, None).is_err());
+        assert_eq!(come_back(&mut reg, "old", 0, 1000, None), Ok(String::new()));
+    }
+
+    #[test]
+    fn a_process_seen_from_here_must_be_the_journaled_one() {
+        let mut reg = registry();
+        let me = std::process::id() as i32;
+        let start = sys::process_start(me).unwrap();
+        let secret = token::new_token().unwrap();
+        let digest = token::digest(&secret);
+        expect(&mut reg, "near", me, start, &digest);
+        // The token does not stand in for the process while the journaled one runs, and a
+        // wrong token from the right process is refused.
+        assert!(come_back(&mut reg, "near", me + 1, 1000, Some(&secret)).is_err());
+        let wrong = token::new_token().unwrap();
+        assert!(come_back(&mut reg, "near", me, 1000, Some(&wrong)).is_err());
+        // The journaled process, with its token or without (an old client): itself.
+        assert_eq!(
+            come_back(&mut reg, "near", me, 1000, None),
+            Ok(digest.clone())
+        );
+        expect(&mut reg, "near", me, start, &digest);
+        assert_eq!(
+            come_back(&mut reg, "near", me, 1000, Some(&secret)),
+            Ok(digest)
+        );
+    }
+
+    #[test]
+    fn a_name_whose_process_ended_is_taken_anew_without_its_token() {
+        let mut reg = registry();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        let start = sys::process_start(pid).unwrap_or(1);
+        child.wait().unwrap();
+        expect(&mut reg, "ended", pid, start, &token::digest("x"));
+        // A new registration: no token kept (a new one is given), the old one's objects
+        // recovered first.
+        assert_eq!(
+            come_back(&mut reg, "ended", 4_000_000, 1000, None),
+            Ok(String::new())
+        );
+        assert!(reg.expected.is_empty());
+    }
 
     #[test]
     fn the_state_folder_names_its_segment_folder() {
