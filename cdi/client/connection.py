@@ -49,6 +49,10 @@ class MinionConnection:
         self._next_id = 1
         # (container id, the minion's store) once registered: what a reconnection needs.
         self._registration: tuple[str, str] | None = None
+        # The container's resume token (``register``'s ``resume``): a secret, kept only here
+        # and sent only in ``register``; it never goes into a message, log or ``repr``.
+        self._resume_token = ""
+
         self.reconnections = 0
         self._poller = select.poll()
         self._sock: socket.socket | None = None
@@ -85,7 +89,16 @@ class MinionConnection:
         reply, _ = self.call(protocol.Op.REGISTER, container=container_id)
         store = reply.get("store")
         self._registration = (container_id, store) if isinstance(store, str) and store else None
+        self._resume_token = ""
+        self._take_token(reply)
         return reply
+
+    def _take_token(self, reply: dict[str, Any]) -> None:
+        """Keep the resume token the reply carries (a new one), and take it out of the reply
+        so that nothing the caller keeps or prints holds it."""
+        token = reply.pop("resume", None)
+        if isinstance(token, str) and token:
+            self._resume_token = token
 
     def close(self) -> None:
         with self._lock:
@@ -164,7 +177,12 @@ class MinionConnection:
         while True:
             try:
                 self._open()
-                request_id = self._send(protocol.Op.REGISTER, {"container": container_id})
+                request: dict[str, Any] = {"container": container_id}
+                if self._resume_token:
+                    # Proves we are the container it expects when it cannot see our process
+                    # (another pid namespace); a minion of before tokens ignores it.
+                    request["resume"] = self._resume_token
+                request_id = self._send(protocol.Op.REGISTER, request)
                 reply = _checked(self._receive(request_id, deadline=None)[0])
                 break
             except MinionUnavailable:
@@ -175,11 +193,14 @@ class MinionConnection:
             except CDIError:  # the successor refuses us the name: we are not who it expects
                 self.close_quietly()
                 self._registration = None
+                self._resume_token = ""
                 return False
+        self._take_token(reply)
         if reply.get("store") != store:
             # A minion that started afresh: our objects are gone with the one before.
             self.close_quietly()
             self._registration = None
+            self._resume_token = ""
             return False
         self.reconnections += 1
         return True

@@ -76,6 +76,7 @@ def _config(
     names: str,
     socket_group: str | None,
     state_dir: Path | None = None,
+    term_keeps: bool = False,
 ) -> MinionConfig:
     """The command's options, checked: ``ConfigError`` says what is wrong."""
     extra: dict[str, Any] = {}
@@ -104,6 +105,7 @@ def _config(
         names=parse_names(names),
         socket_group=_group(socket_group) if socket_group else None,
         state_dir=str(state_dir) if state_dir is not None else None,
+        term_keeps=term_keeps,
         **extra,
     )
 
@@ -189,6 +191,14 @@ def require_binary() -> str:
     envvar="CDI_MINION_STATE_DIR",
     help="Folder for the minion's journal: its objects then outlive a restart of the minion "
     "(in /dev/shm: not a reboot of the host).",
+)
+@click.option(
+    "--term-keeps",
+    is_flag=True,
+    default=False,
+    envvar="CDI_MINION_TERM_KEEPS",
+    help="With --state-dir: SIGTERM stops for a restart, keeping the objects (in a container, "
+    "whose runtime sends SIGTERM to restart it and whose storage decides how long they live).",
 )
 @click.option(
     "--busy-poll-us",

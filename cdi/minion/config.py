@@ -109,6 +109,10 @@ class MinionConfig:
     """Folder of the minion's journal (``--state-dir``): its objects then outlive its process
     (a crash, a kill, an upgrade) but not a reboot (docs/minion-restart.md). None: a minion
     that stops loses its objects."""
+    term_keeps: bool = False
+    """With a state folder (``--term-keeps``): SIGTERM stops the minion for a restart, keeping
+    its objects, as SIGUSR2 does; SIGINT still stops for good. For a container, whose runtime
+    sends SIGTERM to restart it: how long the objects live is then its storage's to decide."""
 
     def __post_init__(self) -> None:
         if self.memory_limit <= 0:
@@ -122,6 +126,8 @@ class MinionConfig:
             self.idle_limit = self.memory_limit // 4
         if not os.path.isabs(self.socket_path):
             self.socket_path = os.path.abspath(self.socket_path)
+        if self.term_keeps and self.state_dir is None:
+            raise ConfigError("term_keeps needs a state folder (--state-dir): nothing is kept")
         if self.state_dir is not None and not os.path.isabs(self.state_dir):
             self.state_dir = os.path.abspath(self.state_dir)
         if len(self.socket_path.encode()) > 107:

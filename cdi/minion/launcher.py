@@ -91,6 +91,8 @@ def binary_argv(binary: str, config: MinionConfig) -> list[str]:
         argv += ["--prewarm", ",".join(f"{size}:{n}" for size, n in config.prewarm.items())]
     if config.state_dir is not None:
         argv += ["--state-dir", config.state_dir]
+    if config.term_keeps:
+        argv += ["--term-keeps"]
     return argv
 
 

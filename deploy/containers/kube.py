@@ -23,6 +23,9 @@ hostPath of the minion's socket folder):
 * Services, NetworkPolicies and the Namespace have no podman counterpart and are left out:
   pods find each other by their names on the network (the overlay names the controller's
   pod), and nothing restricts traffic;
+* each ``emptyDir`` becomes a folder of the pod's own, emptied when the pod is played again:
+  podman 4.3 would give every pod that names a volume alike the same one (the minions of two
+  nodes one state folder), and on disk even for ``medium: Memory``;
 * container ports are left out too (podman 4.3 would publish each one on this machine, so a
   DaemonSet's second pod could not start), and probes name their port by number.
 
@@ -274,6 +277,11 @@ class KubeStack(StartStop):
         name = self._pod_name(workload, node)
         address = address or self._address_of(workload, node)
         doc = _pod(template, name, node, address, self._node_path(node), self._secret_name)
+        for volume in doc["spec"].get("volumes", []):
+            if "emptyDir" in volume:
+                volume.pop("emptyDir")
+                volume["hostPath"] = {"path": str(self._empty_dir(name, volume["name"])),
+                                      "type": "Directory"}  # fmt: skip
         configmaps = [d for d in self.rendered if d["kind"] == "ConfigMap"]
         folder = self.data_dir / "pods"
         folder.mkdir(parents=True, exist_ok=True)
@@ -287,6 +295,15 @@ class KubeStack(StartStop):
         played = PlayedPod(name, workload, node, address, doc, containers)
         self.pods[name] = played
         return played
+
+    def _empty_dir(self, pod: str, volume: str) -> Path:
+        """An ``emptyDir`` of ``pod``: a folder of its own, empty at each play of the pod (a
+        new pod), mode 0777 as the kubelet makes one."""
+        folder = self.data_dir / "empty-dirs" / pod / volume
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        folder.chmod(0o777)
+        return folder
 
     def _secret(self, doc: dict[str, Any]) -> None:
         """A Secret as the podman secret ``secretRef`` reads: a JSON map of base64 values."""

@@ -74,6 +74,12 @@ POSTGRES_PORT: Final = 5432
 REDIS_PORT: Final = 6379
 S3_PORT: Final = 7070
 SOCKET_DIR: Final = "/run/cdi"  # a host's minion socket directory, in every container there
+# The minion's state folder (docs/minion-restart.md), a folder of this machine per host: its
+# objects outlive the minion's container. Their memory is in the pod's /dev/shm (the pods
+# share IPC), which outlives the pod's containers, not the pod.
+MINION_STATE_DIR: Final = "/var/lib/cdi-minion"
+MINION_MEMORY: Final = "2GiB"
+POD_SHM_SIZE: Final = "2304m"  # the minion's memory and room for the pod's other users
 SECRETS_DIR: Final = "/run/secrets"
 TASKS_DIR: Final = "/opt/tasks"
 # The uids deploy/k8s/ runs the roles as (deploy/image/python.Containerfile makes the users);
@@ -129,6 +135,10 @@ class Layout:
     def socket_dir(self, host: str) -> Path:
         """A host's minion socket directory on this machine (a node's hostPath)."""
         return self.data_dir / "hosts" / host / "cdi"
+
+    def minion_state_dir(self, host: str) -> Path:
+        """A host's minion state folder on this machine (the journal of its objects)."""
+        return self.data_dir / "hosts" / host / "minion-state"
 
     @property
     def network(self) -> str:
@@ -347,7 +357,11 @@ def controller_spec(layout: Layout, secrets: Secrets, images: Images) -> Contain
 def minion_spec(layout: Layout, secrets: Secrets, images: Images, host: str) -> ContainerSpec:
     """``host``'s minion, in its pod: the socket in the host's socket directory, its gateway
     listening for other hosts' objects on the pod's address, which it advertises; its host's
-    token and the gateway key from files."""
+    token and the gateway key from files; its state folder (``MINION_STATE_DIR``) from this
+    machine, so that a minion whose container is killed, restarted or made anew in the pod
+    finds its objects again (``--term-keeps``: the SIGTERM of ``podman stop`` or ``restart``
+    too), and the containers of the pod (other pid namespaces) come back to it with their
+    resume tokens."""
     uid = UIDS["minion"]
     names = f"scheduler-*={UIDS['scheduler']},worker-*={UIDS['worker']}"
     address = layout.address(host)
@@ -355,12 +369,14 @@ def minion_spec(layout: Layout, secrets: Secrets, images: Images, host: str) -> 
     return ContainerSpec(
         layout.container(f"{host}-minion"), "minion", images.product,
         ("cdi", "minion", "--socket", f"{SOCKET_DIR}/minion.sock", "--host", host,
-         "--memory-limit", "2GiB", "--names", names),
+         "--memory-limit", MINION_MEMORY, "--names", names, "--state-dir", MINION_STATE_DIR,
+         "--term-keeps"),
         uid,
         env={"CDI_CONTROLLER_URL": layout.controller_url,
              "CDI_RPC_LISTEN": f"{address}:{RPC_PORT}",
              "CDI_RPC_ADVERTISE": f"{address}:{RPC_PORT}", **cdi.env},
-        mounts=(_socket_mount(layout, host), *cdi.mounts),
+        mounts=(_socket_mount(layout, host),
+                (layout.minion_state_dir(host), MINION_STATE_DIR, "rw"), *cdi.mounts),
         pod=layout.pod(host),
     )  # fmt: skip
 

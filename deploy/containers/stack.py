@@ -309,7 +309,7 @@ class ContainerStack(StartStop):
             podman("pod", "create", "--name", layout.pod(host), "--network", layout.network,
                    "--ip", layout.address(host), "--mac-address",
                    roles.mac_for(layout.address(host)), "--label", f"{LABEL}={self.name}",
-                   "--share", "ipc,net,uts")  # fmt: skip
+                   "--share", "ipc,net,uts", "--shm-size", roles.POD_SHM_SIZE)  # fmt: skip
             podman("pod", "start", layout.pod(host))
             self.host_address[host] = _address(inspect("container", self._infra(host)),
                                                layout.network)  # fmt: skip
@@ -345,6 +345,11 @@ class ContainerStack(StartStop):
             owned.append((folder, roles.UIDS["minion"], 0o750))
             for stale in folder.glob("minion.sock*") if folder.is_dir() else ():
                 stale.unlink()  # a socket left by a minion that was killed
+            # The minion's state folder, begun afresh: a stack that starts has new pods, so
+            # the memory a journal of before names went with the old ones.
+            state = self.layout.minion_state_dir(host)
+            shutil.rmtree(state, ignore_errors=True)
+            owned.append((state, roles.UIDS["minion"], 0o700))
         for folder, uid, mode in owned:
             folder.mkdir(parents=True, exist_ok=True)
             shutil.chown(folder, uid, uid)

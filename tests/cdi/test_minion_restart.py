@@ -16,11 +16,14 @@ from pathlib import Path
 import pytest
 
 import cdi
+from cdi import protocol
 from cdi.auth import ClusterCredentials
 from cdi.controller.client import ControllerClient
 from cdi.controller.process import ControllerChild
+from cdi.errors import ContainerExists
+from cdi.minion.launcher import find_binary
 from cdi.minion.process import MinionChild
-from cdi.minion.state import segment_folder
+from cdi.minion.state import discard_kept, segment_folder
 from tests.cdi.conftest import minion_segment_folder, require_native
 
 
@@ -196,6 +199,27 @@ def test_a_second_minion_on_the_folder_takes_over_from_a_running_one(
     assert minion.child is not None and minion.child.pid != old.pid
 
 
+def test_with_term_keeps_a_sigterm_is_a_stop_for_a_restart(tmp_path: Path) -> None:
+    """``--term-keeps`` (a container's minion): the SIGTERM a container runtime sends to
+    restart a container keeps the objects for the next minion; a stop for good
+    (``MinionChild.stop``) still removes them."""
+    require_native()
+    minion = Restartable(tmp_path, "--term-keeps")
+    minion.start()
+    try:
+        client = minion.client("termed")
+        client.create("kept", 64).access()[:4] = b"kept"
+        assert minion.child is not None and minion.child.pid is not None
+        os.kill(minion.child.pid, signal.SIGTERM)
+        assert minion.child.wait(10)
+        assert os.path.exists(os.path.join(minion.state, "journal"))
+        minion.start()
+        assert bytes(client.use("kept").access()[:4]) == b"kept"
+    finally:
+        minion.stop()
+    assert not os.path.exists(os.path.join(minion.state, "journal"))
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -254,3 +278,122 @@ def test_the_directory_keeps_an_objects_time_of_creation_across_a_restart(
             writer.use("aged").destroy()
         finally:
             minion.stop()
+
+
+class Unshared:
+    """The minion's binary in a pid namespace of its own (``unshare --pid --fork``), as in a
+    container of its own: it cannot see the processes of this test (``SO_PEERCRED`` gives pid
+    0), so only a resume token tells it a container came back. Needs root."""
+
+    def __init__(self, folder: Path) -> None:
+        self.socket = str(folder / "minion.sock")
+        self.state = str(folder / "state")
+        self.log = folder / "minion.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = find_binary()
+        assert binary is not None
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                ["unshare", "--pid", "--fork", "--kill-child", binary, "--socket", self.socket,
+                 "--host", "ns", "--memory-limit", "64000000", "--max-object", "1000000",
+                 "--idle-limit", "0", "--isolation", "strict", "--busy-poll-us", "0",
+                 "--socket-mode", "666", "--state-dir", self.state,
+                 # Long enough for the intruder below to try while the container is expected.
+                 "--resume-grace-ms", "60000"],
+                stdout=log, stderr=log,
+            )  # fmt: skip
+        _eventually(self._answers, "the minion to answer")
+
+    def _answers(self) -> bool:
+        try:
+            cdi.Client(self.socket).close()
+        except cdi.MinionUnavailable:
+            return False
+        return True
+
+    def kill(self) -> None:
+        """``kill -9``: unshare dies, its child (the namespace's first process) with it."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+        _eventually(lambda: not self._answers(), "the minion to die")
+
+
+_INTRUDER = """
+import sys, cdi
+try:
+    cdi.connect(sys.argv[1], sys.argv[2])
+except cdi.CDIError as exc:
+    print(type(exc).__name__, exc, flush=True)
+else:
+    print("registered", flush=True)
+"""
+
+
+def test_a_container_in_another_pid_namespace_comes_back_with_its_token(
+    tmp_path: Path,
+) -> None:
+    """Containers the minion cannot see (pid 0) keep their objects across a ``kill -9`` of the
+    minion by their resume tokens; another process of the same uid without the token cannot
+    take a name, and a former owner still cannot map what it gave away."""
+    if os.geteuid() != 0:
+        pytest.skip("unshare --pid needs root")
+    require_native()
+    minion = Unshared(tmp_path)
+    clients: list[cdi.Client] = []
+    try:
+        minion.start()
+        far = cdi.connect(minion.socket, "far")
+        former = cdi.connect(minion.socket, "far-former")
+        clients += [far, former]
+        mine = far.create("mine", 4096)
+        mine.access()[:4] = b"mine"
+        given = former.create("given", 4096, isolation="strict")
+        given.access()[:5] = b"given"
+        given.transfer("far")
+        tokens = [c._session.conn._resume_token for c in (far, former)]
+        assert all(len(token) == 64 for token in tokens) and tokens[0] != tokens[1]
+
+        minion.kill()
+        minion.start()
+
+        # Another process of the same uid, without the token: refused while "far" may come
+        # back (it counts as ended only when the grace is over).
+        intruder = subprocess.run(
+            [sys.executable, "-c", _INTRUDER, minion.socket, "far"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert intruder.stdout.startswith("ContainerExists"), intruder.stdout
+        # A wrong token is refused too, and the refusal names no token.
+        with cdi.Client(minion.socket) as wrong, pytest.raises(ContainerExists) as refused:
+            wrong._session.conn.call(protocol.Op.REGISTER, container="far", resume="0" * 64)
+        assert all(token not in str(refused.value) for token in tokens)
+
+        # The containers carry on: their next calls register them again with their tokens.
+        assert bytes(far.use("mine").access()[:4]) == b"mine"
+        assert bytes(far.use("given").access()[:5]) == b"given"
+        assert far.describe("given")["owner"] == "far"
+        with pytest.raises(cdi.NotOwner):
+            former.use("given").access(timeout=0)
+        assert far._session.conn.reconnections == 1
+        assert former._session.conn.reconnections == 1
+        # They keep their tokens (the minion gives none anew to a container that came back).
+        assert [c._session.conn._resume_token for c in (far, former)] == tokens
+        # The name stays theirs: a second kill, and they come back again.
+        minion.kill()
+        minion.start()
+        assert bytes(far.use("mine").access()[:4]) == b"mine"
+        # No token in the minion's log, nor in its journal (only digests).
+        log = minion.log.read_text(errors="replace")
+        journal = (Path(minion.state) / "journal").read_bytes()
+        for token in tokens:
+            assert token not in log
+            assert token.encode() not in journal
+    finally:
+        for client in clients:
+            client.close()
+        if minion.process is not None:
+            minion.kill()
+        discard_kept(minion.state)

@@ -106,7 +106,8 @@ def test_the_minion_init_step_is_the_same_at_every_start(tmp_path: Path) -> None
     from deploy.containers.kube import K8S
 
     [minion] = [d for d in yaml.safe_load_all((K8S / "cdi-minion.yaml").read_text()) if d]
-    [init] = minion["spec"]["template"]["spec"]["initContainers"]
+    inits = minion["spec"]["template"]["spec"]["initContainers"]
+    [init] = [c for c in inits if c["name"] == "socket-dir"]
     folder = tmp_path / "cdi"
     folder.mkdir()
     for _ in range(2):

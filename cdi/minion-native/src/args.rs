@@ -38,6 +38,10 @@ pub struct Config {
     pub resume_grace_ms: u64,
     /// With its launcher gone (SIGUSR1), how long to serve on waiting for a successor.
     pub successor_wait_ms: u64,
+    /// SIGTERM is a stop for a restart (as SIGUSR2), not for good: in a container whose
+    /// storage decides how long the objects live (the container runtime sends SIGTERM to
+    /// restart it).
+    pub term_keeps: bool,
 }
 
 /// The CDI per-host minion: holds shared-memory objects and enforces single ownership.
@@ -98,6 +102,10 @@ struct Cli {
     #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
           default_value = "5000")]
     successor_wait_ms: u64,
+    /// With a state folder: SIGTERM stops for a restart (keeping the objects, as SIGUSR2), not
+    /// for good; SIGINT still stops for good
+    #[arg(long, requires = "state_dir")]
+    term_keeps: bool,
 }
 
 /// Wrapped so that clap takes the whole list as one value instead of one per item.
@@ -188,6 +196,7 @@ where
         state_dir: cli.state_dir,
         resume_grace_ms: cli.resume_grace_ms,
         successor_wait_ms: cli.successor_wait_ms,
+        term_keeps: cli.term_keeps,
     })
 }
 
@@ -353,6 +362,13 @@ mod tests {
             (kept.state_dir, kept.resume_grace_ms),
             (Some(PathBuf::from("/var/x")), 50)
         );
+        assert!(!kept.term_keeps);
+        assert!(
+            run(&format!("{BASE} --state-dir /var/x --term-keeps"))
+                .unwrap()
+                .term_keeps
+        );
+        assert!(run(&format!("{BASE} --term-keeps")).is_err()); // nothing to keep without one
         assert_eq!(
             run(&BASE.replace("666", "0o600")).unwrap().socket_mode,
             0o600

@@ -55,14 +55,30 @@ pub struct SavedObject {
     pub order: u64,
 }
 
-/// A registered container: its process (pid and start time name it) and uid.
-#[derive(Clone, Debug, PartialEq)]
+/// A registered container: its process (pid and start time name it), uid, and the SHA-256
+/// of its resume token (`token.rs`; empty: none was given, as by a minion of before tokens).
+#[derive(Clone, PartialEq)]
 pub struct SavedContainer {
     pub id: String,
     pub pid: i32,
     pub start: u64,
     pub uid: u32,
     pub registered: u64,
+    pub resume: String,
+}
+
+/// Without the token's digest: nothing prints what would let a guess be checked offline.
+impl std::fmt::Debug for SavedContainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SavedContainer")
+            .field("id", &self.id)
+            .field("pid", &self.pid)
+            .field("start", &self.start)
+            .field("uid", &self.uid)
+            .field("registered", &self.registered)
+            .field("resume", &!self.resume.is_empty())
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -216,7 +232,7 @@ pub fn encode(out: &mut Vec<u8>, record: &Record) {
             enc.str(key);
         }
         Record::Registered(c) => {
-            enc.map(6);
+            enc.map(7);
             enc.str("t");
             enc.str("registered");
             enc.str("id");
@@ -229,6 +245,8 @@ pub fn encode(out: &mut Vec<u8>, record: &Record) {
             enc.uint(u64::from(c.uid));
             enc.str("registered");
             enc.uint(c.registered);
+            enc.str("resume");
+            enc.str(&c.resume);
         }
         Record::Gone(id) => {
             enc.map(2);
@@ -296,6 +314,7 @@ fn decode_payload(payload: &[u8]) -> Option<Record> {
             start: uint(&e, "start")?,
             uid: u32::try_from(uint(&e, "uid")?).ok()?,
             registered: uint(&e, "registered")?,
+            resume: text(&e, "resume").unwrap_or_default(), // not in a journal of before it
         }),
         "put" => {
             let uid = |v: &Value| match v {
@@ -485,6 +504,7 @@ mod tests {
             start: 99,
             uid: 1000,
             registered: 1,
+            resume: "ab".repeat(32),
         }
     }
 

@@ -20,11 +20,15 @@ mod segments;
 mod server;
 mod sharing;
 mod sys;
+mod token;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use events::EventSink;
 use server::{Minion, KEEP, ORPHANED, STOP, WAKE_FD};
+
+/// `--term-keeps`: SIGTERM acts as SIGUSR2.
+static TERM_KEEPS: AtomicBool = AtomicBool::new(false);
 
 fn main() {
     std::process::exit(run());
@@ -33,6 +37,7 @@ fn main() {
 fn run() -> i32 {
     // On a bad command line clap prints the error and exits 2; on --help, the help and 0.
     let config = args::parse_or_exit();
+    let term_keeps = config.term_keeps;
     let events = match config.events_fd.map(EventSink::open) {
         None => None,
         Some(Ok(sink)) => Some(sink),
@@ -62,6 +67,7 @@ fn run() -> i32 {
             return 1;
         }
     };
+    TERM_KEEPS.store(term_keeps, Ordering::SeqCst);
     install_signal_handlers();
     if let Err(message) = minion.bind() {
         log::error(format_args!("{message}"));
@@ -78,7 +84,8 @@ extern "C" fn on_signal(signal: libc::c_int) {
     if signal == libc::SIGUSR1 {
         ORPHANED.store(true, Ordering::SeqCst); // the loop decides, once woken
     } else {
-        if signal == libc::SIGUSR2 {
+        if signal == libc::SIGUSR2 || (signal == libc::SIGTERM && TERM_KEEPS.load(Ordering::SeqCst))
+        {
             KEEP.store(true, Ordering::SeqCst);
         }
         STOP.store(true, Ordering::SeqCst);
@@ -96,7 +103,8 @@ extern "C" fn on_signal(signal: libc::c_int) {
 }
 
 /// SIGTERM and SIGINT stop the loop cleanly: the socket is removed, the segments freed.
-/// SIGUSR2 stops it for a restart: with a state folder, the objects stay for the next minion.
+/// SIGUSR2 stops it for a restart: with a state folder, the objects stay for the next minion;
+/// so does SIGTERM with `--term-keeps`.
 /// SIGUSR1 (its launcher died) lets it serve on until a successor asks for the state folder.
 fn install_signal_handlers() {
     for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGUSR2, libc::SIGUSR1] {

@@ -55,6 +55,8 @@ pub struct Connection {
     pub container: Option<Rc<str>>,
     /// When it registered, to close containers in registration order at shutdown.
     pub registered: u64,
+    /// With a state folder: the digest of its container's resume token (`token.rs`).
+    pub resume: String,
     /// Deferred `access` requests: request id -> key.
     pub waiting: ByRequest<Rc<str>>,
     /// Deferred `access` requests whose caller still maps a segment: request id -> its id.

@@ -149,10 +149,22 @@ fn register(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
         ))
         .into());
     }
+    let resume = match Value::field(request, "resume") {
+        None => None,
+        Some(Value::Str(text)) if crate::token::well_formed(text) => Some(&**text),
+        Some(_) => {
+            return Err(CdiError::invalid_argument(
+                "resume must be the token register gave (64 hex digits)",
+            )
+            .into());
+        }
+    };
     let (pid, uid) = (conn.pid, conn.uid);
-    crate::resume::come_back(reg, &cid, pid, uid).map_err(CdiError::container_exists)?;
-    reg.register(token, Rc::from(&*cid));
-    Ok(Some((Body::Registered, None)))
+    let kept = crate::resume::come_back(reg, &cid, pid, uid, resume)
+        .map_err(CdiError::container_exists)?;
+    let given = reg.register(token, Rc::from(&*cid), kept);
+    let resume = crate::token::Secret(given.unwrap_or_default());
+    Ok(Some((Body::Registered { resume }, None)))
 }
 
 fn create(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {

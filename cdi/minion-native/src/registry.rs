@@ -161,6 +161,7 @@ impl Registry {
                     start: conn.start,
                     uid: conn.uid,
                     registered: conn.registered,
+                    resume: conn.resume.clone(),
                 }),
                 _ => Record::Gone(cid.to_string()),
             };
@@ -218,6 +219,7 @@ impl Registry {
                     start: conn.start,
                     uid: conn.uid,
                     registered: conn.registered,
+                    resume: conn.resume.clone(),
                 }));
             }
         }
@@ -480,13 +482,25 @@ impl Registry {
     }
 
     // ------------------------------------------------------------------ containers
-    pub fn register(&mut self, token: u64, cid: Rc<str>) {
+    /// Bind the connection to `cid`. With a state folder, the container keeps the resume
+    /// token whose digest `kept` is (it came back with it), or gets a new one: returned, for
+    /// the reply only.
+    pub fn register(&mut self, token: u64, cid: Rc<str>, kept: String) -> Option<String> {
         self.next_registration += 1;
-        let Some(conn) = self.conns.get_mut(&token) else {
-            return;
-        };
+        let conn = self.conns.get_mut(&token)?;
         conn.container = Some(cid.clone());
         conn.registered = self.next_registration;
+        let mut given = None;
+        if self.journal.is_some() {
+            conn.resume = kept;
+            if conn.resume.is_empty() {
+                given = crate::token::new_token();
+                conn.resume = given
+                    .as_deref()
+                    .map(crate::token::digest)
+                    .unwrap_or_default();
+            }
+        }
         let (pid, uid) = (conn.pid, conn.uid);
         if self.journal.is_some() {
             conn.start = sys::process_start(conn.pid).unwrap_or(0);
@@ -497,6 +511,7 @@ impl Registry {
         if let Some(sink) = self.events.as_mut() {
             sink.registered(&cid, pid, uid);
         }
+        given
     }
 
     /// Defer an `access` (until the connection's container owns `key` and nobody reads it) or

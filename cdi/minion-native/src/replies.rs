@@ -17,7 +17,10 @@ pub enum Body {
         isolation: Isolation,
         segment: u64,
     },
-    Registered,
+    /// `resume`: the container's new resume token, or empty (it keeps the one it has).
+    Registered {
+        resume: crate::token::Secret,
+    },
     Use {
         size: u64,
         owner: Rc<str>,
@@ -75,7 +78,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
     }
     let fields = match body {
         Body::Grant { .. } => 5,
-        Body::Registered => 5,
+        Body::Registered { .. } => 6,
         Body::Use { .. } => 5,
         Body::Stat => 11,
         Body::Transferred { .. } => 3,
@@ -106,7 +109,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
             enc.str("segment");
             enc.uint(*segment);
         }
-        Body::Registered => {
+        Body::Registered { resume } => {
             enc.str("host");
             enc.str(&reg.config.host);
             enc.str("minion_pid");
@@ -117,6 +120,8 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
             enc.str(reg.config.isolation.as_str());
             enc.str("store");
             enc.str(&reg.store);
+            enc.str("resume");
+            enc.str(&resume.0);
         }
         Body::Use {
             size,

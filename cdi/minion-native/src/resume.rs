@@ -8,7 +8,8 @@
 //! ends before it comes back) is gone: once the others had the resume grace to come back (so
 //! that a recovery container is there to take them), its objects go to their recovery
 //! containers and its shares end, by the rule for any container that dies. A process that
-//! cannot be seen from here (pid 0: another pid namespace) has the grace to come back.
+//! cannot be seen from here (pid 0: another pid namespace) has the grace to come back, and
+//! proves it is the container by its resume token (`token.rs`).
 
 use std::collections::HashSet;
 use std::os::fd::RawFd;
@@ -132,9 +133,11 @@ fn ask_to_hand_over(lock: &Path) -> bool {
     let Some(pid) = std::fs::read_to_string(lock)
         .ok()
         .and_then(|text| text.trim().parse::<i32>().ok())
-        .filter(|pid| *pid > 0)
+        .filter(|pid| *pid > 0 && *pid as u32 != std::process::id())
     else {
-        return false; // its holder has not written its pid yet: look again
+        // Its holder has not written its pid yet: look again. (Or the pid is ours: a holder
+        // in another pid namespace, which only its own ending lets go of.)
+        return false;
     };
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     if comm.trim() != "cdi-minion" {
@@ -303,38 +306,71 @@ fn forget_unheld_segments(dir: &Path, kept: &HashSet<u64>) {
     }
 }
 
-/// Whether `cid` registering from this process is the container that went away; an `Err`
-/// names why it may not have the name yet. A different process takes a name only once the
-/// old one has ended (its objects are recovered first, as when any container dies).
-pub fn come_back(reg: &mut Registry, cid: &str, pid: i32, uid: u32) -> Result<(), String> {
+/// Whether `cid` registering from this process, with this resume token, is the container
+/// that went away: `Ok` with the digest of the token it keeps (empty: it gets a new one), or
+/// an `Err` naming why it may not have the name yet. A process the minion sees must be the
+/// journaled one (pid, start time; a token it presents must be its own too); one it cannot
+/// see (pid 0) must present the container's token, unless the journal holds none (a minion
+/// of before tokens registered it: its uid decides then). A different process takes a name
+/// only once the old one has ended (its objects are recovered first, as when any container
+/// dies). No error names the token.
+pub fn come_back(
+    reg: &mut Registry,
+    cid: &str,
+    pid: i32,
+    uid: u32,
+    resume: Option<&str>,
+) -> Result<String, String> {
     let Some(expected) = reg.expected.get(cid) else {
         if let Some(at) = reg.pending_gone.iter().position(|c| c.id == cid) {
             let dead = reg.pending_gone.remove(at);
             gone(reg, &dead);
         }
-        return Ok(());
+        return Ok(String::new());
     };
     let saved = &expected.saved;
+    let seen = saved.pid > 0;
+    let token_fits = match resume {
+        Some(token) => crate::token::matches(token, &saved.resume),
+        None => false,
+    };
+    let wrong_token = resume.is_some() && !saved.resume.is_empty() && !token_fits;
     let same = saved.uid == uid
-        && (saved.pid <= 0 || (saved.pid == pid && sys::process_start(pid) == Some(saved.start)));
-    let running = saved.pid > 0 && sys::process_start(saved.pid) == Some(saved.start);
-    if !same && (running || saved.pid <= 0) {
+        && !wrong_token
+        && if seen {
+            saved.pid == pid && sys::process_start(pid) == Some(saved.start)
+        } else {
+            token_fits || saved.resume.is_empty()
+        };
+    let running = seen && sys::process_start(saved.pid) == Some(saved.start);
+    if !same && (running || !seen) {
+        let (who, again) = if seen {
+            (
+                format!("pid {}", saved.pid),
+                "that process may register it again",
+            )
+        } else {
+            (
+                "a process in another pid namespace".to_owned(),
+                "that container may register it again, with its resume token",
+            )
+        };
         return Err(format!(
-            "container id {cid:?} was registered by pid {} before the minion restarted; it \
-             may register again, another process once it has ended",
-            saved.pid
+            "container id {cid:?} was registered by {who} before the minion restarted; {again}, \
+             another process once it has ended"
         ));
     }
     let Some(expected) = reg.expected.remove(cid) else {
-        return Ok(());
+        return Ok(String::new());
     };
     if let Some(pidfd) = expected.pidfd {
         sys::close(pidfd); // closing it takes it out of the epoll set
     }
     if !same {
         gone(reg, &expected.saved);
+        return Ok(String::new());
     }
-    Ok(())
+    Ok(expected.saved.resume)
 }
 
 /// An expected container's process ended (its pidfd told, by `token`).
@@ -410,6 +446,103 @@ fn gone(reg: &mut Registry, dead: &SavedContainer) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::token;
+
+    fn registry() -> Registry {
+        let args = "cdi-minion --socket /tmp/cdi-resume-test.sock --host h --memory-limit \
+                    1000000 --max-object 500000 --idle-limit 0 --isolation strict \
+                    --busy-poll-us 0 --socket-mode 600";
+        Registry::new(crate::args::parse(args.split_whitespace()).unwrap(), None)
+    }
+
+    /// `cid` registered before the restart by `pid` (0: not seen from here), started at
+    /// `start`, of uid 1000, with the token whose digest is `resume`.
+    fn expect(reg: &mut Registry, cid: &str, pid: i32, start: u64, resume: &str) {
+        let saved = SavedContainer {
+            id: cid.to_owned(),
+            pid,
+            start,
+            uid: 1000,
+            registered: 1,
+            resume: resume.to_owned(),
+        };
+        let expected = Expected {
+            saved,
+            pidfd: None,
+            token: 0,
+        };
+        reg.expected.insert(Rc::from(cid), expected);
+    }
+
+    #[test]
+    fn a_container_not_seen_from_here_comes_back_with_its_token_only() {
+        let mut reg = registry();
+        let secret = token::new_token().unwrap();
+        let other = token::new_token().unwrap();
+        let digest = token::digest(&secret);
+        expect(&mut reg, "far", 0, 0, &digest);
+        for (uid, presented) in [(1000, None), (1000, Some(&*other)), (1001, Some(&*secret))] {
+            let refused = come_back(&mut reg, "far", 0, uid, presented).unwrap_err();
+            assert!(!refused.contains(&secret) && !refused.contains(&digest));
+            assert!(reg.expected.contains_key("far"), "still expected");
+        }
+        // Its token and uid: the same container, which keeps its token.
+        assert_eq!(
+            come_back(&mut reg, "far", 0, 1000, Some(&secret)),
+            Ok(digest)
+        );
+        assert!(reg.expected.is_empty());
+    }
+
+    #[test]
+    fn a_journal_of_before_tokens_knows_an_unseen_container_by_its_uid() {
+        let mut reg = registry();
+        expect(&mut reg, "old", 0, 0, "");
+        assert!(come_back(&mut reg, "old", 0, 1001, None).is_err());
+        assert_eq!(come_back(&mut reg, "old", 0, 1000, None), Ok(String::new()));
+    }
+
+    #[test]
+    fn a_process_seen_from_here_must_be_the_journaled_one() {
+        let mut reg = registry();
+        let me = std::process::id() as i32;
+        let start = sys::process_start(me).unwrap();
+        let secret = token::new_token().unwrap();
+        let digest = token::digest(&secret);
+        expect(&mut reg, "near", me, start, &digest);
+        // The token does not stand in for the process while the journaled one runs, and a
+        // wrong token from the right process is refused.
+        assert!(come_back(&mut reg, "near", me + 1, 1000, Some(&secret)).is_err());
+        let wrong = token::new_token().unwrap();
+        assert!(come_back(&mut reg, "near", me, 1000, Some(&wrong)).is_err());
+        // The journaled process, with its token or without (an old client): itself.
+        assert_eq!(
+            come_back(&mut reg, "near", me, 1000, None),
+            Ok(digest.clone())
+        );
+        expect(&mut reg, "near", me, start, &digest);
+        assert_eq!(
+            come_back(&mut reg, "near", me, 1000, Some(&secret)),
+            Ok(digest)
+        );
+    }
+
+    #[test]
+    fn a_name_whose_process_ended_is_taken_anew_without_its_token() {
+        let mut reg = registry();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        let start = sys::process_start(pid).unwrap_or(1);
+        child.wait().unwrap();
+        expect(&mut reg, "ended", pid, start, &token::digest("x"));
+        // A new registration: no token kept (a new one is given), the old one's objects
+        // recovered first.
+        assert_eq!(
+            come_back(&mut reg, "ended", 4_000_000, 1000, None),
+            Ok(String::new())
+        );
+        assert!(reg.expected.is_empty());
+    }
 
     #[test]
     fn the_state_folder_names_its_segment_folder() {

@@ -296,6 +296,7 @@ impl Minion {
                 gid,
                 container: None,
                 registered: 0,
+                resume: String::new(),
                 pidfd: None,
                 waiting: ByRequest::default(),
                 have: ByRequest::default(),
