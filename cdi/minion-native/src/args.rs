@@ -36,6 +36,9 @@ pub struct Config {
     /// After a restart, how long containers have to come back before the objects of those
     /// that ended go to recovery.
     pub resume_grace_ms: u64,
+    /// The same for a container the minion cannot see (another pid namespace): it cannot be
+    /// seen to end, and an idle one comes back only at its next request.
+    pub resume_grace_unseen_ms: u64,
     /// With its launcher gone (SIGUSR1), how long to serve on waiting for a successor.
     pub successor_wait_ms: u64,
     /// SIGTERM is a stop for a restart (as SIGUSR2), not for good: in a container whose
@@ -97,6 +100,11 @@ struct Cli {
     #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
           default_value = "2000")]
     resume_grace_ms: u64,
+    /// After a restart: milliseconds a container in another pid namespace (whose end cannot be
+    /// seen) has to come back before it counts as ended
+    #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
+          default_value = "30000")]
+    resume_grace_unseen_ms: u64,
     /// With a state folder, after SIGUSR1 (the launcher died): milliseconds to serve on until
     /// a successor takes the folder over
     #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
@@ -195,6 +203,7 @@ where
         events_fd: cli.events_fd,
         state_dir: cli.state_dir,
         resume_grace_ms: cli.resume_grace_ms,
+        resume_grace_unseen_ms: cli.resume_grace_unseen_ms,
         successor_wait_ms: cli.successor_wait_ms,
         term_keeps: cli.term_keeps,
     })
@@ -357,6 +366,7 @@ mod tests {
             ),
             (None, 2000)
         );
+        assert_eq!(run(BASE).unwrap().resume_grace_unseen_ms, 30000);
         let kept = run(&format!("{BASE} --state-dir /var/x --resume-grace-ms 50")).unwrap();
         assert_eq!(
             (kept.state_dir, kept.resume_grace_ms),

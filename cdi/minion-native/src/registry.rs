@@ -85,6 +85,8 @@ pub struct Registry {
     /// objects go to recovery once the others had `resume_until` to come back.
     pub pending_gone: Vec<SavedContainer>,
     pub resume_until: u64,
+    /// The same for the containers it cannot see (`--resume-grace-unseen-ms`).
+    pub resume_unseen_until: u64,
 }
 
 /// A container of the minion that went before whose process may still come back.
@@ -124,6 +126,7 @@ impl Registry {
             expected: HashMap::new(),
             pending_gone: Vec::new(),
             resume_until: 0,
+            resume_unseen_until: 0,
         }
     }
 

@@ -239,8 +239,11 @@ pub fn open(reg: &mut Registry, state_dir: &Path) -> Result<(), String> {
             Watch::Ended => reg.pending_gone.push(c),
         }
     }
+    let now = sys::monotonic_ns();
     let grace = reg.config.resume_grace_ms.saturating_mul(1_000_000);
-    reg.resume_until = sys::monotonic_ns().saturating_add(grace);
+    reg.resume_until = now.saturating_add(grace);
+    let unseen = reg.config.resume_grace_unseen_ms.saturating_mul(1_000_000);
+    reg.resume_unseen_until = now.saturating_add(unseen);
     reg.kept_objects = reg.objects.len() as u64;
     let keys: Vec<Rc<str>> = reg.objects.keys().cloned().collect();
     for key in &keys {
@@ -397,11 +400,12 @@ pub fn exited(reg: &mut Registry, token: u64) -> bool {
 }
 
 /// When the grace is over (or nobody more can come back): the ended containers' objects go
-/// to recovery, and containers not seen from here that did not come back count as ended.
-/// Returns the monotonic ns at which to call again, if any.
+/// to recovery, and containers not seen from here that did not come back within theirs
+/// (`--resume-grace-unseen-ms`) count as ended. Returns the monotonic ns at which to call
+/// again, if any.
 pub fn settle(reg: &mut Registry) -> Option<u64> {
-    let over = sys::monotonic_ns() >= reg.resume_until;
-    if over {
+    let now = sys::monotonic_ns();
+    if now >= reg.resume_unseen_until {
         let unseen: Vec<Rc<str>> = reg
             .expected
             .iter()
@@ -413,11 +417,17 @@ pub fn settle(reg: &mut Registry) -> Option<u64> {
                 reg.pending_gone.push(expected.saved);
             }
         }
+    }
+    let unseen_left = reg.expected.values().any(|e| e.pidfd.is_none());
+    // While one not seen from here may still come back, the ended wait for it too: it may
+    // be their recovery container.
+    let until = if unseen_left {
+        reg.resume_until.max(reg.resume_unseen_until)
     } else {
-        let unseen = reg.expected.values().any(|e| e.pidfd.is_none());
-        if unseen || (!reg.pending_gone.is_empty() && !reg.expected.is_empty()) {
-            return Some(reg.resume_until);
-        }
+        reg.resume_until
+    };
+    if now < until && (unseen_left || (!reg.pending_gone.is_empty() && !reg.expected.is_empty())) {
+        return Some(until);
     }
     let mut ended = std::mem::take(&mut reg.pending_gone);
     ended.sort_unstable_by_key(|c| c.registered);
@@ -492,6 +502,34 @@ mod tests {
             Ok(digest)
         );
         assert!(reg.expected.is_empty());
+    }
+
+    #[test]
+    fn a_container_not_seen_from_here_has_a_longer_grace_and_the_ended_wait_for_it() {
+        let mut reg = registry();
+        expect(&mut reg, "far", 0, 0, "");
+        let ended = SavedContainer {
+            id: "dead".to_owned(),
+            pid: 4_000_000,
+            start: 0,
+            uid: 1000,
+            registered: 2,
+            resume: String::new(),
+        };
+        reg.pending_gone.push(ended);
+        let now = sys::monotonic_ns();
+        reg.resume_until = now - 1; // the seen ones' grace is over
+        reg.resume_unseen_until = now + 60_000_000_000;
+        assert_eq!(settle(&mut reg), Some(reg.resume_unseen_until));
+        assert!(reg.expected.contains_key("far"), "still expected");
+        assert_eq!(
+            reg.pending_gone.len(),
+            1,
+            "the ended wait: 'far' may recover them"
+        );
+        reg.resume_unseen_until = now - 1;
+        assert_eq!(settle(&mut reg), None);
+        assert!(reg.expected.is_empty() && reg.pending_gone.is_empty());
     }
 
     #[test]
