@@ -190,8 +190,8 @@ def table(results: Sequence[CaseResult]) -> str:
             else (f"{r.recovery_after_end_s:.1f}")
         )
         lines.append(line.format(
-            r.fault, r.target, f"{r.held_s:g}", r.workflows + r.probes, r.completed, r.failed,
-            r.stuck, r.lost, r.wrong, r.leaked_objects,
+            r.fault, r.target, f"{r.held_s:g}", r.workflows + r.probes + r.fed, r.completed,
+            r.failed, r.stuck, r.lost, r.wrong, r.leaked_objects,
             "-" if r.rerun_from_input is None else r.rerun_from_input,
             recovery, after, f"{r.duration_s:.1f}",
             "yes" if r.passed else "NO",

@@ -176,6 +176,8 @@ class Target:
     observed: dict[str, str] = field(default_factory=dict)
     # The scheduler's turn that Postgres was killed inside (``mid_turn``), for its check.
     turn: Caught | None = None
+    # The case's workload, while a fault strikes (a fault may start workflows of its own).
+    load: Workload | None = None
 
     @property
     def kind(self) -> str:
@@ -183,7 +185,11 @@ class Target:
 
     def strike(self, fault: Fault[Any], load: Workload) -> None:
         if fault.name != "down-up":
-            fault.strike(self)
+            self.load = load
+            try:
+                fault.strike(self)
+            finally:
+                self.load = None
             return
         # The stack stops in order and starts again on its data folder: nothing else is kept.
         old = self.stack
@@ -425,8 +431,7 @@ FAULTS: Final[tuple[Fault[Target], ...]] = (
 )
 # What `make test` runs of these (tests/orchestrator/test_chaos.py): the faults that used to
 # leave workflows stuck. The held faults run shorter there (tests/orchestrator/test_chaos_*.py).
-# Postgres killed inside a turn needs turns with writes while it stops the scheduler: the test
-# gives it more workflows in flight (tests/orchestrator/test_chaos.py, MID_TURN_WORKFLOWS).
+# Postgres killed inside a turn starts workflows of its own when it finds the scheduler idle.
 QUICK_FAULTS: Final = (
     "scheduler",
     "postgres",

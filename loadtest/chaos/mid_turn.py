@@ -12,7 +12,10 @@ it):
    committed, and cannot commit now; if none is, let it go on (SIGCONT) and try again a few
    milliseconds later. *Why stop first:* what is seen is the scheduler's state, not a race
    between a watch's poll and a turn's commit (a watch that polled a running scheduler could
-   miss every turn of a loaded machine);
+   miss every turn of a loaded machine). Every ``FEED_EVERY`` stops without a catch it starts
+   a few workflows of the case's own (``Workload.feed``, judged with the rest): a fast
+   scheduler may have ended all of the case's before the first stop, and an idle one writes
+   nothing;
 2. SIGKILL the turn's backend and the postmaster (the supervisor starts Postgres again), then
    SIGCONT the scheduler: it goes on mid-turn, on a connection that is gone.
 
@@ -52,6 +55,9 @@ CATCH_S: Final = 60.0  # how long to try for a turn with writes not yet committe
 SETTLE_S: Final = 0.05  # after the stop: a statement already sent has ended by then
 GAP_S: Final = 0.03  # the scheduler runs a random time up to this between two stops
 PORTS_EVERY_S: Final = 0.25  # how often its connections are listed again
+FEED_EVERY: Final = 10  # stops without a turn caught, then more workflows are started...
+FEED: Final = 3  # ...this many (the case's may all have ended: nothing to write)...
+FEED_MAX: Final = 60  # ...at most this many in all
 KILLS: Final = 5  # kills of Postgres at most, until one lands inside a turn
 BACK_S: Final = 60.0  # for Postgres to answer again after a kill
 
@@ -122,6 +128,9 @@ def _kill_inside_a_turn(target: Target) -> Caught:
         while time.monotonic() < deadline:
             if time.monotonic() - looked > PORTS_EVERY_S:
                 ports, looked = _ports(scheduler, postgres_port), time.monotonic()
+            if target.load is not None and stops % FEED_EVERY == 0:
+                for _ in range(min(FEED, FEED_MAX - len(target.load.fed))):
+                    target.load.feed()
             time.sleep(random.uniform(0.0, GAP_S))
             os.killpg(scheduler, signal.SIGSTOP)
             stops += 1

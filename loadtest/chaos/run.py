@@ -56,6 +56,7 @@ class CaseResult(Tally):
     target: str  # where the stack ran: "embedded", "external", "containers"
     workflows: int
     probes: int
+    fed: int = 0  # started by the fault itself to have work in flight when it struck
     recovery_s: float | None  # strike to the first probe completed; None: none did
     duration_s: float
     held_s: float = 0.0  # how long the fault lasted (0: it struck at once)
@@ -163,6 +164,7 @@ def run_case(
             timeline = _Timeline(target, fault, load)
             recovery, after_end = _probe(load, runs, timeline, deadline_s + fault.held_s)
             timeline.join()
+            runs.update((s.id, s) for s in load.fed)
             tally = judge(load, runs, target, since=since, deadline_s=deadline_s)
             facts = Facts(timeline.ended_at, dict(load.refusal_texts))
             problems = target.check(fault, facts)
@@ -175,6 +177,7 @@ def run_case(
         target=target.kind,
         workflows=workflows,
         probes=sum(r.probe for r in runs.values()),
+        fed=len(load.fed),
         recovery_s=None if recovery is None else round(recovery - timeline.struck, 2),
         duration_s=round(time.monotonic() - began, 1),
         held_s=fault.held_s,

@@ -120,6 +120,9 @@ class Workload:
         self.refused: collections.Counter[str] = collections.Counter()
         self.refusal_texts: dict[str, str] = {}
         self._singles = 0  # where the last refresh's one-by-one reads stopped
+        # Workflows a fault started to keep the stack busy while it struck (``feed``): the
+        # case judges them with its own.
+        self.fed: list[Started] = []
         self._mix = itertools.cycle(MIX)
         self._inputs = itertools.cycle(self._upload(images))
         self._register()
@@ -196,6 +199,13 @@ class Workload:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the API took no workflow for {deadline_s:g} s: {problem}")
             time.sleep(0.2)
+
+    def feed(self) -> Started:
+        """Start one workflow for a fault that needs work in flight to strike (judged with
+        the case's workflows, ``fed``)."""
+        started = self.start()
+        self.fed.append(started)
+        return started
 
     def note_refusal(self, status: str, text: str) -> None:
         self.refused[status] += 1

@@ -37,4 +37,4 @@ def test_a_short_partition_fails_no_workflow(target: Target) -> None:
 def test_a_host_killed_whole_comes_back(target: Target) -> None:
     result = run_case(target, host_killed(), workflows=WORKFLOWS, deadline_s=120.0)
     assert result.passed, result.as_dict()
-    assert result.completed + result.failed == result.workflows + result.probes
+    assert result.completed + result.failed == result.workflows + result.probes + result.fed

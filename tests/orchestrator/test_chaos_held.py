@@ -22,7 +22,7 @@ WORKFLOWS = 12
 
 def _passed(result: CaseResult) -> None:
     assert result.passed, result.as_dict()
-    assert result.completed + result.failed == result.workflows + result.probes
+    assert result.completed + result.failed == result.workflows + result.probes + result.fed
 
 
 def test_a_short_s3_outage_fails_no_workflow() -> None:
