@@ -147,6 +147,11 @@ def _local(sample: Path) -> tuple[Image.Image, dict[str, Any]]:
     return joined.image, dict(joined.output)
 
 
+def _idle_workers(harness: Harness) -> int:
+    workers = harness.api.get("/api/workers").json()
+    return sum(w["alive"] and not w["running"] and not w["queue_depth"] for w in workers)
+
+
 def _pixels_sha(image: Image.Image) -> str:
     return hashlib.sha256(np.asarray(image).tobytes()).hexdigest()
 
@@ -157,6 +162,9 @@ def test_a_diamonds_branches_overlap_on_two_workers_and_its_join_gets_every_inpu
 ) -> None:
     workflow = _diamond(harness, f"diamond_{policy}")
     sample = bundled_samples()["sunset.jpg"]
+    # Two free workers, as the heartbeats the scheduler places by say (a task of the test
+    # before may still count as running on one, which then has no room for a branch).
+    wait_for(lambda: _idle_workers(harness) >= 2, "two idle workers", timeout=30)
     workflow_id = _start(harness, workflow, "sunset.jpg", policy)
     done = harness.wait(workflow_id)
     assert done["status"] == "COMPLETED", done["error"]
