@@ -73,7 +73,8 @@ def _native(statement: LiteralString) -> tuple[LiteralString, tuple[str, ...]]:
     def number(match: re.Match[str]) -> str:
         return f"${names.setdefault(match.group(1), len(names) + 1)}"
 
-    return _PLACEHOLDER.sub(number, statement), tuple(names)
+    # ``%%`` is psycopg's escape for ``%``, which a raw cursor would send as it is.
+    return _PLACEHOLDER.sub(number, statement).replace("%%", "%"), tuple(names)
 
 
 class Recorded:

@@ -498,5 +498,6 @@ def test_statements_go_with_postgres_placeholders_converted_once() -> None:
     longer)."""
     text, names = _native("SELECT %(a)s::int, %(b)s::text WHERE %(a)s::int > 0")
     assert (text, names) == ("SELECT $1::int, $2::text WHERE $1::int > 0", ("a", "b"))
+    assert _native("SELECT 'a%%' LIKE %(p)s") == ("SELECT 'a%' LIKE $1", ("p",))
     assert _native(sql.REPORTS) is _native(sql.REPORTS)
     assert "%(" not in _native(sql.REPORTS)[0] and len(sql.REPORTS) > 4096
