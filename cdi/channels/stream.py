@@ -15,7 +15,7 @@ from cdi.channels.topic import (
     open_topic,
 )
 from cdi.client import Client
-from cdi.errors import InvalidArgument, UnknownContainer
+from cdi.errors import AccessTimeout, InvalidArgument, UnknownContainer
 
 __all__ = ["Stream", "open_stream"]
 
@@ -61,7 +61,8 @@ def open_stream(
 ) -> Stream:
     """Open stream ``name`` with container ``peer``, which calls ``open_stream(client, name,
     <our id>)`` on its side: each end writes a topic ``name.<its id>`` that only the other end
-    may read. Waits up to ``timeout`` seconds for the peer (``AccessTimeout``)."""
+    may read. Returns once the peer has joined both ways, so nothing sent after that is lost to
+    it; waits up to ``timeout`` seconds for the peer (``AccessTimeout``)."""
     registered(client)
     me = str(client.container_id)
     other = protocol.check_container_id(peer)
@@ -78,9 +79,21 @@ def open_stream(
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
                 time.sleep(PEER_S)
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        inbound = subscribe(client, f"{name}.{other}", timeout=remaining, spin_us=spin_us)
+        inbound = subscribe(client, f"{name}.{other}", timeout=_left(deadline), spin_us=spin_us)
     except BaseException:
         outbound.close(linger=0)
         raise
+    try:
+        # The peer joins our topic only after its own grant: until it has, what we send would
+        # be published before it joined, and lost to it.
+        outbound.wait_for_readers(1, timeout=_left(deadline))
+    except BaseException as exc:
+        Stream(outbound, inbound).close()
+        if isinstance(exc, TimeoutError):
+            raise AccessTimeout(f"{other} did not join stream {name!r} within the timeout") from exc
+        raise
     return Stream(outbound, inbound)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

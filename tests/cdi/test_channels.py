@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -179,6 +180,39 @@ def test_a_stream_carries_messages_both_ways(minion: MinionProcess, unique: Uniq
         assert read_json(p)["done"] is True
         assert p.wait(timeout=30) == 0
     assert channel_objects(minion) == []
+
+
+def test_a_stream_opens_only_once_the_peer_reads_it(minion: MinionProcess, unique: Unique) -> None:
+    """``open_stream`` returns once the peer has joined our side too: a message sent at once
+    reaches a peer that subscribes late (here: it grants, then waits before it subscribes)."""
+    me, peer, name = unique("early"), unique("late"), unique("stream")
+    ours, theirs = minion.client(me), minion.client(peer)
+    sent = threading.Event()
+
+    def open_and_send() -> None:
+        with channels.open_stream(ours, name, peer, timeout=30) as stream:
+            stream.send(b"hello")
+            sent.set()
+            assert stream.receive(timeout=30) == b"bye"
+
+    opener = threading.Thread(target=open_and_send)
+    opener.start()
+    try:
+        with channels.open_topic(theirs, f"{name}.{peer}") as back:
+            while True:
+                try:
+                    back.grant([me])
+                    break
+                except cdi.UnknownContainer:
+                    time.sleep(0.01)
+            back.wait_for_readers(1, timeout=30)
+            assert not sent.wait(0.5), "the stream opened before the peer read it"
+            with channels.subscribe(theirs, f"{name}.{me}", timeout=30) as inbound:
+                assert inbound.receive(timeout=30) == b"hello"
+                back.publish(b"bye")
+    finally:
+        opener.join(timeout=60)
+    assert sent.is_set() and not opener.is_alive()
 
 
 @pytest.mark.parametrize("isolation", ["cooperative", "strict"])
