@@ -185,6 +185,37 @@ def test_a_diamonds_branches_overlap_on_two_workers_and_its_join_gets_every_inpu
     _no_object_left(harness, workflow_id)
 
 
+@pytest.mark.parametrize("policy", ["transfer", "auto"])
+def test_a_diamonds_join_gets_each_branch_output_in_at_most_one_transfer(
+    harness: Harness, policy: str
+) -> None:
+    """Ownership transfers per step: each branch's worker hands what it made straight to the
+    join's worker (one transfer an object, none when the join runs where it was made); only
+    the fork's image, which both branches read, goes back to the scheduler, which shares it
+    with them."""
+    workflow = _diamond(harness, f"diamond_direct_{policy}")
+    wait_for(lambda: _idle_workers(harness) >= 2, "two idle workers", timeout=30)
+    workflow_id = _start(harness, workflow, "sunset.jpg", policy)
+    done = harness.wait(workflow_id)
+    assert done["status"] == "COMPLETED", done["error"]
+    worker_of = {r["ref"]: r["worker_id"] for r in done["task_runs"]}
+    transfers = [(h["datum"], h["from_container"], h["to_container"])
+                 for h in done["handoffs"] if h["mode"] == "transfer"]  # fmt: skip
+    made = {"b1.image": "b1", "b2.hist": "b2", "b2.row": "b2"}  # b2's JSON goes inline
+    for datum, step in made.items():
+        src, dst = worker_of[step], worker_of["c"]
+        moved = [(s, d) for name, s, d in transfers if name == datum]
+        assert moved == ([(src, dst)] if src != dst else []), (datum, worker_of, transfers)
+    # The fork's image leaves a's worker once, to the scheduler, which shares it (or hands
+    # it to the last reader when none reads it any more).
+    workers = set(worker_of.values())
+    forked = [(s, d) for name, s, d in transfers if name == "a.image" and s in workers]
+    assert len(forked) == 1 and forked[0][0] == worker_of["a"], (worker_of, transfers)
+    assert forked[0][1] not in workers, (worker_of, transfers)
+    assert {name for name, _, _ in transfers} <= {*made, "a.image"}, transfers
+    _no_object_left(harness, workflow_id)
+
+
 def test_a_numpy_workflow_without_an_image_stores_its_array_as_npy(harness: Harness) -> None:
     workflow = _define(harness, "numpy_scale", [
         {"ref": "ramp", "task": "ramp"},
