@@ -289,6 +289,42 @@ def test_a_worker_killed_in_one_branch_reruns_that_branch_only(harness: Harness)
     _no_object_left(harness, workflow_id)
 
 
+def test_a_worker_killed_holding_a_joins_input_has_the_join_run_elsewhere(
+    harness: Harness,
+) -> None:
+    """``b1`` is quick and hands its image to the join's worker while ``b2`` still runs; that
+    worker is killed. The image comes back to the scheduler (its recovery container), and the
+    join runs on a live worker with the same result; nothing is left behind."""
+    workflow = _define(harness, "diamond_join_worker_killed", [
+        {"ref": "a", "task": "deblur"},
+        {"ref": "b1", "task": "nap_blur", "inputs": {"image": "a.image"}, "params": {"ms": 0}},
+        {"ref": "b2", "task": "measure", "inputs": {"image": "a.image"}, "params": {"ms": 4000}},
+        {"ref": "c", "task": "combine", "inputs": {
+            "blurred": "b1.image", "hist": "b2.hist", "row": "b2.row", "size": "b2.size"}},
+    ])  # fmt: skip
+    sample = bundled_samples()["sunset.jpg"]
+    workflow_id = _start(harness, workflow, "sunset.jpg")
+
+    def join_worker() -> str | None:
+        """The worker holding b1's image for the join, once b1 is done."""
+        now = harness.get(workflow_id)
+        b1 = [r for r in now["task_runs"] if r["ref"] == "b1" and r["status"] == "COMPLETED"]
+        if not b1:
+            return None
+        on = [h["to_container"] for h in now["handoffs"] if h["datum"] == "b1.image"]
+        return str(on[0] if on else b1[0]["worker_id"])
+
+    victim = wait_for(join_worker, "b1 to hand its image on")
+    harness.stack.kill_worker(victim)
+    done = harness.wait(workflow_id, timeout=120)
+    assert done["status"] == "COMPLETED", done["error"]
+    image, output = _local(sample)
+    assert done["output"]["hist_sha"] == output["hist_sha"]
+    result = Image.open(io.BytesIO(harness.download(done["result_uri"])))
+    assert _pixels_sha(result) == _pixels_sha(image)
+    _no_object_left(harness, workflow_id)
+
+
 @pytest.mark.parametrize(
     ("sample", "taken", "skipped"),
     [("night.jpg", "brighten", "keep"), ("blue_sky.jpg", "keep", "brighten")],
