@@ -18,10 +18,14 @@ __all__ = ["MAGIC", "VERSION", "decode_reply", "encode_request"]
 
 VERSION = 1
 MAGIC = 0xC1  # a byte MessagePack never uses
-_REQUEST = struct.Struct("<BBBBqqHHH")  # magic, version, op, flags, id, have, 3 lengths
+# A request: magic, version, op, flags, id, have, the lengths of key, to and via. The first
+# bytes fixed in advance for each operation: one pack, no field checked twice.
+_TRANSFER_HEAD = struct.Struct("<4sq8xHHH")  # (magic, version, op 2, flags 0), id, lengths
+_ACCESS_HEAD = struct.Struct("<3sBqqH4x")  # (magic, version, op 1), flags, id, have, key length
 _GRANT = struct.Struct("<4xqQQQQ")  # id, size, capacity, generation, segment
 _TRANSFERRED = struct.Struct("<4xqQH")  # id, generation, the length of ``to``
-_ACCESS, _TRANSFER = 1, 2  # request operations
+_TRANSFER_START = bytes([MAGIC, VERSION, 2, 0])
+_ACCESS_START = bytes([MAGIC, VERSION, 1])
 _GRANTED, _MOVED = 1, 2  # reply kinds
 _NO_WAIT, _HAVE = 1, 2  # an access's flags
 _LONGEST = 0xFFFF  # a string's length is a u16
@@ -32,31 +36,36 @@ def encode_request(op: str, request_id: int, args: dict[str, Any]) -> bytes | No
     """``op`` with ``args`` in the compact form; ``None`` when the form cannot carry them (any
     other operation, a field it has no room for, a value of another type): a map then.
     ``ValueError`` for a string that is not UTF-8, as MessagePack's packer raises."""
+    if request_id not in _I64:
+        return None
     if op == "transfer":
         key, to, via = args.get("key"), args.get("to"), args.get("via", "")
         if len(args) != 2 + ("via" in args) or not (type(key) is type(to) is type(via) is str):
             return None
-        parts = (key.encode(), to.encode(), via.encode())
-        code, flags, have = _TRANSFER, 0, 0
-    elif op == "access":
-        key, wait, offered = args.get("key"), args.get("wait", True), args.get("have")
+        k, t, v = key.encode(), to.encode(), via.encode()
+        if len(k) > _LONGEST or len(t) > _LONGEST or len(v) > _LONGEST:
+            return None
+        return _TRANSFER_HEAD.pack(_TRANSFER_START, request_id, len(k), len(t), len(v)) + k + t + v
+    if op == "access":
+        key, wait, have = args.get("key"), args.get("wait", True), args.get("have")
         if len(args) != 1 + ("wait" in args) + ("have" in args):
             return None
         if type(key) is not str or type(wait) is not bool:
             return None
-        code, flags, have = _ACCESS, (0 if wait else _NO_WAIT), 0
-        if type(offered) is int and offered in _I64:
-            flags, have = flags | _HAVE, offered
-        elif offered is not None:
+        flags = 0 if wait else _NO_WAIT
+        if have is None:
+            have = 0
+        elif type(have) is int and have in _I64:
+            flags |= _HAVE
+        else:
             return None
-        parts = (key.encode(), b"", b"")
-    else:
-        return None
-    k, t, v = parts
-    if max(len(k), len(t), len(v)) > _LONGEST or request_id not in _I64:
-        return None
-    header = _REQUEST.pack(MAGIC, VERSION, code, flags, request_id, have, len(k), len(t), len(v))
-    return header + k + t + v
+        k = key.encode()
+        return (
+            None
+            if len(k) > _LONGEST
+            else _ACCESS_HEAD.pack(_ACCESS_START, flags, request_id, have, len(k)) + k
+        )
+    return None
 
 
 def decode_reply(view: memoryview) -> dict[str, Any]:
