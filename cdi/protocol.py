@@ -2,7 +2,8 @@
 ends share.
 
 Transport: a Unix ``SOCK_SEQPACKET`` socket, so every message keeps its boundaries and a file
-descriptor rides with the message it belongs to (``SCM_RIGHTS``). Each message is one msgpack map.
+descriptor rides with the message it belongs to (``SCM_RIGHTS``). Each message is one msgpack map,
+or, for ``access`` and ``transfer``, one message in the compact form (``cdi.compact``).
 
 Request  ``{"op": <Op>, "id": <int>, ...arguments}``
 Reply    ``{"id": <int>, "ok": true, ...results}`` or ``{"id": <int>, "ok": false, "code": <str>,
@@ -25,6 +26,7 @@ from typing import Any
 
 import msgpack
 
+from cdi import compact
 from cdi.errors import InvalidArgument, ProtocolError
 
 __all__ = [
@@ -224,6 +226,8 @@ class Receiver:
         try:
             if msg_flags & _TRUNCATED:
                 raise ProtocolError(f"message larger than {MAX_MESSAGE} bytes")
+            if self._buf[0] == compact.MAGIC:
+                return compact.decode_reply(self._view[:nbytes]), fd
             return unpack(self._view[:nbytes]), fd
         except ProtocolError:
             if fd is not None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cdi import protocol
+from cdi import compact, protocol
 from cdi.errors import (
     AccessTimeout,
     CDIError,
@@ -52,6 +52,9 @@ class MinionConnection:
         # The container's resume token (``register``'s ``resume``): a secret, kept only here
         # and sent only in ``register``; it never goes into a message, log or ``repr``.
         self._resume_token = ""
+        # Whether the minion takes ``access`` and ``transfer`` in the compact form (``register``
+        # says so); a minion of before it gets maps.
+        self._compact = False
 
         self.reconnections = 0
         self._poller = select.poll()
@@ -87,6 +90,7 @@ class MinionConnection:
         its successor holds the same objects (the same ``store``), the connection registers
         again on its own and carries on."""
         reply, _ = self.call(protocol.Op.REGISTER, container=container_id)
+        self._compact = reply.get("compact") == compact.VERSION
         store = reply.get("store")
         self._registration = (container_id, store) if isinstance(store, str) and store else None
         self._resume_token = ""
@@ -196,6 +200,7 @@ class MinionConnection:
                 self._resume_token = ""
                 return False
         self._take_token(reply)
+        self._compact = reply.get("compact") == compact.VERSION
         if reply.get("store") != store:
             # A minion that started afresh: our objects are gone with the one before.
             self.close_quietly()
@@ -270,10 +275,12 @@ class MinionConnection:
         sock = self._require()
         request_id = self._next_id
         self._next_id += 1
-        args["op"] = str(op)
-        args["id"] = request_id
         try:
-            data = self._pack(args)
+            data = compact.encode_request(op, request_id, args) if self._compact else None
+            if data is None:
+                args["op"] = str(op)
+                args["id"] = request_id
+                data = self._pack(args)
         except (OverflowError, TypeError, ValueError) as exc:  # what MessagePack cannot carry
             raise InvalidArgument(
                 f"{op}: the request cannot be sent ({exc}); integers must fit in 64 bits"

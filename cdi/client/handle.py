@@ -154,6 +154,9 @@ class CDIObject:
         to = protocol.check_container_id(container_id)
         if to == self._ops.container_id and self.owned:
             return  # already ours: nothing to hand over
+        if timeout is None:  # the hand-off's path: nothing to wait for, nothing to wrap
+            self._ops.transfer(self.key, to, detach)
+            return
         self._alone(lambda: self._ops.transfer(self.key, to, detach), timeout)
 
     def copy(self, new_key: str) -> CDIObject:

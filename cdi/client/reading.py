@@ -55,6 +55,8 @@ class ReadMappings:
 
     def drop(self, key: str) -> None:
         """Revoke our views of ``key`` and unmap it (``BufferInUse`` if one is still held)."""
+        if key not in self._maps:  # the owner's hand-off: no lock to take for nothing
+            return
         with self._lock:
             mapping = self._maps.get(key)
             if mapping is None:

@@ -129,8 +129,9 @@ class Session:
         """Make ``to`` the owner of ``key``, on this host or (through the gateway) another.
         Once this client has a gateway slot, the minion is told to hand the object to the
         slot (``via``) if ``to`` is not here: one request where a refusal and a second
-        transfer would be two."""
-        via = self.gateway.slot if self._crosses_hosts() else None
+        transfer would be two. Nothing is asked of the file system first: whether a gateway
+        runs matters only once the minion says ``to`` is not here (a slot implies its link)."""
+        via = self.gateway.slot if self.forwarding else None
         if via is None:
             try:
                 self._give_up(key, Op.TRANSFER, detach, to=to)

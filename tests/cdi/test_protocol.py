@@ -19,10 +19,11 @@ from typing import Any
 import msgpack
 import pytest
 
+from cdi import compact as client_form
 from cdi.errors import CDIError, error_from_code
 from cdi.protocol import Op
 from tests.cdi.conftest import MinionProcess, start_minion, stop_minion
-from tests.cdi.wire import ERROR_CODES, SPEC, Peer, problems_with
+from tests.cdi.wire import ERROR_CODES, SPEC, Peer, compact, problems_with
 
 Unique = Callable[[str], str]
 LIMITS = ("--memory-limit", str(8 << 20), "--max-object", str(4 << 20))
@@ -207,6 +208,113 @@ def test_the_shortcuts_for_a_host_gateway(peers: Callable[[], Peer], unique: Uni
         assert (reply["ok"], reply["code"]) == (False, "invalid_argument"), (wrong, reply)
     for k in (key, carried):
         assert slot.call("destroy", key=k)[0]["ok"]
+
+
+def test_the_compact_form_is_answered_as_the_map_form(
+    peers: Callable[[], Peer], unique: Unique
+) -> None:
+    """``access`` and ``transfer`` in the compact form: the map form's rules and fields, a
+    success (a deferred grant too) answered compact, a failure as the error map."""
+    a, b, slot = peers(), peers(), peers()
+    ids = []
+    for peer in (a, b, slot):
+        ids.append(unique("c"))
+        reply, _ = checked(peer, "register", container=ids[-1])
+        assert reply["compact"] == 1
+    a_id, b_id, slot_id = ids
+    key = unique("k")
+    grant, _ = checked(a, "create", key=key, size=5000)
+    b.send(compact("access", 41, key))  # waits, and is granted compact before a hears back
+    waiting(slot, 1)
+    a.send(compact("transfer", 42, key, to=b_id))
+    moved, fd = a.receive()
+    assert fd is None and a.compact_replies == 1
+    assert moved == {"id": 42, "ok": True, "generation": 2, "keep_mapping": moved["keep_mapping"],
+                     "to": b_id} and type(moved["keep_mapping"]) is bool  # fmt: skip
+    (granted, grant_fd), *rest = b.pending()
+    assert not rest and grant_fd is not None and b.compact_replies == 1
+    os.close(grant_fd)
+    assert granted == {**grant, "id": 41, "generation": 2}
+    assert problems_with("access", granted, True) == []
+    b.send(compact("access", 43, key, wait=False, have=grant["segment"]))
+    again, fd = b.receive()
+    assert fd is None and again == {**granted, "id": 43}, "have names the segment: no fd"
+    b.send(compact("access", 44, key, wait=False, have=-1))
+    again, fd = b.receive()
+    assert fd is not None and again == {**granted, "id": 44}
+    os.close(fd)
+    # Failures are the error maps, with the map form's codes.
+    for peer, request_id, message, code in (
+        (a, 45, compact("access", 45, key, wait=False), "not_owner"),
+        (a, 46, compact("transfer", 46, key, to=a_id), "not_owner"),
+        (b, 47, compact("transfer", 47, key, to=unique("nobody")), "unknown_container"),
+        (b, 48, compact("transfer", 48, unique("missing"), to=a_id), "not_found"),
+        (b, 49, compact("transfer", 49, key, to="bad id"), "invalid_argument"),
+        (b, 50, compact("access", 50, ""), "invalid_argument"),
+    ):
+        peer.send(message)
+        reply, fd = peer.receive()
+        assert (reply["id"], reply["ok"], reply["code"], fd) == (request_id, False, code, None)
+    # ``via``: ``to`` is not here, so the object goes to the slot.
+    b.send(compact("transfer", 51, key, to=unique("elsewhere"), via=slot_id))
+    moved, _ = b.receive()
+    assert (moved["id"], moved["to"], moved["generation"]) == (51, slot_id, 3)
+    # A deferred compact access is withdrawn like any other.
+    b.send(compact("access", 52, key))
+    waiting(a, 1)
+    assert checked(b, "cancel", ref=52)[0]["cancelled"] is True
+    assert checked(slot, "destroy", key=key)[0]["ok"]
+    assert b.compact_replies == 4 and a.compact_replies == 1
+
+
+def test_a_malformed_compact_message_is_a_protocol_error(
+    peers: Callable[[], Peer], unique: Unique
+) -> None:
+    peer, cid = registered(peers, unique)
+    good = compact("transfer", 5, "k", to=cid)
+    access = compact("access", 5, "k")
+    for junk in (
+        good[:25],  # shorter than the header
+        good[:-1],  # lengths beyond the message
+        good + b"\x00",  # bytes after the strings
+        good[:1] + b"\x02" + good[2:],  # another version
+        good[:2] + b"\x03" + good[3:],  # no such operation
+        good[:3] + b"\x01" + good[4:],  # a flag a transfer does not have
+        access[:3] + b"\x04" + access[4:],  # a flag no access has
+        compact("access", 5, "k", to=cid),  # a field an access does not have
+        access[:-1] + b"\xff",  # a key that is not UTF-8
+    ):
+        peer.send(junk)
+        reply, fd = peer.receive()
+        assert (reply["ok"], reply["code"], reply["id"], fd) == (False, "protocol", 0, None), junk
+    assert peer.call("stat")[0]["ok"]  # and the connection goes on
+    anonymous = peers()
+    anonymous.send(compact("access", 6, "k"))
+    assert anonymous.receive()[0]["code"] == "not_registered"
+
+
+def test_the_client_writes_the_compact_form_the_document_lays_out() -> None:
+    """``cdi.compact`` (the client's) against ``compact`` here, built from the document; what the
+    form cannot carry goes as a map (``None``)."""
+    assert client_form.encode_request("transfer", 7, {"key": "k", "to": "b"}) == compact(
+        "transfer", 7, "k", to="b"
+    )
+    assert client_form.encode_request(
+        "transfer", 7, {"key": "k", "to": "b", "via": "s"}
+    ) == compact("transfer", 7, "k", to="b", via="s")
+    assert client_form.encode_request("access", 8, {"key": "k"}) == compact("access", 8, "k")
+    assert client_form.encode_request(
+        "access", 8, {"key": "k", "wait": False, "have": -3}
+    ) == compact("access", 8, "k", wait=False, have=-3)
+    for op, args in (
+        ("access", {"key": "k", "have": 1 << 63}),
+        ("access", {"key": "k", "wait": 1}),
+        ("access", {"key": "k", "ref": 1}),
+        ("transfer", {"key": "k", "to": 3}),
+        ("transfer", {"key": "k"}),
+        ("use", {"key": "k"}),
+    ):
+        assert client_form.encode_request(op, 1, args) is None, (op, args)
 
 
 # Values of the wrong type (or out of range) for each field type of the table.

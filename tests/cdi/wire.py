@@ -2,7 +2,8 @@
 
 ``SPEC`` is read from the document's operation table, so the conformance tests check the minions
 against the text itself; ``Peer`` sends any bytes and collects replies with their fds, bypassing
-the client library.
+the client library. ``compact`` and ``compact_reply`` lay out the compact form from the document's
+tables, apart from the client's own code (``cdi/compact.py``).
 """
 
 from __future__ import annotations
@@ -110,6 +111,48 @@ def problems_with(op: str, reply: dict[str, Any], fd: bool) -> list[str]:
     return found
 
 
+COMPACT_MAGIC = b"\xc1"
+_COMPACT_OPS = {"access": 1, "transfer": 2}
+
+
+def compact(
+    op: str,
+    request_id: int,
+    key: str,
+    *,
+    to: str = "",
+    via: str = "",
+    wait: bool = True,
+    have: int | None = None,
+) -> bytes:
+    """A request in the compact form, laid out as PROTOCOL.md's table says."""
+    flags = (0 if wait else 1) | (0 if have is None else 2)
+    parts = [text.encode() for text in (key, to, via)]
+    head = bytes([0xC1, 1, _COMPACT_OPS[op], flags])
+    head += request_id.to_bytes(8, "little", signed=True)
+    head += (have or 0).to_bytes(8, "little", signed=True)
+    head += b"".join(len(part).to_bytes(2, "little") for part in parts)
+    return head + b"".join(parts)
+
+
+def compact_reply(data: bytes) -> dict[str, Any]:
+    """A compact reply as the map it stands for; ``AssertionError`` if it breaks the layout."""
+    assert data[1] == 1, f"compact form version {data[1]}"
+    kind, flags = data[2], data[3]
+    reply: dict[str, Any] = {"id": int.from_bytes(data[4:12], "little", signed=True), "ok": True}
+    words = [int.from_bytes(data[at : at + 8], "little") for at in range(12, len(data) - 7, 8)]
+    if kind == 1:
+        assert len(data) == 44, f"a compact grant of {len(data)} bytes"
+        reply.update(zip(("size", "capacity", "generation", "segment"), words, strict=True))
+        reply["isolation"] = "strict" if flags & 1 else "cooperative"
+        return reply
+    assert kind == 2, f"compact reply kind {kind}"
+    length = int.from_bytes(data[20:22], "little")
+    assert len(data) == 22 + length, "a compact transfer reply of the wrong length"
+    reply.update(generation=words[0], keep_mapping=bool(flags & 1), to=data[22:].decode())
+    return reply
+
+
 class Peer:
     """One raw connection to a minion: send anything, read replies with their fds."""
 
@@ -117,6 +160,7 @@ class Peer:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock.connect(path)
         self._ids = iter(range(1, 1 << 62))
+        self.compact_replies = 0  # replies that came in the compact form
 
     def send(self, message: dict[str, Any] | bytes) -> None:
         data = message if isinstance(message, bytes) else msgpack.packb(message)
@@ -134,7 +178,11 @@ class Peer:
             fds.frombytes(blob[: len(blob) - len(blob) % fds.itemsize])
         for extra in fds[1:]:
             os.close(extra)
-        reply = msgpack.unpackb(data, raw=False)
+        if data[:1] == COMPACT_MAGIC:
+            self.compact_replies += 1
+            reply = compact_reply(data)
+        else:
+            reply = msgpack.unpackb(data, raw=False)
         assert isinstance(reply, dict), reply
         return reply, (fds[0] if fds else None)
 

@@ -3,6 +3,7 @@
 //! sits on every hand-off, where an interpreter spends most of a hand-off's microseconds.
 
 mod args;
+mod compact;
 mod epoll;
 mod events;
 mod journal;

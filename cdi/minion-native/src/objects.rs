@@ -99,6 +99,8 @@ pub struct Waiter {
     pub token: u64,
     pub id: RequestId,
     pub read: bool,
+    /// Asked in the compact form: granted in it.
+    pub compact: bool,
 }
 
 impl StoredObject {

@@ -8,6 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 
 use crate::args::uid_for;
+use crate::compact;
 use crate::log;
 use crate::msgpack::{unpack, Value, NIL};
 use crate::objects::{RequestId, StoredObject, Waiter};
@@ -54,9 +55,18 @@ fn optional_int(request: Entries, name: &str) -> Result<Option<i128>, CdiError> 
 /// reply to send (with the id to send it under), or `None` when it is deferred.
 pub fn answer(reg: &mut Registry, token: u64, message: &[u8]) -> (RequestId, Reply) {
     let refused = |err| (0, Some((Body::Error(err), None)));
-    let request = match unpack(message) {
-        Ok(Value::Map(entries)) => entries,
-        Ok(_) => return refused(CdiError::protocol("a message must be a map")),
+    let compact = compact::is_compact(message);
+    let decoded = if compact {
+        compact::decode(message)
+    } else {
+        match unpack(message) {
+            Ok(Value::Map(entries)) => Ok(entries),
+            Ok(_) => return refused(CdiError::protocol("a message must be a map")),
+            Err(text) => Err(text),
+        }
+    };
+    let request = match decoded {
+        Ok(entries) => entries,
         Err(text) => return refused(CdiError::protocol(format!("undecodable message: {text}"))),
     };
     let id = match Value::field(&request, "id") {
@@ -64,7 +74,9 @@ pub fn answer(reg: &mut Registry, token: u64, message: &[u8]) -> (RequestId, Rep
         Some(Value::Int(i)) => i.get(),
         Some(_) => return refused(CdiError::protocol("request id must be an integer")),
     };
-    let outcome = catch_unwind(AssertUnwindSafe(|| dispatch(reg, token, id, &request)));
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        dispatch(reg, token, id, &request, compact)
+    }));
     let text = match outcome {
         Ok(Ok(reply)) => return (id, reply),
         Ok(Err(Failure::Cdi(err))) => return (id, Some((Body::Error(err), None))),
@@ -83,12 +95,14 @@ pub fn answer(reg: &mut Registry, token: u64, message: &[u8]) -> (RequestId, Rep
     (id, Some((Body::Error(CdiError::internal(text)), None)))
 }
 
-/// Check registration and run the operation `op` names.
+/// Check registration and run the operation `op` names; `compact`: the request came in the
+/// compact form, and a success is answered in it.
 fn dispatch(
     reg: &mut Registry,
     token: u64,
     id: RequestId,
     request: Entries,
+    compact: bool,
 ) -> Result<Reply, Failure> {
     let op = match Value::get(request, "op") {
         Some(Value::Str(name)) => Op::parse(name)
@@ -109,9 +123,9 @@ fn dispatch(
         Op::Create => create(reg, token, request),
         Op::Use => use_(reg, token, request),
         Op::Copy => copy(reg, token, request),
-        Op::Access => access(reg, token, id, request),
+        Op::Access => access(reg, token, id, request, compact),
         Op::Cancel => cancel(reg, token, request),
-        Op::Transfer => transfer(reg, token, request),
+        Op::Transfer => transfer(reg, token, request, compact),
         Op::Resize => resize(reg, token, request),
         Op::Destroy => destroy(reg, token, request),
         Op::SetRecovery => set_recovery(reg, token, request),
@@ -261,6 +275,7 @@ fn access(
     token: u64,
     id: RequestId,
     request: Entries,
+    compact: bool,
 ) -> Result<Reply, Failure> {
     let have = optional_int(request, "have")?;
     let wait = optional_bool(request, "wait", true)?;
@@ -268,7 +283,10 @@ fn access(
     let container = reg.conns.get(&token).and_then(|c| c.container.as_ref());
     let owner = container == Some(&obj.owner);
     if owner && obj.writable_by_owner() {
-        return Ok(Some((Body::grant(obj), obj.grant_fd(have))));
+        return Ok(Some((
+            Body::grant(obj).compact(compact),
+            obj.grant_fd(have),
+        )));
     }
     if !wait {
         return Err(if owner {
@@ -289,6 +307,7 @@ fn access(
         token,
         id,
         read: false,
+        compact,
     };
     reg.wait(waiter, key, have);
     Ok(None)
@@ -302,7 +321,12 @@ fn cancel(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
     Ok(Some((Body::Cancelled(cancelled), None)))
 }
 
-fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {
+fn transfer(
+    reg: &mut Registry,
+    token: u64,
+    request: Entries,
+    compact: bool,
+) -> Result<Reply, Failure> {
     let key = sharing::owned_alone(reg, token, request)?;
     let to = Value::get(request, "to");
     // `via`: where the object goes when `to` is not here (a gateway's slot, which sends it
@@ -351,6 +375,7 @@ fn transfer(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, F
         generation: obj.generation,
         keep_mapping: keeps_mapping(reg, token, obj),
         to: obj.owner.clone(),
+        compact,
     };
     Ok(Some((body, None)))
 }

@@ -428,8 +428,8 @@ impl Registry {
             } else {
                 obj.grant_fd(have)
             };
-            self.outbox
-                .push((waiter.token, waiter.id, Body::grant(obj), fd));
+            let body = Body::grant(obj).compact(waiter.compact);
+            self.outbox.push((waiter.token, waiter.id, body, fd));
         }
         if keep.is_empty() {
             self.waiters.remove(key);

@@ -2,6 +2,7 @@
 
 use std::rc::Rc;
 
+use crate::compact;
 use crate::msgpack::Enc;
 use crate::objects::{RequestId, StoredObject};
 use crate::protocol::{CdiError, Isolation};
@@ -16,6 +17,8 @@ pub enum Body {
         generation: u64,
         isolation: Isolation,
         segment: u64,
+        /// Answered in the compact form (`compact.rs`).
+        compact: bool,
     },
     /// `resume`: the container's new resume token, or empty (it keeps the one it has).
     Registered {
@@ -33,6 +36,7 @@ pub enum Body {
         generation: u64,
         keep_mapping: bool,
         to: Rc<str>,
+        compact: bool,
     },
     Destroyed {
         keep_mapping: bool,
@@ -57,12 +61,24 @@ impl Body {
             generation: obj.generation,
             isolation: obj.isolation,
             segment: obj.segment.id,
+            compact: false,
         }
+    }
+
+    /// The same grant, in the compact form if `yes` (asked in it).
+    pub fn compact(mut self, yes: bool) -> Body {
+        if let Body::Grant { compact, .. } = &mut self {
+            *compact = yes;
+        }
+        self
     }
 }
 
 /// Write the reply `{"id": id, "ok": …, …body}` to the connection `token` into `out`.
 pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: RequestId) {
+    if compact::encode(out, body, id) {
+        return; // a reply to a compact request
+    }
     let mut enc = Enc(out);
     if let Body::Error(err) = body {
         enc.map(4);
@@ -78,7 +94,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
     }
     let fields = match body {
         Body::Grant { .. } => 5,
-        Body::Registered { .. } => 6,
+        Body::Registered { .. } => 7,
         Body::Use { .. } => 5,
         Body::Stat => 11,
         Body::Transferred { .. } => 3,
@@ -97,6 +113,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
             generation,
             isolation,
             segment,
+            ..
         } => {
             enc.str("size");
             enc.uint(*size);
@@ -122,6 +139,8 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
             enc.str(&reg.store);
             enc.str("resume");
             enc.str(&resume.0);
+            enc.str("compact");
+            enc.uint(u64::from(compact::VERSION));
         }
         Body::Use {
             size,
@@ -149,6 +168,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
             generation,
             keep_mapping,
             to,
+            ..
         } => {
             enc.str("generation");
             enc.uint(*generation);

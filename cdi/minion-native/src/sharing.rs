@@ -139,6 +139,7 @@ pub fn read(
         token,
         id,
         read: true,
+        compact: false,
     };
     reg.wait(waiter, key, None);
     Ok(None)
