@@ -5,6 +5,7 @@
 mod args;
 mod epoll;
 mod events;
+mod gateway;
 mod journal;
 mod listener;
 mod log;
