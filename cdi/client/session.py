@@ -32,6 +32,9 @@ from cdi.protocol import Isolation, Op
 __all__ = ["Session"]
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages fault in on first touch
+ARRIVING_S = 0.5
+"""How long the minion waits for an object not yet on this host before the gateway is asked
+(which also tells whether any host has it)."""
 
 
 class Session:
@@ -219,7 +222,12 @@ class Session:
         while True:
             since = time.monotonic()
             try:
-                return self._grant(key, timeout, populate)
+                if not self._crosses_hosts():
+                    return self._grant(key, timeout, populate)
+                # The minion itself waits a moment for a key it does not have: the gateway
+                # receiving the object creates it there, and the grant follows at once.
+                arriving = ARRIVING_S if timeout is None else min(ARRIVING_S, timeout)
+                return self._grant(key, timeout, populate, arriving=arriving)
             except ObjectNotFound:
                 if not self._crosses_hosts():
                     raise

@@ -237,6 +237,15 @@ def require_binary() -> str:
     help=f"The key every gateway of the cluster holds (mode 0600; or ${GATEWAY_KEY_ENV}): "
     "with --rpc-listen.",
 )
+@click.option(
+    "--gateway-inbound",
+    type=click.Choice(["native", "python"]),
+    default="native",
+    show_default=True,
+    envvar="CDI_GATEWAY_INBOUND",
+    help="Who receives other hosts' objects: the minion itself (native, TCP), or the gateway's "
+    "Python process (as before; kept to compare the two).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def minion_command(
     log_level: str,
@@ -244,6 +253,7 @@ def minion_command(
     rpc_advertise: str | None,
     transport: str,
     gateway_key_file: Path | None,
+    gateway_inbound: str,
     **options: Any,
 ) -> None:
     """Run this host's CDI minion: it holds every object's memory and enforces ownership."""
@@ -252,7 +262,9 @@ def minion_command(
         config = _config(**options)
         check_socket_dir(config.socket_path)
         binary = require_binary()
-        gateway = _gateway(config, rpc_listen, rpc_advertise, transport, gateway_key_file)
+        gateway = _gateway(
+            config, rpc_listen, rpc_advertise, transport, gateway_key_file, gateway_inbound
+        )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     if gateway is not None:
@@ -270,6 +282,7 @@ def _gateway(
     advertise: str | None,
     transport: str,
     key_file: Path | None,
+    inbound: str = "native",
 ) -> Gateway | None:
     """This host's gateway for transfers between hosts, bound but not started; ``None``
     without ``--rpc-listen``."""
@@ -300,5 +313,6 @@ def _gateway(
             transport=transport,
             socket_mode=config.socket_mode,
             socket_group=config.socket_group,
+            inbound=inbound,
         )
     )

@@ -31,6 +31,7 @@ from cdi.errors import CDIError, ConfigError
 if TYPE_CHECKING:
     from cdi.controller.reporter import DirectoryReporter
     from cdi.minion.config import MinionConfig
+    from cdi.remote.native import NativeInbound
 
 __all__ = ["BINARY_NAME", "PACKAGED", "binary_argv", "find_binary", "missing_binary", "run_binary"]
 
@@ -103,6 +104,14 @@ class Companion(Protocol):
 
     def close(self) -> None: ...
 
+    def native_inbound(self) -> NativeInbound | None:
+        """What the binary needs to receive other hosts' objects itself, if it does."""
+        ...
+
+    def arrived(self, key: str, recovery: str) -> None:
+        """The binary received ``key`` from another host (an ``arrived`` event)."""
+        ...
+
 
 def run_binary(
     binary: str,
@@ -122,12 +131,15 @@ def run_binary(
         sys.stdout.flush()
         sys.stderr.flush()
         os.execv(binary, argv)
+    native = companion.native_inbound() if companion is not None else None
+    extra, inherited = native.arguments() if native is not None else ([], ())
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         child = subprocess.Popen(
-            [*argv, "--events-fd", str(write_end)],
-            env=without_secrets(os.environ),  # the binary talks to no controller, no gateway
-            pass_fds=(write_end,),
+            [*argv, "--events-fd", str(write_end), *extra],
+            # The binary talks to no controller; the gateway key reaches it through a pipe.
+            env=without_secrets(os.environ),
+            pass_fds=(write_end, *inherited),
             # One prctl call (takes no locks). With a state folder, the relay's death is a
             # restart: the binary serves on until its successor takes the folder over, or a
             # few seconds, then stops keeping its objects (SIGUSR1, docs/minion-restart.md).
@@ -137,6 +149,8 @@ def run_binary(
         )
     finally:
         os.close(write_end)
+        if native is not None:
+            native.spawned()
     try:
         reporter = make_reporter()
     except BaseException:
@@ -149,8 +163,9 @@ def run_binary(
         if companion is not None:
             # In a thread: it waits for the binary to answer, while we relay its events.
             threading.Thread(target=companion.start, name="cdi-companion", daemon=True).start()
+        arrived = companion.arrived if companion is not None else None
         with os.fdopen(read_end, "rb", buffering=0) as events:
-            relay_events(events.read, reporter)
+            relay_events(events.read, reporter, arrived)
         return child.wait()
     finally:
         for sig, handler in previous.items():
@@ -161,19 +176,27 @@ def run_binary(
         reporter.close()
 
 
-def relay_events(read: Callable[[int], bytes | None], reporter: DirectoryReporter) -> None:
-    """Feed the binary's event stream (msgpack arrays) to ``reporter`` until end of stream."""
+Arrived = Callable[[str, str], None]
+
+
+def relay_events(
+    read: Callable[[int], bytes | None],
+    reporter: DirectoryReporter,
+    arrived: Arrived | None = None,
+) -> None:
+    """Feed the binary's event stream (msgpack arrays) to ``reporter`` until end of stream;
+    ``arrived`` gets the objects its gateway received from other hosts."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=1 << 24)
     while chunk := read(1 << 16):
         unpacker.feed(chunk)
         for event in unpacker:
             try:
-                _dispatch(event, reporter)
+                _dispatch(event, reporter, arrived)
             except (CDIError, TypeError, ValueError) as exc:
                 log.warning("ignoring a malformed minion event %r: %s", event, exc)
 
 
-def _dispatch(event: Any, reporter: DirectoryReporter) -> None:
+def _dispatch(event: Any, reporter: DirectoryReporter, arrived: Arrived | None) -> None:
     if not isinstance(event, list) or not event:
         raise ValueError("an event must be a non-empty array")
     kind, *args = event
@@ -192,6 +215,10 @@ def _dispatch(event: Any, reporter: DirectoryReporter) -> None:
     elif kind == "removed":
         (key,) = args
         reporter.object_removed(key)
+    elif kind == "arrived":
+        key, recovery = args
+        if arrived is not None:
+            arrived(str(key), str(recovery))
     elif kind == "store":
         store, restarts, kept = args
         reporter.store_resumed(Restarts(bool(store), restarts, kept))

@@ -39,6 +39,7 @@ from cdi.errors import (
 from cdi.remote.channels import Bridges, Mirrors
 from cdi.remote.inbound import InboundServer
 from cdi.remote.local import LocalService
+from cdi.remote.native import NativeInbound
 from cdi.remote.outbound import Sender
 from cdi.remote.routes import RouteCache
 from cdi.remote.transport import choose_transport
@@ -78,6 +79,9 @@ class GatewayConfig:
     socket_mode: int = 0o660
     socket_group: int | None = None
     """The local socket's mode and group: the minion's (``MinionConfig``)."""
+    inbound: str = "native"
+    """Who receives other hosts' offers: ``native``, the minion itself (``cdi.remote.native``;
+    TCP only), or ``python``, this process (``cdi.remote.inbound``)."""
 
 
 class Gateway:
@@ -113,6 +117,9 @@ class Gateway:
             self._recovery_for, self.local.arrived, self._left, config.key,
             channel=self.mirrors.serve,
         )  # fmt: skip
+        self.native: NativeInbound | None = None
+        if config.inbound == "native" and self._transport.name == "tcp":
+            self.native = NativeInbound(self.inbound.listener, config.key, self.mirrors.serve)
         host, _, port = self.inbound.address.rpartition(":")
         self.address = config.advertise or (
             self.inbound.address if host not in ("0.0.0.0", "::") else f"{config.host}:{port}"
@@ -133,7 +140,10 @@ class Gateway:
                 time.sleep(0.05)
         self._recovery.forwarding = False
         self.local.start()
-        self.inbound.start()
+        if self.native is not None:
+            self.native.start()
+        else:
+            self.inbound.start()
         self._poller.start()
         log.info("gateway of %s: transfers on %s (%s)", self.config.host, self.address,
                  self._transport.name)  # fmt: skip
@@ -143,7 +153,10 @@ class Gateway:
         self._stop.set()
         self.local.close()
         self.bridges.close()
-        self.inbound.close()
+        if self.native is not None:
+            self.native.close()
+        else:
+            self.inbound.close()
         self._poller.join(5)
         self._sender.close()
         self._routes.close()
@@ -251,6 +264,17 @@ class Gateway:
             # objects: the directory lags behind a destroy (or a move away) here.
             raise ObjectNotFound(f"no object with key {key!r}")
         return {"host": info.host, "size": info.size}
+
+    # ------------------------------------------------------------------ receiving
+    def native_inbound(self) -> NativeInbound | None:
+        """The minion's part of receiving, if it receives (``cdi.remote.native``)."""
+        return self.native
+
+    def arrived(self, key: str, recovery: str) -> None:
+        """The minion received ``key`` from another host and handed it to its owner;
+        ``recovery``: the recovery container it had there."""
+        self._recovery_for(key, recovery)
+        self.local.arrived(key)
 
     # ------------------------------------------------------------------ recovery
     def _recovery_for(self, key: str, theirs: str) -> str:

@@ -69,6 +69,11 @@ class InboundServer:
         self._outcomes: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._loop = AcceptLoop(self._server, self._serve, "cdi-gateway-in")
 
+    @property
+    def listener(self) -> socket.socket:
+        """The bound, listening socket (the minion accepts on it instead: ``native``)."""
+        return self._server
+
     def start(self) -> None:
         self._loop.start()
 

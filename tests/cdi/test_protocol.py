@@ -317,6 +317,36 @@ def test_the_client_writes_the_compact_form_the_document_lays_out() -> None:
         assert client_form.encode_request(op, 1, args) is None, (op, args)
 
 
+def test_an_access_waits_for_an_object_still_on_its_way(
+    peers: Callable[[], Peer], unique: Unique
+) -> None:
+    """``arriving``: an access of a key nobody has created yet waits for it (a gateway creates
+    it when it arrives from another host), and is answered ``not_found`` if none comes."""
+    a, _ = registered(peers, unique)
+    b, b_id = registered(peers, unique)
+    anonymous = peers()
+    key = unique("k")
+    b.send({"op": "access", "id": 31, "key": key, "arriving": 30.0})
+    waiting(anonymous, 1)
+    assert b.pending() == []
+    checked(a, "create", key=key, size=100)  # not b's yet: b goes on waiting
+    assert b.pending() == []
+    checked(a, "transfer", key=key, to=b_id)
+    granted, fd = b.receive()
+    assert granted["id"] == 31 and problems_with("access", granted, fd is not None) == []
+    assert fd is not None
+    os.close(fd)
+    # Nothing comes: not_found once the budget is spent; without one, at once.
+    missing = unique("never")
+    b.send({"op": "access", "id": 32, "key": missing, "arriving": 0.2})
+    refused, refused_fd = b.receive()
+    assert (refused["id"], refused["code"], refused_fd) == (32, "not_found", None)
+    assert checked(b, "stat")[0]["waiters"] == 0
+    reply, _ = b.call("access", key=missing)
+    assert reply["code"] == "not_found"
+    assert b.call("destroy", key=key)[0]["ok"]
+
+
 # Values of the wrong type (or out of range) for each field type of the table.
 WRONG: dict[str, list[Any]] = {
     "key": [42, "has space", "", "x" * 257, True],
@@ -324,6 +354,7 @@ WRONG: dict[str, list[Any]] = {
     "int": ["10", True, 2.5],
     "str": [5, "loose"],
     "bool": ["yes", 1],
+    "float": ["soon", True, -1.0, 7200.0],
     "[int]": ["x", [1.5], [True], list(range(65))],
     "[cid]": ["p0", [], [2.5], ["bad id"], [f"c{i}" for i in range(65)]],
 }

@@ -251,3 +251,21 @@ def test_an_object_sent_straight_back_while_its_sender_finishes(
     assert not failures, failures
     assert _digest(obj.access()) == digest
     obj.destroy()
+
+
+def test_an_object_whose_new_owner_dies_goes_back_to_its_recovery_container(
+    cluster: LocalCluster, pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    """The receiving host remembers the recovery container the object had where it came
+    from: when its new owner goes, the object is sent back there, intact."""
+    a, _ = pair
+    doomed = cdi.connect(cluster.minions[1].socket_path, unique("doomed"))
+    key = unique("k")
+    obj, digest = _filled(a, key, 30_000)  # a is its recovery container
+    obj.transfer(cid(doomed))
+    with doomed.use(key).view(timeout=10) as got:
+        assert _digest(got) == digest
+    doomed.close()  # its objects go to their recovery container: a, on the other host
+    with a.use(key, check=False).view(timeout=20) as back:
+        assert _digest(back) == digest
+    a.use(key).destroy()

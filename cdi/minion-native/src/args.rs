@@ -45,6 +45,13 @@ pub struct Config {
     /// storage decides how long the objects live (the container runtime sends SIGTERM to
     /// restart it).
     pub term_keeps: bool,
+    /// The gateway between hosts (`gateway.rs`): a listening TCP socket, a pipe holding the
+    /// cluster's gateway key, and where links that carry channels go.
+    pub gateway_fd: Option<i32>,
+    pub gateway_key_fd: Option<i32>,
+    pub gateway_channels_fd: Option<i32>,
+    /// A link that makes no progress for this long mid-handshake or mid-payload is closed.
+    pub link_timeout_ms: u64,
 }
 
 /// The CDI per-host minion: holds shared-memory objects and enforces single ownership.
@@ -114,6 +121,23 @@ struct Cli {
     /// for good; SIGINT still stops for good
     #[arg(long, requires = "state_dir")]
     term_keeps: bool,
+    /// A listening TCP socket (inherited) on which other hosts' gateways offer objects
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = events_fd,
+          requires = "gateway_key_fd")]
+    gateway_fd: Option<i32>,
+    /// A pipe (inherited) holding the cluster's gateway key, read to its end at start
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = events_fd,
+          requires = "gateway_fd")]
+    gateway_key_fd: Option<i32>,
+    /// A Unix socket (inherited) to which links that carry a channel are handed, with their
+    /// request
+    #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = events_fd,
+          requires = "gateway_fd")]
+    gateway_channels_fd: Option<i32>,
+    /// Milliseconds a gateway link may make no progress mid-handshake or mid-payload
+    #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
+          default_value = "10000")]
+    link_timeout_ms: u64,
 }
 
 /// Wrapped so that clap takes the whole list as one value instead of one per item.
@@ -206,6 +230,10 @@ where
         resume_grace_unseen_ms: cli.resume_grace_unseen_ms,
         successor_wait_ms: cli.successor_wait_ms,
         term_keeps: cli.term_keeps,
+        gateway_fd: cli.gateway_fd,
+        gateway_key_fd: cli.gateway_key_fd,
+        gateway_channels_fd: cli.gateway_channels_fd,
+        link_timeout_ms: cli.link_timeout_ms,
     })
 }
 

@@ -6,6 +6,7 @@ mod args;
 mod compact;
 mod epoll;
 mod events;
+mod gateway;
 mod journal;
 mod listener;
 mod log;

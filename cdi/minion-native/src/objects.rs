@@ -28,6 +28,10 @@ impl<T> ByRequest<T> {
         }
     }
 
+    pub fn get(&self, id: RequestId) -> Option<&T> {
+        self.0.iter().find(|(k, _)| *k == id).map(|(_, v)| v)
+    }
+
     pub fn pop(&mut self, id: RequestId) -> Option<T> {
         let at = self.0.iter().position(|(k, _)| *k == id)?;
         Some(self.0.remove(at).1)

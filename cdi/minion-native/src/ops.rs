@@ -279,7 +279,29 @@ fn access(
 ) -> Result<Reply, Failure> {
     let have = optional_int(request, "have")?;
     let wait = optional_bool(request, "wait", true)?;
-    let obj = reg.lookup(request, token, wait)?;
+    let arriving = arriving_budget(request)?;
+    let obj = match reg.lookup(request, token, wait) {
+        Ok(obj) => obj,
+        // An object on its way from another host: wait here for it to be created (by the
+        // gateway receiving it), for `arriving` seconds at most, then `not_found`.
+        Err(Failure::Cdi(err)) if wait && arriving > 0 && err.code == "not_found" => {
+            if Value::field(request, "id").is_none() {
+                return Err(CdiError::protocol(
+                    "a request that waits needs a request id to answer it by",
+                )
+                .into());
+            }
+            let key: Rc<str> = Rc::from(&*check_key(arg(request, "key"))?);
+            let waiter = Waiter {
+                token,
+                id,
+                read: false,
+            };
+            reg.wait_arriving(waiter, key, have, arriving);
+            return Ok(None);
+        }
+        Err(err) => return Err(err),
+    };
     let container = reg.conns.get(&token).and_then(|c| c.container.as_ref());
     let owner = container == Some(&obj.owner);
     if owner && obj.writable_by_owner() {
@@ -311,6 +333,28 @@ fn access(
     };
     reg.wait(waiter, key, have);
     Ok(None)
+}
+
+/// `arriving`: how long (seconds, at most an hour) an `access` of a key that does not exist
+/// waits for it to be created; 0 (the default): `not_found` at once.
+fn arriving_budget(request: Entries) -> Result<u64, CdiError> {
+    let seconds = match Value::field(request, "arriving") {
+        None => return Ok(0),
+        Some(Value::Float(value)) => *value,
+        Some(Value::Int(value)) => value.get() as f64,
+        Some(other) => {
+            return Err(CdiError::invalid_argument(format!(
+                "arriving must be a number of seconds, got {}",
+                other.kind()
+            )))
+        }
+    };
+    if !(0.0..=3600.0).contains(&seconds) {
+        return Err(CdiError::invalid_argument(format!(
+            "arriving must be between 0 and 3600 seconds, got {seconds}"
+        )));
+    }
+    Ok((seconds * 1e9) as u64)
 }
 
 fn cancel(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {

@@ -59,6 +59,8 @@ pub struct Registry {
     /// key -> deferred `access` and `read` requests. Lists emptied by a cancel stay until the
     /// next grant (they keep the busy-poll going).
     pub waiters: HashMap<Rc<str>, Vec<Waiter>>,
+    /// Deferred accesses of keys that did not exist: (deadline ns, token, request id, key).
+    pub arrivals: Vec<(u64, u64, RequestId, Rc<str>)>,
     pub conns: HashMap<u64, Connection>,
     next_registration: u64,
     pub outbox: Vec<Outgoing>,
@@ -111,6 +113,7 @@ impl Registry {
             own_uid: unsafe { libc::geteuid() },
             registered_now: Vec::new(),
             waiters: HashMap::new(),
+            arrivals: Vec::new(),
             conns: HashMap::new(),
             next_registration: 0,
             outbox: Vec::new(),
@@ -128,6 +131,12 @@ impl Registry {
             resume_until: 0,
             resume_unseen_until: 0,
         }
+    }
+
+    /// The creation order of a new object.
+    pub fn next_order(&mut self) -> u64 {
+        self.next_order += 1;
+        self.next_order
     }
 
     /// Count on from a restored object's creation order.
@@ -342,6 +351,7 @@ impl Registry {
     pub fn insert(&mut self, obj: StoredObject) -> Rc<str> {
         let key = obj.key.clone();
         self.objects.insert(key.clone(), obj);
+        self.grant_waiters(&key); // its owner may have waited for it to arrive
         self.changed(&key);
         key
     }
@@ -520,9 +530,13 @@ impl Registry {
     /// Defer an `access` (until the connection's container owns `key` and nobody reads it) or
     /// a `read` (until it may read it).
     pub fn wait(&mut self, waiter: Waiter, key: Rc<str>, have: Option<i128>) {
-        let Waiter { token, id, .. } = waiter;
         let budget = self.config.busy_poll_us.saturating_mul(1000);
         self.spin_until = sys::monotonic_ns().saturating_add(budget);
+        self.defer(waiter, key, have);
+    }
+
+    fn defer(&mut self, waiter: Waiter, key: Rc<str>, have: Option<i128>) {
+        let Waiter { token, id, .. } = waiter;
         if let Some(conn) = self.conns.get_mut(&token) {
             conn.waiting.insert(id, key.clone());
             if let Some(have) = have {
@@ -530,6 +544,59 @@ impl Registry {
             }
         }
         self.waiters.entry(key).or_default().push(waiter);
+    }
+
+    /// Defer an `access` of a key that does not exist yet (`wait`), for `budget_ns`: if no
+    /// object of that key exists by then, it is answered `not_found` (`expire_arrivals`).
+    pub fn wait_arriving(
+        &mut self,
+        waiter: Waiter,
+        key: Rc<str>,
+        have: Option<i128>,
+        budget_ns: u64,
+    ) {
+        let until = sys::monotonic_ns().saturating_add(budget_ns);
+        self.arrivals
+            .push((until, waiter.token, waiter.id, key.clone()));
+        // No busy-poll: the object comes over a link, whose bytes wake the loop anyway, and a
+        // poll would take a core from the processes sending it.
+        self.defer(waiter, key, have);
+    }
+
+    /// When the next deferred access of a missing key runs out (monotonic ns).
+    pub fn next_arrival_deadline(&self) -> Option<u64> {
+        self.arrivals.iter().map(|a| a.0).min()
+    }
+
+    /// Answer `not_found` to the deferred accesses whose key still does not exist at their
+    /// deadline (an object created meanwhile keeps them waiting, as any access).
+    pub fn expire_arrivals(&mut self) {
+        if self.arrivals.is_empty() {
+            return;
+        }
+        let now = sys::monotonic_ns();
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.arrivals)
+            .into_iter()
+            .partition(|a| a.0 <= now);
+        self.arrivals = later;
+        for (_, token, id, key) in due {
+            if self.objects.contains_key(&key) {
+                continue;
+            }
+            let waited = self
+                .conns
+                .get(&token)
+                .and_then(|c| c.waiting.get(id))
+                .is_some_and(|k| **k == *key);
+            if !waited || !self.cancel(token, id) {
+                continue;
+            }
+            if self.waiters.get(&key).is_some_and(Vec::is_empty) {
+                self.waiters.remove(&key);
+            }
+            let err = CdiError::not_found(format!("no object with key {:?} arrived", &*key));
+            self.outbox.push((token, id, Body::Error(err), None));
+        }
     }
 
     /// Withdraw a deferred access; whether one was waiting.

@@ -74,6 +74,16 @@ impl Body {
     }
 }
 
+/// The three entries of a refusal: `ok` (false), `code`, `msg` (the gateway's answers too).
+pub fn refusal_fields(enc: &mut Enc, err: &CdiError) {
+    enc.str("ok");
+    enc.bool(false);
+    enc.str("code");
+    enc.str(err.code);
+    enc.str("msg");
+    enc.str(&err.msg);
+}
+
 /// Write the reply `{"id": id, "ok": …, …body}` to the connection `token` into `out`.
 pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: RequestId) {
     if compact::encode(out, body, id) {
@@ -84,12 +94,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
         enc.map(4);
         enc.str("id");
         enc.int(id);
-        enc.str("ok");
-        enc.bool(false);
-        enc.str("code");
-        enc.str(err.code);
-        enc.str("msg");
-        enc.str(&err.msg);
+        refusal_fields(&mut enc, err);
         return;
     }
     let fields = match body {

@@ -295,6 +295,29 @@ impl Segment {
         }
     }
 
+    /// Write `data` at `offset` (clipped to the capacity), into a segment nobody else maps
+    /// yet: the gateway fills an object before it exists.
+    pub fn write_at(&mut self, offset: u64, data: &[u8]) {
+        let n = (data.len() as u64).min(self.capacity.saturating_sub(offset)) as usize;
+        // SAFETY: offset + n lies within our mapping, which nobody else can truncate yet.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr.add(offset as usize), n) };
+    }
+
+    /// Receive at most `length` bytes from the socket `sock` into this segment at `offset`,
+    /// without blocking (as `write_at`); recv's result.
+    pub fn receive_from(&mut self, sock: RawFd, offset: u64, length: u64) -> isize {
+        let n = length.min(self.capacity.saturating_sub(offset)) as usize;
+        // SAFETY: as in write_at; recv writes at most n bytes.
+        unsafe {
+            libc::recv(
+                sock,
+                self.addr.add(offset as usize).cast(),
+                n,
+                libc::MSG_DONTWAIT,
+            )
+        }
+    }
+
     /// Copy the first `length` bytes of `other` into this segment, which nobody else maps yet.
     pub fn copy_from(&mut self, other: &Segment, length: u64) {
         let n = length.min(self.capacity).min(other.capacity) as usize;

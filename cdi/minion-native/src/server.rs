@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use crate::args::Config;
 use crate::epoll::Epoll;
 use crate::events::EventSink;
+use crate::gateway::{Gateway, GatewayConfig, LINK};
 use crate::listener::{Accepted, Listener};
 use crate::log;
 use crate::objects::{ByRequest, Connection, RequestId};
@@ -41,6 +42,7 @@ pub static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 const LISTENER: u64 = 0;
 const WAKE: u64 = 1;
 const EVENTS: u64 = 2;
+const GATEWAY: u64 = 3;
 const FIRST_CONNECTION: u64 = 16;
 /// Marks the token of a registered process's pidfd: its connection's token with this bit set.
 const PROCESS: u64 = 1 << 62;
@@ -59,6 +61,8 @@ pub struct Minion {
     resume_at: Option<u64>,
     /// With its launcher gone: when to stop if no successor has asked to take over.
     orphaned_until: Option<u64>,
+    /// The receiving side of the gateway between hosts, when the launcher hands one over.
+    gateway: Option<Gateway>,
 }
 
 impl Minion {
@@ -74,6 +78,25 @@ impl Minion {
             ));
         }
         WAKE_FD.store(pipe[1], Ordering::SeqCst);
+        let gateway = match (config.gateway_fd, config.gateway_key_fd) {
+            (Some(listen_fd), Some(key_fd)) => {
+                let key = crate::gateway::read_key(key_fd)?;
+                // SAFETY: fcntl on an inherited fd; a bad one fails accept4 later, logged.
+                unsafe {
+                    let flags = libc::fcntl(listen_fd, libc::F_GETFL);
+                    libc::fcntl(listen_fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+                    libc::fcntl(listen_fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+                let gateway = GatewayConfig {
+                    listen_fd,
+                    key,
+                    channels_fd: config.gateway_channels_fd,
+                    timeout_ns: config.link_timeout_ms.saturating_mul(1_000_000),
+                };
+                Some(Gateway::new(gateway, &config.host))
+            }
+            _ => None,
+        };
         Ok(Minion {
             registry: Registry::new(config, events),
             next_connection: FIRST_CONNECTION,
@@ -85,6 +108,7 @@ impl Minion {
             out: Vec::with_capacity(4096),
             resume_at: None,
             orphaned_until: None,
+            gateway,
         })
     }
 
@@ -127,6 +151,10 @@ impl Minion {
                     })?;
             }
             self.epoll.watch(listener.fd, LISTENER, libc::EPOLLIN)?;
+            if let Some(gateway) = &self.gateway {
+                self.epoll
+                    .watch(gateway.listen_fd(), GATEWAY, libc::EPOLLIN)?;
+            }
             self.epoll.watch(self.wake.0, WAKE, libc::EPOLLIN)
         })();
         if let Err(err) = started {
@@ -152,10 +180,15 @@ impl Minion {
             let spinning =
                 !self.registry.waiters.is_empty() && sys::monotonic_ns() < self.registry.spin_until;
             self.check_orphaned();
-            let wake_at = match (self.resume_at, self.orphaned_until) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let wake_at = [
+                self.resume_at,
+                self.orphaned_until,
+                self.registry.next_arrival_deadline(),
+                self.gateway.as_ref().and_then(Gateway::next_deadline),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             let timeout = if spinning {
                 0
             } else {
@@ -184,11 +217,24 @@ impl Minion {
                     LISTENER => self.accept(),
                     WAKE => self.drain_wake_pipe(),
                     EVENTS => {} // flushed below
+                    GATEWAY => {
+                        if let Some(gateway) = self.gateway.as_mut() {
+                            gateway.accept(&self.epoll);
+                        }
+                    }
+                    token if token & LINK != 0 && token & PROCESS == 0 => self.on_link(token),
                     token if token & PROCESS != 0 => self.on_exit(token & !PROCESS),
                     token => self.on_readable(token, &mut buffer),
                 }
             }
             self.settle_resume();
+            if let Some(gateway) = self.gateway.as_mut() {
+                gateway.tick(&mut self.registry, &self.epoll);
+            }
+            self.registry.expire_arrivals();
+            self.flush_outbox();
+            self.flush_links();
+            self.settle();
             self.registry.persist();
             self.flush_events();
         }
@@ -238,6 +284,23 @@ impl Minion {
         self.settle();
     }
 
+    /// A gateway link has bytes: frames, payload. A commit grants a waiting owner first.
+    fn on_link(&mut self, token: u64) {
+        let Some(gateway) = self.gateway.as_mut() else {
+            return;
+        };
+        gateway.on_readable(&mut self.registry, &self.epoll, token);
+        self.flush_outbox();
+        self.flush_links();
+        self.settle();
+    }
+
+    fn flush_links(&mut self) {
+        if let Some(gateway) = self.gateway.as_mut() {
+            gateway.flush(&mut self.registry, &self.epoll);
+        }
+    }
+
     fn drain_wake_pipe(&self) {
         let mut sink = [0u8; 64];
         // SAFETY: sink is a valid buffer; the pipe is non-blocking.
@@ -249,6 +312,9 @@ impl Minion {
     fn shutdown(&mut self) {
         for token in self.registry.registered_tokens() {
             self.close(token, false);
+        }
+        if let Some(mut gateway) = self.gateway.take() {
+            gateway.shutdown(&mut self.registry, &self.epoll);
         }
         self.registry.objects.clear(); // dropping a segment unmaps and closes it
         self.registry.pool.close();
