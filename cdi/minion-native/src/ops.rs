@@ -296,6 +296,7 @@ fn access(
                 token,
                 id,
                 read: false,
+                compact,
             };
             reg.wait_arriving(waiter, key, have, arriving);
             return Ok(None);
