@@ -83,6 +83,7 @@ RunId: TypeAlias = "str | uuid.UUID"
 FileSource: TypeAlias = "str | os.PathLike[str] | bytes | IO[bytes]"
 ImageSource: TypeAlias = FileSource
 
+IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
 MAX_WAIT_S: Final = 55.0  # a long poll's wait; the API answers within 60 s
 CONNECT_TIMEOUT_S: Final = 10.0
 READ_TIMEOUT_S: Final = 60.0  # transfers and ordinary answers
@@ -283,7 +284,9 @@ class Calls:
             ),
             **({"tags": list(tags)} if tags else {}),
         }
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        # Every start carries a key (the caller's, or one made here), so one whose connection
+        # closed unanswered is sent again safely: the API answers the run the first one started.
+        headers = {IDEMPOTENCY_HEADER: idempotency_key or str(uuid.uuid4())}
         # The API answers the new run; asked to wait (``wait_s``), its detail once it has ended
         # or the wait is over.
         params = {"wait_s": round(wait_s, 3)} if wait_s > 0 else None
@@ -522,17 +525,18 @@ def parse_response(call: Call[T], response: httpx.Response) -> T:
         ) from exc
 
 
-RESENDS: Final = 2  # times a read whose connection was closed unanswered is sent again
+RESENDS: Final = 2  # times a call whose connection was closed unanswered is sent again
 
 
 def resend_delay(call: Call[Any], exc: httpx.TransportError, attempt: int) -> float | None:
     """Seconds to pause before sending ``call`` again after its ``attempt``-th try (from 1)
-    failed with ``exc``, or ``None`` to give up. Only a read (GET: sending it twice changes
-    nothing) whose connection the server closed without an answer: a kept-alive connection
-    the server closed just as it was reused, or one dropped under load. A refused connection
-    (the API is down) is said at once."""
+    failed with ``exc``, or ``None`` to give up. Only a call that may be sent twice (a GET, or
+    one with an idempotency key: every start) whose connection the server closed without an
+    answer: a kept-alive connection the server closed just as it was reused, or one dropped
+    under load. A refused connection (the API is down) is said at once."""
     closed = isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError)
-    if call.method != "GET" or not closed or attempt > RESENDS:
+    repeatable = call.method == "GET" or IDEMPOTENCY_HEADER in (call.headers or {})
+    if not repeatable or not closed or attempt > RESENDS:
         return None
     return 0.1 * attempt
 

@@ -275,10 +275,12 @@ class AsyncClient:
         for ``ar_video``). ``version`` runs that version of the definition; ``priority``
         (-100..100, default the definition's) orders it among waiting runs; ``tags`` label it.
         With ``idempotency_key`` a start sent again (after a timeout, say) answers the run the
-        first one started instead of starting another. ``timeout_s`` is the run's time limit
-        (past it, it ends TIMED_OUT), instead of the definition's. With ``wait_s`` (at most
-        60) the answer comes once the run has ended or that many seconds have passed, as its
-        detail (a ``WorkflowDetail``): one request for a run expected to be short."""
+        first one started instead of starting another (without one, the client makes one, so a
+        start whose connection closed unanswered is sent again safely). ``timeout_s`` is the
+        run's time limit (past it, it ends TIMED_OUT), instead of the definition's. With
+        ``wait_s`` (at most 60) the answer comes once the run has ended or that many seconds
+        have passed, as its detail (a ``WorkflowDetail``): one request for a run expected to be
+        short."""
         uri, local = as_image_source(image)
         if local is not None:
             uri = (await self.upload(local)).uri

@@ -1,8 +1,8 @@
 """The client honours the API's back-pressure: a 429 is sent again after its ``Retry-After``,
-for up to ``busy_timeout``, then raised as ``TooManyRequests``; a read whose connection was
-closed unanswered is sent again (twice at most). A small fake transport plays the API here
-(what the API answers at capacity is tested against the real one in
-``tests/orchestrator/test_api_back_pressure.py``)."""
+for up to ``busy_timeout``, then raised as ``TooManyRequests``; a read or a start (it carries
+an idempotency key) whose connection was closed unanswered is sent again (twice at most). A
+small fake transport plays the API here (what the API answers at capacity is tested against
+the real one in ``tests/orchestrator/test_api_back_pressure.py``)."""
 
 from __future__ import annotations
 
@@ -140,3 +140,47 @@ def test_a_write_the_server_closed_unanswered_is_not_sent_again() -> None:
     with client, pytest.raises(TransportError):
         client.cancel("3f2b8c1e-0000-4000-8000-000000000000")
     assert api.seen == 1
+
+
+class _Records(_Hangs):
+    """``_Hangs`` that keeps every request's idempotency key and answers a started run."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__(times)
+        self.keys: list[str | None] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.keys.append(request.headers.get("Idempotency-Key"))
+        super().__call__(request)
+        return httpx.Response(201, json=RUN)
+
+
+RUN = {
+    "id": "3f2b8c1e-0000-4000-8000-000000000000", "workflow": "noop", "workflow_version": 1,
+    "status": "PENDING", "policy": "affinity", "data_plane": "cdi", "input": {}, "output": None,
+    "error": None, "result_uri": None, "retry_of": None, "created_at": "2026-12-05T00:00:00Z",
+    "started_at": None, "finished_at": None, "claimed_by": None, "claimed_at": None,
+    "started_by": "admin",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("given", [None, "my-key"])
+def test_a_start_the_server_closed_unanswered_is_sent_again_under_one_key(
+    given: str | None,
+) -> None:
+    """Every start carries an idempotency key (the caller's or one the client made), so the
+    API answers the run a start that did reach it made: sending it again is safe."""
+    api = _Records(times=1)
+    with Client("http://api.test", api_key="k" * 32, transport=httpx.MockTransport(api)) as c:
+        run = c.start("noop", None, idempotency_key=given)
+    assert str(run.id) == RUN["id"] and api.seen == 2
+    assert api.keys[0] is not None and api.keys == [api.keys[0]] * 2
+    assert given is None or api.keys[0] == given
+
+
+def test_each_start_gets_a_key_of_its_own() -> None:
+    api = _Records(times=0)
+    with Client("http://api.test", api_key="k" * 32, transport=httpx.MockTransport(api)) as c:
+        c.start("noop", None)
+        c.start("noop", None)
+    assert len(set(api.keys)) == 2 and None not in api.keys
