@@ -85,6 +85,7 @@ CLOSED_BY_WRITER, CLOSED_BROKEN = 1, 2
 
 KEY_PREFIX = "channel/"
 RETRY_S = 0.002
+REAP_S = 0.5  # how often an object left behind is offered to destroy again
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,8 @@ def destroy_once_alone(obj: CDIObject, linger: float) -> bool:
     """Destroy a ring or cursor once the other side has let go of its live share, waiting up
     to ``linger`` seconds; whether it is gone. (This polls: it runs once, when an end leaves.
     A live share's ``access`` does not wait for the readers, so there is nothing to block on.)
-    An object left behind goes when its readers let go and its owner's client closes."""
+    An object left behind is freed in the background once the other side lets go (a
+    long-lived owner, such as a worker, would otherwise keep it until its client closes)."""
     deadline = time.monotonic() + linger
     while True:
         try:
@@ -188,11 +190,55 @@ def destroy_once_alone(obj: CDIObject, linger: float) -> bool:
         except ObjectShared:
             if time.monotonic() >= deadline:
                 log.info("%s is still mapped by the other side; it goes when that lets go", obj.key)
+                _reaper.add(obj)
                 return False
         except CDIError as exc:  # the minion went away: nothing is left to free
             log.info("could not free %s: %s", obj.key, exc)
             return False
         time.sleep(RETRY_S)
+
+
+class _Reaper:
+    """One thread a process that offers the objects left behind to ``destroy`` again every
+    ``REAP_S``, until each is gone (or its client or minion is: then there is nothing to free)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._objects: list[CDIObject] = []
+        self._running = False
+
+    def add(self, obj: CDIObject) -> None:
+        with self._lock:
+            self._objects.append(obj)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="cdi-channel-reaper", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(REAP_S)
+            with self._lock:
+                objects, self._objects = self._objects, []
+            left = [obj for obj in objects if not _freed(obj)]
+            with self._lock:
+                self._objects.extend(left)
+                if not self._objects:
+                    self._running = False
+                    return
+
+
+def _freed(obj: CDIObject) -> bool:
+    """Whether ``obj`` needs no more tries: destroyed now, or beyond freeing by us."""
+    try:
+        obj.destroy()
+    except ObjectShared:
+        return False
+    except CDIError:
+        return True
+    return True
+
+
+_reaper = _Reaper()
 
 
 def registered(client: Client) -> Client:

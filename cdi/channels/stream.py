@@ -86,7 +86,7 @@ def open_stream(
     try:
         # The peer joins our topic only after its own grant: until it has, what we send would
         # be published before it joined, and lost to it.
-        outbound.wait_for_readers(1, timeout=_left(deadline))
+        outbound.wait_for_reader(other, timeout=_left(deadline))
     except BaseException as exc:
         Stream(outbound, inbound).close()
         if isinstance(exc, TimeoutError):

@@ -108,6 +108,8 @@ class Topic:
         self._head = 0
         self._floor = 0  # every admitted reader has consumed at least this sequence
         self._granted: set[str] = set()
+        self._joined: set[str] = set()  # every reader admitted since the topic opened (a relay
+        # once it has admitted a reader on its host)
         self._members: dict[str, _Member] = {}
         self._lock = threading.Lock()  # the member table
         self._joining = threading.Lock()  # one admission round at a time
@@ -184,6 +186,23 @@ class Topic:
                 raise TimeoutError(
                     f"{joined} of {count} readers joined {self.name!r} in {timeout} s"
                 )
+            time.sleep(0.005)
+
+    def wait_for_reader(self, reader: str, timeout: float | None = None) -> None:
+        """Until ``reader`` has joined, or the relay carrying the topic to its host has
+        admitted a reader there; a reader that joined and left since counts.
+        ``TimeoutError`` after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._admit_joiners()
+            with self._lock:
+                self._joined.update(m.container for m in self._members.values() if m.seats())
+                # Granted through a relay (another host): the relay's first reader there.
+                relayed = reader not in self._granted
+                if reader in self._joined or (relayed and self._joined):
+                    return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{reader} did not join {self.name!r} in {timeout} s")
             time.sleep(0.005)
 
     def publish(self, data: bytes | bytearray | memoryview, timeout: float | None = None) -> int:
@@ -390,6 +409,8 @@ class Topic:
             self._head,
         )
         self._members[container] = member
+        if member.seats():
+            self._joined.add(container)
         entry = r.MEMBERS + 2 * index
         self._words[entry + 1] = member.start
         self._words[entry] = r.reader_tag(container)  # the tag last: the entry is complete

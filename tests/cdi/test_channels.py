@@ -215,6 +215,30 @@ def test_a_stream_opens_only_once_the_peer_reads_it(minion: MinionProcess, uniqu
     assert sent.is_set() and not opener.is_alive()
 
 
+def test_a_ring_its_reader_still_maps_goes_once_the_reader_leaves(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    """A writer that closes while a reader still maps the ring cannot free it then; it is freed
+    once the reader leaves, though the writer's client stays open (a worker's does)."""
+    name = unique("left")
+    writer, reader = minion.client(unique("w")), minion.client(unique("r"))
+    assert reader.container_id is not None
+    topic = channels.open_topic(writer, name)
+    topic.grant([reader.container_id])
+    with channels.subscribe(reader, name, timeout=30) as sub:
+        topic.wait_for_readers(1, timeout=30)
+        topic.publish(b"last")
+        topic.close(linger=0.1)
+        assert any(key.startswith(f"channel/{name}") for key in channel_objects(minion))
+        assert sub.receive(timeout=30) == b"last"
+        with pytest.raises(cdi.ChannelClosed):
+            sub.receive(timeout=30)
+    deadline = time.monotonic() + 30
+    while channel_objects(minion) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert channel_objects(minion) == []
+
+
 @pytest.mark.parametrize("isolation", ["cooperative", "strict"])
 def test_a_live_share_lets_the_owner_write_on(
     minion: MinionProcess, unique: Unique, isolation: str

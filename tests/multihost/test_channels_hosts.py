@@ -199,20 +199,28 @@ def test_a_stream_with_a_peer_that_registers_late_on_the_same_host_opens_at_once
     peer that then registers on this host is granted here as soon as the directory has it."""
     peer, name = unique("late"), unique("s")
     opened: list[float] = []
+    failed: list[BaseException] = []
 
     def open_ours() -> None:
-        with channels.open_stream(a_only, name, peer, timeout=30) as ours:
-            opened.append(time.monotonic())
-            ours.send(b"hello")
+        try:
+            with channels.open_stream(a_only, name, peer, timeout=30) as ours:
+                opened.append(time.monotonic())
+                ours.send(b"hello")
+        except BaseException as exc:  # said by the test below, not lost with the thread
+            failed.append(exc)
+            raise
 
     thread = threading.Thread(target=open_ours)
     thread.start()
     time.sleep(0.3)
     with cdi.connect(cluster.minions[0].socket_path, peer) as late:
         registered = time.monotonic()
-        with channels.open_stream(late, name, cid(a_only), timeout=30) as theirs:
-            assert theirs.receive(timeout=30) == b"hello"
-        thread.join(30)
+        try:
+            with channels.open_stream(late, name, cid(a_only), timeout=30) as theirs:
+                assert theirs.receive(timeout=30) == b"hello"
+        finally:
+            thread.join(30)
+            assert not failed, f"our end failed: {failed[0]!r}"
     assert opened and opened[0] - registered < 3, opened
 
 
