@@ -145,7 +145,7 @@ class Reports:
     def _trim_all(self) -> None:
         self.ctx.redis.delete(self.ctx.taken_key)
 
-    def read(self, text: str) -> None:
+    def read(self, text: str | bytes) -> None:
         """Handle one report as it came off the list; an unreadable one is dropped."""
         try:
             report = Report.loads(text)

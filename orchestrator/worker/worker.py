@@ -8,7 +8,9 @@ only for S3 (a last task's store, ``Execution.later``) is finished and reported 
 its own, while the slot goes on to its next instruction. A worker
 killed mid-task therefore leaves the instruction in flight for the scheduler to requeue. An
 instruction sent again (``repeats``) is never run twice: a repeat of one that finished gets its
-report again, a repeat of one that runs now is dropped.
+report again, a repeat of one that runs now is dropped. One that is not an instruction is
+dropped, unless it names a task run and where to report it: that task run then fails for good
+(a retry would send the same).
 
 A task run is stopped with a ``Stop`` on the worker's control list, which a thread of its own
 pops (the slots may all be busy): ``stopping`` says how.
@@ -31,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import Final, NoReturn
 
+import msgspec
 import redis
 
 from cdi import ObjectKey
@@ -68,9 +71,21 @@ def parse_instruction(raw: bytes) -> Instruction:
         ins = Instruction.loads(raw)
     except (ValueError, TypeError) as exc:  # bad JSON, not an object, missing/unknown fields
         raise InvalidInstruction(f"not an instruction: {exc}") from exc
-    if not isinstance(ins.reply_to, str) or not ins.reply_to:
+    if not ins.reply_to:
         raise InvalidInstruction("the instruction names no reply_to list")
     return ins
+
+
+class _Addressed(msgspec.Struct):
+    """What a report needs of a message that is not an instruction."""
+
+    task_run_id: int
+    workflow_id: str
+    reply_to: str
+    key: str = ""
+
+
+_ADDRESSED: Final = msgspec.json.Decoder(_Addressed)
 
 
 class Worker:
@@ -256,9 +271,7 @@ class Worker:
         try:
             ins = parse_instruction(raw)
         except InvalidInstruction as exc:
-            # With no reply_to there is nobody to tell; keeping it in flight helps no one.
-            log.error("dropping an unusable instruction %.300r: %s", raw, exc)
-            self._deliver(raw, None, None)
+            self._refuse(raw, exc)
             return
         earlier = self._repeats.begin(ins)
         if earlier == RUNNING:
@@ -284,6 +297,29 @@ class Worker:
                 self._finisher.submit(self._finish_later, raw, ins, exe, started_at)
             else:
                 self._finish(raw, ins, exe, started_at)
+
+    def _refuse(self, raw: bytes, exc: InvalidInstruction) -> None:
+        """Fail, for good, the task run a message that is not an instruction names; with no
+        task run or reply_to to name there is nobody to tell, and keeping it in flight helps
+        no one."""
+        try:
+            to: _Addressed | None = _ADDRESSED.decode(raw)
+        except msgspec.DecodeError:
+            to = None
+        if to is None or not to.reply_to:
+            log.error("dropping an unusable instruction %.300r: %s", raw, exc)
+            self._deliver(raw, None, None)
+            return
+        log.error("task run %s: %s", to.task_run_id, exc)
+        exe = Execution(key=ObjectKey(to.key))
+        exe.fail(exc)
+        now = time.time()
+        report = Report(
+            task_run_id=to.task_run_id, workflow_id=to.workflow_id, worker_id=self.worker_id,
+            status=exe.status, started_at=now, finished_at=now, error=exe.error,
+            retryable=exe.retryable, key=exe.key,
+        )  # fmt: skip
+        self._deliver(raw, to.reply_to, report)
 
     def _finish_later(
         self, raw: bytes, ins: Instruction, exe: Execution, started_at: float
@@ -330,10 +366,9 @@ class Worker:
             self.request_stop(exit_code)
 
     def _execute(self, ins: Instruction) -> Execution:
-        exe = Execution(key=ins.key if isinstance(ins.key, str) else ObjectKey(""))
+        exe = Execution(key=ins.key)
         with self._counted():
-            # The JSON may hold anything there: only a string can name a plane.
-            plane = self._planes.get(ins.data_plane) if isinstance(ins.data_plane, str) else None
+            plane = self._planes.get(ins.data_plane)
             if plane is None:
                 known = ", ".join(repr(str(p)) for p in self._planes)
                 exe.fail(
