@@ -95,8 +95,10 @@ class Stack:
         self.env, self.redis, self.sched, self.tmp = env, r, sched, tmp
         self.workers: list[WorkerProcess] = []
 
-    def start_worker(self, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        worker_id = f"wt-{uuid.uuid4().hex[:10]}"
+    def start_worker(
+        self, *args: str, env: dict[str, str] | None = None, worker_id: str = ""
+    ) -> WorkerProcess:
+        worker_id = worker_id or f"wt-{uuid.uuid4().hex[:10]}"
         own_env = self.env | (env or {})
         worker = WorkerProcess(worker_id, own_env, self.tmp / f"{worker_id}.log", *args)
         self.workers.append(worker)
