@@ -102,7 +102,8 @@ def task_leases_key(task: str) -> str:
 
 def worker_queue_key(worker_id: str) -> str:
     """A worker's own instruction list, ``cdiflow:queue:<id>``: the scheduler LPUSHes, the
-    worker moves one item at a time into its in-flight list (BLMOVE) and runs it."""
+    worker moves items into its in-flight list (BLMOVE, or up to its free slots' worth in one
+    script call: ``orchestrator.worker.intake``) and runs them."""
     return f"cdiflow:queue:{worker_id}"
 
 

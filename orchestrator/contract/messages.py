@@ -54,22 +54,27 @@ worker interrupts the task and reports it as the ``Stop`` says (CANCELLED or TIM
 that would not stop costs the worker its process (``Report.restarting``,
 ``orchestrator.worker.stopping``).
 
-Both messages are read strictly (``loads``): a field the reader does not know makes the message
-unreadable (docs/architecture.md, *Messages*). ``loads`` checks names, not types: a field's
-value is what the JSON held (a plain string where the field is an enum, which compares equal
-to its member), and the worker checks the values it acts on.
+All three are ``msgspec`` structs, written and read by one C call each (``dumps``, ``loads``):
+JSON with the field names below, a field at its default left out (a reader fills it in, as an
+older reader does too). They are read strictly: a field the reader does not know, or a value
+of the wrong type (a string where a number goes, an unknown ``data_plane``), makes the message
+unreadable (``msgspec.DecodeError``, a ``ValueError``; docs/architecture.md, *Messages*). A
+whole number reads as a float where one goes; an enum field reads as its member.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, cast
+
+import msgspec
 
 from orchestrator.contract.vocabulary import DataPlane, TaskRunStatus
 
 if TYPE_CHECKING:
     from cdi import ObjectKey
+else:
+    # msgspec reads the fields' types at run time, and ``ObjectKey`` is a ``str`` there.
+    ObjectKey = str
 
 __all__ = ["MAX_TRACEBACK", "Instruction", "Report", "Stop"]
 
@@ -82,8 +87,12 @@ MAX_TRACEBACK: Final = 16_384
 _NO_KEY: Final = cast("ObjectKey", "")
 
 
-@dataclass(frozen=True)
-class Instruction:
+class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    def dumps(self) -> bytes:
+        return _ENCODER.encode(self)
+
+
+class Instruction(_Message, frozen=True):
     """One task run for one worker."""
 
     task_run_id: int
@@ -94,8 +103,8 @@ class Instruction:
     timeout_s: float
     reply_to: str  # Redis list the report goes to
     data_plane: DataPlane
-    params: dict[str, Any] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)  # the workflow's input.data
+    params: dict[str, Any] = {}
+    data: dict[str, Any] = {}  # the workflow's input.data
     # cdi plane
     key: ObjectKey = _NO_KEY
     output_key: ObjectKey = _NO_KEY
@@ -111,24 +120,20 @@ class Instruction:
     queued_at: float = 0.0  # unix seconds when the scheduler pushed it
     # named data (``cdi`` and ``none`` planes)
     chain: bool = True  # the step named no inputs: its first parameter takes the image
-    inputs: dict[str, Any] = field(default_factory=dict)  # name -> object, value or items
-    outputs: dict[str, ObjectKey] = field(default_factory=dict)  # output name -> its object
+    inputs: dict[str, Any] = {}  # name -> object, value or items
+    outputs: dict[str, ObjectKey] = {}  # output name -> its object
     store_prefix: str = ""  # the step's outputs are results: stored under this S3 prefix
     discard_image: bool = False  # no step reads its image: destroy it, do not pass it on
     # A streaming step's channels (``Graph.channel_plan``): {"publish": {name: [subscriber
     # refs]}, "subscribe": {name: publisher ref}}; empty for any other step.
-    channels: dict[str, Any] = field(default_factory=dict)
-
-    def dumps(self) -> str:
-        return _dumps(self)
+    channels: dict[str, Any] = {}
 
     @classmethod
     def loads(cls, text: str | bytes) -> Instruction:
-        return cls(**json.loads(text))
+        return _INSTRUCTION.decode(text)
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(_Message, frozen=True):
     """What became of one instruction."""
 
     task_run_id: int
@@ -137,7 +142,7 @@ class Report:
     status: TaskRunStatus  # COMPLETED, FAILED, TIMED_OUT or CANCELLED (stopped)
     started_at: float  # unix seconds
     finished_at: float
-    output: dict[str, Any] = field(default_factory=dict)  # the task's JSON output
+    output: dict[str, Any] = {}  # the task's JSON output
     error: str = ""  # a reason a person can act on
     # Where the task was when it failed or was stopped (its traceback, at most
     # ``MAX_TRACEBACK`` characters); "" when the failure was not the task code's.
@@ -161,25 +166,21 @@ class Report:
     write_ms: float = 0.0
     return_us: float = 0.0  # cdi plane: how long handing the object back (or on) took
     # named data
-    objects: dict[str, Any] = field(default_factory=dict)  # output -> {key, kind, nbytes}|items
-    results: dict[str, Any] = field(default_factory=dict)  # output -> S3 URI(s) it was stored at
-    released: list[ObjectKey] = field(default_factory=list)  # shared objects it gave up reading
+    objects: dict[str, Any] = {}  # output -> {key, kind, nbytes}|items
+    results: dict[str, Any] = {}  # output -> S3 URI(s) it was stored at
+    released: list[ObjectKey] = []  # shared objects it gave up reading
     # owned inputs it handed back, and what it made that did not go on to ``handed_to``
-    returned: list[ObjectKey] = field(default_factory=list)
+    returned: list[ObjectKey] = []
     # The task would not stop, so its worker ends the process it ran in and starts afresh:
     # whatever else that process held (other tasks, held images) is gone with it.
     restarting: bool = False
 
-    def dumps(self) -> str:
-        return _dumps(self)
-
     @classmethod
     def loads(cls, text: str | bytes) -> Report:
-        return cls(**json.loads(text))
+        return _REPORT.decode(text)
 
 
-@dataclass(frozen=True)
-class Stop:
+class Stop(_Message, frozen=True):
     """Stop a task run a worker runs (on ``keys.worker_control_key``): its run was cancelled,
     failed or timed out. The worker reports the task run with ``status``, and ``reason`` as
     its error."""
@@ -189,15 +190,12 @@ class Stop:
     status: TaskRunStatus  # CANCELLED or TIMED_OUT
     reason: str
 
-    def dumps(self) -> str:
-        return _dumps(self)
-
     @classmethod
     def loads(cls, text: str | bytes) -> Stop:
-        return cls(**json.loads(text))
+        return _STOP.decode(text)
 
 
-def _dumps(message: Instruction | Report | Stop) -> str:
-    # The fields as they are (``vars``), not ``dataclasses.asdict``: that deep-copies every
-    # nested dict and list first, for a message that is about to become text anyway.
-    return json.dumps(vars(message), separators=(",", ":"))
+_ENCODER: Final = msgspec.json.Encoder()
+_INSTRUCTION: Final = msgspec.json.Decoder(Instruction)
+_REPORT: Final = msgspec.json.Decoder(Report)
+_STOP: Final = msgspec.json.Decoder(Stop)

@@ -111,7 +111,7 @@ class Dispatcher:
         self._waits: list[tuple[RunState, str | None, str, dict[str, str]]] = []
         # Instructions ``send`` holds while a loop turn reads its reports (``hold``), to go
         # out together (``send_held``); the task runs of those Redis did not take.
-        self._held: list[tuple[RunState, StepRun, Placement, str]] | None = None
+        self._held: list[tuple[RunState, StepRun, Placement, bytes]] | None = None
         self._unrecorded: set[int] = set()
 
     # ------------------------------------------------------------------ placing
@@ -504,7 +504,7 @@ class Dispatcher:
         if not held:
             return
         self._held = []
-        by_worker: dict[str, list[str]] = defaultdict(list)
+        by_worker: dict[str, list[bytes]] = defaultdict(list)
         for _, _, placement, text in held:
             by_worker[str(placement.worker)].append(text)
         pipe = self.ctx.redis.pipeline(transaction=False)

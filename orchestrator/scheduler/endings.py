@@ -68,7 +68,7 @@ class Endings:
     def __init__(self, ctx: SchedulerContext, dispatch: Dispatcher) -> None:
         self.ctx = ctx
         self.dispatch = dispatch  # told of each instruction taken back from its worker
-        self.outbox: list[tuple[str, str]] = []  # (worker queue, message) not sent yet
+        self.outbox: list[tuple[str, bytes]] = []  # (worker queue, message) not sent yet
         self.to_destroy: dict[ObjectKey, float] = {}  # key -> monotonic time to stop looking
 
     def ended(self, workflow_id: uuid.UUID, ended: bool) -> None:
@@ -166,7 +166,9 @@ class Endings:
         assert flight is not None
         try:
             taken = self.ctx.redis.lrem(
-                keys.worker_queue_key(flight.worker), 1, flight.instruction.dumps()
+                keys.worker_queue_key(flight.worker),
+                1,
+                flight.instruction.dumps(),  # type: ignore[arg-type]
             )
         except redis.RedisError as exc:
             log.warning("could not withdraw task run %s: %s", flight.task_run_id, exc)

@@ -122,8 +122,8 @@ class Recovery:
         # same id does not run it too; other runs' instructions stay where they are.
         lost_text = flight.instruction.dumps()
         pipe = self.ctx.redis.pipeline(transaction=False)
-        pipe.lrem(keys.worker_queue_key(flight.worker), 0, lost_text)
-        pipe.lrem(keys.worker_inflight_key(flight.worker), 0, lost_text)
+        pipe.lrem(keys.worker_queue_key(flight.worker), 0, lost_text)  # type: ignore[arg-type]
+        pipe.lrem(keys.worker_inflight_key(flight.worker), 0, lost_text)  # type: ignore[arg-type]
         pipe.execute()
         step.avoid = step.avoid | {flight.worker}
         step.last_worker = None

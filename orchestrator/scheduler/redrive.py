@@ -141,7 +141,7 @@ class Redrive:
             try:
                 # A restarted worker of the same id must not run it from its in-flight list.
                 text = flight.instruction.dumps()
-                self.ctx.redis.lrem(keys.worker_inflight_key(flight.worker), 0, text)
+                self.ctx.redis.lrem(keys.worker_inflight_key(flight.worker), 0, text)  # type: ignore[arg-type]
             except redis.RedisError as exc:
                 log.warning("could not withdraw task run %s from %s: %s",
                             flight.task_run_id, flight.worker, exc)  # fmt: skip

@@ -31,6 +31,7 @@ import redis
 import cdi
 from orchestrator.contract import keys
 from orchestrator.contract.messages import Report
+from orchestrator.contract.scripts import MOVE_UP_TO
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.db.run_statements import Finish, Handoff, Placement, Reported
 from orchestrator.logs import log_context
@@ -66,18 +67,15 @@ REPORT_BATCH: Final = 64
 # KEYS: the report list, the taken list, the wake-up list, the report list's bell; ARGV: how
 # many reports at most, whether to pop a wake-up too. Moves the reports waiting into the taken
 # list (oldest first in the answer), silences the bell once none is left, and pops a wake-up.
-_TAKE = """
-local taken = {}
-for i = 1, tonumber(ARGV[1]) do
-  local report = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-  if not report then break end
-  taken[#taken + 1] = report
-end
+_TAKE = (
+    MOVE_UP_TO
+    + """
 if redis.call('LLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[4]) end
 local wake = false
 if ARGV[2] == '1' then wake = redis.call('RPOP', KEYS[3]) end
 return {taken, wake}
 """
+)
 
 
 class Reports:
@@ -146,7 +144,7 @@ class Reports:
     def _trim_all(self) -> None:
         self.ctx.redis.delete(self.ctx.taken_key)
 
-    def read(self, text: str) -> None:
+    def read(self, text: str | bytes) -> None:
         """Handle one report as it came off the list; an unreadable one is dropped."""
         try:
             report = Report.loads(text)

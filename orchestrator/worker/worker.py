@@ -1,14 +1,16 @@
 """The worker's main loop: a reliable pop from its own queue, run, report, acknowledge.
 
-Each slot (``concurrency`` of them) BLMOVEs one instruction from ``keys.worker_queue_key`` into
-``keys.worker_inflight_key``, runs it on its data plane, and in one Redis transaction LPUSHes
-the ``Report`` onto ``reply_to`` (ringing its bell, ``keys.report_bell_key``) and LREMs the
-instruction from the in-flight list. What waits
-only for S3 (a last task's store, ``Execution.later``) is finished and reported by a thread of
-its own, while the slot goes on to its next instruction. A worker
-killed mid-task therefore leaves the instruction in flight for the scheduler to requeue. An
-instruction sent again (``repeats``) is never run twice: a repeat of one that finished gets its
-report again, a repeat of one that runs now is dropped.
+Each slot (``concurrency`` of them) takes an instruction moved from ``keys.worker_queue_key``
+into ``keys.worker_inflight_key`` (``intake``: up to the free slots' worth in one call), runs it
+on its data plane, and in one Redis script LPUSHes the ``Report`` onto ``reply_to`` (ringing its
+bell, ``keys.report_bell_key``) and LREMs the instruction from the in-flight list (``replies``:
+reports that end together go in one call). What waits only for S3 (a last task's store,
+``Execution.later``) is finished and reported by a thread of its own, while the slot goes on to
+its next instruction. A worker killed mid-task therefore leaves the instruction in flight for
+the scheduler to requeue. An instruction sent again (``repeats``) is never run twice: a repeat
+of one that finished gets its report again, a repeat of one that runs now is dropped. One that
+is not an instruction is dropped, unless it names a task run and where to report it: that task
+run then fails for good (a retry would send the same).
 
 A task run is stopped with a ``Stop`` on the worker's control list, which a thread of its own
 pops (the slots may all be busy): ``stopping`` says how.
@@ -31,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import Final, NoReturn
 
+import msgspec
 import redis
 
 from cdi import ObjectKey
@@ -42,9 +45,11 @@ from orchestrator.logs import log_context
 from orchestrator.worker.execution import EXIT_TASK_STUCK, Execution, TaskCall
 from orchestrator.worker.heartbeat import Heartbeat
 from orchestrator.worker.input_cache_host import CacheFigures
+from orchestrator.worker.intake import POP_TIMEOUT_S, Intake
 from orchestrator.worker.metrics import WorkerMetrics
 from orchestrator.worker.planes import Plane
 from orchestrator.worker.repeats import RUNNING, Repeats
+from orchestrator.worker.replies import Replies
 from orchestrator.worker.stopping import StopRequest, StopRequests
 from orchestrator.worker.streams import StreamHub
 from workflows.loader import TaskCatalog
@@ -54,12 +59,10 @@ __all__ = ["POP_TIMEOUT_S", "Worker", "parse_instruction"]
 
 log = logging.getLogger(__name__)
 
-POP_TIMEOUT_S: Final = 1  # how often an idle slot looks at the stop flag
 # Stores a slot may leave to finish before it waits for one: they go on side by side, and
 # each holds its image and object until done, so a slow S3 must not let them pile up.
 FINISH_AHEAD: Final = 2
 _REDIS_DOWN_RETRY_S: Final = 1.0
-_DELIVERY_ATTEMPTS_WHEN_STOPPING: Final = 3
 
 
 def parse_instruction(raw: bytes) -> Instruction:
@@ -68,9 +71,21 @@ def parse_instruction(raw: bytes) -> Instruction:
         ins = Instruction.loads(raw)
     except (ValueError, TypeError) as exc:  # bad JSON, not an object, missing/unknown fields
         raise InvalidInstruction(f"not an instruction: {exc}") from exc
-    if not isinstance(ins.reply_to, str) or not ins.reply_to:
+    if not ins.reply_to:
         raise InvalidInstruction("the instruction names no reply_to list")
     return ins
+
+
+class _Addressed(msgspec.Struct):
+    """What a report needs of a message that is not an instruction."""
+
+    task_run_id: int
+    workflow_id: str
+    reply_to: str
+    key: str = ""
+
+
+_ADDRESSED: Final = msgspec.json.Decoder(_Addressed)
 
 
 class Worker:
@@ -98,7 +113,6 @@ class Worker:
         self.sources = sources  # where tasks may be loaded from
         self.metrics: WorkerMetrics | None = None  # set to count task runs for Prometheus
         self.redis = redis_client  # bytes replies: LREM must match the raw instruction exactly
-        self._report_and_ack = redis_client.register_script(_REPORT_AND_ACK)
         self._thread_local = threading.local()
         self._thread_clients: list[redis.Redis] = []
         self._planes = planes  # what runs each instruction, by its ``data_plane``
@@ -110,6 +124,11 @@ class Worker:
         self.stops = StopRequests()  # what the control list asked to stop
         self.exit_code = 0
         self._stop = threading.Event()
+        self.intake = Intake(
+            redis_client, self.queue_key, self.inflight_key, concurrency, self._own_client,
+            self._stop,
+        )  # fmt: skip
+        self.replies = Replies(redis_client, self.inflight_key, self._own_client, self._stop.is_set)
         self._lock = threading.Lock()
         self._running = 0
         self._repeats = Repeats()
@@ -147,6 +166,8 @@ class Worker:
     def run(self) -> int:
         """Beat, run the slots until ``request_stop``, clean up; return the exit code."""
         self._note_stale_inflight()
+        self.intake.load()
+        self.replies.load()
         self.heartbeat.start()
         slots = [
             threading.Thread(target=self._slot, name=f"slot-{n}") for n in range(self.concurrency)
@@ -203,10 +224,10 @@ class Worker:
     # ------------------------------------------------------------------ the loop
     def _slot(self) -> None:
         try:
-            while not self._stop.is_set():
-                raw = self._pop()
-                if raw is not None:
-                    self._handle(raw)
+            raw = self.intake.next()
+            while raw is not None:
+                self._handle(raw)
+                raw = self.intake.next(done=True)
         except BaseException:
             log.critical("a worker slot crashed; stopping the worker", exc_info=True)
             self.request_stop(1)
@@ -241,24 +262,11 @@ class Worker:
         log.info("asked to stop task run %s (workflow %s, %s): %s",
                  stop.task_run_id, stop.workflow_id, now, stop.reason)  # fmt: skip
 
-    def _pop(self) -> bytes | None:
-        try:
-            raw = self._own_client().blmove(
-                self.queue_key, self.inflight_key, POP_TIMEOUT_S, src="RIGHT", dest="LEFT"
-            )
-        except redis.RedisError as exc:
-            log.warning("cannot pop %s: %s; retrying", self.queue_key, exc)
-            self._stop.wait(_REDIS_DOWN_RETRY_S)
-            return None
-        return raw if isinstance(raw, bytes) else None
-
     def _handle(self, raw: bytes) -> None:
         try:
             ins = parse_instruction(raw)
         except InvalidInstruction as exc:
-            # With no reply_to there is nobody to tell; keeping it in flight helps no one.
-            log.error("dropping an unusable instruction %.300r: %s", raw, exc)
-            self._deliver(raw, None, None)
+            self._refuse(raw, exc)
             return
         earlier = self._repeats.begin(ins)
         if earlier == RUNNING:
@@ -284,6 +292,29 @@ class Worker:
                 self._finisher.submit(self._finish_later, raw, ins, exe, started_at)
             else:
                 self._finish(raw, ins, exe, started_at)
+
+    def _refuse(self, raw: bytes, exc: InvalidInstruction) -> None:
+        """Fail, for good, the task run a message that is not an instruction names; with no
+        task run or reply_to to name there is nobody to tell, and keeping it in flight helps
+        no one."""
+        try:
+            to: _Addressed | None = _ADDRESSED.decode(raw)
+        except msgspec.DecodeError:
+            to = None
+        if to is None or not to.reply_to:
+            log.error("dropping an unusable instruction %.300r: %s", raw, exc)
+            self._deliver(raw, None, None)
+            return
+        log.error("task run %s: %s", to.task_run_id, exc)
+        exe = Execution(key=ObjectKey(to.key))
+        exe.fail(exc)
+        now = time.time()
+        report = Report(
+            task_run_id=to.task_run_id, workflow_id=to.workflow_id, worker_id=self.worker_id,
+            status=exe.status, started_at=now, finished_at=now, error=exe.error,
+            retryable=exe.retryable, key=exe.key,
+        )  # fmt: skip
+        self._deliver(raw, to.reply_to, report)
 
     def _finish_later(
         self, raw: bytes, ins: Instruction, exe: Execution, started_at: float
@@ -330,10 +361,9 @@ class Worker:
             self.request_stop(exit_code)
 
     def _execute(self, ins: Instruction) -> Execution:
-        exe = Execution(key=ins.key if isinstance(ins.key, str) else ObjectKey(""))
+        exe = Execution(key=ins.key)
         with self._counted():
-            # The JSON may hold anything there: only a string can name a plane.
-            plane = self._planes.get(ins.data_plane) if isinstance(ins.data_plane, str) else None
+            plane = self._planes.get(ins.data_plane)
             if plane is None:
                 known = ", ".join(repr(str(p)) for p in self._planes)
                 exe.fail(
@@ -360,53 +390,15 @@ class Worker:
                 self._running -= 1
 
     def _deliver(self, raw: bytes, reply_to: str | None, report: Report | None) -> None:
-        """LPUSH ``report`` on ``reply_to`` (if any), then drop ``raw`` from in flight.
-
-        One script, atomic on the server: a report is never sent without the acknowledgement,
-        nor the reverse. *Why a script, not MULTI/EXEC:* one command instead of four, and
-        redis-py's pipeline machinery was a sixth of a worker's CPU at 10 KB (py-spy).
-        Retries while Redis is unreachable; once stopping, gives up after a few tries and
-        leaves the instruction in flight for the scheduler.
-        """
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                if reply_to is not None and report is not None:
-                    lists = [self.inflight_key, reply_to, keys.report_bell_key(reply_to)]
-                    self._report_and_ack(
-                        keys=lists, args=[raw, report.dumps()], client=self._own_client()
-                    )
-                else:
-                    self._own_client().lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
-                return
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if self._stop.is_set() and attempt >= _DELIVERY_ATTEMPTS_WHEN_STOPPING:
-                    log.error("giving up on delivering a report (left in flight): %s", exc)
-                    return
-                log.warning("cannot deliver a report (attempt %d): %s; retrying", attempt, exc)
-                time.sleep(min(5.0, 0.5 * attempt))
-            except redis.RedisError as exc:
-                # E.g. WRONGTYPE: reply_to is not a list. Retrying cannot help.
-                log.error("Redis refused the report for %r: %s; dropping it", reply_to, exc)
-                self._ack_only(raw)
-                return
-
-    def _ack_only(self, raw: bytes) -> None:
+        """Send ``report`` on ``reply_to`` and acknowledge ``raw`` (``Replies``); with no report,
+        acknowledge ``raw`` alone."""
+        if reply_to is not None and report is not None:
+            self.replies.deliver(raw, reply_to, report.dumps())
+            return
         try:
-            self.redis.lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
+            self._own_client().lrem(self.inflight_key, 1, raw)  # type: ignore[arg-type]
         except redis.RedisError as exc:
             log.error("cannot remove an instruction from %s: %s", self.inflight_key, exc)
-
-
-# KEYS: the worker's in-flight list, the scheduler's report list and its bell; ARGV: the
-# instruction as popped, the report. A WRONGTYPE on the report list aborts the script before
-# the LREM.
-_REPORT_AND_ACK = """
-redis.call('LPUSH', KEYS[2], ARGV[2])
-redis.call('LPUSH', KEYS[3], '1')
-return redis.call('LREM', KEYS[1], 1, ARGV[1])
-"""
 
 
 def _end_process(code: int) -> NoReturn:

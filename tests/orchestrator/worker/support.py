@@ -95,8 +95,10 @@ class Stack:
         self.env, self.redis, self.sched, self.tmp = env, r, sched, tmp
         self.workers: list[WorkerProcess] = []
 
-    def start_worker(self, *args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        worker_id = f"wt-{uuid.uuid4().hex[:10]}"
+    def start_worker(
+        self, *args: str, env: dict[str, str] | None = None, worker_id: str = ""
+    ) -> WorkerProcess:
+        worker_id = worker_id or f"wt-{uuid.uuid4().hex[:10]}"
         own_env = self.env | (env or {})
         worker = WorkerProcess(worker_id, own_env, self.tmp / f"{worker_id}.log", *args)
         self.workers.append(worker)
@@ -142,17 +144,22 @@ class Stack:
         owners = {o["key"]: o["owner"] for o in self.sched.list_objects()}
         return owners.get(key)
 
-    def send(self, worker: WorkerProcess, **fields: Any) -> tuple[Instruction, str]:
+    def send(self, worker: WorkerProcess, **fields: Any) -> tuple[Instruction, bytes]:
+        ins = self.instruction(**fields)
+        raw = ins.dumps()
+        self.redis.lpush(keys.worker_queue_key(worker.worker_id), raw)
+        return ins, raw
+
+    @staticmethod
+    def instruction(**fields: Any) -> Instruction:
+        """An instruction with ``fields``, the rest made up (a new task run and reply list)."""
         defaults: dict[str, Any] = {
             "task_run_id": uuid.uuid4().int % 2**31, "workflow_id": str(uuid.uuid4()),
             "ref": "step", "attempt": 1, "timeout_s": 30.0, "data_plane": "cdi",
             "reply_to": f"test-replies:{uuid.uuid4().hex}", "return_to": SCHEDULER,
             "queued_at": time.time(),
         }  # fmt: skip
-        ins = Instruction(**(defaults | fields))
-        raw = ins.dumps()
-        self.redis.lpush(keys.worker_queue_key(worker.worker_id), raw)
-        return ins, raw
+        return Instruction(**(defaults | fields))
 
     def report(self, ins: Instruction, worker: WorkerProcess) -> Report:
         popped = self.redis.brpop([ins.reply_to], timeout=DEADLINE_S)

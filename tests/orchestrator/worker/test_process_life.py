@@ -9,6 +9,9 @@ import subprocess
 import sys
 import uuid
 
+import msgspec
+
+from cdi import ObjectKey
 from orchestrator.contract import keys
 from orchestrator.contract.messages import Instruction, Stop
 from orchestrator.contract.vocabulary import TaskRunStatus
@@ -102,8 +105,9 @@ def test_a_stop_ends_the_running_task_after_its_cleanup_and_one_sent_early_preve
     assert same_pixels(stack.take_image(key), img)
 
     key = stack.put(worker, img)
-    early = Instruction(**{**vars(ins), "task_run_id": ins.task_run_id + 1, "key": key,
-                           "params": {"ms": 60_000}})  # fmt: skip
+    early = msgspec.structs.replace(
+        ins, task_run_id=ins.task_run_id + 1, key=ObjectKey(key), params={"ms": 60_000}
+    )
     _stop(stack, worker, early, "stopped: the run was cancelled")
     stack.redis.lpush(keys.worker_queue_key(worker.worker_id), early.dumps())
     report = stack.report(early, worker)
@@ -123,7 +127,7 @@ def test_sigkill_mid_task_leaves_it_in_flight_and_the_object_comes_back(stack: S
     poll(lambda: stack.redis.hget(beat, "running") == b"1", "the task to be running")
     worker.proc.send_signal(signal.SIGKILL)
     assert worker.wait() == -signal.SIGKILL
-    assert stack.redis.lrange(keys.worker_inflight_key(worker.worker_id), 0, -1) == [raw.encode()]
+    assert stack.redis.lrange(keys.worker_inflight_key(worker.worker_id), 0, -1) == [raw]
     assert same_pixels(stack.take_image(key), img)
 
 
