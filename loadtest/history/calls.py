@@ -171,7 +171,7 @@ def time_rounds(
     timed: list[list[tuple[float, float]]] = [[] for _ in at_sizes]
     for _ in range(rounds):
         if at_sizes[0].before is not None:
-            at_sizes[0].before()  # every size was last called before it
+            at_sizes[0].before()  # every size was last called before this wait
         for call, times in zip(at_sizes, timed, strict=True):
             began = time.perf_counter()
             call.make()
