@@ -3,7 +3,7 @@ API, the scrape, the scheduler's tick and a new run, each the median of several.
 
 Each call is made as its client makes it (HTTP with the API key; the scheduler's statements on
 a connection of its own), after one call that is not counted (it warms the connection and the
-statement cache).
+statement cache), and timed in rounds across the sizes (``time_rounds``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,7 +25,7 @@ from orchestrator.controller.metrics import CACHE_S
 from orchestrator.db import run_statements
 from orchestrator.db.scheduler_liveness import LIVENESS_CLASS, alive_schedulers_sql
 
-__all__ = ["OVERVIEW_POLL_S", "Call", "Probe", "calls", "overview_poll", "time_call"]
+__all__ = ["OVERVIEW_POLL_S", "Call", "Probe", "calls", "overview_poll", "time_rounds"]
 
 OVERVIEW_POLL_S: Final = 2.5  # the dashboard overview's refresh
 METRICS_CACHE_S: Final = CACHE_S + 0.2
@@ -39,7 +39,7 @@ _ORPHANED: Final = (
 @dataclass(frozen=True)
 class Call:
     """One thing a client does, and how to make it once; ``before``: what must happen first,
-    not timed (a cache to wait out)."""
+    not timed (a cache to wait out; once a round, as the wait serves every size at once)."""
 
     name: str
     make: Callable[[], None]
@@ -159,17 +159,24 @@ def calls(
     ]  # fmt: skip
 
 
-def time_call(call: Call, repeat: int) -> list[float]:
-    """``repeat`` timings (ms) of ``call`` after one that is not counted."""
-    call.make()
-    took = []
-    for _ in range(repeat):
-        if call.before is not None:
-            call.before()
-        began = time.perf_counter()
+def time_rounds(
+    at_sizes: Sequence[Call], rounds: int, since: float
+) -> list[list[tuple[float, float]]]:
+    """One call at every history size, in ``rounds`` rounds, each round making it at every
+    size one after another (so the times of a round are seconds apart, under the same load),
+    after one call at each that is not counted. Per size, per round: (when it began, seconds
+    after ``since``; milliseconds it took)."""
+    for call in at_sizes:
         call.make()
-        took.append((time.perf_counter() - began) * 1000.0)
-    return took
+    timed: list[list[tuple[float, float]]] = [[] for _ in at_sizes]
+    for _ in range(rounds):
+        if at_sizes[0].before is not None:
+            at_sizes[0].before()  # every size was last called before this wait
+        for call, times in zip(at_sizes, timed, strict=True):
+            began = time.perf_counter()
+            call.make()
+            times.append((began - since, (time.perf_counter() - began) * 1000.0))
+    return timed
 
 
 def median(values: list[float]) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -17,24 +18,20 @@ from typing import Any, Final
 import click
 import httpx
 import psutil
+import psycopg
 from sqlalchemy.engine import make_url
 
 from loadtest.cli import one_run_per_folder, terminated_by_signal
-from loadtest.history.calls import (
-    OVERVIEW_POLL_S,
-    Call,
-    Probe,
-    calls,
-    median,
-    overview_poll,
-    time_call,
-)
+from loadtest.history.calls import OVERVIEW_POLL_S, Call, Probe, calls, median, overview_poll
 from loadtest.history.grow import HOOK, SPREAD_DAYS, History, connect, run_templates
 from loadtest.history.plans import PlanCapture, preload_auto_explain
+from loadtest.history.report import history_table, label
+from loadtest.history.sides import Side, grow_sizes, open_sides, time_sides
 from loadtest.runner import machine_state
 from loadtest.systems.services import BenchServices, s3_client
 from orchestrator.child_process import free_port
 from orchestrator.db.repository.paging import Cursor
+from orchestrator.services import RunningServices
 from orchestrator.stack import Stack
 
 __all__ = ["bench_history_command", "measure_history", "parse_sizes"]
@@ -59,13 +56,6 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1000:
         raise click.BadParameter("give at least one size, each 1k or more")
     return tuple(sorted(set(sizes)))
-
-
-def _label(size: int) -> str:
-    for unit, scale in (("M", 1_000_000), ("k", 1_000)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -128,7 +118,7 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 
 def measure_pruning(
-    http: httpx.Client, history: History, new_run: Callable[[], None], samples: int
+    http: httpx.Client, reader: psycopg.Connection[Any], new_run: Callable[[], None], samples: int
 ) -> dict[str, Any]:
     """Let every definition keep its runs one day, and time new runs, one after another,
     while the API's housekeeping prunes (and archives) the rest; against new runs timed just
@@ -146,10 +136,9 @@ def measure_pruning(
     for _ in range(samples):
         before.append(timed())
         time.sleep(_PRUNE_GAP_S)
-    with history.cursor() as conn:
-        row = conn.execute(
-            "SELECT count(*) FILTER (WHERE finished_at < now() - interval '1 day') FROM workflows"
-        ).fetchone()
+    row = reader.execute(
+        "SELECT count(*) FILTER (WHERE finished_at < now() - interval '1 day') FROM workflows"
+    ).fetchone()
     due = int(row[0]) if row else 0
     start = on_record()
     for definition in http.get("/api/workflow-definitions").raise_for_status().json():
@@ -180,26 +169,25 @@ def measure_pruning(
     }
 
 
-def _probe(http: httpx.Client, history: History) -> Probe:
+def _probe(http: httpx.Client, reader: psycopg.Connection[Any]) -> Probe:
     """A run half-way down the newest-first list, and the cursor of the page after it: where
     a user who paged that far would be (found once here with an OFFSET, which the API no
     longer needs); the same half-way point in the webhook's log; when the history begins."""
     first = http.get("/api/workflows", params={"limit": 1}).raise_for_status().json()
     total = int(first["total"])
-    with history.cursor() as conn:
-        row = conn.execute(
-            "SELECT id, created_at FROM workflows ORDER BY created_at DESC, id DESC "
-            "OFFSET %(n)s LIMIT 1",
-            {"n": total // 2},
-        ).fetchone()
-        hook = conn.execute(
-            "WITH log AS (SELECT d.id FROM webhook_deliveries d "
-            "JOIN webhooks h ON h.id = d.webhook_id WHERE h.name = %(h)s) "
-            "SELECT id FROM log ORDER BY id DESC "
-            "OFFSET (SELECT count(*) / 2 FROM log) LIMIT 1",
-            {"h": HOOK},
-        ).fetchone()
-        oldest = conn.execute("SELECT min(created_at) FROM workflows").fetchone()
+    row = reader.execute(
+        "SELECT id, created_at FROM workflows ORDER BY created_at DESC, id DESC "
+        "OFFSET %(n)s LIMIT 1",
+        {"n": total // 2},
+    ).fetchone()
+    hook = reader.execute(
+        "WITH log AS (SELECT d.id FROM webhook_deliveries d "
+        "JOIN webhooks h ON h.id = d.webhook_id WHERE h.name = %(h)s) "
+        "SELECT id FROM log ORDER BY id DESC "
+        "OFFSET (SELECT count(*) / 2 FROM log) LIMIT 1",
+        {"h": HOOK},
+    ).fetchone()
+    oldest = reader.execute("SELECT min(created_at) FROM workflows").fetchone()
     assert row is not None and oldest is not None
     deep = http.get(f"/api/workflows/{row[0]}", params={"events": 0}).raise_for_status().json()
     return Probe(
@@ -220,11 +208,17 @@ def measure_history(
     tab_seconds: float = 20.0,
     spread_days: int = SPREAD_DAYS,
     prune: bool = True,
+    plans: bool = True,
     progress: bool = True,
+    services: RunningServices | None = None,
+    redis_db: int = 1,
 ) -> dict[str, Any]:
-    """Start a stack, run ``templates`` real workflows, grow to each size in turn and time
-    every call there; then (``prune``) prune all but the last day's runs while new runs are
-    timed."""
+    """Run ``templates`` real workflows on a stack, grow their clones to each size in turn
+    (a copy of the database at each but the largest: ``grow_sizes``), start a stack on each
+    size and time every call in rounds across the sizes (``time_sides``); then one dashboard
+    tab at each size, at the largest the plans (``plans``) and, the other stacks stopped,
+    (``prune``) pruning all but the last day's runs while new runs are timed. ``services``:
+    running ones to use (the stacks' Redis databases from ``redis_db`` up)."""
 
     def say(text: str) -> None:
         if progress:
@@ -232,84 +226,84 @@ def measure_history(
 
     folder = data_dir.absolute()
     before = machine_state()
-    results: list[dict[str, Any]] = []
-    report: dict[str, Any] = {"results": results, "sizes": list(sizes), "repeat": repeat,
+    report: dict[str, Any] = {"results": [], "sizes": list(sizes), "repeat": repeat,
                               "spread_days": spread_days, "histories": [], "dashboard_tab": [],
                               "plans": [], "index_check": []}  # fmt: skip
-    with BenchServices(folder / "services") as shared:
-        services = shared.for_system("history")
+    saved = {k: os.environ.get(k) for k in _STACK_ENV}
+    os.environ.update(_STACK_ENV)  # the stacks' processes inherit them
+    with (
+        _restored(saved),
+        BenchServices(folder / "services", given=services, first_redis_db=redis_db) as shared,
+    ):
+        main = shared.for_system("history")
         running = shared.running
         assert running.admin_database_url is not None
-        database = make_url(services.database_url).database or ""
-        pg_port = make_url(services.database_url).port or 5432
-        log_file = running.data_dir / "logs" / "postgres.log"
+        database = make_url(main.database_url).database or ""
         with connect(running.admin_database_url, autocommit=True) as admin:
             preload_auto_explain(admin, database)
-            stack = Stack(folder / "stack", workers=2, port=free_port(), services=services)
-            saved = {k: os.environ.get(k) for k in _STACK_ENV}
-            os.environ.update(_STACK_ENV)  # the stack's processes inherit them
+            say(f"running {templates} real workflows ...")
+            began = time.monotonic()
             with (
-                _restored(saved),
-                stack,
-                ThreadPoolExecutor(4) as pool,
+                Stack(folder / "stack", workers=2, port=free_port(), services=main) as stack,
                 httpx.Client(
                     base_url=stack.api_url, headers=stack.auth_headers, timeout=120
                 ) as http,
-                connect(services.database_url) as scheduler,
             ):
-                say(f"running {templates} real workflows ...")
-                began = time.monotonic()
                 ids = run_templates(http, s3_client(running), running.s3_bucket, templates)
-                report["templates_s"] = round(time.monotonic() - began, 1)
-                history = History(services.database_url, ids, spread_days=spread_days)
-                api_pid = stack.pid_of("api")
-                assert api_pid is not None
-                postgres = [s.pid for s in running.embedded if s.name == "postgres" and s.pid]
-                capture = PlanCapture(admin, log_file, database, pg_port)
-
-                def new_run() -> None:
-                    body = {"workflow": "noop_pipeline", "input": {}, "policy": "affinity"}
-                    reply = http.post("/api/workflows", params={"wait_s": 30}, json=body)
-                    run = reply.raise_for_status().json()
-                    if run["status"] != "COMPLETED":
-                        raise RuntimeError(f"the new run ended {run['status']}: {run['error']}")
-
-                for size in sizes:
-                    say(f"growing the history to {_label(size)} workflows ...")
-                    grown = history.grow_to(size)
-                    kept = history.proportions()
-                    report["histories"].append({**kept.as_dict(), "grow_s": round(grown, 1)})
-                    say(f"  {kept.as_dict()} in {grown:.0f} s; timing ...")
-                    probe = _probe(http, history)
-                    made = calls(http, pool, probe, scheduler, new_run)
-                    timed: dict[str, float] = {}
-                    for call in made:
-                        took = time_call(call, repeat * (3 if call.name.startswith("new") else 1))
-                        timed[call.name] = median(took)
-                        results.append({"call": call.name, "workflows": kept.workflows,
-                                        "p50_ms": round(timed[call.name], 2)})  # fmt: skip
-                    tab = tab_cost(http, pool, [api_pid, *postgres], tab_seconds)
-                    report["dashboard_tab"].append({"workflows": kept.workflows, **tab})
-                    if size == sizes[-1]:
-                        say("  reading the plan of every call ...")
-                        report["index_check"] = check_indexes(capture, api_pid, made)
-                        slowest = sorted(
-                            (c for c in made if not c.name.startswith(("new", "scheduler"))),
-                            key=lambda c: -timed[c.name],
-                        )[:_SLOWEST]
-                        for call in slowest:
-                            found = capture.plans(api_pid, call.make)
-                            report["plans"].append({
-                                "call": call.name, "workflows": kept.workflows,
-                                "statements": [{"duration_ms": p.duration_ms, "plan": p.text}
-                                               for p in found],
-                            })  # fmt: skip
+            report["templates_s"] = round(time.monotonic() - began, 1)
+            history = History(main.database_url, ids, spread_days=spread_days)
+            urls = grow_sizes(history, sizes, admin, report["histories"], say)
+            postgres = [s.pid for s in running.embedded if s.name == "postgres" and s.pid]
+            say("starting a stack on each size ...")
+            grown = report["histories"]
+            on_copy = [dataclasses.replace(main, database_url=url, redis_url=shared.redis_url())
+                       for url in urls[:-1]]  # fmt: skip
+            with contextlib.ExitStack() as kept, ThreadPoolExecutor(4) as pool:
+                with contextlib.ExitStack() as others:
+                    sides = open_sides([
+                        *((others, folder / f"stack-{label(h['workflows'])}", on, h["workflows"])
+                          for on, h in zip(on_copy, grown, strict=False)),
+                        (kept, folder / "stack", main, grown[-1]["workflows"]),
+                    ])  # fmt: skip
+                    largest = sides[-1]
+                    for side, entry in zip(sides, grown, strict=True):
+                        probe = _probe(side.http, side.reader)
+                        entry["api_total"] = probe.total
+                        side.made = calls(side.http, pool, probe, side.scheduler, side.new_run)
+                    say("timing every call at each size in turn ...")
+                    report["results"] = time_sides(sides, repeat)
+                    for side in sides:
+                        tab = tab_cost(side.http, pool, [side.api_pid, *postgres], tab_seconds)
+                        report["dashboard_tab"].append({"workflows": side.workflows, **tab})
+                    if plans:
+                        say("reading the plan of every call at the largest size ...")
+                        port = make_url(main.database_url).port or 5432
+                        log_file = running.data_dir / "logs" / "postgres.log"
+                        _read_plans(report, PlanCapture(admin, log_file, database, port), largest)
                 if prune:
                     say("pruning all but the last day's runs while new runs are timed ...")
-                    report["prune"] = measure_pruning(http, history, new_run, _CALM_RUNS)
-                history.close()
+                    report["prune"] = measure_pruning(
+                        largest.http, largest.reader, largest.new_run, _CALM_RUNS
+                    )
     report["machine"] = {**before, "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     return report
+
+
+def _read_plans(report: dict[str, Any], capture: PlanCapture, side: Side) -> None:
+    """At ``side``: every call's plans checked for whole-table scans, and the plans of the
+    slowest calls."""
+    p50 = {r["call"]: r["p50_ms"] for r in report["results"] if r["workflows"] == side.workflows}
+    report["index_check"] = check_indexes(capture, side.api_pid, side.made)
+    slowest = sorted(
+        (c for c in side.made if not c.name.startswith(("new", "scheduler"))),
+        key=lambda c: -p50[c.name],
+    )[:_SLOWEST]
+    for call in slowest:
+        found = capture.plans(side.api_pid, call.make)
+        report["plans"].append({
+            "call": call.name, "workflows": side.workflows,
+            "statements": [{"duration_ms": p.duration_ms, "plan": p.text} for p in found],
+        })  # fmt: skip
 
 
 def check_indexes(capture: PlanCapture, api_pid: int, made: list[Call]) -> list[dict[str, Any]]:
@@ -342,62 +336,12 @@ def _restored(saved: dict[str, str | None]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def history_table(report: dict[str, Any]) -> str:
-    """Calls by history size (median ms), the last column the largest size's time over the
-    smallest's; then the history's make-up, one dashboard tab's cost and the slowest plans."""
-    sizes = [h["workflows"] for h in report["histories"]]
-    by_call: dict[str, dict[int, float]] = {}
-    for row in report["results"]:
-        by_call.setdefault(row["call"], {})[row["workflows"]] = row["p50_ms"]
-    width = max(len(c) for c in by_call) + 2
-    head = f"{'call (median ms)':<{width}}" + "".join(f"{_label(s):>11}" for s in sizes)
-    lines = [head + (f"{'ratio':>10}" if len(sizes) > 1 else "")]
-    for call, times in by_call.items():
-        cells = "".join(f"{times.get(s, float('nan')):>11.1f}" for s in sizes)
-        ratio = ""
-        if len(sizes) > 1 and times.get(sizes[0]):
-            ratio = f"{times[sizes[-1]] / times[sizes[0]]:>9.2f}x"
-        lines.append(f"{call:<{width}}{cells}{ratio}")
-    lines.append("")
-    for h in report["histories"]:
-        lines.append(
-            f"{_label(h['workflows'])}: {h['task_runs_per_workflow']} task runs, "
-            f"{h['events_per_workflow']} events, {h['handoffs_per_workflow']} hand-offs a "
-            f"workflow; {h['statuses']}; grown in {h['grow_s']} s"
-        )
-    for t in report["dashboard_tab"]:
-        lines.append(
-            f"{_label(t['workflows'])}: one overview tab costs the API and Postgres "
-            f"{t['tab_cores']:.3f} cores (idle {t['idle_cores']:.3f})"
-        )
-    if (pruned := report.get("prune")) is not None:
-        calm, busy = pruned["new_run_before"], pruned["new_run_during"]
-        lines.append(
-            f"pruning {pruned['pruned']:,} runs (archived first) took {pruned['seconds']} s "
-            f"({pruned['runs_per_s']} runs/s); a new run meanwhile: p50 {busy['p50_ms']} ms, "
-            f"p95 {busy['p95_ms']} ms, max {busy['max_ms']} ms (n={busy['n']}), against p50 "
-            f"{calm['p50_ms']}, p95 {calm['p95_ms']}, max {calm['max_ms']} ms before "
-            f"(n={calm['n']})"
-        )
-    for check in report.get("index_check", []):
-        scans = ", ".join(check["seq_scans"]) or "none"
-        lines.append(f"plan of '{check['call']}': {check['statements']} statements, slowest "
-                     f"{check['slowest_statement_ms']} ms, whole-table scans: {scans}")  # fmt: skip
-    machine = report["machine"]
-    lines.append(f"machine: {machine['cpus']} cores, load {machine['loadavg'][0]} before, "
-                 f"{machine['loadavg_after'][0]} after")  # fmt: skip
-    for plan in report["plans"]:
-        lines.append(f"\n--- plans of '{plan['call']}' at {_label(plan['workflows'])} ---")
-        for statement in plan["statements"]:
-            lines.append(f"[{statement['duration_ms']:.1f} ms]\n{statement['plan']}")
-    return "\n".join(lines)
-
-
 @click.command("history")
 @click.option("--sizes", default="10k,1M", show_default=True,
               help="History sizes in workflows, ascending: 10k, 250000, 1M.")  # fmt: skip
 @click.option("--repeat", default=5, show_default=True, type=click.IntRange(1, 100),
-              help="Timings per call and size (the median is reported).")  # fmt: skip
+              help="Rounds per call, each timing it at every size in turn (medians "
+                   "reported, and each size's ratio to the smallest per round).")  # fmt: skip
 @click.option("--templates", default=250, show_default=True, type=click.IntRange(50, 5000),
               help="Real workflows run first; the history is made of their clones.")  # fmt: skip
 @click.option("--days", "spread_days", default=SPREAD_DAYS, show_default=True,
@@ -427,10 +371,14 @@ def bench_history_command(
     keep: bool,
     as_json: bool,
 ) -> None:
-    """Every API call, the scrape, the scheduler's tick and a new run, timed as the history of
-    runs grows to each size (cloned from real runs, spread over --days, a year by default);
-    at the largest, the plan of every call (whole-table scans named)."""
+    """Every API call, the scrape, the scheduler's tick and a new run, timed at each history
+    size (cloned from real runs, spread over --days, a year by default; a stack on each size,
+    the sizes timed in turn, a call at one size seconds after the other); at the largest,
+    the plan of every call (whole-table scans named)."""
     wanted = parse_sizes(sizes)
+    if templates >= wanted[0]:
+        raise click.BadParameter(f"the smallest size must exceed the {templates} templates",
+                                 param_hint="--sizes")  # fmt: skip
     signal.signal(signal.SIGTERM, terminated_by_signal)  # unwind: stop what was started
     try:
         with one_run_per_folder(data_dir):

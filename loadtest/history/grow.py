@@ -155,14 +155,26 @@ class History:
     def __init__(
         self, database_url: str, templates: list[uuid.UUID], *, spread_days: int = SPREAD_DAYS
     ) -> None:
-        self._url = database_url
+        self.url = database_url
         self._spread_days = spread_days
+        self._templates = templates
         self._conn = connect(database_url)
         self._next = 0  # the clone number the next one gets (its place in time and template)
         self._prepare(templates)
 
     def close(self) -> None:
         self._conn.close()
+
+    @contextmanager
+    def disconnected(self) -> Iterator[None]:
+        """The history's session closed meanwhile (Postgres copies a database only while no
+        session is open on it), then opened again with its template tables."""
+        self._conn.close()
+        try:
+            yield
+        finally:
+            self._conn = connect(self.url)
+            self._prepare(self._templates)
 
     def _prepare(self, templates: list[uuid.UUID]) -> None:
         """The template runs' rows in session tables, numbered within their status."""
@@ -226,14 +238,14 @@ class History:
             left -= n
         # What the API's housekeeping does as runs happen: the clones' figures folded, and
         # their per-minute ones older than two days dropped.
-        engine = make_engine(self._url, pooled=False)
+        engine = make_engine(self.url, pooled=False)
         try:
             with engine.begin() as tx:
                 tx.execute(tallies.FOLD)
                 tx.execute(tallies.PRUNE_MINUTES, {"keep": tallies.KEEP_MINUTES})
         finally:
             engine.dispose()
-        with connect(self._url, autocommit=True) as conn:
+        with connect(self.url, autocommit=True) as conn:
             for table in ("workflows", "task_runs", "events", "handoffs", "webhook_deliveries"):
                 conn.execute(f"VACUUM (ANALYZE) {table}")
             # The fold emptied the clones' deltas at once; until vacuumed, every reader of the
@@ -360,14 +372,6 @@ class History:
             handoffs=counts["handoffs"] / total,
             statuses={str(status): n / total for status, n in rows},
         )
-
-    @contextmanager
-    def cursor(self) -> Iterator[psycopg.Connection[Any]]:
-        """The history's connection, for reads between growth steps (committed after)."""
-        try:
-            yield self._conn
-        finally:
-            self._conn.commit()
 
 
 def _count(conn: psycopg.Connection[Any], query: str) -> int:
