@@ -86,7 +86,10 @@ def test_each_worker_serves_its_own_metrics(api: Client, stack_api: StackApi) ->
     counted = 0.0
     for worker_id, url in stack_api.stack.worker_metrics.items():
         families = _samples(httpx.get(url, timeout=10).text)
-        assert _value(families["process_cpu_seconds"], "process_cpu_seconds_total") > 0, worker_id
+        # The process's own figures (a body forked a moment ago may not have used a clock tick
+        # of CPU yet, so its CPU counter may read 0; its start time never does).
+        assert _value(families["process_cpu_seconds"], "process_cpu_seconds_total") >= 0, worker_id
+        assert _value(families["process_start_time_seconds"], "process_start_time_seconds") > 0
         assert "cdiflow_worker_running_tasks" in families
         counted += sum(s.value for s in families.get("cdiflow_worker_tasks", [])
                        if s.name == "cdiflow_worker_tasks_total")  # fmt: skip
