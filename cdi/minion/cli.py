@@ -244,7 +244,7 @@ def require_binary() -> str:
     show_default=True,
     envvar="CDI_GATEWAY_INBOUND",
     help="Who receives other hosts' objects: the minion itself (native, TCP), or the gateway's "
-    "Python process (as before; kept to compare the two).",
+    "Python process (kept to compare the two).",
 )
 @click.option("--log-level", default="INFO", show_default=True)
 def minion_command(
