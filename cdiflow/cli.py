@@ -14,7 +14,7 @@ from apps.ar.errors import ARError
 from cdi.errors import CDIError
 from cdiflow.client.errors import CdiflowError
 from orchestrator.errors import OrchestratorError
-from orchestrator.pid_one import stop_on_sigterm
+from orchestrator.pid_one import stop_on_sigterm, unwind_on_sigterm
 from workflows.errors import WorkflowsError
 
 __all__ = ["main"]
@@ -156,6 +156,7 @@ def cdi_group() -> None:
 @main.group("bench", cls=_LazyCommands, lazy=BENCH_COMMANDS)
 def bench_group() -> None:
     """Benchmarks that print a readable table (or JSON with --json)."""
+    unwind_on_sigterm()  # a stopped benchmark stops the minions and stacks it started
 
 
 @cdi_group.command("demo")

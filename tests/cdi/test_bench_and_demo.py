@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from tests.cdi.conftest import ROOT
 
@@ -61,3 +66,37 @@ def test_demo_passes_an_image_through_a_cdi_object(tmp_path: Path) -> None:
     assert report["correct"] is True
     assert Path(report["result"]).exists()
     assert report["object_bytes"] > 300_000
+
+
+def test_a_stopped_bench_stops_the_minion_and_processes_it_started() -> None:
+    """SIGTERM (what a terminal's job control, a CI runner or ``timeout`` sends) ends the
+    benchmark through its clean-up: no minion, receiver or temp folder outlives it."""
+    bench = psutil.Popen(
+        [sys.executable, "-m", "cdiflow", "bench", "cdi", "--sizes", "10KB",
+         "--repeat", "100000", "--backends", "cdi-shm"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    started: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(started) < 2:
+            started = bench.children(recursive=True)  # the minion and the receiver
+            time.sleep(0.1)
+        assert len(started) >= 2, "the bench never started its minion and receiver"
+        folders = {Path(f.path).parent for p in started for f in _open_files(p)}
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(started, timeout=15)
+        assert not alive, f"left running after the bench stopped: {[p.cmdline() for p in alive]}"
+        assert not [f for f in folders if f.name.startswith("cdi-bench-") and f.exists()]
+    finally:
+        for process in [bench, *started]:
+            if process.is_running():
+                process.kill()
+
+
+def _open_files(process: psutil.Process) -> list[Any]:
+    try:
+        return list(process.open_files())
+    except psutil.Error:
+        return []
