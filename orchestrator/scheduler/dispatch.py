@@ -46,7 +46,8 @@ from orchestrator.db.run_statements import Placement
 from orchestrator.logs import log_context
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.instructions import chain_keeps
+from orchestrator.scheduler.instructions import chain_keeps, sole_reader
+from orchestrator.scheduler.join_binding import bound_worker
 from orchestrator.scheduler.limits import TaskLimits
 from orchestrator.scheduler.object_moves import ObjectMover
 from orchestrator.scheduler.placement import Link, Route, WorkerLoad, capable, read_workers
@@ -658,7 +659,9 @@ class _Ahead:
 
     def may_hand_on(self) -> bool:
         run, step = self._run, self._step
-        return plane_of(run).may_keep and chain_keeps(run, step)
+        if not plane_of(run).may_keep:
+            return False
+        return chain_keeps(run, step) or sole_reader(run, step) is not None
 
     def next_worker(self, policy: PlacementPolicy) -> str | None:
         dispatch, run, step = self._dispatch, self._run, self._step
@@ -666,6 +669,10 @@ class _Ahead:
         after = [run.specs[r] for r in dispatch.readers(run, step) if r in run.specs]
         if here is None or len(after) != 1:
             return None
+        reader = sole_reader(run, step)
+        bound = bound_worker(dispatch.ctx.id, run, reader) if reader is not None else None
+        if bound is not None:
+            return bound  # a join: where the steps before it sent already hand what they make
         able = [w for w in capable(list(dispatch._loads.values()), after[0].module)
                 if w.worker_id not in dispatch._restarting]  # fmt: skip
         made = dispatch.made_bytes.get(step.current.task, 0)

@@ -29,7 +29,6 @@ from typing import Any, Final
 import redis
 
 import cdi
-from cdi import ObjectKey
 from orchestrator.contract import keys
 from orchestrator.contract.messages import Report
 from orchestrator.contract.scripts import MOVE_UP_TO
@@ -39,11 +38,13 @@ from orchestrator.logs import log_context
 from orchestrator.scheduler import progress
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import Dispatcher
-from orchestrator.scheduler.endings import Endings, completion, ended_rows
+from orchestrator.scheduler.endings import Endings, completion, described_keys, ended_rows
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.planes import plane_of
+from orchestrator.scheduler.planes.objects import holder
 from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.runs import Phase, RunState, StepRun
+from workflows.binding import IMAGE
 
 __all__ = ["REPORT_BATCH", "Reports"]
 
@@ -168,7 +169,7 @@ class Reports:
         self.dispatch.returned(flight)
         step.in_flight = None
         completed = report.status == TaskRunStatus.COMPLETED
-        back = self._hand_backs(run, report)
+        back = self._hand_backs(run, step, report)
         got = plane_of(run).received(self.ctx, run, step, report, ins)
         moves = progress.Moves()
         made: dict[str, Any] | None = None
@@ -295,37 +296,25 @@ class Reports:
         self.ctx.db.place([*placed, *ended_rows(self.ctx.db, run, moves)])
 
     # ------------------------------------------------------------------ objects
-    def _hand_backs(self, run: RunState, report: Report) -> list[Handoff]:
+    def _hand_backs(self, run: RunState, step: StepRun, report: Report) -> list[Handoff]:
         """The objects the report's worker handed back to us, or on to the next step's
-        worker (``Report.handed_to``)."""
+        worker (``Report.handed_to``): the image and named outputs it made, and the inputs it
+        gave back."""
+        worker = report.worker_id
+        made = dict.fromkeys([report.key] if report.key else [], IMAGE)
+        made |= {k: n for n, d in report.objects.items() for k in described_keys(d)}
         back = []
-        keys = [report.key] if report.key and not report.kept else []
-        keys += report.returned
-        keys += _written_keys(report)  # named outputs always come back (``named_data``)
-        for key in keys:
+        for key in dict.fromkeys([*made, *report.returned]):
+            dst = holder(self.ctx, report, key) if key in made else self.ctx.id
+            if dst == worker:
+                continue  # kept
             obj = run.objects.get(key)
             nbytes = obj.nbytes if obj is not None else report.bytes_out
-            on = key == report.key and bool(report.handed_to)
-            dst = report.handed_to if on else self.ctx.id
+            named = f"{step.id}.{made[key]}" if key in made else ""
+            datum = obj.datum if obj is not None else named
             back.append(Handoff(
-                report.worker_id, dst, nbytes, report.return_us,
-                self.dispatch.host_of(report.worker_id),
-                self.dispatch.host_of(dst) if on else self.ctx.cdi.host,
-                datum=obj.datum if obj is not None else "", mode="transfer",
+                worker, dst, nbytes, report.return_us, self.dispatch.host_of(worker),
+                self.ctx.cdi.host if dst == self.ctx.id else self.dispatch.host_of(dst),
+                datum=datum, mode="transfer",
             ))  # fmt: skip
         return back
-
-
-def _written_keys(report: Report) -> list[ObjectKey]:
-    keys: list[ObjectKey] = []
-
-    def walk(described: Any) -> None:
-        if isinstance(described, dict) and "items" in described:
-            for item in described["items"]:
-                walk(item)
-        elif isinstance(described, dict) and "key" in described:
-            keys.append(ObjectKey(str(described["key"])))
-
-    for described in report.objects.values():
-        walk(described)
-    return keys
