@@ -292,18 +292,26 @@ def test_a_worker_killed_in_one_branch_reruns_that_branch_only(harness: Harness)
 def test_a_worker_killed_holding_a_joins_input_has_the_join_run_elsewhere(
     harness: Harness,
 ) -> None:
-    """``b1`` is quick and hands its image to the join's worker while ``b2`` still runs; that
-    worker is killed. The image comes back to the scheduler (its recovery container), and the
-    join runs on a live worker with the same result; nothing is left behind."""
+    """``b1`` is quick and hands its image to the join's worker (or keeps it, being that
+    worker) while ``b2`` still runs; that worker is killed and comes back under the same id
+    before ``b2`` ends. The image came back to the scheduler (its recovery container), which
+    moves it on to the join's worker; the join runs with the same result; nothing is left
+    behind."""
     workflow = _define(harness, "diamond_join_worker_killed", [
         {"ref": "a", "task": "deblur"},
         {"ref": "b1", "task": "nap_blur", "inputs": {"image": "a.image"}, "params": {"ms": 0}},
-        {"ref": "b2", "task": "measure", "inputs": {"image": "a.image"}, "params": {"ms": 4000}},
+        {"ref": "b2", "task": "measure", "inputs": {"image": "a.image"}, "params": {"ms": 8000}},
         {"ref": "c", "task": "combine", "inputs": {
             "blurred": "b1.image", "hist": "b2.hist", "row": "b2.row", "size": "b2.size"}},
     ])  # fmt: skip
     sample = bundled_samples()["sunset.jpg"]
     workflow_id = _start(harness, workflow, "sunset.jpg")
+
+    def started_at(worker: str) -> float | None:
+        """The start time of ``worker``'s process while it beats."""
+        beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+        beat = beats.get(worker, {})
+        return beat.get("started_at") if beat.get("alive") else None
 
     def join_worker() -> str | None:
         """The worker holding b1's image for the join, once b1 is done."""
@@ -315,7 +323,9 @@ def test_a_worker_killed_holding_a_joins_input_has_the_join_run_elsewhere(
         return str(on[0] if on else b1[0]["worker_id"])
 
     victim = wait_for(join_worker, "b1 to hand its image on")
+    before = started_at(victim)
     harness.stack.kill_worker(victim)
+    wait_for(lambda: started_at(victim) not in (None, before), f"{victim} to start again")
     done = harness.wait(workflow_id, timeout=120)
     assert done["status"] == "COMPLETED", done["error"]
     image, output = _local(sample)
