@@ -17,7 +17,8 @@ Data planes (``DataPlane``):
   for the retry. When the task is done the worker keeps the current object if ``keep``
   (affinity: the next task comes to it too), transfers it to ``hand_to`` (the worker chosen for
   the next step, ``transfer`` and ``auto``; ``Report.handed_to`` says it did), or to
-  ``return_to`` (the scheduler): a failed task's, or when ``hand_to`` is gone.
+  ``return_to`` (the scheduler): a failed task's, or when ``hand_to`` is gone. The named outputs
+  it wrote (below) go the same way.
   With ``hold`` (affinity, and a step that may run again) the worker may instead keep a new
   image in its own memory, unwritten, and say so with ``Report.held``; the next instruction then
   names that report's task run in ``held``. A worker that lost the image says
@@ -109,7 +110,7 @@ class Instruction(_Message, frozen=True):
     output_key: ObjectKey = _NO_KEY
     keep: bool = False
     return_to: str = ""  # CDI container id that gets the object back when not keeping it
-    hand_to: str = ""  # the next step's worker: a completed task's object goes straight there
+    hand_to: str = ""  # the next step's worker: a completed task's objects go straight there
     hold: bool = False  # the worker may hold a new image in memory instead of writing it
     held: str = ""  # the input is the image held from this task run (computed from ``key``)
     # object-store plane (and the cdi plane's first task: input_uri; last: output_uri, format)
@@ -148,8 +149,10 @@ class Report(_Message, frozen=True):
     traceback: str = ""
     retryable: bool = True  # False for failures a retry cannot fix (e.g. not an image)
     key: ObjectKey = _NO_KEY  # cdi plane: the object holding the image (input or output_key)
-    kept: bool = False  # cdi plane: the worker still owns ``key``
-    handed_to: str = ""  # cdi plane: ``key`` went to this container (``Instruction.hand_to``)
+    kept: bool = False  # cdi plane: the worker still owns ``key`` and the outputs it wrote
+    # cdi plane: ``key`` and the outputs it wrote went to this container (``hand_to``), but for
+    # those among ``returned``
+    handed_to: str = ""
     held: bool = False  # cdi plane: the new image is in the worker's memory, newer than ``key``
     held_lost: bool = False  # cdi plane: the instruction's held input is gone; ``key`` is older
     objects_gone: bool = False  # cdi plane: an object it named does not exist (minion restarted)
@@ -166,7 +169,8 @@ class Report(_Message, frozen=True):
     objects: dict[str, Any] = {}  # output -> {key, kind, nbytes}|items
     results: dict[str, Any] = {}  # output -> S3 URI(s) it was stored at
     released: list[ObjectKey] = []  # shared objects it gave up reading
-    returned: list[ObjectKey] = []  # owned inputs it handed back
+    # owned inputs it handed back, and what it made that did not go on to ``handed_to``
+    returned: list[ObjectKey] = []
     # The task would not stop, so its worker ends the process it ran in and starts afresh:
     # whatever else that process held (other tasks, held images) is gone with it.
     restarting: bool = False

@@ -71,6 +71,9 @@ class Obj:
     kind: Kind
     nbytes: int
     owner: str  # the container that owns it: the scheduler, or a worker that kept it
+    # A worker owner's ``started_at`` as the instruction that gave it the object saw it: a
+    # worker of the same id with another (or none) may have lost it (``ahead``).
+    given: float = 0.0
     pending: int = 0  # reads still to come (reserved by the steps that will read it)
     datum: str = ""  # what it holds, "<step run>.<output>" (for the record of its hand-offs)
     made_by: str | None = None  # the worker that made it (where the data is warm)

@@ -44,9 +44,11 @@ import cdi
 from orchestrator.contract import keys
 from orchestrator.db.run_statements import Placement
 from orchestrator.logs import log_context
+from orchestrator.scheduler import ahead
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.guarded import guarded
-from orchestrator.scheduler.instructions import chain_keeps
+from orchestrator.scheduler.instructions import chain_keeps, sole_reader
+from orchestrator.scheduler.join_binding import bound_worker
 from orchestrator.scheduler.limits import TaskLimits
 from orchestrator.scheduler.object_moves import ObjectMover
 from orchestrator.scheduler.placement import Link, Route, WorkerLoad, capable, read_workers
@@ -307,6 +309,7 @@ class Dispatcher:
         able = capable(loads, spec.module)
         self._note_wait(run, step, loads, able)
         able = [w for w in able if w.worker_id not in self._restarting]
+        self._regain_ahead(run, step, loads)
         nbytes, near = self._where(run, step)
         choice = Choice(
             able,
@@ -359,6 +362,14 @@ class Dispatcher:
             tuple(moves),
             data={"reads": {n: d.describe() for n, d in step.reads.items()}},
         )
+
+    def _regain_ahead(self, run: RunState, step: StepRun, loads: list[WorkerLoad]) -> None:
+        """Take back what ``step`` reads from a worker that held it ahead of the step and
+        has started again or died since (``ahead``), before it pins the step there. One gone
+        is the tick's to act on."""
+        by_id = {w.worker_id: w for w in loads}
+        keys = [k for d in step.reads.values() for k in d.object_keys()]
+        ahead.regain(self.ctx, run, ahead.stale(self.ctx, run, by_id, keys), by_id)
 
     def _lease(self, run: RunState, step: StepRun) -> str | None:
         """A place under the step's task's concurrency limit ("" for a task without one);
@@ -459,7 +470,7 @@ class Dispatcher:
             keep=keep,
             hand_to=hand_to,
         )
-        load = self._loads.get(worker)
+        load, next_load = self._loads.get(worker), self._loads.get(hand_to)
         step.in_flight = InFlight(
             instruction,
             worker,
@@ -467,6 +478,7 @@ class Dispatcher:
             deadline=time.monotonic() + spec.timeout_s + LOST_GRACE_S,
             lease=step.lease,
             lease_task=spec.task if step.lease else "",
+            hand_to_started=next_load.started_at if next_load is not None else 0.0,
         )
         step.lease = ""
         step.phase = Phase.OUT
@@ -658,7 +670,9 @@ class _Ahead:
 
     def may_hand_on(self) -> bool:
         run, step = self._run, self._step
-        return plane_of(run).may_keep and chain_keeps(run, step)
+        if not plane_of(run).may_keep:
+            return False
+        return chain_keeps(run, step) or sole_reader(run, step) is not None
 
     def next_worker(self, policy: PlacementPolicy) -> str | None:
         dispatch, run, step = self._dispatch, self._run, self._step
@@ -666,6 +680,10 @@ class _Ahead:
         after = [run.specs[r] for r in dispatch.readers(run, step) if r in run.specs]
         if here is None or len(after) != 1:
             return None
+        reader = sole_reader(run, step)
+        bound = bound_worker(dispatch.ctx.id, run, reader) if reader is not None else None
+        if bound is not None:
+            return bound  # a join: where the steps before it sent already hand what they make
         able = [w for w in capable(list(dispatch._loads.values()), after[0].module)
                 if w.worker_id not in dispatch._restarting]  # fmt: skip
         made = dispatch.made_bytes.get(step.current.task, 0)

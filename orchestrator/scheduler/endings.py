@@ -43,11 +43,18 @@ from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.data import Mode, Obj
 from orchestrator.scheduler.dispatch import Dispatcher
 from orchestrator.scheduler.instructions import release_instruction
+from orchestrator.scheduler.planes.objects import holder
 from orchestrator.scheduler.progress import Moves
 from orchestrator.scheduler.runs import InFlight, Phase, RunState, StepRun
 from workflows.steps import StepKind
 
-__all__ = ["DESTROY_WAIT_S", "Endings", "completion", "ended_rows"]
+__all__ = [
+    "DESTROY_WAIT_S",
+    "Endings",
+    "completion",
+    "described_keys",
+    "ended_rows",
+]
 
 log = logging.getLogger(__name__)
 
@@ -247,16 +254,14 @@ class Endings:
         """The objects a report of an abandoned attempt (or an ended run) names: destroyed when
         they came back to us, taken back from the worker that kept them (or got them handed
         on)."""
-        keys_named = [report.key] if report.key else []
-        keys_named += report.returned
-        for described in report.objects.values():
-            keys_named += _keys(described)  # named outputs always come back to us
-        holder = report.worker_id if report.kept else report.handed_to
-        if report.key and holder:
-            keys_named.remove(report.key)
-            self.ask_back(report.workflow_id, holder, report.key)
-        for key in keys_named:
-            self.destroy(key)
+        made = [report.key] if report.key else []
+        made += [k for d in report.objects.values() for k in described_keys(d)]
+        for key in dict.fromkeys([*made, *report.returned]):
+            owner = holder(self.ctx, report, key) if key in made else self.ctx.id
+            if owner == self.ctx.id:
+                self.destroy(key)
+            else:
+                self.ask_back(report.workflow_id, owner, key)
 
     def destroy(self, key: ObjectKey) -> None:
         """Destroy an object of ours now if it is with us; else look for it again at the next
@@ -306,9 +311,10 @@ def _attempt(step: StepRun) -> str:
     return f"step {step.id!r} (attempt {flight.instruction.attempt}, on {flight.worker})"
 
 
-def _keys(described: Any) -> list[ObjectKey]:
+def described_keys(described: Any) -> list[ObjectKey]:
+    """The keys of a named output as a report describes it (``Report.objects``)."""
     if isinstance(described, dict) and "items" in described:
-        return [k for item in described["items"] for k in _keys(item)]
+        return [k for item in described["items"] for k in described_keys(item)]
     if isinstance(described, dict) and "key" in described:
         return [ObjectKey(str(described["key"]))]
     return []

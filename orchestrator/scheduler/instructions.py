@@ -22,6 +22,7 @@ __all__ = [
     "release_instruction",
     "result_stem",
     "result_uri",
+    "sole_reader",
     "work_uri",
 ]
 
@@ -118,3 +119,26 @@ def chain_keeps(run: RunState, step: StepRun) -> bool:
         if len(readers) != 1 or run.graph.nodes[readers[0]].for_each is not None:
             return False
     return True
+
+
+def sole_reader(run: RunState, step: StepRun) -> str | None:
+    """In a graph beyond a chain, the one step that reads everything ``step`` makes (a join's
+    input, or a plain successor), when ``step``'s worker may hand those objects straight to
+    that step's worker: ``step`` is not a sink, an element of a fan-out or a streaming step,
+    nor is the reader, which is not in a switch's case either (it may never run). A step in a
+    case taken hands on to the join after the switch like any other. None otherwise: the
+    objects come back to the scheduler, which shares them with several readers (a fork) or
+    holds them until a switch has chosen."""
+    graph = run.graph
+    if graph.is_chain or step.index is not None or step.node.ref in graph.sinks:
+        return None
+    readers = {r for name in graph.read_outputs(step.node.ref)
+               for r in graph.readers(step.node.ref, name)}  # fmt: skip
+    if len(readers) != 1:
+        return None
+    (reader,) = readers
+    in_cases = {r for node in graph.nodes.values() if node.is_switch for r in node.chosen}
+    plain = [graph.nodes[ref] for ref in (step.node.ref, reader)]
+    if reader in in_cases or any(n.for_each or n.ref in graph.stream_groups for n in plain):
+        return None
+    return reader

@@ -51,12 +51,19 @@ class MinionLink:
     def located(self, key: str) -> str | None:
         """The host the directory places ``key`` on (one question to the controller, with no
         wait for it to catch up), or ``None``: no directory, or no host has it."""
+        found = self.whereabouts(key)
+        return found[0] if found is not None else None
+
+    def whereabouts(self, key: str) -> tuple[str, str] | None:
+        """The host and owner the directory gives ``key``, or ``None``: no directory, or no
+        host has it."""
         if self._directory is None:
             return None
         try:
-            return self._directory.lookup_object(key).host
+            info = self._directory.lookup_object(key)
         except cdi.ObjectNotFound:
             return None
+        return info.host, info.owner
 
     @property
     def spans_hosts(self) -> bool:

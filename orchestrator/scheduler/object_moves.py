@@ -65,7 +65,7 @@ class ObjectMover:
             if obj.owner != worker:  # else the worker that made it kept it for this step
                 self.ctx.cdi.use(obj.key, check=False).transfer(worker)
                 moves.append(self._handoff(obj.owner, worker, obj, started, "transfer"))
-                obj.owner = worker
+                obj.owner, obj.given = worker, self._started(worker)
             step.modes[obj.key] = Mode.OWN
             return datum
         try:
@@ -95,11 +95,15 @@ class ObjectMover:
         copied = self.ctx.cdi.use(key, check=False).copy(f"{run.next_object_key()}.copy")
         copied.transfer(worker)
         run.objects[copied.key] = Obj(copied.key, obj.kind, obj.nbytes, worker, pending=1,
-                                    datum=obj.datum)  # fmt: skip
+                                    datum=obj.datum, given=self._started(worker))  # fmt: skip
         obj.pending -= 1  # this read reads the copy
         moves.append(self._handoff(self.ctx.id, worker, obj, started, "copy"))
         step.modes[copied.key] = Mode.OWN
         return Datum(key=copied.key, kind=obj.kind)
+
+    def _started(self, worker: str) -> float:
+        load = self._load_of(worker)
+        return load.started_at if load is not None else 0.0
 
     def _handoff(self, src: str, dst: str, obj: Obj, started: int, mode: str) -> Handoff:
         took_us = (time.perf_counter_ns() - started) / 1000

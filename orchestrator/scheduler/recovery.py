@@ -13,6 +13,11 @@ on a live worker that still holds the object (its report, or the instruction, ma
 lost) is sent once more; a worker answers a repeat with its report, not a second run. If that
 brings nothing either, the run is driven again from its input (``redrive``).
 
+What a worker held ahead of the step that reads it (a join's input handed on to the join's
+worker, which has not started it) has no task in flight there: each tick compares its owner's
+``started_at`` with the one it was given under and takes it back from a worker that died or
+started again (``ahead``); the step that reads it is then placed with it moved on.
+
 *Redis data loss.* Redis holds only what can be rebuilt; when its ``keys.EPOCH`` token changes,
 the scheduler sends again every instruction it has out, and presumes no worker dead for a
 heartbeat's lifetime (their heartbeats went with the data and come back within it).
@@ -27,7 +32,7 @@ import uuid
 from collections.abc import Mapping
 
 from orchestrator.contract import keys
-from orchestrator.scheduler import progress
+from orchestrator.scheduler import ahead, progress
 from orchestrator.scheduler.context import SchedulerContext
 from orchestrator.scheduler.dispatch import LOST_GRACE_S, Dispatcher
 from orchestrator.scheduler.placement import WorkerLoad
@@ -85,6 +90,18 @@ class Recovery:
                     self._overdue(run, step, flight, now)
                 continue
             self._give_up(run, step, flight, dead)
+        if not grace:
+            self._regain_ahead(loads)
+
+    def _regain_ahead(self, loads: Mapping[str, WorkerLoad]) -> None:
+        """Take back what workers that died or started again held ahead of the steps that
+        read it (``ahead``): those steps are then placed with it moved on. A run one of whose
+        objects is gone is driven again."""
+        for run in list(self.ctx.runs.values()):
+            held = ahead.stale(self.ctx, run, loads)
+            gone = ahead.regain(self.ctx, run, held, loads) if held else []
+            if gone:
+                self.redrive.run(run, f"object {gone[0].key} held by {gone[0].owner} is gone")
 
     def _overdue(self, run: RunState, step: StepRun, flight: InFlight, now: float) -> None:
         """No report past the deadline from a live worker that keeps the step's objects: send

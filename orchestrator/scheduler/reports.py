@@ -36,14 +36,17 @@ from orchestrator.contract.scripts import MOVE_UP_TO
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.db.run_statements import Finish, Handoff, Placement, Reported
 from orchestrator.logs import log_context
-from orchestrator.scheduler import progress
+from orchestrator.scheduler import ahead, progress
 from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.data import Mode
 from orchestrator.scheduler.dispatch import Dispatcher
-from orchestrator.scheduler.endings import Endings, completion, ended_rows
+from orchestrator.scheduler.endings import Endings, completion, described_keys, ended_rows
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.planes import plane_of
+from orchestrator.scheduler.planes.objects import holder
 from orchestrator.scheduler.redrive import Redrive
 from orchestrator.scheduler.runs import Phase, RunState, StepRun
+from workflows.binding import IMAGE
 
 __all__ = ["REPORT_BATCH", "Reports"]
 
@@ -168,8 +171,10 @@ class Reports:
         self.dispatch.returned(flight)
         step.in_flight = None
         completed = report.status == TaskRunStatus.COMPLETED
-        back = self._hand_backs(run, report)
+        made_keys = _made(report)
+        back = self._hand_backs(run, step, report, made_keys)
         got = plane_of(run).received(self.ctx, run, step, report, ins)
+        ahead.stamp(run, flight, made_keys)
         moves = progress.Moves()
         made: dict[str, Any] | None = None
         if got.made is not None:
@@ -205,9 +210,7 @@ class Reports:
             self.ctx.faults.minion = True  # the next tick asks the minion
             self.redrive.run(run, f"worker {report.worker_id}: {report.error}")
         elif not completed:
-            self.after_failure(
-                run, step, report.error or report.status, report.retryable, outage=report.outage
-            )
+            self._failed(run, step, report)
         elif moves.failure:
             self.endings.fail(run, moves.failure)
         elif finish is not None:
@@ -225,6 +228,27 @@ class Reports:
                         ", ".join(s.id for s in moves.ready), exc)  # fmt: skip
             self.ctx.faults.minion |= isinstance(exc, cdi.MinionUnavailable)
             return []
+
+    def _failed(self, run: RunState, step: StepRun, report: Report) -> None:
+        """A failed attempt. An input recorded at its worker, unopened there, that the
+        minion returned to us (that worker's earlier process held it ahead of the step and
+        died before a heartbeat said so: ``ahead``) means the task could not run: the attempt
+        is lost, not the task's; one gone drives the run again."""
+        worker = report.worker_id
+        objs = [run.objects.get(k) for k, m in step.modes.items() if m is Mode.OWN]
+        owned = [o for o in objs if o is not None and o.owner == worker]
+        loads = {w.worker_id: w for w in self.dispatch.loads()} if owned else {}
+        try:
+            gone = ahead.regain(self.ctx, run, owned, loads)
+        except cdi.CDIError as exc:  # the minion is away: the tick looks again
+            self.ctx.faults.minion |= isinstance(exc, cdi.MinionUnavailable)
+            gone = []
+        if gone:
+            self.redrive.run(run, f"object {gone[0].key} held by {worker} is gone")
+            return
+        lost = any(o.owner == self.ctx.id for o in owned)
+        reason = report.error or report.status
+        self.after_failure(run, step, reason, report.retryable, lost=lost, outage=report.outage)
 
     def after_failure(
         self,
@@ -295,37 +319,31 @@ class Reports:
         self.ctx.db.place([*placed, *ended_rows(self.ctx.db, run, moves)])
 
     # ------------------------------------------------------------------ objects
-    def _hand_backs(self, run: RunState, report: Report) -> list[Handoff]:
+    def _hand_backs(
+        self, run: RunState, step: StepRun, report: Report, made: dict[ObjectKey, str]
+    ) -> list[Handoff]:
         """The objects the report's worker handed back to us, or on to the next step's
-        worker (``Report.handed_to``)."""
+        worker (``Report.handed_to``): the image and named outputs it made (``made``), and the
+        inputs it gave back."""
+        worker = report.worker_id
         back = []
-        keys = [report.key] if report.key and not report.kept else []
-        keys += report.returned
-        keys += _written_keys(report)  # named outputs always come back (``named_data``)
-        for key in keys:
+        for key in dict.fromkeys([*made, *report.returned]):
+            dst = holder(self.ctx, report, key) if key in made else self.ctx.id
+            if dst == worker:
+                continue  # kept
             obj = run.objects.get(key)
             nbytes = obj.nbytes if obj is not None else report.bytes_out
-            on = key == report.key and bool(report.handed_to)
-            dst = report.handed_to if on else self.ctx.id
+            named = f"{step.id}.{made[key]}" if key in made else ""
+            datum = obj.datum if obj is not None else named
             back.append(Handoff(
-                report.worker_id, dst, nbytes, report.return_us,
-                self.dispatch.host_of(report.worker_id),
-                self.dispatch.host_of(dst) if on else self.ctx.cdi.host,
-                datum=obj.datum if obj is not None else "", mode="transfer",
+                worker, dst, nbytes, report.return_us, self.dispatch.host_of(worker),
+                self.ctx.cdi.host if dst == self.ctx.id else self.dispatch.host_of(dst),
+                datum=datum, mode="transfer",
             ))  # fmt: skip
         return back
 
 
-def _written_keys(report: Report) -> list[ObjectKey]:
-    keys: list[ObjectKey] = []
-
-    def walk(described: Any) -> None:
-        if isinstance(described, dict) and "items" in described:
-            for item in described["items"]:
-                walk(item)
-        elif isinstance(described, dict) and "key" in described:
-            keys.append(ObjectKey(str(described["key"])))
-
-    for described in report.objects.values():
-        walk(described)
-    return keys
+def _made(report: Report) -> dict[ObjectKey, str]:
+    """The objects a report says its step made (its image and named outputs), by output."""
+    made = dict.fromkeys([report.key] if report.key else [], IMAGE)
+    return made | {k: n for n, d in report.objects.items() for k in described_keys(d)}

@@ -56,6 +56,7 @@ class InFlight:
     resent: bool = False  # sent once more after its deadline (no report came)
     lease: str = ""  # its place under its task's concurrency limit (``limits.TaskLimits``)
     lease_task: str = ""  # that task
+    hand_to_started: float = 0.0  # the ``hand_to`` worker's start time when it went out
 
     @property
     def task_run_id(self) -> int:

@@ -1,6 +1,8 @@
-"""The end of a ``cdi`` instruction (``cdi_plane``): the object that holds the workflow's
-image now is kept by this worker, handed on to the next step's worker (``hand_to``), or handed
-back to the instruction's ``return_to``, and the report says which.
+"""The end of a ``cdi`` instruction (``cdi_plane``): the objects the step leaves (the object that
+holds the workflow's image now, and the named outputs it wrote) are kept by this worker,
+handed on to the next step's worker (``hand_to``), or handed back to the instruction's
+``return_to``, and the report says which (``kept``, ``handed_to``; one that could not go on is
+among ``returned``).
 
 A hand-on is one ownership transfer from this worker to the next one; the object keeps the
 scheduler as its recovery container (set when it was made), so if the next worker dies holding
@@ -19,16 +21,14 @@ from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.worker.execution import EXIT_MINION_LOST, Execution
 
-__all__ = ["keep_or_hand_back"]
+__all__ = ["hand_outputs", "keep_or_hand_back"]
 
 log = logging.getLogger(__name__)
 
 
 def keep_or_hand_back(ins: Instruction, obj: cdi.CDIObject | None, exe: Execution) -> None:
     """Keep the current object, hand it on to ``hand_to`` or back to ``return_to``; record
-    which in ``exe``."""
-    exe.kept = False
-    exe.handed_to = ""
+    which in ``exe`` (after ``hand_outputs``, whose record it keeps)."""
     if exe.stored:
         # The result is in S3 and the object destroyed: nothing to hand back.
         exe.key = ObjectKey("")
@@ -36,16 +36,21 @@ def keep_or_hand_back(ins: Instruction, obj: cdi.CDIObject | None, exe: Executio
     if obj is None:
         # A fetch that failed made no object: the retry fetches again.
         exe.key = ObjectKey("") if ins.input_uri else ins.key
+        if exe.key and (exe.handed_to or exe.kept):
+            exe.returned.append(exe.key)  # gone: not among the named outputs kept or on
         return
     exe.key = obj.key
     # A worker about to exit gives everything back: what it kept would die with it. A
     # failed task gives it back too, so the scheduler can retry elsewhere or clean up.
-    done = not exe.exit_code and exe.status == TaskRunStatus.COMPLETED
+    done = _done(exe)
     if ins.keep and done:
         exe.kept = True
         return
-    if ins.hand_to and done and _hand_on(ins.hand_to, obj, exe):
-        return
+    if ins.hand_to and done:
+        if _hand_on(ins.hand_to, obj, exe):
+            return
+        if exe.handed_to:
+            exe.returned.append(obj.key)  # the named outputs went on without it
     if not ins.return_to:
         exe.kept = True
         exe.note(f"the instruction names no return_to, so this worker keeps {obj.key!r}")
@@ -74,6 +79,34 @@ def keep_or_hand_back(ins: Instruction, obj: cdi.CDIObject | None, exe: Executio
         exe.note(f"could not hand {obj.key!r} back to {ins.return_to!r}: {exc}")
 
 
+def hand_outputs(ins: Instruction, made: list[cdi.CDIObject], exe: Execution) -> None:
+    """The named outputs the task wrote, where its image goes: kept (``keep``), handed on
+    (``hand_to``; one that does not go on goes back, among ``returned``), or handed back to
+    ``return_to``."""
+    if not made:
+        return
+    done = _done(exe)
+    if ins.keep and done:
+        exe.kept = True
+        return
+    for obj in made:
+        if ins.hand_to and done and _hand_on(ins.hand_to, obj, exe):
+            continue
+        if not ins.return_to:
+            continue
+        try:
+            obj.transfer(ins.return_to)
+        except cdi.CDIError as exc:
+            exe.note(f"could not hand output {obj.key!r} back to {ins.return_to!r}: {exc}")
+        if ins.hand_to and done:
+            exe.returned.append(obj.key)
+
+
+def _done(exe: Execution) -> bool:
+    """The task completed and this worker goes on: what it made may stay or go on."""
+    return not exe.exit_code and exe.status == TaskRunStatus.COMPLETED
+
+
 def _hand_on(to: str, obj: cdi.CDIObject, exe: Execution) -> bool:
     """Transfer ``obj`` to the next step's worker ``to``; False when it did not go (that
     worker is gone, or the transfer failed otherwise): it is then handed back."""
@@ -86,6 +119,6 @@ def _hand_on(to: str, obj: cdi.CDIObject, exe: Execution) -> bool:
     except cdi.CDIError as exc:
         log.warning("could not hand %r on to %s (%s); handing it back", obj.key, to, exc)
         return False
-    exe.return_us = (time.perf_counter_ns() - started) / 1000
+    exe.return_us += (time.perf_counter_ns() - started) / 1000
     exe.handed_to = to
     return True

@@ -35,8 +35,9 @@ object pinned: it is then not handed back, and comes back to its recovery contai
 worker exits.
 
 The parts: what an instruction must hold (``cdi_checks``), the image coming in
-(``cdi_inputs``) and going out (``cdi_outputs``), the object kept or handed back
-(``cdi_hand_back``), and the named data (``named_data``); this module runs them in order.
+(``cdi_inputs``) and going out (``cdi_outputs``), the objects it leaves kept, handed on or
+handed back (``cdi_hand_back``), and the named data (``named_data``); this module runs them in
+order.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from orchestrator.contract.messages import Instruction
 from orchestrator.contract.vocabulary import TaskRunStatus
 from orchestrator.errors import ObjectGone
 from orchestrator.worker.cdi_checks import check_cdi_instruction
-from orchestrator.worker.cdi_hand_back import keep_or_hand_back
+from orchestrator.worker.cdi_hand_back import hand_outputs, keep_or_hand_back
 from orchestrator.worker.cdi_inputs import (
     ImageInput,
     held_input,
@@ -215,7 +216,7 @@ class CdiPlane:
                     obj = self.outputs.save_for_retry(ins, obj, source, exe)
                 else:
                     exe.held_lost = True  # the scheduler recomputes it from the last object
-            self.named.settle(ins, made, exe)
+            hand_outputs(ins, made, exe)
             keep_or_hand_back(ins, obj, exe)
         finally:
             self._release(entry)

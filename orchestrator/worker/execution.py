@@ -98,7 +98,7 @@ class Execution:
     retryable: bool = True
     key: ObjectKey = ObjectKey("")
     kept: bool = False
-    handed_to: str = ""  # the container ``key`` went to (``Instruction.hand_to``)
+    handed_to: str = ""  # where ``key`` and the outputs went (``Instruction.hand_to``)
     held: bool = False
     held_lost: bool = False
     objects_gone: bool = False
@@ -114,7 +114,8 @@ class Execution:
     objects: dict[str, Any] = field(default_factory=dict)  # named outputs written
     results: dict[str, Any] = field(default_factory=dict)  # named outputs stored in S3
     released: list[ObjectKey] = field(default_factory=list)  # shares given up
-    returned: list[ObjectKey] = field(default_factory=list)  # owned inputs handed back
+    # owned inputs handed back, and what it made that did not go on to ``handed_to``
+    returned: list[ObjectKey] = field(default_factory=list)
     exit_code: int = 0  # non-zero: the worker must exit after reporting
     # The rest of the instruction, for the worker to run once the slot has moved on; it
     # completes this record before the report is made.

@@ -12,10 +12,10 @@ the object again with a worker that still has reads of it to come.
 
 *Outputs* the task returned besides ``image``: each that a later step reads
 (``Instruction.outputs``) is written into a fresh object (a list output into one per element,
-``<key>.<i>``), created with ``return_to`` as recovery container and then handed to it (the
-scheduler moves them on; only the chain's image stays with a worker under ``keep``); at a step
-whose outputs are the run's results (``store_prefix``) each is stored in S3 instead. What no
-step reads is dropped.
+``<key>.<i>``), created with ``return_to`` as recovery container, and then goes where the
+image goes (``cdi_hand_back``: kept, handed on to the next step's worker, or back to
+``return_to``); at a step whose outputs are the run's results (``store_prefix``) each is
+stored in S3 instead. What no step reads is dropped.
 """
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ class NamedData:
         self, ins: Instruction, objects: dict[str, Any], exe: Execution
     ) -> list[cdi.CDIObject]:
         """Write each output a later step reads into fresh objects (recorded in ``exe``); the
-        objects, for ``settle``. If this raises, the objects it made are destroyed."""
+        objects, for ``cdi_hand_back.hand_outputs``. If this raises, the objects it made are
+        destroyed."""
         made: list[cdi.CDIObject] = []
         if not any(ins.outputs.get(name) for name in objects):
             return made
@@ -232,18 +233,6 @@ class NamedData:
         with obj.view() as buf:
             write_kind(buf, value, kind)
         return {"key": key, "kind": str(kind), "nbytes": size}
-
-    def settle(self, ins: Instruction, made: list[cdi.CDIObject], exe: Execution) -> None:
-        """Hand the written outputs to ``return_to``. *Why never kept:* the report's ``kept``
-        speaks for the chain's image alone, and the scheduler alone moves objects between the
-        workers of a graph."""
-        if not ins.return_to:
-            return
-        for obj in made:
-            try:
-                obj.transfer(ins.return_to)
-            except cdi.CDIError as exc:
-                exe.note(f"could not hand output {obj.key!r} back to {ins.return_to!r}: {exc}")
 
     def store(self, ins: Instruction, objects: dict[str, Any], fmt: str, exe: Execution) -> None:
         """Store each output as a result under ``store_prefix`` (recorded in ``exe``)."""

@@ -8,9 +8,11 @@ import uuid
 from typing import Any
 
 import redis
+from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.contract import keys
 from orchestrator.db.engine import make_engine
+from orchestrator.db.models import WorkflowDefinition, WorkflowDefinitionVersion
 from orchestrator.db.scheduler_liveness import SchedulerLiveness
 from orchestrator.db.scheduler_store import SchedulerStore
 from orchestrator.objectstore import ObjectStore
@@ -103,6 +105,16 @@ def beat(
     assert tuple(fields) == keys.WORKER_FIELDS
     client.hset(keys.worker_key(worker), mapping=fields)  # type: ignore[arg-type]
     client.sadd(keys.WORKERS, worker)
+
+
+def store_definition(sessions: sessionmaker[Session], steps: list[dict[str, Any]]) -> str:
+    """A definition written straight into the tables (as one stored long ago would be)."""
+    name = f"graph_{uuid.uuid4().hex[:8]}"
+    with sessions() as session, session.begin():
+        session.add(WorkflowDefinition(name=name, tasks=steps, version=1))
+        session.flush()
+        session.add(WorkflowDefinitionVersion(name=name, version=1, tasks=steps))
+    return name
 
 
 def make_scheduler(

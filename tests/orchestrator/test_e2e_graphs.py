@@ -185,6 +185,37 @@ def test_a_diamonds_branches_overlap_on_two_workers_and_its_join_gets_every_inpu
     _no_object_left(harness, workflow_id)
 
 
+@pytest.mark.parametrize("policy", ["transfer", "auto"])
+def test_a_diamonds_join_gets_each_branch_output_in_at_most_one_transfer(
+    harness: Harness, policy: str
+) -> None:
+    """Ownership transfers per step: each branch's worker hands what it made straight to the
+    join's worker (one transfer an object, none when the join runs where it was made); only
+    the fork's image, which both branches read, goes back to the scheduler, which shares it
+    with them."""
+    workflow = _diamond(harness, f"diamond_direct_{policy}")
+    wait_for(lambda: _idle_workers(harness) >= 2, "two idle workers", timeout=30)
+    workflow_id = _start(harness, workflow, "sunset.jpg", policy)
+    done = harness.wait(workflow_id)
+    assert done["status"] == "COMPLETED", done["error"]
+    worker_of = {r["ref"]: r["worker_id"] for r in done["task_runs"]}
+    transfers = [(h["datum"], h["from_container"], h["to_container"])
+                 for h in done["handoffs"] if h["mode"] == "transfer"]  # fmt: skip
+    made = {"b1.image": "b1", "b2.hist": "b2", "b2.row": "b2"}  # b2's JSON goes inline
+    for datum, step in made.items():
+        src, dst = worker_of[step], worker_of["c"]
+        moved = [(s, d) for name, s, d in transfers if name == datum]
+        assert moved == ([(src, dst)] if src != dst else []), (datum, worker_of, transfers)
+    # The fork's image leaves a's worker once, to the scheduler, which shares it (or hands
+    # it to the last reader when none reads it any more).
+    workers = set(worker_of.values())
+    forked = [(s, d) for name, s, d in transfers if name == "a.image" and s in workers]
+    assert len(forked) == 1 and forked[0][0] == worker_of["a"], (worker_of, transfers)
+    assert forked[0][1] not in workers, (worker_of, transfers)
+    assert {name for name, _, _ in transfers} <= {*made, "a.image"}, transfers
+    _no_object_left(harness, workflow_id)
+
+
 def test_a_numpy_workflow_without_an_image_stores_its_array_as_npy(harness: Harness) -> None:
     workflow = _define(harness, "numpy_scale", [
         {"ref": "ramp", "task": "ramp"},
@@ -251,6 +282,52 @@ def test_a_worker_killed_in_one_branch_reruns_that_branch_only(harness: Harness)
     assert [r[1:] for r in b1] == [("FAILED", 1), ("COMPLETED", 2)], runs
     for ref in ("a", "b2", "c"):  # the rest ran once: a's image was still held
         assert [r[1:] for r in runs if r[0] == ref] == [("COMPLETED", 1)], runs
+    image, output = _local(sample)
+    assert done["output"]["hist_sha"] == output["hist_sha"]
+    result = Image.open(io.BytesIO(harness.download(done["result_uri"])))
+    assert _pixels_sha(result) == _pixels_sha(image)
+    _no_object_left(harness, workflow_id)
+
+
+def test_a_worker_killed_holding_a_joins_input_has_the_join_run_elsewhere(
+    harness: Harness,
+) -> None:
+    """``b1`` is quick and hands its image to the join's worker (or keeps it, being that
+    worker) while ``b2`` still runs; that worker is killed and comes back under the same id
+    before ``b2`` ends. The image came back to the scheduler (its recovery container), which
+    moves it on to the join's worker; the join runs with the same result; nothing is left
+    behind."""
+    workflow = _define(harness, "diamond_join_worker_killed", [
+        {"ref": "a", "task": "deblur"},
+        {"ref": "b1", "task": "nap_blur", "inputs": {"image": "a.image"}, "params": {"ms": 0}},
+        {"ref": "b2", "task": "measure", "inputs": {"image": "a.image"}, "params": {"ms": 8000}},
+        {"ref": "c", "task": "combine", "inputs": {
+            "blurred": "b1.image", "hist": "b2.hist", "row": "b2.row", "size": "b2.size"}},
+    ])  # fmt: skip
+    sample = bundled_samples()["sunset.jpg"]
+    workflow_id = _start(harness, workflow, "sunset.jpg")
+
+    def started_at(worker: str) -> float | None:
+        """The start time of ``worker``'s process while it beats."""
+        beats = {w["id"]: w for w in harness.api.get("/api/workers").json()}
+        beat = beats.get(worker, {})
+        return beat.get("started_at") if beat.get("alive") else None
+
+    def join_worker() -> str | None:
+        """The worker holding b1's image for the join, once b1 is done."""
+        now = harness.get(workflow_id)
+        b1 = [r for r in now["task_runs"] if r["ref"] == "b1" and r["status"] == "COMPLETED"]
+        if not b1:
+            return None
+        on = [h["to_container"] for h in now["handoffs"] if h["datum"] == "b1.image"]
+        return str(on[0] if on else b1[0]["worker_id"])
+
+    victim = wait_for(join_worker, "b1 to hand its image on")
+    before = started_at(victim)
+    harness.stack.kill_worker(victim)
+    wait_for(lambda: started_at(victim) not in (None, before), f"{victim} to start again")
+    done = harness.wait(workflow_id, timeout=120)
+    assert done["status"] == "COMPLETED", done["error"]
     image, output = _local(sample)
     assert done["output"]["hist_sha"] == output["hist_sha"]
     result = Image.open(io.BytesIO(harness.download(done["result_uri"])))

@@ -29,15 +29,19 @@ from orchestrator.db.models import (
     Event,
     TaskDefinition,
     TaskRun,
-    WorkflowDefinition,
-    WorkflowDefinitionVersion,
 )
 from orchestrator.scheduler import dispatch as dispatch_module
 from orchestrator.scheduler.dispatch import BEATS_TTL_S
 from orchestrator.scheduler.loop import Scheduler
 from orchestrator.scheduler.reports import MAX_LOST_ATTEMPTS
 from orchestrator.settings import Settings
-from tests.orchestrator.scheduler_support import WORKER, beat, close_scheduler, make_scheduler
+from tests.orchestrator.scheduler_support import (
+    WORKER,
+    beat,
+    close_scheduler,
+    make_scheduler,
+    store_definition,
+)
 
 
 def test_a_report_read_after_its_workers_restart_keeps_its_outcome(
@@ -227,16 +231,6 @@ def test_the_loop_goes_on_after_redis_drops_its_connection(
     assert Instruction.loads(raw).workflow_id == started.json()["id"]
 
 
-def _store_definition(sessions: sessionmaker[Session], steps: list[dict[str, Any]]) -> str:
-    """A definition written straight into the tables (as one stored long ago would be)."""
-    name = f"graph_{uuid.uuid4().hex[:8]}"
-    with sessions() as session, session.begin():
-        session.add(WorkflowDefinition(name=name, tasks=steps, version=1))
-        session.flush()
-        session.add(WorkflowDefinitionVersion(name=name, version=1, tasks=steps))
-    return name
-
-
 def _report_done(scheduler: Scheduler, api_redis: redis.Redis, ins: Instruction) -> None:
     now = time.time()
     report = Report(ins.task_run_id, ins.workflow_id, WORKER, TaskRunStatus.COMPLETED, now, now)
@@ -253,7 +247,7 @@ def test_a_forks_branches_go_out_together_and_its_join_waits_for_both(
     beat(api_redis, started_at=1000.0)
     queue = keys.worker_queue_key(WORKER)
     api_redis.delete(queue)
-    name = _store_definition(api_sessions, [
+    name = store_definition(api_sessions, [
         {"ref": "a", "task": "noop"},
         {"ref": "b1", "task": "noop", "depends_on": ["a"]},
         {"ref": "b2", "task": "noop", "depends_on": ["a"]},
@@ -293,7 +287,7 @@ def test_a_fan_out_goes_out_no_more_than_the_runs_parallelism_at_once(
     beat(api_redis, started_at=1000.0)
     queue = keys.worker_queue_key(WORKER)
     api_redis.delete(queue)
-    name = _store_definition(api_sessions, [
+    name = store_definition(api_sessions, [
         {"ref": "split", "task": "noop"},
         {"ref": "each", "task": "noop", "inputs": {"x": "split.items"}, "for_each": "x"},
         {"ref": "join", "task": "noop", "inputs": {"all": "each.n"}},
@@ -345,7 +339,7 @@ def test_a_stored_definition_that_cannot_run_fails_its_run_with_the_reason(
     """A sub-workflow deleted since its definition was stored: the scheduler fails the run,
     saying why, and runs nothing."""
     beat(api_redis, started_at=1000.0)
-    name = _store_definition(api_sessions, [
+    name = store_definition(api_sessions, [
         {"ref": "a", "task": "noop"},
         {"ref": "sub", "workflow": "deleted_long_ago", "depends_on": ["a"]},
     ])  # fmt: skip

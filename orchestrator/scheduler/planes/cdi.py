@@ -1,6 +1,6 @@
 """The ``cdi`` plane, the scheduler's side: a run's data are CDI objects, handed from worker to
-worker (straight along a chain, else through the scheduler), and a step's worker gets them by a
-transfer or a share.
+worker (straight along a chain and from a step to the one step that reads what it makes, such as
+a join; else through the scheduler), and a step's worker gets them by a transfer or a share.
 
 *The instruction.* The step's ``image``, when it reads one object of its own, goes in the
 classic fields: ``key`` (made by the worker from ``input_uri`` for the step that reads the
@@ -193,10 +193,11 @@ def _image_lane(datum: Datum | None, modes: Mapping[ObjectKey, Mode]) -> Datum |
 
 
 def _holds(run: RunState, step: StepRun) -> bool:
-    """Whether its new image may stay in its worker's memory: one step reads it, as its own
-    classic image, and that step does not fan out."""
+    """Whether its new image may stay in its worker's memory: along a chain, one step reads
+    it, as its own classic image, and that step does not fan out (a graph's step kept for a
+    join writes its image: the recomputing of a lost one follows a chain)."""
     readers = run.graph.readers(step.node.ref, IMAGE)
-    if len(readers) != 1 or step.index is not None:
+    if not run.graph.is_chain or len(readers) != 1 or step.index is not None:
         return False
     reader = run.graph.nodes[readers[0]]
     return reader.for_each is None and len(reader.inputs.get(IMAGE, ())) == 1

@@ -2,7 +2,8 @@
 step read is now (``follow``), and the objects it made, registered in the run (``made_by``).
 
 An object the worker handed back is the scheduler's again; one it kept (``Report.kept``)
-stays its; one it handed on to the next step's worker (``Report.handed_to``) is that one's;
+stays its; one it handed on to the next step's worker (``Report.handed_to``) is that one's
+(the image and the named outputs it made alike, but for those among ``Report.returned``);
 one it owned and destroyed after its task is gone; a share it gave up while another read of
 it by the same worker was still on its way is shared again. A step that failed leaves what the
 retry reads: the input it fetched, or the image it held, written into an object. An image that
@@ -13,6 +14,7 @@ made it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import cdi
@@ -82,9 +84,12 @@ def follow(
     return got
 
 
-def holder(ctx: SchedulerContext, report: Report) -> str:
-    """Who owns the report's ``key`` now: the worker that kept it, the worker it handed it on
-    to, or the scheduler."""
+def holder(ctx: SchedulerContext, report: Report, key: ObjectKey | None = None) -> str:
+    """Who owns an object the step made now (default: the report's ``key``): the worker that
+    kept it, the worker it handed it on to, or the scheduler (one that did not stay or go on
+    with the rest is among ``returned``)."""
+    if (key or report.key) in report.returned:
+        return ctx.id
     if report.kept:
         return report.worker_id
     return report.handed_to or ctx.id
@@ -111,7 +116,8 @@ def made_by(
     elif IMAGE in step.reads and not report.key and not sent.output_key:
         made[IMAGE] = step.reads[IMAGE]  # read through a share, passed on unchanged
     for name, described in report.objects.items():
-        made[name] = _registered(run, step, name, described, ctx.id, worker)
+        made[name] = _registered(run, step, name, described, lambda k: holder(ctx, report, k),
+                                 worker)  # fmt: skip
     return made
 
 
@@ -137,7 +143,12 @@ def _image(run: RunState, step: StepRun, report: Report, owner: str, sent: Instr
 
 
 def _registered(
-    run: RunState, step: StepRun, name: str, described: Any, owner: str, worker: str
+    run: RunState,
+    step: StepRun,
+    name: str,
+    described: Any,
+    owner: Callable[[ObjectKey], str],
+    worker: str,
 ) -> Datum:
     if isinstance(described, dict) and "items" in described:
         items = described["items"]
@@ -145,7 +156,7 @@ def _registered(
             _registered(run, step, f"{name}.{i}", d, owner, worker) for i, d in enumerate(items)
         ))  # fmt: skip
     key, kind = ObjectKey(str(described["key"])), Kind(described["kind"])
-    run.objects[key] = Obj(key, kind, int(described.get("nbytes", 0)), owner,
+    run.objects[key] = Obj(key, kind, int(described.get("nbytes", 0)), owner(key),
                            datum=f"{step.id}.{name}", made_by=worker)  # fmt: skip
     return Datum(key=key, kind=kind)
 

@@ -4,7 +4,7 @@ costs more than moving to the best worker with room (``stays``).
 Expected wait = tasks ahead (queued + running + in flight) x the mean run time of the step's
 task; moving costs two hand-offs plus the bytes at memory bandwidth (an allowance for caches
 gone cold; zero-copy on one host), and for every host boundary the object crosses on its way
-(``Route``: straight from worker to worker along a chain, else through the scheduler) the bytes
+(``Route``: straight from worker to worker when handed on, else through the scheduler) the bytes
 over the link's bandwidth plus its round trip (``Link``, learnt from the scheduler's own
 cross-host transfers). A worker that would stay but has no room is waited for.
 
@@ -15,8 +15,10 @@ back); otherwise the worker hands it straight to the worker ``choose`` picks for
 successor now (``hands_on``: one ownership transfer, crossing to another host at most once),
 where the successor is then pinned. The prediction uses the loads as this choice saw them:
 the rule ``choose`` applies when the next step is ready, applied now, so neither a stay nor a
-move goes through the scheduler. Beyond a chain the object comes back and the successor is
-placed when ready.
+move goes through the scheduler. Beyond a chain a step whose outputs one step alone reads (a
+join's input) hands them to that step's worker, chosen by ``choose`` when the first of the
+join's inputs is sent (``join_binding``); the others come back and their readers are placed
+when ready.
 """
 
 from __future__ import annotations

@@ -103,13 +103,15 @@ class Ahead(Protocol):
     def may_hand_on(self) -> bool:
         """Whether the run's plane and graph allow the worker to hand what the step makes
         straight to the next step's worker, that step then pinned there: the plane hands
-        objects over, and the run is a chain whose next step alone reads them."""
+        objects over, and one step alone reads them (along a chain, or a join's input in a
+        graph: ``instructions.sole_reader``)."""
 
     def next_worker(self, policy: PlacementPolicy) -> str | None:
         """The worker ``policy`` chooses for the next step now, from the loads this step's
         choice saw (its own task not counted: it is done by then), as if the object were
         on the step's worker; when none has room, the least loaded (the next step then
-        queues there); None when the next step is not one step on its own."""
+        queues there); a join's worker once the first of its inputs chose it
+        (``join_binding``); None when the next step is not one step on its own."""
 
 
 class PlacementPolicy(abc.ABC):

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image, ImageFilter
 
 import cdi
+from orchestrator.contract.messages import Report
 from tests.orchestrator.worker.support import (
     BUCKET,
     SCHEDULER,
@@ -105,6 +106,39 @@ def test_hand_to_a_worker_that_is_gone_or_after_a_failure_hands_the_image_back(
     assert report.status == "FAILED"
     assert (report.key, report.handed_to) == (f"{key}-1", "")
     stack.take(f"{key}-1")
+
+
+def test_hand_to_gives_the_named_outputs_on_with_the_image_or_back_when_it_is_gone(
+    stack: Stack, worker: WorkerProcess
+) -> None:
+    """A step whose outputs one step alone reads (a join's input) hands them on where its
+    image goes: each in one transfer, the report saying so (``handed_to``); to a worker that
+    is gone, every one comes back, the report naming the outputs (``returned``) beside the
+    image (its ``key``, with no ``handed_to``)."""
+
+    def tiles(to: str) -> tuple[Report, list[str]]:
+        key = stack.put(worker, picture())
+        report = stack.run(worker, task="workflows.fanout_tasks:tiles", key=key,
+                           params={"n": 2}, outputs={"tiles": f"{key}-t"},
+                           hand_to=to)  # fmt: skip
+        assert report.status == "COMPLETED", report.error
+        assert report.key == key  # the image, read and passed on unchanged
+        return report, [key, *(f"{key}-t.{i}" for i in range(4))]
+
+    report, objects = tiles("wt-gone")
+    assert (report.handed_to, sorted(report.returned)) == ("", sorted(objects[1:]))
+    assert {k: stack.owner(k) for k in objects} == dict.fromkeys(objects, SCHEDULER)
+    for k in objects:
+        stack.take(k)
+    other = stack.start_worker()
+    try:
+        report, objects = tiles(other.worker_id)
+        assert (report.handed_to, report.returned, report.kept) == (other.worker_id, [], False)
+        assert {k: stack.owner(k) for k in objects} == dict.fromkeys(objects, other.worker_id)
+    finally:
+        other.kill()
+    for k in objects:
+        stack.take(k)  # back with the scheduler, their recovery container, when it died
 
 
 def _gaussian(img: Image.Image) -> Image.Image:
