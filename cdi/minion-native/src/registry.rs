@@ -89,6 +89,10 @@ pub struct Registry {
     pub resume_until: u64,
     /// The same for the containers it cannot see (`--resume-grace-unseen-ms`).
     pub resume_unseen_until: u64,
+    /// With the minion sending to other hosts: the container that holds an object meanwhile,
+    /// and the transfers to start after the request in hand (`sending.rs`).
+    pub holder: Option<Rc<str>>,
+    pub departures: Vec<crate::sending::Departure>,
 }
 
 /// A container of the minion that went before whose process may still come back.
@@ -130,6 +134,8 @@ impl Registry {
             pending_gone: Vec::new(),
             resume_until: 0,
             resume_unseen_until: 0,
+            holder: None,
+            departures: Vec::new(),
         }
     }
 
