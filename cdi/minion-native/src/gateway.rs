@@ -729,18 +729,22 @@ fn fill(link: &mut Link) -> Result<bool, String> {
 
 /// Read what the socket has (a chunk at most) onto the end of `buffer`; recv's result.
 pub fn read_more(fd: RawFd, buffer: &mut Vec<u8>) -> isize {
-    let start = buffer.len();
-    buffer.resize(start + CHUNK, 0);
-    // SAFETY: the tail of the buffer is valid for CHUNK bytes.
+    // Into spare capacity, not zeroed first: most reads find a few bytes, or none.
+    buffer.reserve(CHUNK);
+    let spare = buffer.spare_capacity_mut();
+    // SAFETY: the spare capacity is valid for its length; recv writes at most that many.
     let n = unsafe {
         libc::recv(
             fd,
-            buffer.as_mut_ptr().add(start).cast(),
-            CHUNK,
+            spare.as_mut_ptr().cast(),
+            spare.len(),
             libc::MSG_DONTWAIT,
         )
     };
-    buffer.truncate(start + n.max(0) as usize);
+    if n > 0 {
+        // SAFETY: recv initialised the first n bytes of the spare capacity.
+        unsafe { buffer.set_len(buffer.len() + n as usize) };
+    }
     n
 }
 
