@@ -492,10 +492,9 @@ impl Sender {
                 answer
             }
             Ended::Failed { why, refused } => {
-                let offering = matches!(
-                    link.step,
-                    Step::Offering { .. } | Step::Connecting | Step::Greeting(_)
-                );
+                let offering_started = matches!(link.step, Step::Offering { .. });
+                let offering =
+                    offering_started || matches!(link.step, Step::Connecting | Step::Greeting(_));
                 let all_out = matches!(link.step, Step::Answer);
                 self.close(epoll, token);
                 let Some(job) = job else {
@@ -517,7 +516,12 @@ impl Sender {
                     }
                     return self.launch(reg, epoll, job, address);
                 }
-                let err = failed(address, &format!("the link failed while sending: {why}"));
+                let what = if offering_started {
+                    "the link failed while sending"
+                } else {
+                    "cannot connect"
+                };
+                let err = failed(address, &format!("{what}: {why}"));
                 return self.fail(reg, job, err);
             }
         };
