@@ -93,6 +93,10 @@ pub struct Registry {
     /// and the transfers to start after the request in hand (`sending.rs`).
     pub holder: Option<Rc<str>>,
     pub departures: Vec<crate::sending::Departure>,
+    /// After a restart: objects the minion before was sending to another host. Whether that
+    /// host kept them is not known here; they follow the recovery rule with the containers
+    /// that ended meanwhile.
+    pub stranded: Vec<Rc<str>>,
 }
 
 /// A container of the minion that went before whose process may still come back.
@@ -136,6 +140,7 @@ impl Registry {
             resume_unseen_until: 0,
             holder: None,
             departures: Vec::new(),
+            stranded: Vec::new(),
         }
     }
 
