@@ -232,7 +232,16 @@ impl Sender {
             };
             if n <= 0 {
                 if n == 0 {
-                    epoll.unwatch(self.routes_fd); // the gateway is gone: asks fail from now on
+                    // The gateway is gone: what waits for a route fails, and so do later asks.
+                    epoll.unwatch(self.routes_fd);
+                    let err = CdiError {
+                        code: "transfer_failed",
+                        msg: "this host's gateway is gone: no routes to other hosts".to_owned(),
+                    };
+                    let waiting: Vec<u64> = self.asking.drain().flat_map(|(_, j)| j).collect();
+                    for job in waiting {
+                        self.fail(reg, job, err.clone());
+                    }
                 }
                 return;
             }
@@ -351,9 +360,9 @@ impl Sender {
             )
         };
         if rc != 0 && sys::errno() != libc::EINPROGRESS {
-            let why = sys::last_os_error_text();
+            let code = sys::errno();
             sys::close(fd);
-            return Err(why);
+            return Err(refusal_text(code));
         }
         self.next += 1;
         let token = LINK | OUT | self.next;
@@ -701,7 +710,7 @@ impl Sender {
                     }
                     self.drive(reg, epoll, token);
                 }
-                Err(_) => self.resolve_later(reg, epoll, job, false),
+                Err(why) => self.unresolved(reg, epoll, job, why.starts_with("refused:")),
             }
         }
     }
@@ -756,11 +765,8 @@ fn connected(link: &mut Out, host: &str) -> Driven {
             &mut size,
         );
     }
-    if error == libc::ECONNREFUSED {
-        return Err("refused: connection refused".to_owned());
-    }
     if error != 0 {
-        return Err(sys::os_error_text(error));
+        return Err(refusal_text(error));
     }
     // SAFETY: an empty address buffer: only whether the socket has a peer is asked.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -864,6 +870,17 @@ fn take_frame(link: &mut Out) -> Result<Option<Vec<u8>>, String> {
                 code => Err(sys::os_error_text(code)),
             };
         }
+    }
+}
+
+/// An error's text, starting `refused:` when nothing listens there (`resolve`: nothing there
+/// holds the object).
+fn refusal_text(code: i32) -> String {
+    let text = sys::os_error_text(code);
+    if code == libc::ECONNREFUSED {
+        format!("refused: {text}")
+    } else {
+        text
     }
 }
 
