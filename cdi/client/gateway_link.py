@@ -9,6 +9,7 @@ announce that the object has arrived from another host.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
@@ -31,6 +32,17 @@ class GatewayLink:
         self._lock = threading.Lock()
         self._next_id = 1
         self.slot: str | None = None
+
+    @property
+    def connected(self) -> bool:
+        """Whether our connection to the gateway (and with it our slot) is up: it has not
+        hung up, and has sent nothing we did not ask for."""
+        sock = self._sock
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return not poller.poll(0)
 
     @property
     def present(self) -> bool:

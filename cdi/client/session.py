@@ -130,8 +130,8 @@ class Session:
 
     def transfer(self, key: str, to: str, detach: bool) -> None:
         """Make ``to`` the owner of ``key``, on this host or (through the gateway) another.
-        Once this client has a gateway slot, the minion is told to hand the object to the
-        slot (``via``) if ``to`` is not here: one request where a refusal and a second
+        Once this client has a gateway slot, the minion is told to send the object on to
+        ``to``'s host (``via``) if ``to`` is not here: one request where a refusal and a second
         transfer would be two. Nothing is asked of the file system first: whether a gateway
         runs matters only once the minion says ``to`` is not here (a slot implies its link)."""
         via = self.gateway.slot if self.forwarding else None
@@ -145,11 +145,18 @@ class Session:
             return
         try:
             reply = self._give_up(key, Op.TRANSFER, detach, to=to, via=via)
-        except UnknownContainer:  # the slot is gone too (a gateway restarted): reserve anew
-            self.gateway.close()
+        except UnknownContainer:
+            if self.gateway.connected:
+                raise  # our slot is there: no host has ``to``
+            self.gateway.close()  # the slot is gone too (a gateway restarted): reserve anew
             self._forward(key, to, detach)
             return
-        if reply.get("to") == via:  # in our slot: the gateway sends it to ``to``'s host
+        self._sent_on(key, to, reply, via)
+
+    def _sent_on(self, key: str, to: str, reply: dict[str, Any], via: str) -> None:
+        """After a ``transfer … via``: the minion either sent the object to ``to``'s host
+        itself (its reply names ``to``), or put it in our slot for the gateway to send."""
+        if reply.get("to") == via:
             with self._forward_lock:
                 self.gateway.call("forward", key=key, to=to, **{"from": self.container_id})
 
@@ -207,13 +214,13 @@ class Session:
         return self.spans_hosts
 
     def _forward(self, key: str, to: str, detach: bool) -> None:
-        """Send ``key`` to ``to`` on another host: hand it to our gateway slot (a same-host
-        transfer), which sends it and answers once ``to`` owns it — or gives it back to us
-        and says why not."""
+        """Send ``key`` to ``to`` on another host: reserve our gateway slot, then transfer it
+        ``via`` the slot; the minion (or the gateway, from the slot) answers once ``to`` owns
+        it — or gives it back to us and says why not."""
         with self._forward_lock:
             slot = self.gateway.reserve()
-            self._give_up(key, Op.TRANSFER, detach, to=slot)
-            self.gateway.call("forward", key=key, to=to, **{"from": self.container_id})
+        reply = self._give_up(key, Op.TRANSFER, detach, to=to, via=slot)
+        self._sent_on(key, to, reply, slot)
 
     def _grant_arriving(self, key: str, timeout: float | None, populate: bool) -> Mapping:
         """``access``: our grant of ``key``; if no such key is here but a gateway is, wait for

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -135,6 +135,22 @@ def require_binary() -> str:
     return binary
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _gateway_side(side: str, does: str, native: str) -> Callable[[F], F]:
+    """``--gateway-inbound`` or ``--gateway-outbound``: the minion itself, or Python."""
+    return click.option(
+        f"--gateway-{side}",
+        type=click.Choice(["native", "python"]),
+        default="native",
+        show_default=True,
+        envvar=f"CDI_GATEWAY_{side.upper()}",
+        help=f"Who {does}: the minion itself ({native}), or the gateway's Python process "
+        "(kept to compare the two).",
+    )
+
+
 @click.command("minion")
 @click.option(
     "--socket",
@@ -237,15 +253,8 @@ def require_binary() -> str:
     help=f"The key every gateway of the cluster holds (mode 0600; or ${GATEWAY_KEY_ENV}): "
     "with --rpc-listen.",
 )
-@click.option(
-    "--gateway-inbound",
-    type=click.Choice(["native", "python"]),
-    default="native",
-    show_default=True,
-    envvar="CDI_GATEWAY_INBOUND",
-    help="Who receives other hosts' objects: the minion itself (native, TCP), or the gateway's "
-    "Python process (kept to compare the two).",
-)
+@_gateway_side("inbound", "receives other hosts' objects", "native, TCP")
+@_gateway_side("outbound", "sends objects to other hosts", "native; when it receives too")
 @click.option("--log-level", default="INFO", show_default=True)
 def minion_command(
     log_level: str,
@@ -254,6 +263,7 @@ def minion_command(
     transport: str,
     gateway_key_file: Path | None,
     gateway_inbound: str,
+    gateway_outbound: str,
     **options: Any,
 ) -> None:
     """Run this host's CDI minion: it holds every object's memory and enforces ownership."""
@@ -263,8 +273,9 @@ def minion_command(
         check_socket_dir(config.socket_path)
         binary = require_binary()
         gateway = _gateway(
-            config, rpc_listen, rpc_advertise, transport, gateway_key_file, gateway_inbound
-        )
+            config, rpc_listen, rpc_advertise, transport, gateway_key_file,
+            gateway_inbound, gateway_outbound,
+        )  # fmt: skip
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     if gateway is not None:
@@ -283,6 +294,7 @@ def _gateway(
     transport: str,
     key_file: Path | None,
     inbound: str = "native",
+    outbound: str = "native",
 ) -> Gateway | None:
     """This host's gateway for transfers between hosts, bound but not started; ``None``
     without ``--rpc-listen``."""
@@ -314,5 +326,6 @@ def _gateway(
             socket_mode=config.socket_mode,
             socket_group=config.socket_group,
             inbound=inbound,
+            outbound=outbound,
         )
     )

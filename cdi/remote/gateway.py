@@ -1,7 +1,9 @@
 """A host's gateway: sends objects to other hosts and receives theirs (CDI-RPC).
 
 Sending, for a container A that transfers an object to B on another host (the client library
-does this when its minion answers ``UnknownContainer``):
+does this when its minion answers ``UnknownContainer``), is the minion's own by default
+(``cdi/minion-native/src/sending.rs``: this process only answers its questions for routes,
+``cdi.remote.native``); with ``outbound="python"`` it is this process's:
 
 1. A transfers the object to its slot, a container of the gateway's (a same-host transfer:
    A's views are revoked, exactly one owner);
@@ -82,6 +84,9 @@ class GatewayConfig:
     inbound: str = "native"
     """Who receives other hosts' offers: ``native``, the minion itself (``cdi.remote.native``;
     TCP only), or ``python``, this process (``cdi.remote.inbound``)."""
+    outbound: str = "native"
+    """Who sends to other hosts: ``native``, the minion itself (when it receives too), or
+    ``python``, this process (``cdi.remote.outbound``)."""
 
 
 class Gateway:
@@ -119,7 +124,10 @@ class Gateway:
         )  # fmt: skip
         self.native: NativeInbound | None = None
         if config.inbound == "native" and self._transport.name == "tcp":
-            self.native = NativeInbound(self.inbound.listener, config.key, self.mirrors.serve)
+            route = self._minion_route if config.outbound == "native" else None
+            self.native = NativeInbound(
+                self.inbound.listener, config.key, self.mirrors.serve, route
+            )
         host, _, port = self.inbound.address.rpartition(":")
         self.address = config.advertise or (
             self.inbound.address if host not in ("0.0.0.0", "::") else f"{config.host}:{port}"
@@ -227,6 +235,12 @@ class Gateway:
             raise
         view.release()
         obj.destroy()
+
+    def _minion_route(self, to: str, fresh: bool) -> str:
+        """For the sending minion: the gateway address of ``to``'s host."""
+        if fresh:
+            self._routes.forget(to)
+        return self._routes.route(to).rpc_address
 
     def _give_back(self, obj: cdi.CDIObject, back: str) -> None:
         try:

@@ -13,19 +13,27 @@ import cdi
 from cdi.cluster import LocalCluster
 from tests.cdi.conftest import require_native
 
+# Who receives and who sends: the minion itself (native) or the gateway's Python process.
+GATEWAYS = {
+    "native": ("native", "native"),
+    "native-in": ("native", "python"),
+    "python": ("python", "python"),
+}
 
-@pytest.fixture(scope="module", params=["native", "python"])
+
+@pytest.fixture(scope="module", params=list(GATEWAYS))
 def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """A controller and two minions with gateways, per module and per implementation of the
-    receiving side (the minion itself, or the gateway's Python process): every test of the
-    gateway runs against both; at the end no object may be left on either host."""
+    receiving and sending sides (the minion itself, or the gateway's Python process): every
+    test of the gateway runs against each; at the end no object may be left on either host."""
     require_native()
     with tempfile.TemporaryDirectory(prefix="cdi-hosts-") as folder:
         # A dropped link is noticed after 2 s without progress (10 by default).
         os.environ["CDI_LINK_TIMEOUT_S"] = "2"
         try:
-            inbound = ("--gateway-inbound", str(request.param))
-            with LocalCluster.start(2, folder, *inbound) as running:
+            inbound, outbound = GATEWAYS[str(request.param)]
+            sides = ("--gateway-inbound", inbound, "--gateway-outbound", outbound)
+            with LocalCluster.start(2, folder, *sides) as running:
                 yield running
                 for minion in running.minions:
                     deadline = time.monotonic() + 5  # a closed client's objects are reclaimed

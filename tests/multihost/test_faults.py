@@ -267,3 +267,29 @@ def test_no_object_ever_has_two_owners(fresh: LocalCluster, unique: Unique) -> N
                 probe.close()
         twin.destroy()
         obj.destroy()
+
+
+def test_destination_minion_killed_after_the_offer(fresh: LocalCluster, unique: Unique) -> None:
+    """The whole offer went out, but the other host's minion stopped before answering, then
+    died: ``resolve`` finds nothing listening there any more (nothing there holds the object),
+    so the transfer failed, not in doubt, and the object is back with its sender, intact."""
+    from tests.multihost.test_sending import _binary_pid
+
+    there = fresh.minions[1].socket_path
+    with cdi.connect(fresh.minions[0].socket_path, unique("a")) as a:
+        victim = cdi.connect(there, "b-victim")  # dies with its minion
+        warm, _ = _filled(a, unique("warm"), 100)
+        warm.transfer("b-victim")  # the slot and the route are known: the next offer goes at once
+        victim.use(warm.key).destroy()
+        obj, digest = _filled(a, unique("k"), 10_000)
+        stopped = _binary_pid(there)
+        os.kill(stopped, signal.SIGSTOP)
+        thread, errors = _transfer_in_thread(obj, "b-victim")
+        time.sleep(0.5)
+        os.kill(stopped, signal.SIGKILL)
+        thread.join(30)
+        assert len(errors) == 1 and isinstance(errors[0], cdi.TransferFailed), errors
+        assert "in doubt" not in str(errors[0]), errors[0]
+        assert _digest_of(obj) == digest
+        obj.destroy()
+        victim.close()

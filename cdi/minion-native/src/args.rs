@@ -50,6 +50,8 @@ pub struct Config {
     pub gateway_fd: Option<i32>,
     pub gateway_key_fd: Option<i32>,
     pub gateway_channels_fd: Option<i32>,
+    /// The minion sends to other hosts itself (`sending.rs`), not the gateway beside it.
+    pub gateway_sends: bool,
     /// A link that makes no progress for this long mid-handshake or mid-payload is closed.
     pub link_timeout_ms: u64,
 }
@@ -134,6 +136,11 @@ struct Cli {
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = events_fd,
           requires = "gateway_fd")]
     gateway_channels_fd: Option<i32>,
+    /// Send transfers to other hosts' gateways from this process (`transfer … via` to a
+    /// container not here), asking the gateway beside it for routes over
+    /// --gateway-channels-fd
+    #[arg(long, requires = "gateway_channels_fd")]
+    gateway_sends: bool,
     /// Milliseconds a gateway link may make no progress mid-handshake or mid-payload
     #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
           default_value = "10000")]
@@ -233,6 +240,7 @@ where
         gateway_fd: cli.gateway_fd,
         gateway_key_fd: cli.gateway_key_fd,
         gateway_channels_fd: cli.gateway_channels_fd,
+        gateway_sends: cli.gateway_sends,
         link_timeout_ms: cli.link_timeout_ms,
     })
 }

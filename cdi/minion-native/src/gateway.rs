@@ -26,13 +26,14 @@ use crate::protocol::{check_container_id, check_key, CdiError, Failure, Isolatio
 use crate::registry::{Entries, Registry};
 use crate::replies::refusal_fields;
 use crate::segments::{Segment, UidSet};
+use crate::sending::{Sender, OUT};
 use crate::sys;
 
 /// Marks a link's epoll token.
 pub const LINK: u64 = 1 << 61;
 const MAX_HEADER: usize = 64 << 10;
 const LABEL: &[u8] = b"cdi-gateway-1\0";
-const NONCE: usize = 16;
+pub const NONCE: usize = 16;
 /// This side's protocol version: 2 (objects, and channels through the gateway beside us).
 const VERSION: u64 = 2;
 const REMEMBERED: usize = 100_000;
@@ -44,6 +45,8 @@ pub struct GatewayConfig {
     pub key: Vec<u8>,
     pub channels_fd: Option<RawFd>,
     pub timeout_ns: u64,
+    /// The minion itself sends to other hosts (`sending.rs`; routes asked over `channels_fd`).
+    pub sends: bool,
 }
 
 /// What an offer asks for.
@@ -102,12 +105,21 @@ pub struct Gateway {
     recovery: Rc<str>,
     /// Answers owed to links, sent once the grants the same turn owes are out (`flush`).
     answers: Vec<(u64, Vec<u8>)>,
+    /// The sending side, when the minion sends too.
+    pub sender: Option<Sender>,
 }
 
 impl Gateway {
     pub fn new(config: GatewayConfig, host: &str) -> Gateway {
         let prefix = format!("cdi-gateway.{host}.");
+        let sender = match config.channels_fd {
+            Some(fd) if config.sends => {
+                Some(Sender::new(config.key.clone(), host, fd, config.timeout_ns))
+            }
+            _ => None,
+        };
         Gateway {
+            sender,
             config,
             links: HashMap::new(),
             next: 0,
@@ -160,16 +172,21 @@ impl Gateway {
 
     /// The earliest moment a link's deadline passes.
     pub fn next_deadline(&self) -> Option<u64> {
+        let sending = self.sender.as_ref().and_then(Sender::next_deadline);
         self.links
             .values()
             .map(|l| l.deadline)
             .filter(|d| *d > 0)
+            .chain(sending)
             .min()
     }
 
     /// After each turn of the loop: offers parked on a key that has left since go on, and
     /// links past their deadline close (a parked offer past it is refused).
     pub fn tick(&mut self, reg: &mut Registry, epoll: &Epoll) {
+        if let Some(sender) = self.sender.as_mut() {
+            sender.tick(reg, epoll);
+        }
         if self.links.is_empty() {
             return;
         }
@@ -220,6 +237,12 @@ impl Gateway {
 
     /// Read what the link has; act on every complete frame and on payload bytes.
     pub fn on_readable(&mut self, reg: &mut Registry, epoll: &Epoll, token: u64) {
+        if token & OUT != 0 {
+            if let Some(sender) = self.sender.as_mut() {
+                sender.drive(reg, epoll, token);
+            }
+            return;
+        }
         loop {
             let Some(link) = self.links.get_mut(&token) else {
                 return;
@@ -613,6 +636,9 @@ impl Gateway {
         if let Some(sink) = reg.events.as_mut() {
             sink.arrived(&offer.key, &offer.theirs);
         }
+        if let Some(sender) = self.sender.as_mut() {
+            sender.arrived(&offer.key, &offer.theirs);
+        }
         let mut out = Vec::with_capacity(8);
         let mut enc = Enc(&mut out);
         enc.map(1);
@@ -662,22 +688,17 @@ impl Gateway {
         }
     }
 
-    /// HMAC-SHA256 under the key of the label, the side and the parts joined by NUL bytes.
     fn mac(&self, side: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-        let mut message = Vec::with_capacity(128);
-        message.extend_from_slice(LABEL);
-        message.extend_from_slice(side);
-        for part in parts {
-            message.push(0);
-            message.extend_from_slice(part);
-        }
-        hmac_sha256(&self.config.key, &message)
+        mac(&self.config.key, side, parts)
     }
 
     pub fn shutdown(&mut self, reg: &mut Registry, epoll: &Epoll) {
         let tokens: Vec<u64> = self.links.keys().copied().collect();
         for token in tokens {
             self.close(reg, epoll, token, "closed");
+        }
+        if let Some(sender) = self.sender.as_mut() {
+            sender.shutdown(epoll);
         }
         epoll.unwatch(self.config.listen_fd);
         sys::close(self.config.listen_fd);
@@ -696,18 +717,7 @@ fn again() -> Result<bool, String> {
 
 /// More header bytes into the link's buffer; Ok(false) when none are there now.
 fn fill(link: &mut Link) -> Result<bool, String> {
-    let start = link.buffer.len();
-    link.buffer.resize(start + CHUNK, 0);
-    // SAFETY: the tail of the buffer is valid for CHUNK bytes.
-    let n = unsafe {
-        libc::recv(
-            link.fd,
-            link.buffer.as_mut_ptr().add(start).cast(),
-            CHUNK,
-            libc::MSG_DONTWAIT,
-        )
-    };
-    link.buffer.truncate(start + n.max(0) as usize);
+    let n = read_more(link.fd, &mut link.buffer);
     if n == 0 {
         return Err("closed".to_owned());
     }
@@ -715,6 +725,27 @@ fn fill(link: &mut Link) -> Result<bool, String> {
         return again();
     }
     Ok(true)
+}
+
+/// Read what the socket has (a chunk at most) onto the end of `buffer`; recv's result.
+pub fn read_more(fd: RawFd, buffer: &mut Vec<u8>) -> isize {
+    // Into spare capacity, not zeroed first: most reads find a few bytes, or none.
+    buffer.reserve(CHUNK);
+    let spare = buffer.spare_capacity_mut();
+    // SAFETY: the spare capacity is valid for its length; recv writes at most that many.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            spare.as_mut_ptr().cast(),
+            spare.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n > 0 {
+        // SAFETY: recv initialised the first n bytes of the spare capacity.
+        unsafe { buffer.set_len(buffer.len() + n as usize) };
+    }
+    n
 }
 
 fn owner_uid(reg: &Registry, to: &str) -> Option<u32> {
@@ -784,7 +815,7 @@ fn nonce(request: Entries) -> Result<Vec<u8>, String> {
     }
 }
 
-fn bin(enc: &mut Enc, data: &[u8]) {
+pub fn bin(enc: &mut Enc, data: &[u8]) {
     rmp::encode::write_bin(&mut *enc.0, data).expect("writing to a Vec cannot fail");
 }
 
@@ -798,7 +829,7 @@ fn refusal(err: &CdiError) -> Vec<u8> {
 
 /// One frame (length, then the header) in one send; answers are small, so a link that does
 /// not take one at once is closed rather than waited for.
-fn send_frame(fd: RawFd, body: &[u8]) -> Result<(), String> {
+pub fn send_frame(fd: RawFd, body: &[u8]) -> Result<(), String> {
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
     frame.extend_from_slice(body);
@@ -818,7 +849,7 @@ fn send_frame(fd: RawFd, body: &[u8]) -> Result<(), String> {
     }
 }
 
-fn tune(fd: RawFd) {
+pub fn tune(fd: RawFd) {
     let one: libc::c_int = 1;
     let buffer: libc::c_int = 4 << 20;
     // SAFETY: setsockopt with pointers to ints of the right size.
@@ -848,7 +879,7 @@ fn tune(fd: RawFd) {
     }
 }
 
-fn random_bytes(n: usize) -> Vec<u8> {
+pub fn random_bytes(n: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; n];
     let mut filled = 0;
     while filled < n {
@@ -867,6 +898,18 @@ fn random_bytes(n: usize) -> Vec<u8> {
 /// Whether two byte strings are equal, in time that depends on their length only.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// HMAC-SHA256 under `key` of the label, the side and the parts joined by NUL bytes.
+pub fn mac(key: &[u8], side: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut message = Vec::with_capacity(128);
+    message.extend_from_slice(LABEL);
+    message.extend_from_slice(side);
+    for part in parts {
+        message.push(0);
+        message.extend_from_slice(part);
+    }
+    hmac_sha256(key, &message)
 }
 
 /// HMAC-SHA256 (RFC 2104).

@@ -19,6 +19,7 @@ mod registry;
 mod replies;
 mod resume;
 mod segments;
+mod sending;
 mod server;
 mod sharing;
 mod sys;

@@ -125,7 +125,7 @@ fn dispatch(
         Op::Copy => copy(reg, token, request),
         Op::Access => access(reg, token, id, request, compact),
         Op::Cancel => cancel(reg, token, request),
-        Op::Transfer => transfer(reg, token, request, compact),
+        Op::Transfer => transfer(reg, token, id, request, compact),
         Op::Resize => resize(reg, token, request),
         Op::Destroy => destroy(reg, token, request),
         Op::SetRecovery => set_recovery(reg, token, request),
@@ -369,6 +369,7 @@ fn cancel(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Fai
 fn transfer(
     reg: &mut Registry,
     token: u64,
+    id: RequestId,
     request: Entries,
     compact: bool,
 ) -> Result<Reply, Failure> {
@@ -398,6 +399,11 @@ fn transfer(
             match reg.containers.get_key_value(&*name) {
                 Some((cid, _)) => cid.clone(),
                 None if expected.is_some() => expected.unwrap_or_default(),
+                // Through a gateway, and the minion sends itself: the reply waits for the
+                // other host's answer.
+                None if via.is_some() && reg.holder.is_some() => {
+                    return depart(reg, token, id, key, &name, compact);
+                }
                 None => match via.as_deref().and_then(|v| reg.containers.get_key_value(v)) {
                     Some((cid, _)) => cid.clone(),
                     None => {
@@ -423,6 +429,34 @@ fn transfer(
         compact,
     };
     Ok(Some((body, None)))
+}
+
+/// Hand `key` to the holder of objects leaving for another host (`sending.rs`), which sends
+/// it to `to` there; the caller's reply follows the other host's answer.
+fn depart(
+    reg: &mut Registry,
+    token: u64,
+    id: RequestId,
+    key: Rc<str>,
+    to: &str,
+    compact: bool,
+) -> Result<Reply, Failure> {
+    let holder = reg.holder.clone().ok_or_else(vanished)?;
+    let back = reg.container_of(token)?;
+    let keep_mapping = keeps_mapping(reg, token, reg.objects.get(&key).ok_or_else(vanished)?);
+    reg.set_owner(&key, holder)?;
+    let generation = reg.objects.get(&key).ok_or_else(vanished)?.generation;
+    reg.departures.push(crate::sending::Departure {
+        key,
+        to: to.to_owned(),
+        back,
+        token,
+        id,
+        compact,
+        generation,
+        keep_mapping,
+    });
+    Ok(None)
 }
 
 fn copy(reg: &mut Registry, token: u64, request: Entries) -> Result<Reply, Failure> {

@@ -89,6 +89,14 @@ pub struct Registry {
     pub resume_until: u64,
     /// The same for the containers it cannot see (`--resume-grace-unseen-ms`).
     pub resume_unseen_until: u64,
+    /// With the minion sending to other hosts: the container that holds an object meanwhile,
+    /// and the transfers to start after the request in hand (`sending.rs`).
+    pub holder: Option<Rc<str>>,
+    pub departures: Vec<crate::sending::Departure>,
+    /// After a restart: objects the minion before was sending to another host. Whether that
+    /// host kept them is not known here; they follow the recovery rule with the containers
+    /// that ended meanwhile.
+    pub stranded: Vec<Rc<str>>,
 }
 
 /// A container of the minion that went before whose process may still come back.
@@ -130,6 +138,9 @@ impl Registry {
             pending_gone: Vec::new(),
             resume_until: 0,
             resume_unseen_until: 0,
+            holder: None,
+            departures: Vec::new(),
+            stranded: Vec::new(),
         }
     }
 

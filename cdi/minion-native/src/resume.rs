@@ -218,6 +218,13 @@ pub fn open(reg: &mut Registry, state_dir: &Path) -> Result<(), String> {
             "{lost} objects of the journal have no segment file any more; they are gone"
         ));
     }
+    let holder = crate::sending::holder_of(&reg.config.host);
+    reg.stranded = reg
+        .objects
+        .values()
+        .filter(|o| o.owner == holder)
+        .map(|o| o.key.clone())
+        .collect();
     forget_unheld_segments(&segments, &kept);
     reg.pool.next_id = reg.pool.next_id.max(state.ids);
     let mut containers: Vec<SavedContainer> = state.containers.into_values().collect();
@@ -426,13 +433,20 @@ pub fn settle(reg: &mut Registry) -> Option<u64> {
     } else {
         reg.resume_until
     };
-    if now < until && (unseen_left || (!reg.pending_gone.is_empty() && !reg.expected.is_empty())) {
+    let orphans = !reg.pending_gone.is_empty() || !reg.stranded.is_empty();
+    if now < until && (unseen_left || (orphans && !reg.expected.is_empty())) {
         return Some(until);
     }
     let mut ended = std::mem::take(&mut reg.pending_gone);
     ended.sort_unstable_by_key(|c| c.registered);
     for dead in ended {
         gone(reg, &dead);
+    }
+    let holder = crate::sending::holder_of(&reg.config.host);
+    for key in std::mem::take(&mut reg.stranded) {
+        if reg.objects.get(&key).is_some_and(|o| o.owner == holder) {
+            recovery::recover(reg, &key);
+        }
     }
     None
 }
@@ -482,6 +496,50 @@ mod tests {
             token: 0,
         };
         reg.expected.insert(Rc::from(cid), expected);
+    }
+
+    #[test]
+    fn an_object_the_minion_before_was_sending_waits_out_the_grace_then_is_recovered() {
+        let mut reg = registry();
+        expect(&mut reg, "sender", 0, 0, "");
+        let segment = match reg.pool.acquire(100, false, &[], None, true) {
+            Ok(segment) => segment,
+            Err(_) => panic!("no segment"),
+        };
+        let key: Rc<str> = Rc::from("k");
+        reg.objects.insert(
+            key.clone(),
+            StoredObject {
+                key: key.clone(),
+                size: 100,
+                segment,
+                owner: crate::sending::holder_of("h"),
+                creator: Rc::from("sender"),
+                recovery: Rc::from("sender"),
+                isolation: Isolation::Strict,
+                generation: 2,
+                uids: UidSet::of(1000),
+                created_at: 0.0,
+                updated_at: 0.0,
+                readers: Vec::new(),
+                live: false,
+                order: 1,
+            },
+        );
+        reg.stranded.push(key.clone());
+        let now = sys::monotonic_ns();
+        reg.resume_until = now + 60_000_000_000;
+        reg.resume_unseen_until = now - 1;
+        reg.expected.get_mut("sender").unwrap().pidfd = Some(-1); // seen: only the grace waits
+        assert_eq!(settle(&mut reg), Some(reg.resume_until));
+        assert!(
+            reg.objects.contains_key("k"),
+            "'sender' may come back to recover it"
+        );
+        reg.resume_until = now - 1;
+        assert_eq!(settle(&mut reg), None);
+        // Its recovery container did not come back: reclaimed, as a dead owner's would be.
+        assert!(!reg.objects.contains_key("k") && reg.stranded.is_empty());
     }
 
     #[test]

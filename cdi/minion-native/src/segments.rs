@@ -318,6 +318,32 @@ impl Segment {
         }
     }
 
+    /// Send, without blocking, what is left of `head` followed by this segment's first `length`
+    /// bytes, `sent` bytes of the two being out already (one `sendmsg`, no copy); its result.
+    pub fn send_with(&self, sock: RawFd, head: &[u8], sent: u64, length: u64) -> isize {
+        let length = length.min(self.capacity);
+        let skip = (sent as usize).min(head.len());
+        let from = sent.saturating_sub(head.len() as u64).min(length);
+        let mut parts = [
+            libc::iovec {
+                iov_base: head[skip..].as_ptr() as *mut libc::c_void,
+                iov_len: head.len() - skip,
+            },
+            libc::iovec {
+                // SAFETY: from <= length <= capacity: within our mapping.
+                iov_base: unsafe { self.addr.add(from as usize) }.cast(),
+                iov_len: (length - from) as usize,
+            },
+        ];
+        let first = usize::from(parts[0].iov_len == 0);
+        // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = parts[first..].as_mut_ptr();
+        msg.msg_iovlen = 2 - first;
+        // SAFETY: the iovecs point into `head` and our mapping, valid for their lengths.
+        unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) }
+    }
+
     /// Copy the first `length` bytes of `other` into this segment, which nobody else maps yet.
     pub fn copy_from(&mut self, other: &Segment, length: u64) {
         let n = length.min(self.capacity).min(other.capacity) as usize;

@@ -43,6 +43,8 @@ const LISTENER: u64 = 0;
 const WAKE: u64 = 1;
 const EVENTS: u64 = 2;
 const GATEWAY: u64 = 3;
+/// The gateway beside us answering the sender's questions for routes.
+const ROUTES: u64 = 4;
 const FIRST_CONNECTION: u64 = 16;
 /// Marks the token of a registered process's pidfd: its connection's token with this bit set.
 const PROCESS: u64 = 1 << 62;
@@ -92,13 +94,18 @@ impl Minion {
                     key,
                     channels_fd: config.gateway_channels_fd,
                     timeout_ns: config.link_timeout_ms.saturating_mul(1_000_000),
+                    sends: config.gateway_sends,
                 };
                 Some(Gateway::new(gateway, &config.host))
             }
             _ => None,
         };
+        let mut registry = Registry::new(config, events);
+        if gateway.as_ref().is_some_and(|g| g.sender.is_some()) {
+            registry.holder = Some(crate::sending::holder_of(&registry.config.host));
+        }
         Ok(Minion {
-            registry: Registry::new(config, events),
+            registry,
             next_connection: FIRST_CONNECTION,
             doomed: Vec::new(),
             epoll,
@@ -154,6 +161,10 @@ impl Minion {
             if let Some(gateway) = &self.gateway {
                 self.epoll
                     .watch(gateway.listen_fd(), GATEWAY, libc::EPOLLIN)?;
+                if let Some(sender) = &gateway.sender {
+                    self.epoll
+                        .watch(sender.routes_fd(), ROUTES, libc::EPOLLIN)?;
+                }
             }
             self.epoll.watch(self.wake.0, WAKE, libc::EPOLLIN)
         })();
@@ -222,6 +233,7 @@ impl Minion {
                             gateway.accept(&self.epoll);
                         }
                     }
+                    ROUTES => self.on_routes(),
                     token if token & LINK != 0 && token & PROCESS == 0 => self.on_link(token),
                     token if token & PROCESS != 0 => self.on_exit(token & !PROCESS),
                     token => self.on_readable(token, &mut buffer),
@@ -292,6 +304,28 @@ impl Minion {
         gateway.on_readable(&mut self.registry, &self.epoll, token);
         self.flush_outbox();
         self.flush_links();
+        self.settle();
+    }
+
+    /// Transfers to other hosts the request in hand started: the minion sends them itself.
+    fn depart(&mut self) {
+        if self.registry.departures.is_empty() {
+            return;
+        }
+        let Some(sender) = self.gateway.as_mut().and_then(|g| g.sender.as_mut()) else {
+            return;
+        };
+        for departure in std::mem::take(&mut self.registry.departures) {
+            sender.depart(&mut self.registry, &self.epoll, departure);
+        }
+    }
+
+    /// The gateway beside us answered where containers live: those transfers go on.
+    fn on_routes(&mut self) {
+        if let Some(sender) = self.gateway.as_mut().and_then(|g| g.sender.as_mut()) {
+            sender.on_routes(&mut self.registry, &self.epoll);
+        }
+        self.flush_outbox();
         self.settle();
     }
 
@@ -393,6 +427,7 @@ impl Minion {
             for token in std::mem::take(&mut self.registry.registered_now) {
                 self.watch_process(token);
             }
+            self.depart();
             self.flush_outbox(); // first: a new owner waits for its grant; the ack can follow
             if let Some((body, fd)) = reply {
                 self.send(token, id, &body, fd);
