@@ -21,7 +21,15 @@ GATEWAYS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(GATEWAYS))
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test of ``cluster`` runs against each of ``GATEWAYS``, or against those its module
+    names in ``CLUSTER_GATEWAYS`` (where the sides it does not exercise would only repeat it)."""
+    if "cluster" in metafunc.fixturenames:
+        chosen = getattr(metafunc.module, "CLUSTER_GATEWAYS", list(GATEWAYS))
+        metafunc.parametrize("cluster", chosen, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """A controller and two minions with gateways, per module and per implementation of the
     receiving and sending sides (the minion itself, or the gateway's Python process): every

@@ -31,6 +31,10 @@ from tests.multihost.test_cross_host import cid
 
 Unique = Callable[[str], str]
 
+# Channel links stay in the gateway's Python process whoever sends objects: the receiving
+# side (which answers a link's handshake and passes a channel on) is what varies here.
+CLUSTER_GATEWAYS = ["native", "python"]
+
 
 @pytest.fixture
 def pair(cluster: LocalCluster, unique: Unique) -> Iterator[tuple[cdi.Client, cdi.Client]]:

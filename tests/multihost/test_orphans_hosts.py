@@ -31,6 +31,9 @@ from orchestrator.scheduler.runs import RunState, StepSpec
 from workflows.graph import build_graph
 from workflows.kinds import Kind
 
+# What is tested is the scheduler's sweep through the directory, not the gateway: one cluster.
+CLUSTER_GATEWAYS = ["native"]
+
 
 def _run(workflow_id: uuid.UUID, held: str, owner: str) -> RunState:
     """A run of ours in memory, holding one object (so the sweep looks)."""
