@@ -20,3 +20,12 @@ class Wire:
         spin_s: float,
         deadline: float | None,
     ) -> tuple[dict[str, Any] | bytes | None, int | None] | None: ...
+
+def word_at(obj: object, offset: int) -> int: ...
+def views_in_use(
+    handed: list[tuple[memoryview, memoryview]],
+    exports: int,
+    mbuf: int,
+    registered: int,
+    released: int,
+) -> bool: ...

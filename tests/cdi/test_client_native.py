@@ -155,3 +155,44 @@ def test_the_environment_chooses_the_path(
         chosen.append(conn.native)
         conn.close()
     assert chosen == [False, True, False]
+
+
+def test_the_native_reads_of_view_counts_agree_with_ctypes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``exports.views_in_use`` and ``exports_of`` read the same counts natively as through
+    ``ctypes``: a held view, one released, a slice or NumPy array still holding the memory."""
+    import mmap
+
+    import numpy as np
+
+    from cdi.client import exports
+
+    assert exports._NATIVE  # what the client uses here
+    mm = mmap.mmap(-1, mmap.PAGESIZE)
+    base = memoryview(mm)
+    view = base[:100]
+    handed = [(view, base)]
+    states = []
+
+    def both() -> None:
+        native = (exports.views_in_use(handed), exports.exports_of(mm))
+        with monkeypatch.context() as patched:
+            patched.setattr(exports, "_NATIVE", False)
+            assert (exports.views_in_use(handed), exports.exports_of(mm)) == native
+        states.append(native)
+
+    both()  # held by us alone
+    part = view[10:]
+    both()  # a slice of it held
+    part.release()
+    array = np.frombuffer(view, dtype=np.uint8)
+    both()  # a NumPy array over it
+    del array
+    view.release()
+    both()  # released by the caller
+    extra = base[:5]
+    both()  # released, and another slice of the memory held
+    extra.release()
+    base.release()
+    both()  # every view released: the mapping exports nothing
+    mm.close()
+    assert states == [(False, 1), (True, 1), (True, 1), (False, 1), (True, 1), (False, 0)]

@@ -7,6 +7,7 @@
 //! other message (an error map, a reply to another request) goes back to Python as bytes and
 //! is read there, so the client's rules and errors stay in one place.
 
+mod peek;
 mod sys;
 mod wire;
 
@@ -205,6 +206,8 @@ fn cdi_error(py: Python<'_>, class: &str, message: String) -> PyErr {
 #[pymodule]
 fn _hotpath(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Wire>()?;
+    module.add_function(wrap_pyfunction!(peek::views_in_use, module)?)?;
+    module.add_function(wrap_pyfunction!(peek::word_at, module)?)?;
     module.add("MAX_MESSAGE", MAX_MESSAGE)?;
     Ok(())
 }
