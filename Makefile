@@ -13,7 +13,9 @@ export PATH := $(if $(wildcard $(HOME)/.cargo/bin),$(HOME)/.cargo/bin:)$(PATH)
 CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
 NATIVE_DIR := cdi/minion-native
 MINION := cdi/minion/bin/cdi-minion
-NATIVE_SOURCES := $(NATIVE_DIR)/Cargo.toml $(NATIVE_DIR)/Cargo.lock $(wildcard $(NATIVE_DIR)/src/*.rs)
+CLIENT_NATIVE_DIR := cdi/client-native
+NATIVE_SOURCES := $(NATIVE_DIR)/Cargo.toml $(NATIVE_DIR)/Cargo.lock $(wildcard $(NATIVE_DIR)/src/*.rs) \
+  $(CLIENT_NATIVE_DIR)/Cargo.toml $(CLIENT_NATIVE_DIR)/Cargo.lock $(wildcard $(CLIENT_NATIVE_DIR)/src/*.rs)
 
 UV := $(BIN)/uv
 # .venv holds exactly uv.lock (every extra, with the lock's hashes): `uv sync --frozen` never
@@ -117,6 +119,8 @@ test: $(STAMP) s3server browser kustomize nft mosquitto test-image
 	$(BIN)/mypy .
 	$(BIN)/lint-imports
 	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml; fi
+	@if [ -x "$(CARGO)" ]; then "$(CARGO)" test --release --locked --quiet --no-default-features \
+	  --manifest-path $(CLIENT_NATIVE_DIR)/Cargo.toml; fi
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 check: lint typecheck imports
@@ -126,6 +130,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	"$(CARGO)" fmt --check --manifest-path $(NATIVE_DIR)/Cargo.toml
 	"$(CARGO)" clippy --release --locked --quiet --manifest-path $(NATIVE_DIR)/Cargo.toml -- -D warnings
+	"$(CARGO)" fmt --check --manifest-path $(CLIENT_NATIVE_DIR)/Cargo.toml
+	"$(CARGO)" clippy --release --locked --quiet --all-targets --manifest-path $(CLIENT_NATIVE_DIR)/Cargo.toml \
+	  -- -D warnings
 
 typecheck: $(STAMP)
 	$(BIN)/mypy .
@@ -172,4 +179,4 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .data .pytest_cache .mypy_cache .ruff_cache test-artifacts $(NATIVE_DIR)/target \
-	  cdi/minion/bin build
+	  $(CLIENT_NATIVE_DIR)/target cdi/_hotpath*.so cdi/minion/bin build

@@ -1,12 +1,15 @@
-"""The build's one step beyond pyproject.toml: the CDI minion (Rust), built into the package.
+"""The build's one step beyond pyproject.toml: the CDI minion (Rust), built into the package,
+and the client's hot path beside it.
 
 Installing cdiflow (``pip install .``, and the editable install ``make`` does through ``uv
 sync``) runs ``cargo build --release --locked`` on ``cdi/minion-native/`` (setuptools-rust) and
 puts the binary at ``cdi/minion/bin/cdi-minion`` inside the installed package, where
-``cdi.minion.launcher`` finds it. Where no Rust toolchain is on ``PATH`` the install stops and
-says what to install; ``CDI_MINION_BIN=/path/to/cdi-minion`` ships a binary built elsewhere
-instead (an image that builds the minion in a stage of its own). Why setuptools-rust:
-docs/decisions/0001-one-minion-built-with-the-package.md.
+``cdi.minion.launcher`` finds it; likewise ``cdi/client-native/`` becomes the extension module
+``cdi._hotpath`` (PyO3), which the client uses when it is there. Where no Rust toolchain is on
+``PATH`` the install stops and says what to install; ``CDI_MINION_BIN=/path/to/cdi-minion``
+ships a binary built elsewhere instead (an image that builds the minion in a stage of its own),
+and then the extension is built only where Rust is (without it, the client's Python path
+runs). Why setuptools-rust: docs/decisions/0001-one-minion-built-with-the-package.md.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from setuptools_rust.build import _BuiltModule  # pinned: [tool.uv] build-constr
 
 BINARY = "cdi-minion"
 MANIFEST = "cdi/minion-native/Cargo.toml"
+CLIENT_MANIFEST = "cdi/client-native/Cargo.toml"
 RUST_VERSION = "1.85"  # Cargo.toml's rust-version
 PREBUILT = "CDI_MINION_BIN"
 
@@ -45,14 +49,21 @@ class BuildMinion(build_rust):
         if prebuilt:
             if not (os.path.isfile(prebuilt) and os.access(prebuilt, os.X_OK)):
                 raise PlatformError(f"{PREBUILT}={prebuilt!r} is not an executable file")
-            for ext in self.extensions:
+            minions = [ext for ext in self.extensions if ext.binding is Binding.Exec]
+            for ext in minions:
                 built = [_BuiltModule(name, prebuilt) for name in ext.target.values()]
                 self.install_extension(ext, built, None)
-            return
-        cargo = os.environ.get("CARGO", "cargo")
-        if shutil.which(cargo) is None or shutil.which("rustc") is None:
+            self.extensions = [ext for ext in self.extensions if ext not in minions]
+            if not (self.extensions and _has_rust()):
+                return
+        elif not _has_rust():
             raise PlatformError(NO_TOOLCHAIN)
         super().run()
+
+
+def _has_rust() -> bool:
+    cargo = os.environ.get("CARGO", "cargo")
+    return shutil.which(cargo) is not None and shutil.which("rustc") is not None
 
 
 setup(
@@ -64,7 +75,15 @@ setup(
             cargo_manifest_args=["--locked"],  # exactly Cargo.lock's crates
             debug=False,  # the editable install too: the minion is on every hand-off
             rust_version=f">={RUST_VERSION}",
-        )
+        ),
+        RustExtension(
+            "cdi._hotpath",
+            path=CLIENT_MANIFEST,
+            binding=Binding.PyO3,
+            cargo_manifest_args=["--locked"],
+            debug=False,  # the client's hand-off path: built optimised everywhere
+            rust_version=f">={RUST_VERSION}",
+        ),
     ],
     cmdclass={"build_rust": BuildMinion},
 )

@@ -43,6 +43,7 @@ __all__ = [
     "check_size",
     "pack",
     "packer",
+    "read_reply",
     "receive_request",
     "size_class",
     "unpack",
@@ -223,16 +224,23 @@ class Receiver:
             if fd is not None:
                 os.close(fd)
             return None, None
-        try:
-            if msg_flags & _TRUNCATED:
-                raise ProtocolError(f"message larger than {MAX_MESSAGE} bytes")
-            if self._buf[0] == compact.MAGIC:
-                return compact.decode_reply(self._view[:nbytes]), fd
-            return unpack(self._view[:nbytes]), fd
-        except ProtocolError:
+        if msg_flags & _TRUNCATED:
             if fd is not None:
                 os.close(fd)
-            raise
+            raise ProtocolError(f"message larger than {MAX_MESSAGE} bytes")
+        return read_reply(self._view[:nbytes], fd), fd
+
+
+def read_reply(message: memoryview | bytes, fd: int | None) -> dict[str, Any]:
+    """A reply in either form; an undecodable one raises ``ProtocolError`` with ``fd`` closed."""
+    try:
+        if message[0] == compact.MAGIC:
+            return compact.decode_reply(memoryview(message))
+        return unpack(message)
+    except ProtocolError:
+        if fd is not None:
+            os.close(fd)
+        raise
 
 
 def receive_request(sock: socket.socket, view: memoryview) -> dict[str, Any] | None:

@@ -35,17 +35,20 @@ class Client:
         timeout: float = 10.0,
         spin_us: int | None = None,
         cache_bytes: int | None = None,
+        native: bool | None = None,
     ) -> None:
         """``spin_us``: how long ``access()`` polls before it sleeps (``$CDI_SPIN_US``, default
         200). A sleeping process takes ~40 us to wake on a VM; polling trades CPU for latency.
         ``cache_bytes``: how many bytes of mappings of cooperative objects we gave away stay
-        mapped for their return (``$CDI_MAP_CACHE_BYTES``, default 256 MiB; 0 disables)."""
+        mapped for their return (``$CDI_MAP_CACHE_BYTES``, default 256 MiB; 0 disables).
+        ``native``: ``transfer`` and ``access`` through the client's native extension
+        (``cdi._hotpath``); by default whenever it is built, unless ``$CDI_CLIENT_NATIVE`` is 0."""
         self.socket_path = resolve_socket_path(url)
         if spin_us is None:
             spin_us = int(os.environ.get("CDI_SPIN_US", "200"))
         if cache_bytes is None:
             cache_bytes = int(os.environ.get("CDI_MAP_CACHE_BYTES", str(DEFAULT_CACHE_BYTES)))
-        self._session = Session(self.socket_path, timeout, spin_us, cache_bytes)
+        self._session = Session(self.socket_path, timeout, spin_us, cache_bytes, native)
 
     @property
     def container_id(self) -> str | None:
@@ -181,9 +184,10 @@ def connect(
     timeout: float = 10.0,
     spin_us: int | None = None,
     cache_bytes: int | None = None,
+    native: bool | None = None,
 ) -> Client:
     """Connect to the local minion (``url``, else ``$CDI_URL``) and register if an id is given."""
-    client = Client(url, timeout=timeout, spin_us=spin_us, cache_bytes=cache_bytes)
+    client = Client(url, timeout=timeout, spin_us=spin_us, cache_bytes=cache_bytes, native=native)
     if container_id is not None:
         try:
             client.register(container_id)

@@ -1,4 +1,11 @@
-"""A blocking request/reply channel to the local minion."""
+"""A blocking request/reply channel to the local minion.
+
+The two operations on every hand-off's path, ``transfer`` and ``access``, go through the
+native extension ``cdi._hotpath`` when it is built and the minion takes the compact form: one
+call that sends the request and reads the reply, with no Python in between. Everything else,
+and every reply it does not expect (errors, replies to other requests), is read here as before.
+``$CDI_CLIENT_NATIVE=0`` (or ``native=False``) keeps a connection on the Python path.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from cdi import compact, protocol
 from cdi.errors import (
     AccessTimeout,
     CDIError,
+    ConfigError,
     InvalidArgument,
     KeyExists,
     MinionUnavailable,
@@ -24,7 +32,31 @@ from cdi.errors import (
     error_from_code,
 )
 
-__all__ = ["MinionConnection"]
+try:
+    from cdi._hotpath import Wire
+except ImportError:  # installed without Rust: the Python path only
+    Wire = None  # type: ignore[assignment,misc]
+
+__all__ = ["NATIVE_ENV", "MinionConnection", "native_built"]
+
+NATIVE_ENV = "CDI_CLIENT_NATIVE"
+_I64 = range(-(1 << 63), 1 << 63)
+
+
+def native_built() -> bool:
+    """Whether the native hot path (``cdi._hotpath``) is installed."""
+    return Wire is not None
+
+
+def _use_native(native: bool | None) -> bool:
+    if native is None:
+        return Wire is not None and os.environ.get(NATIVE_ENV, "1") != "0"
+    if native and Wire is None:
+        raise ConfigError(
+            "the client's native hot path (cdi._hotpath) is not built: install cdiflow with "
+            "a Rust toolchain on PATH, or use native=False"
+        )
+    return native
 
 
 class MinionConnection:
@@ -35,13 +67,22 @@ class MinionConnection:
     """
 
     def __init__(
-        self, path: str, timeout: float, spin_us: int = 0, reconnect_s: float = 10.0
+        self,
+        path: str,
+        timeout: float,
+        spin_us: int = 0,
+        reconnect_s: float = 10.0,
+        native: bool | None = None,
     ) -> None:
         """``reconnect_s``: how long a registered connection that loses its minion tries to
-        register again with the minion's successor, when that one kept the objects."""
+        register again with the minion's successor, when that one kept the objects.
+        ``native``: the hot path in ``cdi._hotpath`` (``None``: when built, unless
+        ``$CDI_CLIENT_NATIVE`` is 0; ``True`` without it is a ``ConfigError``)."""
+        self.native = _use_native(native)
         self.path = path
         self.timeout = timeout
         self.spin_ns = max(0, spin_us) * 1000
+        self._spin_s = self.spin_ns / 1e9
         self.reconnect_s = reconnect_s
         self._receiver = protocol.Receiver()
         self._pack = protocol.packer()  # used under self._lock only
@@ -59,6 +100,7 @@ class MinionConnection:
         self.reconnections = 0
         self._poller = select.poll()
         self._sock: socket.socket | None = None
+        self._wire: Wire | None = None  # the native hot path over ``_sock``, if used
         self._open()
 
     def _open(self) -> None:
@@ -84,6 +126,8 @@ class MinionConnection:
         self._poller.register(sock.fileno(), select.POLLIN)
         self._receiver = protocol.Receiver()
         self._sock = sock
+        if self.native:
+            self._wire = Wire(sock.fileno())
 
     def register(self, container_id: str) -> dict[str, Any]:
         """Register as ``container_id``; the reply. Remembered: if the minion restarts and
@@ -106,6 +150,7 @@ class MinionConnection:
 
     def close(self) -> None:
         with self._lock:
+            self._wire = None  # it holds the fd's number: never use it past the close
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
@@ -121,16 +166,22 @@ class MinionConnection:
 
         ``after_send`` runs between sending and waiting, for work that overlaps the minion's."""
         with self._lock:
+            request_id = self._next_id
+            self._next_id += 1
             try:
-                request_id = self._send(op, args)
-                if after_send is not None:
-                    after_send()
-                reply, fd = self._receive(request_id, deadline=None)
+                exchanged = None
+                if self._wire is not None and after_send is None:
+                    exchanged = self._exchange(op, args, request_id, None, spin=False)
+                if exchanged is None:
+                    self._send(op, args, request_id)
+                    if after_send is not None:
+                        after_send()
+                    exchanged = self._receive(request_id, deadline=None)
             except MinionUnavailable:
                 if not self._resume():
                     raise
                 return self._again(op, args)
-            return _checked(reply), fd
+            return _checked(exchanged[0]), exchanged[1]
 
     def call_blocking(
         self, op: protocol.Op, timeout: float | None, **args: Any
@@ -138,9 +189,16 @@ class MinionConnection:
         """Like ``call`` for a request the minion may defer (``access``); honours ``timeout``."""
         with self._lock:
             deadline = None if timeout is None else time.monotonic() + timeout
+            request_id = self._next_id
+            self._next_id += 1
             try:
-                request_id = self._send(op, args)
-                reply, fd = self._receive(request_id, deadline=deadline, spin=True)
+                exchanged = None
+                if self._wire is not None:
+                    exchanged = self._exchange(op, args, request_id, deadline, spin=True)
+                if exchanged is None:
+                    self._send(op, args, request_id)
+                    exchanged = self._receive(request_id, deadline=deadline, spin=True)
+                reply, fd = exchanged
             except MinionUnavailable:
                 if not self._resume():
                     raise
@@ -271,10 +329,62 @@ class MinionConnection:
         return self._registration[0] if self._registration is not None else None
 
     # ---------------------------------------------------------------- internals
-    def _send(self, op: protocol.Op, args: dict[str, Any]) -> int:
+    def _exchange(
+        self,
+        op: protocol.Op,
+        args: dict[str, Any],
+        request_id: int,
+        deadline: float | None,
+        spin: bool,
+    ) -> tuple[dict[str, Any], int | None] | None:
+        """``transfer`` or ``access`` sent and answered in one native call; ``None`` if it was
+        not sent (another operation, fields the compact form cannot carry, a minion without the
+        form, a full socket buffer): the caller sends it the Python way, with ``request_id``."""
+        wire = self._wire
+        if wire is None or not self._compact:
+            return None
+        try:
+            if op is protocol.Op.TRANSFER:
+                key, to, via = args.get("key"), args.get("to"), args.get("via", "")
+                if len(args) != 2 + ("via" in args) or not (
+                    type(key) is type(to) is type(via) is str
+                ):
+                    return None
+                got = wire.transfer(request_id, key, to, via)
+            elif op is protocol.Op.ACCESS:
+                key, wait, have = args.get("key"), args.get("wait", True), args.get("have")
+                if len(args) != 1 + ("wait" in args) + ("have" in args):
+                    return None
+                if type(key) is not str or type(wait) is not bool:
+                    return None
+                if have is not None and not (type(have) is int and have in _I64):
+                    return None
+                spin_s = self._spin_s if spin else 0.0
+                got = wire.access(request_id, key, wait, have, spin_s, deadline)
+            else:
+                return None
+        except AccessTimeout:
+            raise
+        except OSError as exc:
+            raise MinionUnavailable(f"lost the CDI minion at {self.path}: {exc}") from exc
+        if got is None:
+            return None
+        body, fd = got
+        if isinstance(body, dict):
+            return body, fd  # a compact success of this request, read natively
+        # Anything else (an error map, a reply to an earlier request, a hang-up) is read here.
+        reply, fd = self._decoded(None if body is None else protocol.read_reply(body, fd), fd)
+        if reply.get("id") == request_id:
+            return reply, fd
+        if fd is not None:
+            os.close(fd)
+        return self._receive(request_id, deadline, spin)
+
+    def _send(self, op: protocol.Op, args: dict[str, Any], request_id: int | None = None) -> int:
         sock = self._require()
-        request_id = self._next_id
-        self._next_id += 1
+        if request_id is None:
+            request_id = self._next_id
+            self._next_id += 1
         try:
             data = compact.encode_request(op, request_id, args) if self._compact else None
             if data is None:
@@ -373,6 +483,7 @@ class MinionConnection:
         return body, fd
 
     def close_quietly(self) -> None:
+        self._wire = None
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.close()

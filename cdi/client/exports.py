@@ -15,6 +15,10 @@ answers for all of them first, from two counts CPython keeps: a memoryview's ``e
 (buffers taken from it and still held) and, in the buffer every slice, cast and NumPy array of
 a view shares, the number of memoryviews registered on it. Their offsets are probed the same
 way; ``None`` where they cannot be found.
+
+Where the client's extension is built (``cdi._hotpath``), it makes the same reads at the same
+offsets: a ``ctypes`` object built for each read costs more than the rest of a hand-off's
+bookkeeping. ``$CDI_CLIENT_NATIVE=0`` when the module is first imported keeps ``ctypes``.
 """
 
 from __future__ import annotations
@@ -22,9 +26,17 @@ from __future__ import annotations
 import ctypes
 import gc
 import mmap
+import os
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+_NATIVE = os.environ.get("CDI_CLIENT_NATIVE", "1") != "0"
+try:
+    from cdi._hotpath import views_in_use as _native_views_in_use
+    from cdi._hotpath import word_at as _native_word_at
+except ImportError:  # installed without Rust
+    _NATIVE = False
 
 __all__ = ["exports_of", "views_in_use"]
 
@@ -61,6 +73,7 @@ class _ViewLayout:
     exports: int  # a memoryview's count of buffers taken from it
     mbuf: int  # a memoryview's pointer to the buffer it shares with its slices
     registered: int  # that shared buffer's count of memoryviews registered on it
+    released: int  # the word holding a memoryview's flags, whose lowest bit says "released"
 
 
 def _find_view_layout() -> _ViewLayout | None:
@@ -92,9 +105,13 @@ def _find_view_layout() -> _ViewLayout | None:
     registered = _narrow(registered, shared, 2)
     part.release()
     registered = _narrow(registered, shared, 1)
-    if len(registered) != 1:
+    # released: the one word whose lowest bit alone turns on when the view is released
+    before = {off: _word(base + off) for off in range(16, 160, _WORD)}
+    view.release()
+    released = [off for off, word in before.items() if _word(base + off) == word | 1 != word]
+    if len(registered) != 1 or len(released) != 1:
         return None
-    return _ViewLayout(exports[0], mbuf[0], registered[0])
+    return _ViewLayout(exports[0], mbuf[0], registered[0], released[0])
 
 
 _OFFSET = _find_offset()
@@ -105,6 +122,8 @@ def exports_of(mm: mmap.mmap) -> int | None:
     """Number of live buffer exports of ``mm``, or ``None`` if this interpreter hides it."""
     if _OFFSET is None or mm.closed:
         return None
+    if _NATIVE:
+        return _native_word_at(mm, _OFFSET)
     return _word(id(mm) + _OFFSET)
 
 
@@ -113,21 +132,24 @@ def views_in_use(handed: Sequence[tuple[memoryview, memoryview]]) -> bool | None
     view we handed out and the base it was sliced from (which nobody else holds), sharing one
     buffer. In use: a buffer taken from a view and still held, or a slice, cast or NumPy array
     made from it (one more memoryview registered on the shared buffer than ours). ``None`` if
-    this interpreter hides it. Cheap: one read per pair whose view is still alive."""
+    this interpreter hides it. Cheap: two reads per pair, and no exception for a view the
+    caller released (asking a released view anything raises, and raising is dear)."""
     layout = _VIEWS
     if layout is None:
         return None
-    for view, base in handed:
-        try:
-            view.nbytes  # noqa: B018 - raises only on a released view
-        except ValueError:
-            ours, shared = 1, _word(id(base) + layout.mbuf)
+    if _NATIVE and type(handed) is list:
+        return _native_views_in_use(
+            handed, layout.exports, layout.mbuf, layout.registered, layout.released
+        )
+    for view, _base in handed:
+        head = _head_of(view)
+        if head[layout.released // _WORD] & 1:
+            ours = 1  # the base alone: a released view counts for nothing
+        elif head[layout.exports // _WORD]:
+            return True
         else:
-            head = _head_of(view)
-            if head[layout.exports // _WORD]:
-                return True
-            ours, shared = 2, head[layout.mbuf // _WORD]
-        if _word(shared + layout.registered) > ours:
+            ours = 2
+        if _word(head[layout.mbuf // _WORD] + layout.registered) > ours:
             return True
     return False
 
@@ -140,5 +162,7 @@ def _head_of(view: memoryview) -> ctypes.Array[ctypes.c_ssize_t]:
 
 
 _HEAD = (
-    None if _VIEWS is None else ctypes.c_ssize_t * (max(_VIEWS.exports, _VIEWS.mbuf) // _WORD + 1)
+    None
+    if _VIEWS is None
+    else ctypes.c_ssize_t * (max(_VIEWS.exports, _VIEWS.mbuf, _VIEWS.released) // _WORD + 1)
 )

@@ -45,13 +45,17 @@ class OwnedMappings:
         segment, capacity = reply.get("segment"), reply["capacity"]
         if type(segment) is not int or reply.get("isolation") != Isolation.COOPERATIVE:
             return None
-        with self.lock:
+        with self.lock:  # taken once: this is on every hand-off's path
             mapping = self.cache.pop_segment(segment, capacity)
             if mapping is None or mapping.mm.closed:
                 return None
             mapping.size = reply["size"]
             mapping.generation = reply["generation"]
-        self.install(key, mapping)
+            old = self.maps.pop(key, None)
+            self.maps[key] = mapping
+            stale = self.cache.pop(key)
+        if old is not None or stale is not None:
+            self._close_replaced(key, mapping, old, stale)
         return mapping
 
     def install(self, key: str, mapping: Mapping) -> None:
@@ -60,7 +64,11 @@ class OwnedMappings:
             old = self.maps.pop(key, None)
             self.maps[key] = mapping
             stale = self.cache.pop(key)
-        for gone in (old, stale):
+        self._close_replaced(key, mapping, old, stale)
+
+    @staticmethod
+    def _close_replaced(key: str, mapping: Mapping, *replaced: Mapping | None) -> None:
+        for gone in replaced:
             if gone is not None and gone is not mapping:
                 gone.close(key)
 

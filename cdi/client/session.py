@@ -40,8 +40,15 @@ ARRIVING_S = 0.5
 class Session:
     """One container's connection to its host's minion and everything it maps through it."""
 
-    def __init__(self, socket_path: str, timeout: float, spin_us: int, cache_bytes: int) -> None:
-        self.conn = MinionConnection(socket_path, timeout, spin_us=spin_us)
+    def __init__(
+        self,
+        socket_path: str,
+        timeout: float,
+        spin_us: int,
+        cache_bytes: int,
+        native: bool | None = None,
+    ) -> None:
+        self.conn = MinionConnection(socket_path, timeout, spin_us=spin_us, native=native)
         self.owned = OwnedMappings(cache_bytes)
         self.reads = ReadMappings(self.conn)
         self.container_id: str | None = None

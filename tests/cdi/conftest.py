@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import cdi
+from cdi.client.connection import NATIVE_ENV, native_built
 from cdi.minion import launcher
 from cdi.minion.process import MinionChild
 
@@ -64,6 +65,28 @@ def require_native() -> None:
     if launcher.find_binary() is not None:
         return
     reason = launcher.missing_binary()
+    if os.environ.get(REQUIRE_NATIVE):
+        pytest.fail(f"{reason} (${REQUIRE_NATIVE} is set: CI needs it)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(params=["native", "python"])
+def client_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test of a module that uses this twice: its clients (in this process and in the
+    actors it starts) with ``transfer`` and ``access`` in the native extension, then in Python.
+    Without the extension the native run is skipped, or fails where ``$CDI_REQUIRE_NATIVE`` is
+    set (``make`` builds it wherever it builds the minion)."""
+    if request.param == "native":
+        require_client_native()
+    monkeypatch.setenv(NATIVE_ENV, "1" if request.param == "native" else "0")
+    return str(request.param)
+
+
+def require_client_native() -> None:
+    """Skip, or fail where ``$CDI_REQUIRE_NATIVE`` is set, without the client's extension."""
+    if native_built():
+        return
+    reason = "the client's native hot path (cdi._hotpath) is not built"
     if os.environ.get(REQUIRE_NATIVE):
         pytest.fail(f"{reason} (${REQUIRE_NATIVE} is set: CI needs it)", pytrace=False)
     pytest.skip(reason)

@@ -25,6 +25,9 @@ from tests.cdi.conftest import (
     stop_minion,
 )
 
+# Every test with the client's hot path native, then in Python (``client_path``).
+pytestmark = pytest.mark.usefixtures("client_path")
+
 Unique = Callable[[str], str]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run actors as other uids")
 
@@ -201,7 +204,7 @@ def test_another_uid_sees_none_of_our_objects(minion: MinionProcess, unique: Uni
 def test_a_former_owner_that_kept_its_mapping(shared_dir: Path, unique: Unique, mode: str) -> None:
     """Strict mode truncates the old segment: a cheating former owner faults instead of reading
     what the new owner writes. Cooperative mode documents that it cannot stop such a cheat."""
-    directory = shared_dir / mode
+    directory = shared_dir / unique(mode)
     directory.mkdir()
     running = start_minion(directory, "--isolation", mode)
     try:

@@ -15,6 +15,9 @@ import cdi
 from cdi import codes
 from tests.cdi.conftest import MinionProcess
 
+# Every test with the client's hot path native, then in Python (``client_path``).
+pytestmark = pytest.mark.usefixtures("client_path")
+
 Unique = Callable[[str], str]
 
 

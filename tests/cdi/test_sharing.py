@@ -17,6 +17,9 @@ from tests.cdi.conftest import INTRUDER_UID, MinionProcess, as_uid, start_minion
 from tests.cdi.test_isolation import actor, finish, read_json
 from tests.cdi.test_lifecycle import wait_for
 
+# Every test with the client's hot path native, then in Python (``client_path``).
+pytestmark = pytest.mark.usefixtures("client_path")
+
 Unique = Callable[[str], str]
 
 
@@ -164,7 +167,7 @@ def test_a_reader_never_writes_even_behind_the_librarys_back(
     mapping, no write, no truncation, no writable reopen through /proc/self/fd, no seal."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run the reader under another uid")
-    directory = shared_dir / f"share-{mode}"
+    directory = shared_dir / unique(f"share-{mode}")
     directory.mkdir()
     running = start_minion(directory, "--isolation", mode)
     try:
@@ -203,7 +206,7 @@ def test_strict_sharing_revokes_the_owner_and_then_the_readers(
 ) -> None:
     """Strict: the object moves to a fresh segment when its share starts (a mapping the
     owner kept faults) and again when it ends (so a reader's kept mapping faults)."""
-    directory = shared_dir / "share-strict-moves"
+    directory = shared_dir / unique("share-strict-moves")
     directory.mkdir()
     running = start_minion(directory, "--isolation", "strict")
     try:

@@ -8,21 +8,10 @@ use crate::objects::RequestId;
 use crate::protocol::Isolation;
 use crate::replies::Body;
 
-/// The first byte of every compact message: one MessagePack never uses, so a map and a
-/// compact message cannot be mistaken for each other.
-pub const MAGIC: u8 = 0xC1;
-/// The compact form's version, byte 1 of each message (`register` tells which one it takes).
-pub const VERSION: u8 = 1;
-const OP_ACCESS: u8 = 1;
-const OP_TRANSFER: u8 = 2;
-const KIND_GRANT: u8 = 1;
-const KIND_TRANSFERRED: u8 = 2;
-/// `access`: `wait` is false.
-const NO_WAIT: u8 = 1;
-/// `access`: `have` holds a segment id.
-const HAVE: u8 = 2;
-/// magic, version, op, flags, id (i64), have (i64), three u16 lengths: key, to, via.
-const HEADER: usize = 26;
+pub use crate::compact_layout::VERSION;
+use crate::compact_layout::{
+    HAVE, HEADER, KIND_GRANT, KIND_TRANSFERRED, MAGIC, NO_WAIT, OP_ACCESS, OP_TRANSFER,
+};
 
 pub fn is_compact(message: &[u8]) -> bool {
     message.first() == Some(&MAGIC)

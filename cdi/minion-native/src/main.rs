@@ -4,6 +4,7 @@
 
 mod args;
 mod compact;
+mod compact_layout;
 mod epoll;
 mod events;
 mod gateway;
