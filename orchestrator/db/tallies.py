@@ -138,9 +138,14 @@ _PER_MINUTE: Final = text(
     f"SELECT minute, series, bucket, sum(n), sum(total), max(peak) FROM {_in_window('true')} "
     "GROUP BY minute, series, bucket"
 )
-# Plain counts per minute (a few rows a minute).
+# Plain counts per minute (a few series a minute), a row a minute: the series and their counts.
 _WINDOW_COUNTS: Final = text(
-    f"SELECT minute, series, sum(n) FROM {_in_window('bucket = -1')} GROUP BY minute, series"
+    f"""
+    SELECT minute, array_agg(series), array_agg(n) FROM (
+        SELECT minute, series, CAST(sum(n) AS bigint) AS n FROM {_in_window("bucket = -1")}
+        GROUP BY minute, series
+    ) m GROUP BY minute
+    """
 )
 # Histograms of the whole window, summed by the database (at most a row a bucket): the hours
 # from ``:whole`` (the window's first whole hour) on, the kept minutes before it, and the
@@ -159,9 +164,9 @@ _WINDOW_HISTOGRAMS: Final = text(
     ) t GROUP BY series, bucket
     """
 )
-# For each minute and share q, the bucket of one histogram where the q-quantile lies: its
-# count, how many lie below it, the minute's count and largest value. The database walks the
-# buckets (a window of hours holds thousands of rows); the caller interpolates.
+# Each minute's quantile of one histogram for every share q, a row a minute (the shares'
+# places, from 1, and the quantiles): the database walks the buckets (a window of hours holds
+# thousands of rows) to the one where the q-quantile lies and interpolates as ``within`` does.
 _MINUTE_QUANTILES: Final = text(
     f"""
     WITH h AS (
@@ -174,9 +179,18 @@ _MINUTE_QUANTILES: Final = text(
                max(peak) OVER (PARTITION BY minute) AS top
         FROM h
     )
-    SELECT c.minute, q.q, c.bucket, c.n, c.upto - c.n, c.total, c.top
-    FROM c CROSS JOIN unnest(CAST(:qs AS float8[])) q(q)
-    WHERE c.n > 0 AND c.upto - c.n < q.q * c.total AND c.upto >= q.q * c.total
+    , at AS (
+        SELECT c.minute, q.i, c.top, c.n,
+               greatest(0, q.q * c.total - (c.upto - c.n)) AS rank,
+               CASE WHEN c.bucket > 0 THEN b.ms[c.bucket] ELSE 0 END AS low,
+               b.ms[c.bucket + 1] AS high  -- NULL above the last bound
+        FROM c CROSS JOIN unnest(CAST(:qs AS float8[])) WITH ORDINALITY q(q, i)
+        CROSS JOIN (SELECT history_ms_bounds() AS ms) b
+        WHERE c.n > 0 AND c.upto - c.n < q.q * c.total AND c.upto >= q.q * c.total
+    )
+    SELECT minute, array_agg(i),
+           array_agg(least(low + (coalesce(high, nullif(top, 0), low) - low) * rank / n, top))
+    FROM at GROUP BY minute
     """
 )
 
@@ -295,10 +309,10 @@ def counts(db: Session | Connection, prefix: str) -> dict[str, int]:
 
 def window_counts(db: Session | Connection, since: datetime) -> dict[datetime, dict[str, int]]:
     """The plain counts of each minute from ``since`` on, by series."""
-    out: dict[datetime, dict[str, int]] = defaultdict(dict)
-    for minute, series, n in db.execute(_WINDOW_COUNTS, {"since": since}):
-        out[minute][str(series)] = int(n)
-    return out
+    return {
+        minute: dict(zip(names, counts, strict=True))
+        for minute, names, counts in db.execute(_WINDOW_COUNTS, {"since": since})
+    }
 
 
 def window_histograms(
@@ -325,12 +339,12 @@ def minute_quantiles(
 ) -> dict[datetime, dict[float, float]]:
     """Of each minute from ``since`` on with values of histogram ``series``: its quantile
     for each share, by share."""
-    out: dict[datetime, dict[float, float]] = defaultdict(dict)
-    params = {"since": since, "series": series, "qs": list(shares)}
-    for minute, q, bucket, n, below, count, peak in db.execute(_MINUTE_QUANTILES, params):
-        top = None if peak is None else float(peak)
-        out[minute][float(q)] = within(int(bucket), int(n), float(q) * int(count) - int(below), top)
-    return out
+    qs = [float(q) for q in shares]
+    params = {"since": since, "series": series, "qs": qs}
+    return {
+        minute: {qs[i - 1]: float(value) for i, value in zip(places, values, strict=True)}
+        for minute, places, values in db.execute(_MINUTE_QUANTILES, params)
+    }
 
 
 def per_minute(db: Session | Connection, since: datetime) -> dict[datetime, Tally]:
