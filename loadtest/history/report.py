@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["RATIO_GOAL", "history_table", "label"]
+__all__ = ["PRUNE_DELAY_GOAL_MS", "RATIO_GOAL", "history_table", "label"]
 
 RATIO_GOAL: Final = 1.5  # every call at a size within this of its time at the smallest
+PRUNE_DELAY_GOAL_MS: Final = 10.0  # pruning delays a running workflow by at most this (p95)
 
 
 def label(size: int) -> str:
@@ -62,6 +63,12 @@ def history_table(report: dict[str, Any]) -> str:
             f"p95 {busy['p95_ms']} ms, max {busy['max_ms']} ms (n={busy['n']}), against p50 "
             f"{calm['p50_ms']}, p95 {calm['p95_ms']}, max {calm['max_ms']} ms before "
             f"(n={calm['n']})"
+        )
+        met = "met" if pruned["delay_p95_ms"] <= pruned["delay_goal_ms"] else "not met"
+        lines.append(
+            f"a running workflow delayed by pruning: p50 {pruned['delay_p50_ms']} ms, p95 "
+            f"{pruned['delay_p95_ms']} ms, max {pruned['delay_max_ms']} ms (goal: p95 <= "
+            f"{pruned['delay_goal_ms']:g} ms, {met})"
         )
     for check in report.get("index_check", []):
         scans = ", ".join(check["seq_scans"]) or "none"

@@ -6,7 +6,10 @@ append what each statement changed to ``tally_deltas``: one row per (minute, ser
 ``-infinity`` for all-time figures, bucket -1 for plain counts. Appending takes no lock and
 touches no index, so concurrent statements (the API's starts, every scheduler's reports) never
 wait on a shared counter row. ``FOLD`` (housekeeping, about once a second) moves the deltas
-into ``tallies``; readers add both, so a figure is exact whenever it is read.
+into ``tallies``; readers add both, so a figure is exact whenever it is read. A trigger on
+``tallies`` sums its per-minute rows by hour (UTC) into ``tally_hours`` (migration 0011): a
+window's histograms read its whole hours there and only its first partial hour by the minute,
+so their cost follows the window's hours, not how many runs each minute saw.
 
 The series (the triggers' words):
 
@@ -34,7 +37,7 @@ import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy import Connection, text
@@ -51,6 +54,7 @@ __all__ = [
     "counts",
     "minute_quantiles",
     "per_minute",
+    "whole_hour",
     "window_counts",
     "window_histograms",
     "within",
@@ -63,7 +67,7 @@ MS_BOUNDS: Final[tuple[float, ...]] = (
     *(round(m * 10.0**e, 6) for e in range(-1, 6) for m in _MANTISSAS),
     1_000_000.0,
 )
-KEEP_MINUTES: Final = timedelta(days=2)  # per-minute rows kept (the stats window is <= 1 day)
+KEEP_MINUTES: Final = timedelta(days=2)  # per-minute and hourly rows kept (windows <= 1 day)
 FOLD_LOCK: Final = 0x6364_6966_7461_6C79  # "cdiftaly": one fold at a time
 
 # Move every delta into ``tallies``, in key order (two folds never lock rows crosswise), unless
@@ -88,9 +92,12 @@ FOLD: Final = text(
     """
 )
 
-# Per-minute rows older than ``KEEP_MINUTES`` (the all-time ones stay).
+# Per-minute and hourly rows older than ``KEEP_MINUTES`` (the all-time ones stay).
 PRUNE_MINUTES: Final = text(
-    "DELETE FROM tallies WHERE minute > '-infinity' AND minute < now() - CAST(:keep AS interval)"
+    """
+    WITH hours AS (DELETE FROM tally_hours WHERE hour < now() - CAST(:keep AS interval))
+    DELETE FROM tallies WHERE minute > '-infinity' AND minute < now() - CAST(:keep AS interval)
+    """
 )
 
 _ALL_TIME: Final = text(
@@ -131,18 +138,35 @@ _PER_MINUTE: Final = text(
     f"SELECT minute, series, bucket, sum(n), sum(total), max(peak) FROM {_in_window('true')} "
     "GROUP BY minute, series, bucket"
 )
-# Plain counts per minute (a few rows a minute).
+# Plain counts per minute (a few series a minute), a row a minute: the series and their counts.
 _WINDOW_COUNTS: Final = text(
-    f"SELECT minute, series, sum(n) FROM {_in_window('bucket = -1')} GROUP BY minute, series"
+    f"""
+    SELECT minute, array_agg(series), array_agg(n) FROM (
+        SELECT minute, series, CAST(sum(n) AS bigint) AS n FROM {_in_window("bucket = -1")}
+        GROUP BY minute, series
+    ) m GROUP BY minute
+    """
 )
-# Histograms of the whole window, summed by the database (at most a row a bucket).
+# Histograms of the whole window, summed by the database (at most a row a bucket): the hours
+# from ``:whole`` (the window's first whole hour) on, the kept minutes before it, and the
+# deltas not yet folded (into minutes and hours alike) of every minute from ``:since``.
 _WINDOW_HISTOGRAMS: Final = text(
-    "SELECT series, bucket, sum(n), sum(total), max(peak) "
-    f"FROM {_in_window('bucket >= 0 AND series = ANY(:series)')} GROUP BY series, bucket"
+    """
+    SELECT series, bucket, sum(n), sum(total), max(peak) FROM (
+        SELECT series, bucket, n, total, peak FROM tally_hours
+        WHERE hour >= :whole AND hour < 'infinity' AND bucket >= 0 AND series = ANY(:series)
+        UNION ALL
+        SELECT series, bucket, n, total, peak FROM tallies
+        WHERE minute >= :since AND minute < :whole AND bucket >= 0 AND series = ANY(:series)
+        UNION ALL
+        SELECT series, bucket, n, total, peak FROM tally_deltas
+        WHERE minute >= :since AND minute < 'infinity' AND bucket >= 0 AND series = ANY(:series)
+    ) t GROUP BY series, bucket
+    """
 )
-# For each minute and share q, the bucket of one histogram where the q-quantile lies: its
-# count, how many lie below it, the minute's count and largest value. The database walks the
-# buckets (a window of hours holds thousands of rows); the caller interpolates.
+# Each minute's quantile of one histogram for every share q, a row a minute (the shares'
+# places, from 1, and the quantiles): the database walks the buckets (a window of hours holds
+# thousands of rows) to the one where the q-quantile lies and interpolates as ``within`` does.
 _MINUTE_QUANTILES: Final = text(
     f"""
     WITH h AS (
@@ -155,9 +179,18 @@ _MINUTE_QUANTILES: Final = text(
                max(peak) OVER (PARTITION BY minute) AS top
         FROM h
     )
-    SELECT c.minute, q.q, c.bucket, c.n, c.upto - c.n, c.total, c.top
-    FROM c CROSS JOIN unnest(CAST(:qs AS float8[])) q(q)
-    WHERE c.n > 0 AND c.upto - c.n < q.q * c.total AND c.upto >= q.q * c.total
+    , at AS (
+        SELECT c.minute, q.i, c.top, c.n,
+               greatest(0, q.q * c.total - (c.upto - c.n)) AS rank,
+               CASE WHEN c.bucket > 0 THEN b.ms[c.bucket] ELSE 0 END AS low,
+               b.ms[c.bucket + 1] AS high  -- NULL above the last bound
+        FROM c CROSS JOIN unnest(CAST(:qs AS float8[])) WITH ORDINALITY q(q, i)
+        CROSS JOIN (SELECT history_ms_bounds() AS ms) b
+        WHERE c.n > 0 AND c.upto - c.n < q.q * c.total AND c.upto >= q.q * c.total
+    )
+    SELECT minute, array_agg(i),
+           array_agg(least(low + (coalesce(high, nullif(top, 0), low) - low) * rank / n, top))
+    FROM at GROUP BY minute
     """
 )
 
@@ -276,21 +309,29 @@ def counts(db: Session | Connection, prefix: str) -> dict[str, int]:
 
 def window_counts(db: Session | Connection, since: datetime) -> dict[datetime, dict[str, int]]:
     """The plain counts of each minute from ``since`` on, by series."""
-    out: dict[datetime, dict[str, int]] = defaultdict(dict)
-    for minute, series, n in db.execute(_WINDOW_COUNTS, {"since": since}):
-        out[minute][str(series)] = int(n)
-    return out
+    return {
+        minute: dict(zip(names, counts, strict=True))
+        for minute, names, counts in db.execute(_WINDOW_COUNTS, {"since": since})
+    }
 
 
 def window_histograms(
     db: Session | Connection, since: datetime, series: Iterable[str]
 ) -> dict[str, Histogram]:
-    """Histograms of ``series`` summed over the minutes from ``since`` on."""
+    """Histograms of ``series`` summed over the minutes from ``since`` on (a minute's start;
+    read by the hour from the first whole one)."""
     out: dict[str, Histogram] = defaultdict(Histogram)
-    params = {"since": since, "series": list(series)}
+    params = {"since": since, "whole": whole_hour(since), "series": list(series)}
     for name, bucket, n, total, peak in _rows(db.execute(_WINDOW_HISTOGRAMS, params)):
         out[name].add(bucket, n, total, peak)
     return out
+
+
+def whole_hour(moment: datetime) -> datetime:
+    """The first hour (UTC, as ``tally_hours`` counts them) that starts at or after
+    ``moment``."""
+    hour = moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    return hour if hour == moment else hour + timedelta(hours=1)
 
 
 def minute_quantiles(
@@ -298,12 +339,12 @@ def minute_quantiles(
 ) -> dict[datetime, dict[float, float]]:
     """Of each minute from ``since`` on with values of histogram ``series``: its quantile
     for each share, by share."""
-    out: dict[datetime, dict[float, float]] = defaultdict(dict)
-    params = {"since": since, "series": series, "qs": list(shares)}
-    for minute, q, bucket, n, below, count, peak in db.execute(_MINUTE_QUANTILES, params):
-        top = None if peak is None else float(peak)
-        out[minute][float(q)] = within(int(bucket), int(n), float(q) * int(count) - int(below), top)
-    return out
+    qs = [float(q) for q in shares]
+    params = {"since": since, "series": series, "qs": qs}
+    return {
+        minute: {qs[i - 1]: float(value) for i, value in zip(places, values, strict=True)}
+        for minute, places, values in db.execute(_MINUTE_QUANTILES, params)
+    }
 
 
 def per_minute(db: Session | Connection, since: datetime) -> dict[datetime, Tally]:

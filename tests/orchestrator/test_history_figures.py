@@ -201,7 +201,7 @@ def test_the_figures_equal_a_recount_after_runs_end_fold_and_are_pruned(
         )
 
 
-def test_a_windows_percentiles_are_the_database_walk_of_the_same_buckets(
+def test_a_windows_counts_and_percentiles_are_the_database_walk_of_the_same_rows(
     api_client: TestClient, api_store: SchedulerStore, api_engine: Engine, flow: str
 ) -> None:
     drive(api_client, api_store, flow)
@@ -210,6 +210,8 @@ def test_a_windows_percentiles_are_the_database_walk_of_the_same_buckets(
         by_minute = tallies.per_minute(conn, since)
         walked = tallies.minute_quantiles(conn, since, "latency", (0.25, 0.5, 0.95, 1.0))
         summed = tallies.window_histograms(conn, since, ["latency", "task_run"])
+        counted = tallies.window_counts(conn, since)
+    assert counted and counted == {m: dict(t.counts) for m, t in by_minute.items() if t.counts}
     assert walked
     for minute, found in walked.items():
         histogram = by_minute[minute].histogram("latency")

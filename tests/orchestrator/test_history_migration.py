@@ -1,6 +1,6 @@
-"""Migration 0010 on a database with history: its indexes built (concurrently) and valid,
-the ones they replace gone, the counts by status backfilled equal to the rows; down and up
-again cleanly."""
+"""Migrations 0010 and 0011 on a database with history: their indexes built (concurrently)
+and valid, the ones they replace gone, the counts by status backfilled equal to the rows, the
+kept minutes summed by hour; down and up again cleanly."""
 
 from __future__ import annotations
 
@@ -80,8 +80,9 @@ def test_0010_upgrades_a_history_concurrently_and_back(
             _history(conn)
             conn.commit()
             assert set(_OLD) <= set(_indexes(conn))
-        assert migrate(url) == "0010"
-        with engine.connect() as conn:
+            conn.commit()
+            _to(conn, "0010")
+            conn.commit()
             found = _indexes(conn)
             assert all(found.get(name) for name in _NEW), found  # present and valid
             assert not set(_OLD) & set(found)
@@ -111,6 +112,47 @@ def test_0010_upgrades_a_history_concurrently_and_back(
             found = _indexes(conn)
             assert all(found.get(name) for name in _OLD) and not set(_NEW) & set(found)
             assert conn.scalar(text("SELECT to_regclass('tallies')")) is None
-        assert migrate(url) == "0010"
+            conn.commit()
+            _to(conn, "0010")
+            conn.commit()
+            assert set(_NEW) <= set(_indexes(conn))
+    finally:
+        engine.dispose()
+
+
+def test_0011_swaps_the_status_index_and_sums_the_kept_minutes_by_hour(
+    make_database: Callable[[str], str],
+) -> None:
+    url = make_database("hours")
+    engine = make_engine(url, pooled=False)
+    by_hour = (
+        "SELECT date_trunc('hour', minute, 'UTC'), series, bucket, sum(n), max(peak) "
+        "FROM tallies WHERE minute > '-infinity' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+    )
+    hours = "SELECT hour, series, bucket, n, peak FROM tally_hours ORDER BY 1, 2, 3"
+    try:
+        with engine.connect() as conn:
+            _to(conn, "0009")
+            _history(conn)
+            conn.commit()
+            _to(conn, "0010")
+            conn.execute(tallies.FOLD)  # the last two days' ends, per minute
+            conn.commit()
+            minutes = conn.execute(text(by_hour)).all()
+            assert len({row[0] for row in minutes}) > 24  # hours of two days
+            conn.commit()
+            _to(conn, "0011")
+            found = _indexes(conn)
+            assert found.get("ix_workflows_status_created_at_id_tags")
+            assert "ix_workflows_status_created_at_id" not in found
+            assert conn.execute(text(hours)).all() == minutes
+            conn.commit()
+            _to(conn, "0010", down=True)
+            found = _indexes(conn)
+            assert found.get("ix_workflows_status_created_at_id")
+            assert "ix_workflows_status_created_at_id_tags" not in found
+            assert conn.scalar(text("SELECT to_regclass('tally_hours')")) is None
+            conn.commit()
+        assert migrate(url) == "0011"
     finally:
         engine.dispose()

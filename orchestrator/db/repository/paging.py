@@ -101,14 +101,16 @@ class Keyset:
     ) -> Select[Any]:
         """``limit + 1`` rows from the cursor on (the extra one says whether more follow);
         a ``newer`` cursor reads upwards, oldest first."""
+        if cursor is not None:
+            query = query.where(self.newer(cursor) if cursor.newer else self.older(cursor))
+        return query.order_by(*self.order(cursor)).limit(limit + 1).offset(offset)
+
+    def order(self, cursor: Cursor | None) -> tuple[ColumnElement[Any], ...]:
+        """A page's order from ``cursor``: newest first, or oldest first for a ``newer``
+        one."""
         if cursor is not None and cursor.newer:
-            query = query.where(self.newer(cursor))
-            query = query.order_by(self.created_at.asc(), self.id.asc())
-        else:
-            if cursor is not None:
-                query = query.where(self.older(cursor))
-            query = query.order_by(self.created_at.desc(), self.id.desc())
-        return query.limit(limit + 1).offset(offset)
+            return self.created_at.asc(), self.id.asc()
+        return self.created_at.desc(), self.id.desc()
 
     def any_beyond(
         self, session: Session, query: Select[Any], edge: Cursor

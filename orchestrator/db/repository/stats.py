@@ -2,10 +2,11 @@
 completions, failures, starts and latency percentiles.
 
 Every figure comes from the tallies the database keeps as runs change (``db.tallies``): the
-counts by status, and rows per minute, series and bucket. A window costs its minutes' rows,
-however many runs there are on record, and the database sums them (six hours at 20 runs a
-minute are some 20,000 rows; the API gets a few hundred). Percentiles come from histograms
-(within about 8 %; the largest value is exact). The dashboard's overview polls these through ``GET
+counts by status, and rows per minute (and per hour), series and bucket. A window costs its
+minutes' counts and latency buckets and its hours' histograms, however many runs there are on
+record; the database sums them and walks each minute's buckets to its percentiles, so the API
+gets a row a minute and a row a bucket. Percentiles come from histograms (within about 8 %;
+the largest value is exact). The dashboard's overview polls these through ``GET
 /api/stats``.
 """
 
@@ -77,8 +78,8 @@ _SHARES: Final = (0.5, 0.95)
 @dataclass(frozen=True)
 class Window:
     """A window's figures, read once for all of them: each minute's counts and latency
-    percentiles, and the histograms of the whole window (summed by the database: a window of
-    hours holds thousands of per-minute rows, of which this keeps a few hundred)."""
+    percentiles, and the histograms of the whole window (summed by the database, from its
+    hours and the minutes of its first partial hour)."""
 
     since: datetime
     width: int

@@ -31,6 +31,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from orchestrator.db.migrations.concurrently import build_concurrently, drop_concurrently
+
 revision: str = "0010"
 down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
@@ -251,25 +253,12 @@ SELECT '-infinity'::timestamptz, 'task_runs:' || status, -1, count(*) FROM task_
 """
 
 
-def _build_concurrently(name: str, table: str, definition: str) -> None:
-    invalid = op.get_bind().scalar(
-        sa.text(
-            "SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = :name"
-        ),
-        {"name": name},
-    )
-    if invalid:  # a build that failed part-way: start it again
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-    op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} {definition}")
-
-
 def upgrade() -> None:
     with op.get_context().autocommit_block():
         for name, table, definition in _INDEXES:
-            _build_concurrently(name, table, definition)
+            build_concurrently(name, table, definition)
         for name, _, _ in _REPLACED:
-            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+            drop_concurrently(name)
 
     result_retention = postgresql.ENUM("keep", "delete", name="result_retention")
     result_retention.create(op.get_bind())
@@ -367,6 +356,6 @@ def downgrade() -> None:
     op.execute("DROP TYPE IF EXISTS result_retention")
     with op.get_context().autocommit_block():
         for name, table, definition in _REPLACED:
-            _build_concurrently(name, table, definition)
+            build_concurrently(name, table, definition)
         for name, _, _ in _INDEXES:
-            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+            drop_concurrently(name)
