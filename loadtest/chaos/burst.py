@@ -22,7 +22,7 @@ from cdiflow.client import APIError, AsyncClient, TooManyRequests, TransportErro
 from loadtest.chaos.checks import all_running
 from loadtest.chaos.faults import Target
 from loadtest.chaos.judge import Tally, judge
-from loadtest.chaos.workload import PIPELINE, Planned, Started, Workload
+from loadtest.chaos.workload import Planned, Started, Workload
 
 __all__ = ["BurstResult", "run_burst"]
 
@@ -124,7 +124,7 @@ async def _start_all(
                 plan = waiting.popleft()
                 try:
                     run = await api.start(
-                        PIPELINE, plan.uri, policy=plan.policy, data_plane=plan.plane
+                        plan.workflow, plan.uri, policy=plan.policy, data_plane=plan.plane
                     )
                 except (TooManyRequests, TransportError):
                     waiting.append(plan)  # past the client's own patience: try again later

@@ -14,6 +14,7 @@ from loadtest.chaos.burst import BurstResult, run_burst
 from loadtest.chaos.faults import FAULTS, Fault, Kind, Target, disk_full, partition, s3_outage
 from loadtest.chaos.run import CaseResult, chaos_stack, run_case
 from loadtest.chaos.soak import GROWTH_GOAL_PCT, SoakResult, run_soak
+from loadtest.chaos.workload import SHAPES
 from orchestrator.stack import RestartPolicy
 
 __all__ = ["bench_chaos_command"]
@@ -42,6 +43,15 @@ class _Result(Protocol):
     show_default=True,
     type=click.IntRange(3, 1000),
     help="Workflows in flight when each fault strikes.",
+)
+@click.option(
+    "--workload",
+    default="chain",
+    show_default=True,
+    type=click.Choice(list(SHAPES)),
+    help="What runs when each fault strikes: the chain under every policy, the fork/join graph "
+    "under transfer and auto (a join's inputs handed straight to its worker), or both in turn. "
+    "The faults struck at a join's held input run the graph when this is 'chain'.",
 )
 @click.option(
     "--target",
@@ -94,6 +104,7 @@ class _Result(Protocol):
 def bench_chaos_command(
     faults: str,
     workflows: int,
+    workload: str,
     targets: str,
     deadline: float,
     cut_s: float,
@@ -143,10 +154,12 @@ def bench_chaos_command(
         runnable = [k for k in kinds if k in fault.kinds]
         if not runnable:
             _say(f"{name}: skipped, it runs on {', '.join(fault.kinds)} only")
+        shape = "graph" if fault.graphs and workload == "chain" else workload
         for kind in runnable:
-            _say(f"{name} ({kind}) with {workflows} workflows ...")
+            _say(f"{name} ({kind}) with {workflows} workflows ({shape}) ...")
             with chaos_stack(external=kind is Kind.EXTERNAL, rig=fault.rig) as target:
-                results.append(run_case(target, fault, workflows=workflows, deadline_s=deadline))
+                results.append(run_case(target, fault, workflows=workflows, deadline_s=deadline,
+                                        workload=shape))  # fmt: skip
     if as_json:
         click.echo(json.dumps({"results": [r.as_dict() for r in results]}))
     else:
@@ -177,9 +190,9 @@ def report(results: Sequence[_Result]) -> str:
 
 
 def table(results: Sequence[CaseResult]) -> str:
-    header = ("fault", "target", "held s", "wf", "done", "failed", "stuck", "lost", "wrong",
-              "leaked", "rerun", "recovery s", "after end s", "took s", "ok")  # fmt: skip
-    line = ("{:32} {:9} {:>6} {:>4} {:>5} {:>6} {:>5} {:>4} {:>5} {:>6} {:>5} {:>10} {:>11} "
+    header = ("fault", "target", "workload", "held s", "wf", "done", "failed", "stuck", "lost",
+              "wrong", "leaked", "rerun", "recovery s", "after end s", "took s", "ok")  # fmt: skip
+    line = ("{:32} {:9} {:8} {:>6} {:>4} {:>5} {:>6} {:>5} {:>4} {:>5} {:>6} {:>5} {:>10} {:>11} "
             "{:>7} {:>3}")  # fmt: skip
     lines = [line.format(*header)]
     for r in results:
@@ -190,8 +203,8 @@ def table(results: Sequence[CaseResult]) -> str:
             else (f"{r.recovery_after_end_s:.1f}")
         )
         lines.append(line.format(
-            r.fault, r.target, f"{r.held_s:g}", r.workflows + r.probes + r.fed, r.completed,
-            r.failed, r.stuck, r.lost, r.wrong, r.leaked_objects,
+            r.fault, r.target, r.workload, f"{r.held_s:g}", r.workflows + r.probes + r.fed,
+            r.completed, r.failed, r.stuck, r.lost, r.wrong, r.leaked_objects,
             "-" if r.rerun_from_input is None else r.rerun_from_input,
             recovery, after, f"{r.duration_s:.1f}",
             "yes" if r.passed else "NO",

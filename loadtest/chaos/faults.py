@@ -29,7 +29,7 @@ import redis
 
 import cdi
 from cdi.hosts import Host
-from loadtest.chaos import host_faults
+from loadtest.chaos import host_faults, join_faults
 from loadtest.chaos.api_probes import s3_routes
 from loadtest.chaos.checks import Facts, check_for
 from loadtest.chaos.mid_turn import Caught, kill_postgres_mid_turn
@@ -46,6 +46,7 @@ __all__ = [
     "FAULTS",
     "POLICY",
     "QUICK_FAULTS",
+    "QUICK_GRAPH_FAULTS",
     "CaseTarget",
     "Fault",
     "Kind",
@@ -106,11 +107,14 @@ class Fault(Generic[T]):
     rig: Rig = Rig()
     kinds: tuple[Kind, ...] = (Kind.EMBEDDED, Kind.EXTERNAL)
     no_failed: bool = False
+    graphs: bool = False  # it strikes at what graphs hold: a workload with graphs must run
 
     @classmethod
-    def at_once(cls, name: str, what: str, act: Callable[[T], None]) -> Fault[T]:
+    def at_once(
+        cls, name: str, what: str, act: Callable[[T], None], *, graphs: bool = False
+    ) -> Fault[T]:
         """A fault of one phase: it strikes, and nothing undoes it but the stack itself."""
-        return cls(name, what, (Phase(what, act),))
+        return cls(name, what, (Phase(what, act),), graphs=graphs)
 
     @property
     def held_s(self) -> float:
@@ -424,6 +428,18 @@ FAULTS: Final[tuple[Fault[Target], ...]] = (
     ),
     Fault.at_once("worker-frozen", "SIGSTOP of a worker: stuck, not dead", _freeze("worker-1")),
     Fault.at_once("down-up", "cdiflow down, then up on the same data folder", lambda target: None),
+    Fault.at_once(
+        "worker-holding-join-input",
+        "kill -9 of the worker holding a join's input ahead of the join",
+        join_faults.kill_holder,
+        graphs=True,
+    ),
+    Fault.at_once(
+        "scheduler-while-join-input-held",
+        "kill -9 of the scheduler while a worker holds a join's input ahead of the join",
+        join_faults.kill_scheduler_while_held,
+        graphs=True,
+    ),
     partition(),
     host_killed(),
     s3_outage(),
@@ -441,3 +457,5 @@ QUICK_FAULTS: Final = (
     "worker",
     "scheduler-frozen",
 )
+# What `make test` runs with graphs in flight (``--workload graph``).
+QUICK_GRAPH_FAULTS: Final = ("worker-holding-join-input", "scheduler-while-join-input-held")

@@ -54,6 +54,7 @@ class CaseResult(Tally):
     fault: str
     what: str
     target: str  # where the stack ran: "embedded", "external", "containers"
+    workload: str  # what ran: "chain", "graph", "mixed" (``workload.SHAPES``)
     workflows: int
     probes: int
     fed: int = 0  # started by the fault itself to have work in flight when it struck
@@ -143,13 +144,19 @@ def chaos_stack(
 
 
 def run_case(
-    target: CaseTarget, fault: Fault[Any], *, workflows: int = 60, deadline_s: float = 180.0
+    target: CaseTarget,
+    fault: Fault[Any],
+    *,
+    workflows: int = 60,
+    deadline_s: float = 180.0,
+    workload: str = "chain",
 ) -> CaseResult:
-    """Strike ``fault`` with ``workflows`` in flight and judge how every workflow ends."""
+    """Strike ``fault`` with ``workflows`` in flight (the chain, the graph or both in turn:
+    ``workload.SHAPES``) and judge how every workflow ends."""
     began = time.monotonic()
     since = time.time()
     target.observed.clear()
-    load = Workload(target.stack)
+    load = Workload(target.stack, shape=workload)
     try:
         runs: dict[str, Started] = {}
         for _ in range(workflows):
@@ -175,6 +182,7 @@ def run_case(
         fault=fault.name,
         what=fault.what,
         target=target.kind,
+        workload=workload,
         workflows=workflows,
         probes=sum(r.probe for r in runs.values()),
         fed=len(load.fed),

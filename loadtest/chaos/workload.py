@@ -1,9 +1,16 @@
 """What the chaos runs put through a stack: image workflows under every policy, each result
 checked against the same operations run here (by the hash of its pixels).
 
-The pipeline naps between its image steps so that workflows are in flight when a fault
-strikes: ``deblur -> nap -> denoise -> classify``. Its result equals the bundled
-``reference_pipeline`` of the input, whatever ran where and however often.
+Two workflows, each napping so that workflows are in flight when a fault strikes:
+
+* the chain ``deblur -> nap -> denoise -> classify``, under every policy (``MIX``); its result
+  equals the bundled ``reference_pipeline`` of the input, whatever ran where and however often;
+* the graph (``GRAPH``): ``deblur`` forks into ``smooth`` (at once) and ``nap -> sharpen``,
+  which ``blend`` joins before ``classify``; under ``transfer`` and ``auto`` (``GRAPH_MIX``),
+  where each branch's image goes straight to the join's worker, so that worker holds
+  ``smooth``'s image ahead of the join for the nap. Its result equals ``graph_reference``.
+
+A workload runs one of them or both in turn (``SHAPES``); the probes are always chains.
 """
 
 from __future__ import annotations
@@ -24,11 +31,24 @@ from PIL import Image
 
 from loadtest.systems.services import s3_client
 from orchestrator.services import RunningServices
-from workflows.image_tasks import reference_pipeline
+from workflows.api import TaskContext
+from workflows.image_tasks import blend, classify, deblur, denoise, reference_pipeline
+from workflows.imagebuf import normalize_mode
 
-__all__ = ["PIPELINE", "Planned", "Reachable", "Started", "Workload", "pixels_digest"]
+__all__ = [
+    "GRAPH",
+    "PIPELINE",
+    "SHAPES",
+    "Planned",
+    "Reachable",
+    "Started",
+    "Workload",
+    "graph_reference",
+    "pixels_digest",
+]
 
 PIPELINE: Final = "chaos_pipeline"
+GRAPH: Final = "chaos_graph"
 NAP_TASK: Final = "chaos_nap"
 REASON_CHARS: Final = 240  # of a task run's error, in a case's report
 INPUT_STEP: Final = "deblur"  # the step that reads the workflow's input from S3
@@ -39,6 +59,18 @@ MIX: Final = (
     ("auto", "cdi"),
     ("affinity", "object-store"),
 )
+# The graph's: the policies that hand a join's inputs straight to its worker.
+GRAPH_MIX: Final = (("transfer", "cdi"), ("auto", "cdi"))
+# What a workload starts, in turn: (workflow, policy, data plane).
+SHAPES: Final[dict[str, tuple[tuple[str, str, str], ...]]] = {
+    "chain": tuple((PIPELINE, *run) for run in MIX),
+    "graph": tuple((GRAPH, *run) for run in GRAPH_MIX),
+    "mixed": tuple(
+        (workflow, *run)
+        for chain, graph in zip(MIX, itertools.cycle(GRAPH_MIX), strict=False)
+        for workflow, run in ((PIPELINE, chain), (GRAPH, graph))
+    ),
+}
 FINISHED: Final = ("COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
 PAGE: Final = 200  # the API's largest page of runs
 MAX_SINGLES: Final = 50  # runs a refresh asks for one by one (those the list did not show)
@@ -61,6 +93,19 @@ class Reachable(Protocol):
     def services(self) -> RunningServices: ...
 
 
+def graph_reference(img: Image.Image) -> tuple[Image.Image, str]:
+    """``GRAPH`` in process: the blend of the deblurred input sharpened and smoothed, and its
+    label."""
+    ctx = TaskContext(task_name=GRAPH, workflow_id="reference")
+    first = deblur(normalize_mode(img), ctx).image
+    assert first is not None
+    sharp, smooth = deblur(first, ctx).image, denoise(first, ctx).image
+    assert sharp is not None and smooth is not None
+    blended = blend(sharp, smooth, ctx).image
+    assert blended is not None
+    return blended, str(classify(blended, ctx).output["label"])
+
+
 def pixels_digest(img: Image.Image) -> str:
     """What identifies a result: its size, mode and every pixel."""
     arr = np.asarray(img)
@@ -80,6 +125,7 @@ class Started:
     status: str = "PENDING"
     finished_at: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    workflow: str = PIPELINE
 
 
 @dataclass(frozen=True)
@@ -90,6 +136,7 @@ class Planned:
     policy: str
     plane: str
     bucket: str
+    workflow: str = PIPELINE
 
     @property
     def uri(self) -> str:
@@ -98,23 +145,28 @@ class Planned:
     @property
     def body(self) -> dict[str, Any]:
         """The start request's body."""
-        return {"workflow": PIPELINE, "input": {"image": self.uri}, "policy": self.policy,
+        return {"workflow": self.workflow, "input": {"image": self.uri}, "policy": self.policy,
                 "data_plane": self.plane}  # fmt: skip
 
     def started(self, workflow_id: str, *, probe: bool = False) -> Started:
-        return Started(workflow_id, self.input_key, self.policy, self.plane, time.time(), probe)
+        return Started(workflow_id, self.input_key, self.policy, self.plane, time.time(), probe,
+                       workflow=self.workflow)  # fmt: skip
 
 
 class Workload:
-    """Inputs in the stack's S3 bucket, the pipeline registered, and its expected results."""
+    """Inputs in the stack's S3 bucket, both workflows registered, and their expected results;
+    ``shape`` picks what it starts (``SHAPES``)."""
 
-    def __init__(self, stack: Reachable, *, images: int = 4, nap_ms: int = 300) -> None:
+    def __init__(
+        self, stack: Reachable, *, images: int = 4, nap_ms: int = 300, shape: str = "chain"
+    ) -> None:
         self.stack = stack
         self.nap_ms = nap_ms
         self.bucket = stack.services.s3_bucket
         self.s3 = s3_client(stack.services)
         self.api = api_client(stack)
-        self.expected: dict[str, tuple[str, str]] = {}  # input key -> (digest, label)
+        # (workflow, input key) -> the result's (digest, label)
+        self.expected: dict[tuple[str, str], tuple[str, str]] = {}
         # Answers other than 201 to a start, by status ("no answer": none came), and the
         # first words of each kind, to tell a clear refusal from a crash.
         self.refused: collections.Counter[str] = collections.Counter()
@@ -123,7 +175,9 @@ class Workload:
         # Workflows a fault started to keep the stack busy while it struck (``feed``): the
         # case judges them with its own.
         self.fed: list[Started] = []
-        self._mix = itertools.cycle(MIX)
+        # Every workflow it may start (the probes are chains), for the API's lists.
+        self.workflows = sorted({PIPELINE, *(w for w, _, _ in SHAPES[shape])})
+        self._mix = itertools.cycle(SHAPES[shape])
         self._inputs = itertools.cycle(self._upload(images))
         self._register()
 
@@ -153,8 +207,9 @@ class Workload:
             img.save(out, "PNG")
             key = f"chaos/in/{uuid.uuid4().hex}-{n}.png"
             self.s3.put_object(Bucket=self.bucket, Key=key, Body=out.getvalue())
-            result, label = reference_pipeline(img)
-            self.expected[key] = (pixels_digest(result), label)
+            for workflow, reference in ((PIPELINE, reference_pipeline), (GRAPH, graph_reference)):
+                result, label = reference(img)
+                self.expected[workflow, key] = (pixels_digest(result), label)
             keys.append(key)
         return keys
 
@@ -169,6 +224,17 @@ class Workload:
                 {"ref": "denoise", "task": "denoise", "depends_on": ["nap"]},
                 {"ref": "classify", "task": "classify", "depends_on": ["denoise"]},
             ]}),
+            ("/api/workflow-definitions", {"name": GRAPH, "tasks": [
+                {"ref": "deblur", "task": "deblur"},
+                {"ref": "smooth", "task": "denoise", "inputs": {"image": "deblur.image"}},
+                {"ref": "nap", "task": NAP_TASK, "inputs": {"image": "deblur.image"},
+                 "params": {"ms": self.nap_ms}},
+                {"ref": "sharpen", "task": "deblur", "inputs": {"image": "deblur.image"},
+                 "depends_on": ["nap"]},
+                {"ref": "blend", "task": "blend",
+                 "inputs": {"sharp": "sharpen.image", "smooth": "smooth.image"}},
+                {"ref": "classify", "task": "classify", "depends_on": ["blend"]},
+            ]}),
         ):  # fmt: skip
             reply = self.api.post(path, json=body)
             if reply.status_code not in (201, 409):  # 409: registered by an earlier case
@@ -176,10 +242,10 @@ class Workload:
 
     # ------------------------------------------------------------------ runs
     def next_run(self, *, probe: bool = False) -> Planned:
-        """What the next workflow runs on: the next policy and plane in turn (a probe's are
-        always affinity on CDI), and the next input."""
-        policy, plane = ("affinity", "cdi") if probe else next(self._mix)
-        return Planned(next(self._inputs), policy, plane, self.bucket)
+        """What the next workflow runs: the next workflow, policy and plane in turn (a probe is
+        always the chain under affinity on CDI), and the next input."""
+        workflow, policy, plane = (PIPELINE, "affinity", "cdi") if probe else next(self._mix)
+        return Planned(next(self._inputs), policy, plane, self.bucket, workflow)
 
     def start(self, *, probe: bool = False, deadline_s: float = 60.0) -> Started:
         """Start one workflow (the next policy and input in turn); retries while the API
@@ -221,16 +287,18 @@ class Workload:
             return
         since = datetime.fromtimestamp(min(r.started_at for r in waiting) - CLOCK_SLACK_S, UTC)
         rows: dict[str, dict[str, Any]] = {}
-        wanted = {r.id for r in waiting}
-        cursor: str | None = None
-        while True:  # by cursor: an offset past the API's MAX_OFFSET is refused (422)
-            page = self._page({"created_after": since.isoformat()}, cursor)
-            if page is None:
-                return  # the API is away now: look again later
-            found, cursor = page
-            rows.update((item["id"], item) for item in found if item["id"] in wanted)
-            if cursor is None or len(rows) == len(wanted):
-                break
+        for workflow in {r.workflow for r in waiting}:
+            wanted = {r.id for r in waiting if r.workflow == workflow}
+            seen = len(rows)
+            cursor: str | None = None
+            while True:  # by cursor: an offset past the API's MAX_OFFSET is refused (422)
+                page = self._page(workflow, {"created_after": since.isoformat()}, cursor)
+                if page is None:
+                    return  # the API is away now: look again later
+                found, cursor = page
+                rows.update((item["id"], item) for item in found if item["id"] in wanted)
+                if cursor is None or len(rows) - seen == len(wanted):
+                    break
         unseen = [r for r in waiting if r.id not in rows]
         if unseen:
             first = self._singles % len(unseen)
@@ -249,18 +317,18 @@ class Workload:
                 run.finished_at = datetime.fromisoformat(row["finished_at"]).timestamp()
 
     def finished_since(self, since: float) -> int | None:
-        """How many of the pipeline's runs created since ``since`` (unix seconds) have
-        finished; ``None`` while the API does not answer. ``since``: a time read before the
+        """How many runs of the workload's workflows created since ``since`` (unix seconds)
+        have finished; ``None`` while the API does not answer. ``since``: a time read before the
         first of them was started (one machine: the API's clock is ours). From the list's
-        totals (one request a status) while they are exact; a total the API capped (past
-        ``COUNT_CAP`` matches, ``total_exact`` false) is counted from that status's pages."""
+        totals (one request a workflow and status) while they are exact; a total the API
+        capped (past ``COUNT_CAP`` matches, ``total_exact`` false) is counted from its pages."""
         after = datetime.fromtimestamp(since, UTC).isoformat()
         total = 0
-        for status in FINISHED:
+        for workflow, status in itertools.product(self.workflows, FINISHED):
             filters = {"status": status, "created_after": after}
             try:
                 reply = self.api.get(
-                    "/api/workflows", params={"workflow": PIPELINE, "limit": 1, **filters}
+                    "/api/workflows", params={"workflow": workflow, "limit": 1, **filters}
                 )
             except httpx.HTTPError:
                 return None
@@ -270,18 +338,18 @@ class Workload:
             if body.get("total_exact", True):
                 total += int(body["total"])
                 continue
-            counted = self._count(filters)
+            counted = self._count(workflow, filters)
             if counted is None:
                 return None
             total += counted
         return total
 
-    def _count(self, filters: dict[str, str]) -> int | None:
-        """The pipeline's runs that match ``filters``, page by page; ``None`` while the API
-        does not answer."""
+    def _count(self, workflow: str, filters: dict[str, str]) -> int | None:
+        """The runs of ``workflow`` that match ``filters``, page by page; ``None`` while the
+        API does not answer."""
         counted, cursor = 0, None
         while True:
-            page = self._page(filters, cursor)
+            page = self._page(workflow, filters, cursor)
             if page is None:
                 return None
             items, cursor = page
@@ -290,11 +358,11 @@ class Workload:
                 return counted
 
     def _page(
-        self, filters: dict[str, str], cursor: str | None
+        self, workflow: str, filters: dict[str, str], cursor: str | None
     ) -> tuple[list[dict[str, Any]], str | None] | None:
-        """One page of the pipeline's runs from ``cursor`` (the first without one) and the
+        """One page of ``workflow``'s runs from ``cursor`` (the first without one) and the
         cursor of the next (``None`` at the last); ``None`` while the API does not answer."""
-        params: dict[str, str | int] = {"workflow": PIPELINE, "limit": PAGE, **filters}
+        params: dict[str, str | int] = {"workflow": workflow, "limit": PAGE, **filters}
         if cursor is not None:
             params["cursor"] = cursor
         try:
@@ -353,7 +421,7 @@ class Workload:
             data = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         except Exception:
             return "lost"
-        digest, label = self.expected[run.input_key]
+        digest, label = self.expected[run.workflow, run.input_key]
         got = pixels_digest(Image.open(io.BytesIO(data)))
         output = run.detail.get("output") or {}
         return "ok" if got == digest and output.get("label") == label else "wrong"

@@ -2,7 +2,10 @@
 workflows stuck, and Postgres killed inside a scheduler turn's transaction, struck for real
 (SIGKILL by PID, FLUSHALL); then a burst of starts at once and a short soak. Every workflow must
 end completed with the right pixels or failed with a reason, none lost, no object left in the
-minion, and a workflow started after the fault must complete.
+minion, and a workflow started after the fault must complete. With fork/join graphs in flight
+under ``transfer`` and ``auto`` (a join's inputs go straight to the join's worker, which holds
+them ahead of the join), the worker holding such an input is killed, and so is the scheduler
+while one is held (``join_faults.py``).
 ``cdiflow bench chaos`` runs the whole catalogue, 60 workflows a case, embedded and against
 external services, a burst of 5,000 and an hour's soak; the faults that last (an S3 outage, a
 full disk, a partition between hosts) have short versions of their own in
@@ -15,12 +18,13 @@ from collections.abc import Iterator
 import pytest
 
 from loadtest.chaos.burst import run_burst
-from loadtest.chaos.faults import FAULTS, QUICK_FAULTS, Fault, Target
+from loadtest.chaos.faults import FAULTS, QUICK_FAULTS, QUICK_GRAPH_FAULTS, Fault, Target
 from loadtest.chaos.run import chaos_stack, run_case
 from loadtest.chaos.sampling import pieces_of
 from loadtest.chaos.soak import run_soak
 
 WORKFLOWS = 12  # a case: some in flight on each policy when the fault strikes
+GRAPHS = 8  # a graph case: some in flight on each of its two policies
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +43,18 @@ def test_every_workflow_ends_right_after(target: Target, fault: Fault[Target]) -
     if fault.name == "minion":
         # Its objects outlive it (docs/minion-restart.md): no workflow starts over.
         assert result.rerun_from_input == 0, result.as_dict()
+
+
+@pytest.mark.parametrize(
+    "fault", [f for f in FAULTS if f.name in QUICK_GRAPH_FAULTS], ids=lambda f: str(f.name)
+)
+def test_every_graph_ends_right_after(target: Target, fault: Fault[Target]) -> None:
+    """Struck once a worker holds a join's input ahead of the join: killed, the input comes
+    back to the scheduler (``scheduler/ahead.py``); the scheduler killed, its successor finds
+    where each held input is. Every graph ends with the reference's pixels and label."""
+    result = run_case(target, fault, workflows=GRAPHS, deadline_s=120.0, workload="graph")
+    assert result.passed, result.as_dict()
+    assert result.completed + result.failed == result.workflows + result.probes + result.fed
 
 
 def test_a_burst_is_taken_without_a_5xx_and_every_run_completes(target: Target) -> None:
