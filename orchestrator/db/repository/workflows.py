@@ -424,12 +424,13 @@ def page_statement(
 ) -> Select[Any]:
     """The query of one page (``limit + 1`` rows: the last says whether more follow).
 
-    With a tag, the page's keys first, then their rows: an index that carries the tags
-    (status's) then yields the keys by itself, testing the tags of each entry as it walks
-    newest first, where the rows' query would intersect the tag's and the other criterion's
+    With a status and a tag, the page's keys first, then their rows: the status's index,
+    which carries the tags, then yields the keys by itself, testing the tags of each entry as
+    it walks newest first, where the rows' query would intersect the tag's and the status's
     whole sets of runs, sorted (the planner's choice when it takes them as independent;
-    they are not)."""
-    if not filters.tags:
+    they are not). A tag without a status gains nothing from it: the rows in one query, with
+    no second look-up of each by its key."""
+    if not (filters.tags and filters.status is not None):
         matching = select(Workflow).where(*filters.clauses())
         return _NEWEST_FIRST.page_query(matching, cursor, limit, offset)
     keys = _NEWEST_FIRST.page_query(
