@@ -16,9 +16,10 @@ A user's ``PILLOW_BLOCKS_MAX`` is still Pillow's to honour.
 
 *One arena* (``M_ARENA_MAX`` 1): a worker runs its tasks on slot threads, and glibc gives each
 thread an arena of its own whose heaps are given back to the kernel whole once their blocks are
-free, whatever the trim threshold: there every pass faulted its pages in again (three 2 MB
-image tasks on a slot thread, ~12,800 faults and ~7 % more CPU than the same on the main
-thread). With one arena every thread allocates from the main heap, which keeps what it freed.
+free, whatever the trim threshold: there every pass faulted its pages in again (`cdiflow bench
+workflows --scenario 1 --sizes 2MB`: ~10,100 faults and ~29 ms of system CPU a three-task
+workflow in the workers; 3-16 and 3-4 ms with one arena). With one arena every thread
+allocates from the main heap, which keeps what it freed.
 Large blocks are few, so the arena's lock is rarely contended.
 
 Costs: a process keeps up to ``TRIM_THRESHOLD`` of freed heap resident between tasks.
