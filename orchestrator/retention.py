@@ -18,10 +18,9 @@ the next pass.
 uses (finished runs; the scheduler's statements never wait for it), and after each the pruner
 pauses twice as long as the batch took, so pruning a large backlog (a million runs when
 retention is first turned on: about half an hour) takes at most a third of one core from the
-scheduler's Postgres. Its commits do not wait for the WAL to reach disk
-(``synchronous_commit`` off for them): the WAL writer flushes a batch's deletions during the
-pause, so a run's own commit does not wait behind them; a crash may undo the last batch,
-which the next pass prunes again (its archive written again under the same name).
+scheduler's Postgres. Its commits wait for the WAL to reach disk (``synchronous_commit`` as
+the server has it): a batch's deletions are flushed by the pruner's own commit, not by the
+next running workflow's commit that would otherwise find them unflushed ahead of its own.
 References: Temporal's namespace retention (closed runs deleted after a period per namespace,
 archived to a blob store first if enabled) and Conductor's archival (a finished workflow
 moved out of the primary store).
@@ -150,7 +149,6 @@ class Pruner:
         results deleted), ``None`` when there is none, ``_ELSEWHERE`` when another pruner
         holds the lock."""
         with self._engine.connect() as conn, conn.begin():
-            conn.execute(text("SET LOCAL synchronous_commit = off"))
             if not conn.scalar(text(f"SELECT pg_try_advisory_xact_lock({sql.LOCK})")):
                 return _ELSEWHERE
             victims = sql.take_batch(conn, definition, cutoff, self._batch)

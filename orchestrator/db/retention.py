@@ -61,20 +61,23 @@ _TAKE: Final = text(
 _IDS = bindparam("ids", type_=ARRAY(UUID(as_uuid=True)))
 
 # One JSON line per run: the run, its task runs, hand-offs, events and webhook deliveries, as
-# stored. ``jsonb``: its text has no line breaks (``json_agg`` puts one between elements).
+# stored. Built as text (``row_to_json`` joined by ``string_agg``; ``concat`` drops a NULL, so
+# no rows make ``[]``): no ``jsonb`` value is built only to be printed, and the line has no
+# line breaks (``json_agg`` puts one between elements; every JSON column is ``jsonb``, whose
+# text has none).
 _ARCHIVE: Final = text(
     """
-    SELECT jsonb_build_object(
-        'workflow', to_jsonb(w),
-        'task_runs', coalesce((SELECT jsonb_agg(t ORDER BY t.id) FROM task_runs t
-                               WHERE t.workflow_id = w.id), '[]'::jsonb),
-        'handoffs', coalesce((SELECT jsonb_agg(h ORDER BY h.id) FROM handoffs h
-                              WHERE h.workflow_id = w.id), '[]'::jsonb),
-        'events', coalesce((SELECT jsonb_agg(e ORDER BY e.id) FROM events e
-                            WHERE e.workflow_id = w.id), '[]'::jsonb),
-        'deliveries', coalesce((SELECT jsonb_agg(d ORDER BY d.id) FROM webhook_deliveries d
-                                WHERE d.workflow_id = w.id), '[]'::jsonb)
-    )::text
+    SELECT concat(
+        '{"workflow":', row_to_json(w),
+        ',"task_runs":[', (SELECT string_agg(row_to_json(t)::text, ',' ORDER BY t.id)
+                       FROM task_runs t WHERE t.workflow_id = w.id), ']',
+        ',"handoffs":[', (SELECT string_agg(row_to_json(h)::text, ',' ORDER BY h.id)
+                       FROM handoffs h WHERE h.workflow_id = w.id), ']',
+        ',"events":[', (SELECT string_agg(row_to_json(e)::text, ',' ORDER BY e.id)
+                       FROM events e WHERE e.workflow_id = w.id), ']',
+        ',"deliveries":[', (SELECT string_agg(row_to_json(d)::text, ',' ORDER BY d.id)
+                       FROM webhook_deliveries d WHERE d.workflow_id = w.id), ']',
+        '}')
     FROM workflows w WHERE w.id = ANY(:ids) ORDER BY w.finished_at, w.id
     """
 ).bindparams(_IDS)
