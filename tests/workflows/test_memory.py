@@ -91,7 +91,7 @@ def test_a_second_pass_reuses_memory_instead_of_faulting_in_fresh_pages() -> Non
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_a_pipeline_on_a_slot_thread_reuses_memory_too() -> None:
     # A thread's own arena gives back each heap it outgrew once its blocks are free: there
-    # every pipeline faulted in fresh pages whatever the trim threshold (~12,000 here). With
+    # every pipeline faulted in fresh pages whatever the trim threshold. With
     # one arena the thread allocates from the main heap, which keeps them.
     default = _probe("default", "thread")
     tuned = _probe("tune", "thread")
