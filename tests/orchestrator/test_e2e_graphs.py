@@ -172,7 +172,10 @@ def test_a_diamonds_branches_overlap_on_two_workers_and_its_join_gets_every_inpu
     assert sorted(runs) == ["a", "b1", "b2", "c"] and len(done["task_runs"]) == 4
     (s1, f1), (s2, f2) = _span(runs["b1"]), _span(runs["b2"])
     placed = {ref: runs[ref]["worker_id"] for ref in ("a", "b1", "b2")}
-    assert runs["b1"]["worker_id"] != runs["b2"]["worker_id"], f"one worker ran both: {placed}"
+    assert runs["b1"]["worker_id"] != runs["b2"]["worker_id"], (
+        f"one worker ran both: {placed}; runs {done['task_runs']}; events {done['events']}; "
+        f"workers now {harness.api.get('/api/workers').json()}"
+    )
     assert s1 < f2 and s2 < f1, f"the branches ran one after the other: {placed} {done}"
     image, output = _local(sample)
     for key in ("blurred_size", "hist_total", "hist_sha", "row_sha", "size"):
