@@ -85,6 +85,9 @@ def _row(name: str, result: PipelineResult) -> dict[str, Any]:
         # Not in the published row shape: kept beside it (see ``_split_extras``).
         "_outside": None if name == "pool" else result.cpu_ms_per_frame_outside_compute(),
         "_detector_growth_mb": result.detector_growth_mb(),
+        "_moving_by_part": None
+        if name in ("floor", "pool")
+        else result.moving_ms_per_frame_by_part(),
     }
 
 
@@ -119,6 +122,7 @@ _CPU_KEYS = (
     "cpu_ms_per_frame_moving",
     "cpu_ms_per_frame_other",
     "_outside",
+    "_moving_by_part",
 )
 
 
@@ -142,15 +146,21 @@ def _median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _split_extras(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The published rows, and the figures kept beside them."""
-    results, outside, growth = [], [], []
+    results, outside, growth, moving = [], [], [], []
     for row in rows:
         key = {"backend": row["backend"], "detectors": row["detectors"]}
         if row["_outside"] is not None:
             outside.append({**key, "cpu_ms_per_frame": row["_outside"]})
+        if row["_moving_by_part"] is not None:
+            moving.append({**key, "cpu_ms_per_frame": row["_moving_by_part"]})
         if row["_detector_growth_mb"] is not None:
             growth.append({**key, "mb": row["_detector_growth_mb"]})
         results.append({k: v for k, v in row.items() if not k.startswith("_")})
-    return results, {"outside_compute": outside, "detector_growth": growth}
+    return results, {
+        "outside_compute": outside,
+        "detector_growth": growth,
+        "moving_by_part": moving,
+    }
 
 
 def _goals(rows: list[dict[str, Any]], frame_mb: float) -> list[dict[str, Any]]:

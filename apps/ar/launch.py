@@ -21,7 +21,7 @@ import statistics
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -60,6 +60,8 @@ class PipelineResult:
     config: RunConfig
     roles: list[RoleStats]
     minion_cpu_s: float | None = None
+    runtime_cpu_s: dict[str, float] = field(default_factory=dict)
+    """``minion_cpu_s`` by runtime process (``runtime_label``), its children in it."""
     minion_peak_rss: int | None = None
     """The largest of the runtime's processes (each with its children: a native minion under
     the Python process that runs its gateway)."""
@@ -119,6 +121,17 @@ class PipelineResult:
             None if moving is None else moving * per_frame,
             rest * per_frame,
         )
+
+    def moving_ms_per_frame_by_part(self) -> dict[str, float]:
+        """Where ``cpu_ms_per_frame_split``'s moving part is spent: each role's thread in its
+        end of the pipeline (``<role> link``) and its other threads (``<role> threads``),
+        detectors together, and each process of the CDI runtime by ``runtime_label``."""
+        parts: dict[str, float] = {}
+        for r in self.roles:
+            for kind, cpu in (("link", r.link_s), ("threads", r.threads_s)):
+                parts[f"{r.role} {kind}"] = parts.get(f"{r.role} {kind}", 0.0) + cpu
+        parts.update(self.runtime_cpu_s)
+        return {part: 1000 * cpu / self.frames for part, cpu in parts.items()}
 
     def cpu_ms_per_frame_outside_compute(self) -> float:
         """CPU per frame of every role outside the application's own work (decode, detect,
@@ -246,11 +259,27 @@ def _converse(
         stats: list[RoleStats] = _gather(roles, "done", config.timeout_s * 4)
         result = PipelineResult(config, stats)
         if runtime:
-            result.minion_cpu_s = sum(
-                cpu - runtime_cpu.get(pid, 0.0) for pid, cpu in _cpu_by_pid(runtime).items()
-            )
+            spent = {
+                pid: cpu - runtime_cpu.get(pid, 0.0) for pid, cpu in _cpu_by_pid(runtime).items()
+            }
+            result.minion_cpu_s = sum(spent.values())
+            for index, process in enumerate(runtime):
+                family = {process.pid}
+                with suppress(psutil.NoSuchProcess):  # it ended meanwhile: its own PID only
+                    family |= {one.pid for one in _family(process)}
+                label = runtime_label(index, len(runtime))
+                result.runtime_cpu_s[label] = sum(spent.get(pid, 0.0) for pid in family)
             result.minion_peak_rss = max(_peak_rss_with_children(p) for p in runtime)
         return result
+
+
+def runtime_label(index: int, count: int) -> str:
+    """The name of the ``index``-th of ``count`` runtime processes (``runtime.Prepared``):
+    one host's minion, or across hosts each host's minion (its gateway inside or beneath
+    it), then the controller."""
+    if count == 1:
+        return "minion"
+    return "controller" if index == count - 1 else f"minion host {index}"
 
 
 def _family(process: psutil.Process) -> list[psutil.Process]:

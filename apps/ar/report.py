@@ -57,6 +57,10 @@ def render_table(doc: dict[str, Any]) -> str:
             if r["backend"] != "floor"
         )
         lines.append(f"CPU ms/frame outside decode, detect, draw, encode: {outside}")
+    for r in doc.get("moving_by_part", []):
+        parts = sorted(r["cpu_ms_per_frame"].items(), key=lambda part: -part[1])
+        spent = ", ".join(f"{name} {ms:.2f}" for name, ms in parts if ms >= 0.005)
+        lines.append(f"moving, {r['backend']}/{r['detectors']}: {spent}")
     for goal in doc["goals"]:
         parts = [
             f"{key} {value:.2f}"

@@ -56,6 +56,13 @@ def test_bench_ar_prints_the_documented_json_and_plots(tmp_path: Path) -> None:
     # CDI's runtime moves frames: the minion's CPU is part of CDI's moving cost.
     cdi = rows[("cdi-shm", 1)]
     assert cdi["cpu_ms_per_frame_moving"] >= cdi["cpu_ms_per_frame"]["minion"]
+    # ... and where the moving part is spent adds up to it, the minion one of the parts.
+    by_part = {(r["backend"], r["detectors"]): r["cpu_ms_per_frame"] for r in doc["moving_by_part"]}
+    assert set(by_part) == {("tcp", 1), ("cdi-shm", 1)}
+    for key, parts in by_part.items():
+        assert sum(parts.values()) == pytest.approx(rows[key]["cpu_ms_per_frame_moving"]), parts
+    assert by_part[("cdi-shm", 1)]["minion"] == pytest.approx(cdi["cpu_ms_per_frame"]["minion"])
+    assert "extractor link" in by_part[("tcp", 1)] and "minion" not in by_part[("tcp", 1)]
     assert doc["video"]["frames"] == 6 and doc["video"]["width"] == 1280
     assert doc["hosts"] == {"count": 1}
     assert [(g["backend"], g["detectors"]) for g in doc["goals"]] == [("cdi-shm", 1)]
@@ -174,6 +181,7 @@ def test_rounds_keep_each_rows_cpu_parts_from_one_round() -> None:
             "cpu_ms_per_frame_compute": compute, "cpu_ms_per_frame_moving": moving,
             "cpu_ms_per_frame_other": other, "peak_rss_mb": {"detector": 80.0},
             "_outside": moving + other, "_detector_growth_mb": 9.0,
+            "_moving_by_part": {"extractor link": moving},
         }  # fmt: skip
 
     rounds = [[row(50.0, 1.0, 0.5, 18.0)], [row(40.0, 3.0, 0.1, 20.0)], [row(45.0, 9.0, 0.2, 19.0)]]
@@ -181,5 +189,6 @@ def test_rounds_keep_each_rows_cpu_parts_from_one_round() -> None:
     assert merged["fps"] == 19.0  # figures outside the CPU split: medians
     # The median round by total CPU (51.5, 43.1, 54.2) is the first.
     assert (merged["cpu_ms_per_frame_compute"], merged["cpu_ms_per_frame_moving"]) == (50.0, 1.0)
+    assert merged["_moving_by_part"] == {"extractor link": 1.0}
     parts = sum(merged[f"cpu_ms_per_frame_{p}"] for p in ("compute", "moving", "other"))
     assert parts == pytest.approx(sum(merged["cpu_ms_per_frame"].values()))
