@@ -109,6 +109,10 @@ def test_a_stop_ends_the_running_task_after_its_cleanup_and_one_sent_early_preve
         ins, task_run_id=ins.task_run_id + 1, key=ObjectKey(key), params={"ms": 60_000}
     )
     _stop(stack, worker, early, "stopped: the run was cancelled")
+    # Sent early: the worker has taken the stop before the instruction comes (else it is a
+    # stop of a running task, as above).
+    control = keys.worker_control_key(worker.worker_id)
+    poll(lambda: stack.redis.llen(control) == 0, "the worker to take the stop")
     stack.redis.lpush(keys.worker_queue_key(worker.worker_id), early.dumps())
     report = stack.report(early, worker)
     assert (report.status, report.cpu_ms) == ("CANCELLED", None)  # its task never ran
