@@ -34,6 +34,7 @@ def _unavailable(reason: str) -> None:
 
 try:
     from playwright.sync_api import Browser, Page, sync_playwright
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
 except ImportError as exc:  # pragma: no cover - depends on the machine
     _unavailable(f"playwright is not installed ({exc}); run `pip install playwright`")
 
@@ -76,7 +77,22 @@ class UI:
     allowed: list[re.Pattern[str]] = field(default_factory=list)
 
     def open(self, route: str = "") -> None:
-        self.page.goto(f"{self.base_url}/{route}")
+        """Go to ``route`` and wait for the dashboard to draw it. A load whose scripts Chromium
+        dropped because the machine's network changed (other tests make host namespaces)
+        draws nothing: it is loaded again, at most twice more. (Pages other than the
+        dashboard's, such as the API's docs, have no ``#main``.)"""
+        for attempt in range(3):
+            before = len(self.errors)
+            self.page.goto(f"{self.base_url}/{route}")
+            if self.page.locator("#main").count() == 0:
+                return
+            try:
+                self.page.locator("#main > *").first.wait_for(timeout=15_000)
+                return
+            except PlaywrightTimeout:
+                dropped = any("ERR_NETWORK_CHANGED" in e for e in self.errors[before:])
+                if not dropped or attempt == 2:
+                    raise
 
     def allow(self, pattern: str) -> None:
         """Expect console errors matching ``pattern`` (e.g. the browser logging a 422)."""
