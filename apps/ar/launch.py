@@ -32,6 +32,7 @@ from apps.ar.errors import RoleFailed
 from apps.ar.links import Peers, backend
 from apps.ar.roles import RoleStats, peak_rss
 from cdi.child import python_module
+from cdi.minion.launcher import BINARY_NAME
 
 __all__ = ["PipelineResult", "run_floor", "run_pipeline", "run_pool"]
 
@@ -61,7 +62,8 @@ class PipelineResult:
     roles: list[RoleStats]
     minion_cpu_s: float | None = None
     runtime_cpu_s: dict[str, float] = field(default_factory=dict)
-    """``minion_cpu_s`` by runtime process (``runtime_label``), its children in it."""
+    """``minion_cpu_s`` by part: each minion (``runtime_label``), the Python launcher beside it
+    (``<label> relay``: its directory relay), the controller."""
     minion_peak_rss: int | None = None
     """The largest of the runtime's processes (each with its children: a native minion under
     the Python process that runs its gateway)."""
@@ -259,27 +261,32 @@ def _converse(
         stats: list[RoleStats] = _gather(roles, "done", config.timeout_s * 4)
         result = PipelineResult(config, stats)
         if runtime:
-            spent = {
-                pid: cpu - runtime_cpu.get(pid, 0.0) for pid, cpu in _cpu_by_pid(runtime).items()
-            }
-            result.minion_cpu_s = sum(spent.values())
             for index, process in enumerate(runtime):
-                family = {process.pid}
-                with suppress(psutil.NoSuchProcess):  # it ended meanwhile: its own PID only
-                    family |= {one.pid for one in _family(process)}
                 label = runtime_label(index, len(runtime))
-                result.runtime_cpu_s[label] = sum(spent.get(pid, 0.0) for pid in family)
+                for pid, cpu in _cpu_by_pid([process]).items():
+                    part = label if label == "controller" or _native(pid) else f"{label} relay"
+                    spent = cpu - runtime_cpu.get(pid, 0.0)
+                    result.runtime_cpu_s[part] = result.runtime_cpu_s.get(part, 0.0) + spent
+            result.minion_cpu_s = sum(result.runtime_cpu_s.values())
             result.minion_peak_rss = max(_peak_rss_with_children(p) for p in runtime)
         return result
 
 
 def runtime_label(index: int, count: int) -> str:
     """The name of the ``index``-th of ``count`` runtime processes (``runtime.Prepared``):
-    one host's minion, or across hosts each host's minion (its gateway inside or beneath
-    it), then the controller."""
+    one host's minion, or across hosts each host's minion (its gateway inside it), then the
+    controller."""
     if count == 1:
         return "minion"
     return "controller" if index == count - 1 else f"minion host {index}"
+
+
+def _native(pid: int) -> bool:
+    """Whether ``pid`` is the native minion; else, beside a minion, the Python launcher that
+    relays its object events to the controller's directory (``cdi.minion.launcher``)."""
+    with suppress(psutil.NoSuchProcess):
+        return psutil.Process(pid).name() == BINARY_NAME
+    return False
 
 
 def _family(process: psutil.Process) -> list[psutil.Process]:

@@ -61,7 +61,10 @@ def test_bench_ar_prints_the_documented_json_and_plots(tmp_path: Path) -> None:
     assert set(by_part) == {("tcp", 1), ("cdi-shm", 1)}
     for key, parts in by_part.items():
         assert sum(parts.values()) == pytest.approx(rows[key]["cpu_ms_per_frame_moving"]), parts
-    assert by_part[("cdi-shm", 1)]["minion"] == pytest.approx(cdi["cpu_ms_per_frame"]["minion"])
+    # One host, no controller: the native minion alone, no launcher relaying a directory.
+    shm = by_part[("cdi-shm", 1)]
+    assert shm["minion"] == pytest.approx(cdi["cpu_ms_per_frame"]["minion"])
+    assert "minion relay" not in shm
     assert "extractor link" in by_part[("tcp", 1)] and "minion" not in by_part[("tcp", 1)]
     assert doc["video"]["frames"] == 6 and doc["video"]["width"] == 1280
     assert doc["hosts"] == {"count": 1}

@@ -140,9 +140,11 @@ def test_bench_ar_across_hosts_prints_cdi_rpc_rows(tmp_path: Path) -> None:
         parts = [rows[name][f"cpu_ms_per_frame_{p}"] for p in ("compute", "moving", "other")]
         assert min(parts) >= 0, rows[name]
         assert sum(parts) == pytest.approx(sum(rows[name]["cpu_ms_per_frame"].values()))
-    # Where CDI-RPC's moving part is spent: each host's minion and gateway, the controller.
+    # Where CDI-RPC's moving part is spent: each host's minion (its gateway inside) and the
+    # launcher beside it that relays its directory events, the controller.
     (parts,) = [r["cpu_ms_per_frame"] for r in doc["moving_by_part"] if r["backend"] == "cdi-rpc"]
-    assert {"minion host 0", "minion host 1", "controller", "detector link"} <= set(parts)
+    hosts = {f"minion host {i}{relay}" for i in (0, 1) for relay in ("", " relay")}
+    assert {*hosts, "controller", "detector link"} <= set(parts)
     assert sum(parts.values()) == pytest.approx(rows["cdi-rpc"]["cpu_ms_per_frame_moving"])
     assert [(g["backend"], g["detectors"]) for g in doc["goals"]] == [("cdi-rpc", 1)]
     assert "moving_vs_tcp" in doc["goals"][0]
