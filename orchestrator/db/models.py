@@ -65,6 +65,7 @@ __all__ = [
     "tallies",
     "tally_deltas",
     "tally_hours",
+    "tally_minutes",
 ]
 
 # Deterministic constraint names, so migrations can refer to them.
@@ -438,6 +439,19 @@ tally_hours = Table(
     "tally_hours",
     Base.metadata,
     *_tally_columns(key=True, moment="hour"),
+    postgresql_with={"fillfactor": "70"},
+)
+# Each kept minute's overview figures (runs completed, failed and started; the p50 and p95 of
+# its completions), summed by a trigger on ``tallies`` as its rows change (migration 0012).
+tally_minutes = Table(
+    "tally_minutes",
+    Base.metadata,
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    Column("completed", BigInteger, nullable=False),
+    Column("failed", BigInteger, nullable=False),
+    Column("created", BigInteger, nullable=False),
+    Column("p50_ms", Double),
+    Column("p95_ms", Double),
     postgresql_with={"fillfactor": "70"},
 )
 

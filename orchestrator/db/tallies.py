@@ -9,7 +9,10 @@ wait on a shared counter row. ``FOLD`` (housekeeping, about once a second) moves
 into ``tallies``; readers add both, so a figure is exact whenever it is read. A trigger on
 ``tallies`` sums its per-minute rows by hour (UTC) into ``tally_hours`` (migration 0011): a
 window's histograms read its whole hours there and only its first partial hour by the minute,
-so their cost follows the window's hours, not how many runs each minute saw.
+so their cost follows the window's hours, not how many runs each minute saw. Another trigger
+keeps each kept minute's overview figures in ``tally_minutes`` (migration 0012: runs started,
+completed and failed, the p50 and p95 of its completions), so a window's chart reads a row a
+minute and only the minutes not yet folded from the rows above.
 
 The series (the triggers' words):
 
@@ -48,15 +51,20 @@ __all__ = [
     "KEEP_MINUTES",
     "MS_BOUNDS",
     "PRUNE_MINUTES",
+    "SUMMED_SERIES",
     "Histogram",
+    "Summary",
     "Tally",
     "all_time",
     "counts",
     "minute_quantiles",
     "per_minute",
+    "summaries",
+    "unfolded_since",
     "whole_hour",
     "window_counts",
     "window_histograms",
+    "window_sums",
     "within",
 ]
 
@@ -92,10 +100,12 @@ FOLD: Final = text(
     """
 )
 
-# Per-minute and hourly rows older than ``KEEP_MINUTES`` (the all-time ones stay).
+# Per-minute and hourly rows and minutes' summaries older than ``KEEP_MINUTES`` (the all-time
+# ones stay).
 PRUNE_MINUTES: Final = text(
     """
-    WITH hours AS (DELETE FROM tally_hours WHERE hour < now() - CAST(:keep AS interval))
+    WITH hours AS (DELETE FROM tally_hours WHERE hour < now() - CAST(:keep AS interval)),
+    summaries AS (DELETE FROM tally_minutes WHERE minute < now() - CAST(:keep AS interval))
     DELETE FROM tallies WHERE minute > '-infinity' AND minute < now() - CAST(:keep AS interval)
     """
 )
@@ -147,22 +157,36 @@ _WINDOW_COUNTS: Final = text(
     ) m GROUP BY minute
     """
 )
-# Histograms of the whole window, summed by the database (at most a row a bucket): the hours
-# from ``:whole`` (the window's first whole hour) on, the kept minutes before it, and the
-# deltas not yet folded (into minutes and hours alike) of every minute from ``:since``.
-_WINDOW_HISTOGRAMS: Final = text(
+# Histograms and counts of the whole window, summed by the database (at most a row a bucket):
+# the hours from ``:whole`` (the window's first whole hour) on, the kept minutes before it, and
+# the deltas not yet folded (into minutes and hours alike) of every minute from ``:since``.
+_WINDOW_SUMS: Final = text(
     """
     SELECT series, bucket, sum(n), sum(total), max(peak) FROM (
         SELECT series, bucket, n, total, peak FROM tally_hours
-        WHERE hour >= :whole AND hour < 'infinity' AND bucket >= 0 AND series = ANY(:series)
+        WHERE hour >= :whole AND hour < 'infinity' AND series = ANY(:series)
         UNION ALL
         SELECT series, bucket, n, total, peak FROM tallies
-        WHERE minute >= :since AND minute < :whole AND bucket >= 0 AND series = ANY(:series)
+        WHERE minute >= :since AND minute < :whole AND series = ANY(:series)
         UNION ALL
         SELECT series, bucket, n, total, peak FROM tally_deltas
-        WHERE minute >= :since AND minute < 'infinity' AND bucket >= 0 AND series = ANY(:series)
+        WHERE minute >= :since AND minute < 'infinity' AND series = ANY(:series)
     ) t GROUP BY series, bucket
     """
+)
+# The series each kept minute's summary (``tally_minutes``, migration 0012) is made of: runs
+# started and ended, and the latency of those completed.
+SUMMED_SERIES: Final = ("created", "latency", "ended:COMPLETED", "ended:FAILED",
+                        "ended:CANCELLED", "ended:TIMED_OUT")  # fmt: skip
+# The earliest minute from ``:since`` on with figures of the summed series not yet folded (so
+# missing from its summary); NULL when every one is folded.
+_UNFOLDED_SINCE: Final = text(
+    "SELECT min(minute) FROM tally_deltas "
+    "WHERE minute >= :since AND minute < 'infinity' AND series = ANY(:series)"
+)
+_SUMMARIES: Final = text(
+    "SELECT minute, completed, failed, created, p50_ms, p95_ms FROM tally_minutes "
+    "WHERE minute >= :since AND minute < :until"
 )
 # Each minute's quantile of one histogram for every share q, a row a minute (the shares'
 # places, from 1, and the quantiles): the database walks the buckets (a window of hours holds
@@ -320,11 +344,56 @@ def window_histograms(
 ) -> dict[str, Histogram]:
     """Histograms of ``series`` summed over the minutes from ``since`` on (a minute's start;
     read by the hour from the first whole one)."""
-    out: dict[str, Histogram] = defaultdict(Histogram)
+    return window_sums(db, since, series)[0]
+
+
+def window_sums(
+    db: Session | Connection, since: datetime, series: Iterable[str]
+) -> tuple[dict[str, Histogram], dict[str, int]]:
+    """Of ``series`` summed over the minutes from ``since`` on (read by the hour from the first
+    whole one): the histograms, and the plain counts, by series."""
+    histograms: dict[str, Histogram] = defaultdict(Histogram)
+    counted: dict[str, int] = defaultdict(int)
     params = {"since": since, "whole": whole_hour(since), "series": list(series)}
-    for name, bucket, n, total, peak in _rows(db.execute(_WINDOW_HISTOGRAMS, params)):
-        out[name].add(bucket, n, total, peak)
-    return out
+    for name, bucket, n, total, peak in _rows(db.execute(_WINDOW_SUMS, params)):
+        if bucket < 0:
+            counted[name] += n
+        else:
+            histograms[name].add(bucket, n, total, peak)
+    return histograms, counted
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A kept minute's overview figures (``tally_minutes``)."""
+
+    completed: int
+    failed: int  # FAILED, CANCELLED or TIMED_OUT
+    created: int
+    p50_ms: float | None
+    p95_ms: float | None
+
+
+def unfolded_since(db: Session | Connection, since: datetime) -> datetime | None:
+    """The earliest minute from ``since`` on whose runs started or ended are not all folded
+    into its summary yet (``None``: every one is)."""
+    found = db.execute(_UNFOLDED_SINCE, {"since": since, "series": list(SUMMED_SERIES)})
+    moment: datetime | None = found.scalar()
+    return moment
+
+
+def summaries(
+    db: Session | Connection, since: datetime, until: datetime | None = None
+) -> dict[datetime, Summary]:
+    """The kept minutes' summaries from ``since`` up to ``until`` (excluded; ``None``: on),
+    by minute; a minute with no runs may have none."""
+    bound = until if until is not None else datetime.max.replace(tzinfo=UTC)
+    return {
+        minute: Summary(int(done), int(failed), int(created), p50, p95)
+        for minute, done, failed, created, p50, p95 in db.execute(
+            _SUMMARIES, {"since": since, "until": bound}
+        )
+    }
 
 
 def whole_hour(moment: datetime) -> datetime:

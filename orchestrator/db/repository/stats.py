@@ -2,12 +2,11 @@
 completions, failures, starts and latency percentiles.
 
 Every figure comes from the tallies the database keeps as runs change (``db.tallies``): the
-counts by status, and rows per minute (and per hour), series and bucket. A window costs its
-minutes' counts and latency buckets and its hours' histograms, however many runs there are on
-record; the database sums them and walks each minute's buckets to its percentiles, so the API
-gets a row a minute and a row a bucket. Percentiles come from histograms (within about 8 %;
-the largest value is exact). The dashboard's overview polls these through ``GET
-/api/stats``.
+counts by status, each kept minute's summary, and rows per minute (and per hour), series and
+bucket. A window costs a row a minute of its summaries, its hours' histograms and counts, and
+the rows of the minutes not yet folded (seconds' worth), however many runs there are on
+record. Percentiles come from histograms (within about 8 %; the largest value is exact). The
+dashboard's overview polls these through ``GET /api/stats``.
 """
 
 from __future__ import annotations
@@ -72,23 +71,27 @@ class TaskTiming:
 
 
 _HISTOGRAMS: Final = ("latency", "queue_wait", "task_run")
+_COUNTED: Final = ("task_finished",)
 _SHARES: Final = (0.5, 0.95)
 
 
 @dataclass(frozen=True)
 class Window:
-    """A window's figures, read once for all of them: each minute's counts and latency
-    percentiles, and the histograms of the whole window (summed by the database, from its
-    hours and the minutes of its first partial hour)."""
+    """A window's figures, read once for all of them: each minute's summary (those folded) or
+    counts and latency percentiles (those from the first not yet folded on), and the
+    histograms and counts of the whole window (summed by the database, from its hours and the
+    minutes of its first partial hour)."""
 
     since: datetime
     width: int
-    counts: dict[datetime, dict[str, int]]
-    latency: dict[datetime, dict[float, float]]  # each minute's, by share
+    summaries: dict[datetime, tallies.Summary]
+    counts: dict[datetime, dict[str, int]]  # the minutes read live
+    latency: dict[datetime, dict[float, float]]  # theirs, by share
     histograms: dict[str, Histogram]
+    totals: dict[str, int]
 
     def count(self, series: str) -> int:
-        return sum(minute.get(series, 0) for minute in self.counts.values())
+        return self.totals.get(series, 0)
 
     def histogram(self, series: str) -> Histogram:
         return self.histograms.get(series) or Histogram()
@@ -104,12 +107,18 @@ def window(session: Session, width: int) -> tuple[datetime, datetime]:
 
 
 def read_window(session: Session, since: datetime, width: int) -> Window:
+    """The summaries of the window's folded minutes; from the first minute with runs not yet
+    folded (usually the current one), its minutes read from their rows, as exact."""
+    live = tallies.unfolded_since(session, since)
+    histograms, totals = tallies.window_sums(session, since, (*_HISTOGRAMS, *_COUNTED))
     return Window(
         since,
         width,
-        counts=tallies.window_counts(session, since),
-        latency=tallies.minute_quantiles(session, since, "latency", _SHARES),
-        histograms=tallies.window_histograms(session, since, _HISTOGRAMS),
+        summaries=tallies.summaries(session, since, live),
+        counts={} if live is None else tallies.window_counts(session, live),
+        latency={} if live is None else tallies.minute_quantiles(session, live, "latency", _SHARES),
+        histograms=histograms,
+        totals=totals,
     )
 
 
@@ -127,6 +136,11 @@ def minutes(figures: Window) -> list[Minute]:
     out = []
     for n in range(figures.width):
         minute = figures.since + timedelta(minutes=n)
+        summary = figures.summaries.get(minute)
+        if summary is not None:
+            done, failed, made = summary.completed, summary.failed, summary.created
+            out.append(Minute(minute, done, failed, made, summary.p50_ms, summary.p95_ms))
+            continue
         counts = figures.counts.get(minute, {})
         took = figures.latency.get(minute, {})
         out.append(
