@@ -40,7 +40,7 @@ _SIZE: Final = re.compile(r"^(\d+(?:\.\d+)?)([kKmM]?)$")
 _SLOWEST: Final = 3  # calls whose plans are shown, at the largest size
 # The tables that grow with the history: a call that scans one whole costs the history.
 _GROWING: Final = re.compile(
-    r"Seq Scan on (workflows|task_runs|events|handoffs|webhook_deliveries)\b"
+    r"Seq Scan on (workflows|workflow_tags|task_runs|events|handoffs|webhook_deliveries)\b"
 )
 
 

@@ -62,6 +62,7 @@ __all__ = [
     "Workflow",
     "WorkflowDefinition",
     "WorkflowDefinitionVersion",
+    "WorkflowTag",
     "tallies",
     "tally_deltas",
     "tally_hours",
@@ -185,9 +186,9 @@ class Workflow(Base):
     __tablename__ = "workflows"
     # Every list is newest first by (created_at, id), paged by that key: each filter by
     # equality has an index that leads with it and ends with that key, so a page reads its own
-    # rows only; tags and input are matched by their GIN indexes. ``definition, finished_at``:
-    # what retention prunes, per definition. ``retry_of``: a pruned run's retries lose the
-    # link (ON DELETE SET NULL) without a scan.
+    # rows only; input is matched by its GIN index, a tag by ``WorkflowTag``'s key.
+    # ``definition, finished_at``: what retention prunes, per definition. ``retry_of``: a
+    # pruned run's retries lose the link (ON DELETE SET NULL) without a scan.
     __table_args__ = (
         Index("ix_workflows_created_at_id", "created_at", "id"),
         # (tags: a list by status and tag tests them in the index, not in the table)
@@ -237,7 +238,6 @@ class Workflow(Base):
             postgresql_where=text("idempotency_key IS NOT NULL"),
         ),
         UniqueConstraint("schedule_id", "scheduled_for"),
-        Index("ix_workflows_tags", "tags", postgresql_using="gin"),
         Index(
             "ix_workflows_input",
             "input",
@@ -294,6 +294,21 @@ class Workflow(Base):
     # What the run waits for while it cannot go on by itself (no live worker can take its
     # next step), for a person to read; null otherwise.
     status_detail: Mapped[str | None] = mapped_column(Text)
+
+
+class WorkflowTag(Base):
+    """A run's tag, with the run's ``created_at``: the runs with a tag, newest first, in its
+    key (migration 0013). Written by triggers on ``workflows`` as runs are inserted (or their
+    tags change); deleted with the run."""
+
+    __tablename__ = "workflow_tags"
+    __table_args__ = (Index("ix_workflow_tags_workflow_id", "workflow_id"),)
+
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(primary_key=True)
+    workflow_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("workflows.id", ondelete="CASCADE"), primary_key=True
+    )
 
 
 class TaskRun(Base):

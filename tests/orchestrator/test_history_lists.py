@@ -75,9 +75,10 @@ def insert_runs(engine: Engine, definition: str, n: int, *, spread: timedelta,
 
 @pytest.fixture(scope="module")
 def big(api_client: TestClient, api_engine: Engine) -> str:
-    """A definition with ``BIG`` runs over 30 days and a task run each, analysed."""
+    """A definition with ``BIG`` runs over 30 days and a task run each, analysed; each run
+    tagged ``everyday`` (so a rarer tag's entries are a small part of the tags' index)."""
     name = _definition(api_client, f"big_{uuid.uuid4().hex[:6]}")
-    insert_runs(api_engine, name, BIG, spread=timedelta(days=30), real=True)
+    insert_runs(api_engine, name, BIG, spread=timedelta(days=30), real=True, tags=["everyday"])
     with api_engine.begin() as conn:
         conn.execute(
             text(
@@ -91,8 +92,8 @@ def big(api_client: TestClient, api_engine: Engine) -> str:
         )
     with api_engine.connect() as conn:
         auto = conn.execution_options(isolation_level="AUTOCOMMIT")
-        auto.execute(text("ANALYZE workflows"))
-        auto.execute(text("ANALYZE task_runs"))
+        for table in ("workflows", "task_runs", "workflow_tags"):
+            auto.execute(text(f"ANALYZE {table}"))
     return name
 
 
@@ -128,7 +129,9 @@ def scheduled(api_engine: Engine, big: str) -> str:
             {"s": schedule},
         )
     with api_engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE workflows"))
+        auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+        for table in ("workflows", "workflow_tags"):
+            auto.execute(text(f"ANALYZE {table}"))
     return name
 
 
@@ -198,6 +201,70 @@ def test_cursors_never_skip_or_repeat_a_run_while_runs_are_started(
         back = _page(api_client, workflow=flow, limit=7, cursor=back["prev_cursor"])
     top = _page(api_client, workflow=flow, limit=7)
     assert _ids(back) == _ids(top) and len(top["items"]) == 7  # the top is page one, full
+
+
+def test_pages_by_tag_follow_the_runs_as_they_are_started_retagged_and_deleted(
+    api_client: TestClient, api_engine: Engine
+) -> None:
+    flow = _definition(api_client, f"tagged_{uuid.uuid4().hex[:6]}")
+    one, two = f"t1-{uuid.uuid4().hex[:6]}", f"t2-{uuid.uuid4().hex[:6]}"
+    insert_runs(api_engine, flow, 30, spread=timedelta(minutes=5), tags=[one])
+    insert_runs(api_engine, flow, 12, spread=timedelta(minutes=5), tags=[one, two])
+    started = [
+        api_client.post("/api/workflows", json={"workflow": flow, "input": {}, "tags": tags})
+        for tags in ([one], [two, one], [two])
+    ]
+    assert all(r.status_code in (200, 201, 202) for r in started), [r.text for r in started]
+
+    def naive(*tags: str, status: str | None = None) -> list[str]:
+        """Newest first, straight from the runs' own tags."""
+        with api_engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT id FROM workflows WHERE definition = :d AND tags @> :t "
+                    "AND (CAST(:s AS text) IS NULL OR status::text = :s) "
+                    "ORDER BY created_at DESC, id DESC"
+                ),
+                {"d": flow, "t": list(tags), "s": status},
+            )
+            return [str(r) for (r,) in rows]
+
+    def paged(*tags: str, **more: str) -> list[str]:
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = _page(api_client, workflow=flow, tag=list(tags), limit=7,
+                         **more, **({"cursor": cursor} if cursor else {}))  # fmt: skip
+            seen += _ids(page)
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return seen
+
+    assert len(naive(one)) == 44 and len(naive(one, two)) == 13
+    for tags in ((one,), (two,), (one, two), (two, one)):
+        assert paged(*tags) == naive(*tags), tags
+    assert paged(one, status="PENDING") == naive(one, status="PENDING")
+    # Retagged (a statement that sets the tags): its entries follow.
+    with api_engine.begin() as conn:
+        moved = conn.execute(
+            text(
+                "UPDATE workflows SET tags = ARRAY[CAST(:t AS varchar)] WHERE id IN (SELECT id "
+                "FROM workflows WHERE definition = :d AND tags = ARRAY[CAST(:o AS varchar)] "
+                "LIMIT 5) RETURNING id"
+            ),
+            {"t": two, "d": flow, "o": one},
+        ).all()
+    assert len(moved) == 5
+    for tags in ((one,), (two,), (one, two)):
+        assert paged(*tags) == naive(*tags), tags
+    # Deleted (as retention does): its entries go with it.
+    with api_engine.begin() as conn:
+        conn.execute(text("DELETE FROM workflows WHERE definition = :d AND tags @> :t"),
+                     {"d": flow, "t": [two]})  # fmt: skip
+        left = conn.execute(
+            text("SELECT count(*) FROM workflow_tags WHERE tag = :t"), {"t": two}
+        ).scalar_one()
+    assert left == 0 and paged(two) == [] and paged(one) == naive(one) != []
 
 
 def test_a_cursor_that_is_not_one_is_refused(api_client: TestClient) -> None:
@@ -303,9 +370,11 @@ def _rows_visited(plan: dict[str, Any], table: str) -> float:
         ({"created_after": "DAY"}, "ix_workflows_created_at_id"),
         ({"id_prefix": "7"}, None),  # the primary key's range, or the newest-first index
         ({"schedule": "SCHED"}, "ix_workflows_schedule_id_created_at_id"),
-        # A tag or input is matched by its GIN index (a selective one: its matches, sorted)
-        # or along the newest-first index (a common one: about a page's worth).
-        ({"tags": ("rare-tag",)}, None),
+        # A tag is walked in its own index (``workflow_tags``), newest first: a page's
+        # entries, then their runs by key.
+        ({"tags": ("rare-tag",)}, "pk_workflows"),
+        # An input is matched by its GIN index (a selective one: its matches, sorted) or along
+        # the newest-first index (a common one: about a page's worth).
         ({"input_contains": {"camera": 7}}, None),
     ],
 )
@@ -327,24 +396,26 @@ def test_every_filter_and_page_reads_an_index_and_only_about_the_page(
         middle = repo.list_workflows(session, wanted, limit=50, offset=200)
         cursor = middle.next
         assert cursor is not None
+        # Where the page's keys come from: a tag's own index, or the runs.
+        keyed = "workflow_tags" if "tags" in filters else "workflows"
         for at in (None, cursor, repo.Cursor(cursor.created_at, cursor.id, newer=True)):
             plan = _plan(session, page_statement(wanted, at, 50))
             reads = _reads(plan, "workflows")
             assert reads and "Seq Scan" not in reads, (filters, reads)
             if index is not None:
                 assert reads == [index], (filters, at, reads)
-            if "tags" in filters:  # without a status, its rows in one query: no key look-ups
-                assert "pk_workflows" not in reads, (filters, at, reads)
-            if not {"id_prefix", "tags", "input_contains"} & set(filters):
-                # (a prefix's range, a tag's or input's matches are read whole, then sorted)
-                assert _rows_visited(plan, "workflows") <= 10 * 51, (filters, at, plan)
+            if "tags" in filters:  # the tag's newest entries from the cursor, then their runs
+                assert _reads(plan, keyed) == ["pk_workflow_tags"], (filters, at, plan)
+            if not {"id_prefix", "input_contains"} & set(filters):
+                # (a prefix's range, an input's matches are read whole, then sorted)
+                assert _rows_visited(plan, keyed) <= 10 * 51, (filters, at, plan)
         # Whether rows lie beyond a page, either way: one row from the cursor in the index.
         for edge in (cursor, repo.Cursor(cursor.created_at, cursor.id, newer=True)):
             plan = _plan(session, beyond_statement(wanted, edge))
-            reads = _reads(plan, "workflows")
+            reads = _reads(plan, keyed)
             assert reads and "Seq Scan" not in reads, (filters, edge, reads)
-            if not {"id_prefix", "tags", "input_contains"} & set(filters):
-                assert _rows_visited(plan, "workflows") <= 10, (filters, edge, plan)
+            if not {"id_prefix", "input_contains"} & set(filters):
+                assert _rows_visited(plan, keyed) <= 10, (filters, edge, plan)
 
 
 @pytest.fixture(scope="module")

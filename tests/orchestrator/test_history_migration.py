@@ -1,6 +1,7 @@
-"""Migrations 0010 to 0012 on a database with history: their indexes built (concurrently)
+"""Migrations 0010 to 0013 on a database with history: their indexes built (concurrently)
 and valid, the ones they replace gone, the counts by status backfilled equal to the rows, the
-kept minutes summed by hour and each one summarised; down and up again cleanly."""
+kept minutes summed by hour and each one summarised, every run's tags indexed; down and up
+again cleanly."""
 
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def test_0011_swaps_the_status_index_and_sums_the_kept_minutes_by_hour(
             assert "ix_workflows_status_created_at_id_tags" not in found
             assert conn.scalar(text("SELECT to_regclass('tally_hours')")) is None
             conn.commit()
-        assert migrate(url) == "0012"
+        assert migrate(url) == "0013"
     finally:
         engine.dispose()
 
@@ -192,6 +193,36 @@ def test_0012_sums_each_kept_minute_and_back(make_database: Callable[[str], str]
             _to(conn, "0011", down=True)
             assert conn.scalar(text("SELECT to_regclass('tally_minutes')")) is None
             conn.commit()
-        assert migrate(url) == "0012"
+        assert migrate(url) == "0013"
+    finally:
+        engine.dispose()
+
+
+def test_0013_indexes_every_runs_tags_and_back(make_database: Callable[[str], str]) -> None:
+    url = make_database("tags")
+    engine = make_engine(url, pooled=False)
+    unnested = "SELECT t, created_at, id FROM workflows, unnest(tags) t ORDER BY 1, 2, 3"
+    kept = "SELECT tag, created_at, workflow_id FROM workflow_tags ORDER BY 1, 2, 3"
+    try:
+        with engine.connect() as conn:
+            _folded_history(conn, "0012")
+            conn.execute(
+                text(
+                    "UPDATE workflows SET tags = CASE WHEN get_byte(uuid_send(id), 0) % 3 = 0 "
+                    "THEN ARRAY['a', 'b'] ELSE ARRAY['a'] END::varchar[] "
+                    "WHERE get_byte(uuid_send(id), 1) % 2 = 0"
+                )
+            )
+            conn.commit()
+            _to(conn, "0013")
+            tagged = conn.execute(text(kept)).all()
+            assert len(tagged) > 2000 and tagged == conn.execute(text(unnested)).all()
+            assert "ix_workflows_tags" not in _indexes(conn)
+            conn.commit()
+            _to(conn, "0012", down=True)
+            assert conn.scalar(text("SELECT to_regclass('workflow_tags')")) is None
+            assert _indexes(conn).get("ix_workflows_tags")
+            conn.commit()
+        assert migrate(url) == "0013"
     finally:
         engine.dispose()

@@ -45,6 +45,7 @@ from orchestrator.db.models import (
     TaskRun,
     Workflow,
     WorkflowDefinitionVersion,
+    WorkflowTag,
 )
 from orchestrator.db.repository.definitions import workflow_definition_names
 from orchestrator.db.repository.paging import Cursor, Keyset, Page, capped_count
@@ -378,6 +379,7 @@ def events_after(
 
 
 _NEWEST_FIRST: Final = Keyset(Workflow.created_at, Workflow.id)
+_BY_TAG: Final = Keyset(WorkflowTag.created_at, WorkflowTag.workflow_id)
 
 
 def list_workflows(
@@ -392,7 +394,7 @@ def list_workflows(
     page without one; ``offset`` skips that many more, for clients that page by offset), with
     the cursors of the pages beside it and the total matching (``paging``)."""
     filters = filters or WorkflowFilter()
-    matching = select(Workflow.id).where(*filters.clauses())  # (an index may hold all it reads)
+    matching, order = _matching(filters)  # (an index may hold all it reads)
     rows = list(session.scalars(page_statement(filters, cursor, limit, offset)))
     more = len(rows) > limit
     rows = rows[:limit]
@@ -402,13 +404,13 @@ def list_workflows(
         rows.reverse()
         newer: Cursor | None = _place(rows[0], newer=True)
         older = _place(rows[-1])
-        older_next = older if _NEWEST_FIRST.any_beyond(session, matching, older) else None
+        older_next = older if order.any_beyond(session, matching, older) else None
     else:
         older_next = _place(rows[-1]) if more else None
         newer = None
         if cursor is not None or offset:
             anchor = _place(rows[0], newer=True) if rows else _flip(cursor)
-            if anchor is not None and _NEWEST_FIRST.any_beyond(session, matching, anchor):
+            if anchor is not None and order.any_beyond(session, matching, anchor):
                 newer = anchor
     if filters.by_status_alone():
         counts = tallies.counts(session, "workflows:")
@@ -419,30 +421,47 @@ def list_workflows(
     return Page(rows, older_next, newer, total, exact)
 
 
+def _matching(filters: WorkflowFilter) -> tuple[Select[Any], Keyset]:
+    """The ids of the runs that match, and the newest-first order to walk them in.
+
+    By tag without a status: the tag's entries in ``workflow_tags``, which hold the runs'
+    ``created_at`` in their key, so a page walks the tag's newest entries from the cursor
+    (any other criterion tested on each entry's run). With a status, or without a tag: the
+    runs, by the index of the criterion (the status's carries the tags)."""
+    if filters.tags and filters.status is None:
+        first, *others = filters.tags
+        clauses = dataclasses.replace(filters, tags=tuple(others)).clauses()
+        keys = select(WorkflowTag.workflow_id.label("id")).where(WorkflowTag.tag == first)
+        if clauses:
+            keys = keys.join(Workflow, Workflow.id == WorkflowTag.workflow_id).where(*clauses)
+        return keys, _BY_TAG
+    return select(Workflow.id).where(*filters.clauses()), _NEWEST_FIRST
+
+
 def page_statement(
     filters: WorkflowFilter, cursor: Cursor | None, limit: int, offset: int = 0
 ) -> Select[Any]:
     """The query of one page (``limit + 1`` rows: the last says whether more follow).
 
-    With a status and a tag, the page's keys first, then their rows: the status's index,
-    which carries the tags, then yields the keys by itself, testing the tags of each entry as
-    it walks newest first, where the rows' query would intersect the tag's and the status's
-    whole sets of runs, sorted (the planner's choice when it takes them as independent;
-    they are not). A tag without a status gains nothing from it: the rows in one query, with
-    no second look-up of each by its key."""
-    if not (filters.tags and filters.status is not None):
+    By a tag, the page's keys first, then their rows: from the tag's entries (``_matching``),
+    or with a status from the status's index, which carries the tags and yields the keys by
+    itself, testing the tags of each entry as it walks newest first (where the rows' query
+    would intersect the tag's and the status's whole sets of runs). Without a tag, the rows
+    in one query, from the criterion's index."""
+    if not filters.tags:
         matching = select(Workflow).where(*filters.clauses())
         return _NEWEST_FIRST.page_query(matching, cursor, limit, offset)
-    keys = _NEWEST_FIRST.page_query(
-        select(Workflow.id).where(*filters.clauses()), cursor, limit, offset
-    ).subquery()
-    on_page = select(Workflow).where(Workflow.id.in_(select(keys.c.id)))
+    keys, order = _matching(filters)
+    on_page = select(Workflow).where(
+        Workflow.id.in_(select(order.page_query(keys, cursor, limit, offset).subquery().c.id))
+    )
     return on_page.order_by(*_NEWEST_FIRST.order(cursor))
 
 
 def beyond_statement(filters: WorkflowFilter, edge: Cursor) -> Select[Any]:
     """The probe of whether rows match past ``edge`` (a page's place), the way it points."""
-    return _NEWEST_FIRST.beyond_statement(select(Workflow.id).where(*filters.clauses()), edge)
+    keys, order = _matching(filters)
+    return order.beyond_statement(keys, edge)
 
 
 def _place(row: Workflow, *, newer: bool = False) -> Cursor:
