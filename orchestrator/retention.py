@@ -14,13 +14,16 @@ object). A run
 is deleted only after its archive is written and its results are gone: a failure leaves it for
 the next pass.
 
-*Why batches, paced:* a batch is one short transaction over a hundred runs that nothing else
-uses (finished runs; the scheduler's statements never wait for it), and after each the pruner
-pauses twice as long as the batch took, so pruning a large backlog (a million runs when
-retention is first turned on: about half an hour) takes at most a third of one core from the
-scheduler's Postgres. Its commits wait for the WAL to reach disk (``synchronous_commit`` as
-the server has it): a batch's deletions are flushed by the pruner's own commit, not by the
-next running workflow's commit that would otherwise find them unflushed ahead of its own.
+*Why batches, paced, between runs:* a batch is one short transaction over a few dozen runs
+that nothing else uses (finished runs; the scheduler's statements never wait for it). After
+each the pruner pauses twice as long as the batch took (so a large backlog, a million runs when
+retention is first turned on, takes at most a third of one core from the scheduler's Postgres),
+and while any run is pending or running (the kept counts by status) it waits for a moment with
+none, up to a second, before the next batch: a workflow that runs meets at most the rest of one
+short batch, and pruning still moves on under constant load (a batch a second at least). Its
+commits wait for the WAL to reach disk (``synchronous_commit`` as the server has it): a batch's
+deletions are flushed by the pruner's own commit, not by the next running workflow's commit that
+would otherwise find them unflushed ahead of its own.
 References: Temporal's namespace retention (closed runs deleted after a period per namespace,
 archived to a blob store first if enabled) and Conductor's archival (a finished workflow
 moved out of the primary store).
@@ -39,19 +42,23 @@ from typing import Final
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from orchestrator.contract.vocabulary import ResultRetention
+from orchestrator.contract.vocabulary import ResultRetention, WorkflowStatus
 from orchestrator.db import retention as sql
+from orchestrator.db import tallies
 from orchestrator.errors import OrchestratorError
 from orchestrator.objectstore import ObjectStore
 from orchestrator.settings import Settings
 
-__all__ = ["BATCH", "PassReport", "Pruner", "RetentionPolicy"]
+__all__ = ["BATCH", "QUIET_WAIT_S", "PassReport", "Pruner", "RetentionPolicy"]
 
 log = logging.getLogger(__name__)
 
-BATCH: Final = 100  # runs per transaction
+BATCH: Final = 25  # runs per transaction
 _PAUSE: Final = 2.0  # after a batch, this many times as long as it took
 _MIN_PAUSE_S: Final = 0.05
+QUIET_WAIT_S: Final = 1.0  # at most this long between batches for a moment with no run going
+_QUIET_POLL_S: Final = 0.05
+_GOING: Final = (WorkflowStatus.PENDING, WorkflowStatus.RUNNING)
 _ELSEWHERE: Final = (-1, -1, -1)  # a batch another pruner holds the lock for
 
 
@@ -70,6 +77,7 @@ class PassReport:
     results_deleted: int
     seconds: float
     error: str | None = None
+    yielded_s: float = 0.0  # of ``seconds``, waiting for runs going to end
 
 
 class Pruner:
@@ -83,12 +91,14 @@ class Pruner:
         *,
         store: ObjectStore | None = None,
         batch: int = BATCH,
+        quiet_wait_s: float = QUIET_WAIT_S,
         stop: threading.Event | None = None,
     ) -> None:
         self._engine = engine
         self._settings = settings
         self._store = store
         self._batch = batch
+        self._quiet_wait_s = quiet_wait_s
         self._stop = stop or threading.Event()
 
     @property
@@ -105,6 +115,7 @@ class Pruner:
         left or ``stop`` is set; the pass is recorded (``retention_state``)."""
         began = time.monotonic()
         pruned = archived = deleted = 0
+        yielded = 0.0
         error: str | None = None
         try:
             with self._engine.connect() as conn:
@@ -120,12 +131,15 @@ class Pruner:
                     continue
                 cutoff = now - timedelta(days=policy.days)
                 while not self._stop.is_set():
+                    if pruned:  # (between batches: the first goes at once)
+                        yielded += self._until_quiet()
                     batch_began = time.monotonic()
                     done = self._batch_of(own.name, cutoff, policy)
                     if done is None:
                         break
                     if done is _ELSEWHERE:  # another API replica prunes: its pass, its record
-                        return PassReport(pruned, archived, deleted, time.monotonic() - began)
+                        took = time.monotonic() - began
+                        return PassReport(pruned, archived, deleted, took, yielded_s=yielded)
                     pruned += done[0]
                     archived += done[1]
                     deleted += done[2]
@@ -139,8 +153,22 @@ class Pruner:
         seconds = time.monotonic() - began
         self._record(pruned, seconds, error)
         if pruned:
-            log.info("retention pruned %d finished runs in %.1f s", pruned, seconds)
-        return PassReport(pruned, archived, deleted, seconds, error)
+            log.info("retention pruned %d finished runs in %.1f s (%.1f s waiting for runs "
+                     "going to end)", pruned, seconds, yielded)  # fmt: skip
+        return PassReport(pruned, archived, deleted, seconds, error, yielded)
+
+    def _until_quiet(self) -> float:
+        """Wait while runs are pending or running, up to ``quiet_wait_s``; the seconds
+        waited."""
+        began = time.monotonic()
+        while time.monotonic() - began < self._quiet_wait_s and not self._stop.is_set():
+            with self._engine.connect() as conn:
+                going = tallies.counts(conn, "workflows:")
+                conn.commit()
+            if not any(going.get(s, 0) for s in _GOING):
+                break
+            self._stop.wait(_QUIET_POLL_S)
+        return time.monotonic() - began
 
     def _batch_of(
         self, definition: str, cutoff: datetime, policy: RetentionPolicy

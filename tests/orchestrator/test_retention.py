@@ -278,3 +278,16 @@ def test_a_pass_leaves_the_pruning_to_the_replica_that_holds_it(
         holder.commit()
     assert Pruner(api_engine, api_settings).run_pass().pruned >= 1
     assert _left(api_engine, [old]) == set()
+
+
+def test_between_batches_a_pass_waits_for_runs_going_yet_moves_on(
+    api_client: TestClient, api_settings: Settings, api_engine: Engine
+) -> None:
+    busy = _definition(api_client, "busy", days=1)
+    going = _run(api_engine, busy, "RUNNING", None)  # never ends here: no scheduler
+    old = [_run(api_engine, busy, "COMPLETED", 3) for _ in range(3)]
+    report = Pruner(api_engine, api_settings, batch=1, quiet_wait_s=0.2).run_pass()
+    assert report.error is None and report.pruned >= 3
+    assert _left(api_engine, [*old, going]) == {going}
+    # Before each batch after the first, the whole wait: a run was going all along.
+    assert report.yielded_s >= 2 * 0.2
