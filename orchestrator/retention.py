@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 BATCH: Final = 25  # runs per transaction
 _PAUSE: Final = 2.0  # after a batch, this many times as long as it took
-_MIN_PAUSE_S: Final = 0.05
+_MIN_PAUSE_S: Final = 0.01
 QUIET_WAIT_S: Final = 1.0  # at most this long between batches for a moment with no run going
 _QUIET_POLL_S: Final = 0.05
 _GOING: Final = (WorkflowStatus.PENDING, WorkflowStatus.RUNNING)
