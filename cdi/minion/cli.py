@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["minion_command", "require_binary"]
 
+BATCHED_LINGER_S = 0.02  # the reporter's wait for more events: the binary's already merged
+
 
 def _prewarm(spec: str) -> dict[int, int]:
     """``"1MB:4,10MB:2"`` -> {1000000: 4, 10000000: 2}."""
@@ -55,9 +57,11 @@ def reporter_factory(config: MinionConfig) -> Callable[[], DirectoryReporter] | 
     def make() -> DirectoryReporter:
         from cdi.controller.reporter import GrpcDirectoryReporter
 
+        # The binary already lets objects' events linger and merges them (its
+        # --events-linger-ms): its batches go to the controller after a short wait only.
         return GrpcDirectoryReporter(
             url, config.host, config.socket_path, config.rpc_address,
-            token=config.controller_token,
+            linger_s=BATCHED_LINGER_S, token=config.controller_token,
         )  # fmt: skip
 
     return make

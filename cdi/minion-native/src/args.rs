@@ -31,6 +31,8 @@ pub struct Config {
     /// Object size -> segments to allocate at start, in the order given.
     pub prewarm: Vec<(u64, u64)>,
     pub events_fd: Option<i32>,
+    /// How long objects' directory events linger, coalesced (`events.rs`); 0: none.
+    pub events_linger_ms: u64,
     /// Where the journal is kept, so that objects outlive the process (`journal.rs`).
     pub state_dir: Option<PathBuf>,
     /// After a restart, how long containers have to come back before the objects of those
@@ -100,6 +102,11 @@ struct Cli {
     /// File descriptor to write directory events to
     #[arg(long, value_name = "N", allow_hyphen_values = true, value_parser = events_fd)]
     events_fd: Option<i32>,
+    /// Milliseconds an object's directory events wait, the latest replacing the ones before
+    /// (an object created and destroyed within it is never reported); 0: each at once
+    #[arg(long, value_name = "MS", allow_hyphen_values = true, value_parser = whole,
+          default_value = "200")]
+    events_linger_ms: u64,
     /// Folder for the journal: objects then outlive the process (in /dev/shm, not a reboot)
     #[arg(long, value_name = "PATH", allow_hyphen_values = true,
           value_parser = OsStringValueParser::new().try_map(absolute_dir))]
@@ -232,6 +239,7 @@ where
         names: cli.names.map_or_else(Vec::new, |n| n.0),
         prewarm: cli.prewarm.map_or_else(Vec::new, |p| p.0),
         events_fd: cli.events_fd,
+        events_linger_ms: cli.events_linger_ms,
         state_dir: cli.state_dir,
         resume_grace_ms: cli.resume_grace_ms,
         resume_grace_unseen_ms: cli.resume_grace_unseen_ms,

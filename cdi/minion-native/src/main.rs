@@ -42,7 +42,8 @@ fn run() -> i32 {
     // On a bad command line clap prints the error and exits 2; on --help, the help and 0.
     let config = args::parse_or_exit();
     let term_keeps = config.term_keeps;
-    let events = match config.events_fd.map(EventSink::open) {
+    let linger_ms = config.events_linger_ms;
+    let events = match config.events_fd.map(|fd| EventSink::open(fd, linger_ms)) {
         None => None,
         Some(Ok(sink)) => Some(sink),
         Some(Err(message)) => {

@@ -196,6 +196,7 @@ impl Minion {
                 self.orphaned_until,
                 self.registry.next_arrival_deadline(),
                 self.gateway.as_ref().and_then(Gateway::next_deadline),
+                self.registry.events.as_ref().and_then(EventSink::due_at),
             ]
             .into_iter()
             .flatten()
@@ -252,6 +253,9 @@ impl Minion {
         }
         if KEEP.load(Ordering::SeqCst) && self.registry.journal.is_some() {
             self.registry.persist();
+            if let Some(sink) = self.registry.events.as_mut() {
+                sink.drain(1000); // what lingers too: the next minion tells only what it keeps
+            }
             log::info(format_args!(
                 "minion stopped, keeping its objects for the next one"
             ));
@@ -562,6 +566,7 @@ impl Minion {
         let Some(sink) = self.registry.events.as_mut() else {
             return;
         };
+        sink.tick();
         sink.flush();
         let (fd, want) = (sink.fd(), sink.pending() && !sink.is_broken());
         if want != self.events_watched {
