@@ -59,6 +59,8 @@ class Subscription:
             self._max_message = geometry.max_message
             self._first_word, self._stride_words = r.HEADER_BYTES // 8, geometry.stride // 8
             self._head_address = self._address + 8 * r.HEAD
+            if closed := self._words[r.CLOSED]:  # e.g. a mirror whose link broke since our
+                raise self._ended(closed)  # grant: we held it, its writer may be gone
             self.writer = str(client.describe(self.key)["owner"])
             cursor = client.create(r.cursor_key(name, self.container), r.CURSOR_BYTES)
             self._cursor = cursor.access()
@@ -193,12 +195,7 @@ class Subscription:
                     return
                 if closed := words[r.CLOSED]:
                     self.close(linger=0)
-                    if closed == r.CLOSED_BROKEN:
-                        raise ChannelBroken(
-                            f"the link that carried {self.name!r} from another host broke; "
-                            "messages not received before it are lost"
-                        )
-                    raise ChannelClosed(f"the writer closed {self.name!r}")
+                    raise self._ended(closed)
                 now = time.monotonic()
                 if now >= self._next_check:
                     self._check_writer()
@@ -221,6 +218,15 @@ class Subscription:
             self.close(linger=0)
             raise ChannelClosed(f"the writer of {self.name!r} ({self.writer}) is gone")
 
+    def _ended(self, closed: int) -> ChannelError:
+        """What the ring's ``closed`` word says: the writer closed it, or its link broke."""
+        if closed == r.CLOSED_BROKEN:
+            return ChannelBroken(
+                f"the link that carried {self.name!r} from another host broke; "
+                "messages not received before it are lost"
+            )
+        return ChannelClosed(f"the writer closed {self.name!r}")
+
     def _overrun(self, seq: int) -> ChannelError:
         return ChannelError(
             f"{self.name!r}: message {seq} was overwritten before {self.container} read it "
@@ -238,8 +244,8 @@ class Subscription:
                 entry = r.MEMBERS + 2 * index
                 if words[entry] == tag:
                     return int(words[entry + 1])
-            if words[r.CLOSED]:
-                raise ChannelClosed(f"the writer closed {self.name!r}")
+            if closed := words[r.CLOSED]:
+                raise self._ended(closed)
             wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
             if wait <= 0:
                 raise AccessTimeout(

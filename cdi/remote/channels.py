@@ -24,6 +24,9 @@ know R, so the client asks its gateway, ``Bridges.open``):
    even a heartbeat, crossed for ``CDI_LINK_TIMEOUT_S``): B closes the mirror as broken, so R
    gets ``ChannelBroken`` once it has read what arrived, and A's relay leaves the topic, so
    the writer no longer waits for it.
+6. The writer (or a new writer of that name) grants R again: a new link, and a new mirror on
+   B, which opens once R (and any other reader there) has let go of the old one (``Mirrors``);
+   R subscribes again once its old subscription has ended.
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ from cdi.errors import (
     CDIError,
     ChannelBroken,
     ChannelClosed,
+    KeyExists,
     NotOwner,
+    ObjectNotFound,
     ProtocolError,
     TransferFailed,
     UnknownContainer,
@@ -69,6 +74,7 @@ CHANNELS_VERSION = 2  # the first protocol version that carries channels
 HEARTBEAT_S = max(0.05, LINK_TIMEOUT_S / 4)  # a side that sent nothing for this long says H
 SUBSCRIBE_S = 30.0  # how long a relay waits for the writer to grant and admit it
 BATCH_BYTES = 1 << 20  # messages already in the ring go out in one send, up to this much
+OPEN_RETRY_S = 0.05  # how often a mirror waiting for the old ring of its name tries to open
 _HEAD = struct.Struct("!cI")  # a channel frame: kind, then the body's length
 _SEATS = struct.Struct("!I")
 MESSAGE, GRANT, CLOSE, HEARTBEAT, ANSWER, SEATS = b"M", b"G", b"C", b"H", b"A", b"S"
@@ -401,43 +407,140 @@ class _Bridge:
 # ---------------------------------------------------------------------- the reader's host
 class Mirrors:
     """The readers' host: a ``channel`` request becomes a topic there that a gateway's
-    container writes, fed by the link it came on."""
+    container writes, fed by the link it came on.
+
+    A topic granted again after its link broke or its writer closed (a new link, from the same
+    host) finds the old mirror's ring still here while a reader holds it: a reader lets go of
+    a ring only once it has read to its end (then ``ChannelBroken`` or ``ChannelClosed``) or
+    closes its subscription, and the name is the ring's key. The request is accepted all the
+    same: the new mirror opens once the old ring is gone and grants its readers then. No reader
+    can have joined it before, so the messages that come meanwhile are owed to nobody and are
+    dropped, as a topic without readers drops them; old and new streams never mix."""
 
     def __init__(self, minion_socket: str, prefix: str) -> None:
         self._minion_socket = minion_socket
         self._prefix = prefix
         self._life = secrets.token_hex(4)
         self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # the table, and opening a mirror's ring
+        self._serving: dict[str, list[_Mirror]] = {}  # by name: its mirrors fed now, oldest first
 
     def serve(self, sock: socket.socket, request: dict[str, Any]) -> None:
-        """Answer ``request`` and, once the mirror is open, feed it until the link ends."""
+        """Answer ``request`` and, once the mirror is accepted, feed it until the link ends."""
         client = cdi.connect(self._minion_socket, f"{self._prefix}{self._life}-{next(self._ids)}")
         client.forwarding = False  # its readers are on this host
         try:
             name, readers = request.get("name"), request.get("readers")
             if not isinstance(name, str) or not isinstance(readers, list):
                 raise ProtocolError(f"a malformed channel request: {request!r}")
-            topic = open_topic(
-                client, name, readers=readers, policy=BackPressure.BLOCK,
-                **{f: _integer(request.get(f)) for f in ("slots", "slot_bytes", "max_message")},
-            )  # fmt: skip
+            r.ring_key(name)  # InvalidArgument if it names no topic
+            geometry = r.Geometry(
+                *(_integer(request.get(f)) for f in ("slots", "slot_bytes", "max_message"))
+            )
+            ids = [protocol.check_container_id(c) for c in readers]
+            mirror = _Mirror(self, sock, client, name, geometry, ids, str(request.get("from")))
+            self._enter(mirror)
         except CDIError as exc:
             client.close()
             send_frame(sock, {"ok": False, "code": exc.code, "msg": str(exc)})
             return
         try:
             send_frame(sock, {"ok": True})
-            _Mirror(sock, topic, str(request.get("from"))).run()
+            mirror.run()
         finally:
+            self._leave(mirror)
             client.close()
+
+    def _enter(self, mirror: _Mirror) -> None:
+        """Take ``mirror`` into the table and open its ring, or leave it waiting for the old
+        ring of its name; ``KeyExists`` if a container of this host writes that topic or
+        another host's is carried here."""
+        with self._lock:
+            serving = self._serving.setdefault(mirror.name, [])
+            rival = next((m for m in serving if m.peer != mirror.peer), None)
+            if rival is not None:
+                raise KeyExists(f"topic {mirror.name!r} is carried here from {rival.peer}")
+            serving.append(mirror)
+            try:
+                self._open(mirror, first=True)
+            except BaseException:
+                self._forget(mirror)
+                raise
+
+    def retry(self, mirror: _Mirror) -> None:
+        """Open a waiting mirror's ring if its name is free now (``KeyExists`` as above)."""
+        with self._lock:
+            self._open(mirror, first=False)
+
+    def _open(self, mirror: _Mirror, *, first: bool) -> None:
+        """(Under the lock.) Open ``mirror``'s ring unless the name's ring is still here: an
+        old mirror's (it waits) or a local writer's (``KeyExists``). The newest link of a topic
+        is the one that opens: an older one that still waits has lost its writer's side."""
+        if self._serving[mirror.name][-1] is not mirror:
+            return
+        client, key = mirror.client, r.ring_key(mirror.name)
+        try:
+            topic = open_topic(
+                client, mirror.name, readers=mirror.readers if first else (),
+                policy=BackPressure.BLOCK, slots=mirror.geometry.slots,
+                slot_bytes=mirror.geometry.slot_bytes, max_message=mirror.geometry.max_message,
+            )  # fmt: skip
+        except KeyExists:
+            try:
+                owner = str(client.describe(key).get("owner"))
+            except ObjectNotFound:
+                return  # it went meanwhile: the next try
+            if not owner.startswith(self._prefix):
+                raise KeyExists(f"{owner} writes topic {mirror.name!r} on this host") from None
+            return
+        if not first:
+            for reader in mirror.readers:  # one by one: a reader gone meanwhile is skipped
+                try:
+                    topic.grant([reader])
+                except UnknownContainer:
+                    log.info("%s left before the mirror of %r opened", reader, mirror.name)
+        mirror.opened(topic)
+
+    def _leave(self, mirror: _Mirror) -> None:
+        with self._lock:
+            self._forget(mirror)
+
+    def _forget(self, mirror: _Mirror) -> None:
+        serving = self._serving.get(mirror.name, [])
+        if mirror in serving:
+            serving.remove(mirror)
+        if not serving:
+            self._serving.pop(mirror.name, None)
 
 
 class _Mirror:
-    def __init__(self, sock: socket.socket, topic: Topic, peer: str) -> None:
-        self._topic = topic
-        self._peer = peer
-        self._link = _Link(sock, limit=max(topic.geometry.max_message, 1 << 20))
+    """One link's mirror: its topic once open (``None`` while the old ring of its name is
+    still held), the readers to grant when it opens, and the link that feeds it."""
+
+    def __init__(
+        self,
+        owner: Mirrors,
+        sock: socket.socket,
+        client: cdi.Client,
+        name: str,
+        geometry: r.Geometry,
+        readers: list[str],
+        peer: str,
+    ) -> None:
+        self._owner = owner
+        self.client = client
+        self.name = name
+        self.geometry = geometry
+        self.readers = readers
+        self.peer = peer
+        self.topic: Topic | None = None
+        self._opened = threading.Event()
+        self._link = _Link(sock, limit=max(geometry.max_message, 1 << 20))
         self._stop = threading.Event()
+
+    def opened(self, topic: Topic) -> None:
+        self.topic = topic
+        self._opened.set()
 
     def run(self) -> None:
         keeper = threading.Thread(target=self._keep, name="cdi-mirror-keep", daemon=True)
@@ -446,38 +549,49 @@ class _Mirror:
         try:
             broken = not self._feed()
         except (OSError, CDIError) as exc:
-            log.warning("the link feeding %r from %s broke: %s", self._topic.name, self._peer, exc)
+            log.warning("the link feeding %r from %s broke: %s", self.name, self.peer, exc)
         finally:
             self._stop.set()
-            self._topic.members_changed.set()
+            self._opened.set()
+            if self.topic is not None:
+                self.topic.members_changed.set()
             keeper.join()
-            self._topic.close(broken=broken)
+            if self.topic is not None:
+                self.topic.close(broken=broken)
 
     def _feed(self) -> bool:
         """Publish what comes until ``C`` (True) or the link's end (an error)."""
-        link, topic = self._link, self._topic
+        link, retry_at = self._link, 0.0
         while True:
-            frame = link.next(HEARTBEAT_S)
+            if self.topic is None and time.monotonic() >= retry_at:
+                self._owner.retry(self)
+                retry_at = time.monotonic() + OPEN_RETRY_S
+            frame = link.next(HEARTBEAT_S if self.topic is not None else OPEN_RETRY_S)
             if frame is None:
                 if link.silent_for() > LINK_TIMEOUT_S:
-                    raise TimeoutError(f"nothing from {self._peer} for {LINK_TIMEOUT_S} s")
+                    raise TimeoutError(f"nothing from {self.peer} for {LINK_TIMEOUT_S} s")
                 continue
             kind, body = frame
             if kind == MESSAGE:
-                topic.publish(body)
+                if self.topic is not None:  # else no reader has joined: owed to nobody
+                    self.topic.publish(body)
             elif kind == GRANT:
                 self._grant(body)
             elif kind == CLOSE:
                 return True
             elif kind != HEARTBEAT:
-                raise ProtocolError(f"a channel frame of kind {kind!r} from {self._peer}")
+                raise ProtocolError(f"a channel frame of kind {kind!r} from {self.peer}")
 
     def _grant(self, body: bytes) -> None:
         try:
             readers = protocol.unpack(body).get("readers")
             if not isinstance(readers, list):
                 raise ProtocolError("a grant names a list of readers")
-            self._topic.grant(readers)
+            ids = [protocol.check_container_id(c) for c in readers]
+            if self.topic is not None:
+                self.topic.grant(ids)
+            else:  # granted when the ring opens
+                self.readers.extend(c for c in ids if c not in self.readers)
             answer: dict[str, Any] = {"ok": True}
         except CDIError as exc:
             answer = {"ok": False, "code": exc.code, "msg": str(exc)}
@@ -486,15 +600,19 @@ class _Mirror:
     def _keep(self) -> None:
         """Tell the relay how many readers joined here (``S``, as they join or leave), and
         that we are here (``H``)."""
-        seats, changed = 0, self._topic.members_changed
+        seats = 0
         with contextlib.suppress(OSError):
             while not self._stop.is_set():
-                changed.wait(HEARTBEAT_S / 2)
-                changed.clear()
-                now = len(self._topic.readers)
-                if now != seats:
-                    self._link.send(_frame(SEATS, _SEATS.pack(now)))
-                    seats = now
+                topic = self.topic
+                if topic is None:
+                    self._opened.wait(HEARTBEAT_S / 2)
+                else:
+                    topic.members_changed.wait(HEARTBEAT_S / 2)
+                    topic.members_changed.clear()
+                    now = len(topic.readers)
+                    if now != seats:
+                        self._link.send(_frame(SEATS, _SEATS.pack(now)))
+                        seats = now
                 self._link.heartbeat()
 
 

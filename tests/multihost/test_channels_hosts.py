@@ -4,6 +4,7 @@ the link, and a link that breaks."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -344,3 +345,139 @@ def test_a_link_that_breaks_ends_the_reader_with_channel_broken(
                 sub.close()
     finally:
         subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _objects_left(cluster: LocalCluster) -> list[str]:
+    """The keys of every object on either host, once a closed client's are reclaimed."""
+    left: list[str] = []
+
+    def none_left() -> bool:
+        left.clear()
+        for minion in cluster.minions:
+            with cdi.Client(minion.socket_path) as probe:
+                left.extend(o["key"] for o in probe.list_objects())
+        return not left
+
+    with contextlib.suppress(AssertionError):
+        _wait_for(none_left, "objects left", timeout=5)
+    return left
+
+
+def _mirrors(socket_path: str, host: str) -> list[str]:
+    """The gateway's mirror containers registered on ``host`` now."""
+    with cdi.Client(socket_path) as probe:
+        prefix = f"cdi-gateway.{host}.mirror"
+        return [c for c in probe.stat()["containers"] if c.startswith(prefix)]
+
+
+def _ring_readers(socket_path: str, name: str) -> list[str] | None:
+    """Who holds a share of topic ``name``'s ring on that host (None: no ring there)."""
+    with cdi.Client(socket_path) as probe:
+        for listed in probe.list_objects():
+            if listed["key"] == f"channel/{name}":
+                return sorted(listed["readers"])
+    return None
+
+
+def _read_new_stream(topic: channels.Topic, readers: list[cdi.Client], first: int) -> None:
+    """Each of ``readers`` subscribes again and receives messages ``first``... of the topic,
+    all of them, in order: nothing of an earlier stream."""
+    with contextlib.ExitStack() as stack:
+        subs = [stack.enter_context(channels.subscribe(c, topic.name, timeout=30)) for c in readers]
+        topic.wait_for_readers(len(readers), timeout=30)
+        for number in range(first, first + 50):
+            topic.publish(_message(number, 1000), timeout=30)
+        topic.close()
+        for sub in subs:
+            for number in range(first, first + 50):
+                _check(sub.receive(timeout=30), number, 1000)
+            with pytest.raises(cdi.ChannelClosed):
+                sub.receive(timeout=30)
+
+
+def test_readers_are_granted_again_after_the_link_broke(
+    unique: Unique, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link breaks while a reader on host 2 has not read to the end of the mirror, and
+    another one there is granted but has not subscribed: both still hold the mirror's ring,
+    whose name a new mirror needs. Granting them again works all the same: the first reads
+    what had arrived, then ``ChannelBroken``; the second's subscription to the old mirror says
+    ``ChannelBroken``; then both subscribe again and receive the new stream, all of it and
+    nothing of the old; no ring is left behind."""
+    require_native()
+    folder = Path(f"/tmp/cdi-chan-{os.getpid()}-{time.monotonic_ns()}")
+    monkeypatch.setenv("CDI_LINK_TIMEOUT_S", "2")  # the gateways' (the cluster's own)
+    try:
+        with LocalCluster.start(2, folder) as fresh:
+            if fresh.network.kind != "netns":
+                pytest.skip(f"dropping a link needs network namespaces ({fresh.network.reason})")
+            namespace, host = fresh.network.hosts[1].namespace, fresh.network.hosts[1].name
+            assert namespace is not None
+            there = fresh.minions[1]
+            with (
+                cdi.connect(fresh.minions[0].socket_path, unique("w")) as a,
+                cdi.connect(there.socket_path, unique("r")) as b,
+                cdi.connect(there.socket_path, unique("r")) as c,
+                channels.open_topic(a, unique("t")) as topic,
+            ):
+                topic.grant([cid(b), cid(c)])
+                old = channels.subscribe(b, topic.name, timeout=30)
+                topic.wait_for_reader(cid(b), timeout=30)
+                for number in range(3):
+                    topic.publish(_message(number, 1000), timeout=30)
+                for number in range(2):
+                    _check(old.receive(timeout=30), number, 1000)
+                _wait_for(old.available, "message 2 never arrived")
+                subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "down"], check=True)
+                try:
+                    _wait_for(lambda: topic.readers == [], "the relay did not leave")
+                    _wait_for(lambda: not _mirrors(there.socket_path, host), "mirror kept")
+                finally:
+                    subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "up"], check=True)
+                # The broken mirror's ring is still there: its readers hold it, b until it has
+                # read to its end, c until it subscribes (its grant is a share of it).
+                assert _ring_readers(there.socket_path, topic.name) == sorted([cid(b), cid(c)])
+                topic.grant([cid(b), cid(c)])
+                _check(old.receive(timeout=30), 2, 1000)
+                with pytest.raises(cdi.ChannelBroken):
+                    old.receive(timeout=30)
+                with pytest.raises(cdi.ChannelBroken):
+                    channels.subscribe(c, topic.name, timeout=30)
+                _read_new_stream(topic, [b, c], 100)
+            assert _objects_left(fresh) == []  # the old ring too
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+def test_a_new_writer_of_the_name_grants_a_reader_that_holds_the_old_mirror(
+    pair: tuple[cdi.Client, cdi.Client], cluster: LocalCluster, unique: Unique
+) -> None:
+    """The writer closes while the reader on host 2 has not read to the end, and a new writer
+    of that name grants it again: the reader reads the rest of the first stream, then
+    ``ChannelClosed``, and then the whole second stream through a new mirror."""
+    a, b = pair
+    name = unique("t")
+    with channels.open_topic(a, name) as first:
+        first.grant([cid(b)])
+        old = channels.subscribe(b, name, timeout=30)
+        first.wait_for_readers(1, timeout=30)
+        for number in range(3):
+            first.publish(_message(number, 1000), timeout=30)
+        _check(old.receive(timeout=30), 0, 1000)
+    with (
+        cdi.connect(cluster.minions[0].socket_path, unique("w")) as a2,
+        channels.open_topic(a2, name) as second,
+    ):
+        second.grant([cid(b)])  # while the reader holds the old mirror
+        for number in range(1, 3):
+            _check(old.receive(timeout=30), number, 1000)
+        with pytest.raises(cdi.ChannelClosed):
+            old.receive(timeout=30)
+        _read_new_stream(second, [b], 100)
