@@ -253,12 +253,17 @@ class History:
             # A stack that lived those days folded a few rows a second, autovacuum keeping
             # the table small.
             conn.execute("VACUUM (ANALYZE) tally_deltas")
-            # The clones' per-minute figures came in passes over all their days, and all but
-            # two days of them were dropped at once; a stack that lived those days wrote and
-            # dropped them minute by minute, its table holding two days' rows in the order
-            # they came. So the table is rewritten in that order.
-            conn.execute("CLUSTER tallies USING pk_tallies")
-            conn.execute("ANALYZE tallies")
+            # The clones' per-minute and hourly figures came in passes over all their days,
+            # and all but two days of them were dropped at once; a stack that lived those days
+            # wrote and dropped them as they came, its tables holding two days' rows in that
+            # order, vacuumed and analysed as they changed (left as the fold leaves them, the
+            # hours' table is mostly dead rows, and its statistics still count a year of
+            # hours: Postgres then reads it whole for a window's histograms). So the tables
+            # are rewritten in that order and analysed.
+            for table, key in (("tallies", "pk_tallies"), ("tally_hours", "pk_tally_hours")):
+                conn.execute(f"CLUSTER {table} USING {key}")
+                conn.execute(f"ANALYZE {table}")
+            conn.execute("VACUUM (ANALYZE) tally_minutes")
         return time.monotonic() - began
 
     def _clone(self, lo: int, hi: int) -> None:
