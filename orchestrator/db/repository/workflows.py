@@ -416,8 +416,13 @@ def list_workflows(
         counts = tallies.counts(session, "workflows:")
         total = counts.get(filters.status, 0) if filters.status else sum(counts.values())
         exact = True
-    else:
+    elif filters.id_prefix:  # a range of the primary key: counted in it, in its order
         total, exact = capped_count(session, matching)
+    else:
+        # Counted newest first, along the list's own index: the count reads the newest
+        # matches, the rows the pages read (cached), not the oldest pages of the table, which
+        # a scan in table order would read first.
+        total, exact = capped_count(session, matching.order_by(*order.order(None)))
     return Page(rows, older_next, newer, total, exact)
 
 
