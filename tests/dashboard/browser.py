@@ -79,7 +79,7 @@ class UI:
     def open(self, route: str = "") -> None:
         """Go to ``route`` and wait for the dashboard to draw it. A load whose scripts Chromium
         dropped because the machine's network changed (other tests make host namespaces)
-        draws nothing: it is loaded again, at most twice more. (Pages other than the
+        draws nothing: it is loaded afresh, at most twice more. (Pages other than the
         dashboard's, such as the API's docs, have no ``#main``.)"""
         for attempt in range(3):
             before = len(self.errors)
@@ -93,6 +93,9 @@ class UI:
                 dropped = any("ERR_NETWORK_CHANGED" in e for e in self.errors[before:])
                 if not dropped or attempt == 2:
                     raise
+                # Away first: going to the same URL again, or to another route (only its
+                # fragment differs), stays on the document whose scripts were dropped.
+                self.page.goto("about:blank")
 
     def allow(self, pattern: str) -> None:
         """Expect console errors matching ``pattern`` (e.g. the browser logging a 422)."""
