@@ -83,7 +83,10 @@ class UI:
         dashboard's, such as the API's docs, have no ``#main``.)"""
         for attempt in range(3):
             before = len(self.errors)
-            self.page.goto(f"{self.base_url}/{route}")
+            if attempt == 0:
+                self.page.goto(f"{self.base_url}/{route}")
+            else:  # (going to the URL again, which differs at most in its fragment, would
+                self.page.reload()  # stay on the document whose scripts were dropped)
             if self.page.locator("#main").count() == 0:
                 return
             try:
@@ -93,9 +96,6 @@ class UI:
                 dropped = any("ERR_NETWORK_CHANGED" in e for e in self.errors[before:])
                 if not dropped or attempt == 2:
                     raise
-                # Away first: going to the same URL again, or to another route (only its
-                # fragment differs), stays on the document whose scripts were dropped.
-                self.page.goto("about:blank")
 
     def allow(self, pattern: str) -> None:
         """Expect console errors matching ``pattern`` (e.g. the browser logging a 422)."""
