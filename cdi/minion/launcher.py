@@ -108,8 +108,9 @@ class Companion(Protocol):
         """What the binary needs to receive other hosts' objects itself, if it does."""
         ...
 
-    def arrived(self, key: str, recovery: str) -> None:
-        """The binary received ``key`` from another host (an ``arrived`` event)."""
+    def arrived(self, key: str, recovery: str, generation: int) -> None:
+        """The binary received ``key`` from another host (an ``arrived`` event); its generation
+        here (0: unknown)."""
         ...
 
 
@@ -176,7 +177,7 @@ def run_binary(
         reporter.close()
 
 
-Arrived = Callable[[str, str], None]
+Arrived = Callable[[str, str, int], None]
 
 
 def relay_events(
@@ -216,9 +217,12 @@ def _dispatch(event: Any, reporter: DirectoryReporter, arrived: Arrived | None) 
         (key,) = args
         reporter.object_removed(key)
     elif kind == "arrived":
-        key, recovery = args
+        # generation: its generation here, from a minion that reports it (a fourth item).
+        key, recovery, *generation = args
+        if len(generation) > 1:
+            raise ValueError("an arrived event has at most four items")
         if arrived is not None:
-            arrived(str(key), str(recovery))
+            arrived(str(key), str(recovery), int(generation[0]) if generation else 0)
     elif kind == "store":
         store, restarts, kept = args
         reporter.store_resumed(Restarts(bool(store), restarts, kept))

@@ -43,7 +43,7 @@ from cdi.remote.inbound import InboundServer
 from cdi.remote.local import LocalService
 from cdi.remote.native import NativeInbound
 from cdi.remote.outbound import Sender
-from cdi.remote.routes import RouteCache
+from cdi.remote.routes import REGISTRATION_LAG_S, RouteCache
 from cdi.remote.transport import choose_transport
 from cdi.remote.wire import LINK_TIMEOUT_S
 from cdi.url import gateway_socket_path
@@ -272,23 +272,35 @@ class Gateway:
         return "" if recovery.startswith(GATEWAY_PREFIX) else recovery
 
     def _locate(self, key: str) -> dict[str, Any]:
+        """Where ``key`` is, our minion having just said it has no such object."""
         info = self._routes.locate(key)
-        if info.host == self.config.host:
-            # Our minion just said it has no such key, and it is the authority on its own
-            # objects: the directory lags behind a destroy (or a move away) here.
-            raise ObjectNotFound(f"no object with key {key!r}")
-        return {"host": info.host, "size": info.size}
+        while True:
+            if info.host == self.config.host:
+                # Our minion is the authority on its own objects: the directory lags behind a
+                # destroy (or a move away) here.
+                raise ObjectNotFound(f"no object with key {key!r}")
+            when, generation = self.local.arrival(key)
+            if info.generation >= generation or time.monotonic() - when >= REGISTRATION_LAG_S:
+                return {"host": info.host, "size": info.size}
+            # The entry is older than the object's arrival here, and it is no longer here: the
+            # directory has not yet heard where it went, or that it was destroyed here (a
+            # minion tells it what lingered, a fraction of a second later). A key created
+            # afresh on that host has a lower generation too, so the entry is believed once
+            # the arrival is older than any report can be.
+            time.sleep(0.05)
+            info = self._routes.locate(key, wait=False)
 
     # ------------------------------------------------------------------ receiving
     def native_inbound(self) -> NativeInbound | None:
         """The minion's part of receiving, if it receives (``cdi.remote.native``)."""
         return self.native
 
-    def arrived(self, key: str, recovery: str) -> None:
+    def arrived(self, key: str, recovery: str, generation: int) -> None:
         """The minion received ``key`` from another host and handed it to its owner;
-        ``recovery``: the recovery container it had there."""
+        ``recovery``: the recovery container it had there; ``generation``: its generation
+        here (0: unknown)."""
         self._recovery_for(key, recovery)
-        self.local.arrived(key)
+        self.local.arrived(key, generation)
 
     # ------------------------------------------------------------------ recovery
     def _recovery_for(self, key: str, theirs: str) -> str:

@@ -43,7 +43,7 @@ class InboundServer:
         minion_socket: str,
         container_prefix: str,
         recovery: Callable[[str, str], str],
-        delivered: Callable[[str], None],
+        delivered: Callable[[str, int], None],
         departed: Callable[[str], None],
         key: str,
         *,
@@ -52,7 +52,8 @@ class InboundServer:
         """``key``: the cluster's gateway key, which a link must prove it holds before it
         offers or asks anything (``cdi.remote.handshake``).
         ``recovery(key, their_recovery)``: the recovery container to give a new object;
-        ``delivered(key)``: called once an object has been handed to its owner;
+        ``delivered(key, generation)``: called once an object has been handed to its owner,
+        with its generation here (0: the offer carried none);
         ``departed(key)``: waits until a copy of ``key`` leaving this host is gone;
         ``channel(sock, request)``: serves a link that carries a channel here, to its end."""
         self._channel = channel
@@ -130,6 +131,7 @@ class InboundServer:
             # Not drained: an absurd size must not make us read forever. Close the link.
             raise InvalidArgument(f"an offer of {size} bytes exceeds this minion's limit")
         self._departed(str(key))  # it may be coming straight back: our copy goes first
+        generation = _next_generation(offer.get("generation"))
         try:
             obj = client.create(
                 str(key),
@@ -137,7 +139,7 @@ class InboundServer:
                 isolation=offer.get("isolation"),
                 recovery=self._recovery(str(key), str(offer.get("recovery") or "")),
                 zeroed=False,
-                generation=_next_generation(offer.get("generation")),
+                generation=generation,
             )
         except CDIError as exc:
             _drain(sock, size)
@@ -159,7 +161,7 @@ class InboundServer:
                 self._remember(xfer, "aborted")
                 return _refusal(exc)
             self._remember(xfer, "committed")
-        self._delivered(str(key))
+        self._delivered(str(key), generation + 1 if generation is not None else 0)
         return {"ok": True}
 
     def _remember(self, xfer: str, outcome: str) -> None:

@@ -80,7 +80,7 @@ class LocalService:
         # Slot ids differ between the gateway's lives: a client that still names a slot of a
         # gateway that restarted must not hand its object to another client's new slot.
         self._life = secrets.token_hex(4)
-        self._arrived: dict[str, float] = {}
+        self._arrived: dict[str, tuple[float, int]] = {}  # key -> (when, generation)
         self._arrival = threading.Condition()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -106,16 +106,26 @@ class LocalService:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    def arrived(self, key: str) -> None:
-        """An object with ``key`` was handed to its owner here: wake whoever awaits it."""
+    def arrived(self, key: str, generation: int = 0) -> None:
+        """An object with ``key`` was handed to its owner here, at ``generation`` (0:
+        unknown): wake whoever awaits it."""
         with self._arrival:
             now = time.monotonic()
-            self._arrived[key] = now
+            self._arrived[key] = (now, generation)
             if len(self._arrived) > 10_000:
                 self._arrived = {
-                    k: t for k, t in self._arrived.items() if now - t < _ARRIVALS_KEPT_S
+                    k: a for k, a in self._arrived.items() if now - a[0] < _ARRIVALS_KEPT_S
                 }
             self._arrival.notify_all()
+
+    def arrival(self, key: str) -> tuple[float, int]:
+        """When (``time.monotonic()``) ``key`` last arrived here and its generation then;
+        ``(-1.0, 0)`` if it did not lately (0: a generation not known)."""
+        with self._arrival:
+            return self._arrived.get(key, (-1.0, 0))
+
+    def _arrived_at(self, key: str) -> float:
+        return self._arrived.get(key, (-1.0, 0))[0]
 
     def _serve(self, sock: socket.socket) -> None:
         slot: cdi.Client | None = None
@@ -178,9 +188,9 @@ class LocalService:
         while True:
             with self._arrival:
                 remaining = deadline - time.monotonic()
-                if self._arrived.get(key, -1.0) < since and remaining > 0:
+                if self._arrived_at(key) < since and remaining > 0:
                     self._arrival.wait(min(remaining, 0.5))
-                if self._arrived.get(key, -1.0) >= since:
+                if self._arrived_at(key) >= since:
                     return
                 if time.monotonic() >= deadline:
                     raise AccessTimeout(f"{key!r} did not arrive from another host in time")

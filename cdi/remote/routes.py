@@ -83,10 +83,10 @@ class RouteCache:
             self._routes[container_id] = (time.monotonic(), route)
         return route
 
-    def locate(self, key: str) -> ObjectInfo:
-        """The directory's entry of ``key`` (asked again for a moment: reports lag a little);
-        ``ObjectNotFound`` if no host has it."""
-        deadline = time.monotonic() + REGISTRATION_LAG_S
+    def locate(self, key: str, *, wait: bool = True) -> ObjectInfo:
+        """The directory's entry of ``key`` (asked again for a moment unless not ``wait``:
+        reports lag a little); ``ObjectNotFound`` if no host has it."""
+        deadline = time.monotonic() + (REGISTRATION_LAG_S if wait else 0.0)
         while True:
             try:
                 return self._controller.lookup_object(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import time
@@ -57,7 +58,11 @@ def _objects_left(socket_path: str) -> list[str]:
         return [o["key"] for o in probe.list_objects()]
 
 
+_NAMES = itertools.count()
+
+
 @pytest.fixture
 def unique() -> Callable[[str], str]:
-    counter = iter(range(1_000_000))
-    return lambda prefix: f"{prefix}-{os.getpid()}-{next(counter)}"
+    """Names never used before in this process: a key destroyed by one test may still be in
+    the directory (its minion tells it a moment later) when the next test starts."""
+    return lambda prefix: f"{prefix}-{os.getpid()}-{next(_NAMES)}"

@@ -184,6 +184,31 @@ def test_copy_resize_and_destroy_on_the_objects_new_host(
         b.use(key)
 
 
+def test_an_object_destroyed_on_its_new_host_is_gone_there_at_once(
+    cluster: LocalCluster, pair: tuple[cdi.Client, cdi.Client], unique: Unique
+) -> None:
+    """The directory hears that an object left its first host a moment later (a minion lets
+    its objects' events linger); the host it came to, having destroyed it, says at once that
+    no object has the key instead of naming the first host."""
+    a, b = pair
+    stale = 0
+    with cluster.controller.client() as directory:
+        for _ in range(3):
+            key = unique("k")
+            obj, _ = _filled(a, key, 1_000)
+            deadline = time.monotonic() + 10
+            while _entry(directory, key) is None:  # listed on a's host first
+                assert time.monotonic() < deadline, "the directory never listed the object"
+                time.sleep(0.05)
+            obj.transfer(cid(b))
+            b.use(key).destroy()
+            seen = _entry(directory, key)
+            stale += seen is not None and seen[0] == a.host
+            with pytest.raises(cdi.ObjectNotFound):
+                b.use(key)
+    assert stale, "the directory caught up every time: the lagging entry was never met"
+
+
 def test_a_transfer_to_nobody_fails_and_the_sender_keeps_the_object(
     pair: tuple[cdi.Client, cdi.Client], unique: Unique
 ) -> None:

@@ -2,9 +2,9 @@
 //! (`--events-fd`) as a stream of msgpack arrays that `cdi/minion/launcher.py` relays:
 //! `["registered", cid, pid, uid]`, `["gone", cid]`, `["changed", key, size, owner,
 //! generation, created_at]` (`created_at`: the object's creation, Unix seconds, kept across a
-//! restart), `["removed", key]`, `["arrived", key, recovery]` (an object received from another
-//! host by the gateway in the minion, `gateway.rs`), and, first of all from a minion with a state folder,
-//! `["store", store, restarts, kept_objects]` (`docs/minion-restart.md`: its store's id, how
+//! restart), `["removed", key]`, `["arrived", key, recovery, generation]` (an object received
+//! from another host by the gateway in the minion, `gateway.rs`, and its generation here), and,
+//! first of all from a minion with a state folder, `["store", store, restarts, kept_objects]` (`docs/minion-restart.md`: its store's id, how
 //! many minions took the store over from another, the objects this one found again).
 //!
 //! The loop never waits for the reader: events collect in an outbox that is written after each
@@ -154,11 +154,12 @@ impl EventSink {
     /// An object received from another host was handed to its owner here; `recovery`: the
     /// recovery container it had there (the gateway beside us sends it back there if its
     /// owner here dies), empty if none.
-    pub fn arrived(&mut self, key: &str, recovery: &str) {
-        if let Some(mut enc) = self.event(3) {
+    pub fn arrived(&mut self, key: &str, recovery: &str, generation: u64) {
+        if let Some(mut enc) = self.event(4) {
             enc.str("arrived");
             enc.str(key);
             enc.str(recovery);
+            enc.uint(generation);
         }
     }
 

@@ -614,6 +614,8 @@ impl Gateway {
             .get(&token)
             .map_or_else(|| self.recovery.clone(), |l| l.name.clone());
         let now = sys::unix_time();
+        // As if received by a container of ours (one change) and handed on (another).
+        let generation = offer.generation.saturating_add(2).min((1 << 63) - 1);
         let obj = StoredObject {
             key: Rc::from(offer.key.as_str()),
             size: offer.size,
@@ -622,8 +624,7 @@ impl Gateway {
             creator,
             recovery: self.recovery.clone(),
             isolation: offer.isolation,
-            // As if received by a container of ours (one change) and handed on (another).
-            generation: offer.generation.saturating_add(2).min((1 << 63) - 1),
+            generation,
             uids: UidSet::of(uid),
             readers: Vec::new(),
             live: false,
@@ -634,7 +635,7 @@ impl Gateway {
         reg.insert(obj);
         self.remember(offer.xfer, true);
         if let Some(sink) = reg.events.as_mut() {
-            sink.arrived(&offer.key, &offer.theirs);
+            sink.arrived(&offer.key, &offer.theirs, generation);
         }
         if let Some(sender) = self.sender.as_mut() {
             sender.arrived(&offer.key, &offer.theirs);
