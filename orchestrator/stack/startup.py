@@ -36,6 +36,8 @@ from workflows.loader import with_sources
 __all__ = ["Environment", "StartUp", "check_can_start"]
 
 log = logging.getLogger(__name__)
+# Starts of a worker whose metrics port another process took between its draw and its bind.
+PORT_ATTEMPTS: Final = 3
 
 SOCKET_PATH_MAX: Final = 107  # sun_path holds 108 bytes with the terminating NUL
 
@@ -115,18 +117,7 @@ class StartUp:
         self._wait(scheduler, lambda: time.monotonic() - scheduler.started_at >= self.grace,
                    lambda: f"it to stay up for {self.grace:g}s")  # fmt: skip
 
-        table.workers = {}
-        for wid in table.worker_ids:  # each serves its Prometheus metrics on a port of its own
-            port = free_port()
-            host = table.cdi.host_of(self.worker_host[wid])
-            address = host.address if host is not None else "127.0.0.1"
-            table.worker_metrics[wid] = f"http://{address}:{port}/metrics"
-            own_env = self.environment(self.worker_host[wid], inside=host is not None)
-            own_env["CDIFLOW_WORKER_METRICS_PORT"] = str(port)
-            own_env["CDIFLOW_WORKER_METRICS_HOST"] = address  # its host's, else loopback
-            table.workers[wid] = self._child(
-                wid, "worker", own_env, wrap=host.wrap if host is not None else None
-            )
+        table.workers = {wid: self._worker(wid) for wid in table.worker_ids}
         for worker in table.workers.values():
             worker.start()
         client = redis.Redis.from_url(
@@ -136,10 +127,32 @@ class StartUp:
             socket_connect_timeout=2,
         )
         try:
-            for worker in table.workers.values():
-                self._wait_heartbeat(client, worker)
+            for wid in table.worker_ids:
+                for attempt in range(1, PORT_ATTEMPTS + 1):
+                    worker = table.workers[wid]
+                    try:
+                        self._wait_heartbeat(client, worker)
+                        break
+                    except StackError:
+                        if attempt == PORT_ATTEMPTS or not _port_taken(worker):
+                            raise
+                    # Its metrics port was free when drawn, but another process took it first.
+                    log.warning("%s: its metrics port was taken; starting it on another", wid)
+                    table.workers[wid] = self._worker(wid).start()
         finally:
             client.close()
+
+    def _worker(self, wid: str) -> ChildProcess:
+        """Worker ``wid``, to serve its Prometheus metrics on a port of its own."""
+        table = self.table
+        port = free_port()
+        host = table.cdi.host_of(self.worker_host[wid])
+        address = host.address if host is not None else "127.0.0.1"
+        table.worker_metrics[wid] = f"http://{address}:{port}/metrics"
+        own_env = self.environment(self.worker_host[wid], inside=host is not None)
+        own_env["CDIFLOW_WORKER_METRICS_PORT"] = str(port)
+        own_env["CDIFLOW_WORKER_METRICS_HOST"] = address  # its host's, else loopback
+        return self._child(wid, "worker", own_env, wrap=host.wrap if host is not None else None)
 
     def _child(
         self,
@@ -200,6 +213,11 @@ class StartUp:
 
         key = worker_key(worker.name)
         self._wait(worker, beating, lambda: f"its heartbeat {key} in Redis{problem}")
+
+
+def _port_taken(worker: ChildProcess) -> bool:
+    """Whether ``worker`` ended because its metrics port was in use (its log says so)."""
+    return worker.poll() is not None and "Address already in use" in worker.log_tail()
 
 
 def _failed(child: ChildProcess, message: str) -> StackError:

@@ -304,6 +304,32 @@ def test_a_worker_that_cannot_start_is_reported_with_its_log(
     assert not DataDirLock(short_dir).held_elsewhere()  # stopped, lock released
 
 
+def test_a_worker_whose_metrics_port_was_taken_starts_on_another(
+    own_services: RunningServices, short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port is drawn free for a worker's metrics; another process may bind it before the
+    worker does. The stack starts that worker again on another port instead of failing."""
+    import orchestrator.stack.startup as startup
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        draws = iter([port])
+        monkeypatch.setattr(startup, "free_port", lambda: next(draws, None) or free_port())
+        running = Stack(short_dir, workers=1, port=free_port(), services=own_services,
+                        **_stand_ins()).start()  # fmt: skip
+        try:
+            url = running.worker_metrics["worker-1"]
+            assert urlsplit(url).port not in (None, port)
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                assert b"cdiflow_worker" in reply.read()
+            log = (short_dir / "logs" / "worker-1.log").read_text()
+            assert "Address already in use" in log  # the first start did meet the taken port
+        finally:
+            running.stop()
+
+
 def test_restart_policy_backs_off_then_caps_restarts_per_minute() -> None:
     policy = RestartPolicy(max_per_minute=3, initial_backoff=0.5, max_backoff=4.0)
     assert [policy.delay(100.0, [], n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
