@@ -27,6 +27,10 @@ know R, so the client asks its gateway, ``Bridges.open``):
 6. The writer (or a new writer of that name) grants R again: a new link, and a new mirror on
    B, which opens once R (and any other reader there) has let go of the old one (``Mirrors``);
    R subscribes again once its old subscription has ended.
+7. Every reader on B has let go of the mirror (each left, or is gone, and none is granted but
+   not subscribed yet): nobody there can read it without a new grant, so B says ``E`` and
+   closes the mirror and the link, and A's relay leaves the topic. The writer's next grant of
+   a reader on B opens a new link (``Bridges.open``, also when its ``G`` crossed the ``E``).
 """
 
 from __future__ import annotations
@@ -77,7 +81,9 @@ BATCH_BYTES = 1 << 20  # messages already in the ring go out in one send, up to 
 OPEN_RETRY_S = 0.05  # how often a mirror waiting for the old ring of its name tries to open
 _HEAD = struct.Struct("!cI")  # a channel frame: kind, then the body's length
 _SEATS = struct.Struct("!I")
+HELD_CHECK_S = 1.0  # how often a mirror without admitted readers asks who still holds it
 MESSAGE, GRANT, CLOSE, HEARTBEAT, ANSWER, SEATS = b"M", b"G", b"C", b"H", b"A", b"S"
+END = b"E"  # the receiver: every reader there has let go of the mirror
 
 
 def _frame(kind: bytes, body: bytes = b"") -> bytes:
@@ -198,8 +204,11 @@ class Bridges:
             with self._lock:
                 bridge = self._bridges.get((name, route.host))
             if bridge is not None and bridge.alive:
-                bridge.grant(reader)
-                return {"relay": bridge.relay_id}
+                try:
+                    bridge.grant(reader)
+                    return {"relay": bridge.relay_id}
+                except _Ended:
+                    pass  # its readers there had all let go: a new link and mirror
             bridge = self._connect(name, route.host, route.rpc_address, writer, reader, geometry)
             with self._lock:
                 self._bridges[(name, route.host)] = bridge
@@ -264,6 +273,10 @@ class Bridges:
             bridge.shut()
 
 
+class _Ended(ChannelBroken):
+    """The other host ended the link (``E``) before it answered a grant."""
+
+
 class _Bridge:
     """A relay that reads a topic on this host and a link that carries it to one host."""
 
@@ -288,6 +301,7 @@ class _Bridge:
         self._seats_lock = threading.Lock()
         self._down = threading.Event()  # the link failed, or the gateway closes
         self._finished = threading.Event()  # the relay said C: the end is expected
+        self._ended = threading.Event()  # the other host said E: its readers all let go
         self._relay = threading.Thread(target=self._carry, name=f"cdi-relay-{name}", daemon=True)
         self._listener = threading.Thread(target=self._listen, name="cdi-relay-in", daemon=True)
 
@@ -300,14 +314,19 @@ class _Bridge:
         self._listener.start()
 
     def grant(self, reader: str) -> None:
-        """Grant one more reader of that host (``G``); its refusal, or ``ChannelBroken``."""
+        """Grant one more reader of that host (``G``); its refusal, or ``ChannelBroken``
+        (``_Ended`` if the other host ended the link first)."""
         try:
             self._link.send(_frame(GRANT, protocol.pack({"readers": [reader]})))
             answer = self._answers.get(timeout=max(LINK_TIMEOUT_S * 2, 5.0))
         except (OSError, queue.Empty) as exc:
             self.shut()
+            if self._ended.is_set():
+                raise _Ended(f"{self.host} ended the link carrying {self.name!r}") from exc
             raise ChannelBroken(f"the link to {self.host} carrying {self.name!r} failed") from exc
         if answer is None:
+            if self._ended.is_set():
+                raise _Ended(f"{self.host} ended the link carrying {self.name!r}")
             raise ChannelBroken(f"the link to {self.host} carrying {self.name!r} broke")
         if not answer.get("ok"):
             code = str(answer.get("code", CDIError.code))
@@ -380,6 +399,11 @@ class _Bridge:
                     self._answers.put(protocol.unpack(body))
                 elif kind == SEATS:
                     self._set_seats(_SEATS.unpack(body)[0])
+                elif kind == END:
+                    log.info("the readers of %r on %s all let go: its link ends", self.name,
+                             self.host)  # fmt: skip
+                    self._ended.set()
+                    break
                 elif kind != HEARTBEAT:
                     raise ProtocolError(f"a channel frame of kind {kind!r} from {self.host}")
                 else:
@@ -537,6 +561,8 @@ class _Mirror:
         self._opened = threading.Event()
         self._link = _Link(sock, limit=max(geometry.max_message, 1 << 20))
         self._stop = threading.Event()
+        self._granting = threading.Lock()  # a grant, or the decision that no reader is left
+        self._ended = False  # said E: every reader here had let go
 
     def opened(self, topic: Topic) -> None:
         self.topic = topic
@@ -566,7 +592,14 @@ class _Mirror:
             if self.topic is None and time.monotonic() >= retry_at:
                 self._owner.retry(self)
                 retry_at = time.monotonic() + OPEN_RETRY_S
-            frame = link.next(HEARTBEAT_S if self.topic is not None else OPEN_RETRY_S)
+            try:
+                frame = link.next(HEARTBEAT_S if self.topic is not None else OPEN_RETRY_S)
+            except OSError:
+                if self._ended:  # the other side closed the link after our E
+                    return True
+                raise
+            if self._ended:
+                return True
             if frame is None:
                 if link.silent_for() > LINK_TIMEOUT_S:
                     raise TimeoutError(f"nothing from {self.peer} for {LINK_TIMEOUT_S} s")
@@ -583,6 +616,12 @@ class _Mirror:
                 raise ProtocolError(f"a channel frame of kind {kind!r} from {self.peer}")
 
     def _grant(self, body: bytes) -> None:
+        with self._granting:
+            if self._ended:
+                return  # unanswered: the other side grants over a new link
+            self._grant_here(body)
+
+    def _grant_here(self, body: bytes) -> None:
         try:
             readers = protocol.unpack(body).get("readers")
             if not isinstance(readers, list):
@@ -599,21 +638,40 @@ class _Mirror:
 
     def _keep(self) -> None:
         """Tell the relay how many readers joined here (``S``, as they join or leave), and
-        that we are here (``H``)."""
-        seats = 0
+        that we are here (``H``); say ``E`` once no reader here holds the mirror."""
+        seats, check_at = 0, 0.0
         with contextlib.suppress(OSError):
             while not self._stop.is_set():
                 topic = self.topic
                 if topic is None:
                     self._opened.wait(HEARTBEAT_S / 2)
                 else:
-                    topic.members_changed.wait(HEARTBEAT_S / 2)
+                    topic.members_changed.wait(min(HEARTBEAT_S / 2, HELD_CHECK_S))
                     topic.members_changed.clear()
                     now = len(topic.readers)
                     if now != seats:
                         self._link.send(_frame(SEATS, _SEATS.pack(now)))
                         seats = now
+                    if now == 0 and time.monotonic() >= check_at:
+                        check_at = time.monotonic() + HELD_CHECK_S
+                        if self._end_if_unheld(topic):
+                            return
                 self._link.heartbeat()
+
+    def _end_if_unheld(self, topic: Topic) -> bool:
+        """Say ``E`` if no reader here holds the mirror (none admitted, none granted and not
+        subscribed yet): nobody here can read it without a new grant. Whether it did."""
+        with self._granting:
+            if topic.readers:
+                return False
+            key = r.ring_key(self.name)
+            listed = [o for o in self.client.list_objects() if o.get("key") == key]
+            if listed and listed[0].get("readers"):
+                return False
+            self._ended = True
+            self._link.send(_frame(END))
+        log.info("every reader of %r here let go: the link from %s ends", self.name, self.peer)
+        return True
 
 
 def _integer(value: object) -> int:

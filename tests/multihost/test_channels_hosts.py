@@ -22,11 +22,12 @@ from cdi import channels
 from cdi.auth import new_key
 from cdi.channels.ring import Geometry
 from cdi.cluster import LocalCluster
+from cdi.controller.models import Route
 from cdi.remote import handshake
 from cdi.remote.channels import Bridges
 from cdi.remote.routes import RouteCache
 from cdi.remote.transport import TcpTransport
-from cdi.remote.wire import receive_header
+from cdi.remote.wire import receive_header, send_frame
 from tests.cdi.conftest import require_native
 from tests.multihost.test_cross_host import cid
 
@@ -287,6 +288,54 @@ def test_a_gateway_of_protocol_1_is_refused_clearly(
         routes.close()
 
 
+def test_a_grant_that_crosses_the_end_of_a_stream_opens_a_new_one(
+    cluster: LocalCluster, a_only: cdi.Client, unique: Unique, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other host says ``E`` (no reader there holds the mirror) just as the writer grants
+    one more reader there: that ``G`` is never answered, and the writer's gateway grants the
+    reader over a new stream instead of failing the grant."""
+    key, asked = new_key(), []
+    server = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+
+    def other_gateway() -> None:
+        for ends in (True, False):
+            conn, _ = server.accept()
+            with conn:
+                handshake.answer(conn, key)
+                asked.append(receive_header(conn))
+                send_frame(conn, {"ok": True})
+                conn.settimeout(None)
+                with conn.makefile("rb") as frames:  # kind, u32 length, body
+                    while head := frames.read(5):
+                        frames.read(int.from_bytes(head[1:], "big"))
+                        if ends and head[:1] == b"G":
+                            conn.sendall(b"E" + (0).to_bytes(4, "big"))
+                            break
+
+    thread = threading.Thread(target=other_gateway, daemon=True)
+    thread.start()
+    routes = RouteCache(cluster.controller_url, "host1")
+    monkeypatch.setattr(routes, "route", lambda c, here=False: Route(c, "fake", address, True))
+    bridges = Bridges(TcpTransport(), key, "host1", cluster.minions[0].socket_path,
+                      unique("test-relay"), routes)  # fmt: skip
+    try:
+        with channels.open_topic(a_only, unique("t")) as topic:
+            geometry = {"slots": 8, "slot_bytes": 64, "max_message": 64}
+            request = {"name": topic.name, "from": cid(a_only), **geometry}
+            first = bridges.open(request | {"to": "r-first"})["relay"]
+            topic.grant([first])
+            second = bridges.open(request | {"to": "r-second"})["relay"]
+            topic.grant([second])
+            assert first != second
+            assert [a and a["readers"] for a in asked] == [["r-first"], ["r-second"]]
+    finally:
+        bridges.close()
+        server.close()
+        routes.close()
+        thread.join(10)
+
+
 def test_a_link_that_breaks_ends_the_reader_with_channel_broken(
     unique: Unique, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -386,6 +435,20 @@ def _ring_readers(socket_path: str, name: str) -> list[str] | None:
     return None
 
 
+def _subscribed(
+    topic: channels.Topic, reader: cdi.Client, *, published: int, read: int
+) -> channels.Subscription:
+    """``reader`` subscribes to ``topic``, which then publishes messages 0.. ``published`` - 1;
+    it reads the first ``read`` of them."""
+    sub = channels.subscribe(reader, topic.name, timeout=30)
+    topic.wait_for_reader(cid(reader), timeout=30)
+    for number in range(published):
+        topic.publish(_message(number, 1000), timeout=30)
+    for number in range(read):
+        _check(sub.receive(timeout=30), number, 1000)
+    return sub
+
+
 def _read_new_stream(topic: channels.Topic, readers: list[cdi.Client], first: int) -> None:
     """Each of ``readers`` subscribes again and receives messages ``first``... of the topic,
     all of them, in order: nothing of an earlier stream."""
@@ -428,12 +491,7 @@ def test_readers_are_granted_again_after_the_link_broke(
                 channels.open_topic(a, unique("t")) as topic,
             ):
                 topic.grant([cid(b), cid(c)])
-                old = channels.subscribe(b, topic.name, timeout=30)
-                topic.wait_for_reader(cid(b), timeout=30)
-                for number in range(3):
-                    topic.publish(_message(number, 1000), timeout=30)
-                for number in range(2):
-                    _check(old.receive(timeout=30), number, 1000)
+                old = _subscribed(topic, b, published=3, read=2)
                 _wait_for(old.available, "message 2 never arrived")
                 subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "down"], check=True)
                 try:
@@ -481,3 +539,39 @@ def test_a_new_writer_of_the_name_grants_a_reader_that_holds_the_old_mirror(
         with pytest.raises(cdi.ChannelClosed):
             old.receive(timeout=30)
         _read_new_stream(second, [b], 100)
+
+
+def test_a_stream_ends_once_no_reader_on_the_other_host_holds_it(
+    a_only: cdi.Client, cluster: LocalCluster, unique: Unique
+) -> None:
+    """A reader on host 2 leaves while another there is granted but has not subscribed: the
+    stream goes on (that one may still subscribe and read). Once it too has read and left,
+    nobody there can read the mirror without a new grant: the stream ends (the relay leaves
+    the writer's topic, the mirror and its ring go), and a reader granted there afterwards gets
+    a new stream, all of it."""
+    there = cluster.minions[1]
+    with channels.open_topic(a_only, unique("t")) as topic:
+        with (
+            cdi.connect(there.socket_path, unique("r")) as b,
+            cdi.connect(there.socket_path, unique("r")) as c,
+        ):
+            host = str(b.host)
+            topic.grant([cid(b), cid(c)])
+            _subscribed(topic, b, published=5, read=5)
+            b.close()  # gone without closing its subscription
+            _wait_for(lambda: _ring_readers(there.socket_path, topic.name) == [cid(c)], "b held")
+            time.sleep(3)  # several of the mirror's checks: c's grant keeps the stream
+            assert len(topic.readers) == 1 and _mirrors(there.socket_path, host)
+            with channels.subscribe(c, topic.name, timeout=30) as second:
+                topic.wait_for_readers(1, timeout=30)
+                for number in range(5, 10):
+                    topic.publish(_message(number, 1000), timeout=30)
+                for number in range(5, 10):
+                    _check(second.receive(timeout=30), number, 1000)
+        _wait_for(lambda: topic.readers == [], "the relay stayed in the writer's topic")
+        _wait_for(lambda: not _mirrors(there.socket_path, host), "the mirror stayed")
+        assert _ring_readers(there.socket_path, topic.name) is None
+        with cdi.connect(there.socket_path, unique("r")) as d:
+            topic.grant([cid(d)])
+            _read_new_stream(topic, [d], 100)
+    assert _objects_left(cluster) == []
