@@ -40,7 +40,12 @@ def test_overview_counts_throughput_and_latency(ui: UI, harness: Harness) -> Non
 def test_workers_page_shows_live_metrics(ui: UI, harness: Harness, napping: str) -> None:
     page = ui.page
     ui.open("#/workers")
-    run_id = harness.start(napping, harness.upload("ui/workers.jpg", sample("sunset.jpg")))
+    # A nap of several of the page's polls (2 s), so a busy machine's slow poll still sees it.
+    harness.register(
+        "/api/workflow-definitions",
+        {"name": "long_nap", "tasks": [{"ref": "nap", "task": "nap", "params": {"ms": 8000}}]},
+    )
+    run_id = harness.start("long_nap", harness.upload("ui/workers.jpg", sample("sunset.jpg")))
     busy = page.locator("article.worker [data-running=nap]")
     expect(busy).to_contain_text(f"Running nap of {run_id[:8]}", timeout=30_000)
     cards = page.locator("article.worker")
