@@ -231,18 +231,20 @@ class History:
         ANALYZE included, as a database that lived that long would have been)."""
         began = time.monotonic()
         left = target - self.size()
-        while left > 0:
-            n = min(CHUNK, left)
-            self._clone(self._next, self._next + n)
-            self._next += n
-            left -= n
         # What the API's housekeeping does as runs happen: the clones' figures folded, and
-        # their per-minute ones older than two days dropped.
+        # their per-minute ones older than two days dropped; after each chunk, so the deltas
+        # waiting stay a chunk's (folded at once, 10M runs' deltas spilled their sort to disk
+        # until the disk was full).
         engine = make_engine(self.url, pooled=False)
         try:
-            with engine.begin() as tx:
-                tx.execute(tallies.FOLD)
-                tx.execute(tallies.PRUNE_MINUTES, {"keep": tallies.KEEP_MINUTES})
+            while left > 0:
+                n = min(CHUNK, left)
+                self._clone(self._next, self._next + n)
+                self._next += n
+                left -= n
+                with engine.begin() as tx:
+                    tx.execute(tallies.FOLD)
+                    tx.execute(tallies.PRUNE_MINUTES, {"keep": tallies.KEEP_MINUTES})
         finally:
             engine.dispose()
         with connect(self.url, autocommit=True) as conn:
