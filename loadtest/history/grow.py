@@ -233,8 +233,7 @@ class History:
         left = target - self.size()
         # What the API's housekeeping does as runs happen: the clones' figures folded, and
         # their per-minute ones older than two days dropped; after each chunk, so the deltas
-        # waiting stay a chunk's (folded at once, 10M runs' deltas spilled their sort to disk
-        # until the disk was full).
+        # waiting stay a chunk's, and a batch a statement as housekeeping folds them.
         engine = make_engine(self.url, pooled=False)
         try:
             while left > 0:
@@ -242,8 +241,8 @@ class History:
                 self._clone(self._next, self._next + n)
                 self._next += n
                 left -= n
+                tallies.fold_all(engine)
                 with engine.begin() as tx:
-                    tx.execute(tallies.FOLD)
                     tx.execute(tallies.PRUNE_MINUTES, {"keep": tallies.KEEP_MINUTES})
         finally:
             engine.dispose()

@@ -46,8 +46,7 @@ class Housekeeping:
 
     def fold(self) -> int:
         """Move the tallies' deltas into place; how many rows that wrote."""
-        with self._engine.connect() as conn, conn.begin():
-            return int(conn.execute(tallies.FOLD).scalar_one())
+        return tallies.fold_all(self._engine, stop=self._stop)
 
     def _folding(self) -> None:
         while not self._stop.wait(FOLD_EVERY_S):

@@ -5,14 +5,14 @@ Statement-level triggers on ``workflows``, ``task_runs`` and ``handoffs`` (migra
 append what each statement changed to ``tally_deltas``: one row per (minute, series, bucket),
 ``-infinity`` for all-time figures, bucket -1 for plain counts. Appending takes no lock and
 touches no index, so concurrent statements (the API's starts, every scheduler's reports) never
-wait on a shared counter row. ``FOLD`` (housekeeping, about once a second) moves the deltas
-into ``tallies``; readers add both, so a figure is exact whenever it is read. A trigger on
-``tallies`` sums its per-minute rows by hour (UTC) into ``tally_hours`` (migration 0011): a
-window's histograms read its whole hours there and only its first partial hour by the minute,
-so their cost follows the window's hours, not how many runs each minute saw. Another trigger
-keeps each kept minute's overview figures in ``tally_minutes`` (migration 0012: runs started,
-completed and failed, the p50 and p95 of its completions), so a window's chart reads a row a
-minute and only the minutes not yet folded from the rows above.
+wait on a shared counter row. ``fold`` (housekeeping, about once a second) moves the deltas
+into ``tallies``, a bounded batch a statement; readers add both, so a figure is exact whenever
+it is read. A trigger on ``tallies`` sums its per-minute rows by hour (UTC) into
+``tally_hours`` (migration 0011): a window's histograms read its whole hours there and only its
+first partial hour by the minute, so their cost follows the window's hours, not how many runs
+each minute saw. Another trigger keeps each kept minute's overview figures in ``tally_minutes``
+(migration 0012: runs started, completed and failed, the p50 and p95 of its completions), so a
+window's chart reads a row a minute and only the minutes not yet folded from the rows above.
 
 The series (the triggers' words):
 
@@ -41,22 +41,28 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from threading import Event
 from typing import Any, Final
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.orm import Session
 
 __all__ = [
     "FOLD",
+    "FOLD_BATCH",
+    "FOLD_LOCK",
     "KEEP_MINUTES",
     "MS_BOUNDS",
     "PRUNE_MINUTES",
     "SUMMED_SERIES",
+    "Folded",
     "Histogram",
     "Summary",
     "Tally",
     "all_time",
     "counts",
+    "fold",
+    "fold_all",
     "minute_quantiles",
     "per_minute",
     "summaries",
@@ -78,13 +84,22 @@ MS_BOUNDS: Final[tuple[float, ...]] = (
 KEEP_MINUTES: Final = timedelta(days=2)  # per-minute and hourly rows kept (windows <= 1 day)
 FOLD_LOCK: Final = 0x6364_6966_7461_6C79  # "cdiftaly": one fold at a time
 
-# Move every delta into ``tallies``, in key order (two folds never lock rows crosswise), unless
-# another fold holds the lock (then it folds them). The count of rows written.
+FOLD_BATCH: Final = 10_000  # deltas a fold statement moves (its sort stays in memory)
+
+# Move the next ``:batch`` deltas after row ``:after`` (in the table's physical order, a range
+# of its pages read) into ``tallies``, in key order (two folds never lock rows crosswise),
+# unless another fold holds the lock (then it folds them). A batch at a time, so that deltas
+# that piled up (an API down for hours while schedulers ended runs) are folded in statements
+# of bounded size rather than one sort of them all. The deltas moved, the rows written, and
+# the last row read (where the next batch starts).
 FOLD: Final = text(
     f"""
     WITH lock AS (SELECT pg_try_advisory_xact_lock({FOLD_LOCK}) AS held),
-    moved AS (
-        DELETE FROM tally_deltas WHERE (SELECT held FROM lock)
+    batch AS MATERIALIZED (
+        SELECT ctid FROM tally_deltas
+        WHERE (SELECT held FROM lock) AND ctid > CAST(:after AS tid) LIMIT :batch
+    ), moved AS (
+        DELETE FROM tally_deltas WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch))
         RETURNING minute, series, bucket, n, total, peak
     ), folded AS (
         INSERT INTO tallies (minute, series, bucket, n, total, peak)
@@ -96,9 +111,44 @@ FOLD: Final = text(
             peak = greatest(tallies.peak, excluded.peak)
         RETURNING 1
     )
-    SELECT count(*) FROM folded
+    SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM folded),
+           CAST((SELECT max(ctid) FROM batch) AS text)
     """
 )
+_FIRST_ROW: Final = "(0,0)"  # before every row
+
+
+@dataclass(frozen=True)
+class Folded:
+    """What one fold statement did: deltas moved, rows of ``tallies`` written, and the row the
+    next batch starts after (``None`` when this one moved none)."""
+
+    moved: int
+    written: int
+    last: str | None
+
+
+def fold(db: Session | Connection, *, after: str | None = None,
+         batch: int = FOLD_BATCH) -> Folded:  # fmt: skip
+    """Fold one batch of deltas, those after row ``after`` (from the first when ``None``), in
+    the caller's transaction. Fewer than ``batch`` moved: none was left after ``after`` (or
+    another fold holds the lock)."""
+    row = db.execute(FOLD, {"after": after or _FIRST_ROW, "batch": batch}).one()
+    return Folded(moved=int(row[0]), written=int(row[1]), last=row[2])
+
+
+def fold_all(engine: Engine, *, stop: Event | None = None, batch: int = FOLD_BATCH) -> int:
+    """Fold the deltas a batch a transaction (a backlog never makes one long statement) until
+    a batch finds none left after the last, or ``stop`` is set; the rows written."""
+    written, after = 0, None
+    while True:
+        with engine.begin() as conn:
+            done = fold(conn, after=after, batch=batch)
+        written += done.written
+        if done.moved < batch or (stop is not None and stop.is_set()):
+            return written
+        after = done.last
+
 
 # Per-minute and hourly rows and minutes' summaries older than ``KEEP_MINUTES`` (the all-time
 # ones stay).

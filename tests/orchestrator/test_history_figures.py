@@ -172,7 +172,8 @@ def test_the_figures_equal_a_recount_after_runs_end_fold_and_are_pruned(
     assert before_fold == recount(api_engine)
     assert before_fold["ended"] == {"COMPLETED": 6, "FAILED": 3, "CANCELLED": 3}
     with api_engine.begin() as conn:
-        assert conn.execute(tallies.FOLD).scalar_one() > 0
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": tallies.FOLD_LOCK})
+        assert tallies.fold(conn).written > 0  # the lock held here: housekeeping folds none
     with api_engine.connect() as conn:
         assert conn.scalar(text("SELECT count(*) FROM tally_deltas")) == 0
     assert kept(api_engine) == before_fold
@@ -199,6 +200,31 @@ def test_the_figures_equal_a_recount_after_runs_end_fold_and_are_pruned(
             conn.scalar(text("SELECT count(*) FROM workflows WHERE id = ANY(:ids)"), {"ids": old})
             == 0
         )
+
+
+def test_a_backlog_is_folded_a_bounded_batch_at_a_time_each_after_the_last(
+    api_client: TestClient, api_store: SchedulerStore, api_engine: Engine, flow: str
+) -> None:
+    drive(api_client, api_store, flow)
+    before = kept(api_engine)
+    moved: list[int] = []
+    lasts: list[tuple[int, int]] = []
+    with api_engine.begin() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": tallies.FOLD_LOCK})
+        waiting = conn.scalar(text("SELECT count(*) FROM tally_deltas"))
+        assert waiting is not None and waiting > 6
+        after = None
+        while not moved or moved[-1] == 3:
+            done = tallies.fold(conn, after=after, batch=3)
+            moved.append(done.moved)
+            if done.last is not None:
+                page, row = done.last.strip("()").split(",")
+                lasts.append((int(page), int(row)))
+            after = done.last
+        assert conn.scalar(text("SELECT count(*) FROM tally_deltas")) == 0
+    assert sum(moved) == waiting and max(moved) == 3  # every delta, none twice, 3 a statement
+    assert lasts == sorted(set(lasts))  # each batch starts after the last one's rows
+    assert kept(api_engine) == before  # folding changes no figure
 
 
 def test_a_windows_counts_and_percentiles_are_the_database_walk_of_the_same_rows(

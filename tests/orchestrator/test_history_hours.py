@@ -97,7 +97,7 @@ def _fold_all(engine: Engine) -> None:
     """Until no delta is left: folded here, or by housekeeping when it holds the fold."""
     for _ in range(1000):
         with engine.begin() as conn:
-            conn.execute(tallies.FOLD)
+            tallies.fold(conn)
             if conn.execute(text("SELECT count(*) FROM tally_deltas")).scalar_one() == 0:
                 return
         time.sleep(0.01)

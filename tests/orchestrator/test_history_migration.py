@@ -77,7 +77,8 @@ def _folded_history(conn: Connection, revision: str) -> None:
     _history(conn)
     conn.commit()
     _to(conn, revision)
-    conn.execute(tallies.FOLD)
+    while tallies.fold(conn).moved == tallies.FOLD_BATCH:  # a batch a statement, until none
+        pass
     conn.commit()
 
 
