@@ -117,14 +117,24 @@ def test_transfer_hands_objects_between_hosts_straight_from_worker_to_worker(
     assert ran_on_host2, "no task ran on host 2"
 
 
-def test_auto_keeps_each_chains_object_on_its_worker_and_never_crosses(harness: Harness) -> None:
-    """Two runs at once under auto: one starts on each worker (the first is in flight when
-    the second is placed), and with nothing queued anywhere every next step is predicted to
-    stay, so each worker keeps its run's object: all of a run's tasks on one worker, and no
-    hand-off between the hosts."""
+def test_auto_keeps_each_chains_object_on_its_worker_and_never_crosses(
+    harness: Harness, napping: str
+) -> None:
+    """Two runs at once under auto: the second is started while the first's nap is placed on
+    its worker (so in flight when the second is placed, however slow the machine), and goes to
+    the other one; with nothing queued anywhere every next step is predicted to stay, so each worker
+    keeps its run's object: all of a run's tasks on one worker, and no hand-off between the
+    hosts."""
     sample = bundled_samples()["blue_sky.jpg"]
     image = harness.upload("in/hosts-auto-keeps.jpg", sample.read_bytes())
-    ids = [harness.start(image, "auto") for _ in range(2)]
+    first = harness.start(image, "auto", workflow=napping)
+
+    def napping_worker() -> str | None:  # the nap placed and not reported (3 s)
+        naps = [r for r in harness.get(first)["task_runs"] if r["ref"] == "nap"]
+        return str(naps[-1]["worker_id"]) if naps and naps[-1]["status"] in OPEN else None
+
+    busy = wait_for(napping_worker, "the first run's nap placed", timeout=60)
+    ids = [first, harness.start(image, "auto")]
     done = [harness.wait(i) for i in ids]
     assert all(d["status"] == "COMPLETED" for d in done), [d["error"] for d in done]
     ran_on: list[str] = []
@@ -134,7 +144,7 @@ def test_auto_keeps_each_chains_object_on_its_worker_and_never_crosses(harness: 
         assert len(workers) == 1, d["task_runs"]
         ran_on += workers
         assert not _crossed(harness, d), d["handoffs"]
-    assert sorted(ran_on) == ["worker-1", "worker-2"]
+    assert ran_on[0] == busy and sorted(ran_on) == ["worker-1", "worker-2"]
 
 
 def test_a_worker_killed_on_the_second_host_has_its_task_rerun(
