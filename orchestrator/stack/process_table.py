@@ -24,6 +24,7 @@ from orchestrator.stack.cdi_runtime import CdiRuntime
 from orchestrator.stack.state import ProcessInfo
 from orchestrator.stack.supervised import ServiceProcess
 from orchestrator.stack.supervision import Supervised, Supervisor
+from orchestrator.stack.worker_process import WorkerProcess
 
 __all__ = ["ProcessTable"]
 
@@ -53,7 +54,7 @@ class ProcessTable:
         self.services: RunningServices | None = None
         self.api: ChildProcess | None = None
         self.scheduler: ChildProcess | None = None
-        self.workers: dict[str, ChildProcess] = {}
+        self.workers: dict[str, WorkerProcess] = {}
         self.supervisor: Supervisor | None = None
         self.alive: dict[str, Path] = {}  # name -> alive stamp, of the scheduler and workers
 

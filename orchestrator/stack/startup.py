@@ -21,7 +21,7 @@ import redis
 
 from cdi.auth import CONTROLLER_TOKEN_ENV
 from cdi.child import ChildProcess, describe_exit
-from orchestrator.child_process import free_port, port_is_free
+from orchestrator.child_process import port_is_free
 from orchestrator.contract.alive import ALIVE_FILE_ENV
 from orchestrator.contract.keys import worker_key
 from orchestrator.errors import StackError
@@ -31,6 +31,7 @@ from orchestrator.services import start_services
 from orchestrator.settings import load_settings
 from orchestrator.stack import probes
 from orchestrator.stack.process_table import ProcessTable
+from orchestrator.stack.worker_process import METRICS_HOST_ENV, WorkerProcess
 from workflows.loader import with_sources
 
 __all__ = ["Environment", "StartUp", "check_can_start"]
@@ -134,25 +135,27 @@ class StartUp:
                         self._wait_heartbeat(client, worker)
                         break
                     except StackError:
-                        if attempt == PORT_ATTEMPTS or not _port_taken(worker):
+                        if attempt == PORT_ATTEMPTS or not worker.port_taken():
                             raise
                     # Its metrics port was free when drawn, but another process took it first.
                     log.warning("%s: its metrics port was taken; starting it on another", wid)
-                    table.workers[wid] = self._worker(wid).start()
+                    worker.start()
         finally:
             client.close()
 
-    def _worker(self, wid: str) -> ChildProcess:
+    def _worker(self, wid: str) -> WorkerProcess:
         """Worker ``wid``, to serve its Prometheus metrics on a port of its own."""
         table = self.table
-        port = free_port()
         host = table.cdi.host_of(self.worker_host[wid])
         address = host.address if host is not None else "127.0.0.1"
-        table.worker_metrics[wid] = f"http://{address}:{port}/metrics"
         own_env = self.environment(self.worker_host[wid], inside=host is not None)
-        own_env["CDIFLOW_WORKER_METRICS_PORT"] = str(port)
-        own_env["CDIFLOW_WORKER_METRICS_HOST"] = address  # its host's, else loopback
-        return self._child(wid, "worker", own_env, wrap=host.wrap if host is not None else None)
+        own_env[METRICS_HOST_ENV] = address  # its host's, else loopback
+
+        def serving(port: int) -> None:
+            table.worker_metrics[wid] = f"http://{address}:{port}/metrics"
+
+        child = self._child(wid, "worker", own_env, wrap=host.wrap if host is not None else None)
+        return WorkerProcess(child, serving)
 
     def _child(
         self,
@@ -213,11 +216,6 @@ class StartUp:
 
         key = worker_key(worker.name)
         self._wait(worker, beating, lambda: f"its heartbeat {key} in Redis{problem}")
-
-
-def _port_taken(worker: ChildProcess) -> bool:
-    """Whether ``worker`` ended because its metrics port was in use (its log says so)."""
-    return worker.poll() is not None and "Address already in use" in worker.log_tail()
 
 
 def _failed(child: ChildProcess, message: str) -> StackError:

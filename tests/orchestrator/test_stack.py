@@ -309,14 +309,14 @@ def test_a_worker_whose_metrics_port_was_taken_starts_on_another(
 ) -> None:
     """A port is drawn free for a worker's metrics; another process may bind it before the
     worker does. The stack starts that worker again on another port instead of failing."""
-    import orchestrator.stack.startup as startup
+    import orchestrator.stack.worker_process as worker_process
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         draws = iter([port])
-        monkeypatch.setattr(startup, "free_port", lambda: next(draws, None) or free_port())
+        monkeypatch.setattr(worker_process, "free_port", lambda: next(draws, None) or free_port())
         running = Stack(short_dir, workers=1, port=free_port(), services=own_services,
                         **_stand_ins()).start()  # fmt: skip
         try:
@@ -328,6 +328,50 @@ def test_a_worker_whose_metrics_port_was_taken_starts_on_another(
             assert "Address already in use" in log  # the first start did meet the taken port
         finally:
             running.stop()
+
+
+def test_a_worker_whose_port_was_taken_while_it_was_down_comes_back_on_another(
+    own_services: RunningServices, short_dir: Path
+) -> None:
+    """The supervisor relaunches a dead worker on its port; if another process took that port
+    while it was down, the relaunch meets it taken, and the next one draws another: the worker
+    serves its metrics there, and the stack's metrics URL follows."""
+    running = Stack(short_dir, workers=1, port=free_port(), services=own_services,
+                    restart_policy=RestartPolicy(initial_backoff=3.0),
+                    **_stand_ins()).start()  # fmt: skip
+    try:
+        url = running.worker_metrics["worker-1"]
+        port = urlsplit(url).port
+        assert port is not None
+        running.kill_worker("worker-1")
+        with socket.socket() as taken:  # within the 3 s back-off, once the worker let it go
+            _eventually(lambda: _bound(taken, port), f"port {port} free to take", timeout=3.0)
+            taken.listen()
+            _eventually(lambda: running.restarts("worker-1") >= 2, "two relaunches", 60.0)
+
+            def serving() -> bool:
+                moved = running.worker_metrics["worker-1"]
+                if moved == url:
+                    return False
+                try:
+                    with urllib.request.urlopen(moved, timeout=10) as reply:
+                        return b"cdiflow_worker" in reply.read()
+                except OSError:  # not listening yet
+                    return False
+
+            _eventually(serving, "metrics on another port", 60.0)
+        log = (short_dir / "logs" / "worker-1.log").read_text()
+        assert "Address already in use" in log  # the first relaunch did meet the taken port
+    finally:
+        running.stop()
+
+
+def _bound(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
 
 
 def test_restart_policy_backs_off_then_caps_restarts_per_minute() -> None:
