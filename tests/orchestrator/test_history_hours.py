@@ -5,42 +5,15 @@ span hour boundaries."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Connection, Engine, text
 
 from orchestrator.db import tallies
+from tests.orchestrator.history_support import end_runs, fold_all, snapshot
 
 _SERIES = ("latency", "queue_wait", "task_run")
-_SPAN_MIN = 300  # the runs end over the last five hours
-
-
-def _end_runs(conn: Connection, flow: str, seed: int) -> None:
-    """Runs of ``flow`` that ended, one every minute of the span (some failed), each with a
-    task run that finished with it; latencies and task times vary with ``seed``."""
-    conn.execute(
-        text(
-            "WITH w AS ("
-            " INSERT INTO workflows (id, definition, definition_version, status, policy,"
-            "  data_plane, input, created_at, finished_at)"
-            " SELECT gen_random_uuid(), :flow, 1,"
-            "  CASE WHEN i % 7 = 0 THEN 'FAILED' ELSE 'COMPLETED' END::workflow_status,"
-            "  'affinity', 'cdi', '{}',"
-            "  now() - i * interval '1 minute' - ((i * :seed) % 97 + 1) * interval '130 ms',"
-            "  now() - i * interval '1 minute'"
-            " FROM generate_series(0, :span - 1) i RETURNING id, created_at, finished_at)"
-            " INSERT INTO task_runs (workflow_id, ref, task, attempt, status, queued_at,"
-            "  started_at, finished_at, queue_wait_ms, run_ms)"
-            " SELECT id, 'a', 'noop', 1, 'COMPLETED', created_at, created_at, finished_at,"
-            "  extract(epoch FROM finished_at - created_at) * 100,"
-            "  extract(epoch FROM finished_at - created_at) * 900 FROM w"
-        ),
-        {"flow": flow, "seed": seed, "span": _SPAN_MIN},
-    )
 
 
 def _by_minute(conn: Connection, since: datetime) -> dict[str, tallies.Histogram]:
@@ -84,43 +57,23 @@ def _check(conn: Connection, since: list[datetime] | None = None) -> None:
         _same(tallies.window_histograms(conn, start, _SERIES), _by_minute(conn, start))
 
 
-@contextmanager
-def _snapshot(engine: Engine) -> Iterator[Connection]:
-    """A transaction that sees one moment throughout (housekeeping folds meanwhile)."""
-    with engine.connect() as conn:
-        conn = conn.execution_options(isolation_level="REPEATABLE READ")
-        with conn.begin():
-            yield conn
-
-
-def _fold_all(engine: Engine) -> None:
-    """Until no delta is left: folded here, or by housekeeping when it holds the fold."""
-    for _ in range(1000):
-        with engine.begin() as conn:
-            tallies.fold(conn)
-            if conn.execute(text("SELECT count(*) FROM tally_deltas")).scalar_one() == 0:
-                return
-        time.sleep(0.01)
-    raise AssertionError("deltas left after a thousand folds")
-
-
 def test_a_windows_hours_and_edge_minutes_equal_its_minutes_folded_or_not(
     api_engine: Engine, flow: str
 ) -> None:
     with api_engine.begin() as conn:
-        _end_runs(conn, flow, seed=3)
-    _fold_all(api_engine)  # new minute rows: the hours' insert
-    with _snapshot(api_engine) as conn:
+        end_runs(conn, flow, seed=3)
+    fold_all(api_engine)  # new minute rows: the hours' insert
+    with snapshot(api_engine) as conn:
         _check(conn)
-    with _snapshot(api_engine) as conn:
+    with snapshot(api_engine) as conn:
         # Runs in the same minutes, not yet folded (this transaction's deltas): read beside
         # the kept hours and minutes.
-        _end_runs(conn, flow, seed=11)
+        end_runs(conn, flow, seed=11)
         assert conn.execute(text("SELECT count(*) FROM tally_deltas")).scalar_one() > 0
         now = datetime.now(UTC).replace(second=0, microsecond=0)
         _check(conn, since=[now - timedelta(hours=3, minutes=21), now - timedelta(hours=3)])
-    _fold_all(api_engine)  # the same minute rows raised: the hours' update
-    with _snapshot(api_engine) as conn:
+    fold_all(api_engine)  # the same minute rows raised: the hours' update
+    with snapshot(api_engine) as conn:
         _check(conn)
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Engine, text
 
 from orchestrator.db import tallies
 from orchestrator.db.repository import stats
-from tests.orchestrator.test_history_hours import _SPAN_MIN, _end_runs, _fold_all, _snapshot
+from tests.orchestrator.history_support import SPAN_MIN, end_runs, fold_all, snapshot
 
 _WIDTH = 6 * 60
 
@@ -50,19 +50,19 @@ def _same_chart(conn: Connection) -> stats.Window:
 
 def test_a_window_from_summaries_draws_the_chart_its_rows_do(api_engine: Engine, flow: str) -> None:
     with api_engine.begin() as conn:
-        _end_runs(conn, flow, seed=5)
-    _fold_all(api_engine)  # the minutes' rows inserted: their summaries written
-    with _snapshot(api_engine) as conn:
+        end_runs(conn, flow, seed=5)
+    fold_all(api_engine)  # the minutes' rows inserted: their summaries written
+    with snapshot(api_engine) as conn:
         figures = _same_chart(conn)
         # Everything folded: every minute with runs comes from its summary, none read live.
-        assert figures.counts == {} and len(figures.summaries) >= _SPAN_MIN - 1
-    with _snapshot(api_engine) as conn:
+        assert figures.counts == {} and len(figures.summaries) >= SPAN_MIN - 1
+    with snapshot(api_engine) as conn:
         # Runs in the same minutes not yet folded: read live from the first of them on.
-        _end_runs(conn, flow, seed=13)
+        end_runs(conn, flow, seed=13)
         figures = _same_chart(conn)
         assert figures.counts and all(m < min(figures.counts) for m in figures.summaries)
-    _fold_all(api_engine)  # the same minutes' rows raised: their summaries rewritten
-    with _snapshot(api_engine) as conn:
+    fold_all(api_engine)  # the same minutes' rows raised: their summaries rewritten
+    with snapshot(api_engine) as conn:
         figures = _same_chart(conn)
         assert figures.counts == {}
         stored = conn.execute(
