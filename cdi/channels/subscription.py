@@ -9,6 +9,7 @@ writer never overwrites a message this reader has not read (``BackPressure``).
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import suppress
 
@@ -31,16 +32,24 @@ __all__ = ["Subscription", "subscribe"]
 LIVENESS_S = 1.0  # how often an idle reader checks that its writer is still there
 FIND_S = 0.01  # how often subscribe looks again for a topic that does not exist yet
 LEAVE_S = 2.0  # how long close() waits for the writer to let go of the cursor
+STOP_S = 0.5  # how often a subscribe given a ``stop`` looks at it
 
 
 class Subscription:
     """One reader of a topic. Not for concurrent ``receive`` from several threads."""
 
     def __init__(
-        self, client: Client, name: str, timeout: float | None, spin_us: int, relay: bool = False
+        self,
+        client: Client,
+        name: str,
+        timeout: float | None,
+        spin_us: int,
+        relay: bool = False,
+        stop: threading.Event | None = None,
     ) -> None:
         """``relay``: this reader is a gateway carrying the topic to another host; the writer
-        counts it as the readers it says it admitted there (``relay_seats``)."""
+        counts it as the readers it says it admitted there (``relay_seats``). ``stop``: give
+        up waiting (``AccessTimeout``) once it is set."""
         self.client = client
         self.name = name
         self.key = r.ring_key(name)
@@ -48,7 +57,7 @@ class Subscription:
         self.container = str(client.container_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         self._ring = client.use(self.key, check=False)
-        self._view = _granted_ring(self._ring, name, deadline)
+        self._view = _granted_ring(self._ring, name, deadline, stop)
         self._words = self._view.cast("Q")
         self._address = futex.address_of_view(self._view)
         self._cursor_obj: CDIObject | None = None
@@ -71,7 +80,7 @@ class Subscription:
             self._cursor_obj = cursor
             cursor.share([self.writer], live=True)
             futex.wake(self._address + 8 * r.DOORBELL)
-            start = self._await_entry(deadline)
+            start = self._await_entry(deadline, stop)
         except KeyExists as exc:
             self._leave_ring()
             raise ChannelError(
@@ -233,7 +242,7 @@ class Subscription:
             "(the writer no longer counts this reader: it closed the topic or dropped us)"
         )
 
-    def _await_entry(self, deadline: float | None) -> int:
+    def _await_entry(self, deadline: float | None, stop: threading.Event | None) -> int:
         """The sequence after which the writer owes us every message, once it admitted us."""
         tag = r.reader_tag(self.container)
         words = self._words
@@ -246,11 +255,11 @@ class Subscription:
                     return int(words[entry + 1])
             if closed := words[r.CLOSED]:
                 raise self._ended(closed)
-            wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
-            if wait <= 0:
+            wait = STOP_S if deadline is None else min(STOP_S, deadline - time.monotonic())
+            if wait <= 0 or (stop is not None and stop.is_set()):
                 raise AccessTimeout(
                     f"the writer of {self.name!r} ({self.writer}) did not admit "
-                    f"{self.container} within the timeout"
+                    f"{self.container} within the timeout" + (" (stopped)" if wait > 0 else "")
                 )
             futex.wait(epoch_address, epoch & 0xFFFFFFFF, wait)
 
@@ -261,28 +270,45 @@ class Subscription:
             self._ring.release()
 
 
-def _granted_ring(ring: CDIObject, name: str, deadline: float | None) -> memoryview:
+def _granted_ring(
+    ring: CDIObject, name: str, deadline: float | None, stop: threading.Event | None
+) -> memoryview:
     """Our read-only view of the ring, once the topic exists and its writer granted it us."""
     while True:
+        if stop is not None and stop.is_set():
+            raise AccessTimeout(f"stopped waiting for the writer of {name!r} to grant the topic")
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        step = remaining  # with a ``stop``, waited in slices to look at it in between
+        if stop is not None:
+            step = STOP_S if remaining is None else min(STOP_S, remaining)
         try:
-            return ring.read(timeout=remaining)
+            return ring.read(timeout=step)
         except ObjectNotFound:
             if remaining is not None and remaining <= 0:
                 raise
             time.sleep(FIND_S if remaining is None else min(FIND_S, remaining))
         except AccessTimeout as exc:
+            if step != remaining:
+                continue  # a slice ended, not the wait
             raise AccessTimeout(
                 f"the writer of {name!r} did not grant this container the topic within the timeout"
             ) from exc
 
 
 def subscribe(
-    client: Client, name: str, *, timeout: float | None = None, spin_us: int = 0
+    client: Client,
+    name: str,
+    *,
+    timeout: float | None = None,
+    spin_us: int = 0,
+    stop: threading.Event | None = None,
 ) -> Subscription:
     """Join topic ``name`` as a reader: it receives every message published after it joined.
     Waits up to ``timeout`` seconds for the topic to exist, its writer to grant this container
-    and admit it (``AccessTimeout`` after that). ``spin_us``: how long ``receive`` polls the
-    ring before it sleeps (0, the default: it sleeps at once; a spin trades a CPU for latency)."""
+    and admit it (``AccessTimeout`` after that, or as soon as ``stop`` is set: a caller that
+    must notice being stopped passes it rather than retrying short timeouts, since each retry
+    leaves and joins anew, and a writer that counted the reader that left may close before it
+    admits the next). ``spin_us``: how long ``receive`` polls the ring before it sleeps (0, the
+    default: it sleeps at once; a spin trades a CPU for latency)."""
     r.registered(client)
-    return Subscription(client, name, timeout, spin_us)
+    return Subscription(client, name, timeout, spin_us, stop=stop)

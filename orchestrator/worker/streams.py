@@ -300,12 +300,16 @@ class RunChannels:
                     self.hub.local_queue(self.workflow_id, name, self.ref), self.cancelled,
                 )  # fmt: skip
                 continue
+            # One subscription for the whole wait, stopped with the task: one retried in short
+            # timeouts would leave and join anew, and the publisher, which counted the one that
+            # left, could end its stream before it admitted the next.
             subscription = self._waiting(
                 lambda n=name: cdi_channels.subscribe(  # type: ignore[misc]
-                    self.hub.client, topic_name(self.workflow_id, n), timeout=_LIVENESS_S
+                    self.hub.client, topic_name(self.workflow_id, n),
+                    timeout=max(0.0, self._deadline - time.monotonic()), stop=self.cancelled,
                 ),
                 f"the publisher of {name!r} (step {publisher!r}) to open it",
-            )
+            )  # fmt: skip
             self.receivers[name] = _Receiver(name, publisher, subscription, None, self.cancelled)
         for name, count in remote.items():
             topic = self.senders[name].topic

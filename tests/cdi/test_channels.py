@@ -20,6 +20,7 @@ import pytest
 import cdi
 from cdi import channels
 from cdi.channels import BackPressure
+from cdi.channels.subscription import STOP_S
 from tests.cdi.conftest import INTRUDER_UID, ROOT, MinionProcess, as_uid
 from tests.cdi.test_isolation import actor, read_json
 
@@ -237,6 +238,42 @@ def test_a_ring_its_reader_still_maps_goes_once_the_reader_leaves(
     while channel_objects(minion) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert channel_objects(minion) == []
+
+
+def test_a_subscribe_with_a_stop_is_one_subscription_through_its_slices_until_stopped(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    """Given a ``stop``, a subscribe waits in slices to look at it, yet stays one subscription
+    (one cursor, never left and joined anew): a writer that grants it several slices late and
+    admits it later still gets this reader; once ``stop`` is set, it gives up."""
+    name, never = unique("late"), unique("never")
+    writer, reader = minion.client(unique("w")), minion.client(unique("r"))
+    me = reader.container_id
+    assert me is not None
+    stop = threading.Event()
+    topic = channels.open_topic(writer, name)
+
+    def grant_late() -> None:
+        time.sleep(3 * STOP_S)
+        topic.grant([me])
+        time.sleep(3 * STOP_S)
+        assert topic.wait_for_readers(1, timeout=30) == [me]
+        topic.publish(b"late")
+
+    with ThreadPoolExecutor(1) as pool:
+        later = pool.submit(grant_late)
+        with channels.subscribe(reader, name, timeout=60, stop=stop) as sub:
+            later.result(timeout=60)
+            assert sub.receive(timeout=30) == b"late"
+    topic.close()
+    with channels.open_topic(writer, never):  # never granted: only the stop ends the wait
+        timer = threading.Timer(2 * STOP_S, stop.set)
+        timer.start()
+        try:
+            with pytest.raises(cdi.AccessTimeout, match="stopped"):
+                channels.subscribe(reader, never, timeout=600, stop=stop)
+        finally:
+            timer.cancel()
 
 
 @pytest.mark.parametrize("isolation", ["cooperative", "strict"])
