@@ -81,10 +81,22 @@ def test_a_webhook_shows_its_secret_once_and_its_deliveries(ui: UI, harness: Har
 
 def test_a_run_is_paused_and_resumed_from_its_page(ui: UI, harness: Harness, napping: str) -> None:
     page = ui.page
-    run = harness.start("double_nap", harness.upload("ui/pause.jpg", sample("sunset.jpg")))
+    # A first nap long enough that the page is open and the run paused while it runs, however
+    # busy the machine (checked below): the second must wait for the resume.
+    name = f"pause_{uuid.uuid4().hex[:8]}"
+    harness.register(
+        "/api/workflow-definitions",
+        {"name": name, "tasks": [
+            {"ref": "nap1", "task": "nap", "params": {"ms": 8000}},
+            {"ref": "nap2", "task": "nap", "depends_on": ["nap1"], "params": {"ms": 500}},
+        ]},
+    )  # fmt: skip
+    run = harness.start(name, harness.upload("ui/pause.jpg", sample("sunset.jpg")))
     ui.open(f"#/workflows/{run}")
     page.locator("#pause").click()
     expect(page.locator("#wf-paused")).to_be_visible()
+    first = harness.get(run)["task_runs"]
+    assert not first or first[0]["status"] in ("QUEUED", "RUNNING"), "nap1 ended before the pause"
     wait_for(lambda: harness.get(run)["task_runs"][:1] and
              harness.get(run)["task_runs"][0]["status"] == "COMPLETED", "nap1 to end")  # fmt: skip
     assert [t["ref"] for t in harness.get(run)["task_runs"]] == ["nap1"]  # nap2 waits
