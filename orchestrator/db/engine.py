@@ -16,6 +16,7 @@ __all__ = ["disk_full", "make_engine", "make_session_factory", "postgres_failed"
 # max_connections is typically 100: keep each process's pool small.
 POOL_SIZE = 5
 MAX_OVERFLOW = 5
+SERVING_OPTIONS = ["-c jit=off", "-c max_parallel_workers_per_gather=0"]
 
 
 def make_engine(
@@ -45,11 +46,17 @@ def make_engine(
         raise ConfigError(
             f"database scheme {url.drivername!r} is not supported; use postgresql+psycopg://"
         )
-    connect_args: dict[str, object] = (
-        {} if synchronous_commit else {"options": "-c synchronous_commit=off"}
-    )
+    options = [] if synchronous_commit else ["-c synchronous_commit=off"]
     if not pooled:
+        connect_args: dict[str, object] = {"options": " ".join(options)} if options else {}
         return create_engine(url, poolclass=NullPool, echo=echo, connect_args=connect_args)
+    # A pool serves requests and scheduler turns, each statement bounded by a page or a window:
+    # no JIT (a statement the planner over-costs, as a range overlap on a large history, was
+    # compiled for far longer than it ran) and no parallel workers (their start-up outlasts
+    # such a statement, and they take the cores concurrent requests need). One-shot jobs
+    # (migrations, unpooled) keep the server's settings.
+    options += SERVING_OPTIONS
+    connect_args = {"options": " ".join(options)}
     # Prepare a statement on the server the second time a connection runs it (psycopg's default
     # is the sixth): a pool's connections each see a hot query only every few requests, and an
     # unprepared one is parsed and planned again each time.

@@ -101,6 +101,25 @@ def test_stale_claims_are_taken_over(claim_database: Engine) -> None:
         store.close()
 
 
+def test_a_pooled_engine_serves_without_jit_or_parallel_workers(api_database_url: str) -> None:
+    """The API's and scheduler's pools run bounded statements: no JIT, no parallel workers;
+    a one-shot engine (migrations) keeps the server's settings."""
+    settings = "SELECT current_setting('jit'), current_setting('max_parallel_workers_per_gather')"
+    serving, one_shot = make_engine(api_database_url), make_engine(api_database_url, pooled=False)
+    try:
+        with serving.connect() as conn:
+            assert tuple(conn.execute(text(settings)).one()) == ("off", "0")
+        with one_shot.connect() as conn:
+            defaults = text(
+                "SELECT reset_val FROM pg_settings WHERE name = 'max_parallel_workers_per_gather'"
+            )
+            ours = conn.execute(text(settings)).one()
+            assert ours[1] == conn.execute(defaults).scalar_one() != "0"
+    finally:
+        serving.dispose()
+        one_shot.dispose()
+
+
 def test_migrate_is_idempotent_and_matches_the_models(api_database_url: str) -> None:
     head = head_revision()
     assert head is not None
