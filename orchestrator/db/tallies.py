@@ -84,7 +84,7 @@ MS_BOUNDS: Final[tuple[float, ...]] = (
 KEEP_MINUTES: Final = timedelta(days=2)  # per-minute and hourly rows kept (windows <= 1 day)
 FOLD_LOCK: Final = 0x6364_6966_7461_6C79  # "cdiftaly": one fold at a time
 
-FOLD_BATCH: Final = 10_000  # deltas a fold statement moves (its sort stays in memory)
+FOLD_BATCH: Final = 10_000  # deltas a fold statement moves (its sort stays small)
 
 # Move the next ``:batch`` deltas after row ``:after`` (in the table's physical order, a range
 # of its pages read) into ``tallies``, in key order (two folds never lock rows crosswise),

@@ -137,8 +137,8 @@ class StartUp:
                     except StackError:
                         if attempt == PORT_ATTEMPTS or not worker.port_taken():
                             raise
-                    # Its metrics port was free when drawn, but another process took it first.
-                    log.warning("%s: its metrics port was taken; starting it on another", wid)
+                    # Its metrics port was free when drawn, but another process took it first:
+                    # the relaunch draws another (and says so).
                     worker.start()
         finally:
             client.close()
