@@ -1,17 +1,20 @@
-"""Migrations 0010 to 0013 on a database with history: their indexes built (concurrently)
+"""Migrations 0010 to 0014 on a database with history: their indexes built (concurrently)
 and valid, the ones they replace gone, the counts by status backfilled equal to the rows, the
-kept minutes summed by hour and each one summarised, every run's tags indexed; down and up
-again cleanly."""
+kept minutes summed by hour and each one summarised, every run's tags indexed, the task runs'
+spans given statistics; down and up again cleanly."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
+import pytest
 from alembic import command
 from sqlalchemy import Connection, text
 
 from orchestrator.db import make_engine, migrate, tallies
 from orchestrator.db.migrate import alembic_config
+from orchestrator.db.repository.task_runs import _RAN
 
 _NEW = ("ix_workflows_created_at_id", "ix_workflows_status_created_at_id",
         "ix_workflows_definition_created_at_id", "ix_workflows_policy_created_at_id",
@@ -161,7 +164,7 @@ def test_0011_swaps_the_status_index_and_sums_the_kept_minutes_by_hour(
             assert "ix_workflows_status_created_at_id_tags" not in found
             assert conn.scalar(text("SELECT to_regclass('tally_hours')")) is None
             conn.commit()
-        assert migrate(url) == "0013"
+        assert migrate(url) == "0014"
     finally:
         engine.dispose()
 
@@ -194,7 +197,7 @@ def test_0012_sums_each_kept_minute_and_back(make_database: Callable[[str], str]
             _to(conn, "0011", down=True)
             assert conn.scalar(text("SELECT to_regclass('tally_minutes')")) is None
             conn.commit()
-        assert migrate(url) == "0013"
+        assert migrate(url) == "0014"
     finally:
         engine.dispose()
 
@@ -224,6 +227,58 @@ def test_0013_indexes_every_runs_tags_and_back(make_database: Callable[[str], st
             assert conn.scalar(text("SELECT to_regclass('workflow_tags')")) is None
             assert _indexes(conn).get("ix_workflows_tags")
             conn.commit()
-        assert migrate(url) == "0013"
+        assert migrate(url) == "0014"
+    finally:
+        engine.dispose()
+
+
+def _overlap_estimate(conn: Connection, low: datetime, high: datetime) -> float:
+    """The planner's estimate of the task runs whose span (as the repository spells it) meets
+    ``[low, high]``."""
+    ran = str(_RAN.compile(dialect=conn.dialect))
+    plan = conn.scalar(
+        text(
+            f"EXPLAIN (FORMAT JSON) SELECT id FROM task_runs WHERE {ran} && "
+            f"tstzrange('{low.isoformat()}', '{high.isoformat()}', '[]')"
+        )
+    )
+    return float(plan[0]["Plan"]["Plan Rows"])
+
+
+def test_0014_gives_the_planner_the_spans_task_runs_ran(
+    make_database: Callable[[str], str],
+) -> None:
+    url = make_database("spans")
+    engine = make_engine(url, pooled=False)
+    now = datetime.now(UTC)
+    long_ago = (now - timedelta(days=400), now - timedelta(days=400) + timedelta(minutes=5))
+    last_day = (now - timedelta(days=1), now)
+    try:
+        with engine.connect() as conn:
+            _folded_history(conn, "0013")
+            # Each of the 8,000 task runs ran 2 s, evenly over the last 5.6 days.
+            conn.execute(
+                text(
+                    "UPDATE task_runs SET started_at = now() - id * interval '1 minute', "
+                    "finished_at = now() - id * interval '1 minute' + interval '2 s'"
+                )
+            )
+            conn.execute(text("ANALYZE task_runs"))
+            rows = conn.scalar(text("SELECT count(*) FROM task_runs"))
+            in_last_day = conn.scalar(
+                text("SELECT count(*) FROM task_runs WHERE finished_at >= now() - interval '1 day'")
+            )
+            # Without: the default 1 % of the table for any window (the partial index's
+            # statistics are not used for selectivity).
+            assert _overlap_estimate(conn, *long_ago) == pytest.approx(rows / 100, rel=0.05)
+            conn.commit()
+            _to(conn, "0014")
+            assert _overlap_estimate(conn, *long_ago) <= 2
+            assert _overlap_estimate(conn, *last_day) == pytest.approx(in_last_day, rel=0.25)
+            conn.commit()
+            _to(conn, "0013", down=True)
+            assert _overlap_estimate(conn, *last_day) == pytest.approx(rows / 100, rel=0.05)
+            conn.commit()
+        assert migrate(url) == "0014"
     finally:
         engine.dispose()
