@@ -34,7 +34,8 @@ def make_engine(
     ``pooled=False`` opens a connection per use, for one-shot jobs such as migrations.
     ``synchronous_commit=False`` lets a commit return before its WAL reaches disk (Postgres
     stays consistent; a crash can lose the last fraction of a second of commits), for a
-    caller whose writes can be redone.
+    caller whose writes can be redone. Settings in the URL's ``options=`` (``-c name=value``)
+    apply on top of these.
     """
     try:
         url = make_url(database_url)
@@ -47,7 +48,13 @@ def make_engine(
             f"database scheme {url.drivername!r} is not supported; use postgresql+psycopg://"
         )
     options = [] if synchronous_commit else ["-c synchronous_commit=off"]
+    # The URL's own ``options=`` go last (of a setting given twice, the server keeps the last):
+    # passed as a keyword argument, ours would otherwise replace them.
+    query_options = url.query.get("options", ())
+    given = [query_options] if isinstance(query_options, str) else list(query_options)
+    url = url.difference_update_query(["options"])
     if not pooled:
+        options += given
         connect_args: dict[str, object] = {"options": " ".join(options)} if options else {}
         return create_engine(url, poolclass=NullPool, echo=echo, connect_args=connect_args)
     # A pool serves requests and scheduler turns, each statement bounded by a page or a window:
@@ -55,7 +62,7 @@ def make_engine(
     # compiled for far longer than it ran) and no parallel workers (their start-up outlasts
     # such a statement, and they take the cores concurrent requests need). One-shot jobs
     # (migrations, unpooled) keep the server's settings.
-    options += SERVING_OPTIONS
+    options += SERVING_OPTIONS + given
     connect_args = {"options": " ".join(options)}
     # Prepare a statement on the server the second time a connection runs it (psycopg's default
     # is the sixth): a pool's connections each see a hot query only every few requests, and an

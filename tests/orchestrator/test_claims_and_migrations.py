@@ -13,6 +13,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
 
 from orchestrator.contract.vocabulary import WorkflowStatus
 from orchestrator.db import Base, make_engine, make_session_factory, migrate
@@ -115,6 +116,32 @@ def test_a_pooled_engine_serves_without_jit_or_parallel_workers(api_database_url
             )
             ours = conn.execute(text(settings)).one()
             assert ours[1] == conn.execute(defaults).scalar_one() != "0"
+    finally:
+        serving.dispose()
+        one_shot.dispose()
+
+
+def test_a_urls_own_options_apply_on_top_of_the_engines(api_database_url: str) -> None:
+    """``options=`` in DATABASE_URL is kept beside the engine's settings, and wins where both
+    set one."""
+    url = make_url(api_database_url).update_query_dict(
+        {"options": "-c statement_timeout=4321 -c jit=on"}
+    )
+    given = url.render_as_string(hide_password=False)
+    settings = text(
+        "SELECT current_setting('statement_timeout'), current_setting('jit'), "
+        "current_setting('max_parallel_workers_per_gather'), current_setting('synchronous_commit')"
+    )
+    serving, one_shot = (
+        make_engine(given, synchronous_commit=False),
+        make_engine(given, pooled=False),
+    )
+    try:
+        with serving.connect() as conn:
+            # the URL's two, and the engine's own where the URL is silent
+            assert tuple(conn.execute(settings).one()) == ("4321ms", "on", "0", "off")
+        with one_shot.connect() as conn:
+            assert tuple(conn.execute(settings).one())[:2] == ("4321ms", "on")
     finally:
         serving.dispose()
         one_shot.dispose()
