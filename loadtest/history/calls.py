@@ -125,8 +125,10 @@ def calls(
         Call("workflows: by definition",
              get("/api/workflows", limit=50, workflow="bench_five_steps")),
         Call("workflows: by policy", get("/api/workflows", limit=50, policy="transfer")),
-        Call("workflows: created in the last hour",
-             get("/api/workflows", limit=50, created_after=(now - timedelta(hours=1)).isoformat())),
+        # Three days: a full page at every size (a year of 10k runs has about one an hour; an
+        # hour's window would compare an empty page with a full one, not the history's cost).
+        Call("workflows: created in the last 3 days",
+             get("/api/workflows", limit=50, created_after=(now - timedelta(days=3)).isoformat())),
         Call("workflows: id prefix", get("/api/workflows", limit=50, q=prefix)),
         Call("workflows: by tag (20 %)", get("/api/workflows", limit=50, tag="nightly")),
         Call("workflows: by tag (2 %)", get("/api/workflows", limit=50, tag="rare")),
