@@ -222,7 +222,7 @@ class Subscription:
     def _check_writer(self) -> None:
         """``ChannelClosed`` if the writer no longer holds our cursor (it died, or dropped us)."""
         key = r.cursor_key(self.name, self.container)
-        listed = [o for o in self.client.list_objects() if o.get("key") == key]
+        listed = self.client.list_objects(key)
         if not listed or self.writer not in listed[0]["readers"]:
             self.close(linger=0)
             raise ChannelClosed(f"the writer of {self.name!r} ({self.writer}) is gone")

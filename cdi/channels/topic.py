@@ -424,7 +424,7 @@ class Topic:
         with self._joining:
             holding: set[str] | None = None
             if check_minion and self._members:
-                listed = [o for o in self.client.list_objects() if o.get("key") == self.key]
+                listed = self.client.list_objects(self.key)
                 holding = set(listed[0]["readers"]) if listed else set()
             with self._lock:
                 gone = [

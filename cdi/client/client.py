@@ -159,11 +159,16 @@ class Client:
         reply, _ = self._session.conn.call(Op.STAT)
         return reply
 
-    def list_objects(self) -> list[dict[str, Any]]:
-        """Every live object on this host: key, size, owner, generation, age."""
-        reply, _ = self._session.conn.call(Op.LIST)
+    def list_objects(self, key: str | None = None) -> list[dict[str, Any]]:
+        """Every live object on this host the caller may see (key, size, owner, readers,
+        generation, age), or only the one of ``key`` (a lookup: ``[]`` if there is none)."""
+        if key is None:
+            reply, _ = self._session.conn.call(Op.LIST)
+        else:
+            reply, _ = self._session.conn.call(Op.LIST, key=protocol.check_key(key))
         objects: list[dict[str, Any]] = reply["objects"]
-        return objects
+        # (a minion older than ``key`` lists everything: the answer is the same either way)
+        return objects if key is None else [o for o in objects if o.get("key") == key]
 
     def bridge_channel(self, name: str, reader: str, **geometry: int) -> str:
         """Ask this host's gateway to carry our topic ``name`` to ``reader`` on another host

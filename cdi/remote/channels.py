@@ -665,7 +665,7 @@ class _Mirror:
             if topic.readers:
                 return False
             key = r.ring_key(self.name)
-            listed = [o for o in self.client.list_objects() if o.get("key") == key]
+            listed = self.client.list_objects(key)
             if listed and listed[0].get("readers"):
                 return False
             self._ended = True

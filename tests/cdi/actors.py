@@ -215,6 +215,7 @@ def snoop(socket_path: str, cid: str, key: str, uid: int) -> None:
     client = cdi.connect(socket_path, cid)
     mine = client.create(f"{cid}-own", 16)
     result: dict[str, Any] = {"listed": [o["key"] for o in client.list_objects()]}
+    result["listed_by_key"] = [o["key"] for o in client.list_objects(key)]
     try:
         client.use(key)
         result["use"] = "found"

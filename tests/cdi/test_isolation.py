@@ -193,10 +193,11 @@ def test_another_uid_sees_none_of_our_objects(minion: MinionProcess, unique: Uni
     snooping = actor("snoop", minion.socket_path, snooper_id, obj.key, str(INTRUDER_UID))
     seen = read_json(snooping)
     assert finish(snooping) == 0
-    assert seen["listed"] == [f"{snooper_id}-own"]
+    assert seen["listed"] == [f"{snooper_id}-own"] and seen["listed_by_key"] == []
     assert seen["use"] == "not_found" and seen["destroy"] == "not_found"
     assert seen["containers"] == [snooper_id]
     assert obj.key in {o["key"] for o in ours.list_objects()}  # the minion's uid sees all
+    assert [o["key"] for o in ours.list_objects(obj.key)] == [obj.key]
     obj.destroy()
 
 

@@ -103,6 +103,27 @@ def test_the_owner_can_wait_for_its_readers(minion: MinionProcess, unique: Uniqu
     next_owner.use(obj.key).destroy()
 
 
+def test_a_list_by_key_is_that_object_with_its_readers(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    """``list_objects(key)``: the one object, as the whole list shows it (its readers too), or
+    nothing for a key no object has."""
+    owner, reader = (minion.client(unique(n)) for n in ("o", "r"))
+    obj, other = owner.create(unique("k"), 100), owner.create(unique("k"), 10)
+    obj.share([reader.container_id or ""])
+    (listed,) = owner.list_objects(obj.key)
+    assert listed == {o["key"]: o for o in owner.list_objects()}[obj.key]
+    assert listed["readers"] == [reader.container_id] and listed["size"] == 100
+    assert owner.list_objects(unique("missing")) == []
+    with pytest.raises(cdi.InvalidArgument):
+        owner.list_objects("bad key with spaces")
+    reader.use(obj.key).release()
+    assert owner.list_objects(obj.key)[0]["readers"] == []
+    obj.destroy()
+    other.destroy()
+    assert owner.list_objects(obj.key) == []
+
+
 def test_a_readers_view_in_use_stops_its_release(minion: MinionProcess, unique: Unique) -> None:
     owner, reader = minion.client(unique("o")), minion.client(unique("r"))
     obj = owner.create(unique("k"), 64)

@@ -133,7 +133,13 @@ fn dispatch(
         Op::Read => sharing::read(reg, token, id, request),
         Op::Release => sharing::release(reg, token, request),
         Op::Stat => Ok(Some((Body::Stat, None))),
-        Op::List => Ok(Some((Body::List, None))),
+        Op::List => {
+            let key = match Value::field(request, "key") {
+                None => None,
+                Some(key) => Some(Rc::from(&*check_key(key)?)),
+            };
+            Ok(Some((Body::List(key), None)))
+        }
     }
 }
 

@@ -48,7 +48,8 @@ pub enum Body {
         readers: usize,
     },
     Stat,
-    List,
+    /// Every object the caller may see, or only the one of this key.
+    List(Option<Rc<str>>),
     Error(CdiError),
 }
 
@@ -204,7 +205,7 @@ pub fn encode(out: &mut Vec<u8>, reg: &Registry, token: u64, body: &Body, id: Re
             enc.uint(*readers as u64);
         }
         Body::Stat => encode_stat(&mut enc, reg, token),
-        Body::List => encode_list(&mut enc, reg, token),
+        Body::List(key) => encode_list(&mut enc, reg, token, key.as_deref()),
         Body::Error(_) => {}
     }
 }
@@ -248,12 +249,13 @@ fn encode_stat(enc: &mut Enc, reg: &Registry, token: u64) {
 }
 
 /// The objects the caller may see, in creation order.
-fn encode_list(enc: &mut Enc, reg: &Registry, token: u64) {
-    let mut objects: Vec<&StoredObject> = reg
-        .objects
-        .values()
-        .filter(|o| reg.visible(token, o))
-        .collect();
+fn encode_list(enc: &mut Enc, reg: &Registry, token: u64, key: Option<&str>) {
+    let mut objects: Vec<&StoredObject> = match key {
+        // One key: a lookup, whatever the number of objects here.
+        Some(key) => reg.objects.get(key).into_iter().collect(),
+        None => reg.objects.values().collect(),
+    };
+    objects.retain(|o| reg.visible(token, o));
     objects.sort_unstable_by_key(|o| o.order);
     enc.str("objects");
     enc.array(objects.len());
