@@ -34,10 +34,11 @@ from orchestrator.db.repository.paging import Cursor
 from orchestrator.services import RunningServices
 from orchestrator.stack import Stack
 
-__all__ = ["bench_history_command", "measure_history", "parse_sizes"]
+__all__ = ["KEPT", "bench_history_command", "measure_history", "parse_sizes", "read_kept"]
 
 _SIZE: Final = re.compile(r"^(\d+(?:\.\d+)?)([kKmM]?)$")
 _SLOWEST: Final = 3  # calls whose plans are shown, at the largest size
+KEPT: Final = "history.json"  # in the data folder: the sizes grown and their databases
 # The tables that grow with the history: a call that scans one whole costs the history.
 _GROWING: Final = re.compile(
     r"Seq Scan on (workflows|workflow_tags|task_runs|events|handoffs|webhook_deliveries)\b"
@@ -216,19 +217,25 @@ def measure_history(
     progress: bool = True,
     services: RunningServices | None = None,
     redis_db: int = 1,
+    again: bool = False,
 ) -> dict[str, Any]:
     """Run ``templates`` real workflows on a stack, grow their clones to each size in turn
     (a copy of the database at each but the largest: ``grow_sizes``), start a stack on each
     size and time every call in rounds across the sizes (``time_sides``); then one dashboard
     tab at each size, at the largest the plans (``plans``) and, the other stacks stopped,
     (``prune``) pruning all but the last day's runs while new runs are timed. ``services``:
-    running ones to use (the stacks' Redis databases from ``redis_db`` up)."""
+    running ones to use (the stacks' Redis databases from ``redis_db`` up). What was grown is
+    written to ``KEPT`` in ``data_dir``; ``again``: time the histories it names instead of
+    growing (``sizes``, ``templates`` and ``spread_days`` are then those it says)."""
 
     def say(text: str) -> None:
         if progress:
             click.echo(text, err=True)
 
     folder = data_dir.absolute()
+    kept_before = read_kept(folder) if again else None
+    if kept_before is not None:
+        sizes, spread_days = tuple(kept_before["sizes"]), kept_before["spread_days"]
     before = machine_state()
     report: dict[str, Any] = {"results": [], "sizes": list(sizes), "repeat": repeat,
                               "spread_days": spread_days, "histories": [], "dashboard_tab": [],
@@ -239,24 +246,29 @@ def measure_history(
         _restored(saved),
         BenchServices(folder / "services", given=services, first_redis_db=redis_db) as shared,
     ):
-        main = shared.for_system("history")
         running = shared.running
         assert running.admin_database_url is not None
+        if kept_before is None:
+            main = shared.for_system("history")
+        else:  # the kept history's own database, a Redis database of this run
+            main = dataclasses.replace(
+                running, database_url=_on(running, kept_before["databases"][-1]),
+                redis_url=shared.redis_url(), s3_endpoint_url=shared.s3_url, embedded=(),
+            )  # fmt: skip
         database = make_url(main.database_url).database or ""
         with connect(running.admin_database_url, autocommit=True) as admin:
-            preload_auto_explain(admin, database)
-            say(f"running {templates} real workflows ...")
-            began = time.monotonic()
-            with (
-                Stack(folder / "stack", workers=2, port=free_port(), services=main) as stack,
-                httpx.Client(
-                    base_url=stack.api_url, headers=stack.auth_headers, timeout=120
-                ) as http,
-            ):
-                ids = run_templates(http, s3_client(running), running.s3_bucket, templates)
-            report["templates_s"] = round(time.monotonic() - began, 1)
-            history = History(main.database_url, ids, spread_days=spread_days)
-            urls = grow_sizes(history, sizes, admin, report["histories"], say)
+            if kept_before is None:
+                preload_auto_explain(admin, database)
+                report["templates_s"] = _run_templates(folder, main, templates, report, say)
+                history = History(main.database_url, report.pop("_ids"),
+                                  spread_days=spread_days)  # fmt: skip
+                urls = grow_sizes(history, sizes, admin, report["histories"], say)
+                _write_kept(folder, sizes, spread_days, urls, report["histories"])
+            else:
+                say(f"timing the kept histories of {folder / KEPT} again ...")
+                urls = [_on(running, name) for name in kept_before["databases"]]
+                report["histories"] = kept_before["histories"]
+                report["again"] = True
             postgres = [s.pid for s in running.embedded if s.name == "postgres" and s.pid]
             say("starting a stack on each size ...")
             grown = report["histories"]
@@ -291,6 +303,57 @@ def measure_history(
                     )
     report["machine"] = {**before, "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
     return report
+
+
+def _run_templates(folder: Path, main: RunningServices, templates: int,
+                   report: dict[str, Any], say: Callable[[str], None]) -> float:  # fmt: skip
+    """Run the real workflows the history is cloned from (their ids in ``report["_ids"]``);
+    how long it took, in seconds."""
+    say(f"running {templates} real workflows ...")
+    began = time.monotonic()
+    with (
+        Stack(folder / "stack", workers=2, port=free_port(), services=main) as stack,
+        httpx.Client(base_url=stack.api_url, headers=stack.auth_headers, timeout=120) as http,
+    ):
+        report["_ids"] = run_templates(http, s3_client(main), main.s3_bucket, templates)
+    return round(time.monotonic() - began, 1)
+
+
+def _on(running: RunningServices, database: str) -> str:
+    """The URL of ``database`` on the run's Postgres, as the stacks' user."""
+    return (
+        make_url(running.database_url).set(database=database).render_as_string(hide_password=False)
+    )
+
+
+def _write_kept(folder: Path, sizes: tuple[int, ...], spread_days: int, urls: list[str],
+                histories: list[dict[str, Any]]) -> None:  # fmt: skip
+    """What was grown, for a later ``again``: database names only (no credentials)."""
+    kept = {
+        "sizes": list(sizes),
+        "spread_days": spread_days,
+        "databases": [make_url(url).database for url in urls],
+        "histories": histories,
+    }
+    (folder / KEPT).write_text(json.dumps(kept, indent=1))
+
+
+def read_kept(folder: Path) -> dict[str, Any]:
+    """The histories a run grew in ``folder`` (``KEPT``); ``click.UsageError`` if none."""
+    try:
+        kept: dict[str, Any] = json.loads((folder / KEPT).read_text())
+    except FileNotFoundError:
+        raise click.UsageError(
+            f"{folder} holds no history to time again (no {KEPT}): grow one first with "
+            "--keep and the same --data-dir"
+        ) from None
+    except ValueError as exc:
+        raise click.UsageError(f"{folder / KEPT} is not JSON ({exc})") from None
+    if not {"sizes", "spread_days", "databases", "histories"} <= kept.keys() or len(
+        kept["databases"]
+    ) != len(kept["sizes"]):
+        raise click.UsageError(f"{folder / KEPT} does not say which databases hold which size")
+    return kept
 
 
 def _read_plans(report: dict[str, Any], capture: PlanCapture, side: Side) -> None:
@@ -363,6 +426,9 @@ def _restored(saved: dict[str, str | None]) -> Iterator[None]:
 @click.option("--prune/--no-prune", default=True, show_default=True,
               help="At the end, prune all but the last day's runs, timing new runs.")  # fmt: skip
 @click.option("--keep", is_flag=True, help="Keep the data folder (its Postgres holds the history).")
+@click.option("--again", is_flag=True,
+              help="Time the histories a run with --keep grew in --data-dir again, "
+                   "without growing or pruning them (the folder is kept).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def bench_history_command(
     sizes: str,
@@ -373,6 +439,7 @@ def bench_history_command(
     data_dir: Path,
     prune: bool,
     keep: bool,
+    again: bool,
     as_json: bool,
 ) -> None:
     """Every API call, the scrape, the scheduler's tick and a new run, timed at each history
@@ -380,7 +447,9 @@ def bench_history_command(
     the sizes timed in turn, a call at one size seconds after the other); at the largest,
     the plan of every call (whole-table scans named)."""
     wanted = parse_sizes(sizes)
-    if templates >= wanted[0]:
+    if again:
+        wanted = tuple(read_kept(data_dir.absolute())["sizes"])  # (a clear error if none)
+    elif templates >= wanted[0]:
         raise click.BadParameter(f"the smallest size must exceed the {templates} templates",
                                  param_hint="--sizes")  # fmt: skip
     signal.signal(signal.SIGTERM, terminated_by_signal)  # unwind: stop what was started
@@ -388,9 +457,9 @@ def bench_history_command(
         with one_run_per_folder(data_dir):
             report = measure_history(
                 data_dir, wanted, repeat=repeat, templates=templates, tab_seconds=tab_seconds,
-                spread_days=spread_days, prune=prune,
+                spread_days=spread_days, prune=prune and not again, again=again,
             )  # fmt: skip
     finally:
-        if not keep:
+        if not (keep or again):
             shutil.rmtree(data_dir, ignore_errors=True)
     click.echo(json.dumps(report, indent=1) if as_json else history_table(report))

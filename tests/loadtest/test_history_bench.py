@@ -7,10 +7,11 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import click
 import pytest
 
 from loadtest.history import grow
-from loadtest.history.cli import measure_history
+from loadtest.history.cli import KEPT, measure_history, read_kept
 from loadtest.history.report import history_table
 from orchestrator.services import RunningServices
 
@@ -45,3 +46,21 @@ def test_each_call_is_timed_at_every_size_in_turn_and_its_ratio_is_of_the_same_r
         assert large["p50_ms"] == pytest.approx(statistics.median(large["samples_ms"]), abs=0.01)
     assert [t["workflows"] for t in report["dashboard_tab"]] == list(_SIZES)
     assert "2k/200" in history_table(report)
+    # Timed again without growing: the same databases (each API still sees its own size).
+    again = measure_history(short_dir / "bench", (5000,), repeat=1, tab_seconds=1.0,
+                            prune=False, plans=False, progress=False, services=service_stack,
+                            redis_db=12, again=True)  # fmt: skip
+    assert again["again"] is True and again["sizes"] == list(_SIZES)
+    small_total, large_total = (h["api_total"] for h in again["histories"])
+    # (plus the new runs the first timing started, as many at each size)
+    assert small_total > _SIZES[0] and large_total - small_total == _SIZES[1] - _SIZES[0]
+    assert {(r["call"], r["workflows"]) for r in again["results"]} == set(rows)
+    assert "templates_s" not in again
+
+
+def test_timing_again_needs_a_kept_history(tmp_path: Path) -> None:
+    with pytest.raises(click.UsageError, match="grow one first with --keep"):
+        read_kept(tmp_path)
+    (tmp_path / KEPT).write_text('{"sizes": [1000]}')
+    with pytest.raises(click.UsageError, match="which databases hold which size"):
+        read_kept(tmp_path)
