@@ -392,6 +392,7 @@ def test_a_field_of_the_wrong_type_is_invalid_argument(
             "share": {"key": key, "readers": [registered(peers, unique)[1]]},
             "read": {"key": key},
             "release": {"key": key},
+            "list": {},
         }
         base = bases[op]
     reply, fd = peer.call(op, **{**base, field: wrong})
