@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loadtest.chaos.workload import FINISHED, Started, Workload
 
@@ -36,6 +36,7 @@ class Tally:
     rerun_from_input: int | None = None
     rerun_reasons: list[str] = field(default_factory=list)  # failed task runs' errors in those
     failures: list[str] = field(default_factory=list)  # the distinct reasons of FAILED runs
+    stuck_runs: list[dict[str, Any]] = field(default_factory=list)  # where each stuck run was
 
     @property
     def ended_right(self) -> bool:
@@ -68,6 +69,7 @@ def judge(
         failures=sorted(
             {str(r.detail.get("error")) for r in runs.values() if r.status == "FAILED"}
         ),
+        stuck_runs=[load.where_stuck(r) for r in runs.values() if verdicts[r.id] == "stuck"],
     )
 
 

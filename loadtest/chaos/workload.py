@@ -19,6 +19,7 @@ import collections
 import hashlib
 import io
 import itertools
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ PIPELINE: Final = "chaos_pipeline"
 GRAPH: Final = "chaos_graph"
 NAP_TASK: Final = "chaos_nap"
 REASON_CHARS: Final = 240  # of a task run's error, in a case's report
+STUCK_EVENTS: Final = 12  # a stuck run's last events, in a case's report
+EVENT_CHARS: Final = 160  # of each one's data
 INPUT_STEP: Final = "deblur"  # the step that reads the workflow's input from S3
 # (policy, data plane) in turn: the three CDI policies and the Conductor-style plane.
 MIX: Final = (
@@ -404,6 +407,25 @@ class Workload:
                     if t.get("status") == "FAILED"
                 )
         return again, sorted(reasons)
+
+    def where_stuck(self, run: Started) -> dict[str, Any]:
+        """What a run that did not finish was doing: its status, each task run (ref, attempt,
+        status, worker) and its last events, from the API (for the report of a stuck run)."""
+        detail = self._one(run.id) or {}
+        return {
+            "id": run.id,
+            "workflow": run.workflow,
+            "policy": run.policy,
+            "status": detail.get("status", run.status),
+            "task_runs": [
+                f"{t.get('ref')}#{t.get('attempt')} {t.get('status')} on {t.get('worker_id')}"
+                for t in detail.get("task_runs") or ()
+            ],
+            "events": [
+                f"{e.get('kind')} {json.dumps(e.get('data'))[:EVENT_CHARS]}"
+                for e in (detail.get("events") or ())[-STUCK_EVENTS:]
+            ],
+        }
 
     def verdict(self, run: Started) -> str:
         """``ok`` (completed with the right pixels and label, or failed saying why), else

@@ -13,6 +13,7 @@ import pytest
 from cdi.hosts import namespaces_available
 from loadtest.chaos.faults import Target, host_killed, partition
 from loadtest.chaos.run import chaos_stack, run_case
+from tests.orchestrator.chaos_support import passed
 
 WORKFLOWS = 12
 
@@ -30,11 +31,11 @@ def target() -> Iterator[Target]:
 
 def test_a_short_partition_fails_no_workflow(target: Target) -> None:
     result = run_case(target, partition(cut_s=5.0), workflows=WORKFLOWS, deadline_s=120.0)
-    assert result.passed, result.as_dict()
+    assert passed(result), result.as_dict()
     assert result.failed == 0, result.failures
 
 
 def test_a_host_killed_whole_comes_back(target: Target) -> None:
     result = run_case(target, host_killed(), workflows=WORKFLOWS, deadline_s=120.0)
-    assert result.passed, result.as_dict()
+    assert passed(result), result.as_dict()
     assert result.completed + result.failed == result.workflows + result.probes + result.fed

@@ -22,6 +22,7 @@ from loadtest.chaos.faults import FAULTS, QUICK_FAULTS, QUICK_GRAPH_FAULTS, Faul
 from loadtest.chaos.run import chaos_stack, run_case
 from loadtest.chaos.sampling import pieces_of
 from loadtest.chaos.soak import run_soak
+from tests.orchestrator.chaos_support import passed
 
 WORKFLOWS = 12  # a case: some in flight on each policy when the fault strikes
 GRAPHS = 8  # a graph case: some in flight on each of its two policies
@@ -38,7 +39,7 @@ def target() -> Iterator[Target]:
 )
 def test_every_workflow_ends_right_after(target: Target, fault: Fault[Target]) -> None:
     result = run_case(target, fault, workflows=WORKFLOWS, deadline_s=120.0)
-    assert result.passed, result.as_dict()
+    assert passed(result), result.as_dict()
     assert result.completed + result.failed == result.workflows + result.probes + result.fed
     if fault.name == "minion":
         # Its objects outlive it (docs/minion-restart.md): no workflow starts over.
@@ -53,7 +54,7 @@ def test_every_graph_ends_right_after(target: Target, fault: Fault[Target]) -> N
     back to the scheduler (``scheduler/ahead.py``); the scheduler killed, its successor finds
     where each held input is. Every graph ends with the reference's pixels and label."""
     result = run_case(target, fault, workflows=GRAPHS, deadline_s=120.0, workload="graph")
-    assert result.passed, result.as_dict()
+    assert passed(result), result.as_dict()
     assert result.completed + result.failed == result.workflows + result.probes + result.fed
 
 
@@ -62,7 +63,7 @@ def test_a_burst_is_taken_without_a_5xx_and_every_run_completes(target: Target) 
     client sends the start again after its Retry-After; no 5xx; each taken once (the 429 itself:
     test_api_back_pressure.py)."""
     result = run_burst(target, workflows=100, clients=50, deadline_s=600.0)
-    assert result.passed, result.as_dict()
+    assert passed(result), result.as_dict()
     assert result.server_errors == 0, result.answers
     assert result.answers.get("201") == 100, result.answers
     assert result.completed == 100

@@ -16,12 +16,13 @@ import pytest
 
 from loadtest.chaos.faults import disk_full, s3_outage
 from loadtest.chaos.run import CaseResult, chaos_stack, run_case
+from tests.orchestrator.chaos_support import passed
 
 WORKFLOWS = 12
 
 
 def _passed(result: CaseResult) -> None:
-    assert result.passed, result.as_dict()
+    assert passed(result), result.as_dict()
     assert result.completed + result.failed == result.workflows + result.probes + result.fed
 
 
