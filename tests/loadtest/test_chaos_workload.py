@@ -74,3 +74,25 @@ def test_finished_runs_under_the_cap_take_one_request_a_status() -> None:
     api = _Api(rows)
     assert _workload(api).finished_since(time.time() - 60) == 4 * 30
     assert api.calls == 4
+
+
+def test_a_stuck_run_is_reported_with_its_task_runs_and_last_events() -> None:
+    detail = {
+        "status": "RUNNING",
+        "task_runs": [
+            {"ref": "input", "attempt": 1, "status": "COMPLETED", "worker_id": "worker-1"},
+            {"ref": "join", "attempt": 1, "status": "QUEUED", "worker_id": None},
+        ],
+        "events": [{"kind": f"e{i}", "data": {"i": i}} for i in range(20)],
+    }
+
+    def api(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/api/workflows/run-1"
+        return httpx.Response(200, json=detail)
+
+    work = Workload.__new__(Workload)  # no stack: only its API client is used here
+    work.api = httpx.Client(base_url="http://api.test", transport=httpx.MockTransport(api))
+    where = work.where_stuck(Started("run-1", "in.jpg", "auto", "cdi", time.time()))
+    assert where["status"] == "RUNNING" and where["policy"] == "auto"
+    assert where["task_runs"] == ["input#1 COMPLETED on worker-1", "join#1 QUEUED on None"]
+    assert where["events"] == [f'e{i} {{"i": {i}}}' for i in range(8, 20)]  # the last twelve
