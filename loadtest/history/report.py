@@ -43,6 +43,8 @@ def history_table(report: dict[str, Any]) -> str:
         lines.append(f"ratio: the median over the rounds of a round's time at that size over "
                      f"its time at {first} just before; * over {RATIO_GOAL}x")  # fmt: skip
     lines.append("")
+    if report.get("again"):
+        lines.append("timed again: the histories an earlier run grew in this folder (--again)")
     for h in report["histories"]:
         copied = f", copied in {h['copy_s']} s" if "copy_s" in h else ""
         lines.append(

@@ -55,7 +55,8 @@ def test_each_call_is_timed_at_every_size_in_turn_and_its_ratio_is_of_the_same_r
     # (plus the new runs the first timing started, as many at each size)
     assert small_total > _SIZES[0] and large_total - small_total == _SIZES[1] - _SIZES[0]
     assert {(r["call"], r["workflows"]) for r in again["results"]} == set(rows)
-    assert "templates_s" not in again
+    assert "templates_s" not in again and "timed again" in history_table(again)
+    assert "timed again" not in history_table(report)
 
 
 def test_timing_again_needs_a_kept_history(tmp_path: Path) -> None:
