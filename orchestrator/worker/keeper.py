@@ -17,7 +17,8 @@ tests do, leaves no body behind.
 SIGINT from the start (``keep`` installs ``forward`` before the first body), so a stop is never
 ignored as the kernel ignores an unhandled signal sent to PID 1; a body inherits the process's
 own handler (``orchestrator.pid_one``), so one stopped before it set up its own ends with
-SIGTERM's status. And as PID 1 the keeper is every orphan's parent: a process a task started
+SIGTERM's status; a stop that comes while a body is being forked waits, blocked, until the
+body has those handlers. And as PID 1 the keeper is every orphan's parent: a process a task started
 that outlives its body (the body replaced because its task would not stop) is reaped while the
 keeper waits, rather than left a zombie for the container's life.
 """
@@ -60,6 +61,8 @@ def keep(body: Callable[[], int], name: str) -> int:
     try:
         while True:
             child = _fork(body, previous)
+            # Held from before the fork (``_fork``): one that came meanwhile is forwarded now.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
             if stopping:  # asked to stop while it was being forked
                 _signal(child, signal.SIGTERM)
             code = os.waitstatus_to_exitcode(_wait_for(child))
@@ -84,11 +87,20 @@ def _wait_for(child: int) -> int:
 
 
 def _fork(body: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:
-    """Fork a body; in the child, run it and end the process with its code."""
+    """Fork a body; in the child, run it and end the process with its code. SIGTERM and
+    SIGINT are blocked from before the fork: in the parent until the caller has noted the
+    child (it unblocks them), in the child until it has the process's own handlers again (a
+    stop forwarded meanwhile would otherwise reach the keeper's ``forward``, copied into the
+    child, and be lost: the body would run on)."""
     keeper = os.getpid()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    child = os.fork()
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+    try:
+        child = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+        raise
     if child:
         return child
     code = 1
@@ -98,6 +110,7 @@ def _fork(body: Callable[[], int], handlers: dict[signal.Signals, Any]) -> int:
             os._exit(1)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)  # the keeper's own, as the process had them
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # one held meanwhile lands here
         code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

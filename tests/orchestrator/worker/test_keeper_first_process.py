@@ -62,6 +62,32 @@ sys.exit(keep(body, "worker-pid1"))
 """
 
 
+# The same, with the window between a body's fork and its handlers widened (a busy machine):
+# the stop is sent while the new body still has the keeper's handler.
+STOPPED_WHILE_FORKED = """
+import ctypes, sys, time
+from orchestrator.pid_one import stop_on_sigterm
+from orchestrator.worker.keeper import keep
+
+stop_on_sigterm()
+real = ctypes.CDLL
+class Slow:  # what the body loads first, right after the fork
+    def __init__(self, *args, **kwargs):
+        self._lib = real(*args, **kwargs)
+    def __getattr__(self, name):
+        print("forked", flush=True)
+        time.sleep(1.0)
+        return getattr(self._lib, name)
+ctypes.CDLL = Slow
+def body() -> int:
+    print("body up", flush=True)
+    time.sleep(60)
+    return 0
+
+sys.exit(keep(body, "worker-pid1"))
+"""
+
+
 def _in_own_pid_namespace(script: str, *args: str) -> list[str]:
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare(1) to run a process as PID 1 of a PID namespace")
@@ -100,3 +126,17 @@ def _pid_one_of(unshare_pid: int) -> int:
             return int(children[0])
         time.sleep(0.05)
     raise AssertionError("unshare started no process")
+
+
+def test_as_pid_1_a_stop_while_a_body_is_being_forked_ends_it_with_sigterms_status() -> None:
+    with subprocess.Popen(
+        _in_own_pid_namespace(STOPPED_WHILE_FORKED), cwd=ROOT, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "forked"
+            os.kill(_pid_one_of(proc.pid), signal.SIGTERM)  # forwarded within the window
+            assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        finally:
+            if proc.poll() is None:
+                proc.kill()
