@@ -168,6 +168,12 @@ def _put(
                 raise StreamBroken(f"channel {name!r}: the task was stopped") from None
 
 
+def _publisher_broke(name: str, publisher: str, how: str) -> str:
+    """What a subscriber of ``name`` is told when its publisher ended it other than by its end
+    marker."""
+    return f"channel {name!r}: its publisher, step {publisher!r}, {how} before it ended its stream"
+
+
 class _Receiver:
     """A subscriber's end of one channel: a CDI subscription or a queue in this process."""
 
@@ -194,14 +200,11 @@ class _Receiver:
                 return
             if message == BROKEN:
                 self.ended = True
-                raise StreamBroken(self._broken("failed or was stopped"))
+                raise StreamBroken(self.broken("failed or was stopped"))
             yield decode_item(message)
 
-    def _broken(self, how: str) -> str:
-        return (
-            f"channel {self.name!r}: its publisher, step {self.publisher!r}, {how} before it "
-            "ended its stream"
-        )
+    def broken(self, how: str) -> str:
+        return _publisher_broke(self.name, self.publisher, how)
 
     def _next(self) -> bytes:
         while True:
@@ -218,7 +221,7 @@ class _Receiver:
                 continue
             except cdi.ChannelError as exc:  # closed or broken without our end marker
                 self.ended = True
-                raise StreamBroken(self._broken(f"went away ({exc})")) from None
+                raise StreamBroken(self.broken(f"went away ({exc})")) from None
 
     def close(self) -> None:
         if self.subscription is not None:
@@ -303,13 +306,17 @@ class RunChannels:
             # One subscription for the whole wait, stopped with the task: one retried in short
             # timeouts would leave and join anew, and the publisher, which counted the one that
             # left, could end its stream before it admitted the next.
-            subscription = self._waiting(
-                lambda n=name: cdi_channels.subscribe(  # type: ignore[misc]
-                    self.hub.client, topic_name(self.workflow_id, n),
-                    timeout=max(0.0, self._deadline - time.monotonic()), stop=self.cancelled,
-                ),
-                f"the publisher of {name!r} (step {publisher!r}) to open it",
-            )  # fmt: skip
+            try:
+                subscription = self._waiting(
+                    lambda n=name: cdi_channels.subscribe(  # type: ignore[misc]
+                        self.hub.client, topic_name(self.workflow_id, n),
+                        timeout=max(0.0, self._deadline - time.monotonic()), stop=self.cancelled,
+                    ),
+                    f"the publisher of {name!r} (step {publisher!r}) to open it",
+                )  # fmt: skip
+            except cdi.ChannelError as exc:  # it ended (failed, or its link broke) before us
+                how = f"went away ({exc})"
+                raise StreamBroken(_publisher_broke(name, publisher, how)) from None
             self.receivers[name] = _Receiver(name, publisher, subscription, None, self.cancelled)
         for name, count in remote.items():
             topic = self.senders[name].topic
