@@ -341,7 +341,7 @@ def _write_kept(folder: Path, sizes: tuple[int, ...], spread_days: int, urls: li
 def read_kept(folder: Path) -> dict[str, Any]:
     """The histories a run grew in ``folder`` (``KEPT``); ``click.UsageError`` if none."""
     try:
-        kept: dict[str, Any] = json.loads((folder / KEPT).read_text())
+        kept = json.loads((folder / KEPT).read_text())
     except FileNotFoundError:
         raise click.UsageError(
             f"{folder} holds no history to time again (no {KEPT}): grow one first with "
@@ -349,9 +349,12 @@ def read_kept(folder: Path) -> dict[str, Any]:
         ) from None
     except ValueError as exc:
         raise click.UsageError(f"{folder / KEPT} is not JSON ({exc})") from None
-    if not {"sizes", "spread_days", "databases", "histories"} <= kept.keys() or len(
-        kept["databases"]
-    ) != len(kept["sizes"]):
+    fields = {"sizes": list, "spread_days": int, "databases": list, "histories": list}
+    if (
+        not isinstance(kept, dict)
+        or any(not isinstance(kept.get(name), kind) for name, kind in fields.items())
+        or not len(kept["databases"]) == len(kept["sizes"]) == len(kept["histories"])
+    ):
         raise click.UsageError(f"{folder / KEPT} does not say which databases hold which size")
     return kept
 

@@ -62,6 +62,11 @@ def test_each_call_is_timed_at_every_size_in_turn_and_its_ratio_is_of_the_same_r
 def test_timing_again_needs_a_kept_history(tmp_path: Path) -> None:
     with pytest.raises(click.UsageError, match="grow one first with --keep"):
         read_kept(tmp_path)
-    (tmp_path / KEPT).write_text('{"sizes": [1000]}')
-    with pytest.raises(click.UsageError, match="which databases hold which size"):
+    for wrong in ('{"sizes": [1000]}', "[1000]", '{"sizes": [1000], "spread_days": 365, '
+                  '"databases": ["a", "b"], "histories": [{}]}'):  # fmt: skip
+        (tmp_path / KEPT).write_text(wrong)
+        with pytest.raises(click.UsageError, match="which databases hold which size"):
+            read_kept(tmp_path)
+    (tmp_path / KEPT).write_text("{")
+    with pytest.raises(click.UsageError, match="is not JSON"):
         read_kept(tmp_path)
