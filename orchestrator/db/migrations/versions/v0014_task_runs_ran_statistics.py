@@ -6,9 +6,10 @@ expression only for uniqueness, never for selectivity, so it estimated every win
 at its default 1 % of the table: at ten million workflows (31 million task runs) a window with
 no rows was planned as 312,157 rows, with parallel workers and JIT, and took over 100 ms while
 reading 17 buffers. Extended statistics on the same expression (Postgres 14 and later) give
-the planner the spans' bounds and lengths: it estimates a window from what it holds. Filled by
-``ANALYZE task_runs`` here (a sample of the table, seconds at any size) and by autovacuum's
-analyses after.
+the planner the spans' bounds and lengths: it estimates a window from what it holds. They cover
+every row, so a task run cancelled before it started (no times: a span without bounds) counts in
+every window's estimate. Filled by ``ANALYZE task_runs`` here (a sample of the table, seconds at
+any size) and by autovacuum's analyses after.
 
 Revision ID: 0014
 Revises: 0013
