@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from orchestrator.contract import keys
 from orchestrator.scheduler import ahead, progress
 from orchestrator.scheduler.context import SchedulerContext
+from orchestrator.scheduler.data import Mode
 from orchestrator.scheduler.dispatch import LOST_GRACE_S, Dispatcher
 from orchestrator.scheduler.placement import WorkerLoad
 from orchestrator.scheduler.planes import plane_of
@@ -89,7 +90,7 @@ class Recovery:
                 if not dead:
                     self._overdue(run, step, flight, now)
                 continue
-            self._give_up(run, step, flight, dead)
+            self._give_up(run, step, flight, dead, loads)
         if not grace:
             self._regain_ahead(loads)
 
@@ -118,8 +119,20 @@ class Recovery:
                     flight.task_run_id, flight.worker)  # fmt: skip
         self.ctx.redis.lpush(keys.worker_queue_key(flight.worker), flight.instruction.dumps())
 
-    def _give_up(self, run: RunState, step: StepRun, flight: InFlight, dead: bool) -> None:
-        """Record the task as lost, withdraw its instruction, and retry the step elsewhere."""
+    def _give_up(
+        self,
+        run: RunState,
+        step: StepRun,
+        flight: InFlight,
+        dead: bool,
+        loads: Mapping[str, WorkerLoad],
+    ) -> None:
+        """Record the task as lost, withdraw its instruction, and retry the step elsewhere.
+        One its worker's process never popped (that process lives on, only slow or its
+        heartbeat late) still holds the shares it was given for it: they are asked back, as a
+        withdrawal does (``Endings.withdraw``), or that worker would hold them for as long as
+        it lives and the object's last read, which takes the object over, would be refused
+        (``ObjectShared``) every time."""
         self.dispatch.returned(flight)
         step.in_flight = None
         reason = (
@@ -141,7 +154,11 @@ class Recovery:
         pipe = self.ctx.redis.pipeline(transaction=False)
         pipe.lrem(keys.worker_queue_key(flight.worker), 0, lost_text)  # type: ignore[arg-type]
         pipe.lrem(keys.worker_inflight_key(flight.worker), 0, lost_text)  # type: ignore[arg-type]
-        pipe.execute()
+        unrun = bool(pipe.execute()[0])
+        if unrun and _same_process(flight, loads):
+            shared = [run.objects[k] for k, m in step.modes.items()
+                      if m is Mode.READ and k in run.objects]  # fmt: skip
+            self.reports.endings.take_back(run, flight.worker, [], shared)
         step.avoid = step.avoid | {flight.worker}
         step.last_worker = None
         if run.home == flight.worker:
@@ -178,6 +195,13 @@ class Recovery:
                         keys.worker_queue_key(flight.worker), flight.instruction.dumps()
                     )
         self._redis_epoch = epoch
+
+
+def _same_process(flight: InFlight, loads: Mapping[str, WorkerLoad]) -> bool:
+    """Whether the process ``flight`` went to still runs its worker (a new one, or none,
+    holds nothing of the old one's: its shares ended with it)."""
+    load = loads.get(flight.worker)
+    return load is not None and load.started_at == flight.worker_started
 
 
 def _silence(

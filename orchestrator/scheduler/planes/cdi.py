@@ -135,7 +135,8 @@ class CdiPlane(Plane):
         False while the worker still holds one (one on another host is not waited for:
         ``_held_elsewhere``). An object the worker was making from the S3 input may be
         half-written: it is dropped like a half-written output, and the retry fetches the
-        input again. Its shares end with it."""
+        input again. A dead worker's shares end with it (a live one's, of an instruction it never
+        popped, are asked back: ``Recovery._give_up``)."""
         lost = flight.instruction
         fetched = lost.key if lost.input_uri else ObjectKey("")
         owned = [k for k, m in step.modes.items() if m is Mode.OWN]
