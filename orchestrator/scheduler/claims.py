@@ -28,7 +28,12 @@ from orchestrator.scheduler.endings import Endings, ended_rows
 from orchestrator.scheduler.guarded import guarded
 from orchestrator.scheduler.instructions import RELEASE_TASK
 from orchestrator.scheduler.planes import PLANES
-from orchestrator.scheduler.runs import DEFAULT_MAX_PARALLEL, RunState, StepSpec
+from orchestrator.scheduler.runs import (
+    DEFAULT_MAX_PARALLEL,
+    RunState,
+    StepSpec,
+    fresh_key_prefix,
+)
 from orchestrator.settings import Settings
 from workflows import imagebuf
 from workflows.binding import IMAGE
@@ -187,8 +192,9 @@ def plan(
         timeout_s=claimed.timeout_s,
         deadline=_deadline(claimed),
         worker_wait_s=claimed.worker_wait_s,
+        key_prefix=fresh_key_prefix(claimed.id),
     )
-    # A run that was placed before goes on from its last attempts, under fresh object keys.
+    # A run that was placed before goes on from its last attempts.
     return run.again(claimed.attempts) if claimed.attempts else run
 
 

@@ -26,7 +26,15 @@ from orchestrator.contract.vocabulary import DataPlane, Policy
 from orchestrator.scheduler.data import Datum, Mode, Obj
 from workflows.graph import Graph, Node
 
-__all__ = ["DEFAULT_MAX_PARALLEL", "InFlight", "Phase", "RunState", "StepRun", "StepSpec"]
+__all__ = [
+    "DEFAULT_MAX_PARALLEL",
+    "InFlight",
+    "Phase",
+    "RunState",
+    "StepRun",
+    "StepSpec",
+    "fresh_key_prefix",
+]
 
 DEFAULT_MAX_PARALLEL = 16  # step runs of one workflow out at once (``Settings``)
 
@@ -129,8 +137,8 @@ class RunState:
     # Ending (cancelled by a user, or failed): nothing more is placed, and once nothing is out
     # what the run holds is freed.
     cancelled: bool = False
-    # Object keys are "<key_prefix>-<generation>"; a run driven again gets a new prefix, so its
-    # keys never meet objects an earlier drive may have left (in a worker that kept one).
+    # Object keys are "<key_prefix>-<generation>"; each claim and each drive gets a new prefix
+    # (``fresh_key_prefix``), so its keys never meet objects an earlier one may have left.
     key_prefix: str = ""
     drives: int = 1  # how many times the run was driven from its input (resumes included)
     priority: int = 0  # its steps waiting for a worker go out highest priority first
@@ -188,7 +196,7 @@ class RunState:
             intermediate_format=self.intermediate_format,
             max_parallel=self.max_parallel,
             attempts=placed,
-            key_prefix=f"wf-{self.workflow_id}-{secrets.token_hex(3)}",
+            key_prefix=fresh_key_prefix(self.workflow_id),
             drives=self.drives + 1,
             cancelled=self.cancelled,
             priority=self.priority,
@@ -200,3 +208,10 @@ class RunState:
         for step in fresh.steps.values():
             step.attempt = placed.get(step.id, 0) + 1
         return fresh
+
+
+def fresh_key_prefix(workflow_id: uuid.UUID) -> str:
+    """A prefix for a drive's object keys that no earlier drive of the workflow used: a worker
+    may still hold, or be making, an object an earlier drive named (an instruction a killed
+    scheduler sent in a turn it never committed leaves no task run in Postgres to say so)."""
+    return f"wf-{workflow_id}-{secrets.token_hex(3)}"

@@ -4,12 +4,15 @@ switches and skips, fan-out, each object's reads to come, and held images lost a
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from cdi import ObjectKey
+from orchestrator.contract.keys import workflow_of_object
 from orchestrator.contract.vocabulary import DataPlane, Policy
+from orchestrator.db.run_statements import Claimed
 from orchestrator.scheduler import progress
-from orchestrator.scheduler.claims import with_input_fetch
+from orchestrator.scheduler.claims import plan, with_input_fetch
 from orchestrator.scheduler.data import Datum, Mode, Obj
 from orchestrator.scheduler.runs import Phase, RunState, StepSpec
 from workflows.graph import build_graph
@@ -168,3 +171,25 @@ def test_a_lost_held_image_rewinds_the_steps_that_made_it() -> None:
     assert (base.held, base.pending) == ("", 1)
     [b] = progress.settle(run).ready
     assert b.id == "b" and b.reads == {"image": Datum(key=ObjectKey("k1"), kind=Kind.IMAGE)}
+
+
+def test_each_claim_of_a_workflow_names_its_objects_apart() -> None:
+    """A run never placed (no attempt in Postgres) may still have had its first instruction
+    sent by a scheduler killed before its turn committed: a new claim must not name objects as
+    that drive did (a worker may hold, or be making, one of them)."""
+    steps: list[dict[str, Any]] = [
+        {"ref": "a", "task": "deblur"},
+        {"ref": "b", "task": "denoise", "depends_on": ["a"]},
+    ]
+    tasks = {name: {"module": f"m:{name}", "timeout_s": 30.0, "retries": 2,
+                    "retry_backoff_s": 0.1} for name in ("deblur", "denoise")}  # fmt: skip
+    claimed = Claimed(uuid.uuid4(), "d", {"image": "s3://b/in.jpg"}, Policy.TRANSFER,
+                      DataPlane.CDI, steps, tasks)  # fmt: skip
+    first, second = (plan(claimed, lambda names: ({}, {})) for _ in range(2))
+    keys = [first.next_object_key(), first.next_object_key(), second.next_object_key()]
+    assert len(set(keys)) == 3, keys
+    assert {workflow_of_object(k) for k in keys} == {claimed.id}  # still the run's, to sweep
+    assert (first.drives, second.drives) == (1, 1)  # a claim is no drive again
+    # Placed before: it goes on from its attempts, under keys of its own too.
+    resumed = plan(replace(claimed, attempts={"a": 1}), lambda names: ({}, {}))
+    assert resumed.next_object_key() not in keys and resumed.attempts == {"a": 1}
