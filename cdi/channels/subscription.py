@@ -220,11 +220,17 @@ class Subscription:
                 cursor[r.C_SLEEPING] = 0
 
     def _check_writer(self) -> None:
-        """``ChannelClosed`` if the writer no longer holds our cursor (it died, or dropped us)."""
+        """``ChannelClosed`` if the writer no longer holds our cursor (it died, or dropped us).
+        A writer that closed the ring let go of our cursor after writing why (``Topic.close``):
+        if it did so since we last looked at the ring, that reason is the error (a gateway
+        whose link broke says ``ChannelBroken``)."""
         key = r.cursor_key(self.name, self.container)
         listed = self.client.list_objects(key)
         if not listed or self.writer not in listed[0]["readers"]:
+            closed = self._words[r.CLOSED]
             self.close(linger=0)
+            if closed:
+                raise self._ended(closed)
             raise ChannelClosed(f"the writer of {self.name!r} ({self.writer}) is gone")
 
     def _ended(self, closed: int) -> ChannelError:

@@ -168,6 +168,25 @@ def test_readers_learn_when_the_writer_dies(minion: MinionProcess, unique: Uniqu
     assert channel_objects(minion) == []  # the dead writer's ring went with our share
 
 
+def test_a_writer_closing_between_a_readers_two_looks_gives_the_reader_its_reason(
+    minion: MinionProcess, unique: Unique
+) -> None:
+    """A waiting reader looks at the ring's closed word, then, now and then, at whether the
+    writer still holds its cursor. A writer that closes in between (a gateway whose link broke)
+    has let go of the cursor by the second look: the reader gets that reason (``ChannelBroken``),
+    not that the writer is gone. The second look is made here by hand, after the close."""
+    name, reader = unique("topic"), unique("reader")
+    writer, listener = minion.client(unique("writer")), minion.client(reader)
+    with channels.open_topic(writer, name, readers=[reader]) as topic:
+        sub = channels.subscribe(listener, name, timeout=30)
+        topic.wait_for_readers(1, timeout=30)
+        topic.close(broken=True)
+        with pytest.raises(cdi.ChannelBroken, match="broke"):
+            sub._check_writer()
+    writer.close()
+    assert channel_objects(minion) == []  # the ring went with its writer's client
+
+
 def test_a_stream_carries_messages_both_ways(minion: MinionProcess, unique: Unique) -> None:
     me, peer, name = unique("left"), unique("right"), unique("stream")
     client = minion.client(me)
